@@ -1,0 +1,23 @@
+//! `flint-core`: the GGUF block formats and the kernel math, with scalar reference kernels.
+//!
+//! This crate is `#![no_std]` (with an `alloc` feature for the few functions that return
+//! owned buffers) and contains no `unsafe`. Every other crate checks its kernels against
+//! the scalar references here.
+//!
+//! Layout:
+//! - [`types`]: the [`GgmlType`] enum (GGUF ids, elements per block, bytes per block).
+//! - [`blocks`]: one `#[repr(C)]` bytemuck `Pod` struct per block format, size-asserted.
+
+#![no_std]
+#![forbid(unsafe_code)]
+
+#[cfg(feature = "alloc")]
+#[allow(unused_extern_crates)]
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod blocks;
+pub mod types;
+
+pub use types::{GgmlType, TypeError};

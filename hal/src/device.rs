@@ -1,0 +1,175 @@
+use std::fmt;
+use std::sync::Arc;
+
+use flint_core::GgmlType;
+
+use crate::ops::{ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig};
+use crate::weights::{PlannedWeight, StagingPlan, Tier, WeightDesc, WeightHandle};
+use crate::{HalError, Weight};
+
+/// A shared handle to a device, as the engine holds it.
+pub type DeviceRef = Arc<dyn Device>;
+
+/// Dispatch counters, for reachability tests and profiling. A backend that does not
+/// count returns zeros.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Matmuls (dense or expert) that computed directly from kept block encodings.
+    pub block_dispatches: u64,
+    /// Matmuls that computed from float (expanded or float-typed) weights.
+    pub float_dispatches: u64,
+}
+
+/// The device interface. See the crate docs for the contract shared by all methods.
+///
+/// Slices are row-major f32. Every method documents the lengths it expects; a call with
+/// other lengths is a caller bug and panics.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The registry name (`cpu`, `tt`, ...).
+    fn name(&self) -> &str;
+
+    /// One line for people: the hardware and the build (SIMD level, threads, DRAM).
+    fn description(&self) -> String;
+
+    /// Whether this device implements `op` for weights encoded as `ty` (`ty` is
+    /// ignored for ops that take no weight; pass `None`).
+    fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool;
+
+    /// What staging each of `weights` would do, decided against the device's memory,
+    /// without staging anything. The default: everything resident, kept as it is.
+    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+        Ok(StagingPlan {
+            weights: weights
+                .iter()
+                .map(|w| PlannedWeight {
+                    name: w.name.clone(),
+                    source_ty: w.ty,
+                    staged_ty: w.ty,
+                    kept_quant: w.ty.is_quantized(),
+                    tier: Tier::Resident,
+                    resident_bytes: w.data.len() as u64,
+                    streamed_bytes: 0,
+                })
+                .collect(),
+        })
+    }
+
+    /// Makes a weight usable by this device. Fails with `Unsupported` when the encoding
+    /// can be neither kept nor expanded (the message names tensor and encoding), with
+    /// `InvalidInput` when the bytes do not match type and shape, with `OutOfMemory`
+    /// when it does not fit.
+    fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError>;
+
+    /// `out[i][o] = sum_k W[o][k] * x[i][k]` for a weight `[in, out]`.
+    ///
+    /// `x.len() == m * in`, `out.len() == m * out`; `m >= 1`.
+    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32])
+        -> Result<(), HalError>;
+
+    /// Grouped expert matmul on a tower `[in, out, E]`: for each `rows[i]`,
+    /// `out[i] = W[rows[i].expert] * x[rows[i].input_row]`. One call per projection per
+    /// layer; a backend should read each expert's blocks once for all its rows.
+    ///
+    /// `x.len() % in == 0`, `out.len() == rows.len() * out`.
+    fn expert_matmul(
+        &self,
+        w: &dyn Weight,
+        x: &[f32],
+        rows: &[ExpertRow],
+        out: &mut [f32],
+    ) -> Result<(), HalError>;
+
+    /// Embedding gather: `out[i] = dequant(W row ids[i])` for a weight `[d, V]`.
+    /// `out.len() == ids.len() * d`. An id `>= V` is `InvalidInput`.
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError>;
+
+    /// RMSNorm of every row of `dim` values: `out = x / sqrt(mean(x^2) + eps) * weight`
+    /// (no multiplication when `weight` is `None`). Used per head with `dim = head_dim`.
+    /// `x.len() == out.len()`, a multiple of `dim`; `weight.len() == dim`.
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: Option<&[f32]>,
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError>;
+
+    /// Fused residual add and RMSNorm: `residual += delta` (exactly once), then
+    /// `out = rmsnorm(residual) * weight` row by row.
+    fn add_rms_norm(
+        &self,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError>;
+
+    /// NeoX RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]`.
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError>;
+
+    /// `out = silu(gate) * up`, element-wise.
+    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
+
+    /// `out = gelu_tanh(gate) * up`, element-wise.
+    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
+
+    /// `acc += x`, element-wise.
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError>;
+
+    /// `x *= s`, element-wise.
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError>;
+
+    /// MoE combine: `acc[rows[i]] += weights[i] * x[i]` for rows of `dim` values.
+    /// `x.len() == rows.len() * dim == weights.len() * dim`.
+    fn scatter_add_weighted(
+        &self,
+        acc: &mut [f32],
+        x: &[f32],
+        rows: &[u32],
+        weights: &[f32],
+        dim: usize,
+    ) -> Result<(), HalError>;
+
+    /// Top-k routing of each row of `n_experts` router logits (see [`RoutingConfig`]).
+    /// `bias.len() == n_experts`; `ids` and `weights` get `k` entries per row, in
+    /// descending order of `score + bias`.
+    fn route_topk(
+        &self,
+        logits: &[f32],
+        n_experts: usize,
+        bias: Option<&[f32]>,
+        cfg: &RoutingConfig,
+        ids: &mut [u32],
+        weights: &mut [f32],
+    ) -> Result<(), HalError>;
+
+    /// Allocates one layer's KV cache.
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError>;
+
+    /// Writes keys and values of `slots.len()` tokens: `k = [n, n_kv_heads * head_dim_k]`,
+    /// `v = [n, n_kv_heads * head_dim_v]`; token `i` goes to slot `slots[i]`.
+    fn write_kv(
+        &self,
+        kv: &mut dyn KvBuffer,
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+    ) -> Result<(), HalError>;
+
+    /// Paged attention for many sequences at once (see [`PagedAttention`]);
+    /// `out = [n_rows, n_heads * head_dim_v]`, rows laid out as in `q`.
+    fn paged_attention(
+        &self,
+        kv: &dyn KvBuffer,
+        p: &PagedAttention<'_>,
+        out: &mut [f32],
+    ) -> Result<(), HalError>;
+
+    /// Dispatch counters since the device was opened.
+    fn counters(&self) -> DeviceCounters {
+        DeviceCounters::default()
+    }
+}

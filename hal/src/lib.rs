@@ -1,0 +1,58 @@
+//! `flint-hal`: the device interface every Flint backend implements.
+//!
+//! # The contract
+//!
+//! A backend is a type implementing [`Device`]. The engine only ever holds it as
+//! `Arc<dyn Device>` ([`DeviceRef`]), chosen at run time by name through a [`Registry`]
+//! (`FLINT_DEVICE`, default `cpu`). The trait is object-safe and synchronous: when a
+//! method returns, its outputs are written.
+//!
+//! **Data.** Activations are row-major `f32` host slices. Weights are *staged* once:
+//! [`Device::stage`] receives the raw GGUF bytes of a tensor ([`WeightDesc`]) and returns
+//! an opaque [`WeightHandle`]; the backend decides whether it keeps the block encoding
+//! as it is ("keep-quant") or expands it, and reports what it holds resident and what it
+//! must stream from the host ([`StagedInfo`]). KV caches live in device-owned
+//! [`KvBuffer`]s, written through a slot mapping and read by [`Device::paged_attention`]
+//! through per-sequence block tables.
+//!
+//! **Shapes.** Dimensions are in GGUF order: the first is the contiguous one. A matrix
+//! weight `[in, out]` is `out` rows of `in` values; `matmul` computes
+//! `out[i][o] = sum_k W[o][k] * x[i][k]` for each of the `m` activation rows. An expert
+//! tower is `[in, out, E]`: `E` such matrices one after another.
+//!
+//! **Errors.** Only what the caller cannot foresee is an error ([`HalError`]): a backend
+//! that is unavailable, an op or encoding it does not support, memory it does not have,
+//! a runtime failure. Misuse that the caller can check (slice lengths that do not match
+//! the shapes it passed, a handle from another device) is a bug in the caller and
+//! panics, as documented on each method.
+//!
+//! **Capabilities.** [`Device::supports`] says, per op and block type, what the backend
+//! implements. "Not supported" is an answer, not a failure: the conformance suite skips
+//! such cases and the engine can refuse a model up front with a clear error.
+//!
+//! **Numerics.** Results are checked against the scalar references of `flint-core` by
+//! the `flint-conformance` suite with normalised-MSE bounds per block type. A backend may
+//! quantize activations (as ggml pairs them: Q8_K for K-quants and IQ types, Q8_0/Q8_1
+//! for legacy types) but must not be less accurate than that.
+
+#![forbid(unsafe_code)]
+
+mod device;
+mod error;
+mod ops;
+mod registry;
+mod weights;
+
+pub use device::{Device, DeviceCounters, DeviceRef};
+pub use error::{HalError, HalErrorKind};
+pub use ops::{
+    AttnSeq, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention, RopeParams,
+    RoutingConfig, NO_BLOCK,
+};
+pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
+pub use weights::{
+    PlannedWeight, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
+    WeightHandle, WeightKind, WeightSource,
+};
+
+pub use flint_core::GgmlType;

@@ -1,0 +1,218 @@
+use std::any::Any;
+use std::fmt;
+
+/// Every op of the [`Device`](crate::Device) trait, for capability queries and reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// [`Device::stage`](crate::Device::stage) of a weight of a given encoding.
+    Stage,
+    /// [`Device::matmul`](crate::Device::matmul).
+    Matmul,
+    /// [`Device::expert_matmul`](crate::Device::expert_matmul).
+    ExpertMatmul,
+    /// [`Device::get_rows`](crate::Device::get_rows).
+    GetRows,
+    /// [`Device::rms_norm`](crate::Device::rms_norm).
+    RmsNorm,
+    /// [`Device::add_rms_norm`](crate::Device::add_rms_norm).
+    AddRmsNorm,
+    /// [`Device::rope`](crate::Device::rope).
+    Rope,
+    /// [`Device::silu_mul`](crate::Device::silu_mul).
+    SiluMul,
+    /// [`Device::gelu_mul`](crate::Device::gelu_mul).
+    GeluMul,
+    /// [`Device::add`](crate::Device::add).
+    Add,
+    /// [`Device::scale`](crate::Device::scale).
+    Scale,
+    /// [`Device::scatter_add_weighted`](crate::Device::scatter_add_weighted).
+    ScatterAddWeighted,
+    /// [`Device::route_topk`](crate::Device::route_topk).
+    RouteTopK,
+    /// [`Device::write_kv`](crate::Device::write_kv).
+    WriteKv,
+    /// [`Device::paged_attention`](crate::Device::paged_attention).
+    PagedAttention,
+}
+
+impl Op {
+    /// Every op, in declaration order.
+    pub const ALL: [Op; 15] = [
+        Op::Stage,
+        Op::Matmul,
+        Op::ExpertMatmul,
+        Op::GetRows,
+        Op::RmsNorm,
+        Op::AddRmsNorm,
+        Op::Rope,
+        Op::SiluMul,
+        Op::GeluMul,
+        Op::Add,
+        Op::Scale,
+        Op::ScatterAddWeighted,
+        Op::RouteTopK,
+        Op::WriteKv,
+        Op::PagedAttention,
+    ];
+
+    /// A short lower-case name (`matmul`, `paged_attention`, ...), used by
+    /// `flint-conformance --filter`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Stage => "stage",
+            Op::Matmul => "matmul",
+            Op::ExpertMatmul => "expert_matmul",
+            Op::GetRows => "get_rows",
+            Op::RmsNorm => "rms_norm",
+            Op::AddRmsNorm => "add_rms_norm",
+            Op::Rope => "rope",
+            Op::SiluMul => "silu_mul",
+            Op::GeluMul => "gelu_mul",
+            Op::Add => "add",
+            Op::Scale => "scale",
+            Op::ScatterAddWeighted => "scatter_add_weighted",
+            Op::RouteTopK => "route_topk",
+            Op::WriteKv => "write_kv",
+            Op::PagedAttention => "paged_attention",
+        }
+    }
+
+    /// True for ops whose support depends on a weight's block encoding.
+    pub fn takes_weight(self) -> bool {
+        matches!(
+            self,
+            Op::Stage | Op::Matmul | Op::ExpertMatmul | Op::GetRows
+        )
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One routed row of a grouped expert matmul: output row `i` is
+/// `W[expert] * x[input_row]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExpertRow {
+    /// Row of the activation matrix.
+    pub input_row: u32,
+    /// Expert index in `0..E`.
+    pub expert: u32,
+}
+
+/// NeoX RoPE parameters: for `i < n_rot/2` the pair `(x[i], x[i + n_rot/2])` of each
+/// head is rotated by `pos * base^(-2i/n_rot)`; dims `>= n_rot` pass through.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Heads per row.
+    pub n_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+    /// Rotated dims (even, `<= head_dim`).
+    pub n_rot: usize,
+    /// Frequency base.
+    pub base: f32,
+}
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gating {
+    /// `softmax` over all experts (llama.cpp `expert_gating_func = 1`).
+    Softmax,
+    /// `sigmoid` per expert (Flint, DeepSeek-V3; `expert_gating_func = 2`).
+    Sigmoid,
+}
+
+/// Top-k routing: `score = gate(logits)`; the `k` experts with the largest
+/// `score + bias` are chosen (ties: lower index first); their weights are the *scores*
+/// (without bias), renormalised to sum 1 when `normalize`, then multiplied by `scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoutingConfig {
+    /// Experts chosen per token.
+    pub k: usize,
+    /// Score function.
+    pub gating: Gating,
+    /// Renormalise the chosen weights to sum 1.
+    pub normalize: bool,
+    /// Multiplier applied after renormalising.
+    pub scale: f32,
+}
+
+/// Block id meaning "no block here" in a block table (a sliding-window block that was
+/// handed back to the pool). Attention never reads positions that map to it.
+pub const NO_BLOCK: u32 = u32::MAX;
+
+/// Shape of one layer's paged KV cache: `num_blocks * block_size` slots, each holding
+/// `n_kv_heads` keys of `head_dim_k` and values of `head_dim_v`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvLayout {
+    /// Blocks in the pool this layer's group draws from.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Key head size.
+    pub head_dim_k: usize,
+    /// Value head size.
+    pub head_dim_v: usize,
+}
+
+impl KvLayout {
+    /// Total slots.
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Bytes of f32 keys and values this layout needs.
+    pub fn bytes_f32(&self) -> usize {
+        self.num_slots() * self.n_kv_heads * (self.head_dim_k + self.head_dim_v) * 4
+    }
+}
+
+/// One layer's KV cache, allocated by [`Device::alloc_kv`](crate::Device::alloc_kv) and
+/// only usable with the device that made it.
+pub trait KvBuffer: Send + Sync + fmt::Debug {
+    /// Its shape.
+    fn layout(&self) -> &KvLayout;
+    /// For the owning device to recover its concrete type.
+    fn as_any(&self) -> &dyn Any;
+    /// For the owning device to recover its concrete type.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// One sequence in a [`PagedAttention`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnSeq<'a> {
+    /// First row of this sequence's queries in `q` (and of its outputs).
+    pub q_start: usize,
+    /// Positions of its query rows (`q_start..q_start + positions.len()`). A query at
+    /// position `p` attends to keys at `j <= p` (and `j > p - window` when windowed),
+    /// which must all have been written with [`Device::write_kv`](crate::Device::write_kv).
+    pub positions: &'a [u32],
+    /// Its block table in the group this layer belongs to: position `j` lives in slot
+    /// `block_table[j / block_size] * block_size + j % block_size`.
+    pub block_table: &'a [u32],
+}
+
+/// A batched paged-attention call over many sequences (one layer).
+#[derive(Clone, Copy, Debug)]
+pub struct PagedAttention<'a> {
+    /// Queries, `[n_rows, n_heads * head_dim_k]`, already normed and rotated.
+    pub q: &'a [f32],
+    /// The sequences; their query rows must not overlap.
+    pub seqs: &'a [AttnSeq<'a>],
+    /// Query heads; a multiple of the layout's `n_kv_heads` (GQA: head `h` reads KV head
+    /// `h / (n_heads / n_kv_heads)`).
+    pub n_heads: usize,
+    /// Multiplier of `q . k` (usually `1/sqrt(head_dim_k)`).
+    pub scale: f32,
+    /// Per-head sink logits (`[n_heads]`): a term `exp(sink_h - m)` in the softmax
+    /// denominator that contributes nothing to the output.
+    pub sinks: Option<&'a [f32]>,
+    /// Sliding window `W`: a query at `p` sees only `j > p - W`.
+    pub window: Option<usize>,
+}
