@@ -1,1 +1,8 @@
-//! See the crate description; under construction.
+//! `flint-engine`: model assembly, the reference and device forwards, the KV cache
+//! manager, the scheduler, the sampler, the server and the `flint` CLI.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod devices;
+pub mod logging;

@@ -63,8 +63,7 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `out[i][o] = sum_k W[o][k] * x[i][k]` for a weight `[in, out]`.
     ///
     /// `x.len() == m * in`, `out.len() == m * out`; `m >= 1`.
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32])
-        -> Result<(), HalError>;
+    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError>;
 
     /// Grouped expert matmul on a tower `[in, out, E]`: for each `rows[i]`,
     /// `out[i] = W[rows[i].expert] * x[rows[i].input_row]`. One call per projection per

@@ -46,13 +46,13 @@ mod weights;
 pub use device::{Device, DeviceCounters, DeviceRef};
 pub use error::{HalError, HalErrorKind};
 pub use ops::{
-    AttnSeq, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention, RopeParams,
-    RoutingConfig, NO_BLOCK,
+    AttnSeq, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
+    NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
 pub use weights::{
-    PlannedWeight, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
-    WeightHandle, WeightKind, WeightSource,
+    PlannedWeight, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc, WeightHandle,
+    WeightKind, WeightSource,
 };
 
 pub use flint_core::GgmlType;

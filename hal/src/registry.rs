@@ -186,7 +186,10 @@ mod tests {
         });
         let e = r.open("nonsense", &DeviceOptions::default()).unwrap_err();
         assert_eq!(e.kind, HalErrorKind::UnknownDevice);
-        assert!(e.message.contains("nonsense") && e.message.contains("tt"), "{e}");
+        assert!(
+            e.message.contains("nonsense") && e.message.contains("tt"),
+            "{e}"
+        );
         let e = r.open("tt", &DeviceOptions::default()).unwrap_err();
         assert_eq!(e.kind, HalErrorKind::Unavailable);
         assert!(e.message.contains("no runtime library"));

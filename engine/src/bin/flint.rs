@@ -1,1 +1,18 @@
-fn main() {}
+//! The `flint` binary: parses the command line and maps errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use flint_engine::cli::{dispatch, Cli};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    flint_engine::logging::init();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
