@@ -18,6 +18,10 @@ extern crate alloc;
 extern crate std;
 
 pub mod blocks;
+pub mod dequant;
+pub mod dot;
+pub mod math;
+pub mod quant;
 pub mod types;
 
-pub use types::{GgmlType, TypeError};
+pub use types::{FormatError, GgmlType, TypeError, QK_K};

@@ -57,6 +57,47 @@ impl fmt::Display for TypeError {
     }
 }
 
+/// A buffer whose length does not fit the block format it is read or written as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatError {
+    /// The type has no implementation for this operation (for example quantizing to
+    /// an IQ type).
+    Unsupported(GgmlType),
+    /// `bytes` is not a whole number of blocks of the type.
+    PartialBlock {
+        /// The type.
+        ty: GgmlType,
+        /// The length given.
+        bytes: usize,
+    },
+    /// The element counts of source and destination disagree.
+    LengthMismatch {
+        /// Elements the encoded side holds.
+        expected: usize,
+        /// Elements the other side holds.
+        found: usize,
+    },
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatError::Unsupported(t) => write!(f, "operation not supported for {t}"),
+            FormatError::PartialBlock { ty, bytes } => write!(
+                f,
+                "{bytes} bytes is not a whole number of {ty} blocks ({} bytes each)",
+                ty.type_size()
+            ),
+            FormatError::LengthMismatch { expected, found } => {
+                write!(
+                    f,
+                    "length mismatch: expected {expected} elements, found {found}"
+                )
+            }
+        }
+    }
+}
+
 /// Super-block size of the K-quants and most IQ types.
 pub const QK_K: usize = 256;
 

@@ -1,1 +1,8 @@
-//! See the crate description; under construction.
+//! `flint-loader`: GGUF reading and writing, model configurations, tokenizers, chat
+//! templates and the default-model fetch.
+
+pub mod chat;
+pub mod config;
+pub mod fetch;
+pub mod gguf;
+pub mod tokenizer;
