@@ -1,0 +1,335 @@
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
+//! frequency penalties, seeded and reproducible; and the stop conditions (EOS/EOG ids,
+//! stop strings).
+//!
+//! The order of the steps follows llama.cpp's default sampler chain, so that the same
+//! settings mean the same thing in both engines: penalties, then top-k, top-p and min-p
+//! (on the probabilities of the *unscaled* logits), then temperature, then the draw.
+//! With `temperature <= 0` the result is the argmax after the penalties (greedy).
+//!
+//! The random numbers come from a small PRNG owned here (xoshiro256** seeded through
+//! SplitMix64), so a seed gives the same tokens on every platform and every version of
+//! our dependencies.
+
+use std::collections::HashMap;
+
+/// Sampling settings of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; `<= 0` means greedy.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (>= 1 = off).
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the top probability (0 = off).
+    pub min_p: f32,
+    /// Repetition penalty (1 = off): a recent token's positive logit is divided by it,
+    /// a negative one multiplied (llama.cpp's convention).
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token seen in the window (0 = off).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token seen in the window (0 = off).
+    pub frequency_penalty: f32,
+    /// How many of the most recent tokens the penalties look at (0 = all).
+    pub penalty_last_n: usize,
+    /// Seed of the random draw.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+impl SamplerConfig {
+    /// Greedy decoding with no penalties.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+
+    /// True when the draw is the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// A small, fast, reproducible PRNG: xoshiro256** seeded with SplitMix64.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// Seeds the generator; every seed (0 included) gives a valid, distinct state.
+    pub fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Self {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        result
+    }
+
+    /// A uniform float in `[0, 1)` with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// A standard normal sample (Box-Muller); used by the synthetic checkpoints.
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.next_f64().max(f64::MIN_POSITIVE);
+        let u2 = self.next_f64();
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
+
+/// A sampler: settings plus its random state.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+}
+
+impl Sampler {
+    /// A sampler seeded from `cfg.seed`.
+    pub fn new(cfg: SamplerConfig) -> Self {
+        let rng = Rng::new(cfg.seed);
+        Self { cfg, rng }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token from `logits` (one per vocabulary entry), given the tokens
+    /// of the sequence so far (`history`, prompt included) for the penalties.
+    ///
+    /// Panics on empty `logits` (a caller bug).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        assert!(!logits.is_empty(), "sample: empty logits");
+        let mut l = logits.to_vec();
+        apply_penalties(&self.cfg, &mut l, history);
+        if self.cfg.is_greedy() {
+            return argmax(&l) as u32;
+        }
+        let mut cand = filter_candidates(&self.cfg, &l);
+        // Temperature last: it reshapes the distribution over the survivors.
+        let t = self.cfg.temperature;
+        let m = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0.0f64;
+        for c in cand.iter_mut() {
+            let p = (((c.1 - m) / t) as f64).exp();
+            c.1 = p as f32;
+            total += p;
+        }
+        let r = self.rng.next_f64() * total;
+        let mut acc = 0.0f64;
+        for c in &cand {
+            acc += c.1 as f64;
+            if r < acc {
+                return c.0;
+            }
+        }
+        // Rounding left `r` just above the sum: the last survivor.
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+/// Index of the largest value (the first on ties).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Applies the repetition, presence and frequency penalties in place.
+pub fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
+    let off = cfg.repetition_penalty == 1.0
+        && cfg.presence_penalty == 0.0
+        && cfg.frequency_penalty == 0.0;
+    if off || history.is_empty() {
+        return;
+    }
+    let start = if cfg.penalty_last_n == 0 {
+        0
+    } else {
+        history.len().saturating_sub(cfg.penalty_last_n)
+    };
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    for &t in &history[start..] {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    for (&t, &n) in &counts {
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if cfg.repetition_penalty != 1.0 {
+            if *l > 0.0 {
+                *l /= cfg.repetition_penalty;
+            } else {
+                *l *= cfg.repetition_penalty;
+            }
+        }
+        *l -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
+    }
+}
+
+/// The `(id, logit)` pairs that survive top-k, top-p and min-p, sorted by descending
+/// logit (ties: lower id first). Top-p and min-p use the softmax of the unscaled logits.
+pub fn filter_candidates(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    if cand.is_empty() {
+        return vec![(argmax(logits) as u32, 0.0)];
+    }
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if cfg.top_k > 0 && cfg.top_k < cand.len() {
+        cand.truncate(cfg.top_k);
+    }
+    let m = cand[0].1;
+    let probs: Vec<f64> = cand.iter().map(|c| ((c.1 - m) as f64).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    if cfg.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = cand.len();
+        for (i, p) in probs.iter().enumerate() {
+            acc += p / total;
+            if acc >= cfg.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if cfg.min_p > 0.0 {
+        // probs[0] is the top probability (unnormalised, = 1 after the shift by m).
+        let floor = cfg.min_p as f64 * probs[0];
+        let keep = probs
+            .iter()
+            .take(cand.len())
+            .take_while(|&&p| p >= floor)
+            .count();
+        cand.truncate(keep.max(1));
+    }
+    cand
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence / end-of-generation token.
+    Eos,
+    /// A stop string appeared in the text.
+    Stop,
+    /// The token limit was reached.
+    Length,
+}
+
+/// What a stop-string scan found in the text generated so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopScan {
+    /// A stop string starts at this byte: the output ends there.
+    Stop(usize),
+    /// No stop string; the first this many bytes are safe to emit (the rest could still
+    /// become the start of a stop string).
+    Safe(usize),
+}
+
+/// Stop conditions of a request: end-of-generation token ids and stop strings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StopConditions {
+    /// Token ids that end generation (EOS and the other EOG tokens).
+    pub eog_ids: Vec<u32>,
+    /// Strings that end generation; the output is cut before the first one.
+    pub stop_strings: Vec<String>,
+}
+
+impl StopConditions {
+    /// True when `id` ends generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog_ids.contains(&id)
+    }
+
+    /// Scans the whole generated `text` for the stop strings.
+    pub fn scan(&self, text: &str) -> StopScan {
+        let first = self
+            .stop_strings
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            return StopScan::Stop(at);
+        }
+        // Hold back the longest suffix that is a proper prefix of some stop string.
+        let mut hold = 0;
+        for s in self.stop_strings.iter().filter(|s| !s.is_empty()) {
+            for n in (1..s.len()).rev() {
+                if n <= text.len() && s.is_char_boundary(n) && text.ends_with(&s[..n]) {
+                    hold = hold.max(n);
+                    break;
+                }
+            }
+        }
+        StopScan::Safe(text.len() - hold)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_reproducible_and_uniformish() {
+        let mut a = Rng::new(7);
+        let mut b = Rng::new(7);
+        let mut c = Rng::new(8);
+        let va: Vec<u64> = (0..8).map(|_| a.next_u64()).collect();
+        let vb: Vec<u64> = (0..8).map(|_| b.next_u64()).collect();
+        let vc: Vec<u64> = (0..8).map(|_| c.next_u64()).collect();
+        assert_eq!(va, vb);
+        assert_ne!(va, vc);
+        let mut r = Rng::new(1);
+        let mean: f64 = (0..10000).map(|_| r.next_f64()).sum::<f64>() / 10000.0;
+        assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
+    }
+}
