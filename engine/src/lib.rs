@@ -6,3 +6,4 @@
 pub mod cli;
 pub mod devices;
 pub mod logging;
+pub mod sampler;
