@@ -1,0 +1,300 @@
+//! Quantization: the activation formats (Q8_0, Q8_1, Q8_K) that the dot products consume,
+//! and reference quantizers for writing model files.
+//!
+//! Every quantizer reproduces ggml's reference (`quantize_row_*_ref` in
+//! `ggml/src/ggml-quants.c`) operation for operation in f32, including its rounding
+//! rules, so that the bytes match what llama.cpp (and, for Q4_0 / Q5_0 / Q8_0, the
+//! `gguf` Python package) writes for the same input.
+//!
+//! The typed row functions (`quantize_row_*`) take a slice of blocks and panic when the
+//! lengths disagree: that is a caller bug, not bad input. The byte-level [`quantize`]
+//! checks lengths and returns a [`FormatError`] instead.
+
+use bytemuck::Pod;
+
+use crate::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0};
+use crate::types::{FormatError, GgmlType, QK_K};
+
+/// f32 → IEEE half bits, round to nearest even (what `GGML_FP32_TO_FP16` and numpy's
+/// `astype(np.float16)` do).
+#[inline]
+pub(crate) fn f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// C's `roundf`: round half away from zero. `core` has no `f32::round` without `std`,
+/// so it is built from a truncating cast, which is exact below 2^23 (above it every f32
+/// is already an integer).
+#[inline]
+pub(crate) fn round_away(x: f32) -> f32 {
+    if x.is_nan() || x.abs() >= 8_388_608.0 {
+        return x; // integers, infinities and NaN round to themselves
+    }
+    let t = (x as i32) as f32;
+    let frac = x - t; // exact: x and t share the exponent range
+    let r = if frac >= 0.5 {
+        t + 1.0
+    } else if frac <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    };
+    // roundf keeps the sign of zero (-0.3 rounds to -0.0).
+    r.copysign(x)
+}
+
+/// ggml's `nearest_int`: adds 1.5 * 2^23 so that the FPU's round-to-nearest-even puts the
+/// integer into the low mantissa bits, then reads them back. Reproduced bit for bit
+/// (valid for |x| < 2^22, which every caller guarantees; other inputs give garbage, never
+/// a panic, as in C).
+#[inline]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    let v = x + 12_582_912.0;
+    ((v.to_bits() as i32) & 0x007f_ffff) - 0x0040_0000
+}
+
+/// Largest absolute value of a block, as ggml's `MAX(amax, fabsf(v))` loop computes it
+/// (a NaN element is skipped, like C's `MAX` with the NaN on the right).
+#[inline]
+fn abs_max(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    for &v in x {
+        let a = v.abs();
+        amax = if amax > a { amax } else { a };
+    }
+    amax
+}
+
+/// Quantizes a row to Q8_0 (ggml `quantize_row_q8_0_ref`): per block of 32,
+/// `d = amax / 127` (stored as f16) and `q = roundf(x / d)` computed as `x * (1/d)`.
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK8_0,
+        "quantize_row_q8_0: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
+        let d = abs_max(xb) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = f16_bits(d);
+        for (q, &v) in y.qs.iter_mut().zip(xb) {
+            *q = round_away(v * id) as i8;
+        }
+    }
+}
+
+/// Quantizes a row to Q8_1 (ggml `quantize_row_q8_1_ref`): as Q8_0, plus
+/// `s = d * sum(q)` (f32 product of the f32 `d` and the integer sum, stored as f16).
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK8_0,
+        "quantize_row_q8_1: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
+        let d = abs_max(xb) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = f16_bits(d);
+        let mut sum: i32 = 0;
+        for (q, &v) in y.qs.iter_mut().zip(xb) {
+            *q = round_away(v * id) as i8;
+            sum += *q as i32;
+        }
+        y.s = f16_bits(sum as f32 * d);
+    }
+}
+
+/// Quantizes a row to Q8_K (ggml `quantize_row_q8_K_ref`): per block of 256, with `max`
+/// the element of largest magnitude (first one on ties), `iscale = -127 / max`,
+/// `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale` (f32), and `bsums[j]` the sum
+/// of quants `16j .. 16j+16`. An all-zero block gets `d = 0`, zero quants and zero sums.
+///
+/// # Panics
+/// When `x.len() != out.len() * 256` (a caller bug).
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK_K,
+        "quantize_row_q8_k: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let mut max = 0.0f32;
+        let mut amax = 0.0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            y.d = 0.0;
+            y.qs = [0; QK_K];
+            y.bsums = [0; QK_K / 16];
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in y.qs.iter_mut().zip(xb) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, group) in y.bsums.iter_mut().zip(y.qs.chunks_exact(16)) {
+            *s = group.iter().map(|&q| q as i16).sum();
+        }
+        y.d = 1.0 / iscale;
+    }
+}
+
+/// Encodes `src` as blocks of `B` into `dst` with a typed row quantizer.
+fn encode_blocks<B: Pod>(src: &[f32], dst: &mut [u8], block: usize, f: impl Fn(&[f32], &mut [B])) {
+    let mut tmp = [B::zeroed()];
+    for (xb, out) in src
+        .chunks_exact(block)
+        .zip(dst.chunks_exact_mut(core::mem::size_of::<B>()))
+    {
+        f(xb, &mut tmp);
+        out.copy_from_slice(bytemuck::bytes_of(&tmp[0]));
+    }
+}
+
+/// Quantizes `src` into the GGUF byte encoding of `ty`.
+///
+/// `dst` must be a whole number of `ty` blocks holding exactly `src.len()` elements.
+/// Supported: F32, F16, BF16 (rounded as ggml/`gguf` do), Q8_0, Q8_1, Q8_K.
+///
+/// # Errors
+/// [`FormatError::PartialBlock`] when `dst` is not a whole number of blocks,
+/// [`FormatError::LengthMismatch`] when the element counts differ,
+/// [`FormatError::Unsupported`] for a type without a quantizer.
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), FormatError> {
+    let ts = ty.type_size();
+    if !dst.len().is_multiple_of(ts) {
+        return Err(FormatError::PartialBlock {
+            ty,
+            bytes: dst.len(),
+        });
+    }
+    let expected = dst.len() / ts * ty.block_size();
+    if src.len() != expected {
+        return Err(FormatError::LengthMismatch {
+            expected,
+            found: src.len(),
+        });
+    }
+    match ty {
+        GgmlType::F32 => {
+            for (o, &v) in dst.chunks_exact_mut(4).zip(src) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (o, &v) in dst.chunks_exact_mut(2).zip(src) {
+                o.copy_from_slice(&f16_bits(v).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (o, &v) in dst.chunks_exact_mut(2).zip(src) {
+                o.copy_from_slice(&bf16_bits(v).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => encode_blocks(src, dst, QK8_0, quantize_row_q8_0),
+        GgmlType::Q8_1 => encode_blocks(src, dst, QK8_0, quantize_row_q8_1),
+        GgmlType::Q8_K => encode_blocks(src, dst, QK_K, quantize_row_q8_k),
+        other => return Err(FormatError::Unsupported(other)),
+    }
+    Ok(())
+}
+
+/// f32 → bf16 bits as ggml's `ggml_compute_fp32_to_bf16`: NaN is made quiet, everything
+/// else rounds to nearest even.
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u as u64 + (0x7fff + ((u >> 16) & 1)) as u64) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytemuck::Zeroable;
+
+    #[test]
+    fn round_away_matches_roundf() {
+        let cases = [
+            (0.5, 1.0),
+            (-0.5, -1.0),
+            (1.5, 2.0),
+            (2.5, 3.0),
+            (-2.5, -3.0),
+            (0.49999997, 0.0),
+            (126.6, 127.0),
+            (-0.0, -0.0),
+            (1e10, 1e10),
+        ];
+        for (x, want) in cases {
+            assert_eq!(round_away(x).to_bits(), f32::to_bits(want), "{x}");
+        }
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(-1.5), -2);
+        assert_eq!(nearest_int(-127.2), -127);
+        assert_eq!(nearest_int(3.7), 4);
+    }
+
+    #[test]
+    fn q8_k_known_block() {
+        let x: [f32; QK_K] = core::array::from_fn(|i| i as f32 - 100.0);
+        let mut b = [BlockQ8K::zeroed()];
+        quantize_row_q8_k(&x, &mut b);
+        // max magnitude element is 155 (positive), so iscale = -127/155 and quants flip sign.
+        assert_eq!(b[0].qs[255], -127);
+        assert_eq!(b[0].d, 1.0 / (-127.0f32 / 155.0));
+        for j in 0..16 {
+            let s: i32 = b[0].qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+            assert_eq!(b[0].bsums[j] as i32, s);
+        }
+    }
+
+    #[test]
+    fn quantize_checks_lengths() {
+        let src = [0.0f32; 32];
+        let mut dst = [0u8; 33];
+        assert_eq!(
+            quantize(GgmlType::Q8_0, &src, &mut dst),
+            Err(FormatError::PartialBlock {
+                ty: GgmlType::Q8_0,
+                bytes: 33
+            })
+        );
+        let mut dst = [0u8; 68];
+        assert_eq!(
+            quantize(GgmlType::Q8_0, &src, &mut dst),
+            Err(FormatError::LengthMismatch {
+                expected: 64,
+                found: 32
+            })
+        );
+        let mut dst = [0u8; 18];
+        assert_eq!(
+            quantize(GgmlType::IQ2_XXS, &src[..0], &mut dst[..0]),
+            Err(FormatError::Unsupported(GgmlType::IQ2_XXS))
+        );
+    }
+}
