@@ -5,5 +5,7 @@
 
 pub mod cli;
 pub mod devices;
+pub mod kv_cache;
 pub mod logging;
 pub mod sampler;
+pub mod scheduler;
