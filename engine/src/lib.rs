@@ -9,3 +9,4 @@ pub mod kv_cache;
 pub mod logging;
 pub mod sampler;
 pub mod scheduler;
+pub mod llm_engine;
