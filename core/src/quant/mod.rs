@@ -10,9 +10,16 @@
 //! lengths disagree: that is a caller bug, not bad input. The byte-level [`quantize`]
 //! checks lengths and returns a [`FormatError`] instead.
 
+mod kquants;
+
+pub use kquants::{quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k};
+
 use bytemuck::Pod;
 
-use crate::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0};
+use crate::blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, QK4_0,
+    QK8_0,
+};
 use crate::types::{FormatError, GgmlType, QK_K};
 
 /// f32 → IEEE half bits, round to nearest even (what `GGML_FP32_TO_FP16` and numpy's
@@ -155,6 +162,88 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
     }
 }
 
+/// The element of largest magnitude (the first one on ties), with its sign, as ggml's
+/// legacy quantizers and numpy's `argmax(abs(x))` pick it.
+#[inline]
+fn signed_abs_max(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// C's `truncf` (toward zero), built on a truncating cast for the same reason as
+/// [`round_away`].
+#[inline]
+fn trunc(x: f32) -> f32 {
+    if x.is_nan() || x.abs() >= 8_388_608.0 {
+        return x;
+    }
+    ((x as i32) as f32).copysign(x)
+}
+
+/// Quantizes a row to Q4_0 (ggml `quantize_row_q4_0_ref`, byte-identical with
+/// `gguf.quants.quantize`): `d = max / -8` where `max` is the element of largest
+/// magnitude, `q = min(15, trunc(x * (1/d) + 8.5))`.
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK4_0,
+        "quantize_row_q4_0: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK4_0).zip(out.iter_mut()) {
+        let d = signed_abs_max(xb) / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = f16_bits(d);
+        let q = |v: f32| (trunc(v * id + 8.5) as i32).clamp(0, 15) as u8;
+        for j in 0..QK4_0 / 2 {
+            y.qs[j] = q(xb[j]) | (q(xb[j + QK4_0 / 2]) << 4);
+        }
+    }
+}
+
+/// Quantizes a row to Q5_0 (ggml `quantize_row_q5_0_ref`, byte-identical with
+/// `gguf.quants.quantize`): `d = max / -16`, `q = min(31, trunc(x * (1/d) + 16.5))`, the
+/// fifth bit of element `j` in bit `j` of `qh`.
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q5_0(x: &[f32], out: &mut [BlockQ5_0]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK4_0,
+        "quantize_row_q5_0: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK4_0).zip(out.iter_mut()) {
+        let d = signed_abs_max(xb) / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = f16_bits(d);
+        let mut qh = 0u32;
+        for (j, &v) in xb.iter().enumerate() {
+            let q = (trunc(v * id + 16.5) as i32).clamp(0, 31) as u32;
+            qh |= (q >> 4) << j;
+            if j < QK4_0 / 2 {
+                y.qs[j] = (q & 0x0f) as u8;
+            } else {
+                y.qs[j - QK4_0 / 2] |= ((q & 0x0f) as u8) << 4;
+            }
+        }
+        y.qh = qh.to_le_bytes();
+    }
+}
+
 /// Encodes `src` as blocks of `B` into `dst` with a typed row quantizer.
 fn encode_blocks<B: Pod>(src: &[f32], dst: &mut [u8], block: usize, f: impl Fn(&[f32], &mut [B])) {
     let mut tmp = [B::zeroed()];
@@ -170,7 +259,9 @@ fn encode_blocks<B: Pod>(src: &[f32], dst: &mut [u8], block: usize, f: impl Fn(&
 /// Quantizes `src` into the GGUF byte encoding of `ty`.
 ///
 /// `dst` must be a whole number of `ty` blocks holding exactly `src.len()` elements.
-/// Supported: F32, F16, BF16 (rounded as ggml/`gguf` do), Q8_0, Q8_1, Q8_K.
+/// Supported: F32, F16, BF16 (rounded as ggml/`gguf` do), Q4_0, Q5_0, Q8_0 (byte-identical
+/// with `gguf.quants.quantize`), Q4_K, Q5_K, Q6_K (ggml's reference quantizers) and the
+/// activation formats Q8_1, Q8_K.
 ///
 /// # Errors
 /// [`FormatError::PartialBlock`] when `dst` is not a whole number of blocks,
@@ -207,6 +298,11 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), FormatE
                 o.copy_from_slice(&bf16_bits(v).to_le_bytes());
             }
         }
+        GgmlType::Q4_0 => encode_blocks(src, dst, QK4_0, quantize_row_q4_0),
+        GgmlType::Q5_0 => encode_blocks(src, dst, QK4_0, quantize_row_q5_0),
+        GgmlType::Q4_K => encode_blocks::<BlockQ4K>(src, dst, QK_K, quantize_row_q4_k),
+        GgmlType::Q5_K => encode_blocks::<BlockQ5K>(src, dst, QK_K, quantize_row_q5_k),
+        GgmlType::Q6_K => encode_blocks::<BlockQ6K>(src, dst, QK_K, quantize_row_q6_k),
         GgmlType::Q8_0 => encode_blocks(src, dst, QK8_0, quantize_row_q8_0),
         GgmlType::Q8_1 => encode_blocks(src, dst, QK8_0, quantize_row_q8_1),
         GgmlType::Q8_K => encode_blocks(src, dst, QK_K, quantize_row_q8_k),
