@@ -25,3 +25,7 @@ pub mod quant;
 pub mod types;
 
 pub use types::{FormatError, GgmlType, TypeError, QK_K};
+#[cfg(feature = "alloc")]
+pub use dequant::dequantize_to_vec;
+pub use dequant::{dequantize, dequantize_blocks, DequantBlock};
+pub use quant::{quantize, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};

@@ -49,9 +49,9 @@ def main() -> None:
         assert bits * k <= 16
         vals = ", ".join(f"{v:.1f}" for v in values)
         lines.append(f"/// Component values of the {name} grid.")
-        lines.append(f"pub(crate) const {name}_VALUES: [f32; {len(values)}] = [{vals}];")
+        lines.append(f"pub const {name}_VALUES: [f32; {len(values)}] = [{vals}];")
         lines.append(f"/// {doc}, {bits} bits per component.")
-        lines.append(f"pub(crate) const {name}_GRID: [u16; {n}] = [")
+        lines.append(f"pub const {name}_GRID: [u16; {n}] = [")
         for i in range(0, n, 12):
             lines.append("    " + ", ".join(f"0x{int(v):04x}" for v in idx[i:i + 12]) + ",")
         lines.append("];")

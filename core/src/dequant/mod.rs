@@ -12,7 +12,7 @@
 //! can start at any address; malformed input (any byte pattern) never panics, it only
 //! decodes to whatever those bits mean.
 
-mod grids;
+pub mod grids;
 
 use bytemuck::Pod;
 
