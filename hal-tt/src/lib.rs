@@ -1,8 +1,64 @@
-//! `flint-hal-tt`: the Tenstorrent backend (under construction).
+//! `flint-hal-tt`: Flint's Tenstorrent backend.
+//!
+//! Tenstorrent's runtime (TT-Metalium / TT-NN) is C++ and is not on every machine, so this
+//! crate links nothing of it: it loads a small *runtime adapter* library at run time with
+//! `libloading` and talks to it through the versioned C ABI written down in
+//! `docs/hal-tt/flint_tt.h` (see `docs/hal-tt/README.md`). A machine without the adapter
+//! still runs Flint on the CPU; `flint devices` lists `tt` as unavailable with the reason.
+//!
+//! **Finding the adapter.** `FLINT_TT_RUNTIME` names the library file; when it is set
+//! nothing else is tried. Otherwise [`search_list`]: `libflint_tt.so` next to the running
+//! executable, `/opt/tenstorrent/lib/libflint_tt.so`, `/usr/local/lib/libflint_tt.so`, then
+//! `libflint_tt.so` through the dynamic loader (`LD_LIBRARY_PATH`, the ld.so cache). The
+//! simulated adapter of `hal-tt/sim` builds as `libflint_tt_sim.so`; point
+//! `FLINT_TT_RUNTIME` at it.
+//!
+//! **Failures.** A missing library, a library missing ABI symbols (all missing names are
+//! listed), a different ABI version and a device that fails to open are each
+//! [`HalErrorKind::Unavailable`](flint_hal::HalErrorKind::Unavailable) with the reason;
+//! the registry's probe reports the same error, so `flint devices` and `FLINT_DEVICE=tt`
+//! say the same thing.
+//!
+//! **Keep-quant staging** (on by default; `FLINT_KEEP_QUANT=0` selects the BF16 arm):
+//! block encodings the device admits ([`TtDevice::admits_kept`]) are staged verbatim;
+//! everything else that the host can decode is expanded to BF16 on the host; an
+//! encoding that is neither is refused naming encoding and tensor. Expert towers
+//! `[in, out, E]` are staged as `E` matrices, each slice's geometry checked.
+//! [`Device::plan`](flint_hal::Device::plan) decides against the device's DRAM (less a
+//! 1/16 reserve for KV caches and activations) which weights stay resident (dense weights
+//! first, then expert towers in the expert tier) and which stream from host memory on
+//! every use; [`Device::stage`](flint_hal::Device::stage) follows the last plan, or
+//! decides greedily when there was none.
 
-use flint_hal::BackendEntry;
+mod device;
+mod ffi;
+pub mod staging;
 
-/// The backends this crate registers.
+pub use device::{TtCounters, TtDevice, TtKv, TtWeight};
+pub use ffi::{search_list, Runtime, ABI_VERSION, RUNTIME_ENV, RUNTIME_FILE, SYMBOLS};
+pub use staging::{expandable, RESERVE_DIVISOR};
+
+use flint_hal::{BackendEntry, DeviceOptions, DeviceRef, HalError};
+
+/// Checks that the adapter loads, speaks this ABI version and that device 0 opens (and
+/// closes it again). The error says why not.
+pub fn probe() -> Result<(), HalError> {
+    let rt = Runtime::load_from_env()?;
+    let (dev, _) = rt.open_device(0)?;
+    rt.close_device(dev);
+    Ok(())
+}
+
+fn open(opts: &DeviceOptions) -> Result<DeviceRef, HalError> {
+    Ok(std::sync::Arc::new(TtDevice::open(opts)?))
+}
+
+/// The backends this crate registers: `tt`.
 pub fn backends() -> Vec<BackendEntry> {
-    Vec::new()
+    vec![BackendEntry {
+        name: "tt",
+        summary: "Tenstorrent (Blackhole) through a runtime adapter library (FLINT_TT_RUNTIME)",
+        probe,
+        open,
+    }]
 }

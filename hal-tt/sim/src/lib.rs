@@ -1,1 +1,836 @@
-//! See the crate description; under construction.
+//! `flint-tt-sim`: a simulated Tenstorrent runtime adapter. It exports the C ABI of
+//! `docs/hal-tt/flint_tt.h` (version [`ABI_VERSION`]) and computes every op on the host
+//! CPU with the scalar references of `flint-core`, with the properties of a Blackhole
+//! P150 that matter to the host:
+//!
+//! - a DRAM budget of 32 GiB ([`device::P150_DRAM_BYTES`]) against which resident weights
+//!   and buffers are counted; `FLINT_TT_SIM_DRAM_BYTES` overrides it (tests make it small);
+//! - the admission predicate for kept block encodings ([`device::admits_kept`]): Q4_K,
+//!   Q5_K, Q6_K and the IQ types; everything else reaches it as BF16;
+//! - dispatch counters (block and float matmuls) and the bytes streamed from host memory
+//!   for weights staged as streamed.
+//!
+//! Test knobs, read when a device is opened: `FLINT_TT_SIM_FAIL_OPEN=1` makes
+//! `flint_tt_device_open` fail (as a machine without a card would); read by
+//! `flint_tt_abi_version`: `FLINT_TT_SIM_ABI_VERSION=N` makes it report `N` (to test the
+//! host's version check).
+//!
+//! The crate builds as a `cdylib` (`libflint_tt_sim.so`) that `flint-hal-tt` loads.
+
+mod device;
+mod kernels;
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use flint_core::GgmlType;
+
+pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
+use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
+
+/// The ABI version this library implements.
+pub const ABI_VERSION: u32 = 1;
+
+/// `FLINT_TT_OK`.
+const OK: i32 = 0;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// An opened simulated device (`flint_tt_device *` on the C side).
+#[derive(Debug)]
+pub struct SimDevice {
+    state: Mutex<State>,
+}
+
+/// Runs `f` on the device state, turning errors and panics into a status code and the
+/// thread's last-error message.
+fn call(dev: *const SimDevice, f: impl FnOnce(&mut State) -> Result<(), SimError>) -> i32 {
+    if dev.is_null() {
+        set_error("null device");
+        return ERR_INVALID;
+    }
+    // SAFETY: a non-null `dev` was returned by `flint_tt_device_open` and not yet closed
+    // (the ABI's contract); `SimDevice` is only accessed through its mutex.
+    let dev = unsafe { &*dev };
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut st = match dev.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut st)
+    }));
+    match r {
+        Ok(Ok(())) => OK,
+        Ok(Err(e)) => {
+            set_error(&e.message);
+            e.code
+        }
+        Err(_) => {
+            set_error("internal error in the simulated runtime");
+            ERR_RUNTIME
+        }
+    }
+}
+
+/// A host slice from a C pointer and count; `NULL` with `n == 0` is the empty slice.
+///
+/// # Safety
+/// `p` must point at `n` readable `T`s that stay valid for `'a`.
+unsafe fn slice<'a, T>(p: *const T, n: u64, what: &str) -> Result<&'a [T], SimError> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return device::invalid(format!("{what}: null pointer for {n} entries"));
+    }
+    // SAFETY: the caller guarantees `n` readable elements at `p`.
+    Ok(unsafe { std::slice::from_raw_parts(p, n as usize) })
+}
+
+/// Mutable version of [`slice`].
+///
+/// # Safety
+/// `p` must point at `n` writable `T`s, not aliased, valid for `'a`.
+unsafe fn slice_mut<'a, T>(p: *mut T, n: u64, what: &str) -> Result<&'a mut [T], SimError> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return device::invalid(format!("{what}: null pointer for {n} entries"));
+    }
+    // SAFETY: the caller guarantees `n` writable, unaliased elements at `p`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, n as usize) })
+}
+
+fn usize_of(v: u64, what: &str) -> Result<usize, SimError> {
+    usize::try_from(v).map_err(|_| SimError {
+        code: ERR_INVALID,
+        message: format!("{what} = {v} does not fit this machine"),
+    })
+}
+
+/// `flint_tt_abi_version`.
+#[no_mangle]
+pub extern "C" fn flint_tt_abi_version() -> u32 {
+    match std::env::var("FLINT_TT_SIM_ABI_VERSION") {
+        Ok(v) => v.trim().parse().unwrap_or(0),
+        Err(_) => ABI_VERSION,
+    }
+}
+
+/// `flint_tt_last_error`.
+#[no_mangle]
+pub extern "C" fn flint_tt_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// `flint_tt_device_info` of the C header.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DeviceInfo {
+    /// NUL-terminated name.
+    pub name: [c_char; 64],
+    /// DRAM bytes.
+    pub dram_bytes: u64,
+    /// Tensix cores.
+    pub compute_cores: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `flint_tt_device_open`.
+///
+/// # Safety
+/// `out` must be a valid pointer to write a device pointer to.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_device_open(index: u32, out: *mut *mut SimDevice) -> i32 {
+    if out.is_null() {
+        set_error("flint_tt_device_open: null output pointer");
+        return ERR_INVALID;
+    }
+    if index != 0 {
+        set_error(&format!(
+            "no simulated device {index}: the simulator has one device (0)"
+        ));
+        return ERR_NO_DEVICE;
+    }
+    if std::env::var("FLINT_TT_SIM_FAIL_OPEN").is_ok_and(|v| v.trim() == "1") {
+        set_error("simulated device failed to open (FLINT_TT_SIM_FAIL_OPEN=1)");
+        return ERR_NO_DEVICE;
+    }
+    let dram = match std::env::var("FLINT_TT_SIM_DRAM_BYTES") {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) => n,
+            Err(_) => {
+                set_error(&format!(
+                    "FLINT_TT_SIM_DRAM_BYTES={v:?} is not a byte count"
+                ));
+                return ERR_NO_DEVICE;
+            }
+        },
+        Err(_) => P150_DRAM_BYTES,
+    };
+    let dev = Box::new(SimDevice {
+        state: Mutex::new(State::new(dram)),
+    });
+    // SAFETY: `out` is non-null and points at writable storage for a pointer (contract).
+    unsafe { *out = Box::into_raw(dev) };
+    OK
+}
+
+/// `flint_tt_device_close`.
+///
+/// # Safety
+/// `dev` must be NULL or a device from `flint_tt_device_open`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_device_close(dev: *mut SimDevice) -> i32 {
+    if !dev.is_null() {
+        // SAFETY: `dev` came from `Box::into_raw` in `flint_tt_device_open` and the caller
+        // gives up its last use here.
+        drop(unsafe { Box::from_raw(dev) });
+    }
+    OK
+}
+
+/// `flint_tt_device_info_get`.
+///
+/// # Safety
+/// `dev` an open device, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_device_info_get(
+    dev: *const SimDevice,
+    out: *mut DeviceInfo,
+) -> i32 {
+    call(dev, |st| {
+        if out.is_null() {
+            return device::invalid("flint_tt_device_info_get: null output");
+        }
+        let mut name = [0 as c_char; 64];
+        for (d, b) in name.iter_mut().zip(b"Blackhole P150 (simulated)".iter()) {
+            *d = *b as c_char;
+        }
+        // SAFETY: `out` is non-null and writable (contract).
+        unsafe {
+            out.write(DeviceInfo {
+                name,
+                dram_bytes: st.dram_bytes(),
+                compute_cores: P150_CORES,
+                reserved: 0,
+            })
+        };
+        Ok(())
+    })
+}
+
+/// `flint_tt_admits_kept`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_admits_kept(_dev: *const SimDevice, ggml_type: u32) -> i32 {
+    match GgmlType::from_id(ggml_type) {
+        Ok(t) => i32::from(admits_kept(t)),
+        Err(_) => 0,
+    }
+}
+
+/// `flint_tt_buffer_alloc`.
+///
+/// # Safety
+/// `dev` an open device, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_buffer_alloc(
+    dev: *const SimDevice,
+    bytes: u64,
+    out: *mut u64,
+) -> i32 {
+    call(dev, |st| {
+        if out.is_null() {
+            return device::invalid("flint_tt_buffer_alloc: null output");
+        }
+        let h = st.alloc(bytes)?;
+        // SAFETY: `out` is non-null and writable (contract).
+        unsafe { out.write(h) };
+        Ok(())
+    })
+}
+
+/// `flint_tt_buffer_free`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_buffer_free(dev: *const SimDevice, buf: u64) -> i32 {
+    call(dev, |st| st.free(buf))
+}
+
+/// `flint_tt_buffer_write`.
+///
+/// # Safety
+/// `dev` an open device; `src` `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_buffer_write(
+    dev: *const SimDevice,
+    buf: u64,
+    offset: u64,
+    src: *const u8,
+    len: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `src` holds `len` readable bytes (contract).
+        let s = unsafe { slice(src, len, "buffer_write source") }?;
+        st.write(buf, offset, s)
+    })
+}
+
+/// `flint_tt_buffer_read`.
+///
+/// # Safety
+/// `dev` an open device; `dst` `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_buffer_read(
+    dev: *const SimDevice,
+    buf: u64,
+    offset: u64,
+    dst: *mut u8,
+    len: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `dst` holds `len` writable bytes (contract).
+        let d = unsafe { slice_mut(dst, len, "buffer_read destination") }?;
+        st.read(buf, offset, d)
+    })
+}
+
+/// `flint_tt_weight_desc` of the C header.
+#[repr(C)]
+#[derive(Debug)]
+pub struct WeightDesc {
+    /// Encoding of `data`.
+    pub ggml_type: u32,
+    /// 0 resident, 1 streamed.
+    pub residency: u32,
+    /// Row length.
+    pub in_features: u64,
+    /// Rows.
+    pub out_features: u64,
+    /// The bytes.
+    pub data: *const u8,
+    /// Their length.
+    pub len: u64,
+}
+
+/// `flint_tt_weight_stage`.
+///
+/// # Safety
+/// `dev` an open device; `desc` readable, its `data` `len` readable bytes (for streamed
+/// weights valid until `flint_tt_weight_free`); `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_weight_stage(
+    dev: *const SimDevice,
+    desc: *const WeightDesc,
+    out: *mut u64,
+) -> i32 {
+    call(dev, |st| {
+        if desc.is_null() || out.is_null() {
+            return device::invalid("flint_tt_weight_stage: null argument");
+        }
+        // SAFETY: `desc` is non-null and readable (contract).
+        let d = unsafe { &*desc };
+        let ty = GgmlType::from_id(d.ggml_type).map_err(|e| SimError {
+            code: device::ERR_UNSUPPORTED,
+            message: e.to_string(),
+        })?;
+        if d.residency > 1 {
+            return device::invalid(format!("unknown residency {}", d.residency));
+        }
+        let len = usize_of(d.len, "weight length")?;
+        if len > 0 && d.data.is_null() {
+            return device::invalid("flint_tt_weight_stage: null data");
+        }
+        let h = st.stage(device::StageRequest {
+            ty,
+            streamed: d.residency == 1,
+            in_f: usize_of(d.in_features, "in_features")?,
+            out_f: usize_of(d.out_features, "out_features")?,
+            data: HostBytes {
+                ptr: if len == 0 { [0u8; 0].as_ptr() } else { d.data },
+                len,
+            },
+        })?;
+        // SAFETY: `out` is non-null and writable (contract).
+        unsafe { out.write(h) };
+        Ok(())
+    })
+}
+
+/// `flint_tt_weight_free`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_weight_free(dev: *const SimDevice, w: u64) -> i32 {
+    call(dev, |st| st.weight_free(w))
+}
+
+/// `flint_tt_matmul`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_matmul(
+    dev: *const SimDevice,
+    w: u64,
+    x: u64,
+    m: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| st.matmul(w, x, usize_of(m, "m")?, out))
+}
+
+/// `flint_tt_expert_matmul`.
+///
+/// # Safety
+/// `dev` an open device; `experts` `n_experts` handles; `rows` `2 * n_rows` u32s.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_expert_matmul(
+    dev: *const SimDevice,
+    experts: *const u64,
+    n_experts: u32,
+    x: u64,
+    x_rows: u64,
+    rows: *const u32,
+    n_rows: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: sizes as the contract states.
+        let e = unsafe { slice(experts, n_experts as u64, "experts") }?;
+        // SAFETY: `rows` holds `2 * n_rows` u32s (contract).
+        let r = unsafe { slice(rows, n_rows.saturating_mul(2), "expert rows") }?;
+        let pairs: Vec<(u32, u32)> = r.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        st.expert_matmul(e, x, usize_of(x_rows, "x_rows")?, &pairs, out)
+    })
+}
+
+/// `flint_tt_get_rows`.
+///
+/// # Safety
+/// `dev` an open device; `ids` `n` u32s.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_get_rows(
+    dev: *const SimDevice,
+    w: u64,
+    ids: *const u32,
+    n: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `ids` holds `n` u32s (contract).
+        let ids = unsafe { slice(ids, n, "ids") }?;
+        st.get_rows(w, ids, out)
+    })
+}
+
+/// `flint_tt_rms_norm`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_rms_norm(
+    dev: *const SimDevice,
+    x: u64,
+    n: u64,
+    weight: u64,
+    eps: f32,
+    dim: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.rms_norm(
+            x,
+            usize_of(n, "n")?,
+            weight,
+            eps,
+            usize_of(dim, "dim")?,
+            out,
+        )
+    })
+}
+
+/// `flint_tt_add_rms_norm`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_add_rms_norm(
+    dev: *const SimDevice,
+    residual: u64,
+    delta: u64,
+    n: u64,
+    weight: u64,
+    eps: f32,
+    dim: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.add_rms_norm(
+            residual,
+            delta,
+            usize_of(n, "n")?,
+            weight,
+            eps,
+            usize_of(dim, "dim")?,
+            out,
+        )
+    })
+}
+
+/// `flint_tt_rope`.
+///
+/// # Safety
+/// `dev` an open device; `positions` `rows` u32s.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_rope(
+    dev: *const SimDevice,
+    x: u64,
+    rows: u64,
+    positions: *const u32,
+    n_heads: u32,
+    head_dim: u32,
+    n_rot: u32,
+    base: f32,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `positions` holds `rows` u32s (contract).
+        let p = unsafe { slice(positions, rows, "positions") }?;
+        st.rope(
+            x,
+            p,
+            n_heads as usize,
+            head_dim as usize,
+            n_rot as usize,
+            base,
+        )
+    })
+}
+
+/// `flint_tt_silu_mul`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_silu_mul(
+    dev: *const SimDevice,
+    gate: u64,
+    up: u64,
+    n: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.act_mul(gate, up, usize_of(n, "n")?, out, false)
+    })
+}
+
+/// `flint_tt_gelu_mul`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_gelu_mul(
+    dev: *const SimDevice,
+    gate: u64,
+    up: u64,
+    n: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| st.act_mul(gate, up, usize_of(n, "n")?, out, true))
+}
+
+/// `flint_tt_add`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_add(dev: *const SimDevice, acc: u64, x: u64, n: u64) -> i32 {
+    call(dev, |st| st.add(acc, x, usize_of(n, "n")?))
+}
+
+/// `flint_tt_scale`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_scale(dev: *const SimDevice, x: u64, n: u64, s: f32) -> i32 {
+    call(dev, |st| st.scale(x, usize_of(n, "n")?, s))
+}
+
+/// `flint_tt_scatter_add_weighted`.
+///
+/// # Safety
+/// `dev` an open device; `rows` and `weights` `n` entries each.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_scatter_add_weighted(
+    dev: *const SimDevice,
+    acc: u64,
+    acc_rows: u64,
+    x: u64,
+    rows: *const u32,
+    weights: *const f32,
+    n: u64,
+    dim: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `rows` and `weights` hold `n` entries (contract).
+        let r = unsafe { slice(rows, n, "rows") }?;
+        // SAFETY: as above.
+        let w = unsafe { slice(weights, n, "weights") }?;
+        st.scatter_add_weighted(
+            acc,
+            usize_of(acc_rows, "acc_rows")?,
+            x,
+            r,
+            w,
+            usize_of(dim, "dim")?,
+        )
+    })
+}
+
+/// `flint_tt_route_topk`.
+///
+/// # Safety
+/// `dev` an open device; `bias` NULL or `n_experts` floats; `ids`, `weights`
+/// `n_rows * k` writable entries.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_route_topk(
+    dev: *const SimDevice,
+    logits: u64,
+    n_rows: u64,
+    n_experts: u32,
+    bias: *const f32,
+    k: u32,
+    gating: u32,
+    normalize: u32,
+    scale: f32,
+    ids: *mut u32,
+    weights: *mut f32,
+) -> i32 {
+    call(dev, |st| {
+        let bias = if bias.is_null() {
+            None
+        } else {
+            // SAFETY: non-null `bias` holds `n_experts` floats (contract).
+            Some(unsafe { slice(bias, n_experts as u64, "bias") }?)
+        };
+        let total = n_rows.saturating_mul(k as u64);
+        // SAFETY: `ids` holds `n_rows * k` writable u32s (contract).
+        let ids = unsafe { slice_mut(ids, total, "ids") }?;
+        // SAFETY: `weights` holds `n_rows * k` writable floats (contract).
+        let weights = unsafe { slice_mut(weights, total, "weights") }?;
+        if gating > 1 {
+            return device::invalid(format!("unknown gating {gating}"));
+        }
+        st.route_topk(
+            logits,
+            usize_of(n_rows, "n_rows")?,
+            n_experts as usize,
+            bias,
+            k as usize,
+            gating == 1,
+            normalize != 0,
+            scale,
+            ids,
+            weights,
+        )
+    })
+}
+
+/// `flint_tt_kv_layout` of the C header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CKvLayout {
+    /// Blocks.
+    pub num_blocks: u64,
+    /// Tokens per block.
+    pub block_size: u64,
+    /// KV heads.
+    pub n_kv_heads: u64,
+    /// Key head size.
+    pub head_dim_k: u64,
+    /// Value head size.
+    pub head_dim_v: u64,
+}
+
+/// Reads a C KV layout.
+///
+/// # Safety
+/// `l` readable.
+unsafe fn kv_layout(l: *const CKvLayout) -> Result<KvLayout, SimError> {
+    if l.is_null() {
+        return device::invalid("null KV layout");
+    }
+    // SAFETY: non-null and readable (contract).
+    let l = unsafe { *l };
+    Ok(KvLayout {
+        num_blocks: usize_of(l.num_blocks, "num_blocks")?,
+        block_size: usize_of(l.block_size, "block_size")?.max(1),
+        n_kv_heads: usize_of(l.n_kv_heads, "n_kv_heads")?,
+        head_dim_k: usize_of(l.head_dim_k, "head_dim_k")?,
+        head_dim_v: usize_of(l.head_dim_v, "head_dim_v")?,
+    })
+}
+
+/// `flint_tt_write_kv`.
+///
+/// # Safety
+/// `dev` an open device; `layout` readable; `slots` `n` u32s.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_write_kv(
+    dev: *const SimDevice,
+    layout: *const CKvLayout,
+    k_cache: u64,
+    v_cache: u64,
+    k: u64,
+    v: u64,
+    slots: *const u32,
+    n: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `layout` readable (contract).
+        let l = unsafe { kv_layout(layout) }?;
+        // SAFETY: `slots` holds `n` u32s (contract).
+        let s = unsafe { slice(slots, n, "slots") }?;
+        st.write_kv(&l, k_cache, v_cache, k, v, s)
+    })
+}
+
+/// `flint_tt_attn_seq` of the C header.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CAttnSeq {
+    /// First query row.
+    pub q_start: u64,
+    /// Positions.
+    pub positions: *const u32,
+    /// Their count.
+    pub n_positions: u64,
+    /// Block table.
+    pub block_table: *const u32,
+    /// Its length.
+    pub n_blocks: u64,
+}
+
+/// `flint_tt_paged_attention`.
+///
+/// # Safety
+/// `dev` an open device; `layout` readable; `seqs` `n_seqs` entries whose arrays are
+/// readable; `sinks` NULL or `n_heads` floats.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_paged_attention(
+    dev: *const SimDevice,
+    layout: *const CKvLayout,
+    k_cache: u64,
+    v_cache: u64,
+    q: u64,
+    q_rows: u64,
+    seqs: *const CAttnSeq,
+    n_seqs: u64,
+    n_heads: u32,
+    scale: f32,
+    sinks: *const f32,
+    window: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `layout` readable (contract).
+        let l = unsafe { kv_layout(layout) }?;
+        // SAFETY: `seqs` holds `n_seqs` entries (contract).
+        let cs = unsafe { slice(seqs, n_seqs, "sequences") }?;
+        let mut v = Vec::with_capacity(cs.len());
+        for s in cs {
+            v.push(Seq {
+                q_start: usize_of(s.q_start, "q_start")?,
+                // SAFETY: each sequence's arrays hold the counts it gives (contract).
+                positions: unsafe { slice(s.positions, s.n_positions, "positions") }?,
+                // SAFETY: as above.
+                block_table: unsafe { slice(s.block_table, s.n_blocks, "block table") }?,
+            });
+        }
+        let sinks = if sinks.is_null() {
+            None
+        } else {
+            // SAFETY: non-null `sinks` holds `n_heads` floats (contract).
+            Some(unsafe { slice(sinks, n_heads as u64, "sinks") }?)
+        };
+        st.paged_attention(
+            &l,
+            k_cache,
+            v_cache,
+            q,
+            usize_of(q_rows, "q_rows")?,
+            &v,
+            n_heads as usize,
+            scale,
+            sinks,
+            usize_of(window, "window")?,
+            out,
+        )
+    })
+}
+
+/// `flint_tt_sync`: every call completes before it returns, so there is nothing to wait
+/// for.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_sync(dev: *const SimDevice) -> i32 {
+    call(dev, |_| Ok(()))
+}
+
+/// `flint_tt_counters` of the C header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CCounters {
+    /// Block-encoded matmuls.
+    pub block_dispatches: u64,
+    /// BF16 matmuls.
+    pub float_dispatches: u64,
+    /// Bytes read from host memory for streamed weights.
+    pub streamed_bytes: u64,
+    /// DRAM in use.
+    pub dram_used_bytes: u64,
+}
+
+/// `flint_tt_counters_get`.
+///
+/// # Safety
+/// `dev` an open device; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_counters_get(dev: *const SimDevice, out: *mut CCounters) -> i32 {
+    call(dev, |st| {
+        if out.is_null() {
+            return device::invalid("flint_tt_counters_get: null output");
+        }
+        let c = st.counters();
+        // SAFETY: `out` non-null and writable (contract).
+        unsafe {
+            out.write(CCounters {
+                block_dispatches: c.block_dispatches,
+                float_dispatches: c.float_dispatches,
+                streamed_bytes: c.streamed_bytes,
+                dram_used_bytes: c.dram_used_bytes,
+            })
+        };
+        Ok(())
+    })
+}

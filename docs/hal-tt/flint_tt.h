@@ -1,0 +1,268 @@
+/*
+ * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
+ * runtime adapter library (`libflint_tt.so`).
+ *
+ * ABI version 1. See README.md next to this file for how the library is found, what a
+ * real adapter over TT-Metalium must do, and the simulated adapter (`flint-tt-sim`).
+ *
+ * Conventions
+ * - Every function that can fail returns an `int32_t` status (`FLINT_TT_OK` = 0, else one
+ *   of `flint_tt_status`). On failure the adapter stores a message for the calling thread
+ *   that `flint_tt_last_error()` returns; the message names what was at fault.
+ * - Tensors that ops read and write are device buffers (`flint_tt_buffer`) of row-major
+ *   `float` (f32) values; element counts are given explicitly. Small index lists
+ *   (positions, slots, ids, block tables, expert rows) and per-op parameters are host
+ *   arrays that the call reads before it returns (a real adapter passes them as kernel
+ *   runtime arguments or uploads them itself).
+ * - All calls are synchronous from the caller's point of view: when a call that writes a
+ *   buffer returns, a later `flint_tt_buffer_read` of that buffer sees the result (an
+ *   adapter may queue work and complete it in `flint_tt_buffer_read` / `flint_tt_sync`).
+ * - Calls on one device may come from several threads; the adapter serialises them.
+ * - Handles (`flint_tt_buffer`, `flint_tt_weight`) are nonzero; 0 means "none".
+ * - Shapes are in GGUF order: a matrix weight `[in, out]` is `out` rows of `in` values.
+ */
+#ifndef FLINT_TT_H
+#define FLINT_TT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version this header describes. `flint_tt_abi_version()` must return it exactly;
+ * the host refuses any other value. */
+#define FLINT_TT_ABI_VERSION 1u
+
+/* Status codes. */
+typedef enum flint_tt_status {
+    FLINT_TT_OK = 0,
+    /* An argument the adapter refuses: unknown handle, length that does not match the
+     * shapes, aliasing outputs, an index out of range. */
+    FLINT_TT_ERR_INVALID = 1,
+    /* An encoding or op this adapter does not implement. */
+    FLINT_TT_ERR_UNSUPPORTED = 2,
+    /* Device DRAM (or host memory) exhausted. */
+    FLINT_TT_ERR_OUT_OF_MEMORY = 3,
+    /* No device, or the device failed to open. */
+    FLINT_TT_ERR_NO_DEVICE = 4,
+    /* The runtime failed while executing. */
+    FLINT_TT_ERR_RUNTIME = 5
+} flint_tt_status;
+
+/* GGML type ids as GGUF stores them (only those with a meaning in this ABI). */
+#define FLINT_TT_TYPE_Q4_K 12u
+#define FLINT_TT_TYPE_Q5_K 13u
+#define FLINT_TT_TYPE_Q6_K 14u
+#define FLINT_TT_TYPE_BF16 30u
+
+typedef struct flint_tt_device flint_tt_device; /* opaque */
+typedef uint64_t flint_tt_buffer;
+typedef uint64_t flint_tt_weight;
+
+/* ---- Version and errors ---------------------------------------------------------- */
+
+/* The ABI version the library implements. Must be callable before anything else. */
+uint32_t flint_tt_abi_version(void);
+
+/* The message of the last failed call on this thread (UTF-8, NUL-terminated), or "" when
+ * none. The pointer stays valid until the next call into the library on this thread. */
+const char *flint_tt_last_error(void);
+
+/* ---- Devices --------------------------------------------------------------------- */
+
+typedef struct flint_tt_device_info {
+    /* NUL-terminated human-readable name, for example "Blackhole P150 (simulated)". */
+    char name[64];
+    /* Device DRAM the host may plan against, in bytes (weights, buffers, KV). */
+    uint64_t dram_bytes;
+    /* Tensix cores available to this process (informational). */
+    uint32_t compute_cores;
+    uint32_t reserved;
+} flint_tt_device_info;
+
+/* Opens device `index` (0 = the first). Fails with FLINT_TT_ERR_NO_DEVICE when there is no
+ * such device or it cannot be opened. */
+int32_t flint_tt_device_open(uint32_t index, flint_tt_device **out);
+
+/* Closes the device and frees everything still allocated on it. `dev` may be NULL. */
+int32_t flint_tt_device_close(flint_tt_device *dev);
+
+/* Fills `out` with the device's properties. */
+int32_t flint_tt_device_info_get(const flint_tt_device *dev, flint_tt_device_info *out);
+
+/* 1 when the device computes directly from weights kept in the block encoding
+ * `ggml_type` (raw GGUF blocks), 0 otherwise. BF16 is always accepted by
+ * `flint_tt_weight_stage` and is not reported here. */
+int32_t flint_tt_admits_kept(const flint_tt_device *dev, uint32_t ggml_type);
+
+/* ---- Buffers --------------------------------------------------------------------- */
+
+/* Allocates `bytes` of device DRAM (contents zero). Counts against `dram_bytes`;
+ * FLINT_TT_ERR_OUT_OF_MEMORY when it does not fit. */
+int32_t flint_tt_buffer_alloc(flint_tt_device *dev, uint64_t bytes, flint_tt_buffer *out);
+int32_t flint_tt_buffer_free(flint_tt_device *dev, flint_tt_buffer buf);
+/* Copies `len` bytes from host `src` to the buffer at byte `offset`. */
+int32_t flint_tt_buffer_write(flint_tt_device *dev, flint_tt_buffer buf, uint64_t offset,
+                              const void *src, uint64_t len);
+/* Copies `len` bytes at byte `offset` of the buffer to host `dst`. */
+int32_t flint_tt_buffer_read(flint_tt_device *dev, flint_tt_buffer buf, uint64_t offset,
+                             void *dst, uint64_t len);
+
+/* ---- Weights --------------------------------------------------------------------- */
+
+/* Where a staged weight lives. */
+#define FLINT_TT_RESIDENT 0u /* copied into device DRAM once */
+#define FLINT_TT_STREAMED 1u /* read from host memory on every use */
+
+typedef struct flint_tt_weight_desc {
+    /* Encoding of `data`: a type for which `flint_tt_admits_kept` is 1 (raw GGUF blocks,
+     * kept as they are), or FLINT_TT_TYPE_BF16 (values expanded by the host). */
+    uint32_t ggml_type;
+    /* FLINT_TT_RESIDENT or FLINT_TT_STREAMED. */
+    uint32_t residency;
+    /* Row length (`in`, contiguous) and number of rows (`out`). One matrix; the host
+     * stages an expert tower `[in, out, E]` as E such matrices. */
+    uint64_t in_features;
+    uint64_t out_features;
+    /* The bytes: `out_features` rows of `row_bytes(ggml_type, in_features)` each. */
+    const uint8_t *data;
+    uint64_t len;
+} flint_tt_weight_desc;
+
+/* Stages one weight matrix. RESIDENT: the adapter copies `data` into DRAM before it
+ * returns (FLINT_TT_ERR_OUT_OF_MEMORY when it does not fit). STREAMED: the adapter keeps
+ * the pointer and reads `data` from host memory on each use; the host keeps it valid and
+ * unchanged until `flint_tt_weight_free`. FLINT_TT_ERR_INVALID when `len` does not match
+ * type and shape, FLINT_TT_ERR_UNSUPPORTED when the encoding is neither admitted nor BF16. */
+int32_t flint_tt_weight_stage(flint_tt_device *dev, const flint_tt_weight_desc *desc,
+                              flint_tt_weight *out);
+int32_t flint_tt_weight_free(flint_tt_device *dev, flint_tt_weight w);
+
+/* ---- Matmuls --------------------------------------------------------------------- */
+
+/* out[i][o] = sum_k W[o][k] * x[i][k]; x = [m, in] floats, out = [m, out] floats. */
+int32_t flint_tt_matmul(flint_tt_device *dev, flint_tt_weight w, flint_tt_buffer x, uint64_t m,
+                        flint_tt_buffer out);
+
+/* Grouped expert matmul. `experts` = the E per-expert weights of one tower (all of one
+ * shape). `rows` = n_rows pairs (input_row, expert): out[i] = W[expert_i] x[input_row_i].
+ * x = [x_rows, in], out = [n_rows, out]. Each expert's weight should be read once for all
+ * its rows. */
+int32_t flint_tt_expert_matmul(flint_tt_device *dev, const flint_tt_weight *experts,
+                               uint32_t n_experts, flint_tt_buffer x, uint64_t x_rows,
+                               const uint32_t *rows, uint64_t n_rows, flint_tt_buffer out);
+
+/* Embedding gather: out[i] = dequant(row ids[i] of W), out = [n, in]. An id >= out_features
+ * is FLINT_TT_ERR_INVALID. */
+int32_t flint_tt_get_rows(flint_tt_device *dev, flint_tt_weight w, const uint32_t *ids,
+                          uint64_t n, flint_tt_buffer out);
+
+/* ---- Element-wise and normalisation ops (n = element count) ---------------------- */
+
+/* out = x / sqrt(mean(x^2) + eps) * weight per row of `dim`; weight = 0: no weight. */
+int32_t flint_tt_rms_norm(flint_tt_device *dev, flint_tt_buffer x, uint64_t n,
+                          flint_tt_buffer weight, float eps, uint64_t dim, flint_tt_buffer out);
+/* residual += delta; out = rmsnorm(residual) * weight (per row of `dim`). */
+int32_t flint_tt_add_rms_norm(flint_tt_device *dev, flint_tt_buffer residual,
+                              flint_tt_buffer delta, uint64_t n, flint_tt_buffer weight,
+                              float eps, uint64_t dim, flint_tt_buffer out);
+/* NeoX RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i]. */
+int32_t flint_tt_rope(flint_tt_device *dev, flint_tt_buffer x, uint64_t rows,
+                      const uint32_t *positions, uint32_t n_heads, uint32_t head_dim,
+                      uint32_t n_rot, float base);
+/* out = silu(gate) * up. */
+int32_t flint_tt_silu_mul(flint_tt_device *dev, flint_tt_buffer gate, flint_tt_buffer up,
+                          uint64_t n, flint_tt_buffer out);
+/* out = gelu_tanh(gate) * up. */
+int32_t flint_tt_gelu_mul(flint_tt_device *dev, flint_tt_buffer gate, flint_tt_buffer up,
+                          uint64_t n, flint_tt_buffer out);
+/* acc += x. */
+int32_t flint_tt_add(flint_tt_device *dev, flint_tt_buffer acc, flint_tt_buffer x, uint64_t n);
+/* x *= s. */
+int32_t flint_tt_scale(flint_tt_device *dev, flint_tt_buffer x, uint64_t n, float s);
+/* acc[rows[i]] += weights[i] * x[i] for n rows of `dim`; acc = [acc_rows, dim]. */
+int32_t flint_tt_scatter_add_weighted(flint_tt_device *dev, flint_tt_buffer acc,
+                                      uint64_t acc_rows, flint_tt_buffer x,
+                                      const uint32_t *rows, const float *weights, uint64_t n,
+                                      uint64_t dim);
+
+/* Gating of flint_tt_route_topk. */
+#define FLINT_TT_GATING_SOFTMAX 0u
+#define FLINT_TT_GATING_SIGMOID 1u
+
+/* Top-k routing of n_rows rows of n_experts logits: score = gate(logits); the k experts
+ * with the largest score + bias (bias may be NULL) win, ties to the lower index, in
+ * descending order; their weights are the scores (without bias), renormalised to sum 1
+ * when `normalize`, times `scale`. Results go to host arrays ids/weights of n_rows * k. */
+int32_t flint_tt_route_topk(flint_tt_device *dev, flint_tt_buffer logits, uint64_t n_rows,
+                            uint32_t n_experts, const float *bias, uint32_t k, uint32_t gating,
+                            uint32_t normalize, float scale, uint32_t *ids, float *weights);
+
+/* ---- KV cache and attention ------------------------------------------------------ */
+
+/* One layer's paged KV cache: `num_blocks * block_size` slots. The host allocates two
+ * buffers: K = [slots, n_kv_heads, head_dim_k] and V = [slots, n_kv_heads, head_dim_v]
+ * floats. */
+typedef struct flint_tt_kv_layout {
+    uint64_t num_blocks;
+    uint64_t block_size;
+    uint64_t n_kv_heads;
+    uint64_t head_dim_k;
+    uint64_t head_dim_v;
+} flint_tt_kv_layout;
+
+/* Writes n tokens: k = [n, n_kv_heads * head_dim_k], v = [n, n_kv_heads * head_dim_v];
+ * token i goes to slot slots[i]. */
+int32_t flint_tt_write_kv(flint_tt_device *dev, const flint_tt_kv_layout *layout,
+                          flint_tt_buffer k_cache, flint_tt_buffer v_cache, flint_tt_buffer k,
+                          flint_tt_buffer v, const uint32_t *slots, uint64_t n);
+
+/* One sequence of a paged attention call. */
+typedef struct flint_tt_attn_seq {
+    uint64_t q_start;              /* first query row of this sequence */
+    const uint32_t *positions;     /* n_positions positions of its query rows */
+    uint64_t n_positions;
+    const uint32_t *block_table;   /* position j lives in slot
+                                      block_table[j / block_size] * block_size + j % block_size;
+                                      0xFFFFFFFF = no block (never read) */
+    uint64_t n_blocks;
+} flint_tt_attn_seq;
+
+/* Paged attention over many sequences (one layer). q = [q_rows, n_heads * head_dim_k];
+ * out = [q_rows, n_heads * head_dim_v]. Query head h reads KV head h / (n_heads /
+ * n_kv_heads). A query at position p attends to keys j <= p (and j > p - window when
+ * window > 0), scores (q . k) * scale, softmax with the per-head sink logit sinks[h]
+ * (sinks may be NULL) taking part in the denominator only. */
+int32_t flint_tt_paged_attention(flint_tt_device *dev, const flint_tt_kv_layout *layout,
+                                 flint_tt_buffer k_cache, flint_tt_buffer v_cache,
+                                 flint_tt_buffer q, uint64_t q_rows,
+                                 const flint_tt_attn_seq *seqs, uint64_t n_seqs,
+                                 uint32_t n_heads, float scale, const float *sinks,
+                                 uint64_t window, flint_tt_buffer out);
+
+/* ---- Sync and counters ----------------------------------------------------------- */
+
+/* Waits until every queued operation on the device has completed. */
+int32_t flint_tt_sync(flint_tt_device *dev);
+
+typedef struct flint_tt_counters {
+    /* Matmuls (dense or expert) computed directly from kept block encodings. */
+    uint64_t block_dispatches;
+    /* Matmuls computed from BF16 weights. */
+    uint64_t float_dispatches;
+    /* Weight bytes read from host memory for STREAMED weights, summed over uses. */
+    uint64_t streamed_bytes;
+    /* Device DRAM in use now (resident weights and buffers). */
+    uint64_t dram_used_bytes;
+} flint_tt_counters;
+
+/* Counters since the device was opened. */
+int32_t flint_tt_counters_get(const flint_tt_device *dev, flint_tt_counters *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLINT_TT_H */

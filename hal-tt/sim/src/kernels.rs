@@ -1,0 +1,93 @@
+//! The arithmetic of the simulated device. Everything numeric goes through the scalar
+//! references of `flint-core` (dequantization, f32 dot product, kernel math); this module
+//! only arranges them per row, per head and per expert.
+
+use flint_core::GgmlType;
+
+/// Decodes one row of `n` elements stored as `ty` (a kept block encoding or BF16) into
+/// `out`. The error names the encoding.
+pub fn dequant_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
+    flint_core::dequant::dequantize(ty, bytes, out)
+        .map_err(|e| format!("cannot decode a {ty} row of {} values: {e}", out.len()))
+}
+
+/// `sum_k a[k] * b[k]` in f32, in index order.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// RMSNorm of each row of `dim` (core reference).
+pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        flint_core::math::rms_norm(xr, weight, eps, or);
+    }
+}
+
+/// NeoX RoPE in place for each head of each row (core reference).
+pub fn rope(
+    x: &mut [f32],
+    positions: &[u32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    base: f32,
+) {
+    let row = n_heads * head_dim;
+    for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
+        for h in xr.chunks_exact_mut(head_dim) {
+            flint_core::math::rope_neox(h, p, n_rot, base);
+        }
+    }
+}
+
+/// `silu(x)` (core reference).
+pub fn silu(x: f32) -> f32 {
+    flint_core::math::silu(x)
+}
+
+/// `gelu_tanh(x)` (core reference).
+pub fn gelu(x: f32) -> f32 {
+    flint_core::math::gelu_tanh(x)
+}
+
+/// Top-k routing of one row of logits into `ids`/`weights` (`k` entries each), the
+/// core reference.
+pub fn route_topk_row(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    sigmoid: bool,
+    normalize: bool,
+    scale: f32,
+    ids: &mut [u32],
+    weights: &mut [f32],
+) -> Result<(), String> {
+    let gating = if sigmoid {
+        flint_core::math::Gating::Sigmoid
+    } else {
+        flint_core::math::Gating::Softmax
+    };
+    flint_core::math::route_topk(logits, bias, k, gating, normalize, scale, ids, weights)
+        .map_err(|e| e.to_string())
+}
+
+/// Attention of one query head `q` over the keys/values yielded by `kv` (each `(k, v)`
+/// pair of one visible position), with an optional sink logit, into `out`: the scores
+/// are gathered and handed to the core two-pass sink softmax.
+pub fn attend_head<'a>(
+    q: &[f32],
+    kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    scale: f32,
+    sink: Option<f32>,
+    scores: &mut Vec<f32>,
+    values: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    scores.clear();
+    values.clear();
+    for (k, v) in kv {
+        scores.push(dot(q, k) * scale);
+        values.extend_from_slice(v);
+    }
+    flint_core::math::attend_two_pass(scores, values, out.len(), sink, out);
+}

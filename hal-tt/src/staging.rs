@@ -1,0 +1,215 @@
+//! Keep-quant staging: which arrangement each weight gets (kept blocks or BF16), how an
+//! expert tower is sliced, and the staging plan against the DRAM budget.
+
+use flint_core::GgmlType;
+use flint_hal::{HalError, PlannedWeight, StagingPlan, Tier, WeightDesc, WeightKind};
+
+/// The share of DRAM the plan leaves free for KV caches and activation buffers: 1/16.
+pub const RESERVE_DIVISOR: u64 = 16;
+
+/// Encodings the host can expand to BF16: the float types and every block encoding that
+/// `flint_core::dequant` decodes.
+pub fn expandable(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | IQ4_NL
+            | IQ4_XS
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
+    )
+}
+
+/// How one weight is staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrangement {
+    /// The encoding the device computes from.
+    pub staged_ty: GgmlType,
+    /// True when the file's blocks are staged verbatim.
+    pub kept: bool,
+}
+
+/// The arrangement of a weight of encoding `ty`: kept blocks when keep-quant is on and the
+/// device admits the encoding, else BF16 when the host can expand it, else an error naming
+/// encoding and tensor.
+pub fn arrangement(
+    name: &str,
+    ty: GgmlType,
+    keep_quant: bool,
+    admits: impl Fn(GgmlType) -> bool,
+) -> Result<Arrangement, HalError> {
+    if keep_quant && ty.is_quantized() && admits(ty) {
+        return Ok(Arrangement {
+            staged_ty: ty,
+            kept: true,
+        });
+    }
+    if expandable(ty) {
+        return Ok(Arrangement {
+            staged_ty: GgmlType::BF16,
+            kept: false,
+        });
+    }
+    Err(HalError::unsupported(format!(
+        "tensor '{name}': encoding {ty} can be neither kept on the Tenstorrent device nor \
+         expanded to BF16"
+    )))
+}
+
+/// The matrix geometry of a weight: `(in, out, experts)`.
+pub fn geometry(desc: &WeightDesc) -> Result<(usize, usize, usize), HalError> {
+    if desc.dims.is_empty() || desc.dims.len() > 3 {
+        return Err(HalError::invalid(format!(
+            "tensor '{}' has shape {:?}: a weight is [in], [in, out] or [in, out, E]",
+            desc.name, desc.dims
+        )));
+    }
+    if desc.kind == WeightKind::ExpertTower && desc.dims.len() != 3 {
+        return Err(HalError::invalid(format!(
+            "expert tower '{}' has shape {:?}, expected [in, out, E]",
+            desc.name, desc.dims
+        )));
+    }
+    Ok((desc.in_features(), desc.out_features(), desc.experts()))
+}
+
+/// Bytes of one staged matrix slice `[in, out]` in `ty`.
+pub fn slice_bytes(ty: GgmlType, in_f: usize, out_f: usize, name: &str) -> Result<usize, HalError> {
+    ty.row_bytes(in_f)
+        .and_then(|r| r.checked_mul(out_f))
+        .ok_or_else(|| {
+            HalError::invalid(format!(
+                "tensor '{name}': a row of {in_f} values is not a whole number of {ty} blocks"
+            ))
+        })
+}
+
+/// Expert `e`'s bytes inside a tower's bytes, with the geometry checked: the slice lies
+/// at `e * per` for `per = row_bytes(in) * out`, wholly inside the tensor, and the tower
+/// holds exactly `E` slices.
+pub fn expert_slice<'a>(
+    name: &str,
+    ty: GgmlType,
+    (in_f, out_f, experts): (usize, usize, usize),
+    bytes: &'a [u8],
+    e: usize,
+) -> Result<&'a [u8], HalError> {
+    let per = slice_bytes(ty, in_f, out_f, name)?;
+    let total = per.checked_mul(experts);
+    if total != Some(bytes.len()) || e >= experts {
+        return Err(HalError::invalid(format!(
+            "tensor '{name}': expert {e} of {experts} ([{in_f}, {out_f}] {ty}, {per} bytes \
+             each) does not lie in {} bytes",
+            bytes.len()
+        )));
+    }
+    let start = e * per;
+    let s = &bytes[start..start + per];
+    if !s.len().is_multiple_of(ty.type_size()) {
+        return Err(HalError::invalid(format!(
+            "tensor '{name}': expert {e} slice of {} bytes is not whole {ty} blocks",
+            s.len()
+        )));
+    }
+    Ok(s)
+}
+
+/// Expands `bytes` of encoding `ty` (a whole number of rows of `in_f`) to BF16 values,
+/// through the core dequantizer (and round-to-nearest-even to BF16).
+pub fn expand_bf16(
+    name: &str,
+    ty: GgmlType,
+    in_f: usize,
+    bytes: &[u8],
+) -> Result<Vec<u16>, HalError> {
+    let row_bytes = slice_bytes(ty, in_f, 1, name)?;
+    if row_bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = bytes.len() / row_bytes;
+    let mut out = Vec::with_capacity(rows * in_f);
+    let mut row = vec![0.0f32; in_f];
+    for r in bytes.chunks_exact(row_bytes) {
+        flint_core::dequant::dequantize(ty, r, &mut row).map_err(|e| {
+            HalError::unsupported(format!("tensor '{name}': cannot expand {ty} to BF16: {e}"))
+        })?;
+        out.extend(row.iter().map(|&v| half::bf16::from_f32(v).to_bits()));
+    }
+    Ok(out)
+}
+
+/// Bytes a weight takes on the device in its arrangement.
+pub fn staged_bytes(desc: &WeightDesc, arr: Arrangement) -> Result<u64, HalError> {
+    let (in_f, out_f, e) = geometry(desc)?;
+    let per = slice_bytes(arr.staged_ty, in_f, out_f, &desc.name)?;
+    Ok((per as u64).saturating_mul(e as u64))
+}
+
+/// The staging plan: non-expert weights resident in the order given while they fit, then
+/// expert towers in the expert tier while they fit; the rest streams from the host. The
+/// budget is `dram_bytes` less a reserve of `dram_bytes / RESERVE_DIVISOR` for KV caches
+/// and activations.
+pub fn plan(
+    weights: &[WeightDesc],
+    dram_bytes: u64,
+    keep_quant: bool,
+    admits: impl Fn(GgmlType) -> bool,
+) -> Result<StagingPlan, HalError> {
+    let mut left = dram_bytes - dram_bytes / RESERVE_DIVISOR;
+    let mut entries: Vec<Option<PlannedWeight>> = vec![None; weights.len()];
+    let mut sized = Vec::with_capacity(weights.len());
+    for w in weights {
+        let arr = arrangement(&w.name, w.ty, keep_quant, &admits)?;
+        sized.push((arr, staged_bytes(w, arr)?));
+    }
+    for experts_pass in [false, true] {
+        for (i, w) in weights.iter().enumerate() {
+            let is_tower = w.kind == WeightKind::ExpertTower;
+            if is_tower != experts_pass {
+                continue;
+            }
+            let (arr, bytes) = sized[i];
+            let fits = bytes <= left;
+            if fits {
+                left -= bytes;
+            }
+            let tier = match (fits, is_tower) {
+                (false, _) => Tier::Streamed,
+                (true, true) => Tier::ExpertResident,
+                (true, false) => Tier::Resident,
+            };
+            entries[i] = Some(PlannedWeight {
+                name: w.name.clone(),
+                source_ty: w.ty,
+                staged_ty: arr.staged_ty,
+                kept_quant: arr.kept,
+                tier,
+                resident_bytes: if fits { bytes } else { 0 },
+                streamed_bytes: if fits { 0 } else { bytes },
+            });
+        }
+    }
+    Ok(StagingPlan {
+        weights: entries.into_iter().flatten().collect(),
+    })
+}
