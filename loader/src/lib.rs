@@ -6,3 +6,5 @@ pub mod config;
 pub mod fetch;
 pub mod gguf;
 pub mod tokenizer;
+
+pub use gguf::{Array, GgufError, GgufFile, GgufWriter, SharedBytes, TensorInfo, Value, ValueType};
