@@ -1,1 +1,51 @@
-//! See the crate description; under construction.
+//! `flint-conformance`: one suite, run unchanged against every Flint backend.
+//!
+//! The suite is data: [`all_cases`] lists [`Case`]s (op, block type, shape, seed, NMSE
+//! bound) covering every [`Op`](flint_hal::Op) of the HAL and every block type of
+//! [`GgmlType::DEQUANTIZABLE`](flint_hal::GgmlType::DEQUANTIZABLE). [`run_suite`] runs
+//! them on a [`Device`](flint_hal::Device): a case the device does not claim
+//! ([`Device::supports`](flint_hal::Device::supports)) is skipped, never failed; every
+//! other case is compared against the `flint-core` scalar references ([`reference`])
+//! with an NMSE bound, checked for NaN/Inf, for writes outside its outputs (guard
+//! regions, [`check::Guarded`]) and for panics.
+//!
+//! Some cases are regressions for defects engines of this kind have shipped; each has
+//! a label and a test in `tests/regressions.rs` that breaks a working device in exactly
+//! that way and checks the suite catches it:
+//! - `paged_attention[sink<max]`: sinks below the score maximum (a sink term seeded as
+//!   `exp(0)` instead of `exp(sink - m_final)`);
+//! - `add_rms_norm[residual]`: the residual is checked after the call, not only the
+//!   normed output (a residual added twice);
+//! - `rms_norm[per-head]`: a per-head norm over `[rows, heads * head_dim]`, every head
+//!   checked on its own (a norm that corrupts its own input view);
+//! - `paged_attention[kv-groups]`: two KV groups with different block ids for the same
+//!   positions, each written through its own slot mapping.
+
+#![forbid(unsafe_code)]
+
+pub mod case;
+pub mod check;
+pub mod data;
+pub mod exec;
+pub mod reference;
+pub mod rng;
+pub mod suite;
+
+pub use case::{all_cases, AttnSpec, Case, SeqSpec, Shape, Sinks};
+pub use exec::{run_case, Outcome};
+pub use suite::{run_suite, CaseResult, Counts, DeviceReport, SuiteOptions, DEFAULT_SEED};
+
+use flint_hal::Registry;
+
+/// The registry of this build: every backend it links (`cpu`, `tt`), registered here
+/// rather than through the engine so the suite depends on nothing above the HAL.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    for e in flint_hal_cpu::backends() {
+        r.register(e);
+    }
+    for e in flint_hal_tt::backends() {
+        r.register(e);
+    }
+    r
+}

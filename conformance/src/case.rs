@@ -1,0 +1,645 @@
+//! The cases: plain data, one list for every backend.
+
+use std::fmt;
+
+use flint_hal::{Gating, GgmlType, Op};
+
+use crate::rng::case_seed;
+
+/// How a case's attention sinks are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sinks {
+    /// No sinks.
+    None,
+    /// Sinks below the largest score of (almost) every row: the case that exposes a sink
+    /// term seeded as `exp(0)` instead of `exp(sink - m_final)`.
+    BelowMax,
+    /// Sinks far above every score (the sink dominates the denominator).
+    AboveMax,
+}
+
+/// One sequence of an attention case: `ctx` positions written, the last `n_q` queried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpec {
+    /// Positions `0..ctx` hold keys and values.
+    pub ctx: usize,
+    /// Query rows: positions `ctx - n_q .. ctx`.
+    pub n_q: usize,
+}
+
+/// The shape of an attention case (write_kv + paged_attention).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnSpec {
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads (GQA when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Key head size.
+    pub head_dim_k: usize,
+    /// Value head size.
+    pub head_dim_v: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// The sequences, in the order they appear in the call.
+    pub seqs: Vec<SeqSpec>,
+    /// Sliding window.
+    pub window: Option<usize>,
+    /// Sinks.
+    pub sinks: Sinks,
+    /// Multiplier of `q . k / sqrt(head_dim_k)`: large values make the softmax peaked.
+    pub sharpness: f32,
+    /// Blocks wholly outside every query's window get `NO_BLOCK` in the table and are
+    /// never written.
+    pub drop_old_blocks: bool,
+    /// KV-cache groups: each has its own buffer, its own pool and its own block tables
+    /// for the same positions, written through its own slot mapping.
+    pub groups: usize,
+    /// Write some slots with wrong values first, then overwrite them (write_kv must
+    /// replace, not accumulate), in several calls in shuffled order.
+    pub overwrite: bool,
+}
+
+/// The shape of a case.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Shape {
+    /// A weight `[k, n]`; `m` activation rows (matmul) or `m` gathered ids (get_rows).
+    Weight {
+        /// Input features (contiguous).
+        k: usize,
+        /// Output features (rows of the weight).
+        n: usize,
+        /// Activation rows / ids.
+        m: usize,
+    },
+    /// An expert tower `[k, n, experts]`, `tokens` activation rows, `routed` output rows.
+    Tower {
+        /// Input features.
+        k: usize,
+        /// Output features.
+        n: usize,
+        /// Experts.
+        experts: usize,
+        /// Activation rows.
+        tokens: usize,
+        /// Routed rows.
+        routed: usize,
+    },
+    /// `rows` rows of `dim` values (`heads` chunks per row for per-head norms).
+    Rows {
+        /// Rows.
+        rows: usize,
+        /// Values per normalised chunk (the op's `dim`).
+        dim: usize,
+        /// Chunks per row (1 unless per-head).
+        heads: usize,
+    },
+    /// A flat vector (element-wise ops).
+    Flat {
+        /// Elements.
+        n: usize,
+    },
+    /// RoPE on `[rows, heads * head_dim]`.
+    Rope {
+        /// Rows.
+        rows: usize,
+        /// Heads per row.
+        heads: usize,
+        /// Head size.
+        head_dim: usize,
+        /// Rotated dims.
+        n_rot: usize,
+        /// Frequency base.
+        base: f32,
+    },
+    /// MoE combine: `src` rows of `dim` into `dst` accumulator rows.
+    Scatter {
+        /// Accumulator rows.
+        dst: usize,
+        /// Source rows.
+        src: usize,
+        /// Row length.
+        dim: usize,
+    },
+    /// Top-k routing of `rows` rows of `experts` logits.
+    Route {
+        /// Rows.
+        rows: usize,
+        /// Experts.
+        experts: usize,
+        /// Chosen per row.
+        k: usize,
+        /// Score function.
+        gating: Gating,
+        /// With a selection bias.
+        bias: bool,
+        /// Renormalise.
+        normalize: bool,
+        /// Multiplier.
+        scale: f32,
+    },
+    /// KV write + paged attention.
+    Attn(AttnSpec),
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shape::Weight { k, n, m } => write!(f, "W[{k},{n}] m={m}"),
+            Shape::Tower {
+                k,
+                n,
+                experts,
+                tokens,
+                routed,
+            } => write!(f, "W[{k},{n},{experts}] tokens={tokens} rows={routed}"),
+            Shape::Rows { rows, dim, heads } => {
+                if *heads > 1 {
+                    write!(f, "[{rows},{heads}x{dim}] dim={dim}")
+                } else {
+                    write!(f, "[{rows},{dim}]")
+                }
+            }
+            Shape::Flat { n } => write!(f, "[{n}]"),
+            Shape::Rope {
+                rows,
+                heads,
+                head_dim,
+                n_rot,
+                base,
+            } => write!(f, "[{rows},{heads}x{head_dim}] n_rot={n_rot} base={base}"),
+            Shape::Scatter { dst, src, dim } => write!(f, "acc[{dst},{dim}] x[{src},{dim}]"),
+            Shape::Route {
+                rows,
+                experts,
+                k,
+                gating,
+                bias,
+                normalize,
+                scale,
+            } => write!(
+                f,
+                "[{rows},{experts}] k={k} {gating:?} bias={bias} norm={normalize} scale={scale}"
+            ),
+            Shape::Attn(a) => {
+                write!(
+                    f,
+                    "H={} Hkv={} dk={} dv={} bs={} seqs=",
+                    a.n_heads, a.n_kv_heads, a.head_dim_k, a.head_dim_v, a.block_size
+                )?;
+                for (i, s) in a.seqs.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { "," };
+                    write!(f, "{sep}{}/{}", s.n_q, s.ctx)?;
+                }
+                if let Some(w) = a.window {
+                    write!(f, " window={w}")?;
+                }
+                if a.sinks != Sinks::None {
+                    write!(f, " sinks={:?}", a.sinks)?;
+                }
+                if a.groups > 1 {
+                    write!(f, " groups={}", a.groups)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One conformance case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Case {
+    /// The op under test (for attention cases that need `write_kv`, the op whose
+    /// behaviour the case targets).
+    pub op: Op,
+    /// The weight's block type, for ops that take a weight.
+    pub ty: Option<GgmlType>,
+    /// A short name for the variant (`gqa`, `sink<max`, `per-head`, ...).
+    pub label: &'static str,
+    /// Shapes and parameters.
+    pub shape: Shape,
+    /// The seed of its random data.
+    pub seed: u64,
+    /// NMSE bound.
+    pub tolerance: f64,
+}
+
+impl Case {
+    /// `op`, `op/TYPE` or `op[label]`: how reports name the case.
+    pub fn name(&self) -> String {
+        let mut s = self.op.name().to_string();
+        if let Some(t) = self.ty {
+            s.push('/');
+            s.push_str(t.name());
+        }
+        if !self.label.is_empty() {
+            s.push('[');
+            s.push_str(self.label);
+            s.push(']');
+        }
+        s
+    }
+
+    /// The ops a device must support for this case to run.
+    pub fn required_ops(&self) -> &'static [Op] {
+        match self.op {
+            Op::WriteKv | Op::PagedAttention => &[Op::WriteKv, Op::PagedAttention],
+            Op::Stage => &[Op::Stage],
+            Op::Matmul => &[Op::Stage, Op::Matmul],
+            Op::ExpertMatmul => &[Op::Stage, Op::ExpertMatmul],
+            Op::GetRows => &[Op::Stage, Op::GetRows],
+            Op::RmsNorm => &[Op::RmsNorm],
+            Op::AddRmsNorm => &[Op::AddRmsNorm],
+            Op::Rope => &[Op::Rope],
+            Op::SiluMul => &[Op::SiluMul],
+            Op::GeluMul => &[Op::GeluMul],
+            Op::Add => &[Op::Add],
+            Op::Scale => &[Op::Scale],
+            Op::ScatterAddWeighted => &[Op::ScatterAddWeighted],
+            Op::RouteTopK => &[Op::RouteTopK],
+        }
+    }
+
+    /// True when `filter` selects this case: an exact op name, or a substring of
+    /// [`name`](Self::name) (`matmul/Q6_K`, `sink`, ...), case-insensitive.
+    pub fn matches(&self, filter: &str) -> bool {
+        let f = filter.to_ascii_lowercase();
+        self.op.name() == f || self.name().to_ascii_lowercase().contains(&f)
+    }
+}
+
+/// NMSE bounds. Matmuls follow ggml's test-backend-ops (5e-4: activations may be
+/// quantized to Q8 as ggml pairs them, and float weights may be held as BF16);
+/// gathers allow BF16 storage; element-wise and norm ops allow a few ulp of f32 math
+/// (fast exp/tanh approximations) but nothing a logic error stays under.
+pub mod tol {
+    /// matmul, expert_matmul.
+    pub const MATMUL: f64 = 5e-4;
+    /// get_rows.
+    pub const GATHER: f64 = 1e-5;
+    /// norms, rope, activations, add, scale, scatter, routing weights.
+    pub const ELEMENTWISE: f64 = 1e-5;
+    /// paged attention (ggml's flash-attention bound; KV may be held as BF16/F16).
+    pub const ATTENTION: f64 = 5e-4;
+}
+
+/// Matrix shapes per block type: `(k in blocks-units, n, m)`. Row counts and batch
+/// sizes are deliberately not multiples of common tiles.
+fn weight_shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
+    // The unit keeps float types on awkward, non-power-of-two widths too.
+    let u = if ty.block_size() == 1 {
+        40
+    } else {
+        ty.block_size().max(32)
+    };
+    vec![(2 * u, 16, 1), (3 * u, 37, 7), (u, 5, 33)]
+}
+
+/// Every case of the suite, with seeds derived from `master_seed`.
+pub fn all_cases(master_seed: u64) -> Vec<Case> {
+    let mut v: Vec<Case> = Vec::new();
+    let mut push = |op: Op, ty: Option<GgmlType>, label: &'static str, shape: Shape, tol: f64| {
+        let mut c = Case {
+            op,
+            ty,
+            label,
+            shape,
+            seed: 0,
+            tolerance: tol,
+        };
+        c.seed = case_seed(master_seed, &format!("{} {}", c.name(), c.shape));
+        v.push(c);
+    };
+
+    for ty in GgmlType::DEQUANTIZABLE {
+        let u = if ty.block_size() == 1 {
+            40
+        } else {
+            ty.block_size().max(32)
+        };
+        push(
+            Op::Stage,
+            Some(ty),
+            "",
+            Shape::Weight {
+                k: 2 * u,
+                n: 3,
+                m: 0,
+            },
+            0.0,
+        );
+        for (k, n, m) in weight_shapes(ty) {
+            push(
+                Op::Matmul,
+                Some(ty),
+                "",
+                Shape::Weight { k, n, m },
+                tol::MATMUL,
+            );
+        }
+        push(
+            Op::ExpertMatmul,
+            Some(ty),
+            "",
+            Shape::Tower {
+                k: 2 * u,
+                n: 9,
+                experts: 4,
+                tokens: 3,
+                routed: 7,
+            },
+            tol::MATMUL,
+        );
+        push(
+            Op::GetRows,
+            Some(ty),
+            "",
+            Shape::Weight {
+                k: 2 * u,
+                n: 11,
+                m: 6,
+            },
+            tol::GATHER,
+        );
+    }
+
+    let e = tol::ELEMENTWISE;
+    push(
+        Op::RmsNorm,
+        None,
+        "weighted",
+        Shape::Rows {
+            rows: 4,
+            dim: 96,
+            heads: 1,
+        },
+        e,
+    );
+    push(
+        Op::RmsNorm,
+        None,
+        "no-weight",
+        Shape::Rows {
+            rows: 3,
+            dim: 257,
+            heads: 1,
+        },
+        e,
+    );
+    // Regression: per-head norm over q laid out [rows, heads*head_dim]; heads of very
+    // different magnitudes, so a head normalised with anything but its own values shows.
+    push(
+        Op::RmsNorm,
+        None,
+        "per-head",
+        Shape::Rows {
+            rows: 3,
+            dim: 16,
+            heads: 8,
+        },
+        e,
+    );
+    // Regression: a live residual buffer must get `delta` exactly once.
+    push(
+        Op::AddRmsNorm,
+        None,
+        "residual",
+        Shape::Rows {
+            rows: 4,
+            dim: 128,
+            heads: 1,
+        },
+        e,
+    );
+    push(
+        Op::Rope,
+        None,
+        "full",
+        Shape::Rope {
+            rows: 5,
+            heads: 4,
+            head_dim: 64,
+            n_rot: 64,
+            base: 10000.0,
+        },
+        e,
+    );
+    push(
+        Op::Rope,
+        None,
+        "partial",
+        Shape::Rope {
+            rows: 3,
+            heads: 2,
+            head_dim: 48,
+            n_rot: 32,
+            base: 1_000_000.0,
+        },
+        e,
+    );
+    push(Op::SiluMul, None, "", Shape::Flat { n: 1003 }, e);
+    push(Op::GeluMul, None, "", Shape::Flat { n: 1003 }, e);
+    push(Op::Add, None, "", Shape::Flat { n: 1003 }, e);
+    push(Op::Scale, None, "", Shape::Flat { n: 1003 }, e);
+    push(
+        Op::ScatterAddWeighted,
+        None,
+        "",
+        Shape::Scatter {
+            dst: 5,
+            src: 11,
+            dim: 72,
+        },
+        e,
+    );
+    push(
+        Op::RouteTopK,
+        None,
+        "sigmoid+bias",
+        Shape::Route {
+            rows: 7,
+            experts: 16,
+            k: 4,
+            gating: Gating::Sigmoid,
+            bias: true,
+            normalize: true,
+            scale: 2.5,
+        },
+        e,
+    );
+    push(
+        Op::RouteTopK,
+        None,
+        "softmax",
+        Shape::Route {
+            rows: 5,
+            experts: 8,
+            k: 2,
+            gating: Gating::Softmax,
+            bias: false,
+            normalize: false,
+            scale: 1.0,
+        },
+        e,
+    );
+    push(
+        Op::RouteTopK,
+        None,
+        "wide",
+        Shape::Route {
+            rows: 3,
+            experts: 64,
+            k: 8,
+            gating: Gating::Sigmoid,
+            bias: false,
+            normalize: true,
+            scale: 1.0,
+        },
+        e,
+    );
+
+    let base = AttnSpec {
+        n_heads: 4,
+        n_kv_heads: 4,
+        head_dim_k: 32,
+        head_dim_v: 32,
+        block_size: 16,
+        seqs: vec![SeqSpec { ctx: 20, n_q: 20 }],
+        window: None,
+        sinks: Sinks::None,
+        sharpness: 1.0,
+        drop_old_blocks: false,
+        groups: 1,
+        overwrite: false,
+    };
+    let a = tol::ATTENTION;
+    let attn = |f: &dyn Fn(&mut AttnSpec)| {
+        let mut s = base.clone();
+        f(&mut s);
+        Shape::Attn(s)
+    };
+    push(
+        Op::WriteKv,
+        None,
+        "scatter+overwrite",
+        attn(&|s| {
+            s.seqs = vec![SeqSpec { ctx: 23, n_q: 3 }, SeqSpec { ctx: 9, n_q: 2 }];
+            s.block_size = 4;
+            s.overwrite = true;
+        }),
+        a,
+    );
+    push(Op::PagedAttention, None, "prefill", attn(&|_| {}), a);
+    push(
+        Op::PagedAttention,
+        None,
+        "gqa-decode",
+        attn(&|s| {
+            s.n_heads = 8;
+            s.n_kv_heads = 2;
+            s.head_dim_k = 64;
+            s.head_dim_v = 64;
+            s.seqs = vec![SeqSpec { ctx: 37, n_q: 1 }];
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "dv!=dk",
+        attn(&|s| {
+            s.n_heads = 6;
+            s.n_kv_heads = 3;
+            s.head_dim_k = 40;
+            s.head_dim_v = 24;
+            s.block_size = 8;
+            s.seqs = vec![SeqSpec { ctx: 19, n_q: 4 }];
+        }),
+        a,
+    );
+    // Regression: sinks below the score maximum expose an `exp(0)` sink seed.
+    push(
+        Op::PagedAttention,
+        None,
+        "sink<max",
+        attn(&|s| {
+            s.n_kv_heads = 2;
+            s.sinks = Sinks::BelowMax;
+            s.sharpness = 6.0;
+            s.seqs = vec![SeqSpec { ctx: 24, n_q: 4 }, SeqSpec { ctx: 7, n_q: 1 }];
+            s.block_size = 8;
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "sink>max",
+        attn(&|s| {
+            s.n_kv_heads = 2;
+            s.sinks = Sinks::AboveMax;
+            s.seqs = vec![SeqSpec { ctx: 12, n_q: 3 }];
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "window",
+        attn(&|s| {
+            s.window = Some(8);
+            s.block_size = 4;
+            s.sharpness = 3.0;
+            s.seqs = vec![SeqSpec { ctx: 50, n_q: 5 }];
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "window+no-block+sinks",
+        attn(&|s| {
+            s.n_heads = 8;
+            s.n_kv_heads = 2;
+            s.window = Some(6);
+            s.block_size = 4;
+            s.sinks = Sinks::BelowMax;
+            s.sharpness = 3.0;
+            s.drop_old_blocks = true;
+            s.seqs = vec![SeqSpec { ctx: 41, n_q: 2 }, SeqSpec { ctx: 30, n_q: 1 }];
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "multi-seq",
+        attn(&|s| {
+            s.n_heads = 4;
+            s.n_kv_heads = 1;
+            s.block_size = 4;
+            s.seqs = vec![
+                SeqSpec { ctx: 30, n_q: 1 },
+                SeqSpec { ctx: 13, n_q: 13 },
+                SeqSpec { ctx: 5, n_q: 2 },
+                SeqSpec { ctx: 1, n_q: 1 },
+            ];
+        }),
+        a,
+    );
+    // Regression: two KV groups whose pools hand out different block ids for the same
+    // positions; each must be written through its own slot mapping.
+    push(
+        Op::PagedAttention,
+        None,
+        "kv-groups",
+        attn(&|s| {
+            s.n_kv_heads = 2;
+            s.block_size = 4;
+            s.groups = 2;
+            s.sharpness = 2.0;
+            s.seqs = vec![SeqSpec { ctx: 14, n_q: 2 }, SeqSpec { ctx: 9, n_q: 9 }];
+        }),
+        a,
+    );
+    v
+}

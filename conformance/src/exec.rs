@@ -1,0 +1,758 @@
+//! Running one case on one device.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use flint_hal::{
+    AttnSeq, Device, ExpertRow, HalError, HalErrorKind, KvLayout, Op, PagedAttention,
+    RoutingConfig, WeightDesc, WeightHandle, WeightKind, WeightSource, NO_BLOCK,
+};
+
+use crate::case::{AttnSpec, Case, Shape, Sinks};
+use crate::check::{compare, unchanged, Guarded};
+use crate::data::random_weight;
+use crate::reference;
+use crate::rng::CaseRng;
+
+/// What became of a case.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Within tolerance; the largest NMSE seen.
+    Pass {
+        /// Largest NMSE over the case's outputs.
+        nmse: f64,
+    },
+    /// Wrong, non-finite, out of bounds, a panic or an unexpected error.
+    Fail {
+        /// What went wrong.
+        message: String,
+    },
+    /// The device does not support it.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// `pass`, `FAIL` or `not supported`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Pass { .. } => "pass",
+            Outcome::Fail { .. } => "FAIL",
+            Outcome::Skipped { .. } => "not supported",
+        }
+    }
+}
+
+/// Why a case stopped early.
+enum Stop {
+    Fail(String),
+}
+
+impl From<String> for Stop {
+    fn from(s: String) -> Self {
+        Stop::Fail(s)
+    }
+}
+
+type Res<T> = Result<T, Stop>;
+
+/// Maps a device error: `Unsupported` is a skip only if the device never claimed the
+/// op (it did, or we would not be here), so it is a failure naming the broken claim.
+fn dev_err(op: &str, e: HalError) -> Stop {
+    if e.kind == HalErrorKind::Unsupported {
+        Stop::Fail(format!(
+            "{op}: returned Unsupported although supports() claims it: {e}"
+        ))
+    } else {
+        Stop::Fail(format!("{op}: {e}"))
+    }
+}
+
+/// Runs `case` on `dev`: skipped when `supports` says no, failed on a wrong result, an
+/// error, a non-finite value, an out-of-bounds write or a panic.
+pub fn run_case(dev: &dyn Device, case: &Case) -> Outcome {
+    for &op in case.required_ops() {
+        let ty = if op.takes_weight() { case.ty } else { None };
+        if !dev.supports(op, ty) {
+            let what = match ty {
+                Some(t) => format!("{op} on {t}"),
+                None => op.to_string(),
+            };
+            return Outcome::Skipped {
+                reason: format!("{} does not support {what}", dev.name()),
+            };
+        }
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| execute(dev, case)));
+    match r {
+        Ok(Ok(nmse)) => Outcome::Pass { nmse },
+        Ok(Err(Stop::Fail(message))) => Outcome::Fail { message },
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "non-string panic".into());
+            Outcome::Fail {
+                message: format!("panicked: {msg}"),
+            }
+        }
+    }
+}
+
+fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
+    let mut rng = CaseRng::new(case.seed);
+    match (&case.shape, case.op) {
+        (Shape::Weight { k, n, .. }, Op::Stage) => stage_case(dev, case, *k, *n, &mut rng),
+        (Shape::Weight { k, n, m }, Op::Matmul) => matmul_case(dev, case, *k, *n, *m, &mut rng),
+        (Shape::Weight { k, n, m }, Op::GetRows) => get_rows_case(dev, case, *k, *n, *m, &mut rng),
+        (
+            Shape::Tower {
+                k,
+                n,
+                experts,
+                tokens,
+                routed,
+            },
+            Op::ExpertMatmul,
+        ) => expert_case(dev, case, *k, *n, *experts, *tokens, *routed, &mut rng),
+        (Shape::Rows { rows, dim, heads }, Op::RmsNorm) => {
+            rms_case(dev, case, *rows, *dim, *heads, &mut rng)
+        }
+        (Shape::Rows { rows, dim, .. }, Op::AddRmsNorm) => {
+            add_rms_case(dev, case, *rows, *dim, &mut rng)
+        }
+        (
+            Shape::Rope {
+                rows,
+                heads,
+                head_dim,
+                n_rot,
+                base,
+            },
+            Op::Rope,
+        ) => rope_case(dev, case, *rows, *heads, *head_dim, *n_rot, *base, &mut rng),
+        (Shape::Flat { n }, op) => flat_case(dev, case, op, *n, &mut rng),
+        (Shape::Scatter { dst, src, dim }, Op::ScatterAddWeighted) => {
+            scatter_case(dev, case, *dst, *src, *dim, &mut rng)
+        }
+        (
+            Shape::Route {
+                rows,
+                experts,
+                k,
+                gating,
+                bias,
+                normalize,
+                scale,
+            },
+            Op::RouteTopK,
+        ) => {
+            let cfg = RoutingConfig {
+                k: *k,
+                gating: *gating,
+                normalize: *normalize,
+                scale: *scale,
+            };
+            route_case(dev, case, *rows, *experts, *bias, &cfg, &mut rng)
+        }
+        (Shape::Attn(spec), Op::WriteKv | Op::PagedAttention) => {
+            attn_case(dev, case, spec, &mut rng)
+        }
+        (shape, op) => Err(Stop::Fail(format!(
+            "suite bug: no runner for {op} with shape {shape}"
+        ))),
+    }
+}
+
+fn desc(case: &Case, dims: Vec<usize>, kind: WeightKind, bytes: Vec<u8>) -> Res<WeightDesc> {
+    let ty = case
+        .ty
+        .ok_or_else(|| Stop::Fail("suite bug: weight case without a type".into()))?;
+    Ok(WeightDesc {
+        name: format!("conformance.{}", case.name()),
+        ty,
+        dims,
+        kind,
+        data: WeightSource::from_vec(bytes),
+    })
+}
+
+fn stage(dev: &dyn Device, d: &WeightDesc) -> Res<WeightHandle> {
+    dev.stage(d).map_err(|e| dev_err("stage", e))
+}
+
+fn weight_ty(case: &Case) -> Res<flint_hal::GgmlType> {
+    case.ty
+        .ok_or_else(|| Stop::Fail("suite bug: weight case without a type".into()))
+}
+
+/// Staging: the info describes the weight; wrong byte lengths are `InvalidInput`.
+fn stage_case(dev: &dyn Device, case: &Case, k: usize, n: usize, rng: &mut CaseRng) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let (bytes, _) = random_weight(ty, k, n, rng)?;
+    let d = desc(case, vec![k, n], WeightKind::Matrix, bytes.clone())?;
+    let h = stage(dev, &d)?;
+    let info = h.info();
+    if info.name != d.name || info.source_ty != ty || info.dims != d.dims {
+        return Err(Stop::Fail(format!(
+            "staged info describes another weight: name {:?}, source {}, dims {:?}",
+            info.name, info.source_ty, info.dims
+        )));
+    }
+    if info.kept_quant && info.staged_ty != ty {
+        return Err(Stop::Fail(format!(
+            "staged info says kept_quant but staged_ty is {} (source {ty})",
+            info.staged_ty
+        )));
+    }
+    if info.resident_bytes + info.streamed_bytes == 0 {
+        return Err(Stop::Fail(
+            "staged info reports no resident and no streamed bytes".into(),
+        ));
+    }
+    // One byte short: the contract says InvalidInput, not a panic or a success.
+    let mut short = bytes;
+    short.pop();
+    let bad = desc(case, vec![k, n], WeightKind::Matrix, short)?;
+    match dev.stage(&bad) {
+        Err(e) if e.kind == HalErrorKind::InvalidInput => Ok(0.0),
+        Err(e) => Err(Stop::Fail(format!(
+            "staging a weight one byte short: expected InvalidInput, got {e}"
+        ))),
+        Ok(_) => Err(Stop::Fail(
+            "staging a weight one byte short succeeded (expected InvalidInput)".into(),
+        )),
+    }
+}
+
+fn matmul_case(
+    dev: &dyn Device,
+    case: &Case,
+    k: usize,
+    n: usize,
+    m: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let (bytes, wf) = random_weight(ty, k, n, rng)?;
+    let h = stage(dev, &desc(case, vec![k, n], WeightKind::Matrix, bytes)?)?;
+    let x = rng.vec(m * k, -1.0, 1.0);
+    let want = reference::matmul_f32(&wf, k, &x, m);
+    let mut out = Guarded::new(m * n);
+    dev.matmul(h.as_ref(), &x, m, out.body_mut())
+        .map_err(|e| dev_err("matmul", e))?;
+    out.check("out")?;
+    Ok(compare("out", out.body(), &want, case.tolerance)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn expert_case(
+    dev: &dyn Device,
+    case: &Case,
+    k: usize,
+    n: usize,
+    experts: usize,
+    tokens: usize,
+    routed: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let (bytes, wf) = random_weight(ty, k, n * experts, rng)?;
+    let h = stage(
+        dev,
+        &desc(case, vec![k, n, experts], WeightKind::ExpertTower, bytes)?,
+    )?;
+    let x = rng.vec(tokens * k, -1.0, 1.0);
+    // Expert 0 stays unused; the last expert gets several rows from different tokens.
+    let mut rows: Vec<ExpertRow> = (0..routed)
+        .map(|i| ExpertRow {
+            input_row: (i % tokens) as u32,
+            expert: (1 + rng.below(experts - 1)) as u32,
+        })
+        .collect();
+    rows[0].expert = (experts - 1) as u32;
+    rows[routed - 1].expert = (experts - 1) as u32;
+    let mut want = Vec::with_capacity(routed * n);
+    for r in &rows {
+        let e = r.expert as usize;
+        let t = r.input_row as usize;
+        want.extend(reference::matmul_f32(
+            &wf[e * n * k..(e + 1) * n * k],
+            k,
+            &x[t * k..(t + 1) * k],
+            1,
+        ));
+    }
+    let mut out = Guarded::new(routed * n);
+    dev.expert_matmul(h.as_ref(), &x, &rows, out.body_mut())
+        .map_err(|e| dev_err("expert_matmul", e))?;
+    out.check("out")?;
+    Ok(compare("out", out.body(), &want, case.tolerance)?)
+}
+
+fn get_rows_case(
+    dev: &dyn Device,
+    case: &Case,
+    d: usize,
+    vocab: usize,
+    m: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let (bytes, wf) = random_weight(ty, d, vocab, rng)?;
+    let h = stage(
+        dev,
+        &desc(case, vec![d, vocab], WeightKind::Embedding, bytes)?,
+    )?;
+    // First and last row, a repeat, the rest random.
+    let mut ids: Vec<u32> = vec![(vocab - 1) as u32, 0];
+    while ids.len() < m {
+        ids.push(rng.below(vocab) as u32);
+    }
+    ids.push(ids[0]);
+    let mut want = Vec::with_capacity(ids.len() * d);
+    for &i in &ids {
+        want.extend_from_slice(&wf[i as usize * d..(i as usize + 1) * d]);
+    }
+    let mut out = Guarded::new(ids.len() * d);
+    dev.get_rows(h.as_ref(), &ids, out.body_mut())
+        .map_err(|e| dev_err("get_rows", e))?;
+    out.check("out")?;
+    let e = compare("out", out.body(), &want, case.tolerance)?;
+    // An id past the table is InvalidInput, not a panic or a read out of bounds.
+    let mut out = Guarded::new(2 * d);
+    match dev.get_rows(h.as_ref(), &[0, vocab as u32], out.body_mut()) {
+        Err(err) if err.kind == HalErrorKind::InvalidInput => {}
+        Err(err) => {
+            return Err(Stop::Fail(format!(
+                "get_rows with id {vocab} >= V: expected InvalidInput, got {err}"
+            )))
+        }
+        Ok(()) => {
+            return Err(Stop::Fail(format!(
+                "get_rows with id {vocab} >= V succeeded (expected InvalidInput)"
+            )))
+        }
+    }
+    out.check("out (bad id)")?;
+    Ok(e)
+}
+
+fn rms_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    dim: usize,
+    heads: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let n = rows * heads * dim;
+    let mut x = rng.vec(n, -1.0, 1.0);
+    // Heads (or rows) of very different magnitudes: a chunk normalised with another
+    // chunk's statistics is far off.
+    for (c, chunk) in x.chunks_exact_mut(dim).enumerate() {
+        let mag = 4f32.powi((c % 8) as i32 - 3);
+        chunk.iter_mut().for_each(|v| *v *= mag);
+    }
+    let weight = if case.label == "no-weight" {
+        None
+    } else {
+        Some(rng.vec(dim, 0.5, 1.5))
+    };
+    let eps = 1e-6;
+    let want = reference::rms_norm_rows(&x, weight.as_deref(), eps, dim);
+    let x_before = x.clone();
+    let mut out = Guarded::new(n);
+    dev.rms_norm(&x, weight.as_deref(), eps, dim, out.body_mut())
+        .map_err(|e| dev_err("rms_norm", e))?;
+    out.check("out")?;
+    unchanged("x", &x, &x_before)?;
+    // Every chunk on its own, so that one bad head is not averaged away.
+    let mut worst = 0.0f64;
+    for (c, (g, w)) in out
+        .body()
+        .chunks_exact(dim)
+        .zip(want.chunks_exact(dim))
+        .enumerate()
+    {
+        let what = if heads > 1 {
+            format!("out row {} head {}", c / heads, c % heads)
+        } else {
+            format!("out row {c}")
+        };
+        worst = worst.max(compare(&what, g, w, case.tolerance)?);
+    }
+    Ok(worst)
+}
+
+fn add_rms_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let n = rows * dim;
+    let residual0 = rng.vec(n, -1.0, 1.0);
+    let delta = rng.vec(n, -0.5, 0.5);
+    let weight = rng.vec(dim, 0.5, 1.5);
+    let eps = 1e-5;
+    let want_res: Vec<f32> = residual0.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    let want_out = reference::rms_norm_rows(&want_res, Some(&weight), eps, dim);
+    let mut res = Guarded::from_slice(&residual0);
+    let mut out = Guarded::new(n);
+    dev.add_rms_norm(res.body_mut(), &delta, &weight, eps, dim, out.body_mut())
+        .map_err(|e| dev_err("add_rms_norm", e))?;
+    res.check("residual")?;
+    out.check("out")?;
+    // The residual is checked too: rmsnorm is scale-invariant, so a residual that got
+    // the delta (or itself) twice can still give a correct-looking output.
+    let a = compare(
+        "residual after the call",
+        res.body(),
+        &want_res,
+        case.tolerance,
+    )?;
+    let b = compare("out", out.body(), &want_out, case.tolerance)?;
+    Ok(a.max(b))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    base: f32,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let x0 = rng.vec(rows * heads * head_dim, -1.0, 1.0);
+    let mut positions: Vec<u32> = vec![0, 1, 4095, 17, 100_000];
+    while positions.len() < rows {
+        positions.push(rng.below(5000) as u32);
+    }
+    positions.truncate(rows);
+    let mut want = x0.clone();
+    reference::rope(&mut want, &positions, head_dim, n_rot, base);
+    let p = flint_hal::RopeParams {
+        n_heads: heads,
+        head_dim,
+        n_rot,
+        base,
+    };
+    let mut x = Guarded::from_slice(&x0);
+    dev.rope(x.body_mut(), &positions, &p)
+        .map_err(|e| dev_err("rope", e))?;
+    x.check("x")?;
+    Ok(compare("x", x.body(), &want, case.tolerance)?)
+}
+
+fn flat_case(dev: &dyn Device, case: &Case, op: Op, n: usize, rng: &mut CaseRng) -> Res<f64> {
+    let a = rng.vec(n, -6.0, 6.0);
+    let b = rng.vec(n, -2.0, 2.0);
+    match op {
+        Op::SiluMul | Op::GeluMul => {
+            let want = if op == Op::SiluMul {
+                reference::silu_mul(&a, &b)
+            } else {
+                reference::gelu_mul(&a, &b)
+            };
+            let mut out = Guarded::new(n);
+            let r = if op == Op::SiluMul {
+                dev.silu_mul(&a, &b, out.body_mut())
+            } else {
+                dev.gelu_mul(&a, &b, out.body_mut())
+            };
+            r.map_err(|e| dev_err(op.name(), e))?;
+            out.check("out")?;
+            Ok(compare("out", out.body(), &want, case.tolerance)?)
+        }
+        Op::Add => {
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            let mut acc = Guarded::from_slice(&a);
+            dev.add(acc.body_mut(), &b).map_err(|e| dev_err("add", e))?;
+            acc.check("acc")?;
+            Ok(compare("acc", acc.body(), &want, case.tolerance)?)
+        }
+        Op::Scale => {
+            let s = -0.37f32;
+            let want: Vec<f32> = a.iter().map(|x| x * s).collect();
+            let mut x = Guarded::from_slice(&a);
+            dev.scale(x.body_mut(), s)
+                .map_err(|e| dev_err("scale", e))?;
+            x.check("x")?;
+            Ok(compare("x", x.body(), &want, case.tolerance)?)
+        }
+        other => Err(Stop::Fail(format!(
+            "suite bug: {other} is not element-wise"
+        ))),
+    }
+}
+
+fn scatter_case(
+    dev: &dyn Device,
+    case: &Case,
+    dst: usize,
+    src: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let acc0 = rng.vec(dst * dim, -1.0, 1.0);
+    let x = rng.vec(src * dim, -1.0, 1.0);
+    // Row 0 gets several contributions, the last row none.
+    let rows: Vec<u32> = (0..src)
+        .map(|i| {
+            if i % 3 == 0 {
+                0
+            } else {
+                rng.below(dst - 1) as u32
+            }
+        })
+        .collect();
+    let weights = rng.vec(src, -1.0, 1.0);
+    let mut want = acc0.clone();
+    for (i, (&r, &w)) in rows.iter().zip(&weights).enumerate() {
+        let r = r as usize;
+        for c in 0..dim {
+            want[r * dim + c] += w * x[i * dim + c];
+        }
+    }
+    let mut acc = Guarded::from_slice(&acc0);
+    dev.scatter_add_weighted(acc.body_mut(), &x, &rows, &weights, dim)
+        .map_err(|e| dev_err("scatter_add_weighted", e))?;
+    acc.check("acc")?;
+    Ok(compare("acc", acc.body(), &want, case.tolerance)?)
+}
+
+fn route_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    experts: usize,
+    with_bias: bool,
+    cfg: &RoutingConfig,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    // Distinct, well separated selection keys: a near-tie would make the choice depend
+    // on rounding rather than on correctness.
+    let mut logits = Vec::with_capacity(rows * experts);
+    let bias = with_bias.then(|| {
+        (0..experts)
+            .map(|e| if e % 3 == 0 { 0.3 } else { 0.0 })
+            .collect::<Vec<f32>>()
+    });
+    for _ in 0..rows {
+        let mut perm: Vec<usize> = (0..experts).collect();
+        rng.shuffle(&mut perm);
+        logits.extend(
+            perm.iter()
+                .map(|&r| (r as f32 - experts as f32 / 2.0) * (4.0 / experts as f32)),
+        );
+    }
+    let (want_ids, want_w) =
+        reference::route_topk(&logits, experts, bias.as_deref(), cfg).map_err(Stop::Fail)?;
+    let mut ids = vec![u32::MAX; rows * cfg.k];
+    let mut w = Guarded::new(rows * cfg.k);
+    dev.route_topk(
+        &logits,
+        experts,
+        bias.as_deref(),
+        cfg,
+        &mut ids,
+        w.body_mut(),
+    )
+    .map_err(|e| dev_err("route_topk", e))?;
+    w.check("weights")?;
+    if ids != want_ids {
+        return Err(Stop::Fail(format!("ids {ids:?}, reference {want_ids:?}")));
+    }
+    Ok(compare("weights", w.body(), &want_w, case.tolerance)?)
+}
+
+/// One sequence's data in one KV group.
+struct SeqData {
+    /// Keys per position, `[ctx, n_kv * dk]`.
+    k: Vec<f32>,
+    /// Values per position, `[ctx, n_kv * dv]`.
+    v: Vec<f32>,
+    /// Block table.
+    table: Vec<u32>,
+}
+
+fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> Res<f64> {
+    let (hq, hkv, dk, dv, bs) = (
+        s.n_heads,
+        s.n_kv_heads,
+        s.head_dim_k,
+        s.head_dim_v,
+        s.block_size,
+    );
+    let blocks_of = |ctx: usize| ctx.div_ceil(bs);
+    let needed: usize = s.seqs.iter().map(|q| blocks_of(q.ctx)).sum();
+    // Spare blocks so that ids are sparse and tables are not contiguous.
+    let num_blocks = needed + 3;
+    let layout = KvLayout {
+        num_blocks,
+        block_size: bs,
+        n_kv_heads: hkv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    };
+
+    // Queries, laid out with the sequences' rows in reverse order so that q_start is not
+    // simply the running sum in call order.
+    let n_rows: usize = s.seqs.iter().map(|q| q.n_q).sum();
+    let q = rng.vec(n_rows * hq * dk, -1.0, 1.0);
+    let mut q_start = vec![0usize; s.seqs.len()];
+    let mut at = 0;
+    for (i, sq) in s.seqs.iter().enumerate().rev() {
+        q_start[i] = at;
+        at += sq.n_q;
+    }
+    let positions: Vec<Vec<u32>> = s
+        .seqs
+        .iter()
+        .map(|sq| ((sq.ctx - sq.n_q) as u32..sq.ctx as u32).collect())
+        .collect();
+    let scale = s.sharpness / (dk as f32).sqrt();
+    let sinks: Option<Vec<f32>> = match s.sinks {
+        Sinks::None => None,
+        Sinks::BelowMax => Some(rng.vec(hq, -1.5, 0.0)),
+        Sinks::AboveMax => Some(rng.vec(hq, 8.0, 10.0)),
+    };
+
+    let mut worst = 0.0f64;
+    let mut groups: Vec<(Box<dyn flint_hal::KvBuffer>, Vec<SeqData>)> = Vec::new();
+    // Pools of each group: a different shuffle per group, so the same position lands in
+    // different block ids in each group.
+    let mut prev_pool: Option<Vec<u32>> = None;
+    for _g in 0..s.groups {
+        let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+        loop {
+            rng.shuffle(&mut pool);
+            match &prev_pool {
+                Some(p) if p.iter().zip(&pool).any(|(a, b)| a == b) => continue,
+                _ => break,
+            }
+        }
+        prev_pool = Some(pool.clone());
+        let mut next = 0usize;
+        let mut seqs = Vec::new();
+        for sq in &s.seqs {
+            let nb = blocks_of(sq.ctx);
+            let mut table: Vec<u32> = pool[next..next + nb].to_vec();
+            next += nb;
+            if s.drop_old_blocks {
+                if let Some(w) = s.window {
+                    // Positions below the first query's window are never read.
+                    let first_q = sq.ctx - sq.n_q;
+                    let lo = (first_q + 1).saturating_sub(w);
+                    for (b, id) in table.iter_mut().enumerate() {
+                        if (b + 1) * bs <= lo {
+                            *id = NO_BLOCK;
+                        }
+                    }
+                }
+            }
+            seqs.push(SeqData {
+                k: rng.vec(sq.ctx * hkv * dk, -1.0, 1.0),
+                v: rng.vec(sq.ctx * hkv * dv, -1.0, 1.0),
+                table,
+            });
+        }
+        let kv = dev.alloc_kv(&layout).map_err(|e| dev_err("alloc_kv", e))?;
+        groups.push((kv, seqs));
+    }
+
+    // Write every group through its own slot mapping.
+    for (kv, seqs) in groups.iter_mut() {
+        // (seq, position) of every token to write, in shuffled order.
+        let mut tokens: Vec<(usize, usize)> = Vec::new();
+        for (si, sq) in s.seqs.iter().enumerate() {
+            for p in 0..sq.ctx {
+                if seqs[si].table[p / bs] != NO_BLOCK {
+                    tokens.push((si, p));
+                }
+            }
+        }
+        rng.shuffle(&mut tokens);
+        let slot = |(si, p): (usize, usize)| seqs[si].table[p / bs] * bs as u32 + (p % bs) as u32;
+        if s.overwrite {
+            // Garbage first for a third of the tokens; the real write must replace it.
+            let junk: Vec<(usize, usize)> = tokens.iter().step_by(3).copied().collect();
+            let kj = rng.vec(junk.len() * hkv * dk, 5.0, 9.0);
+            let vj = rng.vec(junk.len() * hkv * dv, 5.0, 9.0);
+            let slots: Vec<u32> = junk.iter().map(|&t| slot(t)).collect();
+            dev.write_kv(kv.as_mut(), &kj, &vj, &slots)
+                .map_err(|e| dev_err("write_kv", e))?;
+        }
+        let chunks = if s.overwrite { 3 } else { 1 };
+        let per = tokens.len().div_ceil(chunks);
+        for chunk in tokens.chunks(per.max(1)) {
+            let mut kb = Vec::with_capacity(chunk.len() * hkv * dk);
+            let mut vb = Vec::with_capacity(chunk.len() * hkv * dv);
+            let mut slots = Vec::with_capacity(chunk.len());
+            for &(si, p) in chunk {
+                kb.extend_from_slice(&seqs[si].k[p * hkv * dk..(p + 1) * hkv * dk]);
+                vb.extend_from_slice(&seqs[si].v[p * hkv * dv..(p + 1) * hkv * dv]);
+                slots.push(slot((si, p)));
+            }
+            dev.write_kv(kv.as_mut(), &kb, &vb, &slots)
+                .map_err(|e| dev_err("write_kv", e))?;
+        }
+    }
+
+    // Attend each group with its own tables and compare.
+    for (g, (kv, seqs)) in groups.iter().enumerate() {
+        let attn_seqs: Vec<AttnSeq<'_>> = s
+            .seqs
+            .iter()
+            .enumerate()
+            .map(|(i, _)| AttnSeq {
+                q_start: q_start[i],
+                positions: &positions[i],
+                block_table: &seqs[i].table,
+            })
+            .collect();
+        let p = PagedAttention {
+            q: &q,
+            seqs: &attn_seqs,
+            n_heads: hq,
+            scale,
+            sinks: sinks.as_deref(),
+            window: s.window,
+        };
+        let mut out = Guarded::new(n_rows * hq * dv);
+        dev.paged_attention(kv.as_ref(), &p, out.body_mut())
+            .map_err(|e| dev_err("paged_attention", e))?;
+        out.check("out")?;
+        for (i, sq) in s.seqs.iter().enumerate() {
+            let rows = q_start[i]..q_start[i] + sq.n_q;
+            let want = reference::attention(
+                hq,
+                hkv,
+                dk,
+                dv,
+                scale,
+                sinks.as_deref(),
+                s.window,
+                &q[rows.start * hq * dk..rows.end * hq * dk],
+                &positions[i],
+                &seqs[i].k,
+                &seqs[i].v,
+            );
+            let got = &out.body()[rows.start * hq * dv..rows.end * hq * dv];
+            let what = if s.groups > 1 {
+                format!("group {g} seq {i}")
+            } else {
+                format!("seq {i}")
+            };
+            worst = worst.max(compare(&what, got, &want, case.tolerance)?);
+        }
+    }
+    Ok(worst)
+}

@@ -1,0 +1,318 @@
+//! Deliberately broken devices: each delegates to a working device and injects exactly
+//! one defect, so a test can check that the suite catches it.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use flint_conformance::registry;
+use flint_hal::{
+    AttnSeq, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError, KvBuffer, KvLayout,
+    Op, PagedAttention, RopeParams, RoutingConfig, Weight, WeightDesc, WeightHandle, WeightSource,
+    NO_BLOCK,
+};
+
+/// The defect a [`Broken`] device injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Defect {
+    /// None: a transparent wrapper (the control).
+    None,
+    /// The attention sink contributes `exp(0)` instead of `exp(sink - m_final)`.
+    SinkExp0,
+    /// `add_rms_norm` leaves the residual with the old residual added a second time
+    /// (the normed output stays right).
+    ResidualTwice,
+    /// A per-head `rms_norm` done in place whose input view of head `h > 0` starts one
+    /// element early, inside the previous head's already-normalised output.
+    PerHeadNormView,
+    /// `write_kv` reuses the first slot mapping it saw for every later call of the same
+    /// size, whichever KV buffer (group) it writes.
+    SharedSlotMapping,
+    /// Q6_K sub-block `i` is scaled by `scales[i + 1]` (an off-by-one in the scale
+    /// index).
+    Q6kScaleOffByOne,
+    /// Claims nothing at all.
+    SupportsNothing,
+}
+
+/// A device that delegates to `inner` except for its one [`Defect`].
+pub struct Broken {
+    inner: DeviceRef,
+    defect: Defect,
+    /// `SharedSlotMapping`: the first mapping seen, per number of tokens.
+    slots: Mutex<HashMap<usize, Vec<u32>>>,
+    /// `SinkExp0`: a host copy of the keys written to each buffer, by buffer address.
+    keys: Mutex<HashMap<usize, Vec<f32>>>,
+}
+
+impl fmt::Debug for Broken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Broken({:?} over {})", self.defect, self.inner.name())
+    }
+}
+
+/// The working device the broken ones wrap: `cpu`, which every build has.
+pub fn cpu() -> DeviceRef {
+    registry()
+        .open("cpu", &DeviceOptions::default())
+        .expect("the cpu backend opens in every build")
+}
+
+impl Broken {
+    /// `defect` over the cpu device.
+    pub fn over_cpu(defect: Defect) -> Arc<Self> {
+        Arc::new(Self {
+            inner: cpu(),
+            defect,
+            slots: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+fn buffer_id(kv: &dyn KvBuffer) -> usize {
+    kv.as_any() as *const dyn std::any::Any as *const u8 as usize
+}
+
+impl Device for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+
+    fn description(&self) -> String {
+        format!("{self:?}")
+    }
+
+    fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
+        self.defect != Defect::SupportsNothing && self.inner.supports(op, ty)
+    }
+
+    fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
+        if self.defect == Defect::Q6kScaleOffByOne && desc.ty == GgmlType::Q6_K {
+            // Rewrite every block so that sub-block i carries scale i + 1: exactly what
+            // a kernel reading `scales[is + 1]` computes.
+            let mut bytes = desc.data.as_slice().to_vec();
+            let ts = GgmlType::Q6_K.type_size();
+            if bytes.len().is_multiple_of(ts) {
+                for b in bytes.chunks_exact_mut(ts) {
+                    let sc = &mut b[192..208];
+                    for i in 0..15 {
+                        sc[i] = sc[i + 1];
+                    }
+                }
+            }
+            let mut d = desc.clone();
+            d.data = WeightSource::from_vec(bytes);
+            return self.inner.stage(&d);
+        }
+        self.inner.stage(desc)
+    }
+
+    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+        self.inner.matmul(w, x, m, out)
+    }
+
+    fn expert_matmul(
+        &self,
+        w: &dyn Weight,
+        x: &[f32],
+        rows: &[ExpertRow],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.inner.expert_matmul(w, x, rows, out)
+    }
+
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+        self.inner.get_rows(w, ids, out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: Option<&[f32]>,
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        if self.defect == Defect::PerHeadNormView && x.len() > dim {
+            out.copy_from_slice(x);
+            for h in 0..x.len() / dim {
+                let start = h * dim;
+                let view = if h == 0 { 0 } else { start - 1 };
+                let input = out[view..view + dim].to_vec();
+                self.inner
+                    .rms_norm(&input, weight, eps, dim, &mut out[start..start + dim])?;
+            }
+            return Ok(());
+        }
+        self.inner.rms_norm(x, weight, eps, dim, out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        if self.defect == Defect::ResidualTwice {
+            let old = residual.to_vec();
+            self.inner
+                .add_rms_norm(residual, delta, weight, eps, dim, out)?;
+            // The output is right (and rmsnorm would hide a doubled residual anyway);
+            // only the live residual buffer shows the defect.
+            return self.inner.add(residual, &old);
+        }
+        self.inner
+            .add_rms_norm(residual, delta, weight, eps, dim, out)
+    }
+
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
+        self.inner.rope(x, positions, p)
+    }
+
+    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        self.inner.silu_mul(gate, up, out)
+    }
+
+    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        self.inner.gelu_mul(gate, up, out)
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+        self.inner.add(acc, x)
+    }
+
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
+        self.inner.scale(x, s)
+    }
+
+    fn scatter_add_weighted(
+        &self,
+        acc: &mut [f32],
+        x: &[f32],
+        rows: &[u32],
+        weights: &[f32],
+        dim: usize,
+    ) -> Result<(), HalError> {
+        self.inner.scatter_add_weighted(acc, x, rows, weights, dim)
+    }
+
+    fn route_topk(
+        &self,
+        logits: &[f32],
+        n_experts: usize,
+        bias: Option<&[f32]>,
+        cfg: &RoutingConfig,
+        ids: &mut [u32],
+        weights: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.inner
+            .route_topk(logits, n_experts, bias, cfg, ids, weights)
+    }
+
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
+        self.inner.alloc_kv(layout)
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut dyn KvBuffer,
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+    ) -> Result<(), HalError> {
+        match self.defect {
+            Defect::SharedSlotMapping => {
+                let used = self
+                    .slots
+                    .lock()
+                    .expect("slot cache")
+                    .entry(slots.len())
+                    .or_insert_with(|| slots.to_vec())
+                    .clone();
+                self.inner.write_kv(kv, k, v, &used)
+            }
+            Defect::SinkExp0 => {
+                let l = *kv.layout();
+                let row = l.n_kv_heads * l.head_dim_k;
+                let mut keys = self.keys.lock().expect("key shadow");
+                let shadow = keys
+                    .entry(buffer_id(kv))
+                    .or_insert_with(|| vec![0.0; l.num_slots() * row]);
+                for (i, &s) in slots.iter().enumerate() {
+                    let s = s as usize;
+                    shadow[s * row..(s + 1) * row].copy_from_slice(&k[i * row..(i + 1) * row]);
+                }
+                drop(keys);
+                self.inner.write_kv(kv, k, v, slots)
+            }
+            _ => self.inner.write_kv(kv, k, v, slots),
+        }
+    }
+
+    fn paged_attention(
+        &self,
+        kv: &dyn KvBuffer,
+        p: &PagedAttention<'_>,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let sinks = match (self.defect, p.sinks) {
+            (Defect::SinkExp0, Some(s)) => s,
+            _ => return self.inner.paged_attention(kv, p, out),
+        };
+        // The defect: the sink term is exp(0) = 1 instead of exp(sink - m_final).
+        // Handing the working kernel a sink equal to m_final (the largest of the sink
+        // and the visible scores) for each row gives exactly that denominator.
+        let l = *kv.layout();
+        let (hq, dk, dv, bs) = (p.n_heads, l.head_dim_k, l.head_dim_v, l.block_size);
+        let group = hq / l.n_kv_heads;
+        let keys = self.keys.lock().expect("key shadow");
+        let shadow = keys
+            .get(&buffer_id(kv))
+            .ok_or_else(|| HalError::runtime("broken device: attention before any write"))?;
+        for seq in p.seqs {
+            for (r, &pos) in seq.positions.iter().enumerate() {
+                let row = seq.q_start + r;
+                let q = &p.q[row * hq * dk..(row + 1) * hq * dk];
+                let lo = p.window.map_or(0, |w| (pos as usize + 1).saturating_sub(w));
+                let mut m_final = sinks.to_vec();
+                for (h, m) in m_final.iter_mut().enumerate() {
+                    let g = h / group;
+                    for j in lo..=pos as usize {
+                        let block = seq.block_table[j / bs];
+                        if block == NO_BLOCK {
+                            continue;
+                        }
+                        let slot = block as usize * bs + j % bs;
+                        let kj = &shadow[(slot * l.n_kv_heads + g) * dk..][..dk];
+                        let qh = &q[h * dk..(h + 1) * dk];
+                        let s: f32 = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                        *m = m.max(s);
+                    }
+                }
+                let one = [AttnSeq {
+                    q_start: 0,
+                    positions: std::slice::from_ref(&seq.positions[r]),
+                    block_table: seq.block_table,
+                }];
+                let single = PagedAttention {
+                    q,
+                    seqs: &one,
+                    sinks: Some(&m_final),
+                    ..*p
+                };
+                self.inner.paged_attention(
+                    kv,
+                    &single,
+                    &mut out[row * hq * dv..(row + 1) * hq * dv],
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

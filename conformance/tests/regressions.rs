@@ -1,0 +1,95 @@
+//! Each regression case of the suite, proven: a device broken in exactly that way must
+//! make the suite fail, on that case.
+
+mod common;
+
+use common::{Broken, Defect};
+use flint_conformance::{run_suite, DeviceReport, SuiteOptions};
+use flint_hal::{GgmlType, Op};
+
+fn run(defect: Defect, filter: &str) -> DeviceReport {
+    let dev = Broken::over_cpu(defect);
+    run_suite(
+        dev.as_ref(),
+        &SuiteOptions {
+            filter: Some(filter.to_string()),
+            ..SuiteOptions::default()
+        },
+    )
+}
+
+/// The suite fails for `defect`, and in particular on `case`; the control (the same
+/// wrapper without a defect) passes the same cases.
+fn assert_caught(defect: Defect, filter: &str, case: &str) {
+    let control = run(Defect::None, filter);
+    assert_eq!(
+        control.counts().failed,
+        0,
+        "control failed:\n{}",
+        control.failure_details()
+    );
+    assert!(
+        control.results.iter().any(|r| r.case.name() == case),
+        "no case named {case} under filter {filter}"
+    );
+    let r = run(defect, filter);
+    print!("{}{}", r.table(), r.failure_details());
+    assert!(
+        r.failed(case),
+        "{defect:?} was not caught by {case}:\n{}",
+        r.table()
+    );
+}
+
+#[test]
+fn sink_seeded_at_exp0_is_caught() {
+    assert_caught(
+        Defect::SinkExp0,
+        "paged_attention",
+        "paged_attention[sink<max]",
+    );
+}
+
+#[test]
+fn residual_added_twice_is_caught() {
+    assert_caught(
+        Defect::ResidualTwice,
+        "add_rms_norm",
+        "add_rms_norm[residual]",
+    );
+}
+
+#[test]
+fn per_head_norm_corrupting_its_input_view_is_caught() {
+    assert_caught(Defect::PerHeadNormView, "rms_norm", "rms_norm[per-head]");
+}
+
+#[test]
+fn one_slot_mapping_for_every_kv_group_is_caught() {
+    assert_caught(
+        Defect::SharedSlotMapping,
+        "kv-groups",
+        "paged_attention[kv-groups]",
+    );
+}
+
+#[test]
+fn q6k_scale_off_by_one_is_caught() {
+    let cpu = common::cpu();
+    assert!(
+        cpu.supports(Op::Matmul, Some(GgmlType::Q6_K)),
+        "the cpu backend must support Q6_K matmul for this test to mean anything"
+    );
+    assert_caught(Defect::Q6kScaleOffByOne, "matmul/Q6_K", "matmul/Q6_K");
+    let r = run(Defect::Q6kScaleOffByOne, "get_rows/Q6_K");
+    assert!(r.failed("get_rows/Q6_K"), "{}", r.table());
+}
+
+#[test]
+fn unsupported_is_skipped_never_failed() {
+    let r = run(Defect::SupportsNothing, "");
+    let c = r.counts();
+    assert_eq!((c.passed, c.failed), (0, 0), "{}", r.table());
+    assert_eq!(c.skipped, r.results.len());
+    assert!(r.table().contains("not supported"));
+}
