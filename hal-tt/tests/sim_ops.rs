@@ -1,0 +1,459 @@
+//! The `tt` device through the simulated adapter agrees with the core references, and
+//! keep-quant staging routes to the block path.
+
+mod common;
+
+use common::{bf16_round, matmul_ref, open_sim, rel_rms, weight, Rng};
+use flint_core::GgmlType;
+use flint_hal::{
+    AttnSeq, Device, ExpertRow, Gating, HalErrorKind, KvLayout, PagedAttention, RopeParams,
+    RoutingConfig, Tier, WeightKind,
+};
+
+#[test]
+fn matmul_q4k_kept_matches_reference_and_counts_block_dispatch() {
+    let dev = open_sim(true);
+    let mut rng = Rng::new(1);
+    let (in_f, out_f, m) = (512, 24, 3);
+    let (desc, deq) = weight(
+        "blk.0.ffn_up.weight",
+        GgmlType::Q4_K,
+        &[in_f, out_f],
+        WeightKind::Matrix,
+        &mut rng,
+    );
+    let w = dev.stage(&desc).expect("stage");
+    assert!(w.info().kept_quant);
+    assert_eq!(w.info().staged_ty, GgmlType::Q4_K);
+    assert_eq!(w.info().tier, Tier::Resident);
+    assert_eq!(w.info().resident_bytes, desc.data.len() as u64);
+    let x = rng.vec(m * in_f);
+    let mut out = vec![0.0; m * out_f];
+    let before = dev.counters();
+    dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+    let want = matmul_ref(&deq, in_f, &x);
+    let e = rel_rms(&out, &want);
+    assert!(e < 1e-5, "rel-RMS {e}");
+    let after = dev.counters();
+    // Reachability: the matmul ran on the kept blocks.
+    assert_eq!(after.block_dispatches, before.block_dispatches + 1);
+    assert_eq!(after.float_dispatches, before.float_dispatches);
+}
+
+#[test]
+fn bf16_arm_never_dispatches_blocks() {
+    let dev = open_sim(false);
+    let mut rng = Rng::new(2);
+    let (in_f, out_f, m) = (256, 16, 2);
+    let (desc, deq) = weight(
+        "w",
+        GgmlType::Q4_K,
+        &[in_f, out_f],
+        WeightKind::Matrix,
+        &mut rng,
+    );
+    let w = dev.stage(&desc).expect("stage");
+    assert!(!w.info().kept_quant);
+    assert_eq!(w.info().staged_ty, GgmlType::BF16);
+    assert_eq!(w.info().resident_bytes, (in_f * out_f * 2) as u64);
+    let x = rng.vec(m * in_f);
+    let mut out = vec![0.0; m * out_f];
+    dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+    // Exactly the BF16-rounded weight, and close to the unrounded one.
+    let e = rel_rms(&out, &matmul_ref(&bf16_round(&deq), in_f, &x));
+    assert!(e < 1e-5, "vs bf16 weights: {e}");
+    let e = rel_rms(&out, &matmul_ref(&deq, in_f, &x));
+    assert!(e < 1e-2, "vs exact weights: {e}");
+    let c = dev.counters();
+    assert_eq!(c.block_dispatches, 0);
+    assert_eq!(c.float_dispatches, 1);
+}
+
+#[test]
+fn arrangement_per_encoding() {
+    let dev = open_sim(true);
+    let mut rng = Rng::new(3);
+    // Admitted: kept. Not admitted but expandable: BF16. Floats: BF16.
+    for (ty, kept) in [
+        (GgmlType::Q4_K, true),
+        (GgmlType::Q5_K, true),
+        (GgmlType::Q6_K, true),
+        (GgmlType::Q8_0, false),
+        (GgmlType::Q4_0, false),
+        (GgmlType::Q5_0, false),
+        (GgmlType::F32, false),
+        (GgmlType::F16, false),
+    ] {
+        let (desc, deq) = weight("t", ty, &[256, 4], WeightKind::Matrix, &mut rng);
+        let w = dev.stage(&desc).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        assert_eq!(w.info().kept_quant, kept, "{ty}");
+        assert_eq!(dev.admits_kept(ty), kept, "{ty}");
+        let want_ty = if kept { ty } else { GgmlType::BF16 };
+        assert_eq!(w.info().staged_ty, want_ty, "{ty}");
+        let x = rng.vec(256);
+        let mut out = vec![0.0; 4];
+        dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
+        let wref = if kept { deq } else { bf16_round(&deq) };
+        assert!(rel_rms(&out, &matmul_ref(&wref, 256, &x)) < 1e-5, "{ty}");
+    }
+    // IQ types are admitted.
+    for ty in [
+        GgmlType::IQ4_XS,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_M,
+    ] {
+        assert!(dev.admits_kept(ty), "{ty}");
+    }
+    // An encoding that can be neither kept nor expanded is refused, naming both.
+    let bytes = vec![0u8; GgmlType::Q8_K.row_bytes(256).unwrap_or(0) * 2];
+    let desc = flint_hal::WeightDesc {
+        name: "blk.3.odd.weight".into(),
+        ty: GgmlType::Q8_K,
+        dims: vec![256, 2],
+        kind: WeightKind::Matrix,
+        data: flint_hal::WeightSource::from_vec(bytes),
+    };
+    let e = dev.stage(&desc).expect_err("Q8_K cannot be staged");
+    assert_eq!(e.kind, HalErrorKind::Unsupported);
+    assert!(
+        e.message.contains("Q8_K") && e.message.contains("blk.3.odd.weight"),
+        "{e}"
+    );
+    assert!(!dev.supports(flint_hal::Op::Matmul, Some(GgmlType::Q8_K)));
+    assert!(dev.supports(flint_hal::Op::Matmul, Some(GgmlType::Q5_0)));
+    // Bytes that do not match the shape are refused naming the tensor.
+    let mut bad = desc.clone();
+    bad.ty = GgmlType::Q4_K;
+    bad.name = "short".into();
+    bad.data = flint_hal::WeightSource::from_vec(vec![0u8; 100]);
+    let e = dev.stage(&bad).expect_err("length mismatch");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput);
+    assert!(e.message.contains("short"), "{e}");
+}
+
+fn expert_case(keep_quant: bool) {
+    let dev = open_sim(keep_quant);
+    let mut rng = Rng::new(4);
+    let (in_f, out_f, n_exp) = (256, 8, 5);
+    let (desc, deq) = weight(
+        "blk.1.ffn_gate_exps.weight",
+        GgmlType::Q4_K,
+        &[in_f, out_f, n_exp],
+        WeightKind::ExpertTower,
+        &mut rng,
+    );
+    let w = dev.stage(&desc).expect("stage tower");
+    assert_eq!(w.info().kept_quant, keep_quant);
+    assert_eq!(w.info().tier, Tier::ExpertResident);
+    let x_rows = 3;
+    let x = rng.vec(x_rows * in_f);
+    let rows: Vec<ExpertRow> = [(0, 4), (1, 0), (2, 4), (0, 2), (2, 2), (1, 4)]
+        .iter()
+        .map(|&(r, e)| ExpertRow {
+            input_row: r,
+            expert: e,
+        })
+        .collect();
+    let mut out = vec![0.0; rows.len() * out_f];
+    dev.expert_matmul(&*w, &x, &rows, &mut out)
+        .expect("expert matmul");
+    let per = in_f * out_f;
+    let mut want = Vec::new();
+    for r in &rows {
+        let we = &deq[r.expert as usize * per..(r.expert as usize + 1) * per];
+        let we = if keep_quant {
+            we.to_vec()
+        } else {
+            bf16_round(we)
+        };
+        let xi = &x[r.input_row as usize * in_f..(r.input_row as usize + 1) * in_f];
+        want.extend(matmul_ref(&we, in_f, xi));
+    }
+    let e = rel_rms(&out, &want);
+    assert!(e < 1e-5, "keep_quant {keep_quant}: rel-RMS {e}");
+    let c = dev.counters();
+    assert_eq!(c.block_dispatches > 0, keep_quant);
+    assert_eq!(c.float_dispatches > 0, !keep_quant);
+}
+
+#[test]
+fn expert_matmul_matches_reference_kept() {
+    expert_case(true);
+}
+
+#[test]
+fn expert_matmul_matches_reference_bf16() {
+    expert_case(false);
+}
+
+#[test]
+fn get_rows_and_elementwise_ops_match_core() {
+    let dev = open_sim(true);
+    let mut rng = Rng::new(5);
+    let (d, v) = (256, 10);
+    let (desc, deq) = weight(
+        "token_embd.weight",
+        GgmlType::Q6_K,
+        &[d, v],
+        WeightKind::Embedding,
+        &mut rng,
+    );
+    let w = dev.stage(&desc).expect("stage");
+    let ids = [3u32, 9, 0, 3];
+    let mut out = vec![0.0; ids.len() * d];
+    dev.get_rows(&*w, &ids, &mut out).expect("get_rows");
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            &out[i * d..(i + 1) * d],
+            &deq[id as usize * d..(id as usize + 1) * d]
+        );
+    }
+    let e = dev
+        .get_rows(&*w, &[10], &mut vec![0.0; d])
+        .expect_err("id out of range");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput);
+
+    let dim = 64;
+    let x = rng.vec(3 * dim);
+    let nw = rng.vec(dim);
+    let mut got = vec![0.0; x.len()];
+    dev.rms_norm(&x, Some(&nw), 1e-6, dim, &mut got)
+        .expect("rms_norm");
+    let mut want = vec![0.0; x.len()];
+    flint_core::math::rms_norm_rows(&x, Some(&nw), dim, 1e-6, &mut want);
+    assert_eq!(got, want);
+    dev.rms_norm(&x, None, 1e-5, dim, &mut got)
+        .expect("rms_norm");
+    flint_core::math::rms_norm_rows(&x, None, dim, 1e-5, &mut want);
+    assert_eq!(got, want);
+
+    let mut res = x.clone();
+    let delta = rng.vec(x.len());
+    dev.add_rms_norm(&mut res, &delta, &nw, 1e-6, dim, &mut got)
+        .expect("add_rms_norm");
+    let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    assert_eq!(res, sum);
+    flint_core::math::rms_norm_rows(&sum, Some(&nw), dim, 1e-6, &mut want);
+    assert_eq!(got, want);
+
+    let p = RopeParams {
+        n_heads: 3,
+        head_dim: 16,
+        n_rot: 12,
+        base: 10000.0,
+    };
+    let pos = [0u32, 7, 1000];
+    let mut xr = rng.vec(pos.len() * 48);
+    let mut want = xr.clone();
+    dev.rope(&mut xr, &pos, &p).expect("rope");
+    for (row, &ps) in want.chunks_exact_mut(48).zip(&pos) {
+        for h in row.chunks_exact_mut(16) {
+            flint_core::math::rope_neox(h, ps, 12, 10000.0);
+        }
+    }
+    assert_eq!(xr, want);
+
+    let g = rng.vec(50);
+    let u = rng.vec(50);
+    let mut o = vec![0.0; 50];
+    dev.silu_mul(&g, &u, &mut o).expect("silu_mul");
+    for i in 0..50 {
+        assert_eq!(o[i], flint_core::math::silu(g[i]) * u[i]);
+    }
+    dev.gelu_mul(&g, &u, &mut o).expect("gelu_mul");
+    for i in 0..50 {
+        assert_eq!(o[i], flint_core::math::gelu_tanh(g[i]) * u[i]);
+    }
+    let mut acc = g.clone();
+    dev.add(&mut acc, &u).expect("add");
+    for i in 0..50 {
+        assert_eq!(acc[i], g[i] + u[i]);
+    }
+    dev.scale(&mut acc, 0.5).expect("scale");
+    for i in 0..50 {
+        assert_eq!(acc[i], (g[i] + u[i]) * 0.5);
+    }
+
+    let dim = 4;
+    let mut acc = rng.vec(3 * dim);
+    let start = acc.clone();
+    let xs = rng.vec(4 * dim);
+    let rows = [2u32, 0, 2, 1];
+    let ws = [0.5f32, 0.25, 1.5, -1.0];
+    dev.scatter_add_weighted(&mut acc, &xs, &rows, &ws, dim)
+        .expect("scatter");
+    let mut want = start;
+    for (i, &r) in rows.iter().enumerate() {
+        for j in 0..dim {
+            want[r as usize * dim + j] += ws[i] * xs[i * dim + j];
+        }
+    }
+    assert!(rel_rms(&acc, &want) < 1e-6);
+}
+
+#[test]
+fn route_topk_matches_core() {
+    let dev = open_sim(true);
+    let mut rng = Rng::new(6);
+    let (n_exp, rows) = (16, 5);
+    let logits = rng.vec(rows * n_exp);
+    let bias = rng.vec(n_exp);
+    for (gating, cg, bias, normalize) in [
+        (
+            Gating::Sigmoid,
+            flint_core::math::Gating::Sigmoid,
+            Some(&bias[..]),
+            true,
+        ),
+        (
+            Gating::Softmax,
+            flint_core::math::Gating::Softmax,
+            None,
+            false,
+        ),
+    ] {
+        let cfg = RoutingConfig {
+            k: 4,
+            gating,
+            normalize,
+            scale: 2.5,
+        };
+        let mut ids = vec![0u32; rows * 4];
+        let mut ws = vec![0.0f32; rows * 4];
+        dev.route_topk(&logits, n_exp, bias, &cfg, &mut ids, &mut ws)
+            .expect("route");
+        for r in 0..rows {
+            let mut wi = [0u32; 4];
+            let mut ww = [0.0f32; 4];
+            flint_core::math::route_topk(
+                &logits[r * n_exp..(r + 1) * n_exp],
+                bias,
+                4,
+                cg,
+                normalize,
+                2.5,
+                &mut wi,
+                &mut ww,
+            )
+            .expect("core route");
+            assert_eq!(&ids[r * 4..(r + 1) * 4], &wi);
+            assert_eq!(&ws[r * 4..(r + 1) * 4], &ww);
+        }
+    }
+}
+
+/// Paged attention over two sequences with scattered block tables, GQA, sinks and a
+/// window, against the core contiguous reference.
+fn attention_case(sinks: bool, window: Option<usize>) {
+    let dev = open_sim(true);
+    let mut rng = Rng::new(7);
+    let layout = KvLayout {
+        num_blocks: 12,
+        block_size: 4,
+        n_kv_heads: 2,
+        head_dim_k: 16,
+        head_dim_v: 8,
+    };
+    let n_heads = 4;
+    let mut kv = dev.alloc_kv(&layout).expect("alloc kv");
+    // Sequence A: 9 tokens in blocks 5, 0, 11; sequence B: 6 tokens in blocks 3, 7.
+    let seqs_def: [(usize, Vec<u32>); 2] = [(9, vec![5, 0, 11]), (6, vec![3, 7])];
+    let (kr, vr) = (layout.n_kv_heads * 16, layout.n_kv_heads * 8);
+    let mut kvs = Vec::new();
+    for (len, table) in &seqs_def {
+        let k = rng.vec(len * kr);
+        let v = rng.vec(len * vr);
+        let slots: Vec<u32> = (0..*len)
+            .map(|j| table[j / 4] * 4 + (j % 4) as u32)
+            .collect();
+        dev.write_kv(&mut *kv, &k, &v, &slots).expect("write_kv");
+        kvs.push((k, v));
+    }
+    // Queries: A's last 3 positions (a prefill chunk), B's last position (decode).
+    let qa_pos = [6u32, 7, 8];
+    let qb_pos = [5u32];
+    let qrow = n_heads * 16;
+    let q = rng.vec((qa_pos.len() + qb_pos.len()) * qrow);
+    let sink_v: Vec<f32> = (0..n_heads).map(|h| 0.3 * h as f32 - 0.5).collect();
+    let sk = if sinks { Some(&sink_v[..]) } else { None };
+    let scale = 0.25;
+    let seqs = [
+        AttnSeq {
+            q_start: 0,
+            positions: &qa_pos,
+            block_table: &seqs_def[0].1,
+        },
+        AttnSeq {
+            q_start: 3,
+            positions: &qb_pos,
+            block_table: &seqs_def[1].1,
+        },
+    ];
+    let p = PagedAttention {
+        q: &q,
+        seqs: &seqs,
+        n_heads,
+        scale,
+        sinks: sk,
+        window,
+    };
+    let mut out = vec![0.0; 4 * n_heads * 8];
+    dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+
+    let ap = flint_core::math::AttentionParams {
+        n_head: n_heads,
+        n_head_kv: 2,
+        dk: 16,
+        dv: 8,
+        scale,
+        sinks: sk,
+        window,
+    };
+    let mut want = vec![0.0; out.len()];
+    let orow = n_heads * 8;
+    flint_core::math::attention_ref(
+        &ap,
+        &q[..3 * qrow],
+        &qa_pos,
+        &kvs[0].0,
+        &kvs[0].1,
+        &mut want[..3 * orow],
+    );
+    flint_core::math::attention_ref(
+        &ap,
+        &q[3 * qrow..],
+        &qb_pos,
+        &kvs[1].0,
+        &kvs[1].1,
+        &mut want[3 * orow..],
+    );
+    let e = rel_rms(&out, &want);
+    assert!(e < 1e-6, "sinks {sinks} window {window:?}: rel-RMS {e}");
+}
+
+#[test]
+fn paged_attention_matches_core() {
+    attention_case(false, None);
+}
+
+#[test]
+fn paged_attention_sinks_and_window_match_core() {
+    attention_case(true, None);
+    attention_case(true, Some(3));
+    attention_case(false, Some(1));
+}
+
+#[test]
+fn weights_and_kv_of_another_device_are_refused() {
+    let a = open_sim(true);
+    let b = open_sim(true);
+    let mut rng = Rng::new(8);
+    let (desc, _) = weight("w", GgmlType::Q4_K, &[256, 2], WeightKind::Matrix, &mut rng);
+    let w = a.stage(&desc).expect("stage");
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut out = [0.0; 2];
+        let _ = b.matmul(&*w, &[0.0; 256], 1, &mut out);
+    }));
+    assert!(r.is_err(), "a weight from another device must panic");
+}
