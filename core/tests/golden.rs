@@ -134,3 +134,35 @@ fn quantize_matches_gguf_byte_for_byte() {
         assert_eq!(first, None, "{name}: first differing byte");
     }
 }
+
+/// Q4_K / Q5_K / Q6_K / Q8_K / Q8_1 blocks written by ggml's own reference quantizers
+/// (`quantize_row_q*_K_ref`, `quantize_row_q8_1_ref`, compiled with `-ffp-contract=off`)
+/// from `KQUANT.in.f32`.
+const KQUANT_INPUT: &[u8] = include_bytes!("data/quantize/KQUANT.in.f32");
+const KQUANT: [(&str, &[u8]); 5] = [
+    ("Q8_K", include_bytes!("data/quantize/Q8_K.bin")),
+    ("Q8_1", include_bytes!("data/quantize/Q8_1.bin")),
+    ("Q4_K", include_bytes!("data/quantize/Q4_K.bin")),
+    ("Q5_K", include_bytes!("data/quantize/Q5_K.bin")),
+    ("Q6_K", include_bytes!("data/quantize/Q6_K.bin")),
+];
+
+#[test]
+fn reference_quantizers_match_ggml_byte_for_byte() {
+    let x = f32s(KQUANT_INPUT);
+    for (name, expected) in KQUANT {
+        let ty = GgmlType::from_name(name).expect("known type");
+        assert_eq!(
+            ty.row_bytes(x.len()),
+            Some(expected.len()),
+            "{name}: vector size"
+        );
+        let mut got = vec![0u8; expected.len()];
+        quantize(ty, &x, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ts = ty.type_size();
+        let bad: Vec<usize> = (0..expected.len() / ts)
+            .filter(|&b| got[b * ts..(b + 1) * ts] != expected[b * ts..(b + 1) * ts])
+            .collect();
+        assert!(bad.is_empty(), "{name}: blocks {bad:?} differ from ggml's");
+    }
+}

