@@ -1,1 +1,28 @@
-//! Under construction.
+//! Kernel math: the scalar reference for every non-matmul step of the Flint forward pass
+//! (`../shared/spec/FLINT.md`), written to agree closely with llama.cpp's CPU backend.
+//!
+//! - [`rms_norm`], [`rms_norm_rows`], [`rms_norm_in_place`]: RMSNorm with an optional weight.
+//! - [`rope_neox`], [`rope_neox_heads`]: NeoX-style rotary embedding on the first `n_rot`
+//!   dims of a head.
+//! - [`silu`], [`sigmoid`], [`gelu_tanh`], [`gelu_tanh_ggml_f16`], [`swiglu`]: activations.
+//! - [`OnlineSoftmax`], [`attend_two_pass`], [`attend_online`], [`attention_ref`]:
+//!   softmax attention with per-head sinks, GQA and an optional sliding window.
+//! - [`route_topk`]: MoE routing (sigmoid or softmax scores, top-k with a selection bias,
+//!   renormalisation over the chosen experts).
+//!
+//! Everything is `f32` and `no_std`; the transcendental functions come from the `libm`
+//! crate (a port of musl's libm). glibc's `expf`/`sinf`/`cosf`/`tanhf`, which llama.cpp
+//! calls, are correctly rounded or within 1 ulp, as is musl's, so results agree with
+//! llama.cpp to about 1 ulp per call rather than bit for bit.
+
+mod act;
+mod attn;
+mod norm;
+mod rope;
+mod route;
+
+pub use act::{gelu_tanh, gelu_tanh_ggml_f16, sigmoid, silu, swiglu};
+pub use attn::{attend_online, attend_two_pass, attention_ref, AttentionParams, OnlineSoftmax};
+pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};
+pub use rope::{rope_neox, rope_neox_heads};
+pub use route::{route_topk, Gating, RouteError, ROUTE_MAX_K};

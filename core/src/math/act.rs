@@ -1,0 +1,58 @@
+//! Element-wise activations.
+
+/// `sigmoid(x) = 1 / (1 + exp(-x))`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + libm::expf(-x))
+}
+
+/// `silu(x) = x / (1 + exp(-x))`, written as ggml's `ggml_silu_f32` writes it (one
+/// division, not `x * sigmoid(x)`, which rounds twice).
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + libm::expf(-x))
+}
+
+/// sqrt(2/pi), as ggml spells it.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of the tanh approximation of GELU.
+const GELU_COEF_A: f32 = 0.044715;
+
+/// GELU in its tanh form, exactly ggml's `ggml_gelu_f32`:
+/// `0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))`, evaluated in f32 in that order.
+///
+/// This is the reference form. ggml's CPU backend is built with `GGML_GELU_FP16` by
+/// default, which instead rounds `x` to f16, looks the result up in a table of
+/// f16-rounded values of this same formula, and passes `x` through above 10 and gives 0
+/// below -10; [`gelu_tanh_ggml_f16`] reproduces that when bit-agreement with a llama.cpp
+/// CPU run is wanted. The reference keeps the exact form because the f16 table loses up
+/// to 2^-11 relative precision per activation, which is an artefact of one backend and
+/// not part of the model.
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+}
+
+/// GELU as ggml's CPU backend computes it for f32 tensors under `GGML_GELU_FP16` (its
+/// default build): `0` for `x <= -10`, `x` for `x >= 10`, otherwise
+/// `f16(gelu_tanh(f16(x)))` widened back to f32. Computed directly instead of from a
+/// 64Ki-entry table, with the same result for every input.
+pub fn gelu_tanh_ggml_f16(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let xh = half::f16::from_f32(x).to_f32();
+        half::f16::from_f32(gelu_tanh(xh)).to_f32()
+    }
+}
+
+/// SwiGLU: `out[i] = silu(gate[i]) * up[i]`, the dense and expert FFN inner product.
+///
+/// # Panics
+/// If the three slices differ in length.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up lengths differ");
+    assert_eq!(out.len(), gate.len(), "swiglu: out and gate lengths differ");
+    for i in 0..gate.len() {
+        out[i] = silu(gate[i]) * up[i];
+    }
+}

@@ -1,0 +1,183 @@
+//! MoE routing: scores, top-k selection with a selection bias, renormalised weights.
+
+use core::fmt;
+
+use super::act::sigmoid;
+
+/// The most experts [`route_topk`] chooses per token. The selection buffer is a
+/// fixed-capacity `heapless::Vec`, so this holds in `no_std` code without an allocator;
+/// every published MoE design chooses far fewer (DeepSeek-V3 and MiMo-V2: 8).
+pub const ROUTE_MAX_K: usize = 64;
+
+/// How router logits become expert scores (`flint.expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// `s_e = sigmoid(logit_e)` (GGUF value 2; Flint's own).
+    Sigmoid,
+    /// `s = softmax(logits)` over all experts (GGUF value 1).
+    Softmax,
+}
+
+/// Why [`route_topk`] refused its arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteError {
+    /// `k` exceeds [`ROUTE_MAX_K`].
+    TooManyChosen {
+        /// The `k` asked for.
+        k: usize,
+    },
+    /// `k` is 0 or exceeds the number of experts.
+    BadK {
+        /// The `k` asked for.
+        k: usize,
+        /// The number of experts (logits).
+        experts: usize,
+    },
+    /// The bias, `ids_out` or `weights_out` has the wrong length.
+    LengthMismatch {
+        /// Which argument.
+        what: &'static str,
+        /// The length it should have.
+        expected: usize,
+        /// The length it has.
+        found: usize,
+    },
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::TooManyChosen { k } => write!(
+                f,
+                "routing: {k} experts per token exceeds the supported maximum of {ROUTE_MAX_K}"
+            ),
+            RouteError::BadK { k, experts } => {
+                write!(f, "routing: cannot choose {k} of {experts} experts")
+            }
+            RouteError::LengthMismatch {
+                what,
+                expected,
+                found,
+            } => write!(
+                f,
+                "routing: {what} has {found} entries, expected {expected}"
+            ),
+        }
+    }
+}
+
+/// The smallest sum of chosen weights that renormalisation divides by, as in llama.cpp
+/// (the smallest normal f16), so that all-zero scores give zero weights rather than NaN.
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+/// Routes one token.
+///
+/// 1. Scores: `s_e = sigmoid(logits[e])` ([`Gating::Sigmoid`]) or `s = softmax(logits)`
+///    ([`Gating::Softmax`]).
+/// 2. Selection: the `k` experts with the largest `s_e + bias[e]` (bias 0 without one);
+///    ties go to the lower expert index. A NaN key is never preferred to a number.
+/// 3. Weights: the unbiased scores `s_e` of the chosen experts; with `normalize`, divided
+///    by their sum (clamped below at 2^-14, as llama.cpp does); then multiplied by `scale`.
+///
+/// `ids_out[i]` / `weights_out[i]` (both `k` long) receive the chosen experts in order of
+/// decreasing selection key.
+pub fn route_topk(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    gating: Gating,
+    normalize: bool,
+    scale: f32,
+    ids_out: &mut [u32],
+    weights_out: &mut [f32],
+) -> Result<(), RouteError> {
+    let n = logits.len();
+    if k > ROUTE_MAX_K {
+        return Err(RouteError::TooManyChosen { k });
+    }
+    if k == 0 || k > n {
+        return Err(RouteError::BadK { k, experts: n });
+    }
+    if let Some(b) = bias {
+        if b.len() != n {
+            return Err(RouteError::LengthMismatch {
+                what: "selection bias",
+                expected: n,
+                found: b.len(),
+            });
+        }
+    }
+    if ids_out.len() != k {
+        return Err(RouteError::LengthMismatch {
+            what: "ids_out",
+            expected: k,
+            found: ids_out.len(),
+        });
+    }
+    if weights_out.len() != k {
+        return Err(RouteError::LengthMismatch {
+            what: "weights_out",
+            expected: k,
+            found: weights_out.len(),
+        });
+    }
+
+    // Softmax needs the maximum and the normaliser over all experts; scores are then
+    // computed on demand so that no buffer of E scores is needed.
+    let (smax, ssum) = match gating {
+        Gating::Sigmoid => (0.0, 1.0),
+        Gating::Softmax => {
+            let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for &l in logits {
+                sum += libm::expf(l - m);
+            }
+            (m, sum)
+        }
+    };
+    let score = |e: usize| -> f32 {
+        match gating {
+            Gating::Sigmoid => sigmoid(logits[e]),
+            Gating::Softmax => libm::expf(logits[e] - smax) / ssum,
+        }
+    };
+
+    // Kept sorted best first. `beats` is strict, and experts arrive in index order, so an
+    // equal key never displaces an earlier (lower) index.
+    let beats = |a: f32, b: f32| a > b || (b.is_nan() && !a.is_nan());
+    let mut top: heapless::Vec<(f32, u32), ROUTE_MAX_K> = heapless::Vec::new();
+    for e in 0..n {
+        let key = score(e) + bias.map_or(0.0, |b| b[e]);
+        let full = top.len() == k;
+        if full && !top.last().is_some_and(|&(worst, _)| beats(key, worst)) {
+            continue;
+        }
+        if full {
+            top.pop();
+        }
+        let at = top
+            .iter()
+            .position(|&(kk, _)| beats(key, kk))
+            .unwrap_or(top.len());
+        // Capacity: len < k <= ROUTE_MAX_K here, so the insert cannot fail.
+        let _ = top.insert(at, (key, e as u32));
+    }
+
+    let mut sum = 0.0f32;
+    for (i, &(_, e)) in top.iter().enumerate() {
+        let s = score(e as usize);
+        ids_out[i] = e;
+        weights_out[i] = s;
+        sum += s;
+    }
+    if normalize {
+        let d = sum.max(MIN_WEIGHT_SUM);
+        for w in weights_out.iter_mut() {
+            *w /= d;
+        }
+    }
+    for w in weights_out.iter_mut() {
+        *w *= scale;
+    }
+    Ok(())
+}
