@@ -1,8 +1,596 @@
-//! `flint-hal-cpu`: the CPU backend (under construction).
+//! `flint-hal-cpu`: the CPU backend.
+//!
+//! Weights are never copied: a staged weight keeps the [`WeightSource`] (the shared mmap
+//! and the tensor's byte range) and every matmul reads the GGUF blocks where they lie.
+//! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
+//! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
+//! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
+//! which level). Every other block type uses `flint_core::dot::vec_dot`, the scalar
+//! reference. No NEON kernels (no ARM machine to test them on); no AMX (the hypervisor of
+//! the development machine faults on it); no AVX-512 VNNI (the development CPU lacks it, so
+//! such a kernel could not be tested).
+//!
+//! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
+//! matmul splits its output rows into chunks, each computing all activation rows in
+//! tiles of [`kernels::TILE`] that share each decoded weight block.
+//!
+//! `FLINT_CPU_SIMD=scalar|avx2|avx512` (read when the device is opened) forces a lower
+//! level, for tests and comparisons; [`CpuDevice::with_level`] does the same in code.
 
-use flint_hal::BackendEntry;
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// The backends this crate registers.
+use flint_core::{FormatError, GgmlType};
+use flint_hal::{
+    BackendEntry, Device, DeviceCounters, DeviceOptions, DeviceRef, ExpertRow, HalError, KvBuffer,
+    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagedInfo, Tier, Weight, WeightDesc,
+    WeightHandle, WeightSource,
+};
+use rayon::prelude::*;
+
+pub mod kernels;
+mod ops;
+mod simd;
+
+pub use ops::CpuKv;
+pub use simd::SimdLevel;
+
+use kernels::{Acts, FloatKind, TILE};
+
+/// The backends this crate registers: `cpu`.
 pub fn backends() -> Vec<BackendEntry> {
-    Vec::new()
+    vec![BackendEntry {
+        name: "cpu",
+        summary: "host CPU: SIMD int8 kernels (AVX2/AVX-512) on the mmapped GGUF blocks, rayon",
+        probe: || Ok(()),
+        open: |o| Ok(Arc::new(CpuDevice::new(o)?) as DeviceRef),
+    }]
+}
+
+/// The CPU device.
+#[derive(Debug)]
+pub struct CpuDevice {
+    level: SimdLevel,
+    threads: usize,
+    pool: rayon::ThreadPool,
+    block_dispatches: AtomicU64,
+    float_dispatches: AtomicU64,
+}
+
+/// A weight staged on the CPU: the file's bytes, kept where they lie.
+#[derive(Debug)]
+pub struct CpuWeight {
+    info: StagedInfo,
+    src: WeightSource,
+    ty: GgmlType,
+    /// Elements per row.
+    k: usize,
+    /// Rows per matrix (per expert for a tower).
+    n: usize,
+    /// Experts (1 for a matrix).
+    e: usize,
+    row_bytes: usize,
+}
+
+impl Weight for CpuWeight {
+    fn info(&self) -> &StagedInfo {
+        &self.info
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CpuWeight {
+    fn bytes(&self) -> &[u8] {
+        self.src.as_slice()
+    }
+}
+
+fn fmt_err(what: &str, e: FormatError) -> HalError {
+    match e {
+        FormatError::Unsupported(t) => HalError::unsupported(format!("cpu: {what}: {t} ({e})")),
+        _ => HalError::invalid(format!("cpu: {what}: {e}")),
+    }
+}
+
+/// Whether the scalar reference computes `ty`: probed once on a zero row of one block.
+fn core_dot_supports(ty: GgmlType) -> bool {
+    let vt = ty.vec_dot_type();
+    if !matches!(vt, GgmlType::Q8_K | GgmlType::Q8_0 | GgmlType::Q8_1) {
+        return false;
+    }
+    let n = ty.block_size().max(vt.block_size());
+    let (Some(wb), Some(ab)) = (ty.row_bytes(n), vt.row_bytes(n)) else {
+        return false;
+    };
+    crate::kernels::core_vec_dot(ty, &vec![0u8; wb], &vec![0u8; ab], n).is_ok()
+}
+
+/// Whether `flint_core::dequant::dequantize` decodes `ty` (probed on one zero block).
+fn dequant_supports(ty: GgmlType) -> bool {
+    let n = ty.block_size();
+    let Some(b) = ty.row_bytes(n) else {
+        return false;
+    };
+    let mut out = vec![0f32; n];
+    flint_core::dequant::dequantize(ty, &vec![0u8; b], &mut out).is_ok()
+}
+
+impl CpuDevice {
+    /// Opens the device with `opts`, at the level `FLINT_CPU_SIMD` asks for (default:
+    /// the best this CPU has).
+    pub fn new(opts: &DeviceOptions) -> Result<Self, HalError> {
+        Self::with_level(opts, SimdLevel::from_env()?)
+    }
+
+    /// Opens the device at a given SIMD level; `Unavailable` when the CPU lacks it.
+    pub fn with_level(opts: &DeviceOptions, level: SimdLevel) -> Result<Self, HalError> {
+        let level = level.check()?;
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("flint-cpu-{i}"))
+            .build()
+            .map_err(|e| HalError::runtime(format!("cpu: cannot start {threads} threads: {e}")))?;
+        Ok(Self {
+            level,
+            threads,
+            pool,
+            block_dispatches: AtomicU64::new(0),
+            float_dispatches: AtomicU64::new(0),
+        })
+    }
+
+    /// The SIMD level in use.
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Whether matmuls with weights of `ty` can be computed at this device's level
+    /// (a native kernel, or the scalar reference).
+    fn matmul_supports(&self, ty: GgmlType) -> bool {
+        FloatKind::of(ty).is_some()
+            || kernels::native_kernel(self.level, ty).is_some()
+            || core_dot_supports(ty)
+    }
+
+    fn weight<'a>(&self, w: &'a dyn Weight) -> &'a CpuWeight {
+        w.as_any()
+            .downcast_ref::<CpuWeight>()
+            .expect("weight was not staged by the cpu device")
+    }
+
+    fn count(&self, ty: GgmlType) {
+        if FloatKind::of(ty).is_some() {
+            self.float_dispatches.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.block_dispatches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `out[i][o] = W[o] . x[i]` for the `n` rows of `w_bytes` (one matrix).
+    fn matmul_bytes(
+        &self,
+        ty: GgmlType,
+        w_bytes: &[u8],
+        k: usize,
+        n: usize,
+        row_bytes: usize,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        assert_eq!(
+            x.len(),
+            m * k,
+            "matmul: x has {} values, expected {m} x {k}",
+            x.len()
+        );
+        assert_eq!(
+            out.len(),
+            m * n,
+            "matmul: out has {} values, expected {m} x {n}",
+            out.len()
+        );
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let level = self.level;
+        self.pool.install(|| {
+            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            // Enough rows per task to amortise dispatch, enough tasks to balance threads.
+            let per_task = n.div_ceil(self.threads * 4).max(16).min(n);
+            let row_dot = |o: usize, rows: &[usize], dst: &mut [f32]| {
+                dot_rows_checked(
+                    level,
+                    ty,
+                    &w_bytes[o * row_bytes..(o + 1) * row_bytes],
+                    &acts,
+                    k,
+                    rows,
+                    dst,
+                )
+            };
+            if m == 1 {
+                return out
+                    .par_chunks_mut(per_task)
+                    .enumerate()
+                    .try_for_each(|(c, dst)| {
+                        let o0 = c * per_task;
+                        for (t, d) in dst.iter_mut().enumerate() {
+                            row_dot(o0 + t, &[0], std::slice::from_mut(d))?;
+                        }
+                        Ok(())
+                    });
+            }
+            // Transposed result [n][m]: each task owns whole weight rows.
+            let mut t_out = vec![0f32; n * m];
+            // Weight rows per sub-tile: small enough to stay in L1/L2 while every
+            // activation tile passes over them.
+            const ROW_TILE: usize = 16;
+            t_out
+                .par_chunks_mut(per_task * m)
+                .enumerate()
+                .try_for_each(|(c, dst)| {
+                    let o0 = c * per_task;
+                    let rows_here = dst.len() / m;
+                    let mut tmp = [0f32; TILE];
+                    let mut idx = [0usize; TILE];
+                    for rb in (0..rows_here).step_by(ROW_TILE) {
+                        let re = (rb + ROW_TILE).min(rows_here);
+                        for i0 in (0..m).step_by(TILE) {
+                            let len = TILE.min(m - i0);
+                            for (t, v) in idx.iter_mut().enumerate().take(len) {
+                                *v = i0 + t;
+                            }
+                            for r in rb..re {
+                                row_dot(o0 + r, &idx[..len], &mut tmp[..len])?;
+                                dst[r * m + i0..r * m + i0 + len].copy_from_slice(&tmp[..len]);
+                            }
+                        }
+                    }
+                    Ok::<(), HalError>(())
+                })?;
+            for o in 0..n {
+                for i in 0..m {
+                    out[i * n + o] = t_out[o * m + i];
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+fn dot_rows_checked(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize],
+    out: &mut [f32],
+) -> Result<(), HalError> {
+    kernels::dot_rows(level, ty, w, acts, k, rows, out).map_err(|e| fmt_err("matmul", e))
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "host CPU, {} threads, SIMD {} (AVX-512 VNNI/AMX not used, no NEON)",
+            self.threads, self.level
+        )
+    }
+
+    fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
+        match op {
+            Op::Stage | Op::Matmul | Op::ExpertMatmul => {
+                ty.is_some_and(|t| self.matmul_supports(t))
+            }
+            Op::GetRows => ty.is_some_and(dequant_supports),
+            Op::RmsNorm
+            | Op::AddRmsNorm
+            | Op::Rope
+            | Op::SiluMul
+            | Op::GeluMul
+            | Op::Add
+            | Op::Scale
+            | Op::ScatterAddWeighted
+            | Op::RouteTopK
+            | Op::WriteKv
+            | Op::PagedAttention => true,
+        }
+    }
+
+    fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
+        desc.validate()?;
+        let ty = desc.ty;
+        let usable = match desc.kind {
+            flint_hal::WeightKind::Embedding => dequant_supports(ty) || self.matmul_supports(ty),
+            _ => self.matmul_supports(ty),
+        };
+        if !usable {
+            return Err(HalError::unsupported(format!(
+                "cpu: tensor '{}' has type {ty}, which the cpu backend cannot compute",
+                desc.name
+            )));
+        }
+        let k = desc.in_features();
+        let row_bytes = ty.row_bytes(k).ok_or_else(|| {
+            HalError::invalid(format!(
+                "tensor '{}': {k} is not a whole number of {ty} blocks",
+                desc.name
+            ))
+        })?;
+        let bytes = desc.data.len() as u64;
+        Ok(Arc::new(CpuWeight {
+            info: StagedInfo {
+                name: desc.name.clone(),
+                source_ty: ty,
+                staged_ty: ty,
+                dims: desc.dims.clone(),
+                kept_quant: true,
+                tier: Tier::Resident,
+                resident_bytes: bytes,
+                streamed_bytes: 0,
+            },
+            src: desc.data.clone(),
+            ty,
+            k,
+            n: desc.out_features(),
+            e: desc.experts(),
+            row_bytes,
+        }))
+    }
+
+    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+        let w = self.weight(w);
+        self.count(w.ty);
+        let mat = &w.bytes()[..w.n * w.row_bytes];
+        self.matmul_bytes(w.ty, mat, w.k, w.n, w.row_bytes, x, m, out)
+            .map_err(|e| HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name)))
+    }
+
+    fn expert_matmul(
+        &self,
+        w: &dyn Weight,
+        x: &[f32],
+        rows: &[ExpertRow],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let w = self.weight(w);
+        let (k, n) = (w.k, w.n);
+        assert!(
+            k > 0 && x.len().is_multiple_of(k),
+            "expert_matmul: x length {} vs in {k}",
+            x.len()
+        );
+        assert_eq!(out.len(), rows.len() * n, "expert_matmul: out length");
+        let n_in = x.len() / k;
+        self.count(w.ty);
+        // Group rows by expert so each expert's blocks are read once for all its rows.
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); w.e];
+        for (i, r) in rows.iter().enumerate() {
+            let e = r.expert as usize;
+            if e >= w.e {
+                return Err(HalError::invalid(format!(
+                    "expert_matmul: expert {e} of tensor '{}' with {} experts",
+                    w.info.name, w.e
+                )));
+            }
+            assert!(
+                (r.input_row as usize) < n_in,
+                "expert_matmul: input row {} of {n_in}",
+                r.input_row
+            );
+            by_expert[e].push(i);
+        }
+        let mat_bytes = n * w.row_bytes;
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        for (e, list) in by_expert.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &i in list {
+                let r = rows[i].input_row as usize;
+                xs.extend_from_slice(&x[r * k..(r + 1) * k]);
+            }
+            ys.clear();
+            ys.resize(list.len() * n, 0.0);
+            let wb = &w.bytes()[e * mat_bytes..(e + 1) * mat_bytes];
+            self.matmul_bytes(w.ty, wb, k, n, w.row_bytes, &xs, list.len(), &mut ys)?;
+            for (t, &i) in list.iter().enumerate() {
+                out[i * n..(i + 1) * n].copy_from_slice(&ys[t * n..(t + 1) * n]);
+            }
+        }
+        Ok(())
+    }
+
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+        let w = self.weight(w);
+        let d = w.k;
+        assert_eq!(out.len(), ids.len() * d, "get_rows: out length");
+        let rows_total = w.n * w.e;
+        let bytes = w.bytes();
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(d.max(1))) {
+            let id = id as usize;
+            if id >= rows_total {
+                return Err(HalError::invalid(format!(
+                    "get_rows: id {id} beyond the {rows_total} rows of tensor '{}'",
+                    w.info.name
+                )));
+            }
+            let src = &bytes[id * w.row_bytes..(id + 1) * w.row_bytes];
+            match FloatKind::of(w.ty) {
+                Some(kind) => {
+                    for (j, v) in o.iter_mut().enumerate() {
+                        *v = kind.get(src, j);
+                    }
+                }
+                None => flint_core::dequant::dequantize(w.ty, src, o)
+                    .map_err(|e| fmt_err(&format!("get_rows of '{}'", w.info.name), e))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: Option<&[f32]>,
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        ops::rms_norm(x, weight, eps, dim, out);
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        assert_eq!(residual.len(), delta.len(), "add_rms_norm: delta length");
+        for (r, &d) in residual.iter_mut().zip(delta) {
+            *r += d;
+        }
+        ops::rms_norm(residual, Some(weight), eps, dim, out);
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
+        ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "silu_mul: lengths"
+        );
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = flint_core::math::silu(g) * u;
+        }
+        Ok(())
+    }
+
+    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "gelu_mul: lengths"
+        );
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = flint_core::math::gelu_tanh(g) * u;
+        }
+        Ok(())
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+        assert_eq!(acc.len(), x.len(), "add: lengths");
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += v;
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+        Ok(())
+    }
+
+    fn scatter_add_weighted(
+        &self,
+        acc: &mut [f32],
+        x: &[f32],
+        rows: &[u32],
+        weights: &[f32],
+        dim: usize,
+    ) -> Result<(), HalError> {
+        assert!(
+            x.len() == rows.len() * dim && rows.len() == weights.len(),
+            "scatter_add_weighted: lengths"
+        );
+        for ((&r, &wt), xr) in rows.iter().zip(weights).zip(x.chunks_exact(dim.max(1))) {
+            let r = r as usize;
+            assert!(
+                (r + 1) * dim <= acc.len(),
+                "scatter_add_weighted: row {r} beyond acc"
+            );
+            for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
+                *a += wt * v;
+            }
+        }
+        Ok(())
+    }
+
+    fn route_topk(
+        &self,
+        logits: &[f32],
+        n_experts: usize,
+        bias: Option<&[f32]>,
+        cfg: &RoutingConfig,
+        ids: &mut [u32],
+        weights: &mut [f32],
+    ) -> Result<(), HalError> {
+        ops::route_topk(logits, n_experts, bias, cfg, ids, weights)
+    }
+
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
+        Ok(Box::new(CpuKv::new(layout)?))
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut dyn KvBuffer,
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+    ) -> Result<(), HalError> {
+        let kv = kv
+            .as_any_mut()
+            .downcast_mut::<CpuKv>()
+            .expect("KV buffer was not allocated by the cpu device");
+        ops::write_kv(kv, k, v, slots)
+    }
+
+    fn paged_attention(
+        &self,
+        kv: &dyn KvBuffer,
+        p: &PagedAttention<'_>,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let kv = kv
+            .as_any()
+            .downcast_ref::<CpuKv>()
+            .expect("KV buffer was not allocated by the cpu device");
+        self.pool.install(|| ops::paged_attention(kv, p, out))
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        DeviceCounters {
+            block_dispatches: self.block_dispatches.load(Ordering::Relaxed),
+            float_dispatches: self.float_dispatches.load(Ordering::Relaxed),
+        }
+    }
 }

@@ -1,0 +1,354 @@
+//! AVX2 kernels. Each computes `R` dot products of one weight row with `R` activation
+//! rows, decoding every weight block once for all `R` rows (the batched tile of M > 1).
+//!
+//! All functions are `unsafe` only because of `#[target_feature]`: the caller must have
+//! checked that the CPU has AVX2, FMA and F16C (done once at device open).
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+
+use super::{f16_to_f32, k4_scales_mins};
+
+/// Horizontal sum of 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Loads 32 bytes from `p` (no alignment needed).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32(p: &[u8; 32]) -> __m256i {
+    // SAFETY: `p` is a valid reference to 32 bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Loads the first 32 bytes of `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Loads 32 i8 from `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32i(p: &[i8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Q4_K x Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut accm = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        let (sc, mn) = k4_scales_mins(&b.scales);
+        let d = f16_to_f32(b.d);
+        let dmin = f16_to_f32(b.dmin);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for j in 0..4 {
+            let q = load32u(&b.qs[32 * j..]);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let s_lo = _mm256_set1_epi16(sc[2 * j] as i16);
+            let s_hi = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            for r in 0..R {
+                let yq = &y[r][i].qs;
+                let ya = load32i(&yq[64 * j..]);
+                let yb = load32i(&yq[64 * j + 32..]);
+                let pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ya), s_lo);
+                let pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yb), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pa, pb));
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let mut ms = 0i32;
+            for k in 0..8 {
+                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
+            }
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(d * yb.d),
+                _mm256_cvtepi32_ps(sumi[r]),
+                acc[r],
+            );
+            accm[r] += dmin * yb.d * ms as f32;
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]) - accm[r];
+    }
+}
+
+/// Q5_K x Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut accm = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        let (sc, mn) = k4_scales_mins(&b.scales);
+        let d = f16_to_f32(b.d);
+        let dmin = f16_to_f32(b.dmin);
+        let hbits = load32(&b.qh);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for j in 0..4 {
+            let q = load32u(&b.qs[32 * j..]);
+            // Bit 2j of qh[l] is the fifth bit of element 64j + l, bit 2j+1 of 64j+32+l.
+            // A 16-bit shift by < 8 keeps bit 0 of every byte inside that byte.
+            let (h_lo, h_hi) = match j {
+                0 => (hbits, _mm256_srli_epi16::<1>(hbits)),
+                1 => (_mm256_srli_epi16::<2>(hbits), _mm256_srli_epi16::<3>(hbits)),
+                2 => (_mm256_srli_epi16::<4>(hbits), _mm256_srli_epi16::<5>(hbits)),
+                _ => (_mm256_srli_epi16::<6>(hbits), _mm256_srli_epi16::<7>(hbits)),
+            };
+            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(h_lo, one));
+            let h_hi = _mm256_slli_epi16::<4>(_mm256_and_si256(h_hi, one));
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
+            let s_lo = _mm256_set1_epi16(sc[2 * j] as i16);
+            let s_hi = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            for r in 0..R {
+                let yq = &y[r][i].qs;
+                let ya = load32i(&yq[64 * j..]);
+                let yb = load32i(&yq[64 * j + 32..]);
+                let pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ya), s_lo);
+                let pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yb), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pa, pb));
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let mut ms = 0i32;
+            for k in 0..8 {
+                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
+            }
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(d * yb.d),
+                _mm256_cvtepi32_ps(sumi[r]),
+                acc[r],
+            );
+            accm[r] += dmin * yb.d * ms as f32;
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]) - accm[r];
+    }
+}
+
+/// Q6_K x Q8_K. Quants are used unsigned (0..63) and the offset of 32 is taken off
+/// through the activation block sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        let d = f16_to_f32(b.d);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for n in 0..2 {
+            let ql0 = load32u(&b.ql[64 * n..]);
+            let ql1 = load32u(&b.ql[64 * n + 32..]);
+            let h = load32u(&b.qh[32 * n..]);
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(h), m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(h), m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(h), m3)),
+                ),
+            ];
+            let sc = &b.scales[8 * n..8 * n + 8];
+            for (k, qk) in q.iter().enumerate() {
+                // Lanes 0..8 of maddubs come from elements 0..16 (one sub-block), lanes
+                // 8..16 from the next sub-block.
+                let s = _mm256_set_m128i(
+                    _mm_set1_epi16(sc[2 * k + 1] as i16),
+                    _mm_set1_epi16(sc[2 * k] as i16),
+                );
+                for r in 0..R {
+                    let yv = load32i(&y[r][i].qs[128 * n + 32 * k..]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, yv), s);
+                    sumi[r] = _mm256_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let mut off = 0i32;
+            for k in 0..16 {
+                off += b.scales[k] as i32 * yb.bsums[k] as i32;
+            }
+            let s = _mm256_sub_epi32(sumi[r], _mm256_setr_epi32(32 * off, 0, 0, 0, 0, 0, 0, 0));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yb.d), _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}
+
+/// Dot of signed bytes `a` and `b` as 8 i32 lanes, via |a| and b with a's sign.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
+    let ax = _mm256_sign_epi8(a, a);
+    let sy = _mm256_sign_epi8(b, a);
+    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    _mm256_cvtepi32_ps(p)
+}
+
+/// Q8_0 x Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        let q = load32i(&b.qs);
+        let d = f16_to_f32(b.d);
+        for r in 0..R {
+            let yb = &y[r][i];
+            let p = dot_i8(q, load32i(&yb.qs));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}
+
+/// The 32 nibbles of a Q4_0/Q5_0 block as bytes: low nibbles (elements 0..16) first.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
+    let t = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Q4_0 x Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q4_0<const R: usize>(x: &[BlockQ4_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let eight = _mm256_set1_epi8(8);
+    for (i, b) in x.iter().enumerate() {
+        let q = _mm256_sub_epi8(nibbles(&b.qs), eight);
+        let d = f16_to_f32(b.d);
+        for r in 0..R {
+            let yb = &y[r][i];
+            let p = dot_i8(q, load32i(&yb.qs));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}
+
+/// 0xFF in byte `i` where bit `i` of `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_from_bits(bits: u32) -> __m256i {
+    let shuf = _mm256_setr_epi64x(
+        0x0000_0000_0000_0000,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+    // Byte i%8 of the mask has every bit but bit i%8 set.
+    let mask = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, mask), _mm256_set1_epi64x(-1))
+}
+
+/// Q5_0 x Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        // q - 16: where the fifth bit is clear, set the high nibble to 0xF (i.e. -16 +
+        // nibble as i8); where it is set, the nibble alone is (16 + nibble) - 16.
+        let hi = _mm256_andnot_si256(
+            bytes_from_bits(u32::from_le_bytes(b.qh)),
+            _mm256_set1_epi8(0xF0u8 as i8),
+        );
+        let q = _mm256_or_si256(nibbles(&b.qs), hi);
+        let d = f16_to_f32(b.d);
+        for r in 0..R {
+            let yb = &y[r][i];
+            let p = dot_i8(q, load32i(&yb.qs));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}
+
+/// Float weights (F32, F16 or BF16 bytes, unaligned) x f32 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_float<const R: usize>(
+    kind: super::FloatKind,
+    w: &[u8],
+    y: &[&[f32]; R],
+    out: &mut [f32; R],
+) {
+    let n = y[0].len();
+    let es = kind.size();
+    assert!(w.len() >= n * es);
+    for r in 0..R {
+        assert!(y[r].len() >= n);
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut j = 0;
+    while j + 8 <= n {
+        let p = w[j * es..].as_ptr();
+        // SAFETY: bytes j*es .. (j+8)*es lie inside `w` (asserted above); unaligned loads.
+        let wv = unsafe {
+            match kind {
+                super::FloatKind::F32 => _mm256_loadu_ps(p as *const f32),
+                super::FloatKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                super::FloatKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+                )),
+            }
+        };
+        for r in 0..R {
+            // SAFETY: y[r] has at least n >= j + 8 values (asserted above).
+            let yv = unsafe { _mm256_loadu_ps(y[r].as_ptr().add(j)) };
+            acc[r] = _mm256_fmadd_ps(wv, yv, acc[r]);
+        }
+        j += 8;
+    }
+    for r in 0..R {
+        let mut s = hsum_ps(acc[r]);
+        for t in j..n {
+            s += kind.get(w, t) * y[r][t];
+        }
+        out[r] = s;
+    }
+}

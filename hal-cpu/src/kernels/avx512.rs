@@ -1,0 +1,194 @@
+//! AVX-512 (F + BW) kernels: 64 quants per instruction. Same tile shape and contract
+//! as the AVX2 kernels; the caller must have checked AVX-512F/BW (and AVX2/FMA/F16C)
+//! at device open.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, BlockQ8_0};
+
+use super::{f16_to_f32, k4_scales_mins};
+
+/// Loads the first 32 bytes of `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Loads the first 64 i8 of `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load64i(p: &[i8]) -> __m512i {
+    assert!(p.len() >= 64);
+    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
+}
+
+/// Two 256-bit halves as one 512-bit register (`lo` in the low half).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Q4_K x Q8_K: per 32 bytes of quants, low and high nibbles side by side in one
+/// register meet 64 contiguous activation quants.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut accm = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        let (sc, mn) = k4_scales_mins(&b.scales);
+        let d = f16_to_f32(b.d);
+        let dmin = f16_to_f32(b.dmin);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for j in 0..4 {
+            let q = load32u(&b.qs[32 * j..]);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let qv = join(lo, hi);
+            let s = join(
+                _mm256_set1_epi16(sc[2 * j] as i16),
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            );
+            for r in 0..R {
+                let yv = load64i(&y[r][i].qs[64 * j..]);
+                let p = _mm512_madd_epi16(_mm512_maddubs_epi16(qv, yv), s);
+                sumi[r] = _mm512_add_epi32(sumi[r], p);
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let mut ms = 0i32;
+            for k in 0..8 {
+                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
+            }
+            acc[r] = _mm512_fmadd_ps(
+                _mm512_set1_ps(d * yb.d),
+                _mm512_cvtepi32_ps(sumi[r]),
+                acc[r],
+            );
+            accm[r] += dmin * yb.d * ms as f32;
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]) - accm[r];
+    }
+}
+
+/// Q6_K x Q8_K (unsigned quants, offset of 32 taken off through the block sums).
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        let d = f16_to_f32(b.d);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for n in 0..2 {
+            let ql0 = load32u(&b.ql[64 * n..]);
+            let ql1 = load32u(&b.ql[64 * n + 32..]);
+            let h = load32u(&b.qh[32 * n..]);
+            let q1 = _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+            );
+            let q2 = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(h), m3)),
+            );
+            let q3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(h), m3)),
+            );
+            let q4 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(h), m3)),
+            );
+            let sc = &b.scales[8 * n..8 * n + 8];
+            // Each 128-bit lane of maddubs covers one sub-block of 16.
+            let s_of = |k: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_set_m128i(
+                        _mm_set1_epi16(sc[4 * k + 1] as i16),
+                        _mm_set1_epi16(sc[4 * k] as i16),
+                    )),
+                    _mm256_set_m128i(
+                        _mm_set1_epi16(sc[4 * k + 3] as i16),
+                        _mm_set1_epi16(sc[4 * k + 2] as i16),
+                    ),
+                )
+            };
+            let halves = [(join(q1, q2), s_of(0)), (join(q3, q4), s_of(1))];
+            for (k, (qv, s)) in halves.iter().enumerate() {
+                for r in 0..R {
+                    let yv = load64i(&y[r][i].qs[128 * n + 64 * k..]);
+                    let p = _mm512_madd_epi16(_mm512_maddubs_epi16(*qv, yv), *s);
+                    sumi[r] = _mm512_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let mut off = 0i32;
+            for k in 0..16 {
+                off += b.scales[k] as i32 * yb.bsums[k] as i32;
+            }
+            let total = _mm512_reduce_add_epi32(sumi[r]) - 32 * off;
+            acc[r] = _mm512_fmadd_ps(
+                _mm512_set1_ps(d * yb.d),
+                _mm512_castps128_ps512(_mm_set_ss(total as f32)),
+                acc[r],
+            );
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/// Q8_0 x Q8_0, two blocks per 512-bit register.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
+    let mut acc = [_mm512_setzero_ps(); R];
+    let ones = _mm512_set1_epi16(1);
+    let zero = _mm512_setzero_si512();
+    let pairs = x.len() / 2;
+    for p in 0..pairs {
+        let (b0, b1) = (&x[2 * p], &x[2 * p + 1]);
+        let q = join(
+            load32u(bytemuck::cast_slice(&b0.qs)),
+            load32u(bytemuck::cast_slice(&b1.qs)),
+        );
+        let neg = _mm512_movepi8_mask(q);
+        let aq = _mm512_abs_epi8(q);
+        let (d0, d1) = (f16_to_f32(b0.d), f16_to_f32(b1.d));
+        for r in 0..R {
+            let (y0, y1) = (&y[r][2 * p], &y[r][2 * p + 1]);
+            let yv = join(
+                load32u(bytemuck::cast_slice(&y0.qs)),
+                load32u(bytemuck::cast_slice(&y1.qs)),
+            );
+            // y with the sign of q: negated where q < 0 (q == 0 contributes 0 via |q|).
+            let sy = _mm512_mask_sub_epi8(yv, neg, zero, yv);
+            let s = _mm512_madd_epi16(_mm512_maddubs_epi16(aq, sy), ones);
+            let dd = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(d0 * f16_to_f32(y0.d)))),
+                _mm256_castps_pd(_mm256_set1_ps(d1 * f16_to_f32(y1.d))),
+            ));
+            acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    let mut tail = [0f32; R];
+    if x.len() % 2 == 1 {
+        let last = x.len() - 1;
+        let ys: [&[BlockQ8_0]; R] = std::array::from_fn(|r| &y[r][last..]);
+        super::avx2::dot_q8_0::<R>(&x[last..], &ys, &mut tail);
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]) + tail[r];
+    }
+}

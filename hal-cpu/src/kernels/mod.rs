@@ -1,0 +1,289 @@
+//! Dot-product kernels on GGUF blocks and their run-time dispatch.
+//!
+//! | weight | activation | AVX-512 (F+BW) | AVX2 | scalar |
+//! |--------|------------|----------------|------|--------|
+//! | Q4_K   | Q8_K       | yes            | yes  | core   |
+//! | Q6_K   | Q8_K       | yes            | yes  | core   |
+//! | Q8_0   | Q8_0       | yes            | yes  | core   |
+//! | Q5_K   | Q8_K       | (AVX2)         | yes  | core   |
+//! | Q5_0   | Q8_0       | (AVX2)         | yes  | core   |
+//! | Q4_0   | Q8_0       | (AVX2)         | yes  | core   |
+//! | F32/F16/BF16 | f32  | (AVX2)         | FMA  | loop   |
+//! | others | vec_dot_type | core         | core | core   |
+//!
+//! "core" is `flint_core::dot::vec_dot`, the scalar reference.
+
+use std::borrow::Cow;
+
+use bytemuck::Pod;
+use flint_core::blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use flint_core::quant::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use flint_core::{FormatError, GgmlType};
+
+use crate::simd::SimdLevel;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+/// Activation rows in a tile that share each decoded weight block.
+pub const TILE: usize = 4;
+
+/// IEEE half bits to f32.
+#[inline(always)]
+pub(crate) fn f16_to_f32(b: u16) -> f32 {
+    half::f16::from_bits(b).to_f32()
+}
+
+/// The 8 six-bit scales and mins of a Q4_K/Q5_K block (ggml `get_scale_min_k4`).
+#[inline(always)]
+pub(crate) fn k4_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+    }
+    for j in 4..8 {
+        sc[j] = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+    (sc, mn)
+}
+
+/// Float weight encodings computed against f32 activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FloatKind {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FloatKind {
+    pub(crate) fn of(ty: GgmlType) -> Option<Self> {
+        match ty {
+            GgmlType::F32 => Some(FloatKind::F32),
+            GgmlType::F16 => Some(FloatKind::F16),
+            GgmlType::BF16 => Some(FloatKind::BF16),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn size(self) -> usize {
+        match self {
+            FloatKind::F32 => 4,
+            FloatKind::F16 | FloatKind::BF16 => 2,
+        }
+    }
+
+    /// Element `i` of a row of bytes.
+    #[inline(always)]
+    pub(crate) fn get(self, w: &[u8], i: usize) -> f32 {
+        match self {
+            FloatKind::F32 => {
+                f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]])
+            }
+            FloatKind::F16 => f16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
+            FloatKind::BF16 => {
+                f32::from_bits((u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16)
+            }
+        }
+    }
+}
+
+/// Activation rows in the encoding a weight type's dot product consumes.
+#[derive(Debug)]
+pub(crate) enum Acts {
+    Q8K(Vec<BlockQ8K>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
+    F32(Vec<f32>),
+}
+
+impl Acts {
+    /// Quantizes `m` rows of `k` values to `ty.vec_dot_type()` (float weights keep f32).
+    pub(crate) fn new(ty: GgmlType, x: &[f32], k: usize) -> Result<Self, FormatError> {
+        use rayon::prelude::*;
+        fn q<B: Pod + Send>(x: &[f32], k: usize, bs: usize, f: fn(&[f32], &mut [B])) -> Vec<B> {
+            let nb = k / bs;
+            let mut v = vec![B::zeroed(); x.len() / bs];
+            v.par_chunks_mut(nb.max(1))
+                .zip(x.par_chunks(k.max(1)))
+                .for_each(|(o, xr)| f(xr, o));
+            v
+        }
+        if FloatKind::of(ty).is_some() {
+            return Ok(Acts::F32(x.to_vec()));
+        }
+        match ty.vec_dot_type() {
+            GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
+            GgmlType::Q8_0 => Ok(Acts::Q8_0(q(x, k, 32, quantize_row_q8_0))),
+            GgmlType::Q8_1 => Ok(Acts::Q8_1(q(x, k, 32, quantize_row_q8_1))),
+            _ => Err(FormatError::Unsupported(ty)),
+        }
+    }
+
+    /// Row `i` (of `nb` blocks) as bytes, for the scalar reference.
+    fn row_bytes(&self, i: usize, nb: usize) -> &[u8] {
+        match self {
+            Acts::Q8K(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
+            Acts::Q8_0(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
+            Acts::Q8_1(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
+            Acts::F32(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
+        }
+    }
+}
+
+/// A weight row viewed as blocks: borrowed when the bytes are aligned for `B`, else
+/// copied (GGUF data is 32-byte aligned, so the copy is only a safety net).
+fn view<B: Pod>(w: &[u8]) -> Cow<'_, [B]> {
+    match bytemuck::try_cast_slice(w) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => {
+            let mut v = vec![B::zeroed(); w.len() / std::mem::size_of::<B>()];
+            bytemuck::cast_slice_mut::<B, u8>(&mut v).copy_from_slice(w);
+            Cow::Owned(v)
+        }
+    }
+}
+
+/// Whether `level` has a native kernel for weights of `ty` (else: the scalar reference).
+pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
+    use GgmlType::*;
+    match level {
+        SimdLevel::Scalar => None,
+        SimdLevel::Avx2 => matches!(
+            ty,
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | F32 | F16 | BF16
+        )
+        .then_some(SimdLevel::Avx2),
+        SimdLevel::Avx512 => match ty {
+            Q4_K | Q6_K | Q8_0 => Some(SimdLevel::Avx512),
+            _ => native_kernel(SimdLevel::Avx2, ty),
+        },
+    }
+}
+
+/// Runs a tile kernel `$f::<R>` for the activation rows `rows` of one weight row.
+macro_rules! tiled {
+    ($m:ident :: $f:ident, $w:expr, $a:expr, $nb:expr, $rows:expr, $out:expr) => {{
+        let w = $w;
+        let row = |i: usize| &$a[i * $nb..(i + 1) * $nb];
+        if $rows.len() == TILE {
+            let ys = [row($rows[0]), row($rows[1]), row($rows[2]), row($rows[3])];
+            let mut o = [0f32; TILE];
+            // SAFETY: the level was checked against the CPU's features at device open
+            // (`SimdLevel::check`), so the target features of the kernel are present.
+            unsafe { $m::$f::<TILE>(&w, &ys, &mut o) };
+            $out.copy_from_slice(&o);
+        } else {
+            for (k, &i) in $rows.iter().enumerate() {
+                let mut o = [0f32; 1];
+                // SAFETY: as above, the CPU has the kernel's features.
+                unsafe { $m::$f::<1>(&w, &[row(i)], &mut o) };
+                $out[k] = o[0];
+            }
+        }
+    }};
+}
+
+/// `out[t] = dot(weight row, activation row rows[t])` for a tile of `rows.len() <= TILE`
+/// activation rows. `k` is the row length in elements.
+pub(crate) fn dot_rows(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize],
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    debug_assert!(rows.len() <= TILE && out.len() == rows.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nbk = k / 256;
+        let nb0 = k / 32;
+        match (native_kernel(level, ty), acts) {
+            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => tiled!(avx512::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
+                GgmlType::Q6_K => tiled!(avx512::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
+                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => {
+                tiled!(avx512::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out)
+            }
+            (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => tiled!(avx2::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
+                GgmlType::Q5_K => tiled!(avx2::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
+                GgmlType::Q6_K => tiled!(avx2::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
+                _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8_0(a)) => match ty {
+                GgmlType::Q8_0 => tiled!(avx2::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out),
+                GgmlType::Q5_0 => tiled!(avx2::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out),
+                GgmlType::Q4_0 => tiled!(avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out),
+                _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
+            },
+            (Some(_), Acts::F32(a)) => {
+                let kind = FloatKind::of(ty).ok_or(FormatError::Unsupported(ty))?;
+                let row = |i: usize| &a[i * k..(i + 1) * k];
+                if rows.len() == TILE {
+                    let ys = [row(rows[0]), row(rows[1]), row(rows[2]), row(rows[3])];
+                    let mut o = [0f32; TILE];
+                    // SAFETY: AVX2/FMA/F16C were checked at device open.
+                    unsafe { avx2::dot_float::<TILE>(kind, w, &ys, &mut o) };
+                    out.copy_from_slice(&o);
+                } else {
+                    for (t, &i) in rows.iter().enumerate() {
+                        let mut o = [0f32; 1];
+                        // SAFETY: as above.
+                        unsafe { avx2::dot_float::<1>(kind, w, &[row(i)], &mut o) };
+                        out[t] = o[0];
+                    }
+                }
+            }
+            _ => scalar_rows(ty, w, acts, k, rows, out)?,
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        scalar_rows(ty, w, acts, k, rows, out)
+    }
+}
+
+/// The scalar path: `flint_core::dot::vec_dot` for block types, a plain loop for floats.
+pub(crate) fn scalar_rows(
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize],
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    match acts {
+        Acts::F32(a) => {
+            let kind = FloatKind::of(ty).ok_or(FormatError::Unsupported(ty))?;
+            for (t, &i) in rows.iter().enumerate() {
+                let y = &a[i * k..(i + 1) * k];
+                out[t] = y.iter().enumerate().map(|(j, &v)| kind.get(w, j) * v).sum();
+            }
+        }
+        _ => {
+            let nb = k / ty.vec_dot_type().block_size();
+            for (t, &i) in rows.iter().enumerate() {
+                out[t] = crate::kernels::core_vec_dot(ty, w, acts.row_bytes(i, nb), k)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The scalar reference dot product (`flint_core::dot::vec_dot`).
+pub(crate) fn core_vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> Result<f32, FormatError> {
+    flint_core::dot::vec_dot(ty, w, a, n)
+}

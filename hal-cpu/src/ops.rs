@@ -1,0 +1,278 @@
+//! The element-wise ops, routing and paged attention (f32, plain loops that the
+//! compiler vectorises; rayon where the work is large enough).
+
+use std::any::Any;
+
+use flint_core::math;
+use flint_hal::{Gating, HalError, KvBuffer, KvLayout, PagedAttention, RoutingConfig, NO_BLOCK};
+use rayon::prelude::*;
+
+/// RMSNorm of every row of `dim` values (core reference, row by row).
+pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, out: &mut [f32]) {
+    assert!(
+        dim > 0 && x.len() == out.len() && x.len().is_multiple_of(dim),
+        "rms_norm: {} values into {} with dim {dim}",
+        x.len(),
+        out.len()
+    );
+    if let Some(w) = weight {
+        assert_eq!(w.len(), dim, "rms_norm: weight length");
+    }
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        math::rms_norm(xr, weight, eps, or);
+    }
+}
+
+/// NeoX RoPE in place on `[rows, n_heads * head_dim]` (core reference per head).
+pub(crate) fn rope(
+    x: &mut [f32],
+    positions: &[u32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    base: f32,
+) {
+    let row = n_heads * head_dim;
+    assert!(row > 0, "rope: empty rows");
+    assert_eq!(x.len(), positions.len() * row, "rope: x length");
+    for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
+        math::rope_neox_heads(xr, head_dim, pos, n_rot, base);
+    }
+}
+
+/// Top-k routing of each row of logits (core reference per row).
+pub(crate) fn route_topk(
+    logits: &[f32],
+    n_experts: usize,
+    bias: Option<&[f32]>,
+    cfg: &RoutingConfig,
+    ids: &mut [u32],
+    weights: &mut [f32],
+) -> Result<(), HalError> {
+    assert!(
+        n_experts > 0 && logits.len().is_multiple_of(n_experts),
+        "route_topk: logits length"
+    );
+    let rows = logits.len() / n_experts;
+    let k = cfg.k;
+    assert!(
+        ids.len() == rows * k && weights.len() == rows * k,
+        "route_topk: output lengths"
+    );
+    let gating = match cfg.gating {
+        Gating::Softmax => math::Gating::Softmax,
+        Gating::Sigmoid => math::Gating::Sigmoid,
+    };
+    for r in 0..rows {
+        math::route_topk(
+            &logits[r * n_experts..(r + 1) * n_experts],
+            bias,
+            k,
+            gating,
+            cfg.normalize,
+            cfg.scale,
+            &mut ids[r * k..(r + 1) * k],
+            &mut weights[r * k..(r + 1) * k],
+        )
+        .map_err(|e| HalError::invalid(format!("route_topk: {e}")))?;
+    }
+    Ok(())
+}
+
+/// One layer's KV cache in host memory: f32 keys and values per slot.
+#[derive(Debug)]
+pub struct CpuKv {
+    layout: KvLayout,
+    /// `[num_slots, n_kv_heads * head_dim_k]`.
+    pub(crate) k: Vec<f32>,
+    /// `[num_slots, n_kv_heads * head_dim_v]`.
+    pub(crate) v: Vec<f32>,
+}
+
+impl CpuKv {
+    pub(crate) fn new(layout: &KvLayout) -> Result<Self, HalError> {
+        let nk = layout
+            .num_slots()
+            .checked_mul(layout.n_kv_heads * layout.head_dim_k);
+        let nv = layout
+            .num_slots()
+            .checked_mul(layout.n_kv_heads * layout.head_dim_v);
+        let (Some(nk), Some(nv)) = (nk, nv) else {
+            return Err(HalError::out_of_memory(format!(
+                "KV layout {layout:?} overflows"
+            )));
+        };
+        let alloc = |n: usize| -> Result<Vec<f32>, HalError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                HalError::out_of_memory(format!("KV cache of {} bytes ({layout:?})", n * 4))
+            })?;
+            v.resize(n, 0.0);
+            Ok(v)
+        };
+        Ok(Self {
+            layout: *layout,
+            k: alloc(nk)?,
+            v: alloc(nv)?,
+        })
+    }
+}
+
+impl KvBuffer for CpuKv {
+    fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Writes token `i`'s keys and values to slot `slots[i]`.
+pub(crate) fn write_kv(
+    kv: &mut CpuKv,
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+) -> Result<(), HalError> {
+    let l = kv.layout;
+    let rk = l.n_kv_heads * l.head_dim_k;
+    let rv = l.n_kv_heads * l.head_dim_v;
+    assert_eq!(k.len(), slots.len() * rk, "write_kv: k length");
+    assert_eq!(v.len(), slots.len() * rv, "write_kv: v length");
+    for (i, &s) in slots.iter().enumerate() {
+        let s = s as usize;
+        if s >= l.num_slots() {
+            return Err(HalError::invalid(format!(
+                "write_kv: slot {s} outside a cache of {} slots",
+                l.num_slots()
+            )));
+        }
+        kv.k[s * rk..(s + 1) * rk].copy_from_slice(&k[i * rk..(i + 1) * rk]);
+        kv.v[s * rv..(s + 1) * rv].copy_from_slice(&v[i * rv..(i + 1) * rv]);
+    }
+    Ok(())
+}
+
+/// Paged attention, parallel over (query row, head).
+pub(crate) fn paged_attention(
+    kv: &CpuKv,
+    p: &PagedAttention<'_>,
+    out: &mut [f32],
+) -> Result<(), HalError> {
+    let l = kv.layout;
+    let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
+    let nh = p.n_heads;
+    assert!(
+        hkv > 0 && nh.is_multiple_of(hkv),
+        "paged_attention: {nh} heads over {hkv} KV heads"
+    );
+    assert_eq!(p.q.len() % (nh * dk).max(1), 0, "paged_attention: q length");
+    let n_rows = p.q.len() / (nh * dk).max(1);
+    assert_eq!(out.len(), n_rows * nh * dv, "paged_attention: out length");
+    if let Some(s) = p.sinks {
+        assert_eq!(s.len(), nh, "paged_attention: sinks length");
+    }
+    // Which sequence and position each query row belongs to.
+    let mut owner: Vec<Option<(usize, u32)>> = vec![None; n_rows];
+    for (si, s) in p.seqs.iter().enumerate() {
+        for (t, &pos) in s.positions.iter().enumerate() {
+            let r = s.q_start + t;
+            assert!(
+                r < n_rows,
+                "paged_attention: sequence {si} row {r} beyond q"
+            );
+            assert!(
+                owner[r].is_none(),
+                "paged_attention: row {r} in two sequences"
+            );
+            owner[r] = Some((si, pos));
+            // Every position the query reads must be mapped to a real block.
+            let need = pos as usize / bs;
+            if need >= s.block_table.len() {
+                return Err(HalError::invalid(format!(
+                    "paged_attention: sequence {si} position {pos} beyond its block table of {}",
+                    s.block_table.len()
+                )));
+            }
+        }
+    }
+    let group = nh / hkv;
+    let rk = hkv * dk;
+    let rv = hkv * dv;
+    let num_blocks = l.num_blocks;
+    let bad = std::sync::atomic::AtomicBool::new(false);
+    out.par_chunks_mut(dv.max(1))
+        .enumerate()
+        .for_each(|(idx, o)| {
+            let (r, h) = (idx / nh, idx % nh);
+            let Some((si, pos)) = owner[r] else {
+                o.fill(0.0);
+                return;
+            };
+            let seq = &p.seqs[si];
+            let q = &p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk];
+            let kvh = h / group;
+            let pos = pos as usize;
+            let lo = match p.window {
+                Some(w) => (pos + 1).saturating_sub(w),
+                None => 0,
+            };
+            let mut m = f32::NEG_INFINITY;
+            let mut sum = 0f32;
+            o.fill(0.0);
+            for j in lo..=pos {
+                let b = seq.block_table[j / bs];
+                if b == NO_BLOCK || b as usize >= num_blocks {
+                    // A freed block inside the visible range is a caller error; never read it.
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
+                let slot = b as usize * bs + j % bs;
+                let k = &kv.k[slot * rk + kvh * dk..slot * rk + (kvh + 1) * dk];
+                let s = p.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
+                let v = &kv.v[slot * rv + kvh * dv..slot * rv + (kvh + 1) * dv];
+                if s > m {
+                    let c = (m - s).exp();
+                    sum = sum * c + 1.0;
+                    for (oo, &vv) in o.iter_mut().zip(v) {
+                        *oo = *oo * c + vv;
+                    }
+                    m = s;
+                } else {
+                    let e = (s - m).exp();
+                    sum += e;
+                    for (oo, &vv) in o.iter_mut().zip(v) {
+                        *oo += e * vv;
+                    }
+                }
+            }
+            if let Some(sinks) = p.sinks {
+                let sk = sinks[h];
+                if sk > m {
+                    // Rescale what was accumulated to the sink as the new maximum.
+                    let c = (m - sk).exp();
+                    for oo in o.iter_mut() {
+                        *oo *= c;
+                    }
+                    sum = sum * c + 1.0;
+                } else {
+                    sum += (sk - m).exp();
+                }
+            }
+            if sum > 0.0 {
+                let inv = 1.0 / sum;
+                for oo in o.iter_mut() {
+                    *oo *= inv;
+                }
+            }
+        });
+    if bad.into_inner() {
+        return Err(HalError::invalid(
+            "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
+        ));
+    }
+    Ok(())
+}

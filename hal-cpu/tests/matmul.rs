@@ -1,0 +1,349 @@
+//! Every matmul kernel at every SIMD level this CPU has, against an f64 reference over
+//! the dequantized weight and the activations as quantized for the dot product, with
+//! awkward shapes; scalar path against SIMD paths; staging and expert matmul.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use flint_core::GgmlType;
+use flint_hal::{Device, DeviceOptions, ExpertRow, HalErrorKind, Op, WeightKind, WeightSource};
+use flint_hal_cpu::kernels::native_kernel;
+use flint_hal_cpu::{CpuDevice, SimdLevel};
+
+const SIMD_TYPES: [GgmlType; 9] = [
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_0,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// The SIMD levels this CPU has (AVX2 and up).
+fn simd_levels() -> Vec<SimdLevel> {
+    [SimdLevel::Avx2, SimdLevel::Avx512]
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect()
+}
+
+fn device(level: SimdLevel, threads: usize) -> CpuDevice {
+    let opts = DeviceOptions {
+        threads: Some(threads),
+        keep_quant: true,
+    };
+    CpuDevice::with_level(&opts, level).expect("open cpu device")
+}
+
+fn run(
+    dev: &CpuDevice,
+    ty: GgmlType,
+    w: &[u8],
+    k: usize,
+    n: usize,
+    x: &[f32],
+    m: usize,
+) -> Vec<f32> {
+    let h = dev
+        .stage(&desc("w", ty, &[k, n], w.to_vec()))
+        .expect("stage");
+    let mut out = vec![f32::NAN; m * n];
+    dev.matmul(&*h, x, m, &mut out).expect("matmul");
+    out
+}
+
+#[test]
+fn simd_kernels_match_reference_on_awkward_shapes() {
+    let levels = simd_levels();
+    if levels.is_empty() {
+        eprintln!("no AVX2 on this CPU: SIMD kernels not exercised");
+        return;
+    }
+    let mut rng = Rng(1);
+    for ty in SIMD_TYPES {
+        // Shapes: rows not a multiple of the tiles, M around the activation tile of 4.
+        for &(k, n, ms) in &[
+            (256usize, 7usize, &[1usize, 3, 5, 17][..]),
+            (4096, 5, &[1, 4, 5][..]),
+        ] {
+            let w = random_weight(&mut rng, ty, k, n);
+            for &m in ms {
+                let x = rng.vec(m * k);
+                let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
+                for &level in &levels {
+                    let got = run(&device(level, 2), ty, &w, k, n, &x, m);
+                    assert_close(
+                        &format!("{ty} {level} k={k} n={n} m={m}"),
+                        &got,
+                        &want,
+                        &mag,
+                        2e-5,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_main_type_has_a_native_kernel() {
+    for ty in SIMD_TYPES {
+        if SimdLevel::detect() >= SimdLevel::Avx2 {
+            assert!(native_kernel(SimdLevel::Avx2, ty).is_some(), "{ty}");
+        }
+        assert!(native_kernel(SimdLevel::Scalar, ty).is_none());
+    }
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        assert_eq!(
+            native_kernel(SimdLevel::Avx512, ty),
+            Some(SimdLevel::Avx512)
+        );
+    }
+}
+
+#[test]
+fn scalar_path_matches_simd_path() {
+    let scalar = device(SimdLevel::Scalar, 2);
+    let mut rng = Rng(2);
+    for ty in SIMD_TYPES {
+        if !scalar.supports(Op::Matmul, Some(ty)) {
+            // Block types need flint_core::dot (the scalar reference).
+            eprintln!("scalar reference does not compute {ty} yet: skipped");
+            continue;
+        }
+        for &(k, n, m) in &[
+            (512usize, 9usize, 5usize),
+            (256, 5, 17),
+            (4096, 3, 3),
+            (256, 4, 1),
+        ] {
+            let w = random_weight(&mut rng, ty, k, n);
+            let x = rng.vec(m * k);
+            let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
+            let s = run(&scalar, ty, &w, k, n, &x, m);
+            assert_close(&format!("{ty} scalar"), &s, &want, &mag, 2e-5);
+            for level in simd_levels() {
+                let v = run(&device(level, 2), ty, &w, k, n, &x, m);
+                assert_close(
+                    &format!("{ty} scalar vs {level} k={k} m={m}"),
+                    &v,
+                    &s,
+                    &mag,
+                    2e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fallback_types_use_the_scalar_reference() {
+    // Types without a SIMD kernel go through flint_core::dot::vec_dot at every level.
+    let mut rng = Rng(8);
+    let (k, n, m) = (256, 3, 5);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+    ] {
+        let w = random_weight(&mut rng, ty, k, n);
+        let x = rng.vec(m * k);
+        let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
+        for level in [SimdLevel::Scalar, SimdLevel::detect()] {
+            let dev = device(level, 2);
+            assert!(dev.supports(Op::Matmul, Some(ty)), "{ty}");
+            let got = run(&dev, ty, &w, k, n, &x, m);
+            assert_close(&format!("{ty} {level}"), &got, &want, &mag, 2e-5);
+        }
+    }
+}
+
+#[test]
+fn one_thread_and_many_rows_agree_with_reference() {
+    // Enough output rows that the row chunks split across tasks.
+    let mut rng = Rng(3);
+    let (k, n, m) = (256, 301, 6);
+    let ty = GgmlType::Q4_K;
+    let w = random_weight(&mut rng, ty, k, n);
+    let x = rng.vec(m * k);
+    let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
+    for threads in [1, 3] {
+        let got = run(&device(SimdLevel::detect(), threads), ty, &w, k, n, &x, m);
+        assert_close(&format!("{threads} threads"), &got, &want, &mag, 2e-5);
+    }
+}
+
+#[test]
+fn unaligned_source_bytes_take_the_copy_path() {
+    let mut rng = Rng(4);
+    let (k, n, m) = (256, 4, 2);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F32] {
+        let w = random_weight(&mut rng, ty, k, n);
+        let mut shifted = vec![0u8; 1];
+        shifted.extend_from_slice(&w);
+        let len = shifted.len();
+        let src = WeightSource::new(Arc::new(shifted), 1..len).expect("range");
+        let d = flint_hal::WeightDesc {
+            name: "odd".into(),
+            ty,
+            dims: vec![k, n],
+            kind: WeightKind::Matrix,
+            data: src,
+        };
+        let x = rng.vec(m * k);
+        let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
+        let dev = device(SimdLevel::detect(), 2);
+        let h = dev.stage(&d).expect("stage");
+        let mut out = vec![0f32; m * n];
+        dev.matmul(&*h, &x, m, &mut out).expect("matmul");
+        assert_close(&format!("{ty} unaligned"), &out, &want, &mag, 2e-5);
+    }
+}
+
+#[test]
+fn staging_keeps_the_bytes_and_reports_them() {
+    let dev = device(SimdLevel::detect(), 1);
+    let mut rng = Rng(5);
+    let w = random_weight(&mut rng, GgmlType::Q6_K, 512, 3);
+    let len = w.len() as u64;
+    let h = dev
+        .stage(&desc("blk.0.ffn_down.weight", GgmlType::Q6_K, &[512, 3], w))
+        .expect("stage");
+    let info = h.info();
+    assert!(info.kept_quant);
+    assert_eq!(info.resident_bytes, len);
+    assert_eq!(info.streamed_bytes, 0);
+    assert_eq!(info.staged_ty, GgmlType::Q6_K);
+    // Wrong length: InvalidInput naming the tensor.
+    let e = dev
+        .stage(&desc("short", GgmlType::Q4_K, &[256, 2], vec![0; 100]))
+        .expect_err("bad length");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput);
+    assert!(e.message.contains("short"), "{e}");
+    // A type the backend cannot compute: Unsupported naming tensor and type.
+    let e = dev
+        .stage(&desc("ints", GgmlType::I32, &[4, 2], vec![0; 32]))
+        .expect_err("I32 matrix");
+    assert_eq!(e.kind, HalErrorKind::Unsupported);
+    assert!(
+        e.message.contains("ints") && e.message.contains("I32"),
+        "{e}"
+    );
+    assert!(!dev.supports(Op::Matmul, Some(GgmlType::I32)));
+    assert!(dev.supports(Op::Matmul, Some(GgmlType::Q4_K)));
+    assert!(dev.supports(Op::Matmul, Some(GgmlType::F32)));
+    assert!(dev.supports(Op::PagedAttention, None));
+}
+
+#[test]
+fn expert_matmul_matches_per_expert_matmul() {
+    let mut rng = Rng(6);
+    let (k, n, e) = (256, 6, 4);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+        let w = random_weight(&mut rng, ty, k, n * e);
+        let dev = device(SimdLevel::detect(), 2);
+        let tower = dev
+            .stage(&desc("exps", ty, &[k, n, e], w.clone()))
+            .expect("stage tower");
+        let x = rng.vec(3 * k);
+        // Unordered, repeated experts, expert 2 unused.
+        let rows: Vec<ExpertRow> = [(0, 3), (1, 0), (2, 3), (0, 1), (2, 0), (1, 3)]
+            .iter()
+            .map(|&(i, ex)| ExpertRow {
+                input_row: i,
+                expert: ex,
+            })
+            .collect();
+        let mut out = vec![f32::NAN; rows.len() * n];
+        dev.expert_matmul(&*tower, &x, &rows, &mut out)
+            .expect("expert_matmul");
+        let rb = ty.row_bytes(k).expect("row bytes") * n;
+        for (t, r) in rows.iter().enumerate() {
+            let ex = r.expert as usize;
+            let wi = &w[ex * rb..(ex + 1) * rb];
+            let xi = &x[r.input_row as usize * k..(r.input_row as usize + 1) * k];
+            let (want, mag) = reference_matmul(ty, wi, k, n, xi, 1);
+            assert_close(
+                &format!("{ty} row {t}"),
+                &out[t * n..(t + 1) * n],
+                &want,
+                &mag,
+                2e-5,
+            );
+        }
+        let bad = [ExpertRow {
+            input_row: 0,
+            expert: 4,
+        }];
+        let mut o = vec![0f32; n];
+        let err = dev
+            .expert_matmul(&*tower, &x, &bad, &mut o)
+            .expect_err("expert 4 of 4");
+        assert_eq!(err.kind, HalErrorKind::InvalidInput);
+    }
+}
+
+#[test]
+fn get_rows_dequantizes_embedding_rows() {
+    let mut rng = Rng(7);
+    let (d, v) = (256, 10);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+    ] {
+        let w = random_weight(&mut rng, ty, d, v);
+        let full = flint_core::dequant::dequantize_to_vec(ty, &w).expect("dequantize");
+        let dev = device(SimdLevel::detect(), 1);
+        let mut de = desc("token_embd.weight", ty, &[d, v], w);
+        de.kind = WeightKind::Embedding;
+        let h = dev.stage(&de).expect("stage");
+        let ids = [9u32, 0, 3, 3];
+        let mut out = vec![0f32; ids.len() * d];
+        dev.get_rows(&*h, &ids, &mut out).expect("get_rows");
+        for (t, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                &out[t * d..(t + 1) * d],
+                &full[id as usize * d..(id as usize + 1) * d],
+                "{ty}"
+            );
+        }
+        let e = dev
+            .get_rows(&*h, &[10], &mut out[..d])
+            .expect_err("id 10 of 10");
+        assert_eq!(e.kind, HalErrorKind::InvalidInput);
+    }
+}
+
+#[test]
+fn simd_level_env_names_parse() {
+    assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
+    assert_eq!(SimdLevel::from_name("scalar"), Some(SimdLevel::Scalar));
+    assert_eq!(SimdLevel::from_name("neon"), None);
+    assert!(SimdLevel::Scalar.check().is_ok());
+}
+
+#[test]
+fn registry_entry_opens_cpu() {
+    let entries = flint_hal_cpu::backends();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].name, "cpu");
+    assert!((entries[0].probe)().is_ok());
+    let dev = (entries[0].open)(&DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    })
+    .expect("open");
+    assert_eq!(dev.name(), "cpu");
+    assert!(dev.description().contains("2 threads"));
+}
