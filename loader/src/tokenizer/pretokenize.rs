@@ -1,0 +1,512 @@
+//! Pre-tokenizers of byte-level BPE: split text into words before merging.
+//!
+//! llama.cpp does not run the Hugging Face regexes with a regex engine for the common
+//! presets; it walks code points by hand with its own Unicode class table, and its
+//! behaviour (not the regex's) is what token ids are checked against. The splitters here
+//! follow that behaviour: segment boundaries act as end of text for lookahead, a lone
+//! trailing space becomes its own word, and so on.
+
+use super::unicode_table::RANGES;
+
+/// Unicode class bits (as in llama.cpp's code-point flags).
+pub(crate) mod flag {
+    pub const UNDEFINED: u8 = 0x01;
+    pub const NUMBER: u8 = 0x02;
+    pub const LETTER: u8 = 0x04;
+    pub const PUNCTUATION: u8 = 0x20;
+}
+
+/// Class of one code point plus whether it is white space; `None` means "outside the
+/// segment" (the flags llama.cpp reads as all-zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Flags {
+    class: u8,
+    space: bool,
+}
+
+impl Flags {
+    pub(crate) fn of(c: char) -> Self {
+        let cp = c as u32;
+        let i = RANGES.partition_point(|&(start, _)| start <= cp);
+        let class = if i == 0 {
+            flag::UNDEFINED
+        } else {
+            RANGES[i - 1].1
+        };
+        Self {
+            class,
+            space: is_space(cp),
+        }
+    }
+    fn letter(self) -> bool {
+        self.class & flag::LETTER != 0
+    }
+    fn number(self) -> bool {
+        self.class & flag::NUMBER != 0
+    }
+    fn punct(self) -> bool {
+        self.class & flag::PUNCTUATION != 0
+    }
+    fn any(self) -> bool {
+        self.class != 0 || self.space
+    }
+}
+
+/// White space as llama.cpp's table lists it (Unicode `White_Space`).
+fn is_space(cp: u32) -> bool {
+    matches!(
+        cp,
+        0x09..=0x0D
+            | 0x20
+            | 0x85
+            | 0xA0
+            | 0x1680
+            | 0x2000..=0x200A
+            | 0x2028
+            | 0x2029
+            | 0x202F
+            | 0x205F
+            | 0x3000
+    )
+}
+
+/// The pre-tokenizer presets this crate implements (values of `tokenizer.ggml.pre`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// `default` (or absent): llama.cpp's fallback, four passes (punctuation runs,
+    /// GPT-2 words, number runs, digit triples).
+    Default,
+    /// `gpt-2` (and `gpt2`, `mpt`, `olmo`, `phi-2`, ...): the GPT-2 word regex.
+    Gpt2,
+    /// `llama3`, `llama-bpe`, `llama-v3`, `dbrx`, `smaug-bpe`: the Llama 3 regex
+    /// (numbers in groups of up to three digits).
+    Llama3,
+    /// `qwen2`, `stablelm2`, `deepseek-r1-qwen`: the Llama 3 regex with single digits.
+    Qwen2,
+}
+
+impl PreTokenizer {
+    /// The preset for a `tokenizer.ggml.pre` value, `None` when unsupported.
+    pub fn from_name(name: Option<&str>) -> Option<Self> {
+        Some(match name.unwrap_or("default") {
+            "" | "default" => Self::Default,
+            "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" | "jina-es" | "jina-de" | "gigachat"
+            | "jina-v2-es" | "jina-v2-de" | "roberta-bpe" | "jina-v1-en" | "jina-v2-code" => {
+                Self::Gpt2
+            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe" => {
+                Self::Llama3
+            }
+            "qwen2" | "deepseek-r1-qwen" | "stablelm2" => Self::Qwen2,
+            _ => return None,
+        })
+    }
+
+    /// The name written to `tokenizer.ggml.pre` for this preset.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Gpt2 => "gpt-2",
+            Self::Llama3 => "llama-bpe",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    /// Whether words that are whole tokens skip the merges (llama.cpp's `ignore_merges`).
+    pub(crate) fn ignore_merges(self) -> bool {
+        matches!(self, Self::Llama3)
+    }
+
+    /// Whether detokenization tidies spaces before punctuation (`clean_spaces`).
+    pub(crate) fn clean_spaces(self) -> bool {
+        !matches!(self, Self::Qwen2)
+    }
+
+    /// Splits `text` into words (as `&str` slices of it).
+    pub fn split(self, text: &str) -> Vec<&str> {
+        let chars: Vec<(usize, char)> = text.char_indices().collect();
+        let cps: Vec<char> = chars.iter().map(|&(_, c)| c).collect();
+        let flags: Vec<Flags> = cps.iter().map(|&c| Flags::of(c)).collect();
+        let mut segs = vec![cps.len()];
+        match self {
+            Self::Gpt2 => segs = split_gpt2(&cps, &flags, &segs),
+            Self::Llama3 => segs = split_llama3(&cps, &flags, &segs, 3),
+            Self::Qwen2 => segs = split_llama3(&cps, &flags, &segs, 1),
+            Self::Default => {
+                segs = split_runs(&segs, |i| default_punct(cps[i], flags[i]));
+                segs = split_gpt2(&cps, &flags, &segs);
+                segs = split_runs(&segs, |i| default_number(cps[i], flags[i]));
+                segs = split_digit_triples(&cps, &segs);
+            }
+        }
+        let mut out = Vec::with_capacity(segs.len());
+        let mut start = 0usize;
+        for len in segs {
+            let b0 = chars.get(start).map_or(text.len(), |c| c.0);
+            let b1 = chars.get(start + len).map_or(text.len(), |c| c.0);
+            out.push(&text[b0..b1]);
+            start += len;
+        }
+        out
+    }
+}
+
+/// `[\p{P}\$\+<=>\^~\|]` as llama.cpp's collapsed-text regex sees it: the ASCII set it
+/// lists for `\p{P}` plus the symbols named, and any non-ASCII punctuation that is not
+/// white space.
+fn default_punct(c: char, f: Flags) -> bool {
+    if c.is_ascii() {
+        matches!(
+            c,
+            '!' | '"'
+                | '#'
+                | '%'..='*'
+                | ','..='/'
+                | ':'
+                | ';'
+                | '?'
+                | '@'
+                | '['..=']'
+                | '_'
+                | '{'
+                | '}'
+                | '$'
+                | '+'
+                | '<'
+                | '='
+                | '>'
+                | '^'
+                | '~'
+                | '|'
+        )
+    } else {
+        !f.space && f.punct() && !f.letter() && !f.number()
+    }
+}
+
+/// `\p{N}` on the collapsed text: ASCII digits and non-ASCII numbers.
+fn default_number(c: char, f: Flags) -> bool {
+    if c.is_ascii() {
+        c.is_ascii_digit()
+    } else {
+        !f.space && f.number()
+    }
+}
+
+/// Within each segment, every maximal run of code points matching `pred` becomes a word
+/// and so does each gap between runs (regex split keeping both matches and gaps).
+fn split_runs(segs: &[usize], pred: impl Fn(usize) -> bool) -> Vec<usize> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut start = 0;
+    for &len in segs {
+        let end = start + len;
+        let mut gap_start = start;
+        let mut i = start;
+        while i < end {
+            if pred(i) {
+                let m0 = i;
+                while i < end && pred(i) {
+                    i += 1;
+                }
+                if m0 > gap_start {
+                    out.push(m0 - gap_start);
+                }
+                out.push(i - m0);
+                gap_start = i;
+            } else {
+                i += 1;
+            }
+        }
+        if end > gap_start {
+            out.push(end - gap_start);
+        }
+        start = end;
+    }
+    out
+}
+
+/// `[0-9][0-9][0-9]`: leftmost non-overlapping ASCII digit triples, gaps kept.
+fn split_digit_triples(cps: &[char], segs: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut start = 0;
+    for &len in segs {
+        let end = start + len;
+        let mut gap_start = start;
+        let mut i = start;
+        while i + 3 <= end {
+            if cps[i..i + 3].iter().all(|c| c.is_ascii_digit()) {
+                if i > gap_start {
+                    out.push(i - gap_start);
+                }
+                out.push(3);
+                i += 3;
+                gap_start = i;
+            } else {
+                i += 1;
+            }
+        }
+        if end > gap_start {
+            out.push(end - gap_start);
+        }
+        start = end;
+    }
+    out
+}
+
+/// A cursor over one segment: positions outside it read as "no character".
+struct Seg<'a> {
+    cps: &'a [char],
+    flags: &'a [Flags],
+    ini: usize,
+    end: usize,
+    prev_end: usize,
+    out: Vec<usize>,
+}
+
+impl Seg<'_> {
+    fn cpt(&self, pos: usize) -> Option<char> {
+        (self.ini <= pos && pos < self.end).then(|| self.cps[pos])
+    }
+    fn flags(&self, pos: usize) -> Flags {
+        if self.ini <= pos && pos < self.end {
+            self.flags[pos]
+        } else {
+            Flags::default()
+        }
+    }
+    /// Ends the current word at `end`; returns its length.
+    fn add(&mut self, end: usize) -> usize {
+        let len = end - self.prev_end;
+        if len > 0 {
+            self.out.push(len);
+        }
+        self.prev_end = end;
+        len
+    }
+}
+
+/// Length of a contraction (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`) at `pos`, or 0.
+fn contraction(s: &Seg<'_>, pos: usize, fold_case: bool) -> usize {
+    if s.cpt(pos) != Some('\'') || pos + 1 >= s.end {
+        return 0;
+    }
+    let low = |p: usize| {
+        s.cpt(p)
+            .map(|c| if fold_case { c.to_ascii_lowercase() } else { c })
+    };
+    let n1 = low(pos + 1);
+    if matches!(n1, Some('s' | 't' | 'm' | 'd')) {
+        return 2;
+    }
+    if pos + 2 < s.end {
+        let n2 = low(pos + 2);
+        if matches!(
+            (n1, n2),
+            (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))
+        ) {
+            return 3;
+        }
+    }
+    0
+}
+
+/// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+fn split_gpt2(cps: &[char], flags: &[Flags], segs: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut start = 0;
+    for &len in segs {
+        let mut s = Seg {
+            cps,
+            flags,
+            ini: start,
+            end: start + len,
+            prev_end: start,
+            out: std::mem::take(&mut out),
+        };
+        let mut pos = s.ini;
+        while pos < s.end {
+            let cpt = s.cpt(pos);
+            let fl = s.flags(pos);
+            let c = contraction(&s, pos, false);
+            if c > 0 {
+                pos += s.add(pos + c);
+                continue;
+            }
+            let lead_space = cpt == Some(' ');
+            let mut f2 = if lead_space { s.flags(pos + 1) } else { fl };
+            if f2.letter() {
+                pos += usize::from(lead_space);
+                while f2.letter() {
+                    pos += 1;
+                    f2 = s.flags(pos);
+                }
+                s.add(pos);
+                continue;
+            }
+            if f2.number() {
+                pos += usize::from(lead_space);
+                while f2.number() {
+                    pos += 1;
+                    f2 = s.flags(pos);
+                }
+                s.add(pos);
+                continue;
+            }
+            if !(f2.space || f2.letter() || f2.number()) && f2.any() {
+                pos += usize::from(lead_space);
+                while !(f2.space || f2.letter() || f2.number()) && f2.any() {
+                    pos += 1;
+                    f2 = s.flags(pos);
+                }
+                s.add(pos);
+                continue;
+            }
+            let mut n_ws = 0;
+            while s.flags(pos + n_ws).space {
+                n_ws += 1;
+            }
+            if n_ws > 1 && s.cpt(pos + n_ws).is_some() {
+                pos += n_ws - 1;
+                s.add(pos);
+                continue;
+            }
+            if n_ws > 0 {
+                pos += n_ws;
+                s.add(pos);
+                continue;
+            }
+            pos += 1;
+            s.add(pos);
+        }
+        out = s.out;
+        start += len;
+    }
+    out
+}
+
+/// Llama 3 (`max_digits` 3) and Qwen 2 (`max_digits` 1):
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}|
+/// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+fn split_llama3(cps: &[char], flags: &[Flags], segs: &[usize], max_digits: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut start = 0;
+    for &len in segs {
+        let mut s = Seg {
+            cps,
+            flags,
+            ini: start,
+            end: start + len,
+            prev_end: start,
+            out: std::mem::take(&mut out),
+        };
+        let mut pos = s.ini;
+        while pos < s.end {
+            let cpt = s.cpt(pos);
+            let fl = s.flags(pos);
+            let c = contraction(&s, pos, true);
+            if c > 0 {
+                pos += s.add(pos + c);
+                continue;
+            }
+            let is_crlf = |c: Option<char>| matches!(c, Some('\r' | '\n'));
+            if !(is_crlf(cpt) || fl.number()) && (fl.letter() || s.flags(pos + 1).letter()) {
+                pos += 1;
+                while s.flags(pos).letter() {
+                    pos += 1;
+                }
+                s.add(pos);
+                continue;
+            }
+            if fl.number() {
+                let mut ini = pos;
+                while s.flags(pos).number() {
+                    pos += 1;
+                    if pos - ini >= max_digits {
+                        s.add(pos);
+                        ini = pos;
+                    }
+                }
+                s.add(pos);
+                continue;
+            }
+            let lead_space = cpt == Some(' ');
+            let mut f2 = if lead_space { s.flags(pos + 1) } else { fl };
+            if !(f2.space || f2.letter() || f2.number()) && fl.any() {
+                pos += usize::from(lead_space);
+                while !(f2.space || f2.letter() || f2.number()) && f2.any() {
+                    pos += 1;
+                    f2 = s.flags(pos);
+                }
+                while is_crlf(s.cpt(pos)) {
+                    pos += 1;
+                }
+                s.add(pos);
+                continue;
+            }
+            let mut n_ws = 0;
+            let mut last_crlf_end = 0;
+            while s.flags(pos + n_ws).space {
+                if is_crlf(s.cpt(pos + n_ws)) {
+                    last_crlf_end = pos + n_ws + 1;
+                }
+                n_ws += 1;
+            }
+            if last_crlf_end > 0 {
+                pos = last_crlf_end;
+                s.add(pos);
+                continue;
+            }
+            if n_ws > 1 && s.cpt(pos + n_ws).is_some() {
+                pos += n_ws - 1;
+                s.add(pos);
+                continue;
+            }
+            if n_ws > 0 {
+                pos += n_ws;
+                s.add(pos);
+                continue;
+            }
+            pos += 1;
+            s.add(pos);
+        }
+        out = s.out;
+        start += len;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_words() {
+        let w = PreTokenizer::Gpt2.split("Hello world's  end 123!!\n");
+        assert_eq!(
+            w,
+            ["Hello", " world", "'s", " ", " end", " 123", "!!", "\n"]
+        );
+    }
+
+    #[test]
+    fn llama3_digits_and_newlines() {
+        let w = PreTokenizer::Llama3.split("x 12345\n\n  y");
+        assert_eq!(w, ["x", " ", "123", "45", "\n\n", " ", " y"]);
+        let w = PreTokenizer::Qwen2.split("ab12");
+        assert_eq!(w, ["ab", "1", "2"]);
+    }
+
+    #[test]
+    fn default_passes() {
+        let w = PreTokenizer::Default.split("a,b 1234");
+        assert_eq!(w, ["a", ",", "b", " ", "123", "4"]);
+    }
+
+    #[test]
+    fn classes() {
+        assert!(Flags::of('é').letter());
+        assert!(Flags::of('٣').number());
+        assert!(Flags::of('\u{3000}').space);
+        assert!(Flags::of('。').punct());
+    }
+}
