@@ -154,3 +154,37 @@ fn long_arrays_are_summarised() {
     let s = f.get("s").expect("s").summary(2).to_string();
     assert_eq!(s, "[\"a\", \"a\", ... (100 total)]");
 }
+
+/// The committed corpus `tests/data/bad/` (used by the CLI tests and as fuzz seeds) is
+/// exactly what [`bad_files`] generates; `FLINT_REGEN_BAD_GGUF=1` rewrites it.
+#[test]
+fn bad_corpus_on_disk_matches_generator() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/bad");
+    let regen = std::env::var("FLINT_REGEN_BAD_GGUF").is_ok_and(|v| v == "1");
+    let mut manifest = String::from("# file\tfragment the error message must contain\n");
+    if regen {
+        std::fs::create_dir_all(&dir).expect("create corpus dir");
+    }
+    for (name, bytes, fragment) in bad_files() {
+        manifest.push_str(&format!("{name}\t{fragment}\n"));
+        let path = dir.join(name);
+        if regen {
+            std::fs::write(&path, &bytes).expect("write corpus file");
+        } else {
+            let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!("{}: {e} (run with FLINT_REGEN_BAD_GGUF=1)", path.display())
+            });
+            assert_eq!(
+                on_disk, bytes,
+                "{name} is stale (run with FLINT_REGEN_BAD_GGUF=1)"
+            );
+        }
+    }
+    let mpath = dir.join("MANIFEST.tsv");
+    if regen {
+        std::fs::write(&mpath, &manifest).expect("write manifest");
+    } else {
+        let on_disk = std::fs::read_to_string(&mpath).expect("MANIFEST.tsv");
+        assert_eq!(on_disk, manifest, "MANIFEST.tsv is stale");
+    }
+}
