@@ -10,34 +10,7 @@ pub const RESERVE_DIVISOR: u64 = 16;
 /// Encodings the host can expand to BF16: the float types and every block encoding that
 /// `flint_core::dequant` decodes.
 pub fn expandable(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ2_XXS
-            | IQ2_XS
-            | IQ2_S
-            | IQ3_XXS
-            | IQ3_S
-            | IQ1_S
-            | IQ1_M
-            | IQ4_NL
-            | IQ4_XS
-            | TQ1_0
-            | TQ2_0
-            | MXFP4
-    )
+    GgmlType::DEQUANTIZABLE.contains(&ty)
 }
 
 /// How one weight is staged.

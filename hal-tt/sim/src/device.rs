@@ -400,13 +400,8 @@ impl State {
             }
             let xs = self.floats(x, m * in_f, "matmul input")?;
             let wt = self.weight(w)?;
-            let mut row = vec![0.0f32; in_f];
-            for o in 0..out_f {
-                wt.row(o, &mut row)?;
-                for i in 0..m {
-                    ob.data[i * out_f + o] = kernels::dot(&row, &xs[i * in_f..(i + 1) * in_f]);
-                }
-            }
+            let rows: Vec<usize> = (0..m).collect();
+            gemm(wt, xs, &rows, &mut ob.data[..m * out_f])?;
             Ok((
                 wt.is_block(),
                 if wt.streamed() {
@@ -440,10 +435,10 @@ impl State {
         };
         for &e in experts {
             let w = self.weight(e)?;
-            if (w.in_f, w.out_f) != (in_f, out_f) {
+            if (w.in_f, w.out_f, w.is_block()) != (in_f, out_f, block) {
                 return invalid(format!(
-                    "expert weights differ in shape: [{}, {}] vs [{in_f}, {out_f}]",
-                    w.in_f, w.out_f
+                    "expert weights differ: {} [{}, {}] vs [{in_f}, {out_f}]",
+                    w.ty, w.in_f, w.out_f
                 ));
             }
         }
@@ -462,26 +457,25 @@ impl State {
             }
             let xs = self.floats(x, x_rows * in_f, "expert matmul input")?;
             let mut streamed = 0u64;
-            let mut row = vec![0.0f32; in_f];
             // Group by expert so each expert's blocks are read once for all its rows.
-            for (e, &h) in experts.iter().enumerate() {
-                let mine: Vec<usize> = (0..rows.len())
-                    .filter(|&i| rows[i].1 as usize == e)
-                    .collect();
+            let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); experts.len()];
+            for (i, &(_, e)) in rows.iter().enumerate() {
+                by_expert[e as usize].push(i);
+            }
+            for (e, mine) in by_expert.iter().enumerate() {
                 if mine.is_empty() {
                     continue;
                 }
-                let w = self.weight(h)?;
+                let w = self.weight(experts[e])?;
                 if w.streamed() {
                     streamed += w.bytes().len() as u64;
                 }
-                for o in 0..out_f {
-                    w.row(o, &mut row)?;
-                    for &i in &mine {
-                        let ir = rows[i].0 as usize;
-                        ob.data[i * out_f + o] =
-                            kernels::dot(&row, &xs[ir * in_f..(ir + 1) * in_f]);
-                    }
+                let act_rows: Vec<usize> = mine.iter().map(|&i| rows[i].0 as usize).collect();
+                let mut tmp = vec![0.0f32; mine.len() * out_f];
+                gemm(w, xs, &act_rows, &mut tmp)?;
+                for (j, &i) in mine.iter().enumerate() {
+                    ob.data[i * out_f..(i + 1) * out_f]
+                        .copy_from_slice(&tmp[j * out_f..(j + 1) * out_f]);
                 }
             }
             Ok(streamed)
@@ -850,6 +844,78 @@ impl State {
             },
         )
     }
+}
+
+/// Worker threads for one matmul: the machine's parallelism (at most 16), or one when
+/// the work is small.
+fn threads(work: usize) -> usize {
+    if work < 1 << 20 {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16)
+}
+
+/// `out[j][o] = W[o] . x[rows[j]]` for every output row `o` of `w`, with the activation
+/// rows encoded once as the core pairs them with `w`'s encoding and each dot product
+/// from the core `vec_dot` reference. Output rows of `w` are split across threads.
+fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(), SimError> {
+    let (in_f, out_f) = (w.in_f, w.out_f);
+    let runtime = |m: String| SimError {
+        code: ERR_RUNTIME,
+        message: m,
+    };
+    let mut sel = Vec::with_capacity(rows.len() * in_f);
+    for &r in rows {
+        sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
+    }
+    let acts = kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?;
+    let arb = acts.len().checked_div(rows.len()).unwrap_or(0);
+    let (bytes, ty, row_bytes) = (w.bytes(), w.ty, w.row_bytes);
+    let n_thr = threads(rows.len() * in_f * out_f).min(out_f.max(1));
+    let chunk = out_f.div_ceil(n_thr.max(1)).max(1);
+    let work = |o0: usize, o1: usize| -> Result<Vec<f32>, String> {
+        let mut part = vec![0.0f32; rows.len() * (o1 - o0)];
+        let wid = o1 - o0;
+        for o in o0..o1 {
+            let wr = &bytes[o * row_bytes..(o + 1) * row_bytes];
+            for j in 0..rows.len() {
+                part[j * wid + (o - o0)] =
+                    kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?;
+            }
+        }
+        Ok(part)
+    };
+    let parts: Vec<(usize, usize, Result<Vec<f32>, String>)> = if n_thr <= 1 {
+        vec![(0, out_f, work(0, out_f))]
+    } else {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..out_f)
+                .step_by(chunk)
+                .map(|o0| {
+                    let o1 = (o0 + chunk).min(out_f);
+                    (o0, o1, s.spawn(move || work(o0, o1)))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|(o0, o1, h)| {
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|_| Err("a matmul worker panicked".to_string()));
+                    (o0, o1, r)
+                })
+                .collect()
+        })
+    };
+    for (o0, o1, part) in parts {
+        let part = part.map_err(runtime)?;
+        let wid = o1 - o0;
+        for j in 0..rows.len() {
+            out[j * out_f + o0..j * out_f + o1].copy_from_slice(&part[j * wid..(j + 1) * wid]);
+        }
+    }
+    Ok(())
 }
 
 fn check_rows(n: usize, dim: usize, what: &str) -> Result<(), SimError> {

@@ -11,9 +11,44 @@ pub fn dequant_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), St
         .map_err(|e| format!("cannot decode a {ty} row of {} values: {e}", out.len()))
 }
 
-/// `sum_k a[k] * b[k]` in f32, in index order.
+/// `sum_k a[k] * b[k]`: the core f32 reference (products in f32, sum in f64).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    flint_core::dot::vec_dot_f32(a, b)
+}
+
+/// The activation encoding a weight of `ty` is paired with, as ggml pairs them: Q8_K
+/// for the K-quants and IQ types, Q8_0/Q8_1 for the legacy types, f32 for BF16.
+pub fn act_type(ty: GgmlType) -> GgmlType {
+    if ty.is_quantized() {
+        ty.vec_dot_type()
+    } else {
+        GgmlType::F32
+    }
+}
+
+/// Activation rows of `in_f` values encoded for weights of `ty` (core quantizers),
+/// `rows * row_bytes(act_type(ty), in_f)` bytes.
+pub fn encode_acts(ty: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<u8>, String> {
+    let at = act_type(ty);
+    if at == GgmlType::F32 {
+        return Ok(bytemuck::cast_slice(x).to_vec());
+    }
+    let rb = at
+        .row_bytes(in_f)
+        .ok_or_else(|| format!("{in_f} values are not whole {at} blocks"))?;
+    let rows = x.len().checked_div(in_f).unwrap_or(0);
+    let mut out = vec![0u8; rows * rb];
+    for (xr, or) in x.chunks_exact(in_f).zip(out.chunks_exact_mut(rb)) {
+        flint_core::quantize(at, xr, or)
+            .map_err(|e| format!("quantizing activations to {at}: {e}"))?;
+    }
+    Ok(out)
+}
+
+/// One weight row of `ty` against one encoded activation row of `n` values: the core
+/// `vec_dot` reference.
+pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
+    flint_core::vec_dot(ty, w_row, act_row, n).map_err(|e| format!("{ty} dot product: {e}"))
 }
 
 /// RMSNorm of each row of `dim` (core reference).

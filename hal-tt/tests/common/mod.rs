@@ -124,3 +124,29 @@ pub fn bf16_round(v: &[f32]) -> Vec<f32> {
         .map(|&x| half::bf16::from_f32(x).to_f32())
         .collect()
 }
+
+/// The core oracle for a matmul on block weights: each row through
+/// `flint_core::dot_row_f32` (activations quantized as ggml pairs them).
+pub fn matmul_core(ty: GgmlType, bytes: &[u8], in_f: usize, x: &[f32]) -> Vec<f32> {
+    let rb = ty.row_bytes(in_f).expect("whole blocks");
+    let out_f = bytes.len() / rb;
+    let m = x.len() / in_f;
+    let mut out = vec![0.0; m * out_f];
+    for i in 0..m {
+        for o in 0..out_f {
+            out[i * out_f + o] = flint_core::dot_row_f32(
+                ty,
+                &bytes[o * rb..(o + 1) * rb],
+                &x[i * in_f..(i + 1) * in_f],
+            )
+            .expect("core dot");
+        }
+    }
+    out
+}
+
+/// Expert `e`'s bytes of a tower `[in_f, out_f, E]` of `ty`.
+pub fn expert_bytes(ty: GgmlType, bytes: &[u8], in_f: usize, out_f: usize, e: usize) -> &[u8] {
+    let per = ty.row_bytes(in_f).expect("whole blocks") * out_f;
+    &bytes[e * per..(e + 1) * per]
+}
