@@ -429,3 +429,208 @@ fn errors() {
         Ok(2.5)
     );
 }
+
+/// The fixed cases compared with ggml's own generic kernels: every quantized type, one
+/// and three blocks. Returns (type, weights, activation bytes, f32 activation).
+/// One comparison case: type, weight bytes, activation bytes, f32 activation.
+type Case = (GgmlType, Vec<u8>, Vec<u8>, Vec<f32>);
+
+fn ggml_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for ty in GgmlType::DEQUANTIZABLE {
+        if !ty.is_quantized() {
+            continue;
+        }
+        for nb in [1usize, 3] {
+            let mut rng = Rng(0xF11E7 + 17 * ty.id() as u64 + nb as u64);
+            let n = nb * ty.block_size();
+            let w = random_weights(ty, nb, &mut rng);
+            let (act, _) = random_activation(ty, n, &mut rng);
+            let x: Vec<f32> = (0..n).map(|_| rng.sym() * 3.0).collect();
+            out.push((ty, w, act, x));
+        }
+    }
+    out
+}
+
+/// Bits of ggml's generic `ggml_vec_dot_<type>` (llama.cpp's `ggml-cpu/quants.c`,
+/// compiled with `-DGGML_CPU_GENERIC -ffp-contract=off`) for each of [`ggml_cases`], in
+/// order: first on the case's activation bytes, then on `x` quantized by ggml's
+/// `quantize_row_q8_{0,1,K}_ref`. Produced by a small C harness over the bytes that
+/// `dump_ggml_cases` writes (run it with `FLINT_DOT_DUMP=<file>` and `--ignored`).
+const GGML_BITS: &[(u32, u32)] = &[
+    (0xbeacde3d, 0x3e656f5d),
+    (0x3d6103b6, 0x3d6414bf),
+    (0xbefece18, 0x3f282c5a),
+    (0x3f832a3a, 0x3ebf8fd5),
+    (0xbdbbbc03, 0x3d09d912),
+    (0x3f845af8, 0xbf34d2ae),
+    (0xc0f303e6, 0xc0cd5990),
+    (0xbf299ed1, 0x3faae3a0),
+    (0x3fa4be1b, 0x40fd4c88),
+    (0x42330a59, 0xc1f7c3d0),
+    (0x42cdd502, 0x42c5cce9),
+    (0xc1c1ffb7, 0xc14ad92d),
+    (0xc0b613a0, 0x424d3fe4),
+    (0x403aa3a0, 0x401c7fbc),
+    (0x4325782e, 0x4309bf15),
+    (0xc3101c50, 0x449adaf0),
+    (0x452086fa, 0xc4be43c3),
+    (0xc50d718b, 0xc37a92ae),
+    (0xbfe15960, 0x3f6a0940),
+    (0x42e41858, 0x4486d8a2),
+    (0x417ce42e, 0x4288d6d2),
+    (0xc3a4fdc0, 0x43138ab7),
+    (0xc3b3d83f, 0x4339d77d),
+    (0xc19c2e87, 0xbffb2dc8),
+    (0xbe21d644, 0x3f0b29cc),
+    (0xc339165c, 0x43d037e4),
+    (0x4103949e, 0xc101b74d),
+    (0xc000840d, 0xc099e079),
+    (0x446bdfa5, 0x43ae8b4a),
+    (0x438d07fb, 0x443d0890),
+    (0x3e84526e, 0x3ca879fe),
+    (0xbea132ec, 0xc03a4571),
+    (0xc22ef6e7, 0x423d5d60),
+    (0xc0ac6084, 0xc0d96b14),
+    (0xc220e884, 0xc25f5455),
+    (0x4203285a, 0xc2adbff7),
+    (0x4371c00f, 0xc461dafb),
+    (0x447fd8d4, 0x45723093),
+    (0x3c6898af, 0x3da8415e),
+    (0xc0e9b08e, 0xc0df1f10),
+    (0xbe0b0d87, 0x3e124569),
+    (0x400a64b1, 0x40001807),
+    (0x3e3aa018, 0xbeb77168),
+    (0xbee26ba8, 0x418bd58c),
+];
+
+#[test]
+fn bit_exact_with_ggml_generic_kernels() {
+    let cases = ggml_cases();
+    assert_eq!(cases.len(), GGML_BITS.len(), "one ggml result per case");
+    for ((ty, w, act, x), &(want_act, want_x)) in cases.iter().zip(GGML_BITS) {
+        let n = x.len();
+        let got = vec_dot(*ty, w, act, n).expect("vec_dot");
+        assert_eq!(
+            got.to_bits(),
+            want_act,
+            "{ty} x{}: {got} vs ggml {}",
+            n,
+            f32::from_bits(want_act)
+        );
+        let got = dot_row_f32(*ty, w, x).expect("dot_row_f32");
+        assert_eq!(
+            got.to_bits(),
+            want_x,
+            "{ty} x{} (f32 row): {got} vs ggml {}",
+            n,
+            f32::from_bits(want_x)
+        );
+    }
+}
+
+/// Writes [`ggml_cases`] for the C harness: per case u32 type id, u32 n, u32 weight
+/// bytes, weights, u32 activation bytes, activation, n f32.
+#[test]
+#[ignore = "generator for GGML_BITS, not a check"]
+fn dump_ggml_cases() {
+    let Ok(path) = std::env::var("FLINT_DOT_DUMP") else {
+        return;
+    };
+    let mut buf = Vec::new();
+    for (ty, w, act, x) in ggml_cases() {
+        buf.extend(ty.id().to_le_bytes());
+        buf.extend((x.len() as u32).to_le_bytes());
+        buf.extend((w.len() as u32).to_le_bytes());
+        buf.extend(&w);
+        buf.extend((act.len() as u32).to_le_bytes());
+        buf.extend(&act);
+        buf.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    std::fs::write(path, buf).expect("write dump");
+}
+
+// The C harness that produced GGML_BITS (build: gcc -O1 -ffp-contract=off -DGGML_CPU_GENERIC
+// -I ggml/include -I ggml/src -I ggml/src/ggml-cpu harness.c ggml/src/ggml-cpu/quants.c
+// ggml/src/ggml-quants.c -lm; then: harness < dump > bits):
+//
+// // Reads records from stdin: u32 type id, u32 n, u32 wlen, w bytes, u32 alen, act bytes,
+// // then n f32 x. Prints, per record, the bits of ggml's generic vec_dot on (w, act) and on
+// // (w, ggml-quantized x), in hex.
+// #include <stdio.h>
+// #include <stdint.h>
+// #include <stdlib.h>
+// #include <string.h>
+// #include <math.h>
+// #include "ggml.h"
+// #include "ggml-quants.h"
+// #include "ggml-cpu/quants.h"
+//
+// float ggml_table_f32_f16[1 << 16];
+// void ggml_abort(const char * f, int l, const char * fmt, ...) { fprintf(stderr, "abort %s:%d\n", f, l); exit(1); }
+// size_t ggml_row_size(enum ggml_type t, int64_t n) { return 0; }
+// const char * ggml_type_name(enum ggml_type t) { return "?"; }
+// size_t ggml_type_size(enum ggml_type t) { return 0; }
+//
+// static float h2f(uint16_t h) {
+//     uint32_t s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+//     float v;
+//     if (e == 0) v = ldexpf((float)m, -24);
+//     else if (e == 31) v = m ? NAN : INFINITY;
+//     else v = ldexpf((float)(m | 1024), (int)e - 25);
+//     return s ? -v : v;
+// }
+//
+// typedef void (*dotf)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
+//
+// static int rd(void * p, size_t n) { return fread(p, 1, n, stdin) == n; }
+//
+// int main(void) {
+//     for (int i = 0; i < 65536; i++) ggml_table_f32_f16[i] = h2f((uint16_t)i);
+//     uint32_t ty, n, wl, al;
+//     while (rd(&ty, 4)) {
+//         rd(&n, 4); rd(&wl, 4);
+//         uint8_t * w = malloc(wl); rd(w, wl);
+//         rd(&al, 4);
+//         uint8_t * a = malloc(al); rd(a, al);
+//         float * x = malloc(n * 4); rd(x, n * 4);
+//         dotf f = 0; int act = 0; // 0: q8_0, 1: q8_1, 2: q8_K
+//         switch (ty) {
+//             case 2: f = ggml_vec_dot_q4_0_q8_0; break;
+//             case 3: f = ggml_vec_dot_q4_1_q8_1; act = 1; break;
+//             case 6: f = ggml_vec_dot_q5_0_q8_0; break;
+//             case 7: f = ggml_vec_dot_q5_1_q8_1; act = 1; break;
+//             case 8: f = ggml_vec_dot_q8_0_q8_0; break;
+//             case 10: f = ggml_vec_dot_q2_K_q8_K; act = 2; break;
+//             case 11: f = ggml_vec_dot_q3_K_q8_K; act = 2; break;
+//             case 12: f = ggml_vec_dot_q4_K_q8_K; act = 2; break;
+//             case 13: f = ggml_vec_dot_q5_K_q8_K; act = 2; break;
+//             case 14: f = ggml_vec_dot_q6_K_q8_K; act = 2; break;
+//             case 16: f = ggml_vec_dot_iq2_xxs_q8_K; act = 2; break;
+//             case 17: f = ggml_vec_dot_iq2_xs_q8_K; act = 2; break;
+//             case 18: f = ggml_vec_dot_iq3_xxs_q8_K; act = 2; break;
+//             case 19: f = ggml_vec_dot_iq1_s_q8_K; act = 2; break;
+//             case 20: f = ggml_vec_dot_iq4_nl_q8_0; break;
+//             case 21: f = ggml_vec_dot_iq3_s_q8_K; act = 2; break;
+//             case 22: f = ggml_vec_dot_iq2_s_q8_K; act = 2; break;
+//             case 23: f = ggml_vec_dot_iq4_xs_q8_K; act = 2; break;
+//             case 29: f = ggml_vec_dot_iq1_m_q8_K; act = 2; break;
+//             case 34: f = ggml_vec_dot_tq1_0_q8_K; act = 2; break;
+//             case 35: f = ggml_vec_dot_tq2_0_q8_K; act = 2; break;
+//             case 39: f = ggml_vec_dot_mxfp4_q8_0; break;
+//             default: fprintf(stderr, "type %u\n", ty); return 1;
+//         }
+//         float r1, r2;
+//         f((int)n, &r1, 0, w, 0, a, 0, 1);
+//         uint8_t * q = malloc(n / 32 * 36 + n / 256 * 292 + 64);
+//         if (act == 0) quantize_row_q8_0_ref(x, q, n);
+//         else if (act == 1) quantize_row_q8_1_ref(x, q, n);
+//         else quantize_row_q8_K_ref(x, q, n);
+//         f((int)n, &r2, 0, w, 0, q, 0, 1);
+//         uint32_t b1, b2; memcpy(&b1, &r1, 4); memcpy(&b2, &r2, 4);
+//         printf("0x%08x 0x%08x\n", b1, b2);
+//         free(w); free(a); free(x); free(q);
+//     }
+//     return 0;
+// }
