@@ -97,6 +97,8 @@ def dequant_case(rng: np.random.Generator, name: str) -> np.ndarray:
     if name == "F16":
         vals = (rng.standard_normal(64) * 10).astype(np.float16)
         vals[:4] = [0.0, -0.0, np.inf, 6e-8]  # incl. a subnormal
+        # NaNs: signalling with payloads, quiet, negative (numpy keeps payloads as they are)
+        vals.view(np.uint16)[4:8] = [0x7C01, 0xFC01, 0x7E00, 0x7D55]
         return vals.view(np.uint8).reshape(-1, 2)
     if name == "BF16":
         # Any 16-bit pattern is a valid bf16; the conversion is a shift.
@@ -120,6 +122,10 @@ def quantize_case(rng: np.random.Generator, name: str) -> np.ndarray:
     x[4] *= np.float32(1e-3)
     x[5] *= np.float32(300.0)
     x[6, 5] = -x[6].__abs__().max() * 2          # negative extreme
+    if name in ("F16", "BF16"):
+        # NaNs with and without low payload bits, and values that overflow f16
+        x[7, :4].view(np.uint32)[:] = [0x7F800001, 0x7FC00000, 0xFF812345, 0x7FA00000]
+        x[7, 4:6] = [np.float32(1e6), np.float32(-7e4)]
     return x.reshape(-1)
 
 

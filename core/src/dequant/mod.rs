@@ -21,10 +21,21 @@ use crate::types::{FormatError, GgmlType, QK_K};
 
 use grids::*;
 
-/// IEEE half bits → f32 (exact).
+/// IEEE half bits → f32, exact, as numpy's `astype(np.float32)` does it: a NaN keeps
+/// its payload (shifted up 13 bits) and is not made quiet, unlike `half`'s software
+/// path and the F16C instruction. Every other value widens exactly.
+#[inline]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    if bits & 0x7c00 == 0x7c00 && bits & 0x03ff != 0 {
+        let sign = ((bits & 0x8000) as u32) << 16;
+        return f32::from_bits(sign | 0x7f80_0000 | (((bits & 0x03ff) as u32) << 13));
+    }
+    half::f16::from_bits(bits).to_f32()
+}
+
 #[inline]
 fn f16(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
+    f16_to_f32(bits)
 }
 
 /// The non-linear 4-bit code book shared by IQ4_NL and IQ4_XS.

@@ -8,6 +8,7 @@
 
 use super::{f16_bits, nearest_int};
 use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K};
+use crate::dequant::f16_to_f32;
 use crate::types::QK_K;
 
 /// ggml's `GROUP_MAX_EPS`: groups whose largest magnitude is below this are all-zero.
@@ -244,10 +245,7 @@ fn quantize_k_scales(
     let dmin = f16_bits(max_min / 63.0);
     // Re-quantize every element against the scales as they will be decoded.
     let (sc, mn) = crate::dequant::k4_scale_min(&packed);
-    let (df, dminf) = (
-        half::f16::from_bits(d).to_f32(),
-        half::f16::from_bits(dmin).to_f32(),
-    );
+    let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
     for j in 0..8 {
         let dl = df * sc[j] as f32;
         if dl == 0.0 {
@@ -353,7 +351,7 @@ pub fn quantize_row_q6_k(x: &[f32], out: &mut [BlockQ6K]) {
         for ib in 0..QK_K / 16 {
             y.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
         }
-        let d = half::f16::from_bits(y.d).to_f32();
+        let d = f16_to_f32(y.d);
         for j in 0..QK_K / 16 {
             let dl = d * y.scales[j] as f32;
             if dl == 0.0 {

@@ -22,11 +22,24 @@ use crate::blocks::{
 };
 use crate::types::{FormatError, GgmlType, QK_K};
 
-/// f32 → IEEE half bits, round to nearest even (what `GGML_FP32_TO_FP16` and numpy's
-/// `astype(np.float16)` do).
+/// f32 → IEEE half bits, rounding to nearest even (what `GGML_FP32_TO_FP16` and numpy's
+/// `astype(np.float16)` do; overflow gives infinity). A NaN keeps the top 10 bits of
+/// its payload, or becomes payload 1 if those are zero, and is not made quiet: numpy's
+/// rule, which `gguf.quants.quantize` follows.
+#[inline]
+pub fn f32_to_f16(x: f32) -> u16 {
+    if x.is_nan() {
+        let b = x.to_bits();
+        let sign = ((b >> 16) & 0x8000) as u16;
+        let man = ((b & 0x007f_ffff) >> 13) as u16;
+        return sign | 0x7c00 | if man == 0 { 1 } else { man };
+    }
+    half::f16::from_f32(x).to_bits()
+}
+
 #[inline]
 pub(crate) fn f16_bits(x: f32) -> u16 {
-    half::f16::from_f32(x).to_bits()
+    f32_to_f16(x)
 }
 
 /// C's `roundf`: round half away from zero. `core` has no `f32::round` without `std`,
