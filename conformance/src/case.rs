@@ -244,9 +244,12 @@ impl Case {
         match self.op {
             Op::WriteKv | Op::PagedAttention => &[Op::WriteKv, Op::PagedAttention],
             Op::Stage => &[Op::Stage],
-            Op::Matmul => &[Op::Stage, Op::Matmul],
-            Op::ExpertMatmul => &[Op::Stage, Op::ExpertMatmul],
-            Op::GetRows => &[Op::Stage, Op::GetRows],
+            // Staging the weight is part of these ops: a device that claims them must
+            // stage the weights they take (of that kind), whatever `supports(Stage)`
+            // says about plain matrices.
+            Op::Matmul => &[Op::Matmul],
+            Op::ExpertMatmul => &[Op::ExpertMatmul],
+            Op::GetRows => &[Op::GetRows],
             Op::RmsNorm => &[Op::RmsNorm],
             Op::AddRmsNorm => &[Op::AddRmsNorm],
             Op::Rope => &[Op::Rope],
@@ -259,11 +262,14 @@ impl Case {
         }
     }
 
-    /// True when `filter` selects this case: an exact op name, or a substring of
-    /// [`name`](Self::name) (`matmul/Q6_K`, `sink`, ...), case-insensitive.
+    /// True when `filter` selects this case (case-insensitive): the op's name
+    /// (`matmul`), a prefix of [`name`](Self::name) (`matmul/Q6_K`,
+    /// `paged_attention[sink<max]`), or part of the label (`sink`, `kv-groups`).
     pub fn matches(&self, filter: &str) -> bool {
         let f = filter.to_ascii_lowercase();
-        self.op.name() == f || self.name().to_ascii_lowercase().contains(&f)
+        self.op.name() == f
+            || self.name().to_ascii_lowercase().starts_with(&f)
+            || (!self.label.is_empty() && self.label.to_ascii_lowercase().contains(&f))
     }
 }
 

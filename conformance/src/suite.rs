@@ -165,12 +165,9 @@ impl DeviceReport {
         let mut s = String::new();
         for r in self.failures() {
             if let Outcome::Fail { message } = &r.outcome {
-                let filter = match r.case.ty {
-                    Some(t) => format!("{}/{}", r.case.op.name(), t.name()),
-                    None => r.case.op.name().to_string(),
-                };
+                let filter = r.case.name();
                 s.push_str(&format!(
-                    "FAIL {} on {}: op {}, type {}, shape {}, case seed {:#x}\n  {}\n  replay: flint-conformance --device {} --filter {} --seed {}\n",
+                    "FAIL {} on {}: op {}, type {}, shape {}, case seed {:#x}\n  {}\n  replay: flint-conformance --device {} --filter '{}' --seed {}\n",
                     r.case.name(),
                     self.device,
                     r.case.op.name(),

@@ -19,7 +19,8 @@ struct Args {
     /// (default: FLINT_DEVICE, else cpu).
     #[arg(long, value_name = "NAME|all")]
     device: Option<String>,
-    /// Only cases whose op is OP, or whose name (`op/TYPE[label]`) contains it.
+    /// Only cases of op OP, whose name (`op/TYPE[label]`) starts with OP, or whose
+    /// label contains it.
     #[arg(long, value_name = "OP")]
     filter: Option<String>,
     /// The run's seed; failures print it so a case can be replayed.
