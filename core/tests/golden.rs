@@ -63,14 +63,25 @@ fn golden_covers_every_dequantizable_type() {
     }
 }
 
+/// `raw` copied to an 8-byte aligned buffer, starting `offset` bytes in.
+fn placed(raw: &[u8], offset: usize) -> (Vec<u64>, std::ops::Range<usize>) {
+    let mut buf = vec![0u64; (raw.len() + offset).div_ceil(8)];
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf);
+    bytes[offset..offset + raw.len()].copy_from_slice(raw);
+    (buf, offset..offset + raw.len())
+}
+
 #[test]
 fn dequantize_matches_gguf_bit_for_bit() {
     for (name, raw, expected) in DEQUANT {
         let ty = GgmlType::from_name(name).expect("known type");
         let want = f32s(expected);
         assert!(!want.is_empty(), "{name}: empty golden vector");
+        // Aligned: the blocks are viewed in place.
+        let (buf, range) = placed(raw, 0);
+        let src = &bytemuck::cast_slice::<u64, u8>(&buf)[range];
         let mut got = vec![0.0f32; want.len()];
-        dequantize(ty, raw, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
+        dequantize(ty, src, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_bits_eq(name, &got, &want);
     }
 }
@@ -79,10 +90,11 @@ fn dequantize_matches_gguf_bit_for_bit() {
 fn dequantize_reads_unaligned_input() {
     for (name, raw, expected) in DEQUANT {
         let ty = GgmlType::from_name(name).expect("known type");
-        // Shift the bytes by one so that no block starts at an aligned address.
-        let mut buf = vec![0u8; raw.len() + 1];
-        buf[1..].copy_from_slice(raw);
-        let got = dequantize_to_vec(ty, &buf[1..]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // One byte in: no block with a u16 or f32 field starts at an aligned address,
+        // so the copying path runs.
+        let (buf, range) = placed(raw, 1);
+        let src = &bytemuck::cast_slice::<u64, u8>(&buf)[range];
+        let got = dequantize_to_vec(ty, src).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_bits_eq(name, &got, &f32s(expected));
     }
 }

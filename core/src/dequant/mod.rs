@@ -111,6 +111,11 @@ pub fn dequantize_blocks<B: DequantBlock>(blocks: &[B], out: &mut [f32]) {
 }
 
 fn decode_bytes<B: DequantBlock>(src: &[u8], dst: &mut [f32]) {
+    // Aligned input (the usual case: GGUF aligns tensors to 32 bytes) is viewed in place;
+    // anything else is copied out one block at a time.
+    if let Ok(blocks) = bytemuck::try_cast_slice::<u8, B>(src) {
+        return dequantize_blocks(blocks, dst);
+    }
     let size = core::mem::size_of::<B>();
     for (chunk, o) in src.chunks_exact(size).zip(dst.chunks_exact_mut(B::ELEMS)) {
         let b: B = bytemuck::pod_read_unaligned(chunk);
