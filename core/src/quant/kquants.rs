@@ -1,10 +1,11 @@
 //! Reference quantizers for the K-quant weight formats Q4_K, Q5_K and Q6_K, following
 //! ggml's `quantize_row_q{4,5,6}_K_ref` (no importance weights) step for step in f32.
 //!
-//! These are what Flint uses to write model files. They are not required to be
-//! bit-exact with llama.cpp (the `gguf` package has no K-quant quantizer to compare
-//! with, and a C compiler may contract `a * b + c` into an FMA), so the tests bound their
-//! error instead; see docs/formats.md for the measured RMSE.
+//! These are what Flint uses to write model files. The `gguf` package has no K-quant
+//! quantizer, so the golden tests compare against ggml's C reference itself, compiled
+//! without FMA contraction (`tools/golden/kquant_ref.c`): the bytes are identical. A
+//! llama.cpp build that contracts `a * b + c` into FMAs may differ in rare last bits; the
+//! proptests bound the error independently (see docs/formats.md).
 
 use super::{f16_bits, nearest_int};
 use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K};
