@@ -26,6 +26,7 @@
 //! - [`dot_row_f32`]: quantizes an f32 activation to the paired type block by block
 //!   (with [`crate::quant`]'s `quantize_row_q8_*`) and calls the kernel: the oracle for
 //!   the device matmuls and the reference forward. Needs no allocator.
+//! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
 
 mod grids_data;
 mod iq;
@@ -276,6 +277,46 @@ pub fn dot_row_f32(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, FormatE
         go,
         Ok(float_dot(float_weights(ty, w_row), x.iter().copied()))
     )
+}
+
+/// Matrix-vector product over `out.len()` weight rows stored back to back in `w`
+/// (type `ty`, `x.len()` elements each): `out[r] = dot_row_f32(ty, row r, x)`, bit for
+/// bit, but with `x` quantized once instead of once per row.
+///
+/// # Errors
+/// As [`vec_dot`]; [`FormatError::LengthMismatch`] (in bytes) when `w` is not
+/// `out.len()` rows.
+#[cfg(feature = "alloc")]
+pub fn matvec_f32(ty: GgmlType, w: &[u8], x: &[f32], out: &mut [f32]) -> Result<(), FormatError> {
+    if !GgmlType::DEQUANTIZABLE.contains(&ty) {
+        return Err(FormatError::Unsupported(ty));
+    }
+    let row = ty.row_bytes(x.len()).ok_or(FormatError::LengthMismatch {
+        expected: x.len().next_multiple_of(ty.block_size()),
+        found: x.len(),
+    })?;
+    let expected = row.saturating_mul(out.len());
+    if w.len() != expected {
+        return Err(FormatError::LengthMismatch {
+            expected,
+            found: w.len(),
+        });
+    }
+    // With n = 0 every row is empty and its dot product 0.
+    out.fill(0.0);
+    if !ty.is_quantized() {
+        for (o, wr) in out.iter_mut().zip(w.chunks_exact(row.max(1))) {
+            *o = dot_row_f32(ty, wr, x)?;
+        }
+        return Ok(());
+    }
+    let act_ty = ty.vec_dot_type();
+    let mut act = alloc::vec![0u8; act_ty.row_bytes(x.len()).unwrap_or(0)];
+    crate::quant::quantize(act_ty, x, &mut act)?;
+    for (o, wr) in out.iter_mut().zip(w.chunks_exact(row.max(1))) {
+        *o = vec_dot(ty, wr, &act, x.len())?;
+    }
+    Ok(())
 }
 
 /// An activation block type and its ggml quantizer.

@@ -371,6 +371,37 @@ fn hand_computed_values() {
 }
 
 #[test]
+fn matvec_is_dot_row_per_row() {
+    for ty in GgmlType::DEQUANTIZABLE {
+        let mut rng = Rng(500 + ty.id() as u64);
+        let bs = if ty.is_quantized() {
+            ty.block_size()
+        } else {
+            32
+        };
+        let n = 2 * bs;
+        let rows = 3;
+        let per_row = if ty.is_quantized() { 2 } else { n };
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| random_weights(ty, per_row, &mut rng))
+            .collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.sym()).collect();
+        let mut out = vec![0.0f32; rows];
+        matvec_f32(ty, &w, &x, &mut out).expect("matvec");
+        let rb = w.len() / rows;
+        for r in 0..rows {
+            let want = dot_row_f32(ty, &w[r * rb..(r + 1) * rb], &x).expect("dot_row_f32");
+            assert_eq!(out[r].to_bits(), want.to_bits(), "{ty} row {r}");
+        }
+        let mut short = vec![0.0f32; rows + 1];
+        assert!(matches!(
+            matvec_f32(ty, &w, &x, &mut short),
+            Err(FormatError::LengthMismatch { .. })
+        ));
+    }
+}
+
+#[test]
 fn typed_and_byte_paths_agree() {
     let mut rng = Rng(99);
     let w = random_weights(GgmlType::Q4_K, 3, &mut rng);

@@ -119,6 +119,44 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    /// Splitting the keys in two ranges, each with its own state (the sink in the first
+    /// only), and merging gives the two-pass result.
+    #[test]
+    fn merged_partial_states_match_two_pass(
+        scores in prop::collection::vec(-30.0f32..30.0, 0..40),
+        split in 0usize..40,
+        sink in prop::option::of(-30.0f32..30.0),
+    ) {
+        let dv = 2;
+        let values: Vec<f32> = (0..scores.len() * dv).map(|i| (i as f32 * 0.37).sin()).collect();
+        let split = split.min(scores.len());
+        let mut want = vec![0.0f32; dv];
+        attend_two_pass(&scores, &values, dv, sink, &mut want);
+        let mut a = OnlineSoftmax::new(sink);
+        let mut acc_a = vec![0.0f32; dv];
+        for j in 0..split {
+            a.push(scores[j], &values[j * dv..(j + 1) * dv], &mut acc_a);
+        }
+        let mut b = OnlineSoftmax::new(None);
+        let mut acc_b = vec![0.0f32; dv];
+        for j in split..scores.len() {
+            b.push(scores[j], &values[j * dv..(j + 1) * dv], &mut acc_b);
+        }
+        // Merge in either direction.
+        let (a2, acc_a2) = (a, acc_a.clone());
+        a.merge(&mut acc_a, &b, &acc_b);
+        a.finish(&mut acc_a);
+        b.merge(&mut acc_b, &a2, &acc_a2);
+        b.finish(&mut acc_b);
+        for i in 0..dv {
+            prop_assert!((acc_a[i] - want[i]).abs() <= 1e-5, "{} vs {}", acc_a[i], want[i]);
+            prop_assert!((acc_b[i] - want[i]).abs() <= 1e-5, "{} vs {}", acc_b[i], want[i]);
+        }
+    }
+}
+
 fn lcg(seed: &mut u64) -> f32 {
     *seed = seed
         .wrapping_mul(6364136223846793005)

@@ -72,6 +72,33 @@ impl OnlineSoftmax {
         }
     }
 
+    /// Folds another partial state (with its accumulator) into this one, as a split-K
+    /// (flash-decoding) kernel combines the partial softmaxes of key ranges: both sides
+    /// are rescaled to the larger maximum, then added. The sink must be counted once:
+    /// seed one partial state with it and the others with `new(None)`.
+    ///
+    /// # Panics
+    /// If the two accumulators differ in length.
+    pub fn merge(&mut self, acc: &mut [f32], other: &OnlineSoftmax, other_acc: &[f32]) {
+        assert_eq!(
+            acc.len(),
+            other_acc.len(),
+            "OnlineSoftmax::merge: accumulator widths differ"
+        );
+        if other.m == f32::NEG_INFINITY {
+            return;
+        }
+        let m = self.m.max(other.m);
+        // exp(-inf - m) = 0 handles an empty self; m is finite here.
+        let a = libm::expf(self.m - m);
+        let b = libm::expf(other.m - m);
+        self.l = self.l * a + other.l * b;
+        for (x, &y) in acc.iter_mut().zip(other_acc) {
+            *x = *x * a + y * b;
+        }
+        self.m = m;
+    }
+
     /// The running maximum (`-inf` before any key and without a sink).
     pub fn max(&self) -> f32 {
         self.m
