@@ -28,7 +28,6 @@
 //!   the device matmuls and the reference forward. Needs no allocator.
 //! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
 
-mod grids_data;
 mod iq;
 mod kquants;
 mod legacy;

@@ -24,11 +24,11 @@ pub mod math;
 pub mod quant;
 pub mod types;
 
-pub use types::{FormatError, GgmlType, TypeError, QK_K};
 #[cfg(feature = "alloc")]
 pub use dequant::dequantize_to_vec;
 pub use dequant::{dequantize, dequantize_blocks, DequantBlock};
-pub use quant::{quantize, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
-pub use dot::{dot_row_f32, vec_dot};
 #[cfg(feature = "alloc")]
 pub use dot::matvec_f32;
+pub use dot::{dot_row_f32, vec_dot};
+pub use quant::{quantize, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+pub use types::{FormatError, GgmlType, TypeError, QK_K};

@@ -10,12 +10,14 @@ use crate::dequant::KSIGNS_IQ2XS;
 use crate::types::QK_K;
 
 use super::f16;
-use super::grids_data::*;
+use crate::dequant::grids as g;
 
-/// Expands a packed grid (component indices, `bits` each) into one `i8` per component.
+/// Expands one of the dequantizer's packed grids (component indices, `bits` each, into
+/// a set of small integral values) into one `i8` per component, at compile time: ggml's
+/// byte layout, so the kernels stay in integers.
 const fn expand<const N: usize, const C: usize, const V: usize>(
     packed: &[u16; N],
-    values: &[i8; V],
+    values: &[f32; V],
     bits: u32,
 ) -> [[i8; C]; N] {
     let mut out = [[0i8; C]; N];
@@ -24,7 +26,7 @@ const fn expand<const N: usize, const C: usize, const V: usize>(
     while i < N {
         let mut c = 0;
         while c < C {
-            out[i][c] = values[((packed[i] >> (bits * c as u32)) & mask) as usize];
+            out[i][c] = values[((packed[i] >> (bits * c as u32)) & mask) as usize] as i8;
             c += 1;
         }
         i += 1;
@@ -32,12 +34,12 @@ const fn expand<const N: usize, const C: usize, const V: usize>(
     out
 }
 
-static IQ2XXS_GRID: [[i8; 8]; 256] = expand(&IQ2XXS_PACKED, &IQ2XXS_VALUES, 2);
-static IQ2XS_GRID: [[i8; 8]; 512] = expand(&IQ2XS_PACKED, &IQ2XS_VALUES, 2);
-static IQ2S_GRID: [[i8; 8]; 1024] = expand(&IQ2S_PACKED, &IQ2S_VALUES, 2);
-static IQ3XXS_GRID: [[i8; 4]; 256] = expand(&IQ3XXS_PACKED, &IQ3XXS_VALUES, 3);
-static IQ3S_GRID: [[i8; 4]; 512] = expand(&IQ3S_PACKED, &IQ3S_VALUES, 3);
-static IQ1S_GRID: [[i8; 8]; 2048] = expand(&IQ1S_PACKED, &IQ1S_VALUES, 2);
+static IQ2XXS_GRID: [[i8; 8]; 256] = expand(&g::IQ2XXS_GRID, &g::IQ2XXS_VALUES, 2);
+static IQ2XS_GRID: [[i8; 8]; 512] = expand(&g::IQ2XS_GRID, &g::IQ2XS_VALUES, 2);
+static IQ2S_GRID: [[i8; 8]; 1024] = expand(&g::IQ2S_GRID, &g::IQ2S_VALUES, 2);
+static IQ3XXS_GRID: [[i8; 4]; 256] = expand(&g::IQ3XXS_GRID, &g::IQ3XXS_VALUES, 3);
+static IQ3S_GRID: [[i8; 4]; 512] = expand(&g::IQ3S_GRID, &g::IQ3S_VALUES, 3);
+static IQ1S_GRID: [[i8; 8]; 2048] = expand(&g::IQ1S_GRID, &g::IQ1S_VALUES, 2);
 
 /// `sum_j grid[j] * q8[j] * sign_j` with bit `j` of `signs` set meaning negative.
 #[inline]
