@@ -253,14 +253,13 @@ impl<M: StepModel> LLMEngine<M> {
                     l.text = String::from_utf8_lossy(&l.bytes[..valid]).into_owned();
                 }
             }
-            let mut end = l.text.len();
-            match l.params.stop.scan(&l.text) {
+            let mut end = match l.params.stop.scan(&l.text) {
                 StopScan::Stop(at) => {
-                    end = at;
                     finished = Some(FinishReason::Stop);
+                    at
                 }
-                StopScan::Safe(n) => end = n,
-            }
+                StopScan::Safe(n) => n,
+            };
             if finished.is_none() && is_eog {
                 finished = Some(FinishReason::Eos);
             }

@@ -517,6 +517,6 @@ mod tests {
         assert_eq!(preempted.first(), Some(&2), "request 2 arrived last");
         assert_eq!(s.get(2).unwrap().status, RequestStatus::Waiting);
         assert_eq!(s.get(2).unwrap().num_computed, 0);
-        assert!(s.get(2).unwrap().output().len() > 0, "its output is kept");
+        assert!(!s.get(2).unwrap().output().is_empty(), "its output is kept");
     }
 }

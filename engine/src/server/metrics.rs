@@ -1,0 +1,157 @@
+//! Server metrics in Prometheus text format.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Bucket upper bounds (seconds) of the latency histograms.
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A fixed-bucket latency histogram (cumulative on output, as Prometheus wants).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; 12],
+    over: AtomicU64,
+    /// Sum in microseconds (integer, so it can be atomic).
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation in seconds.
+    pub fn observe(&self, seconds: f64) {
+        match BUCKETS.iter().position(|&b| seconds <= b) {
+            Some(i) => self.counts[i].fetch_add(1, Ordering::Relaxed),
+            None => self.over.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_us
+            .fetch_add((seconds * 1e6).max(0.0) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut acc = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            acc += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {acc}");
+        }
+        acc += self.over.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {acc}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {acc}");
+    }
+}
+
+/// Counters, gauges and histograms of one server.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests admitted.
+    pub requests_total: AtomicU64,
+    /// Requests refused (bad input, too long, queue full).
+    pub requests_refused: AtomicU64,
+    /// Requests that finished normally.
+    pub requests_finished: AtomicU64,
+    /// Requests aborted (client went away).
+    pub requests_aborted: AtomicU64,
+    /// Prompt tokens admitted.
+    pub prompt_tokens_total: AtomicU64,
+    /// Tokens generated.
+    pub generation_tokens_total: AtomicU64,
+    /// Requests waiting (gauge).
+    pub waiting: AtomicUsize,
+    /// Requests running (gauge).
+    pub running: AtomicUsize,
+    /// KV blocks in use over all groups (gauge).
+    pub kv_blocks_in_use: AtomicUsize,
+    /// KV blocks over all groups.
+    pub kv_blocks_total: AtomicUsize,
+    /// Time to first token.
+    pub ttft: Histogram,
+    /// Time per output token after the first.
+    pub tpot: Histogram,
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |s: &mut String, name: &str, help: &str, v: usize| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        counter(
+            &mut s,
+            "flint_requests_total",
+            "Requests admitted.",
+            l(&self.requests_total),
+        );
+        counter(
+            &mut s,
+            "flint_requests_refused_total",
+            "Requests refused.",
+            l(&self.requests_refused),
+        );
+        counter(
+            &mut s,
+            "flint_requests_finished_total",
+            "Requests finished.",
+            l(&self.requests_finished),
+        );
+        counter(
+            &mut s,
+            "flint_requests_aborted_total",
+            "Requests aborted because the client went away.",
+            l(&self.requests_aborted),
+        );
+        counter(
+            &mut s,
+            "flint_prompt_tokens_total",
+            "Prompt tokens admitted.",
+            l(&self.prompt_tokens_total),
+        );
+        counter(
+            &mut s,
+            "flint_generation_tokens_total",
+            "Tokens generated.",
+            l(&self.generation_tokens_total),
+        );
+        gauge(
+            &mut s,
+            "flint_queue_depth",
+            "Requests waiting.",
+            g(&self.waiting),
+        );
+        gauge(
+            &mut s,
+            "flint_running_requests",
+            "Requests running.",
+            g(&self.running),
+        );
+        gauge(
+            &mut s,
+            "flint_kv_blocks_in_use",
+            "KV cache blocks in use.",
+            g(&self.kv_blocks_in_use),
+        );
+        gauge(
+            &mut s,
+            "flint_kv_blocks_total",
+            "KV cache blocks in all pools.",
+            g(&self.kv_blocks_total),
+        );
+        self.ttft
+            .render(&mut s, "flint_ttft_seconds", "Time to first token.");
+        self.tpot.render(
+            &mut s,
+            "flint_tpot_seconds",
+            "Time per output token after the first.",
+        );
+        s
+    }
+}
