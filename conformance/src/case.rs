@@ -297,7 +297,9 @@ fn weight_shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
     } else {
         ty.block_size().max(32)
     };
-    vec![(2 * u, 16, 1), (3 * u, 37, 7), (u, 5, 33)]
+    // Small and odd; a batch above common M tiles; a wide one that spans several
+    // row chunks per thread.
+    vec![(2 * u, 16, 1), (3 * u, 37, 7), (u, 5, 33), (8 * u, 131, 9)]
 }
 
 /// Every case of the suite, with seeds derived from `master_seed`.
@@ -629,6 +631,39 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
                 SeqSpec { ctx: 5, n_q: 2 },
                 SeqSpec { ctx: 1, n_q: 1 },
             ];
+        }),
+        a,
+    );
+    // Long contexts: many blocks per sequence, so key chunking and block lookups in a
+    // tiled kernel are exercised.
+    push(
+        Op::PagedAttention,
+        None,
+        "long",
+        attn(&|s| {
+            s.n_heads = 8;
+            s.n_kv_heads = 2;
+            s.head_dim_k = 64;
+            s.head_dim_v = 64;
+            s.sinks = Sinks::BelowMax;
+            s.sharpness = 2.0;
+            s.seqs = vec![SeqSpec { ctx: 300, n_q: 3 }, SeqSpec { ctx: 129, n_q: 1 }];
+        }),
+        a,
+    );
+    push(
+        Op::PagedAttention,
+        None,
+        "long-window+no-block",
+        attn(&|s| {
+            s.n_heads = 4;
+            s.n_kv_heads = 2;
+            s.head_dim_k = 64;
+            s.head_dim_v = 64;
+            s.window = Some(128);
+            s.drop_old_blocks = true;
+            s.sharpness = 2.0;
+            s.seqs = vec![SeqSpec { ctx: 400, n_q: 2 }, SeqSpec { ctx: 140, n_q: 16 }];
         }),
         a,
     );

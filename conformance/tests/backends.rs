@@ -1,45 +1,87 @@
-//! The suite on every backend this build registers: one test per backend.
+//! The suite on every backend this build registers: one test per backend (and per
+//! staging arm of tt).
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use flint_conformance::{registry, run_suite, SuiteOptions};
-use flint_hal::DeviceOptions;
+use flint_hal::{DeviceOptions, DeviceRef};
 
-/// Runs the whole suite on `name`. `required` backends must be available; the others
-/// are skipped (with their reason printed) when this machine cannot run them.
-fn certify(name: &str, required: bool) {
-    let reg = registry();
-    if reg.get(name).is_none() {
-        assert!(!required, "{name} is not registered in this build");
-        eprintln!("{name}: not registered in this build; nothing to run");
-        return;
-    }
-    let dev = match reg.open(name, &DeviceOptions::default()) {
-        Ok(d) => d,
-        Err(e) => {
-            assert!(!required, "{name} does not open: {e}");
-            eprintln!("{name}: unavailable here ({e}); not run");
-            return;
-        }
-    };
+/// Runs the whole suite on `dev` and fails on any failed case.
+fn certify(dev: DeviceRef, what: &str) {
     let r = run_suite(dev.as_ref(), &SuiteOptions::default());
     println!("{}", r.table());
-    println!("{}: {} in {:.2} s", name, r.counts().line(), r.seconds);
+    println!("{what}: {} in {:.2} s", r.counts().line(), r.seconds);
     assert_eq!(
         r.counts().failed,
         0,
-        "{name} fails conformance:\n{}",
+        "{what} fails conformance:\n{}",
         r.failure_details()
     );
-    assert!(r.counts().passed > 0, "{name} passed nothing");
+    assert!(r.counts().passed > 0, "{what} passed nothing");
 }
 
 #[test]
 fn cpu() {
-    certify("cpu", true);
+    let dev = registry()
+        .open("cpu", &DeviceOptions::default())
+        .expect("the cpu backend is registered and opens in every build");
+    certify(dev, "cpu");
+}
+
+/// The simulated Tenstorrent adapter that the `flint-tt-sim` dev-dependency builds next
+/// to this test executable.
+fn tt_sim() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(3)
+        .map(|d| d.join("libflint_tt_sim.so"))
+        .find(|p| p.is_file())
+}
+
+/// tt as the registry opens it (`FLINT_TT_RUNTIME` or its search list), else through
+/// the simulated adapter of this build; `None` (with the reason printed) when neither
+/// is there.
+fn open_tt(keep_quant: bool) -> Option<DeviceRef> {
+    let opts = DeviceOptions {
+        threads: None,
+        keep_quant,
+    };
+    let reg = registry();
+    if reg.get("tt").is_none() {
+        eprintln!("tt: not registered in this build; nothing to run");
+        return None;
+    }
+    match reg.open("tt", &opts) {
+        Ok(d) => Some(d),
+        Err(e) => match tt_sim() {
+            Some(p) => {
+                let d = flint_hal_tt::TtDevice::open_path(&p, &opts).unwrap_or_else(|e| {
+                    panic!("the simulated adapter {} fails to open: {e}", p.display())
+                });
+                Some(Arc::new(d))
+            }
+            None => {
+                eprintln!("tt: unavailable here ({e}) and no simulated adapter built; not run");
+                None
+            }
+        },
+    }
 }
 
 #[test]
-fn tt() {
-    certify("tt", false);
+fn tt_keep_quant() {
+    if let Some(d) = open_tt(true) {
+        certify(d, "tt (keep-quant)");
+    }
+}
+
+#[test]
+fn tt_expanded() {
+    if let Some(d) = open_tt(false) {
+        certify(d, "tt (FLINT_KEEP_QUANT=0)");
+    }
 }
 
 /// A backend registered without a test here would never be certified by `cargo test`.
