@@ -634,10 +634,18 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
     let mut prev_pool: Option<Vec<u32>> = None;
     for _g in 0..s.groups {
         let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+        let mut tries = 0;
         loop {
             rng.shuffle(&mut pool);
             match &prev_pool {
-                Some(p) if p.iter().zip(&pool).any(|(a, b)| a == b) => continue,
+                Some(p) if p.iter().zip(&pool).any(|(a, b)| a == b) => {
+                    tries += 1;
+                    if tries > 10_000 {
+                        return Err(Stop::Fail(
+                            "suite bug: no block permutation differs everywhere".into(),
+                        ));
+                    }
+                }
                 _ => break,
             }
         }

@@ -41,6 +41,14 @@ fn assert_caught(defect: Defect, filter: &str, case: &str) {
     );
 }
 
+fn message(r: &DeviceReport, case: &str) -> String {
+    r.results
+        .iter()
+        .find(|x| x.case.name() == case)
+        .map(|x| format!("{:?}", x.outcome))
+        .unwrap_or_default()
+}
+
 #[test]
 fn sink_seeded_at_exp0_is_caught() {
     assert_caught(
@@ -48,6 +56,11 @@ fn sink_seeded_at_exp0_is_caught() {
         "paged_attention",
         "paged_attention[sink<max]",
     );
+    // The defect is invisible when the sink is the maximum (exp(0) is then right):
+    // that is why the suite needs sinks below the score maximum.
+    let r = run(Defect::SinkExp0, "paged_attention[sink>max]");
+    assert_eq!(r.results.len(), 1);
+    assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
 }
 
 #[test]
@@ -57,17 +70,35 @@ fn residual_added_twice_is_caught() {
         "add_rms_norm",
         "add_rms_norm[residual]",
     );
+    // Only the check of the residual buffer sees it: the normed output is right.
+    let r = run(Defect::ResidualTwice, "add_rms_norm");
+    let m = message(&r, "add_rms_norm[residual]");
+    assert!(m.contains("residual after the call"), "{m}");
 }
 
 #[test]
 fn per_head_norm_corrupting_its_input_view_is_caught() {
     assert_caught(Defect::PerHeadNormView, "rms_norm", "rms_norm[per-head]");
+    let m = message(
+        &run(Defect::PerHeadNormView, "per-head"),
+        "rms_norm[per-head]",
+    );
+    assert!(m.contains("head 1"), "{m}");
 }
 
 #[test]
 fn one_slot_mapping_for_every_kv_group_is_caught() {
     assert_caught(
         Defect::SharedSlotMapping,
+        "kv-groups",
+        "paged_attention[kv-groups]",
+    );
+}
+
+#[test]
+fn one_block_table_for_every_kv_group_is_caught() {
+    assert_caught(
+        Defect::SharedBlockTable,
         "kv-groups",
         "paged_attention[kv-groups]",
     );

@@ -30,6 +30,9 @@ pub enum Defect {
     /// `write_kv` reuses the first slot mapping it saw for every later call of the same
     /// size, whichever KV buffer (group) it writes.
     SharedSlotMapping,
+    /// `paged_attention` reuses the block tables of the first call for every later call,
+    /// whichever KV buffer (group) it reads.
+    SharedBlockTable,
     /// Q6_K sub-block `i` is scaled by `scales[i + 1]` (an off-by-one in the scale
     /// index).
     Q6kScaleOffByOne,
@@ -43,6 +46,8 @@ pub struct Broken {
     defect: Defect,
     /// `SharedSlotMapping`: the first mapping seen, per number of tokens.
     slots: Mutex<HashMap<usize, Vec<u32>>>,
+    /// `SharedBlockTable`: the first tables seen, per sequence index.
+    tables: Mutex<HashMap<usize, Vec<u32>>>,
     /// `SinkExp0`: a host copy of the keys written to each buffer, by buffer address.
     keys: Mutex<HashMap<usize, Vec<f32>>>,
 }
@@ -67,6 +72,7 @@ impl Broken {
             inner: cpu(),
             defect,
             slots: Mutex::new(HashMap::new()),
+            tables: Mutex::new(HashMap::new()),
             keys: Mutex::new(HashMap::new()),
         })
     }
@@ -261,6 +267,32 @@ impl Device for Broken {
         p: &PagedAttention<'_>,
         out: &mut [f32],
     ) -> Result<(), HalError> {
+        if self.defect == Defect::SharedBlockTable {
+            let tables: Vec<Vec<u32>> = {
+                let mut cache = self.tables.lock().expect("table cache");
+                p.seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        cache
+                            .entry(i)
+                            .or_insert_with(|| s.block_table.to_vec())
+                            .clone()
+                    })
+                    .collect()
+            };
+            let seqs: Vec<AttnSeq<'_>> = p
+                .seqs
+                .iter()
+                .zip(&tables)
+                .map(|(s, t)| AttnSeq {
+                    block_table: t,
+                    ..*s
+                })
+                .collect();
+            let q = PagedAttention { seqs: &seqs, ..*p };
+            return self.inner.paged_attention(kv, &q, out);
+        }
         let sinks = match (self.defect, p.sinks) {
             (Defect::SinkExp0, Some(s)) => s,
             _ => return self.inner.paged_attention(kv, p, out),
