@@ -240,10 +240,12 @@ fn matmul_case(
     let h = stage(dev, &desc(case, vec![k, n], WeightKind::Matrix, bytes)?)?;
     let x = rng.vec(m * k, -1.0, 1.0);
     let want = reference::matmul_f32(&wf, k, &x, m);
+    let x_before = x.clone();
     let mut out = Guarded::new(m * n);
     dev.matmul(h.as_ref(), &x, m, out.body_mut())
         .map_err(|e| dev_err("matmul", e))?;
     out.check("out")?;
+    unchanged("x", &x, &x_before)?;
     Ok(compare("out", out.body(), &want, case.tolerance)?)
 }
 
@@ -717,6 +719,7 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
     }
 
     // Attend each group with its own tables and compare.
+    let q_before = q.clone();
     for (g, (kv, seqs)) in groups.iter().enumerate() {
         let attn_seqs: Vec<AttnSeq<'_>> = s
             .seqs
@@ -740,6 +743,7 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
         dev.paged_attention(kv.as_ref(), &p, out.body_mut())
             .map_err(|e| dev_err("paged_attention", e))?;
         out.check("out")?;
+        unchanged("q", &q, &q_before)?;
         for (i, sq) in s.seqs.iter().enumerate() {
             let rows = q_start[i]..q_start[i] + sq.n_q;
             let want = reference::attention(

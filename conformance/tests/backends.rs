@@ -29,6 +29,19 @@ fn cpu() {
     certify(dev, "cpu");
 }
 
+/// The cpu backend at every SIMD level this machine has, not only the one it picks:
+/// each level is its own set of kernels.
+#[test]
+fn cpu_every_simd_level() {
+    use flint_hal_cpu::{CpuDevice, SimdLevel};
+    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+        match CpuDevice::with_level(&DeviceOptions::default(), level) {
+            Ok(d) => certify(Arc::new(d), &format!("cpu ({level:?})")),
+            Err(e) => eprintln!("cpu {level:?}: not on this machine ({e}); not run"),
+        }
+    }
+}
+
 /// The simulated Tenstorrent adapter that the `flint-tt-sim` dev-dependency builds next
 /// to this test executable.
 fn tt_sim() -> Option<PathBuf> {
