@@ -846,15 +846,21 @@ impl State {
     }
 }
 
-/// Worker threads for one matmul: the machine's parallelism (at most 16), or one when
-/// the work is small.
+/// Worker threads for one matmul: `FLINT_THREADS` when set, else the machine's
+/// parallelism (at most 16); one when the work is small.
 fn threads(work: usize) -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if work < 1 << 20 {
         return 1;
     }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16)
+    *N.get_or_init(|| {
+        std::env::var("FLINT_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .min(16)
+    })
 }
 
 /// `out[j][o] = W[o] . x[rows[j]]` for every output row `o` of `w`, with the activation

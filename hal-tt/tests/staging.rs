@@ -1,0 +1,92 @@
+//! The pure staging rules: arrangement per encoding and the expert-slice geometry check.
+
+use flint_core::GgmlType;
+use flint_hal::{HalErrorKind, WeightDesc, WeightKind, WeightSource};
+use flint_hal_tt::staging::{arrangement, expert_slice, geometry, plan};
+
+fn admits(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q4_K | GgmlType::Q6_K)
+}
+
+#[test]
+fn arrangement_follows_keep_quant_and_admission() {
+    let a = arrangement("t", GgmlType::Q4_K, true, admits).expect("kept");
+    assert!(a.kept && a.staged_ty == GgmlType::Q4_K);
+    let a = arrangement("t", GgmlType::Q4_K, false, admits).expect("bf16");
+    assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+    let a = arrangement("t", GgmlType::Q5_K, true, admits).expect("not admitted");
+    assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+    let a = arrangement("t", GgmlType::F32, true, |_| true).expect("float");
+    assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+    let e = arrangement("blk.0.x", GgmlType::I32, true, admits).expect_err("refused");
+    assert_eq!(e.kind, HalErrorKind::Unsupported);
+    assert!(
+        e.message.contains("I32") && e.message.contains("blk.0.x"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_expert_slice_is_checked() {
+    let ty = GgmlType::Q4_K;
+    let per = 144 * 4; // [256, 4] of Q4_K
+    let bytes = vec![0u8; per * 3];
+    let geo = (256, 4, 3);
+    for e in 0..3 {
+        let s = expert_slice("tower", ty, geo, &bytes, e).expect("slice");
+        assert_eq!(s.len(), per);
+        assert_eq!(s.as_ptr(), bytes[e * per..].as_ptr());
+    }
+    // Past the last expert.
+    let err = expert_slice("tower", ty, geo, &bytes, 3).expect_err("out of range");
+    assert!(
+        err.message.contains("tower") && err.message.contains("expert 3"),
+        "{err}"
+    );
+    // A tower whose bytes are not E whole slices.
+    let short = &bytes[..per * 3 - 1];
+    let err = expert_slice("tower", ty, geo, short, 0).expect_err("short tower");
+    assert_eq!(err.kind, HalErrorKind::InvalidInput);
+    // A row that is not whole blocks.
+    let err = expert_slice("tower", ty, (100, 4, 3), &bytes, 0).expect_err("partial block");
+    assert!(err.message.contains("whole number"), "{err}");
+    // A tower must be three-dimensional.
+    let d = WeightDesc {
+        name: "flat_exps".into(),
+        ty,
+        dims: vec![256, 12],
+        kind: WeightKind::ExpertTower,
+        data: WeightSource::from_vec(bytes.clone()),
+    };
+    let err = geometry(&d).expect_err("2-D tower");
+    assert!(err.message.contains("flat_exps"), "{err}");
+}
+
+#[test]
+fn plan_places_dense_first_then_experts() {
+    let mk = |name: &str, dims: Vec<usize>, kind| WeightDesc {
+        name: name.into(),
+        ty: GgmlType::Q4_K,
+        data: WeightSource::from_vec(vec![0u8; dims.iter().product::<usize>() / 256 * 144]),
+        dims,
+        kind,
+    };
+    // Kept: a 256x256 matrix is 36864 bytes, a 256x256x4 tower 147456.
+    let ws = vec![
+        mk("exps", vec![256, 256, 4], WeightKind::ExpertTower),
+        mk("dense", vec![256, 256], WeightKind::Matrix),
+    ];
+    // Budget (15/16 of DRAM) fits the dense weight and not the tower.
+    let dram = (36864 + 100_000) * 16 / 15;
+    let p = plan(&ws, dram, true, admits).expect("plan");
+    assert_eq!(p.weights[0].name, "exps");
+    assert_eq!(p.weights[0].tier, flint_hal::Tier::Streamed);
+    assert_eq!(p.weights[1].tier, flint_hal::Tier::Resident);
+    assert_eq!(p.streamed_bytes(), 147456);
+    assert_eq!(p.resident_bytes(), 36864);
+    // With room for both, the tower goes to the expert tier.
+    let p = plan(&ws, 1 << 20, true, admits).expect("plan");
+    assert_eq!(p.weights[0].tier, flint_hal::Tier::ExpertResident);
+    assert_eq!(p.expert_tier_bytes(), 147456);
+    assert_eq!(p.streamed_bytes(), 0);
+}
