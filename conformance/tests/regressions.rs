@@ -4,24 +4,38 @@
 mod common;
 
 use common::{Broken, Defect};
-use flint_conformance::{run_suite, DeviceReport, SuiteOptions};
+use flint_conformance::{run_suite, DeviceReport, SuiteOptions, DEFAULT_SEED};
 use flint_hal::{GgmlType, Op};
 
-fn run(defect: Defect, filter: &str) -> DeviceReport {
+fn run_seeded(defect: Defect, filter: &str, seed: u64) -> DeviceReport {
     let dev = Broken::over_cpu(defect);
     run_suite(
         dev.as_ref(),
         &SuiteOptions {
             filter: Some(filter.to_string()),
-            ..SuiteOptions::default()
+            seed,
         },
     )
 }
 
+fn run(defect: Defect, filter: &str) -> DeviceReport {
+    run_seeded(defect, filter, DEFAULT_SEED)
+}
+
+/// The default seed and a few others: a regression case must not catch its defect by
+/// the luck of one seed.
+const SEEDS: [u64; 4] = [DEFAULT_SEED, 1, 2, 0xdead_beef];
+
 /// The suite fails for `defect`, and in particular on `case`; the control (the same
 /// wrapper without a defect) passes the same cases.
 fn assert_caught(defect: Defect, filter: &str, case: &str) {
-    let control = run(Defect::None, filter);
+    for seed in SEEDS {
+        assert_caught_seeded(defect, filter, case, seed);
+    }
+}
+
+fn assert_caught_seeded(defect: Defect, filter: &str, case: &str, seed: u64) {
+    let control = run_seeded(Defect::None, filter, seed);
     assert_eq!(
         control.counts().failed,
         0,
@@ -32,11 +46,11 @@ fn assert_caught(defect: Defect, filter: &str, case: &str) {
         control.results.iter().any(|r| r.case.name() == case),
         "no case named {case} under filter {filter}"
     );
-    let r = run(defect, filter);
+    let r = run_seeded(defect, filter, seed);
     print!("{}{}", r.table(), r.failure_details());
     assert!(
         r.failed(case),
-        "{defect:?} was not caught by {case}:\n{}",
+        "{defect:?} was not caught by {case} with seed {seed}:\n{}",
         r.table()
     );
 }
