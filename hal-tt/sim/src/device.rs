@@ -876,7 +876,12 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
     for &r in rows {
         sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
     }
-    let acts = kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?;
+    // BF16 rows take f32 activations as they are; block rows the encoded ones.
+    let acts = if w.ty == GgmlType::BF16 {
+        Vec::new()
+    } else {
+        kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?
+    };
     let arb = acts.len().checked_div(rows.len()).unwrap_or(0);
     let (bytes, ty, row_bytes) = (w.bytes(), w.ty, w.row_bytes);
     let n_thr = threads(rows.len() * in_f * out_f).min(out_f.max(1));
@@ -887,8 +892,11 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
         for o in o0..o1 {
             let wr = &bytes[o * row_bytes..(o + 1) * row_bytes];
             for j in 0..rows.len() {
-                part[j * wid + (o - o0)] =
-                    kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?;
+                part[j * wid + (o - o0)] = if ty == GgmlType::BF16 {
+                    kernels::dot_bf16(wr, &sel[j * in_f..(j + 1) * in_f])
+                } else {
+                    kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?
+                };
             }
         }
         Ok(part)

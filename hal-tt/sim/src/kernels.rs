@@ -45,6 +45,27 @@ pub fn encode_acts(ty: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<u8>, Stri
     Ok(out)
 }
 
+/// A BF16 weight row (little-endian bytes) against f32 activations: each product in f32,
+/// the sum in f64, as `flint_core::vec_dot` computes BF16 rows, but with four partial
+/// sums (the f64 sums differ from the core's single running sum only in their rounding
+/// order, far below f32 precision). The hot loop of the BF16 arm.
+pub fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
+    let widen = |lo: u8, hi: u8| f32::from_bits(u32::from(u16::from_le_bytes([lo, hi])) << 16);
+    let mut acc = [0.0f64; 4];
+    let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(4));
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (c, xs) in wc.zip(xc) {
+        for k in 0..4 {
+            acc[k] += f64::from(widen(c[2 * k], c[2 * k + 1]) * xs[k]);
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (c, &xv) in wr.chunks_exact(2).zip(xr) {
+        s += f64::from(widen(c[0], c[1]) * xv);
+    }
+    s as f32
+}
+
 /// One weight row of `ty` against one encoded activation row of `n` values: the core
 /// `vec_dot` reference.
 pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
