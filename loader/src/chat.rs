@@ -1,1 +1,269 @@
-//! Under construction.
+//! Chat templates: render `tokenizer.chat_template` (Jinja) with minijinja, as Hugging
+//! Face's `apply_chat_template` does (blocks trimmed, `raise_exception`, Python string
+//! methods such as `.strip()` and `.startswith()`).
+//!
+//! The rendered prompt contains special-token text (`<bos>`, `<start_of_turn>`), so
+//! tokenize it with special-token parsing on and without adding BOS again:
+//! `tokenizer.tokenize(&prompt, false, true)`.
+//!
+//! Gemma 3 files converted without a template (the 270M one among them) get a built-in
+//! Gemma template; any other architecture without one is an error.
+
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::gguf::GgufFile;
+use crate::tokenizer::{keys, Tokenizer};
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or what the template accepts).
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with this role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Chat template failures.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ChatError {
+    /// No `tokenizer.chat_template` key and no built-in template for the architecture.
+    #[error("the model has no chat template (key tokenizer.chat_template is absent) and architecture '{0}' has no built-in one; use a plain prompt instead of chat mode")]
+    Missing(String),
+    /// The template does not parse.
+    #[error("tokenizer.chat_template does not compile: {0}")]
+    Compile(String),
+    /// Rendering failed (including the template's own `raise_exception`).
+    #[error("rendering the chat template failed: {0}")]
+    Render(String),
+    /// Reading the key failed.
+    #[error("chat template metadata: {0}")]
+    Gguf(#[from] crate::gguf::GgufError),
+}
+
+/// Gemma's turn format, written for Flint: an optional system message is folded into
+/// the first user turn, `assistant` is called `model`, and roles must alternate.
+pub const GEMMA_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set prefix = messages[0].content | trim ~ '\n\n' -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set prefix = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+  {%- if (m.role == 'user') != (loop.index0 % 2 == 0) -%}
+    {{ raise_exception('Gemma conversations must alternate user / assistant turns, starting with user') }}
+  {%- endif -%}
+  {{ '<start_of_turn>' ~ ('model' if m.role == 'assistant' else m.role) ~ '\n' }}
+  {%- if loop.first %}{{ prefix }}{% endif -%}
+  {{ m.content | trim }}{{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{ '<start_of_turn>model\n' }}
+{%- endif -%}"#;
+
+const NAME: &str = "chat";
+
+/// A compiled chat template with the BOS / EOS texts it is rendered with.
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+    builtin: bool,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<Self, ChatError> {
+        let source = source.into();
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(NAME, source.clone())
+            .map_err(|e| ChatError::Compile(describe(&e)))?;
+        Ok(Self {
+            env,
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            builtin: false,
+        })
+    }
+
+    /// The built-in Gemma template.
+    pub fn gemma(bos_token: impl Into<String>, eos_token: impl Into<String>) -> Self {
+        let mut t = Self::new(GEMMA_TEMPLATE, bos_token, eos_token)
+            .unwrap_or_else(|e| unreachable!("the built-in Gemma template compiles: {e}"));
+        t.builtin = true;
+        t
+    }
+
+    /// Picks the template: the file's own when present, else the built-in one for
+    /// Gemma architectures, else [`ChatError::Missing`].
+    pub fn select(
+        template: Option<&str>,
+        architecture: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Self, ChatError> {
+        match template {
+            Some(src) => Self::new(src, bos_token, eos_token),
+            None if architecture.starts_with("gemma") => Ok(Self::gemma(bos_token, eos_token)),
+            None => Err(ChatError::Missing(architecture.to_owned())),
+        }
+    }
+
+    /// The template of a GGUF file, with BOS / EOS texts from its tokenizer.
+    pub fn from_gguf(f: &GgufFile, tok: &Tokenizer) -> Result<Self, ChatError> {
+        let text = |id: Option<u32>| {
+            id.and_then(|i| tok.token_text(i))
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        let arch = f.opt_str("general.architecture")?.unwrap_or("");
+        Self::select(
+            f.opt_str(keys::CHAT_TEMPLATE)?,
+            arch,
+            &text(tok.bos()),
+            &text(tok.eos()),
+        )
+    }
+
+    /// Whether this is the built-in fallback rather than the file's template.
+    pub fn is_builtin(&self) -> bool {
+        self.builtin
+    }
+
+    /// The Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the assistant turn is opened.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| ChatError::Render(describe(&e)))?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        })
+        .map_err(|e| ChatError::Render(describe(&e)))
+    }
+}
+
+fn describe(e: &JinjaError) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+fn raise_exception(msg: String) -> Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `strftime_now(format)` as Llama 3 templates call it; supports `%Y %m %d %B %b %%` (UTC).
+fn strftime_now(fmt: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let month = MONTHS[(m - 1) as usize];
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::civil_from_days;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}
