@@ -68,7 +68,14 @@ pub fn random_weight(
     rng: &mut CaseRng,
 ) -> Result<(Vec<u8>, Vec<f32>), String> {
     let n = k * rows;
-    let floats = rng.vec(n, -1.0, 1.0);
+    let mut floats = rng.vec(n, -1.0, 1.0);
+    // Every group of 16 gets its own magnitude (2^-3 .. 2^1), so that the sub-block
+    // scales of a quantized weight differ a lot: a kernel that applies a neighbour's
+    // scale or min is then far off, not within rounding.
+    for g in floats.chunks_mut(16) {
+        let m = rng.uniform(-3.0, 1.0).exp2();
+        g.iter_mut().for_each(|v| *v *= m);
+    }
     let bytes = match reference::quantize(ty, &floats) {
         Some(b) => b,
         None => {

@@ -138,3 +138,25 @@ fn unsupported_is_skipped_never_failed() {
     assert_eq!(c.skipped, r.results.len());
     assert!(r.table().contains("not supported"));
 }
+
+/// An output element a kernel never writes is caught (the output starts as a NaN
+/// sentinel), and only the awkward shapes expose a dropped tile remainder.
+#[test]
+fn dropped_tile_remainder_is_caught() {
+    assert_caught(Defect::TileRemainder, "matmul/Q4_K", "matmul/Q4_K");
+    let r = run(Defect::TileRemainder, "matmul/Q4_K");
+    let fails: Vec<String> = r
+        .results
+        .iter()
+        .filter_map(|x| match &x.outcome {
+            flint_conformance::Outcome::Fail { message } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        fails.iter().all(|m| m.contains("never written")),
+        "{fails:?}"
+    );
+    // W[.,16] is a whole number of tiles: that case alone would have missed it.
+    assert_eq!(r.counts().passed, 1, "{}", r.table());
+}
