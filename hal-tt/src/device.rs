@@ -911,6 +911,12 @@ impl Device for TtDevice {
         if q_rows == 0 {
             return Ok(());
         }
+        if p.window == Some(0) {
+            // A window of 0 sees no key: every output is 0 (the ABI's window 0 means
+            // "no window", so this case never reaches the adapter).
+            out.fill(0.0);
+            return Ok(());
+        }
         let seqs: Vec<CAttnSeq> = p
             .seqs
             .iter()

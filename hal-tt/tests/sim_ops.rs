@@ -455,6 +455,7 @@ fn paged_attention_sinks_and_window_match_core() {
     attention_case(true, None);
     attention_case(true, Some(3));
     attention_case(false, Some(1));
+    attention_case(true, Some(0));
 }
 
 #[test]
