@@ -33,7 +33,8 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// GELU as ggml's CPU backend computes it for f32 tensors under `GGML_GELU_FP16` (its
 /// default build): `0` for `x <= -10`, `x` for `x >= 10`, otherwise
 /// `f16(gelu_tanh(f16(x)))` widened back to f32. Computed directly instead of from a
-/// 64Ki-entry table, with the same result for every input.
+/// 64Ki-entry table, with the same result for every input (bit-exact against ggml's
+/// `ggml_gelu` in tests/math_ggml.rs).
 pub fn gelu_tanh_ggml_f16(x: f32) -> f32 {
     if x <= -10.0 {
         0.0

@@ -9,7 +9,8 @@
 //! `cosf`/`sinf` of each. Computing `pos * powf(base, -2i/n_rot)` directly would be a
 //! little more accurate, but it drifts from llama.cpp by a few ulp of the angle, which
 //! at positions in the thousands is visible in the rotated values; agreeing with the
-//! external oracle matters more here.
+//! external oracle matters more here. Against ggml's `rope_ext` (tests/math_ggml.rs):
+//! 285 of 288 values bit-exact, the rest within 2.4e-7, up to position 70000.
 
 /// Applies NeoX RoPE to one head in place (see the module docs).
 ///
