@@ -523,3 +523,31 @@ fn iq4_nl_is_kept_and_matches_core() {
     assert!(rel_rms(&out, &matmul_core(GgmlType::IQ4_NL, &bytes, in_f, &x)) < 1e-6);
     assert_eq!(dev.counters().block_dispatches, 1);
 }
+
+#[test]
+fn concurrent_calls_on_one_device_agree() {
+    let dev = std::sync::Arc::new(open_sim(true));
+    let mut rng = Rng::new(12);
+    let (desc, _) = weight(
+        "w",
+        GgmlType::Q4_K,
+        &[256, 32],
+        WeightKind::Matrix,
+        &mut rng,
+    );
+    let w = dev.stage(&desc).expect("stage");
+    let xs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(256)).collect();
+    std::thread::scope(|s| {
+        for x in &xs {
+            let (dev, w, bytes) = (dev.clone(), w.clone(), desc.data.as_slice());
+            s.spawn(move || {
+                for _ in 0..20 {
+                    let mut out = vec![0.0; 32];
+                    dev.matmul(&*w, x, 1, &mut out).expect("matmul");
+                    assert_eq!(out, matmul_core(GgmlType::Q4_K, bytes, 256, x));
+                }
+            });
+        }
+    });
+    assert_eq!(dev.counters().block_dispatches, 80);
+}
