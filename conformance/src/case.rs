@@ -359,6 +359,17 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             );
         }
         push(
+            Op::Matmul,
+            Some(ty),
+            "tied",
+            Shape::Weight {
+                k: 2 * u,
+                n: 50,
+                m: 3,
+            },
+            tol::matmul(ty),
+        );
+        push(
             Op::ExpertMatmul,
             Some(ty),
             "",

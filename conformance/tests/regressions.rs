@@ -160,3 +160,14 @@ fn dropped_tile_remainder_is_caught() {
     // W[.,16] is a whole number of tiles: that case alone would have missed it.
     assert_eq!(r.counts().passed, 1, "{}", r.table());
 }
+
+/// Weights arrive as a range of a shared buffer, as from a memory map: a backend that
+/// ignores the range's start is caught on every weight op.
+#[test]
+fn ignoring_the_weight_range_is_caught() {
+    assert_caught(Defect::IgnoresRangeStart, "matmul/Q8_0", "matmul/Q8_0");
+    let r = run(Defect::IgnoresRangeStart, "get_rows/F16");
+    assert!(r.failed("get_rows/F16"), "{}", r.table());
+    let r = run(Defect::IgnoresRangeStart, "expert_matmul/Q4_K");
+    assert!(r.failed("expert_matmul/Q4_K"), "{}", r.table());
+}

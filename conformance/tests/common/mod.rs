@@ -39,6 +39,9 @@ pub enum Defect {
     /// `matmul` drops the remainder of a tile of 4 output features: when `out` is not
     /// a multiple of 4 wide, the last `out % 4` features of each row are never written.
     TileRemainder,
+    /// `stage` reads the tensor from the start of the shared buffer instead of its
+    /// range (a zero-copy backend that forgets the tensor's offset in the mmap).
+    IgnoresRangeStart,
     /// Claims nothing at all.
     SupportsNothing,
 }
@@ -114,6 +117,12 @@ impl Device for Broken {
             }
             let mut d = desc.clone();
             d.data = WeightSource::from_vec(bytes);
+            return self.inner.stage(&d);
+        }
+        if self.defect == Defect::IgnoresRangeStart {
+            let len = desc.data.len();
+            let mut d = desc.clone();
+            d.data = WeightSource::new(desc.data.shared().clone(), 0..len)?;
             return self.inner.stage(&d);
         }
         self.inner.stage(desc)
