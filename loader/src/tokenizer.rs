@@ -724,6 +724,7 @@ impl Tokenizer {
         }
         frags.push(Fragment::Text(0, text.len()));
         let bytes = text.as_bytes();
+        let seen = BytePairs::of(bytes);
         let mut next = Vec::new();
         for &id in &self.specials {
             let attr = self.attrs[id as usize];
@@ -734,8 +735,15 @@ impl Tokenizer {
             if needle.is_empty() {
                 continue;
             }
-            // Cheap pre-check: most specials occur nowhere.
-            if !frags.iter().any(|f| matches!(*f, Fragment::Text(a, b) if find_bytes(&bytes[a..b], needle).is_some())) {
+            // Most specials occur nowhere: skip those whose first two bytes (or only
+            // byte) never appear. Cutting fragments only removes occurrences, so a
+            // skipped token could not have matched.
+            let present = match needle {
+                [a] => seen.single[*a as usize],
+                [a, b, ..] => seen.has_pair(*a, *b),
+                [] => false,
+            };
+            if !present {
                 continue;
             }
             next.clear();
@@ -844,6 +852,32 @@ impl Tokenizer {
     ) -> String {
         String::from_utf8_lossy(&self.detokenize_bytes(ids, remove_special, unparse_special))
             .into_owned()
+    }
+}
+
+/// Which bytes and adjacent byte pairs occur in a text.
+struct BytePairs {
+    single: [bool; 256],
+    pairs: Vec<u64>,
+}
+
+impl BytePairs {
+    fn of(text: &[u8]) -> Self {
+        let mut single = [false; 256];
+        let mut pairs = vec![0u64; 65_536 / 64];
+        for (i, &b) in text.iter().enumerate() {
+            single[b as usize] = true;
+            if let Some(&c) = text.get(i + 1) {
+                let k = (b as usize) << 8 | c as usize;
+                pairs[k / 64] |= 1 << (k % 64);
+            }
+        }
+        Self { single, pairs }
+    }
+
+    fn has_pair(&self, a: u8, b: u8) -> bool {
+        let k = (a as usize) << 8 | b as usize;
+        self.pairs[k / 64] & (1 << (k % 64)) != 0
     }
 }
 
