@@ -43,6 +43,8 @@ fn unknown_device_exits_1_listing_the_known_ones() {
 fn bad_usage_exits_2() {
     assert_eq!(run(&["--bogus"]).status.code(), Some(2));
     assert_eq!(run(&["--seed", "many"]).status.code(), Some(2));
+    // A filter that selects nothing is a typo, not a clean run.
+    assert_eq!(run(&["--filter", "matmull"]).status.code(), Some(2));
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! conformance suite on one or every registered backend (see `shared/spec/CLI.md`).
 //!
 //! Exit status: 0 when nothing failed; 1 when a case failed, the named device is
-//! unknown (the message lists the known ones) or cannot be opened; 2 on bad usage.
+//! unknown (the message lists the known ones) or cannot be opened; 2 on bad usage
+//! (including a `--filter` that selects no case).
 
 use std::process::ExitCode;
 
@@ -74,6 +75,20 @@ fn main() -> ExitCode {
                 eprintln!("flint-conformance: {e}");
                 return ExitCode::from(1);
             }
+        }
+    }
+
+    if let Some(f) = &opts.filter {
+        if !flint_conformance::all_cases(opts.seed)
+            .iter()
+            .any(|c| c.matches(f))
+        {
+            eprintln!(
+                "flint-conformance: --filter {f:?} selects no case (ops: {})",
+                flint_hal::Op::ALL.map(|o| o.name()).join(", ")
+            );
+            // A typo in a filter must not pass as a clean run.
+            return ExitCode::from(2);
         }
     }
 
