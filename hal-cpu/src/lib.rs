@@ -226,10 +226,9 @@ impl CpuDevice {
                     .enumerate()
                     .try_for_each(|(c, dst)| {
                         let o0 = c * per_task;
-                        for (t, d) in dst.iter_mut().enumerate() {
-                            row_dot(o0 + t, &[0], std::slice::from_mut(d))?;
-                        }
-                        Ok(())
+                        let wb = &w_bytes[o0 * row_bytes..(o0 + dst.len()) * row_bytes];
+                        kernels::matvec_rows(level, ty, wb, &acts, k, 0, dst)
+                            .map_err(|e| fmt_err("matmul", e))
                     });
             }
             // Transposed result [n][m]: each task owns whole weight rows.

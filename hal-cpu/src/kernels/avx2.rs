@@ -8,7 +8,61 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-use super::{f16_to_f32, k4_scales_mins};
+/// IEEE half bits to f32 with F16C (the `half` crate, built without `std`, converts in
+/// software, which dominated the legacy-type kernels).
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(crate) fn f16_to_f32(b: u16) -> f32 {
+    // A broadcast rather than an insert: an insert into whatever register the compiler
+    // picks made the conversion wait on the accumulator chain.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(b as i16)))
+}
+
+/// IEEE half bits to f32, in all 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn f16_bcast(b: u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(b as i16))
+}
+
+/// The 6-bit scales and mins of a Q4_K/Q5_K block as 16 bytes: scales 0..8, mins 8..16
+/// (the bit layout of ggml's `get_scale_min_k4`, unpacked four at a time).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn k4_unpack(q: &[u8; 12]) -> __m128i {
+    let a = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let b = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let c = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    // Scales/mins 0..4: the low 6 bits of bytes 0..4 / 4..8. Scales/mins 4..8: the low /
+    // high nibbles of bytes 8..12, with the top 2 bits of bytes 0..4 / 4..8 above them.
+    let sc_lo = a & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let mn_lo = b & 0x3f3f_3f3f;
+    let mn_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+}
+
+/// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
+#[inline(always)]
+fn bcast16(s: usize) -> i16 {
+    (((2 * s + 1) << 8) | (2 * s)) as i16
+}
+
+/// The i16 vector `[m0, m0, m1, m1, ..., m7, m7]` from the unpacked mins, to meet the 16
+/// activation block sums (two per sub-block of 32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn k4_mins_dup(u: __m128i) -> __m256i {
+    _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(u, u))
+}
+
+/// Loads the 16 block sums of a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load_bsums(y: &BlockQ8K) -> __m256i {
+    // SAFETY: `bsums` is 16 i16 = 32 readable bytes; loadu is unaligned.
+    unsafe { _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i) }
+}
 
 /// Horizontal sum of 8 f32 lanes.
 #[inline]
@@ -53,9 +107,10 @@ fn load32i(p: &[i8]) -> __m256i {
 pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); R];
-    let mut accm = [0f32; R];
     for (i, b) in x.iter().enumerate() {
-        let (sc, mn) = k4_scales_mins(&b.scales);
+        let u = k4_unpack(&b.scales);
+        let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
+        let mins = k4_mins_dup(u);
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
         let mut sumi = [_mm256_setzero_si256(); R];
@@ -63,8 +118,8 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
             let q = load32u(&b.qs[32 * j..]);
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            let s_lo = _mm256_set1_epi16(sc[2 * j] as i16);
-            let s_hi = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            let s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j)));
+            let s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j + 1)));
             for r in 0..R {
                 let yq = &y[r][i].qs;
                 let ya = load32i(&yq[64 * j..]);
@@ -76,20 +131,17 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let mut ms = 0i32;
-            for k in 0..8 {
-                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
-            }
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
             acc[r] = _mm256_fmadd_ps(
                 _mm256_set1_ps(d * yb.d),
                 _mm256_cvtepi32_ps(sumi[r]),
                 acc[r],
             );
-            accm[r] += dmin * yb.d * ms as f32;
+            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[r]);
         }
     }
     for r in 0..R {
-        out[r] = hsum_ps(acc[r]) - accm[r];
+        out[r] = hsum_ps(acc[r]);
     }
 }
 
@@ -99,9 +151,10 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     let m4 = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); R];
-    let mut accm = [0f32; R];
     for (i, b) in x.iter().enumerate() {
-        let (sc, mn) = k4_scales_mins(&b.scales);
+        let u = k4_unpack(&b.scales);
+        let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
+        let mins = k4_mins_dup(u);
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
         let hbits = load32(&b.qh);
@@ -120,8 +173,8 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let h_hi = _mm256_slli_epi16::<4>(_mm256_and_si256(h_hi, one));
             let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
-            let s_lo = _mm256_set1_epi16(sc[2 * j] as i16);
-            let s_hi = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            let s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j)));
+            let s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j + 1)));
             for r in 0..R {
                 let yq = &y[r][i].qs;
                 let ya = load32i(&yq[64 * j..]);
@@ -133,20 +186,17 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let mut ms = 0i32;
-            for k in 0..8 {
-                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
-            }
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
             acc[r] = _mm256_fmadd_ps(
                 _mm256_set1_ps(d * yb.d),
                 _mm256_cvtepi32_ps(sumi[r]),
                 acc[r],
             );
-            accm[r] += dmin * yb.d * ms as f32;
+            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[r]);
         }
     }
     for r in 0..R {
-        out[r] = hsum_ps(acc[r]) - accm[r];
+        out[r] = hsum_ps(acc[r]);
     }
 }
 
@@ -228,11 +278,11 @@ pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], o
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
         let q = load32i(&b.qs);
-        let d = f16_to_f32(b.d);
+        let d = f16_bcast(b.d);
         for r in 0..R {
             let yb = &y[r][i];
             let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
         }
     }
     for r in 0..R {
@@ -257,11 +307,11 @@ pub(crate) fn dot_q4_0<const R: usize>(x: &[BlockQ4_0], y: &[&[BlockQ8_0]; R], o
     let eight = _mm256_set1_epi8(8);
     for (i, b) in x.iter().enumerate() {
         let q = _mm256_sub_epi8(nibbles(&b.qs), eight);
-        let d = f16_to_f32(b.d);
+        let d = f16_bcast(b.d);
         for r in 0..R {
             let yb = &y[r][i];
             let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
         }
     }
     for r in 0..R {
@@ -297,15 +347,34 @@ pub(crate) fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[&[BlockQ8_0]; R], o
             _mm256_set1_epi8(0xF0u8 as i8),
         );
         let q = _mm256_or_si256(nibbles(&b.qs), hi);
-        let d = f16_to_f32(b.d);
+        let d = f16_bcast(b.d);
         for r in 0..R {
             let yb = &y[r][i];
             let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * f16_to_f32(yb.d)), p, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
         }
     }
     for r in 0..R {
         out[r] = hsum_ps(acc[r]);
+    }
+}
+
+/// Loads 8 weights at element `j` of a float row (kind: 0 = F32, 1 = F16, 2 = BF16).
+#[inline(always)]
+fn load_w8<const KIND: u8>(w: &[u8], j: usize) -> __m256 {
+    let es = if KIND == 0 { 4 } else { 2 };
+    assert!(w.len() >= (j + 8) * es);
+    let p = w[j * es..].as_ptr();
+    // SAFETY: bytes j*es .. (j+8)*es lie inside `w` (asserted above); unaligned loads;
+    // the enclosing kernel enables AVX2 and F16C.
+    unsafe {
+        match KIND {
+            0 => _mm256_loadu_ps(p as *const f32),
+            1 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p as *const __m128i),
+            ))),
+        }
     }
 }
 
@@ -317,35 +386,46 @@ pub(crate) fn dot_float<const R: usize>(
     y: &[&[f32]; R],
     out: &mut [f32; R],
 ) {
+    match kind {
+        super::FloatKind::F32 => dot_float_k::<0, R>(w, y, out),
+        super::FloatKind::F16 => dot_float_k::<1, R>(w, y, out),
+        super::FloatKind::BF16 => dot_float_k::<2, R>(w, y, out),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &mut [f32; R]) {
     let n = y[0].len();
-    let es = kind.size();
-    assert!(w.len() >= n * es);
     for r in 0..R {
         assert!(y[r].len() >= n);
     }
-    let mut acc = [_mm256_setzero_ps(); R];
+    // Two independent accumulator chains per row so that the FMA latency is hidden.
+    let mut a0 = [_mm256_setzero_ps(); R];
+    let mut a1 = [_mm256_setzero_ps(); R];
     let mut j = 0;
-    while j + 8 <= n {
-        let p = w[j * es..].as_ptr();
-        // SAFETY: bytes j*es .. (j+8)*es lie inside `w` (asserted above); unaligned loads.
-        let wv = unsafe {
-            match kind {
-                super::FloatKind::F32 => _mm256_loadu_ps(p as *const f32),
-                super::FloatKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-                super::FloatKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
-                )),
-            }
-        };
+    while j + 16 <= n {
+        let w0 = load_w8::<KIND>(w, j);
+        let w1 = load_w8::<KIND>(w, j + 8);
         for r in 0..R {
-            // SAFETY: y[r] has at least n >= j + 8 values (asserted above).
-            let yv = unsafe { _mm256_loadu_ps(y[r].as_ptr().add(j)) };
-            acc[r] = _mm256_fmadd_ps(wv, yv, acc[r]);
+            // SAFETY: y[r] has at least n >= j + 16 values (asserted above).
+            let (y0, y1) = unsafe {
+                (
+                    _mm256_loadu_ps(y[r].as_ptr().add(j)),
+                    _mm256_loadu_ps(y[r].as_ptr().add(j + 8)),
+                )
+            };
+            a0[r] = _mm256_fmadd_ps(w0, y0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(w1, y1, a1[r]);
         }
-        j += 8;
+        j += 16;
     }
+    let kind = match KIND {
+        0 => super::FloatKind::F32,
+        1 => super::FloatKind::F16,
+        _ => super::FloatKind::BF16,
+    };
     for r in 0..R {
-        let mut s = hsum_ps(acc[r]);
+        let mut s = hsum_ps(_mm256_add_ps(a0[r], a1[r]));
         for t in j..n {
             s += kind.get(w, t) * y[r][t];
         }

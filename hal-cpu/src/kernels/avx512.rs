@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-use super::{f16_to_f32, k4_scales_mins};
+use super::avx2::{f16_bcast, f16_to_f32, k4_mins_dup, k4_unpack, load_bsums};
 
 /// Loads the first 32 bytes of `p`.
 #[inline]
@@ -26,6 +26,12 @@ fn load64i(p: &[i8]) -> __m512i {
     unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
 }
 
+/// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
+#[inline(always)]
+fn bcast16(s: usize) -> i16 {
+    (((2 * s + 1) << 8) | (2 * s)) as i16
+}
+
 /// Two 256-bit halves as one 512-bit register (`lo` in the low half).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -39,9 +45,12 @@ fn join(lo: __m256i, hi: __m256i) -> __m512i {
 pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); R];
-    let mut accm = [0f32; R];
+    let mut accm = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let (sc, mn) = k4_scales_mins(&b.scales);
+        let u = k4_unpack(&b.scales);
+        // The 8 scales as i16, in every 128-bit lane.
+        let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
         let mut sumi = [_mm512_setzero_si512(); R];
@@ -50,9 +59,12 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
             let qv = join(lo, hi);
-            let s = join(
-                _mm256_set1_epi16(sc[2 * j] as i16),
-                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            let s = _mm512_shuffle_epi8(
+                sc,
+                join(
+                    _mm256_set1_epi16(bcast16(2 * j)),
+                    _mm256_set1_epi16(bcast16(2 * j + 1)),
+                ),
             );
             for r in 0..R {
                 let yv = load64i(&y[r][i].qs[64 * j..]);
@@ -62,20 +74,17 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let mut ms = 0i32;
-            for k in 0..8 {
-                ms += mn[k] as i32 * (yb.bsums[2 * k] as i32 + yb.bsums[2 * k + 1] as i32);
-            }
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
             acc[r] = _mm512_fmadd_ps(
                 _mm512_set1_ps(d * yb.d),
                 _mm512_cvtepi32_ps(sumi[r]),
                 acc[r],
             );
-            accm[r] += dmin * yb.d * ms as f32;
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), accm[r]);
         }
     }
     for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]) - accm[r];
+        out[r] = _mm512_reduce_add_ps(acc[r]) - super::avx2::hsum_ps(accm[r]);
     }
 }
 
@@ -165,7 +174,7 @@ pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], o
         );
         let neg = _mm512_movepi8_mask(q);
         let aq = _mm512_abs_epi8(q);
-        let (d0, d1) = (f16_to_f32(b0.d), f16_to_f32(b1.d));
+        let (d0, d1) = (f16_bcast(b0.d), f16_bcast(b1.d));
         for r in 0..R {
             let (y0, y1) = (&y[r][2 * p], &y[r][2 * p + 1]);
             let yv = join(
@@ -176,8 +185,8 @@ pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], o
             let sy = _mm512_mask_sub_epi8(yv, neg, zero, yv);
             let s = _mm512_madd_epi16(_mm512_maddubs_epi16(aq, sy), ones);
             let dd = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(d0 * f16_to_f32(y0.d)))),
-                _mm256_castps_pd(_mm256_set1_ps(d1 * f16_to_f32(y1.d))),
+                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_mul_ps(d0, f16_bcast(y0.d)))),
+                _mm256_castps_pd(_mm256_mul_ps(d1, f16_bcast(y1.d))),
             ));
             acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r]);
         }

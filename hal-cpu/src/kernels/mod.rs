@@ -38,22 +38,6 @@ pub(crate) fn f16_to_f32(b: u16) -> f32 {
     half::f16::from_bits(b).to_f32()
 }
 
-/// The 8 six-bit scales and mins of a Q4_K/Q5_K block (ggml `get_scale_min_k4`).
-#[inline(always)]
-pub(crate) fn k4_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for j in 0..4 {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-    }
-    for j in 4..8 {
-        sc[j] = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-    (sc, mn)
-}
-
 /// Float weight encodings computed against f32 activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FloatKind {
@@ -69,13 +53,6 @@ impl FloatKind {
             GgmlType::F16 => Some(FloatKind::F16),
             GgmlType::BF16 => Some(FloatKind::BF16),
             _ => None,
-        }
-    }
-
-    pub(crate) fn size(self) -> usize {
-        match self {
-            FloatKind::F32 => 4,
-            FloatKind::F16 | FloatKind::BF16 => 2,
         }
     }
 
@@ -253,6 +230,96 @@ pub(crate) fn dot_rows(
     {
         let _ = level;
         scalar_rows(ty, w, acts, k, rows, out)
+    }
+}
+
+/// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
+macro_rules! rows1 {
+    ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
+        let wb = view::<$B>($w);
+        let nbw = wb.len() / $out.len();
+        let y = &$a[$row * $nb..($row + 1) * $nb];
+        for (o, d) in $out.iter_mut().enumerate() {
+            let mut r = [0f32; 1];
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { $m::$f::<1>(&wb[o * nbw..(o + 1) * nbw], &[y], &mut r) };
+            *d = r[0];
+        }
+    }};
+}
+
+/// `out[o] = dot(weight row o, activation row act_row)` for the `out.len()` weight rows
+/// in `w` (the M = 1 path: one dispatch for a whole chunk of rows).
+pub(crate) fn matvec_rows(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    act_row: usize,
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nbk = k / 256;
+        let nb0 = k / 32;
+        let (o, a) = (out, acts);
+        match (native_kernel(level, ty), a) {
+            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => rows1!(avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => {
+                rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o)
+            }
+            (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => rows1!(avx2::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q5_K => rows1!(avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8_0(a)) => match ty {
+                GgmlType::Q8_0 => rows1!(avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
+                GgmlType::Q5_0 => rows1!(avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
+                GgmlType::Q4_0 => rows1!(avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+                _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
+            },
+            _ => {
+                let rb = w.len() / o.len();
+                for (r, d) in o.iter_mut().enumerate() {
+                    dot_rows(
+                        level,
+                        ty,
+                        &w[r * rb..(r + 1) * rb],
+                        a,
+                        k,
+                        &[act_row],
+                        std::slice::from_mut(d),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let rb = w.len() / out.len();
+        for (r, d) in out.iter_mut().enumerate() {
+            dot_rows(
+                level,
+                ty,
+                &w[r * rb..(r + 1) * rb],
+                acts,
+                k,
+                &[act_row],
+                std::slice::from_mut(d),
+            )?;
+        }
+        Ok(())
     }
 }
 

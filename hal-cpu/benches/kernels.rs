@@ -1,0 +1,246 @@
+//! Kernel benches of the CPU backend.
+//!
+//! `FLINT_THREADS=2 cargo bench -p flint-hal-cpu --bench kernels`
+//!
+//! - `matvec/<type>`: M = 1 on a 4096 x 4096 weight; throughput in weight bytes.
+//! - `matmul512/<type>`: M = 512 on a 2048 x 2048 weight; throughput in weight bytes
+//!   per call (the weight is read once per call; int8 MAC/s is in the summary).
+//! - `read_loop`: a plain read of a buffer with the same threads, for comparison.
+//! - A summary printed at the end: the target, Q4_K matvec on 14336 x 4096 with
+//!   the device threads, against a read loop over a buffer of the same size, measured
+//!   interleaved in the same run: GB/s of both and the ratio; and GB/s + GMAC/s per type.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use flint_core::GgmlType;
+use flint_hal::{Device, DeviceOptions, WeightDesc, WeightHandle, WeightKind, WeightSource};
+use flint_hal_cpu::CpuDevice;
+use rayon::prelude::*;
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_0,
+    GgmlType::F16,
+    GgmlType::F32,
+];
+
+fn opts() -> DeviceOptions {
+    DeviceOptions::from_env().expect("FLINT_THREADS / FLINT_KEEP_QUANT")
+}
+
+fn threads() -> usize {
+    opts()
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Deterministic pseudo-random bytes with sane f16 scales (a fixed 0.01 in every f16
+/// scale slot of the block layouts used here; the quant bits are arbitrary).
+fn weight_bytes(ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
+    let len = ty.row_bytes(k).expect("whole blocks") * n;
+    let mut s = 0x1234_5678_9abc_def0u64;
+    let mut b: Vec<u8> = (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    let h = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    };
+    if ty.is_quantized() {
+        for blk in b.chunks_exact_mut(ty.type_size()) {
+            for &o in fields {
+                blk[o..o + 2].copy_from_slice(&h);
+            }
+        }
+    } else {
+        // Finite floats: small f16 / f32 values.
+        let es = ty.type_size();
+        for (i, e) in b.chunks_exact_mut(es).enumerate() {
+            let v = ((i % 17) as f32 - 8.0) * 0.01;
+            match ty {
+                GgmlType::F32 => e.copy_from_slice(&v.to_le_bytes()),
+                _ => e.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+            }
+        }
+    }
+    b
+}
+
+fn stage(dev: &CpuDevice, ty: GgmlType, k: usize, n: usize) -> (WeightHandle, usize) {
+    let data = weight_bytes(ty, k, n);
+    let len = data.len();
+    let d = WeightDesc {
+        name: format!("bench.{ty}"),
+        ty,
+        dims: vec![k, n],
+        kind: WeightKind::Matrix,
+        data: WeightSource::from_vec(data),
+    };
+    (dev.stage(&d).expect("stage"), len)
+}
+
+fn input(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+        .collect()
+}
+
+/// A plain read of `buf` split over the pool's threads (sum of u64 words).
+fn read_loop(pool: &rayon::ThreadPool, buf: &[u64]) -> u64 {
+    let per = buf.len().div_ceil(pool.current_num_threads());
+    pool.install(|| {
+        buf.par_chunks(per)
+            .map(|c| {
+                let mut a = [0u64; 8];
+                for w in c.chunks_exact(8) {
+                    for i in 0..8 {
+                        a[i] = a[i].wrapping_add(w[i]);
+                    }
+                }
+                a.iter().fold(0u64, |x, &y| x.wrapping_add(y))
+            })
+            .reduce(|| 0, |x, y| x.wrapping_add(y))
+    })
+}
+
+fn benches(c: &mut Criterion) {
+    let dev = CpuDevice::new(&opts()).expect("open cpu");
+    eprintln!("device: {}", dev.description());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads())
+        .build()
+        .expect("pool");
+
+    let mut g = c.benchmark_group("matvec");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let (k, n) = (4096, 4096);
+    let x = input(k);
+    let mut out = vec![0f32; n];
+    for ty in TYPES {
+        let (w, bytes) = stage(&dev, ty, k, n);
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(ty.name(), |b| {
+            b.iter(|| dev.matmul(&*w, black_box(&x), 1, &mut out).expect("matmul"))
+        });
+    }
+    let buf = vec![1u64; GgmlType::Q4_K.row_bytes(k).expect("row") * n / 8];
+    g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
+    g.bench_function("read_loop", |b| {
+        b.iter(|| read_loop(&pool, black_box(&buf)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("matmul512");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let (k, n, m) = (2048, 2048, 512);
+    let x = input(m * k);
+    let mut out = vec![0f32; m * n];
+    for ty in TYPES {
+        let (w, bytes) = stage(&dev, ty, k, n);
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(ty.name(), |b| {
+            b.iter(|| dev.matmul(&*w, black_box(&x), m, &mut out).expect("matmul"))
+        });
+    }
+    g.finish();
+}
+
+/// Median seconds of `runs` calls of `f`.
+fn median(mut t: Vec<f64>) -> f64 {
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    t[t.len() / 2]
+}
+
+fn time<F: FnMut()>(mut f: F) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+fn summary(_: &mut Criterion) {
+    let dev = CpuDevice::new(&opts()).expect("open cpu");
+    let th = threads();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(th)
+        .build()
+        .expect("pool");
+    println!(
+        "\n== summary ({}; read loop on {th} threads) ==",
+        dev.description()
+    );
+
+    // The target: Q4_K matvec 14336 x 4096 vs a read loop over the same bytes, interleaved.
+    let (k, n) = (4096, 14336);
+    let (w, bytes) = stage(&dev, GgmlType::Q4_K, k, n);
+    let buf = Arc::new(vec![1u64; bytes / 8]);
+    let x = input(k);
+    let mut out = vec![0f32; n];
+    for _ in 0..5 {
+        dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
+        black_box(read_loop(&pool, &buf));
+    }
+    let (mut tm, mut tr) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        tm.push(time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")));
+        tr.push(time(|| {
+            black_box(read_loop(&pool, &buf));
+        }));
+    }
+    let (gm, gr) = (
+        bytes as f64 / median(tm) / 1e9,
+        bytes as f64 / median(tr) / 1e9,
+    );
+    println!(
+        "Q4_K matvec 14336x4096 ({:.1} MB): {gm:.2} GB/s; read loop same size: {gr:.2} GB/s; ratio {:.2} (target >= 0.80)",
+        bytes as f64 / 1e6,
+        gm / gr
+    );
+
+    // Per type: GB/s and int8 MAC/s (f32 MAC/s for float weights).
+    for (label, k, n, m, runs) in [
+        ("matvec", 4096, 4096, 1, 20),
+        ("matmul M=512", 2048, 2048, 512, 5),
+    ] {
+        let x = input(m * k);
+        let mut out = vec![0f32; m * n];
+        for ty in TYPES {
+            let (w, bytes) = stage(&dev, ty, k, n);
+            dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+            let t = median(
+                (0..runs)
+                    .map(|_| time(|| dev.matmul(&*w, &x, m, &mut out).expect("matmul")))
+                    .collect(),
+            );
+            let macs = (k * n * m) as f64;
+            println!(
+                "{label:>13} {:>5} {k}x{n}: {:8.3} ms  {:6.2} GB/s  {:7.2} GMAC/s",
+                ty.name(),
+                t * 1e3,
+                bytes as f64 / t / 1e9,
+                macs / t / 1e9
+            );
+        }
+    }
+}
+
+criterion_group!(kernels, benches, summary);
+criterion_main!(kernels);

@@ -1,0 +1,341 @@
+//! Paged attention against `flint_core::math::attention_ref` on contiguous K/V, and the
+//! element-wise ops against the core math references.
+
+mod common;
+
+use common::Rng;
+use flint_core::math::{self, AttentionParams};
+use flint_hal::{
+    AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, PagedAttention, RopeParams,
+    RoutingConfig, NO_BLOCK,
+};
+use flint_hal_cpu::CpuDevice;
+
+fn dev() -> CpuDevice {
+    CpuDevice::new(&DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    })
+    .expect("open cpu")
+}
+
+/// One sequence of the test: its block table, the positions queried, and its K/V rows
+/// for positions `0..len` (contiguous, as the reference wants them).
+struct Seq {
+    table: Vec<u32>,
+    len: usize,
+    q_pos: Vec<u32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_block: bool) {
+    let d = dev();
+    let layout = KvLayout {
+        num_blocks: 16,
+        block_size: 4,
+        n_kv_heads: 2,
+        head_dim_k: 8,
+        head_dim_v: 6,
+    };
+    let n_heads = 6; // GQA: 3 query heads per KV head
+    let (hkv, dk, dv, bs) = (2, 8, 6, 4);
+    let mut rng = Rng(11);
+    let mut seqs = vec![
+        Seq {
+            table: vec![7, 2, 11, 5],
+            len: 13,
+            q_pos: vec![10, 11, 12],
+            k: vec![],
+            v: vec![],
+        },
+        Seq {
+            table: vec![0, 9],
+            len: 6,
+            q_pos: vec![5],
+            k: vec![],
+            v: vec![],
+        },
+        Seq {
+            table: vec![14, 3, 8],
+            len: 9,
+            q_pos: vec![0, 1, 2, 3, 4, 5, 6, 7, 8],
+            k: vec![],
+            v: vec![],
+        },
+    ];
+    let mut kv = d.alloc_kv(&layout).expect("alloc kv");
+    // Poison every slot: a read of any slot the kernel should not touch gives NaN.
+    let all: Vec<u32> = (0..layout.num_slots() as u32).collect();
+    let nan_k = vec![f32::NAN; all.len() * hkv * dk];
+    let nan_v = vec![f32::NAN; all.len() * hkv * dv];
+    d.write_kv(&mut *kv, &nan_k, &nan_v, &all).expect("poison");
+    for s in seqs.iter_mut() {
+        s.k = rng.vec(s.len * hkv * dk);
+        s.v = rng.vec(s.len * hkv * dv);
+        let slots: Vec<u32> = (0..s.len)
+            .map(|j| s.table[j / bs] * bs as u32 + (j % bs) as u32)
+            .collect();
+        d.write_kv(&mut *kv, &s.k, &s.v, &slots).expect("write kv");
+    }
+    if free_first_block {
+        // Sequence 0's first block (positions 0..4) fell out of the window and was
+        // handed back: the pool reuses it for something else.
+        let freed = seqs[0].table[0];
+        seqs[0].table[0] = NO_BLOCK;
+        let slots: Vec<u32> = (0..bs as u32).map(|t| freed * bs as u32 + t).collect();
+        d.write_kv(
+            &mut *kv,
+            &vec![f32::NAN; bs * hkv * dk],
+            &vec![f32::NAN; bs * hkv * dv],
+            &slots,
+        )
+        .expect("reuse");
+    }
+    let n_rows: usize = seqs.iter().map(|s| s.q_pos.len()).sum();
+    let q = rng.vec(n_rows * n_heads * dk);
+    let mut starts = vec![];
+    let mut r = 0;
+    for s in &seqs {
+        starts.push(r);
+        r += s.q_pos.len();
+    }
+    let attn_seqs: Vec<AttnSeq<'_>> = seqs
+        .iter()
+        .zip(&starts)
+        .map(|(s, &q_start)| AttnSeq {
+            q_start,
+            positions: &s.q_pos,
+            block_table: &s.table,
+        })
+        .collect();
+    let scale = 1.0 / (dk as f32).sqrt();
+    let p = PagedAttention {
+        q: &q,
+        seqs: &attn_seqs,
+        n_heads,
+        scale,
+        sinks: sinks.as_deref(),
+        window,
+    };
+    let mut out = vec![f32::NAN; n_rows * n_heads * dv];
+    d.paged_attention(&*kv, &p, &mut out)
+        .expect("paged attention");
+    let rp = AttentionParams {
+        n_head: n_heads,
+        n_head_kv: hkv,
+        dk,
+        dv,
+        scale,
+        sinks: sinks.as_deref(),
+        window,
+    };
+    for (s, &q_start) in seqs.iter().zip(&starts) {
+        let nq = s.q_pos.len();
+        let qs = &q[q_start * n_heads * dk..(q_start + nq) * n_heads * dk];
+        let mut want = vec![0f32; nq * n_heads * dv];
+        math::attention_ref(&rp, qs, &s.q_pos, &s.k, &s.v, &mut want);
+        let got = &out[q_start * n_heads * dv..(q_start + nq) * n_heads * dv];
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "window {window:?} sinks {sinks:?}: seq at row {q_start}, value {i}: got {g}, want {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn paged_attention_full_causal_gqa() {
+    check_attention(None, None, false);
+}
+
+#[test]
+fn paged_attention_with_sinks_below_and_above_the_max() {
+    // Scores are about |q.k|/sqrt(8) <= ~1: -2 is below every max, 4 above.
+    check_attention(None, Some(vec![-2.0, -0.5, 0.0, 4.0, -3.0, 1.0]), false);
+}
+
+#[test]
+fn paged_attention_sliding_window_with_freed_block() {
+    // Window 5: queries at 10..12 of sequence 0 never see positions 0..4, whose block
+    // is NO_BLOCK and poisoned.
+    check_attention(Some(5), Some(vec![-1.0, 0.5, -0.2, 2.0, -4.0, 0.1]), true);
+    check_attention(Some(3), None, true);
+}
+
+#[test]
+fn paged_attention_rejects_a_freed_block_in_view() {
+    let d = dev();
+    let layout = KvLayout {
+        num_blocks: 4,
+        block_size: 2,
+        n_kv_heads: 1,
+        head_dim_k: 4,
+        head_dim_v: 4,
+    };
+    let kv = d.alloc_kv(&layout).expect("alloc");
+    let table = [NO_BLOCK, 1];
+    let pos = [3u32];
+    let seqs = [AttnSeq {
+        q_start: 0,
+        positions: &pos,
+        block_table: &table,
+    }];
+    let q = [0.1f32; 4];
+    let p = PagedAttention {
+        q: &q,
+        seqs: &seqs,
+        n_heads: 1,
+        scale: 0.5,
+        sinks: None,
+        window: None,
+    };
+    let mut out = [0f32; 4];
+    let e = d
+        .paged_attention(&*kv, &p, &mut out)
+        .expect_err("freed block in view");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput);
+}
+
+#[test]
+fn add_rms_norm_adds_the_residual_once() {
+    let d = dev();
+    let mut rng = Rng(12);
+    let dim = 64;
+    let res0 = rng.vec(3 * dim);
+    let delta = rng.vec(3 * dim);
+    let w = rng.vec(dim);
+    let mut res = res0.clone();
+    let mut out = vec![0f32; 3 * dim];
+    d.add_rms_norm(&mut res, &delta, &w, 1e-6, dim, &mut out)
+        .expect("add_rms_norm");
+    let sum: Vec<f32> = res0.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    assert_eq!(res, sum);
+    let mut want = vec![0f32; 3 * dim];
+    for (x, o) in sum.chunks(dim).zip(want.chunks_mut(dim)) {
+        math::rms_norm(x, Some(&w), 1e-6, o);
+    }
+    assert_eq!(out, want);
+    // Per-head norm without weight.
+    let mut o2 = vec![0f32; 3 * dim];
+    d.rms_norm(&sum, None, 1e-6, 16, &mut o2).expect("rms_norm");
+    let mut w2 = vec![0f32; 3 * dim];
+    for (x, o) in sum.chunks(16).zip(w2.chunks_mut(16)) {
+        math::rms_norm(x, None, 1e-6, o);
+    }
+    assert_eq!(o2, w2);
+}
+
+#[test]
+fn rope_matches_core_neox() {
+    let d = dev();
+    let mut rng = Rng(13);
+    let p = RopeParams {
+        n_heads: 3,
+        head_dim: 16,
+        n_rot: 12,
+        base: 10000.0,
+    };
+    let pos = [0u32, 7, 1000];
+    let x0 = rng.vec(pos.len() * 48);
+    let mut x = x0.clone();
+    d.rope(&mut x, &pos, &p).expect("rope");
+    let mut want = x0;
+    for (row, &ps) in want.chunks_mut(48).zip(&pos) {
+        math::rope_neox_heads(row, 16, ps, 12, 10000.0);
+    }
+    assert_eq!(x, want);
+}
+
+#[test]
+fn elementwise_ops_match_core() {
+    let d = dev();
+    let mut rng = Rng(14);
+    let g = rng.vec(100);
+    let u = rng.vec(100);
+    let mut o = vec![0f32; 100];
+    d.silu_mul(&g, &u, &mut o).expect("silu_mul");
+    for i in 0..100 {
+        assert_eq!(o[i], math::silu(g[i]) * u[i]);
+    }
+    d.gelu_mul(&g, &u, &mut o).expect("gelu_mul");
+    for i in 0..100 {
+        assert_eq!(o[i], math::gelu_tanh(g[i]) * u[i]);
+    }
+    let mut a = g.clone();
+    d.add(&mut a, &u).expect("add");
+    d.scale(&mut a, 0.5).expect("scale");
+    for i in 0..100 {
+        assert_eq!(a[i], (g[i] + u[i]) * 0.5);
+    }
+    // scatter_add_weighted: rows 2 and 0 of acc, row 2 twice.
+    let dim = 4;
+    let mut acc = vec![1f32; 3 * dim];
+    let x = rng.vec(3 * dim);
+    d.scatter_add_weighted(&mut acc, &x, &[2, 0, 2], &[0.5, 2.0, -1.0], dim)
+        .expect("scatter");
+    for j in 0..dim {
+        assert_eq!(acc[j], 1.0 + 2.0 * x[dim + j]);
+        assert_eq!(acc[dim + j], 1.0);
+        assert_eq!(acc[2 * dim + j], 1.0 + 0.5 * x[j] + -x[2 * dim + j]);
+    }
+}
+
+#[test]
+fn route_topk_matches_core() {
+    let d = dev();
+    let mut rng = Rng(15);
+    let (ne, k, rows) = (8, 3, 4);
+    let logits = rng.vec(rows * ne);
+    let bias = rng.vec(ne);
+    for (gating, cg) in [
+        (Gating::Sigmoid, math::Gating::Sigmoid),
+        (Gating::Softmax, math::Gating::Softmax),
+    ] {
+        let cfg = RoutingConfig {
+            k,
+            gating,
+            normalize: true,
+            scale: 2.5,
+        };
+        let mut ids = vec![0u32; rows * k];
+        let mut w = vec![0f32; rows * k];
+        d.route_topk(&logits, ne, Some(&bias), &cfg, &mut ids, &mut w)
+            .expect("route");
+        for r in 0..rows {
+            let mut wi = vec![0u32; k];
+            let mut ww = vec![0f32; k];
+            math::route_topk(
+                &logits[r * ne..(r + 1) * ne],
+                Some(&bias),
+                k,
+                cg,
+                true,
+                2.5,
+                &mut wi,
+                &mut ww,
+            )
+            .expect("core route");
+            assert_eq!(&ids[r * k..(r + 1) * k], &wi[..]);
+            assert_eq!(&w[r * k..(r + 1) * k], &ww[..]);
+        }
+    }
+}
+
+#[test]
+fn write_kv_rejects_out_of_range_slot() {
+    let d = dev();
+    let layout = KvLayout {
+        num_blocks: 2,
+        block_size: 2,
+        n_kv_heads: 1,
+        head_dim_k: 2,
+        head_dim_v: 2,
+    };
+    let mut kv = d.alloc_kv(&layout).expect("alloc");
+    let e = d
+        .write_kv(&mut *kv, &[0.0; 2], &[0.0; 2], &[4])
+        .expect_err("slot 4 of 4");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput);
+}
