@@ -1,0 +1,559 @@
+//! The device forward: the model staged on a [`Device`](flint_hal::Device) and run
+//! through the HAL, a batch of tokens from many sequences at a time.
+//!
+//! A step takes a [`Batch`]: for every sequence its new tokens, the position of the
+//! first one, and its block table in each KV group (group 0: full-attention layers,
+//! group 1: sliding-window layers). All tokens of all sequences go through every
+//! weight together as one `[n_tokens, d]` activation matrix; each layer writes its keys
+//! and values through its own group's slot mapping
+//! (`slot = table[pos / block_size] * block_size + pos % block_size`) and reads them back
+//! with one `paged_attention` call over all sequences.
+//!
+//! [`Session`] wraps this for one sequence with a trivial block table (the CLI, the
+//! gates); the paged engine builds its batches itself.
+
+use flint_hal::{
+    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, PagedAttention, RopeParams,
+    RoutingConfig, WeightDesc, WeightHandle, WeightKind,
+};
+
+use crate::model::{Activation, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
+
+/// KV group of full-attention layers.
+pub const GROUP_FULL: usize = 0;
+/// KV group of sliding-window layers.
+pub const GROUP_SLIDING: usize = 1;
+
+#[derive(Debug)]
+struct DevMlp {
+    gate: WeightHandle,
+    up: WeightHandle,
+    down: WeightHandle,
+    width: usize,
+}
+
+#[derive(Debug)]
+enum DevFfn {
+    Dense(DevMlp),
+    Moe {
+        router: WeightHandle,
+        bias: Option<Vec<f32>>,
+        experts: DevMlp,
+        shared: Option<DevMlp>,
+    },
+}
+
+#[derive(Debug)]
+struct DevLayer {
+    attn_norm: Vec<f32>,
+    wq: WeightHandle,
+    wk: WeightHandle,
+    wv: WeightHandle,
+    wo: WeightHandle,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    sinks: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    ffn: DevFfn,
+    post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A model staged on a device.
+#[derive(Debug)]
+pub struct DeviceModel {
+    dev: DeviceRef,
+    spec: ModelSpec,
+    token_embd: WeightHandle,
+    output: WeightHandle,
+    output_norm: Vec<f32>,
+    layers: Vec<DevLayer>,
+}
+
+/// One sequence's part of a [`Batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct BatchSeq<'a> {
+    /// Its new tokens, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start_pos: u32,
+    /// Its block table in each KV group (`[GROUP_FULL]`, `[GROUP_SLIDING]`).
+    pub block_tables: [&'a [u32]; 2],
+    /// Logits wanted for every new token (teacher forcing) instead of the last only.
+    pub all_logits: bool,
+}
+
+/// One forward step over many sequences.
+#[derive(Clone, Debug)]
+pub struct Batch<'a> {
+    /// The sequences; their tokens are laid out one after another.
+    pub seqs: Vec<BatchSeq<'a>>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Batch<'_> {
+    /// Rows of logits [`DeviceModel::forward`] returns: per sequence, all its tokens or
+    /// its last.
+    pub fn n_logit_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .map(|s| if s.all_logits { s.tokens.len() } else { 1 })
+            .sum()
+    }
+}
+
+fn stage_one(
+    dev: &DeviceRef,
+    t: &TensorRef,
+    kind: WeightKind,
+) -> Result<WeightHandle, ModelError> {
+    let desc = WeightDesc {
+        name: t.name.clone(),
+        ty: t.ty,
+        dims: t.dims.clone(),
+        kind,
+        data: t.data.clone(),
+    };
+    dev.stage(&desc)
+        .map_err(|e| ModelError::new(format!("staging '{}' on {}: {e}", t.name, dev.name())))
+}
+
+impl DeviceModel {
+    /// Stages every matrix of `model` on `dev`. `progress(done, total)` is called after
+    /// each tensor (for a progress bar).
+    pub fn stage(
+        model: &Model,
+        dev: DeviceRef,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        let tied = model.output.name == model.token_embd.name;
+        let total = if tied { 1 } else { 2 } + model
+            .layers
+            .iter()
+            .map(|l| {
+                4 + match &l.ffn {
+                    Ffn::Dense(_) => 3,
+                    Ffn::Moe(m) => 4 + if m.shared.is_some() { 3 } else { 0 },
+                }
+            })
+            .sum::<usize>();
+        let mut done = 0usize;
+        let mut st = |t: &TensorRef, kind: WeightKind| -> Result<WeightHandle, ModelError> {
+            let h = stage_one(&dev, t, kind)?;
+            done += 1;
+            progress(done, total);
+            Ok(h)
+        };
+        let token_embd = st(&model.token_embd, WeightKind::Embedding)?;
+        let output = if tied {
+            // Tied: one staged copy serves get_rows and the output matmul.
+            token_embd.clone()
+        } else {
+            st(&model.output, WeightKind::Matrix)?
+        };
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            let mut mlp = |m: &Mlp, kind: WeightKind| -> Result<DevMlp, ModelError> {
+                Ok(DevMlp {
+                    gate: st(&m.gate, kind)?,
+                    up: st(&m.up, kind)?,
+                    down: st(&m.down, kind)?,
+                    width: m.gate.dims[1],
+                })
+            };
+            let ffn = match &l.ffn {
+                Ffn::Dense(m) => DevFfn::Dense(mlp(m, WeightKind::Matrix)?),
+                Ffn::Moe(moe) => {
+                    let experts = mlp(&moe.experts, WeightKind::ExpertTower)?;
+                    let shared = match &moe.shared {
+                        Some(s) => Some(mlp(s, WeightKind::Matrix)?),
+                        None => None,
+                    };
+                    DevFfn::Moe {
+                        router: st(&moe.router, WeightKind::Matrix)?,
+                        bias: moe.bias.clone(),
+                        experts,
+                        shared,
+                    }
+                }
+            };
+            layers.push(DevLayer {
+                attn_norm: l.attn_norm.clone(),
+                wq: st(&l.wq, WeightKind::Matrix)?,
+                wk: st(&l.wk, WeightKind::Matrix)?,
+                wv: st(&l.wv, WeightKind::Matrix)?,
+                wo: st(&l.wo, WeightKind::Matrix)?,
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
+                sinks: l.sinks.clone(),
+                post_attn_norm: l.post_attn_norm.clone(),
+                ffn_norm: l.ffn_norm.clone(),
+                ffn,
+                post_ffn_norm: l.post_ffn_norm.clone(),
+            });
+        }
+        Ok(Self {
+            dev,
+            spec: model.spec.clone(),
+            token_embd,
+            output,
+            output_norm: model.output_norm.clone(),
+            layers,
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The device.
+    pub fn device(&self) -> &DeviceRef {
+        &self.dev
+    }
+
+    /// The KV layout of every layer for a pool of `num_blocks` blocks of `block_size`.
+    pub fn kv_layout(&self, num_blocks: usize, block_size: usize) -> KvLayout {
+        KvLayout {
+            num_blocks,
+            block_size,
+            n_kv_heads: self.spec.n_kv_heads,
+            head_dim_k: self.spec.head_dim_k,
+            head_dim_v: self.spec.head_dim_v,
+        }
+    }
+
+    /// Allocates one KV buffer per layer.
+    pub fn alloc_kv(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Vec<Box<dyn KvBuffer>>, ModelError> {
+        let layout = self.kv_layout(num_blocks, block_size);
+        (0..self.layers.len())
+            .map(|_| self.dev.alloc_kv(&layout).map_err(ModelError::from))
+            .collect()
+    }
+
+    /// The KV group of layer `il`.
+    pub fn layer_group(&self, il: usize) -> usize {
+        if self.spec.layers[il].sliding {
+            GROUP_SLIDING
+        } else {
+            GROUP_FULL
+        }
+    }
+
+    /// Runs one step: every token of every sequence of `batch` through all layers,
+    /// writing their KV into `kv` (one buffer per layer). Returns the logits rows
+    /// ([`Batch::n_logit_rows`] x vocab), sequence by sequence.
+    pub fn forward(
+        &self,
+        kv: &mut [Box<dyn KvBuffer>],
+        batch: &Batch<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let spec = &self.spec;
+        let dev = &self.dev;
+        let (d, h, hkv, dk, dv) = (
+            spec.d,
+            spec.n_heads,
+            spec.n_kv_heads,
+            spec.head_dim_k,
+            spec.head_dim_v,
+        );
+        assert_eq!(kv.len(), self.layers.len(), "one KV buffer per layer");
+        let bs = batch.block_size;
+
+        // Flatten the batch: tokens, positions, per-group slots, per-seq row ranges.
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut slots: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        let mut starts = Vec::with_capacity(batch.seqs.len());
+        for s in &batch.seqs {
+            starts.push(tokens.len());
+            for (i, &t) in s.tokens.iter().enumerate() {
+                if t as usize >= spec.vocab {
+                    return Err(ModelError::new(format!(
+                        "token id {t} is outside the vocabulary of {}",
+                        spec.vocab
+                    )));
+                }
+                let p = s.start_pos + i as u32;
+                if p as usize >= spec.context_length {
+                    return Err(ModelError::new(format!(
+                        "position {p} is beyond the model's context length {}",
+                        spec.context_length
+                    )));
+                }
+                tokens.push(t);
+                positions.push(p);
+                for (g, slot) in slots.iter_mut().enumerate() {
+                    let table = s.block_tables[g];
+                    let b = (p as usize) / bs;
+                    let Some(&blk) = table.get(b) else {
+                        // A group no layer uses may carry an empty table.
+                        slot.push(u32::MAX);
+                        continue;
+                    };
+                    slot.push(blk.wrapping_mul(bs as u32).wrapping_add(p % bs as u32));
+                }
+            }
+        }
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..2)
+            .map(|g| {
+                batch
+                    .seqs
+                    .iter()
+                    .zip(&starts)
+                    .map(|(s, &q_start)| AttnSeq {
+                        q_start,
+                        positions: &positions[q_start..q_start + s.tokens.len()],
+                        block_table: s.block_tables[g],
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let mut x = vec![0.0f32; n * d];
+        dev.get_rows(&*self.token_embd, &tokens, &mut x)?;
+        if spec.embed_scale != 1.0 {
+            dev.scale(&mut x, spec.embed_scale)?;
+        }
+        let mut a = vec![0.0f32; n * d];
+        dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.eps, d, &mut a)?;
+
+        let mut q = vec![0.0f32; n * h * dk];
+        let mut k = vec![0.0f32; n * hkv * dk];
+        let mut v = vec![0.0f32; n * hkv * dv];
+        let mut o = vec![0.0f32; n * h * dv];
+        let mut tmp = vec![0.0f32; n * d];
+        let mut f = vec![0.0f32; n * d];
+        for (il, layer) in self.layers.iter().enumerate() {
+            let ls = spec.layers[il];
+            let g = self.layer_group(il);
+            dev.matmul(&*layer.wq, &a, n, &mut q)?;
+            dev.matmul(&*layer.wk, &a, n, &mut k)?;
+            dev.matmul(&*layer.wv, &a, n, &mut v)?;
+            if let Some(w) = &layer.q_norm {
+                let src = q.clone();
+                dev.rms_norm(&src, Some(w), spec.eps, dk, &mut q)?;
+            }
+            if let Some(w) = &layer.k_norm {
+                let src = k.clone();
+                dev.rms_norm(&src, Some(w), spec.eps, dk, &mut k)?;
+            }
+            let rp = |heads| RopeParams {
+                n_heads: heads,
+                head_dim: dk,
+                n_rot: spec.n_rot,
+                base: ls.rope_base,
+            };
+            dev.rope(&mut q, &positions, &rp(h))?;
+            dev.rope(&mut k, &positions, &rp(hkv))?;
+            dev.write_kv(&mut *kv[il], &k, &v, &slots[g])?;
+            let pa = PagedAttention {
+                q: &q,
+                seqs: &attn_seqs[g],
+                n_heads: h,
+                scale: spec.attn_scale,
+                sinks: layer.sinks.as_deref(),
+                window: spec.layer_window(il),
+            };
+            dev.paged_attention(&*kv[il], &pa, &mut o)?;
+            dev.matmul(&*layer.wo, &o, n, &mut tmp)?;
+            if let Some(w) = &layer.post_attn_norm {
+                let src = tmp.clone();
+                dev.rms_norm(&src, Some(w), spec.eps, d, &mut tmp)?;
+            }
+            dev.add_rms_norm(&mut x, &tmp, &layer.ffn_norm, spec.eps, d, &mut f)?;
+            self.ffn(layer, &f, n, &mut tmp)?;
+            if let Some(w) = &layer.post_ffn_norm {
+                let src = tmp.clone();
+                dev.rms_norm(&src, Some(w), spec.eps, d, &mut tmp)?;
+            }
+            let next_norm = match self.layers.get(il + 1) {
+                Some(next) => &next.attn_norm,
+                None => &self.output_norm,
+            };
+            dev.add_rms_norm(&mut x, &tmp, next_norm, spec.eps, d, &mut a)?;
+        }
+        // `a` now holds rmsnorm(x) * output_norm for every row; keep the wanted rows.
+        let mut rows = Vec::with_capacity(batch.n_logit_rows() * d);
+        for (s, &st) in batch.seqs.iter().zip(&starts) {
+            let r = if s.all_logits {
+                st..st + s.tokens.len()
+            } else {
+                st + s.tokens.len() - 1..st + s.tokens.len()
+            };
+            rows.extend_from_slice(&a[r.start * d..r.end * d]);
+        }
+        let m = rows.len() / d;
+        let mut logits = vec![0.0f32; m * spec.vocab];
+        dev.matmul(&*self.output, &rows, m, &mut logits)?;
+        Ok(logits)
+    }
+
+    fn mlp(&self, mlp: &DevMlp, f: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let dev = &self.dev;
+        let mut g = vec![0.0f32; n * mlp.width];
+        let mut u = vec![0.0f32; n * mlp.width];
+        dev.matmul(&*mlp.gate, f, n, &mut g)?;
+        dev.matmul(&*mlp.up, f, n, &mut u)?;
+        let mut hdn = vec![0.0f32; n * mlp.width];
+        match self.spec.activation {
+            Activation::Silu => dev.silu_mul(&g, &u, &mut hdn)?,
+            Activation::GeluTanh => dev.gelu_mul(&g, &u, &mut hdn)?,
+        }
+        dev.matmul(&*mlp.down, &hdn, n, out)?;
+        Ok(())
+    }
+
+    fn ffn(&self, layer: &DevLayer, f: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let dev = &self.dev;
+        let d = self.spec.d;
+        match &layer.ffn {
+            DevFfn::Dense(m) => self.mlp(m, f, n, out),
+            DevFfn::Moe {
+                router,
+                bias,
+                experts,
+                shared,
+            } => {
+                let Some(ms) = self.spec.moe else {
+                    return Err(ModelError::new("MoE layer in a model without MoE settings"));
+                };
+                let e = ms.n_experts;
+                let k = ms.k;
+                let mut logits = vec![0.0f32; n * e];
+                dev.matmul(&**router, f, n, &mut logits)?;
+                let mut ids = vec![0u32; n * k];
+                let mut weights = vec![0.0f32; n * k];
+                let cfg = RoutingConfig {
+                    k,
+                    gating: ms.gating,
+                    normalize: ms.normalize,
+                    scale: ms.scale,
+                };
+                dev.route_topk(&logits, e, bias.as_deref(), &cfg, &mut ids, &mut weights)?;
+                let rows: Vec<ExpertRow> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &ex)| ExpertRow {
+                        input_row: (r / k) as u32,
+                        expert: ex,
+                    })
+                    .collect();
+                let w = experts.width;
+                let mut g = vec![0.0f32; n * k * w];
+                let mut u = vec![0.0f32; n * k * w];
+                dev.expert_matmul(&*experts.gate, f, &rows, &mut g)?;
+                dev.expert_matmul(&*experts.up, f, &rows, &mut u)?;
+                let mut hdn = vec![0.0f32; n * k * w];
+                match self.spec.activation {
+                    Activation::Silu => dev.silu_mul(&g, &u, &mut hdn)?,
+                    Activation::GeluTanh => dev.gelu_mul(&g, &u, &mut hdn)?,
+                }
+                let down_rows: Vec<ExpertRow> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(r, row)| ExpertRow {
+                        input_row: r as u32,
+                        expert: row.expert,
+                    })
+                    .collect();
+                let mut y = vec![0.0f32; n * k * d];
+                dev.expert_matmul(&*experts.down, &hdn, &down_rows, &mut y)?;
+                out.fill(0.0);
+                let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
+                dev.scatter_add_weighted(out, &y, &token_rows, &weights, d)?;
+                if let Some(s) = shared {
+                    let mut ys = vec![0.0f32; n * d];
+                    self.mlp(s, f, n, &mut ys)?;
+                    dev.add(out, &ys)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One sequence on a device with a trivial block table (block `i` holds positions
+/// `i * block_size ..`), for the CLI and the gates.
+#[derive(Debug)]
+pub struct Session<'m> {
+    model: &'m DeviceModel,
+    kv: Vec<Box<dyn KvBuffer>>,
+    table: Vec<u32>,
+    block_size: usize,
+    pos: usize,
+    max_len: usize,
+}
+
+impl<'m> Session<'m> {
+    /// Block size of the session's KV.
+    pub const BLOCK_SIZE: usize = 16;
+
+    /// A session able to hold `max_len` tokens (capped at the context length).
+    pub fn new(model: &'m DeviceModel, max_len: usize) -> Result<Self, ModelError> {
+        let max_len = max_len.clamp(1, model.spec.context_length);
+        let bs = Self::BLOCK_SIZE;
+        let nb = max_len.div_ceil(bs);
+        let kv = model.alloc_kv(nb, bs)?;
+        Ok(Self {
+            model,
+            kv,
+            table: (0..nb as u32).collect(),
+            block_size: bs,
+            pos: 0,
+            max_len,
+        })
+    }
+
+    /// Tokens fed so far.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+
+    /// Forgets the sequence (the KV is overwritten by the next tokens).
+    pub fn clear(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Feeds `tokens` in one step; returns the logits of the last token, or of every
+    /// token when `all_logits` (`rows x vocab`).
+    pub fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.pos + tokens.len() > self.max_len {
+            return Err(ModelError::new(format!(
+                "the sequence would reach {} tokens, beyond this session's {} (context length {})",
+                self.pos + tokens.len(),
+                self.max_len,
+                self.model.spec.context_length
+            )));
+        }
+        let batch = Batch {
+            seqs: vec![BatchSeq {
+                tokens,
+                start_pos: self.pos as u32,
+                block_tables: [&self.table, &self.table],
+                all_logits,
+            }],
+            block_size: self.block_size,
+        };
+        let logits = self.model.forward(&mut self.kv, &batch)?;
+        self.pos += tokens.len();
+        Ok(logits)
+    }
+}

@@ -1,0 +1,326 @@
+//! The reference forward: the oracle every faster path is judged against.
+//!
+//! One sequence, one token at a time, a contiguous f32 KV cache, plain f32 math. It is
+//! written to be read next to `shared/spec/FLINT.md` (and llama.cpp's Gemma 3 graph), not
+//! to be fast.
+//!
+//! **Matmuls** go through `flint_core::dot::dot_row_f32` on the weight rows as they are
+//! stored: like ggml, that quantizes the activation to the weight type's `vec_dot_type`
+//! (Q8_K for K-quants, Q8_0 for legacy types) before the integer dot. We chose this over
+//! dequantizing to f32 because the real-weights gate compares against llama.cpp, which
+//! computes exactly so; the activation rounding is part of what llama.cpp's logits are.
+//! Rows are spread over threads with rayon, which changes nothing in the result (every
+//! row is one independent dot).
+//!
+//! The building blocks (norms, RoPE, attention with sinks and a window, routing) are
+//! public so that tests can check each of them against a hand computation.
+
+use rayon::prelude::*;
+
+use flint_core::math::{gelu_tanh, silu};
+use flint_hal::Gating;
+
+use crate::model::{Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
+
+/// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
+/// `flint_core::dot::matvec_f32` (bit for bit `dot_row_f32` per row, with the activation
+/// quantized once per call). Blocks of rows go to rayon's threads; each row's result
+/// does not depend on the split.
+pub fn matvec_rows(
+    w: &TensorRef,
+    row_offset: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    assert_eq!(x.len(), w.row_len(), "matvec on '{}': input length", w.name);
+    const ROWS: usize = 256;
+    let rb = w.row_bytes();
+    let bytes = &w.bytes()[row_offset * rb..(row_offset + out.len()) * rb];
+    out.par_chunks_mut(ROWS)
+        .zip(bytes.par_chunks(ROWS * rb))
+        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32(w.ty, wb, x, o))
+        .map_err(|e| ModelError::new(format!("matmul on '{}': {e}", w.name)))
+}
+
+/// `W x` for a matrix `[in, out]`.
+pub fn matvec(w: &TensorRef, x: &[f32]) -> Result<Vec<f32>, ModelError> {
+    let mut out = vec![0.0; w.dims[1]];
+    matvec_rows(w, 0, x, &mut out)?;
+    Ok(out)
+}
+
+/// `rmsnorm(x) * w` (no multiplication when `w` is None), through `flint_core`.
+pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    flint_core::math::rms_norm(x, w, eps, &mut out);
+    out
+}
+
+/// NeoX RoPE in place on one head (`flint_core::math::rope_neox`): pairs
+/// `(x[i], x[i + n_rot/2])` turned by `pos * base^(-2i/n_rot)`.
+pub fn rope_neox(x: &mut [f32], pos: u32, n_rot: usize, base: f32) {
+    flint_core::math::rope_neox(x, pos, n_rot, base);
+}
+
+/// One query head over the keys and values of positions `0..=pos` (contiguous,
+/// `keys[j]`, `values[j]`), with an optional sink logit and window:
+/// `o = sum_j e^(s_j - m) v_j / (e^(sink - m) + sum_j e^(s_j - m))`, `m` the max of the
+/// scores and the sink, over `j <= pos` and (windowed) `j > pos - W`.
+pub fn attend_head(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    pos: usize,
+    scale: f32,
+    sink: Option<f32>,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let first = match window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    };
+    let scores: Vec<f32> = (first..=pos)
+        .map(|j| q.iter().zip(keys[j]).map(|(a, b)| a * b).sum::<f32>() * scale)
+        .collect();
+    let dv = values[pos].len();
+    let vals: Vec<f32> = (first..=pos).flat_map(|j| values[j].iter().copied()).collect();
+    let mut out = vec![0.0f32; dv];
+    flint_core::math::attend_two_pass(&scores, &vals, dv, sink, &mut out);
+    out
+}
+
+/// MoE routing of one token (`flint_core::math::route_topk`): scores `gate(logits)`,
+/// the `k` experts with the largest `score + bias` (ties: lower index first), their
+/// weights the scores renormalised to sum 1 (when `normalize`) times `scale`. Returns
+/// `(expert, weight)` in selection order.
+pub fn route(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    gating: Gating,
+    normalize: bool,
+    scale: f32,
+) -> Result<Vec<(usize, f32)>, ModelError> {
+    let g = match gating {
+        Gating::Sigmoid => flint_core::math::Gating::Sigmoid,
+        Gating::Softmax => flint_core::math::Gating::Softmax,
+    };
+    let mut ids = vec![0u32; k];
+    let mut w = vec![0.0f32; k];
+    flint_core::math::route_topk(logits, bias, k, g, normalize, scale, &mut ids, &mut w)
+        .map_err(|e| ModelError::new(e.to_string()))?;
+    Ok(ids.into_iter().map(|e| e as usize).zip(w).collect())
+}
+
+/// The reference forward of one sequence: feed tokens one by one, get logits.
+#[derive(Debug)]
+pub struct Reference<'m> {
+    model: &'m Model,
+    /// Per layer, per position: the rotated key row `[Hkv * dk]`.
+    keys: Vec<Vec<Vec<f32>>>,
+    /// Per layer, per position: the value row `[Hkv * dv]`.
+    values: Vec<Vec<Vec<f32>>>,
+}
+
+impl<'m> Reference<'m> {
+    /// An empty sequence.
+    pub fn new(model: &'m Model) -> Self {
+        let n = model.layers.len();
+        Self {
+            model,
+            keys: vec![Vec::new(); n],
+            values: vec![Vec::new(); n],
+        }
+    }
+
+    /// Tokens fed so far (= the position of the next token).
+    pub fn len(&self) -> usize {
+        self.keys.first().map(Vec::len).unwrap_or(0)
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets the sequence.
+    pub fn clear(&mut self) {
+        for k in &mut self.keys {
+            k.clear();
+        }
+        for v in &mut self.values {
+            v.clear();
+        }
+    }
+
+    /// Feeds `token` at the next position and returns the logits predicting the one
+    /// after it.
+    pub fn forward(&mut self, token: u32) -> Result<Vec<f32>, ModelError> {
+        let m = self.model;
+        let spec = &m.spec;
+        if token as usize >= spec.vocab {
+            return Err(ModelError::new(format!(
+                "token id {token} is outside the vocabulary of {}",
+                spec.vocab
+            )));
+        }
+        let pos = self.len();
+        if pos >= spec.context_length {
+            return Err(ModelError::new(format!(
+                "position {pos} is beyond the model's context length {}",
+                spec.context_length
+            )));
+        }
+        let mut x = vec![0.0f32; spec.d];
+        flint_core::dequant::dequantize(m.token_embd.ty, m.token_embd.row(token as usize), &mut x)
+            .map_err(|e| ModelError::new(format!("token_embd row {token}: {e}")))?;
+        if spec.embed_scale != 1.0 {
+            for v in &mut x {
+                *v *= spec.embed_scale;
+            }
+        }
+        for (il, layer) in m.layers.iter().enumerate() {
+            let attn = self.attention(il, layer, &x, pos)?;
+            let attn = match &layer.post_attn_norm {
+                Some(w) => rms_norm(&attn, Some(w), spec.eps),
+                None => attn,
+            };
+            add(&mut x, &attn);
+            let f = rms_norm(&x, Some(&layer.ffn_norm), spec.eps);
+            let y = self.ffn(&layer.ffn, &f)?;
+            let y = match &layer.post_ffn_norm {
+                Some(w) => rms_norm(&y, Some(w), spec.eps),
+                None => y,
+            };
+            add(&mut x, &y);
+        }
+        let h = rms_norm(&x, Some(&m.output_norm), spec.eps);
+        matvec(&m.output, &h)
+    }
+
+    fn attention(
+        &mut self,
+        il: usize,
+        layer: &Layer,
+        x: &[f32],
+        pos: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let spec = &self.model.spec;
+        let (h, hkv, dk, dv) = (
+            spec.n_heads,
+            spec.n_kv_heads,
+            spec.head_dim_k,
+            spec.head_dim_v,
+        );
+        let base = spec.layers[il].rope_base;
+        let a = rms_norm(x, Some(&layer.attn_norm), spec.eps);
+        let mut q = matvec(&layer.wq, &a)?;
+        let mut k = matvec(&layer.wk, &a)?;
+        let v = matvec(&layer.wv, &a)?;
+        for head in q.chunks_mut(dk) {
+            if let Some(w) = &layer.q_norm {
+                let n = rms_norm(head, Some(w), spec.eps);
+                head.copy_from_slice(&n);
+            }
+            rope_neox(head, pos as u32, spec.n_rot, base);
+        }
+        for head in k.chunks_mut(dk) {
+            if let Some(w) = &layer.k_norm {
+                let n = rms_norm(head, Some(w), spec.eps);
+                head.copy_from_slice(&n);
+            }
+            rope_neox(head, pos as u32, spec.n_rot, base);
+        }
+        self.keys[il].push(k);
+        self.values[il].push(v);
+        let window = spec.layer_window(il);
+        let group = h / hkv;
+        let mut o = Vec::with_capacity(h * dv);
+        for hq in 0..h {
+            let g = hq / group;
+            let ks: Vec<&[f32]> = self.keys[il]
+                .iter()
+                .map(|r| &r[g * dk..(g + 1) * dk])
+                .collect();
+            let vs: Vec<&[f32]> = self.values[il]
+                .iter()
+                .map(|r| &r[g * dv..(g + 1) * dv])
+                .collect();
+            let sink = layer.sinks.as_ref().map(|s| s[hq]);
+            o.extend(attend_head(
+                &q[hq * dk..(hq + 1) * dk],
+                &ks,
+                &vs,
+                pos,
+                spec.attn_scale,
+                sink,
+                window,
+            ));
+        }
+        matvec(&layer.wo, &o)
+    }
+
+    /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces).
+    pub fn layer_ffn(&self, il: usize, f: &[f32]) -> Result<Vec<f32>, ModelError> {
+        self.ffn(&self.model.layers[il].ffn, f)
+    }
+
+    /// A gated MLP (expert `expert` of a tower, or 0 for a plain matrix set) on `f`.
+    pub fn mlp(&self, mlp: &Mlp, expert: usize, f: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let width = mlp.gate.dims[1];
+        let d_out = mlp.down.dims[1];
+        let mut g = vec![0.0; width];
+        let mut u = vec![0.0; width];
+        matvec_rows(&mlp.gate, expert * width, f, &mut g)?;
+        matvec_rows(&mlp.up, expert * width, f, &mut u)?;
+        let act = self.model.spec.activation;
+        let hidden: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| match act {
+                Activation::Silu => silu(g) * u,
+                Activation::GeluTanh => gelu_tanh(g) * u,
+            })
+            .collect();
+        let mut y = vec![0.0; d_out];
+        matvec_rows(&mlp.down, expert * d_out, &hidden, &mut y)?;
+        Ok(y)
+    }
+
+    fn ffn(&self, ffn: &Ffn, f: &[f32]) -> Result<Vec<f32>, ModelError> {
+        match ffn {
+            Ffn::Dense(mlp) => self.mlp(mlp, 0, f),
+            Ffn::Moe(moe) => {
+                let Some(ms) = self.model.spec.moe else {
+                    return Err(ModelError::new("MoE layer in a model without MoE settings"));
+                };
+                let logits = matvec(&moe.router, f)?;
+                let chosen = route(
+                    &logits,
+                    moe.bias.as_deref(),
+                    ms.k,
+                    ms.gating,
+                    ms.normalize,
+                    ms.scale,
+                )?;
+                let mut y = vec![0.0f32; f.len()];
+                for (e, w) in chosen {
+                    let ye = self.mlp(&moe.experts, e, f)?;
+                    for (a, b) in y.iter_mut().zip(&ye) {
+                        *a += w * b;
+                    }
+                }
+                if let Some(sh) = &moe.shared {
+                    add(&mut y, &self.mlp(sh, 0, f)?);
+                }
+                Ok(y)
+            }
+        }
+    }
+}
+
+fn add(acc: &mut [f32], x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}

@@ -1,0 +1,133 @@
+//! The `flint run` / `synth` / `logits` / `perplexity` commands on the tiny checkpoint,
+//! and the device selection error.
+
+use std::process::Command;
+
+fn flint() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flint"))
+}
+
+fn tiny_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("tiny.gguf");
+    let out = flint()
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(&p)
+        .output()
+        .expect("flint runs");
+    assert!(out.status.success(), "synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    p
+}
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("flint-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+#[test]
+fn unknown_device_exits_1_and_lists_devices() {
+    let out = flint()
+        .args(["run", "-p", "hello", "-n", "1"])
+        .env("FLINT_DEVICE", "nonsense")
+        .env("FLINT_MODEL", "/nonexistent/model.gguf")
+        .output()
+        .expect("flint runs");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nonsense") && err.contains("cpu"), "stderr: {err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn synth_is_deterministic() {
+    let d = tmpdir("synth");
+    let a = tiny_file(&d);
+    let b = d.join("tiny2.gguf");
+    let out = flint()
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(&b)
+        .output()
+        .expect("flint runs");
+    assert!(out.status.success());
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let c = d.join("tiny3.gguf");
+    let out = flint()
+        .args(["synth", "--preset", "tiny", "--seed", "1", "--out"])
+        .arg(&c)
+        .output()
+        .expect("flint runs");
+    assert!(out.status.success());
+    assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+    let out = flint()
+        .args(["synth", "--preset", "huge", "--out"])
+        .arg(d.join("x.gguf"))
+        .output()
+        .expect("flint runs");
+    assert_eq!(out.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn run_streams_text_and_stats_on_tiny() {
+    let d = tmpdir("run");
+    let m = tiny_file(&d);
+    let run = |extra: &[&str]| {
+        let out = flint()
+            .arg("run")
+            .arg("-m")
+            .arg(&m)
+            .args(["-p", "Once upon a time", "-n", "12"])
+            .args(extra)
+            .output()
+            .expect("flint runs");
+        assert!(out.status.success(), "run failed: {}", String::from_utf8_lossy(&out.stderr));
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (g1, err) = run(&["--temperature", "0"]);
+    let (g2, _) = run(&["--temperature", "0"]);
+    assert_eq!(g1, g2, "greedy is deterministic");
+    assert!(!g1.trim().is_empty());
+    assert!(err.contains("tok/s") && err.contains("load"), "stats line: {err}");
+    let (s1, _) = run(&["--temperature", "1.0", "--seed", "5"]);
+    let (s2, _) = run(&["--temperature", "1.0", "--seed", "5"]);
+    assert_eq!(s1, s2, "seeded sampling is reproducible");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn logits_and_perplexity_on_tiny() {
+    let d = tmpdir("logits");
+    let m = tiny_file(&d);
+    let text = d.join("t.txt");
+    std::fs::write(&text, "The capital of France is Paris. ".repeat(8)).unwrap();
+    let out = flint()
+        .arg("logits")
+        .arg("-m")
+        .arg(&m)
+        .arg("--text-file")
+        .arg(&text)
+        .args(["--top", "5", "--json"])
+        .output()
+        .expect("flint runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let n = v["ids"].as_array().unwrap().len();
+    assert_eq!(v["positions"].as_array().unwrap().len(), n);
+    assert_eq!(v["positions"][0]["top"].as_array().unwrap().len(), 5);
+    let out = flint()
+        .arg("perplexity")
+        .arg("-m")
+        .arg(&m)
+        .arg("-f")
+        .arg(&text)
+        .args(["--ctx", "16"])
+        .output()
+        .expect("flint runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ppl: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a number");
+    assert!(ppl.is_finite() && ppl > 1.0, "perplexity {ppl}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1,0 +1,124 @@
+//! Shared helpers of the Flint tests: the tiny checkpoint, greedy chains on both
+//! forwards, and the near-tie rule.
+#![allow(dead_code)]
+
+use flint_engine::forward::{DeviceModel, Session};
+use flint_engine::model::Model;
+use flint_engine::reference::Reference;
+use flint_engine::sampler::argmax;
+use flint_engine::synth::{synth_model, Preset};
+
+/// The tiny preset, seed 0.
+pub fn tiny() -> Model {
+    synth_model(Preset::Tiny, 0).expect("tiny synthesises")
+}
+
+/// The model staged on the cpu device.
+pub fn on_cpu(model: &Model) -> DeviceModel {
+    let dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
+}
+
+/// Top-1 minus top-2 logit.
+pub fn margin(l: &[f32]) -> f32 {
+    let a = argmax(l);
+    let second = l
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != a)
+        .map(|(_, &v)| v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    l[a] - second
+}
+
+/// A greedy chain on the reference: the tokens and the margin at each step.
+pub fn reference_chain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut r = Reference::new(model);
+    let mut logits = Vec::new();
+    for &t in prompt {
+        logits = r.forward(t).expect("reference forward");
+    }
+    let (mut toks, mut margins) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let t = argmax(&logits) as u32;
+        toks.push(t);
+        margins.push(margin(&logits));
+        if i + 1 < n {
+            logits = r.forward(t).expect("reference forward");
+        }
+    }
+    (toks, margins)
+}
+
+/// A greedy chain on the device forward (prompt in one step, then one token a step).
+pub fn device_chain(dm: &DeviceModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = Session::new(dm, prompt.len() + n + 1).expect("session");
+    let mut logits = s.feed(prompt, false).expect("device forward");
+    let mut toks = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits) as u32;
+        toks.push(t);
+        if i + 1 < n {
+            logits = s.feed(&[t], false).expect("device forward");
+        }
+    }
+    toks
+}
+
+/// Reference logits of every position of `tokens`.
+pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut r = Reference::new(model);
+    tokens
+        .iter()
+        .map(|&t| r.forward(t).expect("reference forward"))
+        .collect()
+}
+
+/// Device logits of every position of `tokens`, fed in one step.
+pub fn device_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let dm = on_cpu(model);
+    let mut s = Session::new(&dm, tokens.len()).expect("session");
+    let l = s.feed(tokens, true).expect("device forward");
+    l.chunks(model.spec.vocab).map(<[f32]>::to_vec).collect()
+}
+
+/// Largest absolute difference between two sets of logits.
+pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Standard deviation of all logits (the scale "material" differences are judged by).
+pub fn logit_std(a: &[Vec<f32>]) -> f32 {
+    let v: Vec<f32> = a.iter().flatten().copied().collect();
+    let m = v.iter().sum::<f32>() / v.len() as f32;
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / v.len() as f32).sqrt()
+}
+
+/// Deterministic pseudo-random prompt of `n` tokens (ids >= 3, no specials).
+pub fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut r = flint_engine::sampler::Rng::new(seed);
+    (0..n)
+        .map(|_| 3 + (r.next_u64() % (vocab as u64 - 3)) as u32)
+        .collect()
+}
+
+/// Compares two greedy chains under the near-tie rule: equal, or the first difference at
+/// a step where the reference's own top-2 margin is below `tol` nats. Returns the index
+/// of the first difference, if any.
+pub fn check_chain(name: &str, reference: &[u32], margins: &[f32], other: &[u32], tol: f32) -> Option<usize> {
+    let first = reference.iter().zip(other).position(|(a, b)| a != b);
+    if let Some(i) = first {
+        assert!(
+            margins[i] < tol,
+            "{name}: chains diverge at step {i} where the reference margin is {} (>= {tol}): ref {:?} vs {:?}",
+            margins[i],
+            &reference[..=i],
+            &other[..=i]
+        );
+    }
+    first
+}

@@ -1,0 +1,162 @@
+//! The real-weights gate on Gemma 3 270M Q4_K_M (the default model) against llama.cpp's
+//! outputs in `shared/golden/gemma3-270m`:
+//! - every greedy chain of `greedy.jsonl` replays token for token, or first diverges at a
+//!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu);
+//! - teacher-forced over `logits-top20.json`: top-1 agreement >= 98% and mean KL
+//!   (estimated from llama.cpp's top 20) <= 0.01, on the device forward and on the
+//!   reference forward.
+
+use std::path::PathBuf;
+
+use flint_engine::forward::{DeviceModel, Session};
+use flint_engine::model::{load_model, Model};
+use flint_engine::reference::Reference;
+use flint_engine::sampler::argmax;
+use serde_json::Value;
+
+const NEAR_TIE: f64 = 0.25;
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden/gemma3-270m"))
+}
+
+fn default_model() -> Model {
+    let path = flint_loader::fetch::default_model_path()
+        .expect("the default model (gemma-3-270m-q4_k_m.gguf) is needed by the real-weights gate");
+    load_model(&path).expect("the default model loads")
+}
+
+fn on_cpu(model: &Model) -> DeviceModel {
+    let dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
+}
+
+fn read_json(name: &str) -> String {
+    let p = golden_dir().join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+#[test]
+fn gemma_greedy_chains_replay_on_device() {
+    let model = default_model();
+    let dm = on_cpu(&model);
+    let text = read_json("greedy.jsonl");
+    let mut n_identical = 0;
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        n += 1;
+        let v: Value = serde_json::from_str(line).expect("golden line is JSON");
+        let prompt = ids(&v["prompt_ids"]);
+        let steps = v["steps"].as_array().expect("steps");
+        let want: Vec<u32> = steps.iter().map(|s| s["id"].as_u64().expect("id") as u32).collect();
+        let margins: Vec<f64> = steps.iter().map(|s| s["margin"].as_f64().expect("margin")).collect();
+        let mut s = Session::new(&dm, prompt.len() + want.len() + 1).expect("session");
+        let mut logits = s.feed(&prompt, false).expect("prefill");
+        let mut got = Vec::new();
+        for i in 0..want.len() {
+            let t = argmax(&logits) as u32;
+            got.push(t);
+            if t != want[i] {
+                break;
+            }
+            if i + 1 < want.len() {
+                logits = s.feed(&[t], false).expect("decode");
+            }
+        }
+        let prompt_text = v["prompt"].as_str().unwrap_or("?");
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => {
+                n_identical += 1;
+                eprintln!("{prompt_text:?}: {} tokens identical", want.len());
+            }
+            Some(i) => {
+                eprintln!(
+                    "{prompt_text:?}: first divergence at step {i} (ours {}, llama.cpp {}, llama.cpp margin {:.4})",
+                    got[i], want[i], margins[i]
+                );
+                assert!(
+                    margins[i] < NEAR_TIE,
+                    "{prompt_text:?}: diverged at step {i} where llama.cpp's margin is {} >= {NEAR_TIE}",
+                    margins[i]
+                );
+            }
+        }
+    }
+    eprintln!("greedy: {n_identical}/{n} chains identical, the rest diverge at near-ties");
+}
+
+/// Top-1 agreement and mean KL(llama.cpp || ours) over the logits file, from logits
+/// computed by `logits_of(ids) -> per position row`.
+fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
+    let positions = golden["positions"].as_array().expect("positions");
+    assert_eq!(rows.len(), positions.len());
+    let (mut agree, mut kl_sum) = (0usize, 0.0f64);
+    for (row, pos) in rows.iter().zip(positions) {
+        let lse_ref = pos["lse"].as_f64().expect("lse");
+        let top: Vec<(usize, f64)> = pos["top"]
+            .as_array()
+            .expect("top")
+            .iter()
+            .map(|p| (p[0].as_u64().expect("id") as usize, p[1].as_f64().expect("logit")))
+            .collect();
+        if argmax(row) == top[0].0 {
+            agree += 1;
+        }
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse: f64 = m + row.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
+        let (mut kl, mut ps, mut qs) = (0.0f64, 0.0f64, 0.0f64);
+        for &(id, l) in &top {
+            let lp = l - lse_ref;
+            let lq = row[id] as f64 - lse;
+            kl += lp.exp() * (lp - lq);
+            ps += lp.exp();
+            qs += lq.exp();
+        }
+        let (pt, qt) = ((1.0 - ps).max(1e-12), (1.0 - qs).max(1e-12));
+        kl += pt * (pt / qt).ln();
+        kl_sum += kl;
+    }
+    (agree as f64 / rows.len() as f64, kl_sum / rows.len() as f64)
+}
+
+#[test]
+fn gemma_teacher_forced_on_device() {
+    let model = default_model();
+    let dm = on_cpu(&model);
+    let golden: Value = serde_json::from_str(&read_json("logits-top20.json")).expect("JSON");
+    let toks = ids(&golden["ids"]);
+    let mut s = Session::new(&dm, toks.len()).expect("session");
+    let all = s.feed(&toks, true).expect("teacher-forced forward");
+    let rows: Vec<Vec<f32>> = all.chunks(model.spec.vocab).map(<[f32]>::to_vec).collect();
+    let (top1, kl) = teacher_forced_figures(&rows, &golden);
+    eprintln!("device (cpu): top-1 agreement {:.2}% over {} positions, mean KL {kl:.5}", top1 * 100.0, rows.len());
+    assert!(top1 >= 0.98, "top-1 agreement {top1} < 0.98");
+    assert!(kl <= 0.01, "mean KL {kl} > 0.01");
+}
+
+#[test]
+fn gemma_teacher_forced_on_reference() {
+    let model = default_model();
+    let golden: Value = serde_json::from_str(&read_json("logits-top20.json")).expect("JSON");
+    let toks = ids(&golden["ids"]);
+    let t0 = std::time::Instant::now();
+    let mut r = Reference::new(&model);
+    let rows: Vec<Vec<f32>> = toks.iter().map(|&t| r.forward(t).expect("reference forward")).collect();
+    let (top1, kl) = teacher_forced_figures(&rows, &golden);
+    eprintln!(
+        "reference: top-1 agreement {:.2}% over {} positions, mean KL {kl:.5} ({:.1}s)",
+        top1 * 100.0,
+        rows.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(top1 >= 0.98, "top-1 agreement {top1} < 0.98");
+    assert!(kl <= 0.01, "mean KL {kl} > 0.01");
+}
