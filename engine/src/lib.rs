@@ -10,3 +10,8 @@ pub mod logging;
 pub mod sampler;
 pub mod scheduler;
 pub mod llm_engine;
+pub mod model;
+pub mod reference;
+pub mod forward;
+pub mod synth;
+pub mod generate;
