@@ -25,21 +25,51 @@ pub(crate) fn f16_bcast(b: u16) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(b as i16))
 }
 
-/// The 6-bit scales and mins of a Q4_K/Q5_K block as 16 bytes: scales 0..8, mins 8..16
-/// (the bit layout of ggml's `get_scale_min_k4`, unpacked four at a time).
+/// The first 16 bytes of a Q4_K/Q5_K block (`d`, `dmin`, 12 bytes of scales) unpacked:
+/// the 6-bit scales and mins as 16 bytes (scales 0..8, mins 8..16; the bit layout of
+/// ggml's `get_scale_min_k4`, four at a time in 32-bit lanes) and `[d, dmin, _, _]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn k4_header(h: &[u8; 16]) -> (__m128i, __m128) {
+    // SAFETY: `h` is 16 readable bytes; loadu is unaligned.
+    let v = unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) };
+    // Lanes: [d|dmin, a, b, c] with a, b, c the three u32 of scale bytes.
+    let p = _mm_shuffle_epi32::<0b11_10_11_01>(v); // [a, c, b, c]
+    let q = _mm_shuffle_epi32::<0b10_10_01_01>(v); // [a, a, b, b]
+                                                   // Scales/mins 0..4: low 6 bits of a / b.
+    let lo = _mm_and_si128(p, _mm_set1_epi32(0x3f3f_3f3f));
+    // Scales/mins 4..8: low / high nibbles of c, the top 2 bits of a / b above them.
+    let nib = _mm_and_si128(
+        _mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_set1_epi32(0x0f0f_0f0f),
+    );
+    let top = _mm_slli_epi32::<4>(_mm_and_si128(
+        _mm_srli_epi32::<6>(q),
+        _mm_set1_epi32(0x0303_0303),
+    ));
+    let hi = _mm_or_si128(nib, top);
+    let sm = _mm_blend_epi32::<0b1010>(lo, hi);
+    (sm, _mm_cvtph_ps(v))
+}
+
+/// The first 16 bytes of a block.
+#[inline(always)]
+pub(crate) fn head16<B: bytemuck::Pod>(b: &B) -> &[u8; 16] {
+    let bytes = bytemuck::bytes_of(b);
+    bytes[..16]
+        .try_into()
+        .expect("blocks are longer than 16 bytes")
+}
+
+/// `[a * y, b * y]` of `[a, b, _, _]` as two 8-lane broadcasts.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) fn k4_unpack(q: &[u8; 12]) -> __m128i {
-    let a = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-    let b = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
-    let c = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
-    // Scales/mins 0..4: the low 6 bits of bytes 0..4 / 4..8. Scales/mins 4..8: the low /
-    // high nibbles of bytes 8..12, with the top 2 bits of bytes 0..4 / 4..8 above them.
-    let sc_lo = a & 0x3f3f_3f3f;
-    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
-    let mn_lo = b & 0x3f3f_3f3f;
-    let mn_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
-    _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+pub(crate) fn scale2(ab: __m128, y: f32) -> (__m256, __m256) {
+    let p = _mm_mul_ps(ab, _mm_set1_ps(y));
+    (
+        _mm256_broadcastss_ps(p),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+    )
 }
 
 /// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
@@ -108,11 +138,9 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let u = k4_unpack(&b.scales);
+        let (u, ddm) = k4_header(head16(b));
         let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
         let mins = k4_mins_dup(u);
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..4 {
             let q = load32u(&b.qs[32 * j..]);
@@ -132,12 +160,9 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
         for r in 0..R {
             let yb = &y[r][i];
             let pm = _mm256_madd_epi16(load_bsums(yb), mins);
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(d * yb.d),
-                _mm256_cvtepi32_ps(sumi[r]),
-                acc[r],
-            );
-            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[r]);
+            let (sd, sm) = scale2(ddm, yb.d);
+            acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(sm, _mm256_cvtepi32_ps(pm), acc[r]);
         }
     }
     for r in 0..R {
@@ -152,11 +177,9 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let u = k4_unpack(&b.scales);
+        let (u, ddm) = k4_header(head16(b));
         let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
         let mins = k4_mins_dup(u);
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
         let hbits = load32(&b.qh);
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..4 {
@@ -187,12 +210,9 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         for r in 0..R {
             let yb = &y[r][i];
             let pm = _mm256_madd_epi16(load_bsums(yb), mins);
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(d * yb.d),
-                _mm256_cvtepi32_ps(sumi[r]),
-                acc[r],
-            );
-            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[r]);
+            let (sd, sm) = scale2(ddm, yb.d);
+            acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(sm, _mm256_cvtepi32_ps(pm), acc[r]);
         }
     }
     for r in 0..R {
@@ -209,6 +229,15 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
         let d = f16_to_f32(b.d);
+        // The 16 i8 scales as i16: all 16 (for the offset), and each half in both
+        // 128-bit lanes (for the per-sub-block shuffles).
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let halves = [
+            _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
+            _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
+        ];
         let mut sumi = [_mm256_setzero_si256(); R];
         for n in 0..2 {
             let ql0 = load32u(&b.ql[64 * n..]);
@@ -232,13 +261,15 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
                     _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(h), m3)),
                 ),
             ];
-            let sc = &b.scales[8 * n..8 * n + 8];
             for (k, qk) in q.iter().enumerate() {
                 // Lanes 0..8 of maddubs come from elements 0..16 (one sub-block), lanes
-                // 8..16 from the next sub-block.
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(sc[2 * k + 1] as i16),
-                    _mm_set1_epi16(sc[2 * k] as i16),
+                // 8..16 from the next sub-block: scales 2k and 2k+1 of this half.
+                let s = _mm256_shuffle_epi8(
+                    halves[n],
+                    _mm256_set_m128i(
+                        _mm_set1_epi16(bcast16(2 * k + 1)),
+                        _mm_set1_epi16(bcast16(2 * k)),
+                    ),
                 );
                 for r in 0..R {
                     let yv = load32i(&y[r][i].qs[128 * n + 32 * k..]);
@@ -249,11 +280,9 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let mut off = 0i32;
-            for k in 0..16 {
-                off += b.scales[k] as i32 * yb.bsums[k] as i32;
-            }
-            let s = _mm256_sub_epi32(sumi[r], _mm256_setr_epi32(32 * off, 0, 0, 0, 0, 0, 0, 0));
+            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
+            let off = _mm256_madd_epi16(sc16, load_bsums(yb));
+            let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yb.d), _mm256_cvtepi32_ps(s), acc[r]);
         }
     }

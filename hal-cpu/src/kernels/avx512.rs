@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-use super::avx2::{f16_bcast, f16_to_f32, k4_mins_dup, k4_unpack, load_bsums};
+use super::avx2::{f16_bcast, f16_to_f32, head16, k4_header, k4_mins_dup, load_bsums, scale2};
 
 /// Loads the first 32 bytes of `p`.
 #[inline]
@@ -47,12 +47,10 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
     let mut acc = [_mm512_setzero_ps(); R];
     let mut accm = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let u = k4_unpack(&b.scales);
+        let (u, ddm) = k4_header(head16(b));
         // The 8 scales as i16, in every 128-bit lane.
         let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(u));
         let mins = k4_mins_dup(u);
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
         let mut sumi = [_mm512_setzero_si512(); R];
         for j in 0..4 {
             let q = load32u(&b.qs[32 * j..]);
@@ -75,12 +73,13 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
         for r in 0..R {
             let yb = &y[r][i];
             let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (sd, sm) = scale2(ddm, yb.d);
             acc[r] = _mm512_fmadd_ps(
-                _mm512_set1_ps(d * yb.d),
+                _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
                 _mm512_cvtepi32_ps(sumi[r]),
                 acc[r],
             );
-            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * yb.d), _mm256_cvtepi32_ps(pm), accm[r]);
+            accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
         }
     }
     for r in 0..R {
@@ -93,9 +92,33 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
 pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
+    // Shuffle masks: 128-bit lane L of a 64-quant group takes sub-block scale L.
+    let masks = [
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(
+                _mm_set1_epi16(bcast16(1)),
+                _mm_set1_epi16(bcast16(0)),
+            )),
+            _mm256_set_m128i(_mm_set1_epi16(bcast16(3)), _mm_set1_epi16(bcast16(2))),
+        ),
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(
+                _mm_set1_epi16(bcast16(5)),
+                _mm_set1_epi16(bcast16(4)),
+            )),
+            _mm256_set_m128i(_mm_set1_epi16(bcast16(7)), _mm_set1_epi16(bcast16(6))),
+        ),
+    ];
     let mut acc = [_mm512_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
         let d = f16_to_f32(b.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let halves = [
+            _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
+            _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc16)),
+        ];
         let mut sumi = [_mm512_setzero_si512(); R];
         for n in 0..2 {
             let ql0 = load32u(&b.ql[64 * n..]);
@@ -117,39 +140,27 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
                 _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
                 _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(h), m3)),
             );
-            let sc = &b.scales[8 * n..8 * n + 8];
-            // Each 128-bit lane of maddubs covers one sub-block of 16.
-            let s_of = |k: usize| {
-                _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_set_m128i(
-                        _mm_set1_epi16(sc[4 * k + 1] as i16),
-                        _mm_set1_epi16(sc[4 * k] as i16),
-                    )),
-                    _mm256_set_m128i(
-                        _mm_set1_epi16(sc[4 * k + 3] as i16),
-                        _mm_set1_epi16(sc[4 * k + 2] as i16),
-                    ),
-                )
-            };
-            let halves = [(join(q1, q2), s_of(0)), (join(q3, q4), s_of(1))];
-            for (k, (qv, s)) in halves.iter().enumerate() {
+            let groups = [join(q1, q2), join(q3, q4)];
+            for (k, qv) in groups.iter().enumerate() {
+                let s = _mm512_shuffle_epi8(halves[n], masks[k]);
                 for r in 0..R {
                     let yv = load64i(&y[r][i].qs[128 * n + 64 * k..]);
-                    let p = _mm512_madd_epi16(_mm512_maddubs_epi16(*qv, yv), *s);
+                    let p = _mm512_madd_epi16(_mm512_maddubs_epi16(*qv, yv), s);
                     sumi[r] = _mm512_add_epi32(sumi[r], p);
                 }
             }
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let mut off = 0i32;
-            for k in 0..16 {
-                off += b.scales[k] as i32 * yb.bsums[k] as i32;
-            }
-            let total = _mm512_reduce_add_epi32(sumi[r]) - 32 * off;
+            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
             acc[r] = _mm512_fmadd_ps(
                 _mm512_set1_ps(d * yb.d),
-                _mm512_castps128_ps512(_mm_set_ss(total as f32)),
+                // The offset sits in the low half; the high half subtracts zero.
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                    sumi[r],
+                    _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+                )),
                 acc[r],
             );
         }
