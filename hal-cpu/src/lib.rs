@@ -24,8 +24,8 @@ use std::sync::Arc;
 use flint_core::{FormatError, GgmlType};
 use flint_hal::{
     BackendEntry, Device, DeviceCounters, DeviceOptions, DeviceRef, ExpertRow, HalError, KvBuffer,
-    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagedInfo, Tier, Weight, WeightDesc,
-    WeightHandle, WeightSource,
+    KvLayout, Op, PagedAttention, PlannedWeight, RopeParams, RoutingConfig, StagedInfo,
+    StagingPlan, Tier, Weight, WeightDesc, WeightHandle, WeightSource,
 };
 use rayon::prelude::*;
 
@@ -161,6 +161,23 @@ impl CpuDevice {
         FloatKind::of(ty).is_some()
             || kernels::native_kernel(self.level, ty).is_some()
             || core_dot_supports(ty)
+    }
+
+    /// `Unsupported` (naming tensor and type) when this device cannot compute with `w`.
+    fn check_usable(&self, w: &WeightDesc) -> Result<(), HalError> {
+        let ty = w.ty;
+        let usable = match w.kind {
+            flint_hal::WeightKind::Embedding => dequant_supports(ty) || self.matmul_supports(ty),
+            _ => self.matmul_supports(ty),
+        };
+        if usable {
+            Ok(())
+        } else {
+            Err(HalError::unsupported(format!(
+                "cpu: tensor '{}' has type {ty}, which the cpu backend cannot compute",
+                w.name
+            )))
+        }
     }
 
     fn weight<'a>(&self, w: &'a dyn Weight) -> &'a CpuWeight {
@@ -313,19 +330,28 @@ impl Device for CpuDevice {
         }
     }
 
+    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+        // Everything stays where it lies in the file: resident, encoding kept.
+        let mut plan = StagingPlan::default();
+        for w in weights {
+            self.check_usable(w)?;
+            plan.weights.push(PlannedWeight {
+                name: w.name.clone(),
+                source_ty: w.ty,
+                staged_ty: w.ty,
+                kept_quant: true,
+                tier: Tier::Resident,
+                resident_bytes: w.data.len() as u64,
+                streamed_bytes: 0,
+            });
+        }
+        Ok(plan)
+    }
+
     fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
         desc.validate()?;
+        self.check_usable(desc)?;
         let ty = desc.ty;
-        let usable = match desc.kind {
-            flint_hal::WeightKind::Embedding => dequant_supports(ty) || self.matmul_supports(ty),
-            _ => self.matmul_supports(ty),
-        };
-        if !usable {
-            return Err(HalError::unsupported(format!(
-                "cpu: tensor '{}' has type {ty}, which the cpu backend cannot compute",
-                desc.name
-            )));
-        }
         let k = desc.in_features();
         let row_bytes = ty.row_bytes(k).ok_or_else(|| {
             HalError::invalid(format!(

@@ -238,6 +238,15 @@ fn staging_keeps_the_bytes_and_reports_them() {
         "{e}"
     );
     assert!(!dev.supports(Op::Matmul, Some(GgmlType::I32)));
+    let e = dev
+        .plan(&[desc("ints", GgmlType::I32, &[4, 2], vec![0; 32])])
+        .expect_err("plan of an I32 matrix");
+    assert_eq!(e.kind, HalErrorKind::Unsupported);
+    let plan = dev
+        .plan(&[desc("f", GgmlType::F32, &[4, 2], vec![0; 32])])
+        .expect("plan");
+    assert!(plan.weights[0].kept_quant);
+    assert_eq!(plan.resident_bytes(), 32);
     assert!(dev.supports(Op::Matmul, Some(GgmlType::Q4_K)));
     assert!(dev.supports(Op::Matmul, Some(GgmlType::F32)));
     assert!(dev.supports(Op::PagedAttention, None));
