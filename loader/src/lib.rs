@@ -8,3 +8,4 @@ pub mod gguf;
 pub mod tokenizer;
 
 pub use gguf::{Array, GgufError, GgufFile, GgufWriter, SharedBytes, TensorInfo, Value, ValueType};
+pub use config::{ConfigError, FlintConfig, Gemma3Config, ModelConfig};

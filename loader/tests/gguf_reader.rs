@@ -180,6 +180,15 @@ fn bad_corpus_on_disk_matches_generator() {
             );
         }
     }
+    // A valid file with metadata of every type and several tensor types: fuzz seed and
+    // CLI test input.
+    let sample = dir.join("../sample.gguf");
+    if regen {
+        std::fs::write(&sample, sample_bytes()).expect("write sample");
+    } else {
+        let on_disk = std::fs::read(&sample).expect("tests/data/sample.gguf");
+        assert_eq!(on_disk, sample_bytes(), "sample.gguf is stale");
+    }
     let mpath = dir.join("MANIFEST.tsv");
     if regen {
         std::fs::write(&mpath, &manifest).expect("write manifest");
