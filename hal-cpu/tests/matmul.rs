@@ -66,11 +66,15 @@ fn simd_kernels_match_reference_on_awkward_shapes() {
     }
     let mut rng = Rng(1);
     for ty in SIMD_TYPES {
-        // Shapes: rows not a multiple of the tiles, M around the activation tile of 4.
-        for &(k, n, ms) in &[
-            (256usize, 7usize, &[1usize, 3, 5, 17][..]),
-            (4096, 5, &[1, 4, 5][..]),
-        ] {
+        // Shapes: rows not a multiple of the tiles, M around the activation tile of 4;
+        // for 32-element blocks also an odd number of blocks per row (the AVX-512
+        // kernels take blocks in pairs).
+        let mut shapes: Vec<(usize, usize, &[usize])> =
+            vec![(256, 7, &[1, 3, 5, 17]), (4096, 5, &[1, 4, 5])];
+        if ty.block_size() <= 32 {
+            shapes.push((160, 6, &[1, 5]));
+        }
+        for (k, n, ms) in shapes {
             let w = random_weight(&mut rng, ty, k, n);
             for &m in ms {
                 let x = rng.vec(m * k);

@@ -109,7 +109,7 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
 /// Loads 32 bytes from `p` (no alignment needed).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load32(p: &[u8; 32]) -> __m256i {
+pub(crate) fn load32(p: &[u8; 32]) -> __m256i {
     // SAFETY: `p` is a valid reference to 32 bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
@@ -174,7 +174,6 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
         let (u, ddm) = k4_header(head16(b));
@@ -184,16 +183,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..4 {
             let q = load32u(&b.qs[32 * j..]);
-            // Bit 2j of qh[l] is the fifth bit of element 64j + l, bit 2j+1 of 64j+32+l.
-            // A 16-bit shift by < 8 keeps bit 0 of every byte inside that byte.
-            let (h_lo, h_hi) = match j {
-                0 => (hbits, _mm256_srli_epi16::<1>(hbits)),
-                1 => (_mm256_srli_epi16::<2>(hbits), _mm256_srli_epi16::<3>(hbits)),
-                2 => (_mm256_srli_epi16::<4>(hbits), _mm256_srli_epi16::<5>(hbits)),
-                _ => (_mm256_srli_epi16::<6>(hbits), _mm256_srli_epi16::<7>(hbits)),
-            };
-            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(h_lo, one));
-            let h_hi = _mm256_slli_epi16::<4>(_mm256_and_si256(h_hi, one));
+            let (h_lo, h_hi) = q5k_high(hbits, j);
             let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
             let s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j)));
@@ -364,18 +354,58 @@ fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, mask), _mm256_set1_epi64x(-1))
 }
 
+/// The 32 quants of a Q4_0 block as i8 (`q - 8`).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q4_0_bytes(b: &BlockQ4_0) -> __m256i {
+    _mm256_sub_epi8(nibbles(&b.qs), _mm256_set1_epi8(8))
+}
+
+/// The 32 quants of a Q5_0 block as i8 (`q - 16`): where the fifth bit is clear the high
+/// nibble becomes 0xF (nibble - 16 as i8); where it is set the nibble alone is
+/// (16 + nibble) - 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q5_0_bytes(b: &BlockQ5_0) -> __m256i {
+    let hi = _mm256_andnot_si256(
+        bytes_from_bits(u32::from_le_bytes(b.qh)),
+        _mm256_set1_epi8(0xF0u8 as i8),
+    );
+    _mm256_or_si256(nibbles(&b.qs), hi)
+}
+
+/// The 32 quants of a Q8_0 block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q8_0_bytes(b: &BlockQ8_0) -> __m256i {
+    load32i(&b.qs)
+}
+
+/// The fifth bits of the 64 quants `64j .. 64j+64` of a Q5_K block as 0x10 bytes: bit 2j
+/// of `qh[l]` belongs to element `64j + l`, bit 2j+1 to `64j + 32 + l`. (A 16-bit shift
+/// by < 8 keeps bit 0 of every byte inside that byte.)
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q5k_high(hbits: __m256i, j: usize) -> (__m256i, __m256i) {
+    let (h_lo, h_hi) = match j {
+        0 => (hbits, _mm256_srli_epi16::<1>(hbits)),
+        1 => (_mm256_srli_epi16::<2>(hbits), _mm256_srli_epi16::<3>(hbits)),
+        2 => (_mm256_srli_epi16::<4>(hbits), _mm256_srli_epi16::<5>(hbits)),
+        _ => (_mm256_srli_epi16::<6>(hbits), _mm256_srli_epi16::<7>(hbits)),
+    };
+    let one = _mm256_set1_epi8(1);
+    (
+        _mm256_slli_epi16::<4>(_mm256_and_si256(h_lo, one)),
+        _mm256_slli_epi16::<4>(_mm256_and_si256(h_hi, one)),
+    )
+}
+
 /// Q5_0 x Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        // q - 16: where the fifth bit is clear, set the high nibble to 0xF (i.e. -16 +
-        // nibble as i8); where it is set, the nibble alone is (16 + nibble) - 16.
-        let hi = _mm256_andnot_si256(
-            bytes_from_bits(u32::from_le_bytes(b.qh)),
-            _mm256_set1_epi8(0xF0u8 as i8),
-        );
-        let q = _mm256_or_si256(nibbles(&b.qs), hi);
+        let q = q5_0_bytes(b);
         let d = f16_bcast(b.d);
         for r in 0..R {
             let yb = &y[r][i];

@@ -5,9 +5,9 @@
 //! | Q4_K   | Q8_K       | yes            | yes  | core   |
 //! | Q6_K   | Q8_K       | yes            | yes  | core   |
 //! | Q8_0   | Q8_0       | yes            | yes  | core   |
-//! | Q5_K   | Q8_K       | (AVX2)         | yes  | core   |
-//! | Q5_0   | Q8_0       | (AVX2)         | yes  | core   |
-//! | Q4_0   | Q8_0       | (AVX2)         | yes  | core   |
+//! | Q5_K   | Q8_K       | yes            | yes  | core   |
+//! | Q5_0   | Q8_0       | yes            | yes  | core   |
+//! | Q4_0   | Q8_0       | yes            | yes  | core   |
 //! | F32/F16/BF16 | f32  | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core         | core | core   |
 //!
@@ -138,7 +138,7 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
         )
         .then_some(SimdLevel::Avx2),
         SimdLevel::Avx512 => match ty {
-            Q4_K | Q6_K | Q8_0 => Some(SimdLevel::Avx512),
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 => Some(SimdLevel::Avx512),
             _ => native_kernel(SimdLevel::Avx2, ty),
         },
     }
@@ -186,12 +186,16 @@ pub(crate) fn dot_rows(
         match (native_kernel(level, ty), acts) {
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => tiled!(avx512::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
+                GgmlType::Q5_K => tiled!(avx512::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
                 GgmlType::Q6_K => tiled!(avx512::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => {
-                tiled!(avx512::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out)
-            }
+            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => match ty {
+                GgmlType::Q8_0 => tiled!(avx512::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out),
+                GgmlType::Q5_0 => tiled!(avx512::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out),
+                GgmlType::Q4_0 => tiled!(avx512::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out),
+                _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
+            },
             (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => tiled!(avx2::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
                 GgmlType::Q5_K => tiled!(avx2::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
@@ -270,12 +274,16 @@ pub(crate) fn matvec_rows(
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => rows1!(avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q5_K => rows1!(avx512::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => {
-                rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o)
-            }
+            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => match ty {
+                GgmlType::Q8_0 => rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
+                GgmlType::Q5_0 => rows1!(avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
+                GgmlType::Q4_0 => rows1!(avx512::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+                _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
+            },
             (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => rows1!(avx2::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
