@@ -6,8 +6,8 @@
 //! forward reads the matrices row by row through `flint-core`; the device forward stages
 //! them on a [`Device`](flint_hal::Device) ([`crate::forward::DeviceModel`]).
 
-mod load;
-mod runtime;
+pub mod load;
+pub mod runtime;
 
 pub use load::{load_model, model_from_gguf};
 pub use runtime::{load_on_device, resolve_path, LoadedModel};

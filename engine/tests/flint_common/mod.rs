@@ -91,6 +91,16 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Mean absolute difference between two sets of logits.
+pub fn mean_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    let (mut s, mut n) = (0.0f64, 0usize);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        s += (x - y).abs() as f64;
+        n += 1;
+    }
+    (s / n.max(1) as f64) as f32
+}
+
 /// Standard deviation of all logits (the scale "material" differences are judged by).
 pub fn logit_std(a: &[Vec<f32>]) -> f32 {
     let v: Vec<f32> = a.iter().flatten().copied().collect();
