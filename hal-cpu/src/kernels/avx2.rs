@@ -291,22 +291,55 @@ fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(p)
 }
 
+/// A legacy 32-quant type against Q8_0: `dec` gives a block's quants as i8 and `scale`
+/// its f16 scale bits. Blocks go in pairs into two accumulator chains, so that one
+/// block's FMA does not wait on the previous one's.
+#[inline(always)]
+fn dot_legacy<B, const R: usize>(
+    x: &[B],
+    y: &[&[BlockQ8_0]; R],
+    out: &mut [f32; R],
+    dec: impl Fn(&B) -> __m256i,
+    scale: impl Fn(&B) -> u16,
+) {
+    // SAFETY (whole body): only called from the `dot_*` kernels below, whose
+    // `#[target_feature]` (AVX2, FMA, F16C) the caller checked at device open.
+    unsafe {
+        let mut a0 = [_mm256_setzero_ps(); R];
+        let mut a1 = [_mm256_setzero_ps(); R];
+        let pairs = x.len() / 2;
+        for p in 0..pairs {
+            let (b0, b1) = (&x[2 * p], &x[2 * p + 1]);
+            let (q0, q1) = (dec(b0), dec(b1));
+            let (d0, d1) = (f16_bcast(scale(b0)), f16_bcast(scale(b1)));
+            for r in 0..R {
+                let (y0, y1) = (&y[r][2 * p], &y[r][2 * p + 1]);
+                let p0 = dot_i8(q0, load32i(&y0.qs));
+                let p1 = dot_i8(q1, load32i(&y1.qs));
+                a0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, f16_bcast(y0.d)), p0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, f16_bcast(y1.d)), p1, a1[r]);
+            }
+        }
+        if x.len() % 2 == 1 {
+            let i = x.len() - 1;
+            let q = dec(&x[i]);
+            let d = f16_bcast(scale(&x[i]));
+            for r in 0..R {
+                let yb = &y[r][i];
+                let p = dot_i8(q, load32i(&yb.qs));
+                a0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, a0[r]);
+            }
+        }
+        for r in 0..R {
+            out[r] = hsum_ps(_mm256_add_ps(a0[r], a1[r]));
+        }
+    }
+}
+
 /// Q8_0 x Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, b) in x.iter().enumerate() {
-        let q = load32i(&b.qs);
-        let d = f16_bcast(b.d);
-        for r in 0..R {
-            let yb = &y[r][i];
-            let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
+    dot_legacy(x, y, out, |b| q8_0_bytes(b), |b| b.d)
 }
 
 /// The 32 nibbles of a Q4_0/Q5_0 block as bytes: low nibbles (elements 0..16) first.
@@ -322,20 +355,7 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// Q4_0 x Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q4_0<const R: usize>(x: &[BlockQ4_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let eight = _mm256_set1_epi8(8);
-    for (i, b) in x.iter().enumerate() {
-        let q = _mm256_sub_epi8(nibbles(&b.qs), eight);
-        let d = f16_bcast(b.d);
-        for r in 0..R {
-            let yb = &y[r][i];
-            let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
+    dot_legacy(x, y, out, |b| q4_0_bytes(b), |b| b.d)
 }
 
 /// 0xFF in byte `i` where bit `i` of `bits` is set, else 0.
@@ -403,19 +423,7 @@ pub(crate) fn q5k_high(hbits: __m256i, j: usize) -> (__m256i, __m256i) {
 /// Q5_0 x Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, b) in x.iter().enumerate() {
-        let q = q5_0_bytes(b);
-        let d = f16_bcast(b.d);
-        for r in 0..R {
-            let yb = &y[r][i];
-            let p = dot_i8(q, load32i(&yb.qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, acc[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
+    dot_legacy(x, y, out, |b| q5_0_bytes(b), |b| b.d)
 }
 
 /// Loads 8 weights at element `j` of a float row (kind: 0 = F32, 1 = F16, 2 = BF16).
