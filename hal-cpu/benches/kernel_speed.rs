@@ -1,0 +1,85 @@
+//! Single-thread kernel speed on a cache-resident weight: the best of many calls, which
+//! on a shared, noisy machine is a steadier measure of what a kernel can do than a mean.
+//!
+//! `cargo bench -p flint-hal-cpu --bench kernel_speed` (`KERNEL_ROWS` sets the number of
+//! 4096-wide weight rows, default 1024).
+//!
+//! Per SIMD level and type: M = 1 in GB/s of weight and GMAC/s, and M = 4 (one batched
+//! tile: each weight block decoded once for 4 activation rows) in GMAC/s.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use flint_core::GgmlType;
+use flint_hal::{Device, DeviceOptions, WeightDesc, WeightKind, WeightSource};
+use flint_hal_cpu::{CpuDevice, SimdLevel};
+
+fn main() {
+    let k = 4096usize;
+    let n: usize = std::env::var("KERNEL_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let best = SimdLevel::detect();
+    let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
+        .into_iter()
+        .filter(|l| *l <= best)
+        .collect();
+    let opts = DeviceOptions {
+        threads: Some(1),
+        keep_quant: true,
+    };
+    for level in levels {
+        let dev = CpuDevice::with_level(&opts, level).expect("open cpu");
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+            GgmlType::F16,
+            GgmlType::F32,
+        ] {
+            let len = ty.row_bytes(k).expect("whole blocks") * n;
+            // Small values in every byte: finite f16/f32 scales and weights.
+            let mut s = 1u64;
+            let data: Vec<u8> = (0..len)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (s >> 33) as u8 & 0x3f
+                })
+                .collect();
+            let d = WeightDesc {
+                name: "w".into(),
+                ty,
+                dims: vec![k, n],
+                kind: WeightKind::Matrix,
+                data: WeightSource::from_vec(data),
+            };
+            let w = dev.stage(&d).expect("stage");
+            let x: Vec<f32> = (0..k * 4).map(|i| (i % 13) as f32 * 0.01).collect();
+            let mut out = vec![0f32; n * 4];
+            let (mut b1, mut b4) = (f64::MAX, f64::MAX);
+            for _ in 0..200 {
+                let t = Instant::now();
+                dev.matmul(&*w, black_box(&x[..k]), 1, &mut out[..n])
+                    .expect("matmul");
+                b1 = b1.min(t.elapsed().as_secs_f64());
+                let t = Instant::now();
+                dev.matmul(&*w, black_box(&x), 4, &mut out).expect("matmul");
+                b4 = b4.min(t.elapsed().as_secs_f64());
+            }
+            println!(
+                "{:>6} {:>5}: M=1 {:6.2} GB/s {:6.2} GMAC/s | M=4 {:6.2} GMAC/s",
+                level.name(),
+                ty.name(),
+                len as f64 / b1 / 1e9,
+                (k * n) as f64 / b1 / 1e9,
+                (4 * k * n) as f64 / b4 / 1e9
+            );
+        }
+    }
+}
