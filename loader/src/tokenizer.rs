@@ -121,6 +121,10 @@ impl TokenAttr {
     pub const USER_DEFINED: u32 = 1 << 4;
     /// A raw byte (`<0xXX>`).
     pub const BYTE: u32 = 1 << 5;
+    /// Swallows white space before it when matched in text.
+    pub const LSTRIP: u32 = 1 << 7;
+    /// Swallows white space after it when matched in text.
+    pub const RSTRIP: u32 = 1 << 8;
 
     /// From a GGUF `token_type` value.
     pub fn from_gguf_type(t: i32) -> Self {
@@ -185,6 +189,9 @@ pub struct TokenizerConfig {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix`.
     pub add_space_prefix: Option<bool>,
+    /// `general.name`: llama.cpp gives some models' special tokens strip attributes by
+    /// name (Phi-3).
+    pub model_name: Option<String>,
 }
 
 impl TokenizerConfig {
@@ -206,6 +213,7 @@ impl TokenizerConfig {
             add_bos: f.opt_bool(keys::ADD_BOS)?,
             add_eos: f.opt_bool(keys::ADD_EOS)?,
             add_space_prefix: f.opt_bool(keys::ADD_SPACE_PREFIX)?,
+            model_name: f.opt_str("general.name")?.map(str::to_owned),
         })
     }
 
@@ -554,6 +562,32 @@ impl Tokenizer {
             .collect();
         specials.sort_by_key(|&id| std::cmp::Reverse(index.text(id).len()));
 
+        // Strip attributes llama.cpp sets by model or pre-tokenizer name.
+        let name = cfg.model_name.as_deref().unwrap_or("").to_lowercase();
+        let pre_name = cfg.pre.as_deref().unwrap_or("");
+        let set = |attrs: &mut Vec<TokenAttr>, text: &str, bit: u32, on: bool| {
+            if let Some(id) = find(text) {
+                let a = &mut attrs[id as usize].0;
+                *a = if on { *a | bit } else { *a & !bit };
+            }
+        };
+        if ["jina-v2-de", "jina-v2-es", "jina-v2-code", "mmbert"]
+            .iter()
+            .any(|p| pre_name.contains(p))
+        {
+            set(&mut attrs, "<mask>", TokenAttr::LSTRIP, true);
+        } else if name.contains("phi-3") || name.contains("phi3") {
+            for &id in &specials {
+                attrs[id as usize].0 |= TokenAttr::RSTRIP;
+            }
+            set(&mut attrs, "</s>", TokenAttr::RSTRIP, true);
+            for t in ["<unk>", "<s>", "<|endoftext|>"] {
+                set(&mut attrs, t, TokenAttr::RSTRIP, false);
+            }
+        } else if name.contains("modern-bert") {
+            set(&mut attrs, "[MASK]", TokenAttr::LSTRIP, true);
+        }
+
         let byte_tokens = match kind {
             TokenizerKind::Spm => (0..=255u8)
                 .map(|b| {
@@ -751,11 +785,22 @@ impl Tokenizer {
                 match *f {
                     Fragment::Text(mut a, b) => {
                         while let Some(p) = find_bytes(&bytes[a..b], needle) {
-                            if p > 0 {
-                                next.push(Fragment::Text(a, a + p));
+                            let mut left_end = a + p;
+                            if attr.has(TokenAttr::LSTRIP) {
+                                while left_end > a && is_c_space(bytes[left_end - 1]) {
+                                    left_end -= 1;
+                                }
+                            }
+                            if left_end > a {
+                                next.push(Fragment::Text(a, left_end));
                             }
                             next.push(Fragment::Token(id));
                             a += p + needle.len();
+                            if attr.has(TokenAttr::RSTRIP) {
+                                while a < b && is_c_space(bytes[a]) {
+                                    a += 1;
+                                }
+                            }
                         }
                         if a < b {
                             next.push(Fragment::Text(a, b));
@@ -887,6 +932,11 @@ enum Fragment {
     Text(usize, usize),
     /// A special token matched in the text.
     Token(TokenId),
+}
+
+/// C's `isspace` in the "C" locale.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
 }
 
 fn find_bytes(hay: &[u8], needle: &[u8]) -> Option<usize> {

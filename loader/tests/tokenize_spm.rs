@@ -6,6 +6,10 @@
 use flint_loader::tokenizer::{StreamDecoder, Tokenizer, TokenizerConfig, TokenizerKind};
 
 fn vocab(add_space_prefix: bool) -> Tokenizer {
+    vocab_named(add_space_prefix, None)
+}
+
+fn vocab_named(add_space_prefix: bool, name: Option<&str>) -> Tokenizer {
     let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>", "<ctrl>", "<ud>"]
         .iter()
         .map(|s| s.to_string())
@@ -38,6 +42,7 @@ fn vocab(add_space_prefix: bool) -> Tokenizer {
         scores: Some(scores),
         token_types: Some(types),
         add_space_prefix: Some(add_space_prefix),
+        model_name: name.map(str::to_owned),
         ..TokenizerConfig::default()
     };
     Tokenizer::from_config(&cfg).expect("spm tokenizer")
@@ -135,4 +140,21 @@ fn stream_decoder_holds_split_characters() {
     let mut d = StreamDecoder::new();
     assert_eq!(d.push_bytes(&[0xE2, 0x82]), "");
     assert_eq!(d.push_bytes(b"x"), "\u{FFFD}x");
+}
+
+#[test]
+fn spm_phi3_specials_swallow_following_spaces() {
+    // llama.cpp gives Phi-3's special tokens RSTRIP (by model name).
+    let plain = vocab(true);
+    assert_eq!(
+        plain.tokenize("a<ctrl>  b", false, true),
+        vec![SP_A, 3, SPACE, SPACE, SPACE, B]
+    );
+    let phi = vocab_named(true, Some("Phi-3 mini"));
+    assert_eq!(
+        phi.tokenize("a<ctrl>  b", false, true),
+        vec![SP_A, 3, SPACE, B]
+    );
+    // <s> is exempt.
+    assert_eq!(phi.tokenize("<s> b", false, true), vec![1, SPACE, SPACE, B]);
 }
