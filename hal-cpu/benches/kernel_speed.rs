@@ -1,8 +1,8 @@
-//! Single-thread kernel speed on a cache-resident weight: the best of many calls, which
+//! Kernel speed (one thread unless told otherwise) on a cache-resident weight: the best of many calls, which
 //! on a shared, noisy machine is a steadier measure of what a kernel can do than a mean.
 //!
 //! `cargo bench -p flint-hal-cpu --bench kernel_speed` (`KERNEL_ROWS` sets the number of
-//! 4096-wide weight rows, default 1024).
+//! 4096-wide weight rows, default 1024; `KERNEL_THREADS` the threads, default 1).
 //!
 //! Per SIMD level and type: M = 1 in GB/s of weight and GMAC/s, and M = 4 (one batched
 //! tile: each weight block decoded once for 4 activation rows) in GMAC/s.
@@ -25,8 +25,12 @@ fn main() {
         .into_iter()
         .filter(|l| *l <= best)
         .collect();
+    let threads: usize = std::env::var("KERNEL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let opts = DeviceOptions {
-        threads: Some(1),
+        threads: Some(threads),
         keep_quant: true,
     };
     for level in levels {
