@@ -122,8 +122,8 @@ enum HostCopy {
     None,
     /// The file's bytes (kept blocks stream from the mapping itself).
     Source(#[allow(dead_code)] WeightSource),
-    /// The BF16 expansion, one vector per expert.
-    Expanded(#[allow(dead_code)] Vec<Vec<u16>>),
+    /// The float expansion, one vector per expert.
+    Expanded(#[allow(dead_code)] Vec<Vec<u8>>),
 }
 
 /// A weight staged on a [`TtDevice`]: one adapter weight per expert (one for a matrix).
@@ -206,6 +206,8 @@ pub struct TtCounters {
 pub struct TtDevice {
     inner: Arc<Inner>,
     opts: DeviceOptions,
+    /// What non-kept weights are expanded to (`FLINT_TT_EXPAND`, default BF16).
+    float_ty: GgmlType,
     /// Tiers decided by the last [`Device::plan`], by tensor name; `stage` follows them.
     planned: Mutex<HashMap<String, Tier>>,
 }
@@ -242,6 +244,7 @@ impl TtDevice {
         Ok(TtDevice {
             inner: Arc::new(inner),
             opts: opts.clone(),
+            float_ty: staging::expansion_from_env()?,
             planned: Mutex::new(HashMap::new()),
         })
     }
@@ -259,6 +262,23 @@ impl TtDevice {
     /// Whether the device admits `ty` as kept blocks.
     pub fn admits_kept(&self, ty: GgmlType) -> bool {
         self.inner.admits(ty)
+    }
+
+    /// The float encoding weights that are not kept are expanded to.
+    pub fn expansion(&self) -> GgmlType {
+        self.float_ty
+    }
+
+    /// Sets the float encoding weights that are not kept are expanded to (BF16, F16 or
+    /// F32) for weights staged from now on; the default comes from `FLINT_TT_EXPAND`.
+    pub fn set_expansion(&mut self, ty: GgmlType) -> Result<(), HalError> {
+        if !staging::EXPANSION_TYPES.contains(&ty) {
+            return Err(HalError::invalid(format!(
+                "{ty} is not an expansion target (BF16, F16 or F32)"
+            )));
+        }
+        self.float_ty = ty;
+        Ok(())
     }
 
     /// The options it was opened with.
@@ -302,9 +322,13 @@ impl TtDevice {
     }
 
     fn arrangement(&self, desc: &WeightDesc) -> Result<staging::Arrangement, HalError> {
-        staging::arrangement(&desc.name, desc.ty, self.opts.keep_quant, |t| {
-            self.inner.admits(t)
-        })
+        staging::arrangement(
+            &desc.name,
+            desc.ty,
+            self.opts.keep_quant,
+            self.float_ty,
+            |t| self.inner.admits(t),
+        )
     }
 
     /// The tier for a weight about to be staged: the plan's when there is one, else
@@ -379,11 +403,12 @@ impl Device for TtDevice {
 
     fn description(&self) -> String {
         format!(
-            "{}, {:.1} GiB DRAM, {} cores, keep-quant {}, runtime {}",
+            "{}, {:.1} GiB DRAM, {} cores, keep-quant {}, expands to {}, runtime {}",
             self.inner.name,
             self.inner.dram_bytes as f64 / (1u64 << 30) as f64,
             self.inner.cores,
             if self.opts.keep_quant { "on" } else { "off" },
+            self.float_ty,
             self.inner.rt.path().display()
         )
     }
@@ -402,9 +427,13 @@ impl Device for TtDevice {
     }
 
     fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
-        let plan = staging::plan(weights, self.inner.dram_bytes, self.opts.keep_quant, |t| {
-            self.inner.admits(t)
-        })?;
+        let plan = staging::plan(
+            weights,
+            self.inner.dram_bytes,
+            self.opts.keep_quant,
+            self.float_ty,
+            |t| self.inner.admits(t),
+        )?;
         let mut m = match self.planned.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -426,7 +455,7 @@ impl Device for TtDevice {
 
         // Declared before `w`: on a failure part-way, `w` frees the staged handles before
         // the expansions a streamed handle could read are dropped.
-        let mut expanded: Vec<Vec<u16>> = Vec::new();
+        let mut expanded: Vec<Vec<u8>> = Vec::new();
         // Build the weight as handles are staged, so a failure part-way frees them.
         let mut w = TtWeight {
             inner: self.inner.clone(),
@@ -451,15 +480,8 @@ impl Device for TtDevice {
             let h = if arr.kept {
                 self.stage_one(desc.ty, streamed, in_f, out_f, slice, &desc.name)?
             } else {
-                let v = staging::expand_bf16(&desc.name, desc.ty, in_f, slice)?;
-                let h = self.stage_one(
-                    GgmlType::BF16,
-                    streamed,
-                    in_f,
-                    out_f,
-                    bytemuck::cast_slice(&v),
-                    &desc.name,
-                );
+                let v = staging::expand(&desc.name, desc.ty, in_f, slice, arr.staged_ty)?;
+                let h = self.stage_one(arr.staged_ty, streamed, in_f, out_f, &v, &desc.name);
                 if streamed {
                     // The adapter reads this vector on every use: keep it (its heap
                     // allocation does not move when the outer vector grows).

@@ -1,5 +1,6 @@
-//! Keep-quant staging: which arrangement each weight gets (kept blocks or BF16), how an
-//! expert tower is sliced, and the staging plan against the DRAM budget.
+//! Keep-quant staging: which arrangement each weight gets (kept blocks, or expanded to a
+//! float encoding: BF16 unless `FLINT_TT_EXPAND` says otherwise), how an expert tower is
+//! sliced, and the staging plan against the DRAM budget.
 
 use flint_core::GgmlType;
 use flint_hal::{HalError, PlannedWeight, StagingPlan, Tier, WeightDesc, WeightKind};
@@ -7,7 +8,26 @@ use flint_hal::{HalError, PlannedWeight, StagingPlan, Tier, WeightDesc, WeightKi
 /// The share of DRAM the plan leaves free for KV caches and activation buffers: 1/16.
 pub const RESERVE_DIVISOR: u64 = 16;
 
-/// Encodings the host can expand to BF16: the float types and every block encoding that
+/// The float encodings the host can expand to.
+pub const EXPANSION_TYPES: [GgmlType; 3] = [GgmlType::BF16, GgmlType::F16, GgmlType::F32];
+
+/// The expansion target named by `FLINT_TT_EXPAND` (`bf16`, the default; `f16`; `f32`).
+/// Another value is an error naming the variable.
+pub fn expansion_from_env() -> Result<GgmlType, HalError> {
+    match std::env::var("FLINT_TT_EXPAND") {
+        Err(_) => Ok(GgmlType::BF16),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "bf16" => Ok(GgmlType::BF16),
+            "f16" => Ok(GgmlType::F16),
+            "f32" => Ok(GgmlType::F32),
+            other => Err(HalError::invalid(format!(
+                "FLINT_TT_EXPAND={other:?} is not bf16, f16 or f32"
+            ))),
+        },
+    }
+}
+
+/// Encodings the host can expand: the float types and every block encoding that
 /// `flint_core::dequant` decodes.
 pub fn expandable(ty: GgmlType) -> bool {
     GgmlType::DEQUANTIZABLE.contains(&ty)
@@ -23,12 +43,13 @@ pub struct Arrangement {
 }
 
 /// The arrangement of a weight of encoding `ty`: kept blocks when keep-quant is on and the
-/// device admits the encoding, else BF16 when the host can expand it, else an error naming
-/// encoding and tensor.
+/// device admits the encoding, else `float_ty` (BF16 by default) when the host can expand
+/// it, else an error naming encoding and tensor.
 pub fn arrangement(
     name: &str,
     ty: GgmlType,
     keep_quant: bool,
+    float_ty: GgmlType,
     admits: impl Fn(GgmlType) -> bool,
 ) -> Result<Arrangement, HalError> {
     if keep_quant && ty.is_quantized() && admits(ty) {
@@ -39,13 +60,13 @@ pub fn arrangement(
     }
     if expandable(ty) {
         return Ok(Arrangement {
-            staged_ty: GgmlType::BF16,
+            staged_ty: float_ty,
             kept: false,
         });
     }
     Err(HalError::unsupported(format!(
         "tensor '{name}': encoding {ty} can be neither kept on the Tenstorrent device nor \
-         expanded to BF16"
+         expanded to {float_ty}"
     )))
 }
 
@@ -107,26 +128,48 @@ pub fn expert_slice<'a>(
     Ok(s)
 }
 
-/// Expands `bytes` of encoding `ty` (a whole number of rows of `in_f`) to BF16 values,
-/// through the core dequantizer (and round-to-nearest-even to BF16).
-pub fn expand_bf16(
+/// Expands `bytes` of encoding `ty` (a whole number of rows of `in_f`) to `to` (BF16,
+/// F16 or F32, little-endian), through the core dequantizer and round-to-nearest-even.
+pub fn expand(
     name: &str,
     ty: GgmlType,
     in_f: usize,
     bytes: &[u8],
-) -> Result<Vec<u16>, HalError> {
+    to: GgmlType,
+) -> Result<Vec<u8>, HalError> {
     let row_bytes = slice_bytes(ty, in_f, 1, name)?;
     if row_bytes == 0 {
         return Ok(Vec::new());
     }
     let rows = bytes.len() / row_bytes;
-    let mut out = Vec::with_capacity(rows * in_f);
+    let mut out = Vec::with_capacity(rows * in_f * to.type_size());
     let mut row = vec![0.0f32; in_f];
     for r in bytes.chunks_exact(row_bytes) {
         flint_core::dequant::dequantize(ty, r, &mut row).map_err(|e| {
-            HalError::unsupported(format!("tensor '{name}': cannot expand {ty} to BF16: {e}"))
+            HalError::unsupported(format!("tensor '{name}': cannot expand {ty} to {to}: {e}"))
         })?;
-        out.extend(row.iter().map(|&v| half::bf16::from_f32(v).to_bits()));
+        match to {
+            GgmlType::BF16 => {
+                for &v in &row {
+                    out.extend_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            GgmlType::F16 => {
+                for &v in &row {
+                    out.extend_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            GgmlType::F32 => {
+                for &v in &row {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            other => {
+                return Err(HalError::unsupported(format!(
+                    "tensor '{name}': {other} is not an expansion target"
+                )))
+            }
+        }
     }
     Ok(out)
 }
@@ -146,13 +189,14 @@ pub fn plan(
     weights: &[WeightDesc],
     dram_bytes: u64,
     keep_quant: bool,
+    float_ty: GgmlType,
     admits: impl Fn(GgmlType) -> bool,
 ) -> Result<StagingPlan, HalError> {
     let mut left = dram_bytes - dram_bytes / RESERVE_DIVISOR;
     let mut entries: Vec<Option<PlannedWeight>> = vec![None; weights.len()];
     let mut sized = Vec::with_capacity(weights.len());
     for w in weights {
-        let arr = arrangement(&w.name, w.ty, keep_quant, &admits)?;
+        let arr = arrangement(&w.name, w.ty, keep_quant, float_ty, &admits)?;
         sized.push((arr, staged_bytes(w, arr)?));
     }
     for experts_pass in [false, true] {

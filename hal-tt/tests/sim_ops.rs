@@ -551,3 +551,40 @@ fn concurrent_calls_on_one_device_agree() {
     });
     assert_eq!(dev.counters().block_dispatches, 80);
 }
+
+#[test]
+fn expansion_to_f16_and_f32() {
+    let mut rng = Rng::new(13);
+    let (desc, deq) = weight(
+        "q8",
+        GgmlType::Q8_0,
+        &[256, 8],
+        WeightKind::Matrix,
+        &mut rng,
+    );
+    let x = rng.vec(2 * 256);
+    for (to, want) in [
+        (
+            GgmlType::F16,
+            deq.iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect::<Vec<_>>(),
+        ),
+        (GgmlType::F32, deq.clone()),
+    ] {
+        let mut dev = open_sim(true);
+        dev.set_expansion(to).expect("expansion target");
+        let w = dev.stage(&desc).expect("stage");
+        assert_eq!(w.info().staged_ty, to);
+        assert!(!w.info().kept_quant);
+        assert_eq!(w.info().resident_bytes, (256 * 8 * to.type_size()) as u64);
+        let mut out = vec![0.0; 16];
+        dev.matmul(&*w, &x, 2, &mut out).expect("matmul");
+        let e = rel_rms(&out, &matmul_ref(&want, 256, &x));
+        assert!(e < 1e-6, "{to}: {e}");
+        assert_eq!(dev.counters().float_dispatches, 1);
+        assert_eq!(dev.counters().block_dispatches, 0);
+    }
+    let mut dev = open_sim(true);
+    assert!(dev.set_expansion(GgmlType::Q8_0).is_err());
+}

@@ -10,15 +10,16 @@ fn admits(t: GgmlType) -> bool {
 
 #[test]
 fn arrangement_follows_keep_quant_and_admission() {
-    let a = arrangement("t", GgmlType::Q4_K, true, admits).expect("kept");
+    let a = arrangement("t", GgmlType::Q4_K, true, GgmlType::BF16, admits).expect("kept");
     assert!(a.kept && a.staged_ty == GgmlType::Q4_K);
-    let a = arrangement("t", GgmlType::Q4_K, false, admits).expect("bf16");
+    let a = arrangement("t", GgmlType::Q4_K, false, GgmlType::BF16, admits).expect("bf16");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let a = arrangement("t", GgmlType::Q5_K, true, admits).expect("not admitted");
+    let a = arrangement("t", GgmlType::Q5_K, true, GgmlType::BF16, admits).expect("not admitted");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let a = arrangement("t", GgmlType::F32, true, |_| true).expect("float");
+    let a = arrangement("t", GgmlType::F32, true, GgmlType::BF16, |_| true).expect("float");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let e = arrangement("blk.0.x", GgmlType::I32, true, admits).expect_err("refused");
+    let e =
+        arrangement("blk.0.x", GgmlType::I32, true, GgmlType::BF16, admits).expect_err("refused");
     assert_eq!(e.kind, HalErrorKind::Unsupported);
     assert!(
         e.message.contains("I32") && e.message.contains("blk.0.x"),
@@ -78,14 +79,14 @@ fn plan_places_dense_first_then_experts() {
     ];
     // Budget (15/16 of DRAM) fits the dense weight and not the tower.
     let dram = (36864 + 100_000) * 16 / 15;
-    let p = plan(&ws, dram, true, admits).expect("plan");
+    let p = plan(&ws, dram, true, GgmlType::BF16, admits).expect("plan");
     assert_eq!(p.weights[0].name, "exps");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::Streamed);
     assert_eq!(p.weights[1].tier, flint_hal::Tier::Resident);
     assert_eq!(p.streamed_bytes(), 147456);
     assert_eq!(p.resident_bytes(), 36864);
     // With room for both, the tower goes to the expert tier.
-    let p = plan(&ws, 1 << 20, true, admits).expect("plan");
+    let p = plan(&ws, 1 << 20, true, GgmlType::BF16, admits).expect("plan");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::ExpertResident);
     assert_eq!(p.expert_tier_bytes(), 147456);
     assert_eq!(p.streamed_bytes(), 0);

@@ -64,6 +64,11 @@ pub fn admits_kept(ty: GgmlType) -> bool {
     )
 }
 
+/// The expanded (float) encodings every device accepts: BF16, F16 and F32.
+pub fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::BF16 | GgmlType::F16 | GgmlType::F32)
+}
+
 /// Host memory a streamed weight is read from on every use.
 #[derive(Debug)]
 pub struct HostBytes {
@@ -109,7 +114,7 @@ impl SimWeight {
         matches!(self.store, Store::Streamed(_))
     }
     fn is_block(&self) -> bool {
-        self.ty != GgmlType::BF16
+        self.ty.is_quantized()
     }
     fn row(&self, o: usize, out: &mut [f32]) -> Result<(), SimError> {
         let b = &self.bytes()[o * self.row_bytes..(o + 1) * self.row_bytes];
@@ -318,7 +323,7 @@ impl State {
 
     /// `flint_tt_weight_stage`.
     pub fn stage(&mut self, r: StageRequest) -> Result<u64, SimError> {
-        if r.ty != GgmlType::BF16 && !admits_kept(r.ty) {
+        if !is_float(r.ty) && !admits_kept(r.ty) {
             return err(
                 ERR_UNSUPPORTED,
                 format!(
@@ -876,7 +881,8 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
     for &r in rows {
         sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
     }
-    // BF16 rows take f32 activations as they are; block rows the encoded ones.
+    // Float rows take f32 activations as they are (BF16 through the fast row dot, F16 and
+    // F32 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
     let acts = if w.ty == GgmlType::BF16 {
         Vec::new()
     } else {

@@ -6,7 +6,8 @@
 //! - a DRAM budget of 32 GiB ([`device::P150_DRAM_BYTES`]) against which resident weights
 //!   and buffers are counted; `FLINT_TT_SIM_DRAM_BYTES` overrides it (tests make it small);
 //! - the admission predicate for kept block encodings ([`device::admits_kept`]): Q4_K,
-//!   Q5_K, Q6_K and the IQ types; everything else reaches it as BF16;
+//!   Q5_K, Q6_K and the IQ types; everything else reaches it expanded by the host (BF16
+//!   by default; F16 and F32 are accepted too);
 //! - dispatch counters (block and float matmuls) and the bytes streamed from host memory
 //!   for weights staged as streamed.
 //!
