@@ -149,19 +149,39 @@ macro_rules! tiled {
     ($m:ident :: $f:ident, $w:expr, $a:expr, $nb:expr, $rows:expr, $out:expr) => {{
         let w = $w;
         let row = |i: usize| &$a[i * $nb..(i + 1) * $nb];
-        if $rows.len() == TILE {
-            let ys = [row($rows[0]), row($rows[1]), row($rows[2]), row($rows[3])];
-            let mut o = [0f32; TILE];
-            // SAFETY: the level was checked against the CPU's features at device open
-            // (`SimdLevel::check`), so the target features of the kernel are present.
-            unsafe { $m::$f::<TILE>(&w, &ys, &mut o) };
-            $out.copy_from_slice(&o);
-        } else {
-            for (k, &i) in $rows.iter().enumerate() {
-                let mut o = [0f32; 1];
-                // SAFETY: as above, the CPU has the kernel's features.
-                unsafe { $m::$f::<1>(&w, &[row(i)], &mut o) };
-                $out[k] = o[0];
+        // A tile of 1..=4 rows: the remainder of M gets its own smaller tile rather
+        // than decoding the weight once per leftover row.
+        // SAFETY (each call): the level was checked against the CPU's features at
+        // device open (`SimdLevel::check`), so the kernel's target features are present.
+        match $rows.len() {
+            4 => {
+                let ys = [row($rows[0]), row($rows[1]), row($rows[2]), row($rows[3])];
+                let mut o = [0f32; 4];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $m::$f::<4>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            3 => {
+                let ys = [row($rows[0]), row($rows[1]), row($rows[2])];
+                let mut o = [0f32; 3];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $m::$f::<3>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            2 => {
+                let ys = [row($rows[0]), row($rows[1])];
+                let mut o = [0f32; 2];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $m::$f::<2>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            _ => {
+                for (k, &i) in $rows.iter().enumerate() {
+                    let mut o = [0f32; 1];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $m::$f::<1>(&w, &[row(i)], &mut o) };
+                    $out[k] = o[0];
+                }
             }
         }
     }};
