@@ -56,6 +56,8 @@ typedef enum flint_tt_status {
 #define FLINT_TT_TYPE_Q5_K 13u
 #define FLINT_TT_TYPE_Q6_K 14u
 #define FLINT_TT_TYPE_BF16 30u
+#define FLINT_TT_TYPE_F32 0u
+#define FLINT_TT_TYPE_F16 1u
 
 typedef struct flint_tt_device flint_tt_device; /* opaque */
 typedef uint64_t flint_tt_buffer;
@@ -93,8 +95,9 @@ int32_t flint_tt_device_close(flint_tt_device *dev);
 int32_t flint_tt_device_info_get(const flint_tt_device *dev, flint_tt_device_info *out);
 
 /* 1 when the device computes directly from weights kept in the block encoding
- * `ggml_type` (raw GGUF blocks), 0 otherwise. BF16 is always accepted by
- * `flint_tt_weight_stage` and is not reported here. */
+ * `ggml_type` (raw GGUF blocks), 0 otherwise. The expanded float encodings (BF16, and
+ * F16 / F32) are always accepted by `flint_tt_weight_stage`; the answer for them is not
+ * used. */
 int32_t flint_tt_admits_kept(const flint_tt_device *dev, uint32_t ggml_type);
 
 /* ---- Buffers --------------------------------------------------------------------- */
@@ -118,7 +121,8 @@ int32_t flint_tt_buffer_read(flint_tt_device *dev, flint_tt_buffer buf, uint64_t
 
 typedef struct flint_tt_weight_desc {
     /* Encoding of `data`: a type for which `flint_tt_admits_kept` is 1 (raw GGUF blocks,
-     * kept as they are), or FLINT_TT_TYPE_BF16 (values expanded by the host). */
+     * kept as they are), or a float encoding the host expanded to: FLINT_TT_TYPE_BF16
+     * (the default), FLINT_TT_TYPE_F16 or FLINT_TT_TYPE_F32 (little-endian values). */
     uint32_t ggml_type;
     /* FLINT_TT_RESIDENT or FLINT_TT_STREAMED. */
     uint32_t residency;
@@ -135,7 +139,8 @@ typedef struct flint_tt_weight_desc {
  * returns (FLINT_TT_ERR_OUT_OF_MEMORY when it does not fit). STREAMED: the adapter keeps
  * the pointer and reads `data` from host memory on each use; the host keeps it valid and
  * unchanged until `flint_tt_weight_free`. FLINT_TT_ERR_INVALID when `len` does not match
- * type and shape, FLINT_TT_ERR_UNSUPPORTED when the encoding is neither admitted nor BF16. */
+ * type and shape, FLINT_TT_ERR_UNSUPPORTED when the encoding is neither admitted nor one
+ * of the float encodings. */
 int32_t flint_tt_weight_stage(flint_tt_device *dev, const flint_tt_weight_desc *desc,
                               flint_tt_weight *out);
 int32_t flint_tt_weight_free(flint_tt_device *dev, flint_tt_weight w);
@@ -250,7 +255,7 @@ int32_t flint_tt_sync(flint_tt_device *dev);
 typedef struct flint_tt_counters {
     /* Matmuls (dense or expert) computed directly from kept block encodings. */
     uint64_t block_dispatches;
-    /* Matmuls computed from BF16 weights. */
+    /* Matmuls computed from float (BF16 / F16 / F32) weights. */
     uint64_t float_dispatches;
     /* Weight bytes read from host memory for STREAMED weights, summed over uses. */
     uint64_t streamed_bytes;
