@@ -76,6 +76,19 @@ pub struct RequestOutput {
     pub completion_tokens: usize,
 }
 
+/// What the last step computed (for benchmarks and metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Tokens in the batch.
+    pub num_tokens: usize,
+    /// Requests in the batch.
+    pub num_seqs: usize,
+    /// True when the batch held any prompt token.
+    pub has_prefill: bool,
+    /// Tokens sampled.
+    pub sampled: usize,
+}
+
 /// An error of the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -106,6 +119,7 @@ pub struct LLMEngine<M: StepModel> {
     detok: Option<Box<dyn Detokenizer>>,
     live: HashMap<RequestId, Live>,
     next_id: RequestId,
+    last: StepStats,
 }
 
 impl<M: StepModel> std::fmt::Debug for LLMEngine<M> {
@@ -127,6 +141,7 @@ impl<M: StepModel> LLMEngine<M> {
             detok,
             live: HashMap::new(),
             next_id: 0,
+            last: StepStats::default(),
         }
     }
 
@@ -138,6 +153,11 @@ impl<M: StepModel> LLMEngine<M> {
     /// The model.
     pub fn model(&self) -> &M {
         &self.model
+    }
+
+    /// What the last call of [`step`](Self::step) computed.
+    pub fn last_step(&self) -> StepStats {
+        self.last
     }
 
     /// Queues a tokenized prompt; returns its id. A prompt longer than the model allows
@@ -187,8 +207,31 @@ impl<M: StepModel> LLMEngine<M> {
     /// Returns one output per request that produced a token this step.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let plan: SchedulerOutput = self.scheduler.schedule();
+        self.last = StepStats {
+            num_tokens: plan.num_tokens(),
+            num_seqs: plan.seqs.len(),
+            has_prefill: plan.has_prefill(),
+            sampled: plan.seqs.iter().filter(|q| q.sample).count(),
+        };
+        let mut outputs = Vec::new();
+        for &id in &plan.capacity_exceeded {
+            // Its sequence no longer fits in the whole KV cache: finish it as a length
+            // limit, flushing the text it has.
+            let completion_tokens = self.scheduler.get(id).map_or(0, |s| s.output().len());
+            if let Some(l) = self.live.remove(&id) {
+                outputs.push(RequestOutput {
+                    id,
+                    token: None,
+                    text: l.text.get(l.emitted..).unwrap_or("").to_string(),
+                    finished: Some(FinishReason::Length),
+                    prompt_tokens: l.prompt_tokens,
+                    completion_tokens,
+                });
+            }
+            self.scheduler.remove(id);
+        }
         if plan.seqs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(outputs);
         }
         let seqs: Vec<StepSeq<'_>> = plan
             .seqs
@@ -229,7 +272,6 @@ impl<M: StepModel> LLMEngine<M> {
         }
         let grew = self.scheduler.update(&plan, &sampled);
         let max_model_len = self.scheduler.config().max_model_len;
-        let mut outputs = Vec::with_capacity(grew.len());
         for id in grew {
             let Some(state) = self.scheduler.get(id) else {
                 continue;

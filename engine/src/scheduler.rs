@@ -131,6 +131,10 @@ pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
     /// Requests preempted while scheduling this step.
     pub preempted: Vec<RequestId>,
+    /// Requests that can never run: even alone, their next chunk needs more KV blocks
+    /// than the pools hold. They stay known to the scheduler until `remove`d, so the
+    /// caller can finish them (with what they generated) instead of waiting forever.
+    pub capacity_exceeded: Vec<RequestId>,
 }
 
 impl SchedulerOutput {
@@ -327,6 +331,11 @@ impl Scheduler {
                 };
                 let (start, total) = (s.num_computed, s.tokens.len());
                 let n = (total - start).min(budget);
+                if !self.kv.fits_when_empty(start, start + n) {
+                    self.waiting.pop_front();
+                    out.capacity_exceeded.push(id);
+                    continue;
+                }
                 if !self.kv.can_allocate(id, start, start + n)
                     || self.kv.allocate(id, start, start + n).is_err()
                 {
@@ -494,6 +503,27 @@ mod tests {
         for (id, out) in &done {
             assert_eq!(out, &vec![*id as u32 + 100; 12]);
         }
+        assert!(s.kv().all_free());
+    }
+
+    #[test]
+    fn a_request_that_outgrows_the_whole_cache_is_reported_not_stuck() {
+        // 2 blocks of 4 in the full group: 8 tokens at most.
+        let mut s = sched(2, 64, 4);
+        s.add(1, vec![1; 6]).unwrap();
+        let mut reported = false;
+        for _ in 0..10 {
+            let step = s.schedule();
+            if step.capacity_exceeded.contains(&1) {
+                reported = true;
+                break;
+            }
+            let sampled: Vec<u32> = step.seqs.iter().filter(|q| q.sample).map(|_| 5).collect();
+            s.update(&step, &sampled);
+        }
+        assert!(reported, "the request must be reported, not left waiting");
+        let r = s.remove(1).unwrap();
+        assert!(r.tokens.len() >= 8);
         assert!(s.kv().all_free());
     }
 

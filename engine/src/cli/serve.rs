@@ -1,8 +1,15 @@
-//! `flint serve`.
+//! `flint serve`: the OpenAI-compatible server (see `docs/serving.md`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use clap::Args;
+use flint_loader::chat::ChatTemplate;
+use flint_loader::gguf::GgufFile;
 
-use super::CliError;
+use super::{err, CliError};
+use crate::model::load_on_device;
+use crate::serving::{build_engine, EngineSettings, ModelText, DEFAULT_KV_MEMORY};
 
 /// Arguments of `flint serve`.
 #[derive(Debug, Clone, Args)]
@@ -13,7 +20,7 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on.
+    /// Port to listen on (0 picks a free one and prints it).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Device backend [default: $FLINT_DEVICE, else cpu].
@@ -22,14 +29,75 @@ pub struct ServeArgs {
     /// Most sequences batched in one step.
     #[arg(long, default_value_t = 16)]
     pub max_num_seqs: usize,
-    /// Bytes of KV cache.
+    /// Token budget of one step (prompt chunks and decodes together).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence a request may reach [default: the model's context length].
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Bytes of KV cache [default: 1 GiB].
     #[arg(long)]
     pub kv_memory: Option<u64>,
+    /// Requests allowed to wait before new ones get 503.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Name clients use for the model [default: the file name without .gguf].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
 }
 
-/// Runs `flint serve`.
-pub fn run(_args: &ServeArgs) -> Result<(), CliError> {
-    Err(CliError::new(
-        "`flint serve` is not implemented in this build yet",
-    ))
+/// Runs `flint serve` until Ctrl-C.
+pub fn run(args: &ServeArgs) -> Result<(), CliError> {
+    if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 {
+        return Err(CliError::new(
+            "--max-num-seqs and --max-num-batched-tokens must be at least 1",
+        ));
+    }
+    let path = crate::model_path::resolve(&args.model)?;
+    let loaded = load_on_device(&path, args.device.as_deref(), true).map_err(err)?;
+    let settings = EngineSettings {
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_model_len: args.max_model_len,
+        kv_memory: args.kv_memory.unwrap_or(DEFAULT_KV_MEMORY),
+        ..EngineSettings::default()
+    };
+    let file =
+        GgufFile::open(&path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let (engine, tokenizer, max_model_len) = build_engine(loaded, &settings).map_err(err)?;
+    let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string());
+    let name = args.served_model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "flint".into())
+    });
+    let handle = crate::server::spawn_engine(
+        engine,
+        crate::server::ServerConfig {
+            model_name: name.clone(),
+            max_model_len,
+            max_queue: args.max_queue,
+        },
+    );
+    let app = crate::server::router(handle, Arc::new(ModelText::new(tokenizer, template)));
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .map_err(|e| CliError::new(format!("--host {} --port {}: {e}", args.host, args.port)))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(format!("starting the async runtime: {e}")))?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
+        eprintln!("flint serve: model '{name}' on http://{local} (max_model_len {max_model_len})");
+        crate::server::serve_on(listener, app)
+            .await
+            .map_err(|e| CliError::new(format!("server on {local} failed: {e}")))
+    })
 }

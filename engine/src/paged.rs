@@ -1,0 +1,217 @@
+//! The paged forward: a [`DeviceModel`] behind the [`StepModel`] interface of the
+//! [`LLMEngine`](crate::llm_engine::LLMEngine), with one KV buffer per layer sized by its
+//! own group's pool, and the KV cache manager sized from a memory budget.
+
+use flint_hal::KvBuffer;
+
+use crate::forward::{Batch, BatchSeq, DeviceModel, GROUP_FULL, GROUP_SLIDING};
+use crate::kv_cache::{groups_from_pattern, GroupKind, KvCacheManager, KvGroupSpec};
+use crate::llm_engine::{StepModel, StepSeq};
+use crate::model::ModelError;
+
+/// Tokens per KV block.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// How to size the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSizing {
+    /// Bytes for keys and values of every layer together.
+    pub memory_bytes: u64,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Most requests running at once (bounds what the sliding group needs).
+    pub max_num_seqs: usize,
+    /// Token budget of one step (bounds the sliding group's peak within a chunk).
+    pub max_num_batched_tokens: usize,
+}
+
+/// A [`DeviceModel`] with its paged KV buffers.
+#[derive(Debug)]
+pub struct PagedModel {
+    model: DeviceModel,
+    kv: Vec<Box<dyn KvBuffer>>,
+    /// For each of the forward's groups (`GROUP_FULL`, `GROUP_SLIDING`): the KV-manager
+    /// group whose block tables feed it (`None`: no layer of that kind).
+    table_of: [Option<usize>; 2],
+    block_size: usize,
+}
+
+impl PagedModel {
+    /// Sizes the pools from `sizing`, allocates every layer's KV buffer on the model's
+    /// device, and returns the model with the matching KV cache manager.
+    ///
+    /// The sliding group needs at most `ceil((W + chunk - 1) / bs) + 1` blocks per running
+    /// request, so its pool is capped at that times `max_num_seqs`; everything else of
+    /// the budget goes to the full-attention group.
+    pub fn new(
+        model: DeviceModel,
+        sizing: &KvSizing,
+    ) -> Result<(Self, KvCacheManager), ModelError> {
+        let spec = model.spec().clone();
+        let bs = sizing.block_size.max(1);
+        let pattern: Vec<bool> = spec.layers.iter().map(|l| l.sliding).collect();
+        let groups = groups_from_pattern(&pattern, spec.window);
+        // Bytes of one block of one layer (f32 keys and values).
+        let per_layer_block =
+            (bs * spec.n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * 4) as u64;
+        // Start from the same block count for every layer (the budget split evenly),
+        // then cap each sliding group at what its running requests can ever hold and
+        // give what that frees to the full-attention group.
+        let n_layers = spec.layers.len().max(1) as u64;
+        let uniform = sizing.memory_bytes / (per_layer_block * n_layers).max(1);
+        let mut budget = sizing.memory_bytes;
+        let mut blocks = vec![0usize; groups.len()];
+        for (g, spec_g) in groups.iter().enumerate() {
+            if let GroupKind::Sliding { window } = spec_g.kind {
+                let per_seq = (window + sizing.max_num_batched_tokens).div_ceil(bs) + 1;
+                let want = (per_seq * sizing.max_num_seqs.max(1)) as u64;
+                blocks[g] = want.min(uniform) as usize;
+                budget -= blocks[g] as u64 * per_layer_block * spec_g.layers.len() as u64;
+            }
+        }
+        let full: Vec<usize> = (0..groups.len())
+            .filter(|&g| groups[g].kind == GroupKind::Full)
+            .collect();
+        let full_layers: u64 = full.iter().map(|&g| groups[g].layers.len() as u64).sum();
+        for &g in &full {
+            blocks[g] = (budget / (per_layer_block * full_layers).max(1)) as usize;
+        }
+        if let Some(g) = blocks.iter().position(|&b| b == 0) {
+            return Err(ModelError::new(format!(
+                "a KV cache of {} bytes is too small: group {g} gets no block of {bs} tokens \
+                 ({per_layer_block} bytes per layer); raise --kv-memory",
+                sizing.memory_bytes
+            )));
+        }
+        Self::build(model, groups, bs, &blocks)
+    }
+
+    /// A model with exactly `blocks_per_group[g]` blocks of `block_size` tokens in KV
+    /// group `g` (groups as [`groups_from_pattern`] derives them from the model: the full
+    /// group first). For tests and tools that need a pool of a given size.
+    pub fn with_pools(
+        model: DeviceModel,
+        block_size: usize,
+        blocks_per_group: &[usize],
+    ) -> Result<(Self, KvCacheManager), ModelError> {
+        let spec = model.spec();
+        let pattern: Vec<bool> = spec.layers.iter().map(|l| l.sliding).collect();
+        let groups = groups_from_pattern(&pattern, spec.window);
+        if groups.len() != blocks_per_group.len() {
+            return Err(ModelError::new(format!(
+                "the model has {} KV groups but {} pool sizes were given",
+                groups.len(),
+                blocks_per_group.len()
+            )));
+        }
+        if block_size == 0 || blocks_per_group.contains(&0) {
+            return Err(ModelError::new(
+                "every KV pool needs a positive block size and at least one block",
+            ));
+        }
+        Self::build(model, groups, block_size, blocks_per_group)
+    }
+
+    fn build(
+        model: DeviceModel,
+        groups: Vec<KvGroupSpec>,
+        bs: usize,
+        blocks: &[usize],
+    ) -> Result<(Self, KvCacheManager), ModelError> {
+        let mut table_of = [None; 2];
+        for (g, spec_g) in groups.iter().enumerate() {
+            let fg = match spec_g.kind {
+                GroupKind::Full => GROUP_FULL,
+                GroupKind::Sliding { .. } => GROUP_SLIDING,
+            };
+            table_of[fg] = Some(g);
+        }
+        let manager = KvCacheManager::new(groups, bs, blocks);
+        let n_layers = model.spec().layers.len();
+        let mut kv = Vec::with_capacity(n_layers);
+        for il in 0..n_layers {
+            let g = manager
+                .group_of_layer(il)
+                .ok_or_else(|| ModelError::new(format!("layer {il} belongs to no KV group")))?;
+            // The forward picks a layer's table by the layer's own kind; it must be the
+            // table of the group whose pool sized this buffer. (A sliding layer without a
+            // window sits in the full group: its kind then reads the full group's table.)
+            let fg = model.layer_group(il);
+            let fed = *table_of[fg].get_or_insert(g);
+            if fed != g {
+                return Err(ModelError::new(format!(
+                    "layer {il} is in KV group {g} but the forward would give it another \
+                     group's block table"
+                )));
+            }
+            let layout = model.kv_layout(blocks[g], bs);
+            kv.push(model.device().alloc_kv(&layout).map_err(ModelError::from)?);
+        }
+        Ok((
+            Self {
+                model,
+                kv,
+                table_of,
+                block_size: bs,
+            },
+            manager,
+        ))
+    }
+
+    /// Test hook: feeds the forward's group `forward_group` (`GROUP_FULL` or
+    /// `GROUP_SLIDING`) the block tables of KV-manager group `kv_group` instead of its
+    /// own. This is the defect the group-isolation tests must catch; never call it
+    /// outside them.
+    #[doc(hidden)]
+    pub fn miswire_tables_for_test(&mut self, forward_group: usize, kv_group: usize) {
+        self.table_of[forward_group] = Some(kv_group);
+    }
+
+    /// The staged model.
+    pub fn model(&self) -> &DeviceModel {
+        &self.model
+    }
+}
+
+impl StepModel for PagedModel {
+    fn vocab_size(&self) -> usize {
+        self.model.spec().vocab
+    }
+
+    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, String> {
+        let mut batch = Batch {
+            seqs: Vec::with_capacity(seqs.len()),
+            block_size: self.block_size,
+        };
+        for s in seqs {
+            let mut tables: [&[u32]; 2] = [&[], &[]];
+            for (fg, g) in self.table_of.iter().enumerate() {
+                if let Some(g) = *g {
+                    tables[fg] = kv.block_table(s.id, g);
+                }
+            }
+            batch.seqs.push(BatchSeq {
+                tokens: s.tokens,
+                start_pos: u32::try_from(s.start).map_err(|_| "position overflows u32")?,
+                block_tables: tables,
+                all_logits: false,
+            });
+        }
+        let logits = self
+            .model
+            .forward(&mut self.kv, &batch)
+            .map_err(|e| e.to_string())?;
+        // One row per sequence; keep those of the sequences that sample.
+        let vocab = self.vocab_size();
+        if seqs.iter().all(|s| s.sample) {
+            return Ok(logits);
+        }
+        let mut out = Vec::with_capacity(seqs.len() * vocab);
+        for (i, s) in seqs.iter().enumerate() {
+            if s.sample {
+                out.extend_from_slice(&logits[i * vocab..(i + 1) * vocab]);
+            }
+        }
+        Ok(out)
+    }
+}
