@@ -1,8 +1,17 @@
-//! `flint inspect`.
+//! `flint inspect`: a GGUF file's metadata (long arrays summarised), its tensor table
+//! (type, shape, bytes), the bytes per type, the architecture's configuration check, and
+//! with `--device` the staging census of that device.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use clap::Args;
+use flint_core::GgmlType;
+use flint_hal::{StagingPlan, Tier, WeightDesc, WeightKind, WeightSource};
+use flint_loader::config::ModelConfig;
+use flint_loader::gguf::{Array, GgufFile, Value};
 
-use super::CliError;
+use super::{err, CliError};
 
 /// Arguments of `flint inspect`.
 #[derive(Debug, Clone, Args)]
@@ -17,9 +26,346 @@ pub struct InspectArgs {
     pub device: Option<String>,
 }
 
+/// Array elements shown in text output before `... (N total)`.
+const TEXT_ARRAY_ITEMS: usize = 8;
+/// Arrays up to this length are given whole in JSON; longer ones are cut to their head.
+const JSON_ARRAY_FULL: usize = 64;
+const JSON_ARRAY_HEAD: usize = 16;
+
+/// Opens a model file for the CLI, with an error that names the file and the problem.
+pub(crate) fn open_gguf(path: &std::path::Path) -> Result<GgufFile, CliError> {
+    GgufFile::open(path).map_err(|e| match e {
+        flint_loader::GgufError::Io { .. } => err(e),
+        e => CliError::new(format!("{}: invalid GGUF file: {e}", path.display())),
+    })
+}
+
 /// Runs `flint inspect`.
-pub fn run(_args: &InspectArgs) -> Result<(), CliError> {
-    Err(CliError::new(
-        "`flint inspect` is not implemented in this build yet",
-    ))
+pub fn run(args: &InspectArgs) -> Result<(), CliError> {
+    let f = open_gguf(&args.model)?;
+    let config = ModelConfig::from_gguf(&f).and_then(|c| c.check_tensors(&f).map(|()| c));
+    let plan = match &args.device {
+        Some(d) => Some((d.clone(), staging_plan(&f, d)?)),
+        None => None,
+    };
+    let out = if args.json {
+        let mut s =
+            serde_json::to_string_pretty(&json(&f, &args.model, &config, &plan)).map_err(err)?;
+        s.push('\n');
+        s
+    } else {
+        text(&f, &args.model, &config, &plan)
+    };
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        // `flint inspect ... | head` closes the pipe early: not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::new(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+/// Bytes and tensor counts per type, in type-id order.
+fn per_type(f: &GgufFile) -> BTreeMap<u32, (GgmlType, usize, u64)> {
+    let mut m: BTreeMap<u32, (GgmlType, usize, u64)> = BTreeMap::new();
+    for t in f.tensors() {
+        let e = m.entry(t.ty.id()).or_insert((t.ty, 0, 0));
+        e.1 += 1;
+        e.2 += t.n_bytes as u64;
+    }
+    m
+}
+
+fn dims_str(d: &[usize]) -> String {
+    let parts: Vec<String> = d.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn human(bytes: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+fn text(
+    f: &GgufFile,
+    path: &std::path::Path,
+    config: &Result<ModelConfig, flint_loader::ConfigError>,
+    plan: &Option<(String, StagingPlan)>,
+) -> String {
+    let mut s = String::new();
+    let total: u64 = f.tensors().iter().map(|t| t.n_bytes as u64).sum();
+    let _ = writeln!(s, "file: {}", path.display());
+    let _ = writeln!(
+        s,
+        "GGUF v{}, {} bytes ({}), {} metadata keys, {} tensors, alignment {}, data at offset {}",
+        f.version(),
+        f.len(),
+        human(f.len() as u64),
+        f.metadata().len(),
+        f.tensors().len(),
+        f.alignment(),
+        f.data_start()
+    );
+    let _ = writeln!(s, "\nmetadata:");
+    let kw = f
+        .metadata()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let tw = f
+        .metadata()
+        .map(|(_, v)| v.type_name().len())
+        .max()
+        .unwrap_or(0);
+    for (k, v) in f.metadata() {
+        let mut val = v.summary(TEXT_ARRAY_ITEMS).to_string();
+        if val.chars().count() > 200 {
+            val = val.chars().take(200).collect::<String>() + " ...";
+        }
+        let _ = writeln!(s, "  {k:kw$}  {:tw$}  {val}", v.type_name());
+    }
+    let _ = writeln!(s, "\ntensors:");
+    let nw = f
+        .tensors()
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        s,
+        "  {:>5}  {:nw$}  {:7}  {:24}  {:>14}  {:>14}",
+        "#", "name", "type", "dims", "elements", "bytes"
+    );
+    for (i, t) in f.tensors().iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "  {i:>5}  {:nw$}  {:7}  {:24}  {:>14}  {:>14}",
+            t.name,
+            t.ty.name(),
+            dims_str(&t.dims),
+            t.n_elements,
+            t.n_bytes
+        );
+    }
+    let _ = writeln!(s, "\nbytes per type:");
+    for (ty, n, bytes) in per_type(f).values() {
+        let pct = if total > 0 {
+            100.0 * *bytes as f64 / total as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            "  {:7}  {n:>5} tensors  {bytes:>14} bytes  {:>11}  {pct:5.1}%",
+            ty.name(),
+            human(*bytes)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  {:7}  {:>5} tensors  {total:>14} bytes  {:>11}",
+        "total",
+        f.tensors().len(),
+        human(total)
+    );
+    let _ = writeln!(s, "\nmodel:");
+    match config {
+        Ok(c) => {
+            let _ = writeln!(
+                s,
+                "  {} configuration valid: {} layers, context_length {}; all tensors present with the expected shapes",
+                c.architecture(),
+                c.block_count(),
+                c.context_length()
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(s, "  not runnable by Flint: {e}");
+        }
+    }
+    if let Some((dev, p)) = plan {
+        let _ = writeln!(s, "\nstaging census on device '{dev}':");
+        let kept = p.weights.iter().filter(|w| w.kept_quant).count();
+        let expanded = p
+            .weights
+            .iter()
+            .filter(|w| w.source_ty != w.staged_ty)
+            .count();
+        let _ = writeln!(
+            s,
+            "  resident:     {:>14} bytes  {}",
+            p.resident_bytes(),
+            human(p.resident_bytes())
+        );
+        let _ = writeln!(
+            s,
+            "  expert tier:  {:>14} bytes  {}",
+            p.expert_tier_bytes(),
+            human(p.expert_tier_bytes())
+        );
+        let _ = writeln!(
+            s,
+            "  streamed:     {:>14} bytes  {} per use",
+            p.streamed_bytes(),
+            human(p.streamed_bytes())
+        );
+        let _ = writeln!(
+            s,
+            "  {kept} tensors keep their block encoding, {expanded} are expanded"
+        );
+        let streamed = p
+            .weights
+            .iter()
+            .filter(|w| w.tier == Tier::Streamed)
+            .count();
+        let _ = writeln!(s, "  {streamed} tensors streamed");
+    }
+    s
+}
+
+fn value_json(v: &Value) -> serde_json::Value {
+    use serde_json::json;
+    match v {
+        Value::U8(x) => json!(x),
+        Value::I8(x) => json!(x),
+        Value::U16(x) => json!(x),
+        Value::I16(x) => json!(x),
+        Value::U32(x) => json!(x),
+        Value::I32(x) => json!(x),
+        Value::F32(x) => json!(x),
+        Value::Bool(x) => json!(x),
+        Value::String(x) => json!(x),
+        Value::U64(x) => json!(x),
+        Value::I64(x) => json!(x),
+        Value::F64(x) => json!(x),
+        Value::Array(a) => array_json(a, usize::MAX),
+    }
+}
+
+fn array_json(a: &Array, take: usize) -> serde_json::Value {
+    let n = a.len().min(take);
+    serde_json::Value::Array(
+        (0..n)
+            .filter_map(|i| a.get(i))
+            .map(|v| value_json(&v))
+            .collect(),
+    )
+}
+
+fn json(
+    f: &GgufFile,
+    path: &std::path::Path,
+    config: &Result<ModelConfig, flint_loader::ConfigError>,
+    plan: &Option<(String, StagingPlan)>,
+) -> serde_json::Value {
+    use serde_json::json;
+    let mut meta = serde_json::Map::new();
+    for (k, v) in f.metadata() {
+        let entry = match v {
+            Value::Array(a) if a.len() > JSON_ARRAY_FULL => json!({
+                "type": v.type_name(),
+                "len": a.len(),
+                "truncated": true,
+                "value": array_json(a, JSON_ARRAY_HEAD),
+            }),
+            Value::Array(a) => {
+                json!({ "type": v.type_name(), "len": a.len(), "value": value_json(v) })
+            }
+            _ => json!({ "type": v.type_name(), "value": value_json(v) }),
+        };
+        meta.insert(k.to_string(), entry);
+    }
+    let tensors: Vec<_> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name, "type": t.ty.name(), "dims": t.dims,
+                "n_elements": t.n_elements, "n_bytes": t.n_bytes, "offset": t.start,
+            })
+        })
+        .collect();
+    let mut types = serde_json::Map::new();
+    for (ty, n, bytes) in per_type(f).values() {
+        types.insert(
+            ty.name().to_string(),
+            json!({ "tensors": n, "bytes": bytes }),
+        );
+    }
+    let total: u64 = f.tensors().iter().map(|t| t.n_bytes as u64).sum();
+    let model = match config {
+        Ok(c) => json!({ "architecture": c.architecture(), "valid": true,
+                         "block_count": c.block_count(), "context_length": c.context_length() }),
+        Err(e) => json!({ "valid": false, "error": e.to_string() }),
+    };
+    let mut out = json!({
+        "file": path.display().to_string(),
+        "version": f.version(),
+        "file_bytes": f.len(),
+        "alignment": f.alignment(),
+        "data_offset": f.data_start(),
+        "metadata": meta,
+        "tensor_count": f.tensors().len(),
+        "tensors": tensors,
+        "bytes_per_type": types,
+        "tensor_bytes": total,
+        "model": model,
+    });
+    if let Some((dev, p)) = plan {
+        out["staging"] = json!({
+            "device": dev,
+            "resident_bytes": p.resident_bytes(),
+            "expert_tier_bytes": p.expert_tier_bytes(),
+            "streamed_bytes": p.streamed_bytes(),
+            "weights": p.weights.iter().map(|w| json!({
+                "name": w.name, "source_type": w.source_ty.name(), "staged_type": w.staged_ty.name(),
+                "kept_quant": w.kept_quant, "tier": format!("{:?}", w.tier),
+                "resident_bytes": w.resident_bytes, "streamed_bytes": w.streamed_bytes,
+            })).collect::<Vec<_>>(),
+        });
+    }
+    out
+}
+
+/// The device's placement plan for every tensor of the file (zero-copy descriptors).
+fn staging_plan(f: &GgufFile, device: &str) -> Result<StagingPlan, CliError> {
+    let dev = crate::devices::open(Some(device))
+        .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
+    let bytes = f.shared_bytes();
+    let mut descs = Vec::with_capacity(f.tensors().len());
+    for t in f.tensors() {
+        let kind = if t.dims.len() == 3 {
+            WeightKind::ExpertTower
+        } else if t.name == "token_embd.weight" {
+            WeightKind::Embedding
+        } else {
+            WeightKind::Matrix
+        };
+        let data = WeightSource::new(bytes.clone(), t.range())
+            .map_err(|e| CliError::new(format!("tensor '{}': {e}", t.name)))?;
+        descs.push(WeightDesc {
+            name: t.name.clone(),
+            ty: t.ty,
+            dims: t.dims.clone(),
+            kind,
+            data,
+        });
+    }
+    dev.plan(&descs)
+        .map_err(|e| CliError::new(format!("device '{device}' cannot plan this model: {e}")))
 }
