@@ -56,7 +56,9 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// The absolute byte range of the data inside [`GgufFile::shared_bytes`].
     pub fn range(&self) -> Range<usize> {
-        self.start..self.start + self.n_bytes
+        // Saturating: a hand-built TensorInfo with absurd fields yields an empty view in
+        // `tensor_data`, not an overflow panic.
+        self.start..self.start.saturating_add(self.n_bytes)
     }
 
     /// Number of rows (`n_elements / dims[0]`; 0 for an empty tensor).
