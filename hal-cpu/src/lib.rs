@@ -11,8 +11,12 @@
 //! such a kernel could not be tested).
 //!
 //! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
-//! matmul splits its output rows into chunks, each computing all activation rows in
-//! tiles of [`kernels::TILE`] that share each decoded weight block.
+//! matmul splits its output rows into chunks (16 per thread, at least 16 rows each), each
+//! computing all activation rows in tiles of [`kernels::TILE`] (the remainder of M in one
+//! tile of 1-3) that share each decoded weight block.
+//!
+//! Float weights (F32/F16/BF16) multiply f32 activations directly (ggml would round the
+//! activations to the weight's type first); this is at least as accurate.
 //!
 //! `FLINT_CPU_SIMD=scalar|avx2|avx512` (read when the device is opened) forces a lower
 //! level, for tests and comparisons; [`CpuDevice::with_level`] does the same in code.
