@@ -242,13 +242,13 @@ fn every_required_key_is_named_when_missing() {
 #[test]
 fn wrong_architecture() {
     let f = build(
-        with("general.architecture", Value::from("llama")),
+        with("general.architecture", Value::from("mamba")),
         same_tensors,
     );
     let e = config_err(&f, "general.architecture");
     assert!(matches!(e, ConfigError::WrongArchitecture { .. }));
     let e = ModelConfig::from_gguf(&f).expect_err("unsupported");
-    assert!(e.to_string().contains("'llama'"), "{e}");
+    assert!(e.to_string().contains("'mamba' is not supported"), "{e}");
 }
 
 #[test]

@@ -22,7 +22,9 @@ pub enum ConfigError {
         found: String,
     },
     /// `general.architecture` names an architecture Flint does not run.
-    #[error("general.architecture '{found}' is not supported (supported: flint, gemma3)")]
+    #[error(
+        "general.architecture '{found}' is not supported (supported: flint, gemma3, llama, qwen3)"
+    )]
     UnsupportedArchitecture {
         /// The one in the file.
         found: String,

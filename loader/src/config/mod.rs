@@ -2,14 +2,17 @@
 //!
 //! - [`FlintConfig`]: the Flint MoE architecture (`shared/spec/FLINT.md`).
 //! - [`Gemma3Config`]: Gemma 3 as llama.cpp runs it.
+//! - [`DenseConfig`]: plain dense `llama` and `qwen3` files.
 //! - [`ModelConfig`]: whichever of them `general.architecture` names.
 //!
 //! Every error names the key or tensor at fault ([`ConfigError`]).
 
+mod dense;
 mod error;
 mod flint;
 mod gemma3;
 
+pub use dense::{DenseArch, DenseConfig, DenseTensors};
 pub use error::ConfigError;
 pub use flint::{FlintConfig, FlintLayerTensors, FlintTensors, GatingFunc, MoeConfig};
 pub use gemma3::{
@@ -25,6 +28,8 @@ pub enum ModelConfig {
     Flint(FlintConfig),
     /// `general.architecture = "gemma3"`.
     Gemma3(Gemma3Config),
+    /// `general.architecture = "llama"` or `"qwen3"` (dense).
+    Dense(DenseConfig),
 }
 
 impl ModelConfig {
@@ -34,6 +39,7 @@ impl ModelConfig {
         match arch {
             "flint" => FlintConfig::from_gguf(f).map(ModelConfig::Flint),
             "gemma3" => Gemma3Config::from_gguf(f).map(ModelConfig::Gemma3),
+            "llama" | "qwen3" => DenseConfig::from_gguf(f).map(ModelConfig::Dense),
             other => Err(ConfigError::UnsupportedArchitecture {
                 found: other.to_string(),
             }),
@@ -45,6 +51,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Flint(_) => "flint",
             ModelConfig::Gemma3(_) => "gemma3",
+            ModelConfig::Dense(c) => c.arch.name(),
         }
     }
 
@@ -53,6 +60,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Flint(c) => c.context_length,
             ModelConfig::Gemma3(c) => c.context_length,
+            ModelConfig::Dense(c) => c.context_length,
         }
     }
 
@@ -61,6 +69,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Flint(c) => c.block_count,
             ModelConfig::Gemma3(c) => c.block_count,
+            ModelConfig::Dense(c) => c.block_count,
         }
     }
 
@@ -69,6 +78,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Flint(c) => c.check_tensors(f).map(|_| ()),
             ModelConfig::Gemma3(c) => c.check_tensors(f).map(|_| ()),
+            ModelConfig::Dense(c) => c.check_tensors(f).map(|_| ()),
         }
     }
 }
