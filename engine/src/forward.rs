@@ -13,8 +13,8 @@
 //! gates); the paged engine builds its batches itself.
 
 use flint_hal::{
-    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, PagedAttention, RopeParams,
-    RoutingConfig, WeightDesc, WeightHandle, WeightKind,
+    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, PagedAttention, RopeParams, RoutingConfig,
+    WeightDesc, WeightHandle, WeightKind,
 };
 
 use crate::model::{Activation, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
@@ -103,11 +103,7 @@ impl Batch<'_> {
     }
 }
 
-fn stage_one(
-    dev: &DeviceRef,
-    t: &TensorRef,
-    kind: WeightKind,
-) -> Result<WeightHandle, ModelError> {
+fn stage_one(dev: &DeviceRef, t: &TensorRef, kind: WeightKind) -> Result<WeightHandle, ModelError> {
     let desc = WeightDesc {
         name: t.name.clone(),
         ty: t.ty,
@@ -128,16 +124,17 @@ impl DeviceModel {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let tied = model.output.name == model.token_embd.name;
-        let total = if tied { 1 } else { 2 } + model
-            .layers
-            .iter()
-            .map(|l| {
-                4 + match &l.ffn {
-                    Ffn::Dense(_) => 3,
-                    Ffn::Moe(m) => 4 + if m.shared.is_some() { 3 } else { 0 },
-                }
-            })
-            .sum::<usize>();
+        let total = if tied { 1 } else { 2 }
+            + model
+                .layers
+                .iter()
+                .map(|l| {
+                    4 + match &l.ffn {
+                        Ffn::Dense(_) => 3,
+                        Ffn::Moe(m) => 4 + if m.shared.is_some() { 3 } else { 0 },
+                    }
+                })
+                .sum::<usize>();
         let mut done = 0usize;
         let mut st = |t: &TensorRef, kind: WeightKind| -> Result<WeightHandle, ModelError> {
             let h = stage_one(&dev, t, kind)?;
@@ -413,7 +410,13 @@ impl DeviceModel {
         Ok(())
     }
 
-    fn ffn(&self, layer: &DevLayer, f: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+    fn ffn(
+        &self,
+        layer: &DevLayer,
+        f: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
         let dev = &self.dev;
         let d = self.spec.d;
         match &layer.ffn {

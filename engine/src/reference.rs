@@ -83,7 +83,9 @@ pub fn attend_head(
         .map(|j| q.iter().zip(keys[j]).map(|(a, b)| a * b).sum::<f32>() * scale)
         .collect();
     let dv = values[pos].len();
-    let vals: Vec<f32> = (first..=pos).flat_map(|j| values[j].iter().copied()).collect();
+    let vals: Vec<f32> = (first..=pos)
+        .flat_map(|j| values[j].iter().copied())
+        .collect();
     let mut out = vec![0.0f32; dv];
     flint_core::math::attend_two_pass(&scores, &vals, dv, sink, &mut out);
     out

@@ -243,7 +243,12 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
                 std: 0.5,
             },
         );
-        add(p("attn_output.weight"), cfg.ty_main, vec![h * dh, d], mat(h * dh));
+        add(
+            p("attn_output.weight"),
+            cfg.ty_main,
+            vec![h * dh, d],
+            mat(h * dh),
+        );
         add(p("ffn_norm.weight"), GgmlType::F32, vec![d], norm);
         if il < cfg.n_dense {
             let f = cfg.dense_ff;
@@ -262,9 +267,19 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
                     std: 0.2,
                 },
             );
-            add(p("ffn_gate_exps.weight"), cfg.ty_main, vec![d, fe, e], mat(d));
+            add(
+                p("ffn_gate_exps.weight"),
+                cfg.ty_main,
+                vec![d, fe, e],
+                mat(d),
+            );
             add(p("ffn_up_exps.weight"), cfg.ty_main, vec![d, fe, e], mat(d));
-            add(p("ffn_down_exps.weight"), cfg.ty_hi, vec![fe, d, e], mat(fe));
+            add(
+                p("ffn_down_exps.weight"),
+                cfg.ty_hi,
+                vec![fe, d, e],
+                mat(fe),
+            );
             add(p("ffn_gate_shexp.weight"), cfg.ty_main, vec![d, fs], mat(d));
             add(p("ffn_up_shexp.weight"), cfg.ty_main, vec![d, fs], mat(d));
             add(p("ffn_down_shexp.weight"), cfg.ty_hi, vec![fs, d], mat(fs));
@@ -279,10 +294,12 @@ fn make_tensor(seed: u64, t: &Planned) -> Result<Vec<u8>, SynthError> {
     let Fill::Normal { mean, std } = t.fill;
     let vals: Vec<f32> = (0..n).map(|_| mean + std * rng.normal()).collect();
     let row = t.dims[0];
-    let row_bytes = t
-        .ty
-        .row_bytes(row)
-        .ok_or_else(|| SynthError(format!("{}: rows of {row} are not whole {} blocks", t.name, t.ty)))?;
+    let row_bytes = t.ty.row_bytes(row).ok_or_else(|| {
+        SynthError(format!(
+            "{}: rows of {row} are not whole {} blocks",
+            t.name, t.ty
+        ))
+    })?;
     let mut out = vec![0u8; row_bytes * (n / row)];
     // Quantize a few hundred rows per task: rows are independent.
     let chunk_rows = 256;
@@ -331,14 +348,16 @@ pub struct SynthVocab {
 
 /// GPT-2's byte → printable char mapping.
 fn byte_char(b: u8) -> char {
-    let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable =
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
     if printable {
         return b as char;
     }
     // Non-printable bytes map, in order, to U+0100 and up.
     let mut n = 0u32;
     for c in 0u8..b {
-        let p = (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
+        let p =
+            (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
         if !p {
             n += 1;
         }
@@ -362,7 +381,11 @@ pub fn build_vocab(size: usize, seed: u64) -> SynthVocab {
     // Words as GPT-2 sees them: a leading space belongs to the word.
     let mut words: HashMap<Vec<String>, usize> = HashMap::new();
     for (i, w) in CORPUS.split(' ').enumerate() {
-        let text = if i == 0 { w.to_string() } else { format!(" {w}") };
+        let text = if i == 0 {
+            w.to_string()
+        } else {
+            format!(" {w}")
+        };
         let syms: Vec<String> = text.bytes().map(|b| byte_char(b).to_string()).collect();
         *words.entry(syms).or_insert(0) += 1;
     }
@@ -445,25 +468,43 @@ pub fn synth(
     };
     w.add("general.architecture", "flint").map_err(we)?;
     w.add("general.name", name).map_err(we)?;
-    w.add(&k("context_length"), cfg.context_length as u32).map_err(we)?;
+    w.add(&k("context_length"), cfg.context_length as u32)
+        .map_err(we)?;
     w.add(&k("embedding_length"), cfg.d as u32).map_err(we)?;
-    w.add(&k("block_count"), cfg.pattern.len() as u32).map_err(we)?;
-    w.add(&k("feed_forward_length"), cfg.dense_ff as u32).map_err(we)?;
-    w.add(&k("attention.head_count"), cfg.n_heads as u32).map_err(we)?;
-    w.add(&k("attention.head_count_kv"), cfg.n_kv_heads as u32).map_err(we)?;
-    w.add(&k("attention.key_length"), cfg.head_dim as u32).map_err(we)?;
-    w.add(&k("attention.value_length"), cfg.head_dim as u32).map_err(we)?;
-    w.add(&k("attention.layer_norm_rms_epsilon"), 1e-6f32).map_err(we)?;
-    w.add(&k("attention.sliding_window"), cfg.window as u32).map_err(we)?;
-    w.add(&k("attention.sliding_window_pattern"), cfg.pattern.clone()).map_err(we)?;
+    w.add(&k("block_count"), cfg.pattern.len() as u32)
+        .map_err(we)?;
+    w.add(&k("feed_forward_length"), cfg.dense_ff as u32)
+        .map_err(we)?;
+    w.add(&k("attention.head_count"), cfg.n_heads as u32)
+        .map_err(we)?;
+    w.add(&k("attention.head_count_kv"), cfg.n_kv_heads as u32)
+        .map_err(we)?;
+    w.add(&k("attention.key_length"), cfg.head_dim as u32)
+        .map_err(we)?;
+    w.add(&k("attention.value_length"), cfg.head_dim as u32)
+        .map_err(we)?;
+    w.add(&k("attention.layer_norm_rms_epsilon"), 1e-6f32)
+        .map_err(we)?;
+    w.add(&k("attention.sliding_window"), cfg.window as u32)
+        .map_err(we)?;
+    w.add(&k("attention.sliding_window_pattern"), cfg.pattern.clone())
+        .map_err(we)?;
     w.add(&k("rope.freq_base"), cfg.rope_base).map_err(we)?;
-    w.add(&k("rope.freq_base_swa"), cfg.rope_base_swa).map_err(we)?;
-    w.add(&k("leading_dense_block_count"), cfg.n_dense as u32).map_err(we)?;
-    w.add(&k("expert_count"), cfg.n_experts as u32).map_err(we)?;
+    w.add(&k("rope.freq_base_swa"), cfg.rope_base_swa)
+        .map_err(we)?;
+    w.add(&k("leading_dense_block_count"), cfg.n_dense as u32)
+        .map_err(we)?;
+    w.add(&k("expert_count"), cfg.n_experts as u32)
+        .map_err(we)?;
     w.add(&k("expert_used_count"), cfg.k as u32).map_err(we)?;
-    w.add(&k("expert_feed_forward_length"), cfg.expert_ff as u32).map_err(we)?;
+    w.add(&k("expert_feed_forward_length"), cfg.expert_ff as u32)
+        .map_err(we)?;
     w.add(&k("expert_shared_count"), 1u32).map_err(we)?;
-    w.add(&k("expert_shared_feed_forward_length"), cfg.shared_ff as u32).map_err(we)?;
+    w.add(
+        &k("expert_shared_feed_forward_length"),
+        cfg.shared_ff as u32,
+    )
+    .map_err(we)?;
     w.add(&k("expert_gating_func"), 2u32).map_err(we)?;
     w.add(&k("expert_weights_norm"), true).map_err(we)?;
     w.add(&k("expert_weights_scale"), 1.0f32).map_err(we)?;

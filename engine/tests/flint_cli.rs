@@ -14,7 +14,11 @@ fn tiny_file(dir: &std::path::Path) -> std::path::PathBuf {
         .arg(&p)
         .output()
         .expect("flint runs");
-    assert!(out.status.success(), "synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "synth failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     p
 }
 
@@ -34,7 +38,10 @@ fn unknown_device_exits_1_and_lists_devices() {
         .expect("flint runs");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("nonsense") && err.contains("cpu"), "stderr: {err}");
+    assert!(
+        err.contains("nonsense") && err.contains("cpu"),
+        "stderr: {err}"
+    );
     assert!(out.stdout.is_empty());
 }
 
@@ -49,7 +56,10 @@ fn synth_is_deterministic() {
         .output()
         .expect("flint runs");
     assert!(out.status.success());
-    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(
+        std::fs::read(&a).expect("test value"),
+        std::fs::read(&b).expect("test value")
+    );
     let c = d.join("tiny3.gguf");
     let out = flint()
         .args(["synth", "--preset", "tiny", "--seed", "1", "--out"])
@@ -57,7 +67,10 @@ fn synth_is_deterministic() {
         .output()
         .expect("flint runs");
     assert!(out.status.success());
-    assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+    assert_ne!(
+        std::fs::read(&a).expect("test value"),
+        std::fs::read(&c).expect("test value")
+    );
     let out = flint()
         .args(["synth", "--preset", "huge", "--out"])
         .arg(d.join("x.gguf"))
@@ -80,7 +93,11 @@ fn run_streams_text_and_stats_on_tiny() {
             .args(extra)
             .output()
             .expect("flint runs");
-        assert!(out.status.success(), "run failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         (
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -90,7 +107,10 @@ fn run_streams_text_and_stats_on_tiny() {
     let (g2, _) = run(&["--temperature", "0"]);
     assert_eq!(g1, g2, "greedy is deterministic");
     assert!(!g1.trim().is_empty());
-    assert!(err.contains("tok/s") && err.contains("load"), "stats line: {err}");
+    assert!(
+        err.contains("tok/s") && err.contains("load"),
+        "stats line: {err}"
+    );
     let (s1, _) = run(&["--temperature", "1.0", "--seed", "5"]);
     let (s2, _) = run(&["--temperature", "1.0", "--seed", "5"]);
     assert_eq!(s1, s2, "seeded sampling is reproducible");
@@ -102,7 +122,7 @@ fn logits_and_perplexity_on_tiny() {
     let d = tmpdir("logits");
     let m = tiny_file(&d);
     let text = d.join("t.txt");
-    std::fs::write(&text, "The capital of France is Paris. ".repeat(8)).unwrap();
+    std::fs::write(&text, "The capital of France is Paris. ".repeat(8)).expect("test value");
     let out = flint()
         .arg("logits")
         .arg("-m")
@@ -112,11 +132,21 @@ fn logits_and_perplexity_on_tiny() {
         .args(["--top", "5", "--json"])
         .output()
         .expect("flint runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
-    let n = v["ids"].as_array().unwrap().len();
-    assert_eq!(v["positions"].as_array().unwrap().len(), n);
-    assert_eq!(v["positions"][0]["top"].as_array().unwrap().len(), 5);
+    let n = v["ids"].as_array().expect("test value").len();
+    assert_eq!(v["positions"].as_array().expect("test value").len(), n);
+    assert_eq!(
+        v["positions"][0]["top"]
+            .as_array()
+            .expect("test value")
+            .len(),
+        5
+    );
     let out = flint()
         .arg("perplexity")
         .arg("-m")
@@ -126,8 +156,15 @@ fn logits_and_perplexity_on_tiny() {
         .args(["--ctx", "16"])
         .output()
         .expect("flint runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let ppl: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a number");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ppl: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a number");
     assert!(ppl.is_finite() && ppl > 1.0, "perplexity {ppl}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -58,15 +58,24 @@ fn sinks() {
     let keys: Vec<&[f32]> = vec![&k0, &k1];
     let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, Some(0.5), None);
     let den = 1.0 + (-1.0f32).exp() + (-0.5f32).exp();
-    assert!(close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6), "{o:?}");
+    assert!(
+        close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6),
+        "{o:?}"
+    );
     // A sink above every score: the maximum is the sink's, e^(sink - m) = 1.
     let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, Some(3.0), None);
     let den = (-2.0f32).exp() + (-3.0f32).exp() + 1.0;
-    assert!(close(&o, &[(-2.0f32).exp() / den, (-3.0f32).exp() / den], 1e-6), "{o:?}");
+    assert!(
+        close(&o, &[(-2.0f32).exp() / den, (-3.0f32).exp() / den], 1e-6),
+        "{o:?}"
+    );
     // Without a sink: a plain softmax.
     let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, None, None);
     let den = 1.0 + (-1.0f32).exp();
-    assert!(close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6), "{o:?}");
+    assert!(
+        close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6),
+        "{o:?}"
+    );
 
     let m = tiny();
     assert!(m.layers.iter().all(|l| l.sinks.is_some()));
@@ -85,7 +94,10 @@ fn sliding_window() {
     let o = attend_head(&[1.0, 2.0], &keys, &keys, 3, 1.0, None, Some(2));
     let (s2, s3) = (2.0f32, 3.0f32);
     let (p2, p3) = ((s2 - s3).exp(), 1.0);
-    let want = [(p2 * 0.0 + p3 * 1.0) / (p2 + p3), (p2 * 1.0 + p3 * 1.0) / (p2 + p3)];
+    let want = [
+        (p2 * 0.0 + p3 * 1.0) / (p2 + p3),
+        (p2 * 1.0 + p3 * 1.0) / (p2 + p3),
+    ];
     assert!(close(&o, &want, 1e-6), "{o:?} vs {want:?}");
     let full = attend_head(&[1.0, 2.0], &keys, &keys, 3, 1.0, None, None);
     assert!(!close(&o, &full, 1e-3));
@@ -106,10 +118,17 @@ fn sliding_window() {
 fn qk_norm() {
     // Hand case: rmsnorm([3, 4]) * [1, 2] = [3, 8] / sqrt(12.5).
     let r = 12.5f32.sqrt();
-    assert!(close(&rms_norm(&[3.0, 4.0], Some(&[1.0, 2.0]), 0.0), &[3.0 / r, 8.0 / r], 1e-6));
+    assert!(close(
+        &rms_norm(&[3.0, 4.0], Some(&[1.0, 2.0]), 0.0),
+        &[3.0 / r, 8.0 / r],
+        1e-6
+    ));
 
     let m = tiny();
-    assert!(m.layers.iter().all(|l| l.q_norm.is_some() && l.k_norm.is_some()));
+    assert!(m
+        .layers
+        .iter()
+        .all(|l| l.q_norm.is_some() && l.k_norm.is_some()));
     let mut alt = m.clone();
     for l in &mut alt.layers {
         l.q_norm = None;
@@ -121,7 +140,11 @@ fn qk_norm() {
 #[test]
 fn shared_expert() {
     let m = tiny();
-    let il = m.layers.iter().position(|l| matches!(l.ffn, Ffn::Moe(_))).expect("a MoE layer");
+    let il = m
+        .layers
+        .iter()
+        .position(|l| matches!(l.ffn, Ffn::Moe(_)))
+        .expect("a MoE layer");
     let Ffn::Moe(moe) = &m.layers[il].ffn else {
         unreachable!()
     };
@@ -131,15 +154,25 @@ fn shared_expert() {
         moe.shared = None;
     }
     // Hand case: FFN(with) - FFN(without) = Wdown(silu(Wgate f) * (Wup f)), weight 1, no gate.
-    let f: Vec<f32> = prompt(5, m.spec.d, 1000).iter().map(|&t| t as f32 / 500.0 - 1.0).collect();
-    let with = Reference::new(&m).layer_ffn(il, &f).unwrap();
-    let without = Reference::new(&alt).layer_ffn(il, &f).unwrap();
-    let g = matvec(&shared.gate, &f).unwrap();
-    let u = matvec(&shared.up, &f).unwrap();
-    let h: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-    let y = matvec(&shared.down, &h).unwrap();
+    let f: Vec<f32> = prompt(5, m.spec.d, 1000)
+        .iter()
+        .map(|&t| t as f32 / 500.0 - 1.0)
+        .collect();
+    let with = Reference::new(&m).layer_ffn(il, &f).expect("test value");
+    let without = Reference::new(&alt).layer_ffn(il, &f).expect("test value");
+    let g = matvec(&shared.gate, &f).expect("test value");
+    let u = matvec(&shared.up, &f).expect("test value");
+    let h: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect();
+    let y = matvec(&shared.down, &h).expect("test value");
     let got: Vec<f32> = with.iter().zip(&without).map(|(a, b)| a - b).collect();
-    assert!(close(&got, &y, 1e-4), "shared expert contribution differs from the hand computation");
+    assert!(
+        close(&got, &y, 1e-4),
+        "shared expert contribution differs from the hand computation"
+    );
 
     let mut alt = m.clone();
     for l in &mut alt.layers {
@@ -155,11 +188,19 @@ fn selection_bias() {
     // Hand case: the bias chooses, the unbiased scores weigh.
     let logits = [0.0f32, 1.0, 2.0, 3.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-    let r = route(&logits, Some(&[5.0, 0.0, 0.0, 0.0]), 2, Gating::Sigmoid, true, 1.0).unwrap();
+    let r = route(
+        &logits,
+        Some(&[5.0, 0.0, 0.0, 0.0]),
+        2,
+        Gating::Sigmoid,
+        true,
+        1.0,
+    )
+    .expect("test value");
     let t = sig(0.0) + sig(3.0);
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 3]);
     assert!((r[0].1 - sig(0.0) / t).abs() < 1e-6 && (r[1].1 - sig(3.0) / t).abs() < 1e-6);
-    let r = route(&logits, None, 2, Gating::Sigmoid, true, 1.0).unwrap();
+    let r = route(&logits, None, 2, Gating::Sigmoid, true, 1.0).expect("test value");
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
 
     let m = tiny();
@@ -182,11 +223,14 @@ fn renormalisation() {
     // without, they are the raw sigmoid scores.
     let logits = [0.5f32, -1.0, 2.0, 0.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-    let r = route(&logits, None, 2, Gating::Sigmoid, true, 2.5).unwrap();
+    let r = route(&logits, None, 2, Gating::Sigmoid, true, 2.5).expect("test value");
     let s: f32 = r.iter().map(|x| x.1).sum();
     assert!((s - 2.5).abs() < 1e-5, "{r:?}");
-    let r = route(&logits, None, 2, Gating::Sigmoid, false, 1.0).unwrap();
-    assert!((r[0].1 - sig(2.0)).abs() < 1e-6 && (r[1].1 - sig(0.5)).abs() < 1e-6, "{r:?}");
+    let r = route(&logits, None, 2, Gating::Sigmoid, false, 1.0).expect("test value");
+    assert!(
+        (r[0].1 - sig(2.0)).abs() < 1e-6 && (r[1].1 - sig(0.5)).abs() < 1e-6,
+        "{r:?}"
+    );
 
     let m = tiny();
     let mut alt = m.clone();

@@ -19,11 +19,25 @@ fn flint_run_prints_llama_cpp_greedy_text() {
         .expect("the prompt is in the golden file");
     let steps = &v["steps"].as_array().expect("steps")[..16];
     let out = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args(["run", "-p", prompt, "-n", "16", "--temperature", "0", "--device", "cpu"])
+        .args([
+            "run",
+            "-p",
+            prompt,
+            "-n",
+            "16",
+            "--temperature",
+            "0",
+            "--device",
+            "cpu",
+        ])
         .env_remove("FLINT_MODEL")
         .output()
         .expect("flint runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let text = text.strip_suffix('\n').unwrap_or(&text);
     eprintln!("flint: {text:?}");
@@ -34,7 +48,10 @@ fn flint_run_prints_llama_cpp_greedy_text() {
         if !text.starts_with(&next) {
             let margin = s["margin"].as_f64().expect("margin");
             eprintln!("departs at step {i} (llama.cpp margin {margin})");
-            assert!(margin < 0.25, "departs from llama.cpp at step {i} where its margin is {margin}");
+            assert!(
+                margin < 0.25,
+                "departs from llama.cpp at step {i} where its margin is {margin}"
+            );
             return;
         }
         prefix = next;

@@ -17,7 +17,10 @@ use serde_json::Value;
 const NEAR_TIE: f64 = 0.25;
 
 fn golden_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden/gemma3-270m"))
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/golden/gemma3-270m"
+    ))
 }
 
 fn default_model() -> Model {
@@ -56,8 +59,14 @@ fn gemma_greedy_chains_replay_on_device() {
         let v: Value = serde_json::from_str(line).expect("golden line is JSON");
         let prompt = ids(&v["prompt_ids"]);
         let steps = v["steps"].as_array().expect("steps");
-        let want: Vec<u32> = steps.iter().map(|s| s["id"].as_u64().expect("id") as u32).collect();
-        let margins: Vec<f64> = steps.iter().map(|s| s["margin"].as_f64().expect("margin")).collect();
+        let want: Vec<u32> = steps
+            .iter()
+            .map(|s| s["id"].as_u64().expect("id") as u32)
+            .collect();
+        let margins: Vec<f64> = steps
+            .iter()
+            .map(|s| s["margin"].as_f64().expect("margin"))
+            .collect();
         let mut s = Session::new(&dm, prompt.len() + want.len() + 1).expect("session");
         let mut logits = s.feed(&prompt, false).expect("prefill");
         let mut got = Vec::new();
@@ -105,10 +114,23 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
             .as_array()
             .expect("top")
             .iter()
-            .map(|p| (p[0].as_u64().expect("id") as usize, p[1].as_f64().expect("logit")))
+            .map(|p| {
+                (
+                    p[0].as_u64().expect("id") as usize,
+                    p[1].as_f64().expect("logit"),
+                )
+            })
             .collect();
-        if argmax(row) == top[0].0 {
+        let ours = argmax(row);
+        if ours == top[0].0 {
             agree += 1;
+        } else {
+            let gm = top[0].1 - top[1].1;
+            let our_gap = row[ours] - row[top[0].0];
+            eprintln!(
+                "  disagreement: llama.cpp top-1 {} (its margin {gm:.4}), ours {ours} ({our_gap:.4} above llama.cpp's choice)",
+                top[0].0
+            );
         }
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
         let lse: f64 = m + row.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
@@ -137,7 +159,11 @@ fn gemma_teacher_forced_on_device() {
     let all = s.feed(&toks, true).expect("teacher-forced forward");
     let rows: Vec<Vec<f32>> = all.chunks(model.spec.vocab).map(<[f32]>::to_vec).collect();
     let (top1, kl) = teacher_forced_figures(&rows, &golden);
-    eprintln!("device (cpu): top-1 agreement {:.2}% over {} positions, mean KL {kl:.5}", top1 * 100.0, rows.len());
+    eprintln!(
+        "device (cpu): top-1 agreement {:.2}% over {} positions, mean KL {kl:.5}",
+        top1 * 100.0,
+        rows.len()
+    );
     assert!(top1 >= 0.98, "top-1 agreement {top1} < 0.98");
     assert!(kl <= 0.01, "mean KL {kl} > 0.01");
 }
@@ -149,7 +175,10 @@ fn gemma_teacher_forced_on_reference() {
     let toks = ids(&golden["ids"]);
     let t0 = std::time::Instant::now();
     let mut r = Reference::new(&model);
-    let rows: Vec<Vec<f32>> = toks.iter().map(|&t| r.forward(t).expect("reference forward")).collect();
+    let rows: Vec<Vec<f32>> = toks
+        .iter()
+        .map(|&t| r.forward(t).expect("reference forward"))
+        .collect();
     let (top1, kl) = teacher_forced_figures(&rows, &golden);
     eprintln!(
         "reference: top-1 agreement {:.2}% over {} positions, mean KL {kl:.5} ({:.1}s)",

@@ -31,11 +31,20 @@ fn top_k_keeps_k_best() {
 fn top_p_keeps_smallest_nucleus() {
     // probabilities ~ [0.665, 0.245, 0.090]
     let l = [2.0f32, 1.0, 0.0];
-    let c = SamplerConfig { top_p: 0.6, ..cfg() };
+    let c = SamplerConfig {
+        top_p: 0.6,
+        ..cfg()
+    };
     assert_eq!(filter_candidates(&c, &l).len(), 1);
-    let c = SamplerConfig { top_p: 0.8, ..cfg() };
+    let c = SamplerConfig {
+        top_p: 0.8,
+        ..cfg()
+    };
     assert_eq!(filter_candidates(&c, &l).len(), 2);
-    let c = SamplerConfig { top_p: 0.95, ..cfg() };
+    let c = SamplerConfig {
+        top_p: 0.95,
+        ..cfg()
+    };
     assert_eq!(filter_candidates(&c, &l).len(), 3);
 }
 
@@ -43,9 +52,15 @@ fn top_p_keeps_smallest_nucleus() {
 fn min_p_drops_unlikely() {
     // p1/p0 = e^-1 = 0.37, p2/p0 = e^-3 = 0.05
     let l = [3.0f32, 2.0, 0.0];
-    let c = SamplerConfig { min_p: 0.1, ..cfg() };
+    let c = SamplerConfig {
+        min_p: 0.1,
+        ..cfg()
+    };
     assert_eq!(filter_candidates(&c, &l).len(), 2);
-    let c = SamplerConfig { min_p: 0.5, ..cfg() };
+    let c = SamplerConfig {
+        min_p: 0.5,
+        ..cfg()
+    };
     assert_eq!(filter_candidates(&c, &l).len(), 1);
 }
 
@@ -64,7 +79,10 @@ fn penalties_follow_llama_cpp() {
     assert!((l[1] - (-8.0 - 0.5 - 0.25)).abs() < 1e-6, "{}", l[1]);
     assert_eq!(l[2], 1.0);
     // last_n limits the window
-    let c = SamplerConfig { penalty_last_n: 1, ..c };
+    let c = SamplerConfig {
+        penalty_last_n: 1,
+        ..c
+    };
     let mut l = vec![4.0f32, -4.0, 1.0];
     apply_penalties(&c, &mut l, &[0, 0, 1]);
     assert_eq!(l[0], 4.0);
@@ -84,7 +102,10 @@ fn seeded_sampling_is_reproducible_and_follows_probabilities() {
     };
     assert_eq!(a, b);
     let other: Vec<u32> = {
-        let mut s = Sampler::new(SamplerConfig { seed: 43, ..c.clone() });
+        let mut s = Sampler::new(SamplerConfig {
+            seed: 43,
+            ..c.clone()
+        });
         (0..200).map(|_| s.sample(&logits, &[])).collect()
     };
     assert_ne!(a, other);

@@ -29,9 +29,8 @@ pub struct LogitsArgs {
 /// Runs `flint logits`: teacher-forced over the file's tokens (BOS first), per position
 /// the top K `[id, logit]` and the log-sum-exp of all logits, as in `shared/golden`.
 pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(&args.text_file).map_err(|e| {
-        CliError::new(format!("cannot read {}: {e}", args.text_file.display()))
-    })?;
+    let text = std::fs::read_to_string(&args.text_file)
+        .map_err(|e| CliError::new(format!("cannot read {}: {e}", args.text_file.display())))?;
     let path = resolve_path(args.model.model.as_deref()).map_err(err)?;
     let lm = load_on_device(&path, None, true).map_err(err)?;
     let ids = lm.tokenizer.tokenize(&text, true, false);

@@ -29,7 +29,10 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", args.file.display())))?;
     if args.ctx < 4 {
-        return Err(CliError::new(format!("--ctx {} is too small (at least 4)", args.ctx)));
+        return Err(CliError::new(format!(
+            "--ctx {} is too small (at least 4)",
+            args.ctx
+        )));
     }
     let path = resolve_path(args.model.model.as_deref()).map_err(err)?;
     let lm = load_on_device(&path, None, true).map_err(err)?;
@@ -62,7 +65,12 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         for i in ctx / 2..ctx - 1 {
             let row = &logits[i * vocab..(i + 1) * vocab];
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = m as f64 + row.iter().map(|&l| ((l - m) as f64).exp()).sum::<f64>().ln();
+            let lse = m as f64
+                + row
+                    .iter()
+                    .map(|&l| ((l - m) as f64).exp())
+                    .sum::<f64>()
+                    .ln();
             nll += lse - row[chunk[i + 1] as usize] as f64;
             count += 1;
         }

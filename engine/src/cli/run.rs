@@ -101,14 +101,21 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     let mut dec = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
     let mut io_err: Option<std::io::Error> = None;
-    let g = generate(&mut session, &prompt, args.n, &mut sampler, &stop, &mut |id| {
-        let piece = dec.push(tok, id);
-        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            io_err = Some(e);
-            return Flow::Stop;
-        }
-        Flow::Continue
-    })
+    let g = generate(
+        &mut session,
+        &prompt,
+        args.n,
+        &mut sampler,
+        &stop,
+        &mut |id| {
+            let piece = dec.push(tok, id);
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                io_err = Some(e);
+                return Flow::Stop;
+            }
+            Flow::Continue
+        },
+    )
     .map_err(err)?;
     let rest = dec.finish();
     let _ = out.write_all(rest.as_bytes());
@@ -141,5 +148,6 @@ fn chat_prompt(
 ) -> Result<String, CliError> {
     use flint_loader::chat::{ChatMessage, ChatTemplate};
     let t = ChatTemplate::from_gguf(file, tok).map_err(err)?;
-    t.render(&[ChatMessage::new("user", text)], true).map_err(err)
+    t.render(&[ChatMessage::new("user", text)], true)
+        .map_err(err)
 }

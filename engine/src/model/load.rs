@@ -13,8 +13,8 @@ use crate::model::LayerSpec;
 
 /// Opens and assembles the model in `path`.
 pub fn load_model(path: &Path) -> Result<Model, ModelError> {
-    let file = GgufFile::open(path)
-        .map_err(|e| ModelError::new(format!("{}: {e}", path.display())))?;
+    let file =
+        GgufFile::open(path).map_err(|e| ModelError::new(format!("{}: {e}", path.display())))?;
     model_from_gguf(&file)
 }
 
@@ -60,7 +60,10 @@ fn flint_spec(file: &GgufFile) -> Result<ModelSpec, ModelError> {
     let k = |s: &str| format!("flint.{s}");
     let d = nonzero(&k("embedding_length"), u(file, &k("embedding_length"))?)?;
     let n_layers = nonzero(&k("block_count"), u(file, &k("block_count"))?)?;
-    let h = nonzero(&k("attention.head_count"), u(file, &k("attention.head_count"))?)?;
+    let h = nonzero(
+        &k("attention.head_count"),
+        u(file, &k("attention.head_count"))?,
+    )?;
     let hkv = nonzero(
         &k("attention.head_count_kv"),
         u(file, &k("attention.head_count_kv"))?,
@@ -183,7 +186,10 @@ fn gemma3_spec(file: &GgufFile) -> Result<ModelSpec, ModelError> {
     let k = |s: &str| format!("gemma3.{s}");
     let d = nonzero(&k("embedding_length"), u(file, &k("embedding_length"))?)?;
     let n_layers = nonzero(&k("block_count"), u(file, &k("block_count"))?)?;
-    let h = nonzero(&k("attention.head_count"), u(file, &k("attention.head_count"))?)?;
+    let h = nonzero(
+        &k("attention.head_count"),
+        u(file, &k("attention.head_count"))?,
+    )?;
     let hkv = nonzero(
         &k("attention.head_count_kv"),
         u(file, &k("attention.head_count_kv"))?,
@@ -279,7 +285,7 @@ impl Tensors<'_> {
                 info.name, info.dims, dims
             )));
         }
-        if dims[0] % info.ty.block_size() != 0 {
+        if !dims[0].is_multiple_of(info.ty.block_size()) {
             return Err(ModelError::new(format!(
                 "tensor '{}': rows of {} values are not whole {} blocks",
                 info.name, dims[0], info.ty
@@ -305,7 +311,14 @@ impl Tensors<'_> {
         }
     }
 
-    fn mlp(&self, prefix: &str, suffix: &str, d: usize, f: usize, e: Option<usize>) -> Result<Mlp, ModelError> {
+    fn mlp(
+        &self,
+        prefix: &str,
+        suffix: &str,
+        d: usize,
+        f: usize,
+        e: Option<usize>,
+    ) -> Result<Mlp, ModelError> {
         let dims = |a: usize, b: usize| match e {
             Some(e) => vec![a, b, e],
             None => vec![a, b],
@@ -336,7 +349,12 @@ impl Tensors<'_> {
             .opt("output.weight", &[d, vocab])?
             .unwrap_or_else(|| token_embd.clone());
         let output_norm = self.vec("output_norm.weight", d)?;
-        let (h, hkv, dk, dv) = (spec.n_heads, spec.n_kv_heads, spec.head_dim_k, spec.head_dim_v);
+        let (h, hkv, dk, dv) = (
+            spec.n_heads,
+            spec.n_kv_heads,
+            spec.head_dim_k,
+            spec.head_dim_v,
+        );
         let gemma = spec.arch == Arch::Gemma3;
         let n_dense = if gemma {
             spec.n_layers()

@@ -156,9 +156,8 @@ impl TensorRef {
     pub fn to_f32(&self) -> Result<Vec<f32>, ModelError> {
         let n: usize = self.dims.iter().product();
         let mut out = vec![0.0f32; n];
-        flint_core::dequant::dequantize(self.ty, self.bytes(), &mut out).map_err(|e| {
-            ModelError::new(format!("cannot decode tensor '{}': {e}", self.name))
-        })?;
+        flint_core::dequant::dequantize(self.ty, self.bytes(), &mut out)
+            .map_err(|e| ModelError::new(format!("cannot decode tensor '{}': {e}", self.name)))?;
         Ok(out)
     }
 }
@@ -175,6 +174,8 @@ pub struct Mlp {
 }
 
 /// A layer's FFN.
+// One per layer, built once: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {
     /// A dense gated MLP.

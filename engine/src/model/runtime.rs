@@ -46,10 +46,8 @@ pub fn load_on_device(
     let tokenizer = Tokenizer::from_gguf(&file)
         .map_err(|e| ModelError::new(format!("tokenizer of {}: {e}", path.display())))?;
     let bar = if progress {
-        let b = indicatif::ProgressBar::with_draw_target(
-            None,
-            indicatif::ProgressDrawTarget::stderr(),
-        );
+        let b =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
         b.set_message(format!("loading {}", path.display()));
         Some(b)
     } else {

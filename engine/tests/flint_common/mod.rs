@@ -119,7 +119,13 @@ pub fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 /// Compares two greedy chains under the near-tie rule: equal, or the first difference at
 /// a step where the reference's own top-2 margin is below `tol` nats. Returns the index
 /// of the first difference, if any.
-pub fn check_chain(name: &str, reference: &[u32], margins: &[f32], other: &[u32], tol: f32) -> Option<usize> {
+pub fn check_chain(
+    name: &str,
+    reference: &[u32],
+    margins: &[f32],
+    other: &[u32],
+    tol: f32,
+) -> Option<usize> {
     let first = reference.iter().zip(other).position(|(a, b)| a != b);
     if let Some(i) = first {
         assert!(
