@@ -108,6 +108,10 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
     let positions = golden["positions"].as_array().expect("positions");
     assert_eq!(rows.len(), positions.len());
     let (mut agree, mut kl_sum) = (0usize, 0.0f64);
+    // Logit differences on llama.cpp's top-20 ids, after removing each position's offset
+    // (logits are defined up to a constant): their spread says how far apart the two
+    // engines' distributions are, in nats.
+    let (mut dev_sq, mut dev_n) = (0.0f64, 0usize);
     for (row, pos) in rows.iter().zip(positions) {
         let lse_ref = pos["lse"].as_f64().expect("lse");
         let top: Vec<(usize, f64)> = pos["top"]
@@ -132,6 +136,12 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
                 top[0].0
             );
         }
+        let diffs: Vec<f64> = top.iter().map(|&(id, l)| row[id] as f64 - l).collect();
+        let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+        for d in &diffs {
+            dev_sq += (d - mean) * (d - mean);
+            dev_n += 1;
+        }
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
         let lse: f64 = m + row.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
         let (mut kl, mut ps, mut qs) = (0.0f64, 0.0f64, 0.0f64);
@@ -146,6 +156,10 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
         kl += pt * (pt / qt).ln();
         kl_sum += kl;
     }
+    eprintln!(
+        "rms logit difference on llama.cpp's top-20 (offset removed): {:.4} nats",
+        (dev_sq / dev_n.max(1) as f64).sqrt()
+    );
     (agree as f64 / rows.len() as f64, kl_sum / rows.len() as f64)
 }
 
