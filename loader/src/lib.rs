@@ -7,5 +7,5 @@ pub mod fetch;
 pub mod gguf;
 pub mod tokenizer;
 
-pub use gguf::{Array, GgufError, GgufFile, GgufWriter, SharedBytes, TensorInfo, Value, ValueType};
 pub use config::{ConfigError, FlintConfig, Gemma3Config, ModelConfig};
+pub use gguf::{Array, GgufError, GgufFile, GgufWriter, SharedBytes, TensorInfo, Value, ValueType};
