@@ -17,7 +17,8 @@ fn rewrite(f: &GgufFile) -> Option<Vec<u8>> {
         if k == "general.alignment" && !matches!(v, Value::U32(_)) {
             return None;
         }
-        w.add(k, v.clone()).expect("keys of a parsed file are unique and valid");
+        w.add(k, v.clone())
+            .expect("keys of a parsed file are unique and valid");
     }
     for t in f.tensors() {
         w.add_tensor(&t.name, t.ty, &t.dims, f.tensor_data(t).to_vec())
