@@ -1,0 +1,482 @@
+//! The paged engine on the `tiny` Flint checkpoint: continuous arrival against the
+//! reference forward, preemption against the same requests run alone, isolation of the
+//! two KV groups (with the defect put in on purpose), the sliding group's block bound,
+//! and every block back in the pools after finish and abort.
+//!
+//! `tiny` has a window of 8 and two full / three sliding layers; with blocks of 4
+//! tokens the sliding group may hold at most `ceil(8 / 4) + 1 = 3` live blocks per
+//! request between steps, and every prompt here is longer than the window.
+
+mod flint_common;
+use flint_common::*;
+
+use std::collections::HashMap;
+
+use flint_engine::forward::{GROUP_FULL, GROUP_SLIDING};
+use flint_engine::kv_cache::{GroupKind, KvCacheManager, RequestId};
+use flint_engine::llm_engine::{EngineError, LLMEngine, RequestParams};
+use flint_engine::model::Model;
+use flint_engine::paged::PagedModel;
+use flint_engine::sampler::{SamplerConfig, StopConditions};
+use flint_engine::scheduler::{Scheduler, SchedulerConfig};
+
+const BS: usize = 4;
+
+/// An engine over `model` on the cpu with exactly `blocks` blocks per group
+/// (`[full, sliding]`), blocks of [`BS`] tokens.
+fn engine_with(
+    model: &Model,
+    blocks: [usize; 2],
+    max_seqs: usize,
+    budget: usize,
+) -> LLMEngine<PagedModel> {
+    engine_wired(model, blocks, max_seqs, budget, None)
+}
+
+/// As [`engine_with`]; `miswire = Some((forward_group, kind))` feeds the forward's group
+/// the tables of the manager's group of `kind` (`GROUP_FULL` / `GROUP_SLIDING`): the
+/// defect the isolation tests must catch.
+fn engine_wired(
+    model: &Model,
+    blocks: [usize; 2],
+    max_seqs: usize,
+    budget: usize,
+    miswire: Option<(usize, usize)>,
+) -> LLMEngine<PagedModel> {
+    let (mut paged, kv) = PagedModel::with_pools(on_cpu(model), BS, &blocks).expect("paged model");
+    assert_eq!(
+        kv.group_specs().next().map(|g| g.kind),
+        Some(GroupKind::Full)
+    );
+    if let Some((forward, kind)) = miswire {
+        let target = if kind == GROUP_FULL {
+            full_group(&kv)
+        } else {
+            sliding_group(&kv).0
+        };
+        paged.miswire_tables_for_test(forward, target);
+    }
+    let sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs: max_seqs,
+            max_num_batched_tokens: budget,
+            max_model_len: model.spec.context_length,
+        },
+        kv,
+    );
+    LLMEngine::new(paged, sched, None)
+}
+
+/// Index of the sliding group in the manager.
+fn sliding_group(kv: &KvCacheManager) -> (usize, usize) {
+    kv.group_specs()
+        .enumerate()
+        .find_map(|(g, s)| match s.kind {
+            GroupKind::Sliding { window } => Some((g, window)),
+            GroupKind::Full => None,
+        })
+        .expect("tiny has a sliding group")
+}
+
+fn full_group(kv: &KvCacheManager) -> usize {
+    kv.group_specs()
+        .position(|s| s.kind == GroupKind::Full)
+        .expect("tiny has a full group")
+}
+
+fn greedy(max_tokens: usize) -> RequestParams {
+    RequestParams {
+        sampler: SamplerConfig::greedy(),
+        max_tokens,
+        stop: StopConditions::default(),
+    }
+}
+
+/// Tokens generated per request, and what the driver saw.
+#[derive(Default)]
+struct Run {
+    out: HashMap<RequestId, Vec<u32>>,
+    /// Most live sliding blocks any request held between steps.
+    max_sliding_live: usize,
+    /// Most requests in one step.
+    max_batch: usize,
+    /// Most preemptions seen on any request.
+    max_preemptions: usize,
+}
+
+/// Runs one step, records its tokens, and checks the sliding bound for every request in
+/// `ids` after it.
+fn step(
+    e: &mut LLMEngine<PagedModel>,
+    ids: &[RequestId],
+    run: &mut Run,
+) -> Result<(), EngineError> {
+    for o in e.step()? {
+        if let Some(t) = o.token {
+            run.out.entry(o.id).or_default().push(t);
+        }
+    }
+    run.max_batch = run.max_batch.max(e.last_step().num_seqs);
+    let kv = e.scheduler().kv();
+    let (sg, window) = sliding_group(kv);
+    let bound = window.div_ceil(kv.block_size()) + 1;
+    for &id in ids {
+        let live = kv.live_blocks(id, sg);
+        assert!(
+            live <= bound,
+            "request {id} holds {live} live sliding blocks between steps (bound ceil({window}/{}) + 1 = {bound})",
+            kv.block_size()
+        );
+        run.max_sliding_live = run.max_sliding_live.max(live);
+        if let Some(s) = e.scheduler().get(id) {
+            run.max_preemptions = run.max_preemptions.max(s.preemptions);
+        }
+    }
+    Ok(())
+}
+
+fn drain(
+    e: &mut LLMEngine<PagedModel>,
+    ids: &[RequestId],
+    run: &mut Run,
+) -> Result<(), EngineError> {
+    let mut guard = 0;
+    while e.has_unfinished() {
+        step(e, ids, run)?;
+        guard += 1;
+        assert!(guard < 10_000, "the engine does not finish");
+    }
+    Ok(())
+}
+
+fn generated(run: &Run, id: RequestId) -> usize {
+    run.out.get(&id).map_or(0, Vec::len)
+}
+
+#[test]
+fn continuous_arrival_matches_the_reference() {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    let n = 24;
+    let prompts = [
+        prompt(11, 12, vocab),
+        prompt(12, 20, vocab),
+        prompt(13, 10, vocab),
+    ];
+    // A budget of 8 tokens: request 1's prompt of 20 is prefilled in chunks while
+    // request 0 keeps decoding in the same steps.
+    let mut e = engine_with(&model, [256, 256], 8, 8);
+    let mut run = Run::default();
+    let mut ids = vec![e
+        .add_request(prompts[0].clone(), greedy(n))
+        .expect("admitted")];
+    // Request 0 alone until it has decoded 5 tokens.
+    while generated(&run, ids[0]) < 5 {
+        step(&mut e, &ids, &mut run).expect("step");
+        assert_eq!(e.last_step().num_seqs, 1, "request 0 runs alone");
+    }
+    ids.push(
+        e.add_request(prompts[1].clone(), greedy(n))
+            .expect("admitted"),
+    );
+    step(&mut e, &ids, &mut run).expect("step");
+    assert_eq!(
+        e.last_step().num_seqs,
+        2,
+        "request 1 joins while request 0 decodes"
+    );
+    assert_eq!(
+        e.last_step().num_tokens,
+        8,
+        "decode of 0 plus a 7-token chunk of 1"
+    );
+    while generated(&run, ids[1]) < 3 {
+        step(&mut e, &ids, &mut run).expect("step");
+    }
+    assert!(
+        generated(&run, ids[0]) < n,
+        "request 0 is still running when 2 arrives"
+    );
+    ids.push(
+        e.add_request(prompts[2].clone(), greedy(n))
+            .expect("admitted"),
+    );
+    drain(&mut e, &ids, &mut run).expect("drain");
+    assert_eq!(run.max_batch, 3, "all three requests shared a step");
+
+    let mut identical = 0;
+    for (i, p) in prompts.iter().enumerate() {
+        let (r, margins) = reference_chain(&model, p, n);
+        let got = &run.out[&ids[i]];
+        assert_eq!(got.len(), n);
+        match check_chain(&format!("request {i}"), &r, &margins, got, 0.25) {
+            None => identical += 1,
+            Some(s) => eprintln!(
+                "request {i}: first divergence at step {s}, reference margin {}",
+                margins[s]
+            ),
+        }
+    }
+    eprintln!("{identical}/3 chains identical to the reference");
+    assert!(
+        e.scheduler().kv().all_free(),
+        "finished requests returned every block"
+    );
+}
+
+#[test]
+fn preemption_recomputes_and_matches_requests_run_alone() {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    let n = 16;
+    let prompts: Vec<Vec<u32>> = (0..16)
+        .map(|i| prompt(100 + i, 9 + (i as usize * 5) % 11, vocab))
+        .collect();
+
+    // Each request alone, in an engine with room to spare.
+    let mut alone = Vec::new();
+    {
+        let mut e = engine_with(&model, [128, 64], 16, 64);
+        for p in &prompts {
+            let mut run = Run::default();
+            let id = e.add_request(p.clone(), greedy(n)).expect("admitted");
+            drain(&mut e, &[id], &mut run).expect("alone");
+            assert_eq!(run.max_batch, 1);
+            alone.push(run.out.remove(&id).expect("output"));
+            assert!(e.scheduler().kv().all_free());
+        }
+    }
+
+    // All 16 at once with a full-attention pool of 24 blocks (96 tokens): each request
+    // reaches up to 35 tokens (9 blocks), so the pool holds a few of them at a time.
+    let mut e = engine_with(&model, [24, 64], 16, 64);
+    let ids: Vec<RequestId> = prompts
+        .iter()
+        .map(|p| e.add_request(p.clone(), greedy(n)).expect("admitted"))
+        .collect();
+    let mut run = Run::default();
+    drain(&mut e, &ids, &mut run).expect("drain");
+    assert!(
+        run.max_preemptions > 0,
+        "the pool was meant to be too small: no request was preempted"
+    );
+    eprintln!(
+        "most preemptions of one request: {}, largest batch {}",
+        run.max_preemptions, run.max_batch
+    );
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            run.out[id], alone[i],
+            "request {i} differs from the same request run alone"
+        );
+    }
+    assert!(
+        e.scheduler().kv().all_free(),
+        "every block is back after preemptions"
+    );
+}
+
+/// Runs a blocker request first (so the two pools hand out different ids), then the
+/// probe request; returns the probe's tokens, or the error the engine stopped with.
+fn run_probe(
+    e: &mut LLMEngine<PagedModel>,
+    blocker: &[u32],
+    probe: &[u32],
+    n: usize,
+) -> Result<Vec<u32>, EngineError> {
+    let mut run = Run::default();
+    let a = e.add_request(blocker.to_vec(), greedy(n))?;
+    // The blocker prefills and decodes a little: the full group keeps all its blocks,
+    // the sliding group has already handed its early blocks back.
+    for _ in 0..3 {
+        step(e, &[a], &mut run)?;
+    }
+    let b = e.add_request(probe.to_vec(), greedy(n))?;
+    let ids = [a, b];
+    step(e, &ids, &mut run)?;
+    // Same positions, different blocks in the two groups.
+    let kv = e.scheduler().kv();
+    let (sg, fg) = (sliding_group(kv).0, full_group(kv));
+    let (tf, ts) = (kv.block_table(b, fg), kv.block_table(b, sg));
+    let differ = tf
+        .iter()
+        .zip(ts)
+        .any(|(&x, &y)| x != y && y != flint_hal::NO_BLOCK);
+    assert!(
+        differ,
+        "the arrangement failed: full {tf:?} and sliding {ts:?} tables agree"
+    );
+    drain(e, &ids, &mut run)?;
+    Ok(run.out.remove(&b).unwrap_or_default())
+}
+
+/// The group-isolation check for one way of mis-wiring (`None` = correct wiring):
+/// `Ok(true)` if the probe's chain equals the reference (or diverges only at a near
+/// tie), `Ok(false)` if it departs, `Err` if the engine failed.
+fn isolation_case(
+    miswire: Option<(usize, usize)>,
+    sliding_pool: usize,
+) -> Result<bool, EngineError> {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    let n = 16;
+    let blocker = prompt(21, 24, vocab);
+    let probe = prompt(22, 18, vocab);
+    let (r, margins) = reference_chain(&model, &probe, n);
+    let mut e = engine_wired(&model, [64, sliding_pool], 8, 64, miswire);
+    let got = run_probe(&mut e, &blocker, &probe, n)?;
+    let first = r.iter().zip(&got).position(|(a, b)| a != b);
+    Ok(match first {
+        None => got.len() == n,
+        Some(i) => margins[i] < 0.25,
+    })
+}
+
+#[test]
+fn full_layers_reading_the_sliding_table_is_caught() {
+    // Correct wiring: the probe follows the reference.
+    assert!(
+        isolation_case(None, 32).expect("correct engine runs"),
+        "the correct engine must match the reference"
+    );
+    // Full-attention layers fed the sliding group's tables: their early positions are
+    // freed (or belong to other requests) there.
+    match isolation_case(Some((GROUP_FULL, GROUP_SLIDING)), 32) {
+        Ok(matches) => assert!(
+            !matches,
+            "full layers read the sliding table and nothing noticed"
+        ),
+        Err(err) => eprintln!("mis-wired engine failed as it must: {err}"),
+    }
+}
+
+#[test]
+fn sliding_layers_reading_the_full_table_is_caught() {
+    // A sliding pool of 12 blocks: the full group's ids (the blocker holds the first
+    // ones) run past the sliding layers' buffers.
+    assert!(
+        isolation_case(None, 12).expect("correct engine runs"),
+        "the correct engine must match the reference"
+    );
+    match isolation_case(Some((GROUP_SLIDING, GROUP_FULL)), 12) {
+        Ok(matches) => assert!(
+            !matches,
+            "sliding layers read the full table and nothing noticed"
+        ),
+        Err(err) => eprintln!("mis-wired engine failed as it must: {err}"),
+    }
+}
+
+#[test]
+fn sliding_group_stays_within_its_bound_with_long_prompts() {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    // Prompts of 30-45 tokens (the window is 8), prefilled in chunks of at most 16
+    // tokens, four at a time, then 20 decode steps each.
+    let mut e = engine_with(&model, [256, 64], 4, 16);
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| prompt(300 + i, 30 + 3 * i as usize, vocab))
+        .collect();
+    let ids: Vec<RequestId> = prompts
+        .iter()
+        .map(|p| e.add_request(p.clone(), greedy(20)).expect("admitted"))
+        .collect();
+    let mut run = Run::default();
+    let mut max_full_live = 0;
+    while e.has_unfinished() {
+        step(&mut e, &ids, &mut run).expect("step");
+        let kv = e.scheduler().kv();
+        let fg = full_group(kv);
+        for &id in &ids {
+            max_full_live = max_full_live.max(kv.live_blocks(id, fg));
+        }
+    }
+    let bound = 8usize.div_ceil(BS) + 1;
+    eprintln!(
+        "most live sliding blocks {} (bound {bound}), most live full blocks {max_full_live}",
+        run.max_sliding_live
+    );
+    // The bound is reached, not trivially met, while the full group keeps everything.
+    assert!(
+        run.max_sliding_live >= bound - 1,
+        "the sliding group never filled its window"
+    );
+    assert!(
+        max_full_live >= 50usize.div_ceil(BS),
+        "the full group keeps every position"
+    );
+    assert!(e.scheduler().kv().all_free());
+}
+
+#[test]
+fn abort_and_finish_return_every_block() {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    // Two may run at once; the third waits. Budget 8: prompts prefill in chunks.
+    let mut e = engine_with(&model, [64, 32], 2, 8);
+    let a = e
+        .add_request(prompt(41, 20, vocab), greedy(30))
+        .expect("admitted");
+    let b = e
+        .add_request(prompt(42, 14, vocab), greedy(4))
+        .expect("admitted");
+    let c = e
+        .add_request(prompt(43, 12, vocab), greedy(30))
+        .expect("admitted");
+    let ids = [a, b, c];
+    let mut run = Run::default();
+    // a is mid-prefill after one step of 8 tokens.
+    step(&mut e, &ids, &mut run).expect("step");
+    assert!(
+        e.scheduler()
+            .kv()
+            .live_blocks(a, full_group(e.scheduler().kv()))
+            > 0
+    );
+    // Abort a mid-prefill: b and then c take its place.
+    assert!(e.abort(a));
+    assert_eq!(e.scheduler().kv().block_table(a, 0), &[] as &[u32]);
+    // b finishes (max_tokens 4); c runs and decodes a few tokens.
+    while generated(&run, c) < 3 {
+        step(&mut e, &ids, &mut run).expect("step");
+    }
+    assert!(e.scheduler().get(b).is_none(), "b finished");
+    assert_eq!(generated(&run, b), 4);
+    // Abort c mid-decode.
+    assert!(e.abort(c));
+    assert!(!e.abort(c), "aborting twice is refused");
+    assert!(!e.has_unfinished());
+    assert!(
+        e.scheduler().kv().all_free(),
+        "abort and finish returned every block"
+    );
+    // Aborting a waiting request that never held blocks.
+    let mut e = engine_with(&model, [64, 32], 1, 8);
+    let x = e
+        .add_request(prompt(44, 10, vocab), greedy(5))
+        .expect("admitted");
+    let y = e
+        .add_request(prompt(45, 10, vocab), greedy(5))
+        .expect("admitted");
+    step(&mut e, &[x, y], &mut run).expect("step");
+    assert_eq!(e.scheduler().num_waiting(), 1);
+    assert!(e.abort(y));
+    drain(&mut e, &[x], &mut run).expect("drain");
+    assert!(e.scheduler().kv().all_free());
+}
+
+#[test]
+fn group_tables_route_to_their_own_kind() {
+    // The wiring the engine uses by default: full layers' table from the full group.
+    let model = tiny();
+    let e = engine_with(&model, [8, 8], 1, 8);
+    let kv = e.scheduler().kv();
+    let fg = full_group(kv);
+    let (sg, _) = sliding_group(kv);
+    for (il, l) in model.spec.layers.iter().enumerate() {
+        let want = if l.sliding { sg } else { fg };
+        assert_eq!(kv.group_of_layer(il), Some(want), "layer {il}");
+        let forward = if l.sliding { GROUP_SLIDING } else { GROUP_FULL };
+        assert_eq!(e.model().model().layer_group(il), forward, "layer {il}");
+    }
+}
