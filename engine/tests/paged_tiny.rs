@@ -325,6 +325,7 @@ fn isolation_case(
     let (r, margins) = reference_chain(&model, &probe, n);
     let mut e = engine_wired(&model, [64, sliding_pool], 8, 64, miswire);
     let got = run_probe(&mut e, &blocker, &probe, n)?;
+    assert!(e.scheduler().kv().all_free(), "every block is back");
     let first = r.iter().zip(&got).position(|(a, b)| a != b);
     Ok(match first {
         None => got.len() == n,
