@@ -204,6 +204,12 @@ def table(results_dir):
         if l_dec:
             print(f"; llama.cpp tg128 at {100 * l_dec / roofline:.0f}%", end="")
         print()
+    if flint_ok and fl.get("threads") != meta.get("threads"):
+        print()
+        print(
+            f"WARNING: flint reported {fl.get('threads')} threads, llama.cpp ran with "
+            f"{meta.get('threads')}: the ratios are not like for like"
+        )
     if not flint_ok:
         why = meta.get("flint_status", "no flint-bench.json")
         print()
