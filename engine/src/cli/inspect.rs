@@ -44,8 +44,16 @@ pub(crate) fn open_gguf(path: &std::path::Path) -> Result<GgufFile, CliError> {
 pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     let f = open_gguf(&args.model)?;
     let config = ModelConfig::from_gguf(&f).and_then(|c| c.check_tensors(&f).map(|()| c));
+    // The census of both arms: blocks kept where the device can (the default), and
+    // everything expanded (FLINT_KEEP_QUANT=0).
     let plan = match &args.device {
-        Some(d) => Some((d.clone(), staging_plan(&f, d)?)),
+        Some(d) => Some((
+            d.clone(),
+            vec![
+                (Arm::KeepQuant, staging_plan(&f, d, true)?),
+                (Arm::Expanded, staging_plan(&f, d, false)?),
+            ],
+        )),
         None => None,
     };
     let out = if args.json {
@@ -104,7 +112,7 @@ fn text(
     f: &GgufFile,
     path: &std::path::Path,
     config: &Result<ModelConfig, flint_loader::ConfigError>,
-    plan: &Option<(String, StagingPlan)>,
+    plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> String {
     let mut s = String::new();
     let total: u64 = f.tensors().iter().map(|t| t.n_bytes as u64).sum();
@@ -198,42 +206,44 @@ fn text(
             let _ = writeln!(s, "  not runnable by Flint: {e}");
         }
     }
-    if let Some((dev, p)) = plan {
-        let _ = writeln!(s, "\nstaging census on device '{dev}':");
-        let kept = p.weights.iter().filter(|w| w.kept_quant).count();
-        let expanded = p
-            .weights
-            .iter()
-            .filter(|w| w.source_ty != w.staged_ty)
-            .count();
-        let _ = writeln!(
-            s,
-            "  resident:     {:>14} bytes  {}",
-            p.resident_bytes(),
-            human(p.resident_bytes())
-        );
-        let _ = writeln!(
-            s,
-            "  expert tier:  {:>14} bytes  {}",
-            p.expert_tier_bytes(),
-            human(p.expert_tier_bytes())
-        );
-        let _ = writeln!(
-            s,
-            "  streamed:     {:>14} bytes  {} per use",
-            p.streamed_bytes(),
-            human(p.streamed_bytes())
-        );
-        let _ = writeln!(
-            s,
-            "  {kept} tensors keep their block encoding, {expanded} are expanded"
-        );
-        let streamed = p
-            .weights
-            .iter()
-            .filter(|w| w.tier == Tier::Streamed)
-            .count();
-        let _ = writeln!(s, "  {streamed} tensors streamed");
+    if let Some((dev, arms)) = plan {
+        for (arm, p) in arms {
+            let _ = writeln!(s, "\nstaging census on device '{dev}', {}:", arm.label());
+            let kept = p.weights.iter().filter(|w| w.kept_quant).count();
+            let expanded = p
+                .weights
+                .iter()
+                .filter(|w| w.source_ty != w.staged_ty)
+                .count();
+            let _ = writeln!(
+                s,
+                "  resident:     {:>14} bytes  {}",
+                p.resident_bytes(),
+                human(p.resident_bytes())
+            );
+            let _ = writeln!(
+                s,
+                "  expert tier:  {:>14} bytes  {}",
+                p.expert_tier_bytes(),
+                human(p.expert_tier_bytes())
+            );
+            let _ = writeln!(
+                s,
+                "  streamed:     {:>14} bytes  {} per use",
+                p.streamed_bytes(),
+                human(p.streamed_bytes())
+            );
+            let _ = writeln!(
+                s,
+                "  {kept} tensors keep their block encoding, {expanded} are expanded"
+            );
+            let streamed = p
+                .weights
+                .iter()
+                .filter(|w| w.tier == Tier::Streamed)
+                .count();
+            let _ = writeln!(s, "  {streamed} tensors streamed");
+        }
     }
     s
 }
@@ -271,7 +281,7 @@ fn json(
     f: &GgufFile,
     path: &std::path::Path,
     config: &Result<ModelConfig, flint_loader::ConfigError>,
-    plan: &Option<(String, StagingPlan)>,
+    plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> serde_json::Value {
     use serde_json::json;
     let mut meta = serde_json::Map::new();
@@ -326,9 +336,10 @@ fn json(
         "tensor_bytes": total,
         "model": model,
     });
-    if let Some((dev, p)) = plan {
-        out["staging"] = json!({
+    if let Some((dev, arms)) = plan {
+        let arms_json: Vec<serde_json::Value> = arms.iter().map(|(arm, p)| json!({
             "device": dev,
+            "arm": arm.key(),
             "resident_bytes": p.resident_bytes(),
             "expert_tier_bytes": p.expert_tier_bytes(),
             "streamed_bytes": p.streamed_bytes(),
@@ -337,14 +348,46 @@ fn json(
                 "kept_quant": w.kept_quant, "tier": format!("{:?}", w.tier),
                 "resident_bytes": w.resident_bytes, "streamed_bytes": w.streamed_bytes,
             })).collect::<Vec<_>>(),
-        });
+        })).collect();
+        out["staging"] = serde_json::Value::Array(arms_json);
     }
     out
 }
 
-/// The device's placement plan for every tensor of the file (zero-copy descriptors).
-fn staging_plan(f: &GgufFile, device: &str) -> Result<StagingPlan, CliError> {
-    let dev = crate::devices::open(Some(device))
+/// One arm of the staging census.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// Block encodings kept where the device admits them.
+    KeepQuant,
+    /// Every block encoding expanded (`FLINT_KEEP_QUANT=0`).
+    Expanded,
+}
+
+impl Arm {
+    fn label(self) -> &'static str {
+        match self {
+            Arm::KeepQuant => "keep-quant arm",
+            Arm::Expanded => "expanded arm (FLINT_KEEP_QUANT=0)",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Arm::KeepQuant => "keep_quant",
+            Arm::Expanded => "expanded",
+        }
+    }
+}
+
+/// The device's placement plan for every tensor of the file (zero-copy descriptors),
+/// with block encodings kept (`keep_quant`) or expanded.
+fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingPlan, CliError> {
+    let reg = crate::devices::registry();
+    let mut opts = flint_hal::DeviceOptions::from_env()
+        .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
+    opts.keep_quant = keep_quant;
+    let dev = reg
+        .open(device, &opts)
         .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
     let bytes = f.shared_bytes();
     let mut descs = Vec::with_capacity(f.tensors().len());
