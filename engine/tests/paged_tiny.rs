@@ -333,6 +333,16 @@ fn isolation_case(
     })
 }
 
+// How the defect shows. Every layer writes and reads its keys through one and the same
+// table within a step, so a layer fed the other group's table is wrong only where that
+// table cannot back the positions the layer needs: a full layer given the sliding table
+// finds the early blocks freed (`NO_BLOCK`) once the window has moved past them, and a
+// sliding layer given the full table addresses blocks beyond its own buffer, which is
+// sized for the sliding pool. The cpu device refuses both (the step fails); a device that
+// did not check would read freed or foreign memory. Either way the chain cannot silently
+// match the reference, which is what these tests require, alongside the correct wiring
+// matching it in the same arrangement.
+
 #[test]
 fn full_layers_reading_the_sliding_table_is_caught() {
     // Correct wiring: the probe follows the reference.
@@ -480,4 +490,35 @@ fn group_tables_route_to_their_own_kind() {
         let forward = if l.sliding { GROUP_SLIDING } else { GROUP_FULL };
         assert_eq!(e.model().model().layer_group(il), forward, "layer {il}");
     }
+}
+
+#[test]
+fn prompts_beyond_max_model_len_or_the_cache_are_refused_at_once() {
+    let model = tiny();
+    let vocab = model.spec.vocab;
+    let ctx = model.spec.context_length;
+    // A full pool of 8 blocks of 4: at most 32 tokens fit.
+    let mut e = engine_with(&model, [8, 16], 4, 64);
+    let err = e
+        .add_request(prompt(51, ctx + 1, vocab), greedy(4))
+        .expect_err("too long for the model");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&(ctx + 1).to_string()) && msg.contains(&ctx.to_string()),
+        "the error names both numbers: {msg}"
+    );
+    let err = e
+        .add_request(prompt(52, 40, vocab), greedy(4))
+        .expect_err("too large for the KV cache");
+    assert!(err.to_string().contains("40"), "{err}");
+    assert!(!e.has_unfinished(), "refused requests leave nothing behind");
+    assert!(e.scheduler().kv().all_free());
+    // A prompt that fits still runs.
+    let id = e
+        .add_request(prompt(53, 20, vocab), greedy(4))
+        .expect("fits");
+    let mut run = Run::default();
+    drain(&mut e, &[id], &mut run).expect("drain");
+    assert_eq!(generated(&run, id), 4);
+    assert!(e.scheduler().kv().all_free());
 }
