@@ -30,7 +30,7 @@ fn engine_with(
     max_seqs: usize,
     budget: usize,
 ) -> LLMEngine<PagedModel> {
-    engine_wired(model, blocks, max_seqs, budget, None)
+    engine_wired(model, BS, blocks, max_seqs, budget, None)
 }
 
 /// As [`engine_with`]; `miswire = Some((forward_group, kind))` feeds the forward's group
@@ -38,12 +38,13 @@ fn engine_with(
 /// defect the isolation tests must catch.
 fn engine_wired(
     model: &Model,
+    bs: usize,
     blocks: [usize; 2],
     max_seqs: usize,
     budget: usize,
     miswire: Option<(usize, usize)>,
 ) -> LLMEngine<PagedModel> {
-    let (mut paged, kv) = PagedModel::with_pools(on_cpu(model), BS, &blocks).expect("paged model");
+    let (mut paged, kv) = PagedModel::with_pools(on_cpu(model), bs, &blocks).expect("paged model");
     assert_eq!(
         kv.group_specs().next().map(|g| g.kind),
         Some(GroupKind::Full)
@@ -209,6 +210,13 @@ fn continuous_arrival_matches_the_reference() {
         let (r, margins) = reference_chain(&model, p, n);
         let got = &run.out[&ids[i]];
         assert_eq!(got.len(), n);
+        // Batching, chunking and paging change nothing: the same request alone on the
+        // single-sequence device forward gives the same tokens.
+        assert_eq!(
+            got,
+            &device_chain(e.model().model(), p, n),
+            "request {i}: the batched chain differs from the same request alone"
+        );
         match check_chain(&format!("request {i}"), &r, &margins, got, 0.25) {
             None => identical += 1,
             Some(s) => eprintln!(
@@ -323,7 +331,7 @@ fn isolation_case(
     let blocker = prompt(21, 24, vocab);
     let probe = prompt(22, 18, vocab);
     let (r, margins) = reference_chain(&model, &probe, n);
-    let mut e = engine_wired(&model, [64, sliding_pool], 8, 64, miswire);
+    let mut e = engine_wired(&model, BS, [64, sliding_pool], 8, 64, miswire);
     let got = run_probe(&mut e, &blocker, &probe, n)?;
     assert!(e.scheduler().kv().all_free(), "every block is back");
     let first = r.iter().zip(&got).position(|(a, b)| a != b);
@@ -383,40 +391,57 @@ fn sliding_group_stays_within_its_bound_with_long_prompts() {
     let model = tiny();
     let vocab = model.spec.vocab;
     // Prompts of 30-45 tokens (the window is 8), prefilled in chunks of at most 16
-    // tokens, four at a time, then 20 decode steps each.
-    let mut e = engine_with(&model, [256, 64], 4, 16);
+    // tokens, four at a time, then 20 decode steps each; blocks of 4 (dividing the
+    // window), 3 (not dividing it) and 16 (larger than it).
+    let n = 20;
     let prompts: Vec<Vec<u32>> = (0..6)
         .map(|i| prompt(300 + i, 30 + 3 * i as usize, vocab))
         .collect();
-    let ids: Vec<RequestId> = prompts
-        .iter()
-        .map(|p| e.add_request(p.clone(), greedy(20)).expect("admitted"))
-        .collect();
-    let mut run = Run::default();
-    let mut max_full_live = 0;
-    while e.has_unfinished() {
-        step(&mut e, &ids, &mut run).expect("step");
-        let kv = e.scheduler().kv();
-        let fg = full_group(kv);
-        for &id in &ids {
-            max_full_live = max_full_live.max(kv.live_blocks(id, fg));
+    let mut chains: Vec<Vec<Vec<u32>>> = Vec::new();
+    for bs in [4usize, 3, 16] {
+        let mut e = engine_wired(&model, bs, [1024 / bs, 256 / bs + 8], 4, 16, None);
+        let window = sliding_group(e.scheduler().kv()).1;
+        assert!(prompts.iter().all(|p| p.len() > window));
+        let ids: Vec<RequestId> = prompts
+            .iter()
+            .map(|p| e.add_request(p.clone(), greedy(n)).expect("admitted"))
+            .collect();
+        let mut run = Run::default();
+        let mut max_full_live = 0;
+        // `step` asserts the bound for every request after every step.
+        while e.has_unfinished() {
+            step(&mut e, &ids, &mut run).expect("step");
+            let kv = e.scheduler().kv();
+            let fg = full_group(kv);
+            for &id in &ids {
+                max_full_live = max_full_live.max(kv.live_blocks(id, fg));
+            }
         }
+        let bound = window.div_ceil(bs) + 1;
+        eprintln!(
+            "bs {bs}: most live sliding blocks {} (bound {bound}), most live full blocks {max_full_live}",
+            run.max_sliding_live
+        );
+        // The bound is reached, not trivially met, while the full group keeps everything.
+        assert!(
+            run.max_sliding_live >= bound - 1,
+            "bs {bs}: the sliding group never filled its window"
+        );
+        assert!(
+            // The longest request holds 45 + n - 2 positions before its last step.
+            max_full_live >= (45 + n - 2).div_ceil(bs),
+            "bs {bs}: the full group keeps every position"
+        );
+        assert!(e.scheduler().kv().all_free());
+        chains.push(ids.iter().map(|id| run.out[id].clone()).collect());
     }
-    let bound = 8usize.div_ceil(BS) + 1;
-    eprintln!(
-        "most live sliding blocks {} (bound {bound}), most live full blocks {max_full_live}",
-        run.max_sliding_live
-    );
-    // The bound is reached, not trivially met, while the full group keeps everything.
-    assert!(
-        run.max_sliding_live >= bound - 1,
-        "the sliding group never filled its window"
-    );
-    assert!(
-        max_full_live >= 50usize.div_ceil(BS),
-        "the full group keeps every position"
-    );
-    assert!(e.scheduler().kv().all_free());
+    // The block size changes where keys live, never what attention sees.
+    assert_eq!(chains[0], chains[1], "blocks of 3 change the outputs");
+    assert_eq!(chains[0], chains[2], "blocks of 16 change the outputs");
+    for (i, p) in prompts.iter().enumerate() {
+        let (r, margins) = reference_chain(&model, p, n);
+        check_chain(&format!("request {i}"), &r, &margins, &chains[0][i], 0.25);
+    }
 }
 
 #[test]
