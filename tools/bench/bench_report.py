@@ -79,13 +79,25 @@ def load_json(path):
         return None
 
 
-def llama_bench(path):
-    """pp512 and tg128 from `llama-bench -o json`: median and mean of the samples."""
-    data = load_json(path)
-    out = {}
-    if not isinstance(data, list):
-        return out
-    for entry in data:
+def round_files(results_dir, prefix, suffix):
+    """`prefix.json` (one round) or `prefix.N.json` (round N), sorted."""
+    return sorted(
+        os.path.join(results_dir, f)
+        for f in os.listdir(results_dir)
+        if f.startswith(prefix) and f.endswith(suffix)
+        and (f == prefix + suffix or re.fullmatch(r"\.\d+", f[len(prefix):-len(suffix)]))
+    )
+
+
+def llama_bench(paths):
+    """pp512 and tg128 from `llama-bench -o json` of every round: median over all samples."""
+    entries = []
+    for path in paths:
+        data = load_json(path)
+        if isinstance(data, list):
+            entries.extend(data)
+    merged = {}
+    for entry in entries:
         n_prompt, n_gen = entry.get("n_prompt"), entry.get("n_gen")
         key = None
         if n_prompt and not n_gen:
@@ -93,17 +105,34 @@ def llama_bench(path):
         elif n_gen and not n_prompt:
             key = f"tg{n_gen}"
         if key:
-            samples = entry.get("samples_ts") or []
-            out[key] = {
-                "median_tok_s": median(samples),
-                "avg_tok_s": entry.get("avg_ts"),
-                "stddev_tok_s": entry.get("stddev_ts"),
-                "samples_tok_s": samples,
-                "n_threads": entry.get("n_threads"),
-                "cpu_info": entry.get("cpu_info"),
-                "build_commit": entry.get("build_commit"),
-            }
-    return out
+            d = merged.setdefault(
+                key,
+                {
+                    "samples_tok_s": [],
+                    "n_threads": entry.get("n_threads"),
+                    "cpu_info": entry.get("cpu_info"),
+                    "build_commit": entry.get("build_commit"),
+                },
+            )
+            d["samples_tok_s"].extend(entry.get("samples_ts") or [])
+    for d in merged.values():
+        d["median_tok_s"] = median(d["samples_tok_s"])
+    return merged
+
+
+def flint_rounds(paths):
+    """Every round's `flint bench --json` object, and a merged one holding per-figure medians."""
+    objs = [o for o in (load_json(p) for p in paths) if isinstance(o, dict)]
+    if not objs:
+        return [], None
+    merged = json.loads(json.dumps(objs[0]))
+    for section in ("prefill", "decode", "aggregate"):
+        for k in ("tok_s", "tpot_ms", "output_tok_s", "decode_tok_s", "wall_s"):
+            vals = [_get(o, (section, k)) for o in objs]
+            vals = [v for v in vals if v is not None]
+            if vals and isinstance(merged.get(section), dict):
+                merged[section][k] = median(vals)
+    return objs, merged
 
 
 ROW = re.compile(
@@ -150,11 +179,11 @@ def ratio(a, b):
 
 def table(results_dir):
     meta = load_json(os.path.join(results_dir, "meta.json")) or {}
-    lb = llama_bench(os.path.join(results_dir, "llama-bench.json"))
+    lb = llama_bench(round_files(results_dir, "llama-bench", ".json"))
     bb = batched_bench(results_dir)
     bw = load_json(os.path.join(results_dir, "readbw.json"))
     wt = load_json(os.path.join(results_dir, "weights.json"))
-    fl = load_json(os.path.join(results_dir, "flint-bench.json"))
+    fl_rounds, fl = flint_rounds(round_files(results_dir, "flint-bench", ".json"))
 
     flint_ok = isinstance(fl, dict)
     g = (lambda *ks: _get(fl, ks)) if flint_ok else (lambda *ks: None)
@@ -222,6 +251,7 @@ def table(results_dir):
         "readbw": bw,
         "weights": wt,
         "flint": fl if flint_ok else None,
+        "flint_rounds": fl_rounds,
         "ratios": {
             "decode_c1": ratio(f_dec, l_dec),
             "prefill_512": ratio(f_pre, l_pre),
