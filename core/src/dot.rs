@@ -31,7 +31,8 @@
 //! - typed: `vec_dot_<w>_<act>(&[BlockW], &[BlockAct]) -> f32` over block slices;
 //! - [`vec_dot`]: by type over raw little-endian bytes (any alignment);
 //! - [`dot_row_f32`]: quantizes an f32 activation to the paired type block by block
-//!   (with [`crate::quant`]'s `quantize_row_q8_*`) and calls the kernel: the oracle for
+//!   (with [`crate::quant::quantize_act`]: ggml's x86 CPU activation quantizers, whose
+//!   Q8_0 / Q8_1 rounding differs from the `_ref` ones on rare ties) and calls the kernel: the oracle for
 //!   the device matmuls and the reference forward. Needs no allocator.
 //! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
 
@@ -43,7 +44,7 @@ use bytemuck::Pod;
 use half::{bf16, f16 as F16};
 
 use crate::blocks::*;
-use crate::quant::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use crate::quant::{quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_k};
 use crate::types::{FormatError, GgmlType};
 
 /// IEEE half bits to f32 (exact).
@@ -257,8 +258,9 @@ pub fn vec_dot(ty: GgmlType, w_row: &[u8], act: &[u8], n: usize) -> Result<f32, 
 
 /// The dot product of one weight row (type `ty`, raw little-endian bytes, any
 /// alignment) with an f32 activation row `x`, the activation quantized block by block to
-/// `ty.vec_dot_type()` exactly as ggml's CPU backend does before its matmuls
-/// (`quantize_row_q8_0` / `_q8_1` / `_q8_k`); float weights use `x` as is.
+/// `ty.vec_dot_type()` exactly as ggml's x86 CPU backend does before its matmuls
+/// (`quantize_row_q8_0` / `_q8_1` / `_q8_k`: [`crate::quant::quantize_act`]); float
+/// weights use `x` as is.
 ///
 /// This is the oracle for device matmuls and the reference forward pass. It needs no
 /// allocator: each activation block is quantized on the stack as the row is walked.
@@ -318,7 +320,7 @@ pub fn matvec_f32(ty: GgmlType, w: &[u8], x: &[f32], out: &mut [f32]) -> Result<
     }
     let act_ty = ty.vec_dot_type();
     let mut act = alloc::vec![0u8; act_ty.row_bytes(x.len()).unwrap_or(0)];
-    crate::quant::quantize(act_ty, x, &mut act)?;
+    crate::quant::quantize_act(act_ty, x, &mut act)?;
     for (o, wr) in out.iter_mut().zip(w.chunks_exact(row.max(1))) {
         *o = vec_dot(ty, wr, &act, x.len())?;
     }
@@ -331,12 +333,12 @@ trait ActBlock: Pod {
 }
 impl ActBlock for BlockQ8_0 {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        quantize_row_q8_0(x, out)
+        quantize_row_q8_0_act(x, out)
     }
 }
 impl ActBlock for BlockQ8_1 {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        quantize_row_q8_1(x, out)
+        quantize_row_q8_1_act(x, out)
     }
 }
 impl ActBlock for BlockQ8K {

@@ -30,5 +30,8 @@ pub use dequant::{dequantize, dequantize_blocks, DequantBlock};
 #[cfg(feature = "alloc")]
 pub use dot::matvec_f32;
 pub use dot::{dot_row_f32, vec_dot};
-pub use quant::{quantize, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+pub use quant::{
+    quantize, quantize_act, quantize_row_q8_0, quantize_row_q8_0_act, quantize_row_q8_1,
+    quantize_row_q8_1_act, quantize_row_q8_k,
+};
 pub use types::{FormatError, GgmlType, TypeError, QK_K};

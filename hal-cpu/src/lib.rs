@@ -530,8 +530,12 @@ impl Device for CpuDevice {
             gate.len() == up.len() && up.len() == out.len(),
             "gelu_mul: lengths"
         );
+        // ggml's CPU backend computes GELU through its f16 table (`GGML_GELU_FP16`):
+        // the input and the result are rounded to f16. Gemma 3's logits are sensitive
+        // to that rounding, and llama.cpp's logits are made with it, so the cpu device
+        // does the same (within the HAL's tolerance of `gelu_tanh(gate) * up`).
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-            *o = flint_core::math::gelu_tanh(g) * u;
+            *o = flint_core::math::gelu_tanh_ggml_f16(g) * u;
         }
         Ok(())
     }

@@ -134,6 +134,109 @@ pub fn quantize_row_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
     }
 }
 
+/// The scale and rounding of ggml's CPU activation quantizer for Q8_0 / Q8_1 on x86
+/// (`quantize_row_q8_0` / `_q8_1` in `ggml-cpu/arch/x86/quants.c`, the AVX/AVX2 path that
+/// every AVX-512 build takes): `d = amax / 127`, but the multiplier is `id = 127 / amax`
+/// (not `1 / d`) and the product rounds half to even (`_mm256_round_ps`), not half away
+/// from zero. The two differ only on rare ties and one-ulp multiplier differences, but the
+/// Gemma 3 logits are sensitive enough for that to show; this is what llama.cpp's
+/// logits are computed from, so matmuls quantize their activations with it.
+#[inline]
+fn q8_act_block(xb: &[f32], qs: &mut [i8]) -> f32 {
+    let amax = abs_max(xb);
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        // |v * id| <= 127 up to rounding; the clamp is the saturating pack of the SIMD code.
+        *q = nearest_int(v * id).clamp(-128, 127) as i8;
+    }
+    d
+}
+
+/// Quantizes an activation row to Q8_0 as ggml's x86 CPU backend does before a matmul
+/// with Q8_0 / Q5_0 / Q4_0 / ... weights (see [`q8_act_block`] for how this differs from
+/// [`quantize_row_q8_0`], the file-writing reference).
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q8_0_act(x: &[f32], out: &mut [BlockQ8_0]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK8_0,
+        "quantize_row_q8_0_act: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
+        let d = q8_act_block(xb, &mut y.qs);
+        y.d = f16_bits(d);
+    }
+}
+
+/// Quantizes an activation row to Q8_1 as ggml's x86 CPU backend does (as
+/// [`quantize_row_q8_0_act`], plus `s = d * sum(q)` stored as f16).
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_q8_1_act(x: &[f32], out: &mut [BlockQ8_1]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK8_0,
+        "quantize_row_q8_1_act: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
+        let d = q8_act_block(xb, &mut y.qs);
+        y.d = f16_bits(d);
+        let sum: i32 = y.qs.iter().map(|&q| q as i32).sum();
+        y.s = f16_bits(sum as f32 * d);
+    }
+}
+
+/// Quantizes an activation row to `ty` (Q8_0, Q8_1 or Q8_K, a `vec_dot_type`) as ggml's
+/// CPU backend does before its matmuls: [`quantize_row_q8_0_act`],
+/// [`quantize_row_q8_1_act`], or [`quantize_row_q8_k`] (ggml uses the reference there).
+///
+/// # Errors
+/// [`FormatError::Unsupported`] for any other type; [`FormatError::PartialBlock`] /
+/// [`FormatError::LengthMismatch`] as [`quantize`].
+pub fn quantize_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), FormatError> {
+    match ty {
+        GgmlType::Q8_0 => {
+            check_act(ty, src, dst)?;
+            encode_blocks(src, dst, QK8_0, quantize_row_q8_0_act);
+            Ok(())
+        }
+        GgmlType::Q8_1 => {
+            check_act(ty, src, dst)?;
+            encode_blocks(src, dst, QK8_0, quantize_row_q8_1_act);
+            Ok(())
+        }
+        GgmlType::Q8_K => quantize(ty, src, dst),
+        other => Err(FormatError::Unsupported(other)),
+    }
+}
+
+/// Length checks for [`quantize_act`]'s byte rows.
+fn check_act(ty: GgmlType, src: &[f32], dst: &[u8]) -> Result<(), FormatError> {
+    let ts = ty.type_size();
+    if !dst.len().is_multiple_of(ts) {
+        return Err(FormatError::PartialBlock {
+            ty,
+            bytes: dst.len(),
+        });
+    }
+    let n = dst.len() / ts * ty.block_size();
+    if n != src.len() {
+        return Err(FormatError::LengthMismatch {
+            expected: n,
+            found: src.len(),
+        });
+    }
+    Ok(())
+}
+
 /// Quantizes a row to Q8_K (ggml `quantize_row_q8_K_ref`): per block of 256, with `max`
 /// the element of largest magnitude (first one on ties), `iscale = -127 / max`,
 /// `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale` (f32), and `bsums[j]` the sum
@@ -365,6 +468,33 @@ mod tests {
         assert_eq!(nearest_int(-1.5), -2);
         assert_eq!(nearest_int(-127.2), -127);
         assert_eq!(nearest_int(3.7), 4);
+    }
+
+    #[test]
+    fn q8_0_act_rounds_half_to_even_with_127_over_amax() {
+        // amax = 127 makes the multiplier exactly 1, so 2.5 and -3.5 are ties.
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[3] = 0.5;
+        let mut act = [BlockQ8_0::zeroed()];
+        let mut refq = [BlockQ8_0::zeroed()];
+        quantize_row_q8_0_act(&x, &mut act);
+        quantize_row_q8_0(&x, &mut refq);
+        assert_eq!(&act[0].qs[..4], &[127, 2, -4, 0]);
+        assert_eq!(&refq[0].qs[..4], &[127, 3, -4, 1]);
+        assert_eq!(act[0].d, refq[0].d);
+        // Q8_1: same quants, and s = d * sum(q).
+        let mut a1 = [BlockQ8_1::zeroed()];
+        quantize_row_q8_1_act(&x, &mut a1);
+        assert_eq!(a1[0].qs, act[0].qs);
+        assert_eq!(a1[0].s, f16_bits(125.0 * 1.0));
+        // The byte-level entry point agrees with the typed one.
+        let mut bytes = [0u8; 34];
+        quantize_act(GgmlType::Q8_0, &x, &mut bytes).unwrap();
+        assert_eq!(&bytes[..], bytemuck::bytes_of(&act[0]));
+        assert!(quantize_act(GgmlType::Q4_0, &x, &mut bytes).is_err());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use bytemuck::Pod;
 use flint_core::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
-use flint_core::quant::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use flint_core::quant::{quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_k};
 use flint_core::{FormatError, GgmlType};
 
 use crate::simd::SimdLevel;
@@ -97,8 +97,8 @@ impl Acts {
         }
         match ty.vec_dot_type() {
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
-            GgmlType::Q8_0 => Ok(Acts::Q8_0(q(x, k, 32, quantize_row_q8_0))),
-            GgmlType::Q8_1 => Ok(Acts::Q8_1(q(x, k, 32, quantize_row_q8_1))),
+            GgmlType::Q8_0 => Ok(Acts::Q8_0(q(x, k, 32, quantize_row_q8_0_act))),
+            GgmlType::Q8_1 => Ok(Acts::Q8_1(q(x, k, 32, quantize_row_q8_1_act))),
             _ => Err(FormatError::Unsupported(ty)),
         }
     }
