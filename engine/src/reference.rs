@@ -249,8 +249,9 @@ impl<'m> Reference<'m> {
         }
         // The cache holds values rounded to f16, as llama.cpp's default V cache does
         // (`type_v` F16): part of what its logits are. (Its keys are f16 too; rounding
-        // them here and on the device made the two forwards drift apart on `tiny`, for a
-        // reason not yet found, so keys stay f32 for now.)
+        // them here and on the device turns last-bit differences between the two
+        // forwards into whole f16 steps, which on `tiny` flip expert choices, so keys
+        // stay f32 for now.)
         let v: Vec<f32> = v
             .into_iter()
             .map(|x| half::f16::from_f32(x).to_f32())
