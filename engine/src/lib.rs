@@ -5,17 +5,17 @@
 
 pub mod cli;
 pub mod devices;
-pub mod kv_cache;
-pub mod logging;
-pub mod model_path;
-pub mod sampler;
-pub mod model;
-pub mod reference;
 pub mod forward;
-pub mod synth;
 pub mod generate;
-pub mod scheduler;
+pub mod kv_cache;
 pub mod llm_engine;
-pub mod server;
+pub mod logging;
+pub mod model;
+pub mod model_path;
 pub mod paged;
+pub mod reference;
+pub mod sampler;
+pub mod scheduler;
+pub mod server;
 pub mod serving;
+pub mod synth;
