@@ -3,7 +3,7 @@
 //! plus a per-head RMSNorm of Q and K). Mixture-of-experts llama files (Mixtral) are
 //! refused.
 
-use super::util::{f32_type, opt_size, opt_tensor, positive, size, tensor};
+use super::util::{embedding_and_output, opt_size, positive, size, tensor};
 use super::ConfigError;
 use crate::gguf::GgufFile;
 
@@ -172,23 +172,7 @@ impl DenseConfig {
             self.value_length,
             self.feed_forward_length,
         );
-        let emb = f
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ConfigError::MissingTensor {
-                tensor: "token_embd.weight".into(),
-            })?;
-        let vocab_size = match emb.dims.as_slice() {
-            [e, v] if *e == d && *v > 0 => *v,
-            _ => {
-                return Err(ConfigError::TensorShape {
-                    tensor: emb.name.clone(),
-                    expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
-                    found: emb.dims.clone(),
-                })
-            }
-        };
-        f32_type(tensor(f, "output_norm.weight", &[d])?)?;
-        let tied_output = opt_tensor(f, "output.weight", &[d, vocab_size])?.is_none();
+        let (vocab_size, tied_output) = embedding_and_output(f, d)?;
         for i in 0..self.block_count {
             let n = |s: &str| format!("blk.{i}.{s}");
             tensor(f, &n("attn_norm.weight"), &[d])?;

@@ -1,7 +1,9 @@
 //! The Flint architecture's configuration (`shared/spec/FLINT.md`, restated in
 //! `docs/gguf.md`).
 
-use super::util::{f32_type, nonzero, opt_size, opt_tensor, positive, size, tensor};
+use super::util::{
+    embedding_and_output, f32_type, nonzero, opt_size, opt_tensor, positive, size, tensor,
+};
 use super::ConfigError;
 use crate::gguf::GgufFile;
 
@@ -247,23 +249,7 @@ impl FlintConfig {
             self.key_length,
             self.value_length,
         );
-        let emb = f
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ConfigError::MissingTensor {
-                tensor: "token_embd.weight".into(),
-            })?;
-        let vocab_size = match emb.dims.as_slice() {
-            [e, v] if *e == d && *v > 0 => *v,
-            _ => {
-                return Err(ConfigError::TensorShape {
-                    tensor: emb.name.clone(),
-                    expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
-                    found: emb.dims.clone(),
-                })
-            }
-        };
-        f32_type(tensor(f, "output_norm.weight", &[d])?)?;
-        let tied_output = opt_tensor(f, "output.weight", &[d, vocab_size])?.is_none();
+        let (vocab_size, tied_output) = embedding_and_output(f, d)?;
 
         let mut layers = Vec::with_capacity(self.block_count);
         for i in 0..self.block_count {

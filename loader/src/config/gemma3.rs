@@ -21,7 +21,7 @@
 //! - Optional final logit soft-capping (`final_logit_softcapping`): `c * tanh(x / c)`.
 //! - The norm weights in a converted GGUF already include Gemma's `+1`.
 
-use super::util::{f32_type, nonzero, opt_size, opt_tensor, positive, size, tensor};
+use super::util::{embedding_and_output, nonzero, opt_size, positive, size, tensor};
 use super::ConfigError;
 use crate::gguf::{Array, GgufFile};
 
@@ -230,23 +230,7 @@ impl Gemma3Config {
             self.value_length,
             self.feed_forward_length,
         );
-        let emb = f
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ConfigError::MissingTensor {
-                tensor: "token_embd.weight".into(),
-            })?;
-        let vocab_size = match emb.dims.as_slice() {
-            [e, v] if *e == d && *v > 0 => *v,
-            _ => {
-                return Err(ConfigError::TensorShape {
-                    tensor: emb.name.clone(),
-                    expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
-                    found: emb.dims.clone(),
-                })
-            }
-        };
-        f32_type(tensor(f, "output_norm.weight", &[d])?)?;
-        let tied_output = opt_tensor(f, "output.weight", &[d, vocab_size])?.is_none();
+        let (vocab_size, tied_output) = embedding_and_output(f, d)?;
         for i in 0..self.block_count {
             let n = |s: &str| format!("blk.{i}.{s}");
             tensor(f, &n("attn_norm.weight"), &[d])?;

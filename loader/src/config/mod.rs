@@ -157,6 +157,31 @@ pub(crate) mod util {
         Ok(())
     }
 
+    /// The tensors every decoder here shares outside its layers: `token_embd.weight`
+    /// `[d, V]` (gives the vocabulary size), an f32 `output_norm.weight` `[d]`, and an
+    /// optional `output.weight` `[d, V]`. Returns `(V, tied)`, `tied` when the output
+    /// projection is absent and reuses the embedding.
+    pub fn embedding_and_output(f: &GgufFile, d: usize) -> Result<(usize, bool), ConfigError> {
+        let emb = f
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ConfigError::MissingTensor {
+                tensor: "token_embd.weight".into(),
+            })?;
+        let vocab_size = match emb.dims.as_slice() {
+            [e, v] if *e == d && *v > 0 => *v,
+            _ => {
+                return Err(ConfigError::TensorShape {
+                    tensor: emb.name.clone(),
+                    expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
+                    found: emb.dims.clone(),
+                })
+            }
+        };
+        f32_type(tensor(f, "output_norm.weight", &[d])?)?;
+        let tied_output = opt_tensor(f, "output.weight", &[d, vocab_size])?.is_none();
+        Ok((vocab_size, tied_output))
+    }
+
     /// Requires type F32 of a tensor.
     pub fn f32_type(t: &TensorInfo) -> Result<(), ConfigError> {
         if t.ty != GgmlType::F32 {
