@@ -34,7 +34,7 @@ fn cpu() {
 #[test]
 fn cpu_every_simd_level() {
     use flint_hal_cpu::{CpuDevice, SimdLevel};
-    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+    for level in SimdLevel::ALL {
         match CpuDevice::with_level(&DeviceOptions::default(), level) {
             Ok(d) => certify(Arc::new(d), &format!("cpu ({level:?})")),
             Err(e) => eprintln!("cpu {level:?}: not on this machine ({e}); not run"),

@@ -250,6 +250,18 @@ impl DeviceModel {
         kv: &mut [Box<dyn KvBuffer>],
         batch: &Batch<'_>,
     ) -> Result<Vec<f32>, ModelError> {
+        // One hand-off to the device's workers per step, not one per op.
+        let mut result = None;
+        self.dev
+            .run_step(&mut || result = Some(self.forward_in_step(kv, batch)));
+        result.unwrap_or_else(|| Err(ModelError::new("the device did not run the step")))
+    }
+
+    fn forward_in_step(
+        &self,
+        kv: &mut [Box<dyn KvBuffer>],
+        batch: &Batch<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
         let spec = &self.spec;
         let dev = &self.dev;
         let (d, h, hkv, dk, dv) = (

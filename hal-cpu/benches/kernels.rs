@@ -217,6 +217,16 @@ fn summary(_: &mut Criterion) {
             }));
         }
     }
+    if std::env::var_os("FLINT_BENCH_DUMP").is_some() {
+        let gbs = |t: &[f64]| {
+            t.iter()
+                .map(|s| format!("{:.1}", bytes as f64 / s / 1e9))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!("matvec GB/s in run order: {}", gbs(&tm));
+        println!("read   GB/s in run order: {}", gbs(&tr));
+    }
     let best = |t: &[f64]| t.iter().copied().fold(f64::MAX, f64::min);
     let (bm, br) = (
         bytes as f64 / best(&tm) / 1e9,
@@ -239,6 +249,27 @@ fn summary(_: &mut Criterion) {
         bm / br
     );
 
+    if std::env::var_os("FLINT_BENCH_DUMP").is_some() {
+        let (k, n) = (4096, 4096);
+        let (w, bytes) = stage(&dev, GgmlType::Q4_K, k, n);
+        let x = input(k);
+        let mut out = vec![0f32; n];
+        for round in 0..3 {
+            let outside = median(
+                (0..50)
+                    .map(|_| time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")))
+                    .collect(),
+            );
+            let inside = dev.install(|| {
+                median(
+                    (0..50)
+                        .map(|_| time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")))
+                        .collect(),
+                )
+            });
+            println!("round {round}: Q4_K 4096x4096 matvec from outside the pool {:.2} GB/s, from inside {:.2} GB/s", bytes as f64 / outside / 1e9, bytes as f64 / inside / 1e9);
+        }
+    }
     // Per type: GB/s and int8 MAC/s (f32 MAC/s for float weights).
     for (label, k, n, m, runs) in [
         ("matvec", 4096, 4096, 1, 20),

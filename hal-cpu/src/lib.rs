@@ -6,9 +6,9 @@
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
 //! which level). Every other block type uses `flint_core::dot::vec_dot`, the scalar
-//! reference. No NEON kernels (no ARM machine to test them on); no AMX (the hypervisor of
-//! the development machine faults on it); no AVX-512 VNNI (the development CPU lacks it, so
-//! such a kernel could not be tested).
+//! reference. The K-quants have AVX-512 VNNI kernels (`vpdpwssd`), the other block types
+//! AVX-512 F/BW ones. No NEON kernels (no ARM machine or ARM toolchain here to test them
+//! on); no AMX (the hypervisor of the development machine faults on it).
 //!
 //! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
 //! matmul splits its output rows into chunks (16 per thread, at least 16 rows each), each
@@ -18,7 +18,7 @@
 //! Float weights (F32/F16/BF16) multiply f32 activations directly (ggml would round the
 //! activations to the weight's type first); this is at least as accurate.
 //!
-//! `FLINT_CPU_SIMD=scalar|avx2|avx512` (read when the device is opened) forces a lower
+//! `FLINT_CPU_SIMD=scalar|avx2|avx512|avx512vnni` (read when the device is opened) forces a lower
 //! level, for tests and comparisons; [`CpuDevice::with_level`] does the same in code.
 
 use std::any::Any;
@@ -152,6 +152,13 @@ impl CpuDevice {
     /// The SIMD level in use.
     pub fn level(&self) -> SimdLevel {
         self.level
+    }
+
+    /// Runs `f` on one of the device's worker threads: the device's own ops called
+    /// from inside run inline on that worker instead of handing work over from a
+    /// foreign thread (a wake-up and a sleep per op).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
     }
 
     /// Worker threads.
@@ -312,7 +319,7 @@ impl Device for CpuDevice {
 
     fn description(&self) -> String {
         format!(
-            "host CPU, {} threads, SIMD {} (AVX-512 VNNI/AMX not used, no NEON)",
+            "host CPU, {} threads, SIMD {} (AMX not used, no NEON)",
             self.threads, self.level
         )
     }
@@ -430,24 +437,74 @@ impl Device for CpuDevice {
             by_expert[e].push(i);
         }
         let mat_bytes = n * w.row_bytes;
-        let mut xs = Vec::new();
-        let mut ys = Vec::new();
-        for (e, list) in by_expert.iter().enumerate() {
-            if list.is_empty() {
-                continue;
+        let active: Vec<(usize, Vec<usize>)> = by_expert
+            .into_iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_empty())
+            .collect();
+        if active.is_empty() || n == 0 {
+            return Ok(());
+        }
+        let (ty, level, row_bytes) = (w.ty, self.level, w.row_bytes);
+        let bytes = w.bytes();
+        // One parallel section for the whole call: every input row is quantized once,
+        // and the tasks are (expert, chunk of its weight rows) pairs, so the threads
+        // share all the experts' rows instead of meeting at a barrier after each expert.
+        let total_rows: usize = active.len() * n;
+        let per_task = total_rows.div_ceil(self.threads * 16).max(16).min(n);
+        // Results per expert as [weight row][its tokens], split into per-task chunks.
+        let mut buf = vec![0f32; active.iter().map(|(_, l)| l.len() * n).sum()];
+        let mut tasks = Vec::new();
+        let mut rest: &mut [f32] = &mut buf;
+        for (ai, (_, list)) in active.iter().enumerate() {
+            let m = list.len();
+            let (mut region, tail) = rest.split_at_mut(m * n);
+            rest = tail;
+            let mut o0 = 0;
+            while !region.is_empty() {
+                let take = (per_task * m).min(region.len());
+                let (chunk, r) = region.split_at_mut(take);
+                region = r;
+                tasks.push((ai, o0, chunk));
+                o0 += take / m;
             }
-            xs.clear();
-            for &i in list {
-                let r = rows[i].input_row as usize;
-                xs.extend_from_slice(&x[r * k..(r + 1) * k]);
+        }
+        self.pool.install(|| {
+            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            tasks.into_par_iter().try_for_each(|(ai, o0, dst)| {
+                let (e, list) = &active[ai];
+                let m = list.len();
+                let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
+                let rows_here = dst.len() / m;
+                if m == 1 {
+                    let r = rows[list[0]].input_row as usize;
+                    let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
+                    return kernels::matvec_rows(level, ty, wb, &acts, k, r, dst)
+                        .map_err(|e| fmt_err("expert matmul", e));
+                }
+                let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
+                let mut tmp = [0f32; TILE];
+                for r in 0..rows_here {
+                    let o = o0 + r;
+                    let wrow = &mat[o * row_bytes..(o + 1) * row_bytes];
+                    for (t0, idx) in inputs.chunks(TILE).enumerate() {
+                        let t0 = t0 * TILE;
+                        dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()])?;
+                        dst[r * m + t0..r * m + t0 + idx.len()].copy_from_slice(&tmp[..idx.len()]);
+                    }
+                }
+                Ok::<(), HalError>(())
+            })
+        })?;
+        let mut off = 0;
+        for (_, list) in &active {
+            let m = list.len();
+            for o in 0..n {
+                for (t, &i) in list.iter().enumerate() {
+                    out[i * n + o] = buf[off + o * m + t];
+                }
             }
-            ys.clear();
-            ys.resize(list.len() * n, 0.0);
-            let wb = &w.bytes()[e * mat_bytes..(e + 1) * mat_bytes];
-            self.matmul_bytes(w.ty, wb, k, n, w.row_bytes, &xs, list.len(), &mut ys)?;
-            for (t, &i) in list.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&ys[t * n..(t + 1) * n]);
-            }
+            off += m * n;
         }
         Ok(())
     }
@@ -620,7 +677,20 @@ impl Device for CpuDevice {
             .as_any()
             .downcast_ref::<CpuKv>()
             .expect("KV buffer was not allocated by the cpu device");
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            return self
+                .pool
+                .install(|| unsafe { kernels::attn::paged_attention(kv, p, out) });
+        }
         self.pool.install(|| ops::paged_attention(kv, p, out))
+    }
+
+    fn run_step(&self, step: &mut (dyn FnMut() + Send)) {
+        // Every op inside runs on pool worker 0 (`install` from a worker is a plain
+        // call), its parallel parts spread to the other workers by work stealing.
+        self.pool.install(step)
     }
 
     fn counters(&self) -> DeviceCounters {

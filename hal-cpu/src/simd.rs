@@ -17,6 +17,9 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512 F + BW (+ the AVX2 set).
     Avx512,
+    /// AVX-512 F + BW + VNNI: the K-quant kernels fuse the scale multiply and the
+    /// accumulation into one `vpdpwssd`.
+    Avx512Vnni,
 }
 
 impl SimdLevel {
@@ -30,6 +33,9 @@ impl SimdLevel {
             let avx512 = avx2
                 && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw");
+            if avx512 && std::arch::is_x86_feature_detected!("avx512vnni") {
+                return SimdLevel::Avx512Vnni;
+            }
             if avx512 {
                 return SimdLevel::Avx512;
             }
@@ -40,12 +46,21 @@ impl SimdLevel {
         SimdLevel::Scalar
     }
 
-    /// The lower-case name (`scalar`, `avx2`, `avx512`).
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Avx512Vnni,
+    ];
+
+    /// The lower-case name (`scalar`, `avx2`, `avx512`, `avx512vnni`).
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -55,6 +70,7 @@ impl SimdLevel {
             "scalar" => Some(SimdLevel::Scalar),
             "avx2" => Some(SimdLevel::Avx2),
             "avx512" => Some(SimdLevel::Avx512),
+            "avx512vnni" => Some(SimdLevel::Avx512Vnni),
             _ => None,
         }
     }
@@ -79,7 +95,7 @@ impl SimdLevel {
             Ok(v) if !v.trim().is_empty() => match Self::from_name(&v) {
                 Some(l) => l.check(),
                 None => Err(HalError::invalid(format!(
-                    "FLINT_CPU_SIMD={v:?} is not one of scalar, avx2, avx512"
+                    "FLINT_CPU_SIMD={v:?} is not one of scalar, avx2, avx512, avx512vnni"
                 ))),
             },
             _ => Ok(Self::detect()),

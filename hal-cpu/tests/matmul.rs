@@ -26,9 +26,9 @@ const SIMD_TYPES: [GgmlType; 9] = [
 
 /// The SIMD levels this CPU has (AVX2 and up).
 fn simd_levels() -> Vec<SimdLevel> {
-    [SimdLevel::Avx2, SimdLevel::Avx512]
+    SimdLevel::ALL
         .into_iter()
-        .filter(|l| *l <= SimdLevel::detect())
+        .filter(|l| *l >= SimdLevel::Avx2 && *l <= SimdLevel::detect())
         .collect()
 }
 
@@ -106,6 +106,12 @@ fn every_main_type_has_a_native_kernel() {
         assert_eq!(
             native_kernel(SimdLevel::Avx512, ty),
             Some(SimdLevel::Avx512)
+        );
+    }
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        assert_eq!(
+            native_kernel(SimdLevel::Avx512Vnni, ty),
+            Some(SimdLevel::Avx512Vnni)
         );
     }
 }
@@ -259,22 +265,39 @@ fn staging_keeps_the_bytes_and_reports_them() {
 #[test]
 fn expert_matmul_matches_per_expert_matmul() {
     let mut rng = Rng(6);
-    let (k, n, e) = (256, 6, 4);
-    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+    let (k, e) = (256, 4);
+    // n = 6 (fewer rows than one task), n = 40 (several tasks per expert).
+    for (ty, n) in [
+        (GgmlType::Q4_K, 6),
+        (GgmlType::Q8_0, 6),
+        (GgmlType::F16, 6),
+        (GgmlType::Q4_K, 40),
+        (GgmlType::Q6_K, 40),
+    ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);
         let tower = dev
             .stage(&desc("exps", ty, &[k, n, e], w.clone()))
             .expect("stage tower");
         let x = rng.vec(3 * k);
-        // Unordered, repeated experts, expert 2 unused.
-        let rows: Vec<ExpertRow> = [(0, 3), (1, 0), (2, 3), (0, 1), (2, 0), (1, 3)]
-            .iter()
-            .map(|&(i, ex)| ExpertRow {
-                input_row: i,
-                expert: ex,
-            })
-            .collect();
+        // Unordered, repeated experts (expert 3 has 5 rows: more than one tile), expert
+        // 2 unused, expert 1 with a single row (the matvec path).
+        let rows: Vec<ExpertRow> = [
+            (0, 3),
+            (1, 0),
+            (2, 3),
+            (0, 1),
+            (2, 0),
+            (1, 3),
+            (0, 3),
+            (2, 3),
+        ]
+        .iter()
+        .map(|&(i, ex)| ExpertRow {
+            input_row: i,
+            expert: ex,
+        })
+        .collect();
         let mut out = vec![f32::NAN; rows.len() * n];
         dev.expert_matmul(&*tower, &x, &rows, &mut out)
             .expect("expert_matmul");

@@ -171,4 +171,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn counters(&self) -> DeviceCounters {
         DeviceCounters::default()
     }
+
+    /// Runs `step` (a whole forward step: many calls into this device) in the device's
+    /// own execution context. A device whose ops hand work to worker threads runs the
+    /// step on one of them, so that each op starts on a worker instead of waking one and
+    /// putting the caller to sleep. Ops may also be called outside `run_step`; this is
+    /// only about speed. The default calls `step` on the caller's thread.
+    fn run_step(&self, step: &mut (dyn FnMut() + Send)) {
+        step()
+    }
 }

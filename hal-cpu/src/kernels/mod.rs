@@ -1,15 +1,19 @@
 //! Dot-product kernels on GGUF blocks and their run-time dispatch.
 //!
-//! | weight | activation | AVX-512 (F+BW) | AVX2 | scalar |
-//! |--------|------------|----------------|------|--------|
-//! | Q4_K   | Q8_K       | yes            | yes  | core   |
-//! | Q6_K   | Q8_K       | yes            | yes  | core   |
-//! | Q8_0   | Q8_0       | yes            | yes  | core   |
-//! | Q5_K   | Q8_K       | yes            | yes  | core   |
-//! | Q5_0   | Q8_0       | yes            | yes  | core   |
-//! | Q4_0   | Q8_0       | yes            | yes  | core   |
-//! | F32/F16/BF16 | f32  | (AVX2)         | FMA  | loop   |
-//! | others | vec_dot_type | core         | core | core   |
+//! | weight | activation | AVX-512 VNNI | AVX-512 (F+BW) | AVX2 | scalar |
+//! |--------|------------|--------------|----------------|------|--------|
+//! | Q4_K   | Q8_K       | yes          | yes            | yes  | core   |
+//! | Q6_K   | Q8_K       | yes          | yes            | yes  | core   |
+//! | Q5_K   | Q8_K       | yes          | yes            | yes  | core   |
+//! | Q8_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | Q5_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | Q4_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
+//! | others | vec_dot_type | core       | core           | core | core   |
+//!
+//! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
+//! step by step), `avx512::dot_q4k` and `vnni::dot_q4k`; the scalar reference is
+//! `flint_core::dot::vec_dot` (`core/src/dot/`).
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference.
 
@@ -25,9 +29,13 @@ use flint_core::{FormatError, GgmlType};
 use crate::simd::SimdLevel;
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod attn;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vnni;
 
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
@@ -137,6 +145,10 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
             Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | F32 | F16 | BF16
         )
         .then_some(SimdLevel::Avx2),
+        SimdLevel::Avx512Vnni => match ty {
+            Q4_K | Q5_K | Q6_K => Some(SimdLevel::Avx512Vnni),
+            _ => native_kernel(SimdLevel::Avx512, ty),
+        },
         SimdLevel::Avx512 => match ty {
             Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 => Some(SimdLevel::Avx512),
             _ => native_kernel(SimdLevel::Avx2, ty),
@@ -204,6 +216,12 @@ pub(crate) fn dot_rows(
         let nbk = k / 256;
         let nb0 = k / 32;
         match (native_kernel(level, ty), acts) {
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => tiled!(vnni::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
+                GgmlType::Q5_K => tiled!(vnni::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
+                GgmlType::Q6_K => tiled!(vnni::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
+                _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
+            },
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => tiled!(avx512::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
                 GgmlType::Q5_K => tiled!(avx512::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
@@ -292,6 +310,12 @@ pub(crate) fn matvec_rows(
         let nb0 = k / 32;
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => rows1!(vnni::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(vnni::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
+            },
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => rows1!(avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(avx512::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),

@@ -1,0 +1,252 @@
+//! AVX-512 VNNI kernels for the K-quants: the same tile shape and contract as the
+//! AVX-512 kernels, with each sub-block's scale multiply and the accumulation fused into
+//! one `vpdpwssd`, the two nibble halves of 32 quant bytes unpacked with one variable
+//! shift of a broadcast load, and a software prefetch a few blocks ahead (a matvec is a
+//! stream over the weight: the prefetch keeps more lines in flight than the hardware
+//! prefetcher does alone when both cores stream at once).
+//!
+//! Integer sums are exact, so every kernel here returns the same i32 per sub-block as
+//! the AVX-512 one; the float accumulation order is the AVX-512 kernel's too (one
+//! 16-lane accumulator per row, the block's scales applied per block).
+//! The caller must have checked AVX-512 F/BW/VNNI (and AVX2/FMA/F16C) at device open.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+
+use super::avx2::{f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, scale2};
+
+/// Blocks ahead of the current one that a K-quant kernel prefetches (4 x 144 bytes of
+/// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Hints the cache lines of `b` (at most 3 lines: every K-quant block is <= 210 bytes).
+#[inline(always)]
+fn prefetch<B>(b: &B) {
+    let p = (b as *const B).cast::<i8>();
+    // SAFETY: a prefetch never faults and reads nothing architecturally; the pointer
+    // comes from a reference.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(p);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+    }
+}
+
+/// Loads 64 activation quants.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load64i(p: &[i8]) -> __m512i {
+    assert!(p.len() >= 64);
+    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
+}
+
+/// Loads 64 bytes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load64u(p: &[u8]) -> __m512i {
+    assert!(p.len() >= 64);
+    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
+}
+
+/// 32 quant bytes in both 256-bit halves of a register.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bcast32(p: &[u8]) -> __m512i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) })
+}
+
+/// Per-i16-lane shift counts: 0 in the low half (low nibbles), 4 in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn nibble_shift() -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4))
+}
+
+/// `vpermw` indices that put i16 lane `a` in the low half and lane `b` in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves_idx(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+    )
+}
+
+/// Q4_K x Q8_K.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = [
+        halves_idx(0, 1),
+        halves_idx(2, 3),
+        halves_idx(4, 5),
+        halves_idx(6, 7),
+    ];
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut accm = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        // The 8 scales as i16 in lanes 0..8 (the mins follow in 8..16, unused here).
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for (j, ij) in idx.iter().enumerate() {
+            // Low nibbles (sub-block 2j) in the low half, high nibbles (2j + 1) above.
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            for r in 0..R {
+                let yv = load64i(&y[r][i].qs[64 * j..]);
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (sd, sm) = scale2(ddm, yb.d);
+            acc[r] = _mm512_fmadd_ps(
+                _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
+                _mm512_cvtepi32_ps(sumi[r]),
+                acc[r],
+            );
+            accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]) - super::avx2::hsum_ps(accm[r]);
+    }
+}
+
+/// Q5_K x Q8_K: as Q4_K with the fifth bit of every quant from `qh`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let one = _mm512_set1_epi8(1);
+    let shift = nibble_shift();
+    let idx = [
+        halves_idx(0, 1),
+        halves_idx(2, 3),
+        halves_idx(4, 5),
+        halves_idx(6, 7),
+    ];
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut accm = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        // Bit 2j of qh byte l is the fifth bit of quant l of sub-block 2j, bit 2j + 1
+        // that of sub-block 2j + 1: shifting the broadcast by 2j (low half) and 2j + 1
+        // (high half) brings each to bit 0.
+        let hbits = _mm512_broadcast_i64x4(load32(&b.qh));
+        let hbase = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for (j, ij) in idx.iter().enumerate() {
+            let q = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let hs = _mm512_add_epi16(hbase, _mm512_set1_epi16(2 * j as i16));
+            let h = _mm512_and_si512(_mm512_srlv_epi16(hbits, hs), one);
+            let qv = _mm512_or_si512(q, _mm512_slli_epi16::<4>(h));
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            for r in 0..R {
+                let yv = load64i(&y[r][i].qs[64 * j..]);
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (sd, sm) = scale2(ddm, yb.d);
+            acc[r] = _mm512_fmadd_ps(
+                _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
+                _mm512_cvtepi32_ps(sumi[r]),
+                acc[r],
+            );
+            accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]) - super::avx2::hsum_ps(accm[r]);
+    }
+}
+
+/// Q6_K x Q8_K (unsigned quants, the offset of 32 taken off through the block sums).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(3);
+    let shift = nibble_shift();
+    // A 64-quant group takes two 32-byte halves of ql; 128-bit lane L of it (16 quants)
+    // has sub-block scale L of the group's four (scales are per 16 quants).
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16_to_f32(b.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let sc = _mm512_castsi256_si512(sc16);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for n in 0..2 {
+            // Quants 128n + 32k + l (k = 0..4, l = 0..32): low 4 bits from ql (bytes
+            // 64n + l for k = 0, 2; 64n + 32 + l for k = 1, 3; low nibble for k < 2, high
+            // for k >= 2), top 2 bits from bits 2k..2k+2 of qh byte 32n + l.
+            let h = bcast32(&b.qh[32 * n..]);
+            // Group 0 = quants k = 0 (low half) and k = 1 (high half): low nibbles of
+            // ql[64n..][..32] / ql[64n + 32..][..32], qh bits 0-1 / 2-3. Group 1 = k = 2
+            // and 3: the high nibbles, qh bits 4-5 / 6-7.
+            let ql = load64u(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
+                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
+                let hs = _mm512_add_epi16(
+                    _mm512_srli_epi16::<1>(shift),
+                    _mm512_set1_epi16(4 * g as i16),
+                );
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
+                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for r in 0..R {
+                    let yv = load64i(&y[r][i].qs[128 * n + 64 * g..]);
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
+            acc[r] = _mm512_fmadd_ps(
+                _mm512_set1_ps(d * yb.d),
+                // The offset sits in the low half; the high half subtracts zero.
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                    sumi[r],
+                    _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+                )),
+                acc[r],
+            );
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}

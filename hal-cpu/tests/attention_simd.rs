@@ -1,0 +1,148 @@
+//! The AVX-512 paged attention (queries of a GQA group in SIMD lanes) against the scalar
+//! path (`flint_core::math::attend_ggml_tiled` per row and head), bit for bit: prompt
+//! batches longer than a 64-key tile and than 16 lanes, decode rows, sliding windows,
+//! sinks above and below the score maximum, head sizes that are not a multiple of 16.
+
+mod common;
+
+use common::Rng;
+use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention};
+use flint_hal_cpu::{CpuDevice, SimdLevel};
+
+fn device(level: SimdLevel) -> CpuDevice {
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    CpuDevice::with_level(&opts, level).expect("open cpu")
+}
+
+struct Case {
+    n_heads: usize,
+    hkv: usize,
+    dk: usize,
+    dv: usize,
+    window: Option<usize>,
+    sinks: bool,
+    /// Per sequence: tokens in the cache, and the positions queried.
+    seqs: Vec<(usize, Vec<u32>)>,
+}
+
+fn run(dev: &CpuDevice, c: &Case, seed: u64) -> Vec<f32> {
+    let bs = 16;
+    let blocks_per_seq: Vec<usize> = c.seqs.iter().map(|(len, _)| len.div_ceil(bs)).collect();
+    let layout = KvLayout {
+        num_blocks: blocks_per_seq.iter().sum::<usize>() + 3,
+        block_size: bs,
+        n_kv_heads: c.hkv,
+        head_dim_k: c.dk,
+        head_dim_v: c.dv,
+    };
+    let mut rng = Rng(seed);
+    let mut kv = dev.alloc_kv(&layout).expect("alloc kv");
+    // Block tables in a scrambled order, so that slots are not contiguous per sequence.
+    let mut next = layout.num_blocks as u32;
+    let mut tables = Vec::new();
+    for (si, (len, _)) in c.seqs.iter().enumerate() {
+        let mut t = Vec::new();
+        for _ in 0..blocks_per_seq[si] {
+            next -= 1;
+            t.push(next);
+        }
+        let slots: Vec<u32> = (0..*len)
+            .map(|j| t[j / bs] * bs as u32 + (j % bs) as u32)
+            .collect();
+        // Sharp scores (large keys) so that the running maximum moves between tiles.
+        let k: Vec<f32> = rng
+            .vec(len * c.hkv * c.dk)
+            .iter()
+            .map(|x| x * 4.0)
+            .collect();
+        let v = rng.vec(len * c.hkv * c.dv);
+        dev.write_kv(&mut *kv, &k, &v, &slots).expect("write kv");
+        tables.push(t);
+    }
+    let n_rows: usize = c.seqs.iter().map(|(_, q)| q.len()).sum();
+    let q = rng.vec(n_rows * c.n_heads * c.dk);
+    let sinks: Option<Vec<f32>> = c.sinks.then(|| {
+        (0..c.n_heads)
+            .map(|h| if h % 2 == 0 { 9.0 } else { -1.5 })
+            .collect()
+    });
+    let mut attn = Vec::new();
+    let mut r = 0;
+    for ((_, qp), t) in c.seqs.iter().zip(&tables) {
+        attn.push(AttnSeq {
+            q_start: r,
+            positions: qp,
+            block_table: t,
+        });
+        r += qp.len();
+    }
+    let p = PagedAttention {
+        q: &q,
+        seqs: &attn,
+        n_heads: c.n_heads,
+        scale: 1.0 / (c.dk as f32).sqrt(),
+        sinks: sinks.as_deref(),
+        window: c.window,
+    };
+    let mut out = vec![f32::NAN; n_rows * c.n_heads * c.dv];
+    dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+    out
+}
+
+#[test]
+fn simd_attention_equals_scalar_bit_for_bit() {
+    let best = SimdLevel::detect();
+    if best < SimdLevel::Avx512 {
+        eprintln!("no AVX-512 on this CPU ({best}): the SIMD attention is not used here");
+        return;
+    }
+    let prompt: Vec<u32> = (0..150).collect();
+    let cases = [
+        // A prompt of 150 rows (3 tiles, 10 x 16 lanes per KV head), GQA 4:1, no window.
+        Case {
+            n_heads: 8,
+            hkv: 2,
+            dk: 64,
+            dv: 64,
+            window: None,
+            sinks: false,
+            seqs: vec![(150, prompt.clone())],
+        },
+        // The same with a window shorter than a tile and sinks; plus decode rows.
+        Case {
+            n_heads: 8,
+            hkv: 2,
+            dk: 64,
+            dv: 64,
+            window: Some(40),
+            sinks: true,
+            seqs: vec![(150, prompt.clone()), (90, vec![89]), (7, vec![6])],
+        },
+        // Head sizes with a tail (not a multiple of 16), 3 heads per KV head, a chunk
+        // of a prompt (positions 70..100 of a 100-token cache).
+        Case {
+            n_heads: 3,
+            hkv: 1,
+            dk: 40,
+            dv: 24,
+            window: Some(64),
+            sinks: true,
+            seqs: vec![(100, (70..100).collect()), (129, vec![128])],
+        },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let want = run(&device(SimdLevel::Avx2), c, 100 + i as u64);
+        let got = run(&device(best), c, 100 + i as u64);
+        assert_eq!(got.len(), want.len());
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "case {i}, value {j}: SIMD {g} vs scalar {w}"
+            );
+        }
+    }
+}
