@@ -25,7 +25,8 @@ def weights(model):
     """Bytes of weights one decode step reads.
 
     Every tensor is read once per token, except the token embedding, of which only the
-    one row of the current token is read. When the output projection is tied to the token
+    one row of the current token is read, and expert towers, of which a token reads the
+    k (`expert_used_count`) of E experts it is routed to. When the output projection is tied to the token
     embedding (no `output.weight`), that whole matrix is read once more for the logits.
     """
     try:
@@ -39,7 +40,22 @@ def weights(model):
     total = 0
     embd = None
     has_output = False
+    # Mixture of experts: a token reads k of the E matrices of each expert tower.
+    arch = None
+    k_used = None
+    for field in reader.fields.values():
+        if field.name == "general.architecture":
+            arch = bytes(field.parts[field.data[0]]).decode()
+    for field in reader.fields.values():
+        if arch and field.name == f"{arch}.expert_used_count":
+            k_used = int(field.parts[field.data[0]][0])
+    expert_bytes_all = 0
     for t in reader.tensors:
+        if "_exps" in t.name and k_used:
+            n_exp = int(t.shape[-1])
+            expert_bytes_all += int(t.n_bytes)
+            total += int(t.n_bytes) * k_used // n_exp
+            continue
         total += int(t.n_bytes)
         if t.name == "token_embd.weight":
             embd = t
@@ -60,6 +76,8 @@ def weights(model):
         "token_embd_type": embd.tensor_type.name,
         "token_embd_row_bytes": row_bytes,
         "tied_output": not has_output,
+        "experts_used": k_used,
+        "expert_tower_bytes": expert_bytes_all,
         "bytes_per_token": per_token,
     }
 
