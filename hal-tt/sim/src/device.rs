@@ -733,7 +733,13 @@ impl State {
         if let Some(&bad) = slots.iter().find(|&&s| s as usize >= slots_n) {
             return invalid(format!("KV slot {bad} outside {slots_n} slots"));
         }
-        for (cache, src, hd) in [(k_cache, k, l.head_dim_k), (v_cache, v, l.head_dim_v)] {
+        // Keys are kept in f32; values in fp16 (the device's Float16 tile format, half the
+        // DRAM of f32), rounded to nearest even: the precision the CPU backend and
+        // llama.cpp's default V cache keep them at.
+        for (cache, src, hd, fp16) in [
+            (k_cache, k, l.head_dim_k, false),
+            (v_cache, v, l.head_dim_v, true),
+        ] {
             let row = l.n_kv_heads * hd;
             self.with_out(
                 [(src, slots.len() * row)],
@@ -742,7 +748,11 @@ impl State {
                 |[s], c| {
                     for (i, &slot) in slots.iter().enumerate() {
                         let slot = slot as usize;
-                        c[slot * row..(slot + 1) * row].copy_from_slice(&s[i * row..(i + 1) * row]);
+                        let dst = &mut c[slot * row..(slot + 1) * row];
+                        dst.copy_from_slice(&s[i * row..(i + 1) * row]);
+                        if fp16 {
+                            dst.iter_mut().for_each(|x| *x = kernels::round_fp16(*x));
+                        }
                     }
                     Ok(())
                 },
