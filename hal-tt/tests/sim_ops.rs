@@ -281,7 +281,10 @@ fn get_rows_and_elementwise_ops_match_core() {
     }
     dev.gelu_mul(&g, &u, &mut o).expect("gelu_mul");
     for i in 0..50 {
-        assert_eq!(o[i], flint_core::math::gelu_tanh(g[i]) * u[i]);
+        // On fp16 operands, as the CPU backend and the reference forward compute it.
+        assert_eq!(o[i], flint_core::math::gelu_tanh_ggml_f16(g[i]) * u[i]);
+        let exact = flint_core::math::gelu_tanh(g[i]) * u[i];
+        assert!((o[i] - exact).abs() <= 2e-3 * (1.0 + exact.abs()), "{i}");
     }
     let mut acc = g.clone();
     dev.add(&mut acc, &u).expect("add");

@@ -829,27 +829,29 @@ impl State {
             (out, q_rows * n_heads * dv),
             "paged_attention",
             |[qs, kc, vc], o| {
-                let (mut scores, mut values) = (Vec::new(), Vec::new());
+                let (mut keys, mut values) = (Vec::new(), Vec::new());
                 for (s, per_row) in seqs.iter().zip(&plans) {
                     for (r, slots) in per_row.iter().enumerate() {
                         let row = s.q_start + r;
+                        // The visible positions are `first ..= positions[r]`, in order.
+                        let first = (s.positions[r] as usize + 1) - slots.len();
                         for h in 0..n_heads {
                             let g = h / group;
                             let qh = &qs[(row * n_heads + h) * dk..][..dk];
-                            let kv = slots.iter().map(|&slot| {
-                                (
-                                    &kc[(slot * hkv + g) * dk..][..dk],
-                                    &vc[(slot * hkv + g) * dv..][..dv],
-                                )
-                            });
+                            keys.clear();
+                            values.clear();
+                            for &slot in slots {
+                                keys.push(&kc[(slot * hkv + g) * dk..][..dk]);
+                                values.push(&vc[(slot * hkv + g) * dv..][..dv]);
+                            }
                             let oh = &mut o[(row * n_heads + h) * dv..][..dv];
                             kernels::attend_head(
                                 qh,
-                                kv,
+                                &keys,
+                                &values,
+                                first,
                                 scale,
                                 sinks.map(|s| s[h]),
-                                &mut scores,
-                                &mut values,
                                 oh,
                             );
                         }

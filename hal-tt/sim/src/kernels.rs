@@ -11,11 +11,6 @@ pub fn dequant_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), St
         .map_err(|e| format!("cannot decode a {ty} row of {} values: {e}", out.len()))
 }
 
-/// `sum_k a[k] * b[k]`: the core f32 reference (products in f32, sum in f64).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    flint_core::dot::vec_dot_f32(a, b)
-}
-
 /// The activation encoding a weight of `ty` is paired with, as ggml pairs them: Q8_K
 /// for the K-quants and IQ types, Q8_0/Q8_1 for the legacy types, f32 for BF16.
 pub fn act_type(ty: GgmlType) -> GgmlType {
@@ -107,9 +102,11 @@ pub fn silu(x: f32) -> f32 {
     flint_core::math::silu(x)
 }
 
-/// `gelu_tanh(x)` (core reference).
+/// GELU (tanh form) on fp16 operands: the input and the result rounded to fp16 (the
+/// device's Float16 format), computed by the core routine the CPU backend and the
+/// reference forward use (`gelu_tanh_ggml_f16`).
 pub fn gelu(x: f32) -> f32 {
-    flint_core::math::gelu_tanh(x)
+    flint_core::math::gelu_tanh_ggml_f16(x)
 }
 
 /// Top-k routing of one row of logits into `ids`/`weights` (`k` entries each), the
@@ -133,23 +130,19 @@ pub fn route_topk_row(
         .map_err(|e| e.to_string())
 }
 
-/// Attention of one query head `q` over the keys/values yielded by `kv` (each `(k, v)`
-/// pair of one visible position), with an optional sink logit, into `out`: the scores
-/// are gathered and handed to the core two-pass sink softmax.
-pub fn attend_head<'a>(
+/// Attention of one query head `q` over the keys and values of positions
+/// `first .. first + keys.len()`, with an optional sink logit, into `out`: a softmax
+/// computed online over tiles of 64 keys (the way a Tenstorrent SDPA kernel walks the
+/// KV cache in chunks), with the core's tiled routine, whose order of operations is the
+/// one the CPU backend and the reference forward use as well.
+pub fn attend_head(
     q: &[f32],
-    kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    first: usize,
     scale: f32,
     sink: Option<f32>,
-    scores: &mut Vec<f32>,
-    values: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    scores.clear();
-    values.clear();
-    for (k, v) in kv {
-        scores.push(dot(q, k) * scale);
-        values.extend_from_slice(v);
-    }
-    flint_core::math::attend_two_pass(scores, values, out.len(), sink, out);
+    flint_core::math::attend_ggml_tiled(q, keys, values, first, scale, sink, out);
 }
