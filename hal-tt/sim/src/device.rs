@@ -893,9 +893,9 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
     for &r in rows {
         sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
     }
-    // Float rows take f32 activations as they are (BF16 through the fast row dot, F16 and
-    // F32 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
-    let acts = if w.ty == GgmlType::BF16 {
+    // Float rows take f32 activations as they are (BF16 and F32 through the fast row
+    // dots, F16 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
+    let acts = if matches!(w.ty, GgmlType::BF16 | GgmlType::F32) {
         Vec::new()
     } else {
         kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?
@@ -912,6 +912,8 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
             for j in 0..rows.len() {
                 part[j * wid + (o - o0)] = if ty == GgmlType::BF16 {
                     kernels::dot_bf16(wr, &sel[j * in_f..(j + 1) * in_f])
+                } else if ty == GgmlType::F32 {
+                    kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f])
                 } else {
                     kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?
                 };
