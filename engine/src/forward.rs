@@ -156,9 +156,9 @@ impl DeviceModel {
     ) -> Result<Self, ModelError> {
         let tied = model.output.name == model.token_embd.name;
         let descs = weight_descs(model);
-        let plan = dev.plan(&descs).map_err(|e| {
-            ModelError::new(format!("planning the weights on {}: {e}", dev.name()))
-        })?;
+        let plan = dev
+            .plan(&descs)
+            .map_err(|e| ModelError::new(format!("planning the weights on {}: {e}", dev.name())))?;
         tracing::debug!(
             resident = plan.resident_bytes(),
             expert_tier = plan.expert_tier_bytes(),

@@ -161,7 +161,13 @@ fn tt_matches_cpu_on_tiny() {
         let (got, _, lt) = chain(&ttm, p, n);
         let (rchain, rmargins, lr) = reference_chain(&model, p, n);
         let name = format!("tiny prompt {i}");
-        let vs_cpu = check_chain(&format!("{name} (tt vs cpu)"), &want, &margins, &got, NEAR_TIE);
+        let vs_cpu = check_chain(
+            &format!("{name} (tt vs cpu)"),
+            &want,
+            &margins,
+            &got,
+            NEAR_TIE,
+        );
         let vs_ref = check_chain(
             &format!("{name} (tt vs reference)"),
             &rchain,
@@ -219,8 +225,8 @@ fn gemma_golden() -> Vec<(Vec<u32>, Vec<u32>, Vec<f32>)> {
         env!("CARGO_MANIFEST_DIR"),
         "/../../shared/golden/gemma3-270m/greedy.jsonl"
     ));
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array()
             .expect("array of ids")
@@ -235,7 +241,10 @@ fn gemma_golden() -> Vec<(Vec<u32>, Vec<u32>, Vec<f32>)> {
             let steps = v["steps"].as_array().expect("steps");
             (
                 ids(&v["prompt_ids"]),
-                steps.iter().map(|s| s["id"].as_u64().expect("id") as u32).collect(),
+                steps
+                    .iter()
+                    .map(|s| s["id"].as_u64().expect("id") as u32)
+                    .collect(),
                 steps
                     .iter()
                     .map(|s| s["margin"].as_f64().expect("margin") as f32)
@@ -268,7 +277,13 @@ fn tt_follows_cpu_on_gemma_greedy() {
         let (want, margins, lc) = chain(&cpu, p, n);
         let (got, _, lt) = chain(&ttm, p, n);
         let name = format!("gemma prompt {i}");
-        let vs_cpu = check_chain(&format!("{name} (tt vs cpu)"), &want, &margins, &got, NEAR_TIE);
+        let vs_cpu = check_chain(
+            &format!("{name} (tt vs cpu)"),
+            &want,
+            &margins,
+            &got,
+            NEAR_TIE,
+        );
         let vs_llama = check_chain(
             &format!("{name} (tt vs llama.cpp)"),
             &golden[..n],
