@@ -11,7 +11,7 @@
 
 mod flint_common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -62,7 +62,7 @@ fn sim_library() -> Option<PathBuf> {
 }
 
 /// The `tt` device in the default configuration (keep-quant on, no `FLINT_TT_EXPAND`).
-fn open_tt(lib: &PathBuf) -> (DeviceRef, Arc<TtDevice>) {
+fn open_tt(lib: &Path) -> (DeviceRef, Arc<TtDevice>) {
     let opts = DeviceOptions {
         keep_quant: true,
         ..DeviceOptions::default()
