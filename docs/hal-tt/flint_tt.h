@@ -121,8 +121,10 @@ int32_t flint_tt_buffer_read(flint_tt_device *dev, flint_tt_buffer buf, uint64_t
 
 typedef struct flint_tt_weight_desc {
     /* Encoding of `data`: a type for which `flint_tt_admits_kept` is 1 (raw GGUF blocks,
-     * kept as they are), or a float encoding the host expanded to: FLINT_TT_TYPE_BF16
-     * (the default), FLINT_TT_TYPE_F16 or FLINT_TT_TYPE_F32 (little-endian values). */
+     * kept as they are), or a float encoding the host expanded to: FLINT_TT_TYPE_BF16,
+     * FLINT_TT_TYPE_F16 or FLINT_TT_TYPE_F32 (little-endian values). With keep-quant on,
+     * the host expands without loss (F32 for block encodings, small F32/F16 tensors as
+     * they are); the BF16 arm sends BF16. */
     uint32_t ggml_type;
     /* FLINT_TT_RESIDENT or FLINT_TT_STREAMED. */
     uint32_t residency;
@@ -219,7 +221,9 @@ typedef struct flint_tt_kv_layout {
 } flint_tt_kv_layout;
 
 /* Writes n tokens: k = [n, n_kv_heads * head_dim_k], v = [n, n_kv_heads * head_dim_v];
- * token i goes to slot slots[i]. */
+ * token i goes to slot slots[i]. Keys are kept at f32 precision; values may be kept at
+ * fp16 precision (rounded to nearest even), as the CPU backend and llama.cpp's default
+ * V cache keep them; the simulated adapter does so. */
 int32_t flint_tt_write_kv(flint_tt_device *dev, const flint_tt_kv_layout *layout,
                           flint_tt_buffer k_cache, flint_tt_buffer v_cache, flint_tt_buffer k,
                           flint_tt_buffer v, const uint32_t *slots, uint64_t n);

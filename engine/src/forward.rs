@@ -103,38 +103,70 @@ impl Batch<'_> {
     }
 }
 
-fn stage_one(dev: &DeviceRef, t: &TensorRef, kind: WeightKind) -> Result<WeightHandle, ModelError> {
-    let desc = WeightDesc {
+fn desc(t: &TensorRef, kind: WeightKind) -> WeightDesc {
+    WeightDesc {
         name: t.name.clone(),
         ty: t.ty,
         dims: t.dims.clone(),
         kind,
         data: t.data.clone(),
-    };
-    dev.stage(&desc)
+    }
+}
+
+fn stage_one(dev: &DeviceRef, t: &TensorRef, kind: WeightKind) -> Result<WeightHandle, ModelError> {
+    dev.stage(&desc(t, kind))
         .map_err(|e| ModelError::new(format!("staging '{}' on {}: {e}", t.name, dev.name())))
 }
 
+/// Every weight [`DeviceModel::stage`] stages, in its order: what it hands to
+/// `Device::plan` first.
+pub fn weight_descs(model: &Model) -> Vec<WeightDesc> {
+    let mut v = vec![desc(&model.token_embd, WeightKind::Embedding)];
+    if model.output.name != model.token_embd.name {
+        v.push(desc(&model.output, WeightKind::Matrix));
+    }
+    let mlp = |v: &mut Vec<WeightDesc>, m: &Mlp, kind| {
+        v.extend([&m.gate, &m.up, &m.down].map(|t| desc(t, kind)));
+    };
+    for l in &model.layers {
+        match &l.ffn {
+            Ffn::Dense(m) => mlp(&mut v, m, WeightKind::Matrix),
+            Ffn::Moe(moe) => {
+                mlp(&mut v, &moe.experts, WeightKind::ExpertTower);
+                if let Some(s) = &moe.shared {
+                    mlp(&mut v, s, WeightKind::Matrix);
+                }
+                v.push(desc(&moe.router, WeightKind::Matrix));
+            }
+        }
+        v.extend([&l.wq, &l.wk, &l.wv, &l.wo].map(|t| desc(t, WeightKind::Matrix)));
+    }
+    v
+}
+
 impl DeviceModel {
-    /// Stages every matrix of `model` on `dev`. `progress(done, total)` is called after
-    /// each tensor (for a progress bar).
+    /// Stages every matrix of `model` on `dev`, after the device's staging plan for all
+    /// of them (`Device::plan`: which stay resident, which stream; a weight the device
+    /// cannot take fails here, before anything is staged; `stage` follows the plan).
+    /// `progress(done, total)` is called after each tensor (for a progress bar).
     pub fn stage(
         model: &Model,
         dev: DeviceRef,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let tied = model.output.name == model.token_embd.name;
-        let total = if tied { 1 } else { 2 }
-            + model
-                .layers
-                .iter()
-                .map(|l| {
-                    4 + match &l.ffn {
-                        Ffn::Dense(_) => 3,
-                        Ffn::Moe(m) => 4 + if m.shared.is_some() { 3 } else { 0 },
-                    }
-                })
-                .sum::<usize>();
+        let descs = weight_descs(model);
+        let plan = dev
+            .plan(&descs)
+            .map_err(|e| ModelError::new(format!("planning the weights on {}: {e}", dev.name())))?;
+        tracing::debug!(
+            resident = plan.resident_bytes(),
+            expert_tier = plan.expert_tier_bytes(),
+            streamed = plan.streamed_bytes(),
+            "staging plan on {}",
+            dev.name()
+        );
+        let total = descs.len();
         let mut done = 0usize;
         let mut st = |t: &TensorRef, kind: WeightKind| -> Result<WeightHandle, ModelError> {
             let h = stage_one(&dev, t, kind)?;

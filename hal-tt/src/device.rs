@@ -206,8 +206,9 @@ pub struct TtCounters {
 pub struct TtDevice {
     inner: Arc<Inner>,
     opts: DeviceOptions,
-    /// What non-kept weights are expanded to (`FLINT_TT_EXPAND`, default BF16).
-    float_ty: GgmlType,
+    /// What non-kept weights are expanded to (`FLINT_TT_EXPAND`); `None`: each arm's
+    /// rule ([`staging::arrangement`]).
+    expand_to: Option<GgmlType>,
     /// Tiers decided by the last [`Device::plan`], by tensor name; `stage` follows them.
     planned: Mutex<HashMap<String, Tier>>,
 }
@@ -244,7 +245,7 @@ impl TtDevice {
         Ok(TtDevice {
             inner: Arc::new(inner),
             opts: opts.clone(),
-            float_ty: staging::expansion_from_env()?,
+            expand_to: staging::expansion_from_env()?,
             planned: Mutex::new(HashMap::new()),
         })
     }
@@ -264,20 +265,22 @@ impl TtDevice {
         self.inner.admits(ty)
     }
 
-    /// The float encoding weights that are not kept are expanded to.
-    pub fn expansion(&self) -> GgmlType {
-        self.float_ty
+    /// The float encoding weights that are not kept are expanded to, when one was set;
+    /// `None`: each arm's rule ([`staging::arrangement`]).
+    pub fn expansion(&self) -> Option<GgmlType> {
+        self.expand_to
     }
 
     /// Sets the float encoding weights that are not kept are expanded to (BF16, F16 or
-    /// F32) for weights staged from now on; the default comes from `FLINT_TT_EXPAND`.
+    /// F32) for weights planned or staged from now on; the default comes from
+    /// `FLINT_TT_EXPAND`.
     pub fn set_expansion(&mut self, ty: GgmlType) -> Result<(), HalError> {
         if !staging::EXPANSION_TYPES.contains(&ty) {
             return Err(HalError::invalid(format!(
                 "{ty} is not an expansion target (BF16, F16 or F32)"
             )));
         }
-        self.float_ty = ty;
+        self.expand_to = Some(ty);
         Ok(())
     }
 
@@ -325,8 +328,9 @@ impl TtDevice {
         staging::arrangement(
             &desc.name,
             desc.ty,
+            desc.data.len() as u64,
             self.opts.keep_quant,
-            self.float_ty,
+            self.expand_to,
             |t| self.inner.admits(t),
         )
     }
@@ -408,7 +412,11 @@ impl Device for TtDevice {
             self.inner.dram_bytes as f64 / (1u64 << 30) as f64,
             self.inner.cores,
             if self.opts.keep_quant { "on" } else { "off" },
-            self.float_ty,
+            match (self.expand_to, self.opts.keep_quant) {
+                (Some(t), _) => t.name(),
+                (None, true) => "F32 (lossless)",
+                (None, false) => "BF16",
+            },
             self.inner.rt.path().display()
         )
     }
@@ -431,7 +439,7 @@ impl Device for TtDevice {
             weights,
             self.inner.dram_bytes,
             self.opts.keep_quant,
-            self.float_ty,
+            self.expand_to,
             |t| self.inner.admits(t),
         )?;
         let mut m = match self.planned.lock() {

@@ -21,8 +21,10 @@
 //!
 //! **Keep-quant staging** (on by default; `FLINT_KEEP_QUANT=0` selects the BF16 arm):
 //! block encodings the device admits ([`TtDevice::admits_kept`]) are staged verbatim;
-//! everything else that the host can decode is expanded to BF16 on the host; an
-//! encoding that is neither is refused naming encoding and tensor. Expert towers
+//! everything else that the host can decode is expanded on the host, without loss in the
+//! keep-quant arm (other block encodings to F32, small F32/F16 tensors such as routers as
+//! they are, see [`staging::arrangement`]) and to BF16 in the BF16 arm; an encoding that
+//! is neither is refused naming encoding and tensor. Expert towers
 //! `[in, out, E]` are staged as `E` matrices, each slice's geometry checked.
 //! [`Device::plan`](flint_hal::Device::plan) decides against the device's DRAM (less a
 //! 1/16 reserve for KV caches and activations) which weights stay resident (dense weights

@@ -1,6 +1,6 @@
 //! Keep-quant staging: which arrangement each weight gets (kept blocks, or expanded to a
-//! float encoding: BF16 unless `FLINT_TT_EXPAND` says otherwise), how an expert tower is
-//! sliced, and the staging plan against the DRAM budget.
+//! float encoding: see [`arrangement`]), how an expert tower is sliced, and the staging
+//! plan against the DRAM budget.
 
 use flint_core::GgmlType;
 use flint_hal::{HalError, PlannedWeight, StagingPlan, Tier, WeightDesc, WeightKind};
@@ -11,15 +11,17 @@ pub const RESERVE_DIVISOR: u64 = 16;
 /// The float encodings the host can expand to.
 pub const EXPANSION_TYPES: [GgmlType; 3] = [GgmlType::BF16, GgmlType::F16, GgmlType::F32];
 
-/// The expansion target named by `FLINT_TT_EXPAND` (`bf16`, the default; `f16`; `f32`).
+/// The expansion target named by `FLINT_TT_EXPAND` (`bf16`, `f16` or `f32`), or `None`
+/// when it is unset or empty: then each arm's own rule applies (see [`arrangement`]).
 /// Another value is an error naming the variable.
-pub fn expansion_from_env() -> Result<GgmlType, HalError> {
+pub fn expansion_from_env() -> Result<Option<GgmlType>, HalError> {
     match std::env::var("FLINT_TT_EXPAND") {
-        Err(_) => Ok(GgmlType::BF16),
+        Err(_) => Ok(None),
         Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "bf16" => Ok(GgmlType::BF16),
-            "f16" => Ok(GgmlType::F16),
-            "f32" => Ok(GgmlType::F32),
+            "" => Ok(None),
+            "bf16" => Ok(Some(GgmlType::BF16)),
+            "f16" => Ok(Some(GgmlType::F16)),
+            "f32" => Ok(Some(GgmlType::F32)),
             other => Err(HalError::invalid(format!(
                 "FLINT_TT_EXPAND={other:?} is not bf16, f16 or f32"
             ))),
@@ -33,6 +35,12 @@ pub fn expandable(ty: GgmlType) -> bool {
     GgmlType::DEQUANTIZABLE.contains(&ty)
 }
 
+/// In the keep-quant arm, an F32 or F16 tensor of at most this many bytes (in its own
+/// encoding) is staged in its own encoding instead of BF16: 16 MiB, more than the router
+/// of any current MoE (DeepSeek V3: 7 MiB). Narrowing such a tensor saves next to
+/// nothing, and routers decide discrete expert choices that a BF16 rounding flips.
+pub const SMALL_FLOAT_BYTES: u64 = 16 << 20;
+
 /// How one weight is staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Arrangement {
@@ -42,14 +50,22 @@ pub struct Arrangement {
     pub kept: bool,
 }
 
-/// The arrangement of a weight of encoding `ty`: kept blocks when keep-quant is on and the
-/// device admits the encoding, else `float_ty` (BF16 by default) when the host can expand
-/// it, else an error naming encoding and tensor.
+/// The arrangement of a weight of encoding `ty` holding `bytes` bytes in the file:
+///
+/// - keep-quant on and `ty` a block encoding the device admits: kept verbatim;
+/// - else, when `expand_to` is given (`FLINT_TT_EXPAND`), expanded to it;
+/// - else, in the keep-quant arm, expanded **without loss**: a block encoding the device
+///   does not admit to F32 (every block encoding decodes to values that F32 holds
+///   exactly; BF16 or F16 would round them), an F32/F16 tensor of at most
+///   [`SMALL_FLOAT_BYTES`] left in its encoding, a larger float tensor to BF16;
+/// - else (the BF16 arm) expanded to BF16;
+/// - an encoding the host cannot decode is an error naming encoding and tensor.
 pub fn arrangement(
     name: &str,
     ty: GgmlType,
+    bytes: u64,
     keep_quant: bool,
-    float_ty: GgmlType,
+    expand_to: Option<GgmlType>,
     admits: impl Fn(GgmlType) -> bool,
 ) -> Result<Arrangement, HalError> {
     if keep_quant && ty.is_quantized() && admits(ty) {
@@ -58,16 +74,24 @@ pub fn arrangement(
             kept: true,
         });
     }
-    if expandable(ty) {
-        return Ok(Arrangement {
-            staged_ty: float_ty,
-            kept: false,
-        });
+    if !expandable(ty) {
+        let to = expand_to.unwrap_or(GgmlType::BF16);
+        return Err(HalError::unsupported(format!(
+            "tensor '{name}': encoding {ty} can be neither kept on the Tenstorrent device nor \
+             expanded to {to}"
+        )));
     }
-    Err(HalError::unsupported(format!(
-        "tensor '{name}': encoding {ty} can be neither kept on the Tenstorrent device nor \
-         expanded to {float_ty}"
-    )))
+    let staged_ty = match expand_to {
+        Some(t) => t,
+        None if !keep_quant => GgmlType::BF16,
+        None if ty.is_quantized() => GgmlType::F32,
+        None if matches!(ty, GgmlType::F32 | GgmlType::F16) && bytes <= SMALL_FLOAT_BYTES => ty,
+        None => GgmlType::BF16,
+    };
+    Ok(Arrangement {
+        staged_ty,
+        kept: false,
+    })
 }
 
 /// The matrix geometry of a weight: `(in, out, experts)`.
@@ -189,14 +213,21 @@ pub fn plan(
     weights: &[WeightDesc],
     dram_bytes: u64,
     keep_quant: bool,
-    float_ty: GgmlType,
+    expand_to: Option<GgmlType>,
     admits: impl Fn(GgmlType) -> bool,
 ) -> Result<StagingPlan, HalError> {
     let mut left = dram_bytes - dram_bytes / RESERVE_DIVISOR;
     let mut entries: Vec<Option<PlannedWeight>> = vec![None; weights.len()];
     let mut sized = Vec::with_capacity(weights.len());
     for w in weights {
-        let arr = arrangement(&w.name, w.ty, keep_quant, float_ty, &admits)?;
+        let arr = arrangement(
+            &w.name,
+            w.ty,
+            w.data.len() as u64,
+            keep_quant,
+            expand_to,
+            &admits,
+        )?;
         sized.push((arr, staged_bytes(w, arr)?));
     }
     for experts_pass in [false, true] {

@@ -10,16 +10,36 @@ fn admits(t: GgmlType) -> bool {
 
 #[test]
 fn arrangement_follows_keep_quant_and_admission() {
-    let a = arrangement("t", GgmlType::Q4_K, true, GgmlType::BF16, admits).expect("kept");
+    let bf16 = Some(GgmlType::BF16);
+    let small = 4096;
+    let a = arrangement("t", GgmlType::Q4_K, small, true, None, admits).expect("kept");
     assert!(a.kept && a.staged_ty == GgmlType::Q4_K);
-    let a = arrangement("t", GgmlType::Q4_K, false, GgmlType::BF16, admits).expect("bf16");
+    // FLINT_TT_EXPAND does not touch what is kept.
+    let a = arrangement("t", GgmlType::Q4_K, small, true, bf16, admits).expect("kept");
+    assert!(a.kept && a.staged_ty == GgmlType::Q4_K);
+    let a = arrangement("t", GgmlType::Q4_K, small, false, None, admits).expect("bf16");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let a = arrangement("t", GgmlType::Q5_K, true, GgmlType::BF16, admits).expect("not admitted");
+    // Keep-quant arm, not admitted: expanded without loss (F32), unless told otherwise.
+    let a = arrangement("t", GgmlType::Q5_K, small, true, None, admits).expect("not admitted");
+    assert!(!a.kept && a.staged_ty == GgmlType::F32);
+    let a = arrangement("t", GgmlType::Q8_0, small, true, bf16, admits).expect("forced");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let a = arrangement("t", GgmlType::F32, true, GgmlType::BF16, |_| true).expect("float");
+    let a = arrangement("t", GgmlType::Q8_0, small, false, None, admits).expect("bf16 arm");
     assert!(!a.kept && a.staged_ty == GgmlType::BF16);
-    let e =
-        arrangement("blk.0.x", GgmlType::I32, true, GgmlType::BF16, admits).expect_err("refused");
+    // Float tensors: small ones keep their encoding in the keep-quant arm, large ones and
+    // the BF16 arm take BF16.
+    let limit = flint_hal_tt::staging::SMALL_FLOAT_BYTES;
+    for ty in [GgmlType::F32, GgmlType::F16] {
+        let a = arrangement("t", ty, limit, true, None, |_| true).expect("small float");
+        assert!(!a.kept && a.staged_ty == ty);
+        let a = arrangement("t", ty, limit + 1, true, None, |_| true).expect("large float");
+        assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+        let a = arrangement("t", ty, small, false, None, |_| true).expect("bf16 arm");
+        assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+    }
+    let a = arrangement("t", GgmlType::BF16, small, true, None, admits).expect("bf16 source");
+    assert!(!a.kept && a.staged_ty == GgmlType::BF16);
+    let e = arrangement("blk.0.x", GgmlType::I32, small, true, None, admits).expect_err("refused");
     assert_eq!(e.kind, HalErrorKind::Unsupported);
     assert!(
         e.message.contains("I32") && e.message.contains("blk.0.x"),
@@ -79,14 +99,14 @@ fn plan_places_dense_first_then_experts() {
     ];
     // Budget (15/16 of DRAM) fits the dense weight and not the tower.
     let dram = (36864 + 100_000) * 16 / 15;
-    let p = plan(&ws, dram, true, GgmlType::BF16, admits).expect("plan");
+    let p = plan(&ws, dram, true, None, admits).expect("plan");
     assert_eq!(p.weights[0].name, "exps");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::Streamed);
     assert_eq!(p.weights[1].tier, flint_hal::Tier::Resident);
     assert_eq!(p.streamed_bytes(), 147456);
     assert_eq!(p.resident_bytes(), 36864);
     // With room for both, the tower goes to the expert tier.
-    let p = plan(&ws, 1 << 20, true, GgmlType::BF16, admits).expect("plan");
+    let p = plan(&ws, 1 << 20, true, None, admits).expect("plan");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::ExpertResident);
     assert_eq!(p.expert_tier_bytes(), 147456);
     assert_eq!(p.streamed_bytes(), 0);

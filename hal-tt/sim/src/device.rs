@@ -733,7 +733,13 @@ impl State {
         if let Some(&bad) = slots.iter().find(|&&s| s as usize >= slots_n) {
             return invalid(format!("KV slot {bad} outside {slots_n} slots"));
         }
-        for (cache, src, hd) in [(k_cache, k, l.head_dim_k), (v_cache, v, l.head_dim_v)] {
+        // Keys are kept in f32; values in fp16 (the device's Float16 tile format, half the
+        // DRAM of f32), rounded to nearest even: the precision the CPU backend and
+        // llama.cpp's default V cache keep them at.
+        for (cache, src, hd, fp16) in [
+            (k_cache, k, l.head_dim_k, false),
+            (v_cache, v, l.head_dim_v, true),
+        ] {
             let row = l.n_kv_heads * hd;
             self.with_out(
                 [(src, slots.len() * row)],
@@ -742,7 +748,11 @@ impl State {
                 |[s], c| {
                     for (i, &slot) in slots.iter().enumerate() {
                         let slot = slot as usize;
-                        c[slot * row..(slot + 1) * row].copy_from_slice(&s[i * row..(i + 1) * row]);
+                        let dst = &mut c[slot * row..(slot + 1) * row];
+                        dst.copy_from_slice(&s[i * row..(i + 1) * row]);
+                        if fp16 {
+                            dst.iter_mut().for_each(|x| *x = kernels::round_fp16(*x));
+                        }
                     }
                     Ok(())
                 },
@@ -819,27 +829,29 @@ impl State {
             (out, q_rows * n_heads * dv),
             "paged_attention",
             |[qs, kc, vc], o| {
-                let (mut scores, mut values) = (Vec::new(), Vec::new());
+                let (mut keys, mut values) = (Vec::new(), Vec::new());
                 for (s, per_row) in seqs.iter().zip(&plans) {
                     for (r, slots) in per_row.iter().enumerate() {
                         let row = s.q_start + r;
+                        // The visible positions are `first ..= positions[r]`, in order.
+                        let first = (s.positions[r] as usize + 1) - slots.len();
                         for h in 0..n_heads {
                             let g = h / group;
                             let qh = &qs[(row * n_heads + h) * dk..][..dk];
-                            let kv = slots.iter().map(|&slot| {
-                                (
-                                    &kc[(slot * hkv + g) * dk..][..dk],
-                                    &vc[(slot * hkv + g) * dv..][..dv],
-                                )
-                            });
+                            keys.clear();
+                            values.clear();
+                            for &slot in slots {
+                                keys.push(&kc[(slot * hkv + g) * dk..][..dk]);
+                                values.push(&vc[(slot * hkv + g) * dv..][..dv]);
+                            }
                             let oh = &mut o[(row * n_heads + h) * dv..][..dv];
                             kernels::attend_head(
                                 qh,
-                                kv,
+                                &keys,
+                                &values,
+                                first,
                                 scale,
                                 sinks.map(|s| s[h]),
-                                &mut scores,
-                                &mut values,
                                 oh,
                             );
                         }
@@ -881,9 +893,9 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
     for &r in rows {
         sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
     }
-    // Float rows take f32 activations as they are (BF16 through the fast row dot, F16 and
-    // F32 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
-    let acts = if w.ty == GgmlType::BF16 {
+    // Float rows take f32 activations as they are (BF16 and F32 through the fast row
+    // dots, F16 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
+    let acts = if matches!(w.ty, GgmlType::BF16 | GgmlType::F32) {
         Vec::new()
     } else {
         kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?
@@ -900,6 +912,8 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
             for j in 0..rows.len() {
                 part[j * wid + (o - o0)] = if ty == GgmlType::BF16 {
                     kernels::dot_bf16(wr, &sel[j * in_f..(j + 1) * in_f])
+                } else if ty == GgmlType::F32 {
+                    kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f])
                 } else {
                     kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?
                 };

@@ -11,11 +11,6 @@ pub fn dequant_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), St
         .map_err(|e| format!("cannot decode a {ty} row of {} values: {e}", out.len()))
 }
 
-/// `sum_k a[k] * b[k]`: the core f32 reference (products in f32, sum in f64).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    flint_core::dot::vec_dot_f32(a, b)
-}
-
 /// The activation encoding a weight of `ty` is paired with, as ggml pairs them: Q8_K
 /// for the K-quants and IQ types, Q8_0/Q8_1 for the legacy types, f32 for BF16.
 pub fn act_type(ty: GgmlType) -> GgmlType {
@@ -66,10 +61,38 @@ pub fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
     s as f32
 }
 
+/// An F32 weight row (little-endian bytes) against f32 activations, computed as
+/// `flint_core::vec_dot` computes F32 rows (each product in f32, the sum in f64) but with
+/// eight partial sums: f64 sums of f32 products are exact unless their magnitudes span
+/// more than 29 bits, so the result is the core's except in rare last-bit cases. The hot
+/// loop of weights expanded to F32.
+pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0.0f64; 8];
+    let (wc, xc) = (w.chunks_exact(32), x.chunks_exact(8));
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (c, xs) in wc.zip(xc) {
+        for k in 0..8 {
+            let wv = f32::from_le_bytes([c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]]);
+            acc[k] += f64::from(wv * xs[k]);
+        }
+    }
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (c, &xv) in wr.chunks_exact(4).zip(xr) {
+        s += f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * xv);
+    }
+    s as f32
+}
+
 /// One weight row of `ty` against one encoded activation row of `n` values: the core
 /// `vec_dot` reference.
 pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
     flint_core::vec_dot(ty, w_row, act_row, n).map_err(|e| format!("{ty} dot product: {e}"))
+}
+
+/// `x` rounded to the nearest fp16 (ties to even), widened back to f32: how the V cache
+/// holds values.
+pub fn round_fp16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
 /// RMSNorm of each row of `dim` (core reference).
@@ -101,9 +124,11 @@ pub fn silu(x: f32) -> f32 {
     flint_core::math::silu(x)
 }
 
-/// `gelu_tanh(x)` (core reference).
+/// GELU (tanh form) on fp16 operands: the input and the result rounded to fp16 (the
+/// device's Float16 format), computed by the core routine the CPU backend and the
+/// reference forward use (`gelu_tanh_ggml_f16`).
 pub fn gelu(x: f32) -> f32 {
-    flint_core::math::gelu_tanh(x)
+    flint_core::math::gelu_tanh_ggml_f16(x)
 }
 
 /// Top-k routing of one row of logits into `ids`/`weights` (`k` entries each), the
@@ -127,23 +152,19 @@ pub fn route_topk_row(
         .map_err(|e| e.to_string())
 }
 
-/// Attention of one query head `q` over the keys/values yielded by `kv` (each `(k, v)`
-/// pair of one visible position), with an optional sink logit, into `out`: the scores
-/// are gathered and handed to the core two-pass sink softmax.
-pub fn attend_head<'a>(
+/// Attention of one query head `q` over the keys and values of positions
+/// `first .. first + keys.len()`, with an optional sink logit, into `out`: a softmax
+/// computed online over tiles of 64 keys (the way a Tenstorrent SDPA kernel walks the
+/// KV cache in chunks), with the core's tiled routine, whose order of operations is the
+/// one the CPU backend and the reference forward use as well.
+pub fn attend_head(
     q: &[f32],
-    kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    first: usize,
     scale: f32,
     sink: Option<f32>,
-    scores: &mut Vec<f32>,
-    values: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    scores.clear();
-    values.clear();
-    for (k, v) in kv {
-        scores.push(dot(q, k) * scale);
-        values.extend_from_slice(v);
-    }
-    flint_core::math::attend_two_pass(scores, values, out.len(), sink, out);
+    flint_core::math::attend_ggml_tiled(q, keys, values, first, scale, sink, out);
 }

@@ -6,8 +6,11 @@
 //! - a DRAM budget of 32 GiB ([`device::P150_DRAM_BYTES`]) against which resident weights
 //!   and buffers are counted; `FLINT_TT_SIM_DRAM_BYTES` overrides it (tests make it small);
 //! - the admission predicate for kept block encodings ([`device::admits_kept`]): Q4_K,
-//!   Q5_K, Q6_K and the IQ types; everything else reaches it expanded by the host (BF16
-//!   by default; F16 and F32 are accepted too);
+//!   Q5_K, Q6_K and the IQ types; everything else reaches it expanded by the host (BF16,
+//!   F16 or F32);
+//! - a V cache at fp16 precision (keys at f32), attention tiled over 64 keys with an
+//!   online softmax, GELU on fp16 operands: where the core offers the routine the CPU
+//!   backend and the reference forward use, the simulator uses it too;
 //! - dispatch counters (block and float matmuls) and the bytes streamed from host memory
 //!   for weights staged as streamed.
 //!
@@ -804,7 +807,7 @@ pub unsafe extern "C" fn flint_tt_sync(dev: *const SimDevice) -> i32 {
 pub struct CCounters {
     /// Block-encoded matmuls.
     pub block_dispatches: u64,
-    /// BF16 matmuls.
+    /// Float (BF16 / F16 / F32) matmuls.
     pub float_dispatches: u64,
     /// Bytes read from host memory for streamed weights.
     pub streamed_bytes: u64,

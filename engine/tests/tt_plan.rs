@@ -1,0 +1,94 @@
+//! The engine plans before it stages: `DeviceModel::stage` hands every weight to
+//! `Device::plan` first, and the `tt` device then stages each weight in the plan's tier.
+//! Checked on `tiny` through the simulated adapter under a DRAM budget that holds every
+//! dense weight and only part of the expert towers: the plan puts dense weights first, so
+//! all of them stay resident and some experts stream, whereas staging without a plan
+//! (resident while it fits, in staging order) would let early expert towers crowd out
+//! later dense weights.
+//!
+//! Its own test binary: it sets `FLINT_TT_SIM_DRAM_BYTES`, which the adapter reads when a
+//! device opens.
+
+mod flint_common;
+
+use std::path::PathBuf;
+
+use flint_engine::forward::{weight_descs, DeviceModel};
+use flint_hal::{Device, DeviceOptions, Tier, WeightKind};
+use flint_hal_tt::{TtDevice, RESERVE_DIVISOR};
+
+fn sim_library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FLINT_TT_RUNTIME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    for dir in exe.ancestors().skip(1).take(3) {
+        for cand in [
+            dir.join("libflint_tt_sim.so"),
+            dir.join("deps/libflint_tt_sim.so"),
+        ] {
+            if cand.exists() {
+                return Some(cand);
+            }
+        }
+    }
+    let msg = format!(
+        "the simulated Tenstorrent adapter (libflint_tt_sim.so) is not built near {}; \
+         run `cargo build -p flint-tt-sim` or set FLINT_TT_RUNTIME",
+        exe.display()
+    );
+    assert!(std::env::var_os("CI").is_none(), "{msg}");
+    eprintln!("\n!!! SKIPPED: {msg}\n");
+    None
+}
+
+#[test]
+fn engine_stages_by_the_devices_plan() {
+    let Some(lib) = sim_library() else { return };
+    let model = flint_common::tiny();
+    let descs = weight_descs(&model);
+    let opts = DeviceOptions::default();
+
+    // Sizes from a plan with room for everything.
+    let roomy = TtDevice::open_path(&lib, &opts).expect("tt opens");
+    let full = roomy.plan(&descs).expect("plan");
+    assert_eq!(full.streamed_bytes(), 0);
+    let dense = full.resident_bytes();
+    let experts = full.expert_tier_bytes();
+    assert!(experts > 0, "tiny has expert towers");
+    drop(roomy);
+
+    // A budget (DRAM less the reserve) for the dense weights and half the experts.
+    let budget = dense + experts / 2;
+    let dram = (budget * RESERVE_DIVISOR).div_ceil(RESERVE_DIVISOR - 1);
+    std::env::set_var("FLINT_TT_SIM_DRAM_BYTES", dram.to_string());
+    // The plan, from a device of its own: the one the model is staged on must get its
+    // plan from the engine.
+    let planner = TtDevice::open_path(&lib, &opts).expect("tt opens");
+    assert_eq!(planner.dram_bytes(), dram);
+    let want = planner.plan(&descs).expect("plan");
+    drop(planner);
+    // The plan keeps every dense weight resident and streams some experts.
+    for (w, d) in want.weights.iter().zip(&descs) {
+        if d.kind != WeightKind::ExpertTower {
+            assert_eq!(w.tier, Tier::Resident, "{}", w.name);
+        }
+    }
+    assert!(want.streamed_bytes() > 0);
+    let tt = std::sync::Arc::new(TtDevice::open_path(&lib, &opts).expect("tt opens"));
+    let dm = DeviceModel::stage(&model, tt.clone(), &mut |_, _| {}).expect("tiny stages");
+    let used = tt.tt_counters().expect("counters").dram_used_bytes;
+    eprintln!(
+        "DRAM {dram}: plan resident {} + expert tier {} = {} bytes, streamed {}; staged: {used} bytes in DRAM",
+        want.resident_bytes(),
+        want.expert_tier_bytes(),
+        want.resident_bytes() + want.expert_tier_bytes(),
+        want.streamed_bytes()
+    );
+    assert_eq!(
+        used,
+        want.resident_bytes() + want.expert_tier_bytes(),
+        "the staged model does not follow the plan"
+    );
+    drop(dm);
+}
