@@ -98,14 +98,17 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
         // The 8 scales as i16 in lanes 0..8 (the mins follow in 8..16, unused here).
         let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
         let mins = k4_mins_dup(u);
-        let mut sumi = [_mm512_setzero_si512(); R];
+        // Two accumulators per row: a `vpdpwssd` waits for its accumulator, and four in
+        // a row on one register would serialise the block.
+        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for (j, ij) in idx.iter().enumerate() {
             // Low nibbles (sub-block 2j) in the low half, high nibbles (2j + 1) above.
             let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
             let s = _mm512_permutexvar_epi16(*ij, sc);
             for r in 0..R {
                 let yv = load64i(&y[r][i].qs[64 * j..]);
-                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+                let a = &mut sumi[r][j & 1];
+                *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
             }
         }
         for r in 0..R {
@@ -114,7 +117,7 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
             let (sd, sm) = scale2(ddm, yb.d);
             acc[r] = _mm512_fmadd_ps(
                 _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
-                _mm512_cvtepi32_ps(sumi[r]),
+                _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[r][0], sumi[r][1])),
                 acc[r],
             );
             accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
@@ -151,7 +154,9 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         // (high half) brings each to bit 0.
         let hbits = _mm512_broadcast_i64x4(load32(&b.qh));
         let hbase = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
-        let mut sumi = [_mm512_setzero_si512(); R];
+        // Two accumulators per row: a `vpdpwssd` waits for its accumulator, and four in
+        // a row on one register would serialise the block.
+        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for (j, ij) in idx.iter().enumerate() {
             let q = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
             let hs = _mm512_add_epi16(hbase, _mm512_set1_epi16(2 * j as i16));
@@ -160,7 +165,8 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let s = _mm512_permutexvar_epi16(*ij, sc);
             for r in 0..R {
                 let yv = load64i(&y[r][i].qs[64 * j..]);
-                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+                let a = &mut sumi[r][j & 1];
+                *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
             }
         }
         for r in 0..R {
@@ -169,7 +175,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let (sd, sm) = scale2(ddm, yb.d);
             acc[r] = _mm512_fmadd_ps(
                 _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
-                _mm512_cvtepi32_ps(sumi[r]),
+                _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[r][0], sumi[r][1])),
                 acc[r],
             );
             accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
@@ -205,7 +211,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
         let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
         let sc16 = _mm256_cvtepi8_epi16(sc8);
         let sc = _mm512_castsi256_si512(sc16);
-        let mut sumi = [_mm512_setzero_si512(); R];
+        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for n in 0..2 {
             // Quants 128n + 32k + l (k = 0..4, l = 0..32): low 4 bits from ql (bytes
             // 64n + l for k = 0, 2; 64n + 32 + l for k = 1, 3; low nibble for k < 2, high
@@ -227,7 +233,8 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
                 let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
                 for r in 0..R {
                     let yv = load64i(&y[r][i].qs[128 * n + 64 * g..]);
-                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(qv, yv), s);
+                    let a = &mut sumi[r][g];
+                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
                 }
             }
         }
@@ -239,7 +246,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
                 _mm512_set1_ps(d * yb.d),
                 // The offset sits in the low half; the high half subtracts zero.
                 _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                    sumi[r],
+                    _mm512_add_epi32(sumi[r][0], sumi[r][1]),
                     _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
                 )),
                 acc[r],
