@@ -209,6 +209,7 @@ pub(crate) fn dot_rows(
     k: usize,
     rows: &[usize],
     out: &mut [f32],
+    batch: usize,
 ) -> Result<(), FormatError> {
     debug_assert!(rows.len() <= TILE && out.len() == rows.len());
     #[cfg(target_arch = "x86_64")]
@@ -216,9 +217,20 @@ pub(crate) fn dot_rows(
         let nbk = k / 256;
         let nb0 = k / 32;
         match (native_kernel(level, ty), acts) {
+            // Q4_K and Q6_K in llama.cpp's float orders (docs/parity.md): a full tile of
+            // 4 rows is a group of llama.cpp's Q4_K gemm, smaller tiles its gemv rows;
+            // Q6_K takes its tiled-matmul order from 8 rows in the batch.
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => tiled!(vnni::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
+                GgmlType::Q4_K if rows.len() == TILE => {
+                    tiled!(vnni::dot_q4k_gemm, view::<BlockQ4K>(w), a, nbk, rows, out)
+                }
+                GgmlType::Q4_K => {
+                    tiled!(vnni::dot_q4k_gemv, view::<BlockQ4K>(w), a, nbk, rows, out)
+                }
                 GgmlType::Q5_K => tiled!(vnni::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
+                GgmlType::Q6_K if batch >= 8 => {
+                    tiled!(vnni::dot_q6k_tiled, view::<BlockQ6K>(w), a, nbk, rows, out)
+                }
                 GgmlType::Q6_K => tiled!(vnni::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
@@ -311,7 +323,7 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => rows1!(vnni::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemv, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(vnni::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
@@ -351,6 +363,7 @@ pub(crate) fn matvec_rows(
                         k,
                         &[act_row],
                         std::slice::from_mut(d),
+                        1,
                     )?;
                 }
             }
@@ -369,6 +382,7 @@ pub(crate) fn matvec_rows(
                 k,
                 &[act_row],
                 std::slice::from_mut(d),
+                1,
             )?;
         }
         Ok(())

@@ -1,13 +1,18 @@
-//! AVX-512 VNNI kernels for the K-quants: the same tile shape and contract as the
-//! AVX-512 kernels, with each sub-block's scale multiply and the accumulation fused into
-//! one `vpdpwssd`, the two nibble halves of 32 quant bytes unpacked with one variable
-//! shift of a broadcast load, and a software prefetch a few blocks ahead (a matvec is a
-//! stream over the weight: the prefetch keeps more lines in flight than the hardware
-//! prefetcher does alone when both cores stream at once).
+//! AVX-512 VNNI kernels for the K-quants, with the same tile shape and contract as the
+//! AVX-512 kernels.
 //!
-//! Integer sums are exact, so every kernel here returns the same i32 per sub-block as
-//! the AVX-512 one; the float accumulation order is the AVX-512 kernel's too (one
-//! 16-lane accumulator per row, the block's scales applied per block).
+//! Q4_K and Q6_K follow llama.cpp's float orders (`dot_q4k_llama`: the repacked
+//! `q4_K_8x8` gemm / gemv orders; `dot_q6k_tiled`: the tiled matmul's order, from 8 rows
+//! in a batch; docs/parity.md), so that on such a CPU the device forward computes what
+//! llama.cpp computes, bit for bit. Q5_K and Q6_K batches under 8 rows keep Flint's own
+//! order (one 16-lane float accumulator per row). Integer sums are exact whatever the
+//! instruction order.
+//!
+//! Every kernel fuses each sub-block's scale multiply and the accumulation into one
+//! `vpdpwssd` (two accumulators per row: one chained accumulator would serialise the
+//! block), unpacks the two nibble halves of 32 quant bytes with one variable shift of a
+//! broadcast load, and prefetches a few blocks ahead (a matvec streams the weight; the
+//! prefetch keeps more lines in flight when both cores stream at once).
 //! The caller must have checked AVX-512 F/BW/VNNI (and AVX2/FMA/F16C) at device open.
 
 use std::arch::x86_64::*;
@@ -75,57 +80,6 @@ fn halves_idx(a: i16, b: i16) -> __m512i {
         _mm512_castsi256_si512(_mm256_set1_epi16(a)),
         _mm256_set1_epi16(b),
     )
-}
-
-/// Q4_K x Q8_K.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let shift = nibble_shift();
-    let idx = [
-        halves_idx(0, 1),
-        halves_idx(2, 3),
-        halves_idx(4, 5),
-        halves_idx(6, 7),
-    ];
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut accm = [_mm256_setzero_ps(); R];
-    for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
-        let (u, ddm) = k4_header(head16(b));
-        // The 8 scales as i16 in lanes 0..8 (the mins follow in 8..16, unused here).
-        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
-        let mins = k4_mins_dup(u);
-        // Two accumulators per row: a `vpdpwssd` waits for its accumulator, and four in
-        // a row on one register would serialise the block.
-        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
-        for (j, ij) in idx.iter().enumerate() {
-            // Low nibbles (sub-block 2j) in the low half, high nibbles (2j + 1) above.
-            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
-            let s = _mm512_permutexvar_epi16(*ij, sc);
-            for r in 0..R {
-                let yv = load64i(&y[r][i].qs[64 * j..]);
-                let a = &mut sumi[r][j & 1];
-                *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
-            }
-        }
-        for r in 0..R {
-            let yb = &y[r][i];
-            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
-            let (sd, sm) = scale2(ddm, yb.d);
-            acc[r] = _mm512_fmadd_ps(
-                _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
-                _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[r][0], sumi[r][1])),
-                acc[r],
-            );
-            accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]) - super::avx2::hsum_ps(accm[r]);
-    }
 }
 
 /// Q5_K x Q8_K: as Q4_K with the fifth bit of every quant from `qh`.
@@ -256,4 +210,183 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
     for r in 0..R {
         out[r] = _mm512_reduce_add_ps(acc[r]);
     }
+}
+
+/// Sum of the 16 i32 lanes of `v` (exact: integer addition).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum_i32(v: __m512i) -> i32 {
+    let h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+    let q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01_00_11_10>(q));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b10_11_00_01>(q));
+    _mm_cvtsi128_si32(q)
+}
+
+/// `fma(a, b, c)` with one rounding, as `fmaf`.
+#[inline]
+#[target_feature(enable = "fma")]
+fn fma1(a: f32, b: f32, c: f32) -> f32 {
+    _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+}
+
+/// Q4_K x Q8_K in the float order of llama.cpp's repacked `q4_K_8x8` kernels
+/// (`docs/parity.md`; the scalar statement is
+/// `flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_repack`). Per output two f32
+/// accumulators, `acc` and `mins`. `GEMM` (rows of a batch taken four at a time): per
+/// pair of sub-blocks `(2j, 2j + 1)` the exact integers `I = sc·dot` and `M = m·bsum` of
+/// the pair, then `acc = fma(I, d·d_a, acc)`, `mins = fma(M, dmin·d_a, mins)`; gemv (the
+/// last `m % 4` rows, single rows): the same once per block with the whole block's
+/// integers. Result `acc - mins`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = [
+        halves_idx(0, 1),
+        halves_idx(2, 3),
+        halves_idx(4, 5),
+        halves_idx(6, 7),
+    ];
+    let mut acc = [0f32; R];
+    let mut accm = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+        // Per pair j and row: the scaled dot products of the pair's 64 quants.
+        let mut pair = [[_mm512_setzero_si512(); 4]; R];
+        for (j, ij) in idx.iter().enumerate() {
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            for r in 0..R {
+                let yv = load64i(&y[r][i].qs[64 * j..]);
+                pair[r][j] =
+                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            // Lane t: m_t * (bsum_2t + bsum_2t+1), the mins term of sub-block t.
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (dd, dm) = (d * yb.d, dmin * yb.d);
+            if GEMM {
+                let mut pm_l = [0i32; 8];
+                // SAFETY: 8 writable i32; storeu is unaligned.
+                unsafe { _mm256_storeu_si256(pm_l.as_mut_ptr() as *mut __m256i, pm) };
+                for j in 0..4 {
+                    let isum = hsum_i32(pair[r][j]);
+                    let imin = pm_l[2 * j] + pm_l[2 * j + 1];
+                    acc[r] = fma1(isum as f32, dd, acc[r]);
+                    accm[r] = fma1(imin as f32, dm, accm[r]);
+                }
+            } else {
+                let all = _mm512_add_epi32(
+                    _mm512_add_epi32(pair[r][0], pair[r][1]),
+                    _mm512_add_epi32(pair[r][2], pair[r][3]),
+                );
+                let isum = hsum_i32(all);
+                let imin = hsum_i32(_mm512_castsi256_si512(pm));
+                acc[r] = fma1(isum as f32, dd, acc[r]);
+                accm[r] = fma1(imin as f32, dm, accm[r]);
+            }
+        }
+    }
+    for r in 0..R {
+        out[r] = acc[r] - accm[r];
+    }
+}
+
+/// [`dot_q4k_llama`] for the rows of a 4-row gemm group.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm<const R: usize>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    dot_q4k_llama::<R, true>(x, y, out)
+}
+
+/// [`dot_q4k_llama`] for gemv rows (single rows, the tail of a batch).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemv<const R: usize>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    dot_q4k_llama::<R, false>(x, y, out)
+}
+
+/// Q6_K x Q8_K in the float order of llama.cpp's tiled K-quant matmul, which it uses for
+/// batches of 8 rows or more (`docs/parity.md`; the scalar statement is
+/// `flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_tiled`): per block the exact integer
+/// `S` (scales applied, the offset of 32 taken off), then `acc = fma(S·d, d_a, acc)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_tiled<const R: usize>(
+    x: &[BlockQ6K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(3);
+    let shift = nibble_shift();
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let mut acc = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16_to_f32(b.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let sc = _mm512_castsi256_si512(sc16);
+        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
+        for n in 0..2 {
+            let h = bcast32(&b.qh[32 * n..]);
+            let ql = load64u(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
+                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
+                let hs = _mm512_add_epi16(
+                    _mm512_srli_epi16::<1>(shift),
+                    _mm512_set1_epi16(4 * g as i16),
+                );
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
+                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for r in 0..R {
+                    let yv = load64i(&y[r][i].qs[128 * n + 64 * g..]);
+                    let a = &mut sumi[r][g];
+                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
+            let s = hsum_i32(_mm512_sub_epi32(
+                _mm512_add_epi32(sumi[r][0], sumi[r][1]),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            ));
+            acc[r] = fma1(s as f32 * d, yb.d, acc[r]);
+        }
+    }
+    *out = acc;
 }
