@@ -24,20 +24,23 @@
 
 use rayon::prelude::*;
 
+use flint_core::dot::ggml_x86::Q4kPath;
 use flint_core::math::{gelu_tanh_ggml_f16, silu};
 use flint_hal::Gating;
 
 use crate::model::{Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
-/// `flint_core::dot::matvec_f32` (bit for bit `dot_row_f32` per row, with the activation
-/// quantized once per call). Blocks of rows go to rayon's threads; each row's result
-/// does not depend on the split.
-pub fn matvec_rows(
+/// `flint_core::dot::matvec_f32_ggml_x86`: the activation quantized once per call, each
+/// row in the float order llama.cpp's x86 CPU backend uses in a prompt batch (`path`
+/// picks between its two Q4_K kernels; see [`Reference::set_batch_len`]). Blocks of rows
+/// go to rayon's threads; each row's result does not depend on the split.
+pub fn matvec_rows_in(
     w: &TensorRef,
     row_offset: usize,
     x: &[f32],
     out: &mut [f32],
+    path: Q4kPath,
 ) -> Result<(), ModelError> {
     assert_eq!(x.len(), w.row_len(), "matvec on '{}': input length", w.name);
     const ROWS: usize = 256;
@@ -45,8 +48,18 @@ pub fn matvec_rows(
     let bytes = &w.bytes()[row_offset * rb..(row_offset + out.len()) * rb];
     out.par_chunks_mut(ROWS)
         .zip(bytes.par_chunks(ROWS * rb))
-        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32(w.ty, wb, x, o))
+        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32_ggml_x86(w.ty, wb, x, o, path))
         .map_err(|e| ModelError::new(format!("matmul on '{}': {e}", w.name)))
+}
+
+/// [`matvec_rows_in`] for a row of a batch taken four at a time (`Q4kPath::Gemm`).
+pub fn matvec_rows(
+    w: &TensorRef,
+    row_offset: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    matvec_rows_in(w, row_offset, x, out, Q4kPath::Gemm)
 }
 
 /// `W x` for a matrix `[in, out]`.
@@ -136,6 +149,11 @@ pub struct Reference<'m> {
     keys: Vec<Vec<Vec<f32>>>,
     /// Per layer, per position: the value row `[Hkv * dv]`.
     values: Vec<Vec<Vec<f32>>>,
+    /// The length of the llama.cpp prompt batch whose arithmetic is followed, if known
+    /// ([`Reference::set_batch_len`]).
+    batch_len: Option<usize>,
+    /// The Q4_K kernel of the position being computed.
+    cur_path: Q4kPath,
 }
 
 impl<'m> Reference<'m> {
@@ -146,6 +164,32 @@ impl<'m> Reference<'m> {
             model,
             keys: vec![Vec::new(); n],
             values: vec![Vec::new(); n],
+            batch_len: None,
+            cur_path: Q4kPath::Gemm,
+        }
+    }
+
+    /// Follows llama.cpp's arithmetic for a prompt batch of `n` tokens starting at
+    /// position 0: its repacked Q4_K matmul computes the last `n % 4` rows of a batch
+    /// with a different kernel (`ggml_gemv_q4_K_8x8_q8_K`, one rounding per 256 values
+    /// instead of per 64) than the others. Without it every position is computed as a
+    /// row of a group of four.
+    pub fn set_batch_len(&mut self, n: usize) {
+        self.batch_len = Some(n);
+    }
+
+    /// The Q4_K kernel llama.cpp uses for position `pos` (see [`Self::set_batch_len`]).
+    /// `W x` for the position being computed.
+    fn mv(&self, w: &TensorRef, x: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0.0; w.dims[1]];
+        matvec_rows_in(w, 0, x, &mut out, self.cur_path)?;
+        Ok(out)
+    }
+
+    fn path(&self, pos: usize) -> Q4kPath {
+        match self.batch_len {
+            Some(n) if pos >= n - n % 4 => Q4kPath::Gemv,
+            _ => Q4kPath::Gemm,
         }
     }
 
@@ -181,6 +225,7 @@ impl<'m> Reference<'m> {
             )));
         }
         let pos = self.len();
+        self.cur_path = self.path(pos);
         if pos >= spec.context_length {
             return Err(ModelError::new(format!(
                 "position {pos} is beyond the model's context length {}",
@@ -211,7 +256,7 @@ impl<'m> Reference<'m> {
             add(&mut x, &y);
         }
         let h = rms_norm(&x, Some(&m.output_norm), spec.eps);
-        matvec(&m.output, &h)
+        self.mv(&m.output, &h)
     }
 
     fn attention(
@@ -230,9 +275,9 @@ impl<'m> Reference<'m> {
         );
         let base = spec.layers[il].rope_base;
         let a = rms_norm(x, Some(&layer.attn_norm), spec.eps);
-        let mut q = matvec(&layer.wq, &a)?;
-        let mut k = matvec(&layer.wk, &a)?;
-        let v = matvec(&layer.wv, &a)?;
+        let mut q = self.mv(&layer.wq, &a)?;
+        let mut k = self.mv(&layer.wk, &a)?;
+        let v = self.mv(&layer.wv, &a)?;
         for head in q.chunks_mut(dk) {
             if let Some(w) = &layer.q_norm {
                 let n = rms_norm(head, Some(w), spec.eps);
@@ -247,12 +292,13 @@ impl<'m> Reference<'m> {
             }
             rope_neox(head, pos as u32, spec.n_rot, base);
         }
-        // The cache holds values rounded to f16, as llama.cpp's default V cache does
-        // (`type_v` F16): part of what its logits are. (Its keys are f16 too; rounding
-        // them here and on the device turns last-bit differences between the two
-        // forwards into whole f16 steps, which on `tiny` flip expert choices, so keys
-        // stay f32 for now.)
+        // The cache holds keys and values rounded to f16, as llama.cpp's default cache
+        // types (`type_k`, `type_v` F16) do: part of what its logits are.
         let v: Vec<f32> = v
+            .into_iter()
+            .map(|x| half::f16::from_f32(x).to_f32())
+            .collect();
+        let k: Vec<f32> = k
             .into_iter()
             .map(|x| half::f16::from_f32(x).to_f32())
             .collect();
@@ -282,7 +328,7 @@ impl<'m> Reference<'m> {
                 window,
             ));
         }
-        matvec(&layer.wo, &o)
+        self.mv(&layer.wo, &o)
     }
 
     /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces).
@@ -296,8 +342,8 @@ impl<'m> Reference<'m> {
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
         let mut u = vec![0.0; width];
-        matvec_rows(&mlp.gate, expert * width, f, &mut g)?;
-        matvec_rows(&mlp.up, expert * width, f, &mut u)?;
+        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, self.cur_path)?;
+        matvec_rows_in(&mlp.up, expert * width, f, &mut u, self.cur_path)?;
         let act = self.model.spec.activation;
         let hidden: Vec<f32> = g
             .iter()
@@ -308,7 +354,7 @@ impl<'m> Reference<'m> {
             })
             .collect();
         let mut y = vec![0.0; d_out];
-        matvec_rows(&mlp.down, expert * d_out, &hidden, &mut y)?;
+        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, self.cur_path)?;
         Ok(y)
     }
 
@@ -319,7 +365,7 @@ impl<'m> Reference<'m> {
                 let Some(ms) = self.model.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
-                let logits = matvec(&moe.router, f)?;
+                let logits = self.mv(&moe.router, f)?;
                 let chosen = route(
                     &logits,
                     moe.bias.as_deref(),

@@ -215,6 +215,7 @@ fn gemma_teacher_forced_on_reference() {
     let toks = ids(&golden["ids"]);
     let t0 = std::time::Instant::now();
     let mut r = Reference::new(&model);
+    r.set_batch_len(toks.len());
     let rows: Vec<Vec<f32>> = toks
         .iter()
         .map(|&t| r.forward(t).expect("reference forward"))

@@ -118,7 +118,7 @@ pub fn attend_ggml_tiled(
         }
         let m_new = m.max(tile_max);
         if m_new > m {
-            let ms = libm::expf(m - m_new);
+            let ms = super::libc::expf_libc(m - m_new);
             for o in out.iter_mut() {
                 *o *= ms;
             }
@@ -149,12 +149,12 @@ pub fn attend_ggml_tiled(
     if let Some(s) = sink {
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > m {
-            ms = libm::expf(m - s);
+            ms = super::libc::expf_libc(m - s);
             for o in out.iter_mut() {
                 *o *= ms;
             }
         } else {
-            vs = libm::expf(s - m);
+            vs = super::libc::expf_libc(s - m);
         }
         denom = denom * ms + vs;
     }

@@ -28,6 +28,8 @@ use crate::simd::SimdLevel;
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tinyblas;
 
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
