@@ -35,6 +35,9 @@
 //!   Q8_0 / Q8_1 rounding differs from the `_ref` ones on rare ties) and calls the kernel: the oracle for
 //!   the device matmuls and the reference forward. Needs no allocator.
 //! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
+//! - [`matvec_f32_ggml_x86`] (`alloc` feature): as [`matvec_f32`], with Q8_0, Q5_0, Q6_K
+//!   and Q4_K rows summed in the float order of llama.cpp's x86 kernels for a prompt
+//!   batch ([`ggml_x86`]; `docs/parity.md`).
 
 pub mod ggml_x86;
 mod iq;

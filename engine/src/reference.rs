@@ -4,20 +4,24 @@
 //! written to be read next to `shared/spec/FLINT.md` (and llama.cpp's Gemma 3 graph), not
 //! to be fast.
 //!
-//! **Matmuls** go through `flint_core::dot::dot_row_f32` on the weight rows as they are
-//! stored: like ggml, that quantizes the activation to the weight type's `vec_dot_type`
-//! (Q8_K for K-quants, Q8_0 for legacy types) before the integer dot. We chose this over
-//! dequantizing to f32 because the real-weights gate compares against llama.cpp, which
-//! computes exactly so; the activation rounding is part of what llama.cpp's logits are.
+//! **Matmuls** go through `flint_core::dot::matvec_f32_ggml_x86` on the weight rows as
+//! they are stored: like ggml, that quantizes the activation to the weight type's
+//! `vec_dot_type` (Q8_K for K-quants, Q8_0 for legacy types) before the integer dot, and
+//! it scales and sums the block results in the order llama.cpp's x86 CPU backend uses for
+//! a prompt batch (tinyBLAS for Q8_0/Q5_0, the tiled kernel for Q6_K, the repacked kernels
+//! for Q4_K; other types in ggml's generic order). We chose this over dequantizing to f32
+//! because the real-weights gate compares against llama.cpp, which computes exactly so.
 //! Rows are spread over threads with rayon, which changes nothing in the result (every
 //! row is one independent dot).
 //!
 //! More roundings of llama.cpp's CPU backend are kept for the same reason: the cache
-//! holds values rounded to f16 (its default V cache type), attention follows the order
-//! of operations of its CPU flash attention (`attend_head`), and GELU goes
-//! through ggml's f16 table (`flint_core::math::gelu_tanh_ggml_f16`). Gemma 3's post-norms
-//! rescale tiny FFN outputs to large ones, so each of these roundings alone moves its
-//! logits by up to 0.1 nats; with them, position 0 matches llama.cpp to 1e-5.
+//! holds keys and values rounded to f16 (its default cache types), attention follows the
+//! order of operations of its CPU flash attention (`attend_head`), RoPE uses glibc's
+//! `sinf`/`cosf` and GCC's fused multiply-adds, and GELU goes through ggml's f16 table
+//! (`flint_core::math::gelu_tanh_ggml_f16`). Gemma 3's post-norms rescale tiny FFN
+//! outputs to large ones, so one-ulp differences grow into 0.1-nat logit differences;
+//! with all of these, the teacher-forced golden paragraph's logits equal llama.cpp's
+//! (see `docs/parity.md`).
 //!
 //! The building blocks (norms, RoPE, attention with sinks and a window, routing) are
 //! public so that tests can check each of them against a hand computation.

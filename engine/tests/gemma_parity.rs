@@ -10,6 +10,9 @@
 //! tools/golden/dump_ops.sh /tmp/gemma-dump
 //! FLINT_GGML_DUMP=/tmp/gemma-dump cargo test -p flint-engine --test gemma_parity -- --ignored --nocapture
 //! ```
+//!
+//! `LAYER=n` limits the run to one layer; `GENERIC=1` computes the matmuls in ggml's
+//! generic-C order instead of llama.cpp's x86 one, to see what that order changes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -248,7 +251,12 @@ fn gemma_ops_against_llama_cpp() {
         let ours_sa: Vec<f32> = x_in.iter().zip(&apn).map(|(a, b)| a + b).collect();
         cmp("sa_out", &ours_sa, &sa, s.d);
         let fnm = d.get(&format!("ffn_norm-{il}"));
-        cmp("ffn_norm", &norm_rows(&sa, &layer.ffn_norm, s.eps), &fnm, s.d);
+        cmp(
+            "ffn_norm",
+            &norm_rows(&sa, &layer.ffn_norm, s.eps),
+            &fnm,
+            s.d,
+        );
         let Ffn::Dense(mlp) = &layer.ffn else {
             panic!("Gemma layers are dense")
         };
@@ -301,105 +309,4 @@ fn gemma_ops_against_llama_cpp() {
             s.d,
         );
     }
-}
-
-#[test]
-#[ignore = "needs a llama.cpp tensor dump in FLINT_GGML_DUMP (tools/golden/dump_ops.sh)"]
-fn gelu_variants() {
-    let Some(d) = Dump::open() else { return };
-    const S: f32 = 0.797_884_6;
-    const A: f32 = 0.044715;
-    let variants: [(&str, fn(f32) -> f32); 3] = [
-        ("plain libm", flint_core::math::gelu_tanh),
-        ("plain f64tanh", |x| 0.5 * x * (1.0 + ((S * x * (1.0 + A * x * x)) as f64).tanh() as f32)),
-        ("fma f64tanh", |x| 0.5 * x * (1.0 + ((S * x * (A * x).mul_add(x, 1.0)) as f64).tanh() as f32)),
-    ];
-    for il in 0..18 {
-        let g = d.get(&format!("ffn_gate-{il}"));
-        let u = d.get(&format!("ffn_up-{il}"));
-        let gg = d.get(&format!("ffn_geglu-{il}"));
-        let mut line = format!("layer {il}:");
-        for (name, f) in &variants {
-            let bad = g.iter().zip(&u).zip(&gg).filter(|((&x, &b), &y)| {
-                let v = if x <= -10.0 { 0.0 } else if x >= 10.0 { x * b } else {
-                    let xh = half::f16::from_f32(x).to_f32();
-                    half::f16::from_f32(f(xh)).to_f32() * b
-                };
-                v.to_bits() != y.to_bits()
-            }).count();
-            line += &format!(" {name}={bad}");
-        }
-        eprintln!("{line}");
-    }
-}
-
-#[test]
-#[ignore = "needs a llama.cpp tensor dump in FLINT_GGML_DUMP (tools/golden/dump_ops.sh)"]
-fn rope_variants() {
-    let Some(d) = Dump::open() else { return };
-    let m = model();
-    let s = &m.spec;
-    for il in [0usize, 5] {
-        let qn = d.get(&format!("Qcur_normed-{il}"));
-        let qr = d.get(&format!("Qcur-{il}#2"));
-        let base = s.layers[il].rope_base;
-        let half = s.n_rot / 2;
-        let ts = (base as f64).powf(-2.0 / s.n_rot as f64) as f32;
-        let ts2 = ts;
-        eprintln!("layer {il} base {base} ts {ts:e} libm {ts2:e}");
-        let mut bad = [0usize; 4];
-        for (p, (a, b)) in qn.chunks(s.d.max(1024)).zip(qr.chunks(1024)).enumerate() {
-            for (ha, hb) in a.chunks(256).zip(b.chunks(256)) {
-                let mut theta = p as f32;
-                for i in 0..half {
-                    let (c, sn) = ((theta as f64).cos() as f32, (theta as f64).sin() as f32);
-                    let (x0, x1) = (ha[i], ha[i + half]);
-                    let v = [
-                        (x0.mul_add(c, -(x1 * sn)), x0.mul_add(sn, x1 * c)),
-                        ((-x1).mul_add(sn, x0 * c), x1.mul_add(c, x0 * sn)),
-                        (x0 * c - x1 * sn, x0 * sn + x1 * c),
-                        (x0.mul_add(c, -(x1 * sn)), x1.mul_add(c, x0 * sn)),
-                    ];
-                    for (k, (y0, y1)) in v.iter().enumerate() {
-                        if y0.to_bits() != hb[i].to_bits() || y1.to_bits() != hb[i + half].to_bits() {
-                            bad[k] += 1;
-                        }
-                    }
-                    theta *= ts2;
-                }
-            }
-        }
-        eprintln!("  mismatching pairs per variant: {bad:?}");
-    }
-}
-
-#[test]
-#[ignore = "needs a llama.cpp tensor dump in FLINT_GGML_DUMP (tools/golden/dump_ops.sh)"]
-fn q6k_probe() {
-    let Some(d) = Dump::open() else { return };
-    let m = model();
-    let Ffn::Dense(mlp) = &m.layers[0].ffn else { panic!() };
-    let w = &mlp.down;
-    let gg = d.get("ffn_geglu-0");
-    let fo = d.get("ffn_out-0");
-    let ff = w.dims[0];
-    let mut stats = [0usize; 3];
-    for p in 0..4 {
-        let x = &gg[p * ff..(p + 1) * ff];
-        let mut ours = vec![0.0; 640];
-        let mut gen = vec![0.0; 640];
-        flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), x, &mut ours, flint_core::dot::ggml_x86::Q4kPath::Gemm).unwrap();
-        flint_core::dot::matvec_f32(w.ty, w.bytes(), x, &mut gen).unwrap();
-
-        for r in 0..640 {
-            let want = fo[p * 640 + r];
-            stats[0] += (ours[r] == want) as usize;
-            stats[1] += (gen[r] == want) as usize;
-            stats[2] += 1;
-            if p == 0 && r < 5 {
-                eprintln!("row {r}: llama {want:e} avx2-emul {:e} generic {:e}", ours[r], gen[r]);
-            }
-        }
-    }
-    eprintln!("exact: avx2-emul {} generic {} of {}", stats[0], stats[1], stats[2]);
 }

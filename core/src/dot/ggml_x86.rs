@@ -13,12 +13,15 @@
 //!   lane `l` takes, per 32-element block, the integer sum of elements `4l..4l+4`
 //!   (`updot`) and accumulates `fma(d_w * d_a, sum, lane)`; the lanes are added at the
 //!   end as `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` ([`hsum8`]).
-//! - **Q6_K weights**: `ggml_vec_dot_q6_K_q8_K`, AVX2 branch (also taken by AVX-512
-//!   builds). Eight `i32` lanes per block: lane `l` holds
-//!   `sum scale(e) * q(e) * a(e)` over the elements `e` with `(e mod 32) / 4 == l`, where
-//!   `q` is the unsigned 6-bit value, minus `32 * (bsum(2l) * scale(2l) + bsum(2l+1) *
-//!   scale(2l+1))` (the offset of 32 taken out through the activation's 16-element sums);
-//!   then `fma(d_a * d_w, lane, acc_l)` per block and [`hsum8`] at the end.
+//! - **Q6_K weights, batches of 8 or more rows**: the tiled K-quant matmul
+//!   (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel). Per 256-element block one exact
+//!   integer `S = sum_g scale_g * (dot_g - 32 * bsum_g)` over the sixteen 16-element
+//!   groups, then `acc = fma(S * d_w, d_a, acc)`, in block order
+//!   ([`vec_dot_q6_k_q8_k_tiled`]). Fewer rows go through `ggml_vec_dot_q6_K_q8_K`'s
+//!   AVX2 branch ([`vec_dot_q6_k_q8_k_avx2`]: eight `i32` lanes per block, lane `l` the
+//!   elements `e` with `(e mod 32) / 4 == l` with the offset of 32 taken out as
+//!   `32 * (bsum(2l) * scale(2l) + bsum(2l+1) * scale(2l+1))`, `fma(d, lane, acc_l)` per
+//!   block and [`hsum8`] at the end; not checked against llama.cpp output).
 //! - **Q4_K weights**: the repacked `q4_K_8x8` path (`ggml-cpu/arch/x86/repack.cpp`),
 //!   which llama.cpp uses for every Q4_K matrix with a multiple of 8 rows. One `f32`
 //!   accumulator per output for the scales and one for the mins:
@@ -106,7 +109,8 @@ fn q6_value(x: &BlockQ6K, e: usize) -> i32 {
     (lo | (hi << 4)) as i32
 }
 
-/// Q6_K weights · Q8_K activations in the order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`.
+/// Q6_K weights · Q8_K activations in the order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`
+/// (llama.cpp's path for fewer than 8 activation rows; see the module docs).
 ///
 /// # Panics
 /// If the rows hold different numbers of blocks.
@@ -152,13 +156,10 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             s += w.scales[g] as i32 * (raw - 32 * a.bsums[g] as i32);
         }
         let f = s as f32 * f16(w.d);
-        acc = if TILED_FMA { libm::fmaf(f, a.d, acc) } else { acc + f * a.d };
+        acc = libm::fmaf(f, a.d, acc);
     }
     acc
 }
-
-/// Whether the tiled kernel's final accumulation is fused (see [`vec_dot_q6_k_q8_k_tiled`]).
-pub const TILED_FMA: bool = true;
 
 /// The eight 6-bit scales and mins of a Q4_K block.
 fn q4k_scales(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {

@@ -30,7 +30,10 @@ pub fn rope_neox(head: &mut [f32], pos: u32, n_rot: usize, base: f32) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for i in 0..half {
-        let (c, s) = (super::libc::cosf_glibc(theta), super::libc::sinf_glibc(theta));
+        let (c, s) = (
+            super::libc::cosf_glibc(theta),
+            super::libc::sinf_glibc(theta),
+        );
         let x0 = head[i];
         let x1 = head[i + half];
         // ggml's `rotate_pairs` as GCC compiles it for x86 (contraction on, the default
