@@ -358,10 +358,10 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
     b
 }
 
-/// [`matvec_f32`] in the float order of llama.cpp's x86 kernels for a prompt batch
-/// ([`ggml_x86`]) for Q8_0, Q5_0, Q6_K and Q4_K weights (`q4k` says which repacked Q4_K
-/// kernel computes the row); any other type exactly as [`matvec_f32`]. The activation is
-/// quantized as there.
+/// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
+/// Q8_0, Q5_0, Q6_K and Q4_K weights, for the activation row `at` of a llama.cpp matmul
+/// (its batch size and row pick the kernels); any other type exactly as [`matvec_f32`].
+/// The activation is quantized as there.
 ///
 /// # Errors
 /// As [`matvec_f32`].
@@ -371,7 +371,7 @@ pub fn matvec_f32_ggml_x86(
     w: &[u8],
     x: &[f32],
     out: &mut [f32],
-    q4k: ggml_x86::Q4kPath,
+    at: ggml_x86::BatchRow,
 ) -> Result<(), FormatError> {
     use alloc::vec::Vec;
     if !matches!(
@@ -410,9 +410,12 @@ pub fn matvec_f32_ggml_x86(
     match ty {
         GgmlType::Q8_0 => rows!(BlockQ8_0, BlockQ8_0, ggml_x86::vec_dot_q8_0_q8_0_tinyblas),
         GgmlType::Q5_0 => rows!(BlockQ5_0, BlockQ8_0, ggml_x86::vec_dot_q5_0_q8_0_tinyblas),
-        GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled),
+        GgmlType::Q6_K if at.q6k_tiled() => {
+            rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
+        }
+        GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_avx2),
         _ => rows!(BlockQ4K, BlockQ8K, |wb: &[BlockQ4K], a: &[BlockQ8K]| {
-            ggml_x86::vec_dot_q4_k_q8_k_repack(wb, a, q4k)
+            ggml_x86::vec_dot_q4_k_q8_k_repack(wb, a, at.q4k())
         }),
     }
     Ok(())

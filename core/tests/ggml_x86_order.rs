@@ -3,7 +3,7 @@
 //! and the summation orders they document. Their bit-exactness against llama.cpp's own
 //! output is checked on the real model in `engine/tests/gemma_op_parity.rs`.
 
-use flint_core::dot::ggml_x86::{hsum8, Q4kPath};
+use flint_core::dot::ggml_x86::{hsum8, BatchRow};
 use flint_core::dot::{matvec_f32, matvec_f32_ggml_x86};
 use flint_core::math::{cosf_glibc, expf_libc, sinf_glibc};
 use flint_core::{quantize, GgmlType};
@@ -63,9 +63,9 @@ fn x86_orders_agree_with_the_generic_kernels_to_rounding() {
         matvec_f32(ty, &wq, &x, &mut generic).expect("generic");
         let scale: f32 = x.iter().map(|v| v.abs()).sum();
         let mut differs = 0;
-        for path in [Q4kPath::Gemm, Q4kPath::Gemv] {
+        for at in [BatchRow::IN_BATCH, BatchRow::SINGLE] {
             let mut ours = vec![0f32; n];
-            matvec_f32_ggml_x86(ty, &wq, &x, &mut ours, path).expect("x86 order");
+            matvec_f32_ggml_x86(ty, &wq, &x, &mut ours, at).expect("x86 order");
             for (a, b) in ours.iter().zip(&generic) {
                 // Same integer sums, other float roundings: a few ulp of the terms.
                 assert!((a - b).abs() <= 1e-5 * scale, "{ty}: {a} vs generic {b}");
@@ -88,8 +88,8 @@ fn q4_k_gemm_and_gemv_orders_differ_only_in_rounding() {
     quantize(GgmlType::Q4_K, &w, &mut wq).expect("quantize");
     let x: Vec<f32> = (0..k).map(|_| rng.sym()).collect();
     let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut a, Q4kPath::Gemm).expect("gemm");
-    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut b, Q4kPath::Gemv).expect("gemv");
+    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut a, BatchRow::IN_BATCH).expect("gemm");
+    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut b, BatchRow::SINGLE).expect("gemv");
     let scale: f32 = x.iter().map(|v| v.abs()).sum();
     let mut differ = 0;
     for (p, q) in a.iter().zip(&b) {

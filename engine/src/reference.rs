@@ -28,23 +28,23 @@
 
 use rayon::prelude::*;
 
-use flint_core::dot::ggml_x86::Q4kPath;
+use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::math::{gelu_tanh_ggml_f16, silu};
 use flint_hal::Gating;
 
-use crate::model::{Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
+use crate::model::{Activation, Arch, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
 /// `flint_core::dot::matvec_f32_ggml_x86`: the activation quantized once per call, each
-/// row in the float order llama.cpp's x86 CPU backend uses in a prompt batch (`path`
-/// picks between its two Q4_K kernels; see [`Reference::set_batch_len`]). Blocks of rows
+/// row in the float order llama.cpp's x86 CPU backend uses for the activation row `at`
+/// of a matmul (see [`Reference::set_batch_len`]). Blocks of rows
 /// go to rayon's threads; each row's result does not depend on the split.
 pub fn matvec_rows_in(
     w: &TensorRef,
     row_offset: usize,
     x: &[f32],
     out: &mut [f32],
-    path: Q4kPath,
+    at: BatchRow,
 ) -> Result<(), ModelError> {
     assert_eq!(x.len(), w.row_len(), "matvec on '{}': input length", w.name);
     const ROWS: usize = 256;
@@ -52,18 +52,18 @@ pub fn matvec_rows_in(
     let bytes = &w.bytes()[row_offset * rb..(row_offset + out.len()) * rb];
     out.par_chunks_mut(ROWS)
         .zip(bytes.par_chunks(ROWS * rb))
-        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32_ggml_x86(w.ty, wb, x, o, path))
+        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32_ggml_x86(w.ty, wb, x, o, at))
         .map_err(|e| ModelError::new(format!("matmul on '{}': {e}", w.name)))
 }
 
-/// [`matvec_rows_in`] for a row of a batch taken four at a time (`Q4kPath::Gemm`).
+/// [`matvec_rows_in`] for a row of a large batch ([`BatchRow::IN_BATCH`]).
 pub fn matvec_rows(
     w: &TensorRef,
     row_offset: usize,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    matvec_rows_in(w, row_offset, x, out, Q4kPath::Gemm)
+    matvec_rows_in(w, row_offset, x, out, BatchRow::IN_BATCH)
 }
 
 /// `W x` for a matrix `[in, out]`.
@@ -156,8 +156,11 @@ pub struct Reference<'m> {
     /// The length of the llama.cpp prompt batch whose arithmetic is followed, if known
     /// ([`Reference::set_batch_len`]).
     batch_len: Option<usize>,
-    /// The Q4_K kernel of the position being computed.
-    cur_path: Q4kPath,
+    /// Whether that batch asks for the logits of its last token only (a generation
+    /// prefill) rather than of every token ([`Reference::set_prompt_batch`]).
+    last_only: bool,
+    /// Where the position being computed sits in llama.cpp's matmuls.
+    cur_row: BatchRow,
 }
 
 impl<'m> Reference<'m> {
@@ -169,31 +172,47 @@ impl<'m> Reference<'m> {
             keys: vec![Vec::new(); n],
             values: vec![Vec::new(); n],
             batch_len: None,
-            cur_path: Q4kPath::Gemm,
+            last_only: false,
+            cur_row: BatchRow::IN_BATCH,
         }
     }
 
     /// Follows llama.cpp's arithmetic for a prompt batch of `n` tokens starting at
-    /// position 0: its repacked Q4_K matmul computes the last `n % 4` rows of a batch
-    /// with a different kernel (`ggml_gemv_q4_K_8x8_q8_K`, one rounding per 256 values
-    /// instead of per 64) than the others. Without it every position is computed as a
-    /// row of a group of four.
+    /// position 0, then one token per decode step: llama.cpp picks its kernels by the
+    /// number of tokens in a call and a row's place in it (its repacked Q4_K matmul
+    /// computes the last `n % 4` rows of a batch with its gemv kernel, one rounding per
+    /// 256 values instead of per 64; Q6_K goes through its tiled matmul from 8 rows up;
+    /// flash attention takes its tiled path from 64 rows, below that it goes one key at
+    /// a time and accumulates the output in f16).
+    /// Without it every position is computed as a row of a large batch
+    /// ([`BatchRow::IN_BATCH`]).
     pub fn set_batch_len(&mut self, n: usize) {
         self.batch_len = Some(n);
+        self.last_only = false;
     }
 
-    /// The Q4_K kernel llama.cpp uses for position `pos` (see [`Self::set_batch_len`]).
+    /// As [`Self::set_batch_len`] for a generation prefill, which asks llama.cpp for the
+    /// logits of the last prompt token only: llama.cpp then computes the last layer
+    /// after its attention output projection for that one row (a matmul of one row, not
+    /// of the batch), which changes its kernels there.
+    pub fn set_prompt_batch(&mut self, n: usize) {
+        self.batch_len = Some(n);
+        self.last_only = true;
+    }
+
     /// `W x` for the position being computed.
     fn mv(&self, w: &TensorRef, x: &[f32]) -> Result<Vec<f32>, ModelError> {
         let mut out = vec![0.0; w.dims[1]];
-        matvec_rows_in(w, 0, x, &mut out, self.cur_path)?;
+        matvec_rows_in(w, 0, x, &mut out, self.cur_row)?;
         Ok(out)
     }
 
-    fn path(&self, pos: usize) -> Q4kPath {
+    /// Where position `pos` sits in llama.cpp's matmuls (see [`Self::set_batch_len`]).
+    fn batch_row(&self, pos: usize) -> BatchRow {
         match self.batch_len {
-            Some(n) if pos >= n - n % 4 => Q4kPath::Gemv,
-            _ => Q4kPath::Gemm,
+            Some(n) if pos < n => BatchRow { batch: n, row: pos },
+            Some(_) => BatchRow::SINGLE,
+            None => BatchRow::IN_BATCH,
         }
     }
 
@@ -229,7 +248,7 @@ impl<'m> Reference<'m> {
             )));
         }
         let pos = self.len();
-        self.cur_path = self.path(pos);
+        self.cur_row = self.batch_row(pos);
         if pos >= spec.context_length {
             return Err(ModelError::new(format!(
                 "position {pos} is beyond the model's context length {}",
@@ -244,8 +263,13 @@ impl<'m> Reference<'m> {
                 *v *= spec.embed_scale;
             }
         }
+        let last = m.layers.len().saturating_sub(1);
         for (il, layer) in m.layers.iter().enumerate() {
             let attn = self.attention(il, layer, &x, pos)?;
+            if il == last && self.last_only && self.batch_len.is_some_and(|n| pos < n) {
+                // llama.cpp keeps only the output row from here on (`inp_out_ids`).
+                self.cur_row = BatchRow::SINGLE;
+            }
             let attn = match &layer.post_attn_norm {
                 Some(w) => rms_norm(&attn, Some(w), spec.eps),
                 None => attn,
@@ -289,6 +313,16 @@ impl<'m> Reference<'m> {
             }
             rope_neox(head, pos as u32, spec.n_rot, base);
         }
+        // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends with
+        // scale 1; its small-batch attention rounds the queries to f16 after that.
+        let attn_scale = if spec.arch == Arch::Gemma3 {
+            for v in q.iter_mut() {
+                *v *= spec.attn_scale;
+            }
+            1.0
+        } else {
+            spec.attn_scale
+        };
         for head in k.chunks_mut(dk) {
             if let Some(w) = &layer.k_norm {
                 let n = rms_norm(head, Some(w), spec.eps);
@@ -322,15 +356,24 @@ impl<'m> Reference<'m> {
                 .map(|r| &r[g * dv..(g + 1) * dv])
                 .collect();
             let sink = layer.sinks.as_ref().map(|s| s[hq]);
-            o.extend(attend_head(
-                &q[hq * dk..(hq + 1) * dk],
-                &ks,
-                &vs,
-                pos,
-                spec.attn_scale,
-                sink,
-                window,
-            ));
+            let qh = &q[hq * dk..(hq + 1) * dk];
+            if self.cur_row.batch >= flint_core::math::GGML_FA_TILE_Q {
+                o.extend(attend_head(qh, &ks, &vs, pos, attn_scale, sink, window));
+            } else {
+                // A llama.cpp call of fewer query rows: its one-key-at-a-time path, the
+                // output accumulated in f16.
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let mut out = vec![0.0f32; dv];
+                flint_core::math::attend_ggml_one_chunk(
+                    qh,
+                    &ks[first..=pos],
+                    &vs[first..=pos],
+                    attn_scale,
+                    sink,
+                    &mut out,
+                );
+                o.extend(out);
+            }
         }
         self.mv(&layer.wo, &o)
     }
@@ -346,8 +389,8 @@ impl<'m> Reference<'m> {
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
         let mut u = vec![0.0; width];
-        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, self.cur_path)?;
-        matvec_rows_in(&mlp.up, expert * width, f, &mut u, self.cur_path)?;
+        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, self.cur_row)?;
+        matvec_rows_in(&mlp.up, expert * width, f, &mut u, self.cur_row)?;
         let act = self.model.spec.activation;
         let hidden: Vec<f32> = g
             .iter()
@@ -358,7 +401,7 @@ impl<'m> Reference<'m> {
             })
             .collect();
         let mut y = vec![0.0; d_out];
-        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, self.cur_path)?;
+        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, self.cur_row)?;
         Ok(y)
     }
 

@@ -1,7 +1,8 @@
 //! The real-weights gate on Gemma 3 270M Q4_K_M (the default model) against llama.cpp's
 //! outputs in `shared/golden/gemma3-270m`:
 //! - every greedy chain of `greedy.jsonl` replays token for token, or first diverges at a
-//!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu);
+//!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu); the reference
+//!   forward replays them all exactly;
 //! - teacher-forced over `logits-top20.json`: top-1 agreement >= 98% and mean KL
 //!   (estimated from llama.cpp's top 20) <= 0.01: the reference forward meets it with
 //!   logits equal to llama.cpp's (`gemma_top1_gate_98_percent`, the CI gate); the device
@@ -102,6 +103,56 @@ fn gemma_greedy_chains_replay_on_device() {
         }
     }
     eprintln!("greedy: {n_identical}/{n} chains identical, the rest diverge at near-ties");
+}
+
+/// The reference forward replays every greedy chain of `greedy.jsonl` token for token
+/// (llama.cpp produced them with the prompt as one batch asking for the last token's
+/// logits, then one token per step),
+/// following llama.cpp's arithmetic for a prompt batch (logits of its last token only)
+/// and then one token per step (`Reference::set_prompt_batch`); prints the largest logit difference on llama.cpp's
+/// top 5 over all steps.
+#[test]
+fn gemma_greedy_chains_replay_on_reference() {
+    let model = default_model();
+    let text = read_json("greedy.jsonl");
+    let t0 = std::time::Instant::now();
+    let mut worst = 0.0f64;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("golden line is JSON");
+        let prompt = ids(&v["prompt_ids"]);
+        let steps = v["steps"].as_array().expect("steps");
+        let mut r = Reference::new(&model);
+        r.set_prompt_batch(prompt.len());
+        let mut logits = Vec::new();
+        for &t in &prompt {
+            logits = r.forward(t).expect("prefill");
+        }
+        for (i, step) in steps.iter().enumerate() {
+            let want = step["id"].as_u64().expect("id") as u32;
+            for p in step["top"].as_array().expect("top") {
+                let (id, l) = (
+                    p[0].as_u64().expect("id") as usize,
+                    p[1].as_f64().expect("logit"),
+                );
+                worst = worst.max((logits[id] as f64 - l).abs());
+            }
+            let got = argmax(&logits) as u32;
+            assert_eq!(
+                got,
+                want,
+                "{:?}: step {i}: reference {got}, llama.cpp {want} (its margin {})",
+                v["prompt"].as_str().unwrap_or("?"),
+                step["margin"]
+            );
+            if i + 1 < steps.len() {
+                logits = r.forward(got).expect("decode");
+            }
+        }
+    }
+    eprintln!(
+        "reference: every greedy chain replays; max logit difference on llama.cpp's top 5: {worst:.2e} ({:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 /// Top-1 agreement, mean KL(llama.cpp || ours) and the rms logit difference on

@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-use flint_core::dot::ggml_x86::Q4kPath;
+use flint_core::dot::ggml_x86::BatchRow;
 use flint_engine::model::{load_model, Ffn, Model, TensorRef};
 
 /// Positions of the fixture rows in the golden batch, and its length.
@@ -48,20 +48,13 @@ fn check_matmul(name: &str, w: &TensorRef) {
     assert_eq!(want.len(), ROWS.len() * n, "{name}: fixture output size");
     let mut exact = 0;
     for (i, &r) in ROWS.iter().enumerate() {
-        let path = if r >= BATCH - BATCH % 4 {
-            Q4kPath::Gemv
-        } else {
-            Q4kPath::Gemm
+        let at = BatchRow {
+            batch: BATCH,
+            row: r,
         };
         let mut got = vec![0f32; n];
-        flint_core::dot::matvec_f32_ggml_x86(
-            w.ty,
-            w.bytes(),
-            &x[i * k..(i + 1) * k],
-            &mut got,
-            path,
-        )
-        .expect("matmul");
+        flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), &x[i * k..(i + 1) * k], &mut got, at)
+            .expect("matmul");
         for (o, (g, e)) in got.iter().zip(&want[i * n..(i + 1) * n]).enumerate() {
             assert_eq!(
                 g.to_bits(),

@@ -104,13 +104,9 @@ fn matvec_rows(w: &TensorRef, x: &[f32], n_in: usize) -> Vec<f32> {
             out.extend(reference::matvec(w, r).expect("matvec"));
             continue;
         }
-        let path = if p < n - n % 4 {
-            flint_core::dot::ggml_x86::Q4kPath::Gemm
-        } else {
-            flint_core::dot::ggml_x86::Q4kPath::Gemv
-        };
+        let at = flint_core::dot::ggml_x86::BatchRow { batch: n, row: p };
         let mut o = vec![0.0; w.dims[1]];
-        flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), r, &mut o, path).expect("matvec");
+        flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), r, &mut o, at).expect("matvec");
         out.extend(o);
     }
     out
@@ -220,15 +216,29 @@ fn gemma_ops_against_llama_cpp() {
         let mut ours = Vec::new();
         for p in 0..n_tok {
             for hq in 0..h {
-                ours.extend(reference::attend_head(
-                    &qs[(p * h + hq) * dk..(p * h + hq + 1) * dk],
-                    &keys,
-                    &vals,
-                    p,
-                    1.0,
-                    None,
-                    s.layer_window(il),
-                ));
+                let q = &qs[(p * h + hq) * dk..(p * h + hq + 1) * dk];
+                if n_tok >= flint_core::math::GGML_FA_TILE_Q {
+                    ours.extend(reference::attend_head(
+                        q,
+                        &keys,
+                        &vals,
+                        p,
+                        1.0,
+                        None,
+                        s.layer_window(il),
+                    ));
+                } else {
+                    let mut o = vec![0.0; dv];
+                    flint_core::math::attend_ggml_one_chunk(
+                        q,
+                        &keys[..=p],
+                        &vals[..=p],
+                        1.0,
+                        None,
+                        &mut o,
+                    );
+                    ours.extend(o);
+                }
             }
         }
         cmp("attention", &ours, &kqv, h * dv);
@@ -309,4 +319,104 @@ fn gemma_ops_against_llama_cpp() {
             s.d,
         );
     }
+}
+
+/// The reference forward over the dump's tokens (`ids.txt`) against the dump's logits
+/// (`logits.bin`): all rows, or the last only with `LAST_ONLY=1` (a generation prefill).
+#[test]
+#[ignore = "needs a llama.cpp tensor dump in FLINT_GGML_DUMP (tools/golden/dump_ops.sh)"]
+fn reference_logits_against_dump() {
+    let Some(d) = Dump::open() else { return };
+    let m = model();
+    let ids: Vec<u32> = std::fs::read_to_string(d.dir.join("ids.txt"))
+        .expect("ids.txt")
+        .split_whitespace()
+        .map(|t| t.parse().expect("id"))
+        .collect();
+    let b = std::fs::read(d.dir.join("logits.bin")).expect("logits.bin");
+    let want: Vec<f32> = b
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let last_only = std::env::var("LAST_ONLY").is_ok();
+    let mut r = flint_engine::reference::Reference::new(&m);
+    if last_only {
+        r.set_prompt_batch(ids.len());
+    } else {
+        r.set_batch_len(ids.len());
+    }
+    let v = m.spec.vocab;
+    for (p, &t) in ids.iter().enumerate() {
+        let got = r.forward(t).expect("forward");
+        let row = if last_only {
+            if p + 1 < ids.len() {
+                continue;
+            }
+            &want[..v]
+        } else {
+            &want[p * v..(p + 1) * v]
+        };
+        cmp(&format!("logits pos {p}"), &got, row, v);
+    }
+}
+
+/// The last layer after attention on the single output row of a generation prefill
+/// (`LAST_ONLY=1` dumps), each op from llama.cpp's inputs.
+#[test]
+#[ignore = "needs a LAST_ONLY llama.cpp tensor dump in FLINT_GGML_DUMP"]
+fn last_layer_single_row() {
+    use flint_core::dot::ggml_x86::BatchRow;
+    let Some(d) = Dump::open() else { return };
+    let m = model();
+    let s = &m.spec;
+    let il = m.layers.len() - 1;
+    let layer = &m.layers[il];
+    let Ffn::Dense(mlp) = &layer.ffn else {
+        panic!("dense")
+    };
+    let mv = |w: &TensorRef, x: &[f32]| {
+        let mut o = vec![0.0; w.dims[1]];
+        flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), x, &mut o, BatchRow::SINGLE)
+            .expect("mv");
+        o
+    };
+    let wo_all = d.get(&d.next_op(&format!("kqv_out-{il}"), "MUL_MAT"));
+    let n = wo_all.len() / s.d;
+    let wo_last = &wo_all[(n - 1) * s.d..];
+    let apn = d.get(&format!("attn_post_norm-{il}"));
+    cmp(
+        "attn_post_norm",
+        &norm_rows(wo_last, layer.post_attn_norm.as_deref().expect("p"), s.eps),
+        &apn,
+        s.d,
+    );
+    let fnm = d.get(&format!("ffn_norm-{il}"));
+    let sa = d.get(&format!("sa_out-{il}"));
+    cmp(
+        "ffn_norm",
+        &norm_rows(&sa, &layer.ffn_norm, s.eps),
+        &fnm,
+        s.d,
+    );
+    let g = d.get(&format!("ffn_gate-{il}"));
+    let u = d.get(&format!("ffn_up-{il}"));
+    cmp("gate", &mv(&mlp.gate, &fnm), &g, g.len());
+    cmp("up", &mv(&mlp.up, &fnm), &u, u.len());
+    let gg = d.get(&format!("ffn_geglu-{il}"));
+    let fo = d.get(&format!("ffn_out-{il}"));
+    cmp(
+        &format!("down {:?}", mlp.down.ty),
+        &mv(&mlp.down, &gg),
+        &fo,
+        fo.len(),
+    );
+    let rn = d.get("result_norm");
+    cmp(
+        "result_norm",
+        &norm_rows(&d.get(&format!("l_out-{il}")), &m.output_norm, s.eps),
+        &rn,
+        s.d,
+    );
+    let ro = d.get("result_output");
+    cmp("output", &mv(&m.output, &rn), &ro, ro.len());
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use flint_core::dot::ggml_x86::Q4kPath;
+use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
@@ -32,8 +32,14 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-                    flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, Q4kPath::Gemm)
-                        .expect("core");
+                    flint_core::dot::matvec_f32_ggml_x86(
+                        ty,
+                        &w[..n * rb],
+                        xr,
+                        o,
+                        BatchRow::IN_BATCH,
+                    )
+                    .expect("core");
                 }
                 for &level in &levels {
                     let opts = DeviceOptions {
@@ -61,7 +67,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
 
 /// The target for hal-cpu's Q4_K and Q6_K kernels: in a batch of `m` activation rows,
 /// Q4_K rows `0 .. m - m % 4` in the repacked gemm order and the rest in the gemv order,
-/// Q6_K (m >= 8) in the tiled kernel's order.
+/// Q6_K in the tiled kernel's order from 8 rows up and in `ggml_vec_dot_q6_K_q8_K`'s
+/// below.
 #[test]
 #[ignore = "hal-cpu's Q4_K/Q6_K kernels do not follow llama.cpp's order yet (docs/parity.md)"]
 fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
@@ -74,16 +81,12 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
         let (k, n) = (2048, 24);
         let w = random_weight(&mut rng, ty, k, n);
         let rb = ty.row_bytes(k).expect("row size");
-        for m in [8usize, 13, 177] {
+        for m in [1usize, 5, 8, 13, 177] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             for (i, (xr, o)) in x.chunks(k).zip(want.chunks_mut(n)).enumerate() {
-                let path = if i >= m - m % 4 {
-                    Q4kPath::Gemv
-                } else {
-                    Q4kPath::Gemm
-                };
-                flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, path).expect("core");
+                let at = BatchRow { batch: m, row: i };
+                flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at).expect("core");
             }
             for &level in &levels {
                 let opts = DeviceOptions {

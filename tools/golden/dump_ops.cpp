@@ -124,7 +124,9 @@ int main(int argc, char **argv) {
         b.pos[i] = (llama_pos)i;
         b.n_seq_id[i] = 1;
         b.seq_id[i][0] = 0;
-        b.logits[i] = 1;
+        // LAST_ONLY=1: logits for the last token only, as a generation prefill asks
+        // (llama.cpp then computes the last layer after attention for that row alone).
+        b.logits[i] = getenv("LAST_ONLY") ? (i + 1 == ids.size()) : 1;
     }
     b.n_tokens = (int)ids.size();
     if (llama_decode(ctx, b) != 0) {
@@ -133,7 +135,9 @@ int main(int argc, char **argv) {
     }
     const int nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE *f = fopen((st.dir + "/logits.bin").c_str(), "wb");
-    for (size_t i = 0; i < ids.size(); i++) fwrite(llama_get_logits_ith(ctx, (int)i), sizeof(float), nv, f);
+    for (size_t i = 0; i < ids.size(); i++) {
+        if (b.logits[i]) fwrite(llama_get_logits_ith(ctx, (int)i), sizeof(float), nv, f);
+    }
     fclose(f);
     fclose(st.index);
     llama_batch_free(b);

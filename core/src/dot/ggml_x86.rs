@@ -8,8 +8,9 @@
 //! small sums up) those last-bit differences decide top-1 choices. Matching llama.cpp's
 //! logits to the bit where it is deterministic needs its order, which is:
 //!
-//! - **Q8_0 / Q5_0 weights, prompt batches** (two or more activation rows): llamafile's
-//!   tinyBLAS (`tinyBLAS_Q0_AVX` in `ggml-cpu/llamafile/sgemm.cpp`). Eight `f32` lanes;
+//! - **Q8_0 / Q5_0 weights**: llamafile's tinyBLAS (`tinyBLAS_Q0_AVX` in
+//!   `ggml-cpu/llamafile/sgemm.cpp`) for two or more activation rows; a single row goes
+//!   through `ggml_vec_dot_q8_0_q8_0` / `_q5_0_q8_0` (AVX2), whose order is the same. Eight `f32` lanes;
 //!   lane `l` takes, per 32-element block, the integer sum of elements `4l..4l+4`
 //!   (`updot`) and accumulates `fma(d_w * d_a, sum, lane)`; the lanes are added at the
 //!   end as `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` ([`hsum8`]).
@@ -21,7 +22,7 @@
 //!   AVX2 branch ([`vec_dot_q6_k_q8_k_avx2`]: eight `i32` lanes per block, lane `l` the
 //!   elements `e` with `(e mod 32) / 4 == l` with the offset of 32 taken out as
 //!   `32 * (bsum(2l) * scale(2l) + bsum(2l+1) * scale(2l+1))`, `fma(d, lane, acc_l)` per
-//!   block and [`hsum8`] at the end; not checked against llama.cpp output).
+//!   block and [`hsum8`] at the end).
 //! - **Q4_K weights**: the repacked `q4_K_8x8` path (`ggml-cpu/arch/x86/repack.cpp`),
 //!   which llama.cpp uses for every Q4_K matrix with a multiple of 8 rows. One `f32`
 //!   accumulator per output for the scales and one for the mins:
@@ -175,6 +176,39 @@ fn q4k_scales(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
         }
     }
     (sc, mn)
+}
+
+/// Where an activation row sits in a llama.cpp matmul: the number of activation rows of
+/// the call (`batch`) and the row's index, which together pick llama.cpp's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRow {
+    /// Activation rows in the matmul (tokens in the llama.cpp batch).
+    pub batch: usize,
+    /// This row's index, `0..batch`.
+    pub row: usize,
+}
+
+impl BatchRow {
+    /// A row of a large batch outside the Q4_K tail: Q4_K gemm, Q6_K tiled (and, for
+    /// attention, llama.cpp's tiled flash attention, from 64 rows).
+    pub const IN_BATCH: Self = Self { batch: 64, row: 0 };
+    /// The single row of a one-token decode step: Q4_K gemv, Q6_K `ggml_vec_dot`.
+    pub const SINGLE: Self = Self { batch: 1, row: 0 };
+
+    /// The repacked Q4_K kernel of this row: gemv for the last `batch % 4` rows.
+    pub fn q4k(self) -> Q4kPath {
+        if self.row >= self.batch - self.batch % 4 {
+            Q4kPath::Gemv
+        } else {
+            Q4kPath::Gemm
+        }
+    }
+
+    /// Whether Q6_K goes through the tiled matmul (8 rows or more) rather than
+    /// `ggml_vec_dot_q6_K_q8_K`.
+    pub fn q6k_tiled(self) -> bool {
+        self.batch >= 8
+    }
 }
 
 /// Which of the repacked Q4_K kernels computes an activation row.
