@@ -35,7 +35,11 @@
 //!   Q8_0 / Q8_1 rounding differs from the `_ref` ones on rare ties) and calls the kernel: the oracle for
 //!   the device matmuls and the reference forward. Needs no allocator.
 //! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
+//! - [`matvec_f32_ggml_x86`] (`alloc` feature): as [`matvec_f32`], with Q8_0, Q5_0, Q6_K
+//!   and Q4_K rows summed in the float order of llama.cpp's x86 kernels for a prompt
+//!   batch ([`ggml_x86`]; `docs/parity.md`).
 
+pub mod ggml_x86;
 mod iq;
 mod kquants;
 mod legacy;
@@ -352,4 +356,67 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
     let mut b = A::zeroed();
     A::quantize(x, core::slice::from_mut(&mut b));
     b
+}
+
+/// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
+/// Q8_0, Q5_0, Q6_K and Q4_K weights, for the activation row `at` of a llama.cpp matmul
+/// (its batch size and row pick the kernels); any other type exactly as [`matvec_f32`].
+/// The activation is quantized as there.
+///
+/// # Errors
+/// As [`matvec_f32`].
+#[cfg(feature = "alloc")]
+pub fn matvec_f32_ggml_x86(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    out: &mut [f32],
+    at: ggml_x86::BatchRow,
+) -> Result<(), FormatError> {
+    use alloc::vec::Vec;
+    if !matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q4_K
+    ) {
+        return matvec_f32(ty, w, x, out);
+    }
+    let row = ty.row_bytes(x.len()).ok_or(FormatError::LengthMismatch {
+        expected: x.len().next_multiple_of(ty.block_size()),
+        found: x.len(),
+    })?;
+    let expected = row.saturating_mul(out.len());
+    if w.len() != expected {
+        return Err(FormatError::LengthMismatch {
+            expected,
+            found: w.len(),
+        });
+    }
+    out.fill(0.0);
+    if x.is_empty() {
+        return Ok(());
+    }
+    let act_ty = ty.vec_dot_type();
+    let mut act = alloc::vec![0u8; act_ty.row_bytes(x.len()).unwrap_or(0)];
+    crate::quant::quantize_act(act_ty, x, &mut act)?;
+    macro_rules! rows {
+        ($W:ty, $A:ty, $f:expr) => {{
+            let a: Vec<$A> = blocks::<$A>(&act).collect();
+            for (o, wr) in out.iter_mut().zip(w.chunks_exact(row)) {
+                let wb: Vec<$W> = blocks::<$W>(wr).collect();
+                *o = $f(&wb, &a);
+            }
+        }};
+    }
+    match ty {
+        GgmlType::Q8_0 => rows!(BlockQ8_0, BlockQ8_0, ggml_x86::vec_dot_q8_0_q8_0_tinyblas),
+        GgmlType::Q5_0 => rows!(BlockQ5_0, BlockQ8_0, ggml_x86::vec_dot_q5_0_q8_0_tinyblas),
+        GgmlType::Q6_K if at.q6k_tiled() => {
+            rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
+        }
+        GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_avx2),
+        _ => rows!(BlockQ4K, BlockQ8K, |wb: &[BlockQ4K], a: &[BlockQ8K]| {
+            ggml_x86::vec_dot_q4_k_q8_k_repack(wb, a, at.q4k())
+        }),
+    }
+    Ok(())
 }

@@ -17,7 +17,7 @@ use flint_hal::{
     WeightDesc, WeightHandle, WeightKind,
 };
 
-use crate::model::{Activation, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
+use crate::model::{Activation, Arch, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
 
 /// KV group of full-attention layers.
 pub const GROUP_FULL: usize = 0;
@@ -397,11 +397,20 @@ impl DeviceModel {
             dev.rope(&mut q, &positions, &rp(h))?;
             dev.rope(&mut k, &positions, &rp(hkv))?;
             dev.write_kv(&mut *kv[il], &k, &v, &slots[g])?;
+            // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends
+            // with scale 1; the f16 rounding of the queries in its small-batch attention
+            // sees the scaled values, so the order matters to the bit.
+            let attn_scale = if spec.arch == Arch::Gemma3 {
+                dev.scale(&mut q, spec.attn_scale)?;
+                1.0
+            } else {
+                spec.attn_scale
+            };
             let pa = PagedAttention {
                 q: &q,
                 seqs: &attn_seqs[g],
                 n_heads: h,
-                scale: spec.attn_scale,
+                scale: attn_scale,
                 sinks: layer.sinks.as_deref(),
                 window: spec.layer_window(il),
             };

@@ -4,40 +4,47 @@
 //! written to be read next to `shared/spec/FLINT.md` (and llama.cpp's Gemma 3 graph), not
 //! to be fast.
 //!
-//! **Matmuls** go through `flint_core::dot::dot_row_f32` on the weight rows as they are
-//! stored: like ggml, that quantizes the activation to the weight type's `vec_dot_type`
-//! (Q8_K for K-quants, Q8_0 for legacy types) before the integer dot. We chose this over
-//! dequantizing to f32 because the real-weights gate compares against llama.cpp, which
-//! computes exactly so; the activation rounding is part of what llama.cpp's logits are.
+//! **Matmuls** go through `flint_core::dot::matvec_f32_ggml_x86` on the weight rows as
+//! they are stored: like ggml, that quantizes the activation to the weight type's
+//! `vec_dot_type` (Q8_K for K-quants, Q8_0 for legacy types) before the integer dot, and
+//! it scales and sums the block results in the order llama.cpp's x86 CPU backend uses for
+//! a prompt batch (tinyBLAS for Q8_0/Q5_0, the tiled kernel for Q6_K, the repacked kernels
+//! for Q4_K; other types in ggml's generic order). We chose this over dequantizing to f32
+//! because the real-weights gate compares against llama.cpp, which computes exactly so.
 //! Rows are spread over threads with rayon, which changes nothing in the result (every
 //! row is one independent dot).
 //!
 //! More roundings of llama.cpp's CPU backend are kept for the same reason: the cache
-//! holds values rounded to f16 (its default V cache type), attention follows the order
-//! of operations of its CPU flash attention (`attend_head`), and GELU goes
-//! through ggml's f16 table (`flint_core::math::gelu_tanh_ggml_f16`). Gemma 3's post-norms
-//! rescale tiny FFN outputs to large ones, so each of these roundings alone moves its
-//! logits by up to 0.1 nats; with them, position 0 matches llama.cpp to 1e-5.
+//! holds keys and values rounded to f16 (its default cache types), attention follows the
+//! order of operations of its CPU flash attention (`attend_head`), RoPE uses glibc's
+//! `sinf`/`cosf` and GCC's fused multiply-adds, and GELU goes through ggml's f16 table
+//! (`flint_core::math::gelu_tanh_ggml_f16`). Gemma 3's post-norms rescale tiny FFN
+//! outputs to large ones, so one-ulp differences grow into 0.1-nat logit differences;
+//! with all of these, the teacher-forced golden paragraph's logits equal llama.cpp's
+//! (see `docs/parity.md`).
 //!
 //! The building blocks (norms, RoPE, attention with sinks and a window, routing) are
 //! public so that tests can check each of them against a hand computation.
 
 use rayon::prelude::*;
 
+use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::math::{gelu_tanh_ggml_f16, silu};
 use flint_hal::Gating;
 
-use crate::model::{Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
+use crate::model::{Activation, Arch, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
-/// `flint_core::dot::matvec_f32` (bit for bit `dot_row_f32` per row, with the activation
-/// quantized once per call). Blocks of rows go to rayon's threads; each row's result
-/// does not depend on the split.
-pub fn matvec_rows(
+/// `flint_core::dot::matvec_f32_ggml_x86`: the activation quantized once per call, each
+/// row in the float order llama.cpp's x86 CPU backend uses for the activation row `at`
+/// of a matmul (see [`Reference::set_batch_len`]). Blocks of rows
+/// go to rayon's threads; each row's result does not depend on the split.
+pub fn matvec_rows_in(
     w: &TensorRef,
     row_offset: usize,
     x: &[f32],
     out: &mut [f32],
+    at: BatchRow,
 ) -> Result<(), ModelError> {
     assert_eq!(x.len(), w.row_len(), "matvec on '{}': input length", w.name);
     const ROWS: usize = 256;
@@ -45,8 +52,18 @@ pub fn matvec_rows(
     let bytes = &w.bytes()[row_offset * rb..(row_offset + out.len()) * rb];
     out.par_chunks_mut(ROWS)
         .zip(bytes.par_chunks(ROWS * rb))
-        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32(w.ty, wb, x, o))
+        .try_for_each(|(o, wb)| flint_core::dot::matvec_f32_ggml_x86(w.ty, wb, x, o, at))
         .map_err(|e| ModelError::new(format!("matmul on '{}': {e}", w.name)))
+}
+
+/// [`matvec_rows_in`] for a row of a large batch ([`BatchRow::IN_BATCH`]).
+pub fn matvec_rows(
+    w: &TensorRef,
+    row_offset: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    matvec_rows_in(w, row_offset, x, out, BatchRow::IN_BATCH)
 }
 
 /// `W x` for a matrix `[in, out]`.
@@ -136,6 +153,14 @@ pub struct Reference<'m> {
     keys: Vec<Vec<Vec<f32>>>,
     /// Per layer, per position: the value row `[Hkv * dv]`.
     values: Vec<Vec<Vec<f32>>>,
+    /// The length of the llama.cpp prompt batch whose arithmetic is followed, if known
+    /// ([`Reference::set_batch_len`]).
+    batch_len: Option<usize>,
+    /// Whether that batch asks for the logits of its last token only (a generation
+    /// prefill) rather than of every token ([`Reference::set_prompt_batch`]).
+    last_only: bool,
+    /// Where the position being computed sits in llama.cpp's matmuls.
+    cur_row: BatchRow,
 }
 
 impl<'m> Reference<'m> {
@@ -146,6 +171,48 @@ impl<'m> Reference<'m> {
             model,
             keys: vec![Vec::new(); n],
             values: vec![Vec::new(); n],
+            batch_len: None,
+            last_only: false,
+            cur_row: BatchRow::IN_BATCH,
+        }
+    }
+
+    /// Follows llama.cpp's arithmetic for a prompt batch of `n` tokens starting at
+    /// position 0, then one token per decode step: llama.cpp picks its kernels by the
+    /// number of tokens in a call and a row's place in it (its repacked Q4_K matmul
+    /// computes the last `n % 4` rows of a batch with its gemv kernel, one rounding per
+    /// 256 values instead of per 64; Q6_K goes through its tiled matmul from 8 rows up;
+    /// flash attention takes its tiled path from 64 rows, below that it goes one key at
+    /// a time and accumulates the output in f16).
+    /// Without it every position is computed as a row of a large batch
+    /// ([`BatchRow::IN_BATCH`]).
+    pub fn set_batch_len(&mut self, n: usize) {
+        self.batch_len = Some(n);
+        self.last_only = false;
+    }
+
+    /// As [`Self::set_batch_len`] for a generation prefill, which asks llama.cpp for the
+    /// logits of the last prompt token only: llama.cpp then computes the last layer
+    /// after its attention output projection for that one row (a matmul of one row, not
+    /// of the batch), which changes its kernels there.
+    pub fn set_prompt_batch(&mut self, n: usize) {
+        self.batch_len = Some(n);
+        self.last_only = true;
+    }
+
+    /// `W x` for the position being computed.
+    fn mv(&self, w: &TensorRef, x: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0.0; w.dims[1]];
+        matvec_rows_in(w, 0, x, &mut out, self.cur_row)?;
+        Ok(out)
+    }
+
+    /// Where position `pos` sits in llama.cpp's matmuls (see [`Self::set_batch_len`]).
+    fn batch_row(&self, pos: usize) -> BatchRow {
+        match self.batch_len {
+            Some(n) if pos < n => BatchRow { batch: n, row: pos },
+            Some(_) => BatchRow::SINGLE,
+            None => BatchRow::IN_BATCH,
         }
     }
 
@@ -181,6 +248,7 @@ impl<'m> Reference<'m> {
             )));
         }
         let pos = self.len();
+        self.cur_row = self.batch_row(pos);
         if pos >= spec.context_length {
             return Err(ModelError::new(format!(
                 "position {pos} is beyond the model's context length {}",
@@ -195,8 +263,13 @@ impl<'m> Reference<'m> {
                 *v *= spec.embed_scale;
             }
         }
+        let last = m.layers.len().saturating_sub(1);
         for (il, layer) in m.layers.iter().enumerate() {
             let attn = self.attention(il, layer, &x, pos)?;
+            if il == last && self.last_only && self.batch_len.is_some_and(|n| pos < n) {
+                // llama.cpp keeps only the output row from here on (`inp_out_ids`).
+                self.cur_row = BatchRow::SINGLE;
+            }
             let attn = match &layer.post_attn_norm {
                 Some(w) => rms_norm(&attn, Some(w), spec.eps),
                 None => attn,
@@ -211,7 +284,7 @@ impl<'m> Reference<'m> {
             add(&mut x, &y);
         }
         let h = rms_norm(&x, Some(&m.output_norm), spec.eps);
-        matvec(&m.output, &h)
+        self.mv(&m.output, &h)
     }
 
     fn attention(
@@ -230,9 +303,9 @@ impl<'m> Reference<'m> {
         );
         let base = spec.layers[il].rope_base;
         let a = rms_norm(x, Some(&layer.attn_norm), spec.eps);
-        let mut q = matvec(&layer.wq, &a)?;
-        let mut k = matvec(&layer.wk, &a)?;
-        let v = matvec(&layer.wv, &a)?;
+        let mut q = self.mv(&layer.wq, &a)?;
+        let mut k = self.mv(&layer.wk, &a)?;
+        let v = self.mv(&layer.wv, &a)?;
         for head in q.chunks_mut(dk) {
             if let Some(w) = &layer.q_norm {
                 let n = rms_norm(head, Some(w), spec.eps);
@@ -240,6 +313,16 @@ impl<'m> Reference<'m> {
             }
             rope_neox(head, pos as u32, spec.n_rot, base);
         }
+        // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends with
+        // scale 1; its small-batch attention rounds the queries to f16 after that.
+        let attn_scale = if spec.arch == Arch::Gemma3 {
+            for v in q.iter_mut() {
+                *v *= spec.attn_scale;
+            }
+            1.0
+        } else {
+            spec.attn_scale
+        };
         for head in k.chunks_mut(dk) {
             if let Some(w) = &layer.k_norm {
                 let n = rms_norm(head, Some(w), spec.eps);
@@ -247,12 +330,13 @@ impl<'m> Reference<'m> {
             }
             rope_neox(head, pos as u32, spec.n_rot, base);
         }
-        // The cache holds values rounded to f16, as llama.cpp's default V cache does
-        // (`type_v` F16): part of what its logits are. (Its keys are f16 too; rounding
-        // them here and on the device turns last-bit differences between the two
-        // forwards into whole f16 steps, which on `tiny` flip expert choices, so keys
-        // stay f32 for now.)
+        // The cache holds keys and values rounded to f16, as llama.cpp's default cache
+        // types (`type_k`, `type_v` F16) do: part of what its logits are.
         let v: Vec<f32> = v
+            .into_iter()
+            .map(|x| half::f16::from_f32(x).to_f32())
+            .collect();
+        let k: Vec<f32> = k
             .into_iter()
             .map(|x| half::f16::from_f32(x).to_f32())
             .collect();
@@ -272,17 +356,26 @@ impl<'m> Reference<'m> {
                 .map(|r| &r[g * dv..(g + 1) * dv])
                 .collect();
             let sink = layer.sinks.as_ref().map(|s| s[hq]);
-            o.extend(attend_head(
-                &q[hq * dk..(hq + 1) * dk],
-                &ks,
-                &vs,
-                pos,
-                spec.attn_scale,
-                sink,
-                window,
-            ));
+            let qh = &q[hq * dk..(hq + 1) * dk];
+            if self.cur_row.batch >= flint_core::math::GGML_FA_TILE_Q {
+                o.extend(attend_head(qh, &ks, &vs, pos, attn_scale, sink, window));
+            } else {
+                // A llama.cpp call of fewer query rows: its one-key-at-a-time path, the
+                // output accumulated in f16.
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let mut out = vec![0.0f32; dv];
+                flint_core::math::attend_ggml_one_chunk(
+                    qh,
+                    &ks[first..=pos],
+                    &vs[first..=pos],
+                    attn_scale,
+                    sink,
+                    &mut out,
+                );
+                o.extend(out);
+            }
         }
-        matvec(&layer.wo, &o)
+        self.mv(&layer.wo, &o)
     }
 
     /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces).
@@ -296,8 +389,8 @@ impl<'m> Reference<'m> {
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
         let mut u = vec![0.0; width];
-        matvec_rows(&mlp.gate, expert * width, f, &mut g)?;
-        matvec_rows(&mlp.up, expert * width, f, &mut u)?;
+        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, self.cur_row)?;
+        matvec_rows_in(&mlp.up, expert * width, f, &mut u, self.cur_row)?;
         let act = self.model.spec.activation;
         let hidden: Vec<f32> = g
             .iter()
@@ -308,7 +401,7 @@ impl<'m> Reference<'m> {
             })
             .collect();
         let mut y = vec![0.0; d_out];
-        matvec_rows(&mlp.down, expert * d_out, &hidden, &mut y)?;
+        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, self.cur_row)?;
         Ok(y)
     }
 
@@ -319,7 +412,7 @@ impl<'m> Reference<'m> {
                 let Some(ms) = self.model.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
-                let logits = matvec(&moe.router, f)?;
+                let logits = self.mv(&moe.router, f)?;
                 let chosen = route(
                     &logits,
                     moe.bias.as_deref(),

@@ -19,6 +19,19 @@ use flint_hal::Gating;
 /// setting than to the reference of the other. (Means, not maxima: the two forwards
 /// agree bit for bit on most rows, but a last-bit difference in one op can flip an
 /// activation's int8 rounding or a near-tied expert choice and move a few rows.)
+/// How much closer to the same-setting reference the device must be than to the other
+/// one. A device that ignored a feature sits about as far from both (ratio ~1).
+///
+/// 0.3, up from 0.1: the KV cache now holds f16 keys as well as values (llama.cpp's
+/// default, needed for the Gemma gate), so where the device's and the reference's keys
+/// differ in the last bit, the key moves by a whole f16 step. They differ because the
+/// device's Q4_K and Q6_K matmuls still sum in their own order while the reference uses
+/// llama.cpp's (docs/parity.md); measured up to 0.227 (QK norm removed), 0.126-0.143
+/// on the other settings of QK norm and the SWA RoPE base, below 0.1 elsewhere.
+/// With the device in llama.cpp's order the two forwards agree to 0.0000 on most
+/// settings (0.0085 at most, measured): then this can go back to 0.1 or below.
+const FOLLOW_RATIO: f32 = 0.3;
+
 fn assert_feature_matters(name: &str, model: &Model, altered: &Model) {
     let toks = prompt(77, 16, model.spec.vocab);
     let base = reference_logits(model, &toks);
@@ -41,7 +54,7 @@ fn assert_feature_matters(name: &str, model: &Model, altered: &Model) {
         let (near, far) = (mean_abs_diff(same, &d), mean_abs_diff(other, &d));
         eprintln!("{name} ({what}): device vs same-setting reference {near:.4}, vs other {far:.4}");
         assert!(
-            near < 0.1 * far,
+            near < FOLLOW_RATIO * far,
             "{name} ({what}): the device is not following the reference ({near} vs {far})"
         );
     }

@@ -1,10 +1,13 @@
 //! The real-weights gate on Gemma 3 270M Q4_K_M (the default model) against llama.cpp's
 //! outputs in `shared/golden/gemma3-270m`:
 //! - every greedy chain of `greedy.jsonl` replays token for token, or first diverges at a
-//!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu);
+//!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu); the reference
+//!   forward replays them all exactly;
 //! - teacher-forced over `logits-top20.json`: top-1 agreement >= 98% and mean KL
-//!   (estimated from llama.cpp's top 20) <= 0.01, on the device forward and on the
-//!   reference forward.
+//!   (estimated from llama.cpp's top 20) <= 0.01: the reference forward meets it with
+//!   logits equal to llama.cpp's (`gemma_top1_gate_98_percent`, the CI gate); the device
+//!   forward has a regression floor until its Q4_K/Q6_K matmuls follow llama.cpp's
+//!   order (`gemma_top1_gate_98_percent_on_device`, ignored until then).
 
 use std::path::PathBuf;
 
@@ -102,9 +105,60 @@ fn gemma_greedy_chains_replay_on_device() {
     eprintln!("greedy: {n_identical}/{n} chains identical, the rest diverge at near-ties");
 }
 
-/// Top-1 agreement and mean KL(llama.cpp || ours) over the logits file, from logits
-/// computed by `logits_of(ids) -> per position row`.
-fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
+/// The reference forward replays every greedy chain of `greedy.jsonl` token for token
+/// (llama.cpp produced them with the prompt as one batch asking for the last token's
+/// logits, then one token per step),
+/// following llama.cpp's arithmetic for a prompt batch (logits of its last token only)
+/// and then one token per step (`Reference::set_prompt_batch`); prints the largest logit difference on llama.cpp's
+/// top 5 over all steps.
+#[test]
+fn gemma_greedy_chains_replay_on_reference() {
+    let model = default_model();
+    let text = read_json("greedy.jsonl");
+    let t0 = std::time::Instant::now();
+    let mut worst = 0.0f64;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("golden line is JSON");
+        let prompt = ids(&v["prompt_ids"]);
+        let steps = v["steps"].as_array().expect("steps");
+        let mut r = Reference::new(&model);
+        r.set_prompt_batch(prompt.len());
+        let mut logits = Vec::new();
+        for &t in &prompt {
+            logits = r.forward(t).expect("prefill");
+        }
+        for (i, step) in steps.iter().enumerate() {
+            let want = step["id"].as_u64().expect("id") as u32;
+            for p in step["top"].as_array().expect("top") {
+                let (id, l) = (
+                    p[0].as_u64().expect("id") as usize,
+                    p[1].as_f64().expect("logit"),
+                );
+                worst = worst.max((logits[id] as f64 - l).abs());
+            }
+            let got = argmax(&logits) as u32;
+            assert_eq!(
+                got,
+                want,
+                "{:?}: step {i}: reference {got}, llama.cpp {want} (its margin {})",
+                v["prompt"].as_str().unwrap_or("?"),
+                step["margin"]
+            );
+            if i + 1 < steps.len() {
+                logits = r.forward(got).expect("decode");
+            }
+        }
+    }
+    eprintln!(
+        "reference: every greedy chain replays; max logit difference on llama.cpp's top 5: {worst:.2e} ({:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Top-1 agreement, mean KL(llama.cpp || ours) and the rms logit difference on
+/// llama.cpp's top 20 (offset removed) over the logits file, from one logits row per
+/// position.
+fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64, f64) {
     let positions = golden["positions"].as_array().expect("positions");
     assert_eq!(rows.len(), positions.len());
     let (mut agree, mut kl_sum) = (0usize, 0.0f64);
@@ -156,21 +210,30 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64) {
         kl += pt * (pt / qt).ln();
         kl_sum += kl;
     }
-    eprintln!(
-        "rms logit difference on llama.cpp's top-20 (offset removed): {:.4} nats",
-        (dev_sq / dev_n.max(1) as f64).sqrt()
-    );
-    (agree as f64 / rows.len() as f64, kl_sum / rows.len() as f64)
+    let rms = (dev_sq / dev_n.max(1) as f64).sqrt();
+    eprintln!("rms logit difference on llama.cpp's top-20 (offset removed): {rms:.6} nats");
+    (
+        agree as f64 / rows.len() as f64,
+        kl_sum / rows.len() as f64,
+        rms,
+    )
 }
 
 /// The issue's gate: top-1 agreement with llama.cpp over `logits-top20.json`.
 const TOP1_GATE: f64 = 0.98;
-/// What the forwards reach today (96.0% device, 95.5% reference on 2026-11-30), kept as a
-/// regression floor so CI catches a step backwards. This is NOT the gate: the gate is
-/// checked by the ignored `gemma_top1_gate_98_percent` below, which fails today.
+/// A regression floor for the device forward, which is not yet at the gate: its Q4_K and
+/// Q6_K matmuls still sum in their own order rather than llama.cpp's (docs/parity.md);
+/// 96.0% on 2026-11-30. With them in llama.cpp's order it reaches 100% (measured with
+/// the core emulation in their place); then `gemma_top1_gate_98_percent_on_device`
+/// below replaces this floor.
 const TOP1_FLOOR: f64 = 0.95;
-/// The issue's bound on the mean KL divergence (estimated from the top 20); met today.
+/// The issue's bound on the mean KL divergence (estimated from the top 20).
 const KL_GATE: f64 = 0.01;
+/// The reference forward follows llama.cpp's CPU arithmetic operation for operation
+/// (docs/parity.md), so its logits equal llama.cpp's up to the printing precision of the
+/// golden file (measured: 0.000000 nats rms). A step away from that parity shows here
+/// long before it moves the top-1 figure.
+const PARITY_RMS: f64 = 1e-3;
 
 fn device_figures() -> (f64, f64) {
     let model = default_model();
@@ -180,7 +243,7 @@ fn device_figures() -> (f64, f64) {
     let mut s = Session::new(&dm, toks.len()).expect("session");
     let all = s.feed(&toks, true).expect("teacher-forced forward");
     let rows: Vec<Vec<f32>> = all.chunks(model.spec.vocab).map(<[f32]>::to_vec).collect();
-    let (top1, kl) = teacher_forced_figures(&rows, &golden);
+    let (top1, kl, _) = teacher_forced_figures(&rows, &golden);
     eprintln!(
         "device (cpu): top-1 agreement {:.2}% over {} positions (gate {:.0}%: {}), mean KL {kl:.5}",
         top1 * 100.0,
@@ -202,24 +265,28 @@ fn gemma_teacher_forced_on_device() {
 }
 
 #[test]
-#[ignore = "issue 6: top-1 agreement with llama.cpp is 96.0%, below the 98% gate; see the issue note"]
-fn gemma_top1_gate_98_percent() {
+#[ignore = "issue 6: the device forward is at 96.0% until hal-cpu's Q4_K/Q6_K matmuls follow llama.cpp's order (docs/parity.md); the reference forward meets the gate in CI"]
+fn gemma_top1_gate_98_percent_on_device() {
     let (top1, _) = device_figures();
     assert!(top1 >= TOP1_GATE, "top-1 agreement {top1} < {TOP1_GATE}");
 }
 
+/// The CI gate: the reference forward, teacher-forced over the golden paragraph as one
+/// llama.cpp batch, against llama.cpp's logits: top-1 agreement >= 98%, mean KL <= 0.01,
+/// and logits equal to llama.cpp's (rms difference below [`PARITY_RMS`]).
 #[test]
-fn gemma_teacher_forced_on_reference() {
+fn gemma_top1_gate_98_percent() {
     let model = default_model();
     let golden: Value = serde_json::from_str(&read_json("logits-top20.json")).expect("JSON");
     let toks = ids(&golden["ids"]);
     let t0 = std::time::Instant::now();
     let mut r = Reference::new(&model);
+    r.set_batch_len(toks.len());
     let rows: Vec<Vec<f32>> = toks
         .iter()
         .map(|&t| r.forward(t).expect("reference forward"))
         .collect();
-    let (top1, kl) = teacher_forced_figures(&rows, &golden);
+    let (top1, kl, rms) = teacher_forced_figures(&rows, &golden);
     eprintln!(
         "reference: top-1 agreement {:.2}% over {} positions (gate {:.0}%: {}), mean KL {kl:.5} ({:.1}s)",
         top1 * 100.0,
@@ -229,8 +296,9 @@ fn gemma_teacher_forced_on_reference() {
         t0.elapsed().as_secs_f64()
     );
     assert!(kl <= KL_GATE, "mean KL {kl} > {KL_GATE}");
+    assert!(top1 >= TOP1_GATE, "top-1 agreement {top1} < {TOP1_GATE}");
     assert!(
-        top1 >= TOP1_FLOOR,
-        "top-1 agreement {top1} fell below the floor {TOP1_FLOOR}"
+        rms < PARITY_RMS,
+        "the reference's logits left llama.cpp's: rms difference {rms} nats on its top 20"
     );
 }

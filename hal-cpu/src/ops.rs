@@ -136,7 +136,7 @@ fn round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// Writes token `i`'s keys and values to slot `slots[i]`, the values rounded to f16.
+/// Writes token `i`'s keys and values to slot `slots[i]`, both rounded to f16.
 pub(crate) fn write_kv(
     kv: &mut CpuKv,
     k: &[f32],
@@ -156,12 +156,14 @@ pub(crate) fn write_kv(
                 l.num_slots()
             )));
         }
-        // Values are stored rounded to f16, as llama.cpp's default V cache (`type_v`
-        // F16) keeps them. Keys stay f32 for now: the device's and the reference's keys
-        // differ in the last bit now and then (SIMD vs scalar sums), f16 rounding turns
-        // that into a whole f16 step, and on `tiny` that flips expert choices enough to
-        // fail the feature tests' device-follows-reference bound.
-        kv.k[s * rk..(s + 1) * rk].copy_from_slice(&k[i * rk..(i + 1) * rk]);
+        // Keys and values are stored rounded to f16, as llama.cpp's default cache types
+        // (`type_k`, `type_v` F16) keep them: part of what its logits are.
+        for (d, &x) in kv.k[s * rk..(s + 1) * rk]
+            .iter_mut()
+            .zip(&k[i * rk..(i + 1) * rk])
+        {
+            *d = round_f16(x);
+        }
         for (d, &x) in kv.v[s * rv..(s + 1) * rv]
             .iter_mut()
             .zip(&v[i * rv..(i + 1) * rv])

@@ -77,8 +77,11 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
             .map(|j| s.table[j / bs] * bs as u32 + (j % bs) as u32)
             .collect();
         d.write_kv(&mut *kv, &s.k, &s.v, &slots).expect("write kv");
-        // The cache keeps f16 values (llama.cpp's default V cache type): the reference
-        // attends over the same rounded values.
+        // The cache keeps f16 keys and values (llama.cpp's default cache types): the
+        // reference attends over the same rounded values.
+        for k in s.k.iter_mut() {
+            *k = half::f16::from_f32(*k).to_f32();
+        }
         for v in s.v.iter_mut() {
             *v = half::f16::from_f32(*v).to_f32();
         }

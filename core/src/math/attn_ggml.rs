@@ -118,7 +118,7 @@ pub fn attend_ggml_tiled(
         }
         let m_new = m.max(tile_max);
         if m_new > m {
-            let ms = libm::expf(m - m_new);
+            let ms = super::libc::expf_libc(m - m_new);
             for o in out.iter_mut() {
                 *o *= ms;
             }
@@ -149,14 +149,124 @@ pub fn attend_ggml_tiled(
     if let Some(s) = sink {
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > m {
-            ms = libm::expf(m - s);
+            ms = super::libc::expf_libc(m - s);
             for o in out.iter_mut() {
                 *o *= ms;
             }
         } else {
-            vs = libm::expf(s - m);
+            vs = super::libc::expf_libc(s - m);
         }
-        denom = denom * ms + vs;
+        // `S = S * ms + vs` in C; GCC fuses it.
+        denom = libm::fmaf(denom, ms, vs);
+    }
+    let inv = if denom == 0.0 { 0.0 } else { 1.0 / denom };
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+/// Query rows from which llama.cpp's CPU flash attention takes its tiled path
+/// (`GGML_FA_TILE_Q`); smaller calls (a short prompt, every decode step) go through
+/// [`attend_ggml_one_chunk`].
+pub const GGML_FA_TILE_Q: usize = 64;
+
+/// `f32` rounded to the nearest f16 (ties to even), back in `f32`.
+#[inline]
+fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// ggml's AVX-512 `ggml_vec_dot_f16` of two rows of f16 values (given widened to f32):
+/// four 16-lane accumulators over blocks of 64, fused multiply-adds, then accumulators
+/// (0 + 2) and (1 + 3), their sum, and `_mm512_reduce_add_ps`. A tail that is not a
+/// multiple of 64 is added in f64 one product at a time.
+fn dot_f16_avx512(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n - n % 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, v) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + l;
+                *v = libm::fmaf(x[e], y[e], *v);
+            }
+        }
+    }
+    let mut s = [0.0f32; 16];
+    for l in 0..16 {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = reduce_add_16(&s) as f64;
+    for e in np..n {
+        sum += (x[e] * y[e]) as f64;
+    }
+    sum as f32
+}
+
+/// One query head as llama.cpp's CPU flash attention computes it for calls of fewer than
+/// [`GGML_FA_TILE_Q`] query rows (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`,
+/// AVX-512 build, f16 K and V cache): the query rounded to f16; per key in order, the
+/// score `ggml_vec_dot_f16(k, q) * scale`; an online softmax with glibc's `expf`, one key
+/// at a time; the output accumulated **in f16** (`ggml_vec_mad_f16`: `f16(fma(v, w,
+/// acc))`, a rescale `f16(acc * ms)` when the maximum grows); the sink after the last key;
+/// then `* (1 / S)` in f32. Keys and values are given as f16 values widened to f32.
+///
+/// # Panics
+/// As [`attend_ggml_tiled`].
+pub fn attend_ggml_one_chunk(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
+    assert_eq!(
+        keys.len(),
+        values.len(),
+        "attend_ggml_one_chunk: keys vs values"
+    );
+    let expf = super::libc::expf_libc;
+    let mut q16 = [0.0f32; 1024];
+    assert!(q.len() <= q16.len(), "attend_ggml_one_chunk: head too wide");
+    let q16 = &mut q16[..q.len()];
+    for (d, &v) in q16.iter_mut().zip(q) {
+        *d = f16_round(v);
+    }
+    out.fill(0.0);
+    let (mut m, mut denom) = (f32::NEG_INFINITY, 0.0f32);
+    for (k, v) in keys.iter().zip(values) {
+        assert_eq!(k.len(), q.len(), "attend_ggml_one_chunk: key length");
+        assert_eq!(v.len(), out.len(), "attend_ggml_one_chunk: value length");
+        let s = dot_f16_avx512(k, q16) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > m {
+            let m_old = m;
+            m = s;
+            ms = expf(m_old - m);
+            for o in out.iter_mut() {
+                *o = f16_round(*o * ms);
+            }
+        } else {
+            vs = expf(s - m);
+        }
+        for (o, &x) in out.iter_mut().zip(v.iter()) {
+            *o = f16_round(libm::fmaf(x, vs, *o));
+        }
+        // `S = S * ms + vs` in C; GCC fuses it.
+        denom = libm::fmaf(denom, ms, vs);
+    }
+    if let Some(s) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > m {
+            ms = expf(m - s);
+            for o in out.iter_mut() {
+                *o *= ms;
+            }
+        } else {
+            vs = expf(s - m);
+        }
+        denom = libm::fmaf(denom, ms, vs);
     }
     let inv = if denom == 0.0 { 0.0 } else { 1.0 / denom };
     for o in out.iter_mut() {
@@ -216,5 +326,48 @@ mod tests {
         let mut none = [1.0f32; 8];
         attend_ggml_tiled(&q, &[], &[], 5, 0.25, None, &mut none);
         assert_eq!(none, [0.0; 8]);
+    }
+
+    #[test]
+    fn one_chunk_matches_two_pass_within_f16_accumulation() {
+        // 70 keys of width 64 (one 64-block for the f16 dot), f16-valued keys and values.
+        let (dk, n) = (64usize, 70usize);
+        let f16v = |x: f32| half::f16::from_f32(x).to_f32();
+        let q: [f32; 64] = core::array::from_fn(|i| (i as f32 * 0.37).sin());
+        let kv: [[f32; 64]; 70] = core::array::from_fn(|j| {
+            core::array::from_fn(|i| f16v(((i * 13 + j * 5) as f32 * 0.1).cos()))
+        });
+        let keys: [&[f32]; 70] = core::array::from_fn(|j| &kv[j][..]);
+        for sink in [None, Some(-1.0f32), Some(30.0)] {
+            let mut scores = [0.0f32; 70];
+            for j in 0..n {
+                let d: f32 = q.iter().zip(&kv[j]).map(|(a, b)| f16v(*a) * b).sum();
+                scores[j] = d * 0.125;
+            }
+            let mut vals = [0.0f32; 70 * 64];
+            for j in 0..n {
+                vals[j * dk..(j + 1) * dk].copy_from_slice(&kv[j]);
+            }
+            let mut want = [0.0f32; 64];
+            crate::math::attend_two_pass(&scores, &vals, dk, sink, &mut want);
+            let mut got = [0.0f32; 64];
+            attend_ggml_one_chunk(&q, &keys, &keys, 0.125, sink, &mut got);
+            for (a, b) in got.iter().zip(&want) {
+                // The running output is rounded to f16 after every key.
+                assert!((a - b).abs() <= 4e-3 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn dot_f16_adds_lanes_in_ggml_order() {
+        // Large values in accumulator 0 and 2 of lane 0 cancel before the small ones join.
+        let mut x = [0.0f32; 64];
+        let y = [1.0f32; 64];
+        x[0] = 1e8;
+        x[32] = -1e8;
+        x[16] = 1.0;
+        x[48] = 0.5;
+        assert_eq!(dot_f16_avx512(&x, &y), 1.5);
     }
 }

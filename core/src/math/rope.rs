@@ -30,11 +30,16 @@ pub fn rope_neox(head: &mut [f32], pos: u32, n_rot: usize, base: f32) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for i in 0..half {
-        let (c, s) = (libm::cosf(theta), libm::sinf(theta));
+        let (c, s) = (
+            super::libc::cosf_glibc(theta),
+            super::libc::sinf_glibc(theta),
+        );
         let x0 = head[i];
         let x1 = head[i + half];
-        head[i] = x0 * c - x1 * s;
-        head[i + half] = x0 * s + x1 * c;
+        // ggml's `rotate_pairs` as GCC compiles it for x86 (contraction on, the default
+        // in GNU C): the first product of each line becomes a fused multiply-add.
+        head[i] = libm::fmaf(x0, c, -(x1 * s));
+        head[i + half] = libm::fmaf(x0, s, x1 * c);
         theta *= theta_scale;
     }
 }

@@ -192,7 +192,7 @@ pub(crate) fn attend_group<'k>(
             // SAFETY: 16 writable f32.
             unsafe { _mm512_storeu_ps(dn.as_mut_ptr(), denom) };
             for l in (0..n).filter(|l| grow >> l & 1 == 1) {
-                let ms = libm::expf(lane(m, l) - lane(m_new, l));
+                let ms = flint_core::math::expf_libc(lane(m, l) - lane(m_new, l));
                 for o in &mut out[l * dv..(l + 1) * dv] {
                     *o *= ms;
                 }
@@ -257,14 +257,15 @@ pub(crate) fn attend_group<'k>(
         if let Some(sk) = g.sink[l] {
             let (mut ms, mut vs) = (1.0f32, 1.0f32);
             if sk > ml {
-                ms = libm::expf(ml - sk);
+                ms = flint_core::math::expf_libc(ml - sk);
                 for x in o.iter_mut() {
                     *x *= ms;
                 }
             } else {
-                vs = libm::expf(sk - ml);
+                vs = flint_core::math::expf_libc(sk - ml);
             }
-            dn = dn * ms + vs;
+            // `S = S * ms + vs`, fused as GCC compiles it (the scalar path does the same).
+            dn = dn.mul_add(ms, vs);
         }
         let inv = if dn == 0.0 { 0.0 } else { 1.0 / dn };
         for x in o.iter_mut() {

@@ -336,10 +336,11 @@ fn dot_legacy<B, const R: usize>(
     }
 }
 
-/// Q8_0 x Q8_0.
+/// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    dot_legacy(x, y, out, |b| q8_0_bytes(b), |b| b.d)
+    // SAFETY: this function's target features are the ones `dot_q0` needs.
+    unsafe { super::tinyblas::dot_q0(x, y, out, |b| q8_0_bytes(b), |b| b.d) }
 }
 
 /// The 32 nibbles of a Q4_0/Q5_0 block as bytes: low nibbles (elements 0..16) first.
@@ -420,10 +421,11 @@ pub(crate) fn q5k_high(hbits: __m256i, j: usize) -> (__m256i, __m256i) {
     )
 }
 
-/// Q5_0 x Q8_0.
+/// Q5_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    dot_legacy(x, y, out, |b| q5_0_bytes(b), |b| b.d)
+    // SAFETY: this function's target features are the ones `dot_q0` needs.
+    unsafe { super::tinyblas::dot_q0(x, y, out, |b| q5_0_bytes(b), |b| b.d) }
 }
 
 /// Loads 8 weights at element `j` of a float row (kind: 0 = F32, 1 = F16, 2 = BF16).

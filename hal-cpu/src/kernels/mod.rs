@@ -35,6 +35,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod tinyblas;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni;
 
 /// Activation rows in a tile that share each decoded weight block.

@@ -4,8 +4,8 @@
 //! Q4_K and Q6_K follow llama.cpp's float orders (`dot_q4k_llama`: the repacked
 //! `q4_K_8x8` gemm / gemv orders; `dot_q6k_tiled`: the tiled matmul's order, from 8 rows
 //! in a batch; docs/parity.md), so that on such a CPU the device forward computes what
-//! llama.cpp computes, bit for bit. Q5_K and Q6_K batches under 8 rows keep Flint's own
-//! order (one 16-lane float accumulator per row). Integer sums are exact whatever the
+//! llama.cpp computes, bit for bit; Q6_K under 8 rows follows ggml's AVX2
+//! `vec_dot` order. Q5_K keeps Flint's own order (one 16-lane float accumulator per row). Integer sums are exact whatever the
 //! instruction order.
 //!
 //! Every kernel fuses each sub-block's scale multiply and the accumulation into one
@@ -140,7 +140,12 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     }
 }
 
-/// Q6_K x Q8_K (unsigned quants, the offset of 32 taken off through the block sums).
+/// Q6_K x Q8_K (unsigned quants, the offset of 32 taken off through the block sums) in
+/// the float order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, llama.cpp's kernel for fewer
+/// than 8 activation rows (`flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_avx2`): eight
+/// i32 lanes, lane `l` holding the elements `e` with `(e mod 32) / 4 = l` (i32 lanes `l`
+/// and `l + 8` of the 512-bit sums), the offset taken off per lane, `fma(d, lane,
+/// acc_l)` per block, the eight lanes added at the end as `hsum_ps` does.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm512_set1_epi8(0x0F);
@@ -155,7 +160,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
         )
     };
     let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
-    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
@@ -194,21 +199,19 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
+            // Lane l: sum over 2 * l and 2 * l + 1 of scale * bsum, times 32: the offset
+            // of the unsigned quants of the elements lane l holds.
             let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
-            acc[r] = _mm512_fmadd_ps(
-                _mm512_set1_ps(d * yb.d),
-                // The offset sits in the low half; the high half subtracts zero.
-                _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                    _mm512_add_epi32(sumi[r][0], sumi[r][1]),
-                    _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
-                )),
-                acc[r],
+            let t = _mm512_add_epi32(sumi[r][0], sumi[r][1]);
+            let lanes = _mm256_sub_epi32(
+                _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64::<1>(t)),
+                off,
             );
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * d), _mm256_cvtepi32_ps(lanes), acc[r]);
         }
     }
     for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+        out[r] = super::avx2::hsum_ps(acc[r]);
     }
 }
 

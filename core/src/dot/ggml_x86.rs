@@ -1,0 +1,256 @@
+//! Dot products in the float order of llama.cpp's x86 CPU kernels (an AVX2 / AVX-512
+//! build), for the weight types of the default model, next to the generic-C order of the
+//! rest of this module.
+//!
+//! Why: quantized dot products are exact integer sums per block, but the way the block
+//! results are scaled and accumulated in `f32` differs between ggml's generic C kernels
+//! and the SIMD kernels llama.cpp actually runs, and on Gemma 3 (whose post-norms scale
+//! small sums up) those last-bit differences decide top-1 choices. Matching llama.cpp's
+//! logits to the bit where it is deterministic needs its order, which is:
+//!
+//! - **Q8_0 / Q5_0 weights**: llamafile's tinyBLAS (`tinyBLAS_Q0_AVX` in
+//!   `ggml-cpu/llamafile/sgemm.cpp`) for two or more activation rows; a single row goes
+//!   through `ggml_vec_dot_q8_0_q8_0` / `_q5_0_q8_0` (AVX2), whose order is the same. Eight `f32` lanes;
+//!   lane `l` takes, per 32-element block, the integer sum of elements `4l..4l+4`
+//!   (`updot`) and accumulates `fma(d_w * d_a, sum, lane)`; the lanes are added at the
+//!   end as `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` ([`hsum8`]).
+//! - **Q6_K weights, batches of 8 or more rows**: the tiled K-quant matmul
+//!   (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel). Per 256-element block one exact
+//!   integer `S = sum_g scale_g * (dot_g - 32 * bsum_g)` over the sixteen 16-element
+//!   groups, then `acc = fma(S * d_w, d_a, acc)`, in block order
+//!   ([`vec_dot_q6_k_q8_k_tiled`]). Fewer rows go through `ggml_vec_dot_q6_K_q8_K`'s
+//!   AVX2 branch ([`vec_dot_q6_k_q8_k_avx2`]: eight `i32` lanes per block, lane `l` the
+//!   elements `e` with `(e mod 32) / 4 == l` with the offset of 32 taken out as
+//!   `32 * (bsum(2l) * scale(2l) + bsum(2l+1) * scale(2l+1))`, `fma(d, lane, acc_l)` per
+//!   block and [`hsum8`] at the end).
+//! - **Q4_K weights**: the repacked `q4_K_8x8` path (`ggml-cpu/arch/x86/repack.cpp`),
+//!   which llama.cpp uses for every Q4_K matrix with a multiple of 8 rows. One `f32`
+//!   accumulator per output for the scales and one for the mins:
+//!   - activation rows in groups of four (`ggml_gemm_q4_K_8x8_q8_K`, every row of a batch
+//!     but the last `n % 4`): per 64 elements (two sub-blocks),
+//!     `acc = fma(sc0 * dot0 + sc1 * dot1, d_w * d_a, acc)` and
+//!     `mins = fma(m0 * bsum0 + m1 * bsum1, dmin_w * d_a, mins)`;
+//!   - the remaining rows (`ggml_gemv_q4_K_8x8_q8_K`): the same per 256-element block;
+//!   - the result is `acc - mins`.
+//!
+//! The integer sums are the same as in the generic kernels; only the float steps differ.
+//! Activations are quantized as for the generic kernels (Q8_0: ggml's x86
+//! `quantize_row_q8_0`; Q8_K: `quantize_row_q8_K`, which the repacked path's 4-row
+//! quantizer matches except when a block holds both `+amax` and `-amax`).
+
+use crate::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use crate::types::QK_K;
+
+use super::f16;
+
+/// Adds eight lanes as ggml's x86 `hsum_float_8` and tinyBLAS's `hsum` do: the high half
+/// onto the low half, then `movehl`, then `movehdup`.
+#[inline]
+pub fn hsum8(v: [f32; 8]) -> f32 {
+    let a = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    let b = [a[0] + a[2], a[1] + a[3]];
+    b[0] + b[1]
+}
+
+/// tinyBLAS's lane step for one 32-element block: `lanes[l] = fma(d, sum_l, lanes[l])`
+/// with `sum_l` the integer dot product of elements `4l..4l+4`.
+#[inline]
+fn tinyblas_block(w: &[i32; 32], a: &[i8; 32], d: f32, lanes: &mut [f32; 8]) {
+    for (l, lane) in lanes.iter_mut().enumerate() {
+        let mut s = 0i32;
+        for e in 4 * l..4 * l + 4 {
+            s += w[e] * a[e] as i32;
+        }
+        *lane = libm::fmaf(d, s as f32, *lane);
+    }
+}
+
+/// Q8_0 weights · Q8_0 activations in tinyBLAS's order (prompt batches).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q8_0_q8_0_tinyblas(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q8_0_q8_0_tinyblas: block counts");
+    let mut lanes = [0.0f32; 8];
+    for (w, a) in x.iter().zip(y) {
+        let q: [i32; 32] = core::array::from_fn(|e| w.qs[e] as i32);
+        tinyblas_block(&q, &a.qs, f16(w.d) * f16(a.d), &mut lanes);
+    }
+    hsum8(lanes)
+}
+
+/// Q5_0 weights · Q8_0 activations in tinyBLAS's order (prompt batches).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q5_0_q8_0_tinyblas(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q5_0_q8_0_tinyblas: block counts");
+    let mut lanes = [0.0f32; 8];
+    for (w, a) in x.iter().zip(y) {
+        let qh = u32::from_le_bytes(w.qh);
+        let q: [i32; 32] = core::array::from_fn(|e| {
+            let nib = if e < 16 {
+                w.qs[e] & 0x0f
+            } else {
+                w.qs[e - 16] >> 4
+            };
+            ((nib as i32) | ((((qh >> e) & 1) as i32) << 4)) - 16
+        });
+        tinyblas_block(&q, &a.qs, f16(w.d) * f16(a.d), &mut lanes);
+    }
+    hsum8(lanes)
+}
+
+/// The unsigned 6-bit value of element `e` of a Q6_K block.
+#[inline]
+fn q6_value(x: &BlockQ6K, e: usize) -> i32 {
+    let (c, r, l) = (e / 128, (e % 128) / 32, e % 32);
+    let lo = (x.ql[64 * c + 32 * (r % 2) + l] >> (4 * (r / 2))) & 0x0f;
+    let hi = (x.qh[32 * c + l] >> (2 * r)) & 3;
+    (lo | (hi << 4)) as i32
+}
+
+/// Q6_K weights · Q8_K activations in the order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`
+/// (llama.cpp's path for fewer than 8 activation rows; see the module docs).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q6_k_q8_k_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q6_k_q8_k_avx2: block counts");
+    let mut acc = [0.0f32; 8];
+    for (w, a) in x.iter().zip(y) {
+        let d = a.d * f16(w.d);
+        let mut lanes = [0i32; 8];
+        for e in 0..QK_K {
+            lanes[(e % 32) / 4] += w.scales[e / 16] as i32 * q6_value(w, e) * a.qs[e] as i32;
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let off = a.bsums[2 * l] as i32 * w.scales[2 * l] as i32
+                + a.bsums[2 * l + 1] as i32 * w.scales[2 * l + 1] as i32;
+            *lane -= off << 5;
+        }
+        for (s, &lane) in acc.iter_mut().zip(&lanes) {
+            *s = libm::fmaf(d, lane as f32, *s);
+        }
+    }
+    hsum8(acc)
+}
+
+/// Q6_K weights · Q8_K activations in the order of ggml's tiled K-quant matmul
+/// (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel), which llama.cpp uses for batches of 8
+/// or more activation rows: per 256-element block one exact integer
+/// `s = sum_j scale_j * (dot_j - 32 * bsum_j)` over the sixteen 16-element groups, then
+/// `acc = fma(s * d_w, d_a, acc)` (GCC contracts the kernel's `acc + (s * d_w) * d_a`).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q6_k_q8_k_tiled: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let mut s = 0i32;
+        for g in 0..16 {
+            let mut raw = 0i32;
+            for e in 16 * g..16 * g + 16 {
+                raw += q6_value(w, e) * a.qs[e] as i32;
+            }
+            s += w.scales[g] as i32 * (raw - 32 * a.bsums[g] as i32);
+        }
+        let f = s as f32 * f16(w.d);
+        acc = libm::fmaf(f, a.d, acc);
+    }
+    acc
+}
+
+/// The eight 6-bit scales and mins of a Q4_K block.
+fn q4k_scales(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
+    let mut sc = [0i32; 8];
+    let mut mn = [0i32; 8];
+    for j in 0..8 {
+        if j < 4 {
+            sc[j] = (s[j] & 63) as i32;
+            mn[j] = (s[j + 4] & 63) as i32;
+        } else {
+            sc[j] = ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4)) as i32;
+            mn[j] = ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)) as i32;
+        }
+    }
+    (sc, mn)
+}
+
+/// Where an activation row sits in a llama.cpp matmul: the number of activation rows of
+/// the call (`batch`) and the row's index, which together pick llama.cpp's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRow {
+    /// Activation rows in the matmul (tokens in the llama.cpp batch).
+    pub batch: usize,
+    /// This row's index, `0..batch`.
+    pub row: usize,
+}
+
+impl BatchRow {
+    /// A row of a large batch outside the Q4_K tail: Q4_K gemm, Q6_K tiled (and, for
+    /// attention, llama.cpp's tiled flash attention, from 64 rows).
+    pub const IN_BATCH: Self = Self { batch: 64, row: 0 };
+    /// The single row of a one-token decode step: Q4_K gemv, Q6_K `ggml_vec_dot`.
+    pub const SINGLE: Self = Self { batch: 1, row: 0 };
+
+    /// The repacked Q4_K kernel of this row: gemv for the last `batch % 4` rows.
+    pub fn q4k(self) -> Q4kPath {
+        if self.row >= self.batch - self.batch % 4 {
+            Q4kPath::Gemv
+        } else {
+            Q4kPath::Gemm
+        }
+    }
+
+    /// Whether Q6_K goes through the tiled matmul (8 rows or more) rather than
+    /// `ggml_vec_dot_q6_K_q8_K`.
+    pub fn q6k_tiled(self) -> bool {
+        self.batch >= 8
+    }
+}
+
+/// Which of the repacked Q4_K kernels computes an activation row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q4kPath {
+    /// `ggml_gemm_q4_K_8x8_q8_K`: rows of a batch taken four at a time.
+    Gemm,
+    /// `ggml_gemv_q4_K_8x8_q8_K`: the last `n % 4` rows of a batch (and single rows).
+    Gemv,
+}
+
+/// Q4_K weights · Q8_K activations in the order of ggml's repacked `q4_K_8x8` kernels.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q4_k_q8_k_repack(x: &[BlockQ4K], y: &[BlockQ8K], path: Q4kPath) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q4_k_q8_k_repack: block counts");
+    let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
+    for (w, a) in x.iter().zip(y) {
+        let (sc, mn) = q4k_scales(&w.scales);
+        let dd = f16(w.d) * a.d;
+        let dm = f16(w.dmin) * a.d;
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for j in 0..8 {
+            // Sub-block j: elements 32j..32j+32, nibble (j % 2) of qs[32(j/2)..].
+            let mut s = 0i32;
+            for l in 0..32 {
+                let q = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+                s += q as i32 * a.qs[32 * j + l] as i32;
+            }
+            isum += sc[j] * s;
+            imin += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+            if path == Q4kPath::Gemm && j % 2 == 1 {
+                acc = libm::fmaf(isum as f32, dd, acc);
+                acc_min = libm::fmaf(imin as f32, dm, acc_min);
+                (isum, imin) = (0, 0);
+            }
+        }
+        if path == Q4kPath::Gemv {
+            acc = libm::fmaf(isum as f32, dd, acc);
+            acc_min = libm::fmaf(imin as f32, dm, acc_min);
+        }
+    }
+    acc - acc_min
+}

@@ -1,0 +1,139 @@
+//! The llama.cpp x86 orders of `flint_core::dot::ggml_x86` and the glibc functions of
+//! `flint_core::math`: the same maths as the generic paths (only roundings differ),
+//! and the summation orders they document. Their bit-exactness against llama.cpp's own
+//! output is checked on the real model in `engine/tests/gemma_op_parity.rs`.
+
+use flint_core::dot::ggml_x86::{hsum8, BatchRow};
+use flint_core::dot::{matvec_f32, matvec_f32_ggml_x86};
+use flint_core::math::{cosf_glibc, expf_libc, sinf_glibc};
+use flint_core::{quantize, GgmlType};
+
+/// SplitMix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    fn sym(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Distance in ulps between two finite f32 of the same sign.
+fn ulps(a: f32, b: f32) -> u32 {
+    if a == b {
+        0
+    } else if a.is_sign_negative() != b.is_sign_negative() {
+        u32::MAX
+    } else {
+        a.to_bits().abs_diff(b.to_bits())
+    }
+}
+
+#[test]
+fn hsum8_adds_high_half_onto_low_then_pairs() {
+    // Values where the order decides the result: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    let v = [1e8f32, 1.0, 3.0, 0.5, -1e8, 1.0, 0.25, 0.5];
+    let want = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    assert_eq!(hsum8(v), want);
+    assert_eq!(want, 6.25);
+    // A left-to-right sum loses the small terms next to 1e8.
+    assert_ne!(v.iter().fold(0.0f32, |s, &x| s + x), want);
+}
+
+#[test]
+fn x86_orders_agree_with_the_generic_kernels_to_rounding() {
+    let mut rng = Rng(3);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q6_K,
+        GgmlType::Q4_K,
+    ] {
+        let (k, n) = (2048, 16);
+        let w: Vec<f32> = (0..k * n).map(|_| rng.sym()).collect();
+        let mut wq = vec![0u8; ty.row_bytes(k).expect("row") * n];
+        quantize(ty, &w, &mut wq).expect("quantize");
+        let x: Vec<f32> = (0..k).map(|_| rng.sym()).collect();
+        let mut generic = vec![0f32; n];
+        matvec_f32(ty, &wq, &x, &mut generic).expect("generic");
+        let scale: f32 = x.iter().map(|v| v.abs()).sum();
+        let mut differs = 0;
+        for at in [BatchRow::IN_BATCH, BatchRow::SINGLE] {
+            let mut ours = vec![0f32; n];
+            matvec_f32_ggml_x86(ty, &wq, &x, &mut ours, at).expect("x86 order");
+            for (a, b) in ours.iter().zip(&generic) {
+                // Same integer sums, other float roundings: a few ulp of the terms.
+                assert!((a - b).abs() <= 1e-5 * scale, "{ty}: {a} vs generic {b}");
+                differs += (a != b) as usize;
+            }
+        }
+        eprintln!(
+            "{ty}: {differs} of {} outputs differ from the generic order in the last bits",
+            2 * n
+        );
+    }
+}
+
+#[test]
+fn q4_k_gemm_and_gemv_orders_differ_only_in_rounding() {
+    let mut rng = Rng(5);
+    let (k, n) = (4096, 32);
+    let w: Vec<f32> = (0..k * n).map(|_| rng.sym()).collect();
+    let mut wq = vec![0u8; GgmlType::Q4_K.row_bytes(k).expect("row") * n];
+    quantize(GgmlType::Q4_K, &w, &mut wq).expect("quantize");
+    let x: Vec<f32> = (0..k).map(|_| rng.sym()).collect();
+    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut a, BatchRow::IN_BATCH).expect("gemm");
+    matvec_f32_ggml_x86(GgmlType::Q4_K, &wq, &x, &mut b, BatchRow::SINGLE).expect("gemv");
+    let scale: f32 = x.iter().map(|v| v.abs()).sum();
+    let mut differ = 0;
+    for (p, q) in a.iter().zip(&b) {
+        assert!((p - q).abs() <= 1e-5 * scale);
+        differ += (p != q) as usize;
+    }
+    // One rounding per 64 values against one per 256: they must not always agree, or
+    // the two paths would be the same function.
+    assert!(
+        differ > 0,
+        "gemm and gemv orders gave identical results on 32 rows"
+    );
+}
+
+#[test]
+fn glibc_sin_cos_exp_are_within_half_an_ulp_or_so() {
+    // Angles of RoPE (up to a few thousand radians, through both reductions) and the
+    // small arguments of the softmax rescale.
+    let mut x = 1e-6f32;
+    while x < 5000.0 {
+        for v in [x, -x] {
+            let (s, c) = (sinf_glibc(v), cosf_glibc(v));
+            let (ws, wc) = ((v as f64).sin() as f32, (v as f64).cos() as f32);
+            assert!(
+                ulps(s, ws) <= 1 || (s - ws).abs() < 1e-7,
+                "sinf({v}) = {s}, want {ws}"
+            );
+            assert!(
+                ulps(c, wc) <= 1 || (c - wc).abs() < 1e-7,
+                "cosf({v}) = {c}, want {wc}"
+            );
+        }
+        x *= 1.01;
+    }
+    let mut x = -100.0f32;
+    while x < 88.0 {
+        let (e, w) = (expf_libc(x), (x as f64).exp() as f32);
+        assert!(ulps(e, w) <= 1, "expf({x}) = {e}, want {w}");
+        x += 0.0137;
+    }
+    assert_eq!(expf_libc(0.0), 1.0);
+    assert_eq!(expf_libc(f32::NEG_INFINITY), 0.0);
+    assert_eq!(expf_libc(100.0), f32::INFINITY);
+    assert_eq!(sinf_glibc(0.0), 0.0);
+    assert_eq!(cosf_glibc(0.0), 1.0);
+    assert!(sinf_glibc(f32::NAN).is_nan());
+}

@@ -1,0 +1,120 @@
+//! The matmul kernels against `flint_core::dot::matvec_f32_ggml_x86`, the scalar
+//! statement of llama.cpp's x86 float orders (docs/parity.md), bit for bit, at every
+//! SIMD level this CPU has:
+//! - Q8_0 and Q5_0 (tinyBLAS order), for single rows and for tiles;
+//! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
+//!   Q6_K tiled from 8 rows).
+
+mod common;
+
+use common::*;
+use flint_core::dot::ggml_x86::BatchRow;
+use flint_core::GgmlType;
+use flint_hal::{Device, DeviceOptions};
+use flint_hal_cpu::{CpuDevice, SimdLevel};
+
+#[test]
+fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
+    let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no AVX2 on this CPU: SIMD kernels not exercised");
+        return;
+    }
+    let mut rng = Rng(7);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+        for (k, n) in [(640, 9), (2048, 5), (96, 3)] {
+            let w = random_weight(&mut rng, ty, k, n);
+            let rb = ty.row_bytes(k).expect("row size");
+            for m in [1usize, 2, 5, 9] {
+                let x = rng.vec(m * k);
+                let mut want = vec![0f32; m * n];
+                for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+                    flint_core::dot::matvec_f32_ggml_x86(
+                        ty,
+                        &w[..n * rb],
+                        xr,
+                        o,
+                        BatchRow::IN_BATCH,
+                    )
+                    .expect("core");
+                }
+                for &level in &levels {
+                    let opts = DeviceOptions {
+                        threads: Some(2),
+                        keep_quant: true,
+                    };
+                    let dev = CpuDevice::with_level(&opts, level).expect("device");
+                    let h = dev
+                        .stage(&desc("w", ty, &[k, n], w.clone()))
+                        .expect("stage");
+                    let mut got = vec![f32::NAN; m * n];
+                    dev.matmul(&*h, &x, m, &mut got).expect("matmul");
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{ty} {level:?} k {k} n {n} m {m} value {i}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The target for hal-cpu's Q4_K and Q6_K kernels: in a batch of `m` activation rows,
+/// Q4_K rows `0 .. m - m % 4` in the repacked gemm order and the rest in the gemv order,
+/// Q6_K in the tiled kernel's order from 8 rows up and in `ggml_vec_dot_q6_K_q8_K`'s
+/// below.
+/// The orders are those of the AVX-512 VNNI kernels (the build the golden data came
+/// from); the AVX2 and AVX-512 F/BW kernels keep Flint's own order.
+#[test]
+fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
+    let levels: Vec<SimdLevel> = [SimdLevel::Avx512Vnni]
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect();
+    if levels.is_empty() {
+        eprintln!(
+            "no AVX-512 VNNI on this CPU: the llama.cpp-order K-quant kernels are not used here"
+        );
+    }
+    let mut rng = Rng(11);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let (k, n) = (2048, 24);
+        let w = random_weight(&mut rng, ty, k, n);
+        let rb = ty.row_bytes(k).expect("row size");
+        for m in [1usize, 5, 8, 13, 177] {
+            let x = rng.vec(m * k);
+            let mut want = vec![0f32; m * n];
+            for (i, (xr, o)) in x.chunks(k).zip(want.chunks_mut(n)).enumerate() {
+                let at = BatchRow { batch: m, row: i };
+                flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at).expect("core");
+            }
+            for &level in &levels {
+                let opts = DeviceOptions {
+                    threads: Some(2),
+                    keep_quant: true,
+                };
+                let dev = CpuDevice::with_level(&opts, level).expect("device");
+                let h = dev
+                    .stage(&desc("w", ty, &[k, n], w.clone()))
+                    .expect("stage");
+                let mut got = vec![f32::NAN; m * n];
+                dev.matmul(&*h, &x, m, &mut got).expect("matmul");
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{ty} {level:?} m {m}: row {}, output {}: {g} vs {e}",
+                        i / n,
+                        i % n
+                    );
+                }
+            }
+        }
+    }
+}
