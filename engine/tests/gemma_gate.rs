@@ -4,10 +4,10 @@
 //!   step whose llama.cpp margin is below 0.25 nats (device forward, cpu); the reference
 //!   forward replays them all exactly;
 //! - teacher-forced over `logits-top20.json`: top-1 agreement >= 98% and mean KL
-//!   (estimated from llama.cpp's top 20) <= 0.01: the reference forward meets it with
-//!   logits equal to llama.cpp's (`gemma_top1_gate_98_percent`, the CI gate); the device
-//!   forward has a regression floor until its Q4_K/Q6_K matmuls follow llama.cpp's
-//!   order (`gemma_top1_gate_98_percent_on_device`, ignored until then).
+//!   (estimated from llama.cpp's top 20) <= 0.01, on both forwards: the reference
+//!   (`gemma_top1_gate_98_percent`) and the device forward on cpu
+//!   (`gemma_top1_gate_98_percent_on_device`). Both follow llama.cpp's CPU arithmetic
+//!   (docs/parity.md; on the device, the AVX-512 VNNI kernels) and measure 100% / KL 0.
 
 use std::path::PathBuf;
 
@@ -254,21 +254,25 @@ fn device_figures() -> (f64, f64) {
     (top1, kl)
 }
 
+/// The device forward's gate. Its parity with llama.cpp comes from the AVX-512 VNNI
+/// kernels (docs/parity.md); on a CPU without them the kernels sum in other orders and
+/// measured 96% before the port, so there only a regression floor is asserted (loudly).
 #[test]
-fn gemma_teacher_forced_on_device() {
+fn gemma_top1_gate_98_percent_on_device() {
     let (top1, kl) = device_figures();
     assert!(kl <= KL_GATE, "mean KL {kl} > {KL_GATE}");
-    assert!(
-        top1 >= TOP1_FLOOR,
-        "top-1 agreement {top1} fell below the floor {TOP1_FLOOR}"
-    );
-}
-
-#[test]
-#[ignore = "issue 6: the device forward is at 96.0% until hal-cpu's Q4_K/Q6_K matmuls follow llama.cpp's order (docs/parity.md); the reference forward meets the gate in CI"]
-fn gemma_top1_gate_98_percent_on_device() {
-    let (top1, _) = device_figures();
-    assert!(top1 >= TOP1_GATE, "top-1 agreement {top1} < {TOP1_GATE}");
+    if flint_hal_cpu::SimdLevel::detect() >= flint_hal_cpu::SimdLevel::Avx512Vnni {
+        assert!(top1 >= TOP1_GATE, "top-1 agreement {top1} < {TOP1_GATE}");
+    } else {
+        eprintln!(
+            "!!! this CPU has no AVX-512 VNNI: the device forward does not follow llama.cpp's \
+             order here; only the floor {TOP1_FLOOR} is checked"
+        );
+        assert!(
+            top1 >= TOP1_FLOOR,
+            "top-1 agreement {top1} fell below the floor {TOP1_FLOOR}"
+        );
+    }
 }
 
 /// The CI gate: the reference forward, teacher-forced over the golden paragraph as one
