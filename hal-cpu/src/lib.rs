@@ -249,7 +249,6 @@ impl CpuDevice {
                     k,
                     rows,
                     dst,
-                    m,
                 )
             };
             if m == 1 {
@@ -309,9 +308,8 @@ fn dot_rows_checked(
     k: usize,
     rows: &[usize],
     out: &mut [f32],
-    batch: usize,
 ) -> Result<(), HalError> {
-    kernels::dot_rows(level, ty, w, acts, k, rows, out, batch).map_err(|e| fmt_err("matmul", e))
+    kernels::dot_rows(level, ty, w, acts, k, rows, out).map_err(|e| fmt_err("matmul", e))
 }
 
 impl Device for CpuDevice {
@@ -491,7 +489,7 @@ impl Device for CpuDevice {
                     let wrow = &mat[o * row_bytes..(o + 1) * row_bytes];
                     for (t0, idx) in inputs.chunks(TILE).enumerate() {
                         let t0 = t0 * TILE;
-                        dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()], m)?;
+                        dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()])?;
                         dst[r * m + t0..r * m + t0 + idx.len()].copy_from_slice(&tmp[..idx.len()]);
                     }
                 }

@@ -12,7 +12,8 @@
 //! | others | vec_dot_type | core       | core           | core | core   |
 //!
 //! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
-//! step by step), `avx512::dot_q4k` and `vnni::dot_q4k`; the scalar reference is
+//! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order); the
+//! scalar reference is
 //! `flint_core::dot::vec_dot` (`core/src/dot/`).
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference.
@@ -211,7 +212,6 @@ pub(crate) fn dot_rows(
     k: usize,
     rows: &[usize],
     out: &mut [f32],
-    batch: usize,
 ) -> Result<(), FormatError> {
     debug_assert!(rows.len() <= TILE && out.len() == rows.len());
     #[cfg(target_arch = "x86_64")]
@@ -219,21 +219,16 @@ pub(crate) fn dot_rows(
         let nbk = k / 256;
         let nb0 = k / 32;
         match (native_kernel(level, ty), acts) {
-            // Q4_K and Q6_K in llama.cpp's float orders (docs/parity.md): a full tile of
-            // 4 rows is a group of llama.cpp's Q4_K gemm, smaller tiles its gemv rows;
-            // Q6_K takes its tiled-matmul order from 8 rows in the batch.
+            // Q4_K and Q6_K in llama.cpp's prompt-batch float orders, the same for every
+            // row whatever the batch (docs/parity.md, kernels/vnni.rs).
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K if rows.len() == TILE => {
+                GgmlType::Q4_K => {
                     tiled!(vnni::dot_q4k_gemm, view::<BlockQ4K>(w), a, nbk, rows, out)
                 }
-                GgmlType::Q4_K => {
-                    tiled!(vnni::dot_q4k_gemv, view::<BlockQ4K>(w), a, nbk, rows, out)
-                }
                 GgmlType::Q5_K => tiled!(vnni::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
-                GgmlType::Q6_K if batch >= 8 => {
+                GgmlType::Q6_K => {
                     tiled!(vnni::dot_q6k_tiled, view::<BlockQ6K>(w), a, nbk, rows, out)
                 }
-                GgmlType::Q6_K => tiled!(vnni::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
@@ -325,9 +320,9 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemv, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemm, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
-                GgmlType::Q6_K => rows1!(vnni::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
@@ -365,7 +360,6 @@ pub(crate) fn matvec_rows(
                         k,
                         &[act_row],
                         std::slice::from_mut(d),
-                        1,
                     )?;
                 }
             }
@@ -384,7 +378,6 @@ pub(crate) fn matvec_rows(
                 k,
                 &[act_row],
                 std::slice::from_mut(d),
-                1,
             )?;
         }
         Ok(())

@@ -1,11 +1,15 @@
 //! AVX-512 VNNI kernels for the K-quants, with the same tile shape and contract as the
 //! AVX-512 kernels.
 //!
-//! Q4_K and Q6_K follow llama.cpp's float orders (`dot_q4k_llama`: the repacked
-//! `q4_K_8x8` gemm / gemv orders; `dot_q6k_tiled`: the tiled matmul's order, from 8 rows
-//! in a batch; docs/parity.md), so that on such a CPU the device forward computes what
-//! llama.cpp computes, bit for bit; Q6_K under 8 rows follows ggml's AVX2
-//! `vec_dot` order. Q5_K keeps Flint's own order (one 16-lane float accumulator per row). Integer sums are exact whatever the
+//! Q4_K and Q6_K follow llama.cpp's float orders for the rows of a prompt batch
+//! (`dot_q4k_gemm`: the repacked `q4_K_8x8` gemm order; `dot_q6k_tiled`: the tiled
+//! matmul's order; docs/parity.md), so that on such a CPU the device forward computes
+//! what llama.cpp computes for a prompt, bit for bit. They use these orders for every
+//! row, whatever the batch: a row's result never depends on what else is in the step
+//! (batch invariance, which preemption and continuous batching rely on), where llama.cpp
+//! switches to other kernels for single rows, the last `n % 4` rows (Q4_K) and batches
+//! under 8 rows (Q6_K). Q5_K keeps Flint's own order (one 16-lane float accumulator per
+//! row). Integer sums are exact whatever the
 //! instruction order.
 //!
 //! Every kernel fuses each sub-block's scale multiply and the accumulation into one
@@ -140,81 +144,6 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     }
 }
 
-/// Q6_K x Q8_K (unsigned quants, the offset of 32 taken off through the block sums) in
-/// the float order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, llama.cpp's kernel for fewer
-/// than 8 activation rows (`flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_avx2`): eight
-/// i32 lanes, lane `l` holding the elements `e` with `(e mod 32) / 4 = l` (i32 lanes `l`
-/// and `l + 8` of the 512-bit sums), the offset taken off per lane, `fma(d, lane,
-/// acc_l)` per block, the eight lanes added at the end as `hsum_ps` does.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m3 = _mm512_set1_epi8(3);
-    let shift = nibble_shift();
-    // A 64-quant group takes two 32-byte halves of ql; 128-bit lane L of it (16 quants)
-    // has sub-block scale L of the group's four (scales are per 16 quants).
-    let lane_idx = |s0: i16| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
-            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
-        )
-    };
-    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
-        let d = f16_to_f32(b.d);
-        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
-        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
-        let sc16 = _mm256_cvtepi8_epi16(sc8);
-        let sc = _mm512_castsi256_si512(sc16);
-        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
-        for n in 0..2 {
-            // Quants 128n + 32k + l (k = 0..4, l = 0..32): low 4 bits from ql (bytes
-            // 64n + l for k = 0, 2; 64n + 32 + l for k = 1, 3; low nibble for k < 2, high
-            // for k >= 2), top 2 bits from bits 2k..2k+2 of qh byte 32n + l.
-            let h = bcast32(&b.qh[32 * n..]);
-            // Group 0 = quants k = 0 (low half) and k = 1 (high half): low nibbles of
-            // ql[64n..][..32] / ql[64n + 32..][..32], qh bits 0-1 / 2-3. Group 1 = k = 2
-            // and 3: the high nibbles, qh bits 4-5 / 6-7.
-            let ql = load64u(&b.ql[64 * n..]);
-            for g in 0..2 {
-                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
-                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
-                let hs = _mm512_add_epi16(
-                    _mm512_srli_epi16::<1>(shift),
-                    _mm512_set1_epi16(4 * g as i16),
-                );
-                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
-                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
-                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
-                for r in 0..R {
-                    let yv = load64i(&y[r][i].qs[128 * n + 64 * g..]);
-                    let a = &mut sumi[r][g];
-                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
-                }
-            }
-        }
-        for r in 0..R {
-            let yb = &y[r][i];
-            // Lane l: sum over 2 * l and 2 * l + 1 of scale * bsum, times 32: the offset
-            // of the unsigned quants of the elements lane l holds.
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
-            let t = _mm512_add_epi32(sumi[r][0], sumi[r][1]);
-            let lanes = _mm256_sub_epi32(
-                _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64::<1>(t)),
-                off,
-            );
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(yb.d * d), _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = super::avx2::hsum_ps(acc[r]);
-    }
-}
-
 /// Sum of the 16 i32 lanes of `v` (exact: integer addition).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -282,15 +211,42 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
             let pm = _mm256_madd_epi16(load_bsums(yb), mins);
             let (dd, dm) = (d * yb.d, dmin * yb.d);
             if GEMM {
-                let mut pm_l = [0i32; 8];
-                // SAFETY: 8 writable i32; storeu is unaligned.
-                unsafe { _mm256_storeu_si256(pm_l.as_mut_ptr() as *mut __m256i, pm) };
-                for j in 0..4 {
-                    let isum = hsum_i32(pair[r][j]);
-                    let imin = pm_l[2 * j] + pm_l[2 * j + 1];
-                    acc[r] = fma1(isum as f32, dd, acc[r]);
-                    accm[r] = fma1(imin as f32, dm, accm[r]);
-                }
+                // The four pair integers I_j side by side (exact adds in any order):
+                // interleave-and-add within 128-bit lanes, then across the lanes.
+                let p = &pair[r];
+                let a = _mm512_add_epi32(
+                    _mm512_unpacklo_epi32(p[0], p[1]),
+                    _mm512_unpackhi_epi32(p[0], p[1]),
+                );
+                let c = _mm512_add_epi32(
+                    _mm512_unpacklo_epi32(p[2], p[3]),
+                    _mm512_unpackhi_epi32(p[2], p[3]),
+                );
+                let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+                let h =
+                    _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64::<1>(e));
+                let isum = _mm_cvtepi32_ps(_mm_add_epi32(
+                    _mm256_castsi256_si128(h),
+                    _mm256_extracti128_si256::<1>(h),
+                ));
+                // M_j = pm_2j + pm_2j+1.
+                let hm = _mm256_hadd_epi32(pm, pm);
+                let imin = _mm_cvtepi32_ps(_mm_unpacklo_epi64(
+                    _mm256_castsi256_si128(hm),
+                    _mm256_extracti128_si256::<1>(hm),
+                ));
+                let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
+                let (mut a_acc, mut a_min) = (_mm_set_ss(acc[r]), _mm_set_ss(accm[r]));
+                a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
+                a_min = _mm_fmadd_ss(imin, dmv, a_min);
+                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
+                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
+                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
+                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
+                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
+                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
+                acc[r] = _mm_cvtss_f32(a_acc);
+                accm[r] = _mm_cvtss_f32(a_min);
             } else {
                 let all = _mm512_add_epi32(
                     _mm512_add_epi32(pair[r][0], pair[r][1]),
@@ -317,17 +273,6 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     out: &mut [f32; R],
 ) {
     dot_q4k_llama::<R, true>(x, y, out)
-}
-
-/// [`dot_q4k_llama`] for gemv rows (single rows, the tail of a batch).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4k_gemv<const R: usize>(
-    x: &[BlockQ4K],
-    y: &[&[BlockQ8K]; R],
-    out: &mut [f32; R],
-) {
-    dot_q4k_llama::<R, false>(x, y, out)
 }
 
 /// Q6_K x Q8_K in the float order of llama.cpp's tiled K-quant matmul, which it uses for
