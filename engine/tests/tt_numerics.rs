@@ -193,18 +193,14 @@ fn tt_matches_cpu_on_tiny() {
             tr <= REL_RMS_MAX,
             "{name}: first-token logits rel-RMS tt vs reference {tr:.3e} > {REL_RMS_MAX}"
         );
-        if cr > REL_RMS_MAX {
-            eprintln!(
-                "!!! {name}: cpu itself is {cr:.3e} from the reference forward (> {REL_RMS_MAX}); \
-                 tt vs cpu ({tc:.3e}) is not held to {REL_RMS_MAX} here, tt vs reference is"
-            );
-        } else {
-            tt_vs_cpu_asserted += 1;
-            assert!(
-                tc <= REL_RMS_MAX,
-                "{name}: first-token logits rel-RMS tt vs cpu {tc:.3e} > {REL_RMS_MAX}"
-            );
-        }
+        // cpu and the reference forward compute the same arithmetic (llama.cpp's orders,
+        // f64 sums for float weights): tt is held to cpu on every prompt.
+        assert!(
+            tc <= REL_RMS_MAX,
+            "{name}: first-token logits rel-RMS tt vs cpu {tc:.3e} > {REL_RMS_MAX} \
+             (cpu vs reference {cr:.3e})"
+        );
+        tt_vs_cpu_asserted += 1;
     }
     let c = tt.tt_counters().expect("counters");
     eprintln!(
@@ -215,8 +211,7 @@ fn tt_matches_cpu_on_tiny() {
     );
     // The kept-block path is what was measured.
     assert!(c.block_dispatches > 0);
-    // The exception must stay one: most prompts hold tt to cpu directly.
-    assert!(tt_vs_cpu_asserted * 2 > prompts.len());
+    assert_eq!(tt_vs_cpu_asserted, prompts.len());
 }
 
 /// llama.cpp's greedy chains for the default model: prompt, tokens, margins.

@@ -389,9 +389,10 @@ fn attention_case(sinks: bool, window: Option<usize>) {
             .map(|j| table[j / 4] * 4 + (j % 4) as u32)
             .collect();
         dev.write_kv(&mut *kv, &k, &v, &slots).expect("write_kv");
-        // The device keeps values at fp16 precision (keys at f32).
+        // The device keeps keys and values at fp16 precision.
+        let k16: Vec<f32> = k.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
         let v16: Vec<f32> = v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
-        kvs.push((k, v16));
+        kvs.push((k16, v16));
     }
     // Queries: A's last 3 positions (a prefill chunk), B's last position (decode).
     let qa_pos = [6u32, 7, 8];

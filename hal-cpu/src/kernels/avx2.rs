@@ -468,25 +468,22 @@ fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &
     for r in 0..R {
         assert!(y[r].len() >= n);
     }
-    // Two independent accumulator chains per row so that the FMA latency is hidden.
-    let mut a0 = [_mm256_setzero_ps(); R];
-    let mut a1 = [_mm256_setzero_ps(); R];
+    // Each product in f32, the sum in f64, as the core reference (`vec_dot_f32`) does:
+    // the f64 partial sums differ from its single running sum only far below an f32 ulp,
+    // so the rounded result matches it (these weights are small: routers, norms).
+    let mut a0 = [_mm256_setzero_pd(); R];
+    let mut a1 = [_mm256_setzero_pd(); R];
     let mut j = 0;
-    while j + 16 <= n {
+    while j + 8 <= n {
         let w0 = load_w8::<KIND>(w, j);
-        let w1 = load_w8::<KIND>(w, j + 8);
         for r in 0..R {
-            // SAFETY: y[r] has at least n >= j + 16 values (asserted above).
-            let (y0, y1) = unsafe {
-                (
-                    _mm256_loadu_ps(y[r].as_ptr().add(j)),
-                    _mm256_loadu_ps(y[r].as_ptr().add(j + 8)),
-                )
-            };
-            a0[r] = _mm256_fmadd_ps(w0, y0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(w1, y1, a1[r]);
+            // SAFETY: y[r] has at least n >= j + 8 values (asserted above).
+            let y0 = unsafe { _mm256_loadu_ps(y[r].as_ptr().add(j)) };
+            let p = _mm256_mul_ps(w0, y0);
+            a0[r] = _mm256_add_pd(a0[r], _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+            a1[r] = _mm256_add_pd(a1[r], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(p)));
         }
-        j += 16;
+        j += 8;
     }
     let kind = match KIND {
         0 => super::FloatKind::F32,
@@ -494,10 +491,13 @@ fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &
         _ => super::FloatKind::BF16,
     };
     for r in 0..R {
-        let mut s = hsum_ps(_mm256_add_ps(a0[r], a1[r]));
+        let mut l = [0f64; 4];
+        // SAFETY: `l` is 4 writable f64; storeu is unaligned.
+        unsafe { _mm256_storeu_pd(l.as_mut_ptr(), _mm256_add_pd(a0[r], a1[r])) };
+        let mut s = (l[0] + l[2]) + (l[1] + l[3]);
         for t in j..n {
-            s += kind.get(w, t) * y[r][t];
+            s += (kind.get(w, t) * y[r][t]) as f64;
         }
-        out[r] = s;
+        out[r] = s as f32;
     }
 }

@@ -733,11 +733,11 @@ impl State {
         if let Some(&bad) = slots.iter().find(|&&s| s as usize >= slots_n) {
             return invalid(format!("KV slot {bad} outside {slots_n} slots"));
         }
-        // Keys are kept in f32; values in fp16 (the device's Float16 tile format, half the
-        // DRAM of f32), rounded to nearest even: the precision the CPU backend and
-        // llama.cpp's default V cache keep them at.
+        // Keys and values in fp16 (the device's Float16 tile format, half the DRAM of
+        // f32), rounded to nearest even: the precision the CPU backend and llama.cpp's
+        // default K and V caches keep them at.
         for (cache, src, hd, fp16) in [
-            (k_cache, k, l.head_dim_k, false),
+            (k_cache, k, l.head_dim_k, true),
             (v_cache, v, l.head_dim_v, true),
         ] {
             let row = l.n_kv_heads * hd;

@@ -34,7 +34,8 @@ pub fn encode_acts(ty: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<u8>, Stri
     let rows = x.len().checked_div(in_f).unwrap_or(0);
     let mut out = vec![0u8; rows * rb];
     for (xr, or) in x.chunks_exact(in_f).zip(out.chunks_exact_mut(rb)) {
-        flint_core::quantize(at, xr, or)
+        // The activation quantizers of ggml's x86 build, as the CPU backend uses them.
+        flint_core::quant::quantize_act(at, xr, or)
             .map_err(|e| format!("quantizing activations to {at}: {e}"))?;
     }
     Ok(out)
@@ -83,10 +84,57 @@ pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
     s as f32
 }
 
-/// One weight row of `ty` against one encoded activation row of `n` values: the core
-/// `vec_dot` reference.
+/// One weight row of `ty` against one encoded activation row of `n` values. Q4_K, Q6_K,
+/// Q8_0 and Q5_0 sum in llama.cpp's prompt-batch float orders
+/// (`flint_core::dot::ggml_x86`, docs/parity.md), as the reference forward and the CPU
+/// backend do, so that the simulated device computes what the project's oracle
+/// computes; every other type through the core `vec_dot` reference.
 pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
-    flint_core::vec_dot(ty, w_row, act_row, n).map_err(|e| format!("{ty} dot product: {e}"))
+    use flint_core::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+    use flint_core::dot::ggml_x86 as x86;
+    fn blocks<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+        b.chunks_exact(std::mem::size_of::<T>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect()
+    }
+    let same = |a: usize, b: usize| -> Result<(), String> {
+        if a == b {
+            Ok(())
+        } else {
+            Err(format!(
+                "{ty} dot product: {a} weight blocks against {b} activation blocks"
+            ))
+        }
+    };
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let a: Vec<BlockQ8K> = blocks(act_row);
+            if ty == GgmlType::Q4_K {
+                let w: Vec<BlockQ4K> = blocks(w_row);
+                same(w.len(), a.len())?;
+                Ok(x86::vec_dot_q4_k_q8_k_repack(&w, &a, x86::Q4kPath::Gemm))
+            } else {
+                let w: Vec<BlockQ6K> = blocks(w_row);
+                same(w.len(), a.len())?;
+                Ok(x86::vec_dot_q6_k_q8_k_tiled(&w, &a))
+            }
+        }
+        GgmlType::Q8_0 | GgmlType::Q5_0 => {
+            let a: Vec<BlockQ8_0> = blocks(act_row);
+            if ty == GgmlType::Q8_0 {
+                let w: Vec<BlockQ8_0> = blocks(w_row);
+                same(w.len(), a.len())?;
+                Ok(x86::vec_dot_q8_0_q8_0_tinyblas(&w, &a))
+            } else {
+                let w: Vec<BlockQ5_0> = blocks(w_row);
+                same(w.len(), a.len())?;
+                Ok(x86::vec_dot_q5_0_q8_0_tinyblas(&w, &a))
+            }
+        }
+        _ => {
+            flint_core::vec_dot(ty, w_row, act_row, n).map_err(|e| format!("{ty} dot product: {e}"))
+        }
+    }
 }
 
 /// `x` rounded to the nearest fp16 (ties to even), widened back to f32: how the V cache

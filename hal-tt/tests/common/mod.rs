@@ -126,21 +126,23 @@ pub fn bf16_round(v: &[f32]) -> Vec<f32> {
 }
 
 /// The core oracle for a matmul on block weights: each row through
-/// `flint_core::dot_row_f32` (activations quantized as ggml pairs them).
+/// `flint_core::dot::matvec_f32_ggml_x86` (activations quantized as ggml pairs them).
 pub fn matmul_core(ty: GgmlType, bytes: &[u8], in_f: usize, x: &[f32]) -> Vec<f32> {
     let rb = ty.row_bytes(in_f).expect("whole blocks");
     let out_f = bytes.len() / rb;
     let m = x.len() / in_f;
     let mut out = vec![0.0; m * out_f];
     for i in 0..m {
-        for o in 0..out_f {
-            out[i * out_f + o] = flint_core::dot_row_f32(
-                ty,
-                &bytes[o * rb..(o + 1) * rb],
-                &x[i * in_f..(i + 1) * in_f],
-            )
-            .expect("core dot");
-        }
+        // Q4_K, Q6_K, Q8_0 and Q5_0 in llama.cpp's prompt-batch orders, as the simulator
+        // (and the CPU backend) sum them; every other type through the core reference.
+        flint_core::dot::matvec_f32_ggml_x86(
+            ty,
+            bytes,
+            &x[i * in_f..(i + 1) * in_f],
+            &mut out[i * out_f..(i + 1) * out_f],
+            flint_core::dot::ggml_x86::BatchRow::IN_BATCH,
+        )
+        .expect("core dot");
     }
     out
 }
