@@ -300,6 +300,30 @@ impl CpuDevice {
     }
 }
 
+/// `gelu_tanh_ggml_f16` of every f16 value (by its bits), built once (65536 entries).
+fn gelu_f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| {
+                let x = half::f16::from_bits(b).to_f32();
+                if !x.is_finite() {
+                    return 0.0;
+                }
+                // An input strictly inside (-10, 10) rounds to +-10 at most; for those two
+                // entries ask the core function with an f32 just inside, which rounds
+                // to the same f16 (the cut-off itself is applied before the lookup).
+                let inside = if x.abs() >= 10.0 {
+                    f32::from_bits(x.to_bits() - 1)
+                } else {
+                    x
+                };
+                flint_core::math::gelu_tanh_ggml_f16(inside)
+            })
+            .collect()
+    })
+}
+
 fn dot_rows_checked(
     level: SimdLevel,
     ty: GgmlType,
@@ -591,9 +615,27 @@ impl Device for CpuDevice {
         // the input and the result are rounded to f16. Gemma 3's logits are sensitive
         // to that rounding, and llama.cpp's logits are made with it, so the cpu device
         // does the same (within the HAL's tolerance of `gelu_tanh(gate) * up`).
-        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-            *o = flint_core::math::gelu_tanh_ggml_f16(g) * u;
-        }
+        // Like ggml, from a table indexed by the f16 input: the same values as
+        // `gelu_tanh_ggml_f16` (which depends only on f16(x) inside (-10, 10)).
+        let table = gelu_f16_table();
+        let gelu = |x: f32| {
+            if x <= -10.0 {
+                0.0
+            } else if x >= 10.0 {
+                x
+            } else {
+                table[usize::from(half::f16::from_f32(x).to_bits())]
+            }
+        };
+        self.pool.install(|| {
+            out.par_chunks_mut(4096)
+                .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                .for_each(|(o, (g, u))| {
+                    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                        *o = gelu(g) * u;
+                    }
+                });
+        });
         Ok(())
     }
 

@@ -348,3 +348,30 @@ fn write_kv_rejects_out_of_range_slot() {
         .expect_err("slot 4 of 4");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);
 }
+
+/// `gelu_mul` goes through a table indexed by the f16 input: every f16 value, and f32
+/// values between them and beyond +-10, against `gelu_tanh_ggml_f16` bit for bit.
+#[test]
+fn gelu_mul_table_equals_the_core_function() {
+    let d = dev();
+    let mut gate: Vec<f32> = (0..=u16::MAX)
+        .map(|b| half::f16::from_bits(b).to_f32())
+        .filter(|x| x.is_finite())
+        .collect();
+    let mut rng = Rng(5);
+    gate.extend(rng.vec(10_000).iter().map(|x| x * 25.0));
+    gate.extend([-10.0, 10.0, -9.999, 9.999, f32::MIN_POSITIVE, -0.0]);
+    let up: Vec<f32> = (0..gate.len())
+        .map(|i| 1.0 + (i % 7) as f32 * 0.25)
+        .collect();
+    let mut out = vec![f32::NAN; gate.len()];
+    d.gelu_mul(&gate, &up, &mut out).expect("gelu_mul");
+    for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
+        let want = math::gelu_tanh_ggml_f16(g) * u;
+        assert_eq!(
+            o.to_bits(),
+            want.to_bits(),
+            "gelu({g}) * {u}: {o} vs {want}"
+        );
+    }
+}
