@@ -11,9 +11,12 @@
 
 mod flint_common;
 
+mod tt_common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use tt_common::sim_library;
 
 use flint_common::{check_chain, margin, prompt};
 use flint_engine::forward::{DeviceModel, Session};
@@ -28,38 +31,6 @@ use serde_json::Value;
 const REL_RMS_MAX: f64 = 1e-2;
 /// The near-tie rule, in nats.
 const NEAR_TIE: f32 = 0.25;
-
-/// The simulated adapter, or `None` (after saying so) outside CI when it is not built.
-fn sim_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLINT_TT_RUNTIME").filter(|v| !v.is_empty()) {
-        let p = PathBuf::from(p);
-        assert!(
-            p.exists(),
-            "FLINT_TT_RUNTIME={} does not exist",
-            p.display()
-        );
-        return Some(p);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    for dir in exe.ancestors().skip(1).take(3) {
-        for cand in [
-            dir.join("libflint_tt_sim.so"),
-            dir.join("deps/libflint_tt_sim.so"),
-        ] {
-            if cand.exists() {
-                return Some(cand);
-            }
-        }
-    }
-    let msg = format!(
-        "the simulated Tenstorrent adapter (libflint_tt_sim.so) is not built near {}; \
-         run `cargo build -p flint-tt-sim` or set FLINT_TT_RUNTIME",
-        exe.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{msg}");
-    eprintln!("\n!!! SKIPPED: {msg}\n");
-    None
-}
 
 /// The `tt` device in the default configuration (keep-quant on, no `FLINT_TT_EXPAND`).
 fn open_tt(lib: &Path) -> (DeviceRef, Arc<TtDevice>) {

@@ -11,36 +11,13 @@
 
 mod flint_common;
 
-use std::path::PathBuf;
+mod tt_common;
+
+use tt_common::sim_library;
 
 use flint_engine::forward::{weight_descs, DeviceModel};
 use flint_hal::{Device, DeviceOptions, Tier, WeightKind};
 use flint_hal_tt::{TtDevice, RESERVE_DIVISOR};
-
-fn sim_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLINT_TT_RUNTIME").filter(|v| !v.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    for dir in exe.ancestors().skip(1).take(3) {
-        for cand in [
-            dir.join("libflint_tt_sim.so"),
-            dir.join("deps/libflint_tt_sim.so"),
-        ] {
-            if cand.exists() {
-                return Some(cand);
-            }
-        }
-    }
-    let msg = format!(
-        "the simulated Tenstorrent adapter (libflint_tt_sim.so) is not built near {}; \
-         run `cargo build -p flint-tt-sim` or set FLINT_TT_RUNTIME",
-        exe.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{msg}");
-    eprintln!("\n!!! SKIPPED: {msg}\n");
-    None
-}
 
 #[test]
 fn engine_stages_by_the_devices_plan() {

@@ -174,13 +174,14 @@ pub(crate) fn write_kv(
     Ok(())
 }
 
-/// Paged attention, parallel over (query row, head).
-pub(crate) fn paged_attention(
-    kv: &CpuKv,
+/// Checks a paged-attention call against the cache layout `l` and an output of
+/// `out_len` values (misuse panics, as the HAL documents; a position beyond its block
+/// table is an error) and returns, per query row, its sequence and position.
+pub(crate) fn query_owners(
+    l: &KvLayout,
     p: &PagedAttention<'_>,
-    out: &mut [f32],
-) -> Result<(), HalError> {
-    let l = kv.layout;
+    out_len: usize,
+) -> Result<Vec<Option<(usize, u32)>>, HalError> {
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
     assert!(
@@ -189,11 +190,10 @@ pub(crate) fn paged_attention(
     );
     assert_eq!(p.q.len() % (nh * dk).max(1), 0, "paged_attention: q length");
     let n_rows = p.q.len() / (nh * dk).max(1);
-    assert_eq!(out.len(), n_rows * nh * dv, "paged_attention: out length");
+    assert_eq!(out_len, n_rows * nh * dv, "paged_attention: out length");
     if let Some(s) = p.sinks {
         assert_eq!(s.len(), nh, "paged_attention: sinks length");
     }
-    // Which sequence and position each query row belongs to.
     let mut owner: Vec<Option<(usize, u32)>> = vec![None; n_rows];
     for (si, s) in p.seqs.iter().enumerate() {
         for (t, &pos) in s.positions.iter().enumerate() {
@@ -208,8 +208,7 @@ pub(crate) fn paged_attention(
             );
             owner[r] = Some((si, pos));
             // Every position the query reads must be mapped to a real block.
-            let need = pos as usize / bs;
-            if need >= s.block_table.len() {
+            if pos as usize / bs >= s.block_table.len() {
                 return Err(HalError::invalid(format!(
                     "paged_attention: sequence {si} position {pos} beyond its block table of {}",
                     s.block_table.len()
@@ -217,6 +216,19 @@ pub(crate) fn paged_attention(
             }
         }
     }
+    Ok(owner)
+}
+
+/// Paged attention, parallel over (query row, head).
+pub(crate) fn paged_attention(
+    kv: &CpuKv,
+    p: &PagedAttention<'_>,
+    out: &mut [f32],
+) -> Result<(), HalError> {
+    let l = kv.layout;
+    let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
+    let nh = p.n_heads;
+    let owner = query_owners(&l, p, out.len())?;
     let group = nh / hkv;
     let rk = hkv * dk;
     let rv = hkv * dv;

@@ -292,34 +292,7 @@ pub(crate) unsafe fn paged_attention(
     let l = *kv.layout();
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
-    assert!(
-        hkv > 0 && nh.is_multiple_of(hkv),
-        "paged_attention: {nh} heads over {hkv} KV heads"
-    );
-    assert_eq!(p.q.len() % (nh * dk).max(1), 0, "paged_attention: q length");
-    let n_rows = p.q.len() / (nh * dk).max(1);
-    assert_eq!(out.len(), n_rows * nh * dv, "paged_attention: out length");
-    if let Some(s) = p.sinks {
-        assert_eq!(s.len(), nh, "paged_attention: sinks length");
-    }
-    let mut seen = vec![false; n_rows];
-    for (si, s) in p.seqs.iter().enumerate() {
-        for (t, &pos) in s.positions.iter().enumerate() {
-            let r = s.q_start + t;
-            assert!(
-                r < n_rows,
-                "paged_attention: sequence {si} row {r} beyond q"
-            );
-            assert!(!seen[r], "paged_attention: row {r} in two sequences");
-            seen[r] = true;
-            if pos as usize / bs >= s.block_table.len() {
-                return Err(HalError::invalid(format!(
-                    "paged_attention: sequence {si} position {pos} beyond its block table of {}",
-                    s.block_table.len()
-                )));
-            }
-        }
-    }
+    crate::ops::query_owners(&l, p, out.len())?;
     let group = nh / hkv;
     let (rk, rv) = (hkv * dk, hkv * dv);
     // Work items: (sequence, KV head, up to 16 (row, head) queries).

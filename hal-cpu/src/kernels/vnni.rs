@@ -42,22 +42,14 @@ fn prefetch<B>(b: &B) {
     }
 }
 
-/// Loads 64 activation quants.
+/// Loads 64 bytes (quants of either sign).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load64i(p: &[i8]) -> __m512i {
-    assert!(p.len() >= 64);
+fn load64<T: bytemuck::Pod>(p: &[T]) -> __m512i {
+    let bytes: &[u8] = bytemuck::cast_slice(p);
+    assert!(bytes.len() >= 64);
     // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
-    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
-}
-
-/// Loads 64 bytes.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn load64u(p: &[u8]) -> __m512i {
-    assert!(p.len() >= 64);
-    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
-    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
+    unsafe { _mm512_loadu_si512(bytes.as_ptr() as *const __m512i) }
 }
 
 /// 32 quant bytes in both 256-bit halves of a register.
@@ -76,6 +68,19 @@ fn nibble_shift() -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4))
 }
 
+/// For each pair `j` of 32-quant sub-blocks: `vpermw` indices putting scale `2j` in the
+/// low half and scale `2j + 1` in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_idx() -> [__m512i; 4] {
+    [
+        halves_idx(0, 1),
+        halves_idx(2, 3),
+        halves_idx(4, 5),
+        halves_idx(6, 7),
+    ]
+}
+
 /// `vpermw` indices that put i16 lane `a` in the low half and lane `b` in the high half.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -92,12 +97,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     let m4 = _mm512_set1_epi8(0x0F);
     let one = _mm512_set1_epi8(1);
     let shift = nibble_shift();
-    let idx = [
-        halves_idx(0, 1),
-        halves_idx(2, 3),
-        halves_idx(4, 5),
-        halves_idx(6, 7),
-    ];
+    let idx = pair_idx();
     let mut acc = [_mm512_setzero_ps(); R];
     let mut accm = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
@@ -122,7 +122,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let qv = _mm512_or_si512(q, _mm512_slli_epi16::<4>(h));
             let s = _mm512_permutexvar_epi16(*ij, sc);
             for r in 0..R {
-                let yv = load64i(&y[r][i].qs[64 * j..]);
+                let yv = load64(&y[r][i].qs[64 * j..]);
                 let a = &mut sumi[r][j & 1];
                 *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
             }
@@ -178,12 +178,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
 ) {
     let m4 = _mm512_set1_epi8(0x0F);
     let shift = nibble_shift();
-    let idx = [
-        halves_idx(0, 1),
-        halves_idx(2, 3),
-        halves_idx(4, 5),
-        halves_idx(6, 7),
-    ];
+    let idx = pair_idx();
     let mut acc = [0f32; R];
     let mut accm = [0f32; R];
     for (i, b) in x.iter().enumerate() {
@@ -200,7 +195,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
             let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
             let s = _mm512_permutexvar_epi16(*ij, sc);
             for r in 0..R {
-                let yv = load64i(&y[r][i].qs[64 * j..]);
+                let yv = load64(&y[r][i].qs[64 * j..]);
                 pair[r][j] =
                     _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
             }
@@ -308,7 +303,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
         let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for n in 0..2 {
             let h = bcast32(&b.qh[32 * n..]);
-            let ql = load64u(&b.ql[64 * n..]);
+            let ql = load64(&b.ql[64 * n..]);
             for g in 0..2 {
                 let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
                 let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
@@ -320,7 +315,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
                 let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
                 let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
                 for r in 0..R {
-                    let yv = load64i(&y[r][i].qs[128 * n + 64 * g..]);
+                    let yv = load64(&y[r][i].qs[128 * n + 64 * g..]);
                     let a = &mut sumi[r][g];
                     *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
                 }
