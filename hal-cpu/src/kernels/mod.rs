@@ -6,7 +6,7 @@
 //! | Q6_K   | Q8_K       | yes          | yes            | yes  | core   |
 //! | Q5_K   | Q8_K       | yes          | yes            | yes  | core   |
 //! | Q8_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
-//! | Q5_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | Q5_0   | Q8_0       | yes          | yes            | yes  | core   |
 //! | Q4_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
 //! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core       | core           | core | core   |
@@ -86,7 +86,14 @@ impl FloatKind {
 #[derive(Debug)]
 pub(crate) enum Acts {
     Q8K(Vec<BlockQ8K>),
-    Q8_0(Vec<BlockQ8_0>),
+    /// Q8_0 blocks, with per block the scale widened to f32 and, per group of 4 quants
+    /// (the 8 lanes of tinyBLAS's order), `-16 x` their sum: what a Q5_0 kernel on
+    /// unsigned 5-bit quants (`q + 16`) needs to take the offset back out exactly.
+    Q8_0 {
+        blocks: Vec<BlockQ8_0>,
+        scales: Vec<f32>,
+        neg16_lanes: Vec<[i32; 8]>,
+    },
     Q8_1(Vec<BlockQ8_1>),
     F32(Vec<f32>),
 }
@@ -108,7 +115,26 @@ impl Acts {
         }
         match ty.vec_dot_type() {
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
-            GgmlType::Q8_0 => Ok(Acts::Q8_0(q(x, k, 32, quantize_row_q8_0_act))),
+            GgmlType::Q8_0 => {
+                let blocks = q(x, k, 32, quantize_row_q8_0_act);
+                let scales = blocks.iter().map(|b| f16_to_f32(b.d)).collect();
+                let neg16_lanes = blocks
+                    .iter()
+                    .map(|b| {
+                        std::array::from_fn(|l| {
+                            -16 * b.qs[4 * l..4 * l + 4]
+                                .iter()
+                                .map(|&v| i32::from(v))
+                                .sum::<i32>()
+                        })
+                    })
+                    .collect();
+                Ok(Acts::Q8_0 {
+                    blocks,
+                    scales,
+                    neg16_lanes,
+                })
+            }
             GgmlType::Q8_1 => Ok(Acts::Q8_1(q(x, k, 32, quantize_row_q8_1_act))),
             _ => Err(FormatError::Unsupported(ty)),
         }
@@ -118,7 +144,7 @@ impl Acts {
     fn row_bytes(&self, i: usize, nb: usize) -> &[u8] {
         match self {
             Acts::Q8K(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
-            Acts::Q8_0(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
+            Acts::Q8_0 { blocks: v, .. } => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
             Acts::Q8_1(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
             Acts::F32(v) => bytemuck::cast_slice(&v[i * nb..(i + 1) * nb]),
         }
@@ -149,7 +175,7 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
         )
         .then_some(SimdLevel::Avx2),
         SimdLevel::Avx512Vnni => match ty {
-            Q4_K | Q5_K | Q6_K => Some(SimdLevel::Avx512Vnni),
+            Q4_K | Q5_K | Q6_K | Q5_0 => Some(SimdLevel::Avx512Vnni),
             _ => native_kernel(SimdLevel::Avx512, ty),
         },
         SimdLevel::Avx512 => match ty {
@@ -231,13 +257,33 @@ pub(crate) fn dot_rows(
                 }
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
+            (
+                Some(SimdLevel::Avx512Vnni),
+                Acts::Q8_0 {
+                    blocks,
+                    scales,
+                    neg16_lanes,
+                },
+            ) => {
+                // The only Q8_0-activation type with a VNNI kernel (`native_kernel`).
+                debug_assert_eq!(ty, GgmlType::Q5_0);
+                let nb = nb0;
+                let side = |i: usize| {
+                    (
+                        &blocks[i * nb..(i + 1) * nb],
+                        &scales[i * nb..(i + 1) * nb],
+                        &neg16_lanes[i * nb..(i + 1) * nb],
+                    )
+                };
+                vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
+            }
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => tiled!(avx512::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
                 GgmlType::Q5_K => tiled!(avx512::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
                 GgmlType::Q6_K => tiled!(avx512::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => match ty {
+            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => tiled!(avx512::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out),
                 GgmlType::Q5_0 => tiled!(avx512::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out),
                 GgmlType::Q4_0 => tiled!(avx512::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out),
@@ -249,7 +295,7 @@ pub(crate) fn dot_rows(
                 GgmlType::Q6_K => tiled!(avx2::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx2), Acts::Q8_0(a)) => match ty {
+            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => tiled!(avx2::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out),
                 GgmlType::Q5_0 => tiled!(avx2::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out),
                 GgmlType::Q4_0 => tiled!(avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out),
@@ -325,13 +371,41 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
+            (
+                Some(SimdLevel::Avx512Vnni),
+                Acts::Q8_0 {
+                    blocks,
+                    scales,
+                    neg16_lanes,
+                },
+            ) => {
+                debug_assert_eq!(ty, GgmlType::Q5_0);
+                let wb = view::<BlockQ5_0>(w);
+                let nbw = wb.len() / o.len();
+                let r = act_row;
+                let side = |_: usize| {
+                    (
+                        &blocks[r * nb0..(r + 1) * nb0],
+                        &scales[r * nb0..(r + 1) * nb0],
+                        &neg16_lanes[r * nb0..(r + 1) * nb0],
+                    )
+                };
+                for (oi, d) in o.iter_mut().enumerate() {
+                    vnni::q5_0_rows(
+                        &wb[oi * nbw..(oi + 1) * nbw],
+                        &[r],
+                        &side,
+                        std::slice::from_mut(d),
+                    );
+                }
+            }
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => rows1!(avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(avx512::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0(a)) => match ty {
+            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
                 GgmlType::Q5_0 => rows1!(avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
                 GgmlType::Q4_0 => rows1!(avx512::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
@@ -343,7 +417,7 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx2), Acts::Q8_0(a)) => match ty {
+            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => rows1!(avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
                 GgmlType::Q5_0 => rows1!(avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
                 GgmlType::Q4_0 => rows1!(avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),

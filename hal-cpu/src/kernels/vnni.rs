@@ -21,7 +21,7 @@
 
 use std::arch::x86_64::*;
 
-use flint_core::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use flint_core::blocks::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use super::avx2::{f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, scale2};
 
@@ -332,4 +332,87 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
         }
     }
     *out = acc;
+}
+
+/// One activation row's Q8_0 blocks with their f32 scales and `-16 x` lane sums.
+pub(crate) type Q8_0Side<'a> = (&'a [BlockQ8_0], &'a [f32], &'a [[i32; 8]]);
+
+/// Q5_0 x Q8_0 in tinyBLAS's order (as `tinyblas::dot_q0`: per block, eight i32 lanes of
+/// four quants each, `lane = fma(d_w * d_a, lane sum, lane)`, `hsum_ps` at the end), on
+/// the quants taken unsigned (`q + 16`, the fifth bit from a mask register): `vpdpbusd`
+/// starting from the activation block's `-16 x` lane sums gives exactly the signed lane
+/// sums, with no sign juggling and no f16 conversion of activation scales per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[Q8_0Side<'_>; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let bit5 = _mm256_set1_epi8(0x10);
+    for r in 0..R {
+        assert!(y[r].0.len() >= x.len() && y[r].1.len() >= x.len() && y[r].2.len() >= x.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + 8) {
+            _mm_prefetch::<_MM_HINT_T0>((ahead as *const BlockQ5_0).cast::<i8>());
+        }
+        // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
+        let t = unsafe { _mm_loadu_si128(b.qs.as_ptr() as *const __m128i) };
+        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), m4);
+        let u = _mm256_or_si256(nib, _mm256_maskz_mov_epi8(u32::from_le_bytes(b.qh), bit5));
+        let d = _mm256_set1_ps(f16_to_f32(b.d));
+        for r in 0..R {
+            let (yb, ys, yl) = (&y[r].0[i], y[r].1[i], &y[r].2[i]);
+            // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
+            let (yv, init) = unsafe {
+                (
+                    _mm256_loadu_si256(yb.qs.as_ptr() as *const __m256i),
+                    _mm256_loadu_si256(yl.as_ptr() as *const __m256i),
+                )
+            };
+            let s = _mm256_dpbusd_epi32(init, u, yv);
+            let dd = _mm256_mul_ps(d, _mm256_set1_ps(ys));
+            acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = super::avx2::hsum_ps(acc[r]);
+    }
+}
+
+/// `out[t] = dot(Q5_0 weight row x, activation row rows[t])` for up to 4 rows, each
+/// row's side data from `side`.
+pub(crate) fn q5_0_rows<'a>(
+    x: &[BlockQ5_0],
+    rows: &[usize],
+    side: &dyn Fn(usize) -> Q8_0Side<'a>,
+    out: &mut [f32],
+) {
+    // SAFETY (each call): the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was
+    // checked against the CPU at device open.
+    match rows.len() {
+        4 => {
+            let ys = [side(rows[0]), side(rows[1]), side(rows[2]), side(rows[3])];
+            let mut o = [0f32; 4];
+            unsafe { dot_q5_0::<4>(x, &ys, &mut o) };
+            out.copy_from_slice(&o);
+        }
+        3 => {
+            let ys = [side(rows[0]), side(rows[1]), side(rows[2])];
+            let mut o = [0f32; 3];
+            unsafe { dot_q5_0::<3>(x, &ys, &mut o) };
+            out.copy_from_slice(&o);
+        }
+        2 => {
+            let ys = [side(rows[0]), side(rows[1])];
+            let mut o = [0f32; 2];
+            unsafe { dot_q5_0::<2>(x, &ys, &mut o) };
+            out.copy_from_slice(&o);
+        }
+        _ => {
+            for (t, &r) in rows.iter().enumerate() {
+                let mut o = [0f32; 1];
+                unsafe { dot_q5_0::<1>(x, &[side(r)], &mut o) };
+                out[t] = o[0];
+            }
+        }
+    }
 }
