@@ -366,7 +366,33 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemm, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q4_K => {
+                    // Four weight rows at a time (the rows' chains side by side in one
+                    // vector), the rest one by one: the same results either way.
+                    let wb = view::<BlockQ4K>(w);
+                    let nbw = wb.len() / o.len();
+                    let y = &a[act_row * nbk..(act_row + 1) * nbk];
+                    let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
+                    let full = o.len() / 4 * 4;
+                    for r0 in (0..full).step_by(4) {
+                        let mut q = [0f32; 4];
+                        // SAFETY: the level was checked against the CPU at device open.
+                        unsafe {
+                            vnni::dot_q4k_gemm_rows4(
+                                [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)],
+                                y,
+                                &mut q,
+                            )
+                        };
+                        o[r0..r0 + 4].copy_from_slice(&q);
+                    }
+                    for (r, d) in o.iter_mut().enumerate().skip(full) {
+                        let mut q = [0f32; 1];
+                        // SAFETY: as above.
+                        unsafe { vnni::dot_q4k_gemm::<1>(row(r), &[y], &mut q) };
+                        *d = q[0];
+                    }
+                }
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),

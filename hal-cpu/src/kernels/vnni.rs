@@ -181,6 +181,10 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
     let idx = pair_idx();
     let mut acc = [0f32; R];
     let mut accm = [0f32; R];
+    // A full gemm tile keeps its four rows' accumulators as the lanes of one vector:
+    // each lane still runs its own row's chain of fused multiply-adds, in order.
+    let lanes = GEMM && R == 4;
+    let (mut acc4, mut accm4) = (_mm_setzero_ps(), _mm_setzero_ps());
     for (i, b) in x.iter().enumerate() {
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
@@ -200,6 +204,48 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
                     _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
             }
         }
+        if lanes {
+            let yd: [f32; 4] = std::array::from_fn(|r| y[r.min(R - 1)][i].d);
+            // SAFETY: 4 readable f32; loadu is unaligned.
+            let yd4 = unsafe { _mm_loadu_ps(yd.as_ptr()) };
+            let (dd4, dm4) = (
+                _mm_mul_ps(_mm_set1_ps(d), yd4),
+                _mm_mul_ps(_mm_set1_ps(dmin), yd4),
+            );
+            let row = |r: usize| &pair[r.min(R - 1)];
+            let (p0, p1, p2, p3) = (row(0), row(1), row(2), row(3));
+            for j in 0..4 {
+                let isum = _mm_cvtepi32_ps(hsum4(p0[j], p1[j], p2[j], p3[j]));
+                acc4 = _mm_fmadd_ps(isum, dd4, acc4);
+            }
+            // Per row [M_0 .. M_3] (M_j = pm_2j + pm_2j+1), then transposed to rows in
+            // lanes.
+            let m: [__m128i; 4] = std::array::from_fn(|r| {
+                let pm = _mm256_madd_epi16(load_bsums(&y[r.min(R - 1)][i]), mins);
+                let hm = _mm256_hadd_epi32(pm, pm);
+                _mm_unpacklo_epi64(
+                    _mm256_castsi256_si128(hm),
+                    _mm256_extracti128_si256::<1>(hm),
+                )
+            });
+            let (t0, t1) = (
+                _mm_unpacklo_epi32(m[0], m[1]),
+                _mm_unpacklo_epi32(m[2], m[3]),
+            );
+            let (t2, t3) = (
+                _mm_unpackhi_epi32(m[0], m[1]),
+                _mm_unpackhi_epi32(m[2], m[3]),
+            );
+            for col in [
+                _mm_unpacklo_epi64(t0, t1),
+                _mm_unpackhi_epi64(t0, t1),
+                _mm_unpacklo_epi64(t2, t3),
+                _mm_unpackhi_epi64(t2, t3),
+            ] {
+                accm4 = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm4, accm4);
+            }
+            continue;
+        }
         for r in 0..R {
             let yb = &y[r][i];
             // Lane t: m_t * (bsum_2t + bsum_2t+1), the mins term of sub-block t.
@@ -209,21 +255,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
                 // The four pair integers I_j side by side (exact adds in any order):
                 // interleave-and-add within 128-bit lanes, then across the lanes.
                 let p = &pair[r];
-                let a = _mm512_add_epi32(
-                    _mm512_unpacklo_epi32(p[0], p[1]),
-                    _mm512_unpackhi_epi32(p[0], p[1]),
-                );
-                let c = _mm512_add_epi32(
-                    _mm512_unpacklo_epi32(p[2], p[3]),
-                    _mm512_unpackhi_epi32(p[2], p[3]),
-                );
-                let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
-                let h =
-                    _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64::<1>(e));
-                let isum = _mm_cvtepi32_ps(_mm_add_epi32(
-                    _mm256_castsi256_si128(h),
-                    _mm256_extracti128_si256::<1>(h),
-                ));
+                let isum = _mm_cvtepi32_ps(hsum4(p[0], p[1], p[2], p[3]));
                 // M_j = pm_2j + pm_2j+1.
                 let hm = _mm256_hadd_epi32(pm, pm);
                 let imin = _mm_cvtepi32_ps(_mm_unpacklo_epi64(
@@ -254,9 +286,99 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
             }
         }
     }
+    if lanes {
+        let mut o = [0f32; 4];
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
+        out.copy_from_slice(&o[..R]);
+        return;
+    }
     for r in 0..R {
         out[r] = acc[r] - accm[r];
     }
+}
+
+/// Four Q4_K weight rows against one activation row (a matvec), in the gemm order of
+/// [`dot_q4k_llama`]: the same per-row chains as four calls with one row each, bit for
+/// bit, with the four rows' accumulators as the lanes of one vector (so that the chains
+/// run side by side) and the activation loaded once for the four.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let n = y.len();
+    for w in &x {
+        assert!(w.len() >= n, "dot_q4k_gemm_rows4: row lengths");
+    }
+    let (mut acc4, mut accm4) = (_mm_setzero_ps(), _mm_setzero_ps());
+    for (i, yb) in y.iter().enumerate() {
+        let bsums = load_bsums(yb);
+        let yv: [__m512i; 4] = std::array::from_fn(|j| load64(&yb.qs[64 * j..]));
+        let mut pair = [[_mm512_setzero_si512(); 4]; 4];
+        let mut m = [_mm_setzero_si128(); 4];
+        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+        for (w, row) in x.iter().enumerate() {
+            let b = &row[i];
+            if let Some(ahead) = row.get(i + PREFETCH_BLOCKS) {
+                prefetch(ahead);
+            }
+            let (u, ddm) = k4_header(head16(b));
+            let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+            d[w] = _mm_cvtss_f32(ddm);
+            dmin[w] = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
+            for (j, ij) in idx.iter().enumerate() {
+                let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+                let s = _mm512_permutexvar_epi16(*ij, sc);
+                pair[w][j] =
+                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv[j]), s);
+            }
+            let pm = _mm256_madd_epi16(bsums, k4_mins_dup(u));
+            let hm = _mm256_hadd_epi32(pm, pm);
+            m[w] = _mm_unpacklo_epi64(
+                _mm256_castsi256_si128(hm),
+                _mm256_extracti128_si256::<1>(hm),
+            );
+        }
+        // SAFETY: 4 readable f32 each; loadu is unaligned.
+        let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
+        let ya = _mm_set1_ps(yb.d);
+        let (dd4, dm4) = (_mm_mul_ps(d4, ya), _mm_mul_ps(dmin4, ya));
+        for j in 0..4 {
+            let isum = _mm_cvtepi32_ps(hsum4(pair[0][j], pair[1][j], pair[2][j], pair[3][j]));
+            acc4 = _mm_fmadd_ps(isum, dd4, acc4);
+        }
+        let (t0, t1) = (
+            _mm_unpacklo_epi32(m[0], m[1]),
+            _mm_unpacklo_epi32(m[2], m[3]),
+        );
+        let (t2, t3) = (
+            _mm_unpackhi_epi32(m[0], m[1]),
+            _mm_unpackhi_epi32(m[2], m[3]),
+        );
+        for col in [
+            _mm_unpacklo_epi64(t0, t1),
+            _mm_unpackhi_epi64(t0, t1),
+            _mm_unpacklo_epi64(t2, t3),
+            _mm_unpackhi_epi64(t2, t3),
+        ] {
+            accm4 = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm4, accm4);
+        }
+    }
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
+}
+
+/// The sums of the 16 i32 lanes of each of four vectors, side by side (exact: integer
+/// adds, interleaved within 128-bit lanes, then across them).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum4(p0: __m512i, p1: __m512i, p2: __m512i, p3: __m512i) -> __m128i {
+    let a = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    let c = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+    let h = _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64::<1>(e));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
 /// [`dot_q4k_llama`] for the rows of a 4-row gemm group.
@@ -290,6 +412,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
         )
     };
     let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let mut acc4 = _mm_setzero_ps();
     let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
@@ -321,15 +444,35 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
                 }
             }
         }
-        for r in 0..R {
-            let yb = &y[r][i];
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(yb)));
-            let s = hsum_i32(_mm512_sub_epi32(
+        // Per row: the block's integer with the offset of the unsigned quants taken off.
+        let total = |r: usize| {
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&y[r][i])));
+            _mm512_sub_epi32(
                 _mm512_add_epi32(sumi[r][0], sumi[r][1]),
                 _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
-            ));
-            acc[r] = fma1(s as f32 * d, yb.d, acc[r]);
+            )
+        };
+        if R == 4 {
+            // Four rows in the lanes of one vector, each lane its own row's chain.
+            let yd: [f32; 4] = std::array::from_fn(|r| y[r.min(R - 1)][i].d);
+            let t: [__m512i; 4] = std::array::from_fn(|r| total(r.min(R - 1)));
+            let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
+            // SAFETY: 4 readable f32; loadu is unaligned.
+            let yd4 = unsafe { _mm_loadu_ps(yd.as_ptr()) };
+            acc4 = _mm_fmadd_ps(_mm_mul_ps(s4, _mm_set1_ps(d)), yd4, acc4);
+            continue;
         }
+        for r in 0..R {
+            let s = hsum_i32(total(r));
+            acc[r] = fma1(s as f32 * d, y[r][i].d, acc[r]);
+        }
+    }
+    if R == 4 {
+        let mut o = [0f32; 4];
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc4) };
+        out.copy_from_slice(&o[..R]);
+        return;
     }
     *out = acc;
 }
