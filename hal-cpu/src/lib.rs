@@ -13,13 +13,24 @@
 //! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
 //! matmul splits its output rows into chunks (16 per thread, at least 16 rows each), each
 //! computing all activation rows in tiles of [`kernels::TILE`] (the remainder of M in one
-//! tile of 1-3) that share each decoded weight block.
+//! tile of 1-3) that share each decoded weight block; an expert matmul makes one parallel
+//! section of (expert, chunk of rows) tasks for all the experts of the call. The engine
+//! runs each forward step through `Device::run_step`, which here runs it on a pool
+//! worker: ops start without a cross-thread hand-off.
 //!
-//! Float weights (F32/F16/BF16) multiply f32 activations directly (ggml would round the
-//! activations to the weight's type first); this is at least as accurate.
+//! Float orders: the Q8_0 and Q5_0 kernels (every SIMD level) and, on AVX-512 VNNI
+//! CPUs, the Q4_K and Q6_K kernels sum in llama.cpp's orders for a prompt batch
+//! (docs/parity.md), the same for every row whatever the batch, so that a request's
+//! numbers never depend on what it is batched with. Paged attention follows llama.cpp's tiled flash attention (bit-identical to
+//! `flint_core::math::attend_ggml_tiled`).
 //!
-//! `FLINT_CPU_SIMD=scalar|avx2|avx512|avx512vnni` (read when the device is opened) forces a lower
-//! level, for tests and comparisons; [`CpuDevice::with_level`] does the same in code.
+//! Float weights (F32/F16/BF16) multiply f32 activations directly, products in f32 and
+//! sums in f64 as the core reference (ggml would round the activations to the weight's
+//! type first); this is at least as accurate.
+//!
+//! `FLINT_CPU_SIMD=scalar|avx2|avx512|avx512vnni` (read when the device is opened) forces
+//! a lower level, for tests and comparisons; [`CpuDevice::with_level`] does the same in
+//! code.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
