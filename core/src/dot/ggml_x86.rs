@@ -162,22 +162,6 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-/// The eight 6-bit scales and mins of a Q4_K block.
-fn q4k_scales(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
-    let mut sc = [0i32; 8];
-    let mut mn = [0i32; 8];
-    for j in 0..8 {
-        if j < 4 {
-            sc[j] = (s[j] & 63) as i32;
-            mn[j] = (s[j + 4] & 63) as i32;
-        } else {
-            sc[j] = ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4)) as i32;
-            mn[j] = ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)) as i32;
-        }
-    }
-    (sc, mn)
-}
-
 /// Where an activation row sits in a llama.cpp matmul: the number of activation rows of
 /// the call (`batch`) and the row's index, which together pick llama.cpp's kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,7 +212,7 @@ pub fn vec_dot_q4_k_q8_k_repack(x: &[BlockQ4K], y: &[BlockQ8K], path: Q4kPath) -
     assert_eq!(x.len(), y.len(), "vec_dot_q4_k_q8_k_repack: block counts");
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (w, a) in x.iter().zip(y) {
-        let (sc, mn) = q4k_scales(&w.scales);
+        let (sc, mn) = super::kquants::scale_min_k4(&w.scales);
         let dd = f16(w.d) * a.d;
         let dm = f16(w.dmin) * a.d;
         let (mut isum, mut imin) = (0i32, 0i32);

@@ -12,7 +12,7 @@ use crate::types::QK_K;
 use super::f16;
 
 /// The eight 6-bit scales and mins of a Q4_K / Q5_K block from their 12-byte packing.
-fn scale_min_k4(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
+pub(super) fn scale_min_k4(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
     let mut sc = [0i32; 8];
     let mut mn = [0i32; 8];
     for j in 0..8 {
