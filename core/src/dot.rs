@@ -291,6 +291,24 @@ pub fn dot_row_f32(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, FormatE
     )
 }
 
+/// The bytes of one weight row of a matvec of `x` into `out`, after checking that `x` is
+/// whole blocks of `ty` and that `w` is exactly `out.len()` rows.
+#[cfg(feature = "alloc")]
+fn matvec_row_bytes(ty: GgmlType, w: &[u8], x: &[f32], out: &[f32]) -> Result<usize, FormatError> {
+    let row = ty.row_bytes(x.len()).ok_or(FormatError::LengthMismatch {
+        expected: x.len().next_multiple_of(ty.block_size()),
+        found: x.len(),
+    })?;
+    let expected = row.saturating_mul(out.len());
+    if w.len() != expected {
+        return Err(FormatError::LengthMismatch {
+            expected,
+            found: w.len(),
+        });
+    }
+    Ok(row)
+}
+
 /// Matrix-vector product over `out.len()` weight rows stored back to back in `w`
 /// (type `ty`, `x.len()` elements each): `out[r] = dot_row_f32(ty, row r, x)`, bit for
 /// bit, but with `x` quantized once instead of once per row.
@@ -303,17 +321,7 @@ pub fn matvec_f32(ty: GgmlType, w: &[u8], x: &[f32], out: &mut [f32]) -> Result<
     if !GgmlType::DEQUANTIZABLE.contains(&ty) {
         return Err(FormatError::Unsupported(ty));
     }
-    let row = ty.row_bytes(x.len()).ok_or(FormatError::LengthMismatch {
-        expected: x.len().next_multiple_of(ty.block_size()),
-        found: x.len(),
-    })?;
-    let expected = row.saturating_mul(out.len());
-    if w.len() != expected {
-        return Err(FormatError::LengthMismatch {
-            expected,
-            found: w.len(),
-        });
-    }
+    let row = matvec_row_bytes(ty, w, x, out)?;
     // With n = 0 every row is empty and its dot product 0.
     out.fill(0.0);
     if !ty.is_quantized() {
@@ -380,17 +388,7 @@ pub fn matvec_f32_ggml_x86(
     ) {
         return matvec_f32(ty, w, x, out);
     }
-    let row = ty.row_bytes(x.len()).ok_or(FormatError::LengthMismatch {
-        expected: x.len().next_multiple_of(ty.block_size()),
-        found: x.len(),
-    })?;
-    let expected = row.saturating_mul(out.len());
-    if w.len() != expected {
-        return Err(FormatError::LengthMismatch {
-            expected,
-            found: w.len(),
-        });
-    }
+    let row = matvec_row_bytes(ty, w, x, out)?;
     out.fill(0.0);
     if x.is_empty() {
         return Ok(());
