@@ -281,61 +281,6 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
     }
 }
 
-/// Dot of signed bytes `a` and `b` as 8 i32 lanes, via |a| and b with a's sign.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
-    let ax = _mm256_sign_epi8(a, a);
-    let sy = _mm256_sign_epi8(b, a);
-    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-    _mm256_cvtepi32_ps(p)
-}
-
-/// A legacy 32-quant type against Q8_0: `dec` gives a block's quants as i8 and `scale`
-/// its f16 scale bits. Blocks go in pairs into two accumulator chains, so that one
-/// block's FMA does not wait on the previous one's.
-#[inline(always)]
-fn dot_legacy<B, const R: usize>(
-    x: &[B],
-    y: &[&[BlockQ8_0]; R],
-    out: &mut [f32; R],
-    dec: impl Fn(&B) -> __m256i,
-    scale: impl Fn(&B) -> u16,
-) {
-    // SAFETY (whole body): only called from the `dot_*` kernels below, whose
-    // `#[target_feature]` (AVX2, FMA, F16C) the caller checked at device open.
-    unsafe {
-        let mut a0 = [_mm256_setzero_ps(); R];
-        let mut a1 = [_mm256_setzero_ps(); R];
-        let pairs = x.len() / 2;
-        for p in 0..pairs {
-            let (b0, b1) = (&x[2 * p], &x[2 * p + 1]);
-            let (q0, q1) = (dec(b0), dec(b1));
-            let (d0, d1) = (f16_bcast(scale(b0)), f16_bcast(scale(b1)));
-            for r in 0..R {
-                let (y0, y1) = (&y[r][2 * p], &y[r][2 * p + 1]);
-                let p0 = dot_i8(q0, load32i(&y0.qs));
-                let p1 = dot_i8(q1, load32i(&y1.qs));
-                a0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, f16_bcast(y0.d)), p0, a0[r]);
-                a1[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, f16_bcast(y1.d)), p1, a1[r]);
-            }
-        }
-        if x.len() % 2 == 1 {
-            let i = x.len() - 1;
-            let q = dec(&x[i]);
-            let d = f16_bcast(scale(&x[i]));
-            for r in 0..R {
-                let yb = &y[r][i];
-                let p = dot_i8(q, load32i(&yb.qs));
-                a0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), p, a0[r]);
-            }
-        }
-        for r in 0..R {
-            out[r] = hsum_ps(_mm256_add_ps(a0[r], a1[r]));
-        }
-    }
-}
-
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
@@ -353,10 +298,11 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
-/// Q4_0 x Q8_0.
+/// Q4_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q4_0<const R: usize>(x: &[BlockQ4_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    dot_legacy(x, y, out, |b| q4_0_bytes(b), |b| b.d)
+    // SAFETY: this function's target features include the ones `dot_q0` needs.
+    unsafe { super::tinyblas::dot_q0(x, y, out, |b| q4_0_bytes(b), |b| b.d) }
 }
 
 /// 0xFF in byte `i` where bit `i` of `bits` is set, else 0.

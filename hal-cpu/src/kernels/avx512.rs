@@ -7,8 +7,8 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use super::avx2::{
-    f16_bcast, f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, q4_0_bytes,
-    q5_0_bytes, q5k_high, q8_0_bytes, scale2,
+    f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, q4_0_bytes, q5_0_bytes,
+    q5k_high, q8_0_bytes, scale2,
 };
 
 /// Loads the first 32 bytes of `p`.
@@ -221,70 +221,6 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     }
 }
 
-/// Signed 8-bit dot products of `q` and `y` as 16 i32 lanes, through |q| and y with q's
-/// sign (AVX-512BW has no `sign`; a masked subtract negates y where q < 0).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn dot_i8x64(q: __m512i, y: __m512i) -> __m512i {
-    let neg = _mm512_movepi8_mask(q);
-    let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-    _mm512_madd_epi16(
-        _mm512_maddubs_epi16(_mm512_abs_epi8(q), sy),
-        _mm512_set1_epi16(1),
-    )
-}
-
-/// A legacy 32-quant type against Q8_0, two blocks per 512-bit register; `dec` gives a
-/// block's quants as i8 and `scale` its f16 scale bits. An odd last block goes through
-/// the AVX2 path.
-#[inline(always)]
-fn dot_pairs<B, const R: usize>(
-    x: &[B],
-    y: &[&[BlockQ8_0]; R],
-    out: &mut [f32; R],
-    dec: impl Fn(&B) -> __m256i,
-    scale: impl Fn(&B) -> u16,
-) {
-    // SAFETY (whole body): only called from the `dot_*` kernels below, whose
-    // `#[target_feature]` the caller checked at device open.
-    unsafe {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let pairs = x.len() / 2;
-        for p in 0..pairs {
-            let (b0, b1) = (&x[2 * p], &x[2 * p + 1]);
-            let q = join(dec(b0), dec(b1));
-            let (d0, d1) = (f16_bcast(scale(b0)), f16_bcast(scale(b1)));
-            for r in 0..R {
-                let (y0, y1) = (&y[r][2 * p], &y[r][2 * p + 1]);
-                let yv = join(q8_0_bytes(y0), q8_0_bytes(y1));
-                let s = dot_i8x64(q, yv);
-                let dd = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_mul_ps(d0, f16_bcast(y0.d)))),
-                    _mm256_castps_pd(_mm256_mul_ps(d1, f16_bcast(y1.d))),
-                ));
-                acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r]);
-            }
-        }
-        let mut tail = [0f32; R];
-        if x.len() % 2 == 1 {
-            let last = &x[x.len() - 1];
-            let q = dec(last);
-            let d = f16_bcast(scale(last));
-            for r in 0..R {
-                let yb = &y[r][x.len() - 1];
-                let ax = _mm256_sign_epi8(q, q);
-                let sy = _mm256_sign_epi8(q8_0_bytes(yb), q);
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-                let v = _mm256_mul_ps(_mm256_mul_ps(d, f16_bcast(yb.d)), _mm256_cvtepi32_ps(s));
-                tail[r] = super::avx2::hsum_ps(v);
-            }
-        }
-        for r in 0..R {
-            out[r] = _mm512_reduce_add_ps(acc[r]) + tail[r];
-        }
-    }
-}
-
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`; 256-bit lanes are
 /// what fix that order, so there is no wider variant).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
@@ -293,10 +229,11 @@ pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], o
     unsafe { super::tinyblas::dot_q0(x, y, out, |b| q8_0_bytes(b), |b| b.d) }
 }
 
-/// Q4_0 x Q8_0, two blocks per 512-bit register.
+/// Q4_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(crate) fn dot_q4_0<const R: usize>(x: &[BlockQ4_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
-    dot_pairs(x, y, out, |b| q4_0_bytes(b), |b| b.d)
+    // SAFETY: this function's target features include the ones `dot_q0` needs.
+    unsafe { super::tinyblas::dot_q0(x, y, out, |b| q4_0_bytes(b), |b| b.d) }
 }
 
 /// Q5_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).

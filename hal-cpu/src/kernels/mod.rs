@@ -16,7 +16,9 @@
 //! scalar reference is
 //! `flint_core::dot::vec_dot` (`core/src/dot/`).
 //!
-//! "core" is `flint_core::dot::vec_dot`, the scalar reference.
+//! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
+//! llama.cpp's tinyBLAS order at every level (`tinyblas.rs`); Q4_K and Q6_K in llama.cpp's
+//! orders at the VNNI level (`vnni.rs`), in Flint's own below it (docs/parity.md).
 
 use std::borrow::Cow;
 
