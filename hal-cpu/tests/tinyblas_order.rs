@@ -42,23 +42,7 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
                     .expect("core");
                 }
                 for &level in &levels {
-                    let opts = DeviceOptions {
-                        threads: Some(2),
-                        keep_quant: true,
-                    };
-                    let dev = CpuDevice::with_level(&opts, level).expect("device");
-                    let h = dev
-                        .stage(&desc("w", ty, &[k, n], w.clone()))
-                        .expect("stage");
-                    let mut got = vec![f32::NAN; m * n];
-                    dev.matmul(&*h, &x, m, &mut got).expect("matmul");
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{ty} {level:?} k {k} n {n} m {m} value {i}: {g} vs {e}"
-                        );
-                    }
+                    assert_device_equals(level, ty, &w, k, n, &x, m, &want);
                 }
             }
         }
@@ -95,26 +79,41 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
                 flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at).expect("core");
             }
             for &level in &levels {
-                let opts = DeviceOptions {
-                    threads: Some(2),
-                    keep_quant: true,
-                };
-                let dev = CpuDevice::with_level(&opts, level).expect("device");
-                let h = dev
-                    .stage(&desc("w", ty, &[k, n], w.clone()))
-                    .expect("stage");
-                let mut got = vec![f32::NAN; m * n];
-                dev.matmul(&*h, &x, m, &mut got).expect("matmul");
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        e.to_bits(),
-                        "{ty} {level:?} m {m}: row {}, output {}: {g} vs {e}",
-                        i / n,
-                        i % n
-                    );
-                }
+                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
             }
         }
+    }
+}
+
+/// The cpu device at `level`, `W x` for the `m` rows of `x`, equals `want` bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn assert_device_equals(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    k: usize,
+    n: usize,
+    x: &[f32],
+    m: usize,
+    want: &[f32],
+) {
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    let dev = CpuDevice::with_level(&opts, level).expect("device");
+    let h = dev
+        .stage(&desc("w", ty, &[k, n], w.to_vec()))
+        .expect("stage");
+    let mut got = vec![f32::NAN; m * n];
+    dev.matmul(&*h, x, m, &mut got).expect("matmul");
+    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            e.to_bits(),
+            "{ty} {level:?} k {k} n {n} m {m}: row {}, output {}: {g} vs {e}",
+            i / n,
+            i % n
+        );
     }
 }

@@ -20,15 +20,6 @@ fn load32u(p: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
 
-/// Loads the first 64 i8 of `p`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn load64i(p: &[i8]) -> __m512i {
-    assert!(p.len() >= 64);
-    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
-    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
-}
-
 /// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
 #[inline(always)]
 fn bcast16(s: usize) -> i16 {
@@ -68,7 +59,7 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
                 ),
             );
             for r in 0..R {
-                let yv = load64i(&y[r][i].qs[64 * j..]);
+                let yv = super::vnni::load64(&y[r][i].qs[64 * j..]);
                 let p = _mm512_madd_epi16(_mm512_maddubs_epi16(qv, yv), s);
                 sumi[r] = _mm512_add_epi32(sumi[r], p);
             }
@@ -147,7 +138,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
             for (k, qv) in groups.iter().enumerate() {
                 let s = _mm512_shuffle_epi8(halves[n], masks[k]);
                 for r in 0..R {
-                    let yv = load64i(&y[r][i].qs[128 * n + 64 * k..]);
+                    let yv = super::vnni::load64(&y[r][i].qs[128 * n + 64 * k..]);
                     let p = _mm512_madd_epi16(_mm512_maddubs_epi16(*qv, yv), s);
                     sumi[r] = _mm512_add_epi32(sumi[r], p);
                 }
@@ -199,7 +190,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
                 ),
             );
             for r in 0..R {
-                let yv = load64i(&y[r][i].qs[64 * j..]);
+                let yv = super::vnni::load64(&y[r][i].qs[64 * j..]);
                 let p = _mm512_madd_epi16(_mm512_maddubs_epi16(qv, yv), s);
                 sumi[r] = _mm512_add_epi32(sumi[r], p);
             }

@@ -142,6 +142,24 @@ impl Acts {
         }
     }
 
+    /// Row `i` (of `nb` blocks) of Q8_0 activations with its side data.
+    ///
+    /// # Panics
+    /// If the activations are not Q8_0.
+    #[cfg(target_arch = "x86_64")]
+    fn q8_0_side(&self, i: usize, nb: usize) -> vnni::Q8_0Side<'_> {
+        let Acts::Q8_0 {
+            blocks,
+            scales,
+            neg16_lanes,
+        } = self
+        else {
+            panic!("Q8_0 side data of activations that are not Q8_0");
+        };
+        let r = i * nb..(i + 1) * nb;
+        (&blocks[r.clone()], &scales[r.clone()], &neg16_lanes[r])
+    }
+
     /// Row `i` (of `nb` blocks) as bytes, for the scalar reference.
     fn row_bytes(&self, i: usize, nb: usize) -> &[u8] {
         match self {
@@ -259,24 +277,10 @@ pub(crate) fn dot_rows(
                 }
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
-            (
-                Some(SimdLevel::Avx512Vnni),
-                Acts::Q8_0 {
-                    blocks,
-                    scales,
-                    neg16_lanes,
-                },
-            ) => {
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {
                 // The only Q8_0-activation type with a VNNI kernel (`native_kernel`).
                 debug_assert_eq!(ty, GgmlType::Q5_0);
-                let nb = nb0;
-                let side = |i: usize| {
-                    (
-                        &blocks[i * nb..(i + 1) * nb],
-                        &scales[i * nb..(i + 1) * nb],
-                        &neg16_lanes[i * nb..(i + 1) * nb],
-                    )
-                };
+                let side = |i: usize| acts.q8_0_side(i, nb0);
                 vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
             }
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
@@ -399,25 +403,12 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
-            (
-                Some(SimdLevel::Avx512Vnni),
-                Acts::Q8_0 {
-                    blocks,
-                    scales,
-                    neg16_lanes,
-                },
-            ) => {
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {
                 debug_assert_eq!(ty, GgmlType::Q5_0);
                 let wb = view::<BlockQ5_0>(w);
                 let nbw = wb.len() / o.len();
                 let r = act_row;
-                let side = |_: usize| {
-                    (
-                        &blocks[r * nb0..(r + 1) * nb0],
-                        &scales[r * nb0..(r + 1) * nb0],
-                        &neg16_lanes[r * nb0..(r + 1) * nb0],
-                    )
-                };
+                let side = |_: usize| acts.q8_0_side(r, nb0);
                 for (oi, d) in o.iter_mut().enumerate() {
                     vnni::q5_0_rows(
                         &wb[oi * nbw..(oi + 1) * nbw],

@@ -45,7 +45,7 @@ fn prefetch<B>(b: &B) {
 /// Loads 64 bytes (quants of either sign).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load64<T: bytemuck::Pod>(p: &[T]) -> __m512i {
+pub(crate) fn load64<T: bytemuck::Pod>(p: &[T]) -> __m512i {
     let bytes: &[u8] = bytemuck::cast_slice(p);
     assert!(bytes.len() >= 64);
     // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
@@ -221,29 +221,9 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
             // Per row [M_0 .. M_3] (M_j = pm_2j + pm_2j+1), then transposed to rows in
             // lanes.
             let m: [__m128i; 4] = std::array::from_fn(|r| {
-                let pm = _mm256_madd_epi16(load_bsums(&y[r.min(R - 1)][i]), mins);
-                let hm = _mm256_hadd_epi32(pm, pm);
-                _mm_unpacklo_epi64(
-                    _mm256_castsi256_si128(hm),
-                    _mm256_extracti128_si256::<1>(hm),
-                )
+                pair_mins(_mm256_madd_epi16(load_bsums(&y[r.min(R - 1)][i]), mins))
             });
-            let (t0, t1) = (
-                _mm_unpacklo_epi32(m[0], m[1]),
-                _mm_unpacklo_epi32(m[2], m[3]),
-            );
-            let (t2, t3) = (
-                _mm_unpackhi_epi32(m[0], m[1]),
-                _mm_unpackhi_epi32(m[2], m[3]),
-            );
-            for col in [
-                _mm_unpacklo_epi64(t0, t1),
-                _mm_unpackhi_epi64(t0, t1),
-                _mm_unpacklo_epi64(t2, t3),
-                _mm_unpackhi_epi64(t2, t3),
-            ] {
-                accm4 = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm4, accm4);
-            }
+            accm4 = fma_columns(m, dm4, accm4);
             continue;
         }
         for r in 0..R {
@@ -256,12 +236,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
                 // interleave-and-add within 128-bit lanes, then across the lanes.
                 let p = &pair[r];
                 let isum = _mm_cvtepi32_ps(hsum4(p[0], p[1], p[2], p[3]));
-                // M_j = pm_2j + pm_2j+1.
-                let hm = _mm256_hadd_epi32(pm, pm);
-                let imin = _mm_cvtepi32_ps(_mm_unpacklo_epi64(
-                    _mm256_castsi256_si128(hm),
-                    _mm256_extracti128_si256::<1>(hm),
-                ));
+                let imin = _mm_cvtepi32_ps(pair_mins(pm));
                 let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
                 let (mut a_acc, mut a_min) = (_mm_set_ss(acc[r]), _mm_set_ss(accm[r]));
                 a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
@@ -333,12 +308,7 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
                 pair[w][j] =
                     _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv[j]), s);
             }
-            let pm = _mm256_madd_epi16(bsums, k4_mins_dup(u));
-            let hm = _mm256_hadd_epi32(pm, pm);
-            m[w] = _mm_unpacklo_epi64(
-                _mm256_castsi256_si128(hm),
-                _mm256_extracti128_si256::<1>(hm),
-            );
+            m[w] = pair_mins(_mm256_madd_epi16(bsums, k4_mins_dup(u)));
         }
         // SAFETY: 4 readable f32 each; loadu is unaligned.
         let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
@@ -348,25 +318,47 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
             let isum = _mm_cvtepi32_ps(hsum4(pair[0][j], pair[1][j], pair[2][j], pair[3][j]));
             acc4 = _mm_fmadd_ps(isum, dd4, acc4);
         }
-        let (t0, t1) = (
-            _mm_unpacklo_epi32(m[0], m[1]),
-            _mm_unpacklo_epi32(m[2], m[3]),
-        );
-        let (t2, t3) = (
-            _mm_unpackhi_epi32(m[0], m[1]),
-            _mm_unpackhi_epi32(m[2], m[3]),
-        );
-        for col in [
-            _mm_unpacklo_epi64(t0, t1),
-            _mm_unpackhi_epi64(t0, t1),
-            _mm_unpacklo_epi64(t2, t3),
-            _mm_unpackhi_epi64(t2, t3),
-        ] {
-            accm4 = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm4, accm4);
-        }
+        accm4 = fma_columns(m, dm4, accm4);
     }
     // SAFETY: 4 writable f32; storeu is unaligned.
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
+}
+
+/// `[M_0, M_1, M_2, M_3]` with `M_j = pm_2j + pm_2j+1`: the mins terms of the four pairs
+/// of sub-blocks, from the eight per-sub-block terms `pm`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_mins(pm: __m256i) -> __m128i {
+    let hm = _mm256_hadd_epi32(pm, pm);
+    _mm_unpacklo_epi64(
+        _mm256_castsi256_si128(hm),
+        _mm256_extracti128_si256::<1>(hm),
+    )
+}
+
+/// Four rows' `[M_0 .. M_3]` (`m[row]`) transposed so that lane `row` of column `j` is
+/// row's `M_j`, then `acc = fma(M_j, dm, acc)` for `j = 0..4` in order: each lane runs
+/// its own row's chain.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fma_columns(m: [__m128i; 4], dm: __m128, mut acc: __m128) -> __m128 {
+    let (t0, t1) = (
+        _mm_unpacklo_epi32(m[0], m[1]),
+        _mm_unpacklo_epi32(m[2], m[3]),
+    );
+    let (t2, t3) = (
+        _mm_unpackhi_epi32(m[0], m[1]),
+        _mm_unpackhi_epi32(m[2], m[3]),
+    );
+    for col in [
+        _mm_unpacklo_epi64(t0, t1),
+        _mm_unpackhi_epi64(t0, t1),
+        _mm_unpacklo_epi64(t2, t3),
+        _mm_unpackhi_epi64(t2, t3),
+    ] {
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm, acc);
+    }
+    acc
 }
 
 /// The sums of the 16 i32 lanes of each of four vectors, side by side (exact: integer
