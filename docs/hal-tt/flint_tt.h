@@ -2,7 +2,7 @@
  * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
  * runtime adapter library (`libflint_tt.so`).
  *
- * ABI version 1. See README.md next to this file for how the library is found, what a
+ * ABI version 2 (2: `source_type` in `flint_tt_weight_desc`). See README.md next to this file for how the library is found, what a
  * real adapter over TT-Metalium must do, and the simulated adapter (`flint-tt-sim`).
  *
  * Conventions
@@ -33,7 +33,7 @@ extern "C" {
 
 /* The version this header describes. `flint_tt_abi_version()` must return it exactly;
  * the host refuses any other value. */
-#define FLINT_TT_ABI_VERSION 1u
+#define FLINT_TT_ABI_VERSION 2u
 
 /* Status codes. */
 typedef enum flint_tt_status {
@@ -52,6 +52,8 @@ typedef enum flint_tt_status {
 } flint_tt_status;
 
 /* GGML type ids as GGUF stores them (only those with a meaning in this ABI). */
+#define FLINT_TT_TYPE_Q8_0 8u
+#define FLINT_TT_TYPE_Q5_0 6u
 #define FLINT_TT_TYPE_Q4_K 12u
 #define FLINT_TT_TYPE_Q5_K 13u
 #define FLINT_TT_TYPE_Q6_K 14u
@@ -135,6 +137,16 @@ typedef struct flint_tt_weight_desc {
     /* The bytes: `out_features` rows of `row_bytes(ggml_type, in_features)` each. */
     const uint8_t *data;
     uint64_t len;
+    /* The encoding of the tensor in the GGUF file, before the host expanded it (ABI 2).
+     * Equal to `ggml_type` for kept blocks and for floats staged as they are. For a
+     * weight expanded without loss (block encoding -> F32, the keep-quant arm) the
+     * adapter computes what the source blocks compute: activations rounded as ggml pairs
+     * them with `source_type` (Q8_0 for the legacy block types, Q8_K for the K-quants)
+     * before the product, so that an expansion changes where the weight lives and how
+     * many bytes it takes, not the matmul's result. For BF16/F16 expansions the weight
+     * is already rounded and activations stay f32. */
+    uint32_t source_type;
+    uint32_t reserved; /* 0 */
 } flint_tt_weight_desc;
 
 /* Stages one weight matrix. RESIDENT: the adapter copies `data` into DRAM before it
@@ -221,9 +233,9 @@ typedef struct flint_tt_kv_layout {
 } flint_tt_kv_layout;
 
 /* Writes n tokens: k = [n, n_kv_heads * head_dim_k], v = [n, n_kv_heads * head_dim_v];
- * token i goes to slot slots[i]. Keys are kept at f32 precision; values may be kept at
- * fp16 precision (rounded to nearest even), as the CPU backend and llama.cpp's default
- * V cache keep them; the simulated adapter does so. */
+ * token i goes to slot slots[i]. Keys and values may be kept at fp16 precision (rounded
+ * to nearest even), as the CPU backend and llama.cpp's default K and V caches keep them;
+ * the simulated adapter does so. */
 int32_t flint_tt_write_kv(flint_tt_device *dev, const flint_tt_kv_layout *layout,
                           flint_tt_buffer k_cache, flint_tt_buffer v_cache, flint_tt_buffer k,
                           flint_tt_buffer v, const uint32_t *slots, uint64_t n);

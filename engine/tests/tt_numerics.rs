@@ -227,8 +227,12 @@ fn gemma() -> Model {
 }
 
 /// Gemma 3 270M on tt vs cpu over llama.cpp's greedy prompts, 16 tokens each: greedy
-/// chains within the near-tie rule against cpu's and against llama.cpp's (asserted), and
-/// the first-token logits rel-RMS (printed; see the ignored test below for the bound).
+/// chains within the near-tie rule against cpu's and against llama.cpp's, and the
+/// first-token logits rel-RMS at most 1e-2 (all asserted). Weights the device does not
+/// admit (Q8_0, Q5_0: most of Gemma) are expanded to F32, and the simulator computes them
+/// in the blocks' order from the source encoding the ABI passes (`source_type`), so tt
+/// equals cpu here bit for bit; before that the expansion alone put the rel-RMS at
+/// 2-5e-2, Gemma's post-norms amplifying last-bit differences.
 #[test]
 fn tt_follows_cpu_on_gemma_greedy() {
     let Some(lib) = sim_library() else { return };
@@ -270,37 +274,11 @@ fn tt_follows_cpu_on_gemma_greedy() {
             show(vs_llama, gmargins),
             t0.elapsed()
         );
+        let rel = rel_rms(&lt, &lc);
+        assert!(
+            rel <= REL_RMS_MAX,
+            "{name}: first-token logits rel-RMS tt vs cpu {rel:.3e} > {REL_RMS_MAX}"
+        );
     }
     assert!(tt.tt_counters().expect("counters").block_dispatches > 0);
-}
-
-/// The bound on the default model: first-token logits rel-RMS tt vs cpu at most
-/// 1e-2. Ignored because it fails today: Gemma 3 turns last-bit differences into
-/// rel-RMS of several 1e-2 (see docs/hal-tt/README.md, "Accuracy"), and this
-/// prints the reference forward's own distance from cpu next to tt's for comparison.
-#[test]
-#[ignore = "fails today: Gemma 3 amplifies last-bit differences beyond 1e-2 (docs/hal-tt)"]
-fn tt_vs_cpu_on_gemma_first_token_rel_rms() {
-    let Some(lib) = sim_library() else { return };
-    let model = gemma();
-    let cpu_dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
-    let cpu = stage(&model, cpu_dev);
-    let (tt_dev, _) = open_tt(&lib);
-    let ttm = stage(&model, tt_dev);
-    let mut worst = 0.0f64;
-    for (i, (p, _, _)) in gemma_golden().iter().enumerate() {
-        let (_, _, lc) = chain(&cpu, p, 1);
-        let (_, _, lt) = chain(&ttm, p, 1);
-        let (_, _, lr) = reference_chain(&model, p, 1);
-        let rel = rel_rms(&lt, &lc);
-        eprintln!(
-            "gemma prompt {i}: first-token rel-RMS tt vs cpu {rel:.3e}, reference vs cpu {:.3e}",
-            rel_rms(&lr, &lc)
-        );
-        worst = worst.max(rel);
-    }
-    assert!(
-        worst <= REL_RMS_MAX,
-        "gemma: first-token logits rel-RMS tt vs cpu {worst:.3e} > {REL_RMS_MAX}"
-    );
 }

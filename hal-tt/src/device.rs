@@ -362,6 +362,7 @@ impl TtDevice {
     fn stage_one(
         &self,
         ty: GgmlType,
+        source_ty: GgmlType,
         streamed: bool,
         in_f: usize,
         out_f: usize,
@@ -379,6 +380,8 @@ impl TtDevice {
             out_features: out_f as u64,
             data: data.as_ptr(),
             len: data.len() as u64,
+            source_type: source_ty.id(),
+            reserved: 0,
         };
         let mut h = 0u64;
         // SAFETY: `d.data` points at `d.len` readable bytes. For a streamed weight the
@@ -486,10 +489,18 @@ impl Device for TtDevice {
             // Every slice's geometry is checked, a plain matrix being a tower of one.
             let slice = staging::expert_slice(&desc.name, desc.ty, geo, src, e)?;
             let h = if arr.kept {
-                self.stage_one(desc.ty, streamed, in_f, out_f, slice, &desc.name)?
+                self.stage_one(desc.ty, desc.ty, streamed, in_f, out_f, slice, &desc.name)?
             } else {
                 let v = staging::expand(&desc.name, desc.ty, in_f, slice, arr.staged_ty)?;
-                let h = self.stage_one(arr.staged_ty, streamed, in_f, out_f, &v, &desc.name);
+                let h = self.stage_one(
+                    arr.staged_ty,
+                    desc.ty,
+                    streamed,
+                    in_f,
+                    out_f,
+                    &v,
+                    &desc.name,
+                );
                 if streamed {
                     // The adapter reads this vector on every use: keep it (its heap
                     // allocation does not move when the outer vector grows).

@@ -10,7 +10,7 @@ use flint_hal::{HalError, HalErrorKind};
 use libloading::Library;
 
 /// The ABI version this build speaks (`FLINT_TT_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// The environment variable naming the adapter library.
 pub const RUNTIME_ENV: &str = "FLINT_TT_RUNTIME";
@@ -38,7 +38,14 @@ pub struct CWeightDesc {
     pub out_features: u64,
     pub data: *const u8,
     pub len: u64,
+    /// The encoding in the file, before any expansion (ABI 2).
+    pub source_type: u32,
+    pub reserved: u32,
 }
+
+// The header's layout on every 64-bit target: 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 bytes.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<CWeightDesc>() == 48);
 
 /// `FLINT_TT_RESIDENT`.
 pub const RESIDENT: u32 = 0;

@@ -97,6 +97,9 @@ enum Store {
 #[derive(Debug)]
 struct SimWeight {
     ty: GgmlType,
+    /// The file's encoding: activations meet an expanded weight at the precision ggml
+    /// pairs with this encoding (see `gemm`).
+    source_ty: GgmlType,
     in_f: usize,
     out_f: usize,
     row_bytes: usize,
@@ -144,6 +147,8 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct StageRequest {
     pub ty: GgmlType,
+    /// The file's encoding before any expansion (equal to `ty` for kept blocks).
+    pub source_ty: GgmlType,
     pub streamed: bool,
     pub in_f: usize,
     pub out_f: usize,
@@ -332,6 +337,12 @@ impl State {
                 ),
             );
         }
+        if !is_float(r.ty) && r.source_ty != r.ty {
+            return invalid(format!(
+                "kept {} blocks with source encoding {}: kept blocks are their own source",
+                r.ty, r.source_ty
+            ));
+        }
         let Some(row_bytes) = r.ty.row_bytes(r.in_f) else {
             return invalid(format!(
                 "a row of {} values is not a whole number of {} blocks",
@@ -356,6 +367,7 @@ impl State {
             h,
             SimWeight {
                 ty: r.ty,
+                source_ty: r.source_ty,
                 in_f: r.in_f,
                 out_f: r.out_f,
                 row_bytes,
@@ -893,14 +905,36 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
     for &r in rows {
         sel.extend_from_slice(&x[r * in_f..(r + 1) * in_f]);
     }
+    // A weight the host expanded from blocks without loss (to F32: the keep-quant arm)
+    // meets activations rounded as ggml pairs them with the blocks (Q8_0 for the legacy
+    // types, Q8_K for the K-quants), so that the expansion moves the weight into a float
+    // encoding without changing what the matmul computes (the ABI's `source_type`); Q8_0
+    // and Q5_0 sources are also summed in the blocks' order (`dot_f32_tinyblas`). The
+    // BF16 arm rounds the weights and keeps f32 activations.
+    let lossless = w.ty == GgmlType::F32 && w.source_ty.is_quantized();
+    let tinyblas_expanded = lossless && matches!(w.source_ty, GgmlType::Q8_0 | GgmlType::Q5_0);
+    if lossless && !tinyblas_expanded {
+        sel = kernels::round_acts(w.source_ty, &sel, in_f).map_err(runtime)?;
+    }
     // Float rows take f32 activations as they are (BF16 and F32 through the fast row
     // dots, F16 through the core `vec_dot` on the f32 bytes); block rows the encoded ones.
-    let acts = if matches!(w.ty, GgmlType::BF16 | GgmlType::F32) {
+    let acts = if tinyblas_expanded {
+        // Q8_0 blocks, as the source blocks would meet them (see `dot_f32_tinyblas`).
+        kernels::encode_acts(w.source_ty, &sel, in_f).map_err(runtime)?
+    } else if matches!(w.ty, GgmlType::BF16 | GgmlType::F32) {
         Vec::new()
     } else {
         kernels::encode_acts(w.ty, &sel, in_f).map_err(runtime)?
     };
     let arb = acts.len().checked_div(rows.len()).unwrap_or(0);
+    // The same bytes as blocks, read unaligned (a byte vector promises no alignment).
+    let act_blocks: Vec<flint_core::blocks::BlockQ8_0> = if tinyblas_expanded {
+        acts.chunks_exact(std::mem::size_of::<flint_core::blocks::BlockQ8_0>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let (bytes, ty, row_bytes) = (w.bytes(), w.ty, w.row_bytes);
     let n_thr = threads(rows.len() * in_f * out_f).min(out_f.max(1));
     let chunk = out_f.div_ceil(n_thr.max(1)).max(1);
@@ -910,7 +944,10 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
         for o in o0..o1 {
             let wr = &bytes[o * row_bytes..(o + 1) * row_bytes];
             for j in 0..rows.len() {
-                part[j * wid + (o - o0)] = if ty == GgmlType::BF16 {
+                part[j * wid + (o - o0)] = if tinyblas_expanded {
+                    let per = act_blocks.len() / rows.len();
+                    kernels::dot_f32_tinyblas(wr, &act_blocks[j * per..(j + 1) * per])?
+                } else if ty == GgmlType::BF16 {
                     kernels::dot_bf16(wr, &sel[j * in_f..(j + 1) * in_f])
                 } else if ty == GgmlType::F32 {
                     kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f])

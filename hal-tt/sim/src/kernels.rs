@@ -41,6 +41,105 @@ pub fn encode_acts(ty: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<u8>, Stri
     Ok(out)
 }
 
+/// Activation rows of `in_f` values rounded to the encoding ggml pairs with weights of
+/// `source` ([`act_type`]) and decoded back to f32: what an expanded weight of a block
+/// encoding meets, so that its matmul agrees with the block matmul up to the order of the
+/// float sums.
+pub fn round_acts(source: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<f32>, String> {
+    let at = act_type(source);
+    if at == GgmlType::F32 || in_f == 0 {
+        return Ok(x.to_vec());
+    }
+    let bytes = encode_acts(source, x, in_f)?;
+    let rb = bytes.len().checked_div(x.len() / in_f).unwrap_or(0);
+    let mut out = vec![0.0f32; x.len()];
+    for (br, or) in bytes
+        .chunks_exact(rb.max(1))
+        .zip(out.chunks_exact_mut(in_f))
+    {
+        if at == GgmlType::Q8_K {
+            // Q8_K is an activation-only encoding that the core does not decode:
+            // `d * q` per value, `d` an f32 per 256 values.
+            let blocks = br
+                .chunks_exact(std::mem::size_of::<flint_core::blocks::BlockQ8K>())
+                .map(bytemuck::pod_read_unaligned::<flint_core::blocks::BlockQ8K>);
+            for (b, o) in blocks.zip(or.chunks_exact_mut(at.block_size())) {
+                for (v, &q) in o.iter_mut().zip(b.qs.iter()) {
+                    *v = b.d * f32::from(q);
+                }
+            }
+        } else {
+            flint_core::dequant::dequantize(at, br, or)
+                .map_err(|e| format!("decoding {at} activations: {e}"))?;
+        }
+    }
+    Ok(out)
+}
+
+/// An F32 weight row that the host expanded from Q8_0 or Q5_0 blocks, against one row of
+/// Q8_0 activation blocks, summed in tinyBLAS's order (the order the CPU backend and the
+/// reference use for those blocks, `flint_core::dot::ggml_x86`): per 32-element block,
+/// eight lanes of four products each, `lane = fma(d_w * d_a, lane_sum, lane)`, then the
+/// eight lanes summed pairwise.
+///
+/// The block scale `d_w` is not known here, only the expanded values `d_w * q`, which
+/// f32 holds exactly. The lane's term `(d_w * d_a) * lane_sum` is therefore formed as
+/// `d_a * sum(w * q_a)` in f64, where every step is exact (at most 38 significant bits),
+/// and added to the f32 lane with a single rounding, as the fused multiply-add does. The
+/// result equals the block kernel's bit for bit; expansion changes where the weight lives
+/// and how many bytes it takes, not the matmul.
+pub fn dot_f32_tinyblas(w: &[u8], acts: &[flint_core::blocks::BlockQ8_0]) -> Result<f32, String> {
+    const QK: usize = 32;
+    if w.len() != acts.len() * QK * 4 {
+        return Err(format!(
+            "expanded row of {} bytes against {} Q8_0 activation blocks",
+            w.len(),
+            acts.len()
+        ));
+    }
+    let mut lanes = [0.0f32; 8];
+    for (wb, a) in w.chunks_exact(QK * 4).zip(acts) {
+        let da = f64::from(half::f16::from_bits(a.d).to_f32());
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let mut p = 0.0f64;
+            for e in 4 * l..4 * l + 4 {
+                let wv =
+                    f32::from_le_bytes([wb[4 * e], wb[4 * e + 1], wb[4 * e + 2], wb[4 * e + 3]]);
+                p += f64::from(wv) * f64::from(a.qs[e]);
+            }
+            *lane = add_rounded_once(p * da, *lane);
+        }
+    }
+    Ok(flint_core::dot::ggml_x86::hsum8(lanes))
+}
+
+/// `t + acc` rounded once to f32 (`t` exact in f64): the sum is formed in f64 with its
+/// rounding error kept (Knuth's two-sum), and when the f64 sum lies exactly halfway
+/// between two f32 values, the error decides the side, which a plain conversion of the
+/// f64 sum would get wrong (double rounding). Values in the f32 subnormal range are
+/// converted plainly.
+pub fn add_rounded_once(t: f64, acc: f32) -> f32 {
+    let c = f64::from(acc);
+    let s = t + c;
+    let bb = s - t;
+    let err = (t - (s - bb)) + (c - bb);
+    let r = s as f32;
+    if err == 0.0 || !s.is_finite() {
+        return r;
+    }
+    // Halfway between two f32 values: the 29 fraction bits f32 drops are 100...0.
+    let bits = s.to_bits();
+    const DROPPED: u64 = (1 << 29) - 1;
+    if bits & DROPPED != 1 << 28 {
+        return r;
+    }
+    // The exact sum lies strictly between `s` and its f64 neighbour on the error's side,
+    // which is no longer a halfway point.
+    let away_from_zero = (err > 0.0) == (s > 0.0);
+    let nb = f64::from_bits(if away_from_zero { bits + 1 } else { bits - 1 });
+    nb as f32
+}
+
 /// A BF16 weight row (little-endian bytes) against f32 activations: each product in f32,
 /// the sum in f64, as `flint_core::vec_dot` computes BF16 rows, but with four partial
 /// sums (the f64 sums differ from the core's single running sum only in their rounding
@@ -215,4 +314,98 @@ pub fn attend_head(
     out: &mut [f32],
 ) {
     flint_core::math::attend_ggml_tiled(q, keys, values, first, scale, sink, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flint_core::blocks::{BlockQ5_0, BlockQ8_0};
+    use flint_core::dot::ggml_x86;
+
+    /// A small deterministic generator (xorshift64*), values in [-1, 1) times a scale
+    /// that varies per block so that block scales differ widely.
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed.max(1);
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+                let scale = [0.01f32, 1.0, 37.0, 0.2][(i / 32) % 4];
+                (2.0 * u - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn blocks<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+        b.chunks_exact(std::mem::size_of::<T>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect()
+    }
+
+    /// Weights expanded to F32 from Q8_0 and Q5_0 blocks give, through
+    /// `dot_f32_tinyblas`, exactly the bits of the block kernel's order.
+    #[test]
+    fn expanded_rows_match_the_block_order_bit_for_bit() {
+        let n = 640;
+        for seed in 1..40u64 {
+            let x = values(seed * 7919, n);
+            let acts = encode_acts(GgmlType::Q8_0, &x, n).expect("acts");
+            let a: Vec<BlockQ8_0> = blocks(&acts);
+            for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+                let w = values(seed * 104729 + 3, n);
+                let mut wb = vec![0u8; ty.row_bytes(n).expect("row bytes")];
+                flint_core::quant::quantize(ty, &w, &mut wb).expect("quantize");
+                let mut expanded = vec![0.0f32; n];
+                flint_core::dequant::dequantize(ty, &wb, &mut expanded).expect("dequantize");
+                let want = if ty == GgmlType::Q8_0 {
+                    ggml_x86::vec_dot_q8_0_q8_0_tinyblas(&blocks::<BlockQ8_0>(&wb), &a)
+                } else {
+                    ggml_x86::vec_dot_q5_0_q8_0_tinyblas(&blocks::<BlockQ5_0>(&wb), &a)
+                };
+                let got = dot_f32_tinyblas(bytemuck::cast_slice(&expanded), &a).expect("dot");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty} seed {seed}: expanded {got} vs blocks {want}"
+                );
+            }
+        }
+    }
+
+    /// A length that is not whole activation blocks is an error, not a panic.
+    #[test]
+    fn expanded_row_length_is_checked() {
+        let a = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; 2];
+        assert!(dot_f32_tinyblas(&[0u8; 4 * 32], &a).is_err());
+    }
+
+    /// `add_rounded_once` is a fused multiply-add when the product is exact, including
+    /// the case where the f64 sum lands exactly halfway between two f32 values and a
+    /// plain conversion rounds the wrong way.
+    #[test]
+    fn add_rounded_once_rounds_like_a_fused_multiply_add() {
+        // c = 1 + 2^-23 (odd last bit), d * s = 2^-24 (1 - 2^-46): the exact sum is just
+        // below the midpoint c + 2^-24, the f64 sum is the midpoint itself, and
+        // ties-to-even would round it up.
+        let c = 1.0f32 + f32::EPSILON;
+        let d = (8388608.0f32 + 1.0) * 2f32.powi(-35);
+        let s = (8388608.0f32 - 1.0) * 2f32.powi(-35);
+        for sign in [1.0f32, -1.0] {
+            let (c, d) = (sign * c, sign * d);
+            let t = f64::from(d) * f64::from(s);
+            let want = d.mul_add(s, c);
+            assert_eq!(want, c, "the fused result stays at c");
+            assert_ne!((t + f64::from(c)) as f32, want, "the case double-rounds");
+            assert_eq!(add_rounded_once(t, c).to_bits(), want.to_bits());
+        }
+        // Random products of a block scale and an integer lane sum.
+        let v = values(99, 4096);
+        for w in v.chunks_exact(3) {
+            let (d, s, c) = (w[0], (w[1] * 64516.0).round(), w[2] * 1000.0);
+            let t = f64::from(d) * f64::from(s);
+            assert_eq!(add_rounded_once(t, c).to_bits(), d.mul_add(s, c).to_bits());
+        }
+    }
 }

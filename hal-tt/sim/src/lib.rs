@@ -35,7 +35,7 @@ pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
 use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
 
 /// The ABI version this library implements.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// `FLINT_TT_OK`.
 const OK: i32 = 0;
@@ -331,7 +331,15 @@ pub struct WeightDesc {
     pub data: *const u8,
     /// Their length.
     pub len: u64,
+    /// The encoding in the file before the host expanded it (ABI 2).
+    pub source_type: u32,
+    /// Zero.
+    pub reserved: u32,
 }
+
+// The header's layout on every 64-bit target (as the host's `CWeightDesc`).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<WeightDesc>() == 48);
 
 /// `flint_tt_weight_stage`.
 ///
@@ -354,6 +362,10 @@ pub unsafe extern "C" fn flint_tt_weight_stage(
             code: device::ERR_UNSUPPORTED,
             message: e.to_string(),
         })?;
+        let source_ty = GgmlType::from_id(d.source_type).map_err(|e| SimError {
+            code: device::ERR_UNSUPPORTED,
+            message: format!("source encoding: {e}"),
+        })?;
         if d.residency > 1 {
             return device::invalid(format!("unknown residency {}", d.residency));
         }
@@ -363,6 +375,7 @@ pub unsafe extern "C" fn flint_tt_weight_stage(
         }
         let h = st.stage(device::StageRequest {
             ty,
+            source_ty,
             streamed: d.residency == 1,
             in_f: usize_of(d.in_features, "in_features")?,
             out_f: usize_of(d.out_features, "out_features")?,
