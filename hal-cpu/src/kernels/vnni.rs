@@ -277,11 +277,22 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
 /// [`dot_q4k_llama`]: the same per-row chains as four calls with one row each, bit for
 /// bit, with the four rows' accumulators as the lanes of one vector (so that the chains
 /// run side by side) and the activation loaded once for the four.
+///
+/// The integers are formed differently from [`dot_q4k_llama`] (they are exact either
+/// way): each 64-byte half of a row's quants is split into its low nibbles (sub-blocks
+/// `4h` and `4h + 2`) and high nibbles (`4h + 1`, `4h + 3`) with one load, the
+/// activation is arranged to meet them, and one vector then holds the scaled sums of two
+/// pairs (lanes 0-7 pair `2h`, lanes 8-15 pair `2h + 1`); the four rows' eight such
+/// vectors are reduced together to the pair integers with rows in lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let m4 = _mm512_set1_epi8(0x0F);
-    let shift = nibble_shift();
-    let idx = pair_idx();
+    // Scale indices: per half h, low nibbles meet scales (4h, 4h + 2), high (4h + 1,
+    // 4h + 3).
+    let sidx = [
+        [halves_idx(0, 2), halves_idx(1, 3)],
+        [halves_idx(4, 6), halves_idx(5, 7)],
+    ];
     let n = y.len();
     for w in &x {
         assert!(w.len() >= n, "dot_q4k_gemm_rows4: row lengths");
@@ -289,8 +300,16 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
     let (mut acc4, mut accm4) = (_mm_setzero_ps(), _mm_setzero_ps());
     for (i, yb) in y.iter().enumerate() {
         let bsums = load_bsums(yb);
-        let yv: [__m512i; 4] = std::array::from_fn(|j| load64(&yb.qs[64 * j..]));
-        let mut pair = [[_mm512_setzero_si512(); 4]; 4];
+        // Activation quants of sub-blocks (4h, 4h + 2) and (4h + 1, 4h + 3).
+        let two = |a: usize, b: usize| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load32_at(&yb.qs, a)),
+                load32_at(&yb.qs, b),
+            )
+        };
+        let ylo = [two(0, 64), two(128, 192)];
+        let yhi = [two(32, 96), two(160, 224)];
+        let mut v = [[_mm512_setzero_si512(); 2]; 4];
         let mut m = [_mm_setzero_si128(); 4];
         let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for (w, row) in x.iter().enumerate() {
@@ -302,11 +321,14 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
             let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
             d[w] = _mm_cvtss_f32(ddm);
             dmin[w] = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
-            for (j, ij) in idx.iter().enumerate() {
-                let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
-                let s = _mm512_permutexvar_epi16(*ij, sc);
-                pair[w][j] =
-                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv[j]), s);
+            for h in 0..2 {
+                let q = load64(&b.qs[64 * h..]);
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                let slo = _mm512_permutexvar_epi16(sidx[h][0], sc);
+                let shi = _mm512_permutexvar_epi16(sidx[h][1], sc);
+                let a = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo[h]), slo);
+                v[w][h] = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(hi, yhi[h]), shi);
             }
             m[w] = pair_mins(_mm256_madd_epi16(bsums, k4_mins_dup(u)));
         }
@@ -314,14 +336,45 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
         let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
         let ya = _mm_set1_ps(yb.d);
         let (dd4, dm4) = (_mm_mul_ps(d4, ya), _mm_mul_ps(dmin4, ya));
-        for j in 0..4 {
-            let isum = _mm_cvtepi32_ps(hsum4(pair[0][j], pair[1][j], pair[2][j], pair[3][j]));
-            acc4 = _mm_fmadd_ps(isum, dd4, acc4);
+        for h in 0..2 {
+            let [p0, p1] = pair_sums_rows4([v[0][h], v[1][h], v[2][h], v[3][h]]);
+            acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(p0), dd4, acc4);
+            acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(p1), dd4, acc4);
         }
         accm4 = fma_columns(m, dm4, accm4);
     }
     // SAFETY: 4 writable f32; storeu is unaligned.
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
+}
+
+/// 32 bytes of `qs` from byte `at`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32_at(qs: &[i8], at: usize) -> __m256i {
+    let p = &qs[at..at + 32];
+    // SAFETY: `p` is 32 readable bytes; loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Four rows' vectors `v[r]` whose lanes 0-7 sum to the row's first pair integer and
+/// lanes 8-15 to its second: the two pair integers with rows in lanes (exact: integer
+/// adds, interleaved within 128-bit lanes, then the 128-bit lanes of a pair added).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_sums_rows4(v: [__m512i; 4]) -> [__m128i; 2] {
+    let a = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let c = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    // Per 128-bit lane: the four rows' sums of that lane's four i32.
+    let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+    // 128-bit lanes (0 + 1) and (2 + 3).
+    let z = _mm512_add_epi32(e, _mm512_shuffle_i32x4::<0b10_11_00_01>(e, e));
+    [_mm512_castsi512_si128(z), _mm512_extracti32x4_epi32::<2>(z)]
 }
 
 /// `[M_0, M_1, M_2, M_3]` with `M_j = pm_2j + pm_2j+1`: the mins terms of the four pairs
