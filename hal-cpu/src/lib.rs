@@ -611,6 +611,12 @@ impl Device for CpuDevice {
             gate.len() == up.len() && up.len() == out.len(),
             "silu_mul: lengths"
         );
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { kernels::act::silu_mul(gate, up, out) };
+            return Ok(());
+        }
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = flint_core::math::silu(g) * u;
         }

@@ -375,3 +375,34 @@ fn gelu_mul_table_equals_the_core_function() {
         );
     }
 }
+
+/// `silu_mul` at every SIMD level this CPU has equals `math::silu(g) * u` bit for bit,
+/// over a range that reaches the exponential's saturation on both sides, with a length
+/// that leaves a scalar tail after the 16-lane body.
+#[test]
+fn silu_mul_equals_core_bit_for_bit_at_every_level() {
+    let n = 16 * 40 + 7;
+    let mut rng = Rng(31);
+    let mut g: Vec<f32> = rng.vec(n).iter().map(|v| v * 120.0).collect();
+    g[..6].copy_from_slice(&[0.0, -0.0, 1e-30, -1e-30, 88.5, -104.0]);
+    let u = rng.vec(n);
+    let want: Vec<u32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| (math::silu(g) * u).to_bits())
+        .collect();
+    for level in flint_hal_cpu::SimdLevel::ALL {
+        let opts = flint_hal::DeviceOptions {
+            threads: Some(1),
+            keep_quant: true,
+        };
+        let Ok(d) = CpuDevice::with_level(&opts, level) else {
+            eprintln!("level {level:?}: not on this CPU, skipped");
+            continue;
+        };
+        let mut o = vec![0f32; n];
+        d.silu_mul(&g, &u, &mut o).expect("silu_mul");
+        let got: Vec<u32> = o.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "level {level:?}");
+    }
+}

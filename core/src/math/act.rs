@@ -5,10 +5,12 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + libm::expf(-x))
 }
 
-/// `silu(x) = x / (1 + exp(-x))`, written as ggml's `ggml_silu_f32` writes it (one
-/// division, not `x * sigmoid(x)`, which rounds twice).
+/// `silu(x) = x / (1 + exp(-x))`, as ggml's `ggml_v_silu` computes it in llama.cpp's
+/// AVX-512 build (`ggml_vec_swiglu_f32`): one division (not `x * sigmoid(x)`, which rounds
+/// twice), with ggml's AVX-512 `exp` ([`super::expf_ggml_avx512`]), so that the CPU
+/// backend's 16-lane kernel computes the same bits.
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + libm::expf(-x))
+    x / (1.0 + super::attn_ggml::expf_ggml_avx512(-x))
 }
 
 /// sqrt(2/pi), as ggml spells it.

@@ -22,6 +22,7 @@ use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, KvBuffer, PagedAttention, NO_BLOCK};
 use rayon::prelude::*;
 
+use super::act::expf_ggml;
 use crate::ops::CpuKv;
 
 /// Queries attended together.
@@ -29,33 +30,6 @@ pub(crate) const LANES: usize = 16;
 
 /// Keys whose scores are computed together (independent multiply-add chains).
 const KEYS_AT_ONCE: usize = 8;
-
-/// ggml's AVX-512 `ggml_v_expf`, lane for lane the same operations as
-/// `flint_core::math::expf_ggml_avx512`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn expf_ggml(x: __m512) -> __m512 {
-    let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
-    let r = c(0x4b40_0000);
-    let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
-    let n = _mm512_sub_ps(z, r);
-    let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
-    let u = _mm512_mul_ps(b, b);
-    let j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(
-            _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
-            u,
-            _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-        ),
-        u,
-        _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
-    );
-    let res = _mm512_scalef_ps(j, n);
-    let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
-    let non_pos = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
-    let sat = _mm512_mask_blend_ps(non_pos, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
-    _mm512_mask_blend_ps(big, res, sat)
-}
 
 /// `_mm512_reduce_add_ps`'s order over 16 vectors, lane by lane: halves added pairwise
 /// (8, 4, 2, 1), as `flint_core`'s tiled attention sums 16 weights.

@@ -32,6 +32,8 @@ use flint_core::{FormatError, GgmlType};
 use crate::simd::SimdLevel;
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod act;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod attn;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
