@@ -57,15 +57,25 @@ pub fn round_acts(source: GgmlType, x: &[f32], in_f: usize) -> Result<Vec<f32>, 
         .chunks_exact(rb.max(1))
         .zip(out.chunks_exact_mut(in_f))
     {
+        // Q8_K and Q8_1 are activation-only encodings that the core does not decode:
+        // `d * q` per value (`d` an f32 per 256 values, or an f16 per 32).
         if at == GgmlType::Q8_K {
-            // Q8_K is an activation-only encoding that the core does not decode:
-            // `d * q` per value, `d` an f32 per 256 values.
             let blocks = br
                 .chunks_exact(std::mem::size_of::<flint_core::blocks::BlockQ8K>())
                 .map(bytemuck::pod_read_unaligned::<flint_core::blocks::BlockQ8K>);
             for (b, o) in blocks.zip(or.chunks_exact_mut(at.block_size())) {
                 for (v, &q) in o.iter_mut().zip(b.qs.iter()) {
                     *v = b.d * f32::from(q);
+                }
+            }
+        } else if at == GgmlType::Q8_1 {
+            let blocks = br
+                .chunks_exact(std::mem::size_of::<flint_core::blocks::BlockQ8_1>())
+                .map(bytemuck::pod_read_unaligned::<flint_core::blocks::BlockQ8_1>);
+            for (b, o) in blocks.zip(or.chunks_exact_mut(at.block_size())) {
+                let d = half::f16::from_bits(b.d).to_f32();
+                for (v, &q) in o.iter_mut().zip(b.qs.iter()) {
+                    *v = d * f32::from(q);
                 }
             }
         } else {
