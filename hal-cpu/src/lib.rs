@@ -275,6 +275,7 @@ impl CpuDevice {
             }
             // Transposed result [n][m]: each task owns whole weight rows.
             let mut t_out = vec![0f32; n * m];
+            let tile4x4 = kernels::has_tile4x4(level, ty);
             // Weight rows per sub-tile: small enough to stay in L1/L2 while every
             // activation tile passes over them.
             const ROW_TILE: usize = 16;
@@ -293,9 +294,25 @@ impl CpuDevice {
                             for (t, v) in idx.iter_mut().enumerate().take(len) {
                                 *v = i0 + t;
                             }
-                            for r in rb..re {
+                            let mut r = rb;
+                            while r < re {
+                                if len == TILE && r + TILE <= re && tile4x4 {
+                                    // Four weight rows x four activation rows at once.
+                                    let mut t4 = [[0f32; TILE]; TILE];
+                                    let o = o0 + r;
+                                    let wb = &w_bytes[o * row_bytes..(o + TILE) * row_bytes];
+                                    kernels::dot_tile4x4(level, ty, wb, &acts, k, &idx, &mut t4);
+                                    for (t, col) in t4.iter().enumerate() {
+                                        for (q, &v) in col.iter().enumerate() {
+                                            dst[(r + q) * m + i0 + t] = v;
+                                        }
+                                    }
+                                    r += TILE;
+                                    continue;
+                                }
                                 row_dot(o0 + r, &idx[..len], &mut tmp[..len])?;
                                 dst[r * m + i0..r * m + i0 + len].copy_from_slice(&tmp[..len]);
+                                r += 1;
                             }
                         }
                     }

@@ -250,6 +250,49 @@ macro_rules! tiled {
     }};
 }
 
+/// Whether [`dot_tile4x4`] has a kernel for `ty` at `level`.
+pub(crate) fn has_tile4x4(level: SimdLevel, ty: GgmlType) -> bool {
+    ty == GgmlType::Q4_K && native_kernel(level, ty) == Some(SimdLevel::Avx512Vnni)
+}
+
+/// `out[t][r] = dot(weight row r, activation row rows[t])` for four consecutive weight
+/// rows (`w` holds their bytes) and four activation rows, with each weight block decoded
+/// once for the four activation rows; the same bits as four [`dot_rows`] calls. Only
+/// where [`has_tile4x4`] says so (the caller checks).
+pub(crate) fn dot_tile4x4(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize; TILE],
+    out: &mut [[f32; TILE]; TILE],
+) {
+    assert!(
+        has_tile4x4(level, ty),
+        "dot_tile4x4: no kernel for {ty} at {level}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let Acts::Q8K(a) = acts else {
+            unreachable!("Q4_K activations are Q8_K");
+        };
+        let nbk = k / 256;
+        let wb = view::<BlockQ4K>(w);
+        let nbw = wb.len() / TILE;
+        let x: [&[BlockQ4K]; TILE] = std::array::from_fn(|r| &wb[r * nbw..(r + 1) * nbw]);
+        let y: [&[BlockQ8K]; TILE] =
+            std::array::from_fn(|t| &a[rows[t] * nbk..(rows[t] + 1) * nbk]);
+        // SAFETY: `has_tile4x4` means AVX-512 VNNI, checked against the CPU at device open.
+        unsafe { vnni::dot_q4k_gemm_4x4(x, y, out) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, acts, k, rows, out);
+        unreachable!("no 4 x 4 tile kernel off x86-64");
+    }
+}
+
 /// `out[t] = dot(weight row, activation row rows[t])` for a tile of `rows.len() <= TILE`
 /// activation rows. `k` is the row length in elements.
 pub(crate) fn dot_rows(

@@ -347,6 +347,88 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
 }
 
+/// Four Q4_K weight rows against four activation rows (a 4 x 4 tile of a batched
+/// matmul): `out[a][w]` is weight row `w` against activation row `a`, bit for bit what
+/// [`dot_q4k_gemm_rows4`] gives for each activation row (the gemm order of
+/// [`dot_q4k_llama`]). Each weight block is unpacked and its scales arranged once for
+/// the four activation rows, each activation block arranged once for the four weight
+/// rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm_4x4(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 4], out: &mut [[f32; 4]; 4]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sidx = [
+        [halves_idx(0, 2), halves_idx(1, 3)],
+        [halves_idx(4, 6), halves_idx(5, 7)],
+    ];
+    let n = y[0].len();
+    assert!(
+        x.iter().all(|r| r.len() >= n) && y.iter().all(|r| r.len() == n),
+        "dot_q4k_gemm_4x4: row lengths"
+    );
+    let mut acc4 = [_mm_setzero_ps(); 4];
+    let mut accm4 = [_mm_setzero_ps(); 4];
+    for i in 0..n {
+        // Weight side, per row: nibbles split by halves, scale vectors, d / dmin, and
+        // the mins widened to meet the activation block sums.
+        let mut lo = [[_mm512_setzero_si512(); 2]; 4];
+        let mut hi = [[_mm512_setzero_si512(); 2]; 4];
+        let mut sl = [[_mm512_setzero_si512(); 2]; 4];
+        let mut sh = [[_mm512_setzero_si512(); 2]; 4];
+        let mut mins = [_mm256_setzero_si256(); 4];
+        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+        for (w, row) in x.iter().enumerate() {
+            let b = &row[i];
+            if let Some(ahead) = row.get(i + PREFETCH_BLOCKS) {
+                prefetch(ahead);
+            }
+            let (u, ddm) = k4_header(head16(b));
+            let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+            d[w] = _mm_cvtss_f32(ddm);
+            dmin[w] = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
+            mins[w] = k4_mins_dup(u);
+            for h in 0..2 {
+                let q = load64(&b.qs[64 * h..]);
+                lo[w][h] = _mm512_and_si512(q, m4);
+                hi[w][h] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                sl[w][h] = _mm512_permutexvar_epi16(sidx[h][0], sc);
+                sh[w][h] = _mm512_permutexvar_epi16(sidx[h][1], sc);
+            }
+        }
+        // SAFETY: 4 readable f32 each; loadu is unaligned.
+        let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
+        for (a, ya) in y.iter().enumerate() {
+            let yb = &ya[i];
+            let two = |p: usize, q: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(load32_at(&yb.qs, p)),
+                    load32_at(&yb.qs, q),
+                )
+            };
+            let ylo = [two(0, 64), two(128, 192)];
+            let yhi = [two(32, 96), two(160, 224)];
+            let bsums = load_bsums(yb);
+            let ys = _mm_set1_ps(yb.d);
+            let (dd4, dm4) = (_mm_mul_ps(d4, ys), _mm_mul_ps(dmin4, ys));
+            for h in 0..2 {
+                let v: [__m512i; 4] = std::array::from_fn(|w| {
+                    let p = _mm512_madd_epi16(_mm512_maddubs_epi16(lo[w][h], ylo[h]), sl[w][h]);
+                    _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(hi[w][h], yhi[h]), sh[w][h])
+                });
+                let [p0, p1] = pair_sums_rows4(v);
+                acc4[a] = _mm_fmadd_ps(_mm_cvtepi32_ps(p0), dd4, acc4[a]);
+                acc4[a] = _mm_fmadd_ps(_mm_cvtepi32_ps(p1), dd4, acc4[a]);
+            }
+            let m: [__m128i; 4] =
+                std::array::from_fn(|w| pair_mins(_mm256_madd_epi16(bsums, mins[w])));
+            accm4[a] = fma_columns(m, dm4, accm4[a]);
+        }
+    }
+    for (o, (acc, accm)) in out.iter_mut().zip(acc4.iter().zip(&accm4)) {
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(*acc, *accm)) };
+    }
+}
+
 /// 32 bytes of `qs` from byte `at`.
 #[inline]
 #[target_feature(enable = "avx2")]
