@@ -498,6 +498,7 @@ impl Device for CpuDevice {
             return Ok(());
         }
         let (ty, level, row_bytes) = (w.ty, self.level, w.row_bytes);
+        let tile4x4 = kernels::has_tile4x4(level, ty);
         let bytes = w.bytes();
         // One parallel section for the whole call: every input row is quantized once,
         // and the tasks are (expert, chunk of its weight rows) pairs, so the threads
@@ -536,14 +537,42 @@ impl Device for CpuDevice {
                 }
                 let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
                 let mut tmp = [0f32; TILE];
-                for r in 0..rows_here {
+                let mut r = 0;
+                while r < rows_here {
                     let o = o0 + r;
+                    if tile4x4 && r + TILE <= rows_here {
+                        // Four weight rows at once against each full tile of four inputs.
+                        let wb = &mat[o * row_bytes..(o + TILE) * row_bytes];
+                        for (t0, idx) in inputs.chunks(TILE).enumerate() {
+                            let t0 = t0 * TILE;
+                            if let Ok(idx4) = <&[usize; TILE]>::try_from(idx) {
+                                let mut t4 = [[0f32; TILE]; TILE];
+                                kernels::dot_tile4x4(level, ty, wb, &acts, k, idx4, &mut t4);
+                                for (t, col) in t4.iter().enumerate() {
+                                    for (q, &v) in col.iter().enumerate() {
+                                        dst[(r + q) * m + t0 + t] = v;
+                                    }
+                                }
+                                continue;
+                            }
+                            for q in 0..TILE {
+                                let wrow = &wb[q * row_bytes..(q + 1) * row_bytes];
+                                let t = &mut tmp[..idx.len()];
+                                dot_rows_checked(level, ty, wrow, &acts, k, idx, t)?;
+                                dst[(r + q) * m + t0..(r + q) * m + t0 + idx.len()]
+                                    .copy_from_slice(t);
+                            }
+                        }
+                        r += TILE;
+                        continue;
+                    }
                     let wrow = &mat[o * row_bytes..(o + 1) * row_bytes];
                     for (t0, idx) in inputs.chunks(TILE).enumerate() {
                         let t0 = t0 * TILE;
                         dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()])?;
                         dst[r * m + t0..r * m + t0 + idx.len()].copy_from_slice(&tmp[..idx.len()]);
                     }
+                    r += 1;
                 }
                 Ok::<(), HalError>(())
             })
