@@ -648,6 +648,78 @@ fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[Q8_0Side<'_>; R], out: &mut [f
     }
 }
 
+/// Four Q5_0 weight rows against one activation row (a matvec), each row exactly as
+/// [`dot_q5_0`] computes it (tinyBLAS's order): two rows share a 512-bit register, one
+/// row's eight lanes in each half, so one `vpdpbusd`, one conversion and one fused
+/// multiply-add serve two rows, and the two registers' chains run side by side.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q5_0_rows4(x: [&[BlockQ5_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
+    let (yb, ys, yl) = y;
+    let n = x[0].len();
+    assert!(
+        x.iter().all(|r| r.len() == n) && yb.len() >= n && ys.len() >= n && yl.len() >= n,
+        "dot_q5_0_rows4: row lengths"
+    );
+    let m4 = _mm512_set1_epi8(0x0F);
+    let bit5 = _mm512_set1_epi8(0x10);
+    // Per 128-bit lane: the low nibbles (shift 0), the high nibbles (shift 4), per row.
+    let shift = _mm512_set_epi64(
+        4 << 48 | 4 << 32 | 4 << 16 | 4,
+        4 << 48 | 4 << 32 | 4 << 16 | 4,
+        0,
+        0,
+        4 << 48 | 4 << 32 | 4 << 16 | 4,
+        4 << 48 | 4 << 32 | 4 << 16 | 4,
+        0,
+        0,
+    );
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for i in 0..n {
+        // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
+        let (yv, init) = unsafe {
+            (
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i)),
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(yl[i].as_ptr() as *const __m256i)),
+            )
+        };
+        let ya = _mm512_set1_ps(ys[i]);
+        for (p, a) in acc.iter_mut().enumerate() {
+            let (ba, bb) = (&x[2 * p][i], &x[2 * p + 1][i]);
+            if let Some(ahead) = x[2 * p].get(i + 8) {
+                _mm_prefetch::<_MM_HINT_T0>((ahead as *const BlockQ5_0).cast::<i8>());
+            }
+            if let Some(ahead) = x[2 * p + 1].get(i + 8) {
+                _mm_prefetch::<_MM_HINT_T0>((ahead as *const BlockQ5_0).cast::<i8>());
+            }
+            // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
+            let (ta, tb) = unsafe {
+                (
+                    _mm_loadu_si128(ba.qs.as_ptr() as *const __m128i),
+                    _mm_loadu_si128(bb.qs.as_ptr() as *const __m128i),
+                )
+            };
+            // [ta, ta, tb, tb], then low / high nibbles per 128-bit lane.
+            let t = _mm512_castsi256_si512(_mm256_set_m128i(tb, ta));
+            let t = _mm512_shuffle_i64x2::<0b01_01_00_00>(t, t);
+            let nib = _mm512_and_si512(_mm512_srlv_epi16(t, shift), m4);
+            let qh =
+                u64::from(u32::from_le_bytes(ba.qh)) | u64::from(u32::from_le_bytes(bb.qh)) << 32;
+            let u = _mm512_or_si512(nib, _mm512_maskz_mov_epi8(qh, bit5));
+            let s = _mm512_dpbusd_epi32(init, u, yv);
+            // Row a's scale in the low eight lanes, row b's in the high eight.
+            let dh = _mm256_set_m128i(_mm_set1_epi16(bb.d as i16), _mm_set1_epi16(ba.d as i16));
+            let dd = _mm512_mul_ps(_mm512_cvtph_ps(dh), ya);
+            *a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *a);
+        }
+    }
+    for (p, a) in acc.iter().enumerate() {
+        let lo = _mm512_castps512_ps256(*a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+        out[2 * p] = super::avx2::hsum_ps(lo);
+        out[2 * p + 1] = super::avx2::hsum_ps(hi);
+    }
+}
+
 /// `out[t] = dot(Q5_0 weight row x, activation row rows[t])` for up to 4 rows, each
 /// row's side data from `side`.
 pub(crate) fn q5_0_rows<'a>(
