@@ -485,6 +485,36 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
+            (Some(SimdLevel::Avx512), Acts::Q8_0 { .. })
+                if ty == GgmlType::Q8_0 && level == SimdLevel::Avx512Vnni =>
+            {
+                // Four weight rows at a time (two per 512-bit register, `vpdpbusd`), the
+                // rest one by one: the same results either way.
+                let wb = view::<BlockQ8_0>(w);
+                let nbw = wb.len() / o.len();
+                let side = acts.q8_0_side(act_row, nb0);
+                let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
+                let full = o.len() / 4 * 4;
+                for r0 in (0..full).step_by(4) {
+                    let mut q = [0f32; 4];
+                    // SAFETY: the level was checked against the CPU at device open.
+                    unsafe {
+                        vnni::dot_q8_0_rows4(
+                            [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)],
+                            side,
+                            &mut q,
+                        )
+                    };
+                    o[r0..r0 + 4].copy_from_slice(&q);
+                }
+                let y = &side.0[..nbw];
+                for (r, d) in o.iter_mut().enumerate().skip(full) {
+                    let mut q = [0f32; 1];
+                    // SAFETY: as above.
+                    unsafe { avx512::dot_q8_0::<1>(row(r), &[y], &mut q) };
+                    *d = q[0];
+                }
+            }
             (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
                 GgmlType::Q5_0 => rows1!(avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),

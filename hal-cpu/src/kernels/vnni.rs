@@ -720,6 +720,63 @@ pub(crate) fn dot_q5_0_rows4(x: [&[BlockQ5_0]; 4], y: Q8_0Side<'_>, out: &mut [f
     }
 }
 
+/// Four Q8_0 weight rows against one activation row (a matvec), each row exactly as
+/// the tinyBLAS loop computes it (`super::tinyblas::dot_q0`): two rows share a 512-bit
+/// register, one row's eight lanes in each half. The signed quants are taken unsigned
+/// (`q + 128`, a flipped sign bit) so that `vpdpbusd` forms the lane sums, starting from
+/// `-128 x` the activation's lane sums (8 x the `-16 x` sums the Q5_0 kernels use): the
+/// same exact integers as the signed products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q8_0_rows4(x: [&[BlockQ8_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
+    let (yb, ys, yl) = y;
+    let n = x[0].len();
+    assert!(
+        x.iter().all(|r| r.len() == n) && yb.len() >= n && ys.len() >= n && yl.len() >= n,
+        "dot_q8_0_rows4: row lengths"
+    );
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for i in 0..n {
+        // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
+        let (yv, init) = unsafe {
+            (
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i)),
+                _mm512_slli_epi32::<3>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    yl[i].as_ptr() as *const __m256i
+                ))),
+            )
+        };
+        let ya = _mm512_set1_ps(ys[i]);
+        for (p, a) in acc.iter_mut().enumerate() {
+            let (ba, bb) = (&x[2 * p][i], &x[2 * p + 1][i]);
+            if let Some(ahead) = x[2 * p].get(i + 8) {
+                prefetch(ahead);
+            }
+            if let Some(ahead) = x[2 * p + 1].get(i + 8) {
+                prefetch(ahead);
+            }
+            // SAFETY: `qs` is 32 readable bytes; loadu is unaligned.
+            let q = unsafe {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(ba.qs.as_ptr() as *const __m256i)),
+                    _mm256_loadu_si256(bb.qs.as_ptr() as *const __m256i),
+                )
+            };
+            let s = _mm512_dpbusd_epi32(init, _mm512_xor_si512(q, flip), yv);
+            // Row a's scale in the low eight lanes, row b's in the high eight.
+            let dh = _mm256_set_m128i(_mm_set1_epi16(bb.d as i16), _mm_set1_epi16(ba.d as i16));
+            let dd = _mm512_mul_ps(_mm512_cvtph_ps(dh), ya);
+            *a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *a);
+        }
+    }
+    for (p, a) in acc.iter().enumerate() {
+        let lo = _mm512_castps512_ps256(*a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+        out[2 * p] = super::avx2::hsum_ps(lo);
+        out[2 * p + 1] = super::avx2::hsum_ps(hi);
+    }
+}
+
 /// `out[t] = dot(Q5_0 weight row x, activation row rows[t])` for up to 4 rows, each
 /// row's side data from `side`.
 pub(crate) fn q5_0_rows<'a>(
