@@ -286,13 +286,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
 /// vectors are reduced together to the pair integers with rows in lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    // Scale indices: per half h, low nibbles meet scales (4h, 4h + 2), high (4h + 1,
-    // 4h + 3).
-    let sidx = [
-        [halves_idx(0, 2), halves_idx(1, 3)],
-        [halves_idx(4, 6), halves_idx(5, 7)],
-    ];
+    let sidx = split_scale_idx();
     let n = y.len();
     for w in &x {
         assert!(w.len() >= n, "dot_q4k_gemm_rows4: row lengths");
@@ -300,37 +294,18 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
     let (mut acc4, mut accm4) = (_mm_setzero_ps(), _mm_setzero_ps());
     for (i, yb) in y.iter().enumerate() {
         let bsums = load_bsums(yb);
-        // Activation quants of sub-blocks (4h, 4h + 2) and (4h + 1, 4h + 3).
-        let two = |a: usize, b: usize| {
-            _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(load32_at(&yb.qs, a)),
-                load32_at(&yb.qs, b),
-            )
-        };
-        let ylo = [two(0, 64), two(128, 192)];
-        let yhi = [two(32, 96), two(160, 224)];
+        let ys = q8k_split(yb);
         let mut v = [[_mm512_setzero_si512(); 2]; 4];
         let mut m = [_mm_setzero_si128(); 4];
         let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for (w, row) in x.iter().enumerate() {
-            let b = &row[i];
             if let Some(ahead) = row.get(i + PREFETCH_BLOCKS) {
                 prefetch(ahead);
             }
-            let (u, ddm) = k4_header(head16(b));
-            let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
-            d[w] = _mm_cvtss_f32(ddm);
-            dmin[w] = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
-            for h in 0..2 {
-                let q = load64(&b.qs[64 * h..]);
-                let lo = _mm512_and_si512(q, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-                let slo = _mm512_permutexvar_epi16(sidx[h][0], sc);
-                let shi = _mm512_permutexvar_epi16(sidx[h][1], sc);
-                let a = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo[h]), slo);
-                v[w][h] = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(hi, yhi[h]), shi);
-            }
-            m[w] = pair_mins(_mm256_madd_epi16(bsums, k4_mins_dup(u)));
+            let wb = q4k_split(&row[i], &sidx);
+            (d[w], dmin[w]) = (wb.d, wb.dmin);
+            v[w] = [wb.pair_sums(&ys, 0), wb.pair_sums(&ys, 1)];
+            m[w] = pair_mins(_mm256_madd_epi16(bsums, wb.mins));
         }
         // SAFETY: 4 readable f32 each; loadu is unaligned.
         let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
@@ -347,6 +322,75 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
 }
 
+/// `vpermw` indices of the split kernels: per half `h` of a block's quants, the scales
+/// the low nibbles meet (sub-blocks `4h`, `4h + 2`) and the high ones (`4h + 1`,
+/// `4h + 3`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn split_scale_idx() -> [[__m512i; 2]; 2] {
+    [
+        [halves_idx(0, 2), halves_idx(1, 3)],
+        [halves_idx(4, 6), halves_idx(5, 7)],
+    ]
+}
+
+/// A Q8_K block's quants arranged to meet a split Q4_K block ([`q4k_split`]): per half
+/// `h`, sub-blocks (`4h`, `4h + 2`) in `.0[h]` and (`4h + 1`, `4h + 3`) in `.1[h]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q8k_split(yb: &BlockQ8K) -> ([__m512i; 2], [__m512i; 2]) {
+    let two = |a: usize, b: usize| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32_at(&yb.qs, a)),
+            load32_at(&yb.qs, b),
+        )
+    };
+    ([two(0, 64), two(128, 192)], [two(32, 96), two(160, 224)])
+}
+
+/// A Q4_K block split for the 4-row kernels: each 64-byte half of its quants as low
+/// nibbles (sub-blocks `4h`, `4h + 2`) and high nibbles (`4h + 1`, `4h + 3`) from one
+/// load, the scales arranged to meet them, the mins widened to meet the activation's
+/// block sums, and `d` / `dmin`.
+struct Q4kSplit {
+    lo: [__m512i; 2],
+    hi: [__m512i; 2],
+    sl: [__m512i; 2],
+    sh: [__m512i; 2],
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+fn q4k_split(b: &BlockQ4K, sidx: &[[__m512i; 2]; 2]) -> Q4kSplit {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let (u, ddm) = k4_header(head16(b));
+    let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+    let q: [__m512i; 2] = std::array::from_fn(|h| load64(&b.qs[64 * h..]));
+    Q4kSplit {
+        lo: q.map(|q| _mm512_and_si512(q, m4)),
+        hi: q.map(|q| _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4)),
+        sl: std::array::from_fn(|h| _mm512_permutexvar_epi16(sidx[h][0], sc)),
+        sh: std::array::from_fn(|h| _mm512_permutexvar_epi16(sidx[h][1], sc)),
+        mins: k4_mins_dup(u),
+        d: _mm_cvtss_f32(ddm),
+        dmin: _mm_cvtss_f32(_mm_movehdup_ps(ddm)),
+    }
+}
+
+impl Q4kSplit {
+    /// Half `h` against arranged activation quants `ys` ([`q8k_split`]): lanes 0-7 sum
+    /// to pair `2h`'s scaled integer, lanes 8-15 to pair `2h + 1`'s.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn pair_sums(&self, ys: &([__m512i; 2], [__m512i; 2]), h: usize) -> __m512i {
+        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(self.lo[h], ys.0[h]), self.sl[h]);
+        _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(self.hi[h], ys.1[h]), self.sh[h])
+    }
+}
+
 /// Four Q4_K weight rows against four activation rows (a 4 x 4 tile of a batched
 /// matmul): `out[a][w]` is weight row `w` against activation row `a`, bit for bit what
 /// [`dot_q4k_gemm_rows4`] gives for each activation row (the gemm order of
@@ -356,10 +400,7 @@ pub(crate) fn dot_q4k_gemm_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_gemm_4x4(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 4], out: &mut [[f32; 4]; 4]) {
     let m4 = _mm512_set1_epi8(0x0F);
-    let sidx = [
-        [halves_idx(0, 2), halves_idx(1, 3)],
-        [halves_idx(4, 6), halves_idx(5, 7)],
-    ];
+    let sidx = split_scale_idx();
     let n = y[0].len();
     assert!(
         x.iter().all(|r| r.len() >= n) && y.iter().all(|r| r.len() == n),
@@ -368,8 +409,9 @@ pub(crate) fn dot_q4k_gemm_4x4(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 4], out: &m
     let mut acc4 = [_mm_setzero_ps(); 4];
     let mut accm4 = [_mm_setzero_ps(); 4];
     for i in 0..n {
-        // Weight side, per row: nibbles split by halves, scale vectors, d / dmin, and
-        // the mins widened to meet the activation block sums.
+        // Weight side, per row, as `q4k_split` forms it; spelled out here because a
+        // struct per row made the compiler spill this loop's 32 vectors (31 against 43
+        // GMAC/s at M = 4).
         let mut lo = [[_mm512_setzero_si512(); 2]; 4];
         let mut hi = [[_mm512_setzero_si512(); 2]; 4];
         let mut sl = [[_mm512_setzero_si512(); 2]; 4];
@@ -398,14 +440,7 @@ pub(crate) fn dot_q4k_gemm_4x4(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 4], out: &m
         let (d4, dmin4) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
         for (a, ya) in y.iter().enumerate() {
             let yb = &ya[i];
-            let two = |p: usize, q: usize| {
-                _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(load32_at(&yb.qs, p)),
-                    load32_at(&yb.qs, q),
-                )
-            };
-            let ylo = [two(0, 64), two(128, 192)];
-            let yhi = [two(32, 96), two(160, 224)];
+            let (ylo, yhi) = q8k_split(yb);
             let bsums = load_bsums(yb);
             let ys = _mm_set1_ps(yb.d);
             let (dd4, dm4) = (_mm_mul_ps(d4, ys), _mm_mul_ps(dmin4, ys));
@@ -648,133 +683,134 @@ fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[Q8_0Side<'_>; R], out: &mut [f
     }
 }
 
-/// Four Q5_0 weight rows against one activation row (a matvec), each row exactly as
-/// [`dot_q5_0`] computes it (tinyBLAS's order): two rows share a 512-bit register, one
-/// row's eight lanes in each half, so one `vpdpbusd`, one conversion and one fused
+/// The 4-row matvec loop of the legacy types in tinyBLAS's order (each row exactly as
+/// the tinyBLAS loop computes it): two weight rows share a 512-bit register, one row's
+/// eight lanes in each half, so one `vpdpbusd`, one conversion and one fused
 /// multiply-add serve two rows, and the two registers' chains run side by side.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q5_0_rows4(x: [&[BlockQ5_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
+/// `unsigned(a, b)` gives two blocks' quants as unsigned bytes (row `a` in the low 256
+/// bits), `init(l)` the lane sums' starting value from the activation's `-16 x` lane sums
+/// `l` (minus the offset the unsigned quants add).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn q0_rows4<B: Q0Scale>(
+    x: [&[B]; 4],
+    y: Q8_0Side<'_>,
+    out: &mut [f32; 4],
+    unsigned: impl Fn(&B, &B) -> __m512i,
+    init: impl Fn(__m512i) -> __m512i,
+) {
     let (yb, ys, yl) = y;
     let n = x[0].len();
     assert!(
         x.iter().all(|r| r.len() == n) && yb.len() >= n && ys.len() >= n && yl.len() >= n,
-        "dot_q5_0_rows4: row lengths"
+        "q0_rows4: row lengths"
     );
-    let m4 = _mm512_set1_epi8(0x0F);
-    let bit5 = _mm512_set1_epi8(0x10);
-    // Per 128-bit lane: the low nibbles (shift 0), the high nibbles (shift 4), per row.
-    let shift = _mm512_set_epi64(
-        4 << 48 | 4 << 32 | 4 << 16 | 4,
-        4 << 48 | 4 << 32 | 4 << 16 | 4,
-        0,
-        0,
-        4 << 48 | 4 << 32 | 4 << 16 | 4,
-        4 << 48 | 4 << 32 | 4 << 16 | 4,
-        0,
-        0,
-    );
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for i in 0..n {
-        // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
-        let (yv, init) = unsafe {
-            (
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i)),
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(yl[i].as_ptr() as *const __m256i)),
-            )
-        };
-        let ya = _mm512_set1_ps(ys[i]);
-        for (p, a) in acc.iter_mut().enumerate() {
-            let (ba, bb) = (&x[2 * p][i], &x[2 * p + 1][i]);
-            if let Some(ahead) = x[2 * p].get(i + 8) {
-                _mm_prefetch::<_MM_HINT_T0>((ahead as *const BlockQ5_0).cast::<i8>());
+    // SAFETY (whole body): the caller guarantees the features; the loads read 32 quant
+    // bytes and 8 i32 of the activation block.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for i in 0..n {
+            let yv =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i));
+            let i0 = init(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                yl[i].as_ptr() as *const __m256i
+            )));
+            let ya = _mm512_set1_ps(ys[i]);
+            for (p, a) in acc.iter_mut().enumerate() {
+                let (ba, bb) = (&x[2 * p][i], &x[2 * p + 1][i]);
+                if let Some(ahead) = x[2 * p].get(i + 8) {
+                    prefetch(ahead);
+                }
+                if let Some(ahead) = x[2 * p + 1].get(i + 8) {
+                    prefetch(ahead);
+                }
+                let s = _mm512_dpbusd_epi32(i0, unsigned(ba, bb), yv);
+                // Row a's scale in the low eight lanes, row b's in the high eight.
+                let dh = _mm256_set_m128i(
+                    _mm_set1_epi16(bb.scale_bits() as i16),
+                    _mm_set1_epi16(ba.scale_bits() as i16),
+                );
+                let dd = _mm512_mul_ps(_mm512_cvtph_ps(dh), ya);
+                *a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *a);
             }
-            if let Some(ahead) = x[2 * p + 1].get(i + 8) {
-                _mm_prefetch::<_MM_HINT_T0>((ahead as *const BlockQ5_0).cast::<i8>());
-            }
-            // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
-            let (ta, tb) = unsafe {
-                (
-                    _mm_loadu_si128(ba.qs.as_ptr() as *const __m128i),
-                    _mm_loadu_si128(bb.qs.as_ptr() as *const __m128i),
-                )
-            };
-            // [ta, ta, tb, tb], then low / high nibbles per 128-bit lane.
-            let t = _mm512_castsi256_si512(_mm256_set_m128i(tb, ta));
-            let t = _mm512_shuffle_i64x2::<0b01_01_00_00>(t, t);
-            let nib = _mm512_and_si512(_mm512_srlv_epi16(t, shift), m4);
-            let qh =
-                u64::from(u32::from_le_bytes(ba.qh)) | u64::from(u32::from_le_bytes(bb.qh)) << 32;
-            let u = _mm512_or_si512(nib, _mm512_maskz_mov_epi8(qh, bit5));
-            let s = _mm512_dpbusd_epi32(init, u, yv);
-            // Row a's scale in the low eight lanes, row b's in the high eight.
-            let dh = _mm256_set_m128i(_mm_set1_epi16(bb.d as i16), _mm_set1_epi16(ba.d as i16));
-            let dd = _mm512_mul_ps(_mm512_cvtph_ps(dh), ya);
-            *a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *a);
         }
-    }
-    for (p, a) in acc.iter().enumerate() {
-        let lo = _mm512_castps512_ps256(*a);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-        out[2 * p] = super::avx2::hsum_ps(lo);
-        out[2 * p + 1] = super::avx2::hsum_ps(hi);
+        for (p, a) in acc.iter().enumerate() {
+            let lo = _mm512_castps512_ps256(*a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+            out[2 * p] = super::avx2::hsum_ps(lo);
+            out[2 * p + 1] = super::avx2::hsum_ps(hi);
+        }
     }
 }
 
-/// Four Q8_0 weight rows against one activation row (a matvec), each row exactly as
-/// the tinyBLAS loop computes it (`super::tinyblas::dot_q0`): two rows share a 512-bit
-/// register, one row's eight lanes in each half. The signed quants are taken unsigned
-/// (`q + 128`, a flipped sign bit) so that `vpdpbusd` forms the lane sums, starting from
-/// `-128 x` the activation's lane sums (8 x the `-16 x` sums the Q5_0 kernels use): the
-/// same exact integers as the signed products.
+/// The f16 scale bits of a legacy block.
+trait Q0Scale {
+    fn scale_bits(&self) -> u16;
+}
+
+impl Q0Scale for BlockQ5_0 {
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+}
+
+impl Q0Scale for BlockQ8_0 {
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+}
+
+/// Four Q5_0 weight rows against one activation row ([`q0_rows4`]), each row exactly as
+/// [`dot_q5_0`] computes it; the quants unsigned as there (`q + 16`, the fifth bit from
+/// a mask register).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q8_0_rows4(x: [&[BlockQ8_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
-    let (yb, ys, yl) = y;
-    let n = x[0].len();
-    assert!(
-        x.iter().all(|r| r.len() == n) && yb.len() >= n && ys.len() >= n && yl.len() >= n,
-        "dot_q8_0_rows4: row lengths"
-    );
-    let flip = _mm512_set1_epi8(i8::MIN);
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for i in 0..n {
-        // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
-        let (yv, init) = unsafe {
+pub(crate) fn dot_q5_0_rows4(x: [&[BlockQ5_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let bit5 = _mm512_set1_epi8(0x10);
+    // Per 128-bit lane: the low nibbles (shift 0), the high nibbles (shift 4), per row.
+    let s4 = 4 << 48 | 4 << 32 | 4 << 16 | 4;
+    let shift = _mm512_set_epi64(s4, s4, 0, 0, s4, s4, 0, 0);
+    let unsigned = |ba: &BlockQ5_0, bb: &BlockQ5_0| {
+        // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
+        let (ta, tb) = unsafe {
             (
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i)),
-                _mm512_slli_epi32::<3>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                    yl[i].as_ptr() as *const __m256i
-                ))),
+                _mm_loadu_si128(ba.qs.as_ptr() as *const __m128i),
+                _mm_loadu_si128(bb.qs.as_ptr() as *const __m128i),
             )
         };
-        let ya = _mm512_set1_ps(ys[i]);
-        for (p, a) in acc.iter_mut().enumerate() {
-            let (ba, bb) = (&x[2 * p][i], &x[2 * p + 1][i]);
-            if let Some(ahead) = x[2 * p].get(i + 8) {
-                prefetch(ahead);
-            }
-            if let Some(ahead) = x[2 * p + 1].get(i + 8) {
-                prefetch(ahead);
-            }
-            // SAFETY: `qs` is 32 readable bytes; loadu is unaligned.
-            let q = unsafe {
-                _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(ba.qs.as_ptr() as *const __m256i)),
-                    _mm256_loadu_si256(bb.qs.as_ptr() as *const __m256i),
-                )
-            };
-            let s = _mm512_dpbusd_epi32(init, _mm512_xor_si512(q, flip), yv);
-            // Row a's scale in the low eight lanes, row b's in the high eight.
-            let dh = _mm256_set_m128i(_mm_set1_epi16(bb.d as i16), _mm_set1_epi16(ba.d as i16));
-            let dd = _mm512_mul_ps(_mm512_cvtph_ps(dh), ya);
-            *a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *a);
-        }
-    }
-    for (p, a) in acc.iter().enumerate() {
-        let lo = _mm512_castps512_ps256(*a);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-        out[2 * p] = super::avx2::hsum_ps(lo);
-        out[2 * p + 1] = super::avx2::hsum_ps(hi);
-    }
+        // [ta, ta, tb, tb], then low / high nibbles per 128-bit lane.
+        let t = _mm512_castsi256_si512(_mm256_set_m128i(tb, ta));
+        let t = _mm512_shuffle_i64x2::<0b01_01_00_00>(t, t);
+        let nib = _mm512_and_si512(_mm512_srlv_epi16(t, shift), m4);
+        let qh = u64::from(u32::from_le_bytes(ba.qh)) | u64::from(u32::from_le_bytes(bb.qh)) << 32;
+        _mm512_or_si512(nib, _mm512_maskz_mov_epi8(qh, bit5))
+    };
+    // SAFETY: this function's target features are the ones `q0_rows4` needs.
+    unsafe { q0_rows4(x, y, out, unsigned, |l| l) }
+}
+
+/// Four Q8_0 weight rows against one activation row ([`q0_rows4`]), each row exactly as
+/// the tinyBLAS loop computes it (`super::tinyblas::dot_q0`). The signed quants are taken
+/// unsigned (`q + 128`, a flipped sign bit), the lane sums starting from `-128 x` the
+/// activation's lane sums (8 x the `-16 x` sums): the same exact integers as the signed
+/// products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q8_0_rows4(x: [&[BlockQ8_0]; 4], y: Q8_0Side<'_>, out: &mut [f32; 4]) {
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let unsigned = |ba: &BlockQ8_0, bb: &BlockQ8_0| {
+        // SAFETY: `qs` is 32 readable bytes; loadu is unaligned.
+        let q = unsafe {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(ba.qs.as_ptr() as *const __m256i)),
+                _mm256_loadu_si256(bb.qs.as_ptr() as *const __m256i),
+            )
+        };
+        _mm512_xor_si512(q, flip)
+    };
+    // SAFETY: this function's target features are the ones `q0_rows4` needs.
+    unsafe { q0_rows4(x, y, out, unsigned, |l| _mm512_slli_epi32::<3>(l)) }
 }
 
 /// `out[t] = dot(Q5_0 weight row x, activation row rows[t])` for up to 4 rows, each
