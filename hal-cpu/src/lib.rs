@@ -284,6 +284,12 @@ impl CpuDevice {
                 .try_for_each(|(c, dst)| {
                     let o0 = c * per_task;
                     let rows_here = dst.len() / m;
+                    let wb = &w_bytes[o0 * row_bytes..(o0 + rows_here) * row_bytes];
+                    if kernels::gemm_rows(level, ty, wb, &acts, k, m, dst)
+                        .map_err(|e| fmt_err("matmul", e))?
+                    {
+                        return Ok(());
+                    }
                     let mut tmp = [0f32; TILE];
                     let mut idx = [0usize; TILE];
                     for rb in (0..rows_here).step_by(ROW_TILE) {
@@ -301,11 +307,15 @@ impl CpuDevice {
                     }
                     Ok::<(), HalError>(())
                 })?;
-            for o in 0..n {
-                for i in 0..m {
-                    out[i * n + o] = t_out[o * m + i];
+            // Back to [m][n], in parallel over blocks of activation rows.
+            out.par_chunks_mut(16 * n).enumerate().for_each(|(c, o)| {
+                let i0 = 16 * c;
+                for (t, orow) in o.chunks_mut(n).enumerate() {
+                    for (j, v) in orow.iter_mut().enumerate() {
+                        *v = t_out[j * m + i0 + t];
+                    }
                 }
-            }
+            });
             Ok(())
         })
     }

@@ -336,6 +336,37 @@ pub(crate) fn dot_rows(
     }
 }
 
+/// `dst[r * m + i] = dot(weight row r, activation row i)` for the `dst.len() / m` weight
+/// rows in `w` and all `m` activation rows, with a kernel that tiles weight rows as well
+/// as activation rows (the same results as [`dot_rows`] row by row, bit for bit).
+/// `Ok(false)` (nothing written) where `level` has no such kernel for `ty`.
+pub(crate) fn gemm_rows(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    m: usize,
+    dst: &mut [f32],
+) -> Result<bool, FormatError> {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni {
+        if let Acts::Q8_0 { .. } = acts {
+            let nb = k / 32;
+            let side = |i: usize| acts.q8_0_side(i, nb);
+            match ty {
+                GgmlType::Q5_0 => vnni::q0_gemm(&view::<BlockQ5_0>(w), nb, &side, m, dst),
+                GgmlType::Q8_0 => vnni::q0_gemm(&view::<BlockQ8_0>(w), nb, &side, m, dst),
+                GgmlType::Q4_0 => vnni::q0_gemm(&view::<BlockQ4_0>(w), nb, &side, m, dst),
+                _ => return Ok(false),
+            }
+            return Ok(true);
+        }
+    }
+    let _ = (level, ty, w, acts, k, m, dst);
+    Ok(false)
+}
+
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
 macro_rules! rows1 {
     ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{

@@ -551,3 +551,259 @@ pub(crate) fn q5_0_rows<'a>(
         }
     }
 }
+
+/// One 32-quant block of each of a pair of weight rows, decoded once for every
+/// activation row of a batch ([`q0_gemm`]): the quants taken unsigned (row `2p` in bytes
+/// `0..32`, row `2p + 1` in bytes `32..64`), and the two f16 scales widened, each in
+/// eight lanes, so that one 512-bit register carries the eight tinyBLAS lanes of two
+/// outputs.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct PairBlock {
+    u: [u8; 64],
+    d: [f32; 16],
+}
+
+impl PairBlock {
+    const ZERO: Self = Self {
+        u: [0; 64],
+        d: [0.0; 16],
+    };
+}
+
+/// A legacy 32-quant weight type the pair gemm takes: its quants made unsigned by an
+/// offset `o` (16 for Q5_0: the fifth bit as is; 128 for the others: the sign bit
+/// flipped), which the activation block's `-16 x` lane sums, shifted left by `SHIFT`
+/// (`log2(o / 16)`), take back out exactly.
+pub(crate) trait Q0Pair: bytemuck::Pod + Sync {
+    /// `log2(o / 16)`.
+    const SHIFT: u32;
+    /// The f16 scale bits.
+    fn scale_bits(&self) -> u16;
+    /// The 32 quants plus the offset, as u8.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL and AVX2.
+    unsafe fn unsigned(&self) -> __m256i;
+}
+
+impl Q0Pair for BlockQ5_0 {
+    const SHIFT: u32 = 0;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees the features; `qs` is 16 readable bytes.
+        unsafe {
+            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
+            let nib = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+                _mm256_set1_epi8(0x0F),
+            );
+            _mm256_or_si256(
+                nib,
+                _mm256_maskz_mov_epi8(u32::from_le_bytes(self.qh), _mm256_set1_epi8(0x10)),
+            )
+        }
+    }
+}
+
+impl Q0Pair for BlockQ8_0 {
+    const SHIFT: u32 = 3;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees AVX2; `qs` is 32 readable bytes.
+        unsafe {
+            let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
+            _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+        }
+    }
+}
+
+impl Q0Pair for flint_core::blocks::BlockQ4_0 {
+    const SHIFT: u32 = 3;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees AVX2; `qs` is 16 readable bytes.
+        unsafe {
+            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
+            let nib = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+                _mm256_set1_epi8(0x0F),
+            );
+            // q - 8 + 128 = nibble + 120.
+            _mm256_add_epi8(nib, _mm256_set1_epi8(120))
+        }
+    }
+}
+
+/// Decodes weight rows `a` and `b` (each `out.len()` blocks) into pair blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn decode_pair<B: Q0Pair>(a: &[B], b: &[B], out: &mut [PairBlock]) {
+    for ((x, y), o) in a.iter().zip(b).zip(out.iter_mut()) {
+        // SAFETY: this function's features include what `unsigned` needs.
+        let (ux, uy) = unsafe { (x.unsigned(), y.unsigned()) };
+        let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ux), uy);
+        let d = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
+            _mm512_castps_si512(_mm512_set1_ps(f16_to_f32(x.scale_bits()))),
+            _mm256_castps_si256(_mm256_set1_ps(f16_to_f32(y.scale_bits()))),
+        ));
+        // SAFETY: `u` is 64 writable bytes and `d` 16 writable f32; storeu is unaligned.
+        unsafe {
+            _mm512_storeu_si512(o.u.as_mut_ptr() as *mut __m512i, u);
+            _mm512_storeu_ps(o.d.as_mut_ptr(), d);
+        }
+    }
+}
+
+/// `P` pairs of weight rows (`w[p]`: their decoded blocks) against `A` activation rows,
+/// in tinyBLAS's order: per output eight f32 lanes, per block
+/// `lane = fma(d_w * d_a, lane sum, lane)`, `hsum_ps` at the end, as
+/// [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit). Each register holds the lanes of
+/// two outputs (the two rows of a pair against one activation row), so one `vpdpbusd`,
+/// one scale product, one conversion and one fused multiply-add serve both; each decoded
+/// weight block feeds `A` activation rows and each activation block `2P` weight rows.
+/// `out[p][a][h]`: weight row `2p + h` against activation row `a`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_tile<B: Q0Pair, const P: usize, const A: usize>(
+    w: [&[PairBlock]; P],
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [[[f32; 2]; A]; P],
+) {
+    let nb = w[0].len();
+    for p in 0..P {
+        assert_eq!(w[p].len(), nb, "q0_tile: pair lengths");
+    }
+    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
+        let (q, s, l) = y[a];
+        (&q[..nb], &s[..nb], &l[..nb])
+    });
+    let mut acc = [[_mm512_setzero_ps(); A]; P];
+    for i in 0..nb {
+        let mut u = [_mm512_setzero_si512(); P];
+        let mut d = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            let b = &w[p][i];
+            // SAFETY: 64 readable bytes / 16 readable f32; loadu is unaligned.
+            unsafe {
+                u[p] = _mm512_loadu_si512(b.u.as_ptr() as *const __m512i);
+                d[p] = _mm512_loadu_ps(b.d.as_ptr());
+            }
+        }
+        for a in 0..A {
+            let (q, s, l) = ys[a];
+            // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
+            let (yv, init) = unsafe {
+                (
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(q[i].qs.as_ptr() as *const __m256i)),
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(l[i].as_ptr() as *const __m256i)),
+                )
+            };
+            let init = if B::SHIFT == 0 {
+                init
+            } else {
+                _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
+            };
+            let sa = _mm512_set1_ps(s[i]);
+            for p in 0..P {
+                let sum = _mm512_dpbusd_epi32(init, u[p], yv);
+                let dd = _mm512_mul_ps(d[p], sa);
+                acc[p][a] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sum), acc[p][a]);
+            }
+        }
+    }
+    for p in 0..P {
+        for a in 0..A {
+            let v = acc[p][a];
+            out[p][a] = [
+                super::avx2::hsum_ps(_mm512_castps512_ps256(v)),
+                super::avx2::hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(v),
+                ))),
+            ];
+        }
+    }
+}
+
+/// Weight rows decoded at a time: their pair blocks stay in L1 while every activation
+/// tile passes over them.
+const GEMM_ROWS: usize = 16;
+
+/// `dst[r * m + i] = dot(weight row r, activation row i)` for the `dst.len() / m` weight
+/// rows of `w` (each `nb` blocks) and the `m` activation rows that `side` gives, in
+/// tinyBLAS's order (the same results as [`q5_0_rows`] / `tinyblas::dot_q0` row by row).
+/// Tiles of 4 weight rows x 4 activation rows, smaller at the edges.
+pub(crate) fn q0_gemm<'a, B: Q0Pair>(
+    w: &[B],
+    nb: usize,
+    side: &dyn Fn(usize) -> Q8_0Side<'a>,
+    m: usize,
+    dst: &mut [f32],
+) {
+    if m == 0 || nb == 0 {
+        return;
+    }
+    let n = dst.len() / m;
+    assert!(w.len() >= n * nb, "q0_gemm: weight rows");
+    let row = |r: usize| &w[r * nb..(r + 1) * nb];
+    let mut dec = vec![PairBlock::ZERO; GEMM_ROWS.div_ceil(2) * nb];
+    for r0 in (0..n).step_by(GEMM_ROWS) {
+        let rows = GEMM_ROWS.min(n - r0);
+        let pairs = rows.div_ceil(2);
+        for p in 0..pairs {
+            let a = r0 + 2 * p;
+            // An odd last row is paired with itself; the copy's outputs are dropped.
+            let b = if a + 1 < r0 + rows { a + 1 } else { a };
+            // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
+            // against the CPU at device open.
+            unsafe { decode_pair(row(a), row(b), &mut dec[p * nb..(p + 1) * nb]) };
+        }
+        let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
+        for i0 in (0..m).step_by(4) {
+            let an = 4.min(m - i0);
+            let mut p = 0;
+            while p < pairs {
+                let pn = if pairs - p >= 2 { 2 } else { 1 };
+                let r = r0 + 2 * p;
+                let live = (rows - 2 * p).min(2 * pn);
+                macro_rules! go {
+                    ($P:literal, $A:literal) => {{
+                        let ys: [Q8_0Side<'a>; $A] = std::array::from_fn(|t| side(i0 + t));
+                        let ws: [&[PairBlock]; $P] = std::array::from_fn(|t| pair(p + t));
+                        let mut o = [[[0f32; 2]; $A]; $P];
+                        // SAFETY: as above (features checked at device open).
+                        unsafe { q0_tile::<B, $P, $A>(ws, &ys, &mut o) };
+                        for (pp, op) in o.iter().enumerate() {
+                            for h in 0..2 {
+                                let wr = 2 * pp + h;
+                                if wr < live {
+                                    for (t, v) in op.iter().enumerate() {
+                                        dst[(r + wr) * m + i0 + t] = v[h];
+                                    }
+                                }
+                            }
+                        }
+                    }};
+                }
+                match (pn, an) {
+                    (2, 4) => go!(2, 4),
+                    (2, 3) => go!(2, 3),
+                    (2, 2) => go!(2, 2),
+                    (2, _) => go!(2, 1),
+                    (_, 4) => go!(1, 4),
+                    (_, 3) => go!(1, 3),
+                    (_, 2) => go!(1, 2),
+                    _ => go!(1, 1),
+                }
+                p += pn;
+            }
+        }
+    }
+}
