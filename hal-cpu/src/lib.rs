@@ -71,7 +71,13 @@ pub struct CpuDevice {
     pool: rayon::ThreadPool,
     block_dispatches: AtomicU64,
     float_dispatches: AtomicU64,
+    /// The transposed results of the last batched matmul, kept for the next one: a
+    /// fresh buffer of a few MiB per matmul costs page faults and zeroing.
+    scratch: std::sync::Mutex<Vec<f32>>,
 }
+
+/// The largest scratch buffer kept between matmuls (16 MiB of f32).
+const SCRATCH_KEEP: usize = 4 << 20;
 
 /// A weight staged on the CPU: the file's bytes, kept where they lie.
 #[derive(Debug)]
@@ -157,6 +163,7 @@ impl CpuDevice {
             pool,
             block_dispatches: AtomicU64::new(0),
             float_dispatches: AtomicU64::new(0),
+            scratch: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -273,8 +280,14 @@ impl CpuDevice {
                             .map_err(|e| fmt_err("matmul", e))
                     });
             }
-            // Transposed result [n][m]: each task owns whole weight rows.
-            let mut t_out = vec![0f32; n * m];
+            // Transposed result [n][m]: each task owns whole weight rows. Every value is
+            // written before it is read, so a kept buffer needs no clearing.
+            let mut buf =
+                std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            if buf.len() < n * m {
+                buf = vec![0f32; n * m];
+            }
+            let t_out = &mut buf[..n * m];
             // Weight rows per sub-tile: small enough to stay in L1/L2 while every
             // activation tile passes over them.
             const ROW_TILE: usize = 16;
@@ -307,15 +320,22 @@ impl CpuDevice {
                     }
                     Ok::<(), HalError>(())
                 })?;
-            // Back to [m][n], in parallel over blocks of activation rows.
+            // Back to [m][n], in parallel over blocks of 16 activation rows: each weight
+            // row's 16 values are one cache line of `t_out`.
+            let t_out = &*t_out;
             out.par_chunks_mut(16 * n).enumerate().for_each(|(c, o)| {
                 let i0 = 16 * c;
-                for (t, orow) in o.chunks_mut(n).enumerate() {
-                    for (j, v) in orow.iter_mut().enumerate() {
-                        *v = t_out[j * m + i0 + t];
+                let rows = o.len() / n;
+                for j in 0..n {
+                    let src = &t_out[j * m + i0..j * m + i0 + rows];
+                    for (t, &v) in src.iter().enumerate() {
+                        o[t * n + j] = v;
                     }
                 }
             });
+            if buf.len() <= SCRATCH_KEEP {
+                *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+            }
             Ok(())
         })
     }
@@ -648,10 +668,18 @@ impl Device for CpuDevice {
                 table[usize::from(half::f16::from_f32(x).to_bits())]
             }
         };
+        let level = self.level;
         self.pool.install(|| {
             out.par_chunks_mut(4096)
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
                 .for_each(|(o, (g, u))| {
+                    #[cfg(target_arch = "x86_64")]
+                    if level >= SimdLevel::Avx2 {
+                        // SAFETY: AVX2 and F16C were checked at device open.
+                        unsafe { kernels::avx2::gelu_mul_table(table, g, u, o) };
+                        return;
+                    }
+                    let _ = level;
                     for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
                         *o = gelu(g) * u;
                     }

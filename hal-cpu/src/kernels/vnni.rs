@@ -768,6 +768,7 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
         let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
         for i0 in (0..m).step_by(4) {
             let an = 4.min(m - i0);
+            let ys4: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t.min(an - 1)));
             let mut p = 0;
             while p < pairs {
                 let pn = if pairs - p >= 2 { 2 } else { 1 };
@@ -775,7 +776,7 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
                 let live = (rows - 2 * p).min(2 * pn);
                 macro_rules! go {
                     ($P:literal, $A:literal) => {{
-                        let ys: [Q8_0Side<'a>; $A] = std::array::from_fn(|t| side(i0 + t));
+                        let ys: [Q8_0Side<'a>; $A] = std::array::from_fn(|t| ys4[t]);
                         let ws: [&[PairBlock]; $P] = std::array::from_fn(|t| pair(p + t));
                         let mut o = [[[0f32; 2]; $A]; $P];
                         // SAFETY: as above (features checked at device open).
