@@ -159,24 +159,48 @@ pub(crate) fn attend_group<'k>(
     let mut s = [neg_inf; GGML_FA_TILE];
     let mut vis = [0u16; GGML_FA_TILE];
     let mut vals: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    let mut keys: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
     let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     while t0 <= last {
+        // The tile's visible keys, then their scores KEYS at a time: each score is its
+        // own chain over the head dimension (the reference's order), and the chains of
+        // several keys run side by side instead of one after the other.
+        let mut live = [0u8; GGML_FA_TILE];
+        let mut nl = 0;
         for t in 0..GGML_FA_TILE {
             let p = t0 + t;
             let pv = _mm512_set1_epi32(p as i32);
             let vm = _mm512_cmple_epi32_mask(lo_v, pv) & _mm512_cmple_epi32_mask(pv, hi_v);
             vis[t] = vm;
+            s[t] = neg_inf;
             if vm == 0 {
-                s[t] = neg_inf;
                 continue;
             }
             let (k, v) = kv_at(p).ok_or(())?;
+            assert!(k.len() >= dk, "attend_group: key length");
             vals[t] = v;
-            let mut acc = _mm512_setzero_ps();
-            for (qd, &kd) in qt.iter().zip(k) {
-                acc = _mm512_fmadd_ps(*qd, _mm512_set1_ps(kd), acc);
+            keys[t] = k;
+            live[nl] = t as u8;
+            nl += 1;
+        }
+        const KEYS: usize = 4;
+        for c in live[..nl].chunks(KEYS) {
+            let mut acc = [_mm512_setzero_ps(); KEYS];
+            let ks: [&[f32]; KEYS] =
+                std::array::from_fn(|j| keys[usize::from(c[j.min(c.len() - 1)])]);
+            for (d, qd) in qt.iter().enumerate() {
+                for j in 0..KEYS {
+                    acc[j] = _mm512_fmadd_ps(*qd, _mm512_set1_ps(ks[j][d]), acc[j]);
+                }
             }
-            s[t] = _mm512_mask_blend_ps(vm, neg_inf, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+            for (j, &t) in c.iter().enumerate() {
+                let t = usize::from(t);
+                s[t] = _mm512_mask_blend_ps(
+                    vis[t],
+                    neg_inf,
+                    _mm512_mul_ps(acc[j], _mm512_set1_ps(scale)),
+                );
+            }
         }
         let tile_max = s.iter().fold(neg_inf, |a, &b| _mm512_max_ps(a, b));
         let active =
@@ -226,23 +250,44 @@ pub(crate) fn attend_group<'k>(
         }
         for l in (0..n).filter(|l| active >> l & 1 == 1) {
             let o = &mut out[l * dv..(l + 1) * dv];
-            let full = dv / 16 * 16;
-            for d0 in (0..full).step_by(16) {
-                // SAFETY: d0 + 16 <= dv = o.len(); loadu/storeu are unaligned.
-                let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr().add(d0)) };
-                for t in (0..GGML_FA_TILE).filter(|t| vis[*t] >> l & 1 == 1) {
-                    let v = &vals[t][d0..d0 + 16];
-                    // SAFETY: `v` is 16 readable f32.
-                    let vv = unsafe { _mm512_loadu_ps(v.as_ptr()) };
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wl[t][l]), vv, acc);
+            // The keys this lane sees, in order.
+            let mut mine = [0u8; GGML_FA_TILE];
+            let mut nm = 0;
+            for &t in &live[..nl] {
+                if vis[usize::from(t)] >> l & 1 == 1 {
+                    mine[nm] = t;
+                    nm += 1;
                 }
-                // SAFETY: as the load above.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(d0), acc) };
+            }
+            let mine = &mine[..nm];
+            // CHUNKS groups of 16 output elements side by side, each its own chain over
+            // the keys.
+            const CHUNKS: usize = 4;
+            let full = dv / (16 * CHUNKS) * (16 * CHUNKS);
+            for d0 in (0..full).step_by(16 * CHUNKS) {
+                // SAFETY: d0 + 16 * CHUNKS <= dv = o.len(); loadu is unaligned.
+                let mut acc: [__m512; CHUNKS] = std::array::from_fn(|c| unsafe {
+                    _mm512_loadu_ps(o.as_ptr().add(d0 + 16 * c))
+                });
+                for &t in mine {
+                    let t = usize::from(t);
+                    let v = &vals[t][d0..d0 + 16 * CHUNKS];
+                    let wt = _mm512_set1_ps(wl[t][l]);
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: `v` holds 16 * CHUNKS readable f32.
+                        let vv = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+                        *a = _mm512_fmadd_ps(wt, vv, *a);
+                    }
+                }
+                for (c, a) in acc.iter().enumerate() {
+                    // SAFETY: as the loads above; storeu is unaligned.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(d0 + 16 * c), *a) };
+                }
             }
             for (d, od) in o.iter_mut().enumerate().skip(full) {
                 let mut acc = *od;
-                for t in (0..GGML_FA_TILE).filter(|t| vis[*t] >> l & 1 == 1) {
-                    acc = wl[t][l].mul_add(vals[t][d], acc);
+                for &t in mine {
+                    acc = wl[usize::from(t)][l].mul_add(vals[usize::from(t)][d], acc);
                 }
                 *od = acc;
             }
