@@ -74,6 +74,8 @@ pub struct CpuDevice {
     /// The transposed results of the last batched matmul, kept for the next one: a
     /// fresh buffer of a few MiB per matmul costs page faults and zeroing.
     scratch: std::sync::Mutex<Vec<f32>>,
+    /// The decoded weight blocks of the last weight-tiled gemm, kept for the next one.
+    gemm_scratch: std::sync::Mutex<kernels::GemmScratch>,
 }
 
 /// The largest scratch buffer kept between matmuls (16 MiB of f32).
@@ -164,6 +166,7 @@ impl CpuDevice {
             block_dispatches: AtomicU64::new(0),
             float_dispatches: AtomicU64::new(0),
             scratch: std::sync::Mutex::new(Vec::new()),
+            gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
         })
     }
 
@@ -280,6 +283,18 @@ impl CpuDevice {
                             .map_err(|e| fmt_err("matmul", e))
                     });
             }
+            // Weight and activation rows tiled together, where there is such a kernel:
+            // the weight decoded once, the activation rows split over the threads (a
+            // multiple of 4 rows per task, about 4 tasks per thread).
+            let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+            let mut gs =
+                std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let done = kernels::gemm(level, ty, w_bytes, &acts, k, n, m, per_rows, &mut gs, out)
+                .map_err(|e| fmt_err("matmul", e))?;
+            *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+            if done {
+                return Ok(());
+            }
             // Transposed result [n][m]: each task owns whole weight rows. Every value is
             // written before it is read, so a kept buffer needs no clearing.
             let mut buf =
@@ -297,12 +312,6 @@ impl CpuDevice {
                 .try_for_each(|(c, dst)| {
                     let o0 = c * per_task;
                     let rows_here = dst.len() / m;
-                    let wb = &w_bytes[o0 * row_bytes..(o0 + rows_here) * row_bytes];
-                    if kernels::gemm_rows(level, ty, wb, &acts, k, m, dst)
-                        .map_err(|e| fmt_err("matmul", e))?
-                    {
-                        return Ok(());
-                    }
                     let mut tmp = [0f32; TILE];
                     let mut idx = [0usize; TILE];
                     for rb in (0..rows_here).step_by(ROW_TILE) {

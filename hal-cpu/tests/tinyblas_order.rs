@@ -27,8 +27,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     let mut rng = Rng(7);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
         // Row counts that leave every edge of the pair gemm's tiles (4 weight rows x 4
-        // activation rows, 16 rows decoded at a time): an odd last row, a single pair,
-        // 16 + 16 + 3 and 37 rows split over the tasks; batches of 1 to 13 rows.
+        // activation rows, 16 weight rows at a time): an odd last row, a single pair,
+        // 16 + 16 + 3 rows, 66 rows (decoded by several tasks).
         for (k, n) in [
             (640, 9),
             (2048, 5),
@@ -40,7 +40,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
         ] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
-            for m in [1usize, 2, 3, 5, 9, 13] {
+            // 16 rows and more: the weight-tiled gemm, in tasks of a multiple of 4 rows.
+            for m in [1usize, 2, 3, 5, 9, 13, 16, 19, 30, 35] {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
@@ -74,7 +75,7 @@ fn q4_0_pair_gemm_equals_the_tinyblas_row_kernel() {
     let ty = GgmlType::Q4_0;
     for (k, n) in [(640, 9), (160, 35), (32, 37)] {
         let w = random_weight(&mut rng, ty, k, n);
-        for m in [2usize, 3, 5, 13] {
+        for m in [2usize, 3, 5, 13, 16, 21, 34] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             let opts = DeviceOptions {

@@ -336,35 +336,100 @@ pub(crate) fn dot_rows(
     }
 }
 
-/// `dst[r * m + i] = dot(weight row r, activation row i)` for the `dst.len() / m` weight
-/// rows in `w` and all `m` activation rows, with a kernel that tiles weight rows as well
-/// as activation rows (the same results as [`dot_rows`] row by row, bit for bit).
-/// `Ok(false)` (nothing written) where `level` has no such kernel for `ty`.
-pub(crate) fn gemm_rows(
+/// Fewest activation rows for which [`gemm`] decodes the weight.
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Most decoded pair blocks [`gemm`] makes (16 MiB).
+const GEMM_MAX_PAIR_BLOCKS: usize = 1 << 17;
+
+/// Scratch space of the weight-tiled gemm (decoded weight blocks), kept by the device
+/// between matmuls.
+#[derive(Default)]
+pub(crate) struct GemmScratch {
+    #[cfg(target_arch = "x86_64")]
+    pairs: Vec<vnni::PairBlock>,
+}
+
+impl std::fmt::Debug for GemmScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GemmScratch")
+    }
+}
+
+/// `out[i * n + o] = dot(weight row o, activation row i)` for the `n` weight rows in `w`
+/// and the `m` activation rows of `acts`, with a kernel that tiles weight rows as well as
+/// activation rows: the weight decoded once (in parallel), then the activation rows split
+/// over the threads in chunks of about `rows_per_task`, each task writing its own rows of
+/// `out`. The same results as [`dot_rows`] row by row, bit for bit. `Ok(false)` (nothing
+/// written) where `level` has no such kernel for `ty`. Runs inside the device's pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
     level: SimdLevel,
     ty: GgmlType,
     w: &[u8],
     acts: &Acts,
     k: usize,
+    n: usize,
     m: usize,
-    dst: &mut [f32],
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
 ) -> Result<bool, FormatError> {
+    // Decoding a weight costs about what 4 activation rows of work on it do, and the
+    // decoded copy is 128 bytes per pair of 32-quant blocks: worth it for a prompt batch,
+    // not for a few decode rows or a vocabulary-sized matrix.
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni {
-        if let Acts::Q8_0 { .. } = acts {
-            let nb = k / 32;
-            let side = |i: usize| acts.q8_0_side(i, nb);
-            match ty {
-                GgmlType::Q5_0 => vnni::q0_gemm(&view::<BlockQ5_0>(w), nb, &side, m, dst),
-                GgmlType::Q8_0 => vnni::q0_gemm(&view::<BlockQ8_0>(w), nb, &side, m, dst),
-                GgmlType::Q4_0 => vnni::q0_gemm(&view::<BlockQ4_0>(w), nb, &side, m, dst),
-                _ => return Ok(false),
-            }
-            return Ok(true);
+    if level == SimdLevel::Avx512Vnni
+        && m >= GEMM_MIN_ROWS
+        && n.div_ceil(2) * (k / 32) <= GEMM_MAX_PAIR_BLOCKS
+        && matches!(acts, Acts::Q8_0 { .. })
+    {
+        match ty {
+            GgmlType::Q5_0 => q0_gemm::<BlockQ5_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            GgmlType::Q8_0 => q0_gemm::<BlockQ8_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            GgmlType::Q4_0 => q0_gemm::<BlockQ4_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            _ => return Ok(false),
         }
+        return Ok(true);
     }
-    let _ = (level, ty, w, acts, k, m, dst);
+    let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
     Ok(false)
+}
+
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn q0_gemm<B: vnni::Q0Pair>(
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    n: usize,
+    m: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 32;
+    if nb == 0 || n == 0 || m == 0 {
+        return;
+    }
+    let wb = view::<B>(w);
+    let pairs = n.div_ceil(2);
+    if scratch.pairs.len() < pairs * nb {
+        scratch.pairs = vec![vnni::PairBlock::ZERO; pairs * nb];
+    }
+    let dec = &mut scratch.pairs[..pairs * nb];
+    // 8 pairs (16 rows) per decoding task.
+    dec.par_chunks_mut(8 * nb)
+        .enumerate()
+        .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 8 * c, d));
+    let dec = &*dec;
+    let side = |i: usize| acts.q8_0_side(i, nb);
+    let per = rows_per_task.max(1);
+    out.par_chunks_mut(per * n)
+        .enumerate()
+        .for_each(|(c, o)| vnni::q0_gemm::<B>(dec, nb, n, &side, c * per, o));
 }
 
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.

@@ -565,7 +565,8 @@ pub(crate) struct PairBlock {
 }
 
 impl PairBlock {
-    const ZERO: Self = Self {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
         u: [0; 64],
         d: [0.0; 16],
     };
@@ -732,43 +733,55 @@ fn q0_tile<B: Q0Pair, const P: usize, const A: usize>(
     }
 }
 
-/// Weight rows decoded at a time: their pair blocks stay in L1 while every activation
-/// tile passes over them.
+/// Weight rows whose decoded blocks stay in L1 while a task's activation tiles pass
+/// over them.
 const GEMM_ROWS: usize = 16;
 
-/// `dst[r * m + i] = dot(weight row r, activation row i)` for the `dst.len() / m` weight
-/// rows of `w` (each `nb` blocks) and the `m` activation rows that `side` gives, in
-/// tinyBLAS's order (the same results as [`q5_0_rows`] / `tinyblas::dot_q0` row by row).
-/// Tiles of 4 weight rows x 4 activation rows, smaller at the edges.
-pub(crate) fn q0_gemm<'a, B: Q0Pair>(
-    w: &[B],
-    nb: usize,
-    side: &dyn Fn(usize) -> Q8_0Side<'a>,
-    m: usize,
-    dst: &mut [f32],
-) {
-    if m == 0 || nb == 0 {
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into pair blocks: pair `p`
+/// (rows `2p`, `2p + 1`; an odd last row paired with itself) at `dec[p * nb..]`, for
+/// the pairs `p0..p0 + dec.len() / nb`.
+pub(crate) fn q0_decode<B: Q0Pair>(w: &[B], nb: usize, n: usize, p0: usize, dec: &mut [PairBlock]) {
+    if nb == 0 {
         return;
     }
-    let n = dst.len() / m;
-    assert!(w.len() >= n * nb, "q0_gemm: weight rows");
+    assert!(w.len() >= n * nb, "q0_decode: weight rows");
     let row = |r: usize| &w[r * nb..(r + 1) * nb];
-    let mut dec = vec![PairBlock::ZERO; GEMM_ROWS.div_ceil(2) * nb];
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let a = 2 * (p0 + t);
+        let b = if a + 1 < n { a + 1 } else { a };
+        // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
+        // against the CPU at device open.
+        unsafe { decode_pair(row(a), row(b), d) };
+    }
+}
+
+/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
+/// decoded in `dec` (pairs of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
+/// activation rows from `i0` that `side` gives, in tinyBLAS's order (the same results as
+/// [`q5_0_rows`] / `tinyblas::dot_q0` row by row). Tiles of 4 weight rows x 4 activation
+/// rows, smaller at the edges; `B` only names the weight type (its activation offset).
+pub(crate) fn q0_gemm<'a, B: Q0Pair>(
+    dec: &[PairBlock],
+    nb: usize,
+    n: usize,
+    side: &dyn Fn(usize) -> Q8_0Side<'a>,
+    i0: usize,
+    out: &mut [f32],
+) {
+    if n == 0 || nb == 0 {
+        return;
+    }
+    let m = out.len() / n;
+    let pairs_all = n.div_ceil(2);
+    assert!(dec.len() >= pairs_all * nb, "q0_gemm: decoded rows");
+    let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
     for r0 in (0..n).step_by(GEMM_ROWS) {
         let rows = GEMM_ROWS.min(n - r0);
         let pairs = rows.div_ceil(2);
-        for p in 0..pairs {
-            let a = r0 + 2 * p;
-            // An odd last row is paired with itself; the copy's outputs are dropped.
-            let b = if a + 1 < r0 + rows { a + 1 } else { a };
-            // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
-            // against the CPU at device open.
-            unsafe { decode_pair(row(a), row(b), &mut dec[p * nb..(p + 1) * nb]) };
-        }
-        let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
-        for i0 in (0..m).step_by(4) {
-            let an = 4.min(m - i0);
-            let ys4: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t.min(an - 1)));
+        let p0 = r0 / 2;
+        for t0 in (0..m).step_by(4) {
+            let an = 4.min(m - t0);
+            let ys4: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
             let mut p = 0;
             while p < pairs {
                 let pn = if pairs - p >= 2 { 2 } else { 1 };
@@ -777,18 +790,14 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
                 macro_rules! go {
                     ($P:literal, $A:literal) => {{
                         let ys: [Q8_0Side<'a>; $A] = std::array::from_fn(|t| ys4[t]);
-                        let ws: [&[PairBlock]; $P] = std::array::from_fn(|t| pair(p + t));
+                        let ws: [&[PairBlock]; $P] = std::array::from_fn(|t| pair(p0 + p + t));
                         let mut o = [[[0f32; 2]; $A]; $P];
-                        // SAFETY: as above (features checked at device open).
+                        // SAFETY: features checked at device open (see `q0_decode`).
                         unsafe { q0_tile::<B, $P, $A>(ws, &ys, &mut o) };
-                        for (pp, op) in o.iter().enumerate() {
-                            for h in 0..2 {
-                                let wr = 2 * pp + h;
-                                if wr < live {
-                                    for (t, v) in op.iter().enumerate() {
-                                        dst[(r + wr) * m + i0 + t] = v[h];
-                                    }
-                                }
+                        for t in 0..$A {
+                            let dst = &mut out[(t0 + t) * n + r..(t0 + t) * n + r + live];
+                            for (wr, d) in dst.iter_mut().enumerate() {
+                                *d = o[wr / 2][t][wr % 2];
                             }
                         }
                     }};
