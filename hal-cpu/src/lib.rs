@@ -619,7 +619,8 @@ impl Device for CpuDevice {
         dim: usize,
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        ops::rms_norm(x, weight, eps, dim, out);
+        self.pool
+            .install(|| ops::rms_norm(x, weight, eps, dim, out));
         Ok(())
     }
 
@@ -636,12 +637,14 @@ impl Device for CpuDevice {
         for (r, &d) in residual.iter_mut().zip(delta) {
             *r += d;
         }
-        ops::rms_norm(residual, Some(weight), eps, dim, out);
+        self.pool
+            .install(|| ops::rms_norm(residual, Some(weight), eps, dim, out));
         Ok(())
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base);
+        self.pool
+            .install(|| ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base));
         Ok(())
     }
 

@@ -18,9 +18,14 @@ pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, 
     if let Some(w) = weight {
         assert_eq!(w.len(), dim, "rms_norm: weight length");
     }
-    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        math::rms_norm(xr, weight, eps, or);
-    }
+    // Rows in parallel, 16 at a time (each row alone, so the same values).
+    x.par_chunks(16 * dim)
+        .zip(out.par_chunks_mut(16 * dim))
+        .for_each(|(xs, os)| {
+            for (xr, or) in xs.chunks_exact(dim).zip(os.chunks_exact_mut(dim)) {
+                math::rms_norm(xr, weight, eps, or);
+            }
+        });
 }
 
 /// NeoX RoPE in place on `[rows, n_heads * head_dim]` (core reference per head).
@@ -35,9 +40,39 @@ pub(crate) fn rope(
     let row = n_heads * head_dim;
     assert!(row > 0, "rope: empty rows");
     assert_eq!(x.len(), positions.len() * row, "rope: x length");
-    for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
-        math::rope_neox_heads(xr, head_dim, pos, n_rot, base);
+    assert!(n_rot.is_multiple_of(2), "rope: n_rot {n_rot} is odd");
+    assert!(
+        n_rot <= head_dim,
+        "rope: n_rot {n_rot} exceeds head size {head_dim}"
+    );
+    if n_rot == 0 {
+        return;
     }
+    // `math::rope_neox` on every head, with each row's cosines and sines computed once
+    // for all its heads (the same angles, so the same values), rows in parallel.
+    let half = n_rot / 2;
+    let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+    x.par_chunks_mut(row * 8)
+        .zip(positions.par_chunks(8))
+        .for_each(|(xs, ps)| {
+            let mut cs = vec![(0f32, 0f32); half];
+            for (xr, &pos) in xs.chunks_exact_mut(row).zip(ps) {
+                let mut theta = pos as f32;
+                for c in cs.iter_mut() {
+                    *c = (math::cosf_glibc(theta), math::sinf_glibc(theta));
+                    theta *= theta_scale;
+                }
+                for h in xr.chunks_exact_mut(head_dim) {
+                    let (lo, hi) = h.split_at_mut(half);
+                    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(&cs) {
+                        let (x0, x1) = (*a, *b);
+                        // As `math::rope_neox` (ggml's `rotate_pairs` as GCC contracts it).
+                        *a = x0.mul_add(c, -(x1 * s));
+                        *b = x0.mul_add(s, x1 * c);
+                    }
+                }
+            }
+        });
 }
 
 /// Top-k routing of each row of logits (core reference per row).

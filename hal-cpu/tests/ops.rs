@@ -245,7 +245,11 @@ fn rope_matches_core_neox() {
         n_rot: 12,
         base: 10000.0,
     };
-    let pos = [0u32, 7, 1000];
+    // Rows in chunks of 8 across the threads, each row's angles shared by its heads.
+    let pos: Vec<u32> = [0u32, 7, 1000]
+        .into_iter()
+        .chain((0..20).map(|i| 3 * i + 1))
+        .collect();
     let x0 = rng.vec(pos.len() * 48);
     let mut x = x0.clone();
     d.rope(&mut x, &pos, &p).expect("rope");
@@ -253,7 +257,8 @@ fn rope_matches_core_neox() {
     for (row, &ps) in want.chunks_mut(48).zip(&pos) {
         math::rope_neox_heads(row, 16, ps, 12, 10000.0);
     }
-    assert_eq!(x, want);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&x), bits(&want));
 }
 
 #[test]
