@@ -116,7 +116,9 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
         let (k, n) = (2048, 27);
         let w = random_weight(&mut rng, ty, k, n);
         let rb = ty.row_bytes(k).expect("row size");
-        for m in [1usize, 5, 8, 13, 177] {
+        // From 16 rows: tasks of 8-row tiles (one weight block for 8 activation rows),
+        // their last rows in tiles of 4, 3, 2 or 1.
+        for m in [1usize, 5, 8, 13, 16, 22, 31, 177] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {

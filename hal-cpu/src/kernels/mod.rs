@@ -379,6 +379,15 @@ pub(crate) fn gemm(
     // decoded copy is 128 bytes per pair of 32-quant blocks: worth it for a prompt batch,
     // not for a few decode rows or a vocabulary-sized matrix.
     #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
+        if let Acts::Q8K(a) = acts {
+            if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                kq_gemm(ty, w, a, k, n, rows_per_task.next_multiple_of(8), out);
+                return Ok(true);
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx512Vnni
         && m >= GEMM_MIN_ROWS
         && n.div_ceil(2) * (k / 32) <= GEMM_MAX_PAIR_BLOCKS
@@ -394,6 +403,99 @@ pub(crate) fn gemm(
     }
     let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
     Ok(false)
+}
+
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, in llama.cpp's prompt-batch orders (the
+/// kernels of [`dot_rows`], bit for bit): per task a chunk of activation rows, per
+/// 16 weight rows (which stay in L1) tiles of 8 activation rows (each weight block
+/// decoded once for the 8), the last `< 8` rows in tiles of up to 4.
+#[cfg(target_arch = "x86_64")]
+fn kq_gemm(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    per: usize,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 {
+        return;
+    }
+    let act = |i: usize| &a[i * nb..(i + 1) * nb];
+    macro_rules! run {
+        ($B:ty, $k8:path, $k:ident) => {{
+            let wb = view::<$B>(w);
+            let row = |r: usize| &wb[r * nb..(r + 1) * nb];
+            out.par_chunks_mut(per.max(1) * n)
+                .enumerate()
+                .for_each(|(c, o)| {
+                    let i0 = c * per;
+                    let rows = o.len() / n;
+                    for r0 in (0..n).step_by(16) {
+                        let re = (r0 + 16).min(n);
+                        let mut t0 = 0;
+                        while t0 < rows {
+                            let an = rows - t0;
+                            if an >= 8 {
+                                let ys: [&[BlockQ8K]; 8] =
+                                    std::array::from_fn(|t| act(i0 + t0 + t));
+                                for r in r0..re {
+                                    let mut q = [0f32; 8];
+                                    // SAFETY: the VNNI level was checked at device open.
+                                    unsafe { $k8(row(r), &ys, &mut q) };
+                                    for (t, &v) in q.iter().enumerate() {
+                                        o[(t0 + t) * n + r] = v;
+                                    }
+                                }
+                                t0 += 8;
+                                continue;
+                            }
+                            let take = an.min(4);
+                            let idx: [usize; 4] = std::array::from_fn(|t| t0 + t);
+                            for r in r0..re {
+                                let mut q = [0f32; 4];
+                                let rw = row(r);
+                                let ys = |t: usize| act(i0 + idx[t]);
+                                // SAFETY: the VNNI level was checked at device open.
+                                unsafe {
+                                    match take {
+                                        4 => {
+                                            vnni::$k::<4>(rw, &[ys(0), ys(1), ys(2), ys(3)], &mut q)
+                                        }
+                                        3 => {
+                                            let mut q3 = [0f32; 3];
+                                            vnni::$k::<3>(rw, &[ys(0), ys(1), ys(2)], &mut q3);
+                                            q[..3].copy_from_slice(&q3);
+                                        }
+                                        2 => {
+                                            let mut q2 = [0f32; 2];
+                                            vnni::$k::<2>(rw, &[ys(0), ys(1)], &mut q2);
+                                            q[..2].copy_from_slice(&q2);
+                                        }
+                                        _ => {
+                                            let mut q1 = [0f32; 1];
+                                            vnni::$k::<1>(rw, &[ys(0)], &mut q1);
+                                            q[0] = q1[0];
+                                        }
+                                    }
+                                }
+                                for (t, &v) in q.iter().enumerate().take(take) {
+                                    o[(t0 + t) * n + r] = v;
+                                }
+                            }
+                            t0 += take;
+                        }
+                    }
+                });
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(BlockQ4K, vnni::dot_q4k_gemm8, dot_q4k_gemm),
+        _ => run!(BlockQ6K, vnni::dot_q6k_tiled8, dot_q6k_tiled),
+    }
 }
 
 /// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI.

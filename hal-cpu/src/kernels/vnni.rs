@@ -817,3 +817,132 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
         }
     }
 }
+
+/// Loads 8 f32 (`v` must hold 8).
+#[inline]
+#[target_feature(enable = "avx")]
+fn load8(v: &[f32; 8]) -> __m256 {
+    // SAFETY: 8 readable f32; loadu is unaligned.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// One Q4_K weight row against eight activation rows in the gemm order of
+/// [`dot_q4k_llama`] (bit for bit the same per row): each weight block decoded once for
+/// the eight rows, whose accumulators are the lanes of one vector (each lane its own
+/// row's chain, in order).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    let (mut accm_lo, mut accm_hi) = (_mm_setzero_ps(), _mm_setzero_ps());
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        let (dd8, dm8) = (
+            _mm256_mul_ps(_mm256_set1_ps(d), yd8),
+            _mm256_mul_ps(_mm256_set1_ps(dmin), yd8),
+        );
+        for (j, ij) in idx.iter().enumerate() {
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            let p: [__m512i; 8] = std::array::from_fn(|r| {
+                let yv = load64(&ys[r][i].qs[64 * j..]);
+                _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s)
+            });
+            let lo = hsum4(p[0], p[1], p[2], p[3]);
+            let hi = hsum4(p[4], p[5], p[6], p[7]);
+            let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+            acc8 = _mm256_fmadd_ps(isum, dd8, acc8);
+        }
+        let m: [__m128i; 8] =
+            std::array::from_fn(|r| pair_mins(_mm256_madd_epi16(load_bsums(&ys[r][i]), mins)));
+        accm_lo = fma_columns(
+            [m[0], m[1], m[2], m[3]],
+            _mm256_castps256_ps128(dm8),
+            accm_lo,
+        );
+        accm_hi = fma_columns(
+            [m[4], m[5], m[6], m[7]],
+            _mm256_extractf128_ps::<1>(dm8),
+            accm_hi,
+        );
+    }
+    let accm8 = _mm256_set_m128(accm_hi, accm_lo);
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc8, accm8)) };
+}
+
+/// One Q6_K weight row against eight activation rows in the tiled order of
+/// [`dot_q6k_tiled`] (bit for bit the same per row), the eight rows' accumulators the
+/// lanes of one vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(3);
+    let shift = nibble_shift();
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16_to_f32(b.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let sc = _mm512_castsi256_si512(sc16);
+        // Per row: the block's integer with the offset of the unsigned quants taken off,
+        // started from the offset (exact integer adds in any order).
+        let mut tot: [__m512i; 8] = std::array::from_fn(|r| {
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&ys[r][i])));
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            )
+        });
+        for n in 0..2 {
+            let h = bcast32(&b.qh[32 * n..]);
+            let ql = load64(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
+                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
+                let hs = _mm512_add_epi16(
+                    _mm512_srli_epi16::<1>(shift),
+                    _mm512_set1_epi16(4 * g as i16),
+                );
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
+                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for (r, t) in tot.iter_mut().enumerate() {
+                    let yv = load64(&ys[r][i].qs[128 * n + 64 * g..]);
+                    *t = _mm512_dpwssd_epi32(*t, _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        let lo = hsum4(tot[0], tot[1], tot[2], tot[3]);
+        let hi = hsum4(tot[4], tot[5], tot[6], tot[7]);
+        let s8 = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        acc8 = _mm256_fmadd_ps(_mm256_mul_ps(s8, _mm256_set1_ps(d)), yd8, acc8);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
+}
