@@ -672,6 +672,7 @@ fn decode_pair<B: Q0Pair>(a: &[B], b: &[B], out: &mut [PairBlock]) {
 /// one scale product, one conversion and one fused multiply-add serve both; each decoded
 /// weight block feeds `A` activation rows and each activation block `2P` weight rows.
 /// `out[p][a][h]`: weight row `2p + h` against activation row `a`.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn q0_tile<B: Q0Pair, const P: usize, const A: usize>(
     w: [&[PairBlock]; P],
@@ -774,46 +775,60 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
     let m = out.len() / n;
     let pairs_all = n.div_ceil(2);
     assert!(dec.len() >= pairs_all * nb, "q0_gemm: decoded rows");
-    let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
     for r0 in (0..n).step_by(GEMM_ROWS) {
         let rows = GEMM_ROWS.min(n - r0);
         let pairs = rows.div_ceil(2);
         let p0 = r0 / 2;
+        let dec_chunk = &dec[p0 * nb..(p0 + pairs) * nb];
+        let mut o = [[[0f32; 2]; 4]; GEMM_ROWS / 2];
         for t0 in (0..m).step_by(4) {
             let an = 4.min(m - t0);
-            let ys4: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
-            let mut p = 0;
-            while p < pairs {
-                let pn = if pairs - p >= 2 { 2 } else { 1 };
-                let r = r0 + 2 * p;
-                let live = (rows - 2 * p).min(2 * pn);
-                macro_rules! go {
-                    ($P:literal, $A:literal) => {{
-                        let ys: [Q8_0Side<'a>; $A] = std::array::from_fn(|t| ys4[t]);
-                        let ws: [&[PairBlock]; $P] = std::array::from_fn(|t| pair(p0 + p + t));
-                        let mut o = [[[0f32; 2]; $A]; $P];
-                        // SAFETY: features checked at device open (see `q0_decode`).
-                        unsafe { q0_tile::<B, $P, $A>(ws, &ys, &mut o) };
-                        for t in 0..$A {
-                            let dst = &mut out[(t0 + t) * n + r..(t0 + t) * n + r + live];
-                            for (wr, d) in dst.iter_mut().enumerate() {
-                                *d = o[wr / 2][t][wr % 2];
-                            }
-                        }
-                    }};
+            let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
+            // SAFETY (each call): features checked at device open (see `q0_decode`).
+            unsafe {
+                match an {
+                    4 => q0_strip::<B, 4>(dec_chunk, nb, &y, &mut o[..pairs]),
+                    3 => q0_strip::<B, 3>(dec_chunk, nb, &[y[0], y[1], y[2]], &mut o[..pairs]),
+                    2 => q0_strip::<B, 2>(dec_chunk, nb, &[y[0], y[1]], &mut o[..pairs]),
+                    _ => q0_strip::<B, 1>(dec_chunk, nb, &[y[0]], &mut o[..pairs]),
                 }
-                match (pn, an) {
-                    (2, 4) => go!(2, 4),
-                    (2, 3) => go!(2, 3),
-                    (2, 2) => go!(2, 2),
-                    (2, _) => go!(2, 1),
-                    (_, 4) => go!(1, 4),
-                    (_, 3) => go!(1, 3),
-                    (_, 2) => go!(1, 2),
-                    _ => go!(1, 1),
-                }
-                p += pn;
             }
+            for t in 0..an {
+                let dst = &mut out[(t0 + t) * n + r0..(t0 + t) * n + r0 + rows];
+                for (wr, d) in dst.iter_mut().enumerate() {
+                    *d = o[wr / 2][t][wr % 2];
+                }
+            }
+        }
+    }
+}
+
+/// [`q0_tile`] over `dec.len() / nb` pairs of weight rows (two pairs at a time, the last
+/// one alone) against `A <= 4` activation rows: `out[p][a][h]` for weight row `2p + h`
+/// and activation row `a`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_strip<B: Q0Pair, const A: usize>(
+    dec: &[PairBlock],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [[[f32; 2]; 4]],
+) {
+    let pairs = dec.len() / nb;
+    assert!(A <= 4 && out.len() >= pairs, "q0_strip: shapes");
+    let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
+    let mut p = 0;
+    while p < pairs {
+        if pairs - p >= 2 {
+            let mut o = [[[0f32; 2]; A]; 2];
+            q0_tile::<B, 2, A>([pair(p), pair(p + 1)], y, &mut o);
+            out[p][..A].copy_from_slice(&o[0]);
+            out[p + 1][..A].copy_from_slice(&o[1]);
+            p += 2;
+        } else {
+            let mut o = [[[0f32; 2]; A]; 1];
+            q0_tile::<B, 1, A>([pair(p)], y, &mut o);
+            out[p][..A].copy_from_slice(&o[0]);
+            p += 1;
         }
     }
 }
