@@ -643,8 +643,11 @@ impl Device for CpuDevice {
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        self.pool
-            .install(|| ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base));
+        self.pool.install(|| {
+            // FMA comes with every SIMD level.
+            let fma = self.level >= SimdLevel::Avx2;
+            ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base, fma)
+        });
         Ok(())
     }
 

@@ -36,7 +36,9 @@ pub(crate) fn rope(
     head_dim: usize,
     n_rot: usize,
     base: f32,
+    fma: bool,
 ) {
+    let _ = fma;
     let row = n_heads * head_dim;
     assert!(row > 0, "rope: empty rows");
     assert_eq!(x.len(), positions.len() * row, "rope: x length");
@@ -63,6 +65,12 @@ pub(crate) fn rope(
                     theta *= theta_scale;
                 }
                 for h in xr.chunks_exact_mut(head_dim) {
+                    #[cfg(target_arch = "x86_64")]
+                    if fma {
+                        // SAFETY: the caller checked FMA (the device's SIMD level).
+                        unsafe { crate::kernels::avx2::rope_rotate(h, &cs) };
+                        continue;
+                    }
                     let (lo, hi) = h.split_at_mut(half);
                     for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(&cs) {
                         let (x0, x1) = (*a, *b);

@@ -119,9 +119,9 @@ impl Acts {
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
             GgmlType::Q8_0 => {
                 let blocks = q(x, k, 32, quantize_row_q8_0_act);
-                let scales = blocks.iter().map(|b| f16_to_f32(b.d)).collect();
+                let scales = blocks.par_iter().map(|b| f16_to_f32(b.d)).collect();
                 let neg16_lanes = blocks
-                    .iter()
+                    .par_iter()
                     .map(|b| {
                         std::array::from_fn(|l| {
                             -16 * b.qs[4 * l..4 * l + 4]
