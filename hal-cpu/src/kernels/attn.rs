@@ -187,10 +187,11 @@ pub(crate) fn attend_group<'k>(
         for c in live[..nl].chunks(KEYS) {
             let mut acc = [_mm512_setzero_ps(); KEYS];
             let ks: [&[f32]; KEYS] =
-                std::array::from_fn(|j| keys[usize::from(c[j.min(c.len() - 1)])]);
-            for (d, qd) in qt.iter().enumerate() {
+                std::array::from_fn(|j| &keys[usize::from(c[j.min(c.len() - 1)])][..dk]);
+            let qt = &qt[..dk];
+            for d in 0..dk {
                 for j in 0..KEYS {
-                    acc[j] = _mm512_fmadd_ps(*qd, _mm512_set1_ps(ks[j][d]), acc[j]);
+                    acc[j] = _mm512_fmadd_ps(qt[d], _mm512_set1_ps(ks[j][d]), acc[j]);
                 }
             }
             for (j, &t) in c.iter().enumerate() {
