@@ -18,14 +18,62 @@ pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, 
     if let Some(w) = weight {
         assert_eq!(w.len(), dim, "rms_norm: weight length");
     }
-    // Rows in parallel, 16 at a time (each row alone, so the same values).
+    // Rows in parallel, 16 at a time, each computed as `math::rms_norm` computes it.
     x.par_chunks(16 * dim)
         .zip(out.par_chunks_mut(16 * dim))
         .for_each(|(xs, os)| {
-            for (xr, or) in xs.chunks_exact(dim).zip(os.chunks_exact_mut(dim)) {
-                math::rms_norm(xr, weight, eps, or);
+            let mut xr = xs.chunks_exact(dim);
+            let mut or = os.chunks_exact_mut(dim);
+            // Eight rows at a time: their sums of squares are eight independent chains
+            // (each row's own chain in order), where one row's chain waits on every add.
+            while xr.len() >= 8 {
+                let xs8: [&[f32]; 8] = std::array::from_fn(|_| xr.next().unwrap_or(&[]));
+                let scales = rms_scales8(&xs8, eps);
+                for (xv, sc) in xs8.iter().zip(scales) {
+                    if let Some(o) = or.next() {
+                        rms_apply(xv, sc, weight, o);
+                    }
+                }
+            }
+            for (xv, o) in xr.zip(or) {
+                math::rms_norm(xv, weight, eps, o);
             }
         });
+}
+
+/// The RMSNorm scale of each of eight rows of equal length, as `math::rms_norm` computes
+/// it: the f32 squares summed in f64 in order, the mean rounded to f32,
+/// `1 / sqrtf(mean + eps)`.
+fn rms_scales8(x: &[&[f32]; 8], eps: f32) -> [f32; 8] {
+    let n = x[0].len();
+    let rows: [&[f32]; 8] = std::array::from_fn(|r| &x[r][..n]);
+    let mut sum = [0.0f64; 8];
+    for i in 0..n {
+        for r in 0..8 {
+            let v = rows[r][i];
+            sum[r] += (v * v) as f64;
+        }
+    }
+    sum.map(|s| {
+        let mean = (s / n as f64) as f32;
+        1.0 / libm::sqrtf(mean + eps)
+    })
+}
+
+/// `out = x * scale * w` (or `x * scale`), in `math::rms_norm`'s order.
+fn rms_apply(x: &[f32], scale: f32, weight: Option<&[f32]>, out: &mut [f32]) {
+    match weight {
+        Some(w) => {
+            for ((o, &v), &wv) in out.iter_mut().zip(x).zip(w) {
+                *o = v * scale * wv;
+            }
+        }
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * scale;
+            }
+        }
+    }
 }
 
 /// NeoX RoPE in place on `[rows, n_heads * head_dim]` (core reference per head).
