@@ -780,54 +780,59 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
         let pairs = rows.div_ceil(2);
         let p0 = r0 / 2;
         let dec_chunk = &dec[p0 * nb..(p0 + pairs) * nb];
-        let mut o = [[[0f32; 2]; 4]; GEMM_ROWS / 2];
         for t0 in (0..m).step_by(4) {
             let an = 4.min(m - t0);
             let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
+            let o = &mut out[t0 * n + r0..];
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
                 match an {
-                    4 => q0_strip::<B, 4>(dec_chunk, nb, &y, &mut o[..pairs]),
-                    3 => q0_strip::<B, 3>(dec_chunk, nb, &[y[0], y[1], y[2]], &mut o[..pairs]),
-                    2 => q0_strip::<B, 2>(dec_chunk, nb, &[y[0], y[1]], &mut o[..pairs]),
-                    _ => q0_strip::<B, 1>(dec_chunk, nb, &[y[0]], &mut o[..pairs]),
-                }
-            }
-            for t in 0..an {
-                let dst = &mut out[(t0 + t) * n + r0..(t0 + t) * n + r0 + rows];
-                for (wr, d) in dst.iter_mut().enumerate() {
-                    *d = o[wr / 2][t][wr % 2];
+                    4 => q0_strip::<B, 4>(dec_chunk, nb, &y, rows, n, o),
+                    3 => q0_strip::<B, 3>(dec_chunk, nb, &[y[0], y[1], y[2]], rows, n, o),
+                    2 => q0_strip::<B, 2>(dec_chunk, nb, &[y[0], y[1]], rows, n, o),
+                    _ => q0_strip::<B, 1>(dec_chunk, nb, &[y[0]], rows, n, o),
                 }
             }
         }
     }
 }
 
-/// [`q0_tile`] over `dec.len() / nb` pairs of weight rows (two pairs at a time, the last
-/// one alone) against `A <= 4` activation rows: `out[p][a][h]` for weight row `2p + h`
-/// and activation row `a`.
+/// [`q0_tile`] over the `rows` weight rows decoded in `dec` (pairs of `nb` blocks; two
+/// pairs at a time, the last one alone) against `A <= 4` activation rows:
+/// `out[a * n + r]` for weight row `r` and activation row `a`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn q0_strip<B: Q0Pair, const A: usize>(
     dec: &[PairBlock],
     nb: usize,
     y: &[Q8_0Side<'_>; A],
-    out: &mut [[[f32; 2]; 4]],
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
 ) {
     let pairs = dec.len() / nb;
-    assert!(A <= 4 && out.len() >= pairs, "q0_strip: shapes");
+    assert!(
+        rows.div_ceil(2) == pairs && rows <= n && out.len() >= (A - 1) * n + rows,
+        "q0_strip: shapes"
+    );
     let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
+    let mut put = |p: usize, o: &[[f32; 2]; A]| {
+        let live = (rows - 2 * p).min(2);
+        for (a, v) in o.iter().enumerate() {
+            out[a * n + 2 * p..a * n + 2 * p + live].copy_from_slice(&v[..live]);
+        }
+    };
     let mut p = 0;
     while p < pairs {
         if pairs - p >= 2 {
             let mut o = [[[0f32; 2]; A]; 2];
             q0_tile::<B, 2, A>([pair(p), pair(p + 1)], y, &mut o);
-            out[p][..A].copy_from_slice(&o[0]);
-            out[p + 1][..A].copy_from_slice(&o[1]);
+            put(p, &o[0]);
+            put(p + 1, &o[1]);
             p += 2;
         } else {
             let mut o = [[[0f32; 2]; A]; 1];
             q0_tile::<B, 1, A>([pair(p)], y, &mut o);
-            out[p][..A].copy_from_slice(&o[0]);
+            put(p, &o[0]);
             p += 1;
         }
     }
