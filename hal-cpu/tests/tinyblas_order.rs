@@ -26,7 +26,7 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     }
     let mut rng = Rng(7);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        // Row counts that leave every edge of the pair gemm's tiles (4 weight rows x 4
+        // Row counts that leave every edge of the pair gemm's tiles (6, 4 or 2 weight rows x 4
         // activation rows, 16 weight rows at a time): an odd last row, a single pair,
         // 16 + 16 + 3 rows, 66 rows (decoded by several tasks).
         for (k, n) in [
