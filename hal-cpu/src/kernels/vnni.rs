@@ -846,6 +846,19 @@ fn q0_strip<B: Q0Pair, const A: usize>(
     }
 }
 
+/// `vpermt2d` indices of [`dot_q4k_gemm8`]'s mins (see there).
+const MINS_EVEN: [i32; 16] = [0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30];
+const MINS_ODD: [i32; 16] = [1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31];
+const MINS_J01: [i32; 16] = [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23];
+const MINS_J23: [i32; 16] = [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31];
+
+/// The upper eight lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hi256(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
 /// Loads 8 f32 (`v` must hold 8).
 #[inline]
 #[target_feature(enable = "avx")]
@@ -866,7 +879,19 @@ pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32
     let nb = x.len();
     let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
     let mut acc8 = _mm256_setzero_ps();
-    let (mut accm_lo, mut accm_hi) = (_mm_setzero_ps(), _mm_setzero_ps());
+    let mut accm8 = _mm256_setzero_ps();
+    // Permutation indices for the mins below: lane 4j + r of `ev` / `od` takes sub-block
+    // 2j / 2j + 1 of row r of four rows held in two registers (row r at lanes 8r..);
+    // lane 8jj + r of `j01` / `j23` takes pair j = jj / 2 + jj of row r of eight rows
+    // held as two such sets (lane 4j + r, rows 4..8 in the second).
+    let ld = |v: &[i32; 16]| {
+        // SAFETY: 16 readable i32; loadu is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+    };
+    let ev = ld(&MINS_EVEN);
+    let od = ld(&MINS_ODD);
+    let j01 = ld(&MINS_J01);
+    let j23 = ld(&MINS_J23);
     for (i, b) in x.iter().enumerate() {
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
@@ -883,29 +908,46 @@ pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32
         for (j, ij) in idx.iter().enumerate() {
             let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
             let s = _mm512_permutexvar_epi16(*ij, sc);
-            let p: [__m512i; 8] = std::array::from_fn(|r| {
+            // Plain loops rather than `array::from_fn` closures: a closure the compiler
+            // does not inline passes every vector through memory (2.3x slower).
+            let mut p = [_mm512_setzero_si512(); 8];
+            for (r, pr) in p.iter_mut().enumerate() {
                 let yv = load64(&ys[r][i].qs[64 * j..]);
-                _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s)
-            });
+                *pr = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
+            }
             let lo = hsum4(p[0], p[1], p[2], p[3]);
             let hi = hsum4(p[4], p[5], p[6], p[7]);
             let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
             acc8 = _mm256_fmadd_ps(isum, dd8, acc8);
         }
-        let m: [__m128i; 8] =
-            std::array::from_fn(|r| pair_mins(_mm256_madd_epi16(load_bsums(&ys[r][i]), mins)));
-        accm_lo = fma_columns(
-            [m[0], m[1], m[2], m[3]],
-            _mm256_castps256_ps128(dm8),
-            accm_lo,
+        // The mins terms, two rows per register: lanes 0..8 `m_s * bsum_s` of row 2k,
+        // lanes 8..16 those of row 2k + 1 (s the sub-block), then the pairs of
+        // sub-blocks added and the rows gathered per pair `j`, eight rows side by side.
+        // Exact integers, in the lanes the chains need.
+        let mins2 = _mm512_broadcast_i64x4(mins);
+        let mut z = [_mm512_setzero_si512(); 4];
+        for (k, zk) in z.iter_mut().enumerate() {
+            let b = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load_bsums(&ys[2 * k][i])),
+                load_bsums(&ys[2 * k + 1][i]),
+            );
+            *zk = _mm512_madd_epi16(b, mins2);
+        }
+        let w03 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[0], ev, z[1]),
+            _mm512_permutex2var_epi32(z[0], od, z[1]),
         );
-        accm_hi = fma_columns(
-            [m[4], m[5], m[6], m[7]],
-            _mm256_extractf128_ps::<1>(dm8),
-            accm_hi,
+        let w47 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[2], ev, z[3]),
+            _mm512_permutex2var_epi32(z[2], od, z[3]),
         );
+        let m01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j01, w47));
+        let m23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j23, w47));
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m23), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m23), dm8, accm8);
     }
-    let accm8 = _mm256_set_m128(accm_hi, accm_lo);
     // SAFETY: 8 writable f32; storeu is unaligned.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc8, accm8)) };
 }
