@@ -71,7 +71,15 @@ pub struct CpuDevice {
     pool: rayon::ThreadPool,
     block_dispatches: AtomicU64,
     float_dispatches: AtomicU64,
+    /// The transposed results of the last batched matmul, kept for the next one: a
+    /// fresh buffer of a few MiB per matmul costs page faults and zeroing.
+    scratch: std::sync::Mutex<Vec<f32>>,
+    /// The decoded weight blocks of the last weight-tiled gemm, kept for the next one.
+    gemm_scratch: std::sync::Mutex<kernels::GemmScratch>,
 }
+
+/// The largest scratch buffer kept between matmuls (16 MiB of f32).
+const SCRATCH_KEEP: usize = 4 << 20;
 
 /// A weight staged on the CPU: the file's bytes, kept where they lie.
 #[derive(Debug)]
@@ -157,6 +165,8 @@ impl CpuDevice {
             pool,
             block_dispatches: AtomicU64::new(0),
             float_dispatches: AtomicU64::new(0),
+            scratch: std::sync::Mutex::new(Vec::new()),
+            gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
         })
     }
 
@@ -273,8 +283,26 @@ impl CpuDevice {
                             .map_err(|e| fmt_err("matmul", e))
                     });
             }
-            // Transposed result [n][m]: each task owns whole weight rows.
-            let mut t_out = vec![0f32; n * m];
+            // Weight and activation rows tiled together, where there is such a kernel:
+            // the weight decoded once, the activation rows split over the threads (a
+            // multiple of 4 rows per task, about 4 tasks per thread).
+            let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+            let mut gs =
+                std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let done = kernels::gemm(level, ty, w_bytes, &acts, k, n, m, per_rows, &mut gs, out)
+                .map_err(|e| fmt_err("matmul", e))?;
+            *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+            if done {
+                return Ok(());
+            }
+            // Transposed result [n][m]: each task owns whole weight rows. Every value is
+            // written before it is read, so a kept buffer needs no clearing.
+            let mut buf =
+                std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            if buf.len() < n * m {
+                buf = vec![0f32; n * m];
+            }
+            let t_out = &mut buf[..n * m];
             let tile4x4 = kernels::has_tile4x4(level, ty);
             // Weight rows per sub-tile: small enough to stay in L1/L2 while every
             // activation tile passes over them.
@@ -318,10 +346,21 @@ impl CpuDevice {
                     }
                     Ok::<(), HalError>(())
                 })?;
-            for o in 0..n {
-                for i in 0..m {
-                    out[i * n + o] = t_out[o * m + i];
+            // Back to [m][n], in parallel over blocks of 16 activation rows: each weight
+            // row's 16 values are one cache line of `t_out`.
+            let t_out = &*t_out;
+            out.par_chunks_mut(16 * n).enumerate().for_each(|(c, o)| {
+                let i0 = 16 * c;
+                let rows = o.len() / n;
+                for j in 0..n {
+                    let src = &t_out[j * m + i0..j * m + i0 + rows];
+                    for (t, &v) in src.iter().enumerate() {
+                        o[t * n + j] = v;
+                    }
                 }
+            });
+            if buf.len() <= SCRATCH_KEEP {
+                *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = buf;
             }
             Ok(())
         })
@@ -626,7 +665,8 @@ impl Device for CpuDevice {
         dim: usize,
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        ops::rms_norm(x, weight, eps, dim, out);
+        self.pool
+            .install(|| ops::rms_norm(x, weight, eps, dim, out));
         Ok(())
     }
 
@@ -643,12 +683,17 @@ impl Device for CpuDevice {
         for (r, &d) in residual.iter_mut().zip(delta) {
             *r += d;
         }
-        ops::rms_norm(residual, Some(weight), eps, dim, out);
+        self.pool
+            .install(|| ops::rms_norm(residual, Some(weight), eps, dim, out));
         Ok(())
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base);
+        self.pool.install(|| {
+            // FMA comes with every SIMD level.
+            let fma = self.level >= SimdLevel::Avx2;
+            ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base, fma)
+        });
         Ok(())
     }
 
@@ -690,10 +735,18 @@ impl Device for CpuDevice {
                 table[usize::from(half::f16::from_f32(x).to_bits())]
             }
         };
+        let level = self.level;
         self.pool.install(|| {
             out.par_chunks_mut(4096)
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
                 .for_each(|(o, (g, u))| {
+                    #[cfg(target_arch = "x86_64")]
+                    if level >= SimdLevel::Avx2 {
+                        // SAFETY: AVX2 and F16C were checked at device open.
+                        unsafe { kernels::avx2::gelu_mul_table(table, g, u, o) };
+                        return;
+                    }
+                    let _ = level;
                     for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
                         *o = gelu(g) * u;
                     }

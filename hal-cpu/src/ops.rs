@@ -18,8 +18,61 @@ pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, 
     if let Some(w) = weight {
         assert_eq!(w.len(), dim, "rms_norm: weight length");
     }
-    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        math::rms_norm(xr, weight, eps, or);
+    // Rows in parallel, 16 at a time, each computed as `math::rms_norm` computes it.
+    x.par_chunks(16 * dim)
+        .zip(out.par_chunks_mut(16 * dim))
+        .for_each(|(xs, os)| {
+            let mut xr = xs.chunks_exact(dim);
+            let mut or = os.chunks_exact_mut(dim);
+            // Eight rows at a time: their sums of squares are eight independent chains
+            // (each row's own chain in order), where one row's chain waits on every add.
+            while xr.len() >= 8 {
+                let xs8: [&[f32]; 8] = std::array::from_fn(|_| xr.next().unwrap_or(&[]));
+                let scales = rms_scales8(&xs8, eps);
+                for (xv, sc) in xs8.iter().zip(scales) {
+                    if let Some(o) = or.next() {
+                        rms_apply(xv, sc, weight, o);
+                    }
+                }
+            }
+            for (xv, o) in xr.zip(or) {
+                math::rms_norm(xv, weight, eps, o);
+            }
+        });
+}
+
+/// The RMSNorm scale of each of eight rows of equal length, as `math::rms_norm` computes
+/// it: the f32 squares summed in f64 in order, the mean rounded to f32,
+/// `1 / sqrtf(mean + eps)`.
+fn rms_scales8(x: &[&[f32]; 8], eps: f32) -> [f32; 8] {
+    let n = x[0].len();
+    let rows: [&[f32]; 8] = std::array::from_fn(|r| &x[r][..n]);
+    let mut sum = [0.0f64; 8];
+    for i in 0..n {
+        for r in 0..8 {
+            let v = rows[r][i];
+            sum[r] += (v * v) as f64;
+        }
+    }
+    sum.map(|s| {
+        let mean = (s / n as f64) as f32;
+        1.0 / libm::sqrtf(mean + eps)
+    })
+}
+
+/// `out = x * scale * w` (or `x * scale`), in `math::rms_norm`'s order.
+fn rms_apply(x: &[f32], scale: f32, weight: Option<&[f32]>, out: &mut [f32]) {
+    match weight {
+        Some(w) => {
+            for ((o, &v), &wv) in out.iter_mut().zip(x).zip(w) {
+                *o = v * scale * wv;
+            }
+        }
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * scale;
+            }
+        }
     }
 }
 
@@ -31,13 +84,51 @@ pub(crate) fn rope(
     head_dim: usize,
     n_rot: usize,
     base: f32,
+    fma: bool,
 ) {
+    let _ = fma;
     let row = n_heads * head_dim;
     assert!(row > 0, "rope: empty rows");
     assert_eq!(x.len(), positions.len() * row, "rope: x length");
-    for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
-        math::rope_neox_heads(xr, head_dim, pos, n_rot, base);
+    assert!(n_rot.is_multiple_of(2), "rope: n_rot {n_rot} is odd");
+    assert!(
+        n_rot <= head_dim,
+        "rope: n_rot {n_rot} exceeds head size {head_dim}"
+    );
+    if n_rot == 0 {
+        return;
     }
+    // `math::rope_neox` on every head, with each row's cosines and sines computed once
+    // for all its heads (the same angles, so the same values), rows in parallel.
+    let half = n_rot / 2;
+    let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+    x.par_chunks_mut(row * 8)
+        .zip(positions.par_chunks(8))
+        .for_each(|(xs, ps)| {
+            let mut cs = vec![(0f32, 0f32); half];
+            for (xr, &pos) in xs.chunks_exact_mut(row).zip(ps) {
+                let mut theta = pos as f32;
+                for c in cs.iter_mut() {
+                    *c = (math::cosf_glibc(theta), math::sinf_glibc(theta));
+                    theta *= theta_scale;
+                }
+                for h in xr.chunks_exact_mut(head_dim) {
+                    #[cfg(target_arch = "x86_64")]
+                    if fma {
+                        // SAFETY: the caller checked FMA (the device's SIMD level).
+                        unsafe { crate::kernels::avx2::rope_rotate(h, &cs) };
+                        continue;
+                    }
+                    let (lo, hi) = h.split_at_mut(half);
+                    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(&cs) {
+                        let (x0, x1) = (*a, *b);
+                        // As `math::rope_neox` (ggml's `rotate_pairs` as GCC contracts it).
+                        *a = x0.mul_add(c, -(x1 * s));
+                        *b = x0.mul_add(s, x1 * c);
+                    }
+                }
+            }
+        });
 }
 
 /// Top-k routing of each row of logits (core reference per row).

@@ -132,6 +132,18 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             sinks: true,
             seqs: vec![(100, (70..100).collect()), (129, vec![128])],
         },
+        // Gemma 3's grouping (4 heads on one KV head), a value size past the 64-element
+        // groups the output chains take side by side, a key count that leaves 1..3 keys
+        // over the 4 scored together.
+        Case {
+            n_heads: 4,
+            hkv: 1,
+            dk: 96,
+            dv: 80,
+            window: None,
+            sinks: false,
+            seqs: vec![(150, prompt.clone()), (67, vec![66]), (3, vec![0, 1, 2])],
+        },
     ];
     for (i, c) in cases.iter().enumerate() {
         let want = run(&device(SimdLevel::Avx2), c, 100 + i as u64);

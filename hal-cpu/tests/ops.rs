@@ -235,6 +235,34 @@ fn add_rms_norm_adds_the_residual_once() {
     assert_eq!(o2, w2);
 }
 
+/// RMSNorm of many rows (16 per task, 8 summed side by side, a remainder of 5) equals
+/// `math::rms_norm` row by row, bit for bit, with and without a weight.
+#[test]
+fn rms_norm_rows_match_core_bit_for_bit() {
+    let d = dev();
+    let mut rng = Rng(21);
+    let dim = 640;
+    let rows = 37;
+    let x: Vec<f32> = rng
+        .vec(rows * dim)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (1 + (i / dim) % 7) as f32 * 3.0)
+        .collect();
+    let w = rng.vec(dim);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for weight in [Some(&w[..]), None] {
+        let mut got = vec![0f32; rows * dim];
+        d.rms_norm(&x, weight, 1e-6, dim, &mut got)
+            .expect("rms_norm");
+        let mut want = vec![0f32; rows * dim];
+        for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
+            math::rms_norm(xr, weight, 1e-6, o);
+        }
+        assert_eq!(bits(&got), bits(&want), "weight: {}", weight.is_some());
+    }
+}
+
 #[test]
 fn rope_matches_core_neox() {
     let d = dev();
@@ -245,7 +273,11 @@ fn rope_matches_core_neox() {
         n_rot: 12,
         base: 10000.0,
     };
-    let pos = [0u32, 7, 1000];
+    // Rows in chunks of 8 across the threads, each row's angles shared by its heads.
+    let pos: Vec<u32> = [0u32, 7, 1000]
+        .into_iter()
+        .chain((0..20).map(|i| 3 * i + 1))
+        .collect();
     let x0 = rng.vec(pos.len() * 48);
     let mut x = x0.clone();
     d.rope(&mut x, &pos, &p).expect("rope");
@@ -253,7 +285,8 @@ fn rope_matches_core_neox() {
     for (row, &ps) in want.chunks_mut(48).zip(&pos) {
         math::rope_neox_heads(row, 16, ps, 12, 10000.0);
     }
-    assert_eq!(x, want);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&x), bits(&want));
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The matmul kernels against `flint_core::dot::matvec_f32_ggml_x86`, the scalar
 //! statement of llama.cpp's x86 float orders (docs/parity.md), bit for bit, at every
 //! SIMD level this CPU has:
-//! - Q8_0 and Q5_0 (tinyBLAS order), for single rows and for tiles;
+//! - Q8_0, Q5_0 and Q4_0 (tinyBLAS order), for single rows, tiles of activation rows
+//!   and the pair gemm's tiles of weight rows x activation rows;
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
 //!   Q6_K tiled from 8 rows).
 
@@ -25,10 +26,22 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     }
     let mut rng = Rng(7);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        for (k, n) in [(640, 9), (2048, 5), (96, 3)] {
+        // Row counts that leave every edge of the pair gemm's tiles (6, 4 or 2 weight rows x 4
+        // activation rows, 16 weight rows at a time): an odd last row, a single pair,
+        // 16 + 16 + 3 rows, 66 rows (decoded by several tasks).
+        for (k, n) in [
+            (640, 9),
+            (2048, 5),
+            (96, 3),
+            (64, 1),
+            (160, 35),
+            (32, 37),
+            (640, 66),
+        ] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
-            for m in [1usize, 2, 5, 9] {
+            // 16 rows and more: the weight-tiled gemm, in tasks of a multiple of 4 rows.
+            for m in [1usize, 2, 3, 5, 9, 13, 16, 19, 30, 35] {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
@@ -45,6 +58,38 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
                     assert_device_equals(level, ty, &w, k, n, &x, m, &want);
                 }
             }
+        }
+    }
+}
+
+/// Q4_0 has no scalar statement of tinyBLAS's order in core: the VNNI pair gemm (batches)
+/// must equal the AVX-512 tinyBLAS-order row kernel (`tinyblas::dot_q0`, one activation
+/// row at a time) bit for bit.
+#[test]
+fn q4_0_pair_gemm_equals_the_tinyblas_row_kernel() {
+    if SimdLevel::detect() < SimdLevel::Avx512Vnni {
+        eprintln!("no AVX-512 VNNI on this CPU: the pair gemm is not used here");
+        return;
+    }
+    let mut rng = Rng(9);
+    let ty = GgmlType::Q4_0;
+    for (k, n) in [(640, 9), (160, 35), (32, 37)] {
+        let w = random_weight(&mut rng, ty, k, n);
+        for m in [2usize, 3, 5, 13, 16, 21, 34] {
+            let x = rng.vec(m * k);
+            let mut want = vec![0f32; m * n];
+            let opts = DeviceOptions {
+                threads: Some(1),
+                keep_quant: true,
+            };
+            let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512).expect("device");
+            let h = dev
+                .stage(&desc("w", ty, &[k, n], w.to_vec()))
+                .expect("stage");
+            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+                dev.matmul(&*h, xr, 1, o).expect("matmul");
+            }
+            assert_device_equals(SimdLevel::Avx512Vnni, ty, &w, k, n, &x, m, &want);
         }
     }
 }
@@ -71,7 +116,9 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
         let (k, n) = (2048, 27);
         let w = random_weight(&mut rng, ty, k, n);
         let rb = ty.row_bytes(k).expect("row size");
-        for m in [1usize, 5, 8, 13, 177] {
+        // From 16 rows: tasks of 8-row tiles (one weight block for 8 activation rows),
+        // their last rows in tiles of 4, 3, 2 or 1.
+        for m in [1usize, 5, 8, 13, 16, 22, 31, 177] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {

@@ -28,9 +28,6 @@ use crate::ops::CpuKv;
 /// Queries attended together.
 pub(crate) const LANES: usize = 16;
 
-/// Keys whose scores are computed together (independent multiply-add chains).
-const KEYS_AT_ONCE: usize = 8;
-
 /// `_mm512_reduce_add_ps`'s order over 16 vectors, lane by lane: halves added pairwise
 /// (8, 4, 2, 1), as `flint_core`'s tiled attention sums 16 weights.
 #[inline]
@@ -73,25 +70,6 @@ fn lane(v: __m512, l: usize) -> f32 {
     // SAFETY: `a` is 16 writable f32; storeu is unaligned.
     unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
     a[l]
-}
-
-/// The scores (before scaling) of [`KEYS_AT_ONCE`] keys against the transposed queries
-/// `qt`: per key and lane one fused multiply-add chain over the head dimension, in order.
-/// Every key holds `qt.len()` values.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn scores(qt: &[__m512], ks: &[&[f32]; KEYS_AT_ONCE]) -> [__m512; KEYS_AT_ONCE] {
-    let dk = qt.len();
-    assert!(ks.iter().all(|k| k.len() == dk), "scores: key length");
-    let mut acc = [_mm512_setzero_ps(); KEYS_AT_ONCE];
-    for (d, qd) in qt.iter().enumerate() {
-        for j in 0..KEYS_AT_ONCE {
-            // SAFETY: every key holds `dk` values (asserted above) and `d < dk`.
-            let kd = unsafe { *ks[j].get_unchecked(d) };
-            acc[j] = _mm512_fmadd_ps(*qd, _mm512_set1_ps(kd), acc[j]);
-        }
-    }
-    acc
 }
 
 /// One group of queries that share a sequence and a KV head.
@@ -155,11 +133,14 @@ pub(crate) fn attend_group<'k>(
     let mut s = [neg_inf; GGML_FA_TILE];
     let mut vis = [0u16; GGML_FA_TILE];
     let mut vals: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
-    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     let mut keys: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
-    let mut seen = [0usize; GGML_FA_TILE];
+    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     while t0 <= last {
-        let mut n_seen = 0;
+        // The tile's visible keys, then their scores KEYS at a time: each score is its
+        // own chain over the head dimension (the reference's order), and the chains of
+        // several keys run side by side instead of one after the other.
+        let mut live = [0u8; GGML_FA_TILE];
+        let mut nl = 0;
         for t in 0..GGML_FA_TILE {
             let p = t0 + t;
             let pv = _mm512_set1_epi32(p as i32);
@@ -170,28 +151,30 @@ pub(crate) fn attend_group<'k>(
                 continue;
             }
             let (k, v) = kv_at(p).ok_or(())?;
-            if k.len() != dk || v.len() != dv {
-                return Err(());
-            }
+            assert!(k.len() >= dk, "attend_group: key length");
             vals[t] = v;
             keys[t] = k;
-            seen[n_seen] = t;
-            n_seen += 1;
+            live[nl] = t as u8;
+            nl += 1;
         }
-        // Scores, KEYS_AT_ONCE keys at a time: each lane's score stays one fused
-        // multiply-add chain over the head dimension (the reference's order), and the
-        // chains of different keys are independent, so interleaving them hides the
-        // multiply-add latency that one chain at a time waits on.
-        for chunk in seen[..n_seen].chunks(KEYS_AT_ONCE) {
-            // A short last chunk repeats its first key in the unused slots (their
-            // scores are dropped), so the loop below has a fixed shape and keeps its
-            // accumulators in registers.
-            let ks: [&[f32]; KEYS_AT_ONCE] =
-                std::array::from_fn(|j| keys[*chunk.get(j).unwrap_or(&chunk[0])]);
-            let acc = scores(&qt, &ks);
-            for (a, &t) in acc.iter().zip(chunk) {
-                s[t] =
-                    _mm512_mask_blend_ps(vis[t], neg_inf, _mm512_mul_ps(*a, _mm512_set1_ps(scale)));
+        const KEYS: usize = 4;
+        for c in live[..nl].chunks(KEYS) {
+            let mut acc = [_mm512_setzero_ps(); KEYS];
+            let ks: [&[f32]; KEYS] =
+                std::array::from_fn(|j| &keys[usize::from(c[j.min(c.len() - 1)])][..dk]);
+            let qt = &qt[..dk];
+            for d in 0..dk {
+                for j in 0..KEYS {
+                    acc[j] = _mm512_fmadd_ps(qt[d], _mm512_set1_ps(ks[j][d]), acc[j]);
+                }
+            }
+            for (j, &t) in c.iter().enumerate() {
+                let t = usize::from(t);
+                s[t] = _mm512_mask_blend_ps(
+                    vis[t],
+                    neg_inf,
+                    _mm512_mul_ps(acc[j], _mm512_set1_ps(scale)),
+                );
             }
         }
         let tile_max = s.iter().fold(neg_inf, |a, &b| _mm512_max_ps(a, b));
@@ -242,53 +225,44 @@ pub(crate) fn attend_group<'k>(
         }
         for l in (0..n).filter(|l| active >> l & 1 == 1) {
             let o = &mut out[l * dv..(l + 1) * dv];
-            let mut ts = [0usize; GGML_FA_TILE];
-            let mut n_ts = 0;
-            for t in (0..GGML_FA_TILE).filter(|t| vis[*t] >> l & 1 == 1) {
-                ts[n_ts] = t;
-                n_ts += 1;
+            // The keys this lane sees, in order.
+            let mut mine = [0u8; GGML_FA_TILE];
+            let mut nm = 0;
+            for &t in &live[..nl] {
+                if vis[usize::from(t)] >> l & 1 == 1 {
+                    mine[nm] = t;
+                    nm += 1;
+                }
             }
-            let ts = &ts[..n_ts];
-            // 64 output elements at a time: four independent chains over the keys (one
-            // per 16 elements) instead of one, so the multiply-add latency overlaps.
-            let wide = dv / 64 * 64;
-            for d0 in (0..wide).step_by(64) {
-                // SAFETY: d0 + 64 <= dv = o.len(); loadu/storeu are unaligned.
-                let mut acc: [__m512; 4] = std::array::from_fn(|c| unsafe {
+            let mine = &mine[..nm];
+            // CHUNKS groups of 16 output elements side by side, each its own chain over
+            // the keys.
+            const CHUNKS: usize = 4;
+            let full = dv / (16 * CHUNKS) * (16 * CHUNKS);
+            for d0 in (0..full).step_by(16 * CHUNKS) {
+                // SAFETY: d0 + 16 * CHUNKS <= dv = o.len(); loadu is unaligned.
+                let mut acc: [__m512; CHUNKS] = std::array::from_fn(|c| unsafe {
                     _mm512_loadu_ps(o.as_ptr().add(d0 + 16 * c))
                 });
-                for &t in ts {
-                    let w = _mm512_set1_ps(wl[t][l]);
-                    let v = vals[t].as_ptr();
+                for &t in mine {
+                    let t = usize::from(t);
+                    let v = &vals[t][d0..d0 + 16 * CHUNKS];
+                    let wt = _mm512_set1_ps(wl[t][l]);
                     for (c, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: `vals[t]` holds `dv` values (checked when gathered) and
-                        // d0 + 16 * c + 16 <= dv.
-                        let vv = unsafe { _mm512_loadu_ps(v.add(d0 + 16 * c)) };
-                        *a = _mm512_fmadd_ps(w, vv, *a);
+                        // SAFETY: `v` holds 16 * CHUNKS readable f32.
+                        let vv = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+                        *a = _mm512_fmadd_ps(wt, vv, *a);
                     }
                 }
                 for (c, a) in acc.iter().enumerate() {
-                    // SAFETY: as the loads above.
+                    // SAFETY: as the loads above; storeu is unaligned.
                     unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(d0 + 16 * c), *a) };
                 }
             }
-            let full = dv / 16 * 16;
-            for d0 in (wide..full).step_by(16) {
-                // SAFETY: d0 + 16 <= dv = o.len(); loadu/storeu are unaligned.
-                let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr().add(d0)) };
-                for t in (0..GGML_FA_TILE).filter(|t| vis[*t] >> l & 1 == 1) {
-                    let v = &vals[t][d0..d0 + 16];
-                    // SAFETY: `v` is 16 readable f32.
-                    let vv = unsafe { _mm512_loadu_ps(v.as_ptr()) };
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wl[t][l]), vv, acc);
-                }
-                // SAFETY: as the load above.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(d0), acc) };
-            }
             for (d, od) in o.iter_mut().enumerate().skip(full) {
                 let mut acc = *od;
-                for t in (0..GGML_FA_TILE).filter(|t| vis[*t] >> l & 1 == 1) {
-                    acc = wl[t][l].mul_add(vals[t][d], acc);
+                for &t in mine {
+                    acc = wl[usize::from(t)][l].mul_add(vals[usize::from(t)][d], acc);
                 }
                 *od = acc;
             }

@@ -447,3 +447,59 @@ fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &
         out[r] = s as f32;
     }
 }
+
+/// `out[i] = gelu(gate[i]) * up[i]` with `gelu` read from `table` (indexed by the f16
+/// bits of the input, rounded to nearest even as `half::f16::from_f32`), inputs at or
+/// below -10 giving 0 and at or above 10 themselves: the rounding to f16 of eight inputs
+/// at a time with F16C (the `half` crate, built without `std`, rounds in software).
+/// NaN inputs give some NaN index either way, whose table entry is 0.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn gelu_mul_table(table: &[f32], gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        table.len() > usize::from(u16::MAX),
+        "gelu_mul_table: table size"
+    );
+    let n = out.len().min(gate.len()).min(up.len());
+    let mut bits = [0u16; 8];
+    for c in (0..n).step_by(8) {
+        let len = 8.min(n - c);
+        if len == 8 {
+            // SAFETY: 8 readable f32 at `gate[c..]` and 8 writable u16 in `bits`.
+            unsafe {
+                let v = _mm256_loadu_ps(gate[c..].as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm_storeu_si128(bits.as_mut_ptr() as *mut __m128i, h);
+            }
+        } else {
+            for (t, b) in bits.iter_mut().enumerate().take(len) {
+                *b = half::f16::from_f32(gate[c + t]).to_bits();
+            }
+        }
+        for t in 0..len {
+            let x = gate[c + t];
+            let g = if x <= -10.0 {
+                0.0
+            } else if x >= 10.0 {
+                x
+            } else {
+                table[usize::from(bits[t])]
+            };
+            out[c + t] = g * up[c + t];
+        }
+    }
+}
+
+/// NeoX rotation of one head by per-pair cosines and sines `cs` (`cs.len()` pairs: the
+/// first half of the rotated part against the second), as `flint_core::math::rope_neox`
+/// computes it (fused multiply-adds where GCC contracts ggml's `rotate_pairs`), with the
+/// multiply-adds as FMA instructions rather than calls.
+#[target_feature(enable = "fma")]
+pub(crate) fn rope_rotate(h: &mut [f32], cs: &[(f32, f32)]) {
+    let half = cs.len();
+    let (lo, hi) = h.split_at_mut(half);
+    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(cs) {
+        let (x0, x1) = (*a, *b);
+        *a = x0.mul_add(c, -(x1 * s));
+        *b = x0.mul_add(s, x1 * c);
+    }
+}

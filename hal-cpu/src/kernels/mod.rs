@@ -121,9 +121,9 @@ impl Acts {
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
             GgmlType::Q8_0 => {
                 let blocks = q(x, k, 32, quantize_row_q8_0_act);
-                let scales = blocks.iter().map(|b| f16_to_f32(b.d)).collect();
+                let scales = blocks.par_iter().map(|b| f16_to_f32(b.d)).collect();
                 let neg16_lanes = blocks
-                    .iter()
+                    .par_iter()
                     .map(|b| {
                         std::array::from_fn(|l| {
                             -16 * b.qs[4 * l..4 * l + 4]
@@ -379,6 +379,204 @@ pub(crate) fn dot_rows(
         let _ = level;
         scalar_rows(ty, w, acts, k, rows, out)
     }
+}
+
+/// Fewest activation rows for which [`gemm`] decodes the weight.
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Most decoded pair blocks [`gemm`] makes (16 MiB).
+const GEMM_MAX_PAIR_BLOCKS: usize = 1 << 17;
+
+/// Scratch space of the weight-tiled gemm (decoded weight blocks), kept by the device
+/// between matmuls.
+#[derive(Default)]
+pub(crate) struct GemmScratch {
+    #[cfg(target_arch = "x86_64")]
+    pairs: Vec<vnni::PairBlock>,
+}
+
+impl std::fmt::Debug for GemmScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GemmScratch")
+    }
+}
+
+/// `out[i * n + o] = dot(weight row o, activation row i)` for the `n` weight rows in `w`
+/// and the `m` activation rows of `acts`, with a kernel that tiles weight rows as well as
+/// activation rows: the weight decoded once (in parallel), then the activation rows split
+/// over the threads in chunks of about `rows_per_task`, each task writing its own rows of
+/// `out`. The same results as [`dot_rows`] row by row, bit for bit. `Ok(false)` (nothing
+/// written) where `level` has no such kernel for `ty`. Runs inside the device's pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    n: usize,
+    m: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) -> Result<bool, FormatError> {
+    // Decoding a weight costs about what 4 activation rows of work on it do, and the
+    // decoded copy is 128 bytes per pair of 32-quant blocks: worth it for a prompt batch,
+    // not for a few decode rows or a vocabulary-sized matrix.
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
+        if let Acts::Q8K(a) = acts {
+            if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                kq_gemm(ty, w, a, k, n, rows_per_task.next_multiple_of(8), out);
+                return Ok(true);
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni
+        && m >= GEMM_MIN_ROWS
+        && n.div_ceil(2) * (k / 32) <= GEMM_MAX_PAIR_BLOCKS
+        && matches!(acts, Acts::Q8_0 { .. })
+    {
+        match ty {
+            GgmlType::Q5_0 => q0_gemm::<BlockQ5_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            GgmlType::Q8_0 => q0_gemm::<BlockQ8_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            GgmlType::Q4_0 => q0_gemm::<BlockQ4_0>(w, acts, k, n, m, rows_per_task, scratch, out),
+            _ => return Ok(false),
+        }
+        return Ok(true);
+    }
+    let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
+    Ok(false)
+}
+
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, in llama.cpp's prompt-batch orders (the
+/// kernels of [`dot_rows`], bit for bit): per task a chunk of activation rows, per
+/// 16 weight rows (which stay in L1) tiles of 8 activation rows (each weight block
+/// decoded once for the 8), the last `< 8` rows in tiles of up to 4.
+#[cfg(target_arch = "x86_64")]
+fn kq_gemm(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    per: usize,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 {
+        return;
+    }
+    let act = |i: usize| &a[i * nb..(i + 1) * nb];
+    macro_rules! run {
+        ($B:ty, $k8:path, $k:ident) => {{
+            let wb = view::<$B>(w);
+            let row = |r: usize| &wb[r * nb..(r + 1) * nb];
+            out.par_chunks_mut(per.max(1) * n)
+                .enumerate()
+                .for_each(|(c, o)| {
+                    let i0 = c * per;
+                    let rows = o.len() / n;
+                    for r0 in (0..n).step_by(16) {
+                        let re = (r0 + 16).min(n);
+                        let mut t0 = 0;
+                        while t0 < rows {
+                            let an = rows - t0;
+                            if an >= 8 {
+                                let ys: [&[BlockQ8K]; 8] =
+                                    std::array::from_fn(|t| act(i0 + t0 + t));
+                                for r in r0..re {
+                                    let mut q = [0f32; 8];
+                                    // SAFETY: the VNNI level was checked at device open.
+                                    unsafe { $k8(row(r), &ys, &mut q) };
+                                    for (t, &v) in q.iter().enumerate() {
+                                        o[(t0 + t) * n + r] = v;
+                                    }
+                                }
+                                t0 += 8;
+                                continue;
+                            }
+                            let take = an.min(4);
+                            let idx: [usize; 4] = std::array::from_fn(|t| t0 + t);
+                            for r in r0..re {
+                                let mut q = [0f32; 4];
+                                let rw = row(r);
+                                let ys = |t: usize| act(i0 + idx[t]);
+                                // SAFETY: the VNNI level was checked at device open.
+                                unsafe {
+                                    match take {
+                                        4 => {
+                                            vnni::$k::<4>(rw, &[ys(0), ys(1), ys(2), ys(3)], &mut q)
+                                        }
+                                        3 => {
+                                            let mut q3 = [0f32; 3];
+                                            vnni::$k::<3>(rw, &[ys(0), ys(1), ys(2)], &mut q3);
+                                            q[..3].copy_from_slice(&q3);
+                                        }
+                                        2 => {
+                                            let mut q2 = [0f32; 2];
+                                            vnni::$k::<2>(rw, &[ys(0), ys(1)], &mut q2);
+                                            q[..2].copy_from_slice(&q2);
+                                        }
+                                        _ => {
+                                            let mut q1 = [0f32; 1];
+                                            vnni::$k::<1>(rw, &[ys(0)], &mut q1);
+                                            q[0] = q1[0];
+                                        }
+                                    }
+                                }
+                                for (t, &v) in q.iter().enumerate().take(take) {
+                                    o[(t0 + t) * n + r] = v;
+                                }
+                            }
+                            t0 += take;
+                        }
+                    }
+                });
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(BlockQ4K, vnni::dot_q4k_gemm8, dot_q4k_gemm),
+        _ => run!(BlockQ6K, vnni::dot_q6k_tiled8, dot_q6k_tiled),
+    }
+}
+
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn q0_gemm<B: vnni::Q0Pair>(
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    n: usize,
+    m: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 32;
+    if nb == 0 || n == 0 || m == 0 {
+        return;
+    }
+    let wb = view::<B>(w);
+    let pairs = n.div_ceil(2);
+    if scratch.pairs.len() < pairs * nb {
+        scratch.pairs = vec![vnni::PairBlock::ZERO; pairs * nb];
+    }
+    let dec = &mut scratch.pairs[..pairs * nb];
+    // 8 pairs (16 rows) per decoding task.
+    dec.par_chunks_mut(8 * nb)
+        .enumerate()
+        .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 8 * c, d));
+    let dec = &*dec;
+    let side = |i: usize| acts.q8_0_side(i, nb);
+    let per = rows_per_task.max(1);
+    out.par_chunks_mut(per * n)
+        .enumerate()
+        .for_each(|(c, o)| vnni::q0_gemm::<B>(dec, nb, n, &side, c * per, o));
 }
 
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.

@@ -851,3 +851,468 @@ pub(crate) fn q5_0_rows<'a>(
         }
     }
 }
+
+/// One 32-quant block of each of a pair of weight rows, decoded once for every
+/// activation row of a batch ([`q0_gemm`]): the quants taken unsigned (row `2p` in bytes
+/// `0..32`, row `2p + 1` in bytes `32..64`), and the two f16 scales widened, each in
+/// eight lanes, so that one 512-bit register carries the eight tinyBLAS lanes of two
+/// outputs.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct PairBlock {
+    u: [u8; 64],
+    d: [f32; 16],
+}
+
+impl PairBlock {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
+        u: [0; 64],
+        d: [0.0; 16],
+    };
+}
+
+/// A legacy 32-quant weight type the pair gemm takes: its quants made unsigned by an
+/// offset `o` (16 for Q5_0: the fifth bit as is; 128 for the others: the sign bit
+/// flipped), which the activation block's `-16 x` lane sums, shifted left by `SHIFT`
+/// (`log2(o / 16)`), take back out exactly.
+pub(crate) trait Q0Pair: bytemuck::Pod + Sync {
+    /// `log2(o / 16)`.
+    const SHIFT: u32;
+    /// The f16 scale bits.
+    fn scale_bits(&self) -> u16;
+    /// The 32 quants plus the offset, as u8.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL and AVX2.
+    unsafe fn unsigned(&self) -> __m256i;
+}
+
+impl Q0Pair for BlockQ5_0 {
+    const SHIFT: u32 = 0;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees the features; `qs` is 16 readable bytes.
+        unsafe {
+            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
+            let nib = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+                _mm256_set1_epi8(0x0F),
+            );
+            _mm256_or_si256(
+                nib,
+                _mm256_maskz_mov_epi8(u32::from_le_bytes(self.qh), _mm256_set1_epi8(0x10)),
+            )
+        }
+    }
+}
+
+impl Q0Pair for BlockQ8_0 {
+    const SHIFT: u32 = 3;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees AVX2; `qs` is 32 readable bytes.
+        unsafe {
+            let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
+            _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+        }
+    }
+}
+
+impl Q0Pair for flint_core::blocks::BlockQ4_0 {
+    const SHIFT: u32 = 3;
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn unsigned(&self) -> __m256i {
+        // SAFETY: the caller guarantees AVX2; `qs` is 16 readable bytes.
+        unsafe {
+            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
+            let nib = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+                _mm256_set1_epi8(0x0F),
+            );
+            // q - 8 + 128 = nibble + 120.
+            _mm256_add_epi8(nib, _mm256_set1_epi8(120))
+        }
+    }
+}
+
+/// Decodes weight rows `a` and `b` (each `out.len()` blocks) into pair blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn decode_pair<B: Q0Pair>(a: &[B], b: &[B], out: &mut [PairBlock]) {
+    for ((x, y), o) in a.iter().zip(b).zip(out.iter_mut()) {
+        // SAFETY: this function's features include what `unsigned` needs.
+        let (ux, uy) = unsafe { (x.unsigned(), y.unsigned()) };
+        let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ux), uy);
+        let d = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
+            _mm512_castps_si512(_mm512_set1_ps(f16_to_f32(x.scale_bits()))),
+            _mm256_castps_si256(_mm256_set1_ps(f16_to_f32(y.scale_bits()))),
+        ));
+        // SAFETY: `u` is 64 writable bytes and `d` 16 writable f32; storeu is unaligned.
+        unsafe {
+            _mm512_storeu_si512(o.u.as_mut_ptr() as *mut __m512i, u);
+            _mm512_storeu_ps(o.d.as_mut_ptr(), d);
+        }
+    }
+}
+
+/// `P` pairs of weight rows (`w[p]`: their decoded blocks) against `A` activation rows,
+/// in tinyBLAS's order: per output eight f32 lanes, per block
+/// `lane = fma(d_w * d_a, lane sum, lane)`, `hsum_ps` at the end, as
+/// [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit). Each register holds the lanes of
+/// two outputs (the two rows of a pair against one activation row), so one `vpdpbusd`,
+/// one scale product, one conversion and one fused multiply-add serve both; each decoded
+/// weight block feeds `A` activation rows and each activation block `2P` weight rows.
+/// `out[p][a][h]`: weight row `2p + h` against activation row `a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_tile<B: Q0Pair, const P: usize, const A: usize>(
+    w: [&[PairBlock]; P],
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [[[f32; 2]; A]; P],
+) {
+    let nb = w[0].len();
+    for p in 0..P {
+        assert_eq!(w[p].len(), nb, "q0_tile: pair lengths");
+    }
+    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
+        let (q, s, l) = y[a];
+        (&q[..nb], &s[..nb], &l[..nb])
+    });
+    let mut acc = [[_mm512_setzero_ps(); A]; P];
+    for i in 0..nb {
+        let mut u = [_mm512_setzero_si512(); P];
+        let mut d = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            let b = &w[p][i];
+            // SAFETY: 64 readable bytes / 16 readable f32; loadu is unaligned.
+            unsafe {
+                u[p] = _mm512_loadu_si512(b.u.as_ptr() as *const __m512i);
+                d[p] = _mm512_loadu_ps(b.d.as_ptr());
+            }
+        }
+        for a in 0..A {
+            let (q, s, l) = ys[a];
+            // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
+            let (yv, init) = unsafe {
+                (
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(q[i].qs.as_ptr() as *const __m256i)),
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(l[i].as_ptr() as *const __m256i)),
+                )
+            };
+            let init = if B::SHIFT == 0 {
+                init
+            } else {
+                _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
+            };
+            let sa = _mm512_set1_ps(s[i]);
+            for p in 0..P {
+                let sum = _mm512_dpbusd_epi32(init, u[p], yv);
+                let dd = _mm512_mul_ps(d[p], sa);
+                acc[p][a] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sum), acc[p][a]);
+            }
+        }
+    }
+    for p in 0..P {
+        for a in 0..A {
+            let v = acc[p][a];
+            out[p][a] = [
+                super::avx2::hsum_ps(_mm512_castps512_ps256(v)),
+                super::avx2::hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(v),
+                ))),
+            ];
+        }
+    }
+}
+
+/// Weight rows whose decoded blocks stay in L1 while a task's activation tiles pass
+/// over them.
+const GEMM_ROWS: usize = 16;
+
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into pair blocks: pair `p`
+/// (rows `2p`, `2p + 1`; an odd last row paired with itself) at `dec[p * nb..]`, for
+/// the pairs `p0..p0 + dec.len() / nb`.
+pub(crate) fn q0_decode<B: Q0Pair>(w: &[B], nb: usize, n: usize, p0: usize, dec: &mut [PairBlock]) {
+    if nb == 0 {
+        return;
+    }
+    assert!(w.len() >= n * nb, "q0_decode: weight rows");
+    let row = |r: usize| &w[r * nb..(r + 1) * nb];
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let a = 2 * (p0 + t);
+        let b = if a + 1 < n { a + 1 } else { a };
+        // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
+        // against the CPU at device open.
+        unsafe { decode_pair(row(a), row(b), d) };
+    }
+}
+
+/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
+/// decoded in `dec` (pairs of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
+/// activation rows from `i0` that `side` gives, in tinyBLAS's order (the same results as
+/// [`q5_0_rows`] / `tinyblas::dot_q0` row by row). Tiles of 6 weight rows x 4 activation
+/// rows, smaller at the edges; `B` only names the weight type (its activation offset).
+pub(crate) fn q0_gemm<'a, B: Q0Pair>(
+    dec: &[PairBlock],
+    nb: usize,
+    n: usize,
+    side: &dyn Fn(usize) -> Q8_0Side<'a>,
+    i0: usize,
+    out: &mut [f32],
+) {
+    if n == 0 || nb == 0 {
+        return;
+    }
+    let m = out.len() / n;
+    let pairs_all = n.div_ceil(2);
+    assert!(dec.len() >= pairs_all * nb, "q0_gemm: decoded rows");
+    for r0 in (0..n).step_by(GEMM_ROWS) {
+        let rows = GEMM_ROWS.min(n - r0);
+        let pairs = rows.div_ceil(2);
+        let p0 = r0 / 2;
+        let dec_chunk = &dec[p0 * nb..(p0 + pairs) * nb];
+        for t0 in (0..m).step_by(4) {
+            let an = 4.min(m - t0);
+            let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
+            let o = &mut out[t0 * n + r0..];
+            // SAFETY (each call): features checked at device open (see `q0_decode`).
+            unsafe {
+                match an {
+                    4 => q0_strip::<B, 4>(dec_chunk, nb, &y, rows, n, o),
+                    3 => q0_strip::<B, 3>(dec_chunk, nb, &[y[0], y[1], y[2]], rows, n, o),
+                    2 => q0_strip::<B, 2>(dec_chunk, nb, &[y[0], y[1]], rows, n, o),
+                    _ => q0_strip::<B, 1>(dec_chunk, nb, &[y[0]], rows, n, o),
+                }
+            }
+        }
+    }
+}
+
+/// [`q0_tile`] over the `rows` weight rows decoded in `dec` (pairs of `nb` blocks; three
+/// pairs at a time (measured: 7% faster than two, four no faster than three), the rest
+/// two or one) against `A <= 4` activation rows:
+/// `out[a * n + r]` for weight row `r` and activation row `a`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_strip<B: Q0Pair, const A: usize>(
+    dec: &[PairBlock],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let pairs = dec.len() / nb;
+    assert!(
+        rows.div_ceil(2) == pairs && rows <= n && out.len() >= (A - 1) * n + rows,
+        "q0_strip: shapes"
+    );
+    let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
+    let mut put = |p: usize, o: &[[f32; 2]; A]| {
+        let live = (rows - 2 * p).min(2);
+        for (a, v) in o.iter().enumerate() {
+            out[a * n + 2 * p..a * n + 2 * p + live].copy_from_slice(&v[..live]);
+        }
+    };
+    let mut p = 0;
+    while p < pairs {
+        if pairs - p >= 3 {
+            let mut o = [[[0f32; 2]; A]; 3];
+            q0_tile::<B, 3, A>([pair(p), pair(p + 1), pair(p + 2)], y, &mut o);
+            put(p, &o[0]);
+            put(p + 1, &o[1]);
+            put(p + 2, &o[2]);
+            p += 3;
+        } else if pairs - p >= 2 {
+            let mut o = [[[0f32; 2]; A]; 2];
+            q0_tile::<B, 2, A>([pair(p), pair(p + 1)], y, &mut o);
+            put(p, &o[0]);
+            put(p + 1, &o[1]);
+            p += 2;
+        } else {
+            let mut o = [[[0f32; 2]; A]; 1];
+            q0_tile::<B, 1, A>([pair(p)], y, &mut o);
+            put(p, &o[0]);
+            p += 1;
+        }
+    }
+}
+
+/// `vpermt2d` indices of [`dot_q4k_gemm8`]'s mins (see there).
+const MINS_EVEN: [i32; 16] = [0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30];
+const MINS_ODD: [i32; 16] = [1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31];
+const MINS_J01: [i32; 16] = [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23];
+const MINS_J23: [i32; 16] = [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31];
+
+/// The upper eight lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hi256(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+/// Loads 8 f32 (`v` must hold 8).
+#[inline]
+#[target_feature(enable = "avx")]
+fn load8(v: &[f32; 8]) -> __m256 {
+    // SAFETY: 8 readable f32; loadu is unaligned.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// One Q4_K weight row against eight activation rows in the gemm order of
+/// [`dot_q4k_llama`] (bit for bit the same per row): each weight block decoded once for
+/// the eight rows, whose accumulators are the lanes of one vector (each lane its own
+/// row's chain, in order).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    let mut accm8 = _mm256_setzero_ps();
+    // Permutation indices for the mins below: lane 4j + r of `ev` / `od` takes sub-block
+    // 2j / 2j + 1 of row r of four rows held in two registers (row r at lanes 8r..);
+    // lane 8jj + r of `j01` / `j23` takes pair j = jj / 2 + jj of row r of eight rows
+    // held as two such sets (lane 4j + r, rows 4..8 in the second).
+    let ld = |v: &[i32; 16]| {
+        // SAFETY: 16 readable i32; loadu is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+    };
+    let ev = ld(&MINS_EVEN);
+    let od = ld(&MINS_ODD);
+    let j01 = ld(&MINS_J01);
+    let j23 = ld(&MINS_J23);
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        let (dd8, dm8) = (
+            _mm256_mul_ps(_mm256_set1_ps(d), yd8),
+            _mm256_mul_ps(_mm256_set1_ps(dmin), yd8),
+        );
+        for (j, ij) in idx.iter().enumerate() {
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            // Plain loops rather than `array::from_fn` closures: a closure the compiler
+            // does not inline passes every vector through memory (2.3x slower).
+            let mut p = [_mm512_setzero_si512(); 8];
+            for (r, pr) in p.iter_mut().enumerate() {
+                let yv = load64(&ys[r][i].qs[64 * j..]);
+                *pr = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
+            }
+            let lo = hsum4(p[0], p[1], p[2], p[3]);
+            let hi = hsum4(p[4], p[5], p[6], p[7]);
+            let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+            acc8 = _mm256_fmadd_ps(isum, dd8, acc8);
+        }
+        // The mins terms, two rows per register: lanes 0..8 `m_s * bsum_s` of row 2k,
+        // lanes 8..16 those of row 2k + 1 (s the sub-block), then the pairs of
+        // sub-blocks added and the rows gathered per pair `j`, eight rows side by side.
+        // Exact integers, in the lanes the chains need.
+        let mins2 = _mm512_broadcast_i64x4(mins);
+        let mut z = [_mm512_setzero_si512(); 4];
+        for (k, zk) in z.iter_mut().enumerate() {
+            let b = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load_bsums(&ys[2 * k][i])),
+                load_bsums(&ys[2 * k + 1][i]),
+            );
+            *zk = _mm512_madd_epi16(b, mins2);
+        }
+        let w03 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[0], ev, z[1]),
+            _mm512_permutex2var_epi32(z[0], od, z[1]),
+        );
+        let w47 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[2], ev, z[3]),
+            _mm512_permutex2var_epi32(z[2], od, z[3]),
+        );
+        let m01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j01, w47));
+        let m23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j23, w47));
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m23), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m23), dm8, accm8);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc8, accm8)) };
+}
+
+/// One Q6_K weight row against eight activation rows in the tiled order of
+/// [`dot_q6k_tiled`] (bit for bit the same per row), the eight rows' accumulators the
+/// lanes of one vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(3);
+    let shift = nibble_shift();
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16_to_f32(b.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let sc = _mm512_castsi256_si512(sc16);
+        // Per row: the block's integer with the offset of the unsigned quants taken off,
+        // started from the offset (exact integer adds in any order).
+        let mut tot: [__m512i; 8] = std::array::from_fn(|r| {
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&ys[r][i])));
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            )
+        });
+        for n in 0..2 {
+            let h = bcast32(&b.qh[32 * n..]);
+            let ql = load64(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
+                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
+                let hs = _mm512_add_epi16(
+                    _mm512_srli_epi16::<1>(shift),
+                    _mm512_set1_epi16(4 * g as i16),
+                );
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
+                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for (r, t) in tot.iter_mut().enumerate() {
+                    let yv = load64(&ys[r][i].qs[128 * n + 64 * g..]);
+                    *t = _mm512_dpwssd_epi32(*t, _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        let lo = hsum4(tot[0], tot[1], tot[2], tot[3]);
+        let hi = hsum4(tot[4], tot[5], tot[6], tot[7]);
+        let s8 = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        acc8 = _mm256_fmadd_ps(_mm256_mul_ps(s8, _mm256_set1_ps(d)), yd8, acc8);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
+}
