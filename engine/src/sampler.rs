@@ -63,6 +63,13 @@ impl SamplerConfig {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
+
+    /// True when no penalty changes the logits.
+    pub fn penalties_off(&self) -> bool {
+        self.repetition_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
 }
 
 /// A small, fast, reproducible PRNG: xoshiro256** seeded with SplitMix64.
@@ -138,6 +145,10 @@ impl Sampler {
     /// Panics on empty `logits` (a caller bug).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "sample: empty logits");
+        if self.cfg.is_greedy() && (self.cfg.penalties_off() || history.is_empty()) {
+            // Nothing changes the logits: no copy of a (262k-entry) row per token.
+            return argmax(logits) as u32;
+        }
         let mut l = logits.to_vec();
         apply_penalties(&self.cfg, &mut l, history);
         if self.cfg.is_greedy() {
@@ -168,10 +179,10 @@ impl Sampler {
 
 /// Index of the largest value (the first on ties).
 pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
+    let (mut best, mut best_v) = (0, v.first().copied().unwrap_or(f32::NAN));
     for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
+        if x > best_v {
+            (best, best_v) = (i, x);
         }
     }
     best
@@ -179,10 +190,7 @@ pub fn argmax(v: &[f32]) -> usize {
 
 /// Applies the repetition, presence and frequency penalties in place.
 pub fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
-    let off = cfg.repetition_penalty == 1.0
-        && cfg.presence_penalty == 0.0
-        && cfg.frequency_penalty == 0.0;
-    if off || history.is_empty() {
+    if cfg.penalties_off() || history.is_empty() {
         return;
     }
     let start = if cfg.penalty_last_n == 0 {
