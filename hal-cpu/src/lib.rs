@@ -76,7 +76,12 @@ pub struct CpuDevice {
     scratch: std::sync::Mutex<Vec<f32>>,
     /// The decoded weight blocks of the last weight-tiled gemm, kept for the next one.
     gemm_scratch: std::sync::Mutex<kernels::GemmScratch>,
+    /// The RoPE angles of the last few distinct calls (positions, base, rotated size).
+    rope_cache: std::sync::Mutex<Vec<Arc<ops::RopeTable>>>,
 }
+
+/// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
+const ROPE_TABLES: usize = 4;
 
 /// The largest scratch buffer kept between matmuls (16 MiB of f32).
 const SCRATCH_KEEP: usize = 4 << 20;
@@ -167,6 +172,7 @@ impl CpuDevice {
             float_dispatches: AtomicU64::new(0),
             scratch: std::sync::Mutex::new(Vec::new()),
             gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
+            rope_cache: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -643,11 +649,34 @@ impl Device for CpuDevice {
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        self.pool.install(|| {
-            // FMA comes with every SIMD level.
-            let fma = self.level >= SimdLevel::Avx2;
-            ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base, fma)
-        });
+        // The q and k of every layer of a step share their positions (and, per kind of
+        // layer, their base): the angles are computed once and kept for the next calls.
+        let cached = {
+            let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .iter()
+                .find(|t| t.matches(positions, p.n_rot, p.base))
+                .cloned()
+        };
+        let table = match cached {
+            Some(t) => t,
+            None => {
+                let t = Arc::new(
+                    self.pool
+                        .install(|| ops::RopeTable::new(positions, p.n_rot, p.base)),
+                );
+                let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= ROPE_TABLES {
+                    cache.remove(0);
+                }
+                cache.push(Arc::clone(&t));
+                t
+            }
+        };
+        // FMA comes with every SIMD level.
+        let fma = self.level >= SimdLevel::Avx2;
+        self.pool
+            .install(|| ops::rope(x, &table, p.n_heads, p.head_dim, fma));
         Ok(())
     }
 
