@@ -261,7 +261,8 @@ impl CpuDevice {
         }
         let level = self.level;
         self.pool.install(|| {
-            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            let acts =
+                Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
             // are ~2 us of work against ~0.2 us for a rayon task), and 16 tasks per
             // thread so that the others can take over a thread that stalls or is
@@ -550,7 +551,8 @@ impl Device for CpuDevice {
             }
         }
         self.pool.install(|| {
-            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            let acts =
+                Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
             tasks.into_par_iter().try_for_each(|(ai, o0, dst)| {
                 let (e, list) = &active[ai];
                 let m = list.len();
