@@ -307,3 +307,65 @@ pub(crate) fn quantize_q8_0_act_row(
         }
     }
 }
+
+/// Quantizes one activation row to Q8_K exactly as `flint_core::quant::quantize_row_q8_k`
+/// (per block of 256: `max` the first element of largest magnitude, `iscale = -127 / max`,
+/// `q = min(127, nearest_int(iscale * x))` rounding half to even, `d = 1 / iscale`, the
+/// sums of each 16 quants; an all-zero block all zeros). A block with a NaN or infinite
+/// value goes through the core function.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) fn quantize_q8_k_row(x: &[f32], out: &mut [BlockQ8K]) {
+    assert_eq!(x.len(), out.len() * 256, "quantize_q8_k_row: lengths");
+    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+    let inf = _mm512_set1_epi32(0x7f80_0000);
+    for (xb, y) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let mut v = [_mm512_setzero_ps(); 16];
+        let mut m = _mm512_setzero_ps();
+        let mut bad = 0u16;
+        for (j, vj) in v.iter_mut().enumerate() {
+            // SAFETY: 16 readable f32 at `16j` of a 256-value block; loadu is unaligned.
+            *vj = unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * j)) };
+            let a = _mm512_and_si512(_mm512_castps_si512(*vj), abs_mask);
+            bad |= _mm512_cmpge_epi32_mask(a, inf);
+            m = _mm512_max_ps(m, _mm512_castsi512_ps(a));
+        }
+        if bad != 0 {
+            flint_core::quant::quantize_row_q8_k(xb, std::slice::from_mut(y));
+            continue;
+        }
+        // Finite magnitudes: their maximum is exact in any order.
+        let amax = _mm512_reduce_max_ps(m);
+        if amax == 0.0 {
+            y.d = 0.0;
+            y.qs = [0; 256];
+            y.bsums = [0; 16];
+            continue;
+        }
+        // The first element of that magnitude, with its sign.
+        let am = _mm512_set1_ps(amax);
+        let mut max = amax;
+        for (j, vj) in v.iter().enumerate() {
+            let a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(*vj), abs_mask));
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, am);
+            if hit != 0 {
+                max = xb[16 * j + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let sv = _mm512_set1_ps(iscale);
+        let top = _mm512_set1_epi32(127);
+        for (j, vj) in v.iter().enumerate() {
+            let q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(sv, *vj)), top);
+            y.bsums[j] = _mm512_reduce_add_epi32(q) as i16;
+            // SAFETY: 16 writable quant bytes at `16j`; storeu is unaligned.
+            unsafe {
+                _mm_storeu_si128(
+                    y.qs.as_mut_ptr().add(16 * j) as *mut __m128i,
+                    _mm512_cvtsepi32_epi8(q),
+                )
+            };
+        }
+        y.d = 1.0 / iscale;
+    }
+}

@@ -121,6 +121,16 @@ impl Acts {
             return Ok(Acts::F32(x.to_vec()));
         }
         match ty.vec_dot_type() {
+            #[cfg(target_arch = "x86_64")]
+            GgmlType::Q8_K if level >= SimdLevel::Avx512 && k.is_multiple_of(256) && k > 0 => {
+                let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
+                v.par_chunks_mut(k / 256)
+                    .zip(x.par_chunks(k))
+                    // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device open
+                    // (`level`).
+                    .for_each(|(o, xr)| unsafe { avx512::quantize_q8_k_row(xr, o) });
+                Ok(Acts::Q8K(v))
+            }
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
             #[cfg(target_arch = "x86_64")]
             GgmlType::Q8_0 if level >= SimdLevel::Avx512 && k.is_multiple_of(32) && k > 0 => {
@@ -744,6 +754,57 @@ mod tests {
     /// f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of the
     /// rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
     /// infinities.
+    /// The AVX-512 Q8_K activation quantizer equals `quantize_row_q8_k` bit for bit:
+    /// ordinary blocks, a tie of magnitudes of opposite signs (the first one sets the
+    /// sign of the scale), exact rounding ties, a zero block, tiny and huge values, NaN
+    /// and infinities.
+    #[test]
+    fn q8_k_activation_quantizer_equals_core() {
+        if SimdLevel::detect() < SimdLevel::Avx512 {
+            return;
+        }
+        let k = 256 * 3;
+        let mut s = 0x0fed_cba9_8765_4321u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut x: Vec<f32> = (0..4 * k).map(|_| rnd()).collect();
+        x[10] = -3.0;
+        x[20] = 3.0;
+        x[300] = 127.0;
+        for (i, v) in x[301..400].iter_mut().enumerate() {
+            *v = (i % 50) as f32 - 24.5;
+        }
+        x[512..768].fill(0.0);
+        for v in &mut x[768..1024] {
+            *v *= 1e-30;
+        }
+        for v in &mut x[1024..1280] {
+            *v *= 1e30;
+        }
+        x[1300] = f32::NAN;
+        x[1600] = f32::INFINITY;
+        x[1900] = -0.0;
+        x[2000] = -5.0;
+        x[2001] = 5.0;
+        let Acts::Q8K(got) = Acts::new(SimdLevel::Avx512, GgmlType::Q4_K, &x, k).expect("acts")
+        else {
+            panic!("not Q8_K");
+        };
+        let mut want = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
+        for (xr, o) in x.chunks(k).zip(want.chunks_mut(k / 256)) {
+            quantize_row_q8_k(xr, o);
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {i} d");
+            assert_eq!(g.qs, w.qs, "block {i} qs");
+            assert_eq!(g.bsums, w.bsums, "block {i} bsums");
+        }
+    }
+
     #[test]
     fn q8_0_activation_quantizer_equals_core() {
         if SimdLevel::detect() < SimdLevel::Avx512 {
