@@ -249,32 +249,46 @@ pub(crate) fn attend_group<'k>(
             // SAFETY: 16 writable f32.
             unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *v) };
         }
-        // Two lanes that see the same keys (two heads of one query row) go together,
-        // so that each value block loaded feeds both.
+        // Up to four lanes that see the same keys (the heads of one query row) go
+        // together, so that each value block loaded feeds all of them.
         let mut l = 0;
         while l < n {
             if active >> l & 1 == 0 {
                 l += 1;
                 continue;
             }
-            // The keys this lane sees, in order.
+            // The keys this lane sees, in order, and the lanes after it that see the same.
             let mut mine = [0u8; GGML_FA_TILE];
             let mut nm = 0;
-            let mut same = l + 1 < n && active >> (l + 1) & 1 == 1;
+            // Bit k: lane l + k differs from lane l somewhere (or is not active).
+            let mut differ = 0u32;
+            for k in 1..4 {
+                if l + k >= n || active >> (l + k) & 1 == 0 {
+                    differ |= 1 << k;
+                }
+            }
             for &t in &live[..nl] {
-                let vt = vis[usize::from(t)];
-                same &= (vt >> l & 1) == (vt >> (l + 1) & 1);
-                if vt >> l & 1 == 1 {
+                let vt = u32::from(vis[usize::from(t)]);
+                let own = vt >> l & 1;
+                for k in 1..4 {
+                    if (vt >> (l + k).min(15) & 1) != own {
+                        differ |= 1 << k;
+                    }
+                }
+                if own == 1 {
                     mine[nm] = t;
                     nm += 1;
                 }
             }
-            let lanes = if same { 2 } else { 1 };
+            // Lanes l .. l + lanes all see the same keys.
+            let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
             let o = &mut out[l * dv..(l + lanes) * dv];
-            if same {
-                accumulate::<2>(o, dv, &mine[..nm], &vals, &wl, l);
-            } else {
-                accumulate::<1>(o, dv, &mine[..nm], &vals, &wl, l);
+            let mine = &mine[..nm];
+            match lanes {
+                4 => accumulate::<4>(o, dv, mine, &vals, &wl, l),
+                3 => accumulate::<3>(o, dv, mine, &vals, &wl, l),
+                2 => accumulate::<2>(o, dv, mine, &vals, &wl, l),
+                _ => accumulate::<1>(o, dv, mine, &vals, &wl, l),
             }
             l += lanes;
         }
