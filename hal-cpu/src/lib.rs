@@ -10,10 +10,14 @@
 //! AVX-512 F/BW ones. No NEON kernels (no ARM machine or ARM toolchain here to test them
 //! on); no AMX (the hypervisor of the development machine faults on it).
 //!
-//! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
-//! matmul splits its output rows into chunks (16 per thread, at least 16 rows each), each
-//! computing all activation rows in tiles of [`kernels::TILE`] (the remainder of M in one
-//! tile of 1-3) that share each decoded weight block; an expert matmul makes one parallel
+//! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool. A
+//! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an
+//! AVX-512 VNNI CPU goes through a gemm that tiles weight rows and activation rows
+//! together (`kernels::gemm`: the activation rows split over the threads, each task
+//! writing its own rows of the result); otherwise a matmul splits its output rows into
+//! chunks (16 per thread, at least 16 rows each), each computing all activation rows in
+//! tiles of [`kernels::TILE`] (the remainder of M in one tile of 1-3) that share each
+//! decoded weight block; an expert matmul makes one parallel
 //! section of (expert, chunk of rows) tasks for all the experts of the call. The engine
 //! runs each forward step through `Device::run_step`, which here runs it on a pool
 //! worker: ops start without a cross-thread hand-off.

@@ -375,7 +375,7 @@ pub(crate) fn dot_rows(
     }
 }
 
-/// Fewest activation rows for which [`gemm`] decodes the weight.
+/// Fewest activation rows for which a matmul takes the weight-tiled gemm (`gemm`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
 /// Most decoded pair blocks [`gemm`] makes (16 MiB).
