@@ -10,10 +10,14 @@
 //! AVX-512 F/BW ones. No NEON kernels (no ARM machine or ARM toolchain here to test them
 //! on); no AMX (the hypervisor of the development machine faults on it).
 //!
-//! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool; a
-//! matmul splits its output rows into chunks (16 per thread, at least 16 rows each), each
-//! computing all activation rows in tiles of [`kernels::TILE`] (the remainder of M in one
-//! tile of 1-3) that share each decoded weight block; an expert matmul makes one parallel
+//! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool. A
+//! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an
+//! AVX-512 VNNI CPU goes through a gemm that tiles weight rows and activation rows
+//! together (`kernels::gemm`: the activation rows split over the threads, each task
+//! writing its own rows of the result); otherwise a matmul splits its output rows into
+//! chunks (16 per thread, at least 16 rows each), each computing all activation rows in
+//! tiles of [`kernels::TILE`] (the remainder of M in one tile of 1-3) that share each
+//! decoded weight block; an expert matmul makes one parallel
 //! section of (expert, chunk of rows) tasks for all the experts of the call. The engine
 //! runs each forward step through `Device::run_step`, which here runs it on a pool
 //! worker: ops start without a cross-thread hand-off.
@@ -76,7 +80,12 @@ pub struct CpuDevice {
     scratch: std::sync::Mutex<Vec<f32>>,
     /// The decoded weight blocks of the last weight-tiled gemm, kept for the next one.
     gemm_scratch: std::sync::Mutex<kernels::GemmScratch>,
+    /// The RoPE angles of the last few distinct calls (positions, base, rotated size).
+    rope_cache: std::sync::Mutex<Vec<Arc<ops::RopeTable>>>,
 }
+
+/// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
+const ROPE_TABLES: usize = 4;
 
 /// The largest scratch buffer kept between matmuls (16 MiB of f32).
 const SCRATCH_KEEP: usize = 4 << 20;
@@ -167,6 +176,7 @@ impl CpuDevice {
             float_dispatches: AtomicU64::new(0),
             scratch: std::sync::Mutex::new(Vec::new()),
             gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
+            rope_cache: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -255,7 +265,8 @@ impl CpuDevice {
         }
         let level = self.level;
         self.pool.install(|| {
-            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            let acts =
+                Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
             // are ~2 us of work against ~0.2 us for a rayon task), and 16 tasks per
             // thread so that the others can take over a thread that stalls or is
@@ -562,7 +573,8 @@ impl Device for CpuDevice {
             }
         }
         self.pool.install(|| {
-            let acts = Acts::new(ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+            let acts =
+                Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
             tasks.into_par_iter().try_for_each(|(ai, o0, dst)| {
                 let (e, list) = &active[ai];
                 let m = list.len();
@@ -689,11 +701,34 @@ impl Device for CpuDevice {
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        self.pool.install(|| {
-            // FMA comes with every SIMD level.
-            let fma = self.level >= SimdLevel::Avx2;
-            ops::rope(x, positions, p.n_heads, p.head_dim, p.n_rot, p.base, fma)
-        });
+        // The q and k of every layer of a step share their positions (and, per kind of
+        // layer, their base): the angles are computed once and kept for the next calls.
+        let cached = {
+            let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .iter()
+                .find(|t| t.matches(positions, p.n_rot, p.base))
+                .cloned()
+        };
+        let table = match cached {
+            Some(t) => t,
+            None => {
+                let t = Arc::new(
+                    self.pool
+                        .install(|| ops::RopeTable::new(positions, p.n_rot, p.base)),
+                );
+                let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= ROPE_TABLES {
+                    cache.remove(0);
+                }
+                cache.push(Arc::clone(&t));
+                t
+            }
+        };
+        // FMA comes with every SIMD level.
+        let fma = self.level >= SimdLevel::Avx2;
+        self.pool
+            .install(|| ops::rope(x, &table, p.n_heads, p.head_dim, fma));
         Ok(())
     }
 

@@ -76,17 +76,55 @@ fn rms_apply(x: &[f32], scale: f32, weight: Option<&[f32]>, out: &mut [f32]) {
     }
 }
 
-/// NeoX RoPE in place on `[rows, n_heads * head_dim]` (core reference per head).
-pub(crate) fn rope(
-    x: &mut [f32],
-    positions: &[u32],
-    n_heads: usize,
-    head_dim: usize,
+/// The cosines and sines of one RoPE call's angles: per position, `n_rot / 2` pairs.
+#[derive(Debug)]
+pub(crate) struct RopeTable {
+    base_bits: u32,
     n_rot: usize,
-    base: f32,
-    fma: bool,
-) {
+    positions: Vec<u32>,
+    cs: Vec<(f32, f32)>,
+}
+
+impl RopeTable {
+    /// The angles of `positions` as `math::rope_neox` computes them: `theta_0 = pos`,
+    /// `theta_{i+1} = theta_i * powf(base, -2 / n_rot)`, `cosf`/`sinf` of each (rows in
+    /// parallel).
+    pub(crate) fn new(positions: &[u32], n_rot: usize, base: f32) -> Self {
+        let half = n_rot / 2;
+        let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+        let mut cs = vec![(0f32, 0f32); positions.len() * half];
+        if half > 0 {
+            cs.par_chunks_mut(half)
+                .zip(positions.par_iter())
+                .for_each(|(row, &pos)| {
+                    let mut theta = pos as f32;
+                    for c in row.iter_mut() {
+                        *c = (math::cosf_glibc(theta), math::sinf_glibc(theta));
+                        theta *= theta_scale;
+                    }
+                });
+        }
+        Self {
+            base_bits: base.to_bits(),
+            n_rot,
+            positions: positions.to_vec(),
+            cs,
+        }
+    }
+
+    /// Whether this table holds the angles of exactly this call.
+    pub(crate) fn matches(&self, positions: &[u32], n_rot: usize, base: f32) -> bool {
+        self.base_bits == base.to_bits() && self.n_rot == n_rot && self.positions == positions
+    }
+}
+
+/// NeoX RoPE in place on `[rows, n_heads * head_dim]`: `math::rope_neox` on every head,
+/// with the angles from `table` (made for these positions, `n_rot` and base), rows in
+/// parallel. `fma`: the CPU has FMA instructions (the fused multiply-adds inline).
+pub(crate) fn rope(x: &mut [f32], table: &RopeTable, n_heads: usize, head_dim: usize, fma: bool) {
     let _ = fma;
+    let n_rot = table.n_rot;
+    let positions = &table.positions;
     let row = n_heads * head_dim;
     assert!(row > 0, "rope: empty rows");
     assert_eq!(x.len(), positions.len() * row, "rope: x length");
@@ -98,29 +136,20 @@ pub(crate) fn rope(
     if n_rot == 0 {
         return;
     }
-    // `math::rope_neox` on every head, with each row's cosines and sines computed once
-    // for all its heads (the same angles, so the same values), rows in parallel.
     let half = n_rot / 2;
-    let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     x.par_chunks_mut(row * 8)
-        .zip(positions.par_chunks(8))
-        .for_each(|(xs, ps)| {
-            let mut cs = vec![(0f32, 0f32); half];
-            for (xr, &pos) in xs.chunks_exact_mut(row).zip(ps) {
-                let mut theta = pos as f32;
-                for c in cs.iter_mut() {
-                    *c = (math::cosf_glibc(theta), math::sinf_glibc(theta));
-                    theta *= theta_scale;
-                }
+        .zip(table.cs.par_chunks(half * 8))
+        .for_each(|(xs, css)| {
+            for (xr, cs) in xs.chunks_exact_mut(row).zip(css.chunks_exact(half)) {
                 for h in xr.chunks_exact_mut(head_dim) {
                     #[cfg(target_arch = "x86_64")]
                     if fma {
                         // SAFETY: the caller checked FMA (the device's SIMD level).
-                        unsafe { crate::kernels::avx2::rope_rotate(h, &cs) };
+                        unsafe { crate::kernels::avx2::rope_rotate(h, cs) };
                         continue;
                     }
                     let (lo, hi) = h.split_at_mut(half);
-                    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(&cs) {
+                    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(cs) {
                         let (x0, x1) = (*a, *b);
                         // As `math::rope_neox` (ggml's `rotate_pairs` as GCC contracts it).
                         *a = x0.mul_add(c, -(x1 * s));

@@ -278,15 +278,28 @@ fn rope_matches_core_neox() {
         .into_iter()
         .chain((0..20).map(|i| 3 * i + 1))
         .collect();
-    let x0 = rng.vec(pos.len() * 48);
-    let mut x = x0.clone();
-    d.rope(&mut x, &pos, &p).expect("rope");
-    let mut want = x0;
-    for (row, &ps) in want.chunks_mut(48).zip(&pos) {
-        math::rope_neox_heads(row, 16, ps, 12, 10000.0);
-    }
+    // The device keeps the angles of recent calls: the same positions with another
+    // base, other positions of the same count, other rotated sizes, and a repeat.
+    let pos2: Vec<u32> = pos.iter().map(|v| v + 1).collect();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&x), bits(&want));
+    for (ps, base, n_rot) in [
+        (&pos, 10000.0, 12),
+        (&pos, 1e6, 12),
+        (&pos2, 10000.0, 12),
+        (&pos, 10000.0, 16),
+        (&pos, 10000.0, 12),
+        (&pos2, 1e6, 12),
+    ] {
+        let p = RopeParams { base, n_rot, ..p };
+        let x0 = rng.vec(ps.len() * 48);
+        let mut x = x0.clone();
+        d.rope(&mut x, ps, &p).expect("rope");
+        let mut want = x0;
+        for (row, &pv) in want.chunks_mut(48).zip(ps.iter()) {
+            math::rope_neox_heads(row, 16, pv, n_rot, base);
+        }
+        assert_eq!(bits(&x), bits(&want), "base {base} n_rot {n_rot}");
+    }
 }
 
 #[test]

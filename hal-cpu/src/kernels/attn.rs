@@ -223,49 +223,48 @@ pub(crate) fn attend_group<'k>(
             // SAFETY: 16 writable f32.
             unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *v) };
         }
-        for l in (0..n).filter(|l| active >> l & 1 == 1) {
-            let o = &mut out[l * dv..(l + 1) * dv];
-            // The keys this lane sees, in order.
+        // Up to four lanes that see the same keys (the heads of one query row) go
+        // together, so that each value block loaded feeds all of them.
+        let mut l = 0;
+        while l < n {
+            if active >> l & 1 == 0 {
+                l += 1;
+                continue;
+            }
+            // The keys this lane sees, in order, and the lanes after it that see the same.
             let mut mine = [0u8; GGML_FA_TILE];
             let mut nm = 0;
+            // Bit k: lane l + k differs from lane l somewhere (or is not active).
+            let mut differ = 0u32;
+            for k in 1..4 {
+                if l + k >= n || active >> (l + k) & 1 == 0 {
+                    differ |= 1 << k;
+                }
+            }
             for &t in &live[..nl] {
-                if vis[usize::from(t)] >> l & 1 == 1 {
+                let vt = u32::from(vis[usize::from(t)]);
+                let own = vt >> l & 1;
+                for k in 1..4 {
+                    if (vt >> (l + k).min(15) & 1) != own {
+                        differ |= 1 << k;
+                    }
+                }
+                if own == 1 {
                     mine[nm] = t;
                     nm += 1;
                 }
             }
+            // Lanes l .. l + lanes all see the same keys.
+            let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
+            let o = &mut out[l * dv..(l + lanes) * dv];
             let mine = &mine[..nm];
-            // CHUNKS groups of 16 output elements side by side, each its own chain over
-            // the keys.
-            const CHUNKS: usize = 4;
-            let full = dv / (16 * CHUNKS) * (16 * CHUNKS);
-            for d0 in (0..full).step_by(16 * CHUNKS) {
-                // SAFETY: d0 + 16 * CHUNKS <= dv = o.len(); loadu is unaligned.
-                let mut acc: [__m512; CHUNKS] = std::array::from_fn(|c| unsafe {
-                    _mm512_loadu_ps(o.as_ptr().add(d0 + 16 * c))
-                });
-                for &t in mine {
-                    let t = usize::from(t);
-                    let v = &vals[t][d0..d0 + 16 * CHUNKS];
-                    let wt = _mm512_set1_ps(wl[t][l]);
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: `v` holds 16 * CHUNKS readable f32.
-                        let vv = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
-                        *a = _mm512_fmadd_ps(wt, vv, *a);
-                    }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    // SAFETY: as the loads above; storeu is unaligned.
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(d0 + 16 * c), *a) };
-                }
+            match lanes {
+                4 => accumulate::<4>(o, dv, mine, &vals, &wl, l),
+                3 => accumulate::<3>(o, dv, mine, &vals, &wl, l),
+                2 => accumulate::<2>(o, dv, mine, &vals, &wl, l),
+                _ => accumulate::<1>(o, dv, mine, &vals, &wl, l),
             }
-            for (d, od) in o.iter_mut().enumerate().skip(full) {
-                let mut acc = *od;
-                for &t in mine {
-                    acc = wl[usize::from(t)][l].mul_add(vals[usize::from(t)][d], acc);
-                }
-                *od = acc;
-            }
+            l += lanes;
         }
         t0 += GGML_FA_TILE;
     }
@@ -293,6 +292,64 @@ pub(crate) fn attend_group<'k>(
         }
     }
     Ok(())
+}
+
+/// `o` (the outputs of lanes `l0..l0 + L`, `dv` values each) += the weighted values of
+/// the keys `mine` (tile slots, in order): per lane and output element one fused
+/// multiply-add chain over the keys, as the reference. Four groups of 16 elements side by
+/// side (independent chains), each value block loaded once for the `L` lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn accumulate<const L: usize>(
+    o: &mut [f32],
+    dv: usize,
+    mine: &[u8],
+    vals: &[&[f32]; GGML_FA_TILE],
+    wl: &[[f32; LANES]; GGML_FA_TILE],
+    l0: usize,
+) {
+    const CHUNKS: usize = 4;
+    assert_eq!(o.len(), L * dv, "accumulate: output length");
+    let full = dv / (16 * CHUNKS) * (16 * CHUNKS);
+    for d0 in (0..full).step_by(16 * CHUNKS) {
+        let mut acc = [[_mm512_setzero_ps(); CHUNKS]; L];
+        for (k, ak) in acc.iter_mut().enumerate() {
+            for (c, a) in ak.iter_mut().enumerate() {
+                // SAFETY: k * dv + d0 + 16 * CHUNKS <= o.len(); loadu is unaligned.
+                *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(k * dv + d0 + 16 * c)) };
+            }
+        }
+        for &t in mine {
+            let t = usize::from(t);
+            let v = &vals[t][d0..d0 + 16 * CHUNKS];
+            let mut wt = [_mm512_setzero_ps(); L];
+            for (k, w) in wt.iter_mut().enumerate() {
+                *w = _mm512_set1_ps(wl[t][l0 + k]);
+            }
+            for c in 0..CHUNKS {
+                // SAFETY: `v` holds 16 * CHUNKS readable f32.
+                let vv = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+                for k in 0..L {
+                    acc[k][c] = _mm512_fmadd_ps(wt[k], vv, acc[k][c]);
+                }
+            }
+        }
+        for (k, ak) in acc.iter().enumerate() {
+            for (c, a) in ak.iter().enumerate() {
+                // SAFETY: as the loads above; storeu is unaligned.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(k * dv + d0 + 16 * c), *a) };
+            }
+        }
+    }
+    for k in 0..L {
+        for d in full..dv {
+            let mut acc = o[k * dv + d];
+            for &t in mine {
+                acc = wl[usize::from(t)][l0 + k].mul_add(vals[usize::from(t)][d], acc);
+            }
+            o[k * dv + d] = acc;
+        }
+    }
 }
 
 /// Sequence, KV head, and the (query row, head) pairs of one lane group.

@@ -104,7 +104,12 @@ pub(crate) enum Acts {
 
 impl Acts {
     /// Quantizes `m` rows of `k` values to `ty.vec_dot_type()` (float weights keep f32).
-    pub(crate) fn new(ty: GgmlType, x: &[f32], k: usize) -> Result<Self, FormatError> {
+    pub(crate) fn new(
+        level: SimdLevel,
+        ty: GgmlType,
+        x: &[f32],
+        k: usize,
+    ) -> Result<Self, FormatError> {
         use rayon::prelude::*;
         fn q<B: Pod + Send>(x: &[f32], k: usize, bs: usize, f: fn(&[f32], &mut [B])) -> Vec<B> {
             let nb = k / bs;
@@ -118,7 +123,41 @@ impl Acts {
             return Ok(Acts::F32(x.to_vec()));
         }
         match ty.vec_dot_type() {
+            #[cfg(target_arch = "x86_64")]
+            GgmlType::Q8_K if level >= SimdLevel::Avx512 && k.is_multiple_of(256) && k > 0 => {
+                let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
+                v.par_chunks_mut(k / 256)
+                    .zip(x.par_chunks(k))
+                    // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device open
+                    // (`level`).
+                    .for_each(|(o, xr)| unsafe { avx512::quantize_q8_k_row(xr, o) });
+                Ok(Acts::Q8K(v))
+            }
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
+            #[cfg(target_arch = "x86_64")]
+            GgmlType::Q8_0 if level >= SimdLevel::Avx512 && k.is_multiple_of(32) && k > 0 => {
+                // Blocks, scales and side data in one pass per row.
+                let nb = k / 32;
+                let n = x.len() / 32;
+                let mut blocks = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); n];
+                let mut scales = vec![0f32; n];
+                let mut neg16_lanes = vec![[0i32; 8]; n];
+                blocks
+                    .par_chunks_mut(nb)
+                    .zip(scales.par_chunks_mut(nb))
+                    .zip(neg16_lanes.par_chunks_mut(nb))
+                    .zip(x.par_chunks(k))
+                    .for_each(|(((b, s), l), xr)| {
+                        // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device
+                        // open (`level`).
+                        unsafe { avx512::quantize_q8_0_act_row(xr, b, s, l) }
+                    });
+                Ok(Acts::Q8_0 {
+                    blocks,
+                    scales,
+                    neg16_lanes,
+                })
+            }
             GgmlType::Q8_0 => {
                 let blocks = q(x, k, 32, quantize_row_q8_0_act);
                 let scales = blocks.par_iter().map(|b| f16_to_f32(b.d)).collect();
@@ -381,7 +420,7 @@ pub(crate) fn dot_rows(
     }
 }
 
-/// Fewest activation rows for which [`gemm`] decodes the weight.
+/// Fewest activation rows for which a matmul takes the weight-tiled gemm (`gemm`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
 /// Most decoded pair blocks [`gemm`] makes (16 MiB).
@@ -796,4 +835,121 @@ pub(crate) fn scalar_rows(
 /// The scalar reference dot product (`flint_core::dot::vec_dot`).
 pub(crate) fn core_vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> Result<f32, FormatError> {
     flint_core::dot::vec_dot(ty, w, a, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 Q8_0 activation quantizer equals `quantize_row_q8_0_act` (blocks,
+    /// f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of the
+    /// rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
+    /// infinities.
+    /// The AVX-512 Q8_K activation quantizer equals `quantize_row_q8_k` bit for bit:
+    /// ordinary blocks, a tie of magnitudes of opposite signs (the first one sets the
+    /// sign of the scale), exact rounding ties, a zero block, tiny and huge values, NaN
+    /// and infinities.
+    #[test]
+    fn q8_k_activation_quantizer_equals_core() {
+        if SimdLevel::detect() < SimdLevel::Avx512 {
+            return;
+        }
+        let k = 256 * 3;
+        let mut s = 0x0fed_cba9_8765_4321u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut x: Vec<f32> = (0..4 * k).map(|_| rnd()).collect();
+        x[10] = -3.0;
+        x[20] = 3.0;
+        x[300] = 127.0;
+        for (i, v) in x[301..400].iter_mut().enumerate() {
+            *v = (i % 50) as f32 - 24.5;
+        }
+        x[512..768].fill(0.0);
+        for v in &mut x[768..1024] {
+            *v *= 1e-30;
+        }
+        for v in &mut x[1024..1280] {
+            *v *= 1e30;
+        }
+        x[1300] = f32::NAN;
+        x[1600] = f32::INFINITY;
+        x[1900] = -0.0;
+        x[2000] = -5.0;
+        x[2001] = 5.0;
+        let Acts::Q8K(got) = Acts::new(SimdLevel::Avx512, GgmlType::Q4_K, &x, k).expect("acts")
+        else {
+            panic!("not Q8_K");
+        };
+        let mut want = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
+        for (xr, o) in x.chunks(k).zip(want.chunks_mut(k / 256)) {
+            quantize_row_q8_k(xr, o);
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {i} d");
+            assert_eq!(g.qs, w.qs, "block {i} qs");
+            assert_eq!(g.bsums, w.bsums, "block {i} bsums");
+        }
+    }
+
+    #[test]
+    fn q8_0_activation_quantizer_equals_core() {
+        if SimdLevel::detect() < SimdLevel::Avx512 {
+            return;
+        }
+        let k = 32 * 9;
+        let mut s = 0x1234_5678_9abc_def0u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut x: Vec<f32> = (0..3 * k).map(|_| rnd()).collect();
+        // Block 1: amax 127, so the multiplier is 1 and x.5 values are ties.
+        for (i, v) in x[32..64].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) + 0.5;
+        }
+        x[32] = 127.0;
+        // Block 2 zero; block 3 tiny (subnormal f16 scale); block 4 huge (inf scale).
+        x[64..96].fill(0.0);
+        for v in &mut x[96..128] {
+            *v *= 1e-6;
+        }
+        for v in &mut x[128..160] {
+            *v *= 1e8;
+        }
+        x[170] = f32::NAN;
+        x[200] = f32::INFINITY;
+        x[230] = f32::NEG_INFINITY;
+        x[300] = -0.0;
+        let acts = Acts::new(SimdLevel::Avx512, GgmlType::Q8_0, &x, k).expect("acts");
+        let Acts::Q8_0 {
+            blocks,
+            scales,
+            neg16_lanes,
+        } = acts
+        else {
+            panic!("not Q8_0");
+        };
+        let mut want = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); x.len() / 32];
+        for (xr, o) in x.chunks(k).zip(want.chunks_mut(k / 32)) {
+            quantize_row_q8_0_act(xr, o);
+        }
+        for (i, (g, w)) in blocks.iter().zip(&want).enumerate() {
+            assert_eq!((g.d, g.qs), (w.d, w.qs), "block {i}");
+            assert_eq!(scales[i].to_bits(), f16_to_f32(w.d).to_bits(), "scale {i}");
+            let lanes: [i32; 8] = std::array::from_fn(|l| {
+                -16 * w.qs[4 * l..4 * l + 4]
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .sum::<i32>()
+            });
+            assert_eq!(neg16_lanes[i], lanes, "lanes {i}");
+        }
+    }
 }

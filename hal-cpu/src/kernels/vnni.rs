@@ -1075,6 +1075,8 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
     let m = out.len() / n;
     let pairs_all = n.div_ceil(2);
     assert!(dec.len() >= pairs_all * nb, "q0_gemm: decoded rows");
+    // The activation rows' side data once, not once per tile.
+    let sides: Vec<Q8_0Side<'a>> = (0..m).map(|t| side(i0 + t)).collect();
     for r0 in (0..n).step_by(GEMM_ROWS) {
         let rows = GEMM_ROWS.min(n - r0);
         let pairs = rows.div_ceil(2);
@@ -1082,7 +1084,7 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
         let dec_chunk = &dec[p0 * nb..(p0 + pairs) * nb];
         for t0 in (0..m).step_by(4) {
             let an = 4.min(m - t0);
-            let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| side(i0 + t0 + t.min(an - 1)));
+            let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| sides[t0 + t.min(an - 1)]);
             let o = &mut out[t0 * n + r0..];
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
