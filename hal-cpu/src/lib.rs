@@ -314,7 +314,6 @@ impl CpuDevice {
                 buf = vec![0f32; n * m];
             }
             let t_out = &mut buf[..n * m];
-            let tile4x4 = kernels::has_tile4x4(level, ty);
             // Weight rows per sub-tile: small enough to stay in L1/L2 while every
             // activation tile passes over them.
             const ROW_TILE: usize = 16;
@@ -333,25 +332,9 @@ impl CpuDevice {
                             for (t, v) in idx.iter_mut().enumerate().take(len) {
                                 *v = i0 + t;
                             }
-                            let mut r = rb;
-                            while r < re {
-                                if len == TILE && r + TILE <= re && tile4x4 {
-                                    // Four weight rows x four activation rows at once.
-                                    let mut t4 = [[0f32; TILE]; TILE];
-                                    let o = o0 + r;
-                                    let wb = &w_bytes[o * row_bytes..(o + TILE) * row_bytes];
-                                    kernels::dot_tile4x4(level, ty, wb, &acts, k, &idx, &mut t4);
-                                    for (t, col) in t4.iter().enumerate() {
-                                        for (q, &v) in col.iter().enumerate() {
-                                            dst[(r + q) * m + i0 + t] = v;
-                                        }
-                                    }
-                                    r += TILE;
-                                    continue;
-                                }
+                            for r in rb..re {
                                 row_dot(o0 + r, &idx[..len], &mut tmp[..len])?;
                                 dst[r * m + i0..r * m + i0 + len].copy_from_slice(&tmp[..len]);
-                                r += 1;
                             }
                         }
                     }
@@ -548,7 +531,6 @@ impl Device for CpuDevice {
             return Ok(());
         }
         let (ty, level, row_bytes) = (w.ty, self.level, w.row_bytes);
-        let tile4x4 = kernels::has_tile4x4(level, ty);
         let bytes = w.bytes();
         // One parallel section for the whole call: every input row is quantized once,
         // and the tasks are (expert, chunk of its weight rows) pairs, so the threads
@@ -588,42 +570,14 @@ impl Device for CpuDevice {
                 }
                 let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
                 let mut tmp = [0f32; TILE];
-                let mut r = 0;
-                while r < rows_here {
+                for r in 0..rows_here {
                     let o = o0 + r;
-                    if tile4x4 && r + TILE <= rows_here {
-                        // Four weight rows at once against each full tile of four inputs.
-                        let wb = &mat[o * row_bytes..(o + TILE) * row_bytes];
-                        for (t0, idx) in inputs.chunks(TILE).enumerate() {
-                            let t0 = t0 * TILE;
-                            if let Ok(idx4) = <&[usize; TILE]>::try_from(idx) {
-                                let mut t4 = [[0f32; TILE]; TILE];
-                                kernels::dot_tile4x4(level, ty, wb, &acts, k, idx4, &mut t4);
-                                for (t, col) in t4.iter().enumerate() {
-                                    for (q, &v) in col.iter().enumerate() {
-                                        dst[(r + q) * m + t0 + t] = v;
-                                    }
-                                }
-                                continue;
-                            }
-                            for q in 0..TILE {
-                                let wrow = &wb[q * row_bytes..(q + 1) * row_bytes];
-                                let t = &mut tmp[..idx.len()];
-                                dot_rows_checked(level, ty, wrow, &acts, k, idx, t)?;
-                                dst[(r + q) * m + t0..(r + q) * m + t0 + idx.len()]
-                                    .copy_from_slice(t);
-                            }
-                        }
-                        r += TILE;
-                        continue;
-                    }
                     let wrow = &mat[o * row_bytes..(o + 1) * row_bytes];
                     for (t0, idx) in inputs.chunks(TILE).enumerate() {
                         let t0 = t0 * TILE;
                         dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()])?;
                         dst[r * m + t0..r * m + t0 + idx.len()].copy_from_slice(&tmp[..idx.len()]);
                     }
-                    r += 1;
                 }
                 Ok::<(), HalError>(())
             })

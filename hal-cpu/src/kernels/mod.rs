@@ -289,49 +289,6 @@ macro_rules! tiled {
     }};
 }
 
-/// Whether [`dot_tile4x4`] has a kernel for `ty` at `level`.
-pub(crate) fn has_tile4x4(level: SimdLevel, ty: GgmlType) -> bool {
-    ty == GgmlType::Q4_K && native_kernel(level, ty) == Some(SimdLevel::Avx512Vnni)
-}
-
-/// `out[t][r] = dot(weight row r, activation row rows[t])` for four consecutive weight
-/// rows (`w` holds their bytes) and four activation rows, with each weight block decoded
-/// once for the four activation rows; the same bits as four [`dot_rows`] calls. Only
-/// where [`has_tile4x4`] says so (the caller checks).
-pub(crate) fn dot_tile4x4(
-    level: SimdLevel,
-    ty: GgmlType,
-    w: &[u8],
-    acts: &Acts,
-    k: usize,
-    rows: &[usize; TILE],
-    out: &mut [[f32; TILE]; TILE],
-) {
-    assert!(
-        has_tile4x4(level, ty),
-        "dot_tile4x4: no kernel for {ty} at {level}"
-    );
-    #[cfg(target_arch = "x86_64")]
-    {
-        let Acts::Q8K(a) = acts else {
-            unreachable!("Q4_K activations are Q8_K");
-        };
-        let nbk = k / 256;
-        let wb = view::<BlockQ4K>(w);
-        let nbw = wb.len() / TILE;
-        let x: [&[BlockQ4K]; TILE] = std::array::from_fn(|r| &wb[r * nbw..(r + 1) * nbw]);
-        let y: [&[BlockQ8K]; TILE] =
-            std::array::from_fn(|t| &a[rows[t] * nbk..(rows[t] + 1) * nbk]);
-        // SAFETY: `has_tile4x4` means AVX-512 VNNI, checked against the CPU at device open.
-        unsafe { vnni::dot_q4k_gemm_4x4(x, y, out) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (w, acts, k, rows, out);
-        unreachable!("no 4 x 4 tile kernel off x86-64");
-    }
-}
-
 /// `out[t] = dot(weight row, activation row rows[t])` for a tile of `rows.len() <= TILE`
 /// activation rows. `k` is the row length in elements.
 pub(crate) fn dot_rows(
@@ -654,33 +611,10 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => {
-                    // Four weight rows at a time (the rows' chains side by side in one
-                    // vector), the rest one by one: the same results either way.
-                    let wb = view::<BlockQ4K>(w);
-                    let nbw = wb.len() / o.len();
-                    let y = &a[act_row * nbk..(act_row + 1) * nbk];
-                    let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
-                    let full = o.len() / 4 * 4;
-                    for r0 in (0..full).step_by(4) {
-                        let mut q = [0f32; 4];
-                        // SAFETY: the level was checked against the CPU at device open.
-                        unsafe {
-                            vnni::dot_q4k_gemm_rows4(
-                                [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)],
-                                y,
-                                &mut q,
-                            )
-                        };
-                        o[r0..r0 + 4].copy_from_slice(&q);
-                    }
-                    for (r, d) in o.iter_mut().enumerate().skip(full) {
-                        let mut q = [0f32; 1];
-                        // SAFETY: as above.
-                        unsafe { vnni::dot_q4k_gemm::<1>(row(r), &[y], &mut q) };
-                        *d = q[0];
-                    }
-                }
+                // One row at a time: streaming from memory, kernels that read four rows
+                // side by side ran at 60-75% of this one's bandwidth (2 threads; 4-row
+                // variants of the Q4_K, Q5_0 and Q8_0 matvecs were tried and dropped).
+                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemm, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
@@ -691,23 +625,7 @@ pub(crate) fn matvec_rows(
                 let nbw = wb.len() / o.len();
                 let r = act_row;
                 let side = |_: usize| acts.q8_0_side(r, nb0);
-                // Four weight rows at a time (two per 512-bit register), the rest one by
-                // one: the same results either way.
-                let full = o.len() / 4 * 4;
-                let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
-                for r0 in (0..full).step_by(4) {
-                    let mut q = [0f32; 4];
-                    // SAFETY: the level was checked against the CPU at device open.
-                    unsafe {
-                        vnni::dot_q5_0_rows4(
-                            [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)],
-                            side(0),
-                            &mut q,
-                        )
-                    };
-                    o[r0..r0 + 4].copy_from_slice(&q);
-                }
-                for (oi, d) in o.iter_mut().enumerate().skip(full) {
+                for (oi, d) in o.iter_mut().enumerate() {
                     vnni::q5_0_rows(
                         &wb[oi * nbw..(oi + 1) * nbw],
                         &[r],
@@ -722,36 +640,6 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0 { .. })
-                if ty == GgmlType::Q8_0 && level == SimdLevel::Avx512Vnni =>
-            {
-                // Four weight rows at a time (two per 512-bit register, `vpdpbusd`), the
-                // rest one by one: the same results either way.
-                let wb = view::<BlockQ8_0>(w);
-                let nbw = wb.len() / o.len();
-                let side = acts.q8_0_side(act_row, nb0);
-                let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
-                let full = o.len() / 4 * 4;
-                for r0 in (0..full).step_by(4) {
-                    let mut q = [0f32; 4];
-                    // SAFETY: the level was checked against the CPU at device open.
-                    unsafe {
-                        vnni::dot_q8_0_rows4(
-                            [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)],
-                            side,
-                            &mut q,
-                        )
-                    };
-                    o[r0..r0 + 4].copy_from_slice(&q);
-                }
-                let y = &side.0[..nbw];
-                for (r, d) in o.iter_mut().enumerate().skip(full) {
-                    let mut q = [0f32; 1];
-                    // SAFETY: as above.
-                    unsafe { avx512::dot_q8_0::<1>(row(r), &[y], &mut q) };
-                    *d = q[0];
-                }
-            }
             (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => rows1!(avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
                 GgmlType::Q5_0 => rows1!(avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
