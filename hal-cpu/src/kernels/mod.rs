@@ -729,10 +729,19 @@ pub(crate) fn core_vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> Result
 mod tests {
     use super::*;
 
-    /// The AVX-512 Q8_0 activation quantizer equals `quantize_row_q8_0_act` (blocks,
-    /// f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of the
-    /// rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
-    /// infinities.
+    /// `n` values in [-1, 1) from a xorshift generator seeded with `seed`.
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
     /// The AVX-512 Q8_K activation quantizer equals `quantize_row_q8_k` bit for bit:
     /// ordinary blocks, a tie of magnitudes of opposite signs (the first one sets the
     /// sign of the scale), exact rounding ties, a zero block, tiny and huge values, NaN
@@ -743,14 +752,7 @@ mod tests {
             return;
         }
         let k = 256 * 3;
-        let mut s = 0x0fed_cba9_8765_4321u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
-        let mut x: Vec<f32> = (0..4 * k).map(|_| rnd()).collect();
+        let mut x = values(0x0fed_cba9_8765_4321, 4 * k);
         x[10] = -3.0;
         x[20] = 3.0;
         x[300] = 127.0;
@@ -784,20 +786,17 @@ mod tests {
         }
     }
 
+    /// The AVX-512 Q8_0 activation quantizer equals `quantize_row_q8_0_act` (blocks,
+    /// f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of the
+    /// rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
+    /// infinities.
     #[test]
     fn q8_0_activation_quantizer_equals_core() {
         if SimdLevel::detect() < SimdLevel::Avx512 {
             return;
         }
         let k = 32 * 9;
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
-        let mut x: Vec<f32> = (0..3 * k).map(|_| rnd()).collect();
+        let mut x = values(0x1234_5678_9abc_def0, 3 * k);
         // Block 1: amax 127, so the multiplier is 1 and x.5 values are ties.
         for (i, v) in x[32..64].iter_mut().enumerate() {
             *v = (i as f32 - 16.0) + 0.5;

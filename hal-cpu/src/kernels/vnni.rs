@@ -333,6 +333,26 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     dot_q4k_llama::<R, true>(x, y, out)
 }
 
+/// 64 unsigned 6-bit quants of a Q6_K block as bytes: group `g` (0 or 1) of the 64 low
+/// bytes `ql` (low or high nibbles) with their two high bits from the broadcast `qh`
+/// bytes `h` (shifted per 256-bit half by `shift`, see [`nibble_shift`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn q6k_quants(ql: __m512i, h: __m512i, g: usize, shift: __m512i) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let lo = if g == 0 {
+        _mm512_and_si512(ql, m4)
+    } else {
+        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4)
+    };
+    let hs = _mm512_add_epi16(
+        _mm512_srli_epi16::<1>(shift),
+        _mm512_set1_epi16(4 * g as i16),
+    );
+    let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), _mm512_set1_epi8(3));
+    _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
+}
+
 /// Q6_K x Q8_K in the float order of llama.cpp's tiled K-quant matmul, which it uses for
 /// batches of 8 rows or more (`docs/parity.md`; the scalar statement is
 /// `flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_tiled`): per block the exact integer
@@ -343,8 +363,6 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
     y: &[&[BlockQ8K]; R],
     out: &mut [f32; R],
 ) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m3 = _mm512_set1_epi8(3);
     let shift = nibble_shift();
     let lane_idx = |s0: i16| {
         _mm512_inserti64x4::<1>(
@@ -369,14 +387,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
             let h = bcast32(&b.qh[32 * n..]);
             let ql = load64(&b.ql[64 * n..]);
             for g in 0..2 {
-                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
-                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
-                let hs = _mm512_add_epi16(
-                    _mm512_srli_epi16::<1>(shift),
-                    _mm512_set1_epi16(4 * g as i16),
-                );
-                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
-                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let qv = q6k_quants(ql, h, g, shift);
                 let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
                 for r in 0..R {
                     let yv = load64(&y[r][i].qs[128 * n + 64 * g..]);
@@ -544,15 +555,10 @@ impl Q0Pair for BlockQ5_0 {
     }
     #[inline(always)]
     unsafe fn unsigned(&self) -> __m256i {
-        // SAFETY: the caller guarantees the features; `qs` is 16 readable bytes.
+        // SAFETY: the caller guarantees the features.
         unsafe {
-            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
-            let nib = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
-                _mm256_set1_epi8(0x0F),
-            );
             _mm256_or_si256(
-                nib,
+                nibbles(&self.qs),
                 _mm256_maskz_mov_epi8(u32::from_le_bytes(self.qh), _mm256_set1_epi8(0x10)),
             )
         }
@@ -581,16 +587,24 @@ impl Q0Pair for flint_core::blocks::BlockQ4_0 {
     }
     #[inline(always)]
     unsafe fn unsigned(&self) -> __m256i {
-        // SAFETY: the caller guarantees AVX2; `qs` is 16 readable bytes.
-        unsafe {
-            let t = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
-            let nib = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
-                _mm256_set1_epi8(0x0F),
-            );
-            // q - 8 + 128 = nibble + 120.
-            _mm256_add_epi8(nib, _mm256_set1_epi8(120))
-        }
+        // SAFETY: the caller guarantees AVX2. q - 8 + 128 = nibble + 120.
+        unsafe { _mm256_add_epi8(nibbles(&self.qs), _mm256_set1_epi8(120)) }
+    }
+}
+
+/// The 32 nibbles of 16 quant bytes as bytes, in element order (low nibbles, then high).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; `qs` is 16 readable bytes, loadu is unaligned.
+    unsafe {
+        let t = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+            _mm256_set1_epi8(0x0F),
+        )
     }
 }
 
@@ -908,8 +922,6 @@ pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32
 /// lanes of one vector.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m3 = _mm512_set1_epi8(3);
     let shift = nibble_shift();
     let lane_idx = |s0: i16| {
         _mm512_inserti64x4::<1>(
@@ -943,14 +955,7 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
             let h = bcast32(&b.qh[32 * n..]);
             let ql = load64(&b.ql[64 * n..]);
             for g in 0..2 {
-                let lo = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4);
-                let lo = if g == 0 { _mm512_and_si512(ql, m4) } else { lo };
-                let hs = _mm512_add_epi16(
-                    _mm512_srli_epi16::<1>(shift),
-                    _mm512_set1_epi16(4 * g as i16),
-                );
-                let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), m3);
-                let qv = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                let qv = q6k_quants(ql, h, g, shift);
                 let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
                 for (r, t) in tot.iter_mut().enumerate() {
                     let yv = load64(&ys[r][i].qs[128 * n + 64 * g..]);
