@@ -226,7 +226,11 @@ fn engine_loop<M: StepModel>(
         }
 
         if engine.has_unfinished() {
-            match engine.step() {
+            let stepped = engine.step();
+            // Published before the step's events go out, so that a client that has
+            // seen a token also sees the blocks its request holds.
+            publish(&engine, &waiting, &metrics);
+            match stepped {
                 Ok(outputs) => {
                     let now = Instant::now();
                     for o in outputs {
@@ -270,16 +274,21 @@ fn engine_loop<M: StepModel>(
             }
         }
 
-        let s = engine.scheduler();
-        waiting.store(s.num_waiting(), Ordering::Relaxed);
-        metrics.waiting.store(s.num_waiting(), Ordering::Relaxed);
-        metrics.running.store(s.num_running(), Ordering::Relaxed);
-        let kv = s.kv();
-        let used: usize = (0..kv.num_groups())
-            .map(|g| kv.num_blocks(g) - kv.num_free(g))
-            .sum();
-        metrics.kv_blocks_in_use.store(used, Ordering::Relaxed);
+        publish(&engine, &waiting, &metrics);
     }
+}
+
+/// Stores the scheduler's queue lengths and the KV blocks in use in the metrics.
+fn publish<M: StepModel>(engine: &LLMEngine<M>, waiting: &AtomicUsize, metrics: &Metrics) {
+    let s = engine.scheduler();
+    waiting.store(s.num_waiting(), Ordering::Relaxed);
+    metrics.waiting.store(s.num_waiting(), Ordering::Relaxed);
+    metrics.running.store(s.num_running(), Ordering::Relaxed);
+    let kv = s.kv();
+    let used: usize = (0..kv.num_groups())
+        .map(|g| kv.num_blocks(g) - kv.num_free(g))
+        .sum();
+    metrics.kv_blocks_in_use.store(used, Ordering::Relaxed);
 }
 
 /// Serves `router` on `addr` until the process is stopped (Ctrl-C ends it cleanly).
