@@ -24,12 +24,37 @@ pub const GROUP_FULL: usize = 0;
 /// KV group of sliding-window layers.
 pub const GROUP_SLIDING: usize = 1;
 
-/// The gate, up and hidden activations of a dense MLP, kept across the layers of a step.
+/// The gate, up and hidden activations of an MLP or of the routed experts, and the
+/// experts' outputs, kept across the layers of a step.
 #[derive(Debug, Default)]
 struct MlpBufs {
     gate: Vec<f32>,
     up: Vec<f32>,
     hidden: Vec<f32>,
+    expert_out: Vec<f32>,
+}
+
+impl MlpBufs {
+    /// The gate, up and hidden buffers, `len` values each, and the expert output
+    /// buffer, `out_len` values (grown when needed).
+    fn take(&mut self, len: usize, out_len: usize) -> [&mut [f32]; 4] {
+        for (b, l) in [
+            (&mut self.gate, len),
+            (&mut self.up, len),
+            (&mut self.hidden, len),
+            (&mut self.expert_out, out_len),
+        ] {
+            if b.len() < l {
+                b.resize(l, 0.0);
+            }
+        }
+        [
+            &mut self.gate[..len],
+            &mut self.up[..len],
+            &mut self.hidden[..len],
+            &mut self.expert_out[..out_len],
+        ]
+    }
 }
 
 #[derive(Debug)]
@@ -473,17 +498,7 @@ impl DeviceModel {
         bufs: &mut MlpBufs,
     ) -> Result<(), ModelError> {
         let dev = &self.dev;
-        let len = n * mlp.width;
-        for b in [&mut bufs.gate, &mut bufs.up, &mut bufs.hidden] {
-            if b.len() < len {
-                b.resize(len, 0.0);
-            }
-        }
-        let (g, u, hdn) = (
-            &mut bufs.gate[..len],
-            &mut bufs.up[..len],
-            &mut bufs.hidden[..len],
-        );
+        let [g, u, hdn, _] = bufs.take(n * mlp.width, 0);
         dev.matmul(&*mlp.gate, f, n, g)?;
         dev.matmul(&*mlp.up, f, n, u)?;
         match self.spec.activation {
@@ -537,14 +552,12 @@ impl DeviceModel {
                     })
                     .collect();
                 let w = experts.width;
-                let mut g = vec![0.0f32; n * k * w];
-                let mut u = vec![0.0f32; n * k * w];
-                dev.expert_matmul(&*experts.gate, f, &rows, &mut g)?;
-                dev.expert_matmul(&*experts.up, f, &rows, &mut u)?;
-                let mut hdn = vec![0.0f32; n * k * w];
+                let [g, u, hdn, y] = bufs.take(n * k * w, n * k * d);
+                dev.expert_matmul(&*experts.gate, f, &rows, g)?;
+                dev.expert_matmul(&*experts.up, f, &rows, u)?;
                 match self.spec.activation {
-                    Activation::Silu => dev.silu_mul(&g, &u, &mut hdn)?,
-                    Activation::GeluTanh => dev.gelu_mul(&g, &u, &mut hdn)?,
+                    Activation::Silu => dev.silu_mul(g, u, hdn)?,
+                    Activation::GeluTanh => dev.gelu_mul(g, u, hdn)?,
                 }
                 let down_rows: Vec<ExpertRow> = rows
                     .iter()
@@ -554,11 +567,10 @@ impl DeviceModel {
                         expert: row.expert,
                     })
                     .collect();
-                let mut y = vec![0.0f32; n * k * d];
-                dev.expert_matmul(&*experts.down, &hdn, &down_rows, &mut y)?;
+                dev.expert_matmul(&*experts.down, hdn, &down_rows, y)?;
                 out.fill(0.0);
                 let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
-                dev.scatter_add_weighted(out, &y, &token_rows, &weights, d)?;
+                dev.scatter_add_weighted(out, y, &token_rows, &weights, d)?;
                 if let Some(s) = shared {
                     let mut ys = vec![0.0f32; n * d];
                     self.mlp(s, f, n, &mut ys, bufs)?;
