@@ -333,6 +333,31 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     dot_q4k_llama::<R, true>(x, y, out)
 }
 
+/// `vpermw` indices that spread the 16 sub-block scales of a Q6_K block over the four
+/// 64-quant groups: group `j`'s four 16-quant quarters get scales `4j .. 4j + 4`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q6k_scale_idx() -> [__m512i; 4] {
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)]
+}
+
+/// A Q6_K block's 16 signed scales widened to i16 (256 bits, and the same in the low half
+/// of a 512-bit register for `vpermw`).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q6k_scales(b: &BlockQ6K) -> (__m256i, __m512i) {
+    // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+    let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+    let sc16 = _mm256_cvtepi8_epi16(sc8);
+    (sc16, _mm512_castsi256_si512(sc16))
+}
+
 /// 64 unsigned 6-bit quants of a Q6_K block as bytes: group `g` (0 or 1) of the 64 low
 /// bytes `ql` (low or high nibbles) with their two high bits from the broadcast `qh`
 /// bytes `h` (shifted per 256-bit half by `shift`, see [`nibble_shift`]).
@@ -364,13 +389,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
     out: &mut [f32; R],
 ) {
     let shift = nibble_shift();
-    let lane_idx = |s0: i16| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
-            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
-        )
-    };
-    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let idx = q6k_scale_idx();
     let mut acc4 = _mm_setzero_ps();
     let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
@@ -378,10 +397,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
             prefetch(ahead);
         }
         let d = f16_to_f32(b.d);
-        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
-        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
-        let sc16 = _mm256_cvtepi8_epi16(sc8);
-        let sc = _mm512_castsi256_si512(sc16);
+        let (sc16, sc) = q6k_scales(b);
         let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for n in 0..2 {
             let h = bcast32(&b.qh[32 * n..]);
@@ -923,13 +939,7 @@ pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
     let shift = nibble_shift();
-    let lane_idx = |s0: i16| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
-            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
-        )
-    };
-    let idx = [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)];
+    let idx = q6k_scale_idx();
     let nb = x.len();
     let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
     let mut acc8 = _mm256_setzero_ps();
@@ -938,10 +948,7 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
             prefetch(ahead);
         }
         let d = f16_to_f32(b.d);
-        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
-        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
-        let sc16 = _mm256_cvtepi8_epi16(sc8);
-        let sc = _mm512_castsi256_si512(sc16);
+        let (sc16, sc) = q6k_scales(b);
         // Per row: the block's integer with the offset of the unsigned quants taken off,
         // started from the offset (exact integer adds in any order).
         let mut tot: [__m512i; 8] = std::array::from_fn(|r| {
