@@ -17,7 +17,7 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512 F + BW (+ the AVX2 set).
     Avx512,
-    /// AVX-512 F + BW + VNNI: the K-quant kernels fuse the scale multiply and the
+    /// AVX-512 F + BW + VL + VNNI: the K-quant kernels fuse the scale multiply and the
     /// accumulation into one `vpdpwssd`.
     Avx512Vnni,
 }
@@ -33,7 +33,12 @@ impl SimdLevel {
             let avx512 = avx2
                 && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw");
-            if avx512 && std::arch::is_x86_feature_detected!("avx512vnni") {
+            // The VNNI kernels also use 128/256-bit forms of AVX-512 instructions
+            // (masked byte moves, `vpdpbusd` on ymm): VL.
+            if avx512
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
                 return SimdLevel::Avx512Vnni;
             }
             if avx512 {
