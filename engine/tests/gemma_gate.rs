@@ -9,12 +9,15 @@
 //!   (`gemma_top1_gate_98_percent_on_device`). Both follow llama.cpp's CPU arithmetic
 //!   (docs/parity.md; on the device, the AVX-512 VNNI kernels) and measure 100% / KL 0.
 
+mod golden_common;
+
 use std::path::PathBuf;
 
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
 use flint_engine::reference::Reference;
 use flint_engine::sampler::argmax;
+use golden_common::greedy_chains;
 use serde_json::Value;
 
 const NEAR_TIE: f64 = 0.25;
@@ -54,24 +57,13 @@ fn ids(v: &Value) -> Vec<u32> {
 fn gemma_greedy_chains_replay_on_device() {
     let model = default_model();
     let dm = on_cpu(&model);
-    let text = read_json("greedy.jsonl");
     let mut n_identical = 0;
     let mut n = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+    for g in greedy_chains() {
         n += 1;
-        let v: Value = serde_json::from_str(line).expect("golden line is JSON");
-        let prompt = ids(&v["prompt_ids"]);
-        let steps = v["steps"].as_array().expect("steps");
-        let want: Vec<u32> = steps
-            .iter()
-            .map(|s| s["id"].as_u64().expect("id") as u32)
-            .collect();
-        let margins: Vec<f64> = steps
-            .iter()
-            .map(|s| s["margin"].as_f64().expect("margin"))
-            .collect();
+        let (prompt, want, margins) = (&g.prompt, &g.ids, &g.margins);
         let mut s = Session::new(&dm, prompt.len() + want.len() + 1).expect("session");
-        let mut logits = s.feed(&prompt, false).expect("prefill");
+        let mut logits = s.feed(prompt, false).expect("prefill");
         let mut got = Vec::new();
         for i in 0..want.len() {
             let t = argmax(&logits) as u32;
@@ -83,8 +75,8 @@ fn gemma_greedy_chains_replay_on_device() {
                 logits = s.feed(&[t], false).expect("decode");
             }
         }
-        let prompt_text = v["prompt"].as_str().unwrap_or("?");
-        match got.iter().zip(&want).position(|(a, b)| a != b) {
+        let prompt_text = &g.prompt_text;
+        match got.iter().zip(want).position(|(a, b)| a != b) {
             None => {
                 n_identical += 1;
                 eprintln!("{prompt_text:?}: {} tokens identical", want.len());

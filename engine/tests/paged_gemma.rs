@@ -4,8 +4,9 @@
 //! equal to the golden one or first diverging where llama.cpp's own top-2 margin is
 //! below 0.25 nats. The KV cache is sized from a memory budget as `flint serve` does.
 
+mod golden_common;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::kv_cache::RequestId;
@@ -14,49 +15,11 @@ use flint_engine::model::{load_on_device, resolve_path};
 use flint_engine::paged::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use flint_engine::sampler::{argmax, SamplerConfig, StopConditions};
 use flint_engine::scheduler::{Scheduler, SchedulerConfig};
-use serde_json::Value;
+use golden_common::{greedy_chains, GreedyChain};
 
 const NEAR_TIE: f64 = 0.25;
 /// Tokens generated per request (the golden chains have 32; a few steps keep CI quick).
 const N_GEN: usize = 14;
-
-struct Golden {
-    prompt: Vec<u32>,
-    ids: Vec<u32>,
-    margins: Vec<f64>,
-}
-
-fn golden() -> Vec<Golden> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden"))
-        .join("gemma3-270m/greedy.jsonl");
-    let text =
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .expect("array")
-            .iter()
-            .map(|x| u32::try_from(x.as_u64().expect("id")).expect("id fits u32"))
-            .collect()
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).expect("golden line is JSON");
-            let steps = v["steps"].as_array().expect("steps");
-            Golden {
-                prompt: ids(&v["prompt_ids"]),
-                ids: steps
-                    .iter()
-                    .map(|s| s["id"].as_u64().expect("id") as u32)
-                    .collect(),
-                margins: steps
-                    .iter()
-                    .map(|s| s["margin"].as_f64().expect("margin"))
-                    .collect(),
-            }
-        })
-        .collect()
-}
 
 fn greedy(max_tokens: usize) -> RequestParams {
     RequestParams {
@@ -109,8 +72,8 @@ fn gemma_continuous_arrival_follows_the_golden_chains() {
     let mut e = LLMEngine::new(paged, sched, None);
 
     // Chains 0, 2 and 3 (France, fibonacci, colours).
-    let all = golden();
-    let chains: Vec<&Golden> = [0usize, 2, 3].iter().map(|&i| &all[i]).collect();
+    let all = greedy_chains();
+    let chains: Vec<&GreedyChain> = [0usize, 2, 3].iter().map(|&i| &all[i]).collect();
     let mut out: HashMap<RequestId, Vec<u32>> = HashMap::new();
     let mut max_batch = 0;
     let mut step = |e: &mut LLMEngine<PagedModel>, out: &mut HashMap<RequestId, Vec<u32>>| {

@@ -11,21 +11,21 @@
 
 mod flint_common;
 
+mod golden_common;
 mod tt_common;
 
-use std::path::{Path, PathBuf};
+use golden_common::greedy_chains;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tt_common::sim_library;
 
-use flint_common::{check_chain, margin, prompt};
+use flint_common::{check_chain, margin, prompt, reference_chain_with_logits};
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
-use flint_engine::reference::Reference;
 use flint_engine::sampler::argmax;
 use flint_hal::{DeviceOptions, DeviceRef};
 use flint_hal_tt::TtDevice;
-use serde_json::Value;
 
 /// The bound on first-token logits, `|tt - cpu| / |cpu|`.
 const REL_RMS_MAX: f64 = 1e-2;
@@ -80,27 +80,6 @@ fn chain(dm: &DeviceModel, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>, Vec
     (toks, margins, first)
 }
 
-/// The reference forward's greedy chain (one token at a time), its margins and its
-/// first-step logits.
-fn reference_chain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
-    let mut r = Reference::new(model);
-    let mut logits = Vec::new();
-    for &t in prompt {
-        logits = r.forward(t).expect("reference forward");
-    }
-    let first = logits.clone();
-    let (mut toks, mut margins) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        margins.push(margin(&logits));
-        if i + 1 < n {
-            logits = r.forward(t).expect("reference forward");
-        }
-    }
-    (toks, margins, first)
-}
-
 /// `tiny` on tt vs cpu over the Flint gate's prompts and chain length. Asserted: greedy
 /// chains within the near-tie rule against cpu's and against the reference forward's;
 /// first-token logits within 1e-2 of cpu's. The one exception is said out loud: where
@@ -130,7 +109,7 @@ fn tt_matches_cpu_on_tiny() {
         let t0 = Instant::now();
         let (want, margins, lc) = chain(&cpu, p, n);
         let (got, _, lt) = chain(&ttm, p, n);
-        let (rchain, rmargins, lr) = reference_chain(&model, p, n);
+        let (rchain, rmargins, lr) = reference_chain_with_logits(&model, p, n);
         let name = format!("tiny prompt {i}");
         let vs_cpu = check_chain(
             &format!("{name} (tt vs cpu)"),
@@ -185,41 +164,6 @@ fn tt_matches_cpu_on_tiny() {
     assert_eq!(tt_vs_cpu_asserted, prompts.len());
 }
 
-/// llama.cpp's greedy chains for the default model: prompt, tokens, margins.
-fn gemma_golden() -> Vec<(Vec<u32>, Vec<u32>, Vec<f32>)> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/golden/gemma3-270m/greedy.jsonl"
-    ));
-    let text =
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .expect("array of ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id") as u32)
-            .collect()
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).expect("golden line is JSON");
-            let steps = v["steps"].as_array().expect("steps");
-            (
-                ids(&v["prompt_ids"]),
-                steps
-                    .iter()
-                    .map(|s| s["id"].as_u64().expect("id") as u32)
-                    .collect(),
-                steps
-                    .iter()
-                    .map(|s| s["margin"].as_f64().expect("margin") as f32)
-                    .collect(),
-            )
-        })
-        .collect()
-}
-
 fn gemma() -> Model {
     let path = flint_loader::fetch::default_model_path()
         .expect("the default model (gemma-3-270m-q4_k_m.gguf) is needed by this test");
@@ -242,7 +186,9 @@ fn tt_follows_cpu_on_gemma_greedy() {
     let (tt_dev, tt) = open_tt(&lib);
     let ttm = stage(&model, tt_dev);
     let n = 16;
-    for (i, (p, golden, gmargins)) in gemma_golden().iter().enumerate() {
+    for (i, g) in greedy_chains().iter().enumerate() {
+        let (p, golden) = (&g.prompt, &g.ids);
+        let gmargins: Vec<f32> = g.margins.iter().map(|&m| m as f32).collect();
         let t0 = Instant::now();
         let (want, margins, lc) = chain(&cpu, p, n);
         let (got, _, lt) = chain(&ttm, p, n);
@@ -271,7 +217,7 @@ fn tt_follows_cpu_on_gemma_greedy() {
             p.len(),
             rel_rms(&lt, &lc),
             show(vs_cpu, &margins),
-            show(vs_llama, gmargins),
+            show(vs_llama, &gmargins),
             t0.elapsed()
         );
         let rel = rel_rms(&lt, &lc);

@@ -33,11 +33,22 @@ pub fn margin(l: &[f32]) -> f32 {
 
 /// A greedy chain on the reference: the tokens and the margin at each step.
 pub fn reference_chain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let (toks, margins, _) = reference_chain_with_logits(model, prompt, n);
+    (toks, margins)
+}
+
+/// [`reference_chain`] and the logits of the first generated token.
+pub fn reference_chain_with_logits(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
     let mut r = Reference::new(model);
     let mut logits = Vec::new();
     for &t in prompt {
         logits = r.forward(t).expect("reference forward");
     }
+    let first = logits.clone();
     let (mut toks, mut margins) = (Vec::new(), Vec::new());
     for i in 0..n {
         let t = argmax(&logits) as u32;
@@ -47,7 +58,7 @@ pub fn reference_chain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Ve
             logits = r.forward(t).expect("reference forward");
         }
     }
-    (toks, margins)
+    (toks, margins, first)
 }
 
 /// A greedy chain on the device forward (prompt in one step, then one token a step).
