@@ -236,7 +236,7 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
         )
         .then_some(SimdLevel::Avx2),
         SimdLevel::Avx512Vnni => match ty {
-            Q4_K | Q5_K | Q6_K | Q5_0 => Some(SimdLevel::Avx512Vnni),
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 => Some(SimdLevel::Avx512Vnni),
             _ => native_kernel(SimdLevel::Avx512, ty),
         },
         SimdLevel::Avx512 => match ty {
@@ -318,12 +318,17 @@ pub(crate) fn dot_rows(
                 }
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {
-                // The only Q8_0-activation type with a VNNI kernel (`native_kernel`).
-                debug_assert_eq!(ty, GgmlType::Q5_0);
-                let side = |i: usize| acts.q8_0_side(i, nb0);
-                vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
-            }
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q5_0 => {
+                    let side = |i: usize| acts.q8_0_side(i, nb0);
+                    vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
+                }
+                // The VNNI level's own Q8_0/Q4_0 kernels are the matvec and the gemm;
+                // tiles of a few rows take the AVX-512 ones (the same order).
+                GgmlType::Q8_0 => tiled!(avx512::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out),
+                GgmlType::Q4_0 => tiled!(avx512::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out),
+                _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
+            },
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
                 GgmlType::Q4_K => tiled!(avx512::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out),
                 GgmlType::Q5_K => tiled!(avx512::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out),
@@ -575,6 +580,98 @@ fn q0_gemm<B: vnni::Q0Pair>(
         .for_each(|(c, o)| vnni::q0_gemm::<B>(dec, nb, n, &side, c * per, o));
 }
 
+/// Weight rows `w` (a chunk of whole rows) against every activation row `0..m` of
+/// `acts`, for a few rows (the decode of several sequences), into `out_t` as
+/// `[weight row][m]`: one call for the chunk, each weight block decoded once for up to
+/// four activation rows. `false` (nothing written) where this level has no such kernel
+/// for `ty`; the caller then goes row by row ([`dot_rows`]).
+pub(crate) fn rows_small_batch(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    m: usize,
+    out_t: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && matches!(acts, Acts::Q8_0 { .. }) && k >= 32 {
+        let nb = k / 32;
+        match ty {
+            GgmlType::Q8_0 => q0_small_batch::<BlockQ8_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q5_0 => q0_small_batch::<BlockQ5_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q4_0 => q0_small_batch::<BlockQ4_0>(&view(w), nb, acts, m, out_t),
+            _ => return false,
+        }
+        return true;
+    }
+    let _ = (level, ty, w, acts, k, m, out_t);
+    false
+}
+
+/// [`rows_small_batch`] for a legacy 32-quant type: activation rows four at a time; with
+/// more than four, weight rows in blocks of 64 so that each block stays in cache while
+/// every group of activation rows passes over it.
+#[cfg(target_arch = "x86_64")]
+fn q0_small_batch<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, out_t: &mut [f32]) {
+    let rows = if m > 4 { 64 } else { (w.len() / nb).max(1) };
+    for (wb, ob) in w.chunks(rows * nb).zip(out_t.chunks_mut(rows * m)) {
+        q0_small_block(wb, nb, acts, m, ob);
+    }
+}
+
+/// [`q0_small_batch`] on one block of weight rows.
+#[cfg(target_arch = "x86_64")]
+fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, out_t: &mut [f32]) {
+    let side = |i: usize| acts.q8_0_side(i, nb);
+    let mut a0 = 0;
+    while a0 < m {
+        let o = &mut out_t[a0..];
+        // SAFETY (each call): the VNNI level was checked against the CPU at device open.
+        match m - a0 {
+            1 => unsafe { vnni::q0_rows::<B, 2, 1>(w, nb, &[side(a0)], o, m) },
+            2 => unsafe { vnni::q0_rows::<B, 2, 2>(w, nb, &[side(a0), side(a0 + 1)], o, m) },
+            3 => unsafe {
+                vnni::q0_rows::<B, 2, 3>(w, nb, &[side(a0), side(a0 + 1), side(a0 + 2)], o, m)
+            },
+            _ => unsafe {
+                let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
+                vnni::q0_rows::<B, 2, 4>(w, nb, &ys, o, m)
+            },
+        }
+        a0 += (m - a0).min(4);
+    }
+}
+
+/// Runs `$f::<2>` (two weight rows side by side, one activation row) over the rows of a
+/// chunk taken far apart, row `t` with row `t + n / 2` (`vnni::q0_rows` says why), and
+/// `$f::<1>` over an odd last row.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows2 {
+    ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
+        let wb = view::<$B>($w);
+        let out: &mut [f32] = $out;
+        let n = out.len();
+        let nbw = wb.len() / n;
+        let y = &$a[$row * $nb..($row + 1) * $nb];
+        let run = n / 2;
+        let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
+        for t in 0..run {
+            let mut r = [0f32; 2];
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { $m::$f::<2>([row(t), row(run + t)], y, &mut r) };
+            out[t] = r[0];
+            out[run + t] = r[1];
+        }
+        if n % 2 == 1 {
+            let mut r = [0f32; 1];
+            // SAFETY: as above.
+            unsafe { $m::$f::<1>([row(n - 1)], y, &mut r) };
+            out[n - 1] = r[0];
+        }
+    }};
+}
+
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
 macro_rules! rows1 {
     ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
@@ -611,27 +708,29 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                // One row at a time: streaming from memory, kernels that read four rows
-                // side by side ran at 60-75% of this one's bandwidth (2 threads; 4-row
-                // variants of the Q4_K, Q5_0 and Q8_0 matvecs were tried and dropped).
-                GgmlType::Q4_K => rows1!(vnni::dot_q4k_gemm, BlockQ4K, w, a, nbk, act_row, o),
+                // Two rows side by side, half the chunk apart: adjacent rows side by side
+                // stream from memory at a fraction of one row's speed (`vnni::q0_rows`).
+                GgmlType::Q4_K => rows2!(vnni::dot_q4k_rows, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
-                GgmlType::Q6_K => rows1!(vnni::dot_q6k_tiled, BlockQ6K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows2!(vnni::dot_q6k_rows, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {
-                debug_assert_eq!(ty, GgmlType::Q5_0);
-                let wb = view::<BlockQ5_0>(w);
-                let nbw = wb.len() / o.len();
-                let r = act_row;
-                let side = |_: usize| acts.q8_0_side(r, nb0);
-                for (oi, d) in o.iter_mut().enumerate() {
-                    vnni::q5_0_rows(
-                        &wb[oi * nbw..(oi + 1) * nbw],
-                        &[r],
-                        &side,
-                        std::slice::from_mut(d),
-                    );
+                // Two far-apart rows side by side (`vnni::q0_matvec` says why far apart).
+                let side = acts.q8_0_side(act_row, nb0);
+                // SAFETY (each call): the VNNI level was checked against the CPU at
+                // device open.
+                match ty {
+                    GgmlType::Q8_0 => unsafe {
+                        vnni::q0_rows::<BlockQ8_0, 2, 1>(&view(w), nb0, &[side], o, 1)
+                    },
+                    GgmlType::Q5_0 => unsafe {
+                        vnni::q0_rows::<BlockQ5_0, 2, 1>(&view(w), nb0, &[side], o, 1)
+                    },
+                    GgmlType::Q4_0 => unsafe {
+                        vnni::q0_rows::<BlockQ4_0, 2, 1>(&view(w), nb0, &[side], o, 1)
+                    },
+                    _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
                 }
             }
             (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {

@@ -979,3 +979,196 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
     // SAFETY: 8 writable f32; storeu is unaligned.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
 }
+
+/// Rows of a legacy 32-quant weight `w` (`nb` blocks each) against `A` Q8_0
+/// activation rows `y` (decode: one, or a few sequences), in tinyBLAS's order as
+/// [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit): `out[r * stride + a]` is weight row
+/// `r` against `y[a]`. `vpdpbusd` on the quants taken unsigned, starting from the
+/// activation block's `-16 x` lane sums shifted by `B::SHIFT`, gives the signed lane sums
+/// in one instruction; each weight block is decoded once for the `A` rows.
+///
+/// `S` weight rows go side by side (`S x A` independent chains for the out-of-order
+/// core), and they are rows far apart: row `t` of each of `S` equal runs of the rows.
+/// Two *adjacent* rows read side by side stream from memory at a third of the speed of
+/// one (Q8_0 262144 x 640, one thread: 7 GB/s against 21; the hardware prefetcher does
+/// not follow two streams 680 bytes apart), while rows half a matrix apart are two
+/// clean streams (26 GB/s).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize>(
+    w: &[B],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = w.len() / nb.max(1);
+    assert!(
+        nb > 0
+            && A > 0
+            && w.len() == nb * n
+            && stride >= A
+            && out.len() >= (n.max(1) - 1) * stride + A,
+        "q0_rows: lengths"
+    );
+    for (yb, ys, yl) in y {
+        assert!(
+            yb.len() >= nb && ys.len() >= nb && yl.len() >= nb,
+            "q0_rows: activation lengths"
+        );
+    }
+    let run = n / S;
+    for t in 0..run {
+        let xr: [&[B]; S] = std::array::from_fn(|s| &w[(s * run + t) * nb..(s * run + t + 1) * nb]);
+        let mut acc = [[_mm256_setzero_ps(); A]; S];
+        for i in 0..nb {
+            // SAFETY: `i < nb`; every activation slice has at least `nb` entries (checked
+            // above) and every `xr[s]` exactly `nb`; 32 quant bytes and 8 i32 are
+            // readable, loadu is unaligned; this function's features include what
+            // `unsigned` needs.
+            unsafe {
+                let mut u = [_mm256_setzero_si256(); S];
+                let mut d = [_mm256_setzero_ps(); S];
+                for s in 0..S {
+                    let b = xr[s].get_unchecked(i);
+                    u[s] = b.unsigned();
+                    d[s] = _mm256_cvtph_ps(_mm_set1_epi16(b.scale_bits() as i16));
+                }
+                for a in 0..A {
+                    let (yb, ys, yl) = y[a];
+                    let yv = _mm256_loadu_si256(yb.get_unchecked(i).qs.as_ptr() as *const __m256i);
+                    let init = _mm256_loadu_si256(yl.get_unchecked(i).as_ptr() as *const __m256i);
+                    let init = if B::SHIFT == 0 {
+                        init
+                    } else {
+                        _mm256_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
+                    };
+                    let dy = _mm256_set1_ps(*ys.get_unchecked(i));
+                    for s in 0..S {
+                        let sum = _mm256_dpbusd_epi32(init, u[s], yv);
+                        acc[s][a] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(d[s], dy),
+                            _mm256_cvtepi32_ps(sum),
+                            acc[s][a],
+                        );
+                    }
+                }
+            }
+        }
+        for s in 0..S {
+            for a in 0..A {
+                out[(s * run + t) * stride + a] = super::avx2::hsum_ps(acc[s][a]);
+            }
+        }
+    }
+    // The rows past `S` equal runs, one at a time.
+    if S > 1 {
+        for r in S * run..n {
+            q0_rows::<B, 1, A>(
+                &w[r * nb..(r + 1) * nb],
+                nb,
+                y,
+                &mut out[r * stride..],
+                stride,
+            );
+        }
+    }
+}
+
+/// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the
+/// M = 1 path): each row's arithmetic exactly that of `dot_q4k_gemm::<1>`, the rows'
+/// chains interleaved for the out-of-order core. The caller passes rows far apart
+/// ([`q0_rows`] says why).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows<const S: usize>(
+    x: [&[BlockQ4K]; S],
+    y: &[BlockQ8K],
+    out: &mut [f32; S],
+) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q4k_rows: lengths");
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let mut acc = [0f32; S];
+    let mut accm = [0f32; S];
+    for (i, yb) in y.iter().enumerate() {
+        let pmy = load_bsums(yb);
+        for s in 0..S {
+            let b = &x[s][i];
+            let (u, ddm) = k4_header(head16(b));
+            let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+            let mins = k4_mins_dup(u);
+            let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+            let pair: [__m512i; 4] = std::array::from_fn(|j| {
+                let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+                let sj = _mm512_permutexvar_epi16(idx[j], sc);
+                let yv = load64(&yb.qs[64 * j..]);
+                _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), sj)
+            });
+            let pm = _mm256_madd_epi16(pmy, mins);
+            let (dd, dm) = (d * yb.d, dmin * yb.d);
+            let isum = _mm_cvtepi32_ps(hsum4(pair[0], pair[1], pair[2], pair[3]));
+            let imin = _mm_cvtepi32_ps(pair_mins(pm));
+            let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
+            let (mut a_acc, mut a_min) = (_mm_set_ss(acc[s]), _mm_set_ss(accm[s]));
+            a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
+            a_min = _mm_fmadd_ss(imin, dmv, a_min);
+            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
+            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
+            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
+            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
+            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
+            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
+            acc[s] = _mm_cvtss_f32(a_acc);
+            accm[s] = _mm_cvtss_f32(a_min);
+        }
+    }
+    for s in 0..S {
+        out[s] = acc[s] - accm[s];
+    }
+}
+
+/// [`dot_q6k_tiled`] for one activation row against `S` weight rows side by side (the
+/// M = 1 path), each row's arithmetic exactly that of `dot_q6k_tiled::<1>`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_rows<const S: usize>(
+    x: [&[BlockQ6K]; S],
+    y: &[BlockQ8K],
+    out: &mut [f32; S],
+) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q6k_rows: lengths");
+    }
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let mut acc = [0f32; S];
+    for (i, yb) in y.iter().enumerate() {
+        let bs = load_bsums(yb);
+        for s in 0..S {
+            let b = &x[s][i];
+            let d = f16_to_f32(b.d);
+            let (sc16, sc) = q6k_scales(b);
+            let mut sumi = [_mm512_setzero_si512(); 2];
+            for n in 0..2 {
+                let h = bcast32(&b.qh[32 * n..]);
+                let ql = load64(&b.ql[64 * n..]);
+                for (g, a) in sumi.iter_mut().enumerate() {
+                    let qv = q6k_quants(ql, h, g, shift);
+                    let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                    let yv = load64(&yb.qs[128 * n + 64 * g..]);
+                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
+                }
+            }
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+            let total = _mm512_sub_epi32(
+                _mm512_add_epi32(sumi[0], sumi[1]),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            );
+            acc[s] = fma1(hsum_i32(total) as f32 * d, yb.d, acc[s]);
+        }
+    }
+    *out = acc;
+}
