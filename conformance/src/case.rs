@@ -369,6 +369,16 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             },
             tol::matmul(ty),
         );
+        // Several weights on one input (`matmul_multi`): one decode row and a few.
+        for m in [1, 4] {
+            push(
+                Op::Matmul,
+                Some(ty),
+                "multi",
+                Shape::Weight { k: 3 * u, n: 37, m },
+                tol::matmul(ty),
+            );
+        }
         push(
             Op::ExpertMatmul,
             Some(ty),

@@ -247,6 +247,9 @@ fn matmul_case(
     m: usize,
     rng: &mut CaseRng,
 ) -> Res<f64> {
+    if case.label == "multi" {
+        return matmul_multi_case(dev, case, k, n, m, rng);
+    }
     let ty = weight_ty(case)?;
     let (bytes, wf) = random_weight(ty, k, n, rng)?;
     // `tied`: the token embedding doubling as the output projection.
@@ -265,6 +268,63 @@ fn matmul_case(
     out.check("out")?;
     unchanged("x", &x, &x_before)?;
     Ok(compare("out", out.body(), &want, case.tolerance)?)
+}
+
+/// `matmul_multi` on three weights of different heights sharing the input: each output
+/// against the reference, and bit for bit against the device's own `matmul` of that
+/// weight alone (the contract: one call instead of several, the same numbers).
+fn matmul_multi_case(
+    dev: &dyn Device,
+    case: &Case,
+    k: usize,
+    n: usize,
+    m: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let heights = [n, n + 3, 2 * n + 1];
+    let mut handles = Vec::new();
+    let mut floats = Vec::new();
+    for &h in &heights {
+        let (bytes, wf) = random_weight(ty, k, h, rng)?;
+        handles.push(stage(
+            dev,
+            &desc(case, vec![k, h], WeightKind::Matrix, bytes)?,
+        )?);
+        floats.push(wf);
+    }
+    let x = rng.vec(m * k, -1.0, 1.0);
+    let x_before = x.clone();
+    let mut outs: Vec<Guarded> = heights.iter().map(|&h| Guarded::new(m * h)).collect();
+    {
+        let ws: Vec<&dyn flint_hal::Weight> = handles.iter().map(|h| h.as_ref()).collect();
+        let mut bodies: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.body_mut()).collect();
+        dev.matmul_multi(&ws, &x, m, &mut bodies)
+            .map_err(|e| dev_err("matmul_multi", e))?;
+    }
+    unchanged("x", &x, &x_before)?;
+    let mut worst = 0f64;
+    for (i, ((h, out), wf)) in handles.iter().zip(&outs).zip(&floats).enumerate() {
+        out.check(&format!("out {i}"))?;
+        let want = reference::matmul_f32(wf, k, &x, m);
+        worst = worst.max(compare(
+            &format!("out {i}"),
+            out.body(),
+            &want,
+            case.tolerance,
+        )?);
+        let mut alone = vec![0f32; m * heights[i]];
+        dev.matmul(h.as_ref(), &x, m, &mut alone)
+            .map_err(|e| dev_err("matmul", e))?;
+        if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != out.body()[j].to_bits()) {
+            return Err(Stop::Fail(format!(
+                "out {i}[{j}]: matmul_multi gave {} where matmul of the weight alone gives {}",
+                out.body()[j],
+                alone[j]
+            )));
+        }
+    }
+    Ok(worst)
 }
 
 #[allow(clippy::too_many_arguments)]

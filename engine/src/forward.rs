@@ -414,9 +414,12 @@ impl DeviceModel {
         for (il, layer) in self.layers.iter().enumerate() {
             let ls = spec.layers[il];
             let g = self.layer_group(il);
-            dev.matmul(&*layer.wq, &a, n, &mut q)?;
-            dev.matmul(&*layer.wk, &a, n, &mut k)?;
-            dev.matmul(&*layer.wv, &a, n, &mut v)?;
+            dev.matmul_multi(
+                &[&*layer.wq, &*layer.wk, &*layer.wv],
+                &a,
+                n,
+                &mut [&mut q, &mut k, &mut v],
+            )?;
             if let Some(w) = &layer.q_norm {
                 let src = &mut norm_src[..q.len()];
                 src.copy_from_slice(&q);
@@ -499,8 +502,7 @@ impl DeviceModel {
     ) -> Result<(), ModelError> {
         let dev = &self.dev;
         let [g, u, hdn, _] = bufs.take(n * mlp.width, 0);
-        dev.matmul(&*mlp.gate, f, n, g)?;
-        dev.matmul(&*mlp.up, f, n, u)?;
+        dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut [g, u])?;
         match self.spec.activation {
             Activation::Silu => dev.silu_mul(g, u, hdn)?,
             Activation::GeluTanh => dev.gelu_mul(g, u, hdn)?,

@@ -504,6 +504,109 @@ impl Device for CpuDevice {
             .map_err(|e| HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name)))
     }
 
+    fn matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        m: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per weight");
+        let ws: Vec<&CpuWeight> = ws.iter().map(|w| self.weight(*w)).collect();
+        let (Some(first), level) = (ws.first(), self.level) else {
+            return Ok(());
+        };
+        // One parallel section for decode rows (one, or a few with the small-batch
+        // kernels) whose weights take the same activation encoding and have a native
+        // kernel: the rows quantized once, the threads sharing every matrix's rows (as
+        // `expert_matmul` does for experts). Otherwise one matmul after the other.
+        let small = (2..kernels::GEMM_MIN_ROWS).contains(&m);
+        let shared = (m == 1 || small)
+            && ws.iter().all(|w| {
+                w.k == first.k
+                    && w.ty.vec_dot_type() == first.ty.vec_dot_type()
+                    && FloatKind::of(w.ty).is_none()
+                    && kernels::native_kernel(level, w.ty).is_some()
+                    && (!small || kernels::has_small_batch_kernel(level, w.ty))
+            });
+        if !shared {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(*w, x, m, out)?;
+            }
+            return Ok(());
+        }
+        let k = first.k;
+        assert_eq!(
+            x.len(),
+            m * k,
+            "matmul_multi: x has {} values, expected {m} x {k}",
+            x.len()
+        );
+        for (i, (w, out)) in ws.iter().zip(outs.iter()).enumerate() {
+            assert_eq!(
+                out.len(),
+                m * w.n,
+                "matmul_multi: out {i} has {} values, expected {m} x {}",
+                out.len(),
+                w.n
+            );
+            self.count(w.ty);
+        }
+        // Several rows: each matrix's results as [weight row][m], transposed back after.
+        let mut t_bufs: Vec<Vec<f32>> = if small {
+            ws.iter().map(|w| vec![0f32; w.n * m]).collect()
+        } else {
+            Vec::new()
+        };
+        let total_rows: usize = ws.iter().map(|w| w.n).sum();
+        // Four tasks per thread over all the matrices (see `matmul_bytes`).
+        let per_task = total_rows.div_ceil(self.threads * 4).max(16);
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+        if small {
+            for (i, t) in t_bufs.iter_mut().enumerate() {
+                for (c, dst) in t.chunks_mut(per_task * m).enumerate() {
+                    tasks.push((i, c * per_task, dst));
+                }
+            }
+        } else {
+            for (i, out) in outs.iter_mut().enumerate() {
+                for (c, dst) in out.chunks_mut(per_task).enumerate() {
+                    tasks.push((i, c * per_task, dst));
+                }
+            }
+        }
+        self.pool.install(|| {
+            let acts = Acts::new(level, first.ty, x, k)
+                .map_err(|e| fmt_err("quantizing activations", e))?;
+            tasks.into_par_iter().try_for_each(|(i, o0, dst)| {
+                let w = ws[i];
+                let rows = dst.len() / m;
+                let wb = &w.bytes()[o0 * w.row_bytes..(o0 + rows) * w.row_bytes];
+                if small {
+                    return match kernels::rows_small_batch(level, w.ty, wb, &acts, k, m, dst) {
+                        true => Ok(()),
+                        false => Err(HalError::runtime(format!(
+                            "matmul_multi: no small-batch kernel for {} (tensor '{}')",
+                            w.ty, w.info.name
+                        ))),
+                    };
+                }
+                kernels::matvec_rows(level, w.ty, wb, &acts, k, 0, dst).map_err(|e| {
+                    let e = fmt_err("matmul", e);
+                    HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name))
+                })
+            })
+        })?;
+        for ((w, out), t) in ws.iter().zip(outs.iter_mut()).zip(&t_bufs) {
+            for (j, row) in t.chunks_exact(m).enumerate() {
+                for (r, &v) in row.iter().enumerate() {
+                    out[r * w.n + j] = v;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn expert_matmul(
         &self,
         w: &dyn Weight,

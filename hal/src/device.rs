@@ -65,6 +65,25 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `x.len() == m * in`, `out.len() == m * out`; `m >= 1`.
     fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError>;
 
+    /// [`Device::matmul`] of several weights on the same input (a layer's query, key and
+    /// value projections; an MLP's gate and up): `outs[i] = matmul(ws[i], x)`, each
+    /// `outs[i]` of length `m * out_i`. One call, so that a backend can prepare `x` once
+    /// and spread all the matrices over its workers in one go; the results must equal
+    /// separate `matmul` calls bit for bit. The default makes those calls.
+    fn matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        m: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per weight");
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(*w, x, m, out)?;
+        }
+        Ok(())
+    }
+
     /// Grouped expert matmul on a tower `[in, out, E]`: for each `rows[i]`,
     /// `out[i] = W[rows[i].expert] * x[rows[i].input_row]`. One call per projection per
     /// layer; a backend should read each expert's blocks once for all its rows.

@@ -580,6 +580,13 @@ fn q0_gemm<B: vnni::Q0Pair>(
         .for_each(|(c, o)| vnni::q0_gemm::<B>(dec, nb, n, &side, c * per, o));
 }
 
+/// Whether [`rows_small_batch`] has a kernel for `ty` at `level`.
+pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && level == SimdLevel::Avx512Vnni
+        && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+}
+
 /// Weight rows `w` (a chunk of whole rows) against every activation row `0..m` of
 /// `acts`, for a few rows (the decode of several sequences), into `out_t` as
 /// `[weight row][m]`: one call for the chunk, each weight block decoded once for up to
