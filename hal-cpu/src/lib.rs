@@ -933,7 +933,7 @@ impl Device for CpuDevice {
             .as_any_mut()
             .downcast_mut::<CpuKv>()
             .expect("KV buffer was not allocated by the cpu device");
-        ops::write_kv(kv, k, v, slots)
+        ops::write_kv(kv, k, v, slots, self.level >= SimdLevel::Avx2)
     }
 
     fn paged_attention(

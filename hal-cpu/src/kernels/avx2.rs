@@ -503,3 +503,64 @@ pub(crate) fn rope_rotate(h: &mut [f32], cs: &[(f32, f32)]) {
         *b = x0.mul_add(s, x1 * c);
     }
 }
+
+/// `dst[i] = src[i]` rounded to f16 and back (round to nearest even, as
+/// `half::f16::from_f32`), eight at a time.
+///
+/// # Safety
+/// The CPU must support AVX and F16C.
+#[target_feature(enable = "avx,f16c")]
+pub(crate) unsafe fn round_f16_into(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    let (mut d8, mut s8) = (dst[..n].chunks_exact_mut(8), src[..n].chunks_exact(8));
+    for (d, s) in (&mut d8).zip(&mut s8) {
+        // SAFETY: 8 readable / writable f32; loadu/storeu are unaligned.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for (d, &x) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+        *d = half::f16::from_f32(x).to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// F16C's rounding against `half`'s on every 4099th f32 bit pattern (normals,
+    /// subnormals, values that overflow to infinity, ties; NaN only as NaN).
+    #[test]
+    fn round_f16_into_matches_half() {
+        if !std::arch::is_x86_feature_detected!("f16c") {
+            eprintln!("no F16C here: nothing to compare");
+            return;
+        }
+        let src: Vec<f32> = (0..=u32::MAX / 4099)
+            .map(|i| f32::from_bits(i.wrapping_mul(4099)))
+            .chain([
+                65504.0,
+                65519.0,
+                65520.0,
+                -65520.0,
+                1.0 + f32::EPSILON,
+                6.0e-8,
+                2.9e-8,
+            ])
+            .collect();
+        let mut got = vec![0f32; src.len()];
+        // SAFETY: F16C was detected above (AVX with it).
+        unsafe { super::round_f16_into(&mut got, &src) };
+        for (&x, &g) in src.iter().zip(&got) {
+            let want = half::f16::from_f32(x).to_f32();
+            if want.is_nan() {
+                assert!(g.is_nan(), "{x:e}: {g:e} where half gives NaN");
+            } else {
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{x:e}: {g:e} vs half's {want:e}"
+                );
+            }
+        }
+    }
+}

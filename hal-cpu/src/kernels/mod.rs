@@ -584,7 +584,10 @@ fn q0_gemm<B: vnni::Q0Pair>(
 pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
     cfg!(target_arch = "x86_64")
         && level == SimdLevel::Avx512Vnni
-        && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+        && matches!(
+            ty,
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        )
 }
 
 /// Weight rows `w` (a chunk of whole rows) against every activation row `0..m` of
@@ -611,6 +614,37 @@ pub(crate) fn rows_small_batch(
             _ => return false,
         }
         return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (SimdLevel::Avx512Vnni, Acts::Q8K(a)) = (level, acts) {
+        if k >= 256 {
+            // The tile kernels of `dot_rows`, called here for every row of the chunk
+            // without a dispatch per weight row (a K-quant row of a 1024-wide matrix is
+            // four blocks: the dispatch cost as much as the row).
+            let nbk = k / 256;
+            macro_rules! rows_tiled {
+                ($f:ident, $B:ty) => {{
+                    let wb = view::<$B>(w);
+                    for (x, o) in wb.chunks_exact(nbk).zip(out_t.chunks_exact_mut(m)) {
+                        let mut a0 = 0;
+                        while a0 < m {
+                            let len = (m - a0).min(TILE);
+                            let idx: [usize; TILE] = std::array::from_fn(|t| a0 + t);
+                            let rows = &idx[..len];
+                            let dst = &mut o[a0..a0 + len];
+                            tiled!(vnni::$f, x, a, nbk, rows, dst);
+                            a0 += len;
+                        }
+                    }
+                }};
+            }
+            match ty {
+                GgmlType::Q4_K => rows_tiled!(dot_q4k_gemm, BlockQ4K),
+                GgmlType::Q6_K => rows_tiled!(dot_q6k_tiled, BlockQ6K),
+                _ => return false,
+            }
+            return true;
+        }
     }
     let _ = (level, ty, w, acts, k, m, out_t);
     false
