@@ -14,13 +14,16 @@
 //! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an
 //! AVX-512 VNNI CPU goes through a gemm that tiles weight rows and activation rows
 //! together (`kernels::gemm`: the activation rows split over the threads, each task
-//! writing its own rows of the result); otherwise a matmul splits its output rows into
-//! chunks (16 per thread, at least 16 rows each), each computing all activation rows in
-//! tiles of [`kernels::TILE`] (the remainder of M in one tile of 1-3) that share each
-//! decoded weight block; an expert matmul makes one parallel
-//! section of (expert, chunk of rows) tasks for all the experts of the call. The engine
-//! runs each forward step through `Device::run_step`, which here runs it on a pool
-//! worker: ops start without a cross-thread hand-off.
+//! writing its own rows of the result). One activation row (a decode) splits the output
+//! rows into 4 chunks per thread, each chunk read as two streams half a chunk apart
+//! (`kernels::vnni::q0_rows` says why); 2-15 rows (a decode of a few sequences) into 16
+//! chunks per thread, each weight block decoded once for up to four rows
+//! (`kernels::rows_small_batch`). `matmul_multi` (a layer's q/k/v, an MLP's gate and
+//! up) and `expert_matmul` (all the experts of a call) make one parallel section of
+//! (matrix, chunk of rows) tasks. The engine runs each forward step through
+//! `Device::run_step`, which here runs it on pool worker 0 while the other workers stay
+//! awake for the step (polling for its parallel work instead of sleeping through the
+//! serial parts): ops start without a cross-thread hand-off or a wake-up.
 //!
 //! Float orders: the Q8_0 and Q5_0 kernels (every SIMD level) and, on AVX-512 VNNI
 //! CPUs, the Q4_K and Q6_K kernels sum in llama.cpp's orders for a prompt batch

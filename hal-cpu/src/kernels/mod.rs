@@ -5,16 +5,16 @@
 //! | Q4_K   | Q8_K       | yes          | yes            | yes  | core   |
 //! | Q6_K   | Q8_K       | yes          | yes            | yes  | core   |
 //! | Q5_K   | Q8_K       | yes          | yes            | yes  | core   |
-//! | Q8_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | Q8_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
 //! | Q5_0   | Q8_0       | yes          | yes            | yes  | core   |
-//! | Q4_0   | Q8_0       | (AVX-512)    | yes            | yes  | core   |
+//! | Q4_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
 //! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core       | core           | core | core   |
 //!
 //! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
-//! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order); the
-//! scalar reference is
-//! `flint_core::dot::vec_dot` (`core/src/dot/`).
+//! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order; its
+//! decode form `vnni::dot_q4k_rows`); the scalar reference is `flint_core::dot::vec_dot`
+//! (`core/src/dot/`). A decode's legacy-quant matvec is `vnni::q0_rows`.
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
 //! llama.cpp's tinyBLAS order at every level (`tinyblas.rs`); Q4_K and Q6_K in llama.cpp's
