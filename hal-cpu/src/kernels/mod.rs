@@ -669,15 +669,19 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
     while a0 < m {
         let o = &mut out_t[a0..];
         // SAFETY (each call): the VNNI level was checked against the CPU at device open.
+        // Two or more activation rows: the two weight rows in the halves of 512-bit
+        // registers (M=4, one thread, cache-resident, medians of 6 alternating runs:
+        // Q8_0 25.2 -> 26.8, Q5_0 21.5 -> 24.3 GMAC/s); one row: 256-bit, where the
+        // 512-bit form was not faster.
         match m - a0 {
             1 => unsafe { vnni::q0_rows::<B, 2, 1>(w, nb, &[side(a0)], o, m) },
-            2 => unsafe { vnni::q0_rows::<B, 2, 2>(w, nb, &[side(a0), side(a0 + 1)], o, m) },
+            2 => unsafe { vnni::q0_rows_pair::<B, 2>(w, nb, &[side(a0), side(a0 + 1)], o, m) },
             3 => unsafe {
-                vnni::q0_rows::<B, 2, 3>(w, nb, &[side(a0), side(a0 + 1), side(a0 + 2)], o, m)
+                vnni::q0_rows_pair::<B, 3>(w, nb, &[side(a0), side(a0 + 1), side(a0 + 2)], o, m)
             },
             _ => unsafe {
                 let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
-                vnni::q0_rows::<B, 2, 4>(w, nb, &ys, o, m)
+                vnni::q0_rows_pair::<B, 4>(w, nb, &ys, o, m)
             },
         }
         a0 += (m - a0).min(4);

@@ -1172,3 +1172,81 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
     }
     *out = acc;
 }
+
+/// [`q0_rows`] with `S = 2` in 512-bit registers: the two far-apart weight rows in the
+/// two halves of each register (row `t` low, row `run + t` high), so that one
+/// `vpdpbusd`, one scale product, one conversion and one fused multiply-add serve both
+/// rows for each activation row. The same arithmetic per lane as [`q0_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize>(
+    w: &[B],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = w.len() / nb.max(1);
+    assert!(
+        nb > 0
+            && A > 0
+            && w.len() == nb * n
+            && stride >= A
+            && out.len() >= (n.max(1) - 1) * stride + A,
+        "q0_rows_pair: lengths"
+    );
+    for (yb, ys, yl) in y {
+        assert!(
+            yb.len() >= nb && ys.len() >= nb && yl.len() >= nb,
+            "q0_rows_pair: activation lengths"
+        );
+    }
+    let run = n / 2;
+    for t in 0..run {
+        let (x0, x1) = (
+            &w[t * nb..(t + 1) * nb],
+            &w[(run + t) * nb..(run + t + 1) * nb],
+        );
+        let mut acc = [_mm512_setzero_ps(); A];
+        for i in 0..nb {
+            // SAFETY: `i < nb`; every activation slice has at least `nb` entries and `x0`,
+            // `x1` exactly `nb` (checked above); 32 quant bytes and 8 i32 are readable,
+            // loadu is unaligned; this function's features include what `unsigned` needs.
+            unsafe {
+                let (b0, b1) = (x0.get_unchecked(i), x1.get_unchecked(i));
+                let u =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b0.unsigned()), b1.unsigned());
+                let d = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(
+                        b0.scale_bits() as i16,
+                    )))),
+                    _mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(b1.scale_bits() as i16))),
+                ));
+                for a in 0..A {
+                    let (yb, ys, yl) = y[a];
+                    let yv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        yb.get_unchecked(i).qs.as_ptr() as *const __m256i,
+                    ));
+                    let init = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        yl.get_unchecked(i).as_ptr() as *const __m256i,
+                    ));
+                    let init = if B::SHIFT == 0 {
+                        init
+                    } else {
+                        _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
+                    };
+                    let dy = _mm512_set1_ps(*ys.get_unchecked(i));
+                    let sum = _mm512_dpbusd_epi32(init, u, yv);
+                    acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sum), acc[a]);
+                }
+            }
+        }
+        for a in 0..A {
+            out[t * stride + a] = super::avx2::hsum_ps(_mm512_castps512_ps256(acc[a]));
+            out[(run + t) * stride + a] = super::avx2::hsum_ps(hi256(acc[a]));
+        }
+    }
+    if n % 2 == 1 {
+        let r = n - 1;
+        q0_rows::<B, 1, A>(&w[r * nb..], nb, y, &mut out[r * stride..], stride);
+    }
+}
