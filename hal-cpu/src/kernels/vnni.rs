@@ -987,6 +987,8 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
 /// activation block's `-16 x` lane sums shifted by `B::SHIFT`, gives the signed lane sums
 /// in one instruction; each weight block is decoded once for the `A` rows.
 ///
+/// `PF`: bytes ahead of each weight stream to prefetch (0: none).
+///
 /// `S` weight rows go side by side (`S x A` independent chains for the out-of-order
 /// core), and they are rows far apart: row `t` of each of `S` equal runs of the rows.
 /// Two *adjacent* rows read side by side stream from memory at a third of the speed of
@@ -994,7 +996,7 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
 /// not follow two streams 680 bytes apart), while rows half a matrix apart are two
 /// clean streams (26 GB/s).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize>(
+pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize, const PF: usize>(
     w: &[B],
     nb: usize,
     y: &[Q8_0Side<'_>; A],
@@ -1030,6 +1032,9 @@ pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize>(
                 let mut d = [_mm256_setzero_ps(); S];
                 for s in 0..S {
                     let b = xr[s].get_unchecked(i);
+                    if PF > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>((b as *const B).cast::<i8>().wrapping_add(PF));
+                    }
                     u[s] = b.unsigned();
                     d[s] = _mm256_cvtph_ps(_mm_set1_epi16(b.scale_bits() as i16));
                 }
@@ -1063,7 +1068,7 @@ pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize>(
     // The rows past `S` equal runs, one at a time.
     if S > 1 {
         for r in S * run..n {
-            q0_rows::<B, 1, A>(
+            q0_rows::<B, 1, A, PF>(
                 &w[r * nb..(r + 1) * nb],
                 nb,
                 y,
@@ -1176,9 +1181,10 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
 /// [`q0_rows`] with `S = 2` in 512-bit registers: the two far-apart weight rows in the
 /// two halves of each register (row `t` low, row `run + t` high), so that one
 /// `vpdpbusd`, one scale product, one conversion and one fused multiply-add serve both
-/// rows for each activation row. The same arithmetic per lane as [`q0_rows`].
+/// rows for each activation row. The same arithmetic per lane as [`q0_rows`]; `PF` as
+/// there.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize>(
+pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize, const PF: usize>(
     w: &[B],
     nb: usize,
     y: &[Q8_0Side<'_>; A],
@@ -1213,6 +1219,10 @@ pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize>(
             // loadu is unaligned; this function's features include what `unsigned` needs.
             unsafe {
                 let (b0, b1) = (x0.get_unchecked(i), x1.get_unchecked(i));
+                if PF > 0 {
+                    _mm_prefetch::<_MM_HINT_T0>((b0 as *const B).cast::<i8>().wrapping_add(PF));
+                    _mm_prefetch::<_MM_HINT_T0>((b1 as *const B).cast::<i8>().wrapping_add(PF));
+                }
                 let u =
                     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b0.unsigned()), b1.unsigned());
                 let d = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
@@ -1247,6 +1257,6 @@ pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize>(
     }
     if n % 2 == 1 {
         let r = n - 1;
-        q0_rows::<B, 1, A>(&w[r * nb..], nb, y, &mut out[r * stride..], stride);
+        q0_rows::<B, 1, A, 0>(&w[r * nb..], nb, y, &mut out[r * stride..], stride);
     }
 }
