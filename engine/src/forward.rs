@@ -18,6 +18,7 @@ use flint_hal::{
 };
 
 use crate::model::{Activation, Arch, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
+use crate::profile::timed;
 
 /// KV group of full-attention layers.
 pub const GROUP_FULL: usize = 0;
@@ -318,7 +319,7 @@ impl DeviceModel {
         // One hand-off to the device's workers per step, not one per op.
         let mut result = None;
         self.dev
-            .run_step(&mut || result = Some(self.forward_in_step(kv, batch)));
+            .run_step(&mut || result = Some(timed!("step", self.forward_in_step(kv, batch))));
         result.unwrap_or_else(|| Err(ModelError::new("the device did not run the step")))
     }
 
@@ -394,12 +395,15 @@ impl DeviceModel {
             .collect();
 
         let mut x = vec![0.0f32; n * d];
-        dev.get_rows(&*self.token_embd, &tokens, &mut x)?;
+        timed!("embed", dev.get_rows(&*self.token_embd, &tokens, &mut x))?;
         if spec.embed_scale != 1.0 {
-            dev.scale(&mut x, spec.embed_scale)?;
+            timed!("scale", dev.scale(&mut x, spec.embed_scale))?;
         }
         let mut a = vec![0.0f32; n * d];
-        dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.eps, d, &mut a)?;
+        timed!(
+            "rms_norm",
+            dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.eps, d, &mut a)
+        )?;
 
         let mut q = vec![0.0f32; n * h * dk];
         let mut k = vec![0.0f32; n * hkv * dk];
@@ -414,21 +418,24 @@ impl DeviceModel {
         for (il, layer) in self.layers.iter().enumerate() {
             let ls = spec.layers[il];
             let g = self.layer_group(il);
-            dev.matmul_multi(
-                &[&*layer.wq, &*layer.wk, &*layer.wv],
-                &a,
-                n,
-                &mut [&mut q, &mut k, &mut v],
+            timed!(
+                "qkv",
+                dev.matmul_multi(
+                    &[&*layer.wq, &*layer.wk, &*layer.wv],
+                    &a,
+                    n,
+                    &mut [&mut q, &mut k, &mut v],
+                )
             )?;
             if let Some(w) = &layer.q_norm {
                 let src = &mut norm_src[..q.len()];
                 src.copy_from_slice(&q);
-                dev.rms_norm(src, Some(w), spec.eps, dk, &mut q)?;
+                timed!("rms_norm", dev.rms_norm(src, Some(w), spec.eps, dk, &mut q))?;
             }
             if let Some(w) = &layer.k_norm {
                 let src = &mut norm_src[..k.len()];
                 src.copy_from_slice(&k);
-                dev.rms_norm(src, Some(w), spec.eps, dk, &mut k)?;
+                timed!("rms_norm", dev.rms_norm(src, Some(w), spec.eps, dk, &mut k))?;
             }
             let rp = |heads| RopeParams {
                 n_heads: heads,
@@ -436,14 +443,14 @@ impl DeviceModel {
                 n_rot: spec.n_rot,
                 base: ls.rope_base,
             };
-            dev.rope(&mut q, &positions, &rp(h))?;
-            dev.rope(&mut k, &positions, &rp(hkv))?;
-            dev.write_kv(&mut *kv[il], &k, &v, &slots[g])?;
+            timed!("rope", dev.rope(&mut q, &positions, &rp(h)))?;
+            timed!("rope", dev.rope(&mut k, &positions, &rp(hkv)))?;
+            timed!("write_kv", dev.write_kv(&mut *kv[il], &k, &v, &slots[g]))?;
             // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends
             // with scale 1; the f16 rounding of the queries in its small-batch attention
             // sees the scaled values, so the order matters to the bit.
             let attn_scale = if spec.arch == Arch::Gemma3 {
-                dev.scale(&mut q, spec.attn_scale)?;
+                timed!("scale", dev.scale(&mut q, spec.attn_scale))?;
                 1.0
             } else {
                 spec.attn_scale
@@ -456,25 +463,37 @@ impl DeviceModel {
                 sinks: layer.sinks.as_deref(),
                 window: spec.layer_window(il),
             };
-            dev.paged_attention(&*kv[il], &pa, &mut o)?;
-            dev.matmul(&*layer.wo, &o, n, &mut tmp)?;
+            timed!("attention", dev.paged_attention(&*kv[il], &pa, &mut o))?;
+            timed!("attn_out", dev.matmul(&*layer.wo, &o, n, &mut tmp))?;
             if let Some(w) = &layer.post_attn_norm {
                 let src = &mut norm_src[..tmp.len()];
                 src.copy_from_slice(&tmp);
-                dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)?;
+                timed!(
+                    "rms_norm",
+                    dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)
+                )?;
             }
-            dev.add_rms_norm(&mut x, &tmp, &layer.ffn_norm, spec.eps, d, &mut f)?;
+            timed!(
+                "add_rms_norm",
+                dev.add_rms_norm(&mut x, &tmp, &layer.ffn_norm, spec.eps, d, &mut f)
+            )?;
             self.ffn(layer, &f, n, &mut tmp, &mut mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
                 let src = &mut norm_src[..tmp.len()];
                 src.copy_from_slice(&tmp);
-                dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)?;
+                timed!(
+                    "rms_norm",
+                    dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)
+                )?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
                 None => &self.output_norm,
             };
-            dev.add_rms_norm(&mut x, &tmp, next_norm, spec.eps, d, &mut a)?;
+            timed!(
+                "add_rms_norm",
+                dev.add_rms_norm(&mut x, &tmp, next_norm, spec.eps, d, &mut a)
+            )?;
         }
         // `a` now holds rmsnorm(x) * output_norm for every row; keep the wanted rows.
         let mut rows = Vec::with_capacity(batch.n_logit_rows() * d);
@@ -488,7 +507,7 @@ impl DeviceModel {
         }
         let m = rows.len() / d;
         let mut logits = vec![0.0f32; m * spec.vocab];
-        dev.matmul(&*self.output, &rows, m, &mut logits)?;
+        timed!("output", dev.matmul(&*self.output, &rows, m, &mut logits))?;
         Ok(logits)
     }
 
@@ -502,12 +521,15 @@ impl DeviceModel {
     ) -> Result<(), ModelError> {
         let dev = &self.dev;
         let [g, u, hdn, _] = bufs.take(n * mlp.width, 0);
-        dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut [g, u])?;
+        timed!(
+            "gate_up",
+            dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut [g, u])
+        )?;
         match self.spec.activation {
-            Activation::Silu => dev.silu_mul(g, u, hdn)?,
-            Activation::GeluTanh => dev.gelu_mul(g, u, hdn)?,
+            Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
+            Activation::GeluTanh => timed!("gelu_mul", dev.gelu_mul(g, u, hdn))?,
         }
-        dev.matmul(&*mlp.down, hdn, n, out)?;
+        timed!("ffn_down", dev.matmul(&*mlp.down, hdn, n, out))?;
         Ok(())
     }
 
@@ -535,7 +557,7 @@ impl DeviceModel {
                 let e = ms.n_experts;
                 let k = ms.k;
                 let mut logits = vec![0.0f32; n * e];
-                dev.matmul(&**router, f, n, &mut logits)?;
+                timed!("router", dev.matmul(&**router, f, n, &mut logits))?;
                 let mut ids = vec![0u32; n * k];
                 let mut weights = vec![0.0f32; n * k];
                 let cfg = RoutingConfig {
@@ -544,7 +566,10 @@ impl DeviceModel {
                     normalize: ms.normalize,
                     scale: ms.scale,
                 };
-                dev.route_topk(&logits, e, bias.as_deref(), &cfg, &mut ids, &mut weights)?;
+                timed!(
+                    "route",
+                    dev.route_topk(&logits, e, bias.as_deref(), &cfg, &mut ids, &mut weights)
+                )?;
                 let rows: Vec<ExpertRow> = ids
                     .iter()
                     .enumerate()
@@ -555,11 +580,14 @@ impl DeviceModel {
                     .collect();
                 let w = experts.width;
                 let [g, u, hdn, y] = bufs.take(n * k * w, n * k * d);
-                dev.expert_matmul(&*experts.gate, f, &rows, g)?;
-                dev.expert_matmul(&*experts.up, f, &rows, u)?;
+                timed!(
+                    "expert_gate",
+                    dev.expert_matmul(&*experts.gate, f, &rows, g)
+                )?;
+                timed!("expert_up", dev.expert_matmul(&*experts.up, f, &rows, u))?;
                 match self.spec.activation {
-                    Activation::Silu => dev.silu_mul(g, u, hdn)?,
-                    Activation::GeluTanh => dev.gelu_mul(g, u, hdn)?,
+                    Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
+                    Activation::GeluTanh => timed!("gelu_mul", dev.gelu_mul(g, u, hdn))?,
                 }
                 let down_rows: Vec<ExpertRow> = rows
                     .iter()
@@ -569,14 +597,20 @@ impl DeviceModel {
                         expert: row.expert,
                     })
                     .collect();
-                dev.expert_matmul(&*experts.down, hdn, &down_rows, y)?;
+                timed!(
+                    "expert_down",
+                    dev.expert_matmul(&*experts.down, hdn, &down_rows, y)
+                )?;
                 out.fill(0.0);
                 let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
-                dev.scatter_add_weighted(out, y, &token_rows, &weights, d)?;
+                timed!(
+                    "scatter",
+                    dev.scatter_add_weighted(out, y, &token_rows, &weights, d)
+                )?;
                 if let Some(s) = shared {
                     let mut ys = vec![0.0f32; n * d];
                     self.mlp(s, f, n, &mut ys, bufs)?;
-                    dev.add(out, &ys)?;
+                    timed!("add", dev.add(out, &ys))?;
                 }
                 Ok(())
             }

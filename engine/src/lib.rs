@@ -13,6 +13,7 @@ pub mod logging;
 pub mod model;
 pub mod model_path;
 pub mod paged;
+pub mod profile;
 pub mod reference;
 pub mod sampler;
 pub mod scheduler;

@@ -9,6 +9,7 @@ use super::{err, CliError};
 use crate::llm_engine::{LLMEngine, RequestParams};
 use crate::model::load_on_device;
 use crate::paged::PagedModel;
+use crate::profile;
 use crate::sampler::{SamplerConfig, StopConditions};
 use crate::serving::{build_engine, EngineSettings};
 
@@ -55,8 +56,12 @@ fn params(max_tokens: usize) -> RequestParams {
 }
 
 /// Runs the engine until idle; returns (wall seconds, decode-only tokens, decode-only
-/// seconds, first-token instant offsets).
-fn drain(engine: &mut LLMEngine<PagedModel>) -> Result<(f64, usize, f64), CliError> {
+/// seconds). With `FLINT_PROFILE`, the per-op times of the steps that carried prompt
+/// tokens are kept when `profile_prefill`, the others otherwise.
+fn drain(
+    engine: &mut LLMEngine<PagedModel>,
+    profile_prefill: bool,
+) -> Result<(f64, usize, f64), CliError> {
     let t0 = Instant::now();
     let (mut dec_tokens, mut dec_time) = (0usize, 0.0f64);
     while engine.has_unfinished() {
@@ -64,12 +69,20 @@ fn drain(engine: &mut LLMEngine<PagedModel>) -> Result<(f64, usize, f64), CliErr
         engine.step().map_err(err)?;
         let dt = ts.elapsed().as_secs_f64();
         let st = engine.last_step();
+        profile::end_step(st.has_prefill == profile_prefill);
         if !st.has_prefill {
             dec_tokens += st.sampled;
             dec_time += dt;
         }
     }
     Ok((t0.elapsed().as_secs_f64(), dec_tokens, dec_time))
+}
+
+/// Prints the per-op times kept since the last table (`FLINT_PROFILE`), on stderr.
+fn print_profile(phase: &str) {
+    if let Some(t) = profile::take_report(phase) {
+        eprint!("{t}");
+    }
 }
 
 /// Runs `flint bench`.
@@ -93,15 +106,17 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     engine
         .add_request(prompt(vocab, 8, 99), params(2))
         .map_err(err)?;
-    drain(&mut engine)?;
+    drain(&mut engine, true)?;
+    let _ = profile::take_report("warm-up");
 
     // Prefill: 1 x 512 prompt tokens, one generated token (its logits end the prefill).
     engine
         .add_request(prompt(vocab, 512, 1), params(1))
         .map_err(err)?;
     let t = Instant::now();
-    drain(&mut engine)?;
+    drain(&mut engine, true)?;
     let prefill_s = t.elapsed().as_secs_f64();
+    print_profile("prefill 1 x 512");
     let prefill_tok_s = 512.0 / prefill_s;
 
     // Decode: 1 x 8 prompt tokens, decode_tokens generated, c = 1.
@@ -109,7 +124,8 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     engine
         .add_request(prompt(vocab, 8, 2), params(n_gen))
         .map_err(err)?;
-    let (_, dec_tokens, dec_time) = drain(&mut engine)?;
+    let (_, dec_tokens, dec_time) = drain(&mut engine, false)?;
+    print_profile("decode c=1 (decode steps)");
     let decode_tok_s = dec_tokens as f64 / dec_time.max(1e-9);
     let tpot_ms = 1000.0 * dec_time / dec_tokens.max(1) as f64;
 
@@ -119,7 +135,8 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             .add_request(prompt(vocab, 128, 10 + i), params(32))
             .map_err(err)?;
     }
-    let (wall, agg_dec_tokens, agg_dec_time) = drain(&mut engine)?;
+    let (wall, agg_dec_tokens, agg_dec_time) = drain(&mut engine, false)?;
+    print_profile("aggregate c=4 (decode steps)");
     let output_tok_s = (8 * 32) as f64 / wall;
     let agg_decode_tok_s = agg_dec_tokens as f64 / agg_dec_time.max(1e-9);
     // What batching buys: aggregate decode at c=4 over decode at c=1 (the issue asks

@@ -136,6 +136,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         s.gen_tok_s(),
         lm.device_model.device().name()
     );
+    if let Some(t) = crate::profile::take_report("run (prompt and generation)") {
+        eprint!("{t}");
+    }
     Ok(())
 }
 
