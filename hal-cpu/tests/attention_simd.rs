@@ -144,6 +144,27 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             sinks: false,
             seqs: vec![(150, prompt.clone()), (67, vec![66]), (3, vec![0, 1, 2])],
         },
+        // One decoding sequence on one KV head (a Gemma 3 decode: one lane group, four
+        // lanes used, head size 256).
+        Case {
+            n_heads: 4,
+            hkv: 1,
+            dk: 256,
+            dv: 256,
+            window: None,
+            sinks: false,
+            seqs: vec![(150, vec![149])],
+        },
+        // The same with a window that cuts a tile and sinks, and an odd key count.
+        Case {
+            n_heads: 4,
+            hkv: 1,
+            dk: 64,
+            dv: 48,
+            window: Some(45),
+            sinks: true,
+            seqs: vec![(101, vec![100])],
+        },
     ];
     for (i, c) in cases.iter().enumerate() {
         let want = run(&device(SimdLevel::Avx2), c, 100 + i as u64);
