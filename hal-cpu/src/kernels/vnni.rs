@@ -237,18 +237,7 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
                 let p = &pair[r];
                 let isum = _mm_cvtepi32_ps(hsum4(p[0], p[1], p[2], p[3]));
                 let imin = _mm_cvtepi32_ps(pair_mins(pm));
-                let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
-                let (mut a_acc, mut a_min) = (_mm_set_ss(acc[r]), _mm_set_ss(accm[r]));
-                a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
-                a_min = _mm_fmadd_ss(imin, dmv, a_min);
-                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
-                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
-                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
-                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
-                a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
-                a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
-                acc[r] = _mm_cvtss_f32(a_acc);
-                accm[r] = _mm_cvtss_f32(a_min);
+                (acc[r], accm[r]) = pair_chains(isum, imin, dd, dm, acc[r], accm[r]);
             } else {
                 let all = _mm512_add_epi32(
                     _mm512_add_epi32(pair[r][0], pair[r][1]),
@@ -271,6 +260,25 @@ pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
     for r in 0..R {
         out[r] = acc[r] - accm[r];
     }
+}
+
+/// One Q4_K block's terms added to a row's two chains in llama.cpp's order:
+/// `acc = fma(I_j, dd, acc)` and `accm = fma(M_j, dm, accm)` for the four pairs `j` in
+/// turn (`isum`, `imin`: the pairs' integers as f32).
+#[inline]
+#[target_feature(enable = "avx,fma")]
+fn pair_chains(isum: __m128, imin: __m128, dd: f32, dm: f32, acc: f32, accm: f32) -> (f32, f32) {
+    let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
+    let (mut a_acc, mut a_min) = (_mm_set_ss(acc), _mm_set_ss(accm));
+    a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
+    a_min = _mm_fmadd_ss(imin, dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
+    (_mm_cvtss_f32(a_acc), _mm_cvtss_f32(a_min))
 }
 
 /// `[M_0, M_1, M_2, M_3]` with `M_j = pm_2j + pm_2j+1`: the mins terms of the four pairs
@@ -980,6 +988,31 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
 }
 
+/// The number of weight rows of `w_len` blocks in rows of `nb`, after checking the
+/// lengths a [`q0_rows`]-style kernel indexes without bounds checks: whole rows, every
+/// activation row at least `nb` blocks, room in `out` for `[row][stride]` results.
+fn rows_checked<const A: usize>(
+    w_len: usize,
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out_len: usize,
+    stride: usize,
+    what: &str,
+) -> usize {
+    let n = w_len / nb.max(1);
+    assert!(
+        nb > 0 && A > 0 && w_len == nb * n && stride >= A && out_len >= (n.max(1) - 1) * stride + A,
+        "{what}: lengths"
+    );
+    for (yb, ys, yl) in y {
+        assert!(
+            yb.len() >= nb && ys.len() >= nb && yl.len() >= nb,
+            "{what}: activation lengths"
+        );
+    }
+    n
+}
+
 /// Rows of a legacy 32-quant weight `w` (`nb` blocks each) against `A` Q8_0
 /// activation rows `y` (decode: one, or a few sequences), in tinyBLAS's order as
 /// [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit): `out[r * stride + a]` is weight row
@@ -1003,21 +1036,7 @@ pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize, const PF: usize
     out: &mut [f32],
     stride: usize,
 ) {
-    let n = w.len() / nb.max(1);
-    assert!(
-        nb > 0
-            && A > 0
-            && w.len() == nb * n
-            && stride >= A
-            && out.len() >= (n.max(1) - 1) * stride + A,
-        "q0_rows: lengths"
-    );
-    for (yb, ys, yl) in y {
-        assert!(
-            yb.len() >= nb && ys.len() >= nb && yl.len() >= nb,
-            "q0_rows: activation lengths"
-        );
-    }
+    let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0_rows");
     let run = n / S;
     for t in 0..run {
         let xr: [&[B]; S] = std::array::from_fn(|s| &w[(s * run + t) * nb..(s * run + t + 1) * nb]);
@@ -1116,18 +1135,7 @@ pub(crate) fn dot_q4k_rows<const S: usize>(
             let (dd, dm) = (d * yb.d, dmin * yb.d);
             let isum = _mm_cvtepi32_ps(hsum4(pair[0], pair[1], pair[2], pair[3]));
             let imin = _mm_cvtepi32_ps(pair_mins(pm));
-            let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
-            let (mut a_acc, mut a_min) = (_mm_set_ss(acc[s]), _mm_set_ss(accm[s]));
-            a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
-            a_min = _mm_fmadd_ss(imin, dmv, a_min);
-            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
-            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
-            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
-            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
-            a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
-            a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
-            acc[s] = _mm_cvtss_f32(a_acc);
-            accm[s] = _mm_cvtss_f32(a_min);
+            (acc[s], accm[s]) = pair_chains(isum, imin, dd, dm, acc[s], accm[s]);
         }
     }
     for s in 0..S {
@@ -1191,21 +1199,7 @@ pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize, const PF: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let n = w.len() / nb.max(1);
-    assert!(
-        nb > 0
-            && A > 0
-            && w.len() == nb * n
-            && stride >= A
-            && out.len() >= (n.max(1) - 1) * stride + A,
-        "q0_rows_pair: lengths"
-    );
-    for (yb, ys, yl) in y {
-        assert!(
-            yb.len() >= nb && ys.len() >= nb && yl.len() >= nb,
-            "q0_rows_pair: activation lengths"
-        );
-    }
+    let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0_rows_pair");
     let run = n / 2;
     for t in 0..run {
         let (x0, x1) = (
