@@ -428,14 +428,10 @@ impl DeviceModel {
                 )
             )?;
             if let Some(w) = &layer.q_norm {
-                let src = &mut norm_src[..q.len()];
-                src.copy_from_slice(&q);
-                timed!("rms_norm", dev.rms_norm(src, Some(w), spec.eps, dk, &mut q))?;
+                self.norm_in_place(&mut q, w, dk, &mut norm_src)?;
             }
             if let Some(w) = &layer.k_norm {
-                let src = &mut norm_src[..k.len()];
-                src.copy_from_slice(&k);
-                timed!("rms_norm", dev.rms_norm(src, Some(w), spec.eps, dk, &mut k))?;
+                self.norm_in_place(&mut k, w, dk, &mut norm_src)?;
             }
             let rp = |heads| RopeParams {
                 n_heads: heads,
@@ -466,12 +462,7 @@ impl DeviceModel {
             timed!("attention", dev.paged_attention(&*kv[il], &pa, &mut o))?;
             timed!("attn_out", dev.matmul(&*layer.wo, &o, n, &mut tmp))?;
             if let Some(w) = &layer.post_attn_norm {
-                let src = &mut norm_src[..tmp.len()];
-                src.copy_from_slice(&tmp);
-                timed!(
-                    "rms_norm",
-                    dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)
-                )?;
+                self.norm_in_place(&mut tmp, w, d, &mut norm_src)?;
             }
             timed!(
                 "add_rms_norm",
@@ -479,12 +470,7 @@ impl DeviceModel {
             )?;
             self.ffn(layer, &f, n, &mut tmp, &mut mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
-                let src = &mut norm_src[..tmp.len()];
-                src.copy_from_slice(&tmp);
-                timed!(
-                    "rms_norm",
-                    dev.rms_norm(src, Some(w), spec.eps, d, &mut tmp)
-                )?;
+                self.norm_in_place(&mut tmp, w, d, &mut norm_src)?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
@@ -509,6 +495,24 @@ impl DeviceModel {
         let mut logits = vec![0.0f32; m * spec.vocab];
         timed!("output", dev.matmul(&*self.output, &rows, m, &mut logits))?;
         Ok(logits)
+    }
+
+    /// `buf = rms_norm(buf) * w` in chunks of `dim` (the device op reads one buffer and
+    /// writes another: `buf` is copied to `scratch` first).
+    fn norm_in_place(
+        &self,
+        buf: &mut [f32],
+        w: &[f32],
+        dim: usize,
+        scratch: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let src = &mut scratch[..buf.len()];
+        src.copy_from_slice(buf);
+        timed!(
+            "rms_norm",
+            self.dev.rms_norm(src, Some(w), self.spec.eps, dim, buf)
+        )?;
+        Ok(())
     }
 
     fn mlp(
