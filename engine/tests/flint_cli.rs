@@ -168,3 +168,34 @@ fn logits_and_perplexity_on_tiny() {
     assert!(ppl.is_finite() && ppl > 1.0, "perplexity {ppl}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `FLINT_LOAD`: the mapped and the copied file give the same tokens; a value that is
+/// none of the modes is refused with a message naming the variable.
+#[test]
+fn load_modes_agree_and_a_bad_mode_is_refused() {
+    let d = tmpdir("load-mode");
+    let m = tiny_file(&d);
+    let run = |mode: &str| {
+        flint()
+            .arg("run")
+            .arg("-m")
+            .arg(&m)
+            .args(["-p", "Once upon a time", "-n", "12", "--temperature", "0"])
+            .env("FLINT_LOAD", mode)
+            .output()
+            .expect("flint runs")
+    };
+    let mapped = run("map");
+    let copied = run("copy");
+    assert!(mapped.status.success() && copied.status.success());
+    assert!(!mapped.stdout.is_empty());
+    assert_eq!(mapped.stdout, copied.stdout, "map and copy differ");
+    let bad = run("sometimes");
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("FLINT_LOAD") && err.contains("sometimes"),
+        "stderr: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

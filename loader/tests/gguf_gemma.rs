@@ -41,3 +41,29 @@ fn gemma_file_parses() {
         .expect("tensors");
     assert!(end <= f.len());
 }
+
+/// The huge-page copy holds the same bytes as the mapping, at offsets that keep every
+/// tensor's alignment.
+#[test]
+fn gemma_file_copied_into_huge_pages_equals_the_mapping() {
+    use flint_loader::gguf::{LoadMode, Residence};
+    let Some(path) = gemma_path() else {
+        eprintln!("SKIPPED: Gemma 3 270M GGUF not found (set FLINT_GEMMA_GGUF)");
+        return;
+    };
+    let mapped = GgufFile::open_with(&path, LoadMode::Map, &mut |_, _| {}).expect("map");
+    let mut last = (0, 0);
+    let copied =
+        GgufFile::open_with(&path, LoadMode::Copy, &mut |d, t| last = (d, t)).expect("copy");
+    assert_eq!(mapped.residence(), Residence::Mapped);
+    assert_eq!(copied.residence(), Residence::HugePages);
+    assert_eq!(last, (mapped.len() as u64, mapped.len() as u64));
+    assert!(
+        mapped.as_bytes() == copied.as_bytes(),
+        "the copy differs from the file"
+    );
+    for t in copied.tensors() {
+        let data = copied.tensor_data(t);
+        assert_eq!(data.as_ptr() as usize % copied.alignment(), 0, "{}", t.name);
+    }
+}

@@ -12,6 +12,7 @@ use crate::paged::PagedModel;
 use crate::profile;
 use crate::sampler::{SamplerConfig, StopConditions};
 use crate::serving::{build_engine, EngineSettings};
+use flint_loader::gguf::Residence;
 
 /// Arguments of `flint bench`.
 #[derive(Debug, Clone, Args)]
@@ -90,6 +91,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let path = crate::model_path::resolve(&args.model)?;
     let loaded = load_on_device(&path, args.device.as_deref(), !args.json).map_err(err)?;
     let device = loaded.device_model.device().name().to_string();
+    let residence = loaded.residence;
     let vocab = loaded.device_model.spec().vocab;
     let threads = std::env::var("FLINT_THREADS")
         .ok()
@@ -147,6 +149,10 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     if args.json {
         let v = json!({
             "model": model, "device": device, "threads": threads,
+            "weights": match residence {
+                Residence::HugePages => "huge_pages",
+                Residence::Mapped => "mapped",
+            },
             "prefill": {"prompt_tokens": 512, "tok_s": prefill_tok_s},
             "decode": {"prompt_tokens": 8, "generated": n_gen, "tok_s": decode_tok_s,
                        "tpot_ms": tpot_ms},
@@ -159,6 +165,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     } else {
         println!("model      {model}");
         println!("device     {device} ({threads} threads)");
+        println!("weights    {} (FLINT_LOAD)", residence.describe());
         println!("prefill    1 x 512 in            {prefill_tok_s:10.1} tok/s");
         println!(
             "decode     1 x 8 in, {n_gen} out, c=1 {decode_tok_s:10.1} tok/s   TPOT {tpot_ms:.2} ms"

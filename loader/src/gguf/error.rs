@@ -233,4 +233,10 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
+    /// `FLINT_LOAD` holds something other than `auto`, `map` or `copy`.
+    #[error("FLINT_LOAD is '{value}': expected auto, map or copy")]
+    BadLoadMode {
+        /// The value found.
+        value: String,
+    },
 }

@@ -5,6 +5,7 @@
 
 mod error;
 mod reader;
+mod residence;
 mod value;
 mod writer;
 
@@ -13,5 +14,6 @@ pub use reader::{
     GgufFile, SharedBytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC,
     MAX_ARRAY_DEPTH, MAX_DIMS,
 };
+pub use residence::{LoadMode, Residence};
 pub use value::{Array, Summary, Value, ValueType};
 pub use writer::GgufWriter;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use flint_core::GgmlType;
 
 use super::error::GgufError;
+use super::residence::{HugePageCopy, LoadMode, Residence};
 use super::value::{Array, Value, ValueType};
 
 /// Bytes shared between the reader and whoever builds weights from them (the same type
@@ -81,6 +82,7 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: usize,
     data_start: usize,
+    residence: Residence,
 }
 
 impl fmt::Debug for GgufFile {
@@ -92,13 +94,26 @@ impl fmt::Debug for GgufFile {
             .field("tensors", &self.tensors.len())
             .field("alignment", &self.alignment)
             .field("data_start", &self.data_start)
+            .field("residence", &self.residence)
             .finish()
     }
 }
 
 impl GgufFile {
-    /// Maps the file read-only and parses it.
+    /// Maps the file read-only and parses it (zero copies: what tools that read a few
+    /// tensors want; a model that is about to run wants [`GgufFile::open_with`]).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::open_with(path, LoadMode::Map, &mut |_, _| {})
+    }
+
+    /// Opens the file held as `mode` says ([`LoadMode::Auto`]: in transparent huge pages
+    /// where that pays, see [`LoadMode`]) and parses it. A copy reports
+    /// `(bytes read, file length)` to `progress` as it goes; a mapping reports nothing.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        mode: LoadMode,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
@@ -110,11 +125,27 @@ impl GgufFile {
             // Mapping an empty file fails on some systems; the parse error is the useful one.
             return Self::from_bytes(Vec::new());
         }
-        // SAFETY: the map is read-only and private to this process; the file must not be
-        // truncated or rewritten by another process while it is mapped (the usual mmap
-        // contract, which model files in a cache directory satisfy).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_shared(Arc::new(map))
+        let residence = mode.resolve(len);
+        let mut parsed = match residence {
+            Residence::HugePages => {
+                let len = usize::try_from(len).map_err(|_| {
+                    io(std::io::Error::other(
+                        "the file is larger than the address space",
+                    ))
+                })?;
+                let copy = HugePageCopy::read(path, &file, len, progress)?;
+                Self::from_shared(Arc::new(copy))?
+            }
+            Residence::Mapped => {
+                // SAFETY: the map is read-only and private to this process; the file must
+                // not be truncated or rewritten by another process while it is mapped (the
+                // usual mmap contract, which model files in a cache directory satisfy).
+                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+                Self::from_shared(Arc::new(map))?
+            }
+        };
+        parsed.residence = residence;
+        Ok(parsed)
     }
 
     /// Parses a file held in a vector (tests, fuzzing).
@@ -134,6 +165,7 @@ impl GgufFile {
             tensor_index: parsed.tensor_index,
             alignment: parsed.alignment,
             data_start: parsed.data_start,
+            residence: Residence::Mapped,
         })
     }
 
@@ -166,6 +198,11 @@ impl GgufFile {
     /// Alignment of the tensor data.
     pub fn alignment(&self) -> usize {
         self.alignment
+    }
+
+    /// Where the file's bytes are held.
+    pub fn residence(&self) -> Residence {
+        self.residence
     }
 
     /// Absolute offset of the data section.
