@@ -13,7 +13,7 @@
 //!
 //! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
 //! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order; its
-//! decode form `vnni::dot_q4k_rows`); the scalar reference is `flint_core::dot::vec_dot`
+//! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector); the scalar reference is `flint_core::dot::vec_dot`
 //! (`core/src/dot/`). A decode's legacy-quant matvec is `vnni::q0_rows`.
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
@@ -732,6 +732,37 @@ macro_rules! rows2 {
     }};
 }
 
+/// The Q4_K decode of a chunk of weight rows (`out.len()` of them, each `y.len()`
+/// blocks) against one activation row: four rows at a time, a quarter of the chunk apart
+/// (`vnni::dot_q4k_rows4`), the last `n % 4` one by one.
+#[cfg(target_arch = "x86_64")]
+fn q4k_rows4(w: &[BlockQ4K], y: &[BlockQ8K], out: &mut [f32]) {
+    let n = out.len();
+    let nb = y.len();
+    let row = |r: usize| &w[r * nb..(r + 1) * nb];
+    let q = n / 4;
+    for t in 0..q {
+        let mut r = [0f32; 4];
+        // SAFETY: the VNNI level was checked against the CPU's features at device open.
+        unsafe {
+            vnni::dot_q4k_rows4(
+                [row(t), row(q + t), row(2 * q + t), row(3 * q + t)],
+                y,
+                &mut r,
+            )
+        };
+        for (s, v) in r.into_iter().enumerate() {
+            out[s * q + t] = v;
+        }
+    }
+    for t in 4 * q..n {
+        let mut r = [0f32; 1];
+        // SAFETY: as above.
+        unsafe { vnni::dot_q4k_rows::<1>([row(t)], y, &mut r) };
+        out[t] = r[0];
+    }
+}
+
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
 macro_rules! rows1 {
     ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
@@ -770,7 +801,11 @@ pub(crate) fn matvec_rows(
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
                 // Two rows side by side, half the chunk apart: adjacent rows side by side
                 // stream from memory at a fraction of one row's speed (`vnni::q0_rows`).
-                GgmlType::Q4_K => rows2!(vnni::dot_q4k_rows, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q4_K => q4k_rows4(
+                    &view::<BlockQ4K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                ),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows2!(vnni::dot_q6k_rows, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),

@@ -1254,3 +1254,129 @@ pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize, const PF: usize>(
         q0_rows::<B, 1, A, 0>(&w[r * nb..], nb, y, &mut out[r * stride..], stride);
     }
 }
+
+/// `vpermd` indices that turn the pair sums of [`dot_q4k_rows4`] (128-bit lane `k`:
+/// rows `k / 2` and `k / 2 + 2`, pairs `[j, j + 2]` with `j = k % 2`) into `[j][row]`:
+/// lane `4j + r` holds row `r`'s pair `j`.
+const Q4K_ROWS4_OUT: [i32; 16] = [0, 8, 2, 10, 4, 12, 6, 14, 1, 9, 3, 11, 5, 13, 7, 15];
+/// The same for the mins terms (128-bit lane `k`: rows `k / 2` and `k / 2 + 2`, pairs
+/// `[2(k % 2), 2(k % 2) + 1]`).
+const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13, 7, 15];
+
+/// [`dot_q4k_rows`] for four weight rows at once, the rows' chains in the lanes of one
+/// vector: each row's arithmetic exactly that of `dot_q4k_gemm::<1>` (the integers of a
+/// pair of sub-blocks are exact in any order; per pair `j` in turn
+/// `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`, one lane per row).
+///
+/// Against [`dot_q4k_rows`], which spends most of its time on the per-row horizontal
+/// sums and scalar chains: each sub-block's 32 products are taken with one `vpdpbusd`
+/// (nibbles times quants, no scale yet; two sub-blocks per register, the activation
+/// halves rearranged once per block for all four rows), the sixteen registers of the four
+/// rows are summed in one tree down to the 32 sub-block sums, and the scales are applied
+/// to the sums (`vpmulld`), not to every product. The caller passes rows far apart
+/// ([`q0_rows`] says why).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q4k_rows4: lengths");
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    // SAFETY: 16 readable i32 each; loadu is unaligned.
+    let (out_idx, mins_idx) = unsafe {
+        (
+            _mm512_loadu_si512(Q4K_ROWS4_OUT.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(Q4K_ROWS4_MINS.as_ptr() as *const __m512i),
+        )
+    };
+    // Scale bytes of two rows (`[sc0..sc7]` of each) reordered to the sub-block order of
+    // the tree's last level: per row `[sc0, sc1, sc4, sc5, sc2, sc3, sc6, sc7]`.
+    let sc_order = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    let mut acc = _mm_setzero_ps();
+    let mut accm = _mm_setzero_ps();
+    for (i, yb) in y.iter().enumerate() {
+        // The activation quants as the nibble registers pair the sub-blocks:
+        // [sb0 | sb2], [sb1 | sb3], [sb4 | sb6], [sb5 | sb7].
+        let (y0, y1) = (load64(&yb.qs[..]), load64(&yb.qs[64..]));
+        let (y2, y3) = (load64(&yb.qs[128..]), load64(&yb.qs[192..]));
+        let ya = [
+            _mm512_shuffle_i64x2::<0x44>(y0, y1),
+            _mm512_shuffle_i64x2::<0xEE>(y0, y1),
+            _mm512_shuffle_i64x2::<0x44>(y2, y3),
+            _mm512_shuffle_i64x2::<0xEE>(y2, y3),
+        ];
+        // Lane t: bsum_2t + bsum_2t+1, the activation sum of sub-block t, in both halves.
+        let bs = _mm256_madd_epi16(load_bsums(yb), _mm256_set1_epi16(1));
+        let bs2 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bs), bs);
+        let mut heads = [(_mm_setzero_si128(), _mm_setzero_ps()); 4];
+        // Per row, per 128-bit lane k: [sum of lane k of da, db, dc, dd].
+        let mut v = [_mm512_setzero_si512(); 4];
+        for r in 0..4 {
+            let b = &x[r][i];
+            heads[r] = k4_header(head16(b));
+            let (q0, q1) = (load64(&b.qs[..]), load64(&b.qs[64..]));
+            let z = _mm512_setzero_si512();
+            let da = _mm512_dpbusd_epi32(z, _mm512_and_si512(q0, m4), ya[0]);
+            let db =
+                _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4), ya[1]);
+            let dc = _mm512_dpbusd_epi32(z, _mm512_and_si512(q1, m4), ya[2]);
+            let dd =
+                _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4), ya[3]);
+            let t = _mm512_add_epi32(_mm512_unpacklo_epi32(da, db), _mm512_unpackhi_epi32(da, db));
+            let u = _mm512_add_epi32(_mm512_unpacklo_epi32(dc, dd), _mm512_unpackhi_epi32(dc, dd));
+            v[r] = _mm512_add_epi32(_mm512_unpacklo_epi64(t, u), _mm512_unpackhi_epi64(t, u));
+        }
+        // Rows (0, 1) and (2, 3): 128-bit lanes [r: sb0 sb1 sb4 sb5], [r: sb2 sb3 sb6 sb7],
+        // [r+1: ...], [r+1: ...].
+        let w = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0x88>(a, b),
+                _mm512_shuffle_i32x4::<0xDD>(a, b),
+            )
+        };
+        let (w01, w23) = (w(v[0], v[1]), w(v[2], v[3]));
+        let scales = |a: __m128i, b: __m128i| {
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_unpacklo_epi64(a, b), sc_order))
+        };
+        let p01 = _mm512_mullo_epi32(w01, scales(heads[0].0, heads[1].0));
+        let p23 = _mm512_mullo_epi32(w23, scales(heads[2].0, heads[3].0));
+        // Adjacent lanes summed: I_j = sc_2j·s_2j + sc_2j+1·s_2j+1.
+        let (pf01, pf23) = (_mm512_castsi512_ps(p01), _mm512_castsi512_ps(p23));
+        let isum = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(pf01, pf23)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(pf01, pf23)),
+        );
+        let ifl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(out_idx, isum));
+        // Mins: lane t of each row m_t·bsum(t), then pairs summed the same way.
+        let mins = |a: __m128i, b: __m128i| {
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b)), bs2)
+        };
+        let (m01, m23) = (
+            _mm512_castsi512_ps(mins(heads[0].0, heads[1].0)),
+            _mm512_castsi512_ps(mins(heads[2].0, heads[3].0)),
+        );
+        let msum = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(m01, m23)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(m01, m23)),
+        );
+        let mfl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(mins_idx, msum));
+        // [d_r] and [dmin_r], times the activation scale: the f32 products d·d_a.
+        let t01 = _mm_unpacklo_ps(heads[0].1, heads[1].1);
+        let t23 = _mm_unpacklo_ps(heads[2].1, heads[3].1);
+        let dy = _mm_set1_ps(yb.d);
+        let dd = _mm_mul_ps(_mm_movelh_ps(t01, t23), dy);
+        let dm = _mm_mul_ps(_mm_movehl_ps(t23, t01), dy);
+        acc = _mm_fmadd_ps(_mm512_castps512_ps128(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_castps512_ps128(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(mfl), dm, accm);
+    }
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc, accm)) };
+    *out = o;
+}
