@@ -13,8 +13,8 @@
 //!
 //! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
 //! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order; its
-//! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector); the scalar reference is `flint_core::dot::vec_dot`
-//! (`core/src/dot/`). A decode's legacy-quant matvec is `vnni::q0_rows`.
+//! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector); the scalar
+//! reference is `flint_core::dot::vec_dot` (`core/src/dot/`). A decode's legacy-quant matvec is `vnni::q0_rows`.
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
 //! llama.cpp's tinyBLAS order at every level (`tinyblas.rs`); Q4_K and Q6_K in llama.cpp's
