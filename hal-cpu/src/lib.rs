@@ -694,6 +694,23 @@ impl Device for CpuDevice {
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
+                if kernels::has_small_batch_kernel(level, ty) {
+                    // The expert's few tokens gathered and quantized apart (row by row,
+                    // as in the whole batch's `acts`: the same bytes), then each weight
+                    // block decoded once for all of them (`kernels::rows_small_batch`),
+                    // not a dispatch per weight row: at c = 4 on the bench preset, about
+                    // one expert in eight gets two tokens.
+                    let gathered: Vec<f32> = inputs
+                        .iter()
+                        .flat_map(|&r| x[r * k..(r + 1) * k].iter().copied())
+                        .collect();
+                    let sub = Acts::new(level, ty, &gathered, k)
+                        .map_err(|e| fmt_err("quantizing activations", e))?;
+                    let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
+                    if kernels::rows_small_batch(level, ty, wb, &sub, k, m, dst) {
+                        return Ok(());
+                    }
+                }
                 let mut tmp = [0f32; TILE];
                 for r in 0..rows_here {
                     let o = o0 + r;
