@@ -11,10 +11,9 @@
  * against 12 independent FMAs (one 512-bit FMA per cycle on Zen 4), all from registers.
  * No loads, so these are ceilings; the kernel adds its loads and the loop.
  *
- * Caveat (2026-11-30, this VM): the figures move a lot between runs and between near-identical
- * variants of this loop (15.8 cycles per tile here, 28-35 in a variant that derived its
- * inputs differently; docs/benchmarks.md, session 5). Read them as a hint that the kernel is
- * below the op mix's ceiling, not as the ceiling.
+ * On this VM (2026-11-30): 36 cycles per tile with vmulps (21 MACs per cycle), 25 with
+ * vpermps; the real kernel runs at ~16 MACs per cycle, and a kernel with the permutes was
+ * slower (docs/benchmarks.md, session 5): the ceiling here ignores loads and the loop.
  *
  * Build and run:  cc -O2 -march=native tools/bench/opmix.c -o /tmp/opmix && /tmp/opmix
  * Needs AVX-512 F/VNNI. Prints cycles per tile (12 steps = 768 MACs) relative to the FMA
@@ -48,7 +47,7 @@ static double now_s(void) {
         for (long i = 0; i < n; i++) {                                                            \
             /* Opaque to the compiler: nothing is hoisted or shared between iterations. */       \
             __asm__ volatile("" : "+v"(y0), "+v"(y1), "+v"(y2), "+v"(y3), "+v"(init), "+v"(s0),   \
-                                  "+v"(s1), "+v"(s2), "+v"(s3));                                  \
+                                  "+v"(s1), "+v"(s2), "+v"(s3), "+v"(d0), "+v"(d1), "+v"(d2));    \
             STEP(a0, u0, d0, y0, s0, SCALE) STEP(a1, u1, d1, y0, s0, SCALE)                       \
             STEP(a2, u2, d2, y0, s0, SCALE) STEP(a3, u0, d0, y1, s1, SCALE)                       \
             STEP(a4, u1, d1, y1, s1, SCALE) STEP(a5, u2, d2, y1, s1, SCALE)                       \
@@ -64,13 +63,21 @@ TILE_FN(tile_mul, MUL)
 TILE_FN(tile_perm, PERM)
 
 __attribute__((noinline)) static void fma12(__m512 *acc, __m512 s, __m512 d, long n) {
-    __m512 a[12];
-    for (int k = 0; k < 12; k++) a[k] = acc[k];
+    /* Twelve named accumulators: an array here would live in memory, and the loop would
+     * time store-to-load forwarding instead of the FMA pipes. */
+    __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], a4 = acc[4], a5 = acc[5];
+    __m512 a6 = acc[6], a7 = acc[7], a8 = acc[8], a9 = acc[9], a10 = acc[10], a11 = acc[11];
     for (long i = 0; i < n; i++) {
         __asm__ volatile("" : "+v"(s), "+v"(d));
-        for (int k = 0; k < 12; k++) a[k] = _mm512_fmadd_ps(a[k], s, d);
+        a0 = _mm512_fmadd_ps(a0, s, d); a1 = _mm512_fmadd_ps(a1, s, d);
+        a2 = _mm512_fmadd_ps(a2, s, d); a3 = _mm512_fmadd_ps(a3, s, d);
+        a4 = _mm512_fmadd_ps(a4, s, d); a5 = _mm512_fmadd_ps(a5, s, d);
+        a6 = _mm512_fmadd_ps(a6, s, d); a7 = _mm512_fmadd_ps(a7, s, d);
+        a8 = _mm512_fmadd_ps(a8, s, d); a9 = _mm512_fmadd_ps(a9, s, d);
+        a10 = _mm512_fmadd_ps(a10, s, d); a11 = _mm512_fmadd_ps(a11, s, d);
     }
-    for (int k = 0; k < 12; k++) acc[k] = a[k];
+    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4; acc[5] = a5;
+    acc[6] = a6; acc[7] = a7; acc[8] = a8; acc[9] = a9; acc[10] = a10; acc[11] = a11;
 }
 
 int main(void) {
