@@ -703,40 +703,18 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
     }
 }
 
-/// Runs `$f::<2>` (two weight rows side by side, one activation row) over the rows of a
-/// chunk taken far apart, row `t` with row `t + n / 2` (`vnni::q0_rows` says why), and
-/// `$f::<1>` over an odd last row.
-#[cfg(target_arch = "x86_64")]
-macro_rules! rows2 {
-    ($m:ident :: $f:ident, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
-        let wb = view::<$B>($w);
-        let out: &mut [f32] = $out;
-        let n = out.len();
-        let nbw = wb.len() / n;
-        let y = &$a[$row * $nb..($row + 1) * $nb];
-        let run = n / 2;
-        let row = |r: usize| &wb[r * nbw..(r + 1) * nbw];
-        for t in 0..run {
-            let mut r = [0f32; 2];
-            // SAFETY: the level was checked against the CPU's features at device open.
-            unsafe { $m::$f::<2>([row(t), row(run + t)], y, &mut r) };
-            out[t] = r[0];
-            out[run + t] = r[1];
-        }
-        if n % 2 == 1 {
-            let mut r = [0f32; 1];
-            // SAFETY: as above.
-            unsafe { $m::$f::<1>([row(n - 1)], y, &mut r) };
-            out[n - 1] = r[0];
-        }
-    }};
-}
-
-/// The Q4_K decode of a chunk of weight rows (`out.len()` of them, each `y.len()`
+/// A K-quant decode of a chunk of weight rows (`out.len()` of them, each `y.len()`
 /// blocks) against one activation row: four rows at a time, a quarter of the chunk apart
-/// (`vnni::dot_q4k_rows4`), the last `n % 4` one by one.
+/// (`four`: `vnni::dot_q4k_rows4`, `vnni::dot_q6k_rows4`), the last `n % 4` one by one
+/// (`one`).
 #[cfg(target_arch = "x86_64")]
-fn q4k_rows4(w: &[BlockQ4K], y: &[BlockQ8K], out: &mut [f32]) {
+fn rows4<B>(
+    w: &[B],
+    y: &[BlockQ8K],
+    out: &mut [f32],
+    four: unsafe fn([&[B]; 4], &[BlockQ8K], &mut [f32; 4]),
+    one: unsafe fn([&[B]; 1], &[BlockQ8K], &mut [f32; 1]),
+) {
     let n = out.len();
     let nb = y.len();
     let row = |r: usize| &w[r * nb..(r + 1) * nb];
@@ -745,7 +723,7 @@ fn q4k_rows4(w: &[BlockQ4K], y: &[BlockQ8K], out: &mut [f32]) {
         let mut r = [0f32; 4];
         // SAFETY: the VNNI level was checked against the CPU's features at device open.
         unsafe {
-            vnni::dot_q4k_rows4(
+            four(
                 [row(t), row(q + t), row(2 * q + t), row(3 * q + t)],
                 y,
                 &mut r,
@@ -758,7 +736,7 @@ fn q4k_rows4(w: &[BlockQ4K], y: &[BlockQ8K], out: &mut [f32]) {
     for t in 4 * q..n {
         let mut r = [0f32; 1];
         // SAFETY: as above.
-        unsafe { vnni::dot_q4k_rows::<1>([row(t)], y, &mut r) };
+        unsafe { one([row(t)], y, &mut r) };
         out[t] = r[0];
     }
 }
@@ -799,15 +777,24 @@ pub(crate) fn matvec_rows(
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
-                // Two rows side by side, half the chunk apart: adjacent rows side by side
-                // stream from memory at a fraction of one row's speed (`vnni::q0_rows`).
-                GgmlType::Q4_K => q4k_rows4(
+                // Four rows side by side, a quarter of the chunk apart: adjacent rows side
+                // by side stream from memory at a fraction of one row's speed
+                // (`vnni::q0_rows`).
+                GgmlType::Q4_K => rows4(
                     &view::<BlockQ4K>(w),
                     &a[act_row * nbk..(act_row + 1) * nbk],
                     o,
+                    vnni::dot_q4k_rows4,
+                    vnni::dot_q4k_rows::<1>,
                 ),
                 GgmlType::Q5_K => rows1!(vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
-                GgmlType::Q6_K => rows2!(vnni::dot_q6k_rows, BlockQ6K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows4(
+                    &view::<BlockQ6K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    vnni::dot_q6k_rows4,
+                    vnni::dot_q6k_rows::<1>,
+                ),
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {

@@ -1380,3 +1380,50 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32;
     unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc, accm)) };
     *out = o;
 }
+
+/// [`dot_q6k_rows`] for four weight rows at once: each row's block integer as there, the
+/// four summed side by side ([`hsum4`]), and the rows' chains
+/// `acc = fma(S·d, d_a, acc)` in the lanes of one vector (the per-row arithmetic of
+/// `dot_q6k_tiled::<1>`, bit for bit). The caller passes rows far apart.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q6k_rows4: lengths");
+    }
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let mut acc = _mm_setzero_ps();
+    for (i, yb) in y.iter().enumerate() {
+        let bs = load_bsums(yb);
+        let mut t = [_mm512_setzero_si512(); 4];
+        for (s, ts) in t.iter_mut().enumerate() {
+            let b = &x[s][i];
+            let (sc16, sc) = q6k_scales(b);
+            let mut sumi = [_mm512_setzero_si512(); 2];
+            for n in 0..2 {
+                let h = bcast32(&b.qh[32 * n..]);
+                let ql = load64(&b.ql[64 * n..]);
+                for (g, a) in sumi.iter_mut().enumerate() {
+                    let qv = q6k_quants(ql, h, g, shift);
+                    let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                    let yv = load64(&yb.qs[128 * n + 64 * g..]);
+                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
+                }
+            }
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+            *ts = _mm512_sub_epi32(
+                _mm512_add_epi32(sumi[0], sumi[1]),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            );
+        }
+        let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
+        let dh = |s: usize| x[s][i].d as i16;
+        let d4 = _mm_cvtph_ps(_mm_setr_epi16(dh(0), dh(1), dh(2), dh(3), 0, 0, 0, 0));
+        acc = _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc);
+    }
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc) };
+    *out = o;
+}
