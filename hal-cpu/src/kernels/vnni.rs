@@ -1143,6 +1143,37 @@ pub(crate) fn dot_q4k_rows<const S: usize>(
     }
 }
 
+/// One Q6_K block against one Q8_K block (`bs`: its 16 block sums): the exact block
+/// integer `S` of [`dot_q6k_tiled`] spread over 16 lanes (scales applied, the offset of
+/// the unsigned quants taken off), for the decode kernels to sum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+fn q6k_block_lanes(
+    b: &BlockQ6K,
+    yb: &BlockQ8K,
+    bs: __m256i,
+    shift: __m512i,
+    idx: &[__m512i; 4],
+) -> __m512i {
+    let (sc16, sc) = q6k_scales(b);
+    let mut sumi = [_mm512_setzero_si512(); 2];
+    for n in 0..2 {
+        let h = bcast32(&b.qh[32 * n..]);
+        let ql = load64(&b.ql[64 * n..]);
+        for (g, a) in sumi.iter_mut().enumerate() {
+            let qv = q6k_quants(ql, h, g, shift);
+            let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+            let yv = load64(&yb.qs[128 * n + 64 * g..]);
+            *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
+        }
+    }
+    let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+    _mm512_sub_epi32(
+        _mm512_add_epi32(sumi[0], sumi[1]),
+        _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+    )
+}
+
 /// [`dot_q6k_tiled`] for one activation row against `S` weight rows side by side (the
 /// M = 1 path), each row's arithmetic exactly that of `dot_q6k_tiled::<1>`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -1163,23 +1194,7 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
         for s in 0..S {
             let b = &x[s][i];
             let d = f16_to_f32(b.d);
-            let (sc16, sc) = q6k_scales(b);
-            let mut sumi = [_mm512_setzero_si512(); 2];
-            for n in 0..2 {
-                let h = bcast32(&b.qh[32 * n..]);
-                let ql = load64(&b.ql[64 * n..]);
-                for (g, a) in sumi.iter_mut().enumerate() {
-                    let qv = q6k_quants(ql, h, g, shift);
-                    let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
-                    let yv = load64(&yb.qs[128 * n + 64 * g..]);
-                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
-                }
-            }
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
-            let total = _mm512_sub_epi32(
-                _mm512_add_epi32(sumi[0], sumi[1]),
-                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
-            );
+            let total = q6k_block_lanes(b, yb, bs, shift, &idx);
             acc[s] = fma1(hsum_i32(total) as f32 * d, yb.d, acc[s]);
         }
     }
@@ -1398,24 +1413,7 @@ pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32;
         let bs = load_bsums(yb);
         let mut t = [_mm512_setzero_si512(); 4];
         for (s, ts) in t.iter_mut().enumerate() {
-            let b = &x[s][i];
-            let (sc16, sc) = q6k_scales(b);
-            let mut sumi = [_mm512_setzero_si512(); 2];
-            for n in 0..2 {
-                let h = bcast32(&b.qh[32 * n..]);
-                let ql = load64(&b.ql[64 * n..]);
-                for (g, a) in sumi.iter_mut().enumerate() {
-                    let qv = q6k_quants(ql, h, g, shift);
-                    let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
-                    let yv = load64(&yb.qs[128 * n + 64 * g..]);
-                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
-                }
-            }
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
-            *ts = _mm512_sub_epi32(
-                _mm512_add_epi32(sumi[0], sumi[1]),
-                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
-            );
+            *ts = q6k_block_lanes(&x[s][i], yb, bs, shift, &idx);
         }
         let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
         let dh = |s: usize| x[s][i].d as i16;
