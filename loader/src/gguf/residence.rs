@@ -130,6 +130,19 @@ impl HugePageCopy {
             path: path.to_path_buf(),
             source,
         };
+        // Anonymous memory cannot be paged back to the file: a copy larger than what the
+        // machine has free would end in the OOM killer, not in an error.
+        if let Some(avail) = mem_available() {
+            if len as u64 > avail {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!(
+                        "{len} bytes do not fit in the {avail} bytes of available memory \
+                         (FLINT_LOAD=map maps the file instead of copying it)"
+                    ),
+                )));
+            }
+        }
         let mut anon = memmap2::MmapMut::map_anon(len + HUGE_PAGE).map_err(io)?;
         let start = (HUGE_PAGE - anon.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
         // Advice only: without it (or where the kernel says no) the copy is on small
@@ -224,6 +237,29 @@ mod tests {
             Some(&(bytes.len() as u64, bytes.len() as u64))
         );
         assert!(reports.len() >= 4, "one report per chunk: {reports:?}");
+    }
+
+    #[test]
+    fn a_copy_larger_than_the_available_memory_is_refused_before_any_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = File::create(&path).unwrap();
+        // A sparse terabyte: no disk, no memory, larger than any test machine's RAM.
+        file.set_len(1 << 40).unwrap();
+        let file = File::open(&path).unwrap();
+        let Some(avail) = mem_available() else {
+            eprintln!("SKIPPED: no /proc/meminfo, the check has nothing to compare with");
+            return;
+        };
+        assert!(avail < 1 << 40);
+        let err = HugePageCopy::read(&path, &file, 1 << 40, &mut |_, _| {})
+            .err()
+            .expect("a terabyte copy must be refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("available memory") && msg.contains("FLINT_LOAD=map"),
+            "{msg}"
+        );
     }
 
     #[test]
