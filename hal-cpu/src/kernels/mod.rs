@@ -683,10 +683,16 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
         match m - a0 {
             1 => unsafe { vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
             2 => unsafe {
-                vnni::q0_rows_pair::<B, 2, STREAM_PREFETCH>(w, nb, &[side(a0), side(a0 + 1)], o, m)
+                vnni::q0_rows_pairs::<B, 3, 2, STREAM_PREFETCH>(
+                    w,
+                    nb,
+                    &[side(a0), side(a0 + 1)],
+                    o,
+                    m,
+                )
             },
             3 => unsafe {
-                vnni::q0_rows_pair::<B, 3, STREAM_PREFETCH>(
+                vnni::q0_rows_pairs::<B, 3, 3, STREAM_PREFETCH>(
                     w,
                     nb,
                     &[side(a0), side(a0 + 1), side(a0 + 2)],
@@ -696,7 +702,7 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
             },
             _ => unsafe {
                 let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
-                vnni::q0_rows_pair::<B, 4, STREAM_PREFETCH>(w, nb, &ys, o, m)
+                vnni::q0_rows_pairs::<B, 3, 4, STREAM_PREFETCH>(w, nb, &ys, o, m)
             },
         }
         a0 += (m - a0).min(4);

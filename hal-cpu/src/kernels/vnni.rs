@@ -1425,3 +1425,87 @@ pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32;
     unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc) };
     *out = o;
 }
+
+/// [`q0_rows_pair`] with `P` pairs of weight rows at a time (all `2P` rows far apart:
+/// row `t + s * run` for `s < 2P`), so that each activation block loaded, shifted and
+/// broadcast feeds `P` pairs instead of one: the small-batch form of [`q0_tile`]'s
+/// sharing. The same arithmetic per lane as [`q0_rows`]; the last `n % 2P` rows go to
+/// [`q0_rows_pair`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q0_rows_pairs<B: Q0Pair, const P: usize, const A: usize, const PF: usize>(
+    w: &[B],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0_rows_pairs");
+    let run = n / (2 * P);
+    for t in 0..run {
+        let xs: [&[B]; 6] = std::array::from_fn(|s| {
+            let r = (s.min(2 * P - 1)) * run + t;
+            &w[r * nb..(r + 1) * nb]
+        });
+        let mut acc = [[_mm512_setzero_ps(); A]; P];
+        for i in 0..nb {
+            // SAFETY: `i < nb`; every activation slice has at least `nb` entries and every
+            // `xs[s]` exactly `nb` (checked above); 32 quant bytes and 8 i32 are readable,
+            // loadu is unaligned; this function's features include what `unsigned` needs.
+            unsafe {
+                let mut u = [_mm512_setzero_si512(); P];
+                let mut d = [_mm512_setzero_ps(); P];
+                for p in 0..P {
+                    let (b0, b1) = (xs[2 * p].get_unchecked(i), xs[2 * p + 1].get_unchecked(i));
+                    if PF > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>((b0 as *const B).cast::<i8>().wrapping_add(PF));
+                        _mm_prefetch::<_MM_HINT_T0>((b1 as *const B).cast::<i8>().wrapping_add(PF));
+                    }
+                    u[p] = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(b0.unsigned()),
+                        b1.unsigned(),
+                    );
+                    d[p] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                        _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(
+                            b0.scale_bits() as i16,
+                        )))),
+                        _mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(b1.scale_bits() as i16))),
+                    ));
+                }
+                for a in 0..A {
+                    let (yb, ys, yl) = y[a];
+                    let yv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        yb.get_unchecked(i).qs.as_ptr() as *const __m256i,
+                    ));
+                    let init = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        yl.get_unchecked(i).as_ptr() as *const __m256i,
+                    ));
+                    let init = if B::SHIFT == 0 {
+                        init
+                    } else {
+                        _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
+                    };
+                    let dy = _mm512_set1_ps(*ys.get_unchecked(i));
+                    for p in 0..P {
+                        let sum = _mm512_dpbusd_epi32(init, u[p], yv);
+                        acc[p][a] = _mm512_fmadd_ps(
+                            _mm512_mul_ps(d[p], dy),
+                            _mm512_cvtepi32_ps(sum),
+                            acc[p][a],
+                        );
+                    }
+                }
+            }
+        }
+        for p in 0..P {
+            for a in 0..A {
+                out[(2 * p * run + t) * stride + a] =
+                    super::avx2::hsum_ps(_mm512_castps512_ps256(acc[p][a]));
+                out[((2 * p + 1) * run + t) * stride + a] = super::avx2::hsum_ps(hi256(acc[p][a]));
+            }
+        }
+    }
+    let done = 2 * P * run;
+    if done < n {
+        q0_rows_pair::<B, A, PF>(&w[done * nb..], nb, y, &mut out[done * stride..], stride);
+    }
+}
