@@ -1201,75 +1201,6 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
     *out = acc;
 }
 
-/// [`q0_rows`] with `S = 2` in 512-bit registers: the two far-apart weight rows in the
-/// two halves of each register (row `t` low, row `run + t` high), so that one
-/// `vpdpbusd`, one scale product, one conversion and one fused multiply-add serve both
-/// rows for each activation row. The same arithmetic per lane as [`q0_rows`]; `PF` as
-/// there.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q0_rows_pair<B: Q0Pair, const A: usize, const PF: usize>(
-    w: &[B],
-    nb: usize,
-    y: &[Q8_0Side<'_>; A],
-    out: &mut [f32],
-    stride: usize,
-) {
-    let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0_rows_pair");
-    let run = n / 2;
-    for t in 0..run {
-        let (x0, x1) = (
-            &w[t * nb..(t + 1) * nb],
-            &w[(run + t) * nb..(run + t + 1) * nb],
-        );
-        let mut acc = [_mm512_setzero_ps(); A];
-        for i in 0..nb {
-            // SAFETY: `i < nb`; every activation slice has at least `nb` entries and `x0`,
-            // `x1` exactly `nb` (checked above); 32 quant bytes and 8 i32 are readable,
-            // loadu is unaligned; this function's features include what `unsigned` needs.
-            unsafe {
-                let (b0, b1) = (x0.get_unchecked(i), x1.get_unchecked(i));
-                if PF > 0 {
-                    _mm_prefetch::<_MM_HINT_T0>((b0 as *const B).cast::<i8>().wrapping_add(PF));
-                    _mm_prefetch::<_MM_HINT_T0>((b1 as *const B).cast::<i8>().wrapping_add(PF));
-                }
-                let u =
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b0.unsigned()), b1.unsigned());
-                let d = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(
-                        b0.scale_bits() as i16,
-                    )))),
-                    _mm256_castps_pd(_mm256_cvtph_ps(_mm_set1_epi16(b1.scale_bits() as i16))),
-                ));
-                for a in 0..A {
-                    let (yb, ys, yl) = y[a];
-                    let yv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        yb.get_unchecked(i).qs.as_ptr() as *const __m256i,
-                    ));
-                    let init = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        yl.get_unchecked(i).as_ptr() as *const __m256i,
-                    ));
-                    let init = if B::SHIFT == 0 {
-                        init
-                    } else {
-                        _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
-                    };
-                    let dy = _mm512_set1_ps(*ys.get_unchecked(i));
-                    let sum = _mm512_dpbusd_epi32(init, u, yv);
-                    acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sum), acc[a]);
-                }
-            }
-        }
-        for a in 0..A {
-            out[t * stride + a] = super::avx2::hsum_ps(_mm512_castps512_ps256(acc[a]));
-            out[(run + t) * stride + a] = super::avx2::hsum_ps(hi256(acc[a]));
-        }
-    }
-    if n % 2 == 1 {
-        let r = n - 1;
-        q0_rows::<B, 1, A, 0>(&w[r * nb..], nb, y, &mut out[r * stride..], stride);
-    }
-}
-
 /// `vpermd` indices that turn the pair sums of [`dot_q4k_rows4`] (128-bit lane `k`:
 /// rows `k / 2` and `k / 2 + 2`, pairs `[j, j + 2]` with `j = k % 2`) into `[j][row]`:
 /// lane `4j + r` holds row `r`'s pair `j`.
@@ -1426,11 +1357,14 @@ pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32;
     *out = o;
 }
 
-/// [`q0_rows_pair`] with `P` pairs of weight rows at a time (all `2P` rows far apart:
-/// row `t + s * run` for `s < 2P`), so that each activation block loaded, shifted and
-/// broadcast feeds `P` pairs instead of one: the small-batch form of [`q0_tile`]'s
-/// sharing. The same arithmetic per lane as [`q0_rows`]; the last `n % 2P` rows go to
-/// [`q0_rows_pair`].
+/// [`q0_rows`] for several activation rows in 512-bit registers, `P` pairs of weight rows
+/// at a time: the two rows of a pair in the two halves of each register, so that one
+/// `vpdpbusd`, one scale product, one conversion and one fused multiply-add serve both,
+/// and each activation block loaded, shifted and broadcast once for all `2P` rows (the
+/// small-batch form of [`q0_tile`]'s sharing). All `2P` rows far apart (row
+/// `t + s * run` for `s < 2P`; [`q0_rows`] says why). The same arithmetic per lane as
+/// [`q0_rows`]; `PF` as there. The last `n % 2P` rows: pairs again one at a time, then an
+/// odd row alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q0_rows_pairs<B: Q0Pair, const P: usize, const A: usize, const PF: usize>(
     w: &[B],
@@ -1505,7 +1439,13 @@ pub(crate) fn q0_rows_pairs<B: Q0Pair, const P: usize, const A: usize, const PF:
         }
     }
     let done = 2 * P * run;
-    if done < n {
-        q0_rows_pair::<B, A, PF>(&w[done * nb..], nb, y, &mut out[done * stride..], stride);
+    if done == n {
+        return;
+    }
+    let (rest, o) = (&w[done * nb..], &mut out[done * stride..]);
+    if P > 1 {
+        q0_rows_pairs::<B, 1, A, PF>(rest, nb, y, o, stride);
+    } else {
+        q0_rows::<B, 1, A, 0>(rest, nb, y, o, stride);
     }
 }
