@@ -676,9 +676,11 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
     while a0 < m {
         let o = &mut out_t[a0..];
         // SAFETY (each call): the VNNI level was checked against the CPU at device open.
-        // Two or more activation rows: the two weight rows in the halves of 512-bit
+        // Two or more activation rows: pairs of weight rows in the halves of 512-bit
         // registers (M=4, one thread, cache-resident, medians of 6 alternating runs:
-        // Q8_0 25.2 -> 26.8, Q5_0 21.5 -> 24.3 GMAC/s); one row: 256-bit, where the
+        // Q8_0 25.2 -> 26.8, Q5_0 21.5 -> 24.3 GMAC/s), three pairs per activation
+        // block (640 x 2048, best of 300, 3 alternating runs: Q8_0 39.5 -> 49.6,
+        // Q5_0 38.4 -> 44.2 GMAC/s against one pair); one row: 256-bit, where the
         // 512-bit form was not faster.
         match m - a0 {
             1 => unsafe { vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
