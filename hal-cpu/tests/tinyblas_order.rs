@@ -2,7 +2,7 @@
 //! statement of llama.cpp's x86 float orders (docs/parity.md), bit for bit, at every
 //! SIMD level this CPU has:
 //! - Q8_0, Q5_0 and Q4_0 (tinyBLAS order), for single rows, tiles of activation rows
-//!   and the pair gemm's tiles of weight rows x activation rows;
+//!   and the panel gemm's tiles of 16 weight rows x 2 activation rows;
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
 //!   Q6_K tiled from 8 rows).
 
@@ -26,9 +26,10 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     }
     let mut rng = Rng(7);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        // Row counts that leave every edge of the pair gemm's tiles (6, 4 or 2 weight rows x 4
-        // activation rows, 16 weight rows at a time): an odd last row, a single pair,
-        // 16 + 16 + 3 rows, 66 rows (decoded by several tasks).
+        // Row counts that leave every edge of the panel gemm's tiles (panels of 16 weight
+        // rows x 2 activation rows): panels of 1, 3, 5 or 9 live rows, exactly one
+        // panel, 16 + 16 + 3 rows, 66 rows (5 panels, decoded by two tasks); odd and even
+        // activation row counts.
         for (k, n) in [
             (640, 9),
             (2048, 5),
@@ -37,6 +38,7 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
             (160, 35),
             (32, 37),
             (640, 66),
+            (64, 16),
         ] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
@@ -62,13 +64,13 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     }
 }
 
-/// Q4_0 has no scalar statement of tinyBLAS's order in core: the VNNI pair gemm (batches)
+/// Q4_0 has no scalar statement of tinyBLAS's order in core: the VNNI panel gemm (batches)
 /// must equal the AVX-512 tinyBLAS-order row kernel (`tinyblas::dot_q0`, one activation
 /// row at a time) bit for bit.
 #[test]
-fn q4_0_pair_gemm_equals_the_tinyblas_row_kernel() {
+fn q4_0_panel_gemm_equals_the_tinyblas_row_kernel() {
     if SimdLevel::detect() < SimdLevel::Avx512Vnni {
-        eprintln!("no AVX-512 VNNI on this CPU: the pair gemm is not used here");
+        eprintln!("no AVX-512 VNNI on this CPU: the panel gemm is not used here");
         return;
     }
     let mut rng = Rng(9);
@@ -112,12 +114,13 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
     }
     let mut rng = Rng(11);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        // 27 rows: the 4-row matvec kernel and a remainder of 3.
+        // 27 rows: the 4-row matvec kernel and a remainder of 3; two panels of the
+        // prompt-batch gemm (16 rows, then 11).
         let (k, n) = (2048, 27);
         let w = random_weight(&mut rng, ty, k, n);
         let rb = ty.row_bytes(k).expect("row size");
-        // From 16 rows: tasks of 8-row tiles (one weight block for 8 activation rows),
-        // their last rows in tiles of 4, 3, 2 or 1.
+        // From 16 rows: the panel gemm (`kq_panel`), tasks of activation rows in tiles of
+        // 4, their last rows one at a time.
         for m in [1usize, 5, 8, 13, 16, 22, 31, 177] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];

@@ -13,8 +13,10 @@
 //!
 //! Where to look: the Q4_K dot product is `avx2::dot_q4k` (the AVX2 form, commented
 //! step by step), `avx512::dot_q4k` and `vnni::dot_q4k_gemm` (llama.cpp's order; its
-//! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector); the scalar
-//! reference is `flint_core::dot::vec_dot` (`core/src/dot/`). A decode's legacy-quant matvec is `vnni::q0_rows`.
+//! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector; its prompt-batch
+//! form `kq_panel::q4k_tile`, sixteen rows in the lanes); the scalar reference is
+//! `flint_core::dot::vec_dot` (`core/src/dot/`). A decode's legacy-quant matvec is
+//! `vnni::q0_rows`, a prompt batch's `vnni::q0_gemm`.
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
 //! llama.cpp's tinyBLAS order at every level (`tinyblas.rs`); Q4_K and Q6_K in llama.cpp's
@@ -39,6 +41,8 @@ pub(crate) mod attn;
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kq_panel;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tinyblas;
 #[cfg(target_arch = "x86_64")]
@@ -385,15 +389,17 @@ pub(crate) fn dot_rows(
 /// Fewest activation rows for which a matmul takes the weight-tiled gemm (`gemm`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
-/// Most decoded pair blocks [`gemm`] makes (16 MiB).
-const GEMM_MAX_PAIR_BLOCKS: usize = 1 << 17;
+/// Most bytes of decoded weight panels [`gemm`] makes.
+const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 
 /// Scratch space of the weight-tiled gemm (decoded weight blocks), kept by the device
 /// between matmuls.
 #[derive(Default)]
 pub(crate) struct GemmScratch {
     #[cfg(target_arch = "x86_64")]
-    pairs: Vec<vnni::PairBlock>,
+    panels: Vec<vnni::PanelBlock>,
+    #[cfg(target_arch = "x86_64")]
+    kpanels: Vec<kq_panel::KPanelBlock>,
 }
 
 impl std::fmt::Debug for GemmScratch {
@@ -421,34 +427,94 @@ pub(crate) fn gemm(
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) -> Result<bool, FormatError> {
-    // Decoding a weight costs about what 4 activation rows of work on it do, and the
-    // decoded copy is 128 bytes per pair of 32-quant blocks: worth it for a prompt batch,
-    // not for a few decode rows or a vocabulary-sized matrix.
+    // Decoding a weight costs about what a few activation rows of work on it do, and the
+    // decoded copy is 36 bytes per 32-quant block: worth it for a prompt batch, not for a
+    // few decode rows or a vocabulary-sized matrix.
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
         if let Acts::Q8K(a) = acts {
             if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-                kq_gemm(ty, w, a, k, n, rows_per_task.next_multiple_of(8), out);
+                let decoded = n.div_ceil(kq_panel::PANEL_ROWS)
+                    * (k / 256)
+                    * std::mem::size_of::<kq_panel::KPanelBlock>();
+                if decoded <= GEMM_MAX_DECODED_BYTES {
+                    kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
+                } else {
+                    kq_gemm(ty, w, a, k, n, rows_per_task.next_multiple_of(8), out);
+                }
                 return Ok(true);
             }
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni
-        && m >= GEMM_MIN_ROWS
-        && n.div_ceil(2) * (k / 32) <= GEMM_MAX_PAIR_BLOCKS
-        && matches!(acts, Acts::Q8_0 { .. })
+    if let Acts::Q8_0 {
+        blocks,
+        scales,
+        neg16_lanes,
+    } = acts
     {
-        match ty {
-            GgmlType::Q5_0 => q0_gemm::<BlockQ5_0>(w, acts, k, n, m, rows_per_task, scratch, out),
-            GgmlType::Q8_0 => q0_gemm::<BlockQ8_0>(w, acts, k, n, m, rows_per_task, scratch, out),
-            GgmlType::Q4_0 => q0_gemm::<BlockQ4_0>(w, acts, k, n, m, rows_per_task, scratch, out),
-            _ => return Ok(false),
+        if level == SimdLevel::Avx512Vnni
+            && m >= GEMM_MIN_ROWS
+            && n.div_ceil(vnni::PANEL_ROWS) * (k / 32) * std::mem::size_of::<vnni::PanelBlock>()
+                <= GEMM_MAX_DECODED_BYTES
+        {
+            let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
+            match ty {
+                GgmlType::Q5_0 => q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out),
+                GgmlType::Q8_0 => q0_gemm::<BlockQ8_0>(w, a, k, n, rows_per_task, scratch, out),
+                GgmlType::Q4_0 => q0_gemm::<BlockQ4_0>(w, a, k, n, rows_per_task, scratch, out),
+                _ => return Ok(false),
+            }
+            return Ok(true);
         }
-        return Ok(true);
     }
     let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
     Ok(false)
+}
+
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI with the weight decoded into panels of 16
+/// rows (`kq_panel`, in parallel), then the activation rows in chunks of
+/// `rows_per_task`; bit for bit [`kq_gemm`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn kq_panel_gemm(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let panels = n.div_ceil(kq_panel::PANEL_ROWS);
+    if scratch.kpanels.len() < panels * nb {
+        scratch.kpanels = vec![kq_panel::KPanelBlock::ZERO; panels * nb];
+    }
+    let dec = &mut scratch.kpanels[..panels * nb];
+    let per = rows_per_task.max(1);
+    macro_rules! run {
+        ($B:ty) => {{
+            let wb = view::<$B>(w);
+            // 2 panels (32 rows) per decoding task.
+            dec.par_chunks_mut(2 * nb)
+                .enumerate()
+                .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
+            let dec = &*dec;
+            out.par_chunks_mut(per * n)
+                .enumerate()
+                .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, n, a, c * per, o));
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(BlockQ4K),
+        _ => run!(BlockQ6K),
+    }
 }
 
 /// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, in llama.cpp's prompt-batch orders (the
@@ -544,40 +610,56 @@ fn kq_gemm(
     }
 }
 
-/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI.
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI: the weight decoded into panels
+/// of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
+/// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 fn q0_gemm<B: vnni::Q0Pair>(
     w: &[u8],
-    acts: &Acts,
+    a: vnni::Q8_0Side<'_>,
     k: usize,
     n: usize,
-    m: usize,
     rows_per_task: usize,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
     use rayon::prelude::*;
     let nb = k / 32;
-    if nb == 0 || n == 0 || m == 0 {
+    if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
     let wb = view::<B>(w);
-    let pairs = n.div_ceil(2);
-    if scratch.pairs.len() < pairs * nb {
-        scratch.pairs = vec![vnni::PairBlock::ZERO; pairs * nb];
+    let panels = n.div_ceil(vnni::PANEL_ROWS);
+    if scratch.panels.len() < panels * nb {
+        scratch.panels = vec![vnni::PanelBlock::ZERO; panels * nb];
     }
-    let dec = &mut scratch.pairs[..pairs * nb];
-    // 8 pairs (16 rows) per decoding task.
-    dec.par_chunks_mut(8 * nb)
+    let dec = &mut scratch.panels[..panels * nb];
+    // 4 panels (64 rows) per decoding task.
+    dec.par_chunks_mut(4 * nb)
         .enumerate()
-        .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 8 * c, d));
+        .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 4 * c, d));
     let dec = &*dec;
-    let side = |i: usize| acts.q8_0_side(i, nb);
+    let (blocks, scales, neg16_lanes) = a;
+    // The kernel starts each lane from its activation lane sum times minus the weight's
+    // offset (16 << SHIFT): the side data scaled once here, not once per tile.
+    let scaled: Vec<[i32; 8]>;
+    let lanes: &[[i32; 8]] = if B::SHIFT == 0 {
+        neg16_lanes
+    } else {
+        scaled = neg16_lanes
+            .par_iter()
+            .map(|l| l.map(|v| v << B::SHIFT))
+            .collect();
+        &scaled
+    };
+    let side = |i: usize| {
+        let r = i * nb..(i + 1) * nb;
+        (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
+    };
     let per = rows_per_task.max(1);
     out.par_chunks_mut(per * n)
         .enumerate()
-        .for_each(|(c, o)| vnni::q0_gemm::<B>(dec, nb, n, &side, c * per, o));
+        .for_each(|(c, o)| vnni::q0_gemm(dec, nb, n, &side, c * per, o));
 }
 
 /// Bytes ahead of each weight stream that the decode kernels prefetch. The hardware

@@ -536,28 +536,8 @@ pub(crate) fn q5_0_rows<'a>(
     }
 }
 
-/// One 32-quant block of each of a pair of weight rows, decoded once for every
-/// activation row of a batch ([`q0_gemm`]): the quants taken unsigned (row `2p` in bytes
-/// `0..32`, row `2p + 1` in bytes `32..64`), and the two f16 scales widened, each in
-/// eight lanes, so that one 512-bit register carries the eight tinyBLAS lanes of two
-/// outputs.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub(crate) struct PairBlock {
-    u: [u8; 64],
-    d: [f32; 16],
-}
-
-impl PairBlock {
-    /// A zeroed block (scratch space).
-    pub(crate) const ZERO: Self = Self {
-        u: [0; 64],
-        d: [0.0; 16],
-    };
-}
-
-/// A legacy 32-quant weight type the pair gemm takes: its quants made unsigned by an
-/// offset `o` (16 for Q5_0: the fifth bit as is; 128 for the others: the sign bit
+/// A legacy 32-quant weight type as the VNNI kernels take it: its quants made unsigned by
+/// an offset `o` (16 for Q5_0: the fifth bit as is; 128 for the others: the sign bit
 /// flipped), which the activation block's `-16 x` lane sums, shifted left by `SHIFT`
 /// (`log2(o / 16)`), take back out exactly.
 pub(crate) trait Q0Pair: bytemuck::Pod + Sync {
@@ -632,124 +612,158 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     }
 }
 
-/// Decodes weight rows `a` and `b` (each `out.len()` blocks) into pair blocks.
+/// Weight rows per panel of the prompt-batch gemm ([`q0_gemm`]): one per lane of a
+/// 512-bit register.
+pub(crate) const PANEL_ROWS: usize = 16;
+
+/// One 32-quant block of sixteen weight rows (a panel), decoded once for every
+/// activation row of a batch ([`q0_gemm`]): `u[j]` holds quants `4j..4j + 4` of the
+/// sixteen rows (row `r` in bytes `4r..4r + 4`), unsigned (see [`Q0Pair`]), so one
+/// `vpdpbusd` against four broadcast activation quants gives tinyBLAS's lane `j` for
+/// sixteen outputs at once; `d` holds the rows' scales widened. Rows past the end of
+/// the weight are zero.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct PanelBlock {
+    u: [[u8; 64]; 8],
+    d: [f32; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<PanelBlock>() == 576);
+
+impl PanelBlock {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
+        u: [[0; 64]; 8],
+        d: [0.0; 16],
+    };
+}
+
+/// Decodes the weight rows `rows` (at most [`PANEL_ROWS`], each `out.len()` blocks)
+/// into panel blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn decode_pair<B: Q0Pair>(a: &[B], b: &[B], out: &mut [PairBlock]) {
-    for ((x, y), o) in a.iter().zip(b).zip(out.iter_mut()) {
-        // SAFETY: this function's features include what `unsigned` needs.
-        let (ux, uy) = unsafe { (x.unsigned(), y.unsigned()) };
-        let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ux), uy);
-        let d = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
-            _mm512_castps_si512(_mm512_set1_ps(f16_to_f32(x.scale_bits()))),
-            _mm256_castps_si256(_mm256_set1_ps(f16_to_f32(y.scale_bits()))),
-        ));
-        // SAFETY: `u` is 64 writable bytes and `d` 16 writable f32; storeu is unaligned.
-        unsafe {
-            _mm512_storeu_si512(o.u.as_mut_ptr() as *mut __m512i, u);
-            _mm512_storeu_ps(o.d.as_mut_ptr(), d);
+fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
+    assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
+    // The sixteen rows' quants side by side (rows past the end stay zero), then each
+    // `u[j]` gathered: dword `j` of every row.
+    let mut q = [[0u8; 32]; PANEL_ROWS];
+    let row_dwords = _mm512_setr_epi32(
+        0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120,
+    );
+    for (i, o) in out.iter_mut().enumerate() {
+        o.d = [0.0; 16];
+        for (r, row) in rows.iter().enumerate() {
+            let b = &row[i];
+            // SAFETY: this function's features include what `unsigned` needs; `q[r]` is
+            // 32 writable bytes and storeu is unaligned.
+            unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, b.unsigned()) };
+            o.d[r] = f16_to_f32(b.scale_bits());
         }
-    }
-}
-
-/// `P` pairs of weight rows (`w[p]`: their decoded blocks) against `A` activation rows,
-/// in tinyBLAS's order: per output eight f32 lanes, per block
-/// `lane = fma(d_w * d_a, lane sum, lane)`, `hsum_ps` at the end, as
-/// [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit). Each register holds the lanes of
-/// two outputs (the two rows of a pair against one activation row), so one `vpdpbusd`,
-/// one scale product, one conversion and one fused multiply-add serve both; each decoded
-/// weight block feeds `A` activation rows and each activation block `2P` weight rows.
-/// `out[p][a][h]`: weight row `2p + h` against activation row `a`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q0_tile<B: Q0Pair, const P: usize, const A: usize>(
-    w: [&[PairBlock]; P],
-    y: &[Q8_0Side<'_>; A],
-    out: &mut [[[f32; 2]; A]; P],
-) {
-    let nb = w[0].len();
-    for p in 0..P {
-        assert_eq!(w[p].len(), nb, "q0_tile: pair lengths");
-    }
-    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
-        let (q, s, l) = y[a];
-        (&q[..nb], &s[..nb], &l[..nb])
-    });
-    let mut acc = [[_mm512_setzero_ps(); A]; P];
-    for i in 0..nb {
-        let mut u = [_mm512_setzero_si512(); P];
-        let mut d = [_mm512_setzero_ps(); P];
-        for p in 0..P {
-            let b = &w[p][i];
-            // SAFETY: 64 readable bytes / 16 readable f32; loadu is unaligned.
+        for (j, u) in o.u.iter_mut().enumerate() {
+            // SAFETY: the indices `8r + j` (r < 16, j < 8) address dwords inside `q`'s
+            // 512 bytes; `u` is 64 writable bytes, 64-byte aligned.
             unsafe {
-                u[p] = _mm512_loadu_si512(b.u.as_ptr() as *const __m512i);
-                d[p] = _mm512_loadu_ps(b.d.as_ptr());
+                let v = _mm512_i32gather_epi32::<4>(
+                    _mm512_add_epi32(row_dwords, _mm512_set1_epi32(j as i32)),
+                    q.as_ptr() as *const i32,
+                );
+                _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v);
             }
-        }
-        for a in 0..A {
-            let (q, s, l) = ys[a];
-            // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
-            let (yv, init) = unsafe {
-                (
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256(q[i].qs.as_ptr() as *const __m256i)),
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256(l[i].as_ptr() as *const __m256i)),
-                )
-            };
-            let init = if B::SHIFT == 0 {
-                init
-            } else {
-                _mm512_sll_epi32(init, _mm_cvtsi32_si128(B::SHIFT as i32))
-            };
-            let sa = _mm512_set1_ps(s[i]);
-            for p in 0..P {
-                let sum = _mm512_dpbusd_epi32(init, u[p], yv);
-                let dd = _mm512_mul_ps(d[p], sa);
-                acc[p][a] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sum), acc[p][a]);
-            }
-        }
-    }
-    for p in 0..P {
-        for a in 0..A {
-            let v = acc[p][a];
-            out[p][a] = [
-                super::avx2::hsum_ps(_mm512_castps512_ps256(v)),
-                super::avx2::hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                    _mm512_castps_pd(v),
-                ))),
-            ];
         }
     }
 }
 
-/// Weight rows whose decoded blocks stay in L1 while a task's activation tiles pass
-/// over them.
-const GEMM_ROWS: usize = 16;
-
-/// Decodes the `n` weight rows of `w` (each `nb` blocks) into pair blocks: pair `p`
-/// (rows `2p`, `2p + 1`; an odd last row paired with itself) at `dec[p * nb..]`, for
-/// the pairs `p0..p0 + dec.len() / nb`.
-pub(crate) fn q0_decode<B: Q0Pair>(w: &[B], nb: usize, n: usize, p0: usize, dec: &mut [PairBlock]) {
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
+/// `16p..16p + 16`) at `dec[p * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
+pub(crate) fn q0_decode<B: Q0Pair>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [PanelBlock],
+) {
     if nb == 0 {
         return;
     }
     assert!(w.len() >= n * nb, "q0_decode: weight rows");
-    let row = |r: usize| &w[r * nb..(r + 1) * nb];
     for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let a = 2 * (p0 + t);
-        let b = if a + 1 < n { a + 1 } else { a };
+        let r0 = PANEL_ROWS * (p0 + t);
+        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
+            .map(|r| &w[r * nb..(r + 1) * nb])
+            .collect();
         // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
         // against the CPU at device open.
-        unsafe { decode_pair(row(a), row(b), d) };
+        unsafe { decode_panel(&rows, d) };
+    }
+}
+
+/// The sixteen rows of a panel (`panel`: its blocks) against `A` activation rows, in
+/// tinyBLAS's order: per output eight f32 lanes, per block
+/// `lane j = fma(d_w * d_a, sum of quants 4j..4j + 4, lane j)`, the lanes added as
+/// `hsum_ps` adds them, as [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit). A
+/// register holds lane `j` of the sixteen rows' outputs, so per block and activation
+/// row one scale product serves all eight `vpdpbusd` / conversion / FMA steps, and the
+/// side data and the four activation quants of each step are broadcast loads (no
+/// register copy): three 512-bit ALU ops per 64 MACs where a register of two outputs'
+/// lanes needs five. The side data `l` of an activation row must be its lane sums times
+/// minus the weight type's offset. `out[a][r]`: panel row `r` against activation row `a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_panel_tile<const A: usize>(
+    panel: &[PanelBlock],
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [[f32; PANEL_ROWS]; A],
+) {
+    let nb = panel.len();
+    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
+        let (q, s, l) = y[a];
+        (&q[..nb], &s[..nb], &l[..nb])
+    });
+    let mut acc = [[_mm512_setzero_ps(); 8]; A];
+    for (i, b) in panel.iter().enumerate() {
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..8 {
+            // SAFETY: 64 readable bytes; the block is 64-byte aligned.
+            w[j] = unsafe { _mm512_load_si512(b.u[j].as_ptr() as *const __m512i) };
+        }
+        // SAFETY: 16 readable f32, 64-byte aligned.
+        let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+        for a in 0..A {
+            let (q, s, l) = ys[a];
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
+            let qs = q[i].qs.as_ptr() as *const i32;
+            let lanes = &l[i];
+            for j in 0..8 {
+                // SAFETY: `qs` points at 32 readable quant bytes, `j < 8`;
+                // read_unaligned needs no alignment.
+                let y4 = unsafe { qs.add(j).read_unaligned() };
+                let t =
+                    _mm512_dpbusd_epi32(_mm512_set1_epi32(lanes[j]), w[j], _mm512_set1_epi32(y4));
+                acc[a][j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(t), acc[a][j]);
+            }
+        }
+    }
+    for a in 0..A {
+        let v = &acc[a];
+        // hsum_ps: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+        let r = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+            _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])),
+        );
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), r) };
     }
 }
 
 /// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
-/// decoded in `dec` (pairs of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
-/// activation rows from `i0` that `side` gives, in tinyBLAS's order (the same results as
-/// [`q5_0_rows`] / `tinyblas::dot_q0` row by row). Tiles of 6 weight rows x 4 activation
-/// rows, smaller at the edges; `B` only names the weight type (its activation offset).
-pub(crate) fn q0_gemm<'a, B: Q0Pair>(
-    dec: &[PairBlock],
+/// decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
+/// activation rows from `i0` that `side` gives (their lane sums times minus the weight
+/// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`] /
+/// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
+/// activation rows ([`q0_panel_tile`]; measured in C: 104 GMAC/s on one core, at the
+/// bound of the two multiply pipes), the last odd row alone.
+pub(crate) fn q0_gemm<'a>(
+    dec: &[PanelBlock],
     nb: usize,
     n: usize,
     side: &dyn Fn(usize) -> Q8_0Side<'a>,
@@ -760,77 +774,32 @@ pub(crate) fn q0_gemm<'a, B: Q0Pair>(
         return;
     }
     let m = out.len() / n;
-    let pairs_all = n.div_ceil(2);
-    assert!(dec.len() >= pairs_all * nb, "q0_gemm: decoded rows");
+    let panels = n.div_ceil(PANEL_ROWS);
+    assert!(dec.len() >= panels * nb, "q0_gemm: decoded rows");
     // The activation rows' side data once, not once per tile.
     let sides: Vec<Q8_0Side<'a>> = (0..m).map(|t| side(i0 + t)).collect();
-    for r0 in (0..n).step_by(GEMM_ROWS) {
-        let rows = GEMM_ROWS.min(n - r0);
-        let pairs = rows.div_ceil(2);
-        let p0 = r0 / 2;
-        let dec_chunk = &dec[p0 * nb..(p0 + pairs) * nb];
-        for t0 in (0..m).step_by(4) {
-            let an = 4.min(m - t0);
-            let y: [Q8_0Side<'a>; 4] = std::array::from_fn(|t| sides[t0 + t.min(an - 1)]);
-            let o = &mut out[t0 * n + r0..];
+    for p in 0..panels {
+        let blocks = &dec[p * nb..(p + 1) * nb];
+        let r0 = p * PANEL_ROWS;
+        let live = PANEL_ROWS.min(n - r0);
+        let mut t = 0;
+        while t < m {
+            let mut o = [[0f32; PANEL_ROWS]; 2];
+            let take = (m - t).min(2);
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
-                match an {
-                    4 => q0_strip::<B, 4>(dec_chunk, nb, &y, rows, n, o),
-                    3 => q0_strip::<B, 3>(dec_chunk, nb, &[y[0], y[1], y[2]], rows, n, o),
-                    2 => q0_strip::<B, 2>(dec_chunk, nb, &[y[0], y[1]], rows, n, o),
-                    _ => q0_strip::<B, 1>(dec_chunk, nb, &[y[0]], rows, n, o),
+                if take == 2 {
+                    q0_panel_tile::<2>(blocks, &[sides[t], sides[t + 1]], &mut o);
+                } else {
+                    let mut o1 = [[0f32; PANEL_ROWS]; 1];
+                    q0_panel_tile::<1>(blocks, &[sides[t]], &mut o1);
+                    o[0] = o1[0];
                 }
             }
-        }
-    }
-}
-
-/// [`q0_tile`] over the `rows` weight rows decoded in `dec` (pairs of `nb` blocks; three
-/// pairs at a time (measured: 7% faster than two, four no faster than three), the rest
-/// two or one) against `A <= 4` activation rows:
-/// `out[a * n + r]` for weight row `r` and activation row `a`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q0_strip<B: Q0Pair, const A: usize>(
-    dec: &[PairBlock],
-    nb: usize,
-    y: &[Q8_0Side<'_>; A],
-    rows: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    let pairs = dec.len() / nb;
-    assert!(
-        rows.div_ceil(2) == pairs && rows <= n && out.len() >= (A - 1) * n + rows,
-        "q0_strip: shapes"
-    );
-    let pair = |p: usize| &dec[p * nb..(p + 1) * nb];
-    let mut put = |p: usize, o: &[[f32; 2]; A]| {
-        let live = (rows - 2 * p).min(2);
-        for (a, v) in o.iter().enumerate() {
-            out[a * n + 2 * p..a * n + 2 * p + live].copy_from_slice(&v[..live]);
-        }
-    };
-    let mut p = 0;
-    while p < pairs {
-        if pairs - p >= 3 {
-            let mut o = [[[0f32; 2]; A]; 3];
-            q0_tile::<B, 3, A>([pair(p), pair(p + 1), pair(p + 2)], y, &mut o);
-            put(p, &o[0]);
-            put(p + 1, &o[1]);
-            put(p + 2, &o[2]);
-            p += 3;
-        } else if pairs - p >= 2 {
-            let mut o = [[[0f32; 2]; A]; 2];
-            q0_tile::<B, 2, A>([pair(p), pair(p + 1)], y, &mut o);
-            put(p, &o[0]);
-            put(p + 1, &o[1]);
-            p += 2;
-        } else {
-            let mut o = [[[0f32; 2]; A]; 1];
-            q0_tile::<B, 1, A>([pair(p)], y, &mut o);
-            put(p, &o[0]);
-            p += 1;
+            for (a, v) in o.iter().enumerate().take(take) {
+                out[(t + a) * n + r0..(t + a) * n + r0 + live].copy_from_slice(&v[..live]);
+            }
+            t += take;
         }
     }
 }
@@ -1360,8 +1329,8 @@ pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32;
 /// [`q0_rows`] for several activation rows in 512-bit registers, `P` pairs of weight rows
 /// at a time: the two rows of a pair in the two halves of each register, so that one
 /// `vpdpbusd`, one scale product, one conversion and one fused multiply-add serve both,
-/// and each activation block loaded, shifted and broadcast once for all `2P` rows (the
-/// small-batch form of [`q0_tile`]'s sharing). All `2P` rows far apart (row
+/// and each activation block loaded, shifted and broadcast once for all `2P` rows. All
+/// `2P` rows far apart (row
 /// `t + s * run` for `s < 2P`; [`q0_rows`] says why). The same arithmetic per lane as
 /// [`q0_rows`]; `PF` as there. The last `n % 2P` rows: pairs again one at a time, then an
 /// odd row alone.

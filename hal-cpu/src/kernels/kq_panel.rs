@@ -1,0 +1,395 @@
+//! The prompt-batch gemm of Q4_K and Q6_K on AVX-512 VNNI: sixteen weight rows in the
+//! lanes of each register ("panels", as [`super::vnni::q0_gemm`] does for the legacy
+//! quants), in llama.cpp's float orders, bit for bit the same as
+//! `vnni::dot_q4k_gemm8` (the repacked `q4_K_8x8` order) and `vnni::dot_q6k_tiled8`
+//! (the tiled matmul's order).
+//!
+//! Each weight is decoded once per matmul into panel blocks: per 256-quant block of 16
+//! rows, the quants as unsigned bytes in element order with dword `t` of the sixteen
+//! rows side by side (`u[t]`), and the rows' scales, mins and `d`s widened to lanes. One
+//! `vpdpbusd` of `u[t]` against four broadcast activation quants then adds four
+//! products to sixteen outputs at once, with no horizontal sums: a sub-block's dot
+//! product is an integer chain in lanes, scaled by a `vpmulld` with the rows' sub-block
+//! scales, and the float steps (one FMA per pair of sub-blocks for Q4_K, one per block
+//! for Q6_K) run on sixteen outputs per instruction. The integers are exact in any
+//! order, so only the float steps fix the result, and they are llama.cpp's.
+//!
+//! Tiles of 16 weight rows x [`COLS`] activation rows: each weight register feeds
+//! [`COLS`] activation rows; the activation quants, their scale and their `bsums` are
+//! broadcast memory operands.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+use flint_core::dequant::k4_scale_min;
+
+use super::f16_to_f32;
+
+/// Weight rows per panel: one per lane of a 512-bit register.
+pub(crate) const PANEL_ROWS: usize = 16;
+
+/// Activation rows per tile.
+const COLS: usize = 4;
+
+/// One 256-quant block of sixteen weight rows, decoded ([`decode`]); rows past the end
+/// of the weight are zero.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct KPanelBlock {
+    /// Quants `4t..4t + 4` of the sixteen rows (row `r` in bytes `4r..4r + 4`),
+    /// unsigned: Q4_K's nibbles as they are, Q6_K's six bits with their offset of 32.
+    u: [[u8; 64]; 64],
+    /// Per sub-block (Q4_K: 8 of 32 quants; Q6_K: 16 of 16) the rows' scales.
+    sc: [[i32; 16]; 16],
+    /// Q4_K: per sub-block `s` the rows' mins `m_s` twice as i16 (for `vpdpwssd`
+    /// against two `bsums`). Q6_K: per pair `p` of sub-blocks the rows'
+    /// `(-32 sc_2p, -32 sc_2p+1)` as i16 (the offset of the unsigned quants, taken off
+    /// against the pair's two `bsums`).
+    pairs: [[i32; 16]; 8],
+    /// The rows' `d`.
+    d: [f32; 16],
+    /// The rows' `dmin` (Q4_K).
+    dmin: [f32; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<KPanelBlock>() == 5760);
+
+impl KPanelBlock {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
+        u: [[0; 64]; 64],
+        sc: [[0; 16]; 16],
+        pairs: [[0; 16]; 8],
+        d: [0.0; 16],
+        dmin: [0.0; 16],
+    };
+}
+
+/// A K-quant weight type the panel gemm takes.
+pub(crate) trait KPanel: bytemuck::Pod + Sync {
+    /// Row `r`'s block into the panel block `o` (its quants into `q`, 256 bytes in
+    /// element order, which the caller spreads over `o.u`).
+    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock);
+}
+
+impl KPanel for BlockQ4K {
+    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
+        for j in 0..4 {
+            for l in 0..32 {
+                let v = self.qs[32 * j + l];
+                q[64 * j + l] = v & 0x0F;
+                q[64 * j + 32 + l] = v >> 4;
+            }
+        }
+        let (sc, mn) = k4_scale_min(&self.scales);
+        for s in 0..8 {
+            o.sc[s][r] = i32::from(sc[s]);
+            let m = u32::from(mn[s]);
+            o.pairs[s][r] = (m | (m << 16)) as i32;
+        }
+        o.d[r] = f16_to_f32(self.d);
+        o.dmin[r] = f16_to_f32(self.dmin);
+    }
+}
+
+impl KPanel for BlockQ6K {
+    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
+        for n in 0..2 {
+            let (ql, qh) = (&self.ql[64 * n..64 * n + 64], &self.qh[32 * n..32 * n + 32]);
+            let e = 128 * n;
+            for l in 0..32 {
+                let h = qh[l];
+                q[e + l] = (ql[l] & 0x0F) | ((h & 3) << 4);
+                q[e + 32 + l] = (ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4);
+                q[e + 64 + l] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+                q[e + 96 + l] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+            }
+        }
+        for s in 0..16 {
+            o.sc[s][r] = i32::from(self.scales[s]);
+        }
+        for p in 0..8 {
+            let lo = (-32 * i32::from(self.scales[2 * p])) as u16;
+            let hi = (-32 * i32::from(self.scales[2 * p + 1])) as u16;
+            o.pairs[p][r] = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
+        }
+        o.d[r] = f16_to_f32(self.d);
+    }
+}
+
+/// Decodes the weight rows `rows` (at most [`PANEL_ROWS`], each `out.len()` blocks)
+/// into panel blocks.
+#[target_feature(enable = "avx512f")]
+fn decode_panel<B: KPanel>(rows: &[&[B]], out: &mut [KPanelBlock]) {
+    assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
+    let mut q = [[0u8; 256]; PANEL_ROWS];
+    let row_dwords = _mm512_setr_epi32(
+        0, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960,
+    );
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = KPanelBlock::ZERO;
+        for (r, row) in rows.iter().enumerate() {
+            row[i].decode_row(r, &mut q[r], o);
+        }
+        for (t, u) in o.u.iter_mut().enumerate() {
+            // SAFETY: the indices `64r + t` (r < 16, t < 64) address dwords inside `q`'s
+            // 4096 bytes; `u` is 64 writable bytes, 64-byte aligned.
+            unsafe {
+                let v = _mm512_i32gather_epi32::<4>(
+                    _mm512_add_epi32(row_dwords, _mm512_set1_epi32(t as i32)),
+                    q.as_ptr() as *const i32,
+                );
+                _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v);
+            }
+        }
+    }
+}
+
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
+/// `16p..16p + 16`) at `dec[p * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
+pub(crate) fn decode<B: KPanel>(w: &[B], nb: usize, n: usize, p0: usize, dec: &mut [KPanelBlock]) {
+    if nb == 0 {
+        return;
+    }
+    assert!(w.len() >= n * nb, "kq_panel::decode: weight rows");
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let r0 = PANEL_ROWS * (p0 + t);
+        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
+            .map(|r| &w[r * nb..(r + 1) * nb])
+            .collect();
+        // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI) was checked against the CPU at
+        // device open.
+        unsafe { decode_panel(&rows, d) };
+    }
+}
+
+/// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).
+#[inline(always)]
+fn quad(y: &BlockQ8K, t: usize) -> i32 {
+    let q = &y.qs[4 * t..4 * t + 4];
+    i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
+}
+
+/// Two `bsums` (`2p`, `2p + 1`) of `y` as one i32 (for a broadcast operand).
+#[inline(always)]
+fn bsum_pair(y: &BlockQ8K, p: usize) -> i32 {
+    let (a, b) = (y.bsums[2 * p] as u16, y.bsums[2 * p + 1] as u16);
+    (u32::from(a) | (u32::from(b) << 16)) as i32
+}
+
+/// The dot products of one sub-block (`T` dwords from dword `t0`) of the panel block's
+/// sixteen rows with `A` activation rows, as exact i32 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn sub_block<const T: usize, const A: usize>(
+    b: &KPanelBlock,
+    t0: usize,
+    ys: &[&BlockQ8K; A],
+) -> [__m512i; A] {
+    let mut acc = [_mm512_setzero_si512(); A];
+    for t in t0..t0 + T {
+        // SAFETY: 64 readable bytes, 64-byte aligned.
+        let w = unsafe { _mm512_load_si512(b.u[t].as_ptr() as *const __m512i) };
+        for a in 0..A {
+            acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(quad(ys[a], t)));
+        }
+    }
+    acc
+}
+
+/// Loads 16 lanes (i32 or f32 bit patterns) of a panel block.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lanes(v: &[i32; 16]) -> __m512i {
+    // SAFETY: 64 readable bytes, 64-byte aligned.
+    unsafe { _mm512_load_si512(v.as_ptr() as *const __m512i) }
+}
+
+/// Loads 16 f32 of a panel block.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lanes_ps(v: &[f32; 16]) -> __m512 {
+    // SAFETY: 64 readable bytes, 64-byte aligned.
+    unsafe { _mm512_load_ps(v.as_ptr()) }
+}
+
+/// Q4_K: the sixteen rows of a panel (`panel`: its blocks) against `A` activation rows
+/// in the order of `vnni::dot_q4k_gemm8`: per block, per pair `j` of sub-blocks the
+/// exact integers `I_j = sc_2j·dot_2j + sc_2j+1·dot_2j+1` and
+/// `M_j = m_2j·bsum_2j + m_2j+1·bsum_2j+1`, then `acc = fma(I_j, d·d_a, acc)` and
+/// `mins = fma(M_j, dmin·d_a, mins)`; the result `acc - mins`. `out[a][r]`: panel row
+/// `r` against activation row `a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+fn q4k_tile<const A: usize>(
+    panel: &[KPanelBlock],
+    y: &[&[BlockQ8K]; A],
+    out: &mut [[f32; PANEL_ROWS]; A],
+) {
+    let nb = panel.len();
+    let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
+    let mut acc = [_mm512_setzero_ps(); A];
+    let mut accm = [_mm512_setzero_ps(); A];
+    for (i, b) in panel.iter().enumerate() {
+        let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
+        let (d, dmin) = (lanes_ps(&b.d), lanes_ps(&b.dmin));
+        let mut dd = [_mm512_setzero_ps(); A];
+        let mut dm = [_mm512_setzero_ps(); A];
+        for a in 0..A {
+            dd[a] = _mm512_mul_ps(d, _mm512_set1_ps(yb[a].d));
+            dm[a] = _mm512_mul_ps(dmin, _mm512_set1_ps(yb[a].d));
+        }
+        for j in 0..4 {
+            let lo = sub_block::<8, A>(b, 16 * j, &yb);
+            let hi = sub_block::<8, A>(b, 16 * j + 8, &yb);
+            let (s0, s1) = (lanes(&b.sc[2 * j]), lanes(&b.sc[2 * j + 1]));
+            let (m0, m1) = (lanes(&b.pairs[2 * j]), lanes(&b.pairs[2 * j + 1]));
+            for a in 0..A {
+                let isum =
+                    _mm512_add_epi32(_mm512_mullo_epi32(lo[a], s0), _mm512_mullo_epi32(hi[a], s1));
+                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd[a], acc[a]);
+                // bsums 4j, 4j + 1 belong to sub-block 2j; 4j + 2, 4j + 3 to 2j + 1.
+                let msum = _mm512_dpwssd_epi32(
+                    _mm512_madd_epi16(m0, _mm512_set1_epi32(bsum_pair(yb[a], 2 * j))),
+                    m1,
+                    _mm512_set1_epi32(bsum_pair(yb[a], 2 * j + 1)),
+                );
+                accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm[a], accm[a]);
+            }
+        }
+    }
+    for a in 0..A {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), _mm512_sub_ps(acc[a], accm[a])) };
+    }
+}
+
+/// Q6_K: the sixteen rows of a panel against `A` activation rows in the order of
+/// `vnni::dot_q6k_tiled8`: per block the exact integer
+/// `S = sum_s sc_s·dot_s - 32·sum_s sc_s·bsum_s` (the quants unsigned), then
+/// `acc = fma(S·d, d_a, acc)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+fn q6k_tile<const A: usize>(
+    panel: &[KPanelBlock],
+    y: &[&[BlockQ8K]; A],
+    out: &mut [[f32; PANEL_ROWS]; A],
+) {
+    let nb = panel.len();
+    let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
+    let mut acc = [_mm512_setzero_ps(); A];
+    for (i, b) in panel.iter().enumerate() {
+        let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
+        // The offset first: S starts at -32·sum_s sc_s·bsum_s.
+        let mut s = [_mm512_setzero_si512(); A];
+        for p in 0..8 {
+            let c = lanes(&b.pairs[p]);
+            for a in 0..A {
+                s[a] = _mm512_dpwssd_epi32(s[a], c, _mm512_set1_epi32(bsum_pair(yb[a], p)));
+            }
+        }
+        for sb in 0..16 {
+            let dot = sub_block::<4, A>(b, 4 * sb, &yb);
+            let sc = lanes(&b.sc[sb]);
+            for a in 0..A {
+                s[a] = _mm512_add_epi32(s[a], _mm512_mullo_epi32(dot[a], sc));
+            }
+        }
+        let d = lanes_ps(&b.d);
+        for a in 0..A {
+            let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(s[a]), d);
+            acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(yb[a].d), acc[a]);
+        }
+    }
+    for a in 0..A {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
+    }
+}
+
+/// The tile of one type.
+trait KTile: KPanel {
+    /// [`q4k_tile`] / [`q6k_tile`] for `A` activation rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and FMA.
+    unsafe fn tile<const A: usize>(
+        panel: &[KPanelBlock],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+    );
+}
+
+impl KTile for BlockQ4K {
+    unsafe fn tile<const A: usize>(
+        panel: &[KPanelBlock],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+    ) {
+        // SAFETY: the caller guarantees the features.
+        unsafe { q4k_tile::<A>(panel, y, out) }
+    }
+}
+
+impl KTile for BlockQ6K {
+    unsafe fn tile<const A: usize>(
+        panel: &[KPanelBlock],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+    ) {
+        // SAFETY: the caller guarantees the features.
+        unsafe { q6k_tile::<A>(panel, y, out) }
+    }
+}
+
+/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
+/// decoded in `dec` (panels of `nb` blocks, [`decode`]) and the `out.len() / n`
+/// activation rows from `i0` of `acts` (Q8_K, `nb` blocks per row), in llama.cpp's
+/// prompt-batch order for `B`. Per panel, tiles of [`COLS`] activation rows, the rest
+/// one at a time.
+#[allow(private_bounds)]
+pub(crate) fn gemm<B: KTile>(
+    dec: &[KPanelBlock],
+    nb: usize,
+    n: usize,
+    acts: &[BlockQ8K],
+    i0: usize,
+    out: &mut [f32],
+) {
+    if n == 0 || nb == 0 {
+        return;
+    }
+    let m = out.len() / n;
+    let panels = n.div_ceil(PANEL_ROWS);
+    assert!(dec.len() >= panels * nb, "kq_panel::gemm: decoded rows");
+    assert!(
+        acts.len() >= (i0 + m) * nb,
+        "kq_panel::gemm: activation rows"
+    );
+    let act = |t: usize| &acts[(i0 + t) * nb..(i0 + t + 1) * nb];
+    for p in 0..panels {
+        let blocks = &dec[p * nb..(p + 1) * nb];
+        let r0 = p * PANEL_ROWS;
+        let live = PANEL_ROWS.min(n - r0);
+        let mut t = 0;
+        while t < m {
+            let mut o = [[0f32; PANEL_ROWS]; COLS];
+            let take = if m - t >= COLS { COLS } else { 1 };
+            // SAFETY (each call): the VNNI level was checked at device open.
+            unsafe {
+                if take == COLS {
+                    let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
+                    B::tile::<COLS>(blocks, &y, &mut o);
+                } else {
+                    let mut o1 = [[0f32; PANEL_ROWS]; 1];
+                    B::tile::<1>(blocks, &[act(t)], &mut o1);
+                    o[0] = o1[0];
+                }
+            }
+            for (a, v) in o.iter().enumerate().take(take) {
+                out[(t + a) * n + r0..(t + a) * n + r0 + live].copy_from_slice(&v[..live]);
+            }
+            t += take;
+        }
+    }
+}
