@@ -645,7 +645,7 @@ impl Device for CpuDevice {
             by_expert[e].push(i);
         }
         let mat_bytes = n * w.row_bytes;
-        let active: Vec<(usize, Vec<usize>)> = by_expert
+        let mut active: Vec<(usize, Vec<usize>)> = by_expert
             .into_iter()
             .enumerate()
             .filter(|(_, l)| !l.is_empty())
@@ -655,6 +655,50 @@ impl Device for CpuDevice {
         }
         let (ty, level, row_bytes) = (w.ty, self.level, w.row_bytes);
         let bytes = w.bytes();
+        // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
+        // each): the weight-tiled gemm of `matmul`, one expert at a time, each parallel
+        // inside (the bench preset's prefill: 32 tokens per expert).
+        let mut small = Vec::with_capacity(active.len());
+        for (e, list) in std::mem::take(&mut active) {
+            let m = list.len();
+            if m < kernels::GEMM_MIN_ROWS {
+                small.push((e, list));
+                continue;
+            }
+            let gathered: Vec<f32> = list
+                .iter()
+                .flat_map(|&i| {
+                    let r = rows[i].input_row as usize;
+                    x[r * k..(r + 1) * k].iter().copied()
+                })
+                .collect();
+            let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
+            let mut tmp = vec![0f32; m * n];
+            let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+            let done = self.pool.install(|| {
+                let sub = Acts::new(level, ty, &gathered, k)
+                    .map_err(|e| fmt_err("quantizing activations", e))?;
+                let mut gs = std::mem::take(
+                    &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                let done =
+                    kernels::gemm(level, ty, mat, &sub, k, n, m, per_rows, &mut gs, &mut tmp)
+                        .map_err(|e| fmt_err("expert matmul", e));
+                *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+                done
+            })?;
+            if !done {
+                small.push((e, list));
+                continue;
+            }
+            for (t, &i) in list.iter().enumerate() {
+                out[i * n..(i + 1) * n].copy_from_slice(&tmp[t * n..(t + 1) * n]);
+            }
+        }
+        let active = small;
+        if active.is_empty() {
+            return Ok(());
+        }
         // One parallel section for the whole call: every input row is quantized once,
         // and the tasks are (expert, chunk of its weight rows) pairs, so the threads
         // share all the experts' rows instead of meeting at a barrier after each expert.
@@ -871,6 +915,12 @@ impl Device for CpuDevice {
             out.par_chunks_mut(4096)
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
                 .for_each(|(o, (g, u))| {
+                    #[cfg(target_arch = "x86_64")]
+                    if level >= SimdLevel::Avx512 {
+                        // SAFETY: AVX-512F, AVX2 and F16C were checked at device open.
+                        unsafe { kernels::act::gelu_mul_table(table, g, u, o) };
+                        return;
+                    }
                     #[cfg(target_arch = "x86_64")]
                     if level >= SimdLevel::Avx2 {
                         // SAFETY: AVX2 and F16C were checked at device open.

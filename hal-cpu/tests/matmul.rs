@@ -273,16 +273,17 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::F16, 6),
         (GgmlType::Q4_K, 40),
         (GgmlType::Q6_K, 40),
+        (GgmlType::Q5_0, 40),
     ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);
         let tower = dev
             .stage(&desc("exps", ty, &[k, n, e], w.clone()))
             .expect("stage tower");
-        let x = rng.vec(3 * k);
         // Unordered, repeated experts (expert 3 has 5 rows: more than one tile), expert
-        // 2 unused, expert 1 with a single row (the matvec path).
-        let rows: Vec<ExpertRow> = [
+        // 2 unused, expert 1 with a single row (the matvec path); then a prompt's worth
+        // (experts 0 and 3 with 20 and 17 rows: the weight-tiled gemm, expert 1 with 3).
+        let few: Vec<(u32, u32)> = vec![
             (0, 3),
             (1, 0),
             (2, 3),
@@ -291,42 +292,62 @@ fn expert_matmul_matches_per_expert_matmul() {
             (1, 3),
             (0, 3),
             (2, 3),
-        ]
-        .iter()
-        .map(|&(i, ex)| ExpertRow {
-            input_row: i,
-            expert: ex,
-        })
-        .collect();
-        let mut out = vec![f32::NAN; rows.len() * n];
-        dev.expert_matmul(&*tower, &x, &rows, &mut out)
-            .expect("expert_matmul");
-        let rb = ty.row_bytes(k).expect("row bytes") * n;
-        for (t, r) in rows.iter().enumerate() {
-            let ex = r.expert as usize;
-            let wi = &w[ex * rb..(ex + 1) * rb];
-            let xi = &x[r.input_row as usize * k..(r.input_row as usize + 1) * k];
-            let (want, mag) = reference_matmul(ty, wi, k, n, xi, 1);
-            assert_close(
-                &format!("{ty} row {t}"),
-                &out[t * n..(t + 1) * n],
-                &want,
-                &mag,
-                2e-5,
-            );
-            // Batch invariance: bit for bit what the device's own matmul gives for this
-            // token alone against this expert, however many tokens the expert had.
-            let alone = dev
-                .stage(&desc("exp", ty, &[k, n], wi.to_vec()))
-                .expect("stage expert");
-            let mut one = vec![f32::NAN; n];
-            dev.matmul(&*alone, xi, 1, &mut one).expect("matmul");
-            for (o, (g, e)) in out[t * n..(t + 1) * n].iter().zip(&one).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    e.to_bits(),
-                    "{ty} row {t} output {o}: {g} vs {e}"
+        ];
+        let many: Vec<(u32, u32)> = (0..40u32)
+            .map(|i| {
+                (
+                    i,
+                    if i < 20 {
+                        0
+                    } else if i < 37 {
+                        3
+                    } else {
+                        1
+                    },
+                )
+            })
+            .rev()
+            .collect();
+        for (n_in, pairs) in [(3usize, few), (40, many)] {
+            let x = rng.vec(n_in * k);
+            let rows: Vec<ExpertRow> = pairs
+                .iter()
+                .map(|&(i, ex)| ExpertRow {
+                    input_row: i,
+                    expert: ex,
+                })
+                .collect();
+            let mut out = vec![f32::NAN; rows.len() * n];
+            dev.expert_matmul(&*tower, &x, &rows, &mut out)
+                .expect("expert_matmul");
+            let rb = ty.row_bytes(k).expect("row bytes") * n;
+            for (t, r) in rows.iter().enumerate() {
+                let ex = r.expert as usize;
+                let wi = &w[ex * rb..(ex + 1) * rb];
+                let xi = &x[r.input_row as usize * k..(r.input_row as usize + 1) * k];
+                let (want, mag) = reference_matmul(ty, wi, k, n, xi, 1);
+                assert_close(
+                    &format!("{ty} row {t}"),
+                    &out[t * n..(t + 1) * n],
+                    &want,
+                    &mag,
+                    2e-5,
                 );
+                // Batch invariance: bit for bit what the device's own matmul gives for
+                // this token alone against this expert, however many tokens the expert
+                // had.
+                let alone = dev
+                    .stage(&desc("exp", ty, &[k, n], wi.to_vec()))
+                    .expect("stage expert");
+                let mut one = vec![f32::NAN; n];
+                dev.matmul(&*alone, xi, 1, &mut one).expect("matmul");
+                for (o, (g, e)) in out[t * n..(t + 1) * n].iter().zip(&one).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{ty} row {t} output {o}: {g} vs {e}"
+                    );
+                }
             }
         }
         let bad = [ExpertRow {
@@ -335,7 +356,7 @@ fn expert_matmul_matches_per_expert_matmul() {
         }];
         let mut o = vec![0f32; n];
         let err = dev
-            .expert_matmul(&*tower, &x, &bad, &mut o)
+            .expert_matmul(&*tower, &rng.vec(k), &bad, &mut o)
             .expect_err("expert 4 of 4");
         assert_eq!(err.kind, HalErrorKind::InvalidInput);
     }
