@@ -369,3 +369,86 @@ pub(crate) fn quantize_q8_k_row(x: &[f32], out: &mut [BlockQ8K]) {
         y.d = 1.0 / iscale;
     }
 }
+
+/// `permutex2var` indices of one level of [`transpose16`]: with `a` and `b` the rows
+/// `i` and `i + s`, lane `p` of the new row `i` (`hi` = false) or `i + s` (true) takes,
+/// per chunk of `2s` lanes, the first (`hi`: second) `s` lanes of `a`, then those of `b`.
+const fn transpose_idx(s: usize, hi: bool) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut p = 0;
+    while p < 16 {
+        let (k, w) = (p / (2 * s), p % (2 * s));
+        let base = k * 2 * s + if hi { s } else { 0 };
+        idx[p] = if w < s {
+            (base + w) as i32
+        } else {
+            (16 + base + w - s) as i32
+        };
+        p += 1;
+    }
+    idx
+}
+
+/// [`transpose16`]'s indices, per level (blocks of 8, 4, 2, 1).
+const TRANSPOSE_IDX: [[[i32; 16]; 2]; 4] = [
+    [transpose_idx(8, false), transpose_idx(8, true)],
+    [transpose_idx(4, false), transpose_idx(4, true)],
+    [transpose_idx(2, false), transpose_idx(2, true)],
+    [transpose_idx(1, false), transpose_idx(1, true)],
+];
+
+/// The 16 x 16 transpose of 32-bit lanes (row `i` lane `j` -> row `j` lane `i`): blocks
+/// of 8, 4, 2 and 1 lanes swapped across the diagonal, 64 two-source permutes (the
+/// panel decoders: sixteen weight rows' dwords into one register per dword).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose16(mut r: [__m512i; 16]) -> [__m512i; 16] {
+    for (level, idx) in TRANSPOSE_IDX.iter().enumerate() {
+        let s = 8 >> level;
+        // SAFETY: 16 readable i32 each; loadu is unaligned.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_si512(idx[0].as_ptr() as *const __m512i),
+                _mm512_loadu_si512(idx[1].as_ptr() as *const __m512i),
+            )
+        };
+        for i in 0..16 {
+            if i & s == 0 {
+                let (a, b) = (r[i], r[i + s]);
+                r[i] = _mm512_permutex2var_epi32(a, lo, b);
+                r[i + s] = _mm512_permutex2var_epi32(a, hi, b);
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_transposes() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no AVX-512F: transpose16 not exercised");
+            return;
+        }
+        let m: Vec<[i32; 16]> = (0..16)
+            .map(|i| std::array::from_fn(|j| (100 * i + j) as i32))
+            .collect();
+        // SAFETY: AVX-512F was detected above; each row is 16 readable i32.
+        let t = unsafe {
+            let r: [__m512i; 16] =
+                std::array::from_fn(|i| _mm512_loadu_si512(m[i].as_ptr() as *const __m512i));
+            transpose16(r)
+        };
+        for (j, v) in t.iter().enumerate() {
+            let mut out = [0i32; 16];
+            // SAFETY: 16 writable i32.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *v) };
+            for (i, &x) in out.iter().enumerate() {
+                assert_eq!(x, (100 * i + j) as i32, "row {j} lane {i}");
+            }
+        }
+    }
+}

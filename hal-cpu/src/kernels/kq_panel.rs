@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 use flint_core::dequant::k4_scale_min;
 
+use super::avx512::transpose16;
 use super::f16_to_f32;
 
 /// Weight rows per panel: one per lane of a 512-bit register.
@@ -123,23 +124,21 @@ impl KPanel for BlockQ6K {
 fn decode_panel<B: KPanel>(rows: &[&[B]], out: &mut [KPanelBlock]) {
     assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
     let mut q = [[0u8; 256]; PANEL_ROWS];
-    let row_dwords = _mm512_setr_epi32(
-        0, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960,
-    );
     for (i, o) in out.iter_mut().enumerate() {
         *o = KPanelBlock::ZERO;
         for (r, row) in rows.iter().enumerate() {
             row[i].decode_row(r, &mut q[r], o);
         }
-        for (t, u) in o.u.iter_mut().enumerate() {
-            // SAFETY: the indices `64r + t` (r < 16, t < 64) address dwords inside `q`'s
-            // 4096 bytes; `u` is 64 writable bytes, 64-byte aligned.
-            unsafe {
-                let v = _mm512_i32gather_epi32::<4>(
-                    _mm512_add_epi32(row_dwords, _mm512_set1_epi32(t as i32)),
-                    q.as_ptr() as *const i32,
-                );
-                _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v);
+        // Dwords 16c..16c + 16 of the sixteen rows, transposed: `u[16c + j]` lane `r`
+        // is dword `16c + j` of row `r`.
+        for c in 0..4 {
+            let r: [__m512i; 16] = std::array::from_fn(|i| {
+                // SAFETY: 64 readable bytes at `q[i][64c..]`; loadu is unaligned.
+                unsafe { _mm512_loadu_si512(q[i][64 * c..].as_ptr() as *const __m512i) }
+            });
+            for (j, v) in transpose16(r).iter().enumerate() {
+                // SAFETY: 64 writable bytes, 64-byte aligned.
+                unsafe { _mm512_store_si512(o.u[16 * c + j].as_mut_ptr() as *mut __m512i, *v) };
             }
         }
     }

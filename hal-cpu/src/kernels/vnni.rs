@@ -644,31 +644,26 @@ impl PanelBlock {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
     assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
-    // The sixteen rows' quants side by side (rows past the end stay zero), then each
-    // `u[j]` gathered: dword `j` of every row.
-    let mut q = [[0u8; 32]; PANEL_ROWS];
-    let row_dwords = _mm512_setr_epi32(
-        0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120,
-    );
+    // The sixteen rows' quants (rows past the end stay zero), then transposed: `u[j]`
+    // lane `r` is dword `j` of row `r` (a 16 x 16 transpose of which the first eight
+    // columns are the quants).
+    let mut q = [[0u8; 64]; PANEL_ROWS];
     for (i, o) in out.iter_mut().enumerate() {
         o.d = [0.0; 16];
         for (r, row) in rows.iter().enumerate() {
             let b = &row[i];
             // SAFETY: this function's features include what `unsigned` needs; `q[r]` is
-            // 32 writable bytes and storeu is unaligned.
+            // 64 writable bytes and storeu is unaligned.
             unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, b.unsigned()) };
             o.d[r] = f16_to_f32(b.scale_bits());
         }
-        for (j, u) in o.u.iter_mut().enumerate() {
-            // SAFETY: the indices `8r + j` (r < 16, j < 8) address dwords inside `q`'s
-            // 512 bytes; `u` is 64 writable bytes, 64-byte aligned.
-            unsafe {
-                let v = _mm512_i32gather_epi32::<4>(
-                    _mm512_add_epi32(row_dwords, _mm512_set1_epi32(j as i32)),
-                    q.as_ptr() as *const i32,
-                );
-                _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v);
-            }
+        let t = super::avx512::transpose16(std::array::from_fn(|r| {
+            // SAFETY: 64 readable bytes; loadu is unaligned.
+            unsafe { _mm512_loadu_si512(q[r].as_ptr() as *const __m512i) }
+        }));
+        for (u, v) in o.u.iter_mut().zip(&t) {
+            // SAFETY: 64 writable bytes, 64-byte aligned.
+            unsafe { _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, *v) };
         }
     }
 }
