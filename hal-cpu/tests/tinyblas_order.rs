@@ -119,9 +119,10 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
         let (k, n) = (2048, 27);
         let w = random_weight(&mut rng, ty, k, n);
         let rb = ty.row_bytes(k).expect("row size");
-        // From 16 rows: the panel gemm (`kq_panel`), tasks of activation rows in tiles of
-        // 4, their last rows one at a time.
-        for m in [1usize, 5, 8, 13, 16, 22, 31, 177] {
+        // 2..15 rows: the tile kernels of `dot_rows` (tiles of up to 4). From 16 rows: the
+        // panel gemm (`kq_panel`), tasks of activation rows in tiles of 4, their last rows
+        // one at a time.
+        for m in [1usize, 2, 3, 5, 6, 7, 8, 13, 16, 22, 31, 177] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {

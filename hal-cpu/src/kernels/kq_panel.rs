@@ -21,7 +21,6 @@
 use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
-use flint_core::dequant::k4_scale_min;
 
 use super::avx512::transpose16;
 use super::f16_to_f32;
@@ -68,79 +67,200 @@ impl KPanelBlock {
 
 /// A K-quant weight type the panel gemm takes.
 pub(crate) trait KPanel: bytemuck::Pod + Sync {
-    /// Row `r`'s block into the panel block `o` (its quants into `q`, 256 bytes in
-    /// element order, which the caller spreads over `o.u`).
-    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock);
+    /// Block `i` of the weight rows `rows` (at most [`PANEL_ROWS`]) into the panel block
+    /// `o`; lanes past `rows.len()` zero.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW.
+    unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanelBlock);
+}
+
+/// The packed 32-bit words `w` of sixteen rows (`w(r)`: row `r`'s, up to 16 of them per
+/// call) side by side: lane `r` of result `t` is word `t` of row `r`. Rows past `live`
+/// are zero.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn words16(live: usize, w: impl Fn(usize) -> __m512i) -> [__m512i; 16] {
+    transpose16(std::array::from_fn(|r| {
+        if r < live {
+            w(r)
+        } else {
+            _mm512_setzero_si512()
+        }
+    }))
+}
+
+/// Sixteen rows' header word `f(row)` (a u32 per row, 0 past `live`) as lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn header16(live: usize, f: impl Fn(usize) -> u32) -> __m512i {
+    let mut v = [0u32; 16];
+    for (r, x) in v.iter_mut().enumerate().take(live) {
+        *x = f(r);
+    }
+    // SAFETY: 16 readable u32; loadu is unaligned.
+    unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+}
+
+/// Sixteen f16 values (the low 16 bits of each lane of `v`) widened to f32 exactly.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn f16_lanes(v: __m512i) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
+}
+
+/// Stores 16 lanes into a panel block's row of i32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn put(dst: &mut [i32; 16], v: __m512i) {
+    // SAFETY: 64 writable bytes, 64-byte aligned.
+    unsafe { _mm512_store_si512(dst.as_mut_ptr() as *mut __m512i, v) }
+}
+
+/// Stores 16 f32 lanes into a panel block's row of f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn put_ps(dst: &mut [f32; 16], v: __m512) {
+    // SAFETY: 64 writable bytes, 64-byte aligned.
+    unsafe { _mm512_store_ps(dst.as_mut_ptr(), v) }
+}
+
+/// Loads 64 bytes of a block.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load64(p: &[u8]) -> __m512i {
+    assert!(p.len() >= 64);
+    // SAFETY: 64 readable bytes (checked); loadu is unaligned.
+    unsafe { _mm512_loadu_si512(p.as_ptr() as *const __m512i) }
 }
 
 impl KPanel for BlockQ4K {
-    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
-        for j in 0..4 {
-            for l in 0..32 {
-                let v = self.qs[32 * j + l];
-                q[64 * j + l] = v & 0x0F;
-                q[64 * j + 32 + l] = v >> 4;
+    /// All sixteen rows at once: the packed quant words transposed (two 16 x 16
+    /// transposes), then split into nibbles (word `8j + u` of `qs` holds quants
+    /// `64j + 4u..` in its low nibbles and `64j + 32 + 4u..` in its high ones); the
+    /// 6-bit scales and mins unpacked lane-wise as `k4_scale_min` does per row.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanelBlock) {
+        let live = rows.len();
+        assert!(live <= PANEL_ROWS, "decode_block: rows");
+        let p0 = words16(live, |r| load64(&rows[r][i].qs[..64]));
+        let p1 = words16(live, |r| load64(&rows[r][i].qs[64..]));
+        let m4 = _mm512_set1_epi8(0x0F);
+        for t in 0..32 {
+            let v = if t < 16 { p0[t] } else { p1[t - 16] };
+            let (j, u) = (t / 8, t % 8);
+            let lo = _mm512_and_si512(v, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            // SAFETY: 64 writable bytes each, 64-byte aligned.
+            unsafe {
+                _mm512_store_si512(o.u[16 * j + u].as_mut_ptr() as *mut __m512i, lo);
+                _mm512_store_si512(o.u[16 * j + 8 + u].as_mut_ptr() as *mut __m512i, hi);
             }
         }
-        let (sc, mn) = k4_scale_min(&self.scales);
-        for s in 0..8 {
-            o.sc[s][r] = i32::from(sc[s]);
-            let m = u32::from(mn[s]);
-            o.pairs[s][r] = (m | (m << 16)) as i32;
+        let word = |r: usize, at: usize| {
+            let s = &rows[r][i].scales[at..at + 4];
+            u32::from_le_bytes([s[0], s[1], s[2], s[3]])
+        };
+        let dd = header16(live, |r| {
+            let b = &rows[r][i];
+            u32::from(b.d) | (u32::from(b.dmin) << 16)
+        });
+        let (s0, s1, s2) = (
+            header16(live, |r| word(r, 0)),
+            header16(live, |r| word(r, 4)),
+            header16(live, |r| word(r, 8)),
+        );
+        let byte = |v: __m512i, k: u32| {
+            _mm512_and_si512(
+                _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * k as i32)),
+                _mm512_set1_epi32(0xFF),
+            )
+        };
+        let m6 = _mm512_set1_epi32(63);
+        let mut mins = [_mm512_setzero_si512(); 8];
+        for j in 0..4u32 {
+            let (a0, a1, a2) = (byte(s0, j), byte(s1, j), byte(s2, j));
+            put(&mut o.sc[j as usize], _mm512_and_si512(a0, m6));
+            mins[j as usize] = _mm512_and_si512(a1, m6);
+            // Scale / min j + 4: low nibble / high nibble of byte j + 8, top two bits
+            // from bytes j / j + 4.
+            let sc = _mm512_or_si512(
+                _mm512_and_si512(a2, _mm512_set1_epi32(0x0F)),
+                _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a0)),
+            );
+            let mn = _mm512_or_si512(
+                _mm512_srli_epi32::<4>(a2),
+                _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a1)),
+            );
+            put(&mut o.sc[j as usize + 4], sc);
+            mins[j as usize + 4] = mn;
         }
-        o.d[r] = f16_to_f32(self.d);
-        o.dmin[r] = f16_to_f32(self.dmin);
+        for (s, m) in mins.iter().enumerate() {
+            put(
+                &mut o.pairs[s],
+                _mm512_or_si512(*m, _mm512_slli_epi32::<16>(*m)),
+            );
+        }
+        put_ps(&mut o.d, f16_lanes(dd));
+        put_ps(&mut o.dmin, f16_lanes(_mm512_srli_epi32::<16>(dd)));
     }
 }
 
+/// Row `r`'s Q6_K block `b` into the panel block `o` (its quants into `q`, 256 bytes in
+/// element order, which [`KPanel::decode_block`] spreads over `o.u`).
+fn q6k_decode_row(b: &BlockQ6K, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
+    for n in 0..2 {
+        let (ql, qh) = (&b.ql[64 * n..64 * n + 64], &b.qh[32 * n..32 * n + 32]);
+        let e = 128 * n;
+        for l in 0..32 {
+            let h = qh[l];
+            q[e + l] = (ql[l] & 0x0F) | ((h & 3) << 4);
+            q[e + 32 + l] = (ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4);
+            q[e + 64 + l] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+            q[e + 96 + l] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+        }
+    }
+    for s in 0..16 {
+        o.sc[s][r] = i32::from(b.scales[s]);
+    }
+    for p in 0..8 {
+        let lo = (-32 * i32::from(b.scales[2 * p])) as u16;
+        let hi = (-32 * i32::from(b.scales[2 * p + 1])) as u16;
+        o.pairs[p][r] = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
+    }
+    o.d[r] = f16_to_f32(b.d);
+}
+
 impl KPanel for BlockQ6K {
-    fn decode_row(&self, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
-        for n in 0..2 {
-            let (ql, qh) = (&self.ql[64 * n..64 * n + 64], &self.qh[32 * n..32 * n + 32]);
-            let e = 128 * n;
-            for l in 0..32 {
-                let h = qh[l];
-                q[e + l] = (ql[l] & 0x0F) | ((h & 3) << 4);
-                q[e + 32 + l] = (ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4);
-                q[e + 64 + l] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
-                q[e + 96 + l] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+    /// Row by row into element order, then the sixteen rows' quant words transposed.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanelBlock) {
+        assert!(rows.len() <= PANEL_ROWS, "decode_block: rows");
+        *o = KPanelBlock::ZERO;
+        let mut q = [[0u8; 256]; PANEL_ROWS];
+        for (r, row) in rows.iter().enumerate() {
+            q6k_decode_row(&row[i], r, &mut q[r], o);
+        }
+        // Words 16c..16c + 16 of the sixteen rows, transposed: `u[16c + j]` lane `r`
+        // is word `16c + j` of row `r`.
+        for c in 0..4 {
+            let t = words16(PANEL_ROWS, |r| load64(&q[r][64 * c..]));
+            for (j, v) in t.iter().enumerate() {
+                // SAFETY: 64 writable bytes, 64-byte aligned.
+                unsafe { _mm512_store_si512(o.u[16 * c + j].as_mut_ptr() as *mut __m512i, *v) };
             }
         }
-        for s in 0..16 {
-            o.sc[s][r] = i32::from(self.scales[s]);
-        }
-        for p in 0..8 {
-            let lo = (-32 * i32::from(self.scales[2 * p])) as u16;
-            let hi = (-32 * i32::from(self.scales[2 * p + 1])) as u16;
-            o.pairs[p][r] = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
-        }
-        o.d[r] = f16_to_f32(self.d);
     }
 }
 
 /// Decodes the weight rows `rows` (at most [`PANEL_ROWS`], each `out.len()` blocks)
 /// into panel blocks.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn decode_panel<B: KPanel>(rows: &[&[B]], out: &mut [KPanelBlock]) {
     assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
-    let mut q = [[0u8; 256]; PANEL_ROWS];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = KPanelBlock::ZERO;
-        for (r, row) in rows.iter().enumerate() {
-            row[i].decode_row(r, &mut q[r], o);
-        }
-        // Dwords 16c..16c + 16 of the sixteen rows, transposed: `u[16c + j]` lane `r`
-        // is dword `16c + j` of row `r`.
-        for c in 0..4 {
-            let r: [__m512i; 16] = std::array::from_fn(|i| {
-                // SAFETY: 64 readable bytes at `q[i][64c..]`; loadu is unaligned.
-                unsafe { _mm512_loadu_si512(q[i][64 * c..].as_ptr() as *const __m512i) }
-            });
-            for (j, v) in transpose16(r).iter().enumerate() {
-                // SAFETY: 64 writable bytes, 64-byte aligned.
-                unsafe { _mm512_store_si512(o.u[16 * c + j].as_mut_ptr() as *mut __m512i, *v) };
-            }
-        }
+        // SAFETY: this function's features are what `decode_block` needs.
+        unsafe { B::decode_block(rows, i, o) };
     }
 }
 
