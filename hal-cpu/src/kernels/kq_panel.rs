@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 use super::avx512::transpose16;
+use super::vnni::put_row;
 use super::f16_to_f32;
 
 /// Weight rows per panel: one per lane of a 512-bit register.
@@ -506,7 +507,7 @@ pub(crate) fn gemm<B: KTile>(
                 }
             }
             for (a, v) in o.iter().enumerate().take(take) {
-                out[(t + a) * n + r0..(t + a) * n + r0 + live].copy_from_slice(&v[..live]);
+                put_row(&mut out[(t + a) * n + r0..(t + a) * n + r0 + live], v);
             }
             t += take;
         }
