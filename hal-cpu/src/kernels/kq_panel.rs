@@ -23,8 +23,8 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 use super::avx512::transpose16;
-use super::vnni::put_row;
 use super::f16_to_f32;
+use super::vnni::{for_each_panel, put_row};
 
 /// Weight rows per panel: one per lane of a 512-bit register.
 pub(crate) const PANEL_ROWS: usize = 16;
@@ -268,19 +268,11 @@ fn decode_panel<B: KPanel>(rows: &[&[B]], out: &mut [KPanelBlock]) {
 /// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
 /// `16p..16p + 16`) at `dec[p * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
 pub(crate) fn decode<B: KPanel>(w: &[B], nb: usize, n: usize, p0: usize, dec: &mut [KPanelBlock]) {
-    if nb == 0 {
-        return;
-    }
-    assert!(w.len() >= n * nb, "kq_panel::decode: weight rows");
-    for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let r0 = PANEL_ROWS * (p0 + t);
-        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
-            .map(|r| &w[r * nb..(r + 1) * nb])
-            .collect();
-        // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI) was checked against the CPU at
-        // device open.
-        unsafe { decode_panel(&rows, d) };
-    }
+    // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI) was checked against the CPU at
+    // device open.
+    for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
+        decode_panel(rows, d)
+    });
 }
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).

@@ -668,6 +668,30 @@ fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
     }
 }
 
+/// For the panels `p0..p0 + dec.len() / nb` of the `n` weight rows of `w` (each `nb`
+/// blocks; panel `p` is rows `16p..16p + 16`, fewer at the end): `decode(rows, chunk)`
+/// with the panel's rows and its `nb` blocks of `dec`.
+pub(crate) fn for_each_panel<B, D>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [D],
+    mut decode: impl FnMut(&[&[B]], &mut [D]),
+) {
+    if nb == 0 {
+        return;
+    }
+    assert!(w.len() >= n * nb, "for_each_panel: weight rows");
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let r0 = PANEL_ROWS * (p0 + t);
+        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
+            .map(|r| &w[r * nb..(r + 1) * nb])
+            .collect();
+        decode(&rows, d);
+    }
+}
+
 /// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
 /// `16p..16p + 16`) at `dec[p * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
 pub(crate) fn q0_decode<B: Q0Pair>(
@@ -677,19 +701,11 @@ pub(crate) fn q0_decode<B: Q0Pair>(
     p0: usize,
     dec: &mut [PanelBlock],
 ) {
-    if nb == 0 {
-        return;
-    }
-    assert!(w.len() >= n * nb, "q0_decode: weight rows");
-    for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let r0 = PANEL_ROWS * (p0 + t);
-        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
-            .map(|r| &w[r * nb..(r + 1) * nb])
-            .collect();
-        // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked
-        // against the CPU at device open.
-        unsafe { decode_panel(&rows, d) };
-    }
+    // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked against
+    // the CPU at device open.
+    for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
+        decode_panel(rows, d)
+    });
 }
 
 /// The sixteen rows of a panel (`panel`: its blocks) against `A` activation rows, in
