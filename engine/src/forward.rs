@@ -128,11 +128,17 @@ pub struct Batch<'a> {
 
 impl Batch<'_> {
     /// Rows of logits [`DeviceModel::forward`] returns: per sequence, all its tokens or
-    /// its last.
+    /// its last (none for a sequence without new tokens).
     pub fn n_logit_rows(&self) -> usize {
         self.seqs
             .iter()
-            .map(|s| if s.all_logits { s.tokens.len() } else { 1 })
+            .map(|s| {
+                if s.all_logits {
+                    s.tokens.len()
+                } else {
+                    s.tokens.len().min(1)
+                }
+            })
             .sum()
     }
 }
@@ -394,6 +400,49 @@ impl DeviceModel {
             })
             .collect();
 
+        // The rows whose logits are wanted (per sequence all its tokens or its last), in
+        // order. After the last layer's keys and values are written, only these rows go
+        // on (llama.cpp's `inp_out_ids` does the same): every op is row by row and gives
+        // a row the same bits whatever else is in the batch, so their logits are
+        // unchanged, and a prompt skips the last layer's attention and MLP for all but
+        // one row.
+        let wanted: Vec<std::ops::Range<usize>> = batch
+            .seqs
+            .iter()
+            .zip(&starts)
+            .map(|(s, &st)| {
+                if s.all_logits {
+                    st..st + s.tokens.len()
+                } else {
+                    st + s.tokens.len().saturating_sub(1)..st + s.tokens.len()
+                }
+            })
+            .collect();
+        let n_out: usize = wanted.iter().map(|r| r.len()).sum();
+        let out_positions: Vec<u32> = wanted
+            .iter()
+            .flat_map(|r| positions[r.clone()].iter().copied())
+            .collect();
+        let out_attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..2)
+            .map(|g| {
+                let mut q_start = 0;
+                batch
+                    .seqs
+                    .iter()
+                    .zip(&wanted)
+                    .map(|(s, r)| {
+                        let seq = AttnSeq {
+                            q_start,
+                            positions: &out_positions[q_start..q_start + r.len()],
+                            block_table: s.block_tables[g],
+                        };
+                        q_start += r.len();
+                        seq
+                    })
+                    .collect()
+            })
+            .collect();
+
         let mut x = vec![0.0f32; n * d];
         timed!("embed", dev.get_rows(&*self.token_embd, &tokens, &mut x))?;
         if spec.embed_scale != 1.0 {
@@ -451,26 +500,50 @@ impl DeviceModel {
             } else {
                 spec.attn_scale
             };
+            // The last layer goes on with the wanted rows only (see `wanted`): their
+            // queries and residuals moved to the front, in order.
+            let mut rows = n;
+            let mut seqs = &attn_seqs[g];
+            if il + 1 == self.layers.len() && n_out < n {
+                let (qw, xw) = (h * dk, d);
+                let mut to = 0;
+                for r in &wanted {
+                    for from in r.clone() {
+                        q.copy_within(from * qw..(from + 1) * qw, to * qw);
+                        x.copy_within(from * xw..(from + 1) * xw, to * xw);
+                        to += 1;
+                    }
+                }
+                rows = n_out;
+                seqs = &out_attn_seqs[g];
+            }
+            let (o, tmp, f, a, x) = (
+                &mut o[..rows * h * dv],
+                &mut tmp[..rows * d],
+                &mut f[..rows * d],
+                &mut a[..rows * d],
+                &mut x[..rows * d],
+            );
             let pa = PagedAttention {
-                q: &q,
-                seqs: &attn_seqs[g],
+                q: &q[..rows * h * dk],
+                seqs,
                 n_heads: h,
                 scale: attn_scale,
                 sinks: layer.sinks.as_deref(),
                 window: spec.layer_window(il),
             };
-            timed!("attention", dev.paged_attention(&*kv[il], &pa, &mut o))?;
-            timed!("attn_out", dev.matmul(&*layer.wo, &o, n, &mut tmp))?;
+            timed!("attention", dev.paged_attention(&*kv[il], &pa, o))?;
+            timed!("attn_out", dev.matmul(&*layer.wo, o, rows, tmp))?;
             if let Some(w) = &layer.post_attn_norm {
-                self.norm_in_place(&mut tmp, w, d, &mut norm_src)?;
+                self.norm_in_place(tmp, w, d, &mut norm_src)?;
             }
             timed!(
                 "add_rms_norm",
-                dev.add_rms_norm(&mut x, &tmp, &layer.ffn_norm, spec.eps, d, &mut f)
+                dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.eps, d, f)
             )?;
-            self.ffn(layer, &f, n, &mut tmp, &mut mlp_bufs)?;
+            self.ffn(layer, f, rows, tmp, &mut mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
-                self.norm_in_place(&mut tmp, w, d, &mut norm_src)?;
+                self.norm_in_place(tmp, w, d, &mut norm_src)?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
@@ -478,22 +551,17 @@ impl DeviceModel {
             };
             timed!(
                 "add_rms_norm",
-                dev.add_rms_norm(&mut x, &tmp, next_norm, spec.eps, d, &mut a)
+                dev.add_rms_norm(x, tmp, next_norm, spec.eps, d, a)
             )?;
         }
-        // `a` now holds rmsnorm(x) * output_norm for every row; keep the wanted rows.
-        let mut rows = Vec::with_capacity(batch.n_logit_rows() * d);
-        for (s, &st) in batch.seqs.iter().zip(&starts) {
-            let r = if s.all_logits {
-                st..st + s.tokens.len()
-            } else {
-                st + s.tokens.len() - 1..st + s.tokens.len()
-            };
-            rows.extend_from_slice(&a[r.start * d..r.end * d]);
-        }
-        let m = rows.len() / d;
-        let mut logits = vec![0.0f32; m * spec.vocab];
-        timed!("output", dev.matmul(&*self.output, &rows, m, &mut logits))?;
+        // `a` now holds rmsnorm(x) * output_norm of the wanted rows, in order (the last
+        // layer kept only those).
+        let rows = &a[..n_out * d];
+        let mut logits = vec![0.0f32; n_out * spec.vocab];
+        timed!(
+            "output",
+            dev.matmul(&*self.output, rows, n_out, &mut logits)
+        )?;
         Ok(logits)
     }
 
