@@ -1,7 +1,15 @@
 //! `flint-hal-cpu`: the CPU backend.
 //!
-//! Weights are never copied: a staged weight keeps the [`WeightSource`] (the shared mmap
+//! Weights are not copied: a staged weight keeps the [`WeightSource`] (the shared mmap
 //! and the tensor's byte range) and every matmul reads the GGUF blocks where they lie.
+//! One exception, on AVX-512 VNNI CPUs: a Q4_K weight whose rows per matrix are a
+//! multiple of 16 is repacked at staging into row groups (`kernels::q4k_x16`: sixteen
+//! rows of a block side by side, the same bytes in another order, on huge pages), which
+//! the decode kernels multiply without folding sums across lanes (M = 1: about 2x the
+//! file layout's speed per core, cache-resident; M = 4: 3x). The tensor's file pages are
+//! then handed back through the source's release hook, so the memory is not doubled.
+//! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout (for comparisons; the
+//! results are the same bits either way).
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
@@ -67,7 +75,8 @@ mod simd;
 pub use ops::CpuKv;
 pub use simd::SimdLevel;
 
-use kernels::{Acts, FloatKind, TILE};
+use kernels::q4k_x16::X16_ROWS;
+use kernels::{Acts, FloatKind, WeightRows, TILE};
 
 /// The backends this crate registers: `cpu`.
 pub fn backends() -> Vec<BackendEntry> {
@@ -115,6 +124,88 @@ pub struct CpuWeight {
     /// Experts (1 for a matrix).
     e: usize,
     row_bytes: usize,
+    /// The rows repacked for the decode kernels (`kernels::q4k_x16`), when the weight
+    /// was staged so; the matmuls then read these, never `src`.
+    x16: Option<Packed>,
+}
+
+/// A Q4_K or Q6_K weight's rows repacked at staging (`kernels::q4k_x16`,
+/// `kernels::q6k_x16`), in anonymous memory advised for transparent huge pages: a decode
+/// streams them, and on 4 KiB pages the prefetchers stop at every page (the loader's
+/// `residence.rs` has the figures).
+struct Packed {
+    map: memmap2::Mmap,
+    start: usize,
+    len: usize,
+    ty: GgmlType,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("ty", &self.ty)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Transparent huge pages are 2 MiB on x86-64.
+const HUGE_PAGE: usize = 2 << 20;
+
+impl Packed {
+    /// The whole weight's row groups.
+    fn rows(&self) -> WeightRows<'_> {
+        let bytes = &self.map[self.start..self.start + self.len];
+        match self.ty {
+            GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
+            _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
+        }
+    }
+
+    /// A Q4_K or Q6_K tensor's bytes (whole rows of `nb` blocks, a multiple of 16 rows)
+    /// repacked into row groups, in parallel on `pool`. `None` for other types or when
+    /// the memory cannot be had (the weight then stays in the file's layout).
+    fn pack(ty: GgmlType, bytes: &[u8], nb: usize, pool: &rayon::ThreadPool) -> Option<Self> {
+        let len = bytes.len();
+        let mut anon = memmap2::MmapMut::map_anon(len + HUGE_PAGE).ok()?;
+        let start = (HUGE_PAGE - anon.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+        // Advice only: on small pages the weight is merely slower to stream.
+        #[cfg(unix)]
+        let _ = anon.advise_range(memmap2::Advice::HugePage, start, len);
+        let dst = &mut anon[start..start + len];
+        match ty {
+            GgmlType::Q4_K => pack_groups(bytes, nb, dst, pool, kernels::q4k_x16::pack),
+            GgmlType::Q6_K => pack_groups(bytes, nb, dst, pool, kernels::q6k_x16::pack),
+            _ => return None,
+        }
+        let map = anon.make_read_only().ok()?;
+        Some(Self {
+            map,
+            start,
+            len,
+            ty,
+        })
+    }
+}
+
+/// Repacks whole rows of `nb` blocks `B` (the file's bytes `src`) into 16-row groups
+/// `X` written over `dst` (the same length), 64 groups per task on `pool`.
+fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
+    src: &[u8],
+    nb: usize,
+    dst: &mut [u8],
+    pool: &rayon::ThreadPool,
+    pack: fn(&[B], usize, &mut [X]),
+) {
+    let src = kernels::view::<B>(src);
+    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
+    let per = 64 * nb;
+    pool.install(|| {
+        out.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
+            let r0 = c * per * X16_ROWS;
+            pack(&src[r0..r0 + o.len() * X16_ROWS], nb, o)
+        })
+    });
 }
 
 impl Weight for CpuWeight {
@@ -129,6 +220,36 @@ impl Weight for CpuWeight {
 impl CpuWeight {
     fn bytes(&self) -> &[u8] {
         self.src.as_slice()
+    }
+
+    /// Weight rows `row0..row0 + rows` (counted over all experts) as the kernels read
+    /// them. With a packed weight both ends must be multiples of 16 (every packed
+    /// weight's rows per expert are).
+    fn rows(&self, row0: usize, rows: usize) -> WeightRows<'_> {
+        match &self.x16 {
+            Some(p) => {
+                debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
+                p.rows().packed_rows(self.k / 256, row0, rows)
+            }
+            None => WeightRows::File(
+                &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
+            ),
+        }
+    }
+}
+
+/// Whether `FLINT_CPU_REPACK` allows repacking weights at staging (default: yes; `0`
+/// keeps every weight in the file's layout, for comparisons).
+fn repack_enabled() -> bool {
+    std::env::var("FLINT_CPU_REPACK").map_or(true, |v| v.trim() != "0")
+}
+
+/// Rows of a staged matmul chunk: a multiple of 16 when the weight is packed.
+fn chunk_rows(per_task: usize, packed: bool, n: usize) -> usize {
+    if packed {
+        per_task.next_multiple_of(X16_ROWS).min(n.max(X16_ROWS))
+    } else {
+        per_task
     }
 }
 
@@ -252,7 +373,7 @@ impl CpuDevice {
     fn matmul_bytes(
         &self,
         ty: GgmlType,
-        w_bytes: &[u8],
+        w: WeightRows<'_>,
         k: usize,
         n: usize,
         row_bytes: usize,
@@ -284,6 +405,15 @@ impl CpuDevice {
             // thread so that the others can take over a thread that stalls or is
             // descheduled on a shared machine.
             let per_task = n.div_ceil(self.threads * 16).max(16).min(n);
+            let packed = w.is_packed();
+            let per_task = chunk_rows(per_task, packed, n);
+            let w_bytes = match w {
+                WeightRows::File(b) => b,
+                _ => &[][..],
+            };
+            let nb = k / 256;
+            // Packed rows `o0..o0 + rows` (whole groups).
+            let groups = |o0: usize, rows: usize| w.packed_rows(nb, o0, rows);
             let row_dot = |o: usize, rows: &[usize], dst: &mut [f32]| {
                 dot_rows_checked(
                     level,
@@ -299,12 +429,16 @@ impl CpuDevice {
                 // Four tasks per thread, not sixteen: each task's weight rows are a
                 // stream the hardware prefetcher has to pick up again, and a decode's
                 // matrices are small (Gemma 3 decode: 93 -> 100 tok/s, medians of 3).
-                let per_task = n.div_ceil(self.threads * 4).max(16).min(n);
+                let per_task = chunk_rows(n.div_ceil(self.threads * 4).max(16).min(n), packed, n);
                 return out
                     .par_chunks_mut(per_task)
                     .enumerate()
                     .try_for_each(|(c, dst)| {
                         let o0 = c * per_task;
+                        if packed {
+                            return kernels::x16_rows(groups(o0, dst.len()), nb, &acts, &[0], dst)
+                                .map_err(|e| fmt_err("matmul", e));
+                        }
                         let wb = &w_bytes[o0 * row_bytes..(o0 + dst.len()) * row_bytes];
                         kernels::matvec_rows(level, ty, wb, &acts, k, 0, dst)
                             .map_err(|e| fmt_err("matmul", e))
@@ -316,7 +450,7 @@ impl CpuDevice {
             let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
             let mut gs =
                 std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
-            let done = kernels::gemm(level, ty, w_bytes, &acts, k, n, m, per_rows, &mut gs, out)
+            let done = kernels::gemm(level, ty, w, &acts, k, n, m, per_rows, &mut gs, out)
                 .map_err(|e| fmt_err("matmul", e))?;
             *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
             if done {
@@ -333,12 +467,17 @@ impl CpuDevice {
             // Weight rows per sub-tile: small enough to stay in L1/L2 while every
             // activation tile passes over them.
             const ROW_TILE: usize = 16;
+            let all_rows: Vec<usize> = (0..m).collect();
             t_out
                 .par_chunks_mut(per_task * m)
                 .enumerate()
                 .try_for_each(|(c, dst)| {
                     let o0 = c * per_task;
                     let rows_here = dst.len() / m;
+                    if packed {
+                        return kernels::x16_rows(groups(o0, rows_here), nb, &acts, &all_rows, dst)
+                            .map_err(|e| fmt_err("matmul", e));
+                    }
                     let wb = &w_bytes[o0 * row_bytes..(o0 + rows_here) * row_bytes];
                     if kernels::rows_small_batch(level, ty, wb, &acts, k, m, dst) {
                         return Ok(());
@@ -479,6 +618,24 @@ impl Device for CpuDevice {
             ))
         })?;
         let bytes = desc.data.len() as u64;
+        let (n, e) = (desc.out_features(), desc.experts());
+        // Q4_K rows repacked sixteen at a time for the VNNI decode kernels (`q4k_x16`
+        // says why); the same bytes in another order.
+        let packable = self.level == SimdLevel::Avx512Vnni
+            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && k.is_multiple_of(256)
+            && n.is_multiple_of(X16_ROWS)
+            && n * e > 0
+            && repack_enabled();
+        let x16 = if packable {
+            Packed::pack(ty, desc.data.as_slice(), k / 256, &self.pool)
+        } else {
+            None
+        };
+        if x16.is_some() {
+            // The file's bytes of this tensor are not read again here.
+            desc.data.release_resident();
+        }
         Ok(Arc::new(CpuWeight {
             info: StagedInfo {
                 name: desc.name.clone(),
@@ -496,14 +653,14 @@ impl Device for CpuDevice {
             n: desc.out_features(),
             e: desc.experts(),
             row_bytes,
+            x16,
         }))
     }
 
     fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
         let w = self.weight(w);
         self.count(w.ty);
-        let mat = &w.bytes()[..w.n * w.row_bytes];
-        self.matmul_bytes(w.ty, mat, w.k, w.n, w.row_bytes, x, m, out)
+        self.matmul_bytes(w.ty, w.rows(0, w.n), w.k, w.n, w.row_bytes, x, m, out)
             .map_err(|e| HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name)))
     }
 
@@ -562,8 +719,10 @@ impl Device for CpuDevice {
             Vec::new()
         };
         let total_rows: usize = ws.iter().map(|w| w.n).sum();
-        // Four tasks per thread over all the matrices (see `matmul_bytes`).
+        // Four tasks per thread over all the matrices (see `matmul_bytes`); whole row
+        // groups of packed weights.
         let per_task = total_rows.div_ceil(self.threads * 4).max(16);
+        let per_task = chunk_rows(per_task, ws.iter().any(|w| w.x16.is_some()), usize::MAX);
         let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
         if small {
             for (i, t) in t_bufs.iter_mut().enumerate() {
@@ -581,9 +740,17 @@ impl Device for CpuDevice {
         self.pool.install(|| {
             let acts = Acts::new(level, first.ty, x, k)
                 .map_err(|e| fmt_err("quantizing activations", e))?;
+            let all_rows: Vec<usize> = (0..m).collect();
             tasks.into_par_iter().try_for_each(|(i, o0, dst)| {
                 let w = ws[i];
                 let rows = dst.len() / m;
+                let wr = w.rows(o0, rows);
+                if wr.is_packed() {
+                    return kernels::x16_rows(wr, k / 256, &acts, &all_rows, dst).map_err(|e| {
+                        let e = fmt_err("matmul", e);
+                        HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name))
+                    });
+                }
                 let wb = &w.bytes()[o0 * w.row_bytes..(o0 + rows) * w.row_bytes];
                 if small {
                     return match kernels::rows_small_batch(level, w.ty, wb, &acts, k, m, dst) {
@@ -672,7 +839,7 @@ impl Device for CpuDevice {
                     x[r * k..(r + 1) * k].iter().copied()
                 })
                 .collect();
-            let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
+            let mat = w.rows(e * n, n);
             let mut tmp = vec![0f32; m * n];
             let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
             let done = self.pool.install(|| {
@@ -705,7 +872,11 @@ impl Device for CpuDevice {
         let total_rows: usize = active.len() * n;
         // Four tasks per thread, as a decode's matmuls (`matmul_bytes`): fewer, longer
         // weight streams (bench preset decode at c=1: 244 -> 261 tok/s, medians of 3).
-        let per_task = total_rows.div_ceil(self.threads * 4).max(16).min(n);
+        let per_task = chunk_rows(
+            total_rows.div_ceil(self.threads * 4).max(16).min(n),
+            w.x16.is_some(),
+            n,
+        );
         // Results per expert as [weight row][its tokens], split into per-task chunks.
         let mut buf = vec![0f32; active.iter().map(|(_, l)| l.len() * n).sum()];
         let mut tasks = Vec::new();
@@ -729,8 +900,15 @@ impl Device for CpuDevice {
             tasks.into_par_iter().try_for_each(|(ai, o0, dst)| {
                 let (e, list) = &active[ai];
                 let m = list.len();
-                let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
                 let rows_here = dst.len() / m;
+                let wr = w.rows(e * n + o0, rows_here);
+                if wr.is_packed() {
+                    let inputs: Vec<usize> =
+                        list.iter().map(|&i| rows[i].input_row as usize).collect();
+                    return kernels::x16_rows(wr, k / 256, &acts, &inputs, dst)
+                        .map_err(|e| fmt_err("expert matmul", e));
+                }
+                let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
                 if m == 1 {
                     let r = rows[list[0]].input_row as usize;
                     let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
@@ -795,7 +973,22 @@ impl Device for CpuDevice {
                     w.info.name
                 )));
             }
-            let src = &bytes[id * w.row_bytes..(id + 1) * w.row_bytes];
+            let unpacked;
+            let src = match w.x16.as_ref().map(|p| p.rows()) {
+                Some(WeightRows::Q4Kx16(p)) => {
+                    let nb = w.k / 256;
+                    let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
+                    unpacked = kernels::q4k_x16::unpack_row_bytes(g, id % X16_ROWS);
+                    &unpacked[..]
+                }
+                Some(WeightRows::Q6Kx16(p)) => {
+                    let nb = w.k / 256;
+                    let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
+                    unpacked = kernels::q6k_x16::unpack_row_bytes(g, id % X16_ROWS);
+                    &unpacked[..]
+                }
+                _ => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],
+            };
             match FloatKind::of(w.ty) {
                 Some(kind) => {
                     for (j, v) in o.iter_mut().enumerate() {

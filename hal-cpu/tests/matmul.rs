@@ -272,6 +272,10 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::Q8_0, 6),
         (GgmlType::F16, 6),
         (GgmlType::Q4_K, 40),
+        // 32 rows per expert: Q4_K and Q6_K repacked at staging on AVX-512 VNNI
+        // (`q4k_x16`, `q6k_x16`).
+        (GgmlType::Q4_K, 32),
+        (GgmlType::Q6_K, 32),
         (GgmlType::Q6_K, 40),
         (GgmlType::Q5_0, 40),
     ] {
@@ -365,21 +369,29 @@ fn expert_matmul_matches_per_expert_matmul() {
 #[test]
 fn get_rows_dequantizes_embedding_rows() {
     let mut rng = Rng(7);
-    let (d, v) = (256, 10);
+    let d = 256;
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q4_K,
+        GgmlType::Q6_K,
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
     ] {
+        // 48 Q4_K / Q6_K rows: repacked at staging on AVX-512 VNNI (`q4k_x16`,
+        // `q6k_x16`), rows of the second and third groups asked for.
+        let v = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            48
+        } else {
+            10
+        };
         let w = random_weight(&mut rng, ty, d, v);
         let full = flint_core::dequant::dequantize_to_vec(ty, &w).expect("dequantize");
         let dev = device(SimdLevel::detect(), 1);
         let mut de = desc("token_embd.weight", ty, &[d, v], w);
         de.kind = WeightKind::Embedding;
         let h = dev.stage(&de).expect("stage");
-        let ids = [9u32, 0, 3, 3];
+        let ids = [9u32, 0, 3, 3, v as u32 - 1, v as u32 / 2];
         let mut out = vec![0f32; ids.len() * d];
         dev.get_rows(&*h, &ids, &mut out).expect("get_rows");
         for (t, &id) in ids.iter().enumerate() {
@@ -390,8 +402,8 @@ fn get_rows_dequantizes_embedding_rows() {
             );
         }
         let e = dev
-            .get_rows(&*h, &[10], &mut out[..d])
-            .expect_err("id 10 of 10");
+            .get_rows(&*h, &[v as u32], &mut out[..d])
+            .expect_err("id v of v");
         assert_eq!(e.kind, HalErrorKind::InvalidInput);
     }
 }
@@ -417,4 +429,45 @@ fn registry_entry_opens_cpu() {
     .expect("open");
     assert_eq!(dev.name(), "cpu");
     assert!(dev.description().contains("2 threads"));
+}
+
+/// A Q4_K or Q6_K weight repacked at staging (AVX-512 VNNI, rows a multiple of 16) hands its
+/// file bytes back through the source's release hook, once, with its own range; weights
+/// kept in the file's layout never do (the matmuls read those bytes).
+#[test]
+fn a_repacked_weight_releases_its_file_bytes_and_the_others_keep_them() {
+    if SimdLevel::detect() < SimdLevel::Avx512Vnni {
+        eprintln!("SKIPPED: no AVX-512 VNNI on this CPU, nothing is repacked");
+        return;
+    }
+    let mut rng = Rng(12);
+    let k = 512;
+    let dev = device(SimdLevel::Avx512Vnni, 2);
+    for (ty, n, packed) in [
+        (GgmlType::Q4_K, 32, true),
+        (GgmlType::Q4_K, 27, false),
+        (GgmlType::Q6_K, 32, true),
+        (GgmlType::Q5_0, 32, false),
+    ] {
+        let w = random_weight(&mut rng, ty, k, n);
+        // The tensor in the middle of a larger buffer, as in a file.
+        let mut buf = vec![0u8; 100];
+        buf.extend_from_slice(&w);
+        buf.extend_from_slice(&[0u8; 50]);
+        let range = 100..100 + w.len();
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let mut d = desc("w", ty, &[k, n], Vec::new());
+        d.data = WeightSource::new(Arc::new(buf), range.clone())
+            .expect("range")
+            .with_release(Arc::new(move |r| seen.lock().expect("lock").push(r)));
+        let h = dev.stage(&d).expect("stage");
+        let want = if packed { vec![range] } else { Vec::new() };
+        assert_eq!(*calls.lock().expect("lock"), want, "{ty} n = {n}");
+        // And the staged weight computes what a plain copy of the bytes does.
+        let x = rng.vec(k);
+        let mut got = vec![0f32; n];
+        dev.matmul(&*h, &x, 1, &mut got).expect("matmul");
+        assert_eq!(got, run(&dev, ty, &w, k, n, &x, 1), "{ty} n = {n}");
+    }
 }

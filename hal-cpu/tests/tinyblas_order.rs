@@ -115,22 +115,25 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
     let mut rng = Rng(11);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
         // 27 rows: the 4-row matvec kernel and a remainder of 3; two panels of the
-        // prompt-batch gemm (16 rows, then 11).
-        let (k, n) = (2048, 27);
-        let w = random_weight(&mut rng, ty, k, n);
-        let rb = ty.row_bytes(k).expect("row size");
-        // 2..15 rows: the tile kernels of `dot_rows` (tiles of up to 4). From 16 rows: the
-        // panel gemm (`kq_panel`), tasks of activation rows in tiles of 4, their last rows
-        // one at a time.
-        for m in [1usize, 2, 3, 5, 6, 7, 8, 13, 16, 22, 31, 177] {
-            let x = rng.vec(m * k);
-            let mut want = vec![0f32; m * n];
-            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-                let at = BatchRow::IN_BATCH;
-                flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at).expect("core");
-            }
-            for &level in &levels {
-                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+        // prompt-batch gemm (16 rows, then 11). 48 rows: Q4_K repacked at staging
+        // (`q4k_x16`: three row groups, split over the tasks).
+        for (k, n) in [(2048, 27), (512, 48)] {
+            let w = random_weight(&mut rng, ty, k, n);
+            let rb = ty.row_bytes(k).expect("row size");
+            // 2..15 rows: the tile kernels of `dot_rows` (tiles of up to 4). From 16 rows: the
+            // panel gemm (`kq_panel`), tasks of activation rows in tiles of 4, their last rows
+            // one at a time.
+            for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 13, 16, 22, 31, 177] {
+                let x = rng.vec(m * k);
+                let mut want = vec![0f32; m * n];
+                for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+                    let at = BatchRow::IN_BATCH;
+                    flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at)
+                        .expect("core");
+                }
+                for &level in &levels {
+                    assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+                }
             }
         }
     }

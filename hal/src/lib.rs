@@ -11,7 +11,10 @@
 //! [`Device::stage`] receives the raw GGUF bytes of a tensor ([`WeightDesc`]) and returns
 //! an opaque [`WeightHandle`]; the backend decides whether it keeps the block encoding
 //! as it is ("keep-quant") or expands it, and reports what it holds resident and what it
-//! must stream from the host ([`StagedInfo`]). KV caches live in device-owned
+//! must stream from the host ([`StagedInfo`]). A backend that keeps its own copy of a
+//! tensor (repacked, say) may call [`WeightSource::release_resident`] so that the
+//! owner of the file's bytes gives their pages back (the bytes stay readable, see
+//! [`ReleaseHook`]). KV caches live in device-owned
 //! [`KvBuffer`]s, written through a slot mapping and read by [`Device::paged_attention`]
 //! through per-sequence block tables.
 //!
@@ -51,8 +54,8 @@ pub use ops::{
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
 pub use weights::{
-    PlannedWeight, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc, WeightHandle,
-    WeightKind, WeightSource,
+    PlannedWeight, ReleaseHook, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
+    WeightHandle, WeightKind, WeightSource,
 };
 
 pub use flint_core::GgmlType;

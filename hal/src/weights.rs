@@ -11,11 +11,18 @@ use crate::HalError;
 /// weights from it without copying. `memmap2::Mmap` and `Vec<u8>` both qualify.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
+/// Called by a device that keeps its own copy of a weight (repacked, say) with the
+/// weight's byte range: the owner of the buffer may give those pages back to the system.
+/// The bytes must stay readable and unchanged (a mapping drops its pages and reads them
+/// again from the file on access); only the memory they hold goes.
+pub type ReleaseHook = Arc<dyn Fn(Range<usize>) + Send + Sync>;
+
 /// A byte range inside [`SharedBytes`]: where one tensor's data lies.
 #[derive(Clone)]
 pub struct WeightSource {
     bytes: SharedBytes,
     range: Range<usize>,
+    release: Option<ReleaseHook>,
 }
 
 impl WeightSource {
@@ -28,7 +35,26 @@ impl WeightSource {
                 range.start, range.end
             )));
         }
-        Ok(Self { bytes, range })
+        Ok(Self {
+            bytes,
+            range,
+            release: None,
+        })
+    }
+
+    /// The same source, with a hook through which a device that no longer reads these
+    /// bytes lets their owner release the memory ([`ReleaseHook`]).
+    pub fn with_release(mut self, hook: ReleaseHook) -> Self {
+        self.release = Some(hook);
+        self
+    }
+
+    /// Tells the owner of the bytes that this source's range need not stay in memory
+    /// (a hint: the bytes stay readable; nothing happens without a hook).
+    pub fn release_resident(&self) {
+        if let Some(hook) = &self.release {
+            hook(self.range.clone());
+        }
     }
 
     /// A source owning `data` (tests, synthesised weights).
@@ -37,6 +63,7 @@ impl WeightSource {
         Self {
             bytes: Arc::new(data),
             range: 0..len,
+            release: None,
         }
     }
 

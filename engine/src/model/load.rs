@@ -291,7 +291,10 @@ impl Tensors<'_> {
                 info.name, dims[0], info.ty
             )));
         }
-        let data = WeightSource::new(self.file.shared_bytes(), info.range())?;
+        let mut data = WeightSource::new(self.file.shared_bytes(), info.range())?;
+        if let Some(hook) = self.file.release_hook() {
+            data = data.with_release(hook);
+        }
         Ok(TensorRef {
             name: info.name.clone(),
             ty: info.ty,

@@ -24,6 +24,8 @@ use flint_core::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 use super::avx512::transpose16;
 use super::f16_to_f32;
+use super::q4k_x16::BlockQ4Kx16;
+use super::q6k_x16::{self, BlockQ6Kx16};
 use super::vnni::{for_each_panel, put_row};
 
 /// Weight rows per panel: one per lane of a 512-bit register.
@@ -171,40 +173,50 @@ impl KPanel for BlockQ4K {
             header16(live, |r| word(r, 4)),
             header16(live, |r| word(r, 8)),
         );
-        let byte = |v: __m512i, k: u32| {
-            _mm512_and_si512(
-                _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * k as i32)),
-                _mm512_set1_epi32(0xFF),
-            )
-        };
-        let m6 = _mm512_set1_epi32(63);
-        let mut mins = [_mm512_setzero_si512(); 8];
-        for j in 0..4u32 {
-            let (a0, a1, a2) = (byte(s0, j), byte(s1, j), byte(s2, j));
-            put(&mut o.sc[j as usize], _mm512_and_si512(a0, m6));
-            mins[j as usize] = _mm512_and_si512(a1, m6);
-            // Scale / min j + 4: low nibble / high nibble of byte j + 8, top two bits
-            // from bytes j / j + 4.
-            let sc = _mm512_or_si512(
-                _mm512_and_si512(a2, _mm512_set1_epi32(0x0F)),
-                _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a0)),
-            );
-            let mn = _mm512_or_si512(
-                _mm512_srli_epi32::<4>(a2),
-                _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a1)),
-            );
-            put(&mut o.sc[j as usize + 4], sc);
-            mins[j as usize + 4] = mn;
-        }
-        for (s, m) in mins.iter().enumerate() {
-            put(
-                &mut o.pairs[s],
-                _mm512_or_si512(*m, _mm512_slli_epi32::<16>(*m)),
-            );
-        }
-        put_ps(&mut o.d, f16_lanes(dd));
-        put_ps(&mut o.dmin, f16_lanes(_mm512_srli_epi32::<16>(dd)));
+        q4k_heads(dd, [s0, s1, s2], o);
     }
+}
+
+/// The lanes of a Q4_K panel block's header from sixteen rows' header words: `dd` lane
+/// `r` = row `r`'s `d | dmin << 16`, `s[c]` lane `r` = its scale bytes `4c..4c + 4`; the
+/// 6-bit scales and mins unpacked lane-wise as `k4_scale_min` does per row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn q4k_heads(dd: __m512i, s: [__m512i; 3], o: &mut KPanelBlock) {
+    let [s0, s1, s2] = s;
+    let byte = |v: __m512i, k: u32| {
+        _mm512_and_si512(
+            _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * k as i32)),
+            _mm512_set1_epi32(0xFF),
+        )
+    };
+    let m6 = _mm512_set1_epi32(63);
+    let mut mins = [_mm512_setzero_si512(); 8];
+    for j in 0..4u32 {
+        let (a0, a1, a2) = (byte(s0, j), byte(s1, j), byte(s2, j));
+        put(&mut o.sc[j as usize], _mm512_and_si512(a0, m6));
+        mins[j as usize] = _mm512_and_si512(a1, m6);
+        // Scale / min j + 4: low nibble / high nibble of byte j + 8, top two bits
+        // from bytes j / j + 4.
+        let sc = _mm512_or_si512(
+            _mm512_and_si512(a2, _mm512_set1_epi32(0x0F)),
+            _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a0)),
+        );
+        let mn = _mm512_or_si512(
+            _mm512_srli_epi32::<4>(a2),
+            _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a1)),
+        );
+        put(&mut o.sc[j as usize + 4], sc);
+        mins[j as usize + 4] = mn;
+    }
+    for (s, m) in mins.iter().enumerate() {
+        put(
+            &mut o.pairs[s],
+            _mm512_or_si512(*m, _mm512_slli_epi32::<16>(*m)),
+        );
+    }
+    put_ps(&mut o.d, f16_lanes(dd));
+    put_ps(&mut o.dmin, f16_lanes(_mm512_srli_epi32::<16>(dd)));
 }
 
 /// Row `r`'s Q6_K block `b` into the panel block `o` (its quants into `q`, 256 bytes in
@@ -273,6 +285,114 @@ pub(crate) fn decode<B: KPanel>(w: &[B], nb: usize, n: usize, p0: usize, dec: &m
     for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
         decode_panel(rows, d)
     });
+}
+
+/// One 256-quant block of a Q4_K row group repacked at staging (`q4k_x16`) into a
+/// panel block: the same lanes as [`KPanel::decode_block`] gives for its sixteen rows,
+/// with no transposes (the packed block already holds word `t` of the rows side by side).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_x16_block(b: &BlockQ4Kx16, o: &mut KPanelBlock) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    for t in 0..32 {
+        let v = load64(bytemuck::cast_slice(&b.qs_words(t)[..]));
+        let (j, u) = (t / 8, t % 8);
+        let lo = _mm512_and_si512(v, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        // SAFETY: 64 writable bytes each, 64-byte aligned.
+        unsafe {
+            _mm512_store_si512(o.u[16 * j + u].as_mut_ptr() as *mut __m512i, lo);
+            _mm512_store_si512(o.u[16 * j + 8 + u].as_mut_ptr() as *mut __m512i, hi);
+        }
+    }
+    let word = |r: usize, at: usize| {
+        u32::from_le_bytes([
+            b.head_byte(at, r),
+            b.head_byte(at + 1, r),
+            b.head_byte(at + 2, r),
+            b.head_byte(at + 3, r),
+        ])
+    };
+    let dd = header16(PANEL_ROWS, |r| word(r, 0));
+    let s = [
+        header16(PANEL_ROWS, |r| word(r, 4)),
+        header16(PANEL_ROWS, |r| word(r, 8)),
+        header16(PANEL_ROWS, |r| word(r, 12)),
+    ];
+    q4k_heads(dd, s, o);
+}
+
+/// [`decode`] for a Q4_K weight repacked at staging: panel `p` is row group `p`
+/// (`groups[p * nb..]`), for the panels `p0..p0 + dec.len() / nb`.
+pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut [KPanelBlock]) {
+    if nb == 0 {
+        return;
+    }
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let g = &groups[(p0 + t) * nb..(p0 + t + 1) * nb];
+        for (b, o) in g.iter().zip(d.iter_mut()) {
+            // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at
+            // device open.
+            unsafe { decode_x16_block(b, o) };
+        }
+    }
+}
+
+/// One 256-quant block of a Q6_K row group repacked at staging (`q6k_x16`) into a panel
+/// block: the lanes [`KPanel::decode_block`] gives for its sixteen rows, with no
+/// transposes and no row-by-row decoding.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
+    for n in 0..2 {
+        for l in 0..8 {
+            let q = q6k_x16::quants(b, n, l);
+            for (j, v) in q.iter().enumerate() {
+                // SAFETY: 64 writable bytes, 64-byte aligned.
+                unsafe {
+                    _mm512_store_si512(o.u[32 * n + 8 * j + l].as_mut_ptr() as *mut __m512i, *v)
+                };
+            }
+        }
+    }
+    let m16 = _mm512_set1_epi32(0xFFFF);
+    for s in 0..16 {
+        put(&mut o.sc[s], q6k_x16::scale_lanes(b, s));
+    }
+    for p in 0..8 {
+        // (-32 sc_2p, -32 sc_2p+1) as i16, as `q6k_decode_row` puts them.
+        let neg = |s: usize| {
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_slli_epi32::<5>(q6k_x16::scale_lanes(b, s)),
+            )
+        };
+        let pair = _mm512_or_si512(
+            _mm512_and_si512(neg(2 * p), m16),
+            _mm512_slli_epi32::<16>(neg(2 * p + 1)),
+        );
+        put(&mut o.pairs[p], pair);
+    }
+    put_ps(&mut o.d, q6k_x16::d_lanes(b));
+    put_ps(&mut o.dmin, _mm512_setzero_ps());
+}
+
+/// [`decode`] for a Q6_K weight repacked at staging: panel `p` is row group `p`.
+pub(crate) fn decode_q6k_x16(
+    groups: &[BlockQ6Kx16],
+    nb: usize,
+    p0: usize,
+    dec: &mut [KPanelBlock],
+) {
+    if nb == 0 {
+        return;
+    }
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let g = &groups[(p0 + t) * nb..(p0 + t + 1) * nb];
+        for (b, o) in g.iter().zip(d.iter_mut()) {
+            // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at
+            // device open.
+            unsafe { decode_q6k_x16_block(b, o) };
+        }
+    }
 }
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).

@@ -43,6 +43,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kq_panel;
+pub(crate) mod q4k_x16;
+pub(crate) mod q6k_x16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tinyblas;
 #[cfg(target_arch = "x86_64")]
@@ -218,7 +220,7 @@ impl Acts {
 
 /// A weight row viewed as blocks: borrowed when the bytes are aligned for `B`, else
 /// copied (GGUF data is 32-byte aligned, so the copy is only a safety net).
-fn view<B: Pod>(w: &[u8]) -> Cow<'_, [B]> {
+pub(crate) fn view<B: Pod>(w: &[u8]) -> Cow<'_, [B]> {
     match bytemuck::try_cast_slice(w) {
         Ok(s) => Cow::Borrowed(s),
         Err(_) => {
@@ -418,7 +420,7 @@ impl std::fmt::Debug for GemmScratch {
 pub(crate) fn gemm(
     level: SimdLevel,
     ty: GgmlType,
-    w: &[u8],
+    w: WeightRows<'_>,
     acts: &Acts,
     k: usize,
     n: usize,
@@ -440,7 +442,11 @@ pub(crate) fn gemm(
                 if decoded <= GEMM_MAX_DECODED_BYTES {
                     kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
                 } else {
-                    kq_gemm(ty, w, a, k, n, rows_per_task.next_multiple_of(8), out);
+                    let per = rows_per_task.next_multiple_of(8);
+                    match w {
+                        WeightRows::File(w) => kq_gemm(ty, w, a, k, n, per, out),
+                        _ => kq_gemm(ty, &w.file_bytes(k), a, k, n, per, out),
+                    }
                 }
                 return Ok(true);
             }
@@ -453,6 +459,9 @@ pub(crate) fn gemm(
         neg16_lanes,
     } = acts
     {
+        let WeightRows::File(w) = w else {
+            return Ok(false);
+        };
         if level == SimdLevel::Avx512Vnni
             && m >= GEMM_MIN_ROWS
             && n.div_ceil(vnni::PANEL_ROWS) * (k / 32) * std::mem::size_of::<vnni::PanelBlock>()
@@ -479,7 +488,7 @@ pub(crate) fn gemm(
 #[allow(clippy::too_many_arguments)]
 fn kq_panel_gemm(
     ty: GgmlType,
-    w: &[u8],
+    w: WeightRows<'_>,
     a: &[BlockQ8K],
     k: usize,
     n: usize,
@@ -500,11 +509,23 @@ fn kq_panel_gemm(
     let per = rows_per_task.max(1);
     macro_rules! run {
         ($B:ty) => {{
-            let wb = view::<$B>(w);
             // 2 panels (32 rows) per decoding task.
-            dec.par_chunks_mut(2 * nb)
-                .enumerate()
-                .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
+            match w {
+                WeightRows::File(w) => {
+                    let wb = view::<$B>(w);
+                    dec.par_chunks_mut(2 * nb)
+                        .enumerate()
+                        .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
+                }
+                WeightRows::Q4Kx16(g) => dec
+                    .par_chunks_mut(2 * nb)
+                    .enumerate()
+                    .for_each(|(c, d)| kq_panel::decode_x16(g, nb, 2 * c, d)),
+                WeightRows::Q6Kx16(g) => dec
+                    .par_chunks_mut(2 * nb)
+                    .enumerate()
+                    .for_each(|(c, d)| kq_panel::decode_q6k_x16(g, nb, 2 * c, d)),
+            }
             let dec = &*dec;
             out.par_chunks_mut(per * n)
                 .enumerate()
@@ -677,6 +698,131 @@ pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
             ty,
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K
         )
+}
+
+/// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K rows
+/// repacked at staging (`q4k_x16`, `q6k_x16`: whole 16-row groups).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WeightRows<'a> {
+    /// Whole rows in the GGUF block layout.
+    File(&'a [u8]),
+    /// Whole 16-row groups of Q4_K blocks, repacked.
+    Q4Kx16(&'a [q4k_x16::BlockQ4Kx16]),
+    /// Whole 16-row groups of Q6_K blocks, repacked.
+    Q6Kx16(&'a [q6k_x16::BlockQ6Kx16]),
+}
+
+impl<'a> WeightRows<'a> {
+    /// Whether the rows are repacked.
+    pub(crate) fn is_packed(self) -> bool {
+        !matches!(self, WeightRows::File(_))
+    }
+
+    /// Rows `o0..o0 + rows` (multiples of 16) of repacked rows of `nb` blocks each; file
+    /// bytes are returned as they are.
+    pub(crate) fn packed_rows(self, nb: usize, o0: usize, rows: usize) -> Self {
+        let r = o0 / q4k_x16::X16_ROWS * nb..(o0 + rows) / q4k_x16::X16_ROWS * nb;
+        match self {
+            WeightRows::File(_) => self,
+            WeightRows::Q4Kx16(g) => WeightRows::Q4Kx16(&g[r]),
+            WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
+        }
+    }
+
+    /// The rows in the file's layout (`k` elements per row): borrowed, or unpacked into a
+    /// new buffer (the rare paths without a kernel for the packed layout).
+    pub(crate) fn file_bytes(self, k: usize) -> Cow<'a, [u8]> {
+        match self {
+            WeightRows::File(w) => Cow::Borrowed(w),
+            WeightRows::Q4Kx16(g) => Cow::Owned(q4k_x16::unpack_all(g, k / 256)),
+            WeightRows::Q6Kx16(g) => Cow::Owned(q6k_x16::unpack_all(g, k / 256)),
+        }
+    }
+}
+
+/// Repacked weight rows (`q4k_x16` / `q6k_x16`: whole 16-row groups of `nb` blocks
+/// each) against the activation rows `act_rows` of `acts` (Q8_K), into `out_t` as
+/// `[weight row][act_rows.len()]`: the decode matmuls of a weight repacked at staging.
+/// Each packed block is read once for up to four activation rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn x16_rows(
+    w: WeightRows<'_>,
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    use q4k_x16::X16_ROWS;
+    let Acts::Q8K(a) = acts else {
+        return Err(FormatError::Unsupported(GgmlType::Q4_K));
+    };
+    let m = act_rows.len();
+    let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+    let put = |o: &[[f32; X16_ROWS]], g: usize, t0: usize, out_t: &mut [f32]| {
+        for (a, col) in o.iter().enumerate() {
+            for (r, &v) in col.iter().enumerate() {
+                out_t[(g * X16_ROWS + r) * m + t0 + a] = v;
+            }
+        }
+    };
+    // Every group against the activation rows in tiles of up to four.
+    macro_rules! run {
+        ($groups:expr, $kernel:path) => {{
+            let groups = $groups;
+            let n_groups = groups.len() / nb.max(1);
+            assert_eq!(out_t.len(), n_groups * X16_ROWS * m, "x16_rows: out length");
+            for g in 0..n_groups {
+                let x = &groups[g * nb..(g + 1) * nb];
+                let mut t0 = 0;
+                while t0 < m {
+                    let c = (m - t0).min(4);
+                    // SAFETY (each call): weights are packed only at the AVX-512 VNNI
+                    // level, which was checked against the CPU's features at device open.
+                    match c {
+                        4 => {
+                            let mut o = [[0f32; X16_ROWS]; 4];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        3 => {
+                            let mut o = [[0f32; X16_ROWS]; 3];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        2 => {
+                            let mut o = [[0f32; X16_ROWS]; 2];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        _ => {
+                            let mut o = [[0f32; X16_ROWS]; 1];
+                            unsafe { $kernel(x, [y(t0)], &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                    }
+                    t0 += c;
+                }
+            }
+        }};
+    }
+    match w {
+        WeightRows::Q4Kx16(g) => run!(g, q4k_x16::dot_group),
+        WeightRows::Q6Kx16(g) => run!(g, q6k_x16::dot_group),
+        WeightRows::File(_) => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
+    }
+    Ok(())
+}
+
+/// [`x16_rows`] where there are no such kernels (weights are never packed there).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn x16_rows(
+    _w: WeightRows<'_>,
+    _nb: usize,
+    _acts: &Acts,
+    _act_rows: &[usize],
+    _out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    Err(FormatError::Unsupported(GgmlType::Q4_K))
 }
 
 /// Weight rows `w` (a chunk of whole rows) against every activation row `0..m` of

@@ -11,7 +11,7 @@ mod writer;
 
 pub use error::GgufError;
 pub use reader::{
-    GgufFile, SharedBytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC,
+    GgufFile, ReleaseHook, SharedBytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC,
     MAX_ARRAY_DEPTH, MAX_DIMS,
 };
 pub use residence::{LoadMode, Residence};

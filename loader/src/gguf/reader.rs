@@ -17,12 +17,17 @@ use std::sync::Arc;
 use flint_core::GgmlType;
 
 use super::error::GgufError;
-use super::residence::{HugePageCopy, LoadMode, Residence};
+use super::residence::{release_mapped, HugePageCopy, LoadMode, Residence};
 use super::value::{Array, Value, ValueType};
 
 /// Bytes shared between the reader and whoever builds weights from them (the same type
 /// as `flint_hal::SharedBytes`, without depending on the HAL).
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Lets whoever keeps its own copy of a tensor give the file's pages for a byte range
+/// back to the system (the same type as `flint_hal::ReleaseHook`): the bytes stay
+/// readable and unchanged.
+pub type ReleaseHook = Arc<dyn Fn(Range<usize>) + Send + Sync>;
 
 /// The four magic bytes at the start of every GGUF file.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -83,6 +88,7 @@ pub struct GgufFile {
     alignment: usize,
     data_start: usize,
     residence: Residence,
+    release: Option<ReleaseHook>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -133,15 +139,19 @@ impl GgufFile {
                         "the file is larger than the address space",
                     ))
                 })?;
-                let copy = HugePageCopy::read(path, &file, len, progress)?;
-                Self::from_shared(Arc::new(copy))?
+                let copy = Arc::new(HugePageCopy::read(path, &file, len, progress)?);
+                let mut parsed = Self::from_shared(copy.clone())?;
+                parsed.release = Some(Arc::new(move |r| copy.release(r)));
+                parsed
             }
             Residence::Mapped => {
                 // SAFETY: the map is read-only and private to this process; the file must
                 // not be truncated or rewritten by another process while it is mapped (the
                 // usual mmap contract, which model files in a cache directory satisfy).
-                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-                Self::from_shared(Arc::new(map))?
+                let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
+                let mut parsed = Self::from_shared(map.clone())?;
+                parsed.release = Some(Arc::new(move |r| release_mapped(&map, r)));
+                parsed
             }
         };
         parsed.residence = residence;
@@ -166,6 +176,7 @@ impl GgufFile {
             alignment: parsed.alignment,
             data_start: parsed.data_start,
             residence: Residence::Mapped,
+            release: None,
         })
     }
 
@@ -188,6 +199,14 @@ impl GgufFile {
     /// [`TensorInfo::range`]).
     pub fn shared_bytes(&self) -> SharedBytes {
         Arc::clone(&self.bytes)
+    }
+
+    /// A hook that gives the pages of a byte range of [`GgufFile::shared_bytes`] back to
+    /// the system, for a device that keeps its own copy of a tensor (`None` for bytes
+    /// held in a vector). The bytes stay readable: a mapping reads them again from the
+    /// file; a huge-page copy becomes a mapping of the file for that range.
+    pub fn release_hook(&self) -> Option<ReleaseHook> {
+        self.release.clone()
     }
 
     /// GGUF version (2 or 3).

@@ -109,6 +109,39 @@ pub(super) struct HugePageCopy {
     map: memmap2::Mmap,
     start: usize,
     len: usize,
+    /// The file, kept open so that released ranges can be mapped from it again.
+    file: File,
+}
+
+/// The size of a small page (the unit of [`HugePageCopy::release`] and
+/// [`release_mapped`]).
+const PAGE: usize = 4096;
+
+/// The whole pages inside `range` (clipped to `len`), as an offset range.
+fn inner_pages(range: std::ops::Range<usize>, len: usize) -> Option<std::ops::Range<usize>> {
+    let a = range.start.checked_next_multiple_of(PAGE)?;
+    let b = range.end.min(len) / PAGE * PAGE;
+    (a < b).then_some(a..b)
+}
+
+/// Drops the pages of a file mapping that lie wholly inside `range` from this process's
+/// memory; they are read again from the page cache (or the file) on access.
+pub(super) fn release_mapped(map: &memmap2::Mmap, range: std::ops::Range<usize>) {
+    // A mapping of this crate's files starts on a page boundary.
+    let Some(r) = inner_pages(range, map.len()) else {
+        return;
+    };
+    #[cfg(unix)]
+    {
+        // SAFETY: the mapping is a read-only shared mapping of a file that is not
+        // rewritten while mapped (the contract of `Mmap::map` in `open_with`): after
+        // MADV_DONTNEED its pages read back the same bytes from the file.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, r.start, r.len())
+        };
+    }
+    #[cfg(not(unix))]
+    let _ = r;
 }
 
 impl AsRef<[u8]> for HugePageCopy {
@@ -176,7 +209,51 @@ impl HugePageCopy {
             progress(done as u64, len as u64);
         }
         let map = anon.make_read_only().map_err(io)?;
-        Ok(HugePageCopy { map, start, len })
+        let file = file.try_clone().map_err(io)?;
+        Ok(HugePageCopy {
+            map,
+            start,
+            len,
+            file,
+        })
+    }
+
+    /// Hands the copy's pages that lie wholly inside `range` (file offsets) back to the
+    /// system: they become a private read-only mapping of the same bytes of the file,
+    /// read again on access. A hint: where the kernel refuses, the copy stays.
+    pub(super) fn release(&self, range: std::ops::Range<usize>) {
+        let Some(r) = inner_pages(range, self.len) else {
+            return;
+        };
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let Ok(offset) = libc::off_t::try_from(r.start) else {
+                return;
+            };
+            // File offset `o` lies at `start + o`, and `start` is a multiple of 2 MiB:
+            // the address and the offset are both page-aligned.
+            let addr = self.map.as_ptr().wrapping_add(self.start + r.start);
+            // SAFETY: [addr, addr + len) lies inside this copy's own anonymous mapping
+            // (inner_pages clips to the copy), which lives as long as `self`. MAP_FIXED
+            // replaces those pages atomically with a private read-only mapping of the
+            // same file range, which holds the same bytes (the copy was read from it and
+            // model files are not rewritten while in use, as for any mapping): every
+            // reader keeps seeing the same values at the same addresses.
+            let p = unsafe {
+                libc::mmap(
+                    addr as *mut libc::c_void,
+                    r.len(),
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED,
+                    self.file.as_raw_fd(),
+                    offset,
+                )
+            };
+            debug_assert!(p == libc::MAP_FAILED || std::ptr::eq(p as *const u8, addr));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = r;
     }
 }
 
@@ -237,6 +314,60 @@ mod tests {
             Some(&(bytes.len() as u64, bytes.len() as u64))
         );
         assert!(reports.len() >= 4, "one report per chunk: {reports:?}");
+    }
+
+    /// The mappings of this process that come from `path`, as address ranges
+    /// (`/proc/self/maps`).
+    #[cfg(target_os = "linux")]
+    fn mappings_of(path: &Path) -> Vec<std::ops::Range<usize>> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let name = path.to_str().unwrap();
+        maps.lines()
+            .filter(|l| l.ends_with(name))
+            .map(|l| {
+                let (a, b) = l.split(' ').next().unwrap().split_once('-').unwrap();
+                usize::from_str_radix(a, 16).unwrap()..usize::from_str_radix(b, 16).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_released_range_of_the_copy_is_mapped_from_the_file_and_reads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bytes");
+        let bytes: Vec<u8> = (0..5 * PAGE + 100).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        let copy = HugePageCopy::read(&path, &file, bytes.len(), &mut |_, _| {}).unwrap();
+        drop(file);
+        assert!(
+            mappings_of(&path).is_empty(),
+            "the copy maps nothing of the file"
+        );
+        // Not page-aligned at either end: the pages wholly inside, 1..4, are released.
+        copy.release(PAGE - 10..4 * PAGE + 7);
+        let base = copy.as_ref().as_ptr() as usize;
+        assert_eq!(mappings_of(&path), vec![base + PAGE..base + 4 * PAGE]);
+        assert_eq!(copy.as_ref(), &bytes[..]);
+        // A range holding no whole page changes nothing.
+        copy.release(4 * PAGE + 1..5 * PAGE + 100);
+        assert_eq!(mappings_of(&path).len(), 1);
+        assert_eq!(copy.as_ref(), &bytes[..]);
+    }
+
+    #[test]
+    fn a_released_range_of_a_mapping_reads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bytes");
+        let bytes: Vec<u8> = (0..6 * PAGE).map(|i| (i * 17 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a private temporary file nobody rewrites.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert_eq!(&map[..], &bytes[..]);
+        release_mapped(&map, PAGE..5 * PAGE);
+        assert_eq!(&map[..], &bytes[..]);
     }
 
     #[test]

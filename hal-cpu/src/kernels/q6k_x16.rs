@@ -1,0 +1,353 @@
+//! Q6_K weights repacked at staging, as `q4k_x16` does for Q4_K: sixteen rows of one
+//! 256-quant block side by side ([`BlockQ6Kx16`], the same 3360 bytes as the sixteen
+//! [`BlockQ6K`]s it replaces), for decode kernels that add four products to sixteen
+//! outputs per `vpdpbusd` with no horizontal sums and no per-call decoding, and for a
+//! prompt-batch panel decode without transposes.
+//!
+//! The float steps per output are those of `vnni::dot_q6k_tiled::<1>` (llama.cpp's tiled
+//! matmul order, `docs/parity.md`): per block the exact integer
+//! `S = sum_s sc_s * sum (q - 32) y` over the 16 sub-blocks of 16 quants (taken as
+//! `sc_s * dot(q, y) - 32 * sc_s * bsum_s` with the quants unsigned), then
+//! `acc = fma(S * d, d_a, acc)`. So a repacked weight gives the same bits as the file's
+//! layout.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use bytemuck::Zeroable;
+use flint_core::blocks::{BlockQ6K, BlockQ8K};
+
+/// Weight rows per packed block: one per lane of a 512-bit register.
+pub(crate) const X16_ROWS: usize = 16;
+
+/// One 256-quant block of sixteen Q6_K rows, interleaved.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ6Kx16 {
+    /// `q[8n + l]`: the three words of the sixteen rows that give quants
+    /// `128n + 32j + 4l .. + 4` (`j` = 0..4): `[ql word 16n + l, ql word 16n + 8 + l,
+    /// qh word 8n + l]`, word `t` being bytes `4t..4t + 4` of the row's `ql` / `qh`. In
+    /// the order the kernels read them, so that a block streams from memory front to
+    /// back (with `ql` and `qh` apart, three interleaved streams ran at half the speed
+    /// from memory).
+    q: [[[u32; X16_ROWS]; 3]; 16],
+    /// `sc[s][r]`: row `r`'s scale of sub-block `s`.
+    sc: [[i8; X16_ROWS]; 16],
+    /// The rows' `d` (f16 bits).
+    d: [u16; X16_ROWS],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ6Kx16>() == X16_ROWS * 210);
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+
+impl std::fmt::Debug for BlockQ6Kx16 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BlockQ6Kx16")
+    }
+}
+
+fn word(b: &[u8], t: usize) -> u32 {
+    u32::from_le_bytes([b[4 * t], b[4 * t + 1], b[4 * t + 2], b[4 * t + 3]])
+}
+
+/// Repacks `rows` (a multiple of 16) Q6_K rows of `nb` blocks each, as they lie in a
+/// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
+/// `out[g * nb + i]`.
+pub(crate) fn pack(src: &[BlockQ6K], nb: usize, out: &mut [BlockQ6Kx16]) {
+    assert_eq!(src.len(), out.len() * X16_ROWS, "q6k_x16::pack: lengths");
+    assert!(
+        nb > 0 && out.len().is_multiple_of(nb),
+        "q6k_x16::pack: blocks per row"
+    );
+    for (gi, dst) in out.iter_mut().enumerate() {
+        let (g, i) = (gi / nb, gi % nb);
+        for r in 0..X16_ROWS {
+            let b = &src[(g * X16_ROWS + r) * nb + i];
+            for n in 0..2 {
+                for l in 0..8 {
+                    let e = &mut dst.q[8 * n + l];
+                    e[0][r] = word(&b.ql, 16 * n + l);
+                    e[1][r] = word(&b.ql, 16 * n + 8 + l);
+                    e[2][r] = word(&b.qh, 8 * n + l);
+                }
+            }
+            for s in 0..16 {
+                dst.sc[s][r] = b.scales[s];
+            }
+            dst.d[r] = b.d;
+        }
+    }
+}
+
+/// Row `r` (0..16) of packed block `b`, back in the file's layout.
+pub(crate) fn unpack_row(b: &BlockQ6Kx16, r: usize) -> BlockQ6K {
+    let mut out = BlockQ6K::zeroed();
+    let put =
+        |dst: &mut [u8], t: usize, v: u32| dst[4 * t..4 * t + 4].copy_from_slice(&v.to_le_bytes());
+    for n in 0..2 {
+        for l in 0..8 {
+            let e = &b.q[8 * n + l];
+            put(&mut out.ql, 16 * n + l, e[0][r]);
+            put(&mut out.ql, 16 * n + 8 + l, e[1][r]);
+            put(&mut out.qh, 8 * n + l, e[2][r]);
+        }
+    }
+    for s in 0..16 {
+        out.scales[s] = b.sc[s][r];
+    }
+    out.d = b.d[r];
+    out
+}
+
+/// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
+pub(crate) fn unpack_row_bytes(g: &[BlockQ6Kx16], r: usize) -> Vec<u8> {
+    let row: Vec<BlockQ6K> = g.iter().map(|b| unpack_row(b, r)).collect();
+    bytemuck::cast_slice(&row).to_vec()
+}
+
+/// Every row group of `groups` (`nb` blocks per row) back in the file's layout, as bytes.
+pub(crate) fn unpack_all(groups: &[BlockQ6Kx16], nb: usize) -> Vec<u8> {
+    let mut rows = vec![BlockQ6K::zeroed(); groups.len() * X16_ROWS];
+    if nb > 0 {
+        for (g, out) in groups.chunks(nb).zip(rows.chunks_mut(nb * X16_ROWS)) {
+            for (i, b) in g.iter().enumerate() {
+                for r in 0..X16_ROWS {
+                    out[r * nb + i] = unpack_row(b, r);
+                }
+            }
+        }
+    }
+    bytemuck::cast_slice(&rows).to_vec()
+}
+
+/// The unsigned 6-bit quants of sixteen rows, four per lane, for one `(n, l)` step of a
+/// block (`n`: 128-quant half, `l`: quad of `l`s, 0..8): `[q0, q1, q2, q3]` hold
+/// quants `128n + 32j + 4l .. + 4` (`j` = 0..4) of every row, i.e. dword
+/// `32n + 8j + l` of the row's quants in element order.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn quants(b: &BlockQ6Kx16, n: usize, l: usize) -> [__m512i; 4] {
+    // SAFETY (each load): 64 readable bytes; loadu is unaligned.
+    let e = &b.q[8 * n + l];
+    let (a, c, h) = unsafe {
+        (
+            _mm512_loadu_si512(e[0].as_ptr() as *const __m512i),
+            _mm512_loadu_si512(e[1].as_ptr() as *const __m512i),
+            _mm512_loadu_si512(e[2].as_ptr() as *const __m512i),
+        )
+    };
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    // (x & 0x0F) | hi, with hi already in bits 4..6: vpternlogd 0xEA = (A & B) | C.
+    let merge = |x: __m512i, hi: __m512i| _mm512_ternarylogic_epi32::<0xEA>(x, m4, hi);
+    [
+        merge(a, _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30)),
+        merge(c, _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30)),
+        merge(_mm512_srli_epi16::<4>(a), _mm512_and_si512(h, m30)),
+        merge(
+            _mm512_srli_epi16::<4>(c),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
+        ),
+    ]
+}
+
+/// Sub-block `s`'s scales of the sixteen rows, sign-extended to i32 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn scale_lanes(b: &BlockQ6Kx16, s: usize) -> __m512i {
+    // SAFETY: 16 readable bytes; loadu is unaligned.
+    _mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(b.sc[s].as_ptr() as *const __m128i) })
+}
+
+/// The sixteen rows' `d` as f32.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn d_lanes(b: &BlockQ6Kx16) -> __m512 {
+    // SAFETY: 32 readable bytes; loadu is unaligned.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.d.as_ptr() as *const __m256i) })
+}
+
+/// A broadcast of four activation quants (bytes `o..o + 4` of `q`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bcast4(q: &[i8; 256], o: usize) -> __m512i {
+    let w = [q[o], q[o + 1], q[o + 2], q[o + 3]];
+    _mm512_set1_epi32(i32::from_le_bytes(w.map(|v| v as u8)))
+}
+
+/// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
+/// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
+/// Q8_K blocks each), in the float order of `vnni::dot_q6k_tiled::<1>` per output.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_group<const M: usize>(
+    x: &[BlockQ6Kx16],
+    y: [&[BlockQ8K]; M],
+    out: &mut [[f32; X16_ROWS]; M],
+) {
+    let nb = x.len();
+    for ya in &y {
+        assert_eq!(ya.len(), nb, "q6k_x16::dot_group: lengths");
+    }
+    let mut acc = [_mm512_setzero_ps(); M];
+    let m16 = _mm512_set1_epi32(0xFFFF);
+    for (i, b) in x.iter().enumerate() {
+        let mut total = [_mm512_setzero_si512(); M];
+        // Phase (n, h): quads l = 4h..4h + 4, which feed sub-blocks 8n + h + 2j.
+        for n in 0..2 {
+            for h in 0..2 {
+                let z = _mm512_setzero_si512();
+                let mut sub = [[z; 4]; M];
+                for l in 4 * h..4 * h + 4 {
+                    let q = quants(b, n, l);
+                    for a in 0..M {
+                        let yq = &y[a][i].qs;
+                        for (j, qj) in q.iter().enumerate() {
+                            let o = 128 * n + 32 * j + 4 * l;
+                            sub[a][j] = _mm512_dpbusd_epi32(sub[a][j], *qj, bcast4(yq, o));
+                        }
+                    }
+                }
+                for a in 0..M {
+                    for (j, sj) in sub[a].iter().enumerate() {
+                        let s = 8 * n + h + 2 * j;
+                        let p = _mm512_mullo_epi32(*sj, scale_lanes(b, s));
+                        total[a] = _mm512_add_epi32(total[a], p);
+                    }
+                }
+            }
+        }
+        let d = d_lanes(b);
+        // The offset of the unsigned quants: 32 * sum_s sc_s * bsum_s, by pairs of
+        // sub-blocks (i16 scales against i16 block sums).
+        let pairs: [__m512i; 8] = std::array::from_fn(|p| {
+            _mm512_or_si512(
+                _mm512_and_si512(scale_lanes(b, 2 * p), m16),
+                _mm512_slli_epi32::<16>(scale_lanes(b, 2 * p + 1)),
+            )
+        });
+        for a in 0..M {
+            let bs = &y[a][i].bsums;
+            let mut off = _mm512_setzero_si512();
+            for (p, pair) in pairs.iter().enumerate() {
+                let bp = (bs[2 * p] as u16 as u32 | ((bs[2 * p + 1] as u16 as u32) << 16)) as i32;
+                off = _mm512_add_epi32(off, _mm512_madd_epi16(*pair, _mm512_set1_epi32(bp)));
+            }
+            let s = _mm512_sub_epi32(total[a], _mm512_slli_epi32::<5>(off));
+            let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(s), d);
+            acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(y[a][i].d), acc[a]);
+        }
+    }
+    for a in 0..M {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "x86_64")]
+    use crate::kernels::vnni;
+
+    fn lcg(s: &mut u64) -> u64 {
+        *s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        *s >> 33
+    }
+
+    fn weights(rows: usize, nb: usize, seed: u64) -> Vec<BlockQ6K> {
+        let mut s = seed;
+        (0..rows * nb)
+            .map(|_| {
+                let mut b = BlockQ6K::zeroed();
+                b.ql.iter_mut().for_each(|v| *v = lcg(&mut s) as u8);
+                b.qh.iter_mut().for_each(|v| *v = lcg(&mut s) as u8);
+                // The extremes of the i8 scales included.
+                b.scales
+                    .iter_mut()
+                    .for_each(|v| *v = lcg(&mut s) as u8 as i8);
+                b.d = 0x2000 | (lcg(&mut s) as u16 & 0x3FF);
+                b
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pack_then_unpack_is_the_identity() {
+        let (rows, nb) = (32, 3);
+        let w = weights(rows, nb, 5);
+        let mut p = vec![BlockQ6Kx16::zeroed(); rows * nb / X16_ROWS];
+        pack(&w, nb, &mut p);
+        let back = unpack_all(&p, nb);
+        assert!(bytemuck::cast_slice::<_, u8>(&w[..]) == &back[..]);
+    }
+
+    /// Every output equals `vnni::dot_q6k_tiled::<1>` on the file's layout, bit for bit,
+    /// for 1 to 4 activation rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
+        if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        let (rows, nb) = (32, 3);
+        let w = weights(rows, nb, 9);
+        let mut s = 77u64;
+        let ys: Vec<Vec<BlockQ8K>> = (0..4)
+            .map(|_| {
+                (0..nb)
+                    .map(|_| {
+                        let mut b = BlockQ8K::zeroed();
+                        b.d = 0.01 + (lcg(&mut s) % 1000) as f32 * 1e-5;
+                        b.qs.iter_mut().for_each(|v| *v = lcg(&mut s) as u8 as i8);
+                        for g in 0..16 {
+                            b.bsums[g] = b.qs[16 * g..16 * (g + 1)].iter().map(|&v| v as i16).sum();
+                        }
+                        b
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut p = vec![BlockQ6Kx16::zeroed(); rows * nb / X16_ROWS];
+        pack(&w, nb, &mut p);
+        let want = |r: usize, a: usize| {
+            let mut o = [0f32; 1];
+            // SAFETY: VNNI checked above.
+            unsafe { vnni::dot_q6k_tiled::<1>(&w[r * nb..(r + 1) * nb], &[&ys[a][..]], &mut o) };
+            o[0]
+        };
+        macro_rules! check {
+            ($m:literal) => {
+                for g in 0..rows / X16_ROWS {
+                    let mut out = [[0f32; X16_ROWS]; $m];
+                    let y: [&[BlockQ8K]; $m] = std::array::from_fn(|a| &ys[a][..]);
+                    // SAFETY: VNNI checked above.
+                    unsafe { dot_group::<$m>(&p[g * nb..(g + 1) * nb], y, &mut out) };
+                    for a in 0..$m {
+                        for r in 0..X16_ROWS {
+                            let (got, exp) = (out[a][r], want(g * X16_ROWS + r, a));
+                            assert_eq!(
+                                got.to_bits(),
+                                exp.to_bits(),
+                                "M={} row {} act {a}: {got} vs {exp}",
+                                $m,
+                                g * X16_ROWS + r
+                            );
+                        }
+                    }
+                }
+            };
+        }
+        check!(1);
+        check!(2);
+        check!(3);
+        check!(4);
+    }
+}
