@@ -978,13 +978,13 @@ impl Device for CpuDevice {
                 Some(WeightRows::Q4Kx16(p)) => {
                     let nb = w.k / 256;
                     let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
-                    unpacked = kernels::q4k_x16::unpack_row_bytes(g, id % X16_ROWS);
+                    unpacked = kernels::x16::unpack_row_bytes(g, id % X16_ROWS);
                     &unpacked[..]
                 }
                 Some(WeightRows::Q6Kx16(p)) => {
                     let nb = w.k / 256;
                     let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
-                    unpacked = kernels::q6k_x16::unpack_row_bytes(g, id % X16_ROWS);
+                    unpacked = kernels::x16::unpack_row_bytes(g, id % X16_ROWS);
                     &unpacked[..]
                 }
                 _ => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],

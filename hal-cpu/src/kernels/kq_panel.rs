@@ -148,18 +148,7 @@ impl KPanel for BlockQ4K {
         assert!(live <= PANEL_ROWS, "decode_block: rows");
         let p0 = words16(live, |r| load64(&rows[r][i].qs[..64]));
         let p1 = words16(live, |r| load64(&rows[r][i].qs[64..]));
-        let m4 = _mm512_set1_epi8(0x0F);
-        for t in 0..32 {
-            let v = if t < 16 { p0[t] } else { p1[t - 16] };
-            let (j, u) = (t / 8, t % 8);
-            let lo = _mm512_and_si512(v, m4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-            // SAFETY: 64 writable bytes each, 64-byte aligned.
-            unsafe {
-                _mm512_store_si512(o.u[16 * j + u].as_mut_ptr() as *mut __m512i, lo);
-                _mm512_store_si512(o.u[16 * j + 8 + u].as_mut_ptr() as *mut __m512i, hi);
-            }
-        }
+        q4k_nibbles(|t| if t < 16 { p0[t] } else { p1[t - 16] }, o);
         let word = |r: usize, at: usize| {
             let s = &rows[r][i].scales[at..at + 4];
             u32::from_le_bytes([s[0], s[1], s[2], s[3]])
@@ -174,6 +163,26 @@ impl KPanel for BlockQ4K {
             header16(live, |r| word(r, 8)),
         );
         q4k_heads(dd, [s0, s1, s2], o);
+    }
+}
+
+/// Sixteen Q4_K rows' quant words (`word(t)`: word `t` of `qs` of each row, side by
+/// side) split into the panel's unsigned quants: word `8j + u` holds quants `64j + 4u..`
+/// in its low nibbles and `64j + 32 + 4u..` in its high ones.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn q4k_nibbles(word: impl Fn(usize) -> __m512i, o: &mut KPanelBlock) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    for t in 0..32 {
+        let v = word(t);
+        let (j, u) = (t / 8, t % 8);
+        let lo = _mm512_and_si512(v, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        // SAFETY: 64 writable bytes each, 64-byte aligned.
+        unsafe {
+            _mm512_store_si512(o.u[16 * j + u].as_mut_ptr() as *mut __m512i, lo);
+            _mm512_store_si512(o.u[16 * j + 8 + u].as_mut_ptr() as *mut __m512i, hi);
+        }
     }
 }
 
@@ -292,18 +301,7 @@ pub(crate) fn decode<B: KPanel>(w: &[B], nb: usize, n: usize, p0: usize, dec: &m
 /// with no transposes (the packed block already holds word `t` of the rows side by side).
 #[target_feature(enable = "avx512f,avx512bw")]
 fn decode_x16_block(b: &BlockQ4Kx16, o: &mut KPanelBlock) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    for t in 0..32 {
-        let v = load64(bytemuck::cast_slice(&b.qs_words(t)[..]));
-        let (j, u) = (t / 8, t % 8);
-        let lo = _mm512_and_si512(v, m4);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-        // SAFETY: 64 writable bytes each, 64-byte aligned.
-        unsafe {
-            _mm512_store_si512(o.u[16 * j + u].as_mut_ptr() as *mut __m512i, lo);
-            _mm512_store_si512(o.u[16 * j + 8 + u].as_mut_ptr() as *mut __m512i, hi);
-        }
-    }
+    q4k_nibbles(|t| load64(bytemuck::cast_slice(&b.qs_words(t)[..])), o);
     let word = |r: usize, at: usize| {
         u32::from_le_bytes([
             b.head_byte(at, r),

@@ -49,6 +49,9 @@ pub(crate) mod q6k_x16;
 pub(crate) mod tinyblas;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni;
+pub(crate) mod x16;
+#[cfg(test)]
+mod x16_check;
 
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
@@ -734,8 +737,8 @@ impl<'a> WeightRows<'a> {
     pub(crate) fn file_bytes(self, k: usize) -> Cow<'a, [u8]> {
         match self {
             WeightRows::File(w) => Cow::Borrowed(w),
-            WeightRows::Q4Kx16(g) => Cow::Owned(q4k_x16::unpack_all(g, k / 256)),
-            WeightRows::Q6Kx16(g) => Cow::Owned(q6k_x16::unpack_all(g, k / 256)),
+            WeightRows::Q4Kx16(g) => Cow::Owned(x16::unpack_all(g, k / 256)),
+            WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, k / 256)),
         }
     }
 }

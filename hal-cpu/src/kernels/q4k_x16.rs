@@ -21,11 +21,10 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use bytemuck::Zeroable;
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
-/// Weight rows per packed block: one per lane of a 512-bit register.
-pub(crate) const X16_ROWS: usize = 16;
+use super::x16::RowGroup;
+pub(crate) use super::x16::X16_ROWS;
 
 /// One 256-quant block of sixteen Q4_K rows, interleaved.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -93,49 +92,24 @@ pub(crate) fn pack(src: &[BlockQ4K], nb: usize, out: &mut [BlockQ4Kx16]) {
     }
 }
 
-/// Row `r` (0..16) of packed block `b`, back in the file's layout.
-pub(crate) fn unpack_row(b: &BlockQ4Kx16, r: usize) -> BlockQ4K {
-    let h: [u8; 16] = std::array::from_fn(|k| b.hdr[k][r]);
-    let mut out = BlockQ4K {
-        d: u16::from_le_bytes([h[0], h[1]]),
-        dmin: u16::from_le_bytes([h[2], h[3]]),
-        scales: [0; 12],
-        qs: [0; 128],
-    };
-    out.scales.copy_from_slice(&h[4..]);
-    for t in 0..32 {
-        out.qs[4 * t..4 * t + 4].copy_from_slice(&b.qs[t][r].to_le_bytes());
-    }
-    out
-}
+impl RowGroup for BlockQ4Kx16 {
+    type Row = BlockQ4K;
 
-/// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
-pub(crate) fn unpack_row_bytes(g: &[BlockQ4Kx16], r: usize) -> Vec<u8> {
-    let row: Vec<BlockQ4K> = g.iter().map(|b| unpack_row(b, r)).collect();
-    bytemuck::cast_slice(&row).to_vec()
-}
-
-/// The sixteen rows of group `g` (blocks `x16[g * nb .. (g + 1) * nb]`) in the file's
-/// layout, row after row, into `out` (`16 * nb` blocks).
-pub(crate) fn unpack_group(x16: &[BlockQ4Kx16], out: &mut [BlockQ4K]) {
-    let nb = x16.len();
-    assert_eq!(out.len(), nb * X16_ROWS, "q4k_x16::unpack_group: lengths");
-    for (i, b) in x16.iter().enumerate() {
-        for r in 0..X16_ROWS {
-            out[r * nb + i] = unpack_row(b, r);
+    fn unpack_row(&self, r: usize) -> BlockQ4K {
+        let b = self;
+        let h: [u8; 16] = std::array::from_fn(|k| b.hdr[k][r]);
+        let mut out = BlockQ4K {
+            d: u16::from_le_bytes([h[0], h[1]]),
+            dmin: u16::from_le_bytes([h[2], h[3]]),
+            scales: [0; 12],
+            qs: [0; 128],
+        };
+        out.scales.copy_from_slice(&h[4..]);
+        for t in 0..32 {
+            out.qs[4 * t..4 * t + 4].copy_from_slice(&b.qs[t][r].to_le_bytes());
         }
+        out
     }
-}
-
-/// Every row group of `groups` (`nb` blocks per row) back in the file's layout, as bytes.
-pub(crate) fn unpack_all(groups: &[BlockQ4Kx16], nb: usize) -> Vec<u8> {
-    let mut rows = vec![BlockQ4K::zeroed(); groups.len() * X16_ROWS];
-    if nb > 0 {
-        for (g, out) in groups.chunks(nb).zip(rows.chunks_mut(nb * X16_ROWS)) {
-            unpack_group(g, out);
-        }
-    }
-    bytemuck::cast_slice(&rows).to_vec()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -298,15 +272,8 @@ pub(crate) fn dot_group<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "x86_64")]
-    use crate::kernels::vnni;
-
-    fn lcg(s: &mut u64) -> u64 {
-        *s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        *s >> 33
-    }
+    use crate::kernels::x16_check::{acts, assert_groups_equal, lcg};
+    use bytemuck::Zeroable;
 
     fn weights(rows: usize, nb: usize, seed: u64) -> Vec<BlockQ4K> {
         let mut s = seed;
@@ -326,46 +293,24 @@ mod tests {
             .collect()
     }
 
-    fn acts(nb: usize, seed: u64) -> Vec<BlockQ8K> {
-        let mut s = seed;
-        (0..nb)
-            .map(|_| {
-                let mut b = BlockQ8K {
-                    d: 0.01 + (lcg(&mut s) % 1000) as f32 * 1e-5,
-                    qs: [0; 256],
-                    bsums: [0; 16],
-                };
-                // Extremes included: -128 and 127 test the i16 pair sums' range.
-                b.qs.iter_mut().for_each(|v| *v = lcg(&mut s) as u8 as i8);
-                for g in 0..16 {
-                    b.bsums[g] = b.qs[16 * g..16 * (g + 1)].iter().map(|&v| v as i16).sum();
-                }
-                b
-            })
-            .collect()
-    }
-
     #[test]
     fn pack_then_unpack_is_the_identity() {
         let (rows, nb) = (32, 3);
         let w = weights(rows, nb, 7);
         let mut p = vec![BlockQ4Kx16::zeroed(); rows * nb / X16_ROWS];
         pack(&w, nb, &mut p);
-        let mut back = vec![BlockQ4K::zeroed(); X16_ROWS * nb];
-        for g in 0..rows / X16_ROWS {
-            unpack_group(&p[g * nb..(g + 1) * nb], &mut back);
-            let orig = &w[g * X16_ROWS * nb..(g + 1) * X16_ROWS * nb];
-            assert!(
-                bytemuck::cast_slice::<_, u8>(orig) == bytemuck::cast_slice::<_, u8>(&back[..])
-            );
-        }
+        assert!(
+            bytemuck::cast_slice::<_, u8>(&w[..]) == &super::super::x16::unpack_all(&p, nb)[..]
+        );
     }
 
-    #[cfg(target_arch = "x86_64")]
     /// Every output equals `vnni::dot_q4k_gemm::<1>` on the file's layout, bit for bit,
     /// for 1 to 4 activation rows.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
+        use crate::kernels::vnni;
+        use crate::kernels::x16_check::dispatch_m;
         if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
@@ -381,31 +326,9 @@ mod tests {
             unsafe { vnni::dot_q4k_gemm::<1>(&w[r * nb..(r + 1) * nb], &[&ys[a][..]], &mut o) };
             o[0]
         };
-        macro_rules! check {
-            ($m:literal) => {
-                for g in 0..rows / X16_ROWS {
-                    let mut out = [[0f32; X16_ROWS]; $m];
-                    let y: [&[BlockQ8K]; $m] = std::array::from_fn(|a| &ys[a][..]);
-                    // SAFETY: VNNI checked above.
-                    unsafe { dot_group::<$m>(&p[g * nb..(g + 1) * nb], y, &mut out) };
-                    for a in 0..$m {
-                        for r in 0..X16_ROWS {
-                            let (got, exp) = (out[a][r], want(g * X16_ROWS + r, a));
-                            assert_eq!(
-                                got.to_bits(),
-                                exp.to_bits(),
-                                "M={} row {} act {a}: {got} vs {exp}",
-                                $m,
-                                g * X16_ROWS + r
-                            );
-                        }
-                    }
-                }
-            };
-        }
-        check!(1);
-        check!(2);
-        check!(3);
-        check!(4);
+        let kernel = |x: &[BlockQ4Kx16], y: &[&[BlockQ8K]], out: &mut [[f32; X16_ROWS]]| {
+            dispatch_m!(dot_group, x, y, out)
+        };
+        assert_groups_equal(&p, nb, &ys, &kernel, &want);
     }
 }

@@ -17,8 +17,8 @@ use std::arch::x86_64::*;
 use bytemuck::Zeroable;
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
-/// Weight rows per packed block: one per lane of a 512-bit register.
-pub(crate) const X16_ROWS: usize = 16;
+use super::x16::RowGroup;
+pub(crate) use super::x16::X16_ROWS;
 
 /// One 256-quant block of sixteen Q6_K rows, interleaved.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -79,45 +79,29 @@ pub(crate) fn pack(src: &[BlockQ6K], nb: usize, out: &mut [BlockQ6Kx16]) {
     }
 }
 
-/// Row `r` (0..16) of packed block `b`, back in the file's layout.
-pub(crate) fn unpack_row(b: &BlockQ6Kx16, r: usize) -> BlockQ6K {
-    let mut out = BlockQ6K::zeroed();
-    let put =
-        |dst: &mut [u8], t: usize, v: u32| dst[4 * t..4 * t + 4].copy_from_slice(&v.to_le_bytes());
-    for n in 0..2 {
-        for l in 0..8 {
-            let e = &b.q[8 * n + l];
-            put(&mut out.ql, 16 * n + l, e[0][r]);
-            put(&mut out.ql, 16 * n + 8 + l, e[1][r]);
-            put(&mut out.qh, 8 * n + l, e[2][r]);
-        }
-    }
-    for s in 0..16 {
-        out.scales[s] = b.sc[s][r];
-    }
-    out.d = b.d[r];
-    out
-}
+impl RowGroup for BlockQ6Kx16 {
+    type Row = BlockQ6K;
 
-/// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
-pub(crate) fn unpack_row_bytes(g: &[BlockQ6Kx16], r: usize) -> Vec<u8> {
-    let row: Vec<BlockQ6K> = g.iter().map(|b| unpack_row(b, r)).collect();
-    bytemuck::cast_slice(&row).to_vec()
-}
-
-/// Every row group of `groups` (`nb` blocks per row) back in the file's layout, as bytes.
-pub(crate) fn unpack_all(groups: &[BlockQ6Kx16], nb: usize) -> Vec<u8> {
-    let mut rows = vec![BlockQ6K::zeroed(); groups.len() * X16_ROWS];
-    if nb > 0 {
-        for (g, out) in groups.chunks(nb).zip(rows.chunks_mut(nb * X16_ROWS)) {
-            for (i, b) in g.iter().enumerate() {
-                for r in 0..X16_ROWS {
-                    out[r * nb + i] = unpack_row(b, r);
-                }
+    fn unpack_row(&self, r: usize) -> BlockQ6K {
+        let b = self;
+        let mut out = BlockQ6K::zeroed();
+        let put = |dst: &mut [u8], t: usize, v: u32| {
+            dst[4 * t..4 * t + 4].copy_from_slice(&v.to_le_bytes())
+        };
+        for n in 0..2 {
+            for l in 0..8 {
+                let e = &b.q[8 * n + l];
+                put(&mut out.ql, 16 * n + l, e[0][r]);
+                put(&mut out.ql, 16 * n + 8 + l, e[1][r]);
+                put(&mut out.qh, 8 * n + l, e[2][r]);
             }
         }
+        for s in 0..16 {
+            out.scales[s] = b.sc[s][r];
+        }
+        out.d = b.d[r];
+        out
     }
-    bytemuck::cast_slice(&rows).to_vec()
 }
 
 /// The unsigned 6-bit quants of sixteen rows, four per lane, for one `(n, l)` step of a
@@ -251,15 +235,7 @@ pub(crate) fn dot_group<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "x86_64")]
-    use crate::kernels::vnni;
-
-    fn lcg(s: &mut u64) -> u64 {
-        *s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        *s >> 33
-    }
+    use crate::kernels::x16_check::{acts, assert_groups_equal, lcg};
 
     fn weights(rows: usize, nb: usize, seed: u64) -> Vec<BlockQ6K> {
         let mut s = seed;
@@ -284,8 +260,9 @@ mod tests {
         let w = weights(rows, nb, 5);
         let mut p = vec![BlockQ6Kx16::zeroed(); rows * nb / X16_ROWS];
         pack(&w, nb, &mut p);
-        let back = unpack_all(&p, nb);
-        assert!(bytemuck::cast_slice::<_, u8>(&w[..]) == &back[..]);
+        assert!(
+            bytemuck::cast_slice::<_, u8>(&w[..]) == &super::super::x16::unpack_all(&p, nb)[..]
+        );
     }
 
     /// Every output equals `vnni::dot_q6k_tiled::<1>` on the file's layout, bit for bit,
@@ -293,28 +270,15 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
+        use crate::kernels::vnni;
+        use crate::kernels::x16_check::dispatch_m;
         if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
         }
         let (rows, nb) = (32, 3);
         let w = weights(rows, nb, 9);
-        let mut s = 77u64;
-        let ys: Vec<Vec<BlockQ8K>> = (0..4)
-            .map(|_| {
-                (0..nb)
-                    .map(|_| {
-                        let mut b = BlockQ8K::zeroed();
-                        b.d = 0.01 + (lcg(&mut s) % 1000) as f32 * 1e-5;
-                        b.qs.iter_mut().for_each(|v| *v = lcg(&mut s) as u8 as i8);
-                        for g in 0..16 {
-                            b.bsums[g] = b.qs[16 * g..16 * (g + 1)].iter().map(|&v| v as i16).sum();
-                        }
-                        b
-                    })
-                    .collect()
-            })
-            .collect();
+        let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|a| acts(nb, 77 + a)).collect();
         let mut p = vec![BlockQ6Kx16::zeroed(); rows * nb / X16_ROWS];
         pack(&w, nb, &mut p);
         let want = |r: usize, a: usize| {
@@ -323,31 +287,9 @@ mod tests {
             unsafe { vnni::dot_q6k_tiled::<1>(&w[r * nb..(r + 1) * nb], &[&ys[a][..]], &mut o) };
             o[0]
         };
-        macro_rules! check {
-            ($m:literal) => {
-                for g in 0..rows / X16_ROWS {
-                    let mut out = [[0f32; X16_ROWS]; $m];
-                    let y: [&[BlockQ8K]; $m] = std::array::from_fn(|a| &ys[a][..]);
-                    // SAFETY: VNNI checked above.
-                    unsafe { dot_group::<$m>(&p[g * nb..(g + 1) * nb], y, &mut out) };
-                    for a in 0..$m {
-                        for r in 0..X16_ROWS {
-                            let (got, exp) = (out[a][r], want(g * X16_ROWS + r, a));
-                            assert_eq!(
-                                got.to_bits(),
-                                exp.to_bits(),
-                                "M={} row {} act {a}: {got} vs {exp}",
-                                $m,
-                                g * X16_ROWS + r
-                            );
-                        }
-                    }
-                }
-            };
-        }
-        check!(1);
-        check!(2);
-        check!(3);
-        check!(4);
+        let kernel = |x: &[BlockQ6Kx16], y: &[&[BlockQ8K]], out: &mut [[f32; X16_ROWS]]| {
+            dispatch_m!(dot_group, x, y, out)
+        };
+        assert_groups_equal(&p, nb, &ys, &kernel, &want);
     }
 }

@@ -1,0 +1,37 @@
+//! What the weights repacked at staging (`q4k_x16`, `q6k_x16`) have in common: sixteen
+//! rows of one block side by side, and the way back to the file's layout for the rare
+//! paths without a kernel for the packed one.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Weight rows per packed block: one per lane of a 512-bit register.
+pub(crate) const X16_ROWS: usize = 16;
+
+/// One block of sixteen rows repacked from the file's blocks `Row`.
+pub(crate) trait RowGroup: Pod {
+    /// The file's block type.
+    type Row: Pod;
+    /// Row `r` (0..16) back in the file's layout.
+    fn unpack_row(&self, r: usize) -> Self::Row;
+}
+
+/// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
+pub(crate) fn unpack_row_bytes<G: RowGroup>(g: &[G], r: usize) -> Vec<u8> {
+    let row: Vec<G::Row> = g.iter().map(|b| b.unpack_row(r)).collect();
+    bytemuck::cast_slice(&row).to_vec()
+}
+
+/// Every row group of `groups` (`nb` blocks per row) back in the file's layout, as bytes.
+pub(crate) fn unpack_all<G: RowGroup>(groups: &[G], nb: usize) -> Vec<u8> {
+    let mut rows = vec![G::Row::zeroed(); groups.len() * X16_ROWS];
+    if nb > 0 {
+        for (g, out) in groups.chunks(nb).zip(rows.chunks_mut(nb * X16_ROWS)) {
+            for (i, b) in g.iter().enumerate() {
+                for r in 0..X16_ROWS {
+                    out[r * nb + i] = b.unpack_row(r);
+                }
+            }
+        }
+    }
+    bytemuck::cast_slice(&rows).to_vec()
+}

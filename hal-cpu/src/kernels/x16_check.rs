@@ -1,0 +1,89 @@
+//! Test helpers shared by the repacked-weight kernels (`q4k_x16`, `q6k_x16`): random
+//! activations and the check that every row group's outputs equal the file-layout
+//! kernel's, bit for bit, for 1 to 4 activation rows.
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, unused_macros, unused_imports)
+)]
+
+use bytemuck::Zeroable;
+use flint_core::blocks::BlockQ8K;
+
+/// Rows per packed group.
+const ROWS: usize = 16;
+
+/// A 64-bit LCG step; the high bits.
+pub(crate) fn lcg(s: &mut u64) -> u64 {
+    *s = s
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407);
+    *s >> 33
+}
+
+/// `nb` Q8_K blocks of random quants (the extremes -128 and 127 included) with their
+/// block sums and small positive scales.
+pub(crate) fn acts(nb: usize, seed: u64) -> Vec<BlockQ8K> {
+    let mut s = seed;
+    (0..nb)
+        .map(|_| {
+            let mut b = BlockQ8K::zeroed();
+            b.d = 0.01 + (lcg(&mut s) % 1000) as f32 * 1e-5;
+            b.qs.iter_mut().for_each(|v| *v = lcg(&mut s) as u8 as i8);
+            for g in 0..16 {
+                b.bsums[g] = b.qs[16 * g..16 * (g + 1)].iter().map(|&v| v as i16).sum();
+            }
+            b
+        })
+        .collect()
+}
+
+/// A packed kernel: a group's `nb` blocks against `y.len()` (1 to 4) activation rows,
+/// into `out[a][r]`.
+pub(crate) type GroupKernel<'a, X> = &'a dyn Fn(&[X], &[&[BlockQ8K]], &mut [[f32; ROWS]]);
+
+/// For every row group of `packed` (`nb` blocks each) and 1 to 4 of the activation rows
+/// `ys`: `kernel`'s output for row `r` and activation row `a` has the bits of
+/// `want(r, a)`.
+pub(crate) fn assert_groups_equal<X>(
+    packed: &[X],
+    nb: usize,
+    ys: &[Vec<BlockQ8K>],
+    kernel: GroupKernel<'_, X>,
+    want: &dyn Fn(usize, usize) -> f32,
+) {
+    for m in 1..=ys.len().min(4) {
+        let y: Vec<&[BlockQ8K]> = ys[..m].iter().map(|v| &v[..]).collect();
+        for (g, x) in packed.chunks(nb).enumerate() {
+            let mut out = vec![[0f32; ROWS]; m];
+            kernel(x, &y, &mut out);
+            for (a, col) in out.iter().enumerate() {
+                for (r, got) in col.iter().enumerate() {
+                    let exp = want(g * ROWS + r, a);
+                    assert_eq!(
+                        got.to_bits(),
+                        exp.to_bits(),
+                        "M={m} row {} act {a}: {got} vs {exp}",
+                        g * ROWS + r
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Calls `$kernel::<M>` with `M = y.len()` (1 to 4) on slices (the tests' dispatch).
+macro_rules! dispatch_m {
+    ($kernel:ident, $x:expr, $y:expr, $out:expr) => {{
+        let (x, y, out) = ($x, $y, $out);
+        // SAFETY (each call): the caller checked AVX-512 VNNI.
+        match y.len() {
+            1 => unsafe { $kernel::<1>(x, [y[0]], out.try_into().expect("1 row")) },
+            2 => unsafe { $kernel::<2>(x, [y[0], y[1]], out.try_into().expect("2 rows")) },
+            3 => unsafe { $kernel::<3>(x, [y[0], y[1], y[2]], out.try_into().expect("3 rows")) },
+            _ => unsafe {
+                $kernel::<4>(x, [y[0], y[1], y[2], y[3]], out.try_into().expect("4 rows"))
+            },
+        }
+    }};
+}
+pub(crate) use dispatch_m;
