@@ -2,12 +2,13 @@
 //!
 //! Weights are not copied: a staged weight keeps the [`WeightSource`] (the shared mmap
 //! and the tensor's byte range) and every matmul reads the GGUF blocks where they lie.
-//! One exception, on AVX-512 VNNI CPUs: a Q4_K weight whose rows per matrix are a
-//! multiple of 16 is repacked at staging into row groups (`kernels::q4k_x16`: sixteen
-//! rows of a block side by side, the same bytes in another order, on huge pages), which
-//! the decode kernels multiply without folding sums across lanes (M = 1: about 2x the
-//! file layout's speed per core, cache-resident; M = 4: 3x). The tensor's file pages are
-//! then handed back through the source's release hook, so the memory is not doubled.
+//! One exception, on AVX-512 VNNI CPUs: a Q4_K or Q6_K weight whose rows per matrix are
+//! a multiple of 16 is repacked at staging into row groups (`kernels::q4k_x16`,
+//! `kernels::q6k_x16`: sixteen rows of a block side by side, the same bytes in another
+//! order, on huge pages), which the decode kernels multiply without folding sums across
+//! lanes (one core, cache-resident: M = 1 about 2x the file layout's speed, M = 4 2-3x)
+//! and the prompt-batch panels read without transposes. The tensor's file pages are then
+//! handed back through the source's release hook, so the memory is not doubled.
 //! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout (for comparisons; the
 //! results are the same bits either way).
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
@@ -124,8 +125,8 @@ pub struct CpuWeight {
     /// Experts (1 for a matrix).
     e: usize,
     row_bytes: usize,
-    /// The rows repacked for the decode kernels (`kernels::q4k_x16`), when the weight
-    /// was staged so; the matmuls then read these, never `src`.
+    /// The rows repacked for the decode kernels (`kernels::q4k_x16`, `q6k_x16`), when
+    /// the weight was staged so; the matmuls then read these, never `src`.
     x16: Option<Packed>,
 }
 
