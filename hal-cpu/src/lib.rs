@@ -974,21 +974,16 @@ impl Device for CpuDevice {
                     w.info.name
                 )));
             }
-            let unpacked;
-            let src = match w.x16.as_ref().map(|p| p.rows()) {
-                Some(WeightRows::Q4Kx16(p)) => {
-                    let nb = w.k / 256;
-                    let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
-                    unpacked = kernels::x16::unpack_row_bytes(g, id % X16_ROWS);
-                    &unpacked[..]
-                }
-                Some(WeightRows::Q6Kx16(p)) => {
-                    let nb = w.k / 256;
-                    let g = &p[id / X16_ROWS * nb..(id / X16_ROWS + 1) * nb];
-                    unpacked = kernels::x16::unpack_row_bytes(g, id % X16_ROWS);
-                    &unpacked[..]
-                }
-                _ => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],
+            // A packed weight's row comes back from its group of sixteen.
+            let unpacked = match w.x16 {
+                Some(_) => w
+                    .rows(id / X16_ROWS * X16_ROWS, X16_ROWS)
+                    .packed_row_bytes(id % X16_ROWS),
+                None => None,
+            };
+            let src = match &unpacked {
+                Some(row) => &row[..],
+                None => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],
             };
             match FloatKind::of(w.ty) {
                 Some(kind) => {

@@ -319,20 +319,33 @@ fn decode_x16_block(b: &BlockQ4Kx16, o: &mut KPanelBlock) {
     q4k_heads(dd, s, o);
 }
 
-/// [`decode`] for a Q4_K weight repacked at staging: panel `p` is row group `p`
-/// (`groups[p * nb..]`), for the panels `p0..p0 + dec.len() / nb`.
-pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut [KPanelBlock]) {
+/// [`decode`] for a weight repacked at staging (`q4k_x16`, `q6k_x16`): panel `p` is row
+/// group `p` (`groups[p * nb..]`), for the panels `p0..p0 + dec.len() / nb`, each block
+/// turned into a panel block by `block`.
+fn decode_groups<G>(
+    groups: &[G],
+    nb: usize,
+    p0: usize,
+    dec: &mut [KPanelBlock],
+    block: impl Fn(&G, &mut KPanelBlock),
+) {
     if nb == 0 {
         return;
     }
     for (t, d) in dec.chunks_mut(nb).enumerate() {
         let g = &groups[(p0 + t) * nb..(p0 + t + 1) * nb];
         for (b, o) in g.iter().zip(d.iter_mut()) {
-            // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at
-            // device open.
-            unsafe { decode_x16_block(b, o) };
+            block(b, o);
         }
     }
+}
+
+/// [`decode`] for a Q4_K weight repacked at staging.
+pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut [KPanelBlock]) {
+    // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at device open.
+    decode_groups(groups, nb, p0, dec, |b, o| unsafe {
+        decode_x16_block(b, o)
+    });
 }
 
 /// One 256-quant block of a Q6_K row group repacked at staging (`q6k_x16`) into a panel
@@ -373,24 +386,17 @@ fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
     put_ps(&mut o.dmin, _mm512_setzero_ps());
 }
 
-/// [`decode`] for a Q6_K weight repacked at staging: panel `p` is row group `p`.
+/// [`decode`] for a Q6_K weight repacked at staging.
 pub(crate) fn decode_q6k_x16(
     groups: &[BlockQ6Kx16],
     nb: usize,
     p0: usize,
     dec: &mut [KPanelBlock],
 ) {
-    if nb == 0 {
-        return;
-    }
-    for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let g = &groups[(p0 + t) * nb..(p0 + t + 1) * nb];
-        for (b, o) in g.iter().zip(d.iter_mut()) {
-            // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at
-            // device open.
-            unsafe { decode_q6k_x16_block(b, o) };
-        }
-    }
+    // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at device open.
+    decode_groups(groups, nb, p0, dec, |b, o| unsafe {
+        decode_q6k_x16_block(b, o)
+    });
 }
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).

@@ -732,6 +732,16 @@ impl<'a> WeightRows<'a> {
         }
     }
 
+    /// Row `r` (0..16) of one repacked row group back in the file's layout, as bytes;
+    /// `None` for file bytes.
+    pub(crate) fn packed_row_bytes(self, r: usize) -> Option<Vec<u8>> {
+        match self {
+            WeightRows::File(_) => None,
+            WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
+        }
+    }
+
     /// The rows in the file's layout (`k` elements per row): borrowed, or unpacked into a
     /// new buffer (the rare paths without a kernel for the packed layout).
     pub(crate) fn file_bytes(self, k: usize) -> Cow<'a, [u8]> {

@@ -23,6 +23,8 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
+#[cfg(target_arch = "x86_64")]
+use super::x16::bcast4;
 use super::x16::RowGroup;
 pub(crate) use super::x16::X16_ROWS;
 
@@ -185,15 +187,6 @@ fn scales(b: &BlockQ4Kx16) -> Scales {
         d: halfs(d_lo, d_hi),
         dmin: halfs(m_lo8, m_hi8),
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-/// A broadcast of four activation quants (bytes `o..o + 4` of `q`).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn bcast4(q: &[i8; 256], o: usize) -> __m512i {
-    let w = [q[o], q[o + 1], q[o + 2], q[o + 3]];
-    _mm512_set1_epi32(i32::from_le_bytes(w.map(|v| v as u8)))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -17,6 +17,8 @@ use std::arch::x86_64::*;
 use bytemuck::Zeroable;
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
+#[cfg(target_arch = "x86_64")]
+use super::x16::bcast4;
 use super::x16::RowGroup;
 pub(crate) use super::x16::X16_ROWS;
 
@@ -152,15 +154,6 @@ pub(crate) fn scale_lanes(b: &BlockQ6Kx16, s: usize) -> __m512i {
 pub(crate) fn d_lanes(b: &BlockQ6Kx16) -> __m512 {
     // SAFETY: 32 readable bytes; loadu is unaligned.
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.d.as_ptr() as *const __m256i) })
-}
-
-/// A broadcast of four activation quants (bytes `o..o + 4` of `q`).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn bcast4(q: &[i8; 256], o: usize) -> __m512i {
-    let w = [q[o], q[o + 1], q[o + 2], q[o + 3]];
-    _mm512_set1_epi32(i32::from_le_bytes(w.map(|v| v as u8)))
 }
 
 /// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one

@@ -2,6 +2,9 @@
 //! rows of one block side by side, and the way back to the file's layout for the rare
 //! paths without a kernel for the packed one.
 
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
 use bytemuck::{Pod, Zeroable};
 
 /// Weight rows per packed block: one per lane of a 512-bit register.
@@ -13,6 +16,16 @@ pub(crate) trait RowGroup: Pod {
     type Row: Pod;
     /// Row `r` (0..16) back in the file's layout.
     fn unpack_row(&self, r: usize) -> Self::Row;
+}
+
+/// A broadcast of four activation quants (bytes `o..o + 4` of `q`), the operand the
+/// packed kernels multiply sixteen rows' quant words with.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bcast4(q: &[i8; 256], o: usize) -> __m512i {
+    let w = [q[o], q[o + 1], q[o + 2], q[o + 3]];
+    _mm512_set1_epi32(i32::from_le_bytes(w.map(|v| v as u8)))
 }
 
 /// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
