@@ -51,9 +51,11 @@ impl PagedModel {
         let bs = sizing.block_size.max(1);
         let pattern: Vec<bool> = spec.layers.iter().map(|l| l.sliding).collect();
         let groups = groups_from_pattern(&pattern, spec.window);
-        // Bytes of one block of one layer (f32 keys and values).
+        // Bytes of one block of one layer, at the device's size of a stored key or value
+        // element (f16 on the CPU).
+        let per_value = model.device().kv_bytes_per_value().max(1);
         let per_layer_block =
-            (bs * spec.n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * 4) as u64;
+            (bs * spec.n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * per_value) as u64;
         // Start from the same block count for every layer (the budget split evenly),
         // then cap each sliding group at what its running requests can ever hold and
         // give what that frees to the full-attention group.

@@ -1181,6 +1181,11 @@ impl Device for CpuDevice {
         Ok(Box::new(CpuKv::new(layout)?))
     }
 
+    fn kv_bytes_per_value(&self) -> usize {
+        // f16, as llama.cpp's default cache types (`CpuKv`).
+        2
+    }
+
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
@@ -1212,7 +1217,8 @@ impl Device for CpuDevice {
                 .pool
                 .install(|| unsafe { kernels::attn::paged_attention(kv, p, out) });
         }
-        self.pool.install(|| ops::paged_attention(kv, p, out))
+        let f16c = self.level >= SimdLevel::Avx2;
+        self.pool.install(|| ops::paged_attention(kv, p, out, f16c))
     }
 
     fn run_step(&self, step: &mut (dyn FnMut() + Send)) {

@@ -199,14 +199,24 @@ pub(crate) fn route_topk(
     Ok(())
 }
 
-/// One layer's KV cache in host memory: f32 keys and values per slot.
+/// One layer's KV cache in host memory: keys and values as f16 (their bits), as
+/// llama.cpp's default cache types (`type_k`, `type_v` F16) keep them: the values a
+/// forward writes are rounded to f16 (part of what llama.cpp's logits are), and reading
+/// them back as f32 is exact. Half the bytes of f32 to read per decode step.
+///
+/// Keys lie transposed inside each block, `[block][KV head][head_dim_k][block_size]`:
+/// element `d` of the keys of one block's consecutive slots is one contiguous run, so a
+/// decode step scores 16 keys per SIMD instruction (`kernels::attn`, keys in lanes).
+/// [`CpuKv::key_base`] gives where a key starts; its elements are `block_size` apart.
+/// Values stay one row per slot (`[slot][KV head][head_dim_v]`): the output sums read
+/// whole value rows.
 #[derive(Debug)]
 pub struct CpuKv {
     layout: KvLayout,
-    /// `[num_slots, n_kv_heads * head_dim_k]`.
-    pub(crate) k: Vec<f32>,
-    /// `[num_slots, n_kv_heads * head_dim_v]`.
-    pub(crate) v: Vec<f32>,
+    /// `[num_blocks, n_kv_heads, head_dim_k, block_size]`, f16 bits.
+    pub(crate) k: Vec<u16>,
+    /// `[num_slots, n_kv_heads * head_dim_v]`, f16 bits.
+    pub(crate) v: Vec<u16>,
 }
 
 impl CpuKv {
@@ -222,12 +232,12 @@ impl CpuKv {
                 "KV layout {layout:?} overflows"
             )));
         };
-        let alloc = |n: usize| -> Result<Vec<f32>, HalError> {
+        let alloc = |n: usize| -> Result<Vec<u16>, HalError> {
             let mut v = Vec::new();
             v.try_reserve_exact(n).map_err(|_| {
-                HalError::out_of_memory(format!("KV cache of {} bytes ({layout:?})", n * 4))
+                HalError::out_of_memory(format!("KV cache of {} bytes ({layout:?})", n * 2))
             })?;
-            v.resize(n, 0.0);
+            v.resize(n, 0);
             Ok(v)
         };
         Ok(Self {
@@ -235,6 +245,17 @@ impl CpuKv {
             k: alloc(nk)?,
             v: alloc(nv)?,
         })
+    }
+}
+
+impl CpuKv {
+    /// Index in `k` of element 0 of KV head `kvh`'s key at `slot`; element `d` is at
+    /// `key_base + d * block_size`.
+    #[inline]
+    pub(crate) fn key_base(&self, slot: usize, kvh: usize) -> usize {
+        let l = &self.layout;
+        let (b, s) = (slot / l.block_size, slot % l.block_size);
+        (b * l.n_kv_heads + kvh) * l.head_dim_k * l.block_size + s
     }
 }
 
@@ -250,25 +271,32 @@ impl KvBuffer for CpuKv {
     }
 }
 
-/// `x` rounded to the nearest f16 (ties to even), back in f32.
-#[inline]
-fn round_f16(x: f32) -> f32 {
-    half::f16::from_f32(x).to_f32()
-}
-
-/// Writes token `i`'s keys and values to slot `slots[i]`, both rounded to f16.
-/// `dst[i] = round_f16(src[i])`: with F16C eight at a time (round to nearest even, as
-/// `half`, which without `std` converts in software at a few ns per value).
-fn round_f16_into(dst: &mut [f32], src: &[f32], f16c: bool) {
+/// `dst[i]` = the f16 bits of `src[i]` (round to nearest even): with F16C eight at a time
+/// (as `half`, which without `std` converts in software at a few ns per value).
+fn f16_bits_from(dst: &mut [u16], src: &[f32], f16c: bool) {
     #[cfg(target_arch = "x86_64")]
     if f16c {
         // SAFETY: the caller saw F16C and AVX in the CPU's features (the device level).
-        unsafe { crate::kernels::avx2::round_f16_into(dst, src) };
+        unsafe { crate::kernels::avx2::f16_bits_from(dst, src) };
         return;
     }
     let _ = f16c;
     for (d, &x) in dst.iter_mut().zip(src) {
-        *d = round_f16(x);
+        *d = half::f16::from_f32(x).to_bits();
+    }
+}
+
+/// `dst[i]` = the f16 `src[i]` as f32 (exact): with F16C eight at a time.
+pub(crate) fn f32_from_f16_bits(dst: &mut [f32], src: &[u16], f16c: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if f16c {
+        // SAFETY: the caller saw F16C and AVX in the CPU's features (the device level).
+        unsafe { crate::kernels::avx2::f32_from_f16_bits(dst, src) };
+        return;
+    }
+    let _ = f16c;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_bits(x).to_f32();
     }
 }
 
@@ -284,6 +312,7 @@ pub(crate) fn write_kv(
     let rv = l.n_kv_heads * l.head_dim_v;
     assert_eq!(k.len(), slots.len() * rk, "write_kv: k length");
     assert_eq!(v.len(), slots.len() * rv, "write_kv: v length");
+    let mut key = vec![0u16; rk];
     for (i, &s) in slots.iter().enumerate() {
         let s = s as usize;
         if s >= l.num_slots() {
@@ -292,14 +321,14 @@ pub(crate) fn write_kv(
                 l.num_slots()
             )));
         }
-        // Keys and values are stored rounded to f16, as llama.cpp's default cache types
-        // (`type_k`, `type_v` F16) keep them: part of what its logits are.
-        round_f16_into(
-            &mut kv.k[s * rk..(s + 1) * rk],
-            &k[i * rk..(i + 1) * rk],
-            f16c,
-        );
-        round_f16_into(
+        f16_bits_from(&mut key, &k[i * rk..(i + 1) * rk], f16c);
+        for (kvh, row) in key.chunks_exact(l.head_dim_k.max(1)).enumerate() {
+            let base = kv.key_base(s, kvh);
+            for (d, &x) in row.iter().enumerate() {
+                kv.k[base + d * l.block_size] = x;
+            }
+        }
+        f16_bits_from(
             &mut kv.v[s * rv..(s + 1) * rv],
             &v[i * rv..(i + 1) * rv],
             f16c,
@@ -358,13 +387,13 @@ pub(crate) fn paged_attention(
     kv: &CpuKv,
     p: &PagedAttention<'_>,
     out: &mut [f32],
+    f16c: bool,
 ) -> Result<(), HalError> {
     let l = kv.layout;
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
     let owner = query_owners(&l, p, out.len())?;
     let group = nh / hkv;
-    let rk = hkv * dk;
     let rv = hkv * dv;
     let num_blocks = l.num_blocks;
     let bad = std::sync::atomic::AtomicBool::new(false);
@@ -387,8 +416,8 @@ pub(crate) fn paged_attention(
             // Gather the visible keys and values, then attend as llama.cpp's CPU flash
             // attention does for a prompt batch (`attend_ggml_tiled`): Gemma 3 turns
             // one-ulp differences there into visible logit differences.
-            let mut ks: Vec<&[f32]> = Vec::with_capacity(pos + 1 - lo);
-            let mut vs: Vec<&[f32]> = Vec::with_capacity(pos + 1 - lo);
+            let n = pos + 1 - lo;
+            let (mut kbits, mut vbits) = (Vec::with_capacity(n * dk), Vec::with_capacity(n * dv));
             for j in lo..=pos {
                 let b = seq.block_table[j / bs];
                 if b == NO_BLOCK || b as usize >= num_blocks {
@@ -398,9 +427,15 @@ pub(crate) fn paged_attention(
                     return;
                 }
                 let slot = b as usize * bs + j % bs;
-                ks.push(&kv.k[slot * rk + kvh * dk..slot * rk + (kvh + 1) * dk]);
-                vs.push(&kv.v[slot * rv + kvh * dv..slot * rv + (kvh + 1) * dv]);
+                let base = kv.key_base(slot, kvh);
+                kbits.extend((0..dk).map(|d| kv.k[base + d * bs]));
+                vbits.extend_from_slice(&kv.v[slot * rv + kvh * dv..slot * rv + (kvh + 1) * dv]);
             }
+            let (mut kbuf, mut vbuf) = (vec![0f32; n * dk], vec![0f32; n * dv]);
+            f32_from_f16_bits(&mut kbuf, &kbits, f16c);
+            f32_from_f16_bits(&mut vbuf, &vbits, f16c);
+            let ks: Vec<&[f32]> = (0..n).map(|i| &kbuf[i * dk..(i + 1) * dk]).collect();
+            let vs: Vec<&[f32]> = (0..n).map(|i| &vbuf[i * dv..(i + 1) * dv]).collect();
             let sink = p.sinks.map(|s| s[h]);
             math::attend_ggml_tiled(q, &ks, &vs, lo, p.scale, sink, o);
         });

@@ -1,12 +1,15 @@
-//! The AVX-512 paged attention (queries of a GQA group in SIMD lanes) against the scalar
-//! path (`flint_core::math::attend_ggml_tiled` per row and head), bit for bit: prompt
-//! batches longer than a 64-key tile and than 16 lanes, decode rows, sliding windows,
-//! sinks above and below the score maximum, head sizes that are not a multiple of 16.
+//! The AVX-512 paged attention (queries of a GQA group in SIMD lanes for prompt batches,
+//! keys in lanes for decode rows) against the scalar path
+//! (`flint_core::math::attend_ggml_tiled` per row and head), bit for bit: prompt batches
+//! longer than a 64-key tile and than 16 lanes, decode rows, sliding windows with the
+//! blocks below them freed, sinks above and below the score maximum, head sizes that are
+//! not a multiple of 16, cache blocks of 8 (no 16-key runs: queries in lanes only), 16
+//! and 32 slots.
 
 mod common;
 
 use common::Rng;
-use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention};
+use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention, NO_BLOCK};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
 
 fn device(level: SimdLevel) -> CpuDevice {
@@ -28,8 +31,7 @@ struct Case {
     seqs: Vec<(usize, Vec<u32>)>,
 }
 
-fn run(dev: &CpuDevice, c: &Case, seed: u64) -> Vec<f32> {
-    let bs = 16;
+fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
     let blocks_per_seq: Vec<usize> = c.seqs.iter().map(|(len, _)| len.div_ceil(bs)).collect();
     let layout = KvLayout {
         num_blocks: blocks_per_seq.iter().sum::<usize>() + 3,
@@ -60,6 +62,17 @@ fn run(dev: &CpuDevice, c: &Case, seed: u64) -> Vec<f32> {
             .collect();
         let v = rng.vec(len * c.hkv * c.dv);
         dev.write_kv(&mut *kv, &k, &v, &slots).expect("write kv");
+        // As the sliding group does: blocks wholly below every queried row's window are
+        // handed back (their slots keep stale keys, which must not be read).
+        if let Some(w) = c.window {
+            let lowest = c.seqs[si].1.iter().min().map_or(0, |&p| p as usize);
+            let lo = (lowest + 1).saturating_sub(w);
+            for (b, e) in t.iter_mut().enumerate() {
+                if (b + 1) * bs <= lo {
+                    *e = NO_BLOCK;
+                }
+            }
+        }
         tables.push(t);
     }
     let n_rows: usize = c.seqs.iter().map(|(_, q)| q.len()).sum();
@@ -155,6 +168,34 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             sinks: false,
             seqs: vec![(150, vec![149])],
         },
+        // Four decoding sequences (the bench preset at c = 4: 16 heads on 4 KV heads),
+        // one of them past a sliding window, one with two rows (a short chunk) and one
+        // with a single key.
+        Case {
+            n_heads: 16,
+            hkv: 4,
+            dk: 64,
+            dv: 64,
+            window: Some(100),
+            sinks: true,
+            seqs: vec![
+                (131, vec![130]),
+                (144, vec![143]),
+                (20, vec![18, 19]),
+                (1, vec![0]),
+            ],
+        },
+        // Eight heads on one KV head (eight queries with keys in lanes), a key size
+        // with a tail.
+        Case {
+            n_heads: 8,
+            hkv: 1,
+            dk: 72,
+            dv: 64,
+            window: None,
+            sinks: true,
+            seqs: vec![(77, vec![76])],
+        },
         // The same with a window that cuts a tile and sinks, and an odd key count.
         Case {
             n_heads: 4,
@@ -166,16 +207,19 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             seqs: vec![(101, vec![100])],
         },
     ];
-    for (i, c) in cases.iter().enumerate() {
-        let want = run(&device(SimdLevel::Avx2), c, 100 + i as u64);
-        let got = run(&device(best), c, 100 + i as u64);
-        assert_eq!(got.len(), want.len());
-        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "case {i}, value {j}: SIMD {g} vs scalar {w}"
-            );
+    for bs in [8, 16, 32] {
+        for (i, c) in cases.iter().enumerate() {
+            let seed = 100 + i as u64;
+            let want = run(&device(SimdLevel::Avx2), c, bs, seed);
+            let got = run(&device(best), c, bs, seed);
+            assert_eq!(got.len(), want.len());
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "case {i}, block size {bs}, value {j}: SIMD {g} vs scalar {w} (seed {seed})"
+                );
+            }
         }
     }
 }

@@ -167,6 +167,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Allocates one layer's KV cache.
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError>;
 
+    /// Bytes one stored key or value element takes in this device's KV buffers (the
+    /// engine sizes its block pools from a memory budget with it). The default is 4 (f32);
+    /// a device that stores f16 says 2.
+    fn kv_bytes_per_value(&self) -> usize {
+        4
+    }
+
     /// Writes keys and values of `slots.len()` tokens: `k = [n, n_kv_heads * head_dim_k]`,
     /// `v = [n, n_kv_heads * head_dim_v]`; token `i` goes to slot `slots[i]`.
     fn write_kv(

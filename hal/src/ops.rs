@@ -167,9 +167,10 @@ impl KvLayout {
         self.num_blocks * self.block_size
     }
 
-    /// Bytes of f32 keys and values this layout needs.
-    pub fn bytes_f32(&self) -> usize {
-        self.num_slots() * self.n_kv_heads * (self.head_dim_k + self.head_dim_v) * 4
+    /// Bytes of keys and values this layout needs at `bytes_per_value` each (see
+    /// [`Device::kv_bytes_per_value`](crate::Device::kv_bytes_per_value)).
+    pub fn bytes(&self, bytes_per_value: usize) -> usize {
+        self.num_slots() * self.n_kv_heads * (self.head_dim_k + self.head_dim_v) * bytes_per_value
     }
 }
 

@@ -1,20 +1,23 @@
-//! Paged attention with AVX-512: up to 16 query heads that read the same KV head of the
-//! same sequence (the heads of a GQA group, for every query row of the sequence in the
-//! step) attend together, one query per SIMD lane.
+//! Paged attention with AVX-512, in two arrangements of the SIMD lanes:
 //!
-//! Bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head) alone
-//! (the scalar path in `ops.rs`), because every lane does exactly the scalar's operations
-//! in the scalar's order: a score is one fused multiply-add chain over the head dimension
-//! (a lane per query, the key element broadcast), tiles of 64 keys aligned on absolute
-//! positions, ggml's AVX-512 `expf`, the 16-weight pairwise sum and the f64 denominator
-//! sum, and per lane and output element one fused multiply-add chain over the tile's keys.
-//! A lane for which a whole tile is invisible skips it, as the scalar loop does.
+//! - **Queries in lanes** ([`attend_group`], prompt batches): up to 16 query heads that
+//!   read the same KV head of the same sequence (the heads of a GQA group, for every query
+//!   row of the sequence in the step) attend together, one query per lane; each key
+//!   element is loaded once and broadcast to all of them.
+//! - **Keys in lanes** ([`attend_keys_in_lanes`], decode steps): a decode row brings only
+//!   the few heads of one GQA group (four on the bench preset and Gemma 3), which would
+//!   leave twelve of sixteen lanes empty; instead sixteen consecutive keys of one cache
+//!   block fill the lanes, read as one contiguous run per key element because the CPU
+//!   cache stores keys transposed inside each block (`CpuKv`).
+//!
+//! Both are bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head)
+//! alone (the scalar path in `ops.rs`), because every lane does exactly the scalar's
+//! operations in the scalar's order: a score is one fused multiply-add chain over the head
+//! dimension (in its own lane), tiles of 64 keys aligned on absolute positions, ggml's
+//! AVX-512 `expf`, the 16-weight pairwise sum and the f64 denominator sum, and per query
+//! and output element one fused multiply-add chain over the tile's visible keys. A query
+//! for which a whole tile is invisible skips it, as the scalar loop does.
 //! `tests/attention_simd.rs` checks the equality bit for bit.
-//!
-//! Why lanes over queries rather than over keys or the head dimension: a score's chain
-//! over the head dimension must stay sequential to match the reference, and the keys of
-//! a GQA group are shared by all its heads and rows, so each key element is loaded once
-//! and broadcast to up to 16 queries.
 
 use std::arch::x86_64::*;
 
@@ -82,16 +85,90 @@ pub(crate) struct LaneGroup<'a> {
     pub sink: Vec<Option<f32>>,
 }
 
-/// Attends the queries of `g` over keys and values found through `kv_at` (position ->
-/// key and value rows, or `None` if the position is not mapped), writing `dv` values per
-/// query to `out`. Errors if a visible position is not mapped.
+/// Sixteen f16 (bits) at `p`, widened to f32 (exact).
+///
+/// # Safety
+/// `p` must point to 16 readable `u16`; the CPU must have AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load16_f16(p: *const u16) -> __m512 {
+    // SAFETY: the caller guarantees 16 readable u16 (32 bytes); loadu is unaligned.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p as *const __m256i) })
+}
+
+/// Where the keys and values of one sequence and one KV head lie.
+pub(crate) struct KvSource<'a> {
+    /// Keys (`CpuKv::k`, f16 bits): element `d` of a key is `d * k_stride` after its
+    /// element 0.
+    pub k: &'a [u16],
+    /// See `k`.
+    pub k_stride: usize,
+    /// Value rows (`CpuKv::v`, f16 bits): the value of the slot after a slot is
+    /// `v_stride` later.
+    pub v: &'a [u16],
+    /// See `v`.
+    pub v_stride: usize,
+    /// Whether the 16 slots from every position that is a multiple of 16 are one run
+    /// (keys one apart, values `v_stride` apart): a block size that is a multiple of 16.
+    pub runs16: bool,
+    /// Position -> the index of its key's element 0 in `k` and of its value in `v`, or
+    /// `None` if the position is not mapped to a live block.
+    pub at: &'a dyn Fn(usize) -> Option<(usize, usize)>,
+}
+
+impl<'a> KvSource<'a> {
+    /// The key and value of position `p`, after checking that the key's `dk` strided
+    /// elements (and, with `run`, those of the `run - 1` slots after it) and the value's
+    /// `dv` lie inside the cache; `None` if `p` is not mapped.
+    fn locate(&self, p: usize, dk: usize, dv: usize, run: usize) -> Option<(usize, usize)> {
+        let (kb, vb) = (self.at)(p)?;
+        if dk > 0 {
+            assert!(
+                kb + (dk - 1) * self.k_stride + run <= self.k.len(),
+                "attention: key of position {p} outside the cache"
+            );
+        }
+        assert!(
+            vb + (run - 1) * self.v_stride + dv <= self.v.len(),
+            "attention: value of position {p} outside the cache"
+        );
+        Some((kb, vb))
+    }
+}
+
+/// Per query, after the last tile: the sink, then the normalisation, with the scalar's
+/// arithmetic (`o` holds one query's unnormalised output, `m` its running maximum and
+/// `denom` its running sum of weights).
+fn finish_query(o: &mut [f32], m: f32, denom: f32, sink: Option<f32>) {
+    let mut dn = denom;
+    if let Some(sk) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sk > m {
+            ms = flint_core::math::expf_libc(m - sk);
+            for x in o.iter_mut() {
+                *x *= ms;
+            }
+        } else {
+            vs = flint_core::math::expf_libc(sk - m);
+        }
+        // `S = S * ms + vs`, fused as GCC compiles it (the scalar path does the same).
+        dn = dn.mul_add(ms, vs);
+    }
+    let inv = if dn == 0.0 { 0.0 } else { 1.0 / dn };
+    for x in o.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// Attends the queries of `g` (queries in lanes) over the keys and values of `kv`,
+/// writing `dv` values per query to `out`. Errors if a visible position is not mapped.
 ///
 /// # Safety
 /// The CPU must have AVX-512F (checked at device open).
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) fn attend_group<'k>(
+pub(crate) fn attend_group(
     g: &LaneGroup<'_>,
-    kv_at: &dyn Fn(usize) -> Option<(&'k [f32], &'k [f32])>,
+    kv: &KvSource<'_>,
     scale: f32,
     dv: usize,
     out: &mut [f32],
@@ -132,8 +209,10 @@ pub(crate) fn attend_group<'k>(
     out.fill(0.0);
     let mut s = [neg_inf; GGML_FA_TILE];
     let mut vis = [0u16; GGML_FA_TILE];
-    let mut vals: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
-    let mut keys: [&[f32]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    // The tile's visible keys widened to f32, transposed: element d of tile slot t at
+    // `kt[d * GGML_FA_TILE + t]`.
+    let mut kt = vec![0f32; GGML_FA_TILE * dk];
     let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     while t0 <= last {
         // The tile's visible keys, then their scores KEYS at a time: each score is its
@@ -144,28 +223,54 @@ pub(crate) fn attend_group<'k>(
         for t in 0..GGML_FA_TILE {
             let p = t0 + t;
             let pv = _mm512_set1_epi32(p as i32);
-            let vm = _mm512_cmple_epi32_mask(lo_v, pv) & _mm512_cmple_epi32_mask(pv, hi_v);
-            vis[t] = vm;
+            vis[t] = _mm512_cmple_epi32_mask(lo_v, pv) & _mm512_cmple_epi32_mask(pv, hi_v);
             s[t] = neg_inf;
-            if vm == 0 {
+        }
+        for c in 0..GGML_FA_TILE / CHUNK {
+            let chunk = c * CHUNK..(c + 1) * CHUNK;
+            if vis[chunk.clone()].iter().all(|&v| v == 0) {
                 continue;
             }
-            let (k, v) = kv_at(p).ok_or(())?;
-            assert!(k.len() >= dk, "attend_group: key length");
-            vals[t] = v;
-            keys[t] = k;
+            if kv.runs16 {
+                // Sixteen slots of one block: each key element of all of them widened
+                // with one instruction.
+                let (kb, vb) = kv.locate(t0 + chunk.start, dk, dv, CHUNK).ok_or(())?;
+                for d in 0..dk {
+                    // SAFETY: `locate` checked that 16 keys' element d lie in `kv.k`;
+                    // `kt` holds dk rows of 64; storeu is unaligned.
+                    unsafe {
+                        let x = load16_f16(kv.k.as_ptr().add(kb + d * kv.k_stride));
+                        _mm512_storeu_ps(kt.as_mut_ptr().add(d * GGML_FA_TILE + chunk.start), x);
+                    }
+                }
+                for (j, v) in vals[chunk.clone()].iter_mut().enumerate() {
+                    *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
+                }
+            } else {
+                for t in chunk.clone().filter(|&t| vis[t] != 0) {
+                    let (kb, vb) = kv.locate(t0 + t, dk, dv, 1).ok_or(())?;
+                    vals[t] = &kv.v[vb..vb + dv];
+                    for d in 0..dk {
+                        kt[d * GGML_FA_TILE + t] =
+                            half::f16::from_bits(kv.k[kb + d * kv.k_stride]).to_f32();
+                    }
+                }
+            }
+        }
+        for t in 0..GGML_FA_TILE {
+            if vis[t] == 0 {
+                continue;
+            }
             live[nl] = t as u8;
             nl += 1;
         }
         const KEYS: usize = 4;
         for c in live[..nl].chunks(KEYS) {
             let mut acc = [_mm512_setzero_ps(); KEYS];
-            let ks: [&[f32]; KEYS] =
-                std::array::from_fn(|j| &keys[usize::from(c[j.min(c.len() - 1)])][..dk]);
-            let qt = &qt[..dk];
-            for d in 0..dk {
+            let ts: [usize; KEYS] = std::array::from_fn(|j| usize::from(c[j.min(c.len() - 1)]));
+            for (d, row) in kt.chunks_exact(GGML_FA_TILE).enumerate() {
                 for j in 0..KEYS {
-                    acc[j] = _mm512_fmadd_ps(qt[d], _mm512_set1_ps(ks[j][d]), acc[j]);
+                    acc[j] = _mm512_fmadd_ps(qt[d], _mm512_set1_ps(row[ts[j]]), acc[j]);
                 }
             }
             for (j, &t) in c.iter().enumerate() {
@@ -268,28 +373,219 @@ pub(crate) fn attend_group<'k>(
         }
         t0 += GGML_FA_TILE;
     }
-    // The sink, then the normalisation: per lane, the scalar's arithmetic.
     for l in 0..n {
-        let o = &mut out[l * dv..(l + 1) * dv];
-        let ml = lane(m, l);
-        let mut dn = lane(denom, l);
-        if let Some(sk) = g.sink[l] {
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            if sk > ml {
-                ms = flint_core::math::expf_libc(ml - sk);
-                for x in o.iter_mut() {
-                    *x *= ms;
-                }
-            } else {
-                vs = flint_core::math::expf_libc(sk - ml);
+        finish_query(
+            &mut out[l * dv..(l + 1) * dv],
+            lane(m, l),
+            lane(denom, l),
+            g.sink[l],
+        );
+    }
+    Ok(())
+}
+
+/// Queries that [`attend_keys_in_lanes`] takes at once: a decode row's GQA group.
+pub(crate) const KEY_LANE_QUERIES: usize = 8;
+
+/// Keys per lane-vector chunk of a tile (the SIMD width).
+const CHUNK: usize = 16;
+
+/// Bit `j` set where position `p0 + j` lies in `lo..=hi`, for `j` in `0..16`.
+#[inline]
+fn visible16(p0: usize, (lo, hi): (usize, usize)) -> u16 {
+    if hi < p0 || lo > p0 + (CHUNK - 1) {
+        return 0;
+    }
+    let start = lo.saturating_sub(p0);
+    let end = (hi - p0).min(CHUNK - 1);
+    let upto = (1u32 << (end + 1)) - 1;
+    (upto & !((1u32 << start) - 1)) as u16
+}
+
+/// The pairwise sum of 16 weights, as `flint_core`'s tiled attention adds them: lanes
+/// `i` and `i + 8`, then `i` and `i + 4`, then (0 + 2) + (1 + 3).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce_add_16(w: __m512) -> f32 {
+    let mut a = [0f32; CHUNK];
+    // SAFETY: 16 writable f32; storeu is unaligned.
+    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), w) };
+    let t: [f32; 8] = std::array::from_fn(|i| a[i + 8] + a[i]);
+    let u: [f32; 4] = std::array::from_fn(|i| t[i + 4] + t[i]);
+    (u[0] + u[2]) + (u[1] + u[3])
+}
+
+/// Attends the queries of `g` (at most [`KEY_LANE_QUERIES`]) with keys in lanes: the
+/// scores of sixteen consecutive keys are one vector per query, each lane one fused
+/// multiply-add chain over the head dimension. `kv.at` of a position that is a multiple
+/// of 16 must give a run of 16 slots (`kv.runs16`). Errors if a visible position is not
+/// mapped.
+///
+/// # Safety
+/// The CPU must have AVX-512F (checked at device open).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) fn attend_keys_in_lanes(
+    g: &LaneGroup<'_>,
+    kv: &KvSource<'_>,
+    scale: f32,
+    dv: usize,
+    out: &mut [f32],
+) -> Result<(), ()> {
+    match g.q.len() {
+        1 => keys_in_lanes::<1>(g, kv, scale, dv, out),
+        2 => keys_in_lanes::<2>(g, kv, scale, dv, out),
+        3 | 4 => keys_in_lanes::<4>(g, kv, scale, dv, out),
+        5..=KEY_LANE_QUERIES => keys_in_lanes::<KEY_LANE_QUERIES>(g, kv, scale, dv, out),
+        n => panic!("attend_keys_in_lanes: {n} queries"),
+    }
+}
+
+/// [`attend_keys_in_lanes`] for up to `NQ` queries (the rest of the `NQ` chains repeat
+/// the first query and are dropped).
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn keys_in_lanes<const NQ: usize>(
+    g: &LaneGroup<'_>,
+    kv: &KvSource<'_>,
+    scale: f32,
+    dv: usize,
+    out: &mut [f32],
+) -> Result<(), ()> {
+    const CHUNKS: usize = GGML_FA_TILE / CHUNK;
+    let n = g.q.len();
+    assert!(n > 0 && n <= NQ && g.range.len() == n && g.sink.len() == n);
+    assert!(kv.runs16, "attend_keys_in_lanes: keys not in runs of 16");
+    assert_eq!(out.len(), n * dv, "attend_keys_in_lanes: out length");
+    let dk = g.q[0].len();
+    let qs: [&[f32]; NQ] = std::array::from_fn(|i| &g.q[i.min(n - 1)][..dk]);
+    let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
+    let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let vscale = _mm512_set1_ps(scale);
+    let (kp, k_stride) = (kv.k.as_ptr(), kv.k_stride);
+    let mut m = [f32::NEG_INFINITY; NQ];
+    let mut denom = [0f32; NQ];
+    out.fill(0.0);
+    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    let mut wl = [[0f32; LANES]; GGML_FA_TILE];
+    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
+    while t0 <= last {
+        // Which keys of each chunk each query sees, and where the live chunks lie.
+        let mut vis = [[0u16; CHUNKS]; NQ];
+        let mut key_base = [0usize; CHUNKS];
+        let mut live = [0usize; CHUNKS];
+        let mut nl = 0;
+        for c in 0..CHUNKS {
+            let p0 = t0 + c * CHUNK;
+            let mut any = 0u16;
+            for i in 0..n {
+                vis[i][c] = visible16(p0, g.range[i]);
+                any |= vis[i][c];
             }
-            // `S = S * ms + vs`, fused as GCC compiles it (the scalar path does the same).
-            dn = dn.mul_add(ms, vs);
+            if any == 0 {
+                continue;
+            }
+            let (kb, vb) = kv.locate(p0, dk, dv, CHUNK).ok_or(())?;
+            key_base[c] = kb;
+            for (j, v) in vals[c * CHUNK..(c + 1) * CHUNK].iter_mut().enumerate() {
+                *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
+            }
+            live[nl] = c;
+            nl += 1;
         }
-        let inv = if dn == 0.0 { 0.0 } else { 1.0 / dn };
-        for x in o.iter_mut() {
-            *x *= inv;
+        // Scores, two chunks at a time: 2 * NQ independent chains.
+        let mut s = [[neg_inf; CHUNKS]; NQ];
+        for pair in live[..nl].chunks(2) {
+            let (c0, c1) = (pair[0], pair[pair.len() - 1]);
+            let (b0, b1) = (key_base[c0], key_base[c1]);
+            let mut a0 = [_mm512_setzero_ps(); NQ];
+            let mut a1 = [_mm512_setzero_ps(); NQ];
+            for d in 0..dk {
+                // SAFETY: `locate` checked that 16 keys' element d lie in `kv.k`.
+                let (x0, x1) = unsafe {
+                    (
+                        load16_f16(kp.add(b0 + d * k_stride)),
+                        load16_f16(kp.add(b1 + d * k_stride)),
+                    )
+                };
+                for i in 0..NQ {
+                    let qd = _mm512_set1_ps(qs[i][d]);
+                    a0[i] = _mm512_fmadd_ps(qd, x0, a0[i]);
+                    a1[i] = _mm512_fmadd_ps(qd, x1, a1[i]);
+                }
+            }
+            for i in 0..n {
+                s[i][c0] = _mm512_mask_blend_ps(vis[i][c0], neg_inf, _mm512_mul_ps(a0[i], vscale));
+                s[i][c1] = _mm512_mask_blend_ps(vis[i][c1], neg_inf, _mm512_mul_ps(a1[i], vscale));
+            }
         }
+        // Per query: the running maximum, the weights and their sum, as the scalar.
+        let mut active = [false; NQ];
+        for i in 0..n {
+            let tile_max =
+                _mm512_reduce_max_ps(s[i].iter().fold(neg_inf, |a, &b| _mm512_max_ps(a, b)));
+            if tile_max == f32::NEG_INFINITY {
+                continue;
+            }
+            active[i] = true;
+            let m_new = m[i].max(tile_max);
+            if m_new > m[i] {
+                let ms = flint_core::math::expf_libc(m[i] - m_new);
+                for o in &mut out[i * dv..(i + 1) * dv] {
+                    *o *= ms;
+                }
+                denom[i] *= ms;
+            }
+            m[i] = m_new;
+            let mv = _mm512_set1_ps(m_new);
+            let mut sum = 0f64;
+            for &c in &live[..nl] {
+                let w = expf_ggml(_mm512_sub_ps(s[i][c], mv));
+                sum += f64::from(reduce_add_16(w));
+                let mut a = [0f32; CHUNK];
+                // SAFETY: 16 writable f32; storeu is unaligned.
+                unsafe { _mm512_storeu_ps(a.as_mut_ptr(), w) };
+                for (j, &x) in a.iter().enumerate() {
+                    wl[c * CHUNK + j][i] = x;
+                }
+            }
+            denom[i] = (f64::from(denom[i]) + sum) as f32;
+        }
+        // Output: queries that see the same keys (the heads of one decode row) go
+        // together, up to four, so that each value block loaded feeds all of them.
+        let mut i = 0;
+        while i < n {
+            if !active[i] {
+                i += 1;
+                continue;
+            }
+            let mut lanes = 1;
+            while lanes < 4 && i + lanes < n && active[i + lanes] && vis[i + lanes] == vis[i] {
+                lanes += 1;
+            }
+            let mut mine = [0u8; GGML_FA_TILE];
+            let mut nm = 0;
+            for &c in &live[..nl] {
+                let mut bits = vis[i][c];
+                while bits != 0 {
+                    mine[nm] = (c * CHUNK) as u8 + bits.trailing_zeros() as u8;
+                    nm += 1;
+                    bits &= bits - 1;
+                }
+            }
+            let o = &mut out[i * dv..(i + lanes) * dv];
+            let mine = &mine[..nm];
+            match lanes {
+                4 => accumulate::<4>(o, dv, mine, &vals, &wl, i),
+                3 => accumulate::<3>(o, dv, mine, &vals, &wl, i),
+                2 => accumulate::<2>(o, dv, mine, &vals, &wl, i),
+                _ => accumulate::<1>(o, dv, mine, &vals, &wl, i),
+            }
+            i += lanes;
+        }
+        t0 += GGML_FA_TILE;
+    }
+    for i in 0..n {
+        finish_query(&mut out[i * dv..(i + 1) * dv], m[i], denom[i], g.sink[i]);
     }
     Ok(())
 }
@@ -304,7 +600,7 @@ fn accumulate<const L: usize>(
     o: &mut [f32],
     dv: usize,
     mine: &[u8],
-    vals: &[&[f32]; GGML_FA_TILE],
+    vals: &[&[u16]; GGML_FA_TILE],
     wl: &[[f32; LANES]; GGML_FA_TILE],
     l0: usize,
 ) {
@@ -327,8 +623,8 @@ fn accumulate<const L: usize>(
                 *w = _mm512_set1_ps(wl[t][l0 + k]);
             }
             for c in 0..CHUNKS {
-                // SAFETY: `v` holds 16 * CHUNKS readable f32.
-                let vv = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+                // SAFETY: `v` holds 16 * CHUNKS readable u16.
+                let vv = unsafe { load16_f16(v.as_ptr().add(16 * c)) };
                 for k in 0..L {
                     acc[k][c] = _mm512_fmadd_ps(wt[k], vv, acc[k][c]);
                 }
@@ -345,7 +641,8 @@ fn accumulate<const L: usize>(
         for d in full..dv {
             let mut acc = o[k * dv + d];
             for &t in mine {
-                acc = wl[usize::from(t)][l0 + k].mul_add(vals[usize::from(t)][d], acc);
+                let v = half::f16::from_bits(vals[usize::from(t)][d]).to_f32();
+                acc = wl[usize::from(t)][l0 + k].mul_add(v, acc);
             }
             o[k * dv + d] = acc;
         }
@@ -356,7 +653,7 @@ fn accumulate<const L: usize>(
 type WorkItem = (usize, usize, Vec<(usize, usize)>);
 
 /// Paged attention over every sequence of `p`, in groups of up to [`LANES`] queries
-/// that share a sequence and a KV head; the same contract and checks as the scalar
+/// that share a sequence and a KV head (keys in lanes for groups of a few queries); the same contract and checks as the scalar
 /// `ops::paged_attention`.
 ///
 /// # Safety
@@ -371,7 +668,7 @@ pub(crate) unsafe fn paged_attention(
     let nh = p.n_heads;
     crate::ops::query_owners(&l, p, out.len())?;
     let group = nh / hkv;
-    let (rk, rv) = (hkv * dk, hkv * dv);
+    let rv = hkv * dv;
     // Work items: (sequence, KV head, up to 16 (row, head) queries).
     let mut items: Vec<WorkItem> = Vec::new();
     for (si, s) in p.seqs.iter().enumerate() {
@@ -409,20 +706,32 @@ pub(crate) unsafe fn paged_attention(
                 g.range.push((lo, pos));
                 g.sink.push(p.sinks.map(|s| s[h]));
             }
-            let kv_at = |j: usize| {
+            let at = |j: usize| {
                 let b = *seq.block_table.get(j / bs)?;
                 if b == NO_BLOCK || b as usize >= l.num_blocks {
                     return None;
                 }
                 let slot = b as usize * bs + j % bs;
-                Some((
-                    &kv.k[slot * rk + kvh * dk..slot * rk + (kvh + 1) * dk],
-                    &kv.v[slot * rv + kvh * dv..slot * rv + (kvh + 1) * dv],
-                ))
+                Some((kv.key_base(slot, *kvh), slot * rv + kvh * dv))
+            };
+            let src = KvSource {
+                k: &kv.k,
+                k_stride: bs,
+                v: &kv.v,
+                v_stride: rv,
+                runs16: bs.is_multiple_of(CHUNK),
+                at: &at,
             };
             let mut o = vec![0f32; qs.len() * dv];
-            // SAFETY: the caller guarantees AVX-512F.
-            unsafe { attend_group(&g, &kv_at, p.scale, dv, &mut o) }?;
+            // A decode row's few heads: keys in lanes (a block's 16 slots are one run);
+            // a prompt batch fills the lanes with queries.
+            if src.runs16 && qs.len() <= KEY_LANE_QUERIES {
+                // SAFETY: the caller guarantees AVX-512F.
+                unsafe { attend_keys_in_lanes(&g, &src, p.scale, dv, &mut o) }?;
+            } else {
+                // SAFETY: as above.
+                unsafe { attend_group(&g, &src, p.scale, dv, &mut o) }?;
+            }
             Ok(o)
         })
         .collect();

@@ -504,33 +504,74 @@ pub(crate) fn rope_rotate(h: &mut [f32], cs: &[(f32, f32)]) {
     }
 }
 
-/// `dst[i] = src[i]` rounded to f16 and back (round to nearest even, as
+/// `dst[i]` = the f16 bits of `src[i]` (round to nearest even, as
 /// `half::f16::from_f32`), eight at a time.
 ///
 /// # Safety
 /// The CPU must support AVX and F16C.
 #[target_feature(enable = "avx,f16c")]
-pub(crate) unsafe fn round_f16_into(dst: &mut [f32], src: &[f32]) {
+pub(crate) unsafe fn f16_bits_from(dst: &mut [u16], src: &[f32]) {
     let n = dst.len().min(src.len());
     let (mut d8, mut s8) = (dst[..n].chunks_exact_mut(8), src[..n].chunks_exact(8));
     for (d, s) in (&mut d8).zip(&mut s8) {
-        // SAFETY: 8 readable / writable f32; loadu/storeu are unaligned.
+        // SAFETY: 8 readable f32 and 8 writable u16 (16 bytes); loadu/storeu are unaligned.
         unsafe {
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm_storeu_si128(d.as_mut_ptr() as *mut __m128i, h);
+        }
+    }
+    for (d, &x) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+        *d = half::f16::from_f32(x).to_bits();
+    }
+}
+
+/// `dst[i]` = the f16 `src[i]` widened to f32 (exact), eight at a time.
+///
+/// # Safety
+/// The CPU must support AVX and F16C.
+#[target_feature(enable = "avx,f16c")]
+pub(crate) unsafe fn f32_from_f16_bits(dst: &mut [f32], src: &[u16]) {
+    let n = dst.len().min(src.len());
+    let (mut d8, mut s8) = (dst[..n].chunks_exact_mut(8), src[..n].chunks_exact(8));
+    for (d, s) in (&mut d8).zip(&mut s8) {
+        // SAFETY: 8 readable u16 (16 bytes) and 8 writable f32; loadu/storeu are unaligned.
+        unsafe {
+            let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
             _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
         }
     }
     for (d, &x) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
-        *d = half::f16::from_f32(x).to_f32();
+        *d = half::f16::from_bits(x).to_f32();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    /// F16C's widening against `half`'s on every f16.
+    #[test]
+    fn f16_widening_matches_half() {
+        if !std::arch::is_x86_feature_detected!("f16c") {
+            eprintln!("no F16C here: nothing to compare");
+            return;
+        }
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let mut got = vec![0f32; bits.len()];
+        // SAFETY: F16C was detected above (AVX with it).
+        unsafe { super::f32_from_f16_bits(&mut got, &bits) };
+        for (&b, &g) in bits.iter().zip(&got) {
+            let want = half::f16::from_bits(b).to_f32();
+            if want.is_nan() {
+                assert!(g.is_nan(), "{b:#06x}: {g:e} where half gives NaN");
+            } else {
+                assert_eq!(g.to_bits(), want.to_bits(), "{b:#06x}");
+            }
+        }
+    }
+
     /// F16C's rounding against `half`'s on every 4099th f32 bit pattern (normals,
     /// subnormals, values that overflow to infinity, ties; NaN only as NaN).
     #[test]
-    fn round_f16_into_matches_half() {
+    fn f16_conversions_match_half() {
         if !std::arch::is_x86_feature_detected!("f16c") {
             eprintln!("no F16C here: nothing to compare");
             return;
@@ -547,11 +588,18 @@ mod tests {
                 2.9e-8,
             ])
             .collect();
+        let mut bits = vec![0u16; src.len()];
         let mut got = vec![0f32; src.len()];
         // SAFETY: F16C was detected above (AVX with it).
-        unsafe { super::round_f16_into(&mut got, &src) };
-        for (&x, &g) in src.iter().zip(&got) {
+        unsafe {
+            super::f16_bits_from(&mut bits, &src);
+            super::f32_from_f16_bits(&mut got, &bits);
+        }
+        for ((&x, &b), &g) in src.iter().zip(&bits).zip(&got) {
             let want = half::f16::from_f32(x).to_f32();
+            if !want.is_nan() {
+                assert_eq!(b, half::f16::from_f32(x).to_bits(), "{x:e}: f16 bits");
+            }
             if want.is_nan() {
                 assert!(g.is_nan(), "{x:e}: {g:e} where half gives NaN");
             } else {
