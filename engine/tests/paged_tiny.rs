@@ -16,7 +16,7 @@ use flint_engine::forward::{GROUP_FULL, GROUP_SLIDING};
 use flint_engine::kv_cache::{GroupKind, KvCacheManager, RequestId};
 use flint_engine::llm_engine::{EngineError, LLMEngine, RequestParams};
 use flint_engine::model::Model;
-use flint_engine::paged::PagedModel;
+use flint_engine::paged::{KvSizing, PagedModel};
 use flint_engine::sampler::{SamplerConfig, StopConditions};
 use flint_engine::scheduler::{Scheduler, SchedulerConfig};
 
@@ -499,6 +499,42 @@ fn abort_and_finish_return_every_block() {
     assert!(e.abort(y));
     drain(&mut e, &[x], &mut run).expect("drain");
     assert!(e.scheduler().kv().all_free());
+}
+
+#[test]
+fn kv_budget_counts_the_devices_bytes_per_value() {
+    // The CPU stores keys and values as f16: a budget buys twice the blocks of f32.
+    let model = tiny();
+    let dm = on_cpu(&model);
+    let per_value = dm.device().kv_bytes_per_value();
+    assert_eq!(per_value, 2, "the cpu keeps f16 keys and values");
+    let spec = dm.spec().clone();
+    let budget: u64 = 4 << 20;
+    let (_, kv) = PagedModel::new(
+        dm,
+        &KvSizing {
+            memory_bytes: budget,
+            block_size: BS,
+            max_num_seqs: 1,
+            max_num_batched_tokens: 16,
+        },
+    )
+    .expect("paged model");
+    let per_layer_block = (BS * spec.n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) as u64 * 2;
+    let used: u64 = kv
+        .group_specs()
+        .enumerate()
+        .map(|(g, s)| kv.num_free(g) as u64 * s.layers.len() as u64 * per_layer_block)
+        .sum();
+    assert!(
+        used <= budget,
+        "{used} bytes of blocks for a budget of {budget}"
+    );
+    // Sized as f32 the pools would fill at most half the budget.
+    assert!(
+        used > budget * 9 / 10,
+        "{used} bytes of blocks for a budget of {budget}: the pools are sized as f32"
+    );
 }
 
 #[test]
