@@ -369,7 +369,41 @@ fn expert_case(
     dev.expert_matmul(h.as_ref(), &x, &rows, out.body_mut())
         .map_err(|e| dev_err("expert_matmul", e))?;
     out.check("out")?;
-    Ok(compare("out", out.body(), &want, case.tolerance)?)
+    let worst = compare("out", out.body(), &want, case.tolerance)?;
+    // `expert_matmul_multi` with a second tower of the same shape on the same rows (a
+    // layer's gate and up projections): each output bit for bit the tower's own
+    // `expert_matmul`.
+    let (bytes2, _) = random_weight(ty, k, n * experts, rng)?;
+    let h2 = stage(
+        dev,
+        &desc(case, vec![k, n, experts], WeightKind::ExpertTower, bytes2)?,
+    )?;
+    let mut alone2 = vec![0f32; routed * n];
+    dev.expert_matmul(h2.as_ref(), &x, &rows, &mut alone2)
+        .map_err(|e| dev_err("expert_matmul", e))?;
+    let mut outs = [Guarded::new(routed * n), Guarded::new(routed * n)];
+    {
+        let [o1, o2] = &mut outs;
+        dev.expert_matmul_multi(
+            &[h.as_ref(), h2.as_ref()],
+            &x,
+            &rows,
+            &mut [o1.body_mut(), o2.body_mut()],
+        )
+        .map_err(|e| dev_err("expert_matmul_multi", e))?;
+    }
+    for (i, (got, alone)) in outs.iter().zip([out.body(), &alone2[..]]).enumerate() {
+        got.check(&format!("multi out {i}"))?;
+        if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != got.body()[j].to_bits()) {
+            return Err(Stop::Fail(format!(
+                "multi out {i}[{j}]: expert_matmul_multi gave {} where expert_matmul of the \
+                 tower alone gives {}",
+                got.body()[j],
+                alone[j]
+            )));
+        }
+    }
+    Ok(worst)
 }
 
 fn get_rows_case(

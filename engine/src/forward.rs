@@ -653,10 +653,9 @@ impl DeviceModel {
                 let w = experts.width;
                 let [g, u, hdn, y] = bufs.take(n * k * w, n * k * d);
                 timed!(
-                    "expert_gate",
-                    dev.expert_matmul(&*experts.gate, f, &rows, g)
+                    "expert_gate_up",
+                    dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f, &rows, &mut [g, u])
                 )?;
-                timed!("expert_up", dev.expert_matmul(&*experts.up, f, &rows, u))?;
                 match self.spec.activation {
                     Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
                     Activation::GeluTanh => timed!("gelu_mul", dev.gelu_mul(g, u, hdn))?,

@@ -785,21 +785,43 @@ impl Device for CpuDevice {
         rows: &[ExpertRow],
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        let w = self.weight(w);
-        let (k, n) = (w.k, w.n);
+        self.expert_matmul_multi(&[w], x, rows, &mut [out])
+    }
+
+    fn expert_matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        rows: &[ExpertRow],
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        assert_eq!(
+            ws.len(),
+            outs.len(),
+            "expert_matmul_multi: one output per weight"
+        );
+        let ws: Vec<&CpuWeight> = ws.iter().map(|w| self.weight(*w)).collect();
+        let Some(k) = ws.first().map(|w| w.k) else {
+            return Ok(());
+        };
         assert!(
             k > 0 && x.len().is_multiple_of(k),
             "expert_matmul: x length {} vs in {k}",
             x.len()
         );
-        assert_eq!(out.len(), rows.len() * n, "expert_matmul: out length");
         let n_in = x.len() / k;
-        self.count(w.ty);
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            assert_eq!(w.k, k, "expert_matmul_multi: weights of different inputs");
+            assert_eq!(out.len(), rows.len() * w.n, "expert_matmul: out length");
+            self.count(w.ty);
+        }
+        let n_experts = ws.iter().map(|w| w.e).min().unwrap_or(0);
         // Group rows by expert so each expert's blocks are read once for all its rows.
-        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); w.e];
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
         for (i, r) in rows.iter().enumerate() {
             let e = r.expert as usize;
-            if e >= w.e {
+            if e >= n_experts {
+                let w = ws.iter().find(|w| e >= w.e).unwrap_or(&ws[0]);
                 return Err(HalError::invalid(format!(
                     "expert_matmul: expert {e} of tensor '{}' with {} experts",
                     w.info.name, w.e
@@ -812,25 +834,24 @@ impl Device for CpuDevice {
             );
             by_expert[e].push(i);
         }
-        let mat_bytes = n * w.row_bytes;
-        let mut active: Vec<(usize, Vec<usize>)> = by_expert
+        let active: Vec<(usize, Vec<usize>)> = by_expert
             .into_iter()
             .enumerate()
             .filter(|(_, l)| !l.is_empty())
             .collect();
-        if active.is_empty() || n == 0 {
+        if active.is_empty() {
             return Ok(());
         }
-        let (ty, level, row_bytes) = (w.ty, self.level, w.row_bytes);
-        let bytes = w.bytes();
+        let level = self.level;
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
-        // each): the weight-tiled gemm of `matmul`, one expert at a time, each parallel
-        // inside (the bench preset's prefill: 32 tokens per expert).
-        let mut small = Vec::with_capacity(active.len());
-        for (e, list) in std::mem::take(&mut active) {
+        // each): the weight-tiled gemm of `matmul`, one expert and weight at a time, each
+        // parallel inside (the bench preset's prefill: 32 tokens per expert). The rest:
+        // (weight, expert) pairs for the one parallel section below.
+        let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
+        for (e, list) in &active {
             let m = list.len();
             if m < kernels::GEMM_MIN_ROWS {
-                small.push((e, list));
+                small.extend((0..ws.len()).map(|wi| (wi, *e, &list[..])));
                 continue;
             }
             let gathered: Vec<f32> = list
@@ -840,50 +861,62 @@ impl Device for CpuDevice {
                     x[r * k..(r + 1) * k].iter().copied()
                 })
                 .collect();
-            let mat = w.rows(e * n, n);
-            let mut tmp = vec![0f32; m * n];
-            let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
-            let done = self.pool.install(|| {
-                let sub = Acts::new(level, ty, &gathered, k)
-                    .map_err(|e| fmt_err("quantizing activations", e))?;
-                let mut gs = std::mem::take(
-                    &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
-                );
-                let done =
-                    kernels::gemm(level, ty, mat, &sub, k, n, m, per_rows, &mut gs, &mut tmp)
-                        .map_err(|e| fmt_err("expert matmul", e));
-                *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
-                done
-            })?;
-            if !done {
-                small.push((e, list));
-                continue;
-            }
-            for (t, &i) in list.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&tmp[t * n..(t + 1) * n]);
+            for (wi, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+                let (n, ty) = (w.n, w.ty);
+                if n == 0 {
+                    continue;
+                }
+                let mat = w.rows(e * n, n);
+                let mut tmp = vec![0f32; m * n];
+                let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+                let done = self.pool.install(|| {
+                    let sub = Acts::new(level, ty, &gathered, k)
+                        .map_err(|e| fmt_err("quantizing activations", e))?;
+                    let mut gs = std::mem::take(
+                        &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    let done =
+                        kernels::gemm(level, ty, mat, &sub, k, n, m, per_rows, &mut gs, &mut tmp)
+                            .map_err(|e| fmt_err("expert matmul", e));
+                    *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+                    done
+                })?;
+                if !done {
+                    small.push((wi, *e, &list[..]));
+                    continue;
+                }
+                for (t, &i) in list.iter().enumerate() {
+                    out[i * n..(i + 1) * n].copy_from_slice(&tmp[t * n..(t + 1) * n]);
+                }
             }
         }
-        let active = small;
-        if active.is_empty() {
+        small.retain(|&(wi, _, _)| ws[wi].n > 0);
+        if small.is_empty() {
             return Ok(());
         }
-        // One parallel section for the whole call: every input row is quantized once,
-        // and the tasks are (expert, chunk of its weight rows) pairs, so the threads
-        // share all the experts' rows instead of meeting at a barrier after each expert.
-        let total_rows: usize = active.len() * n;
+        // One parallel section for the whole call: every input row is quantized once per
+        // activation type, and the tasks are (weight, expert, chunk of its weight rows)
+        // triples, so the threads share all the weights' and experts' rows instead of
+        // meeting at a barrier after each (the gate and up projections of a layer's
+        // experts in one call: one section, not two).
+        let total_rows: usize = small.iter().map(|&(wi, _, _)| ws[wi].n).sum();
         // Four tasks per thread, as a decode's matmuls (`matmul_bytes`): fewer, longer
         // weight streams (bench preset decode at c=1: 244 -> 261 tok/s, medians of 3).
-        let per_task = chunk_rows(
-            total_rows.div_ceil(self.threads * 4).max(16).min(n),
-            w.x16.is_some(),
-            n,
-        );
-        // Results per expert as [weight row][its tokens], split into per-task chunks.
-        let mut buf = vec![0f32; active.iter().map(|(_, l)| l.len() * n).sum()];
+        let per_task_of = |w: &CpuWeight| {
+            chunk_rows(
+                total_rows.div_ceil(self.threads * 4).max(16).min(w.n),
+                w.x16.is_some(),
+                w.n,
+            )
+        };
+        // Results per (weight, expert) as [weight row][its tokens], split into per-task
+        // chunks.
+        let mut buf = vec![0f32; small.iter().map(|&(wi, _, l)| l.len() * ws[wi].n).sum()];
         let mut tasks = Vec::new();
         let mut rest: &mut [f32] = &mut buf;
-        for (ai, (_, list)) in active.iter().enumerate() {
-            let m = list.len();
+        for (si, &(wi, _, list)) in small.iter().enumerate() {
+            let (m, n) = (list.len(), ws[wi].n);
+            let per_task = per_task_of(ws[wi]);
             let (mut region, tail) = rest.split_at_mut(m * n);
             rest = tail;
             let mut o0 = 0;
@@ -891,29 +924,51 @@ impl Device for CpuDevice {
                 let take = (per_task * m).min(region.len());
                 let (chunk, r) = region.split_at_mut(take);
                 region = r;
-                tasks.push((ai, o0, chunk));
+                tasks.push((si, o0, chunk));
                 o0 += take / m;
             }
         }
         self.pool.install(|| {
-            let acts =
-                Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
-            tasks.into_par_iter().try_for_each(|(ai, o0, dst)| {
-                let (e, list) = &active[ai];
+            // The input rows quantized once for each activation form the weights need
+            // (`Acts::new` depends on the weight type only through these two).
+            let form = |ty: GgmlType| (FloatKind::of(ty).is_some(), ty.vec_dot_type());
+            let mut acts: Vec<(GgmlType, Acts)> = Vec::new();
+            for w in &ws {
+                if !acts.iter().any(|(t, _)| form(*t) == form(w.ty)) {
+                    let a = Acts::new(level, w.ty, x, k)
+                        .map_err(|e| fmt_err("quantizing activations", e))?;
+                    acts.push((w.ty, a));
+                }
+            }
+            let acts_of = |ty: GgmlType| {
+                acts.iter()
+                    .find(|(t, _)| form(*t) == form(ty))
+                    .map(|(_, a)| a)
+            };
+            tasks.into_par_iter().try_for_each(|(si, o0, dst)| {
+                let (wi, e, list) = small[si];
+                let w = ws[wi];
+                let (n, ty, row_bytes) = (w.n, w.ty, w.row_bytes);
+                let Some(acts) = acts_of(ty) else {
+                    return Err(HalError::runtime(
+                        "expert matmul: activations not quantized",
+                    ));
+                };
                 let m = list.len();
                 let rows_here = dst.len() / m;
                 let wr = w.rows(e * n + o0, rows_here);
                 if wr.is_packed() {
                     let inputs: Vec<usize> =
                         list.iter().map(|&i| rows[i].input_row as usize).collect();
-                    return kernels::x16_rows(wr, k / 256, &acts, &inputs, dst)
+                    return kernels::x16_rows(wr, k / 256, acts, &inputs, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
-                let mat = &bytes[e * mat_bytes..(e + 1) * mat_bytes];
+                let mat_bytes = n * row_bytes;
+                let mat = &w.bytes()[e * mat_bytes..(e + 1) * mat_bytes];
                 if m == 1 {
                     let r = rows[list[0]].input_row as usize;
                     let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
-                    return kernels::matvec_rows(level, ty, wb, &acts, k, r, dst)
+                    return kernels::matvec_rows(level, ty, wb, acts, k, r, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
@@ -940,7 +995,7 @@ impl Device for CpuDevice {
                     let wrow = &mat[o * row_bytes..(o + 1) * row_bytes];
                     for (t0, idx) in inputs.chunks(TILE).enumerate() {
                         let t0 = t0 * TILE;
-                        dot_rows_checked(level, ty, wrow, &acts, k, idx, &mut tmp[..idx.len()])?;
+                        dot_rows_checked(level, ty, wrow, acts, k, idx, &mut tmp[..idx.len()])?;
                         dst[r * m + t0..r * m + t0 + idx.len()].copy_from_slice(&tmp[..idx.len()]);
                     }
                 }
@@ -948,8 +1003,9 @@ impl Device for CpuDevice {
             })
         })?;
         let mut off = 0;
-        for (_, list) in &active {
-            let m = list.len();
+        for &(wi, _, list) in &small {
+            let (m, n) = (list.len(), ws[wi].n);
+            let out = &mut outs[wi];
             for o in 0..n {
                 for (t, &i) in list.iter().enumerate() {
                     out[i * n + o] = buf[off + o * m + t];

@@ -97,6 +97,29 @@ pub trait Device: Send + Sync + fmt::Debug {
         out: &mut [f32],
     ) -> Result<(), HalError>;
 
+    /// [`expert_matmul`](Device::expert_matmul) of several towers (the gate and up
+    /// projections of a layer's experts) on the same `x` and `rows`, `outs[i]` of length
+    /// `rows.len() * out_i`. One call, so that a backend can prepare `x` once and spread
+    /// all the towers over its workers in one go; the results must equal separate
+    /// `expert_matmul` calls bit for bit. The default makes those calls.
+    fn expert_matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        rows: &[ExpertRow],
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        assert_eq!(
+            ws.len(),
+            outs.len(),
+            "expert_matmul_multi: one output per weight"
+        );
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.expert_matmul(*w, x, rows, out)?;
+        }
+        Ok(())
+    }
+
     /// Embedding gather: `out[i] = dequant(W row ids[i])` for a weight `[d, V]`.
     /// `out.len() == ids.len() * d`. An id `>= V` is `InvalidInput`.
     fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError>;

@@ -111,6 +111,14 @@ pub(crate) enum Acts {
     F32(Vec<f32>),
 }
 
+/// Rows of `k` values one task of the activation quantizers takes at least: about 16K
+/// values, so that a decode step's few rows (the four expert rows of a token) are
+/// quantized on the calling thread instead of being split over the pool for a fraction
+/// of a microsecond of work each.
+fn min_rows_per_task(k: usize) -> usize {
+    (16384 / k.max(1)).max(1)
+}
+
 impl Acts {
     /// Quantizes `m` rows of `k` values to `ty.vec_dot_type()` (float weights keep f32).
     pub(crate) fn new(
@@ -137,6 +145,7 @@ impl Acts {
                 let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
                 v.par_chunks_mut(k / 256)
                     .zip(x.par_chunks(k))
+                    .with_min_len(min_rows_per_task(k))
                     // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device open
                     // (`level`).
                     .for_each(|(o, xr)| unsafe { avx512::quantize_q8_k_row(xr, o) });
@@ -156,6 +165,7 @@ impl Acts {
                     .zip(scales.par_chunks_mut(nb))
                     .zip(neg16_lanes.par_chunks_mut(nb))
                     .zip(x.par_chunks(k))
+                    .with_min_len(min_rows_per_task(k))
                     .for_each(|(((b, s), l), xr)| {
                         // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device
                         // open (`level`).
