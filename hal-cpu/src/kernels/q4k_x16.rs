@@ -224,19 +224,25 @@ pub(crate) fn dot_group<const M: usize>(
             let z = _mm512_setzero_si512();
             let mut lo = [[z; 2]; M];
             let mut hi = [[z; 2]; M];
-            for l in 0..8 {
-                // SAFETY: `qs[8j + l]` is 64 readable bytes; loadu is unaligned.
-                let w = unsafe { _mm512_loadu_si512(b.qs[8 * j + l].as_ptr() as *const __m512i) };
-                let wl = _mm512_and_si512(w, m4);
-                let wh = _mm512_and_si512(_mm512_srli_epi32::<4>(w), m4);
+            // `l` in pairs with the accumulator index a constant: a loop-carried index
+            // kept the accumulators in memory (two rows: 53 against 90 GMAC/s).
+            for lp in 0..4 {
+                let mut step = |l: usize, c: usize| {
+                    // SAFETY: `qs[8j + l]` is 64 readable bytes; loadu is unaligned.
+                    let w =
+                        unsafe { _mm512_loadu_si512(b.qs[8 * j + l].as_ptr() as *const __m512i) };
+                    let wl = _mm512_and_si512(w, m4);
+                    let wh = _mm512_and_si512(_mm512_srli_epi32::<4>(w), m4);
+                    for a in 0..M {
+                        let q = &y[a][i].qs;
+                        let o = 64 * j + 4 * l;
+                        lo[a][c] = _mm512_dpbusd_epi32(lo[a][c], wl, bcast4(q, o));
+                        hi[a][c] = _mm512_dpbusd_epi32(hi[a][c], wh, bcast4(q, o + 32));
+                    }
+                };
                 // Past two activation rows the rows' chains are independent enough.
-                let c = if M <= 2 { l % 2 } else { 0 };
-                for a in 0..M {
-                    let q = &y[a][i].qs;
-                    let o = 64 * j + 4 * l;
-                    lo[a][c] = _mm512_dpbusd_epi32(lo[a][c], wl, bcast4(q, o));
-                    hi[a][c] = _mm512_dpbusd_epi32(hi[a][c], wh, bcast4(q, o + 32));
-                }
+                step(2 * lp, 0);
+                step(2 * lp + 1, if M <= 2 { 1 } else { 0 });
             }
             for a in 0..M {
                 let dot_lo = _mm512_add_epi32(lo[a][0], lo[a][1]);
