@@ -10,6 +10,8 @@
 //! Prints the median and the best call in microseconds, and the cache bytes read per
 //! microsecond at the median.
 
+mod common;
+
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -18,12 +20,7 @@ use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
 
 fn main() {
-    let env = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let env = common::env_usize;
     let ctx = env("ATTN_CTX", 1000).max(1);
     let seqs = env("ATTN_SEQS", 1).max(1);
     let (nh, hkv, hd) = (

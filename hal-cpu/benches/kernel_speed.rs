@@ -11,6 +11,8 @@
 //! Per SIMD level and type: M = 1 in GB/s of weight and GMAC/s, and M = `KERNEL_M` (each
 //! weight block decoded once for several activation rows) in GMAC/s.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -19,12 +21,7 @@ use flint_hal::{Device, DeviceOptions, WeightDesc, WeightKind, WeightSource};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
 
 fn main() {
-    let env = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let env = common::env_usize;
     let k = env("KERNEL_K", 4096);
     // Activation rows of the batched measure (4: one tile; 512: a prompt batch).
     let mb = env("KERNEL_M", 4).max(1);

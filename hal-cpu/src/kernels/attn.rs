@@ -387,13 +387,7 @@ pub(crate) fn attend_group(
             // Lanes l .. l + lanes all see the same keys.
             let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
             let o = &mut out[l * dv..(l + lanes) * dv];
-            let mine = &mine[..nm];
-            match lanes {
-                4 => accumulate::<4>(o, dv, mine, &vals, &wl, l),
-                3 => accumulate::<3>(o, dv, mine, &vals, &wl, l),
-                2 => accumulate::<2>(o, dv, mine, &vals, &wl, l),
-                _ => accumulate::<1>(o, dv, mine, &vals, &wl, l),
-            }
+            accumulate_lanes(lanes, o, dv, &mine[..nm], &vals, &wl, l);
             l += lanes;
         }
         t0 += GGML_FA_TILE;
@@ -617,13 +611,7 @@ fn keys_in_lanes<const NQ: usize>(
                 }
             }
             let o = &mut out[i * dv..(i + lanes) * dv];
-            let mine = &mine[..nm];
-            match lanes {
-                4 => accumulate::<4>(o, dv, mine, &vals, &wl, i),
-                3 => accumulate::<3>(o, dv, mine, &vals, &wl, i),
-                2 => accumulate::<2>(o, dv, mine, &vals, &wl, i),
-                _ => accumulate::<1>(o, dv, mine, &vals, &wl, i),
-            }
+            accumulate_lanes(lanes, o, dv, &mine[..nm], &vals, &wl, i);
             i += lanes;
         }
         t0 += GGML_FA_TILE;
@@ -632,6 +620,26 @@ fn keys_in_lanes<const NQ: usize>(
         finish_query(&mut out[i * dv..(i + 1) * dv], m[i], denom[i], g.sink[i]);
     }
     Ok(())
+}
+
+/// [`accumulate`] for `lanes` (1 to 4) lanes from `l0`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn accumulate_lanes(
+    lanes: usize,
+    o: &mut [f32],
+    dv: usize,
+    mine: &[u8],
+    vals: &[&[u16]; GGML_FA_TILE],
+    wl: &[[f32; LANES]; GGML_FA_TILE],
+    l0: usize,
+) {
+    match lanes {
+        4 => accumulate::<4>(o, dv, mine, vals, wl, l0),
+        3 => accumulate::<3>(o, dv, mine, vals, wl, l0),
+        2 => accumulate::<2>(o, dv, mine, vals, wl, l0),
+        _ => accumulate::<1>(o, dv, mine, vals, wl, l0),
+    }
 }
 
 /// `o` (the outputs of lanes `l0..l0 + L`, `dv` values each) += the weighted values of
