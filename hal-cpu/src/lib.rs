@@ -1006,9 +1006,14 @@ impl Device for CpuDevice {
         for &(wi, _, list) in &small {
             let (m, n) = (list.len(), ws[wi].n);
             let out = &mut outs[wi];
-            for o in 0..n {
-                for (t, &i) in list.iter().enumerate() {
-                    out[i * n + o] = buf[off + o * m + t];
+            if let [i] = list {
+                // One row for this expert (most of a decode's): a plain copy.
+                out[i * n..(i + 1) * n].copy_from_slice(&buf[off..off + n]);
+            } else {
+                for o in 0..n {
+                    for (t, &i) in list.iter().enumerate() {
+                        out[i * n + o] = buf[off + o * m + t];
+                    }
                 }
             }
             off += m * n;

@@ -782,6 +782,11 @@ pub(crate) fn x16_rows(
     let m = act_rows.len();
     let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
     let put = |o: &[[f32; X16_ROWS]], g: usize, t0: usize, out_t: &mut [f32]| {
+        if m == 1 {
+            // A decode row: the sixteen outputs are consecutive.
+            out_t[g * X16_ROWS..(g + 1) * X16_ROWS].copy_from_slice(&o[0]);
+            return;
+        }
         for (a, col) in o.iter().enumerate() {
             for (r, &v) in col.iter().enumerate() {
                 out_t[(g * X16_ROWS + r) * m + t0 + a] = v;
