@@ -150,9 +150,6 @@ impl std::fmt::Debug for Packed {
     }
 }
 
-/// Transparent huge pages are 2 MiB on x86-64.
-const HUGE_PAGE: usize = 2 << 20;
-
 impl Packed {
     /// The whole weight's row groups.
     fn rows(&self) -> WeightRows<'_> {
@@ -168,11 +165,7 @@ impl Packed {
     /// the memory cannot be had (the weight then stays in the file's layout).
     fn pack(ty: GgmlType, bytes: &[u8], nb: usize, pool: &rayon::ThreadPool) -> Option<Self> {
         let len = bytes.len();
-        let mut anon = memmap2::MmapMut::map_anon(len + HUGE_PAGE).ok()?;
-        let start = (HUGE_PAGE - anon.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-        // Advice only: on small pages the weight is merely slower to stream.
-        #[cfg(unix)]
-        let _ = anon.advise_range(memmap2::Advice::HugePage, start, len);
+        let (mut anon, start) = ops::huge_aligned_anon(len, true).ok()?;
         let dst = &mut anon[start..start + len];
         match ty {
             GgmlType::Q4_K => pack_groups(bytes, nb, dst, pool, kernels::q4k_x16::pack),

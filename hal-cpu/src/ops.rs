@@ -226,6 +226,27 @@ const HUGE_PAGE: usize = 2 << 20;
 /// less than one huge page more than it has touched).
 const HUGE_CACHE_MIN: usize = HUGE_PAGE;
 
+/// `bytes` of zeroed anonymous memory starting on a huge-page boundary: the mapping and
+/// the offset of that boundary in it. With `huge`, the range is advised for transparent
+/// huge pages (advice only: on small pages the memory is merely slower to stream).
+pub(crate) fn huge_aligned_anon(
+    bytes: usize,
+    huge: bool,
+) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let total = bytes
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| std::io::Error::other("size overflows"))?;
+    let map = memmap2::MmapMut::map_anon(total)?;
+    let start = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+    #[cfg(unix)]
+    if huge {
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, bytes);
+    }
+    #[cfg(not(unix))]
+    let _ = huge;
+    Ok((map, start))
+}
+
 /// Zeroed `u16`s in an anonymous mapping, advised for transparent huge pages when it is
 /// large: a decode step reads a long context's cache in scattered runs of a few KB,
 /// after the step's weights have pushed it out of the caches and out of the TLB (bench
@@ -243,15 +264,8 @@ impl HugeU16 {
     fn zeroed(len: usize) -> std::io::Result<Self> {
         let bytes = len
             .checked_mul(2)
-            .and_then(|b| b.checked_add(HUGE_PAGE))
             .ok_or_else(|| std::io::Error::other("size overflows"))?;
-        let map = memmap2::MmapMut::map_anon(bytes)?;
-        let start = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-        // Advice only: on small pages the cache is merely slower to read.
-        #[cfg(unix)]
-        if len * 2 >= HUGE_CACHE_MIN {
-            let _ = map.advise_range(memmap2::Advice::HugePage, start, len * 2);
-        }
+        let (map, start) = huge_aligned_anon(bytes, bytes >= HUGE_CACHE_MIN)?;
         Ok(Self { map, start, len })
     }
 }
@@ -302,9 +316,7 @@ impl CpuKv {
             v: alloc(nv)?,
         })
     }
-}
 
-impl CpuKv {
     /// Index in `k` of element 0 of KV head `kvh`'s key at `slot`; element `d` is at
     /// `key_base + d * block_size`.
     #[inline]
