@@ -271,8 +271,7 @@ pub(crate) fn dot_group<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::x16_check::{acts, assert_groups_equal, lcg};
-    use bytemuck::Zeroable;
+    use crate::kernels::x16_check::{assert_pack_round_trip, lcg};
 
     fn weights(rows: usize, nb: usize, seed: u64) -> Vec<BlockQ4K> {
         let mut s = seed;
@@ -295,12 +294,7 @@ mod tests {
     #[test]
     fn pack_then_unpack_is_the_identity() {
         let (rows, nb) = (32, 3);
-        let w = weights(rows, nb, 7);
-        let mut p = vec![BlockQ4Kx16::zeroed(); rows * nb / X16_ROWS];
-        pack(&w, nb, &mut p);
-        assert!(
-            bytemuck::cast_slice::<_, u8>(&w[..]) == &super::super::x16::unpack_all(&p, nb)[..]
-        );
+        assert_pack_round_trip(&weights(rows, nb, 7), nb, pack);
     }
 
     /// Every output equals `vnni::dot_q4k_gemm::<1>` on the file's layout, bit for bit,
@@ -309,25 +303,18 @@ mod tests {
     #[test]
     fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
         use crate::kernels::vnni;
-        use crate::kernels::x16_check::dispatch_m;
-        if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
-            eprintln!("skipped: no AVX-512 VNNI on this CPU");
-            return;
-        }
-        let (rows, nb) = (48, 4);
-        let w = weights(rows, nb, 11);
-        let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|a| acts(nb, 100 + a)).collect();
-        let mut p = vec![BlockQ4Kx16::zeroed(); rows * nb / X16_ROWS];
-        pack(&w, nb, &mut p);
-        let want = |r: usize, a: usize| {
+        use crate::kernels::x16_check::{assert_packed_matches_file_layout, dispatch_m};
+        let nb = 4;
+        let reference = |w: &[_], y: &[BlockQ8K]| {
             let mut o = [0f32; 1];
-            // SAFETY: VNNI checked above.
-            unsafe { vnni::dot_q4k_gemm::<1>(&w[r * nb..(r + 1) * nb], &[&ys[a][..]], &mut o) };
+            // SAFETY: the helper runs this only where AVX-512 VNNI is present.
+            unsafe { vnni::dot_q4k_gemm::<1>(w, &[y], &mut o) };
             o[0]
         };
         let kernel = |x: &[BlockQ4Kx16], y: &[&[BlockQ8K]], out: &mut [[f32; X16_ROWS]]| {
             dispatch_m!(dot_group, x, y, out)
         };
-        assert_groups_equal(&p, nb, &ys, &kernel, &want);
+        let w = weights(48, nb, 11);
+        assert_packed_matches_file_layout(&w, nb, pack, 100, &reference, &kernel);
     }
 }

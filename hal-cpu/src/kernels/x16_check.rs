@@ -9,6 +9,8 @@
 use bytemuck::Zeroable;
 use flint_core::blocks::BlockQ8K;
 
+use super::x16::{unpack_all, RowGroup};
+
 /// Rows per packed group.
 const ROWS: usize = 16;
 
@@ -35,6 +37,27 @@ pub(crate) fn acts(nb: usize, seed: u64) -> Vec<BlockQ8K> {
             b
         })
         .collect()
+}
+
+/// `w` (whole rows of `nb` file blocks, a multiple of 16 rows) packed by `pack`.
+pub(crate) fn packed<G: RowGroup>(
+    w: &[G::Row],
+    nb: usize,
+    pack: fn(&[G::Row], usize, &mut [G]),
+) -> Vec<G> {
+    let mut p = vec![G::zeroed(); w.len() / ROWS];
+    pack(w, nb, &mut p);
+    p
+}
+
+/// Packing `w` and unpacking every row group gives `w`'s bytes back.
+pub(crate) fn assert_pack_round_trip<G: RowGroup>(
+    w: &[G::Row],
+    nb: usize,
+    pack: fn(&[G::Row], usize, &mut [G]),
+) {
+    let p = packed(w, nb, pack);
+    assert!(bytemuck::cast_slice::<_, u8>(w) == &unpack_all(&p, nb)[..]);
 }
 
 /// A packed kernel: a group's `nb` blocks against `y.len()` (1 to 4) activation rows,
@@ -69,6 +92,32 @@ pub(crate) fn assert_groups_equal<X>(
             }
         }
     }
+}
+
+/// A file-layout kernel: one row's blocks against one activation row.
+pub(crate) type RowReference<'a, B> = &'a dyn Fn(&[B], &[BlockQ8K]) -> f32;
+
+/// The check of both packed layouts: `w` (whole rows of `nb` file blocks) packed by
+/// `pack`, every row group's `kernel` outputs against `reference` (one file-layout row
+/// against one activation row) for 1 to 4 random activation rows (seeded from `seed`).
+/// Skipped, saying so, on a CPU without AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn assert_packed_matches_file_layout<G: RowGroup>(
+    w: &[G::Row],
+    nb: usize,
+    pack: fn(&[G::Row], usize, &mut [G]),
+    seed: u64,
+    reference: RowReference<'_, G::Row>,
+    kernel: GroupKernel<'_, G>,
+) {
+    if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|a| acts(nb, seed + a)).collect();
+    let p = packed(w, nb, pack);
+    let want = |r: usize, a: usize| reference(&w[r * nb..(r + 1) * nb], &ys[a]);
+    assert_groups_equal(&p, nb, &ys, kernel, &want);
 }
 
 /// Calls `$kernel::<M>` with `M = y.len()` (1 to 4) on slices (the tests' dispatch).
