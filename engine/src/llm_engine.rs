@@ -39,6 +39,12 @@ pub trait StepModel {
         seqs: &[StepSeq<'_>],
         kv: &crate::kv_cache::KvCacheManager,
     ) -> Result<Vec<f32>, String>;
+
+    /// The device the model computes on, for [`LLMEngine::in_session`]; `None` (the
+    /// default) for a model without one.
+    fn device(&self) -> Option<flint_hal::DeviceRef> {
+        None
+    }
 }
 
 /// Turns token ids into text incrementally.
@@ -153,6 +159,32 @@ impl<M: StepModel> LLMEngine<M> {
     /// The model.
     pub fn model(&self) -> &M {
         &self.model
+    }
+
+    /// Runs `f` on this engine inside its device's session
+    /// ([`Device::run_session`](flint_hal::Device::run_session)), so that the steps `f`
+    /// takes start and end without a hand-off between threads. `f` should return when
+    /// there is nothing left to compute, not wait for new requests inside.
+    pub fn in_session<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R
+    where
+        Self: Send,
+    {
+        let Some(dev) = self.model.device() else {
+            return f(self);
+        };
+        let mut f = Some(f);
+        let mut out = None;
+        dev.run_session(&mut || {
+            if let Some(f) = f.take() {
+                out = Some(f(self));
+            }
+        });
+        match (out, f) {
+            (Some(r), _) => r,
+            // A device that did not run the body: run it here.
+            (None, Some(f)) => f(self),
+            (None, None) => unreachable!("the session body ran without a result"),
+        }
     }
 
     /// What the last call of [`step`](Self::step) computed.

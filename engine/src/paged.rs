@@ -180,6 +180,10 @@ impl StepModel for PagedModel {
         self.model.spec().vocab
     }
 
+    fn device(&self) -> Option<flint_hal::DeviceRef> {
+        Some(self.model.device().clone())
+    }
+
     fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, String> {
         let mut batch = Batch {
             seqs: Vec::with_capacity(seqs.len()),

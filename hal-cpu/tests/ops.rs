@@ -452,3 +452,58 @@ fn silu_mul_equals_core_bit_for_bit_at_every_level() {
         assert_eq!(got, want, "level {level:?}");
     }
 }
+
+/// Steps inside `run_session` (where `run_step` is a plain call on the session's worker
+/// and the other workers are sent back to wait for each step's work) compute what steps
+/// from the caller's thread compute; a nested session and a step outside any session
+/// still work; a panic in the body reaches the caller and ends the session, and the
+/// device keeps working afterwards.
+#[test]
+fn steps_in_a_session_match_steps_outside() {
+    let dev = CpuDevice::new(&DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    })
+    .expect("open cpu device");
+    let (k, n, m) = (512usize, 96usize, 3usize);
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let w = common::random_weight(&mut Rng(5), flint_core::GgmlType::Q8_0, k, n);
+    let h = dev
+        .stage(&common::desc("w", flint_core::GgmlType::Q8_0, &[k, n], w))
+        .expect("stage");
+    let step = |dev: &CpuDevice| {
+        let mut out = vec![f32::NAN; m * n];
+        dev.run_step(&mut || dev.matmul(&*h, &x, m, &mut out).expect("matmul"));
+        out
+    };
+    let outside = step(&dev);
+    let mut inside = Vec::new();
+    dev.run_session(&mut || {
+        for _ in 0..50 {
+            inside.push(step(&dev));
+        }
+        // A long pause (the waiting workers leave), then another step.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        inside.push(step(&dev));
+        dev.run_session(&mut || inside.push(step(&dev)));
+    });
+    assert_eq!(inside.len(), 52);
+    for (i, got) in inside.iter().enumerate() {
+        assert!(
+            got.iter()
+                .zip(&outside)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step {i} in the session differs from the step outside"
+        );
+    }
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dev.run_session(&mut || panic!("body failed"));
+    }));
+    assert!(caught.is_err(), "the body's panic must reach the caller");
+    assert_eq!(step(&dev), outside);
+    let mut again = Vec::new();
+    dev.run_session(&mut || again.push(step(&dev)));
+    assert_eq!(again, vec![outside]);
+}

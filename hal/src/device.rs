@@ -229,4 +229,14 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn run_step(&self, step: &mut (dyn FnMut() + Send)) {
         step()
     }
+
+    /// Runs `body` (a serving loop: many steps, with the sampling and bookkeeping
+    /// between them) in the device's own execution context, so that each
+    /// [`run_step`](Device::run_step) inside it starts and ends without handing the
+    /// step to another thread and back. Only about speed, as `run_step`; a body that
+    /// waits for a long time (for requests to arrive) should not run inside. The
+    /// default calls `body` on the caller's thread.
+    fn run_session(&self, body: &mut (dyn FnMut() + Send)) {
+        body()
+    }
 }

@@ -63,6 +63,14 @@ fn drain(
     engine: &mut LLMEngine<PagedModel>,
     profile_prefill: bool,
 ) -> Result<(f64, usize, f64), CliError> {
+    // The loop in one device session: steps start without a hand-off between threads.
+    engine.in_session(|engine| drain_steps(engine, profile_prefill))
+}
+
+fn drain_steps(
+    engine: &mut LLMEngine<PagedModel>,
+    profile_prefill: bool,
+) -> Result<(f64, usize, f64), CliError> {
     let t0 = Instant::now();
     let (mut dec_tokens, mut dec_time) = (0usize, 0.0f64);
     while engine.has_unfinished() {

@@ -151,131 +151,162 @@ struct Tracked {
     last_token: Option<Instant>,
 }
 
-fn engine_loop<M: StepModel>(
+fn engine_loop<M: StepModel + Send>(
     mut engine: LLMEngine<M>,
-    commands: std_mpsc::Receiver<Command>,
+    mut commands: std_mpsc::Receiver<Command>,
     waiting: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
 ) {
     let mut tracked: HashMap<RequestId, Tracked> = HashMap::new();
     loop {
-        // Take every pending command; block only when there is nothing to compute.
-        let first = if engine.has_unfinished() {
-            match commands.try_recv() {
-                Ok(c) => Some(c),
-                Err(std_mpsc::TryRecvError::Empty) => None,
-                Err(std_mpsc::TryRecvError::Disconnected) => return,
-            }
-        } else {
-            match commands.recv_timeout(Duration::from_millis(200)) {
-                Ok(c) => Some(c),
-                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
-            }
-        };
-        let mut next = first;
-        while let Some(cmd) = next {
-            match cmd {
-                Command::Add {
-                    prompt,
-                    params,
-                    events,
-                    admitted,
-                } => {
-                    let n_prompt = prompt.len();
-                    match engine.add_request(prompt, params) {
-                        Ok(id) => {
-                            metrics.requests_total.fetch_add(1, Ordering::Relaxed);
-                            metrics
-                                .prompt_tokens_total
-                                .fetch_add(n_prompt as u64, Ordering::Relaxed);
-                            tracked.insert(
-                                id,
-                                Tracked {
-                                    events,
-                                    arrived: Instant::now(),
-                                    first_token: None,
-                                    last_token: None,
-                                },
-                            );
-                            if admitted.send(Ok(id)).is_err() {
-                                engine.abort(id);
-                                tracked.remove(&id);
-                            }
-                        }
-                        Err(e) => {
-                            metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
-                            let _ = admitted.send(Err(e));
-                        }
-                    }
+        let alive = if engine.has_unfinished() {
+            // Busy: one device session until nothing is left to compute, so that the
+            // steps start without a hand-off between threads; the blocking wait for
+            // new requests happens outside it.
+            engine.in_session(|engine| loop {
+                if !serve_once(engine, &mut commands, &mut tracked, &waiting, &metrics) {
+                    return false;
                 }
-            }
-            next = commands.try_recv().ok();
+                if !engine.has_unfinished() {
+                    return true;
+                }
+            })
+        } else {
+            serve_once(&mut engine, &mut commands, &mut tracked, &waiting, &metrics)
+        };
+        if !alive {
+            return;
         }
+    }
+}
 
-        // Clients that went away: abort, which returns their blocks.
-        let gone: Vec<RequestId> = tracked
-            .iter()
-            .filter(|(_, t)| t.events.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
-        for id in gone {
-            engine.abort(id);
-            tracked.remove(&id);
-            metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
+/// One turn of the engine loop: takes the pending commands (waiting for one only when
+/// nothing is left to compute), aborts the requests whose clients went away, runs a
+/// step and sends its outputs. False once the server side hung up.
+fn serve_once<M: StepModel>(
+    engine: &mut LLMEngine<M>,
+    commands: &mut std_mpsc::Receiver<Command>,
+    tracked: &mut HashMap<RequestId, Tracked>,
+    waiting: &AtomicUsize,
+    metrics: &Metrics,
+) -> bool {
+    // Take every pending command; block only when there is nothing to compute.
+    let first = if engine.has_unfinished() {
+        match commands.try_recv() {
+            Ok(c) => Some(c),
+            Err(std_mpsc::TryRecvError::Empty) => None,
+            Err(std_mpsc::TryRecvError::Disconnected) => return false,
         }
-
-        if engine.has_unfinished() {
-            let stepped = engine.step();
-            // Published before the step's events go out, so that a client that has
-            // seen a token also sees the blocks its request holds.
-            publish(&engine, &waiting, &metrics);
-            match stepped {
-                Ok(outputs) => {
-                    let now = Instant::now();
-                    for o in outputs {
-                        let id = o.id;
-                        let finished = o.finished.is_some();
-                        let Some(t) = tracked.get_mut(&id) else {
-                            continue;
-                        };
-                        if o.token.is_some() {
-                            metrics
-                                .generation_tokens_total
-                                .fetch_add(1, Ordering::Relaxed);
-                            match t.last_token {
-                                None => metrics.ttft.observe((now - t.arrived).as_secs_f64()),
-                                Some(prev) => metrics.tpot.observe((now - prev).as_secs_f64()),
-                            }
-                            t.first_token.get_or_insert(now);
-                            t.last_token = Some(now);
-                        }
-                        let closed = t.events.send(Event::Output(o)).is_err();
-                        if finished {
-                            tracked.remove(&id);
-                            metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
-                        } else if closed {
+    } else {
+        match commands.recv_timeout(Duration::from_millis(200)) {
+            Ok(c) => Some(c),
+            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return false,
+        }
+    };
+    let mut next = first;
+    while let Some(cmd) = next {
+        match cmd {
+            Command::Add {
+                prompt,
+                params,
+                events,
+                admitted,
+            } => {
+                let n_prompt = prompt.len();
+                match engine.add_request(prompt, params) {
+                    Ok(id) => {
+                        metrics.requests_total.fetch_add(1, Ordering::Relaxed);
+                        metrics
+                            .prompt_tokens_total
+                            .fetch_add(n_prompt as u64, Ordering::Relaxed);
+                        tracked.insert(
+                            id,
+                            Tracked {
+                                events,
+                                arrived: Instant::now(),
+                                first_token: None,
+                                last_token: None,
+                            },
+                        );
+                        if admitted.send(Ok(id)).is_err() {
                             engine.abort(id);
                             tracked.remove(&id);
-                            metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                }
-                Err(e) => {
-                    // A failed step fails every request in flight; nothing is left
-                    // holding blocks.
-                    let msg = e.to_string();
-                    tracing::error!("engine step failed: {msg}");
-                    for (id, t) in tracked.drain() {
-                        let _ = t.events.send(Event::Failed(msg.clone()));
-                        engine.abort(id);
+                    Err(e) => {
+                        metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
+                        let _ = admitted.send(Err(e));
                     }
                 }
             }
         }
-
-        publish(&engine, &waiting, &metrics);
+        next = commands.try_recv().ok();
     }
+
+    // Clients that went away: abort, which returns their blocks.
+    let gone: Vec<RequestId> = tracked
+        .iter()
+        .filter(|(_, t)| t.events.is_closed())
+        .map(|(&id, _)| id)
+        .collect();
+    for id in gone {
+        engine.abort(id);
+        tracked.remove(&id);
+        metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    if engine.has_unfinished() {
+        let stepped = engine.step();
+        // Published before the step's events go out, so that a client that has
+        // seen a token also sees the blocks its request holds.
+        publish(engine, waiting, metrics);
+        match stepped {
+            Ok(outputs) => {
+                let now = Instant::now();
+                for o in outputs {
+                    let id = o.id;
+                    let finished = o.finished.is_some();
+                    let Some(t) = tracked.get_mut(&id) else {
+                        continue;
+                    };
+                    if o.token.is_some() {
+                        metrics
+                            .generation_tokens_total
+                            .fetch_add(1, Ordering::Relaxed);
+                        match t.last_token {
+                            None => metrics.ttft.observe((now - t.arrived).as_secs_f64()),
+                            Some(prev) => metrics.tpot.observe((now - prev).as_secs_f64()),
+                        }
+                        t.first_token.get_or_insert(now);
+                        t.last_token = Some(now);
+                    }
+                    let closed = t.events.send(Event::Output(o)).is_err();
+                    if finished {
+                        tracked.remove(&id);
+                        metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+                    } else if closed {
+                        engine.abort(id);
+                        tracked.remove(&id);
+                        metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Err(e) => {
+                // A failed step fails every request in flight; nothing is left
+                // holding blocks.
+                let msg = e.to_string();
+                tracing::error!("engine step failed: {msg}");
+                for (id, t) in tracked.drain() {
+                    let _ = t.events.send(Event::Failed(msg.clone()));
+                    engine.abort(id);
+                }
+            }
+        }
+    }
+
+    publish(engine, waiting, metrics);
+    true
 }
 
 /// Stores the scheduler's queue lengths and the KV blocks in use in the metrics.
