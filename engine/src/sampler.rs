@@ -383,7 +383,7 @@ mod tests {
                 let v: Vec<f32> = (0..len)
                     .map(|_| {
                         let r = rng.next_u64();
-                        if r % 5 == 0 {
+                        if r.is_multiple_of(5) {
                             specials[(r / 5) as usize % specials.len()]
                         } else {
                             (r % 7) as f32 - 3.0
