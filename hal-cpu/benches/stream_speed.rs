@@ -4,8 +4,8 @@
 //! `256,512,1024,2048,4096,32768`) by `STREAM_K` (default 1024), `STREAM_TYPE` (default
 //! `q4_K`), `STREAM_MB` MB of them in all (default 256: far past the last-level cache),
 //! are multiplied one after the other inside one device step, as the engine does;
-//! `STREAM_PASSES` passes (default 5). Prints per size the median time per matmul and its
-//! weight bytes over that time.
+//! `STREAM_PASSES` passes (default 5), `STREAM_M` activation rows (default 1). Prints per
+//! size the median time per matmul and its weight bytes over that time.
 //!
 //! `cargo bench -p flint-hal-cpu --bench stream_speed` (`FLINT_THREADS` sets the threads,
 //! default all).
@@ -45,10 +45,13 @@ fn main() {
         return;
     };
     println!(
-        "{ty}, k = {k}, {} threads, {total_mb} MB of matrices per size, median of {passes} passes",
+        "{ty}, k = {k}, M = {}, {} threads, {total_mb} MB of matrices per size, median of {passes} passes",
+        env("STREAM_M", 1).max(1),
         dev.threads()
     );
-    let x: Vec<f32> = (0..k).map(|i| (i % 13) as f32 * 0.01).collect();
+    // Activation rows per matmul (`STREAM_M`, default 1: a decode of one sequence).
+    let m = env("STREAM_M", 1).max(1);
+    let x: Vec<f32> = (0..k * m).map(|i| (i % 13) as f32 * 0.01).collect();
     let mut seed = 1u64;
     for &rows in &sizes {
         let bytes = rb * rows;
@@ -74,13 +77,13 @@ fn main() {
                 .expect("stage")
             })
             .collect();
-        let mut out = vec![0f32; rows];
+        let mut out = vec![0f32; rows * m];
         let mut times: Vec<f64> = Vec::with_capacity(passes * count);
         for _ in 0..passes {
             dev.run_step(&mut || {
                 for w in &ws {
                     let t = Instant::now();
-                    dev.matmul(&**w, black_box(&x), 1, &mut out)
+                    dev.matmul(&**w, black_box(&x), m, &mut out)
                         .expect("matmul");
                     times.push(t.elapsed().as_secs_f64());
                 }
