@@ -69,6 +69,7 @@ const SPIN_POLLS: u32 = 256;
 /// rayon's sleep.
 const SPIN_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_micros(200);
 
+mod arena;
 pub mod kernels;
 mod ops;
 mod simd;
@@ -106,6 +107,8 @@ pub struct CpuDevice {
     rope_cache: std::sync::Mutex<Vec<Arc<ops::RopeTable>>>,
     /// The session running now (`run_session`), if any.
     session: std::sync::Mutex<Option<Arc<SessionState>>>,
+    /// Where the repacked weights live.
+    arena: arena::PackArena,
 }
 
 /// A `run_session` in progress: the worker running its body, and the other workers
@@ -183,13 +186,9 @@ pub struct CpuWeight {
 }
 
 /// A Q4_K or Q6_K weight's rows repacked at staging (`kernels::q4k_x16`,
-/// `kernels::q6k_x16`), in anonymous memory advised for transparent huge pages: a decode
-/// streams them, and on 4 KiB pages the prefetchers stop at every page (the loader's
-/// `residence.rs` has the figures).
+/// `kernels::q6k_x16`), in the device's huge-page arena (`arena.rs` says why).
 struct Packed {
-    map: memmap2::Mmap,
-    start: usize,
-    len: usize,
+    region: arena::Region,
     ty: GgmlType,
 }
 
@@ -197,7 +196,7 @@ impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Packed")
             .field("ty", &self.ty)
-            .field("len", &self.len)
+            .field("len", &self.region.as_slice().len())
             .finish()
     }
 }
@@ -205,7 +204,7 @@ impl std::fmt::Debug for Packed {
 impl Packed {
     /// The whole weight's row groups.
     fn rows(&self) -> WeightRows<'_> {
-        let bytes = &self.map[self.start..self.start + self.len];
+        let bytes = self.region.as_slice();
         match self.ty {
             GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
             _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
@@ -213,24 +212,23 @@ impl Packed {
     }
 
     /// A Q4_K or Q6_K tensor's bytes (whole rows of `nb` blocks, a multiple of 16 rows)
-    /// repacked into row groups, in parallel on `pool`. `None` for other types or when
-    /// the memory cannot be had (the weight then stays in the file's layout).
-    fn pack(ty: GgmlType, bytes: &[u8], nb: usize, pool: &rayon::ThreadPool) -> Option<Self> {
-        let len = bytes.len();
-        let (mut anon, start) = ops::huge_aligned_anon(len, true).ok()?;
-        let dst = &mut anon[start..start + len];
+    /// repacked into `arena`; `None` for another type or when the memory cannot be had
+    /// (the weight then stays in the file's layout).
+    fn pack(
+        ty: GgmlType,
+        bytes: &[u8],
+        nb: usize,
+        pool: &rayon::ThreadPool,
+        arena: &arena::PackArena,
+    ) -> Option<Self> {
+        let mut region = arena.alloc(bytes.len()).ok()?;
+        let dst = region.as_mut_slice();
         match ty {
             GgmlType::Q4_K => pack_groups(bytes, nb, dst, pool, kernels::q4k_x16::pack),
             GgmlType::Q6_K => pack_groups(bytes, nb, dst, pool, kernels::q6k_x16::pack),
             _ => return None,
         }
-        let map = anon.make_read_only().ok()?;
-        Some(Self {
-            map,
-            start,
-            len,
-            ty,
-        })
+        Some(Self { region, ty })
     }
 }
 
@@ -357,6 +355,7 @@ impl CpuDevice {
             gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
             rope_cache: std::sync::Mutex::new(Vec::new()),
             session: std::sync::Mutex::new(None),
+            arena: arena::PackArena::default(),
         })
     }
 
@@ -675,7 +674,7 @@ impl Device for CpuDevice {
             && n * e > 0
             && repack_enabled();
         let x16 = if packable {
-            Packed::pack(ty, desc.data.as_slice(), k / 256, &self.pool)
+            Packed::pack(ty, desc.data.as_slice(), k / 256, &self.pool, &self.arena)
         } else {
             None
         };

@@ -220,7 +220,7 @@ pub struct CpuKv {
 }
 
 /// Transparent huge pages are 2 MiB on x86-64.
-const HUGE_PAGE: usize = 2 << 20;
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
 
 /// Key or value buffers from this size on are advised for huge pages (each then holds
 /// less than one huge page more than it has touched).
