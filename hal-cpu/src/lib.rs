@@ -5,7 +5,8 @@
 //! One exception, on AVX-512 VNNI CPUs: a Q4_K or Q6_K weight whose rows per matrix are
 //! a multiple of 16 is repacked at staging into row groups (`kernels::q4k_x16`,
 //! `kernels::q6k_x16`: sixteen rows of a block side by side, the same bytes in another
-//! order, on huge pages), which the decode kernels multiply without folding sums across
+//! order, on huge pages shared by all such weights: `arena.rs`), which the decode
+//! kernels multiply without folding sums across
 //! lanes (one core, cache-resident: M = 1 about 2x the file layout's speed, M = 4 2-3x)
 //! and the prompt-batch panels read without transposes. The tensor's file pages are then
 //! handed back through the source's release hook, so the memory is not doubled.
