@@ -62,6 +62,15 @@ impl Region {
     }
 }
 
+/// A region as the bytes of a weight source (`flint_hal::SharedBytes`).
+pub(crate) struct RegionBytes(pub(crate) Region);
+
+impl AsRef<[u8]> for RegionBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
 /// Regions carved one after the other out of large huge-page mappings.
 #[derive(Default)]
 pub(crate) struct PackArena {

@@ -165,6 +165,11 @@ impl Drop for SetOnDrop<'_> {
 /// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
 const ROPE_TABLES: usize = 4;
 
+/// The largest weight kept in the file's layout that the device copies into its arena
+/// (`CpuDevice::stage`): a tensor this large keeps huge pages inside the loader's copy
+/// anyway, and a tied embedding staged twice would be copied twice.
+const ARENA_COPY_MAX: usize = 64 << 20;
+
 /// The largest scratch buffer kept between matmuls (16 MiB of f32).
 const SCRATCH_KEEP: usize = 4 << 20;
 
@@ -683,6 +688,31 @@ impl Device for CpuDevice {
             // The file's bytes of this tensor are not read again here.
             desc.data.release_resident();
         }
+        // Where weights are repacked, the file's pages of each are handed back, and those
+        // holes split the loader's huge-page copy: what lies between them (a Gemma 3
+        // layer's Q5_0 and Q8_0 matrices, a MoE router) ends up on small pages. A weight
+        // kept in the file's layout is copied into the arena too, its pages handed back
+        // the same way (Gemma 3: 85 MB of anonymous memory on small pages before).
+        let copied = if x16.is_none()
+            && self.level == SimdLevel::Avx512Vnni
+            && repack_enabled()
+            && desc.data.can_release()
+            && desc.data.len() <= ARENA_COPY_MAX
+        {
+            self.arena
+                .alloc(desc.data.len())
+                .ok()
+                .and_then(|mut region| {
+                    region.as_mut_slice().copy_from_slice(desc.data.as_slice());
+                    let len = desc.data.len();
+                    let src =
+                        WeightSource::new(Arc::new(arena::RegionBytes(region)), 0..len).ok()?;
+                    desc.data.release_resident();
+                    Some(src)
+                })
+        } else {
+            None
+        };
         Ok(Arc::new(CpuWeight {
             info: StagedInfo {
                 name: desc.name.clone(),
@@ -694,7 +724,7 @@ impl Device for CpuDevice {
                 resident_bytes: bytes,
                 streamed_bytes: 0,
             },
-            src: desc.data.clone(),
+            src: copied.unwrap_or_else(|| desc.data.clone()),
             ty,
             k,
             n: desc.out_features(),

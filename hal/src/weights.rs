@@ -49,6 +49,12 @@ impl WeightSource {
         self
     }
 
+    /// Whether the owner of the bytes can take their memory back
+    /// ([`release_resident`](Self::release_resident) does something).
+    pub fn can_release(&self) -> bool {
+        self.release.is_some()
+    }
+
     /// Tells the owner of the bytes that this source's range need not stay in memory
     /// (a hint: the bytes stay readable; nothing happens without a hook).
     pub fn release_resident(&self) {
