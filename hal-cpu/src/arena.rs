@@ -6,7 +6,10 @@
 //! weight left every weight under 2 MiB (a layer's attention and shared-expert matrices:
 //! a third of the bytes a bench preset token reads) and the tail of every larger one on
 //! small pages. The arena hands out regions of a few large advised mappings instead, one
-//! after the other; only the last huge page of each mapping can be partly unused.
+//! after the other; only the last huge page of each mapping can be partly unused. The
+//! weights kept in the file's layout are copied here as well (`CpuDevice::stage`): the
+//! file pages handed back for the repacked ones split the loader's huge-page copy, and
+//! what lay between them would be left on small pages.
 
 use std::sync::{Arc, Mutex};
 
