@@ -1,17 +1,18 @@
 //! `flint-hal-cpu`: the CPU backend.
 //!
-//! Weights are not copied: a staged weight keeps the [`WeightSource`] (the shared mmap
-//! and the tensor's byte range) and every matmul reads the GGUF blocks where they lie.
-//! One exception, on AVX-512 VNNI CPUs: a Q4_K or Q6_K weight whose rows per matrix are
-//! a multiple of 16 is repacked at staging into row groups (`kernels::q4k_x16`,
-//! `kernels::q6k_x16`: sixteen rows of a block side by side, the same bytes in another
-//! order, on huge pages shared by all such weights: `arena.rs`), which the decode
-//! kernels multiply without folding sums across
-//! lanes (one core, cache-resident: M = 1 about 2x the file layout's speed, M = 4 2-3x)
-//! and the prompt-batch panels read without transposes. The tensor's file pages are then
+//! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`]
+//! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
+//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K or Q6_K weight whose
+//! rows per matrix are a multiple of 16 is repacked at staging into row groups
+//! (`kernels::q4k_x16`, `kernels::q6k_x16`: sixteen rows of a block side by side, the
+//! same bytes in another order), which the decode kernels multiply without folding sums
+//! across lanes (one core, cache-resident: M = 1 about 2x the file layout's speed, M = 4
+//! 2-3x) and the prompt-batch panels read without transposes; any other weight of up to
+//! 64 MiB whose source can give its pages back is copied as it is. Both go into the
+//! device's huge-page arena (`arena.rs` says why), and the tensor's file pages are then
 //! handed back through the source's release hook, so the memory is not doubled.
-//! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout (for comparisons; the
-//! results are the same bits either way).
+//! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout and place (for
+//! comparisons; the results are the same bits either way).
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
