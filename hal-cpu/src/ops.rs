@@ -207,7 +207,7 @@ pub(crate) fn route_topk(
 /// Keys lie transposed inside each block, `[block][KV head][head_dim_k][block_size]`:
 /// element `d` of the keys of one block's consecutive slots is one contiguous run, so a
 /// decode step scores 16 keys per SIMD instruction (`kernels::attn`, keys in lanes).
-/// [`CpuKv::key_base`] gives where a key starts; its elements are `block_size` apart.
+/// `CpuKv::key_base` gives where a key starts; its elements are `block_size` apart.
 /// Values stay one row per slot (`[slot][KV head][head_dim_v]`): the output sums read
 /// whole value rows.
 #[derive(Debug)]
