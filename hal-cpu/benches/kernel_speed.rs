@@ -72,16 +72,7 @@ fn main() {
                 continue;
             };
             let len = rb * n;
-            // Small values in every byte: finite f16/f32 scales and weights.
-            let mut s = 1u64;
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    s = s
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    (s >> 33) as u8 & 0x3f
-                })
-                .collect();
+            let data = common::small_bytes(len, &mut 1u64);
             let d = WeightDesc {
                 name: "w".into(),
                 ty,

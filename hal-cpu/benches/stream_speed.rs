@@ -58,15 +58,7 @@ fn main() {
         let count = (total_mb << 20).div_ceil(bytes).max(2);
         let ws: Vec<_> = (0..count)
             .map(|i| {
-                // Small values in every byte: finite scales and weights.
-                let data: Vec<u8> = (0..bytes)
-                    .map(|_| {
-                        seed = seed
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1_442_695_040_888_963_407);
-                        (seed >> 33) as u8 & 0x3f
-                    })
-                    .collect();
+                let data = common::small_bytes(bytes, &mut seed);
                 dev.stage(&WeightDesc {
                     name: format!("w{i}"),
                     ty,

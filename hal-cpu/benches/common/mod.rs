@@ -7,3 +7,17 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// `len` pseudo-random bytes with small values in every byte (`state` carries the
+/// generator from call to call): any block type's scales and weights stay finite.
+#[allow(dead_code)] // not every bench makes weights
+pub fn small_bytes(len: usize, state: &mut u64) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            *state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (*state >> 33) as u8 & 0x3f
+        })
+        .collect()
+}
