@@ -109,7 +109,7 @@ pub struct CpuDevice {
     rope_cache: std::sync::Mutex<Vec<Arc<ops::RopeTable>>>,
     /// The session running now (`run_session`), if any.
     session: std::sync::Mutex<Option<Arc<SessionState>>>,
-    /// Where the repacked weights live.
+    /// Where the weights the device keeps (repacked or copied) live.
     arena: arena::PackArena,
 }
 
