@@ -1363,7 +1363,7 @@ impl Device for CpuDevice {
         // Every op inside runs on a pool worker (`install` from a worker is a plain
         // call), its parallel parts spread to the other workers by work stealing.
         if self.threads < 2 {
-            return self.pool.install(step);
+            return self.pool.install(|| flint_hal::ab_test::timed_step(step));
         }
         if let Some(me) = self.pool.current_thread_index() {
             // Already on a worker: inside `run_session`, or a caller's own `install`.
@@ -1385,7 +1385,7 @@ impl Device for CpuDevice {
                     });
                 }
             }
-            return step();
+            return flint_hal::ab_test::timed_step(step);
         }
         // From a foreign thread: the step runs on worker 0 while the others stay awake
         // for its parallel work.
@@ -1395,7 +1395,7 @@ impl Device for CpuDevice {
             if ctx.index() == 0 {
                 let _done = SetOnDrop(&done);
                 let mut step = step.lock().unwrap_or_else(|e| e.into_inner());
-                (*step)();
+                flint_hal::ab_test::timed_step(&mut **step);
             } else {
                 wait_for_work(&done);
             }

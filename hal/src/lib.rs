@@ -40,6 +40,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ab_test;
 mod device;
 mod error;
 mod ops;
