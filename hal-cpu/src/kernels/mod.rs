@@ -835,10 +835,8 @@ pub(crate) fn x16_rows(
     }
     match w {
         WeightRows::Q4Kx16(g) => run!(g, q4k_x16::dot_group, 4),
-        // Q6_K in tiles of two: with three or four activation rows its sixteen sub-block
-        // sums per row outgrow the 32 vector registers (one thread, cache-resident
-        // 1024 x 1024: 65 GMAC/s at four rows against 90 at two).
-        WeightRows::Q6Kx16(g) => run!(g, q6k_x16::dot_group, 2),
+        // Q6_K takes its activation rows in pairs inside each block (`q6k_x16::dot_group`).
+        WeightRows::Q6Kx16(g) => run!(g, q6k_x16::dot_group, 4),
         WeightRows::File(_) => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
     }
     Ok(())

@@ -156,9 +156,52 @@ pub(crate) fn d_lanes(b: &BlockQ6Kx16) -> __m512 {
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.d.as_ptr() as *const __m256i) })
 }
 
+/// The integer sums `sum_s sc_s * dot_s` of one packed block's sixteen rows against `P`
+/// (one or two) activation rows' quants (`yq[a]`: a Q8_K block's `qs`), the quants as
+/// stored (unsigned, before the offset of 32).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+fn block_sums<const P: usize>(b: &BlockQ6Kx16, yq: [&[i8; 256]; P]) -> [__m512i; P] {
+    let mut total = [_mm512_setzero_si512(); P];
+    // Phase (n, h): quads l = 4h..4h + 4, which feed sub-blocks 8n + h + 2j.
+    for n in 0..2 {
+        for h in 0..2 {
+            let z = _mm512_setzero_si512();
+            let mut sub = [[z; 4]; P];
+            for l in 4 * h..4 * h + 4 {
+                let q = quants(b, n, l);
+                for a in 0..P {
+                    for (j, qj) in q.iter().enumerate() {
+                        let o = 128 * n + 32 * j + 4 * l;
+                        sub[a][j] = _mm512_dpbusd_epi32(sub[a][j], *qj, bcast4(yq[a], o));
+                    }
+                }
+            }
+            for a in 0..P {
+                for (j, sj) in sub[a].iter().enumerate() {
+                    let s = 8 * n + h + 2 * j;
+                    let p = _mm512_mullo_epi32(*sj, scale_lanes(b, s));
+                    total[a] = _mm512_add_epi32(total[a], p);
+                }
+            }
+        }
+    }
+    total
+}
+
 /// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
 /// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
 /// Q8_K blocks each), in the float order of `vnni::dot_q6k_tiled::<1>` per output.
+///
+/// The activation rows go in pairs inside each block: with three or four at once, the
+/// sixteen sub-block sums per row outgrow the 32 vector registers (one thread,
+/// cache-resident 1024 x 4096: 65 GMAC/s at four rows against 91 in pairs). The pairs
+/// used to be separate passes over the whole group (`x16_rows` in tiles of two rows),
+/// and during the second pass, with the group already in L1, nothing asked the memory
+/// for the next one: the bench preset's c = 4 output matrix (32000 x 1024) took
+/// 1198-1209 us per step against 863-922 now, and a c = 4 decode step is 8% faster
+/// (`docs/benchmarks.md`, session 10).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_group<const M: usize>(
@@ -166,6 +209,12 @@ pub(crate) fn dot_group<const M: usize>(
     y: [&[BlockQ8K]; M],
     out: &mut [[f32; X16_ROWS]; M],
 ) {
+    const {
+        assert!(
+            M >= 1 && M <= 4,
+            "q6k_x16::dot_group: 1 to 4 activation rows"
+        )
+    };
     let nb = x.len();
     for ya in &y {
         assert_eq!(ya.len(), nb, "q6k_x16::dot_group: lengths");
@@ -173,31 +222,6 @@ pub(crate) fn dot_group<const M: usize>(
     let mut acc = [_mm512_setzero_ps(); M];
     let m16 = _mm512_set1_epi32(0xFFFF);
     for (i, b) in x.iter().enumerate() {
-        let mut total = [_mm512_setzero_si512(); M];
-        // Phase (n, h): quads l = 4h..4h + 4, which feed sub-blocks 8n + h + 2j.
-        for n in 0..2 {
-            for h in 0..2 {
-                let z = _mm512_setzero_si512();
-                let mut sub = [[z; 4]; M];
-                for l in 4 * h..4 * h + 4 {
-                    let q = quants(b, n, l);
-                    for a in 0..M {
-                        let yq = &y[a][i].qs;
-                        for (j, qj) in q.iter().enumerate() {
-                            let o = 128 * n + 32 * j + 4 * l;
-                            sub[a][j] = _mm512_dpbusd_epi32(sub[a][j], *qj, bcast4(yq, o));
-                        }
-                    }
-                }
-                for a in 0..M {
-                    for (j, sj) in sub[a].iter().enumerate() {
-                        let s = 8 * n + h + 2 * j;
-                        let p = _mm512_mullo_epi32(*sj, scale_lanes(b, s));
-                        total[a] = _mm512_add_epi32(total[a], p);
-                    }
-                }
-            }
-        }
         let d = d_lanes(b);
         // The offset of the unsigned quants: 32 * sum_s sc_s * bsum_s, by pairs of
         // sub-blocks (i16 scales against i16 block sums).
@@ -207,8 +231,29 @@ pub(crate) fn dot_group<const M: usize>(
                 _mm512_slli_epi32::<16>(scale_lanes(b, 2 * p + 1)),
             )
         });
+        // The row sums, pairs of rows at constant indices (a loop-carried index would
+        // keep the accumulators in memory).
+        let mut total = [_mm512_setzero_si512(); M];
+        let mut take = |a0: usize, t: &[__m512i]| {
+            for (k, v) in t.iter().enumerate() {
+                total[a0 + k] = *v;
+            }
+        };
+        match M {
+            1 => take(0, &block_sums::<1>(b, [&y[0][i].qs])),
+            2 => take(0, &block_sums::<2>(b, [&y[0][i].qs, &y[1][i].qs])),
+            3 => {
+                take(0, &block_sums::<2>(b, [&y[0][i].qs, &y[1][i].qs]));
+                take(2, &block_sums::<1>(b, [&y[2][i].qs]));
+            }
+            _ => {
+                take(0, &block_sums::<2>(b, [&y[0][i].qs, &y[1][i].qs]));
+                take(2, &block_sums::<2>(b, [&y[2][i].qs, &y[3][i].qs]));
+            }
+        }
         for a in 0..M {
-            let bs = &y[a][i].bsums;
+            let ya = &y[a][i];
+            let bs = &ya.bsums;
             let mut off = _mm512_setzero_si512();
             for (p, pair) in pairs.iter().enumerate() {
                 let bp = (bs[2 * p] as u16 as u32 | ((bs[2 * p + 1] as u16 as u32) << 16)) as i32;
@@ -216,7 +261,7 @@ pub(crate) fn dot_group<const M: usize>(
             }
             let s = _mm512_sub_epi32(total[a], _mm512_slli_epi32::<5>(off));
             let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(s), d);
-            acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(y[a][i].d), acc[a]);
+            acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(ya.d), acc[a]);
         }
     }
     for a in 0..M {
