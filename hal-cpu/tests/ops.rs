@@ -235,31 +235,38 @@ fn add_rms_norm_adds_the_residual_once() {
     assert_eq!(o2, w2);
 }
 
-/// RMSNorm of many rows (16 per task, 8 summed side by side, a remainder of 5) equals
-/// `math::rms_norm` row by row, bit for bit, with and without a weight.
+/// RMSNorm of any number of rows (16 per task; 8, 4 and 2 summed side by side, one
+/// alone) equals `math::rms_norm` row by row, bit for bit, with and without a weight.
 #[test]
 fn rms_norm_rows_match_core_bit_for_bit() {
     let d = dev();
     let mut rng = Rng(21);
     let dim = 640;
-    let rows = 37;
-    let x: Vec<f32> = rng
-        .vec(rows * dim)
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * (1 + (i / dim) % 7) as f32 * 3.0)
-        .collect();
-    let w = rng.vec(dim);
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for weight in [Some(&w[..]), None] {
-        let mut got = vec![0f32; rows * dim];
-        d.rms_norm(&x, weight, 1e-6, dim, &mut got)
-            .expect("rms_norm");
-        let mut want = vec![0f32; rows * dim];
-        for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
-            math::rms_norm(xr, weight, 1e-6, o);
+    // 37 = 16 + 16 + 4 + 1; 7 = 4 + 2 + 1; 30 = 16 + 8 + 4 + 2.
+    for rows in [1usize, 2, 3, 4, 7, 30, 37] {
+        let x: Vec<f32> = rng
+            .vec(rows * dim)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1 + (i / dim) % 7) as f32 * 3.0)
+            .collect();
+        let w = rng.vec(dim);
+        for weight in [Some(&w[..]), None] {
+            let mut got = vec![0f32; rows * dim];
+            d.rms_norm(&x, weight, 1e-6, dim, &mut got)
+                .expect("rms_norm");
+            let mut want = vec![0f32; rows * dim];
+            for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
+                math::rms_norm(xr, weight, 1e-6, o);
+            }
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "rows {rows}, weight: {}",
+                weight.is_some()
+            );
         }
-        assert_eq!(bits(&got), bits(&want), "weight: {}", weight.is_some());
     }
 }
 
