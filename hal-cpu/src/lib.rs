@@ -171,6 +171,10 @@ const ROPE_TABLES: usize = 4;
 /// anyway, and a tied embedding staged twice would be copied twice.
 const ARENA_COPY_MAX: usize = 64 << 20;
 
+/// The most results a matmul transposes back on the calling thread rather than in a
+/// parallel section (a c = 4 decode's 1024-row matrix: 4096).
+const SERIAL_TRANSPOSE_MAX: usize = 1 << 16;
+
 /// The largest scratch buffer kept between matmuls (16 MiB of f32).
 const SCRATCH_KEEP: usize = 4 << 20;
 
@@ -456,8 +460,10 @@ impl CpuDevice {
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
             // are ~2 us of work against ~0.2 us for a rayon task), and 16 tasks per
             // thread so that the others can take over a thread that stalls or is
-            // descheduled on a shared machine.
-            let per_task = n.div_ceil(self.threads * 16).max(16).min(n);
+            // descheduled on a shared machine; for a few decode rows, four per thread,
+            // as for one (each task's rows are a stream the prefetcher picks up again).
+            let tasks_per_thread = if m < kernels::GEMM_MIN_ROWS { 4 } else { 16 };
+            let per_task = n.div_ceil(self.threads * tasks_per_thread).max(16).min(n);
             let packed = w.is_packed();
             let per_task = chunk_rows(per_task, packed, n);
             let w_bytes = match w {
@@ -552,19 +558,28 @@ impl CpuDevice {
                     }
                     Ok::<(), HalError>(())
                 })?;
-            // Back to [m][n], in parallel over blocks of 16 activation rows: each weight
-            // row's 16 values are one cache line of `t_out`.
+            // Back to [m][n]: a few decode rows' worth here (a parallel section costs
+            // more than the copy), else in parallel over blocks of 16 activation rows
+            // (each weight row's 16 values are one cache line of `t_out`).
             let t_out = &*t_out;
-            out.par_chunks_mut(16 * n).enumerate().for_each(|(c, o)| {
-                let i0 = 16 * c;
-                let rows = o.len() / n;
-                for j in 0..n {
-                    let src = &t_out[j * m + i0..j * m + i0 + rows];
-                    for (t, &v) in src.iter().enumerate() {
-                        o[t * n + j] = v;
+            if n * m <= SERIAL_TRANSPOSE_MAX {
+                for (j, row) in t_out.chunks_exact(m).enumerate() {
+                    for (r, &v) in row.iter().enumerate() {
+                        out[r * n + j] = v;
                     }
                 }
-            });
+            } else {
+                out.par_chunks_mut(16 * n).enumerate().for_each(|(c, o)| {
+                    let i0 = 16 * c;
+                    let rows = o.len() / n;
+                    for j in 0..n {
+                        let src = &t_out[j * m + i0..j * m + i0 + rows];
+                        for (t, &v) in src.iter().enumerate() {
+                            o[t * n + j] = v;
+                        }
+                    }
+                });
+            }
             if buf.len() <= SCRATCH_KEEP {
                 *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = buf;
             }
