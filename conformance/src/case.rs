@@ -369,8 +369,9 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             },
             tol::matmul(ty),
         );
-        // Several weights on one input (`matmul_multi`): one decode row and a few.
-        for m in [1, 4] {
+        // Several weights on one input (`matmul_multi`): one decode row, a few, and a
+        // prompt batch (its input quantized once for all the weights).
+        for m in [1, 4, 17] {
             push(
                 Op::Matmul,
                 Some(ty),
