@@ -308,6 +308,12 @@ fn chunk_rows(per_task: usize, packed: bool, n: usize) -> usize {
     }
 }
 
+/// What `Acts::new` makes of a weight type: activations for one weight serve another of
+/// the same form (`Acts::new` depends on the type only through these two).
+fn act_form(ty: GgmlType) -> (bool, GgmlType) {
+    (FloatKind::of(ty).is_some(), ty.vec_dot_type())
+}
+
 fn fmt_err(what: &str, e: FormatError) -> HalError {
     match e {
         FormatError::Unsupported(t) => HalError::unsupported(format!("cpu: {what}: {t} ({e})")),
@@ -796,7 +802,7 @@ impl Device for CpuDevice {
             // A prompt batch: the input rows quantized once for every weight that takes
             // the same activation form (Gemma 3's q, k and v, or gate and up: 0.15-0.17
             // ms a time for 512 rows), then one matmul after the other.
-            let form = |ty: GgmlType| (FloatKind::of(ty).is_some(), ty.vec_dot_type());
+            let form = act_form;
             let one_form = ws
                 .iter()
                 .all(|w| w.k == first.k && form(w.ty) == form(first.ty));
@@ -1001,6 +1007,8 @@ impl Device for CpuDevice {
                     x[r * k..(r + 1) * k].iter().copied()
                 })
                 .collect();
+            // The expert's rows quantized once per activation form (gate and up: once).
+            let mut subs: Vec<(GgmlType, Acts)> = Vec::new();
             for (wi, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
                 let (n, ty) = (w.n, w.ty);
                 if n == 0 {
@@ -1009,14 +1017,24 @@ impl Device for CpuDevice {
                 let mat = w.rows(e * n, n);
                 let mut tmp = vec![0f32; m * n];
                 let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
-                let done = self.pool.install(|| {
-                    let sub = Acts::new(level, ty, &gathered, k)
+                if !subs.iter().any(|(t, _)| act_form(*t) == act_form(ty)) {
+                    let sub = self
+                        .pool
+                        .install(|| Acts::new(level, ty, &gathered, k))
                         .map_err(|e| fmt_err("quantizing activations", e))?;
+                    subs.push((ty, sub));
+                }
+                let Some((_, sub)) = subs.iter().find(|(t, _)| act_form(*t) == act_form(ty)) else {
+                    return Err(HalError::runtime(
+                        "expert matmul: activations not quantized",
+                    ));
+                };
+                let done = self.pool.install(|| {
                     let mut gs = std::mem::take(
                         &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
                     );
                     let done =
-                        kernels::gemm(level, ty, mat, &sub, k, n, m, per_rows, &mut gs, &mut tmp)
+                        kernels::gemm(level, ty, mat, sub, k, n, m, per_rows, &mut gs, &mut tmp)
                             .map_err(|e| fmt_err("expert matmul", e));
                     *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
                     done
@@ -1069,9 +1087,8 @@ impl Device for CpuDevice {
             }
         }
         self.pool.install(|| {
-            // The input rows quantized once for each activation form the weights need
-            // (`Acts::new` depends on the weight type only through these two).
-            let form = |ty: GgmlType| (FloatKind::of(ty).is_some(), ty.vec_dot_type());
+            // The input rows quantized once for each activation form the weights need.
+            let form = act_form;
             let mut acts: Vec<(GgmlType, Acts)> = Vec::new();
             for w in &ws {
                 if !acts.iter().any(|(t, _)| form(*t) == form(w.ty)) {

@@ -358,6 +358,29 @@ fn expert_matmul_matches_per_expert_matmul() {
                     );
                 }
             }
+            // Two towers on the same rows in one call (a layer's gate and up, whose
+            // rows are quantized once): each output bit for bit its tower's own call.
+            let w2 = random_weight(&mut rng, ty, k, n * e);
+            let tower2 = dev
+                .stage(&desc("exps2", ty, &[k, n, e], w2))
+                .expect("stage second tower");
+            let mut out2 = vec![f32::NAN; rows.len() * n];
+            dev.expert_matmul(&*tower2, &x, &rows, &mut out2)
+                .expect("expert_matmul");
+            let mut m1 = vec![f32::NAN; rows.len() * n];
+            let mut m2 = vec![f32::NAN; rows.len() * n];
+            dev.expert_matmul_multi(&[&*tower, &*tower2], &x, &rows, &mut [&mut m1, &mut m2])
+                .expect("expert_matmul_multi");
+            for (name, got, want) in [("first", &m1, &out), ("second", &m2, &out2)] {
+                let same = got
+                    .iter()
+                    .zip(want.iter())
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{ty}, {n_in} rows: the {name} tower's multi output differs"
+                );
+            }
         }
         let bad = [ExpertRow {
             input_row: 0,
