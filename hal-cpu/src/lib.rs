@@ -1238,12 +1238,8 @@ impl Device for CpuDevice {
         dim: usize,
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        assert_eq!(residual.len(), delta.len(), "add_rms_norm: delta length");
-        for (r, &d) in residual.iter_mut().zip(delta) {
-            *r += d;
-        }
         self.pool
-            .install(|| ops::rms_norm(residual, Some(weight), eps, dim, out));
+            .install(|| ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out));
         Ok(())
     }
 

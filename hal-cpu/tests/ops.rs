@@ -211,28 +211,31 @@ fn add_rms_norm_adds_the_residual_once() {
     let d = dev();
     let mut rng = Rng(12);
     let dim = 64;
-    let res0 = rng.vec(3 * dim);
-    let delta = rng.vec(3 * dim);
-    let w = rng.vec(dim);
-    let mut res = res0.clone();
-    let mut out = vec![0f32; 3 * dim];
-    d.add_rms_norm(&mut res, &delta, &w, 1e-6, dim, &mut out)
-        .expect("add_rms_norm");
-    let sum: Vec<f32> = res0.iter().zip(&delta).map(|(a, b)| a + b).collect();
-    assert_eq!(res, sum);
-    let mut want = vec![0f32; 3 * dim];
-    for (x, o) in sum.chunks(dim).zip(want.chunks_mut(dim)) {
-        math::rms_norm(x, Some(&w), 1e-6, o);
+    // 3 rows: one chunk; 37: three chunks of up to 16 rows, in parallel.
+    for rows in [3usize, 37] {
+        let res0 = rng.vec(rows * dim);
+        let delta = rng.vec(rows * dim);
+        let w = rng.vec(dim);
+        let mut res = res0.clone();
+        let mut out = vec![0f32; rows * dim];
+        d.add_rms_norm(&mut res, &delta, &w, 1e-6, dim, &mut out)
+            .expect("add_rms_norm");
+        let sum: Vec<f32> = res0.iter().zip(&delta).map(|(a, b)| a + b).collect();
+        assert_eq!(res, sum, "{rows} rows");
+        let mut want = vec![0f32; rows * dim];
+        for (x, o) in sum.chunks(dim).zip(want.chunks_mut(dim)) {
+            math::rms_norm(x, Some(&w), 1e-6, o);
+        }
+        assert_eq!(out, want, "{rows} rows");
+        // Per-head norm without weight.
+        let mut o2 = vec![0f32; rows * dim];
+        d.rms_norm(&sum, None, 1e-6, 16, &mut o2).expect("rms_norm");
+        let mut w2 = vec![0f32; rows * dim];
+        for (x, o) in sum.chunks(16).zip(w2.chunks_mut(16)) {
+            math::rms_norm(x, None, 1e-6, o);
+        }
+        assert_eq!(o2, w2, "{rows} rows");
     }
-    assert_eq!(out, want);
-    // Per-head norm without weight.
-    let mut o2 = vec![0f32; 3 * dim];
-    d.rms_norm(&sum, None, 1e-6, 16, &mut o2).expect("rms_norm");
-    let mut w2 = vec![0f32; 3 * dim];
-    for (x, o) in sum.chunks(16).zip(w2.chunks_mut(16)) {
-        math::rms_norm(x, None, 1e-6, o);
-    }
-    assert_eq!(o2, w2);
 }
 
 /// RMSNorm of any number of rows (16 per task; 8, 4 and 2 summed side by side, one
