@@ -788,7 +788,7 @@ impl Device for CpuDevice {
         // One parallel section for decode rows (one, or a few with the small-batch
         // kernels) whose weights take the same activation encoding and have a native
         // kernel: the rows quantized once, the threads sharing every matrix's rows (as
-        // `expert_matmul` does for experts). Otherwise one matmul after the other.
+        // `expert_matmul` does for experts).
         let small = (2..kernels::GEMM_MIN_ROWS).contains(&m);
         let shared = (m == 1 || small)
             && ws.iter().all(|w| {
@@ -798,27 +798,29 @@ impl Device for CpuDevice {
                     && kernels::native_kernel(level, w.ty).is_some()
                     && (!small || kernels::has_small_batch_kernel(level, w.ty))
             });
-        if !shared {
-            // A prompt batch: the input rows quantized once for every weight that takes
-            // the same activation form (Gemma 3's q, k and v, or gate and up: 0.15-0.17
-            // ms a time for 512 rows), then one matmul after the other.
-            let form = act_form;
-            let one_form = ws
-                .iter()
-                .all(|w| w.k == first.k && form(w.ty) == form(first.ty));
-            if m < kernels::GEMM_MIN_ROWS || !one_form || FloatKind::of(first.ty).is_some() {
-                for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                    self.matmul(*w, x, m, out)?;
-                }
-                return Ok(());
+        // Otherwise, a prompt batch: the input rows quantized once for every weight that
+        // takes the same activation form (Gemma 3's q, k and v, or gate and up:
+        // 0.15-0.17 ms a time for 512 rows), then one matmul after the other; or simply
+        // one matmul after the other.
+        let one_form = ws
+            .iter()
+            .all(|w| w.k == first.k && act_form(w.ty) == act_form(first.ty));
+        let batch =
+            !shared && one_form && m >= kernels::GEMM_MIN_ROWS && FloatKind::of(first.ty).is_none();
+        if !shared && !batch {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(*w, x, m, out)?;
             }
-            let k = first.k;
-            assert_eq!(
-                x.len(),
-                m * k,
-                "matmul_multi: x has {} values, expected {m} x {k}",
-                x.len()
-            );
+            return Ok(());
+        }
+        let k = first.k;
+        assert_eq!(
+            x.len(),
+            m * k,
+            "matmul_multi: x has {} values, expected {m} x {k}",
+            x.len()
+        );
+        if batch {
             let acts = self
                 .pool
                 .install(|| Acts::new(level, first.ty, x, k))
@@ -842,13 +844,6 @@ impl Device for CpuDevice {
             }
             return Ok(());
         }
-        let k = first.k;
-        assert_eq!(
-            x.len(),
-            m * k,
-            "matmul_multi: x has {} values, expected {m} x {k}",
-            x.len()
-        );
         for (i, (w, out)) in ws.iter().zip(outs.iter()).enumerate() {
             assert_eq!(
                 out.len(),
@@ -1088,10 +1083,9 @@ impl Device for CpuDevice {
         }
         self.pool.install(|| {
             // The input rows quantized once for each activation form the weights need.
-            let form = act_form;
             let mut acts: Vec<(GgmlType, Acts)> = Vec::new();
             for w in &ws {
-                if !acts.iter().any(|(t, _)| form(*t) == form(w.ty)) {
+                if !acts.iter().any(|(t, _)| act_form(*t) == act_form(w.ty)) {
                     let a = Acts::new(level, w.ty, x, k)
                         .map_err(|e| fmt_err("quantizing activations", e))?;
                     acts.push((w.ty, a));
@@ -1099,7 +1093,7 @@ impl Device for CpuDevice {
             }
             let acts_of = |ty: GgmlType| {
                 acts.iter()
-                    .find(|(t, _)| form(*t) == form(ty))
+                    .find(|(t, _)| act_form(*t) == act_form(ty))
                     .map(|(_, a)| a)
             };
             tasks.into_par_iter().try_for_each(|(si, o0, dst)| {
