@@ -199,3 +199,66 @@ fn load_modes_agree_and_a_bad_mode_is_refused() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `flint bench --json` on the tiny checkpoint: the keys `shared/spec/CLI.md` promises,
+/// with the counts the flags asked for and positive rates.
+#[test]
+fn bench_json_has_the_spec_keys_on_tiny() {
+    let d = tmpdir("bench");
+    let model = tiny_file(&d);
+    let out = flint()
+        .args([
+            "bench",
+            "--json",
+            "--decode-tokens",
+            "5",
+            "--aggregate-tokens",
+            "3",
+            "-m",
+        ])
+        .arg(&model)
+        .env("FLINT_DEVICE", "cpu")
+        .output()
+        .expect("flint runs");
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(str::to_owned)
+        .expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+    for key in ["model", "device", "threads"] {
+        assert!(v.get(key).is_some(), "no {key}: {v}");
+    }
+    let num = |path: &[&str]| {
+        let mut x = &v;
+        for p in path {
+            x = x.get(*p).unwrap_or_else(|| panic!("no {path:?}: {v}"));
+        }
+        x.as_f64()
+            .unwrap_or_else(|| panic!("{path:?} is not a number: {v}"))
+    };
+    assert_eq!(num(&["prefill", "prompt_tokens"]), 512.0);
+    assert_eq!(num(&["decode", "prompt_tokens"]), 8.0);
+    assert_eq!(num(&["decode", "generated"]), 5.0);
+    assert_eq!(num(&["aggregate", "requests"]), 8.0);
+    assert_eq!(num(&["aggregate", "concurrency"]), 4.0);
+    assert_eq!(num(&["aggregate", "prompt_tokens"]), 128.0);
+    assert_eq!(num(&["aggregate", "generated"]), 3.0);
+    for path in [
+        &["prefill", "tok_s"][..],
+        &["decode", "tok_s"],
+        &["decode", "tpot_ms"],
+        &["aggregate", "output_tok_s"],
+        &["aggregate", "decode_tok_s"],
+        &["aggregate", "wall_s"],
+    ] {
+        let x = num(path);
+        assert!(x.is_finite() && x > 0.0, "{path:?} = {x}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
