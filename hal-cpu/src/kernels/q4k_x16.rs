@@ -189,6 +189,27 @@ fn scales(b: &BlockQ4Kx16) -> Scales {
     }
 }
 
+/// The activation's sums of sub-blocks `2j` and `2j + 1` (`j` = 0..4) as the low and high
+/// i16 of one i32 each: the operand of the mins' `vpmaddwd`. Each sum is at most
+/// 2 x 32 x 128 in magnitude, so i16 holds it and `phaddw` of the sixteen block sums
+/// gives all four at once. Written out here because the `std::array::from_fn` it
+/// replaced stayed a call per activation row and block, and every call spilled the
+/// accumulators around a `vzeroupper` (one thread, four rows: 107 -> 117 GMAC/s).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_block_pair_sums(y: &BlockQ8K) -> [i32; 4] {
+    // SAFETY: `bsums` is 16 readable i16 (32 bytes); loadu is unaligned.
+    let (lo, hi) = unsafe {
+        let p = y.bsums.as_ptr() as *const __m128i;
+        (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)))
+    };
+    let mut out = [0i32; 4];
+    // SAFETY: 16 writable bytes; storeu is unaligned.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, _mm_hadd_epi16(lo, hi)) };
+    out
+}
+
 #[cfg(target_arch = "x86_64")]
 /// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
 /// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
@@ -209,14 +230,10 @@ pub(crate) fn dot_group<const M: usize>(
     for (i, b) in x.iter().enumerate() {
         let s = scales(b);
         // Per activation row: the sums of sub-blocks (2j, 2j + 1) as i16 pairs.
-        let bpair: [[i32; 4]; M] = std::array::from_fn(|a| {
-            let bs = &y[a][i].bsums;
-            std::array::from_fn(|j| {
-                let lo = bs[4 * j] as i32 + bs[4 * j + 1] as i32;
-                let hi = bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32;
-                (lo & 0xFFFF) | (hi << 16)
-            })
-        });
+        let mut bpair = [[0i32; 4]; M];
+        for (a, p) in bpair.iter_mut().enumerate() {
+            *p = sub_block_pair_sums(&y[a][i]);
+        }
         let dy: [__m512; M] = std::array::from_fn(|a| _mm512_set1_ps(y[a][i].d));
         for j in 0..4 {
             // Two accumulators per sub-block and activation row (even and odd `l`), so
