@@ -2,12 +2,13 @@
 //!
 //! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`]
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
-//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K or Q6_K weight whose
-//! rows per matrix are a multiple of 16 is repacked at staging into row groups
-//! (`kernels::q4k_x16`, `kernels::q6k_x16`: sixteen rows of a block side by side, the
-//! same bytes in another order), which the decode kernels multiply without folding sums
-//! across lanes (one core, cache-resident: M = 1 about 2x the file layout's speed, M = 4
-//! 2-3x) and the prompt-batch panels read without transposes; any other weight of up to
+//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K, Q6_K or Q8_0 weight
+//! whose rows per matrix are a multiple of 16 is repacked at staging into row groups
+//! (`kernels::q4k_x16`, `kernels::q6k_x16`, `kernels::q8_0_x16`: sixteen rows of a
+//! block side by side, the same bytes in another order), which the decode kernels
+//! multiply without folding sums across lanes (one core, cache-resident: M = 1 about 2x
+//! the file layout's speed, M = 4 1.5-3x) and the prompt-batch panels read without
+//! transposes; any other weight of up to
 //! 64 MiB whose source can give its pages back is copied as it is. Both go into the
 //! device's huge-page arena (`arena.rs` says why), and the tensor's file pages are then
 //! handed back through the source's release hook, so the memory is not doubled.
@@ -191,13 +192,15 @@ pub struct CpuWeight {
     /// Experts (1 for a matrix).
     e: usize,
     row_bytes: usize,
-    /// The rows repacked for the decode kernels (`kernels::q4k_x16`, `q6k_x16`), when
+    /// The rows repacked for the decode kernels (`kernels::q4k_x16`, `q6k_x16`,
+    /// `q8_0_x16`), when
     /// the weight was staged so; the matmuls then read these, never `src`.
     x16: Option<Packed>,
 }
 
-/// A Q4_K or Q6_K weight's rows repacked at staging (`kernels::q4k_x16`,
-/// `kernels::q6k_x16`), in the device's huge-page arena (`arena.rs` says why).
+/// A Q4_K, Q6_K or Q8_0 weight's rows repacked at staging (`kernels::q4k_x16`,
+/// `kernels::q6k_x16`, `kernels::q8_0_x16`), in the device's huge-page arena (`arena.rs`
+/// says why).
 struct Packed {
     region: arena::Region,
     ty: GgmlType,
@@ -218,25 +221,27 @@ impl Packed {
         let bytes = self.region.as_slice();
         match self.ty {
             GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
+            GgmlType::Q8_0 => WeightRows::Q8_0x16(bytemuck::cast_slice(bytes)),
             _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
         }
     }
 
-    /// A Q4_K or Q6_K tensor's bytes (whole rows of `nb` blocks, a multiple of 16 rows)
-    /// repacked into `arena`; `None` for another type or when the memory cannot be had
-    /// (the weight then stays in the file's layout).
+    /// A Q4_K, Q6_K or Q8_0 tensor's bytes (whole rows of `k` elements, a multiple of 16
+    /// rows) repacked into `arena`; `None` for another type or when the memory cannot be
+    /// had (the weight then stays in the file's layout).
     fn pack(
         ty: GgmlType,
         bytes: &[u8],
-        nb: usize,
+        k: usize,
         pool: &rayon::ThreadPool,
         arena: &arena::PackArena,
     ) -> Option<Self> {
         let mut region = arena.alloc(bytes.len()).ok()?;
         let dst = region.as_mut_slice();
         match ty {
-            GgmlType::Q4_K => pack_groups(bytes, nb, dst, pool, kernels::q4k_x16::pack),
-            GgmlType::Q6_K => pack_groups(bytes, nb, dst, pool, kernels::q6k_x16::pack),
+            GgmlType::Q4_K => pack_groups(bytes, k / 256, dst, pool, kernels::q4k_x16::pack),
+            GgmlType::Q6_K => pack_groups(bytes, k / 256, dst, pool, kernels::q6k_x16::pack),
+            GgmlType::Q8_0 => pack_groups(bytes, k / 32, dst, pool, kernels::q8_0_x16::pack),
             _ => return None,
         }
         Some(Self { region, ty })
@@ -284,7 +289,7 @@ impl CpuWeight {
         match &self.x16 {
             Some(p) => {
                 debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
-                p.rows().packed_rows(self.k / 256, row0, rows)
+                p.rows().packed_rows(self.k, row0, rows)
             }
             None => WeightRows::File(
                 &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
@@ -486,9 +491,8 @@ impl CpuDevice {
                 WeightRows::File(b) => b,
                 _ => &[][..],
             };
-            let nb = k / 256;
             // Packed rows `o0..o0 + rows` (whole groups).
-            let groups = |o0: usize, rows: usize| w.packed_rows(nb, o0, rows);
+            let groups = |o0: usize, rows: usize| w.packed_rows(k, o0, rows);
             let row_dot = |o: usize, rows: &[usize], dst: &mut [f32]| {
                 dot_rows_checked(
                     level,
@@ -511,7 +515,7 @@ impl CpuDevice {
                     .try_for_each(|(c, dst)| {
                         let o0 = c * per_task;
                         if packed {
-                            return kernels::x16_rows(groups(o0, dst.len()), nb, acts, &[0], dst)
+                            return kernels::x16_rows(groups(o0, dst.len()), k, acts, &[0], dst)
                                 .map_err(|e| fmt_err("matmul", e));
                         }
                         let wb = &w_bytes[o0 * row_bytes..(o0 + dst.len()) * row_bytes];
@@ -550,7 +554,7 @@ impl CpuDevice {
                     let o0 = c * per_task;
                     let rows_here = dst.len() / m;
                     if packed {
-                        return kernels::x16_rows(groups(o0, rows_here), nb, acts, &all_rows, dst)
+                        return kernels::x16_rows(groups(o0, rows_here), k, acts, &all_rows, dst)
                             .map_err(|e| fmt_err("matmul", e));
                     }
                     let wb = &w_bytes[o0 * row_bytes..(o0 + rows_here) * row_bytes];
@@ -703,16 +707,19 @@ impl Device for CpuDevice {
         })?;
         let bytes = desc.data.len() as u64;
         let (n, e) = (desc.out_features(), desc.experts());
-        // Q4_K rows repacked sixteen at a time for the VNNI decode kernels (`q4k_x16`
-        // says why); the same bytes in another order.
+        // Q4_K, Q6_K and Q8_0 rows repacked sixteen at a time for the VNNI decode
+        // kernels (`q4k_x16` and `q8_0_x16` say why); the same bytes in another order.
         let packable = self.level == SimdLevel::Avx512Vnni
-            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
-            && k.is_multiple_of(256)
+            && match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
+                GgmlType::Q8_0 => k.is_multiple_of(32),
+                _ => false,
+            }
             && n.is_multiple_of(X16_ROWS)
             && n * e > 0
             && repack_enabled();
         let x16 = if packable {
-            Packed::pack(ty, desc.data.as_slice(), k / 256, &self.pool, &self.arena)
+            Packed::pack(ty, desc.data.as_slice(), k, &self.pool, &self.arena)
         } else {
             None
         };
@@ -888,7 +895,7 @@ impl Device for CpuDevice {
                 let rows = dst.len() / m;
                 let wr = w.rows(o0, rows);
                 if wr.is_packed() {
-                    return kernels::x16_rows(wr, k / 256, &acts, &all_rows, dst).map_err(|e| {
+                    return kernels::x16_rows(wr, k, &acts, &all_rows, dst).map_err(|e| {
                         let e = fmt_err("matmul", e);
                         HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name))
                     });
@@ -1111,7 +1118,7 @@ impl Device for CpuDevice {
                 if wr.is_packed() {
                     let inputs: Vec<usize> =
                         list.iter().map(|&i| rows[i].input_row as usize).collect();
-                    return kernels::x16_rows(wr, k / 256, acts, &inputs, dst)
+                    return kernels::x16_rows(wr, k, acts, &inputs, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 let mat_bytes = n * row_bytes;

@@ -29,7 +29,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
         // Row counts that leave every edge of the panel gemm's tiles (panels of 16 weight
         // rows x 2 activation rows): panels of 1, 3, 5 or 9 live rows, exactly one
         // panel, 16 + 16 + 3 rows, 66 rows (5 panels, decoded by two tasks); odd and even
-        // activation row counts.
+        // activation row counts. A multiple of 16 rows of Q8_0 is repacked at staging on
+        // AVX-512 VNNI (`q8_0_x16`): 16 rows, and 48 (three row groups, over the tasks).
         for (k, n) in [
             (640, 9),
             (2048, 5),
@@ -39,11 +40,12 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
             (32, 37),
             (640, 66),
             (64, 16),
+            (640, 48),
         ] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
             // 16 rows and more: the weight-tiled gemm, in tasks of a multiple of 4 rows.
-            for m in [1usize, 2, 3, 5, 9, 13, 16, 19, 30, 35] {
+            for m in [1usize, 2, 3, 4, 5, 9, 13, 16, 19, 30, 35] {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {

@@ -45,6 +45,7 @@ pub(crate) mod avx512;
 pub(crate) mod kq_panel;
 pub(crate) mod q4k_x16;
 pub(crate) mod q6k_x16;
+pub(crate) mod q8_0_x16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tinyblas;
 #[cfg(target_arch = "x86_64")]
@@ -472,19 +473,25 @@ pub(crate) fn gemm(
         neg16_lanes,
     } = acts
     {
-        let WeightRows::File(w) = w else {
+        if !matches!(w, WeightRows::File(_) | WeightRows::Q8_0x16(_)) {
             return Ok(false);
-        };
+        }
         if level == SimdLevel::Avx512Vnni
             && m >= GEMM_MIN_ROWS
             && n.div_ceil(vnni::PANEL_ROWS) * (k / 32) * std::mem::size_of::<vnni::PanelBlock>()
                 <= GEMM_MAX_DECODED_BYTES
         {
             let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
-            match ty {
-                GgmlType::Q5_0 => q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out),
-                GgmlType::Q8_0 => q0_gemm::<BlockQ8_0>(w, a, k, n, rows_per_task, scratch, out),
-                GgmlType::Q4_0 => q0_gemm::<BlockQ4_0>(w, a, k, n, rows_per_task, scratch, out),
+            match (ty, w) {
+                (GgmlType::Q5_0, WeightRows::File(_)) => {
+                    q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
+                (GgmlType::Q8_0, _) => {
+                    q0_gemm::<BlockQ8_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
+                (GgmlType::Q4_0, WeightRows::File(_)) => {
+                    q0_gemm::<BlockQ4_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
                 _ => return Ok(false),
             }
             return Ok(true);
@@ -524,8 +531,10 @@ fn kq_panel_gemm(
         ($B:ty) => {{
             // 2 panels (32 rows) per decoding task.
             match w {
-                WeightRows::File(w) => {
-                    let wb = view::<$B>(w);
+                // (A Q8_0 layout never comes with a K-quant type; its file bytes would.)
+                WeightRows::File(_) | WeightRows::Q8_0x16(_) => {
+                    let bytes = w.file_bytes(k);
+                    let wb = view::<$B>(&bytes);
                     dec.par_chunks_mut(2 * nb)
                         .enumerate()
                         .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
@@ -649,7 +658,7 @@ fn kq_gemm(
 /// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
 fn q0_gemm<B: vnni::Q0Pair>(
-    w: &[u8],
+    w: WeightRows<'_>,
     a: vnni::Q8_0Side<'_>,
     k: usize,
     n: usize,
@@ -662,16 +671,25 @@ fn q0_gemm<B: vnni::Q0Pair>(
     if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
-    let wb = view::<B>(w);
     let panels = n.div_ceil(vnni::PANEL_ROWS);
     if scratch.panels.len() < panels * nb {
         scratch.panels = vec![vnni::PanelBlock::ZERO; panels * nb];
     }
     let dec = &mut scratch.panels[..panels * nb];
     // 4 panels (64 rows) per decoding task.
-    dec.par_chunks_mut(4 * nb)
-        .enumerate()
-        .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 4 * c, d));
+    match w {
+        WeightRows::Q8_0x16(g) => dec
+            .par_chunks_mut(4 * nb)
+            .enumerate()
+            .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d)),
+        _ => {
+            let bytes = w.file_bytes(k);
+            let wb = view::<B>(&bytes);
+            dec.par_chunks_mut(4 * nb)
+                .enumerate()
+                .for_each(|(c, d)| vnni::q0_decode(&wb, nb, n, 4 * c, d));
+        }
+    }
     let dec = &*dec;
     let (blocks, scales, neg16_lanes) = a;
     // The kernel starts each lane from its activation lane sum times minus the weight's
@@ -713,8 +731,8 @@ pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
         )
 }
 
-/// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K rows
-/// repacked at staging (`q4k_x16`, `q6k_x16`: whole 16-row groups).
+/// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K / Q8_0
+/// rows repacked at staging (`q4k_x16`, `q6k_x16`, `q8_0_x16`: whole 16-row groups).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum WeightRows<'a> {
     /// Whole rows in the GGUF block layout.
@@ -723,6 +741,8 @@ pub(crate) enum WeightRows<'a> {
     Q4Kx16(&'a [q4k_x16::BlockQ4Kx16]),
     /// Whole 16-row groups of Q6_K blocks, repacked.
     Q6Kx16(&'a [q6k_x16::BlockQ6Kx16]),
+    /// Whole 16-row groups of Q8_0 blocks, repacked.
+    Q8_0x16(&'a [q8_0_x16::BlockQ8_0x16]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -731,14 +751,25 @@ impl<'a> WeightRows<'a> {
         !matches!(self, WeightRows::File(_))
     }
 
-    /// Rows `o0..o0 + rows` (multiples of 16) of repacked rows of `nb` blocks each; file
+    /// Blocks per row of `k` elements in this layout (file bytes: 0, never used).
+    pub(crate) fn blocks_per_row(self, k: usize) -> usize {
+        match self {
+            WeightRows::File(_) => 0,
+            WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
+            WeightRows::Q8_0x16(_) => k / 32,
+        }
+    }
+
+    /// Rows `o0..o0 + rows` (multiples of 16) of repacked rows of `k` elements each; file
     /// bytes are returned as they are.
-    pub(crate) fn packed_rows(self, nb: usize, o0: usize, rows: usize) -> Self {
+    pub(crate) fn packed_rows(self, k: usize, o0: usize, rows: usize) -> Self {
+        let nb = self.blocks_per_row(k);
         let r = o0 / q4k_x16::X16_ROWS * nb..(o0 + rows) / q4k_x16::X16_ROWS * nb;
         match self {
             WeightRows::File(_) => self,
             WeightRows::Q4Kx16(g) => WeightRows::Q4Kx16(&g[r]),
             WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
+            WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
         }
     }
 
@@ -749,38 +780,39 @@ impl<'a> WeightRows<'a> {
             WeightRows::File(_) => None,
             WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
         }
     }
 
     /// The rows in the file's layout (`k` elements per row): borrowed, or unpacked into a
     /// new buffer (the rare paths without a kernel for the packed layout).
     pub(crate) fn file_bytes(self, k: usize) -> Cow<'a, [u8]> {
+        let nb = self.blocks_per_row(k);
         match self {
             WeightRows::File(w) => Cow::Borrowed(w),
-            WeightRows::Q4Kx16(g) => Cow::Owned(x16::unpack_all(g, k / 256)),
-            WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, k / 256)),
+            WeightRows::Q4Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
         }
     }
 }
 
-/// Repacked weight rows (`q4k_x16` / `q6k_x16`: whole 16-row groups of `nb` blocks
-/// each) against the activation rows `act_rows` of `acts` (Q8_K), into `out_t` as
-/// `[weight row][act_rows.len()]`: the decode matmuls of a weight repacked at staging.
-/// Each packed block is read once for up to four activation rows.
+/// Repacked weight rows (`q4k_x16` / `q6k_x16` / `q8_0_x16`: whole 16-row groups of
+/// `k` elements per row) against the activation rows `act_rows` of `acts` (Q8_K for the
+/// K-quants, Q8_0 for Q8_0), into `out_t` as `[weight row][act_rows.len()]`: the decode
+/// matmuls of a weight repacked at staging. Each packed block is read once for up to
+/// four activation rows.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn x16_rows(
     w: WeightRows<'_>,
-    nb: usize,
+    k: usize,
     acts: &Acts,
     act_rows: &[usize],
     out_t: &mut [f32],
 ) -> Result<(), FormatError> {
     use q4k_x16::X16_ROWS;
-    let Acts::Q8K(a) = acts else {
-        return Err(FormatError::Unsupported(GgmlType::Q4_K));
-    };
+    let nb = w.blocks_per_row(k);
     let m = act_rows.len();
-    let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
     let put = |o: &[[f32; X16_ROWS]], g: usize, t0: usize, out_t: &mut [f32]| {
         if m == 1 {
             // A decode row: the sixteen outputs are consecutive.
@@ -793,10 +825,11 @@ pub(crate) fn x16_rows(
             }
         }
     };
-    // Every group against the activation rows in tiles of up to `$tile` (at most four).
+    // Every group against the activation rows (`y(t)`: row `act_rows[t]` as the kernel
+    // takes it) in tiles of up to four.
     macro_rules! run {
-        ($groups:expr, $kernel:path, $tile:expr) => {{
-            let groups = $groups;
+        ($groups:expr, $kernel:path, $y:expr, $tile:expr) => {{
+            let (groups, y) = ($groups, $y);
             let n_groups = groups.len() / nb.max(1);
             assert_eq!(out_t.len(), n_groups * X16_ROWS * m, "x16_rows: out length");
             for g in 0..n_groups {
@@ -833,11 +866,37 @@ pub(crate) fn x16_rows(
             }
         }};
     }
-    match w {
-        WeightRows::Q4Kx16(g) => run!(g, q4k_x16::dot_group, 4),
+    match (w, acts) {
+        (WeightRows::Q4Kx16(g), Acts::Q8K(a)) => {
+            run!(
+                g,
+                q4k_x16::dot_group,
+                |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb],
+                4
+            )
+        }
         // Q6_K takes its activation rows in pairs inside each block (`q6k_x16::dot_group`).
-        WeightRows::Q6Kx16(g) => run!(g, q6k_x16::dot_group, 4),
-        WeightRows::File(_) => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
+        (WeightRows::Q6Kx16(g), Acts::Q8K(a)) => {
+            run!(
+                g,
+                q6k_x16::dot_group,
+                |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb],
+                4
+            )
+        }
+        (WeightRows::Q8_0x16(g), Acts::Q8_0 { .. }) => {
+            let scaled: Vec<Vec<[i32; 8]>> = act_rows
+                .iter()
+                .map(|&r| q8_0_x16::scaled_lanes(acts.q8_0_side(r, nb).2))
+                .collect();
+            let side = |t: usize| {
+                let (q, s, _) = acts.q8_0_side(act_rows[t], nb);
+                (q, s, &scaled[t][..])
+            };
+            run!(g, q8_0_x16::dot_group, side, 4)
+        }
+        (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
+        _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
     }
     Ok(())
 }
@@ -846,7 +905,7 @@ pub(crate) fn x16_rows(
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn x16_rows(
     _w: WeightRows<'_>,
-    _nb: usize,
+    _k: usize,
     _acts: &Acts,
     _act_rows: &[usize],
     _out_t: &mut [f32],

@@ -708,6 +708,28 @@ pub(crate) fn q0_decode<B: Q0Pair>(
     });
 }
 
+/// The panels `p0..p0 + dec.len() / nb` of Q8_0 rows repacked at staging
+/// (`q8_0_x16`: whole 16-row groups of `nb` blocks, the quants already unsigned): the
+/// same panels [`q0_decode`] makes of the file's rows, with no transposes.
+pub(crate) fn q0_decode_x16(
+    groups: &[super::q8_0_x16::BlockQ8_0x16],
+    nb: usize,
+    p0: usize,
+    dec: &mut [PanelBlock],
+) {
+    let src = &groups[p0 * nb..p0 * nb + dec.len()];
+    for (o, b) in dec.iter_mut().zip(src) {
+        for (u, words) in o.u.iter_mut().zip(b.qs_words()) {
+            for (c, w) in u.chunks_exact_mut(4).zip(words) {
+                c.copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        for (d, &h) in o.d.iter_mut().zip(b.scale_bits()) {
+            *d = flint_core::dequant::f16_to_f32(h);
+        }
+    }
+}
+
 /// The sixteen rows of a panel (`panel`: its blocks) against `A` activation rows, in
 /// tinyBLAS's order: per output eight f32 lanes, per block
 /// `lane j = fma(d_w * d_a, sum of quants 4j..4j + 4, lane j)`, the lanes added as
