@@ -63,6 +63,20 @@ impl WeightSource {
         }
     }
 
+    /// [`release_resident`](Self::release_resident) for bytes `part` of this source (a
+    /// device that copies a large weight piece by piece hands each piece back as it
+    /// goes, so that the copy and the source are never both whole in memory). A part
+    /// past the end is clipped.
+    pub fn release_resident_part(&self, part: Range<usize>) {
+        if let Some(hook) = &self.release {
+            let len = self.range.len();
+            let (s, e) = (part.start.min(len), part.end.min(len));
+            if s < e {
+                hook(self.range.start + s..self.range.start + e);
+            }
+        }
+    }
+
     /// A source owning `data` (tests, synthesised weights).
     pub fn from_vec(data: Vec<u8>) -> Self {
         let len = data.len();
@@ -270,5 +284,34 @@ impl StagingPlan {
             .filter(|w| f(w))
             .map(|w| w.resident_bytes)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A part is offset by the source's start and clipped to its end; an empty or
+    /// wholly clipped part calls nothing; without a hook nothing happens.
+    #[test]
+    fn release_resident_part_offsets_and_clips() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let src = WeightSource::new(Arc::new(vec![0u8; 100]), 10..60)
+            .expect("range")
+            .with_release(Arc::new(move |r| {
+                seen.lock().unwrap_or_else(|e| e.into_inner()).push(r)
+            }));
+        src.release_resident_part(0..20);
+        src.release_resident_part(20..80);
+        src.release_resident_part(55..90);
+        src.release_resident_part(7..7);
+        src.release_resident();
+        let got = calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(got, vec![10..30, 30..60, 10..60]);
+        let plain = WeightSource::new(Arc::new(vec![0u8; 8]), 0..8).expect("range");
+        plain.release_resident_part(0..4);
+        assert!(!plain.can_release());
     }
 }
