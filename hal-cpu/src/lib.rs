@@ -2,9 +2,9 @@
 //!
 //! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`]
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
-//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K, Q6_K or Q8_0 weight
-//! whose rows per matrix are a multiple of 16 is repacked at staging into row groups
-//! (`kernels::q4k_x16`, `kernels::q6k_x16`, `kernels::q8_0_x16`: sixteen rows of a
+//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K, Q6_K, Q8_0 or Q5_0
+//! weight whose rows per matrix are a multiple of 16 is repacked at staging into row
+//! groups (`kernels::q4k_x16`, `kernels::q6k_x16`, `kernels::q0_x16`: sixteen rows of a
 //! block side by side, the same bytes in another order), which the decode kernels
 //! multiply without folding sums across lanes (one core, cache-resident: M = 1 about 2x
 //! the file layout's speed, M = 4 1.5-3x) and the prompt-batch panels read without
@@ -193,13 +193,13 @@ pub struct CpuWeight {
     e: usize,
     row_bytes: usize,
     /// The rows repacked for the decode kernels (`kernels::q4k_x16`, `q6k_x16`,
-    /// `q8_0_x16`), when
+    /// `q0_x16`), when
     /// the weight was staged so; the matmuls then read these, never `src`.
     x16: Option<Packed>,
 }
 
-/// A Q4_K, Q6_K or Q8_0 weight's rows repacked at staging (`kernels::q4k_x16`,
-/// `kernels::q6k_x16`, `kernels::q8_0_x16`), in the device's huge-page arena (`arena.rs`
+/// A Q4_K, Q6_K, Q8_0 or Q5_0 weight's rows repacked at staging (`kernels::q4k_x16`,
+/// `kernels::q6k_x16`, `kernels::q0_x16`), in the device's huge-page arena (`arena.rs`
 /// says why).
 struct Packed {
     region: arena::Region,
@@ -222,11 +222,12 @@ impl Packed {
         match self.ty {
             GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
             GgmlType::Q8_0 => WeightRows::Q8_0x16(bytemuck::cast_slice(bytes)),
+            GgmlType::Q5_0 => WeightRows::Q5_0x16(bytemuck::cast_slice(bytes)),
             _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
         }
     }
 
-    /// A Q4_K, Q6_K or Q8_0 tensor's bytes (whole rows of `k` elements, a multiple of 16
+    /// A Q4_K, Q6_K, Q8_0 or Q5_0 tensor's bytes (whole rows of `k` elements, a multiple of 16
     /// rows) repacked into `arena`; `None` for another type or when the memory cannot be
     /// had (the weight then stays in the file's layout).
     ///
@@ -252,9 +253,22 @@ impl Packed {
             GgmlType::Q6_K => {
                 pack_groups(bytes, k / 256, dst, pool, &release, kernels::q6k_x16::pack)
             }
-            GgmlType::Q8_0 => {
-                pack_groups(bytes, k / 32, dst, pool, &release, kernels::q8_0_x16::pack)
-            }
+            GgmlType::Q8_0 => pack_groups(
+                bytes,
+                k / 32,
+                dst,
+                pool,
+                &release,
+                kernels::q0_x16::pack_q8_0,
+            ),
+            GgmlType::Q5_0 => pack_groups(
+                bytes,
+                k / 32,
+                dst,
+                pool,
+                &release,
+                kernels::q0_x16::pack_q5_0,
+            ),
             _ => return None,
         }
         Some(Self { region, ty })
@@ -738,12 +752,12 @@ impl Device for CpuDevice {
         })?;
         let bytes = desc.data.len() as u64;
         let (n, e) = (desc.out_features(), desc.experts());
-        // Q4_K, Q6_K and Q8_0 rows repacked sixteen at a time for the VNNI decode
-        // kernels (`q4k_x16` and `q8_0_x16` say why); the same bytes in another order.
+        // Q4_K, Q6_K, Q8_0 and Q5_0 rows repacked sixteen at a time for the VNNI decode
+        // kernels (`q4k_x16` and `q0_x16` say why); the same bytes in another order.
         let packable = self.level == SimdLevel::Avx512Vnni
             && match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
-                GgmlType::Q8_0 => k.is_multiple_of(32),
+                GgmlType::Q8_0 | GgmlType::Q5_0 => k.is_multiple_of(32),
                 _ => false,
             }
             && n.is_multiple_of(X16_ROWS)

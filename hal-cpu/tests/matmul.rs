@@ -277,11 +277,12 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::Q8_0, 6),
         (GgmlType::F16, 6),
         (GgmlType::Q4_K, 40),
-        // 32 rows per expert: Q4_K, Q6_K and Q8_0 repacked at staging on AVX-512 VNNI
-        // (`q4k_x16`, `q6k_x16`, `q8_0_x16`).
+        // 32 rows per expert: Q4_K, Q6_K, Q8_0 and Q5_0 repacked at staging on AVX-512
+        // VNNI (`q4k_x16`, `q6k_x16`, `q0_x16`).
         (GgmlType::Q4_K, 32),
         (GgmlType::Q6_K, 32),
         (GgmlType::Q8_0, 32),
+        (GgmlType::Q5_0, 32),
         (GgmlType::Q6_K, 40),
         (GgmlType::Q5_0, 40),
     ] {
@@ -401,15 +402,19 @@ fn get_rows_dequantizes_embedding_rows() {
     let d = 256;
     for ty in [
         GgmlType::Q8_0,
+        GgmlType::Q5_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
     ] {
-        // 48 Q4_K / Q6_K / Q8_0 rows: repacked at staging on AVX-512 VNNI (`q4k_x16`,
-        // `q6k_x16`, `q8_0_x16`), rows of the second and third groups asked for.
-        let v = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0) {
+        // 48 Q4_K / Q6_K / Q8_0 / Q5_0 rows: repacked at staging on AVX-512 VNNI
+        // (`q4k_x16`, `q6k_x16`, `q0_x16`), rows of the second and third groups asked for.
+        let v = if matches!(
+            ty,
+            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0
+        ) {
             48
         } else {
             10
@@ -461,7 +466,7 @@ fn registry_entry_opens_cpu() {
 }
 
 /// On AVX-512 VNNI every weight hands its file bytes back through the source's release
-/// hook, once, with its own range: a Q4_K, Q6_K or Q8_0 weight with rows a multiple of 16
+/// hook, once, with its own range: a Q4_K, Q6_K, Q8_0 or Q5_0 weight with rows a multiple of 16
 /// repacked at staging, any other copied into the device's huge-page arena (the holes
 /// the repacked ones leave in the loader's copy would put it on small pages). Either way
 /// the staged weight computes what a plain copy of the bytes does.
@@ -474,15 +479,16 @@ fn every_weight_releases_its_file_bytes_repacked_or_copied() {
     let mut rng = Rng(12);
     let k = 512;
     let dev = device(SimdLevel::Avx512Vnni, 2);
-    // Repacked, kept in the file's layout (27 rows), repacked, repacked, another type;
-    // then a repacked weight larger than one piece of the packing (4 MiB), whose bytes
-    // go back piece by piece as they are packed, and then whole.
+    // Repacked, kept in the file's layout (27 rows), repacked three times, another
+    // type; then a repacked weight larger than one piece of the packing (4 MiB), whose
+    // bytes go back piece by piece as they are packed, and then whole.
     for (ty, n) in [
         (GgmlType::Q4_K, 32),
         (GgmlType::Q4_K, 27),
         (GgmlType::Q6_K, 32),
         (GgmlType::Q8_0, 32),
         (GgmlType::Q5_0, 32),
+        (GgmlType::Q4_0, 32),
         (GgmlType::Q8_0, 18432),
     ] {
         let w = random_weight(&mut rng, ty, k, n);

@@ -29,8 +29,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
         // Row counts that leave every edge of the panel gemm's tiles (panels of 16 weight
         // rows x 2 activation rows): panels of 1, 3, 5 or 9 live rows, exactly one
         // panel, 16 + 16 + 3 rows, 66 rows (5 panels, decoded by two tasks); odd and even
-        // activation row counts. A multiple of 16 rows of Q8_0 is repacked at staging on
-        // AVX-512 VNNI (`q8_0_x16`): 16 rows, and 48 (three row groups, over the tasks).
+        // activation row counts. A multiple of 16 rows is repacked at staging on AVX-512
+        // VNNI (`q0_x16`): 16 rows, and 48 (three row groups, over the tasks).
         for (k, n) in [
             (640, 9),
             (2048, 5),

@@ -43,9 +43,9 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kq_panel;
+pub(crate) mod q0_x16;
 pub(crate) mod q4k_x16;
 pub(crate) mod q6k_x16;
-pub(crate) mod q8_0_x16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tinyblas;
 #[cfg(target_arch = "x86_64")]
@@ -473,7 +473,10 @@ pub(crate) fn gemm(
         neg16_lanes,
     } = acts
     {
-        if !matches!(w, WeightRows::File(_) | WeightRows::Q8_0x16(_)) {
+        if !matches!(
+            w,
+            WeightRows::File(_) | WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_)
+        ) {
             return Ok(false);
         }
         if level == SimdLevel::Avx512Vnni
@@ -483,7 +486,7 @@ pub(crate) fn gemm(
         {
             let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
             match (ty, w) {
-                (GgmlType::Q5_0, WeightRows::File(_)) => {
+                (GgmlType::Q5_0, _) => {
                     q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out)
                 }
                 (GgmlType::Q8_0, _) => {
@@ -531,8 +534,9 @@ fn kq_panel_gemm(
         ($B:ty) => {{
             // 2 panels (32 rows) per decoding task.
             match w {
-                // (A Q8_0 layout never comes with a K-quant type; its file bytes would.)
-                WeightRows::File(_) | WeightRows::Q8_0x16(_) => {
+                // (A Q8_0 / Q5_0 layout never comes with a K-quant type; its file bytes
+                // would.)
+                WeightRows::File(_) | WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => {
                     let bytes = w.file_bytes(k);
                     let wb = view::<$B>(&bytes);
                     dec.par_chunks_mut(2 * nb)
@@ -682,6 +686,10 @@ fn q0_gemm<B: vnni::Q0Pair>(
             .par_chunks_mut(4 * nb)
             .enumerate()
             .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d)),
+        WeightRows::Q5_0x16(g) => dec
+            .par_chunks_mut(4 * nb)
+            .enumerate()
+            .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d)),
         _ => {
             let bytes = w.file_bytes(k);
             let wb = view::<B>(&bytes);
@@ -732,7 +740,7 @@ pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
 }
 
 /// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K / Q8_0
-/// rows repacked at staging (`q4k_x16`, `q6k_x16`, `q8_0_x16`: whole 16-row groups).
+/// / Q5_0 rows repacked at staging (`q4k_x16`, `q6k_x16`, `q0_x16`: whole 16-row groups).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum WeightRows<'a> {
     /// Whole rows in the GGUF block layout.
@@ -742,7 +750,9 @@ pub(crate) enum WeightRows<'a> {
     /// Whole 16-row groups of Q6_K blocks, repacked.
     Q6Kx16(&'a [q6k_x16::BlockQ6Kx16]),
     /// Whole 16-row groups of Q8_0 blocks, repacked.
-    Q8_0x16(&'a [q8_0_x16::BlockQ8_0x16]),
+    Q8_0x16(&'a [q0_x16::BlockQ8_0x16]),
+    /// Whole 16-row groups of Q5_0 blocks, repacked.
+    Q5_0x16(&'a [q0_x16::BlockQ5_0x16]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -756,7 +766,7 @@ impl<'a> WeightRows<'a> {
         match self {
             WeightRows::File(_) => 0,
             WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
-            WeightRows::Q8_0x16(_) => k / 32,
+            WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => k / 32,
         }
     }
 
@@ -770,6 +780,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q4Kx16(g) => WeightRows::Q4Kx16(&g[r]),
             WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
             WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
+            WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
         }
     }
 
@@ -781,6 +792,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
         }
     }
 
@@ -793,13 +805,14 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q4Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
         }
     }
 }
 
-/// Repacked weight rows (`q4k_x16` / `q6k_x16` / `q8_0_x16`: whole 16-row groups of
-/// `k` elements per row) against the activation rows `act_rows` of `acts` (Q8_K for the
-/// K-quants, Q8_0 for Q8_0), into `out_t` as `[weight row][act_rows.len()]`: the decode
+/// Repacked weight rows (`q4k_x16` / `q6k_x16` / `q0_x16`: whole 16-row groups of `k`
+/// elements per row) against the activation rows `act_rows` of `acts` (Q8_K for the
+/// K-quants, Q8_0 for Q8_0 and Q5_0), into `out_t` as `[weight row][act_rows.len()]`: the decode
 /// matmuls of a weight repacked at staging. Each packed block is read once for up to
 /// four activation rows.
 #[cfg(target_arch = "x86_64")]
@@ -887,15 +900,25 @@ pub(crate) fn x16_rows(
         (WeightRows::Q8_0x16(g), Acts::Q8_0 { .. }) => {
             let scaled: Vec<Vec<[i32; 8]>> = act_rows
                 .iter()
-                .map(|&r| q8_0_x16::scaled_lanes(acts.q8_0_side(r, nb).2))
+                .map(|&r| q0_x16::scaled_lanes(acts.q8_0_side(r, nb).2))
                 .collect();
             let side = |t: usize| {
                 let (q, s, _) = acts.q8_0_side(act_rows[t], nb);
                 (q, s, &scaled[t][..])
             };
-            run!(g, q8_0_x16::dot_group, side, 4)
+            run!(g, q0_x16::dot_group, side, 4)
+        }
+        // Q5_0's offset is 16: the `-16 x` lane sums as they are.
+        (WeightRows::Q5_0x16(g), Acts::Q8_0 { .. }) => {
+            run!(
+                g,
+                q0_x16::dot_group,
+                |t: usize| acts.q8_0_side(act_rows[t], nb),
+                4
+            )
         }
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
+        (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
         _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
     }
     Ok(())

@@ -708,24 +708,33 @@ pub(crate) fn q0_decode<B: Q0Pair>(
     });
 }
 
-/// The panels `p0..p0 + dec.len() / nb` of Q8_0 rows repacked at staging
-/// (`q8_0_x16`: whole 16-row groups of `nb` blocks, the quants already unsigned): the
-/// same panels [`q0_decode`] makes of the file's rows, with no transposes.
-pub(crate) fn q0_decode_x16(
-    groups: &[super::q8_0_x16::BlockQ8_0x16],
+/// The panels `p0..p0 + dec.len() / nb` of Q8_0 or Q5_0 rows repacked at staging
+/// (`q0_x16`: whole 16-row groups of `nb` blocks): the same panels [`q0_decode`] makes
+/// of the file's rows, with no transposes.
+pub(crate) fn q0_decode_x16<G: super::q0_x16::Q0Group>(
+    groups: &[G],
     nb: usize,
     p0: usize,
     dec: &mut [PanelBlock],
 ) {
-    let src = &groups[p0 * nb..p0 * nb + dec.len()];
+    // SAFETY: the VNNI level (AVX-512 F/BW, F16C) was checked against the CPU at device
+    // open.
+    unsafe { decode_x16_blocks(&groups[p0 * nb..p0 * nb + dec.len()], dec) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+fn decode_x16_blocks<G: super::q0_x16::Q0Group>(src: &[G], dec: &mut [PanelBlock]) {
     for (o, b) in dec.iter_mut().zip(src) {
-        for (u, words) in o.u.iter_mut().zip(b.qs_words()) {
-            for (c, w) in u.chunks_exact_mut(4).zip(words) {
-                c.copy_from_slice(&w.to_le_bytes());
-            }
+        // SAFETY: this function's features include what `lanes` needs.
+        let u = unsafe { b.lanes() };
+        for (dst, v) in o.u.iter_mut().zip(u) {
+            // SAFETY: 64 writable bytes, 64-byte aligned.
+            unsafe { _mm512_store_si512(dst.as_mut_ptr() as *mut __m512i, v) };
         }
-        for (d, &h) in o.d.iter_mut().zip(b.scale_bits()) {
-            *d = flint_core::dequant::f16_to_f32(h);
+        // SAFETY: 32 readable bytes in, 64 writable bytes out, 64-byte aligned.
+        unsafe {
+            let h = _mm256_loadu_si256(b.scale_bits().as_ptr() as *const __m256i);
+            _mm512_store_ps(o.d.as_mut_ptr(), _mm512_cvtph_ps(h));
         }
     }
 }
