@@ -58,22 +58,13 @@ const SIGNS: u32 = 0x8080_8080;
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack_q8_0(src: &[BlockQ8_0], nb: usize, out: &mut [BlockQ8_0x16]) {
-    assert_eq!(src.len(), out.len() * X16_ROWS, "q0_x16::pack: lengths");
-    assert!(
-        nb > 0 && out.len().is_multiple_of(nb),
-        "q0_x16::pack: blocks per row"
-    );
-    for (gi, dst) in out.iter_mut().enumerate() {
-        let (g, i) = (gi / nb, gi % nb);
-        for r in 0..X16_ROWS {
-            let b = &src[(g * X16_ROWS + r) * nb + i];
-            dst.d[r] = b.d;
-            for (t, q) in b.qs.chunks_exact(4).enumerate() {
-                let w = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
-                dst.qs[t][r] = w ^ SIGNS;
-            }
+    super::x16::pack_rows(src, nb, out, "q0_x16", |dst, r, b| {
+        dst.d[r] = b.d;
+        for (t, q) in b.qs.chunks_exact(4).enumerate() {
+            let w = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+            dst.qs[t][r] = w ^ SIGNS;
         }
-    }
+    })
 }
 
 impl RowGroup for BlockQ8_0x16 {
@@ -120,22 +111,13 @@ impl std::fmt::Debug for BlockQ5_0x16 {
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack_q5_0(src: &[BlockQ5_0], nb: usize, out: &mut [BlockQ5_0x16]) {
-    assert_eq!(src.len(), out.len() * X16_ROWS, "q0_x16::pack: lengths");
-    assert!(
-        nb > 0 && out.len().is_multiple_of(nb),
-        "q0_x16::pack: blocks per row"
-    );
-    for (gi, dst) in out.iter_mut().enumerate() {
-        let (g, i) = (gi / nb, gi % nb);
-        for r in 0..X16_ROWS {
-            let b = &src[(g * X16_ROWS + r) * nb + i];
-            dst.d[r] = b.d;
-            dst.qh[r] = u32::from_le_bytes(b.qh);
-            for (t, q) in b.qs.chunks_exact(4).enumerate() {
-                dst.qs[t][r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-            }
+    super::x16::pack_rows(src, nb, out, "q0_x16", |dst, r, b| {
+        dst.d[r] = b.d;
+        dst.qh[r] = u32::from_le_bytes(b.qh);
+        for (t, q) in b.qs.chunks_exact(4).enumerate() {
+            dst.qs[t][r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
         }
-    }
+    })
 }
 
 impl RowGroup for BlockQ5_0x16 {

@@ -75,23 +75,14 @@ fn head_bytes(b: &BlockQ4K) -> [u8; 16] {
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack(src: &[BlockQ4K], nb: usize, out: &mut [BlockQ4Kx16]) {
-    assert_eq!(src.len(), out.len() * X16_ROWS, "q4k_x16::pack: lengths");
-    assert!(
-        nb > 0 && out.len().is_multiple_of(nb),
-        "q4k_x16::pack: blocks per row"
-    );
-    for (gi, dst) in out.iter_mut().enumerate() {
-        let (g, i) = (gi / nb, gi % nb);
-        for r in 0..X16_ROWS {
-            let b = &src[(g * X16_ROWS + r) * nb + i];
-            for (t, q) in b.qs.chunks_exact(4).enumerate() {
-                dst.qs[t][r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-            }
-            for (k, v) in head_bytes(b).into_iter().enumerate() {
-                dst.hdr[k][r] = v;
-            }
+    super::x16::pack_rows(src, nb, out, "q4k_x16", |dst, r, b| {
+        for (t, q) in b.qs.chunks_exact(4).enumerate() {
+            dst.qs[t][r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
         }
-    }
+        for (k, v) in head_bytes(b).into_iter().enumerate() {
+            dst.hdr[k][r] = v;
+        }
+    })
 }
 
 impl RowGroup for BlockQ4Kx16 {

@@ -56,29 +56,20 @@ fn word(b: &[u8], t: usize) -> u32 {
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack(src: &[BlockQ6K], nb: usize, out: &mut [BlockQ6Kx16]) {
-    assert_eq!(src.len(), out.len() * X16_ROWS, "q6k_x16::pack: lengths");
-    assert!(
-        nb > 0 && out.len().is_multiple_of(nb),
-        "q6k_x16::pack: blocks per row"
-    );
-    for (gi, dst) in out.iter_mut().enumerate() {
-        let (g, i) = (gi / nb, gi % nb);
-        for r in 0..X16_ROWS {
-            let b = &src[(g * X16_ROWS + r) * nb + i];
-            for n in 0..2 {
-                for l in 0..8 {
-                    let e = &mut dst.q[8 * n + l];
-                    e[0][r] = word(&b.ql, 16 * n + l);
-                    e[1][r] = word(&b.ql, 16 * n + 8 + l);
-                    e[2][r] = word(&b.qh, 8 * n + l);
-                }
+    super::x16::pack_rows(src, nb, out, "q6k_x16", |dst, r, b| {
+        for n in 0..2 {
+            for l in 0..8 {
+                let e = &mut dst.q[8 * n + l];
+                e[0][r] = word(&b.ql, 16 * n + l);
+                e[1][r] = word(&b.ql, 16 * n + 8 + l);
+                e[2][r] = word(&b.qh, 8 * n + l);
             }
-            for s in 0..16 {
-                dst.sc[s][r] = b.scales[s];
-            }
-            dst.d[r] = b.d;
         }
-    }
+        for s in 0..16 {
+            dst.sc[s][r] = b.scales[s];
+        }
+        dst.d[r] = b.d;
+    })
 }
 
 impl RowGroup for BlockQ6Kx16 {

@@ -33,6 +33,30 @@ pub(crate) fn bcast4<const N: usize>(q: &[i8; N], o: usize) -> __m512i {
     _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().add(o) as *const i32) })
 }
 
+/// Repacks `rows` (a multiple of 16) file rows of `nb` blocks each, as they lie in a GGUF
+/// tensor, into `out` (the same length): row group `g`'s block `i` at `out[g * nb + i]`,
+/// built by `put(group block, r, row r's block)` for its sixteen rows. `what` names the
+/// layout in the length checks' messages.
+pub(crate) fn pack_rows<B, X>(
+    src: &[B],
+    nb: usize,
+    out: &mut [X],
+    what: &str,
+    put: impl Fn(&mut X, usize, &B),
+) {
+    assert_eq!(src.len(), out.len() * X16_ROWS, "{what}::pack: lengths");
+    assert!(
+        nb > 0 && out.len().is_multiple_of(nb),
+        "{what}::pack: blocks per row"
+    );
+    for (gi, dst) in out.iter_mut().enumerate() {
+        let (g, i) = (gi / nb, gi % nb);
+        for r in 0..X16_ROWS {
+            put(dst, r, &src[(g * X16_ROWS + r) * nb + i]);
+        }
+    }
+}
+
 /// Row `r` (0..16) of one row group (`g`: its blocks) in the file's layout, as bytes.
 pub(crate) fn unpack_row_bytes<G: RowGroup>(g: &[G], r: usize) -> Vec<u8> {
     let row: Vec<G::Row> = g.iter().map(|b| b.unpack_row(r)).collect();
