@@ -87,6 +87,19 @@ pub struct ChatTemplate {
     builtin: bool,
 }
 
+/// Template instructions one render may execute (minijinja's fuel). A chat template
+/// comes from the model file, and a hostile one can loop for ever: two nested
+/// `range(100000)` loops ran for minutes and would have written 10 GB. The built-in
+/// Gemma template spends 36 per message (`render_fuel_of_the_gemma_template` measures
+/// it), so this leaves room for conversations of a million turns, and a loop that does
+/// not end stops in under a second.
+pub const RENDER_FUEL: u64 = 50_000_000;
+
+/// Bytes a rendered prompt may take beyond twice the messages' own: far more than any
+/// context holds, far less than a hostile template could write (a string of 100 MB
+/// repeated in a loop).
+pub const RENDER_EXTRA_BYTES: usize = 16 << 20;
+
 impl ChatTemplate {
     /// Compiles `source`.
     pub fn new(
@@ -98,6 +111,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -162,6 +176,10 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the assistant turn is opened.
+    ///
+    /// A template that runs past [`RENDER_FUEL`] instructions, or whose output passes
+    /// twice the messages' bytes plus [`RENDER_EXTRA_BYTES`], is stopped with
+    /// [`ChatError::Render`] saying which.
     pub fn render(
         &self,
         messages: &[ChatMessage],
@@ -171,13 +189,55 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ChatError::Render(describe(&e)))?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-        })
-        .map_err(|e| ChatError::Render(describe(&e)))
+        let input: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            cap: input.saturating_mul(2).saturating_add(RENDER_EXTRA_BYTES),
+        };
+        tmpl.render_to_write(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+            },
+            &mut out,
+        )
+        .map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => ChatError::Render(format!(
+                "the template ran more than {RENDER_FUEL} instructions (a loop that does not \
+                 end?)"
+            )),
+            _ => ChatError::Render(describe(&e)),
+        })?;
+        String::from_utf8(out.buf)
+            .map_err(|_| ChatError::Render("the rendered prompt is not UTF-8".into()))
+    }
+}
+
+/// A `Vec` that refuses to grow past `cap` bytes (the rendered prompt's limit).
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.cap {
+            return Err(std::io::Error::other(format!(
+                "the rendered prompt would pass {} bytes",
+                self.cap
+            )));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -258,12 +318,78 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_from_days;
+    use super::*;
 
     #[test]
     fn dates() {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    fn turns(n: usize) -> Vec<ChatMessage> {
+        (0..n)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                ChatMessage::new(role, format!("message number {i}, with some text in it"))
+            })
+            .collect()
+    }
+
+    /// What the built-in Gemma template spends per message, against [`RENDER_FUEL`]: a
+    /// conversation of 20,000 turns must fit with room to spare.
+    #[test]
+    fn render_fuel_of_the_gemma_template() {
+        let t = ChatTemplate::gemma("<bos>", "<eos>");
+        let tmpl = t.env.get_template(NAME).expect("template");
+        let fuel_of = |n: usize| {
+            let ctx = minijinja::context! {
+                messages => turns(n),
+                add_generation_prompt => true,
+                bos_token => "<bos>",
+                eos_token => "<eos>",
+            };
+            let st = tmpl.render_to_write(ctx, Vec::new()).expect("render");
+            st.fuel_levels().expect("fuel is on").0
+        };
+        let per_message = (fuel_of(200) - fuel_of(100)) as f64 / 100.0;
+        eprintln!("Gemma template: {per_message:.1} instructions per message");
+        assert!(per_message > 0.0);
+        assert!(
+            per_message * 20_000.0 * 5.0 < RENDER_FUEL as f64,
+            "{per_message} instructions per message"
+        );
+        let long = t.render(&turns(20_000), true).expect("20,000 turns render");
+        assert!(long.contains("message number 19999"));
+    }
+
+    /// A template that would loop for ever stops with an error that says so, and one
+    /// whose output would not end stops at the size limit.
+    #[test]
+    fn hostile_templates_stop_with_an_error() {
+        let msgs = [ChatMessage::new("user", "hi")];
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            "<s>",
+            "</s>",
+        )
+        .expect("compiles");
+        let start = std::time::Instant::now();
+        let e = t.render(&msgs, true).expect_err("out of fuel");
+        assert!(e.to_string().contains("instructions"), "{e}");
+        // Not a timing test: a bound far above the ~1 s it takes, far below the
+        // minutes the loops ran without fuel.
+        assert!(start.elapsed().as_secs() < 60);
+        let t = ChatTemplate::new(
+            "{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}",
+            "<s>",
+            "</s>",
+        )
+        .expect("compiles");
+        let e = t.render(&msgs, true).expect_err("too large");
+        assert!(e.to_string().contains("bytes"), "{e}");
+        // Just under the limit renders.
+        let t = ChatTemplate::new("{{ 'x' * 1000000 }}", "<s>", "</s>").expect("compiles");
+        assert_eq!(t.render(&msgs, true).expect("1 MB").len(), 1_000_000);
     }
 }
