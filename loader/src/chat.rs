@@ -197,7 +197,7 @@ impl ChatTemplate {
             buf: Vec::new(),
             cap: input.saturating_mul(2).saturating_add(RENDER_EXTRA_BYTES),
         };
-        tmpl.render_to_write(
+        tmpl.render_captured_to(
             minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
@@ -349,8 +349,8 @@ mod tests {
                 bos_token => "<bos>",
                 eos_token => "<eos>",
             };
-            let st = tmpl.render_to_write(ctx, Vec::new()).expect("render");
-            st.fuel_levels().expect("fuel is on").0
+            let c = tmpl.render_captured_to(ctx, Vec::new()).expect("render");
+            c.state().fuel_levels().expect("fuel is on").0
         };
         let per_message = (fuel_of(200) - fuel_of(100)) as f64 / 100.0;
         eprintln!("Gemma template: {per_message:.1} instructions per message");
