@@ -8,10 +8,10 @@
 //! block side by side, the same bytes in another order), which the decode kernels
 //! multiply without folding sums across lanes (one core, cache-resident: M = 1 about 2x
 //! the file layout's speed, M = 4 1.5-3x) and the prompt-batch panels read without
-//! transposes; any other weight of up to
-//! 64 MiB whose source can give its pages back is copied as it is. Both go into the
-//! device's huge-page arena (`arena.rs` says why), and the tensor's file pages are then
-//! handed back through the source's release hook, so the memory is not doubled.
+//! transposes; any other weight of up to 64 MiB whose source can give its pages back is
+//! copied as it is. Both go into the device's huge-page arena (`arena.rs` says why), and
+//! the tensor's file pages are then handed back through the source's release hook, so
+//! the memory is not doubled.
 //! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout and place (for
 //! comparisons; the results are the same bits either way).
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
@@ -193,8 +193,8 @@ pub struct CpuWeight {
     e: usize,
     row_bytes: usize,
     /// The rows repacked for the decode kernels (`kernels::q4k_x16`, `q6k_x16`,
-    /// `q0_x16`), when
-    /// the weight was staged so; the matmuls then read these, never `src`.
+    /// `q0_x16`), when the weight was staged so; the matmuls then read these, never
+    /// `src`.
     x16: Option<Packed>,
 }
 
@@ -227,9 +227,9 @@ impl Packed {
         }
     }
 
-    /// A Q4_K, Q6_K, Q8_0 or Q5_0 tensor's bytes (whole rows of `k` elements, a multiple of 16
-    /// rows) repacked into `arena`; `None` for another type or when the memory cannot be
-    /// had (the weight then stays in the file's layout).
+    /// A Q4_K, Q6_K, Q8_0 or Q5_0 tensor's bytes (whole rows of `k` elements, a
+    /// multiple of 16 rows) repacked into `arena`; `None` for another type or when the
+    /// memory cannot be had (the weight then stays in the file's layout).
     ///
     /// The source's bytes are handed back piece by piece as they are packed, then whole
     /// ([`WeightSource::release_resident_part`]): a weight as large as Gemma 3's output
@@ -293,23 +293,25 @@ fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
     let src = kernels::view::<B>(src);
     let out: &mut [X] = bytemuck::cast_slice_mut(dst);
     let per = 64 * nb;
-    let group_bytes = std::mem::size_of::<X>().max(1);
-    // Whole tasks of 64 groups per piece.
-    let piece = (PACK_PIECE_BYTES / group_bytes).next_multiple_of(per.max(1));
+    // A packed block holds the same bytes as the sixteen file blocks it replaces, so
+    // packed blocks `g0..g1` came from source bytes `g0..g1` times its size.
+    let block_bytes = std::mem::size_of::<X>().max(1);
+    // Whole tasks of 64 row groups per piece.
+    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(per.max(1));
     let total = out.len();
     let mut g0 = 0;
     for part in out.chunks_mut(piece) {
-        let groups = part.len();
+        let blocks = part.len();
         pool.install(|| {
             part.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
                 let r0 = (g0 + c * per) * X16_ROWS;
                 pack(&src[r0..r0 + o.len() * X16_ROWS], nb, o)
             })
         });
-        if g0 + groups < total {
-            release(g0 * group_bytes..(g0 + groups) * group_bytes);
+        if g0 + blocks < total {
+            release(g0 * block_bytes..(g0 + blocks) * block_bytes);
         }
-        g0 += groups;
+        g0 += blocks;
     }
 }
 
