@@ -812,9 +812,9 @@ impl<'a> WeightRows<'a> {
 
 /// Repacked weight rows (`q4k_x16` / `q6k_x16` / `q0_x16`: whole 16-row groups of `k`
 /// elements per row) against the activation rows `act_rows` of `acts` (Q8_K for the
-/// K-quants, Q8_0 for Q8_0 and Q5_0), into `out_t` as `[weight row][act_rows.len()]`: the decode
-/// matmuls of a weight repacked at staging. Each packed block is read once for up to
-/// four activation rows.
+/// K-quants, Q8_0 for Q8_0 and Q5_0), into `out_t` as `[weight row][act_rows.len()]`:
+/// the decode matmuls of a weight repacked at staging. Each packed block is read once
+/// for up to four activation rows.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn x16_rows(
     w: WeightRows<'_>,
@@ -841,7 +841,7 @@ pub(crate) fn x16_rows(
     // Every group against the activation rows (`y(t)`: row `act_rows[t]` as the kernel
     // takes it) in tiles of up to four.
     macro_rules! run {
-        ($groups:expr, $kernel:path, $y:expr, $tile:expr) => {{
+        ($groups:expr, $kernel:path, $y:expr) => {{
             let (groups, y) = ($groups, $y);
             let n_groups = groups.len() / nb.max(1);
             assert_eq!(out_t.len(), n_groups * X16_ROWS * m, "x16_rows: out length");
@@ -849,7 +849,7 @@ pub(crate) fn x16_rows(
                 let x = &groups[g * nb..(g + 1) * nb];
                 let mut t0 = 0;
                 while t0 < m {
-                    let c = (m - t0).min($tile);
+                    let c = (m - t0).min(4);
                     // SAFETY (each call): weights are packed only at the AVX-512 VNNI
                     // level, which was checked against the CPU's features at device open.
                     match c {
@@ -881,41 +881,29 @@ pub(crate) fn x16_rows(
     }
     match (w, acts) {
         (WeightRows::Q4Kx16(g), Acts::Q8K(a)) => {
-            run!(
-                g,
-                q4k_x16::dot_group,
-                |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb],
-                4
-            )
+            let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+            run!(g, q4k_x16::dot_group, y)
         }
         // Q6_K takes its activation rows in pairs inside each block (`q6k_x16::dot_group`).
         (WeightRows::Q6Kx16(g), Acts::Q8K(a)) => {
-            run!(
-                g,
-                q6k_x16::dot_group,
-                |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb],
-                4
-            )
+            let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+            run!(g, q6k_x16::dot_group, y)
         }
         (WeightRows::Q8_0x16(g), Acts::Q8_0 { .. }) => {
             let scaled: Vec<Vec<[i32; 8]>> = act_rows
                 .iter()
                 .map(|&r| q0_x16::scaled_lanes(acts.q8_0_side(r, nb).2))
                 .collect();
-            let side = |t: usize| {
+            let y = |t: usize| {
                 let (q, s, _) = acts.q8_0_side(act_rows[t], nb);
                 (q, s, &scaled[t][..])
             };
-            run!(g, q0_x16::dot_group, side, 4)
+            run!(g, q0_x16::dot_group, y)
         }
         // Q5_0's offset is 16: the `-16 x` lane sums as they are.
         (WeightRows::Q5_0x16(g), Acts::Q8_0 { .. }) => {
-            run!(
-                g,
-                q0_x16::dot_group,
-                |t: usize| acts.q8_0_side(act_rows[t], nb),
-                4
-            )
+            let y = |t: usize| acts.q8_0_side(act_rows[t], nb);
+            run!(g, q0_x16::dot_group, y)
         }
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
