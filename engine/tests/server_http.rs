@@ -77,6 +77,10 @@ struct Server {
 }
 
 fn start(max_queue: usize, blocks: usize) -> Server {
+    start_with(max_queue, blocks, Arc::new(Text))
+}
+
+fn start_with(max_queue: usize, blocks: usize, text: Arc<dyn TextSide>) -> Server {
     let kv = KvCacheManager::new(
         groups_from_pattern(&[false, true], Some(8)),
         4,
@@ -99,7 +103,7 @@ fn start(max_queue: usize, blocks: usize) -> Server {
             max_queue,
         },
     );
-    let app = server::router(handle, Arc::new(Text));
+    let app = server::router(handle, text);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -393,4 +397,54 @@ fn full_queue_is_refused_with_503() {
         .as_str()
         .unwrap()
         .contains("queue is full"));
+}
+
+/// Chat through a template from a hostile model file: it would loop for ever.
+struct HostileTemplate(flint_loader::chat::ChatTemplate);
+
+impl TextSide for HostileTemplate {
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String> {
+        Text.encode_prompt(text)
+    }
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+        let msgs: Vec<flint_loader::chat::ChatMessage> = messages
+            .iter()
+            .map(|m| flint_loader::chat::ChatMessage::new(m.role.clone(), m.content.clone()))
+            .collect();
+        let text = self.0.render(&msgs, true).map_err(|e| e.to_string())?;
+        Text.encode_prompt(&text)
+    }
+    fn eog_ids(&self) -> Vec<u32> {
+        vec![25]
+    }
+}
+
+/// A chat template that does not end is stopped (out of fuel) and answered with a 400
+/// that says so; the server goes on serving.
+#[test]
+fn a_chat_template_that_loops_is_a_400() {
+    let t = flint_loader::chat::ChatTemplate::new(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "",
+        "",
+    )
+    .expect("compiles");
+    let s = start_with(8, 64, Arc::new(HostileTemplate(t)));
+    let (status, v) = post(
+        &s,
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "abc"}], "max_tokens": 3}"#,
+    );
+    assert_eq!(status, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or("").to_owned();
+    assert!(
+        msg.contains("chat template") && msg.contains("instructions"),
+        "{msg}"
+    );
+    let (status, v) = post(
+        &s,
+        "/v1/completions",
+        r#"{"prompt": "abc", "max_tokens": 3}"#,
+    );
+    assert_eq!(status, 200, "{v}");
 }

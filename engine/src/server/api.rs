@@ -308,6 +308,17 @@ enum Kind {
     Chat,
 }
 
+/// Runs `f` (tokenizing a prompt, rendering a chat template: up to a second for a large
+/// request or a template that runs out of fuel) on tokio's blocking pool, so that the
+/// async workers keep serving the other requests meanwhile.
+async fn off_the_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(format!("the tokenizer task failed: {e}")))
+}
+
 async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
     let req: CompletionRequest = match parse(&body) {
         Ok(r) => r,
@@ -320,7 +331,8 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
             return bad_request("prompt must be a string or a list of exactly one string")
         }
     };
-    let tokens = match st.text.encode_prompt(&prompt) {
+    let text = Arc::clone(&st.text);
+    let tokens = match off_the_runtime(move || text.encode_prompt(&prompt)).await {
         Ok(t) => t,
         Err(e) => return bad_request(format!("could not tokenize the prompt: {e}")),
     };
@@ -359,7 +371,8 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             content,
         });
     }
-    let tokens = match st.text.encode_chat(&messages) {
+    let text = Arc::clone(&st.text);
+    let tokens = match off_the_runtime(move || text.encode_chat(&messages)).await {
         Ok(t) => t,
         Err(e) => return bad_request(format!("could not apply the chat template: {e}")),
     };
