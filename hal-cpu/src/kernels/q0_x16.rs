@@ -159,11 +159,15 @@ impl Q0Group for BlockQ8_0x16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn lanes(&self) -> [__m512i; 8] {
-        // SAFETY (each load): `qs[j]` is 64 readable bytes; loadu is unaligned; the
-        // caller guarantees AVX-512 F.
-        std::array::from_fn(|j| unsafe {
-            _mm512_loadu_si512(self.qs[j].as_ptr() as *const __m512i)
-        })
+        // SAFETY (the whole body): each `q` is 64 readable bytes (loadu is unaligned);
+        // the caller guarantees AVX-512 F.
+        unsafe {
+            let mut out = [_mm512_setzero_si512(); 8];
+            for (o, q) in out.iter_mut().zip(&self.qs) {
+                *o = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
+            }
+            out
+        }
     }
 }
 
