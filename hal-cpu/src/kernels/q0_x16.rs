@@ -45,11 +45,7 @@ pub(crate) struct BlockQ8_0x16 {
 const _: () = assert!(std::mem::size_of::<BlockQ8_0x16>() == X16_ROWS * 34);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
-impl std::fmt::Debug for BlockQ8_0x16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockQ8_0x16")
-    }
-}
+super::x16::debug_by_name!(BlockQ8_0x16);
 
 /// The sign bit of each of four quant bytes.
 const SIGNS: u32 = 0x8080_8080;
@@ -101,11 +97,7 @@ pub(crate) struct BlockQ5_0x16 {
 const _: () = assert!(std::mem::size_of::<BlockQ5_0x16>() == X16_ROWS * 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 
-impl std::fmt::Debug for BlockQ5_0x16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockQ5_0x16")
-    }
-}
+super::x16::debug_by_name!(BlockQ5_0x16);
 
 /// Repacks `rows` (a multiple of 16) Q5_0 rows of `nb` blocks each, as they lie in a
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at

@@ -44,11 +44,7 @@ pub(crate) struct BlockQ4Kx16 {
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx16>() == X16_ROWS * 144);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 
-impl std::fmt::Debug for BlockQ4Kx16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockQ4Kx16")
-    }
-}
+super::x16::debug_by_name!(BlockQ4Kx16);
 
 impl BlockQ4Kx16 {
     /// Word `t` (bytes `4t..4t + 4` of `qs`) of the sixteen rows.

@@ -42,11 +42,7 @@ pub(crate) struct BlockQ6Kx16 {
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx16>() == X16_ROWS * 210);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
-impl std::fmt::Debug for BlockQ6Kx16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockQ6Kx16")
-    }
-}
+super::x16::debug_by_name!(BlockQ6Kx16);
 
 fn word(b: &[u8], t: usize) -> u32 {
     u32::from_le_bytes([b[4 * t], b[4 * t + 1], b[4 * t + 2], b[4 * t + 3]])

@@ -10,6 +10,18 @@ use bytemuck::{Pod, Zeroable};
 /// Weight rows per packed block: one per lane of a 512-bit register.
 pub(crate) const X16_ROWS: usize = 16;
 
+/// `Debug` for packed blocks: the type's name (their bytes say nothing when printed).
+macro_rules! debug_by_name {
+    ($($t:ty),+) => {
+        $(impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(stringify!($t))
+            }
+        })+
+    };
+}
+pub(crate) use debug_by_name;
+
 /// One block of sixteen rows repacked from the file's blocks `Row`.
 pub(crate) trait RowGroup: Pod {
     /// The file's block type.
