@@ -681,15 +681,14 @@ fn q0_gemm<B: vnni::Q0Pair>(
     }
     let dec = &mut scratch.panels[..panels * nb];
     // 4 panels (64 rows) per decoding task.
+    fn decode_packed<G: q0_x16::Q0Group>(g: &[G], nb: usize, dec: &mut [vnni::PanelBlock]) {
+        dec.par_chunks_mut(4 * nb)
+            .enumerate()
+            .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d));
+    }
     match w {
-        WeightRows::Q8_0x16(g) => dec
-            .par_chunks_mut(4 * nb)
-            .enumerate()
-            .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d)),
-        WeightRows::Q5_0x16(g) => dec
-            .par_chunks_mut(4 * nb)
-            .enumerate()
-            .for_each(|(c, d)| vnni::q0_decode_x16(g, nb, 4 * c, d)),
+        WeightRows::Q8_0x16(g) => decode_packed(g, nb, dec),
+        WeightRows::Q5_0x16(g) => decode_packed(g, nb, dec),
         _ => {
             let bytes = w.file_bytes(k);
             let wb = view::<B>(&bytes);
