@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use flint_hal::{Gating, GgmlType, Op};
+use flint_hal::{Gating, GgmlType, Op, RopeKind, Yarn};
 
 use crate::rng::case_seed;
 
@@ -59,6 +59,87 @@ pub struct AttnSpec {
     pub overwrite: bool,
 }
 
+/// The shape and parameters of a RoPE case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Query heads per row.
+    pub heads: usize,
+    /// When nonzero, the keys of the same rows (this many heads: GQA) are rotated by a
+    /// second call with the same positions and parameters.
+    pub kv_heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Rotated dims.
+    pub n_rot: usize,
+    /// Which dims are paired.
+    pub kind: RopeKind,
+    /// Frequency base.
+    pub base: f32,
+    /// Linear frequency scale.
+    pub freq_scale: f32,
+    /// Per-pair frequency factors (random, in `[1, 8]`, as Llama 3's).
+    pub factors: bool,
+    /// YaRN.
+    pub yarn: Option<Yarn>,
+    /// Positions up to 131071 rather than up to a few thousand.
+    pub far: bool,
+}
+
+impl RopeSpec {
+    /// Plain NeoX RoPE on `rows` rows of `heads` heads, positions up to a few thousand.
+    pub fn neox(rows: usize, heads: usize, head_dim: usize, n_rot: usize, base: f32) -> Self {
+        Self {
+            rows,
+            heads,
+            kv_heads: 0,
+            head_dim,
+            n_rot,
+            kind: RopeKind::Neox,
+            base,
+            freq_scale: 1.0,
+            factors: false,
+            yarn: None,
+            far: false,
+        }
+    }
+}
+
+impl fmt::Display for RopeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self;
+        write!(
+            f,
+            "[{},{}x{}] n_rot={} base={}",
+            r.rows, r.heads, r.head_dim, r.n_rot, r.base
+        )?;
+        if r.kv_heads > 0 {
+            write!(f, " kv_heads={}", r.kv_heads)?;
+        }
+        if r.kind != RopeKind::Neox {
+            write!(f, " {:?}", r.kind)?;
+        }
+        if r.freq_scale != 1.0 {
+            write!(f, " scale={}", r.freq_scale)?;
+        }
+        if r.factors {
+            write!(f, " factors")?;
+        }
+        if let Some(y) = r.yarn {
+            write!(
+                f,
+                " yarn(ext={} attn={} beta={}/{} ctx={})",
+                y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow, y.n_ctx_orig
+            )?;
+        }
+        if r.far {
+            write!(f, " far")?;
+        }
+        Ok(())
+    }
+}
+
 /// The shape of a case.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Shape {
@@ -99,17 +180,13 @@ pub enum Shape {
         n: usize,
     },
     /// RoPE on `[rows, heads * head_dim]`.
-    Rope {
+    Rope(RopeSpec),
+    /// `add_bias`: `rows` rows of `dim` values plus a bias of `dim`.
+    Bias {
         /// Rows.
         rows: usize,
-        /// Heads per row.
-        heads: usize,
-        /// Head size.
-        head_dim: usize,
-        /// Rotated dims.
-        n_rot: usize,
-        /// Frequency base.
-        base: f32,
+        /// Row length (the bias's).
+        dim: usize,
     },
     /// MoE combine: `src` rows of `dim` into `dst` accumulator rows.
     Scatter {
@@ -160,13 +237,8 @@ impl fmt::Display for Shape {
                 }
             }
             Shape::Flat { n } => write!(f, "[{n}]"),
-            Shape::Rope {
-                rows,
-                heads,
-                head_dim,
-                n_rot,
-                base,
-            } => write!(f, "[{rows},{heads}x{head_dim}] n_rot={n_rot} base={base}"),
+            Shape::Rope(r) => write!(f, "{r}"),
+            Shape::Bias { rows, dim } => write!(f, "[{rows},{dim}] + bias[{dim}]"),
             Shape::Scatter { dst, src, dim } => write!(f, "acc[{dst},{dim}] x[{src},{dim}]"),
             Shape::Route {
                 rows,
@@ -256,6 +328,7 @@ impl Case {
             Op::SiluMul => &[Op::SiluMul],
             Op::GeluMul => &[Op::GeluMul],
             Op::Add => &[Op::Add],
+            Op::AddBias => &[Op::AddBias],
             Op::Scale => &[Op::Scale],
             Op::ScatterAddWeighted => &[Op::ScatterAddWeighted],
             Op::RouteTopK => &[Op::RouteTopK],
@@ -314,6 +387,115 @@ fn weight_shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
     // Small and odd; a batch above common M tiles; a wide one that spans several
     // row chunks per thread.
     vec![(2 * u, 16, 1), (3 * u, 37, 7), (u, 5, 33), (8 * u, 131, 9)]
+}
+
+/// The RoPE cases: every pairing and frequency adjustment a model family uses, with
+/// GQA (queries and keys of different head counts rotated at the same positions).
+fn rope_specs() -> Vec<(&'static str, RopeSpec)> {
+    let gpt_oss_yarn = Yarn {
+        ext_factor: 1.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 4096,
+    };
+    vec![
+        ("full", RopeSpec::neox(5, 4, 64, 64, 10000.0)),
+        ("partial", RopeSpec::neox(3, 2, 48, 32, 1_000_000.0)),
+        // Llama 2: adjacent pairs, 32 query heads over 8 KV heads (fewer here).
+        (
+            "normal-gqa",
+            RopeSpec {
+                kv_heads: 2,
+                kind: RopeKind::Normal,
+                ..RopeSpec::neox(6, 8, 64, 64, 10000.0)
+            },
+        ),
+        (
+            "normal-partial",
+            RopeSpec {
+                kind: RopeKind::Normal,
+                ..RopeSpec::neox(4, 3, 48, 32, 10000.0)
+            },
+        ),
+        // Llama 3.x: rope_freqs.weight divides the low frequencies.
+        (
+            "llama3-factors",
+            RopeSpec {
+                kv_heads: 1,
+                kind: RopeKind::Normal,
+                factors: true,
+                ..RopeSpec::neox(5, 4, 128, 128, 500_000.0)
+            },
+        ),
+        // Gemma 3's global layers: linear scaling by 8.
+        (
+            "linear",
+            RopeSpec {
+                kv_heads: 1,
+                freq_scale: 0.125,
+                ..RopeSpec::neox(5, 4, 256, 256, 1_000_000.0)
+            },
+        ),
+        // gpt-oss: YaRN over a 4096-token original context, factor 32.
+        (
+            "yarn",
+            RopeSpec {
+                kv_heads: 1,
+                freq_scale: 1.0 / 32.0,
+                yarn: Some(gpt_oss_yarn),
+                ..RopeSpec::neox(5, 8, 64, 64, 150_000.0)
+            },
+        ),
+        (
+            "yarn-normal-factors",
+            RopeSpec {
+                kind: RopeKind::Normal,
+                freq_scale: 0.25,
+                factors: true,
+                yarn: Some(Yarn {
+                    ext_factor: 0.5,
+                    attn_factor: 0.8,
+                    ..gpt_oss_yarn
+                }),
+                ..RopeSpec::neox(4, 2, 80, 64, 10000.0)
+            },
+        ),
+        // A magnitude factor alone (YaRN's attn_factor without extrapolation).
+        (
+            "attn-factor",
+            RopeSpec {
+                freq_scale: 0.5,
+                yarn: Some(Yarn {
+                    ext_factor: 0.0,
+                    attn_factor: 1.25,
+                    ..gpt_oss_yarn
+                }),
+                ..RopeSpec::neox(3, 2, 32, 32, 10000.0)
+            },
+        ),
+        // Long contexts: at positions in the tens of thousands an angle computed in
+        // another order than ggml's drifts by a few ulp of the position, which these
+        // cases see.
+        (
+            "far",
+            RopeSpec {
+                kv_heads: 2,
+                far: true,
+                ..RopeSpec::neox(8, 4, 64, 64, 1_000_000.0)
+            },
+        ),
+        (
+            "far-yarn",
+            RopeSpec {
+                kind: RopeKind::Normal,
+                freq_scale: 1.0 / 32.0,
+                yarn: Some(gpt_oss_yarn),
+                far: true,
+                ..RopeSpec::neox(8, 4, 64, 64, 150_000.0)
+            },
+        ),
+    ]
 }
 
 /// Every case of the suite, with seeds derived from `master_seed`.
@@ -454,35 +636,28 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
         },
         e,
     );
-    push(
-        Op::Rope,
-        None,
-        "full",
-        Shape::Rope {
-            rows: 5,
-            heads: 4,
-            head_dim: 64,
-            n_rot: 64,
-            base: 10000.0,
-        },
-        e,
-    );
-    push(
-        Op::Rope,
-        None,
-        "partial",
-        Shape::Rope {
-            rows: 3,
-            heads: 2,
-            head_dim: 48,
-            n_rot: 32,
-            base: 1_000_000.0,
-        },
-        e,
-    );
+    for (label, spec) in rope_specs() {
+        push(Op::Rope, None, label, Shape::Rope(spec), e);
+    }
     push(Op::SiluMul, None, "", Shape::Flat { n: 1003 }, e);
     push(Op::GeluMul, None, "", Shape::Flat { n: 1003 }, e);
     push(Op::Add, None, "", Shape::Flat { n: 1003 }, e);
+    // Qwen 2's q/k/v biases on a prompt batch and on one decode row; an odd width.
+    push(Op::AddBias, None, "", Shape::Bias { rows: 7, dim: 96 }, e);
+    push(
+        Op::AddBias,
+        None,
+        "decode",
+        Shape::Bias { rows: 1, dim: 40 },
+        e,
+    );
+    push(
+        Op::AddBias,
+        None,
+        "odd",
+        Shape::Bias { rows: 5, dim: 37 },
+        e,
+    );
     push(Op::Scale, None, "", Shape::Flat { n: 1003 }, e);
     push(
         Op::ScatterAddWeighted,

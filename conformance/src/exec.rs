@@ -8,7 +8,7 @@ use flint_hal::{
     RoutingConfig, WeightDesc, WeightHandle, WeightKind, WeightSource, NO_BLOCK,
 };
 
-use crate::case::{AttnSpec, Case, Shape, Sinks};
+use crate::case::{AttnSpec, Case, RopeSpec, Shape, Sinks};
 use crate::check::{compare, unchanged, Guarded};
 use crate::data::random_weight;
 use crate::reference;
@@ -124,16 +124,8 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         (Shape::Rows { rows, dim, .. }, Op::AddRmsNorm) => {
             add_rms_case(dev, case, *rows, *dim, &mut rng)
         }
-        (
-            Shape::Rope {
-                rows,
-                heads,
-                head_dim,
-                n_rot,
-                base,
-            },
-            Op::Rope,
-        ) => rope_case(dev, case, *rows, *heads, *head_dim, *n_rot, *base, &mut rng),
+        (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, &mut rng),
+        (Shape::Bias { rows, dim }, Op::AddBias) => bias_case(dev, case, *rows, *dim, &mut rng),
         (Shape::Flat { n }, op) => flat_case(dev, case, op, *n, &mut rng),
         (Shape::Scatter { dst, src, dim }, Op::ScatterAddWeighted) => {
             scatter_case(dev, case, *dst, *src, *dim, &mut rng)
@@ -533,38 +525,102 @@ fn add_rms_case(
     Ok(a.max(b))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rope_case(
-    dev: &dyn Device,
-    case: &Case,
-    rows: usize,
-    heads: usize,
-    head_dim: usize,
-    n_rot: usize,
-    base: f32,
-    rng: &mut CaseRng,
-) -> Res<f64> {
-    let x0 = rng.vec(rows * heads * head_dim, -1.0, 1.0);
-    // Realistic positions: far beyond a few thousand, an f32 angle is only good to a few
-    // ulp of the position, and equally valid ways of computing it drift apart.
-    let mut positions: Vec<u32> = vec![0, 1, 4095, 17, 2900];
+fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) -> Res<f64> {
+    let &RopeSpec {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        n_rot,
+        ..
+    } = spec;
+    // Positions up to a few thousand, or (`far`) up to 131071, always with 0 and the
+    // edges of a 4096-token context.
+    let (fixed, bound): (&[u32], usize) = if spec.far {
+        (&[0, 1, 4095, 4096, 32768, 70000, 131071], 131_072)
+    } else {
+        (&[0, 1, 4095, 17, 2900], 5000)
+    };
+    let mut positions = fixed.to_vec();
     while positions.len() < rows {
-        positions.push(rng.below(5000) as u32);
+        positions.push(rng.below(bound) as u32);
     }
     positions.truncate(rows);
-    let mut want = x0.clone();
-    reference::rope(&mut want, &positions, head_dim, n_rot, base);
+    let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
     let p = flint_hal::RopeParams {
         n_heads: heads,
         head_dim,
+        kind: spec.kind,
         n_rot,
-        base,
+        base: spec.base,
+        freq_scale: spec.freq_scale,
+        freq_factors: factors.as_deref(),
+        yarn: spec.yarn,
     };
-    let mut x = Guarded::from_slice(&x0);
-    dev.rope(x.body_mut(), &positions, &p)
+    // Queries, then (GQA) the keys of the same rows through a second call.
+    let mut worst = 0.0f64;
+    for (what, n_heads) in [("q", heads), ("k", kv_heads)] {
+        if n_heads == 0 {
+            continue;
+        }
+        let x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
+        let mut want = x0.clone();
+        reference::rope(&mut want, &positions, head_dim, &p.config());
+        let mut x = Guarded::from_slice(&x0);
+        dev.rope(
+            x.body_mut(),
+            &positions,
+            &flint_hal::RopeParams { n_heads, ..p },
+        )
         .map_err(|e| dev_err("rope", e))?;
+        x.check(what)?;
+        worst = worst.max(compare(what, x.body(), &want, case.tolerance)?);
+    }
+    Ok(worst)
+}
+
+/// `add_bias` on `rows` rows of `dim`, then a bias whose length does not divide `x`,
+/// which must be refused with `InvalidInput` and leave `x` as it was.
+fn bias_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let x0 = rng.vec(rows * dim, -4.0, 4.0);
+    let bias = rng.vec(dim, -1.0, 1.0);
+    let want = reference::add_bias(&x0, &bias);
+    let mut x = Guarded::from_slice(&x0);
+    dev.add_bias(x.body_mut(), &bias)
+        .map_err(|e| dev_err("add_bias", e))?;
     x.check("x")?;
-    Ok(compare("x", x.body(), &want, case.tolerance)?)
+    let nmse = compare("x", x.body(), &want, case.tolerance)?;
+    let long = rng.vec(rows * dim + 1, -1.0, 1.0);
+    let mut y = x0.clone();
+    match dev.add_bias(&mut y, &long) {
+        Err(e) if e.kind == HalErrorKind::InvalidInput => {}
+        Err(e) => {
+            return Err(Stop::Fail(format!(
+                "add_bias with a bias of {} values on x of {}: expected InvalidInput, got {e}",
+                long.len(),
+                y.len()
+            )))
+        }
+        Ok(()) => {
+            return Err(Stop::Fail(format!(
+                "add_bias accepted a bias of {} values on x of {}",
+                long.len(),
+                y.len()
+            )))
+        }
+    }
+    if y != x0 {
+        return Err(Stop::Fail(
+            "add_bias changed x while refusing the call".into(),
+        ));
+    }
+    Ok(nmse)
 }
 
 fn flat_case(dev: &dyn Device, case: &Case, op: Op, n: usize, rng: &mut CaseRng) -> Res<f64> {

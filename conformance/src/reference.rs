@@ -45,12 +45,20 @@ pub fn rms_norm_rows(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize) ->
     out
 }
 
-/// NeoX RoPE of `x = [rows, heads * head_dim]`, row `i` at `positions[i]`, in place.
-pub fn rope(x: &mut [f32], positions: &[u32], head_dim: usize, n_rot: usize, base: f32) {
+/// RoPE of `x = [rows, heads * head_dim]`, row `i` at `positions[i]`, in place.
+pub fn rope(x: &mut [f32], positions: &[u32], head_dim: usize, cfg: &math::RopeConfig<'_>) {
     let row = x.len() / positions.len().max(1);
     for (r, &p) in x.chunks_exact_mut(row).zip(positions) {
-        math::rope_neox_heads(r, head_dim, p, n_rot, base);
+        math::rope_heads(r, head_dim, p, cfg);
     }
+}
+
+/// `bias` added to every row of `x`.
+pub fn add_bias(x: &[f32], bias: &[f32]) -> Vec<f32> {
+    x.iter()
+        .zip(bias.iter().cycle())
+        .map(|(&v, &b)| v + b)
+        .collect()
 }
 
 /// `silu(gate) * up`.

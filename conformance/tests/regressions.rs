@@ -171,3 +171,28 @@ fn ignoring_the_weight_range_is_caught() {
     let r = run(Defect::IgnoresRangeStart, "expert_matmul/Q4_K");
     assert!(r.failed("expert_matmul/Q4_K"), "{}", r.table());
 }
+
+/// Each RoPE parameter is seen by the case of the family that uses it.
+#[test]
+fn rope_parameters_a_device_ignores_are_caught() {
+    assert_caught(Defect::RopeAlwaysNeox, "rope", "rope[normal-gqa]");
+    assert_caught(Defect::RopeIgnoresFactors, "rope", "rope[llama3-factors]");
+    assert_caught(Defect::RopeNoYarnMscale, "rope", "rope[yarn]");
+    // The plain NeoX cases cannot see any of them.
+    for d in [
+        Defect::RopeAlwaysNeox,
+        Defect::RopeIgnoresFactors,
+        Defect::RopeNoYarnMscale,
+    ] {
+        let r = run(d, "rope[full]");
+        assert_eq!(r.counts().failed, 0, "{d:?}: {}", r.failure_details());
+    }
+}
+
+#[test]
+fn bias_on_the_first_row_only_is_caught() {
+    assert_caught(Defect::BiasFirstRowOnly, "add_bias", "add_bias");
+    // One row is all there is in a decode: that case alone would have missed it.
+    let r = run(Defect::BiasFirstRowOnly, "add_bias[decode]");
+    assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
+}

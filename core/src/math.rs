@@ -2,8 +2,9 @@
 //! (`../shared/spec/FLINT.md`), written to agree closely with llama.cpp's CPU backend.
 //!
 //! - [`rms_norm`], [`rms_norm_rows`], [`rms_norm_in_place`]: RMSNorm with an optional weight.
-//! - [`rope_neox`], [`rope_neox_heads`]: NeoX-style rotary embedding on the first `n_rot`
-//!   dims of a head.
+//! - [`rope`], [`rope_heads`] ([`RopeConfig`]): rotary embedding on the first `n_rot` dims
+//!   of a head, normal or NeoX pairs, with linear scaling, frequency factors and YaRN as
+//!   ggml computes them; [`rope_neox`], [`rope_neox_heads`] for the plain NeoX case.
 //! - [`silu`], [`sigmoid`], [`gelu_tanh`], [`gelu_tanh_ggml_f16`], [`swiglu`]: activations.
 //! - [`OnlineSoftmax`], [`attend_two_pass`], [`attend_online`], [`attention_ref`]:
 //!   softmax attention with per-head sinks, GQA and an optional sliding window.
@@ -30,5 +31,8 @@ pub use attn_ggml::{
 };
 pub use libc::{cosf_glibc, expf_libc, sinf_glibc};
 pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};
-pub use rope::{rope_neox, rope_neox_heads};
+pub use rope::{
+    rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,
+    RopeError, RopeKind, Yarn,
+};
 pub use route::{route_topk, Gating, RouteError, ROUTE_MAX_K};

@@ -482,12 +482,7 @@ impl DeviceModel {
             if let Some(w) = &layer.k_norm {
                 self.norm_in_place(&mut k, w, dk, &mut norm_src)?;
             }
-            let rp = |heads| RopeParams {
-                n_heads: heads,
-                head_dim: dk,
-                n_rot: spec.n_rot,
-                base: ls.rope_base,
-            };
+            let rp = |heads| RopeParams::neox(heads, dk, spec.n_rot, ls.rope_base);
             timed!("rope", dev.rope(&mut q, &positions, &rp(h)))?;
             timed!("rope", dev.rope(&mut k, &positions, &rp(hkv)))?;
             timed!("write_kv", dev.write_kv(&mut *kv[il], &k, &v, &slots[g]))?;

@@ -715,6 +715,7 @@ impl Device for CpuDevice {
             | Op::SiluMul
             | Op::GeluMul
             | Op::Add
+            | Op::AddBias
             | Op::Scale
             | Op::ScatterAddWeighted
             | Op::RouteTopK
@@ -1291,23 +1292,20 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+        p.check()?;
+        let cfg = p.config();
         // The q and k of every layer of a step share their positions (and, per kind of
-        // layer, their base): the angles are computed once and kept for the next calls.
+        // layer, their parameters): the angles are computed once and kept for the next
+        // calls.
         let cached = {
             let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
-            cache
-                .iter()
-                .find(|t| t.matches(positions, p.n_rot, p.base))
-                .cloned()
+            cache.iter().find(|t| t.matches(positions, &cfg)).cloned()
         };
         let table = match cached {
             Some(t) => t,
             None => {
-                let t = Arc::new(
-                    self.pool
-                        .install(|| ops::RopeTable::new(positions, p.n_rot, p.base)),
-                );
+                let t = Arc::new(self.pool.install(|| ops::RopeTable::new(positions, &cfg)));
                 let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
                 if cache.len() >= ROPE_TABLES {
                     cache.remove(0);
@@ -1319,7 +1317,7 @@ impl Device for CpuDevice {
         // FMA comes with every SIMD level.
         let fma = self.level >= SimdLevel::Avx2;
         self.pool
-            .install(|| ops::rope(x, &table, p.n_heads, p.head_dim, fma));
+            .install(|| ops::rope(x, &table, p.kind, p.n_heads, p.head_dim, fma));
         Ok(())
     }
 
@@ -1392,6 +1390,12 @@ impl Device for CpuDevice {
         for (a, &v) in acc.iter_mut().zip(x) {
             *a += v;
         }
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+        flint_hal::bias_rows(x.len(), bias.len())?;
+        ops::add_bias(x, bias);
         Ok(())
     }
 

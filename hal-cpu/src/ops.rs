@@ -121,62 +121,109 @@ fn rms_apply(x: &[f32], scale: f32, weight: Option<&[f32]>, out: &mut [f32]) {
     }
 }
 
+/// What a RoPE call's angles depend on (everything but the pairing), by bits.
+#[derive(Debug, PartialEq)]
+struct RopeKey {
+    n_rot: usize,
+    base: u32,
+    freq_scale: u32,
+    freq_factors: Option<Vec<u32>>,
+    yarn: Option<[u32; 5]>,
+}
+
+impl RopeKey {
+    fn of(cfg: &math::RopeConfig<'_>) -> Self {
+        Self {
+            n_rot: cfg.n_rot,
+            base: cfg.base.to_bits(),
+            freq_scale: cfg.freq_scale.to_bits(),
+            freq_factors: cfg
+                .freq_factors
+                .map(|f| f.iter().map(|v| v.to_bits()).collect()),
+            yarn: cfg.yarn.map(yarn_bits),
+        }
+    }
+
+    /// Whether `cfg` has these angles (without allocating).
+    fn matches(&self, cfg: &math::RopeConfig<'_>) -> bool {
+        let same_factors = match (&self.freq_factors, cfg.freq_factors) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| *x == y.to_bits())
+            }
+            _ => false,
+        };
+        self.n_rot == cfg.n_rot
+            && self.base == cfg.base.to_bits()
+            && self.freq_scale == cfg.freq_scale.to_bits()
+            && same_factors
+            && self.yarn == cfg.yarn.map(yarn_bits)
+    }
+}
+
+fn yarn_bits(y: math::Yarn) -> [u32; 5] {
+    [
+        y.ext_factor.to_bits(),
+        y.attn_factor.to_bits(),
+        y.beta_fast.to_bits(),
+        y.beta_slow.to_bits(),
+        y.n_ctx_orig,
+    ]
+}
+
 /// The cosines and sines of one RoPE call's angles: per position, `n_rot / 2` pairs.
 #[derive(Debug)]
 pub(crate) struct RopeTable {
-    base_bits: u32,
-    n_rot: usize,
+    key: RopeKey,
     positions: Vec<u32>,
     cs: Vec<(f32, f32)>,
 }
 
 impl RopeTable {
-    /// The angles of `positions` as `math::rope_neox` computes them: `theta_0 = pos`,
-    /// `theta_{i+1} = theta_i * powf(base, -2 / n_rot)`, `cosf`/`sinf` of each (rows in
-    /// parallel).
-    pub(crate) fn new(positions: &[u32], n_rot: usize, base: f32) -> Self {
-        let half = n_rot / 2;
-        let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+    /// The angles of `positions` as `math::rope` computes them
+    /// (`math::RopeConfig::angles`), rows in parallel.
+    pub(crate) fn new(positions: &[u32], cfg: &math::RopeConfig<'_>) -> Self {
+        let half = cfg.n_rot / 2;
         let mut cs = vec![(0f32, 0f32); positions.len() * half];
         if half > 0 {
             cs.par_chunks_mut(half)
                 .zip(positions.par_iter())
-                .for_each(|(row, &pos)| {
-                    let mut theta = pos as f32;
-                    for c in row.iter_mut() {
-                        *c = (math::cosf_glibc(theta), math::sinf_glibc(theta));
-                        theta *= theta_scale;
-                    }
-                });
+                .for_each(|(row, &pos)| cfg.angles(pos, row));
         }
         Self {
-            base_bits: base.to_bits(),
-            n_rot,
+            key: RopeKey::of(cfg),
             positions: positions.to_vec(),
             cs,
         }
     }
 
     /// Whether this table holds the angles of exactly this call.
-    pub(crate) fn matches(&self, positions: &[u32], n_rot: usize, base: f32) -> bool {
-        self.base_bits == base.to_bits() && self.n_rot == n_rot && self.positions == positions
+    pub(crate) fn matches(&self, positions: &[u32], cfg: &math::RopeConfig<'_>) -> bool {
+        self.key.matches(cfg) && self.positions == positions
     }
 }
 
-/// NeoX RoPE in place on `[rows, n_heads * head_dim]`: `math::rope_neox` on every head,
-/// with the angles from `table` (made for these positions, `n_rot` and base), rows in
-/// parallel. `fma`: the CPU has FMA instructions (the fused multiply-adds inline).
-pub(crate) fn rope(x: &mut [f32], table: &RopeTable, n_heads: usize, head_dim: usize, fma: bool) {
+/// RoPE in place on `[rows, n_heads * head_dim]`: `math::rope` on every head, with the
+/// angles from `table` (made for these positions and parameters), pairs as `kind` says,
+/// rows in parallel. `fma`: the CPU has FMA instructions (the fused multiply-adds
+/// inline).
+pub(crate) fn rope(
+    x: &mut [f32],
+    table: &RopeTable,
+    kind: math::RopeKind,
+    n_heads: usize,
+    head_dim: usize,
+    fma: bool,
+) {
     let _ = fma;
-    let n_rot = table.n_rot;
+    let n_rot = table.key.n_rot;
     let positions = &table.positions;
     let row = n_heads * head_dim;
     assert!(row > 0, "rope: empty rows");
     assert_eq!(x.len(), positions.len() * row, "rope: x length");
-    assert!(n_rot.is_multiple_of(2), "rope: n_rot {n_rot} is odd");
     assert!(
-        n_rot <= head_dim,
-        "rope: n_rot {n_rot} exceeds head size {head_dim}"
+        n_rot.is_multiple_of(2) && n_rot <= head_dim,
+        "rope: n_rot {n_rot}, head size {head_dim}"
     );
     if n_rot == 0 {
         return;
@@ -190,19 +237,45 @@ pub(crate) fn rope(x: &mut [f32], table: &RopeTable, n_heads: usize, head_dim: u
                     #[cfg(target_arch = "x86_64")]
                     if fma {
                         // SAFETY: the caller checked FMA (the device's SIMD level).
-                        unsafe { crate::kernels::avx2::rope_rotate(h, cs) };
+                        unsafe { crate::kernels::avx2::rope_rotate(h, kind, cs) };
                         continue;
                     }
-                    let (lo, hi) = h.split_at_mut(half);
-                    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(cs) {
-                        let (x0, x1) = (*a, *b);
-                        // As `math::rope_neox` (ggml's `rotate_pairs` as GCC contracts it).
-                        *a = x0.mul_add(c, -(x1 * s));
-                        *b = x0.mul_add(s, x1 * c);
-                    }
+                    rope_rotate(h, kind, cs);
                 }
             }
         });
+}
+
+/// One head's rotation by `cs` as `math::rope_rotate` computes it (ggml's
+/// `rotate_pairs` as GCC contracts it), with `f32::mul_add` for the fused
+/// multiply-adds; inlined into the FMA kernel of `kernels::avx2`.
+#[inline(always)]
+pub(crate) fn rope_rotate(h: &mut [f32], kind: math::RopeKind, cs: &[(f32, f32)]) {
+    let rot =
+        |x0: f32, x1: f32, (c, s): (f32, f32)| (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c));
+    match kind {
+        math::RopeKind::Normal => {
+            for (p, &c) in h.chunks_exact_mut(2).zip(cs) {
+                (p[0], p[1]) = rot(p[0], p[1], c);
+            }
+        }
+        math::RopeKind::Neox => {
+            let half = cs.len();
+            let (lo, hi) = h.split_at_mut(half);
+            for ((a, b), &c) in lo.iter_mut().zip(&mut hi[..half]).zip(cs) {
+                (*a, *b) = rot(*a, *b, c);
+            }
+        }
+    }
+}
+
+/// `x[r * bias.len() + j] += bias[j]` for every row `r` (lengths checked by the caller).
+pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
 }
 
 /// Top-k routing of each row of logits (core reference per row).

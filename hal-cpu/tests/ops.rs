@@ -6,8 +6,8 @@ mod common;
 use common::Rng;
 use flint_core::math::{self, AttentionParams};
 use flint_hal::{
-    AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, PagedAttention, RopeParams,
-    RoutingConfig, NO_BLOCK,
+    AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind,
+    RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 use flint_hal_cpu::CpuDevice;
 
@@ -277,12 +277,7 @@ fn rms_norm_rows_match_core_bit_for_bit() {
 fn rope_matches_core_neox() {
     let d = dev();
     let mut rng = Rng(13);
-    let p = RopeParams {
-        n_heads: 3,
-        head_dim: 16,
-        n_rot: 12,
-        base: 10000.0,
-    };
+    let p = RopeParams::neox(3, 16, 12, 10000.0);
     // Rows in chunks of 8 across the threads, each row's angles shared by its heads.
     let pos: Vec<u32> = [0u32, 7, 1000]
         .into_iter()
@@ -310,6 +305,131 @@ fn rope_matches_core_neox() {
         }
         assert_eq!(bits(&x), bits(&want), "base {base} n_rot {n_rot}");
     }
+}
+
+/// Every kind of RoPE parameters, bit for bit against `math::rope_heads`; the device's
+/// angle cache must tell apart calls that differ only in scale, factors or YaRN.
+#[test]
+fn rope_variants_match_core() {
+    let d = dev();
+    let mut rng = Rng(15);
+    let (n_heads, head_dim, n_rot) = (4, 20, 16);
+    let pos: Vec<u32> = [0u32, 9, 4095, 4096, 32768, 131071]
+        .into_iter()
+        .chain((0..14).map(|i| 977 * i + 3))
+        .collect();
+    let f1: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 * 0.75).collect();
+    let f2: Vec<f32> = f1.iter().map(|f| f * 1.5).collect();
+    let yarn = |ext_factor, attn_factor| {
+        Some(Yarn {
+            ext_factor,
+            attn_factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        })
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for kind in [RopeKind::Normal, RopeKind::Neox] {
+        for (freq_scale, freq_factors, yarn) in [
+            (1.0, None, None),
+            (0.125, None, None),
+            (1.0, Some(&f1[..]), None),
+            (1.0, Some(&f2[..]), None),
+            (0.25, Some(&f1[..]), yarn(1.0, 1.0)),
+            (1.0 / 32.0, None, yarn(1.0, 1.0)),
+            (1.0 / 32.0, None, yarn(0.5, 0.8)),
+            (0.5, None, yarn(0.0, 1.25)),
+        ] {
+            let p = RopeParams {
+                n_heads,
+                head_dim,
+                kind,
+                n_rot,
+                base: 150000.0,
+                freq_scale,
+                freq_factors,
+                yarn,
+            };
+            let x0 = rng.vec(pos.len() * n_heads * head_dim);
+            let mut x = x0.clone();
+            d.rope(&mut x, &pos, &p).expect("rope");
+            let mut want = x0;
+            for (row, &pv) in want.chunks_mut(n_heads * head_dim).zip(&pos) {
+                math::rope_heads(row, head_dim, pv, &p.config());
+            }
+            let first_diff = bits(&x).iter().zip(bits(&want)).position(|(a, b)| *a != b);
+            assert_eq!(first_diff, None, "{p:?}: first differing value");
+        }
+    }
+}
+
+#[test]
+fn rope_refuses_bad_parameters() {
+    let d = dev();
+    let good = RopeParams::neox(2, 8, 8, 10000.0);
+    let factors = [1.0f32; 3];
+    let bad_factor = [1.0f32, 0.0, 1.0, 1.0];
+    for (what, p) in [
+        ("odd n_rot", RopeParams { n_rot: 7, ..good }),
+        ("n_rot > head", RopeParams { n_rot: 10, ..good }),
+        (
+            "freq_scale 0",
+            RopeParams {
+                freq_scale: 0.0,
+                ..good
+            },
+        ),
+        (
+            "base NaN",
+            RopeParams {
+                base: f32::NAN,
+                ..good
+            },
+        ),
+        (
+            "3 factors",
+            RopeParams {
+                freq_factors: Some(&factors),
+                ..good
+            },
+        ),
+        (
+            "factor 0",
+            RopeParams {
+                freq_factors: Some(&bad_factor),
+                ..good
+            },
+        ),
+    ] {
+        let mut x = vec![1.0f32; 16];
+        let e = d.rope(&mut x, &[0, 1], &p).expect_err(what);
+        assert_eq!(e.kind, HalErrorKind::InvalidInput, "{what}: {e}");
+        assert!(e.message.contains("rope"), "{what}: {e}");
+    }
+}
+
+#[test]
+fn add_bias_adds_to_every_row() {
+    let d = dev();
+    let mut rng = Rng(16);
+    let bias = rng.vec(6);
+    let x0 = rng.vec(5 * 6);
+    let mut x = x0.clone();
+    d.add_bias(&mut x, &bias).expect("add_bias");
+    for (i, (&got, &v)) in x.iter().zip(&x0).enumerate() {
+        assert_eq!(got, v + bias[i % 6], "[{i}]");
+    }
+    for (len, blen) in [(30, 7), (30, 0), (4, 6)] {
+        let mut x = vec![0.0f32; len];
+        let e = d
+            .add_bias(&mut x, &vec![1.0; blen])
+            .expect_err("bad bias length");
+        assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
+        assert!(e.message.contains("add_bias"), "{e}");
+    }
+    // An empty batch takes any bias.
+    d.add_bias(&mut [], &bias).expect("empty x");
 }
 
 #[test]

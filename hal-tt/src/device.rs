@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use flint_core::GgmlType;
 use flint_hal::{
     Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout, Op,
-    PagedAttention, RopeParams, RoutingConfig, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
-    WeightHandle, WeightKind, WeightSource,
+    PagedAttention, RopeKind, RopeParams, RoutingConfig, StagedInfo, StagingPlan, Tier, Weight,
+    WeightDesc, WeightHandle, WeightKind, WeightSource, Yarn,
 };
 
 use crate::ffi::{self, CAttnSeq, CCounters, CKvLayout, CWeightDesc, DevPtr, Runtime};
@@ -702,33 +702,56 @@ impl Device for TtDevice {
         ob.read(out)
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
         let row = p.n_heads * p.head_dim;
         assert_eq!(
             x.len(),
             positions.len() * row,
             "rope: x is not rows * heads * head_dim"
         );
-        assert!(
-            p.n_rot.is_multiple_of(2) && p.n_rot <= p.head_dim,
-            "rope: n_rot must be even and <= head_dim"
-        );
+        p.check()?;
+        let to_u32 = |v: usize, what: &str| {
+            u32::try_from(v).map_err(|_| HalError::invalid(format!("rope: {what} {v} exceeds u32")))
+        };
+        let yarn = p.yarn.unwrap_or(Yarn {
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 0.0,
+            beta_slow: 0.0,
+            n_ctx_orig: 0,
+        });
+        let cp = ffi::CRopeParams {
+            n_heads: to_u32(p.n_heads, "n_heads")?,
+            head_dim: to_u32(p.head_dim, "head_dim")?,
+            n_rot: to_u32(p.n_rot, "n_rot")?,
+            kind: match p.kind {
+                RopeKind::Normal => ffi::ROPE_NORMAL,
+                RopeKind::Neox => ffi::ROPE_NEOX,
+            },
+            base: p.base,
+            freq_scale: p.freq_scale,
+            freq_factors: p.freq_factors.map_or(std::ptr::null(), |f| f.as_ptr()),
+            ext_factor: yarn.ext_factor,
+            attn_factor: yarn.attn_factor,
+            beta_fast: yarn.beta_fast,
+            beta_slow: yarn.beta_slow,
+            n_ctx_orig: yarn.n_ctx_orig,
+            reserved: 0,
+        };
         if x.is_empty() {
             return Ok(());
         }
         let inner = &*self.inner;
         let xb = inner.upload(x)?;
-        // SAFETY: device open; `positions` readable for its length.
+        // SAFETY: device open; `positions` readable for its length; `cp` and the factors
+        // it points to (`n_rot / 2` values, checked above) live across the call.
         let st = unsafe {
             (inner.rt.api().rope)(
                 inner.dev.0,
                 xb.h,
                 positions.len() as u64,
                 positions.as_ptr(),
-                p.n_heads as u32,
-                p.head_dim as u32,
-                p.n_rot as u32,
-                p.base,
+                &cp,
             )
         };
         inner.check(st, "rope")?;
@@ -752,6 +775,22 @@ impl Device for TtDevice {
         let st = unsafe { (inner.rt.api().add)(inner.dev.0, ab.h, xb.h, acc.len() as u64) };
         inner.check(st, "add")?;
         ab.read(acc)
+    }
+
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+        flint_hal::bias_rows(x.len(), bias.len())?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let inner = &*self.inner;
+        let xb = inner.upload(x)?;
+        let bb = inner.upload(bias)?;
+        // SAFETY: device open; handles belong to it.
+        let st = unsafe {
+            (inner.rt.api().add_bias)(inner.dev.0, xb.h, x.len() as u64, bb.h, bias.len() as u64)
+        };
+        inner.check(st, "add_bias")?;
+        xb.read(x)
     }
 
     fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {

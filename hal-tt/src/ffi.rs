@@ -10,7 +10,7 @@ use flint_hal::{HalError, HalErrorKind};
 use libloading::Library;
 
 /// The ABI version this build speaks (`FLINT_TT_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// The environment variable naming the adapter library.
 pub const RUNTIME_ENV: &str = "FLINT_TT_RUNTIME";
@@ -73,6 +73,37 @@ pub struct CAttnSeq {
     pub block_table: *const u32,
     pub n_blocks: u64,
 }
+
+/// `FLINT_TT_ROPE_NORMAL`: pairs `(2i, 2i+1)`.
+pub const ROPE_NORMAL: u32 = 0;
+/// `FLINT_TT_ROPE_NEOX`: pairs `(i, i + n_rot/2)`.
+pub const ROPE_NEOX: u32 = 1;
+
+/// `flint_tt_rope_params` (ABI 3).
+#[repr(C)]
+#[derive(Debug)]
+pub struct CRopeParams {
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub n_rot: u32,
+    /// [`ROPE_NORMAL`] or [`ROPE_NEOX`].
+    pub kind: u32,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// NULL, or `n_rot / 2` per-pair divisors of the angle.
+    pub freq_factors: *const f32,
+    /// YaRN: `ext_factor` 0 and `attn_factor` 1 when there is none.
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: u32,
+    pub reserved: u32,
+}
+
+// The header's layout on every 64-bit target: 6 * 4 + 8 + 6 * 4 bytes.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<CRopeParams>() == 56);
 
 /// `flint_tt_counters`.
 #[repr(C)]
@@ -141,10 +172,11 @@ abi! {
     get_rows = "flint_tt_get_rows": fn(Dev, u64, *const u32, u64, u64) -> i32;
     rms_norm = "flint_tt_rms_norm": fn(Dev, u64, u64, u64, f32, u64, u64) -> i32;
     add_rms_norm = "flint_tt_add_rms_norm": fn(Dev, u64, u64, u64, u64, f32, u64, u64) -> i32;
-    rope = "flint_tt_rope": fn(Dev, u64, u64, *const u32, u32, u32, u32, f32) -> i32;
+    rope = "flint_tt_rope": fn(Dev, u64, u64, *const u32, *const CRopeParams) -> i32;
     silu_mul = "flint_tt_silu_mul": fn(Dev, u64, u64, u64, u64) -> i32;
     gelu_mul = "flint_tt_gelu_mul": fn(Dev, u64, u64, u64, u64) -> i32;
     add = "flint_tt_add": fn(Dev, u64, u64, u64) -> i32;
+    add_bias = "flint_tt_add_bias": fn(Dev, u64, u64, u64, u64) -> i32;
     scale = "flint_tt_scale": fn(Dev, u64, u64, f32) -> i32;
     scatter_add_weighted = "flint_tt_scatter_add_weighted":
         fn(Dev, u64, u64, u64, *const u32, *const f32, u64, u64) -> i32;
@@ -227,20 +259,38 @@ impl Runtime {
                 "cannot load the Tenstorrent runtime adapter {shown}: {e}"
             ))
         })?;
-        let api = Api::load(&lib).map_err(|missing| {
+        let wrong_version = |v: u32| {
             HalError::unavailable(format!(
-                "{shown} is not a Flint Tenstorrent runtime adapter: missing symbol{} {}",
-                if missing.len() == 1 { "" } else { "s" },
-                missing.join(", ")
+                "{shown} implements flint_tt ABI version {v}, this build needs version \
+                 {ABI_VERSION} (docs/hal-tt/flint_tt.h); rebuild the adapter against the \
+                 current header"
             ))
-        })?;
+        };
+        let api = match Api::load(&lib) {
+            Ok(api) => api,
+            Err(missing) => {
+                // An adapter of another version lacks some of this version's symbols:
+                // its version is the clearer answer, when it exports one.
+                // SAFETY: `flint_tt_abi_version` is `uint32_t (void)` in every version of
+                // flint_tt.h; an adapter exporting the name promises it.
+                let version = unsafe {
+                    lib.get::<unsafe extern "C" fn() -> u32>(b"flint_tt_abi_version\0")
+                        .map(|f| f())
+                };
+                return Err(match version {
+                    Ok(v) if v != ABI_VERSION => wrong_version(v),
+                    _ => HalError::unavailable(format!(
+                        "{shown} is not a Flint Tenstorrent runtime adapter: missing symbol{} {}",
+                        if missing.len() == 1 { "" } else { "s" },
+                        missing.join(", ")
+                    )),
+                });
+            }
+        };
         // SAFETY: `abi_version` takes no arguments and only returns a number (header).
         let v = unsafe { (api.abi_version)() };
         if v != ABI_VERSION {
-            return Err(HalError::unavailable(format!(
-                "{shown} implements flint_tt ABI version {v}, this build needs version \
-                 {ABI_VERSION}"
-            )));
+            return Err(wrong_version(v));
         }
         Ok(Runtime {
             api,

@@ -87,6 +87,12 @@ fn probe_reports_each_reason() {
     std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "1");
     let m = unavailable_reason();
     assert!(m.contains("ABI version 1") && m.contains(&ours), "{m}");
+    // And one built for ABI 2, whose `flint_tt_rope` takes the NeoX parameters as scalars
+    // and which has no `flint_tt_add_bias`.
+    std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "2");
+    let m = unavailable_reason();
+    assert!(m.contains("ABI version 2") && m.contains(&ours), "{m}");
+    assert!(m.contains("rebuild the adapter"), "{m}");
     std::env::remove_var("FLINT_TT_SIM_ABI_VERSION");
 
     // A device that fails to open.

@@ -6,8 +6,8 @@ mod common;
 use common::{bf16_round, expert_bytes, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng};
 use flint_core::GgmlType;
 use flint_hal::{
-    AttnSeq, Device, ExpertRow, Gating, HalErrorKind, KvLayout, PagedAttention, RopeParams,
-    RoutingConfig, Tier, WeightKind,
+    AttnSeq, Device, ExpertRow, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind,
+    RopeParams, RoutingConfig, Tier, WeightKind, Yarn,
 };
 
 #[test]
@@ -262,22 +262,65 @@ fn get_rows_and_elementwise_ops_match_core() {
     flint_core::math::rms_norm_rows(&sum, Some(&nw), dim, 1e-6, &mut want);
     assert_eq!(got, want);
 
-    let p = RopeParams {
-        n_heads: 3,
-        head_dim: 16,
-        n_rot: 12,
-        base: 10000.0,
-    };
-    let pos = [0u32, 7, 1000];
-    let mut xr = rng.vec(pos.len() * 48);
-    let mut want = xr.clone();
-    dev.rope(&mut xr, &pos, &p).expect("rope");
-    for (row, &ps) in want.chunks_exact_mut(48).zip(&pos) {
-        for h in row.chunks_exact_mut(16) {
-            flint_core::math::rope_neox(h, ps, 12, 10000.0);
+    // Every kind of RoPE parameters, bit for bit against the core reference.
+    let pos = [0u32, 7, 1000, 70000];
+    let factors: Vec<f32> = (0..6).map(|i| 1.0 + i as f32).collect();
+    let yarn = Some(Yarn {
+        ext_factor: 1.0,
+        attn_factor: 0.9,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 4096,
+    });
+    let plain = RopeParams::neox(3, 16, 12, 10000.0);
+    for kind in [RopeKind::Normal, RopeKind::Neox] {
+        for (freq_scale, freq_factors, yarn) in [
+            (1.0, None, None),
+            (0.25, None, None),
+            (1.0, Some(&factors[..]), None),
+            (0.125, Some(&factors[..]), yarn),
+        ] {
+            let p = RopeParams {
+                kind,
+                freq_scale,
+                freq_factors,
+                yarn,
+                ..plain
+            };
+            let mut xr = rng.vec(pos.len() * 48);
+            let mut want = xr.clone();
+            dev.rope(&mut xr, &pos, &p).expect("rope");
+            for (row, &ps) in want.chunks_exact_mut(48).zip(&pos) {
+                flint_core::math::rope_heads(row, 16, ps, &p.config());
+            }
+            assert_eq!(xr, want, "{p:?}");
         }
     }
-    assert_eq!(xr, want);
+    // Parameters the host refuses before calling the adapter.
+    let short = [1.0f32; 5];
+    let e = dev
+        .rope(
+            &mut vec![0.0; 48],
+            &[3],
+            &RopeParams {
+                freq_factors: Some(&short),
+                ..plain
+            },
+        )
+        .expect_err("5 factors for n_rot 12");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
+
+    let bias = rng.vec(8);
+    let x0 = rng.vec(5 * 8);
+    let mut xb = x0.clone();
+    dev.add_bias(&mut xb, &bias).expect("add_bias");
+    for i in 0..40 {
+        assert_eq!(xb[i], x0[i] + bias[i % 8], "add_bias [{i}]");
+    }
+    let e = dev
+        .add_bias(&mut xb, &bias[..7])
+        .expect_err("a bias that does not divide x");
+    assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
 
     let g = rng.vec(50);
     let u = rng.vec(50);

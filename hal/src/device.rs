@@ -148,8 +148,9 @@ pub trait Device: Send + Sync + fmt::Debug {
         out: &mut [f32],
     ) -> Result<(), HalError>;
 
-    /// NeoX RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]`.
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError>;
+    /// RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]` (see
+    /// [`RopeParams`]). Parameters that [`RopeParams::check`] refuses are `InvalidInput`.
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError>;
 
     /// `out = silu(gate) * up`, element-wise.
     fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
@@ -159,6 +160,11 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// `acc += x`, element-wise.
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError>;
+
+    /// `x[r * bias.len() + j] += bias[j]`: `bias` added to every row of `x` (a projection's
+    /// bias on a batch of rows). `InvalidInput` when `bias` is empty or its length does
+    /// not divide `x.len()` (a bias tensor that does not match its projection).
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError>;
 
     /// `x *= s`, element-wise.
     fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError>;

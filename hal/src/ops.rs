@@ -1,6 +1,10 @@
 use std::any::Any;
 use std::fmt;
 
+pub use flint_core::math::{RopeConfig, RopeKind, Yarn};
+
+use crate::HalError;
+
 /// Every op of the [`Device`](crate::Device) trait, for capability queries and reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -24,6 +28,8 @@ pub enum Op {
     GeluMul,
     /// [`Device::add`](crate::Device::add).
     Add,
+    /// [`Device::add_bias`](crate::Device::add_bias).
+    AddBias,
     /// [`Device::scale`](crate::Device::scale).
     Scale,
     /// [`Device::scatter_add_weighted`](crate::Device::scatter_add_weighted).
@@ -38,7 +44,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 16] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -49,6 +55,7 @@ impl Op {
         Op::SiluMul,
         Op::GeluMul,
         Op::Add,
+        Op::AddBias,
         Op::Scale,
         Op::ScatterAddWeighted,
         Op::RouteTopK,
@@ -70,6 +77,7 @@ impl Op {
             Op::SiluMul => "silu_mul",
             Op::GeluMul => "gelu_mul",
             Op::Add => "add",
+            Op::AddBias => "add_bias",
             Op::Scale => "scale",
             Op::ScatterAddWeighted => "scatter_add_weighted",
             Op::RouteTopK => "route_topk",
@@ -103,18 +111,87 @@ pub struct ExpertRow {
     pub expert: u32,
 }
 
-/// NeoX RoPE parameters: for `i < n_rot/2` the pair `(x[i], x[i + n_rot/2])` of each
-/// head is rotated by `pos * base^(-2i/n_rot)`; dims `>= n_rot` pass through.
+/// RoPE parameters, as ggml's `rope_ext` takes them: `n_rot` dims of each of the
+/// `n_heads` heads of a row are rotated at the row's position, the rest pass through.
+///
+/// For pair `i < n_rot/2` the angle is `pos * base^(-2i/n_rot)`, divided by
+/// `freq_factors[i]` when there are factors, multiplied by `freq_scale`, and, with
+/// [`Yarn`] and a non-zero `ext_factor`, mixed with the unscaled angle over YaRN's ramp;
+/// the cosine and sine are multiplied by YaRN's magnitude factor (1 without YaRN).
+/// [`RopeKind::Normal`] rotates `(x[2i], x[2i+1])`, [`RopeKind::Neox`]
+/// `(x[i], x[i + n_rot/2])`. The reference is [`flint_core::math::rope`], whose module
+/// docs give every step in ggml's order; a backend matches it within the conformance
+/// tolerance (the cpu device bit for bit).
+///
+/// A device refuses parameters that [`RopeConfig::check`] refuses (odd `n_rot` or
+/// larger than `head_dim`, a base, scale or factor that is not a finite positive number,
+/// a factor count other than `n_rot / 2`) with `InvalidInput`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeParams {
+pub struct RopeParams<'a> {
     /// Heads per row.
     pub n_heads: usize,
     /// Size of one head.
     pub head_dim: usize,
+    /// Which dims are paired.
+    pub kind: RopeKind,
     /// Rotated dims (even, `<= head_dim`).
     pub n_rot: usize,
     /// Frequency base.
     pub base: f32,
+    /// Linear frequency scale (1, or `1 / factor` for linear and YaRN scaling).
+    pub freq_scale: f32,
+    /// Per-pair divisors of the angle, `n_rot / 2` values (Llama 3's `rope_freqs`).
+    pub freq_factors: Option<&'a [f32]>,
+    /// YaRN; `None` is no extrapolation mix and magnitude 1.
+    pub yarn: Option<Yarn>,
+}
+
+impl<'a> RopeParams<'a> {
+    /// Plain NeoX RoPE (scale 1, no factors, no YaRN) on `n_heads` heads of `head_dim`.
+    pub fn neox(n_heads: usize, head_dim: usize, n_rot: usize, base: f32) -> Self {
+        Self {
+            n_heads,
+            head_dim,
+            kind: RopeKind::Neox,
+            n_rot,
+            base,
+            freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
+        }
+    }
+
+    /// The rotation of one head, for [`flint_core::math::rope`] and its helpers.
+    pub fn config(&self) -> RopeConfig<'a> {
+        RopeConfig {
+            kind: self.kind,
+            n_rot: self.n_rot,
+            base: self.base,
+            freq_scale: self.freq_scale,
+            freq_factors: self.freq_factors,
+            yarn: self.yarn,
+        }
+    }
+
+    /// `Ok` when a device can apply these parameters; otherwise the `InvalidInput`
+    /// error every device returns for them.
+    pub fn check(&self) -> Result<(), HalError> {
+        self.config()
+            .check(self.head_dim)
+            .map_err(|e| HalError::invalid(e.to_string()))
+    }
+}
+
+/// The number of rows of a [`Device::add_bias`](crate::Device::add_bias) call: `x_len /
+/// bias_len`, or the `InvalidInput` error every device returns when `bias_len` is 0 or
+/// does not divide `x_len`.
+pub fn bias_rows(x_len: usize, bias_len: usize) -> Result<usize, HalError> {
+    if bias_len == 0 || !x_len.is_multiple_of(bias_len) {
+        return Err(HalError::invalid(format!(
+            "add_bias: a bias of {bias_len} values does not fit rows of x ({x_len} values)"
+        )));
+    }
+    Ok(x_len / bias_len)
 }
 
 /// How router logits become expert scores.

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use flint_conformance::registry;
 use flint_hal::{
     AttnSeq, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, Weight, WeightDesc, WeightHandle, WeightSource,
-    NO_BLOCK,
+    Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, Weight, WeightDesc, WeightHandle,
+    WeightSource, NO_BLOCK,
 };
 
 /// The defect a [`Broken`] device injects.
@@ -42,6 +42,14 @@ pub enum Defect {
     /// `stage` reads the tensor from the start of the shared buffer instead of its
     /// range (a zero-copy backend that forgets the tensor's offset in the mmap).
     IgnoresRangeStart,
+    /// `rope` pairs every head as NeoX, whatever the parameters ask.
+    RopeAlwaysNeox,
+    /// `rope` ignores the frequency factors.
+    RopeIgnoresFactors,
+    /// `rope` drops YaRN's magnitude correction (`mscale` stays `attn_factor`).
+    RopeNoYarnMscale,
+    /// `add_bias` adds the bias to the first row only.
+    BiasFirstRowOnly,
     /// Claims nothing at all.
     SupportsNothing,
 }
@@ -199,8 +207,27 @@ impl Device for Broken {
             .add_rms_norm(residual, delta, weight, eps, dim, out)
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<(), HalError> {
-        self.inner.rope(x, positions, p)
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+        let mut q = *p;
+        match self.defect {
+            Defect::RopeAlwaysNeox => q.kind = RopeKind::Neox,
+            Defect::RopeIgnoresFactors => q.freq_factors = None,
+            Defect::RopeNoYarnMscale => {
+                // Folding the correction 1 + 0.1 ln(1/s) back out of attn_factor.
+                if let Some(y) = q.yarn.as_mut().filter(|y| y.ext_factor != 0.0) {
+                    y.attn_factor /= 1.0 + 0.1 * (1.0 / q.freq_scale).ln();
+                }
+            }
+            _ => {}
+        }
+        self.inner.rope(x, positions, &q)
+    }
+
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+        if self.defect == Defect::BiasFirstRowOnly && x.len() > bias.len() {
+            return self.inner.add_bias(&mut x[..bias.len()], bias);
+        }
+        self.inner.add_bias(x, bias)
     }
 
     fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {

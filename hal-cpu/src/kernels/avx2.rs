@@ -489,19 +489,13 @@ pub(crate) fn gelu_mul_table(table: &[f32], gate: &[f32], up: &[f32], out: &mut 
     }
 }
 
-/// NeoX rotation of one head by per-pair cosines and sines `cs` (`cs.len()` pairs: the
-/// first half of the rotated part against the second), as `flint_core::math::rope_neox`
-/// computes it (fused multiply-adds where GCC contracts ggml's `rotate_pairs`), with the
-/// multiply-adds as FMA instructions rather than calls.
+/// One head's rotation by per-pair cosines and sines `cs` (the first `2 * cs.len()`
+/// dims, paired as `kind` says), as `flint_core::math::rope_rotate` computes it (fused
+/// multiply-adds where GCC contracts ggml's `rotate_pairs`), with the multiply-adds as
+/// FMA instructions rather than calls.
 #[target_feature(enable = "fma")]
-pub(crate) fn rope_rotate(h: &mut [f32], cs: &[(f32, f32)]) {
-    let half = cs.len();
-    let (lo, hi) = h.split_at_mut(half);
-    for ((a, b), &(c, s)) in lo.iter_mut().zip(&mut hi[..half]).zip(cs) {
-        let (x0, x1) = (*a, *b);
-        *a = x0.mul_add(c, -(x1 * s));
-        *b = x0.mul_add(s, x1 * c);
-    }
+pub(crate) fn rope_rotate(h: &mut [f32], kind: flint_core::math::RopeKind, cs: &[(f32, f32)]) {
+    crate::ops::rope_rotate(h, kind, cs);
 }
 
 /// `dst[i]` = the f16 bits of `src[i]` (round to nearest even, as

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use flint_core::math::RopeConfig;
 use flint_core::GgmlType;
 
 use crate::kernels;
@@ -615,15 +616,17 @@ impl State {
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
-        n_rot: usize,
-        base: f32,
+        cfg: &RopeConfig<'_>,
     ) -> Result<(), SimError> {
-        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
-            return invalid(format!("rope: n_rot {n_rot} with head_dim {head_dim}"));
+        if let Err(e) = cfg.check(head_dim) {
+            return invalid(e.to_string());
         }
         let n = positions.len() * n_heads * head_dim;
+        if n == 0 {
+            return Ok(());
+        }
         self.with_out([], (x, n), "rope", |[], x| {
-            kernels::rope(x, positions, n_heads, head_dim, n_rot, base);
+            kernels::rope(x, positions, n_heads, head_dim, cfg);
             Ok(())
         })
     }
@@ -653,6 +656,25 @@ impl State {
     pub fn add(&mut self, acc: u64, x: u64, n: usize) -> Result<(), SimError> {
         self.with_out([(x, n)], (acc, n), "add", |[x], a| {
             a.iter_mut().zip(x).for_each(|(a, b)| *a += b);
+            Ok(())
+        })
+    }
+
+    /// `flint_tt_add_bias`: `bias` added to every row of `x`.
+    pub fn add_bias(
+        &mut self,
+        x: u64,
+        n: usize,
+        bias: u64,
+        bias_len: usize,
+    ) -> Result<(), SimError> {
+        if bias_len == 0 || !n.is_multiple_of(bias_len) {
+            return invalid(format!(
+                "add_bias: a bias of {bias_len} values does not fit rows of x ({n} values)"
+            ));
+        }
+        self.with_out([(bias, bias_len)], (x, n), "add_bias", |[b], x| {
+            kernels::add_bias(x, b);
             Ok(())
         })
     }

@@ -259,20 +259,24 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, out: &m
     }
 }
 
-/// NeoX RoPE in place for each head of each row (core reference).
+/// RoPE in place for each head of each row (core reference).
 pub fn rope(
     x: &mut [f32],
     positions: &[u32],
     n_heads: usize,
     head_dim: usize,
-    n_rot: usize,
-    base: f32,
+    cfg: &flint_core::math::RopeConfig<'_>,
 ) {
     let row = n_heads * head_dim;
     for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
-        for h in xr.chunks_exact_mut(head_dim) {
-            flint_core::math::rope_neox(h, p, n_rot, base);
-        }
+        flint_core::math::rope_heads(xr, head_dim, p, cfg);
+    }
+}
+
+/// `x[r * bias.len() + j] += bias[j]` for every row `r`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
     }
 }
 

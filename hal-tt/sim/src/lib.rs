@@ -29,13 +29,14 @@ use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
+use flint_core::math::{RopeConfig, RopeKind, Yarn};
 use flint_core::GgmlType;
 
 pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
 use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
 
 /// The ABI version this library implements.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// `FLINT_TT_OK`.
 const OK: i32 = 0;
@@ -512,32 +513,92 @@ pub unsafe extern "C" fn flint_tt_add_rms_norm(
     })
 }
 
+/// `FLINT_TT_ROPE_NORMAL`.
+pub const ROPE_NORMAL: u32 = 0;
+/// `FLINT_TT_ROPE_NEOX`.
+pub const ROPE_NEOX: u32 = 1;
+
+/// `flint_tt_rope_params` (ABI 3).
+#[repr(C)]
+#[derive(Debug)]
+pub struct CRopeParams {
+    /// Heads per row.
+    pub n_heads: u32,
+    /// Values per head.
+    pub head_dim: u32,
+    /// Rotated dims.
+    pub n_rot: u32,
+    /// [`ROPE_NORMAL`] or [`ROPE_NEOX`].
+    pub kind: u32,
+    /// Frequency base.
+    pub base: f32,
+    /// Linear frequency scale.
+    pub freq_scale: f32,
+    /// NULL, or `n_rot / 2` per-pair divisors of the angle.
+    pub freq_factors: *const f32,
+    /// YaRN extrapolation mix (0: none).
+    pub ext_factor: f32,
+    /// YaRN magnitude (1: none).
+    pub attn_factor: f32,
+    /// YaRN `beta_fast`.
+    pub beta_fast: f32,
+    /// YaRN `beta_slow`.
+    pub beta_slow: f32,
+    /// YaRN's original context length.
+    pub n_ctx_orig: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
 /// `flint_tt_rope`.
 ///
 /// # Safety
-/// `dev` an open device; `positions` `rows` u32s.
+/// `dev` an open device; `positions` `rows` u32s; `params` a valid
+/// `flint_tt_rope_params` whose `freq_factors` is NULL or holds `n_rot / 2` floats.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_rope(
     dev: *const SimDevice,
     x: u64,
     rows: u64,
     positions: *const u32,
-    n_heads: u32,
-    head_dim: u32,
-    n_rot: u32,
-    base: f32,
+    params: *const CRopeParams,
 ) -> i32 {
     call(dev, |st| {
         // SAFETY: `positions` holds `rows` u32s (contract).
         let p = unsafe { slice(positions, rows, "positions") }?;
-        st.rope(
-            x,
-            p,
-            n_heads as usize,
-            head_dim as usize,
-            n_rot as usize,
-            base,
-        )
+        if params.is_null() {
+            return device::invalid("rope: null params".to_string());
+        }
+        // SAFETY: non-null `params` points at a valid struct (contract).
+        let cp = unsafe { &*params };
+        let kind = match cp.kind {
+            ROPE_NORMAL => RopeKind::Normal,
+            ROPE_NEOX => RopeKind::Neox,
+            k => return device::invalid(format!("rope: unknown kind {k}")),
+        };
+        let n_rot = cp.n_rot as usize;
+        let freq_factors = if cp.freq_factors.is_null() {
+            None
+        } else {
+            // SAFETY: non-null factors hold `n_rot / 2` floats (contract).
+            Some(unsafe { slice(cp.freq_factors, (n_rot / 2) as u64, "freq_factors") }?)
+        };
+        let yarn = (cp.ext_factor != 0.0 || cp.attn_factor != 1.0).then_some(Yarn {
+            ext_factor: cp.ext_factor,
+            attn_factor: cp.attn_factor,
+            beta_fast: cp.beta_fast,
+            beta_slow: cp.beta_slow,
+            n_ctx_orig: cp.n_ctx_orig,
+        });
+        let cfg = RopeConfig {
+            kind,
+            n_rot,
+            base: cp.base,
+            freq_scale: cp.freq_scale,
+            freq_factors,
+            yarn,
+        };
+        st.rope(x, p, cp.n_heads as usize, cp.head_dim as usize, &cfg)
     })
 }
 
@@ -580,6 +641,23 @@ pub unsafe extern "C" fn flint_tt_gelu_mul(
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_add(dev: *const SimDevice, acc: u64, x: u64, n: u64) -> i32 {
     call(dev, |st| st.add(acc, x, usize_of(n, "n")?))
+}
+
+/// `flint_tt_add_bias`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_add_bias(
+    dev: *const SimDevice,
+    x: u64,
+    n: u64,
+    bias: u64,
+    bias_len: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.add_bias(x, usize_of(n, "n")?, bias, usize_of(bias_len, "bias_len")?)
+    })
 }
 
 /// `flint_tt_scale`.
