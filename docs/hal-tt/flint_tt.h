@@ -2,8 +2,11 @@
  * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
  * runtime adapter library (`libflint_tt.so`).
  *
- * ABI version 2 (2: `source_type` in `flint_tt_weight_desc`). See README.md next to this file for how the library is found, what a
- * real adapter over TT-Metalium must do, and the simulated adapter (`flint-tt-sim`).
+ * ABI version 3. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
+ * `flint_tt_rope_params` (normal or NeoX pairs, frequency scale and factors, YaRN) instead
+ * of NeoX scalars, and `flint_tt_add_bias`. See README.md next to this file for how the
+ * library is found, what a real adapter over TT-Metalium must do, and the simulated
+ * adapter (`flint-tt-sim`).
  *
  * Conventions
  * - Every function that can fail returns an `int32_t` status (`FLINT_TT_OK` = 0, else one
@@ -33,7 +36,7 @@ extern "C" {
 
 /* The version this header describes. `flint_tt_abi_version()` must return it exactly;
  * the host refuses any other value. */
-#define FLINT_TT_ABI_VERSION 2u
+#define FLINT_TT_ABI_VERSION 3u
 
 /* Status codes. */
 typedef enum flint_tt_status {
@@ -187,10 +190,46 @@ int32_t flint_tt_rms_norm(flint_tt_device *dev, flint_tt_buffer x, uint64_t n,
 int32_t flint_tt_add_rms_norm(flint_tt_device *dev, flint_tt_buffer residual,
                               flint_tt_buffer delta, uint64_t n, flint_tt_buffer weight,
                               float eps, uint64_t dim, flint_tt_buffer out);
-/* NeoX RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i]. */
+/* Pairing of flint_tt_rope_params.kind. */
+#define FLINT_TT_ROPE_NORMAL 0u /* pairs (2i, 2i+1): Llama, gpt-oss (ggml's NORMAL) */
+#define FLINT_TT_ROPE_NEOX 1u   /* pairs (i, i + n_rot/2): Gemma, Qwen, Flint (ggml's NEOX) */
+
+/* RoPE parameters (ABI 3), as ggml's `rope_ext` takes them. For pair i < n_rot/2 of a
+ * head at position p:
+ *   theta_extrap = p * base^(-2i/n_rot) / freq_factors[i]   (factor 1 when NULL)
+ *   theta_interp = freq_scale * theta_extrap
+ *   theta = theta_interp, or with ext_factor != 0 (YaRN):
+ *     r = ramp(i) * ext_factor, theta = theta_interp * (1 - r) + theta_extrap * r,
+ *     ramp(i) = 1 - clamp((i - low) / max(0.001, high - low), 0, 1), where
+ *     low/high = floor/ceil of n_rot * ln(n_ctx_orig / (beta * 2 pi)) / (2 ln base) for
+ *     beta = beta_fast / beta_slow, clamped to [0, n_rot - 1];
+ *   mscale = attn_factor, times 1 + 0.1 ln(1 / freq_scale) when ext_factor != 0;
+ *   x0' = x0 cos(theta) mscale - x1 sin(theta) mscale,
+ *   x1' = x0 sin(theta) mscale + x1 cos(theta) mscale,
+ * with (x0, x1) paired as `kind` says; dims >= n_rot pass through. No YaRN is
+ * ext_factor = 0 and attn_factor = 1. The reference, with every float operation in
+ * ggml's order, is `flint_core::math::rope`. n_rot is even and at most head_dim; base,
+ * freq_scale and the factors are finite and positive (else FLINT_TT_ERR_INVALID). */
+typedef struct flint_tt_rope_params {
+    uint32_t n_heads;
+    uint32_t head_dim;
+    uint32_t n_rot;
+    uint32_t kind;              /* FLINT_TT_ROPE_NORMAL or FLINT_TT_ROPE_NEOX */
+    float base;
+    float freq_scale;           /* 1, or 1 / factor for linear and YaRN scaling */
+    const float *freq_factors;  /* NULL, or n_rot / 2 per-pair divisors of the angle */
+    float ext_factor;           /* YaRN extrapolation mix; 0: none */
+    float attn_factor;          /* magnitude of cos and sin; 1: none */
+    float beta_fast;
+    float beta_slow;
+    uint32_t n_ctx_orig;        /* the context length the model was trained with */
+    uint32_t reserved;          /* 0 */
+} flint_tt_rope_params;
+
+/* RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i]. `params` and
+ * its factors are read before the call returns. */
 int32_t flint_tt_rope(flint_tt_device *dev, flint_tt_buffer x, uint64_t rows,
-                      const uint32_t *positions, uint32_t n_heads, uint32_t head_dim,
-                      uint32_t n_rot, float base);
+                      const uint32_t *positions, const flint_tt_rope_params *params);
 /* out = silu(gate) * up. */
 int32_t flint_tt_silu_mul(flint_tt_device *dev, flint_tt_buffer gate, flint_tt_buffer up,
                           uint64_t n, flint_tt_buffer out);
@@ -199,6 +238,10 @@ int32_t flint_tt_gelu_mul(flint_tt_device *dev, flint_tt_buffer gate, flint_tt_b
                           uint64_t n, flint_tt_buffer out);
 /* acc += x. */
 int32_t flint_tt_add(flint_tt_device *dev, flint_tt_buffer acc, flint_tt_buffer x, uint64_t n);
+/* x[r * bias_len + j] += bias[j] for every row r of x (n values): a projection's bias
+ * (ABI 3). FLINT_TT_ERR_INVALID when bias_len is 0 or does not divide n. */
+int32_t flint_tt_add_bias(flint_tt_device *dev, flint_tt_buffer x, uint64_t n,
+                          flint_tt_buffer bias, uint64_t bias_len);
 /* x *= s. */
 int32_t flint_tt_scale(flint_tt_device *dev, flint_tt_buffer x, uint64_t n, float s);
 /* acc[rows[i]] += weights[i] * x[i] for n rows of `dim`; acc = [acc_rows, dim]. */

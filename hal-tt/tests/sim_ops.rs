@@ -300,7 +300,7 @@ fn get_rows_and_elementwise_ops_match_core() {
     let short = [1.0f32; 5];
     let e = dev
         .rope(
-            &mut vec![0.0; 48],
+            &mut [0.0; 48],
             &[3],
             &RopeParams {
                 freq_factors: Some(&short),
