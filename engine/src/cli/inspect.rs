@@ -130,6 +130,13 @@ fn text(
         f.alignment(),
         f.data_start()
     );
+    if f.shard_count() > 1 {
+        let _ = writeln!(
+            s,
+            "split model: {} shards, opened from the first (the figures above are its own; the tensor table covers every shard)",
+            f.shard_count()
+        );
+    }
     let _ = writeln!(s, "\nmetadata:");
     let kw = f
         .metadata()
@@ -439,6 +446,7 @@ fn json(
             json!({
                 "name": t.name, "type": t.ty.name(), "dims": t.dims,
                 "n_elements": t.n_elements, "n_bytes": t.n_bytes, "offset": t.start,
+                "shard": t.shard,
             })
         })
         .collect();
@@ -462,6 +470,7 @@ fn json(
         "file_bytes": f.len(),
         "alignment": f.alignment(),
         "data_offset": f.data_start(),
+        "shards": f.shard_count(),
         "metadata": meta,
         "tensor_count": f.tensors().len(),
         "tensors": tensors,
@@ -522,7 +531,6 @@ fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingP
     let dev = reg
         .open(device, &opts)
         .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
-    let bytes = f.shared_bytes();
     let mut descs = Vec::with_capacity(f.tensors().len());
     for t in f.tensors() {
         let kind = if t.dims.len() == 3 {
@@ -532,7 +540,8 @@ fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingP
         } else {
             WeightKind::Matrix
         };
-        let data = WeightSource::new(bytes.clone(), t.range())
+        let src = f.tensor_bytes(t);
+        let data = WeightSource::new(src.bytes, src.range)
             .map_err(|e| CliError::new(format!("tensor '{}': {e}", t.name)))?;
         descs.push(WeightDesc {
             name: t.name.clone(),
