@@ -276,6 +276,8 @@ fn key_errors_are_named() {
     spec("llama")
         .key("attention.value_length", Value::U32(4))
         .refused("'llama.attention.value_length': is 4, key_length is 8");
+    spec_dk("qwen2", Some(16))
+        .refused("'qwen2.attention.key_length': is 16: qwen2 needs head_count 4 x key_length");
     spec("llama")
         .key("rope.scaling.factor", Value::F32(-2.0))
         .refused("'llama.rope.scaling.factor'");

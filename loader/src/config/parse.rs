@@ -113,6 +113,13 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
             ),
         ));
     }
+    // llama.cpp's qwen2 projects Q to `d` and back (`attn_q` `[d, d]`).
+    if arch == Arch::Qwen2 && h * dk != d {
+        return Err(ConfigError::invalid(
+            &k("attention.key_length"),
+            format!("is {dk}: qwen2 needs head_count {h} x key_length = embedding_length {d}"),
+        ));
+    }
     let eps_key = k("attention.layer_norm_rms_epsilon");
     let rms_eps = positive(&eps_key, f.get_f32(&eps_key)?)?;
 
