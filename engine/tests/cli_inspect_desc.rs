@@ -76,6 +76,15 @@ fn write_llama(
     w.write_file(path).expect("write");
 }
 
+/// The verdict for a file whose description is valid: it runs, or the engine does not
+/// assemble that architecture (and says so).
+fn valid_description(text: &str, arch: &str) -> bool {
+    text.contains(&format!("runs: yes ({arch} model"))
+        || text.contains(&format!(
+            "runs: no: the {arch} description is valid, but the engine cannot assemble it"
+        ))
+}
+
 fn inspect(path: &Path, json: bool) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_flint"));
     cmd.arg("inspect").arg(path);
@@ -97,8 +106,10 @@ fn inspect_names_the_key_or_tensor_that_stops_a_file() {
     let ok = dir.0.join("ok.gguf");
     write_llama(&ok, true, &[], &[], 0..11);
     let text = inspect(&ok, false);
-    assert!(text.contains("runs: yes (llama model"), "{text}");
+    assert!(valid_description(&text, "llama"), "{text}");
     assert!(text.contains("rope: normal, 8 dims"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&inspect(&ok, true)).expect("json");
+    assert_eq!(v["model"]["description_valid"], true);
 
     let key = dir.0.join("longrope.gguf");
     let longrope = [("llama.rope.scaling.type", Value::from("longrope"))];
@@ -110,6 +121,7 @@ fn inspect_names_the_key_or_tensor_that_stops_a_file() {
     );
     let v: serde_json::Value = serde_json::from_str(&inspect(&key, true)).expect("json");
     assert_eq!(v["model"]["valid"], false);
+    assert_eq!(v["model"]["description_valid"], false);
     let err = v["model"]["error"].as_str().unwrap_or_default();
     assert!(err.contains("llama.rope.scaling.type"), "{err}");
 
@@ -143,10 +155,10 @@ fn inspect_opens_a_split_model_from_its_first_shard() {
     );
     let text = inspect(&first, false);
     assert!(text.contains("split model: 2 shards"), "{text}");
-    assert!(text.contains("runs: yes (llama model"), "{text}");
+    assert!(valid_description(&text, "llama"), "{text}");
     let v: serde_json::Value = serde_json::from_str(&inspect(&first, true)).expect("json");
     assert_eq!(v["shards"], 2);
     assert_eq!(v["tensor_count"], 11);
     assert_eq!(v["tensors"][10]["shard"], 1);
-    assert_eq!(v["model"]["valid"], true);
+    assert_eq!(v["model"]["description_valid"], true);
 }

@@ -46,6 +46,18 @@ pub(crate) fn open_gguf(path: &std::path::Path) -> Result<GgufFile, CliError> {
 pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     let f = open_gguf(&args.model)?;
     let config = ModelDesc::from_gguf(&f);
+    // A valid description is necessary; the engine assembling the model is what makes
+    // the file run.
+    let assembly = match &config {
+        Ok(_) => crate::model::model_from_gguf(&f)
+            .err()
+            .map(|e| e.to_string()),
+        Err(_) => None,
+    };
+    let verdict = Verdict {
+        desc: &config,
+        assembly,
+    };
     // The census of both arms: blocks kept where the device can (the default), and
     // everything expanded (FLINT_KEEP_QUANT=0).
     let plan = match &args.device {
@@ -60,11 +72,11 @@ pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     };
     let out = if args.json {
         let mut s =
-            serde_json::to_string_pretty(&json(&f, &args.model, &config, &plan)).map_err(err)?;
+            serde_json::to_string_pretty(&json(&f, &args.model, &verdict, &plan)).map_err(err)?;
         s.push('\n');
         s
     } else {
-        text(&f, &args.model, &config, &plan)
+        text(&f, &args.model, &verdict, &plan)
     };
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
@@ -113,7 +125,7 @@ fn human(bytes: u64) -> String {
 fn text(
     f: &GgufFile,
     path: &std::path::Path,
-    config: &Result<ModelDesc, ConfigError>,
+    verdict: &Verdict<'_>,
     plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> String {
     let mut s = String::new();
@@ -201,8 +213,8 @@ fn text(
         human(total)
     );
     let _ = writeln!(s, "\nmodel:");
-    match config {
-        Ok(c) => {
+    match (verdict.desc, &verdict.assembly) {
+        (Ok(c), None) => {
             let _ = writeln!(
                 s,
                 "  runs: yes ({} model; every key and tensor accounted for)",
@@ -212,7 +224,17 @@ fn text(
                 let _ = writeln!(s, "  {line}");
             }
         }
-        Err(e) => {
+        (Ok(c), Some(e)) => {
+            let _ = writeln!(
+                s,
+                "  runs: no: the {} description is valid, but the engine cannot assemble it: {e}",
+                c.arch.name()
+            );
+            for line in describe(c) {
+                let _ = writeln!(s, "  {line}");
+            }
+        }
+        (Err(e), _) => {
             let _ = writeln!(s, "  runs: no: {e}");
         }
     }
@@ -256,6 +278,13 @@ fn text(
         }
     }
     s
+}
+
+/// Whether Flint runs the file: its description, and when that is valid, the engine's
+/// assembly error if any.
+struct Verdict<'a> {
+    desc: &'a Result<ModelDesc, ConfigError>,
+    assembly: Option<String>,
 }
 
 /// The description in a few lines of text (no tensor names: each line is a fact the
@@ -419,7 +448,7 @@ fn array_json(a: &Array, take: usize) -> serde_json::Value {
 fn json(
     f: &GgufFile,
     path: &std::path::Path,
-    config: &Result<ModelDesc, ConfigError>,
+    verdict: &Verdict<'_>,
     plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> serde_json::Value {
     use serde_json::json;
@@ -458,11 +487,19 @@ fn json(
         );
     }
     let total: u64 = f.tensors().iter().map(|t| t.n_bytes as u64).sum();
-    let model = match config {
-        Ok(c) => json!({ "architecture": c.arch.name(), "valid": true,
-                         "block_count": c.n_layers(), "context_length": c.context_length,
-                         "description": describe(c) }),
-        Err(e) => json!({ "valid": false, "error": e.to_string() }),
+    let model = match (verdict.desc, &verdict.assembly) {
+        (Ok(c), assembly) => {
+            let mut m = json!({ "architecture": c.arch.name(), "valid": assembly.is_none(),
+                                "description_valid": true, "block_count": c.n_layers(),
+                                "context_length": c.context_length, "description": describe(c) });
+            if let Some(e) = assembly {
+                m["error"] = json!(e);
+            }
+            m
+        }
+        (Err(e), _) => {
+            json!({ "valid": false, "description_valid": false, "error": e.to_string() })
+        }
     };
     let mut out = json!({
         "file": path.display().to_string(),
