@@ -80,7 +80,9 @@ pub enum RopeKind {
 }
 
 /// YaRN parameters, as ggml's `ggml_rope_ext` takes them; present when
-/// `rope.scaling.type = yarn`.
+/// `rope.scaling.type = yarn`. They apply on every layer, each with its own
+/// [`LayerDesc::rope_freq_scale`] (1 on sliding layers, as in llama.cpp). The
+/// architectures here read no `rope.scaling.yarn_*` key (llama.cpp does not either).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
     /// Extrapolation mix: 1 for YaRN (llama.cpp sets it from the scaling type).
