@@ -15,7 +15,8 @@ pub enum ConfigError {
     Gguf(#[from] GgufError),
     /// `general.architecture` names an architecture Flint does not run.
     #[error(
-        "general.architecture '{found}' is not supported (supported: flint, gemma3, llama, qwen2, qwen3)"
+        "general.architecture '{found}' is not supported (supported: {})",
+        super::Arch::ALL.map(super::Arch::name).join(", ")
     )]
     UnsupportedArchitecture {
         /// The one in the file.
