@@ -160,6 +160,12 @@ fn split_model_gives_the_single_files_tensors() {
     assert!(paths[0].ends_with("model-00001-of-00003.gguf"));
     let split = GgufFile::open(&paths[0]).expect("split");
     assert_eq!(split.shard_count(), 3);
+    let on_disk: u64 = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).expect("size").len())
+        .sum();
+    assert_eq!(split.total_len(), on_disk);
+    assert_eq!(whole.total_len(), whole.len() as u64);
     assert_eq!(split.tensors().len(), whole.tensors().len());
     for (a, b) in whole.tensors().iter().zip(split.tensors()) {
         assert_eq!((&a.name, a.ty, &a.dims), (&b.name, b.ty, &b.dims));

@@ -270,6 +270,17 @@ impl GgufFile {
         Arc::clone(&self.bytes)
     }
 
+    /// Bytes of every shard together ([`GgufFile::len`] for a single file): what a
+    /// decision about holding the whole model in memory should weigh.
+    pub fn total_len(&self) -> u64 {
+        let extra: u64 = self
+            .extra
+            .iter()
+            .map(|h| (*h.bytes).as_ref().len() as u64)
+            .sum();
+        self.len() as u64 + extra
+    }
+
     /// Number of shards: 1 for a single file, `split.count` for a split model.
     pub fn shard_count(&self) -> usize {
         1 + self.extra.len()
