@@ -7,5 +7,5 @@ pub mod fetch;
 pub mod gguf;
 pub mod tokenizer;
 
-pub use config::{ConfigError, FlintConfig, Gemma3Config, ModelConfig};
+pub use config::{ConfigError, ModelDesc};
 pub use gguf::{Array, GgufError, GgufFile, GgufWriter, SharedBytes, TensorInfo, Value, ValueType};

@@ -1,8 +1,11 @@
-//! FlintConfig: every key, defaults, and one test per validation error (each error must
+//! The flint description (`ModelDesc`): every key, defaults, and one test per validation error (each error must
 //! name the key or tensor at fault). Files are made with our writer.
 
+use flint_core::math::Gating;
 use flint_core::GgmlType;
-use flint_loader::config::{ConfigError, FlintConfig, GatingFunc, ModelConfig};
+use flint_loader::config::{
+    Activation, Arch, ConfigError, FfnDesc, ModelDesc, NormPlacement, RopeKind,
+};
 use flint_loader::gguf::{GgufFile, GgufWriter, Value};
 
 /// A tiny Flint model: d=64, L=3 (layer 0 dense, 1..2 MoE), H=4, Hkv=2, dk=16, dv=8,
@@ -113,9 +116,9 @@ fn with(key: &'static str, v: Value) -> impl FnOnce(&mut Vec<(&'static str, Valu
 
 fn same_tensors(_: &mut Vec<(String, Vec<usize>)>) {}
 
-/// Config error message, asserting it mentions `needle`.
+/// The description's error, asserting it mentions `needle`.
 fn config_err(f: &GgufFile, needle: &str) -> ConfigError {
-    let e = FlintConfig::from_gguf(f).expect_err("must be refused");
+    let e = ModelDesc::from_gguf(f).expect_err("must be refused");
     assert!(
         e.to_string().contains(needle),
         "{e:?} / {e} lacks {needle:?}"
@@ -124,49 +127,60 @@ fn config_err(f: &GgufFile, needle: &str) -> ConfigError {
 }
 
 fn tensor_err(f: &GgufFile, needle: &str) -> ConfigError {
-    let c = FlintConfig::from_gguf(f).expect("config");
-    let e = c.check_tensors(f).expect_err("must be refused");
-    assert!(e.to_string().contains(needle), "{e} lacks {needle:?}");
-    e
+    config_err(f, needle)
 }
 
 #[test]
 fn full_config_reads_every_key() {
     let f = build(|_| {}, same_tensors);
-    let c = FlintConfig::from_gguf(&f).expect("config");
+    let c = ModelDesc::from_gguf(&f).expect("description");
+    assert_eq!(c.arch, Arch::Flint);
     assert_eq!(c.context_length, 256);
-    assert_eq!(c.embedding_length, 64);
-    assert_eq!(c.block_count, 3);
-    assert_eq!(c.feed_forward_length, Some(96));
-    assert_eq!((c.head_count, c.head_count_kv), (4, 2));
-    assert_eq!((c.key_length, c.value_length), (16, 8));
+    assert_eq!(c.d, 64);
+    assert_eq!(c.n_layers(), 3);
+    assert_eq!(c.layers[0].ffn, FfnDesc::Dense { width: 96 });
+    assert_eq!((c.n_heads, c.n_kv_heads), (4, 2));
+    assert_eq!((c.head_dim_k, c.head_dim_v), (16, 8));
     assert_eq!(c.rms_eps, 1e-6);
-    assert_eq!(c.sliding_window, Some(32));
-    assert_eq!(c.sliding_window_pattern, vec![true, false, true]);
-    assert_eq!((c.rope_freq_base, c.rope_freq_base_swa), (1e6, 1e4));
-    assert_eq!(c.rope_base(0), 1e4);
-    assert_eq!(c.rope_base(1), 1e6);
-    assert_eq!(c.rope_dimension_count, 8);
-    assert_eq!(c.leading_dense_block_count, 1);
-    assert!(c.is_dense(0) && !c.is_dense(1));
+    assert_eq!(c.window, Some(32));
+    let sliding: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+    assert_eq!(sliding, vec![true, false, true]);
+    assert_eq!(c.layer_window(0), Some(32));
+    assert_eq!(c.layer_window(1), None);
+    assert_eq!(c.layers[0].rope_base, 1e4);
+    assert_eq!(c.layers[1].rope_base, 1e6);
+    assert!(c.layers.iter().all(|l| l.rope_freq_scale == 1.0));
+    assert_eq!(c.rope.n_rot, 8);
+    assert_eq!(c.rope.kind, RopeKind::Neox);
+    assert!(!c.rope.freq_factors && c.rope.yarn.is_none());
+    assert_eq!(c.attn_scale, 0.25);
+    assert!(!c.q_prescaled);
+    assert_eq!(c.embed_scale, 1.0);
+    assert_eq!(c.logit_softcap, None);
+    assert_eq!(c.activation, Activation::Silu);
+    assert_eq!(c.norms, NormPlacement::Pre);
     let m = c.moe.as_ref().expect("moe");
-    assert_eq!((m.expert_count, m.expert_used_count), (4, 2));
-    assert_eq!(m.expert_feed_forward_length, 32);
-    assert_eq!(m.expert_shared_count, 1);
-    assert_eq!(m.expert_shared_feed_forward_length, 24);
-    assert_eq!(m.gating_func, GatingFunc::Sigmoid);
-    assert!(m.weights_norm);
-    assert_eq!(m.weights_scale, 2.5);
-    let t = c.check_tensors(&f).expect("tensors");
-    assert_eq!(t.vocab_size, 40);
-    assert!(t.tied_output);
-    assert!(t.layers.iter().all(|l| l.qk_norm && l.sinks));
-    assert!(!t.layers[0].shared_expert && t.layers[1].shared_expert);
-    assert!(t.layers[2].selection_bias);
-    let m = ModelConfig::from_gguf(&f).expect("model config");
-    assert_eq!(m.architecture(), "flint");
-    assert_eq!(m.context_length(), 256);
-    m.check_tensors(&f).expect("tensors");
+    assert_eq!(m.leading_dense, 1);
+    assert_eq!((m.experts, m.used), (4, 2));
+    assert_eq!(m.expert_width, 32);
+    assert_eq!(m.shared_count, 1);
+    assert_eq!(m.shared_width, 24);
+    assert_eq!(m.gating, Gating::Sigmoid);
+    assert!(m.normalize);
+    assert_eq!(m.scale, 2.5);
+    assert_eq!(c.vocab, 40);
+    assert!(c.tied_output);
+    assert!(c.layers.iter().all(|l| l.qk_norm && l.sinks));
+    assert!(c.layers.iter().all(|l| l.biases == Default::default()));
+    for l in &c.layers[1..] {
+        assert_eq!(
+            l.ffn,
+            FfnDesc::Moe {
+                selection_bias: true,
+                shared_expert: true
+            }
+        );
+    }
 }
 
 #[test]
@@ -194,21 +208,67 @@ fn defaults_apply() {
                 Value::from(vec![false, false, false]),
             )(k);
         },
-        |_| {},
+        |t| {
+            // Shapes for dk = dv = 16, all layers MoE, no shared expert.
+            t.retain(|(n, _)| {
+                !n.contains("shexp")
+                    && ![
+                        "blk.0.ffn_gate.weight",
+                        "blk.0.ffn_up.weight",
+                        "blk.0.ffn_down.weight",
+                    ]
+                    .contains(&n.as_str())
+            });
+            for (n, d) in t.iter_mut() {
+                if n.ends_with("attn_v.weight") {
+                    *d = vec![64, 32];
+                } else if n.ends_with("attn_output.weight") {
+                    *d = vec![64, 64];
+                }
+            }
+            t.push(("blk.0.ffn_gate_inp.weight".into(), vec![64, 4]));
+            t.push(("blk.0.ffn_gate_exps.weight".into(), vec![64, 32, 4]));
+            t.push(("blk.0.ffn_up_exps.weight".into(), vec![64, 32, 4]));
+            t.push(("blk.0.ffn_down_exps.weight".into(), vec![32, 64, 4]));
+        },
     );
-    let c = FlintConfig::from_gguf(&f).expect("config");
-    assert_eq!((c.key_length, c.value_length), (16, 16));
-    assert_eq!(c.rope_freq_base_swa, c.rope_freq_base);
-    assert_eq!(c.rope_dimension_count, 16);
-    assert_eq!(c.leading_dense_block_count, 0);
-    assert_eq!(c.feed_forward_length, None);
-    assert_eq!(c.sliding_window, None);
+    let c = ModelDesc::from_gguf(&f).expect("description");
+    assert_eq!((c.head_dim_k, c.head_dim_v), (16, 16));
+    assert!(c.layers.iter().all(|l| l.rope_base == 1e6));
+    assert_eq!(c.rope.n_rot, 16);
+    assert_eq!(c.window, None);
+    assert!(c.layers.iter().all(|l| !l.sliding));
     let m = c.moe.expect("moe");
-    assert_eq!(m.expert_shared_count, 0);
-    assert_eq!(m.expert_shared_feed_forward_length, 32);
-    assert_eq!(m.gating_func, GatingFunc::Sigmoid);
-    assert!(m.weights_norm);
-    assert_eq!(m.weights_scale, 1.0);
+    assert_eq!(m.leading_dense, 0);
+    assert_eq!(m.shared_count, 0);
+    assert_eq!(m.shared_width, 32);
+    assert_eq!(m.gating, Gating::Sigmoid);
+    assert!(m.normalize);
+    assert_eq!(m.scale, 1.0);
+    assert_eq!(
+        c.layers[0].ffn,
+        FfnDesc::Moe {
+            selection_bias: false,
+            shared_expert: false
+        }
+    );
+    assert!(c.layers[1..].iter().all(|l| matches!(
+        l.ffn,
+        FfnDesc::Moe {
+            selection_bias: true,
+            shared_expert: false
+        }
+    )));
+}
+
+#[test]
+fn softmax_gating_is_read() {
+    let f = build(
+        with("flint.expert_gating_func", Value::U32(1)),
+        same_tensors,
+    );
+    let c = ModelDesc::from_gguf(&f).expect("description");
+    assert_eq!(c.moe.expect("moe").gating, Gating::Softmax);
 }
 
 #[test]
@@ -245,10 +305,8 @@ fn wrong_architecture() {
         with("general.architecture", Value::from("mamba")),
         same_tensors,
     );
-    let e = config_err(&f, "general.architecture");
-    assert!(matches!(e, ConfigError::WrongArchitecture { .. }));
-    let e = ModelConfig::from_gguf(&f).expect_err("unsupported");
-    assert!(e.to_string().contains("'mamba' is not supported"), "{e}");
+    let e = config_err(&f, "'mamba' is not supported");
+    assert!(matches!(e, ConfigError::UnsupportedArchitecture { .. }));
 }
 
 #[test]
@@ -397,9 +455,12 @@ fn all_dense_model_needs_no_moe_keys() {
             }
         },
     );
-    let c = FlintConfig::from_gguf(&f).expect("config");
+    let c = ModelDesc::from_gguf(&f).expect("description");
     assert!(c.moe.is_none());
-    c.check_tensors(&f).expect("tensors");
+    assert!(c
+        .layers
+        .iter()
+        .all(|l| l.ffn == FfnDesc::Dense { width: 96 }));
 }
 
 #[test]
@@ -497,4 +558,38 @@ fn f32_only_tensors_are_checked() {
     }
     let f = GgufFile::from_bytes(w.to_bytes()).expect("parse");
     tensor_err(&f, "'blk.1.attn_sinks.weight' has type F16, expected F32");
+}
+
+#[test]
+fn unknown_tensors_are_refused_by_name() {
+    for name in [
+        "blk.1.attn_q.bias",
+        "blk.0.ffn_gate_inp.weight",
+        "rope_freqs.weight",
+        "extra.weight",
+    ] {
+        let f = build(|_| {}, |t| t.push((name.to_string(), vec![64])));
+        let e = tensor_err(&f, &format!("tensor '{name}' is not part of a flint model"));
+        assert!(matches!(e, ConfigError::UnexpectedTensor { .. }));
+    }
+}
+
+#[test]
+fn norms_must_be_f32() {
+    let mut w = GgufWriter::new();
+    for (key, v) in keys() {
+        w.add(key, v).expect("key");
+    }
+    for (name, dims) in tensors() {
+        let n: usize = dims.iter().product();
+        if name == "blk.2.ffn_norm.weight" {
+            w.add_tensor(&name, GgmlType::F16, &dims, vec![0u8; n * 2])
+                .expect("f16");
+        } else {
+            w.add_f32_tensor(&name, &dims, &vec![0.0; n])
+                .expect("tensor");
+        }
+    }
+    let f = GgufFile::from_bytes(w.to_bytes()).expect("parse");
+    tensor_err(&f, "'blk.2.ffn_norm.weight' has type F16, expected F32");
 }

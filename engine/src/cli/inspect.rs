@@ -1,6 +1,7 @@
 //! `flint inspect`: a GGUF file's metadata (long arrays summarised), its tensor table
-//! (type, shape, bytes), the bytes per type, the architecture's configuration check, and
-//! with `--device` the staging census of that device.
+//! (type, shape, bytes), the bytes per type, the model description (whether Flint runs the
+//! file and, if not, the key or tensor that stops it), and with `--device` the staging
+//! census of that device.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,8 +9,9 @@ use std::fmt::Write as _;
 use clap::Args;
 use flint_core::GgmlType;
 use flint_hal::{StagingPlan, Tier, WeightDesc, WeightKind, WeightSource};
-use flint_loader::config::ModelConfig;
+use flint_loader::config::{Activation, FfnDesc, ModelDesc, NormPlacement, RopeKind};
 use flint_loader::gguf::{Array, GgufFile, Value};
+use flint_loader::ConfigError;
 
 use super::{err, CliError};
 
@@ -43,7 +45,19 @@ pub(crate) fn open_gguf(path: &std::path::Path) -> Result<GgufFile, CliError> {
 /// Runs `flint inspect`.
 pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     let f = open_gguf(&args.model)?;
-    let config = ModelConfig::from_gguf(&f).and_then(|c| c.check_tensors(&f).map(|()| c));
+    let config = ModelDesc::from_gguf(&f);
+    // A valid description is necessary; the engine assembling the model is what makes
+    // the file run.
+    let assembly = match &config {
+        Ok(_) => crate::model::model_from_gguf(&f)
+            .err()
+            .map(|e| e.to_string()),
+        Err(_) => None,
+    };
+    let verdict = Verdict {
+        desc: &config,
+        assembly,
+    };
     // The census of both arms: blocks kept where the device can (the default), and
     // everything expanded (FLINT_KEEP_QUANT=0).
     let plan = match &args.device {
@@ -58,11 +72,11 @@ pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     };
     let out = if args.json {
         let mut s =
-            serde_json::to_string_pretty(&json(&f, &args.model, &config, &plan)).map_err(err)?;
+            serde_json::to_string_pretty(&json(&f, &args.model, &verdict, &plan)).map_err(err)?;
         s.push('\n');
         s
     } else {
-        text(&f, &args.model, &config, &plan)
+        text(&f, &args.model, &verdict, &plan)
     };
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
@@ -111,7 +125,7 @@ fn human(bytes: u64) -> String {
 fn text(
     f: &GgufFile,
     path: &std::path::Path,
-    config: &Result<ModelConfig, flint_loader::ConfigError>,
+    verdict: &Verdict<'_>,
     plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> String {
     let mut s = String::new();
@@ -128,6 +142,13 @@ fn text(
         f.alignment(),
         f.data_start()
     );
+    if f.shard_count() > 1 {
+        let _ = writeln!(
+            s,
+            "split model: {} shards, opened from the first (the figures above are its own; the tensor table covers every shard)",
+            f.shard_count()
+        );
+    }
     let _ = writeln!(s, "\nmetadata:");
     let kw = f
         .metadata()
@@ -192,18 +213,29 @@ fn text(
         human(total)
     );
     let _ = writeln!(s, "\nmodel:");
-    match config {
-        Ok(c) => {
+    match (verdict.desc, &verdict.assembly) {
+        (Ok(c), None) => {
             let _ = writeln!(
                 s,
-                "  {} configuration valid: {} layers, context_length {}; all tensors present with the expected shapes",
-                c.architecture(),
-                c.block_count(),
-                c.context_length()
+                "  runs: yes ({} model; every key and tensor accounted for)",
+                c.arch.name()
             );
+            for line in describe(c) {
+                let _ = writeln!(s, "  {line}");
+            }
         }
-        Err(e) => {
-            let _ = writeln!(s, "  not runnable by Flint: {e}");
+        (Ok(c), Some(e)) => {
+            let _ = writeln!(
+                s,
+                "  runs: no: the {} description is valid, but the engine cannot assemble it: {e}",
+                c.arch.name()
+            );
+            for line in describe(c) {
+                let _ = writeln!(s, "  {line}");
+            }
+        }
+        (Err(e), _) => {
+            let _ = writeln!(s, "  runs: no: {e}");
         }
     }
     if let Some((dev, arms)) = plan {
@@ -248,6 +280,142 @@ fn text(
     s
 }
 
+/// Whether Flint runs the file: its description, and when that is valid, the engine's
+/// assembly error if any.
+struct Verdict<'a> {
+    desc: &'a Result<ModelDesc, ConfigError>,
+    assembly: Option<String>,
+}
+
+/// The description in a few lines of text (no tensor names: each line is a fact the
+/// forward uses).
+fn describe(c: &ModelDesc) -> Vec<String> {
+    let n = c.n_layers();
+    let sliding = c.layers.iter().filter(|l| l.sliding).count();
+    let mut out = vec![format!(
+        "{n} layers, d {}, {} query heads, {} KV heads, head sizes {}/{}, vocabulary {}{}, context_length {}",
+        c.d,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim_k,
+        c.head_dim_v,
+        c.vocab,
+        if c.tied_output { " (tied output)" } else { "" },
+        c.context_length
+    )];
+    let mut attn = format!(
+        "attention: scale {} {}",
+        c.attn_scale,
+        if c.q_prescaled {
+            "applied to Q before attention"
+        } else {
+            "on q.k"
+        }
+    );
+    if let Some(w) = c.window {
+        let _ = write!(attn, ", window {w} on {sliding} of {n} layers");
+    }
+    let qk = c.layers.iter().filter(|l| l.qk_norm).count();
+    if qk > 0 {
+        let _ = write!(attn, ", QK norm on {qk} layers");
+    }
+    let sinks = c.layers.iter().filter(|l| l.sinks).count();
+    if sinks > 0 {
+        let _ = write!(attn, ", sinks on {sinks} layers");
+    }
+    let biased = c
+        .layers
+        .iter()
+        .filter(|l| l.biases != Default::default())
+        .count();
+    if biased > 0 {
+        let _ = write!(attn, ", biases on {biased} layers");
+    }
+    out.push(attn);
+    let mut bases: Vec<f32> = Vec::new();
+    let mut scales: Vec<f32> = Vec::new();
+    for l in &c.layers {
+        if !bases.contains(&l.rope_base) {
+            bases.push(l.rope_base);
+        }
+        if !scales.contains(&l.rope_freq_scale) {
+            scales.push(l.rope_freq_scale);
+        }
+    }
+    let list = |v: &[f32]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut rope = format!(
+        "rope: {}, {} dims, bases {}, frequency scales {}",
+        match c.rope.kind {
+            RopeKind::Normal => "normal",
+            RopeKind::Neox => "neox",
+        },
+        c.rope.n_rot,
+        list(&bases),
+        list(&scales)
+    );
+    if c.rope.freq_factors {
+        rope.push_str(", frequency factors from the file");
+    }
+    if let Some(y) = &c.rope.yarn {
+        let _ = write!(
+            rope,
+            ", yarn (ext {}, attn {}, beta {}/{}, original context {})",
+            y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow, y.n_ctx_orig
+        );
+    }
+    out.push(rope);
+    let act = match c.activation {
+        Activation::Silu => "SiLU",
+        Activation::GeluTanh => "GELU-tanh",
+    };
+    let dense = c
+        .layers
+        .iter()
+        .filter(|l| matches!(l.ffn, FfnDesc::Dense { .. }))
+        .count();
+    let mut ffn = format!("ffn: {act}, {dense} dense layers");
+    if let Some(m) = &c.moe {
+        let _ = write!(
+            ffn,
+            ", {} MoE layers ({} experts of width {}, {} used, {:?} gating{}{}, shared experts {})",
+            n - dense,
+            m.experts,
+            m.expert_width,
+            m.used,
+            m.gating,
+            if m.normalize { ", renormalised" } else { "" },
+            if m.scale != 1.0 {
+                format!(", scaled by {}", m.scale)
+            } else {
+                String::new()
+            },
+            m.shared_count
+        );
+    }
+    out.push(ffn);
+    let mut norms = format!(
+        "norms: eps {}, {}",
+        c.rms_eps,
+        match c.norms {
+            NormPlacement::Pre => "before attention and FFN",
+            NormPlacement::PrePost => "before and after attention and FFN",
+        }
+    );
+    if c.embed_scale != 1.0 {
+        let _ = write!(norms, "; embeddings scaled by {}", c.embed_scale);
+    }
+    if let Some(cap) = c.logit_softcap {
+        let _ = write!(norms, "; logits soft-capped at {cap}");
+    }
+    out.push(norms);
+    out
+}
+
 fn value_json(v: &Value) -> serde_json::Value {
     use serde_json::json;
     match v {
@@ -280,7 +448,7 @@ fn array_json(a: &Array, take: usize) -> serde_json::Value {
 fn json(
     f: &GgufFile,
     path: &std::path::Path,
-    config: &Result<ModelConfig, flint_loader::ConfigError>,
+    verdict: &Verdict<'_>,
     plan: &Option<(String, Vec<(Arm, StagingPlan)>)>,
 ) -> serde_json::Value {
     use serde_json::json;
@@ -307,6 +475,7 @@ fn json(
             json!({
                 "name": t.name, "type": t.ty.name(), "dims": t.dims,
                 "n_elements": t.n_elements, "n_bytes": t.n_bytes, "offset": t.start,
+                "shard": t.shard,
             })
         })
         .collect();
@@ -318,10 +487,19 @@ fn json(
         );
     }
     let total: u64 = f.tensors().iter().map(|t| t.n_bytes as u64).sum();
-    let model = match config {
-        Ok(c) => json!({ "architecture": c.architecture(), "valid": true,
-                         "block_count": c.block_count(), "context_length": c.context_length() }),
-        Err(e) => json!({ "valid": false, "error": e.to_string() }),
+    let model = match (verdict.desc, &verdict.assembly) {
+        (Ok(c), assembly) => {
+            let mut m = json!({ "architecture": c.arch.name(), "valid": assembly.is_none(),
+                                "description_valid": true, "block_count": c.n_layers(),
+                                "context_length": c.context_length, "description": describe(c) });
+            if let Some(e) = assembly {
+                m["error"] = json!(e);
+            }
+            m
+        }
+        (Err(e), _) => {
+            json!({ "valid": false, "description_valid": false, "error": e.to_string() })
+        }
     };
     let mut out = json!({
         "file": path.display().to_string(),
@@ -329,6 +507,7 @@ fn json(
         "file_bytes": f.len(),
         "alignment": f.alignment(),
         "data_offset": f.data_start(),
+        "shards": f.shard_count(),
         "metadata": meta,
         "tensor_count": f.tensors().len(),
         "tensors": tensors,
@@ -389,7 +568,6 @@ fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingP
     let dev = reg
         .open(device, &opts)
         .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
-    let bytes = f.shared_bytes();
     let mut descs = Vec::with_capacity(f.tensors().len());
     for t in f.tensors() {
         let kind = if t.dims.len() == 3 {
@@ -399,7 +577,8 @@ fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingP
         } else {
             WeightKind::Matrix
         };
-        let data = WeightSource::new(bytes.clone(), t.range())
+        let src = f.tensor_bytes(t);
+        let data = WeightSource::new(src.bytes, src.range)
             .map_err(|e| CliError::new(format!("tensor '{}': {e}", t.name)))?;
         descs.push(WeightDesc {
             name: t.name.clone(),

@@ -291,8 +291,9 @@ impl Tensors<'_> {
                 info.name, dims[0], info.ty
             )));
         }
-        let mut data = WeightSource::new(self.file.shared_bytes(), info.range())?;
-        if let Some(hook) = self.file.release_hook() {
+        let src = self.file.tensor_bytes(info);
+        let mut data = WeightSource::new(src.bytes, src.range)?;
+        if let Some(hook) = src.release {
             data = data.with_release(hook);
         }
         Ok(TensorRef {

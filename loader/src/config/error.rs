@@ -13,17 +13,10 @@ pub enum ConfigError {
     /// A key is missing or has the wrong type (the GGUF error names it).
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    /// `general.architecture` is not the one asked for.
-    #[error("general.architecture is '{found}', expected '{expected}'")]
-    WrongArchitecture {
-        /// The architecture asked for.
-        expected: &'static str,
-        /// The one in the file.
-        found: String,
-    },
     /// `general.architecture` names an architecture Flint does not run.
     #[error(
-        "general.architecture '{found}' is not supported (supported: flint, gemma3, llama, qwen3)"
+        "general.architecture '{found}' is not supported (supported: {})",
+        super::Arch::ALL.map(super::Arch::name).join(", ")
     )]
     UnsupportedArchitecture {
         /// The one in the file.
@@ -62,6 +55,15 @@ pub enum ConfigError {
         expected: &'static str,
         /// The type in the file.
         found: GgmlType,
+    },
+    /// A tensor the architecture's description does not account for: Flint refuses it
+    /// rather than ignore what the file asks for.
+    #[error("tensor '{tensor}' is not part of a {arch} model as Flint runs it")]
+    UnexpectedTensor {
+        /// The tensor.
+        tensor: String,
+        /// The architecture.
+        arch: &'static str,
     },
     /// Tensors that must come together (or not at all) are only partly present.
     #[error("tensor '{tensor}' is missing while '{present}' is present (they come as a set)")]

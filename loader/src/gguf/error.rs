@@ -239,4 +239,76 @@ pub enum GgufError {
         /// The value found.
         value: String,
     },
+    /// A shard other than the first of a split model was opened directly.
+    #[error("{path} is shard {no} of {count} of a split model: open the first shard, {first}")]
+    SplitNotFirst {
+        /// The file opened.
+        path: PathBuf,
+        /// Its shard number, from 1 (`split.no + 1`).
+        no: usize,
+        /// `split.count`.
+        count: usize,
+        /// Where the first shard would be.
+        first: PathBuf,
+    },
+    /// The first shard's name does not end in `-00001-of-NNNNN.gguf`, so the other
+    /// shards' names cannot be derived from it.
+    #[error("{path} is the first of {count} shards, but its name does not end in '{suffix}', so the other shards cannot be found")]
+    SplitName {
+        /// The file opened.
+        path: PathBuf,
+        /// `split.count`.
+        count: usize,
+        /// The ending the name must have.
+        suffix: String,
+    },
+    /// A shard of a split model is not there.
+    #[error("shard {no} of {count} of the split model is missing: {path}")]
+    SplitMissingShard {
+        /// The path the shard must have.
+        path: PathBuf,
+        /// Its shard number, from 1.
+        no: usize,
+        /// `split.count`.
+        count: usize,
+    },
+    /// A shard of a split model is not a valid GGUF file.
+    #[error("shard {path}: {source}")]
+    SplitShard {
+        /// The shard.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: Box<GgufError>,
+    },
+    /// A shard's `split.*` key disagrees with the split it belongs to.
+    #[error("shard {path}: {key} is {found}, expected {expected}")]
+    SplitMismatch {
+        /// The shard.
+        path: PathBuf,
+        /// The key (`split.no`, `split.count`, `split.tensors.count`).
+        key: &'static str,
+        /// The value found.
+        found: String,
+        /// The value the split implies.
+        expected: String,
+    },
+    /// Two shards hold a tensor of the same name.
+    #[error("tensor '{name}' is in two shards: {first} and {second}")]
+    SplitDuplicateTensor {
+        /// The tensor.
+        name: String,
+        /// The shard that has it first.
+        first: PathBuf,
+        /// The other shard.
+        second: PathBuf,
+    },
+    /// One shard of a split model given as bytes, with no path to find the others.
+    #[error("this is shard {no} of {count} of a split model: open the first shard from its path so that the other shards are found")]
+    SplitInMemory {
+        /// Its shard number, from 1.
+        no: usize,
+        /// `split.count`.
+        count: usize,
+    },
 }

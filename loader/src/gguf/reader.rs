@@ -57,10 +57,14 @@ pub struct TensorInfo {
     pub n_bytes: usize,
     /// Number of elements (product of `dims`; 1 for zero dims).
     pub n_elements: usize,
+    /// The shard whose bytes hold the data: 0 for a single file, `split.no` for a
+    /// split model ([`GgufFile::tensor_bytes`] gives them).
+    pub shard: usize,
 }
 
 impl TensorInfo {
-    /// The absolute byte range of the data inside [`GgufFile::shared_bytes`].
+    /// The absolute byte range of the data inside its shard's bytes (for a single file,
+    /// [`GgufFile::shared_bytes`]; in general [`GgufFile::tensor_bytes`]).
     pub fn range(&self) -> Range<usize> {
         // Saturating: a hand-built TensorInfo with absurd fields yields an empty view in
         // `tensor_data`, not an overflow panic.
@@ -77,18 +81,51 @@ impl TensorInfo {
     }
 }
 
-/// A parsed, validated GGUF file.
+/// The bytes of one shard and the hook that hands its pages back.
+#[derive(Clone)]
+pub(super) struct Held {
+    pub(super) bytes: SharedBytes,
+    pub(super) release: Option<ReleaseHook>,
+}
+
+/// Where a tensor's data lies: the bytes of its shard, the range inside them, and the
+/// hook that gives that shard's pages back to the system (see
+/// [`GgufFile::release_hook`]). The same for a single file and a split model.
+#[derive(Clone)]
+pub struct TensorBytes {
+    /// The shard's bytes, shared.
+    pub bytes: SharedBytes,
+    /// The tensor's range inside `bytes`.
+    pub range: Range<usize>,
+    /// Hands pages of `bytes` back (`None` for bytes held in a vector).
+    pub release: Option<ReleaseHook>,
+}
+
+impl fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorBytes")
+            .field("range", &self.range)
+            .field("release", &self.release.is_some())
+            .finish()
+    }
+}
+
+/// A parsed, validated GGUF file: one file, or every shard of a split model opened
+/// through its first shard (the metadata is the first shard's, the tensors are all of
+/// them, each knowing its shard).
 pub struct GgufFile {
-    bytes: SharedBytes,
-    version: u32,
-    metadata: Vec<(String, Value)>,
-    key_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
-    alignment: usize,
-    data_start: usize,
-    residence: Residence,
-    release: Option<ReleaseHook>,
+    pub(super) bytes: SharedBytes,
+    pub(super) version: u32,
+    pub(super) metadata: Vec<(String, Value)>,
+    pub(super) key_index: HashMap<String, usize>,
+    pub(super) tensors: Vec<TensorInfo>,
+    pub(super) tensor_index: HashMap<String, usize>,
+    pub(super) alignment: usize,
+    pub(super) data_start: usize,
+    pub(super) residence: Residence,
+    pub(super) release: Option<ReleaseHook>,
+    /// The shards after the first (empty for a single file): shard `i` is `extra[i - 1]`.
+    pub(super) extra: Vec<Held>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -101,13 +138,15 @@ impl fmt::Debug for GgufFile {
             .field("alignment", &self.alignment)
             .field("data_start", &self.data_start)
             .field("residence", &self.residence)
+            .field("shards", &self.shard_count())
             .finish()
     }
 }
 
 impl GgufFile {
     /// Maps the file read-only and parses it (zero copies: what tools that read a few
-    /// tensors want; a model that is about to run wants [`GgufFile::open_with`]).
+    /// tensors want; a model that is about to run wants [`GgufFile::open_with`]). The
+    /// first shard of a split model opens every shard (see [`GgufFile::open_with`]).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         Self::open_with(path, LoadMode::Map, &mut |_, _| {})
     }
@@ -115,12 +154,28 @@ impl GgufFile {
     /// Opens the file held as `mode` says ([`LoadMode::Auto`]: in transparent huge pages
     /// where that pays, see [`LoadMode`]) and parses it. A copy reports
     /// `(bytes read, file length)` to `progress` as it goes; a mapping reports nothing.
+    ///
+    /// The first shard of a split model (`split.count > 1`, named
+    /// `PREFIX-00001-of-NNNNN.gguf` as llama.cpp's `gguf-split` writes it) opens every
+    /// shard, each held as `mode` says and validated as a single file, and checks them
+    /// against each other (`super::split`). Opening another shard directly is an error
+    /// that names the first.
     pub fn open_with(
         path: impl AsRef<Path>,
         mode: LoadMode,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
+        let first = Self::open_one(path, mode, progress)?;
+        super::split::assemble(first, path, mode, progress)
+    }
+
+    /// Opens and parses one file, without looking at its `split.*` keys.
+    pub(super) fn open_one(
+        path: &Path,
+        mode: LoadMode,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<GgufFile, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -129,7 +184,7 @@ impl GgufFile {
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
             // Mapping an empty file fails on some systems; the parse error is the useful one.
-            return Self::from_bytes(Vec::new());
+            return Self::parse_shared(Arc::new(Vec::new()));
         }
         let residence = mode.resolve(len);
         let mut parsed = match residence {
@@ -140,7 +195,7 @@ impl GgufFile {
                     ))
                 })?;
                 let copy = Arc::new(HugePageCopy::read(path, &file, len, progress)?);
-                let mut parsed = Self::from_shared(copy.clone())?;
+                let mut parsed = Self::parse_shared(copy.clone())?;
                 parsed.release = Some(Arc::new(move |r| copy.release(r)));
                 parsed
             }
@@ -149,7 +204,7 @@ impl GgufFile {
                 // not be truncated or rewritten by another process while it is mapped (the
                 // usual mmap contract, which model files in a cache directory satisfy).
                 let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
-                let mut parsed = Self::from_shared(map.clone())?;
+                let mut parsed = Self::parse_shared(map.clone())?;
                 parsed.release = Some(Arc::new(move |r| release_mapped(&map, r)));
                 parsed
             }
@@ -163,8 +218,21 @@ impl GgufFile {
         Self::from_shared(Arc::new(bytes))
     }
 
-    /// Parses a file held in shared bytes, without copying them.
+    /// Parses a file held in shared bytes, without copying them. One shard of a split
+    /// model is refused ([`GgufError::SplitInMemory`]): the others are found from a path.
     pub fn from_shared(bytes: SharedBytes) -> Result<GgufFile, GgufError> {
+        let f = Self::parse_shared(bytes)?;
+        if let Some(s) = super::split::SplitKeys::read(&f)? {
+            return Err(GgufError::SplitInMemory {
+                no: s.no + 1,
+                count: s.count,
+            });
+        }
+        Ok(f)
+    }
+
+    /// Parses one file's bytes, without looking at its `split.*` keys.
+    pub(super) fn parse_shared(bytes: SharedBytes) -> Result<GgufFile, GgufError> {
         let parsed = parse((*bytes).as_ref())?;
         Ok(GgufFile {
             bytes,
@@ -177,15 +245,16 @@ impl GgufFile {
             data_start: parsed.data_start,
             residence: Residence::Mapped,
             release: None,
+            extra: Vec::new(),
         })
     }
 
-    /// The whole file.
+    /// The whole file (the first shard of a split model).
     pub fn as_bytes(&self) -> &[u8] {
         (*self.bytes).as_ref()
     }
 
-    /// File size in bytes.
+    /// File size in bytes (of the first shard of a split model).
     pub fn len(&self) -> usize {
         self.as_bytes().len()
     }
@@ -195,14 +264,53 @@ impl GgufFile {
         self.len() == 0
     }
 
-    /// The file's bytes, shared (for zero-copy `WeightSource`s: pair with
-    /// [`TensorInfo::range`]).
+    /// The file's bytes, shared (the first shard's, for a split model: a tensor's bytes
+    /// come from [`GgufFile::tensor_bytes`]).
     pub fn shared_bytes(&self) -> SharedBytes {
         Arc::clone(&self.bytes)
     }
 
-    /// A hook that gives the pages of a byte range of [`GgufFile::shared_bytes`] back to
-    /// the system, for a device that keeps its own copy of a tensor (`None` for bytes
+    /// Bytes of every shard together ([`GgufFile::len`] for a single file): what a
+    /// decision about holding the whole model in memory should weigh.
+    pub fn total_len(&self) -> u64 {
+        let extra: u64 = self
+            .extra
+            .iter()
+            .map(|h| (*h.bytes).as_ref().len() as u64)
+            .sum();
+        self.len() as u64 + extra
+    }
+
+    /// Number of shards: 1 for a single file, `split.count` for a split model.
+    pub fn shard_count(&self) -> usize {
+        1 + self.extra.len()
+    }
+
+    /// Where `info`'s data lies, zero-copy: its shard's bytes, the range in them and
+    /// that shard's release hook. The one way to reach a tensor's bytes for building
+    /// weights, for single files and split models alike. A `TensorInfo` naming a shard
+    /// this file lacks yields an empty range of the first shard rather than a panic.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> TensorBytes {
+        let held = match info.shard {
+            0 => Some((&self.bytes, &self.release)),
+            i => self.extra.get(i - 1).map(|h| (&h.bytes, &h.release)),
+        };
+        match held {
+            Some((bytes, release)) => TensorBytes {
+                bytes: Arc::clone(bytes),
+                range: info.range(),
+                release: release.clone(),
+            },
+            None => TensorBytes {
+                bytes: Arc::clone(&self.bytes),
+                range: 0..0,
+                release: None,
+            },
+        }
+    }
+
+    /// A hook that gives the pages of a byte range of [`GgufFile::shared_bytes`] (the
+    /// first shard; [`TensorBytes::release`] for any tensor) back to the system, for a device that keeps its own copy of a tensor (`None` for bytes
     /// held in a vector). The bytes stay readable: a mapping reads them again from the
     /// file; a huge-page copy becomes a mapping of the file for that range.
     pub fn release_hook(&self) -> Option<ReleaseHook> {
@@ -254,10 +362,17 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The data of a tensor of this file, zero-copy. A `TensorInfo` from another file
-    /// whose range lies outside this one yields an empty slice rather than a panic.
+    /// The data of a tensor of this file (from its shard), zero-copy. A `TensorInfo`
+    /// from another file whose range lies outside this one yields an empty slice rather
+    /// than a panic.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        self.as_bytes().get(info.range()).unwrap_or(&[])
+        let bytes = match info.shard {
+            0 => Some(&self.bytes),
+            i => self.extra.get(i - 1).map(|h| &h.bytes),
+        };
+        bytes
+            .and_then(|b| (**b).as_ref().get(info.range()))
+            .unwrap_or(&[])
     }
 
     /// `general.architecture`.
@@ -777,6 +892,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
             start,
             n_bytes: r.n_bytes,
             n_elements: r.n_elements,
+            shard: 0,
         });
     }
 

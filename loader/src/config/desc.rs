@@ -1,0 +1,264 @@
+//! [`ModelDesc`]: one architecture-neutral, validated description of a model, the only
+//! place Flint reads hyper-parameters. Every per-architecture difference the forward
+//! needs is a field here; the engine assembles the model from it.
+//!
+//! Keys are written without the `{arch}.` prefix (`embedding_length` means
+//! `llama.embedding_length` in a llama file). Defaults are llama.cpp's
+//! (`src/llama-model.cpp` `load_hparams`, `src/models/{arch}.cpp` `load_arch_hparams`,
+//! `src/llama-context.cpp` for the RoPE scaling parameters).
+
+use flint_core::math::Gating;
+
+/// The architectures Flint runs (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `flint`: `shared/spec/FLINT.md`.
+    Flint,
+    /// `gemma3`: Gemma 3 at every published size.
+    Gemma3,
+    /// `llama`: Llama 2 and 3.x (dense only).
+    Llama,
+    /// `qwen2`: Qwen 2 / 2.5 (q/k/v biases).
+    Qwen2,
+    /// `qwen3`: Qwen 3 dense (per-head QK RMSNorm).
+    Qwen3,
+}
+
+impl Arch {
+    /// Every architecture, in the order the error messages list them.
+    pub const ALL: [Arch; 5] = [
+        Arch::Flint,
+        Arch::Gemma3,
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+    ];
+
+    /// The `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Flint => "flint",
+            Arch::Gemma3 => "gemma3",
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The architecture a `general.architecture` value names, if Flint runs it.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// The activation of the gated MLPs: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (flint, llama, qwen2, qwen3).
+    Silu,
+    /// GELU, tanh approximation (gemma3; llama.cpp `LLM_FFN_GELU`).
+    GeluTanh,
+}
+
+/// Where the RMSNorms of a layer sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `attn_norm` before attention, `ffn_norm` before the FFN (flint, llama, qwen).
+    Pre,
+    /// Gemma: as [`Pre`](Self::Pre), plus `post_attention_norm` on the attention output
+    /// and `post_ffw_norm` on the FFN output, each before its residual add.
+    PrePost,
+}
+
+/// How RoPE pairs the rotated dimensions (ggml's `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Adjacent pairs `(2i, 2i+1)` (llama; `LLAMA_ROPE_TYPE_NORM`).
+    Normal,
+    /// Pairs `(i, i + n_rot/2)` (flint, gemma3, qwen2, qwen3; `LLAMA_ROPE_TYPE_NEOX`).
+    Neox,
+}
+
+/// YaRN parameters, as ggml's `ggml_rope_ext` takes them; present when
+/// `rope.scaling.type = yarn`. They apply on every layer, each with its own
+/// [`LayerDesc::rope_freq_scale`] (1 on sliding layers, as in llama.cpp). The
+/// architectures here read no `rope.scaling.yarn_*` key (llama.cpp does not either).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// Extrapolation mix: 1 for YaRN (llama.cpp sets it from the scaling type).
+    pub ext_factor: f32,
+    /// Magnitude factor: llama.cpp's `get_mscale(factor, 1) / (1 + 0.1 ln factor)`
+    /// times `rope.scaling.attn_factor` (default 1), `factor = rope.scaling.factor`.
+    pub attn_factor: f32,
+    /// `beta_fast`: llama.cpp's default 32 (these architectures read no key for it).
+    pub beta_fast: f32,
+    /// `beta_slow`: llama.cpp's default 1.
+    pub beta_slow: f32,
+    /// Original training context (`rope.scaling.original_context_length`, default
+    /// `context_length`).
+    pub n_ctx_orig: usize,
+}
+
+/// The RoPE settings shared by every layer (the per-layer base and frequency scale are
+/// in [`LayerDesc`]). These fill the HAL's `RopeParams`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeDesc {
+    /// Pairing of the rotated dimensions (fixed per architecture, as llama.cpp's
+    /// `llama_model_rope_type`).
+    pub kind: RopeKind,
+    /// Rotated dims `n_rot`, even, `<= head_dim_k` (`rope.dimension_count`, default
+    /// `head_dim_k`; llama, qwen2 and qwen3 require it equal to `head_dim_k`).
+    pub n_rot: usize,
+    /// `rope_freqs.weight` (`[n_rot/2]`, f32) is present: its values divide each pair's
+    /// frequency on every layer (Llama 3 rope scaling, as the converter writes it).
+    pub freq_factors: bool,
+    /// YaRN, when `rope.scaling.type = yarn`.
+    pub yarn: Option<Yarn>,
+}
+
+/// Which attention projections carry a bias (`blk.N.attn_{q,k,v,output}.bias`, f32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttnBiases {
+    /// `attn_q.bias` `[H*dk]`.
+    pub q: bool,
+    /// `attn_k.bias` `[Hkv*dk]`.
+    pub k: bool,
+    /// `attn_v.bias` `[Hkv*dv]`.
+    pub v: bool,
+    /// `attn_output.bias` `[d]`.
+    pub o: bool,
+}
+
+/// The Mixture-of-Experts routing (flint only).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeDesc {
+    /// Routed experts `E` (`expert_count`, required).
+    pub experts: usize,
+    /// Experts chosen per token, `1 <= k <= E` (`expert_used_count`, required).
+    pub used: usize,
+    /// Width `Fe` of one routed expert (`expert_feed_forward_length`, required).
+    pub expert_width: usize,
+    /// Shared experts, 0 or 1 (`expert_shared_count`, default 0).
+    pub shared_count: usize,
+    /// Width `Fs` of the shared expert (`expert_shared_feed_forward_length`, default
+    /// `Fe`).
+    pub shared_width: usize,
+    /// Router score function (`expert_gating_func`: 1 softmax, 2 sigmoid; default 2).
+    pub gating: Gating,
+    /// Renormalise the chosen weights to sum 1 (`expert_weights_norm`, default true).
+    pub normalize: bool,
+    /// Factor on the chosen weights after renormalising (`expert_weights_scale`,
+    /// default 1).
+    pub scale: f32,
+    /// Layers `i < n` use a dense FFN (`leading_dense_block_count`, default 0).
+    pub leading_dense: usize,
+}
+
+/// A layer's FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnDesc {
+    /// A dense gated MLP of width `F` (`feed_forward_length`): `ffn_gate`, `ffn_up`
+    /// `[d, F]`, `ffn_down` `[F, d]`.
+    Dense {
+        /// `F`.
+        width: usize,
+    },
+    /// A routed MoE layer ([`ModelDesc::moe`]): router `ffn_gate_inp` `[d, E]`, towers
+    /// `ffn_{gate,up}_exps` `[d, Fe, E]`, `ffn_down_exps` `[Fe, d, E]`.
+    Moe {
+        /// `exp_probs_b.bias` `[E]` (f32) is present: added to the scores for selection.
+        selection_bias: bool,
+        /// `ffn_{gate,up,down}_shexp` (width `Fs`) are present.
+        shared_expert: bool,
+    },
+}
+
+/// Per-layer facts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerDesc {
+    /// A sliding-window layer: attends to the [`ModelDesc::window`] newest positions.
+    pub sliding: bool,
+    /// RoPE base: `rope.freq_base` (default 10000; required for flint) on full layers,
+    /// `rope.freq_base_swa` on sliding ones (default 10000 for gemma3 as llama.cpp's
+    /// `rope_freq_base_train_swa`; `rope.freq_base` for flint).
+    pub rope_base: f32,
+    /// RoPE frequency scale (ggml's `freq_scale`, `1 / rope.scaling.factor`): the file's
+    /// linear or YaRN factor on full-attention layers, 1 on sliding layers (llama.cpp's
+    /// `rope_freq_scale_train_swa`). 1 when `rope.scaling.type = none` or no factor.
+    pub rope_freq_scale: f32,
+    /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm` `[dk]`, f32).
+    pub qk_norm: bool,
+    /// Attention sinks (`attn_sinks.weight` `[H]`, f32; flint only).
+    pub sinks: bool,
+    /// Attention biases present on this layer.
+    pub biases: AttnBiases,
+    /// The FFN.
+    pub ffn: FfnDesc,
+}
+
+/// Everything the forward needs besides the tensors' bytes, validated against the file's
+/// keys and tensors ([`ModelDesc::from_gguf`](super::ModelDesc::from_gguf)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelDesc {
+    /// The architecture (`general.architecture`).
+    pub arch: Arch,
+    /// Hidden size `d` (`embedding_length`, required).
+    pub d: usize,
+    /// Query heads `H` (`attention.head_count`, required).
+    pub n_heads: usize,
+    /// KV heads `Hkv`, dividing `H` (`attention.head_count_kv`, default `H`; required
+    /// for flint).
+    pub n_kv_heads: usize,
+    /// Head size `dk` of Q and K (`attention.key_length`, default `d / H`).
+    pub head_dim_k: usize,
+    /// Head size `dv` of V (`attention.value_length`, default `d / H`; `dk` for flint).
+    pub head_dim_v: usize,
+    /// Epsilon of every RMSNorm (`attention.layer_norm_rms_epsilon`, required).
+    pub rms_eps: f32,
+    /// Vocabulary size `V` (from `token_embd.weight` `[d, V]`).
+    pub vocab: usize,
+    /// `output.weight` is absent: the output projection is `token_embd.weight`.
+    pub tied_output: bool,
+    /// Largest position count (`context_length`, required).
+    pub context_length: usize,
+    /// Multiplier of the embedding rows: `sqrt(d)` for gemma3, else 1.
+    pub embed_scale: f32,
+    /// The attention (query) scale, as llama.cpp computes it: `1/sqrt(dk)`, except
+    /// Gemma 3 27B (62 layers), where it is `1/sqrt(d / H)` (`query_pre_attn_scalar`).
+    pub attn_scale: f32,
+    /// The query is multiplied by [`attn_scale`](Self::attn_scale) after RoPE and the
+    /// attention then scales `q.k` by 1 (gemma3: llama.cpp's `ggml_scale` on Q); when
+    /// false the attention scales `q.k` by `attn_scale`.
+    pub q_prescaled: bool,
+    /// Final logit soft-capping `c * tanh(x / c)` (`final_logit_softcapping`, gemma3;
+    /// absent or 0 = none).
+    pub logit_softcap: Option<f32>,
+    /// The gated-MLP activation.
+    pub activation: Activation,
+    /// Norm placement.
+    pub norms: NormPlacement,
+    /// RoPE settings shared by every layer.
+    pub rope: RopeDesc,
+    /// Sliding window `W` of the sliding layers (`attention.sliding_window`; gemma3:
+    /// absent or 0 = no sliding layer).
+    pub window: Option<usize>,
+    /// MoE routing, when some layer is MoE (flint only).
+    pub moe: Option<MoeDesc>,
+    /// One entry per layer (`block_count`, required).
+    pub layers: Vec<LayerDesc>,
+}
+
+impl ModelDesc {
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The window of layer `il` (`None` on full-attention layers or out of range).
+    pub fn layer_window(&self, il: usize) -> Option<usize> {
+        match self.layers.get(il) {
+            Some(l) if l.sliding => self.window,
+            _ => None,
+        }
+    }
+}
