@@ -13,10 +13,10 @@ mod golden_common;
 
 use std::path::PathBuf;
 
+use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
-use flint_engine::reference::Reference;
-use flint_engine::sampler::argmax;
+use flint_engine::sample::argmax;
 use golden_common::greedy_chains;
 use serde_json::Value;
 
@@ -36,7 +36,7 @@ fn default_model() -> Model {
 }
 
 fn on_cpu(model: &Model) -> DeviceModel {
-    let dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    let dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
 }
 

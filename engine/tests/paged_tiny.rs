@@ -13,12 +13,12 @@ use flint_common::*;
 use std::collections::HashMap;
 
 use flint_engine::forward::{GROUP_FULL, GROUP_SLIDING};
-use flint_engine::kv_cache::{GroupKind, KvCacheManager, RequestId};
-use flint_engine::llm_engine::{EngineError, LLMEngine, RequestParams};
+use flint_engine::kv::{GroupKind, KvCacheManager, RequestId};
+use flint_engine::kv::{KvSizing, PagedModel};
 use flint_engine::model::Model;
-use flint_engine::paged::{KvSizing, PagedModel};
-use flint_engine::sampler::{SamplerConfig, StopConditions};
-use flint_engine::scheduler::{Scheduler, SchedulerConfig};
+use flint_engine::sample::{SamplerConfig, StopConditions};
+use flint_engine::sched::{EngineError, LLMEngine, RequestParams};
+use flint_engine::sched::{Scheduler, SchedulerConfig};
 
 const BS: usize = 4;
 

@@ -7,10 +7,10 @@ use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flint_engine::kv_cache::{groups_from_pattern, KvCacheManager};
-use flint_engine::llm_engine::{Detokenizer, LLMEngine, StepModel, StepSeq};
-use flint_engine::scheduler::{Scheduler, SchedulerConfig};
-use flint_engine::server::{self, ChatMessage, ServerConfig, TextSide};
+use flint_engine::kv::{groups_from_pattern, KvCacheManager};
+use flint_engine::sched::{Detokenizer, LLMEngine, StepModel, StepSeq};
+use flint_engine::sched::{Scheduler, SchedulerConfig};
+use flint_engine::serve::{self, ChatMessage, ServerConfig, TextSide};
 use serde_json::{json, Value};
 
 /// Next token = last + 1 (mod 26), one letter per token; 'z' (25) is EOS.

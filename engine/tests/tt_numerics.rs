@@ -23,7 +23,7 @@ use tt_common::sim_library;
 use flint_common::{check_chain, margin, prompt, reference_chain_with_logits};
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
-use flint_engine::sampler::argmax;
+use flint_engine::sample::argmax;
 use flint_hal::{DeviceOptions, DeviceRef};
 use flint_hal_tt::TtDevice;
 
@@ -91,7 +91,7 @@ fn chain(dm: &DeviceModel, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>, Vec
 fn tt_matches_cpu_on_tiny() {
     let Some(lib) = sim_library() else { return };
     let model = flint_common::tiny();
-    let cpu_dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    let cpu_dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     let cpu = stage(&model, cpu_dev);
     let (tt_dev, tt) = open_tt(&lib);
     let ttm = stage(&model, tt_dev);
@@ -181,7 +181,7 @@ fn gemma() -> Model {
 fn tt_follows_cpu_on_gemma_greedy() {
     let Some(lib) = sim_library() else { return };
     let model = gemma();
-    let cpu_dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    let cpu_dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     let cpu = stage(&model, cpu_dev);
     let (tt_dev, tt) = open_tt(&lib);
     let ttm = stage(&model, tt_dev);

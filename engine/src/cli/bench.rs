@@ -6,12 +6,12 @@ use clap::Args;
 use serde_json::json;
 
 use super::{err, CliError};
-use crate::llm_engine::{LLMEngine, RequestParams};
+use crate::forward::profile;
+use crate::kv::PagedModel;
 use crate::model::load_on_device;
-use crate::paged::PagedModel;
-use crate::profile;
-use crate::sampler::{SamplerConfig, StopConditions};
-use crate::serving::{build_engine, EngineSettings};
+use crate::sample::{SamplerConfig, StopConditions};
+use crate::sched::{LLMEngine, RequestParams};
+use crate::serve::{build_engine, EngineSettings};
 use flint_loader::gguf::Residence;
 
 /// Arguments of `flint bench`.
@@ -100,7 +100,7 @@ fn print_profile(phase: &str) {
 
 /// Runs `flint bench`.
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
-    let path = crate::model_path::resolve(&args.model)?;
+    let path = crate::cli::model_path::resolve(&args.model)?;
     let loaded = load_on_device(&path, args.device.as_deref(), !args.json).map_err(err)?;
     let device = loaded.device_model.device().name().to_string();
     let residence = loaded.residence;

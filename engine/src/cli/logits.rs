@@ -6,8 +6,8 @@ use std::io::Write;
 
 use super::{err, CliError};
 use crate::forward::{DeviceModel, Session};
-use crate::generate::PREFILL_CHUNK;
 use crate::model::{load_on_device, resolve_path, ModelError};
+use crate::sched::PREFILL_CHUNK;
 
 /// Arguments of `flint logits`.
 #[derive(Debug, Clone, Args)]

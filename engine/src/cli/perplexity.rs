@@ -4,8 +4,8 @@ use clap::Args;
 
 use super::{err, CliError};
 use crate::forward::Session;
-use crate::generate::PREFILL_CHUNK;
 use crate::model::{load_on_device, resolve_path};
+use crate::sched::PREFILL_CHUNK;
 
 /// Arguments of `flint perplexity`.
 #[derive(Debug, Clone, Args)]

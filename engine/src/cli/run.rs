@@ -8,9 +8,9 @@ use flint_loader::tokenizer::StreamDecoder;
 
 use super::{err, CliError};
 use crate::forward::Session;
-use crate::generate::{generate, Flow};
 use crate::model::{load_on_device, resolve_path};
-use crate::sampler::{Sampler, SamplerConfig, StopConditions};
+use crate::sample::{Sampler, SamplerConfig, StopConditions};
+use crate::sched::{generate, Flow};
 
 /// Arguments of `flint run`.
 #[derive(Debug, Clone, Args)]
@@ -136,7 +136,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         s.gen_tok_s(),
         lm.device_model.device().name()
     );
-    if let Some(t) = crate::profile::take_report("run (prompt and generation)") {
+    if let Some(t) = crate::forward::profile::take_report("run (prompt and generation)") {
         eprint!("{t}");
     }
     Ok(())

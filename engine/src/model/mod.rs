@@ -6,6 +6,7 @@
 //! forward reads the matrices row by row through `flint-core`; the device forward stages
 //! them on a [`Device`](flint_hal::Device) ([`crate::forward::DeviceModel`]).
 
+pub mod devices;
 pub mod load;
 pub mod runtime;
 

@@ -41,7 +41,7 @@ pub fn load_on_device(
 ) -> Result<LoadedModel, ModelError> {
     let t0 = Instant::now();
     // Open the device first: a wrong device name should fail before a long load.
-    let dev = crate::devices::open(device).map_err(|e| ModelError::new(e.to_string()))?;
+    let dev = crate::model::devices::open(device).map_err(|e| ModelError::new(e.to_string()))?;
     let bar = if progress {
         let b =
             indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());

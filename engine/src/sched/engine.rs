@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 
-use crate::kv_cache::RequestId;
-use crate::sampler::{FinishReason, Sampler, SamplerConfig, StopConditions, StopScan};
-use crate::scheduler::{AdmissionError, Scheduler, SchedulerOutput};
+use crate::kv::RequestId;
+use crate::sample::{FinishReason, Sampler, SamplerConfig, StopConditions, StopScan};
+use crate::sched::{AdmissionError, Scheduler, SchedulerOutput};
 
 /// One request's share of a batched step, as the model sees it.
 #[derive(Clone, Copy, Debug)]
@@ -37,7 +37,7 @@ pub trait StepModel {
     fn step(
         &mut self,
         seqs: &[StepSeq<'_>],
-        kv: &crate::kv_cache::KvCacheManager,
+        kv: &crate::kv::KvCacheManager,
     ) -> Result<Vec<f32>, String>;
 
     /// The device the model computes on, for [`LLMEngine::in_session`]; `None` (the
@@ -366,8 +366,8 @@ impl<M: StepModel> LLMEngine<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{groups_from_pattern, KvCacheManager};
-    use crate::scheduler::SchedulerConfig;
+    use crate::kv::{groups_from_pattern, KvCacheManager};
+    use crate::sched::SchedulerConfig;
 
     /// A model whose next token is `(last token + 1) % vocab`, checking that every
     /// position it is asked to compute has a block in every group.

@@ -1,13 +1,13 @@
 //! The paged forward: a [`DeviceModel`] behind the [`StepModel`] interface of the
-//! [`LLMEngine`](crate::llm_engine::LLMEngine), with one KV buffer per layer sized by its
+//! [`LLMEngine`](crate::sched::LLMEngine), with one KV buffer per layer sized by its
 //! own group's pool, and the KV cache manager sized from a memory budget.
 
 use flint_hal::KvBuffer;
 
 use crate::forward::{Batch, BatchSeq, DeviceModel, GROUP_FULL, GROUP_SLIDING};
-use crate::kv_cache::{groups_from_pattern, GroupKind, KvCacheManager, KvGroupSpec};
-use crate::llm_engine::{StepModel, StepSeq};
+use crate::kv::{groups_from_pattern, GroupKind, KvCacheManager, KvGroupSpec};
 use crate::model::ModelError;
+use crate::sched::{StepModel, StepSeq};
 
 /// Tokens per KV block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

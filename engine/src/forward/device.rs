@@ -17,8 +17,8 @@ use flint_hal::{
     WeightDesc, WeightHandle, WeightKind,
 };
 
+use crate::forward::profile::timed;
 use crate::model::{Activation, Arch, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
-use crate::profile::timed;
 
 /// KV group of full-attention layers.
 pub const GROUP_FULL: usize = 0;
