@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use flint_engine::forward::reference;
 use flint_engine::model::{load_model, Ffn, Model, TensorRef};
-use flint_engine::reference;
 
 struct Dump {
     dir: PathBuf,

@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use flint_core::math;
-use flint_hal::{Gating, HalError, KvBuffer, KvLayout, PagedAttention, RoutingConfig, NO_BLOCK};
+use flint_hal::{HalError, KvBuffer, KvLayout, PagedAttention, RoutingConfig, NO_BLOCK};
 use rayon::prelude::*;
 
 /// RMSNorm of every row of `dim` values (core reference, row by row).
@@ -17,8 +17,8 @@ pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, 
 }
 
 /// `residual += delta`, then the RMSNorm of every row of the sum into `out`: per chunk
-/// of rows, in parallel (a prompt batch's 512 x 640 sum took 0.1 ms on one thread
-/// before the norm).
+/// of rows, in parallel (a prompt batch's sum is too large to leave to one thread ahead
+/// of the norm).
 pub(crate) fn add_rms_norm(
     residual: &mut [f32],
     delta: &[f32],
@@ -224,16 +224,12 @@ pub(crate) fn route_topk(
         ids.len() == rows * k && weights.len() == rows * k,
         "route_topk: output lengths"
     );
-    let gating = match cfg.gating {
-        Gating::Softmax => math::Gating::Softmax,
-        Gating::Sigmoid => math::Gating::Sigmoid,
-    };
     for r in 0..rows {
         math::route_topk(
             &logits[r * n_experts..(r + 1) * n_experts],
             bias,
             k,
-            gating,
+            cfg.gating,
             cfg.normalize,
             cfg.scale,
             &mut ids[r * k..(r + 1) * k],
@@ -522,10 +518,7 @@ pub(crate) fn paged_attention(
             let q = &p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk];
             let kvh = h / group;
             let pos = pos as usize;
-            let lo = match p.window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
+            let lo = math::window_start(pos, p.window);
             // Gather the visible keys and values, then attend as llama.cpp's CPU flash
             // attention does for a prompt batch (`attend_ggml_tiled`): Gemma 3 turns
             // one-ulp differences there into visible logit differences.

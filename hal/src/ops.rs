@@ -1,6 +1,8 @@
 use std::any::Any;
 use std::fmt;
 
+pub use flint_core::math::Gating;
+
 /// Every op of the [`Device`](crate::Device) trait, for capability queries and reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -115,15 +117,6 @@ pub struct RopeParams {
     pub n_rot: usize,
     /// Frequency base.
     pub base: f32,
-}
-
-/// How router logits become expert scores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Gating {
-    /// `softmax` over all experts (llama.cpp `expert_gating_func = 1`).
-    Softmax,
-    /// `sigmoid` per expert (Flint, DeepSeek-V3; `expert_gating_func = 2`).
-    Sigmoid,
 }
 
 /// Top-k routing: `score = gate(logits)`; the `k` experts with the largest

@@ -7,7 +7,7 @@ use clap::Args;
 use flint_loader::chat::ChatTemplate;
 use flint_loader::gguf::GgufFile;
 
-use super::{err, CliError};
+use super::CliError;
 use crate::model::load_on_device;
 use crate::serve::{build_engine, EngineSettings, ModelText, DEFAULT_KV_MEMORY};
 
@@ -54,7 +54,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         ));
     }
     let path = crate::cli::model_path::resolve(&args.model)?;
-    let loaded = load_on_device(&path, args.device.as_deref(), true).map_err(err)?;
+    let loaded = load_on_device(&path, args.device.as_deref(), true)?;
     let settings = EngineSettings {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
@@ -64,7 +64,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
     };
     let file =
         GgufFile::open(&path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    let (engine, tokenizer, max_model_len) = build_engine(loaded, &settings).map_err(err)?;
+    let (engine, tokenizer, max_model_len) = build_engine(loaded, &settings)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string());
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()

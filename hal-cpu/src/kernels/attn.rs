@@ -750,10 +750,7 @@ pub(crate) unsafe fn paged_attention(
             };
             for &(r, h) in qs {
                 let pos = seq.positions[r - seq.q_start] as usize;
-                let lo = match p.window {
-                    Some(w) => (pos + 1).saturating_sub(w),
-                    None => 0,
-                };
+                let lo = flint_core::math::window_start(pos, p.window);
                 g.q.push(&p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
                 g.range.push((lo, pos));
                 g.sink.push(p.sinks.map(|s| s[h]));

@@ -57,11 +57,7 @@ mod x16_check;
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
 
-/// IEEE half bits to f32.
-#[inline(always)]
-pub(crate) fn f16_to_f32(b: u16) -> f32 {
-    half::f16::from_bits(b).to_f32()
-}
+pub(crate) use flint_core::dequant::f16_to_f32;
 
 /// Float weight encodings computed against f32 activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
