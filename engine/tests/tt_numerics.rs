@@ -175,8 +175,8 @@ fn gemma() -> Model {
 /// first-token logits rel-RMS at most 1e-2 (all asserted). Weights the device does not
 /// admit (Q8_0, Q5_0: most of Gemma) are expanded to F32, and the simulator computes them
 /// in the blocks' order from the source encoding the ABI passes (`source_type`), so tt
-/// equals cpu here bit for bit; before that the expansion alone put the rel-RMS at
-/// 2-5e-2, Gemma's post-norms amplifying last-bit differences.
+/// equals cpu here bit for bit (an expansion computed in another order would put the
+/// rel-RMS at a few 1e-2, Gemma's post-norms amplifying last-bit differences).
 #[test]
 fn tt_follows_cpu_on_gemma_greedy() {
     let Some(lib) = sim_library() else { return };

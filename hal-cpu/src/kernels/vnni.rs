@@ -817,8 +817,8 @@ pub(crate) fn put_row(dst: &mut [f32], v: &[f32; PANEL_ROWS]) {
 /// activation rows from `i0` that `side` gives (their lane sums times minus the weight
 /// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`] /
 /// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
-/// activation rows ([`q0_panel_tile`]; measured in C: 104 GMAC/s on one core, at the
-/// bound of the two multiply pipes), the last odd row alone.
+/// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
+/// odd row alone.
 pub(crate) fn q0_gemm<'a>(
     dec: &[PanelBlock],
     nb: usize,

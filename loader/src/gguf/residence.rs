@@ -187,9 +187,7 @@ impl HugePageCopy {
             let end = (done + READ_CHUNK).min(len);
             // Fault the chunk's pages in before reading into it (Linux 5.14+; ignored
             // before): left to the first touches by `read`, allocating the huge pages
-            // took 0.56 s for the default model instead of 0.06 s (measured once; on
-            // this VM a load is 0.15-1.3 s against 0.02-0.08 s for a mapping, the
-            // time of allocating fresh memory).
+            // one fault at a time costs several times the read itself.
             #[cfg(unix)]
             let _ = anon.advise_range(memmap2::Advice::PopulateWrite, start + done, end - done);
             let dst = &mut anon[start..start + len];
