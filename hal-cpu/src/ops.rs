@@ -56,8 +56,7 @@ fn rms_rows(xs: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, os: &mut [
     let mut xr = xs.chunks_exact(dim);
     let mut or = os.chunks_exact_mut(dim);
     // Eight rows at a time, then four, then two: their sums of squares are independent
-    // chains (each row's own chain in order), where one row's chain waits on every add
-    // (bench preset, c = 4: 3.7 us for four rows one after the other).
+    // chains (each row's own chain in order), where one row alone waits on every add.
     fn group<const N: usize>(
         xr: &mut std::slice::ChunksExact<'_, f32>,
         or: &mut std::slice::ChunksExactMut<'_, f32>,
@@ -290,9 +289,8 @@ pub(crate) fn huge_aligned_anon(
 
 /// Zeroed `u16`s in an anonymous mapping, advised for transparent huge pages when it is
 /// large: a decode step reads a long context's cache in scattered runs of a few KB,
-/// after the step's weights have pushed it out of the caches and out of the TLB (bench
-/// preset, 2000-token decode: attention 59-64 us per call on small pages, 43-44 on huge
-/// ones). A small cache (a short `flint run` session) stays on small pages, where a huge
+/// after the step's weights have pushed it out of the caches and out of the TLB, so that
+/// on small pages nearly every run costs a page walk. A small cache (a short `flint run` session) stays on small pages, where a huge
 /// page per buffer would only raise the resident memory.
 pub(crate) struct HugeU16 {
     map: memmap2::MmapMut,

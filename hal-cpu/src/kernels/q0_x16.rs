@@ -231,10 +231,8 @@ pub(crate) fn dot_group<G: Q0Group, const M: usize>(
     } else {
         // Eight accumulators per activation row: four rows' 32 do not fit in the
         // registers with anything else. So rows 0-1, then the rest, over a few blocks
-        // at a time (in L1 by the second pass): two passes over the whole group instead
-        // left the memory idle during the second (Gemma 3's output matrix at four
-        // rows, one thread: 81 GMAC/s in cache, yet from memory slower than the file's
-        // layout).
+        // at a time (in L1 by the second pass): two passes over the whole group would
+        // leave the memory idle during the second.
         for (c, chunk) in x.chunks(CHUNK_BLOCKS).enumerate() {
             let i0 = c * CHUNK_BLOCKS;
             rows_over_blocks::<G, M, 0, 2>(chunk, i0, &y, &mut acc);

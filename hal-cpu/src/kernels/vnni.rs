@@ -1050,10 +1050,9 @@ fn rows_checked<const A: usize>(
 ///
 /// `S` weight rows go side by side (`S x A` independent chains for the out-of-order
 /// core), and they are rows far apart: row `t` of each of `S` equal runs of the rows.
-/// Two *adjacent* rows read side by side stream from memory at a third of the speed of
-/// one (Q8_0 262144 x 640, one thread: 7 GB/s against 21; the hardware prefetcher does
-/// not follow two streams 680 bytes apart), while rows half a matrix apart are two
-/// clean streams (26 GB/s).
+/// Two *adjacent* rows read side by side stream from memory far slower than one (the
+/// hardware prefetcher does not follow two streams a row apart), while rows half a
+/// matrix apart are two clean streams.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize, const PF: usize>(
     w: &[B],
