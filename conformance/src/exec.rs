@@ -830,7 +830,7 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
                 if let Some(w) = s.window {
                     // Positions below the first query's window are never read.
                     let first_q = sq.ctx - sq.n_q;
-                    let lo = (first_q + 1).saturating_sub(w);
+                    let lo = flint_core::math::window_start(first_q, Some(w));
                     for (b, id) in table.iter_mut().enumerate() {
                         if (b + 1) * bs <= lo {
                             *id = NO_BLOCK;

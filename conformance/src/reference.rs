@@ -3,7 +3,7 @@
 //! "what is right" is decided, and it is `flint-core`'s, not ours.
 
 use flint_core::math;
-use flint_hal::{Gating, GgmlType, RoutingConfig};
+use flint_hal::{GgmlType, RoutingConfig};
 
 /// Dequantizes `n` elements of `ty` from `bytes`.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
@@ -84,10 +84,6 @@ pub fn route_topk(
     bias: Option<&[f32]>,
     cfg: &RoutingConfig,
 ) -> Result<(Vec<u32>, Vec<f32>), String> {
-    let gating = match cfg.gating {
-        Gating::Softmax => math::Gating::Softmax,
-        Gating::Sigmoid => math::Gating::Sigmoid,
-    };
     let rows = logits.len() / n_experts;
     let mut ids = vec![0u32; rows * cfg.k];
     let mut w = vec![0.0f32; rows * cfg.k];
@@ -96,7 +92,7 @@ pub fn route_topk(
             &logits[r * n_experts..(r + 1) * n_experts],
             bias,
             cfg.k,
-            gating,
+            cfg.gating,
             cfg.normalize,
             cfg.scale,
             &mut ids[r * cfg.k..(r + 1) * cfg.k],

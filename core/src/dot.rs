@@ -48,14 +48,9 @@ use bytemuck::Pod;
 use half::{bf16, f16 as F16};
 
 use crate::blocks::*;
+use crate::dequant::f16_to_f32;
 use crate::quant::{quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_k};
 use crate::types::{FormatError, GgmlType};
-
-/// IEEE half bits to f32 (exact).
-#[inline]
-fn f16(bits: u16) -> f32 {
-    F16::from_bits(bits).to_f32()
-}
 
 /// `sum_i w[i] * x[i]` for f32 weights: each product in f32, the sum in f64, as ggml's
 /// scalar `ggml_vec_dot_f32` does.
@@ -211,7 +206,7 @@ fn check_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<(), FormatError> {
 fn float_weights(ty: GgmlType, w: &[u8]) -> impl Iterator<Item = f32> + '_ {
     let step = ty.type_size();
     w.chunks_exact(step).map(move |c| match ty {
-        GgmlType::F16 => F16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+        GgmlType::F16 => f16_to_f32(u16::from_le_bytes([c[0], c[1]])),
         GgmlType::BF16 => bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
         _ => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
     })

@@ -25,9 +25,12 @@ mod rope;
 mod route;
 
 pub use act::{gelu_tanh, gelu_tanh_ggml_f16, sigmoid, silu, swiglu};
-pub use attn::{attend_online, attend_two_pass, attention_ref, AttentionParams, OnlineSoftmax};
+pub use attn::{
+    attend_online, attend_two_pass, attention_ref, window_start, AttentionParams, OnlineSoftmax,
+};
 pub use attn_ggml::{
-    attend_ggml_one_chunk, attend_ggml_tiled, expf_ggml_avx512, GGML_FA_TILE, GGML_FA_TILE_Q,
+    attend_ggml_one_chunk, attend_ggml_tiled, expf_ggml_avx512, f16_round, GGML_FA_TILE,
+    GGML_FA_TILE_Q,
 };
 pub use libc::{cosf_glibc, expf_libc, sinf_glibc};
 pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};

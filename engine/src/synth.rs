@@ -25,7 +25,7 @@ use flint_loader::gguf::GgufWriter;
 use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
 use rayon::prelude::*;
 
-use crate::sampler::Rng;
+use crate::sample::Rng;
 
 /// A synthetic checkpoint recipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

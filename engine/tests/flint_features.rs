@@ -9,8 +9,10 @@
 mod flint_common;
 use flint_common::*;
 
+use flint_engine::forward::reference::{
+    attend_head, matvec, rms_norm, rope_neox, route, Reference,
+};
 use flint_engine::model::{Ffn, Model};
-use flint_engine::reference::{attend_head, matvec, rms_norm, rope_neox, route, Reference};
 use flint_hal::Gating;
 
 /// Logits over a prompt longer than the window, for the original and the altered model:

@@ -13,10 +13,10 @@ mod golden_common;
 
 use std::path::PathBuf;
 
+use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
-use flint_engine::reference::Reference;
-use flint_engine::sampler::argmax;
+use flint_engine::sample::argmax;
 use golden_common::greedy_chains;
 use serde_json::Value;
 
@@ -36,7 +36,7 @@ fn default_model() -> Model {
 }
 
 fn on_cpu(model: &Model) -> DeviceModel {
-    let dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    let dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
 }
 
@@ -213,17 +213,16 @@ fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64, f64) 
 
 /// The gate: top-1 agreement with llama.cpp over `logits-top20.json`.
 const TOP1_GATE: f64 = 0.98;
-/// A regression floor for the device forward, which is not yet at the gate: its Q4_K and
-/// Q6_K matmuls still sum in their own order rather than llama.cpp's (docs/parity.md);
-/// 96.0% on 2026-11-30. With them in llama.cpp's order it reaches 100% (measured with
-/// the core emulation in their place); then `gemma_top1_gate_98_percent_on_device`
-/// below replaces this floor.
+/// A regression floor for the device forward on a CPU without the AVX-512 VNNI kernels,
+/// whose Q4_K and Q6_K matmuls sum in their own order rather than llama.cpp's
+/// (docs/parity.md) and agree on about 96% of the positions; with the VNNI kernels
+/// `gemma_top1_gate_98_percent_on_device` holds the device to the gate itself.
 const TOP1_FLOOR: f64 = 0.95;
 /// The bound on the mean KL divergence (estimated from the top 20).
 const KL_GATE: f64 = 0.01;
 /// The reference forward follows llama.cpp's CPU arithmetic operation for operation
 /// (docs/parity.md), so its logits equal llama.cpp's up to the printing precision of the
-/// golden file (measured: 0.000000 nats rms). A step away from that parity shows here
+/// golden file (0.000000 nats rms). A step away from that parity shows here
 /// long before it moves the top-1 figure.
 const PARITY_RMS: f64 = 1e-3;
 
@@ -247,8 +246,8 @@ fn device_figures() -> (f64, f64) {
 }
 
 /// The device forward's gate. Its parity with llama.cpp comes from the AVX-512 VNNI
-/// kernels (docs/parity.md); on a CPU without them the kernels sum in other orders and
-/// measured 96% before the port, so there only a regression floor is asserted (loudly).
+/// kernels (docs/parity.md); on a CPU without them the kernels sum in other orders, so
+/// there only a regression floor is asserted (loudly).
 #[test]
 fn gemma_top1_gate_98_percent_on_device() {
     let (top1, kl) = device_figures();

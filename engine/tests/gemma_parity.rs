@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use flint_engine::forward::reference;
 use flint_engine::model::{load_model, Ffn, Model, TensorRef};
-use flint_engine::reference;
 
 struct Dump {
     dir: PathBuf,
@@ -339,7 +339,7 @@ fn reference_logits_against_dump() {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let last_only = std::env::var("LAST_ONLY").is_ok();
-    let mut r = flint_engine::reference::Reference::new(&m);
+    let mut r = flint_engine::forward::reference::Reference::new(&m);
     if last_only {
         r.set_prompt_batch(ids.len());
     } else {

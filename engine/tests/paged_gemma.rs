@@ -9,12 +9,12 @@ mod golden_common;
 use std::collections::HashMap;
 
 use flint_engine::forward::{DeviceModel, Session};
-use flint_engine::kv_cache::RequestId;
-use flint_engine::llm_engine::{LLMEngine, RequestParams};
+use flint_engine::kv::RequestId;
+use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use flint_engine::model::{load_on_device, resolve_path};
-use flint_engine::paged::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
-use flint_engine::sampler::{argmax, SamplerConfig, StopConditions};
-use flint_engine::scheduler::{Scheduler, SchedulerConfig};
+use flint_engine::sample::{argmax, SamplerConfig, StopConditions};
+use flint_engine::sched::{LLMEngine, RequestParams};
+use flint_engine::sched::{Scheduler, SchedulerConfig};
 use golden_common::{greedy_chains, GreedyChain};
 
 const NEAR_TIE: f64 = 0.25;

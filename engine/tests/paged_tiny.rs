@@ -12,13 +12,14 @@ use flint_common::*;
 
 use std::collections::HashMap;
 
-use flint_engine::forward::{GROUP_FULL, GROUP_SLIDING};
-use flint_engine::kv_cache::{GroupKind, KvCacheManager, RequestId};
-use flint_engine::llm_engine::{EngineError, LLMEngine, RequestParams};
-use flint_engine::model::Model;
-use flint_engine::paged::{KvSizing, PagedModel};
-use flint_engine::sampler::{SamplerConfig, StopConditions};
-use flint_engine::scheduler::{Scheduler, SchedulerConfig};
+use flint_engine::forward::{Batch, BatchSeq, DeviceModel};
+use flint_engine::kv::{GroupKind, KvCacheManager, RequestId};
+use flint_engine::kv::{KvSizing, PagedModel};
+use flint_engine::model::{Model, ModelError};
+use flint_engine::sample::{SamplerConfig, StopConditions};
+use flint_engine::sched::{EngineError, LLMEngine, RequestParams};
+use flint_engine::sched::{Scheduler, SchedulerConfig, StepModel, StepSeq};
+use flint_hal::KvBuffer;
 
 const BS: usize = 4;
 
@@ -30,33 +31,33 @@ fn engine_with(
     max_seqs: usize,
     budget: usize,
 ) -> LLMEngine<PagedModel> {
-    engine_wired(model, BS, blocks, max_seqs, budget, None)
+    engine_wired(model, BS, blocks, max_seqs, budget)
 }
 
-/// As [`engine_with`]; `miswire = Some((forward_group, kind))` feeds the forward's group
-/// the tables of the manager's group of `kind` (`GROUP_FULL` / `GROUP_SLIDING`): the
-/// defect the isolation tests must catch.
+/// As [`engine_with`], with blocks of `bs` tokens.
 fn engine_wired(
     model: &Model,
     bs: usize,
     blocks: [usize; 2],
     max_seqs: usize,
     budget: usize,
-    miswire: Option<(usize, usize)>,
 ) -> LLMEngine<PagedModel> {
-    let (mut paged, kv) = PagedModel::with_pools(on_cpu(model), bs, &blocks).expect("paged model");
+    let (paged, kv) = PagedModel::with_pools(on_cpu(model), bs, &blocks).expect("paged model");
     assert_eq!(
         kv.group_specs().next().map(|g| g.kind),
         Some(GroupKind::Full)
     );
-    if let Some((forward, kind)) = miswire {
-        let target = if kind == GROUP_FULL {
-            full_group(&kv)
-        } else {
-            sliding_group(&kv).0
-        };
-        paged.miswire_tables_for_test(forward, target);
-    }
+    engine_over(paged, kv, model, max_seqs, budget)
+}
+
+/// An engine over `step_model` and the KV cache manager `kv`.
+fn engine_over<M: StepModel>(
+    step_model: M,
+    kv: KvCacheManager,
+    model: &Model,
+    max_seqs: usize,
+    budget: usize,
+) -> LLMEngine<M> {
     let sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: max_seqs,
@@ -65,7 +66,93 @@ fn engine_wired(
         },
         kv,
     );
-    LLMEngine::new(paged, sched, None)
+    LLMEngine::new(step_model, sched, None)
+}
+
+/// A way of handing one KV group's layers another group's block tables: the defect the
+/// isolation tests must catch.
+#[derive(Clone, Copy, Debug)]
+enum Miswire {
+    /// The full-attention layers read and write through the sliding group's tables.
+    FullReadsSliding,
+    /// The sliding layers read and write through the full group's tables.
+    SlidingReadsFull,
+}
+
+/// The paged forward as [`PagedModel`] wires it (one KV buffer per layer, sized by its
+/// group's pool), except that the layers of group `layers` get group `tables`' block
+/// tables.
+struct Miswired {
+    model: DeviceModel,
+    kv: Vec<Box<dyn KvBuffer>>,
+    block_size: usize,
+    layers: usize,
+    tables: usize,
+}
+
+impl StepModel for Miswired {
+    fn vocab_size(&self) -> usize {
+        self.model.spec().vocab
+    }
+
+    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, ModelError> {
+        let mut batch = Batch {
+            seqs: Vec::with_capacity(seqs.len()),
+            block_size: self.block_size,
+        };
+        for s in seqs {
+            let mut tables: Vec<&[u32]> = (0..self.model.kv_groups().len())
+                .map(|g| kv.block_table(s.id, g))
+                .collect();
+            tables[self.layers] = kv.block_table(s.id, self.tables);
+            batch.seqs.push(BatchSeq {
+                tokens: s.tokens,
+                start_pos: u32::try_from(s.start).expect("position fits u32"),
+                block_tables: tables,
+                all_logits: false,
+            });
+        }
+        let logits = self.model.forward(&mut self.kv, &batch)?;
+        let vocab = self.vocab_size();
+        Ok(seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.sample)
+            .flat_map(|(i, _)| logits[i * vocab..(i + 1) * vocab].iter().copied())
+            .collect())
+    }
+}
+
+/// An engine over `model` on the cpu with `blocks` blocks of [`BS`] tokens per group,
+/// mis-wired as `miswire` says.
+fn engine_miswired(
+    model: &Model,
+    blocks: [usize; 2],
+    max_seqs: usize,
+    budget: usize,
+    miswire: Miswire,
+) -> LLMEngine<Miswired> {
+    let dm = on_cpu(model);
+    let kv = KvCacheManager::new(dm.kv_groups().to_vec(), BS, &blocks);
+    let (fg, sg) = (full_group(&kv), sliding_group(&kv).0);
+    let (layers, tables) = match miswire {
+        Miswire::FullReadsSliding => (fg, sg),
+        Miswire::SlidingReadsFull => (sg, fg),
+    };
+    let buffers = (0..dm.spec().n_layers())
+        .map(|il| {
+            let layout = dm.kv_layout(blocks[dm.layer_group(il)], BS);
+            dm.device().alloc_kv(&layout).expect("KV buffer")
+        })
+        .collect();
+    let step_model = Miswired {
+        model: dm,
+        kv: buffers,
+        block_size: BS,
+        layers,
+        tables,
+    };
+    engine_over(step_model, kv, model, max_seqs, budget)
 }
 
 /// Index of the sliding group in the manager.
@@ -107,8 +194,8 @@ struct Run {
 
 /// Runs one step, records its tokens, and checks the sliding bound for every request in
 /// `ids` after it.
-fn step(
-    e: &mut LLMEngine<PagedModel>,
+fn step<M: StepModel>(
+    e: &mut LLMEngine<M>,
     ids: &[RequestId],
     run: &mut Run,
 ) -> Result<(), EngineError> {
@@ -136,8 +223,8 @@ fn step(
     Ok(())
 }
 
-fn drain(
-    e: &mut LLMEngine<PagedModel>,
+fn drain<M: StepModel>(
+    e: &mut LLMEngine<M>,
     ids: &[RequestId],
     run: &mut Run,
 ) -> Result<(), EngineError> {
@@ -286,8 +373,8 @@ fn preemption_recomputes_and_matches_requests_run_alone() {
 
 /// Runs a blocker request first (so the two pools hand out different ids), then the
 /// probe request; returns the probe's tokens, or the error the engine stopped with.
-fn run_probe(
-    e: &mut LLMEngine<PagedModel>,
+fn run_probe<M: StepModel>(
+    e: &mut LLMEngine<M>,
     blocker: &[u32],
     probe: &[u32],
     n: usize,
@@ -321,19 +408,28 @@ fn run_probe(
 /// The group-isolation check for one way of mis-wiring (`None` = correct wiring):
 /// `Ok(true)` if the probe's chain equals the reference (or diverges only at a near
 /// tie), `Ok(false)` if it departs, `Err` if the engine failed.
-fn isolation_case(
-    miswire: Option<(usize, usize)>,
-    sliding_pool: usize,
-) -> Result<bool, EngineError> {
+fn isolation_case(miswire: Option<Miswire>, sliding_pool: usize) -> Result<bool, EngineError> {
     let model = tiny();
     let vocab = model.spec.vocab;
     let n = 16;
     let blocker = prompt(21, 24, vocab);
     let probe = prompt(22, 18, vocab);
     let (r, margins) = reference_chain(&model, &probe, n);
-    let mut e = engine_wired(&model, BS, [64, sliding_pool], 8, 64, miswire);
-    let got = run_probe(&mut e, &blocker, &probe, n)?;
-    assert!(e.scheduler().kv().all_free(), "every block is back");
+    let blocks = [64, sliding_pool];
+    let got = match miswire {
+        None => {
+            let mut e = engine_wired(&model, BS, blocks, 8, 64);
+            let got = run_probe(&mut e, &blocker, &probe, n)?;
+            assert!(e.scheduler().kv().all_free(), "every block is back");
+            got
+        }
+        Some(m) => {
+            let mut e = engine_miswired(&model, blocks, 8, 64, m);
+            let got = run_probe(&mut e, &blocker, &probe, n)?;
+            assert!(e.scheduler().kv().all_free(), "every block is back");
+            got
+        }
+    };
     let first = r.iter().zip(&got).position(|(a, b)| a != b);
     Ok(match first {
         None => got.len() == n,
@@ -360,7 +456,7 @@ fn full_layers_reading_the_sliding_table_is_caught() {
     );
     // Full-attention layers fed the sliding group's tables: their early positions are
     // freed (or belong to other requests) there.
-    match isolation_case(Some((GROUP_FULL, GROUP_SLIDING)), 32) {
+    match isolation_case(Some(Miswire::FullReadsSliding), 32) {
         Ok(matches) => assert!(
             !matches,
             "full layers read the sliding table and nothing noticed"
@@ -377,7 +473,7 @@ fn sliding_layers_reading_the_full_table_is_caught() {
         isolation_case(None, 12).expect("correct engine runs"),
         "the correct engine must match the reference"
     );
-    match isolation_case(Some((GROUP_SLIDING, GROUP_FULL)), 12) {
+    match isolation_case(Some(Miswire::SlidingReadsFull), 12) {
         Ok(matches) => assert!(
             !matches,
             "sliding layers read the full table and nothing noticed"
@@ -399,7 +495,7 @@ fn sliding_group_stays_within_its_bound_with_long_prompts() {
         .collect();
     let mut chains: Vec<Vec<Vec<u32>>> = Vec::new();
     for bs in [4usize, 3, 16] {
-        let mut e = engine_wired(&model, bs, [1024 / bs, 256 / bs + 8], 4, 16, None);
+        let mut e = engine_wired(&model, bs, [1024 / bs, 256 / bs + 8], 4, 16);
         let window = sliding_group(e.scheduler().kv()).1;
         assert!(prompts.iter().all(|p| p.len() > window));
         let ids: Vec<RequestId> = prompts
@@ -548,8 +644,7 @@ fn group_tables_route_to_their_own_kind() {
     for (il, l) in model.spec.layers.iter().enumerate() {
         let want = if l.sliding { sg } else { fg };
         assert_eq!(kv.group_of_layer(il), Some(want), "layer {il}");
-        let forward = if l.sliding { GROUP_SLIDING } else { GROUP_FULL };
-        assert_eq!(e.model().model().layer_group(il), forward, "layer {il}");
+        assert_eq!(e.model().model().layer_group(il), want, "layer {il}");
     }
 }
 

@@ -1,6 +1,6 @@
 //! Sampler behaviour: greedy, each filter, penalties, reproducibility, stop conditions.
 
-use flint_engine::sampler::{
+use flint_engine::sample::{
     apply_penalties, filter_candidates, Sampler, SamplerConfig, StopConditions, StopScan,
 };
 

@@ -7,10 +7,11 @@ use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flint_engine::kv_cache::{groups_from_pattern, KvCacheManager};
-use flint_engine::llm_engine::{Detokenizer, LLMEngine, StepModel, StepSeq};
-use flint_engine::scheduler::{Scheduler, SchedulerConfig};
-use flint_engine::server::{self, ChatMessage, ServerConfig, TextSide};
+use flint_engine::kv::{groups_from_pattern, KvCacheManager};
+use flint_engine::model::ModelError;
+use flint_engine::sched::{Detokenizer, LLMEngine, StepModel, StepSeq};
+use flint_engine::sched::{Scheduler, SchedulerConfig};
+use flint_engine::serve::{self, ChatMessage, ServerConfig, TextSide};
 use serde_json::{json, Value};
 
 /// Next token = last + 1 (mod 26), one letter per token; 'z' (25) is EOS.
@@ -20,7 +21,7 @@ impl StepModel for Alphabet {
     fn vocab_size(&self) -> usize {
         26
     }
-    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, String> {
+    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, ModelError> {
         // Slow enough that a client can disconnect mid-stream.
         std::thread::sleep(Duration::from_millis(3));
         let mut out = Vec::new();
@@ -32,7 +33,7 @@ impl StepModel for Alphabet {
                 let _ = kv.slot_mapping(s.id, g, &pos);
             }
             if s.sample {
-                let last = *s.tokens.last().ok_or("empty batch row")? as usize;
+                let last = *s.tokens.last().ok_or(ModelError::new("empty batch row"))? as usize;
                 // Sharp enough that sampling at the API's default temperature (1.0)
                 // is deterministic: with 10.0 the other 25 letters kept 0.11% between
                 // them, and the 16-client test failed about one run in twelve.
@@ -95,7 +96,7 @@ fn start_with(max_queue: usize, blocks: usize, text: Arc<dyn TextSide>) -> Serve
         kv,
     );
     let engine = LLMEngine::new(Alphabet, sched, Some(Box::new(Letters)));
-    let handle = server::spawn_engine(
+    let handle = serve::spawn_engine(
         engine,
         ServerConfig {
             model_name: "alphabet".into(),
@@ -103,7 +104,7 @@ fn start_with(max_queue: usize, blocks: usize, text: Arc<dyn TextSide>) -> Serve
             max_queue,
         },
     );
-    let app = server::router(handle, text);
+    let app = serve::router(handle, text);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -113,7 +114,7 @@ fn start_with(max_queue: usize, blocks: usize, text: Arc<dyn TextSide>) -> Serve
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    rt.spawn(server::serve_on(listener, app));
+    rt.spawn(serve::serve_on(listener, app));
     Server {
         base: format!("http://{addr}"),
         _rt: rt,

@@ -23,7 +23,7 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
-    let model = flint_engine::model_path::resolve_path(None).expect("default model");
+    let model = flint_engine::cli::model_path::resolve_path(None).expect("default model");
     let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
         .args([
             "serve",

@@ -554,7 +554,7 @@ impl CpuDevice {
             if m == 1 {
                 // Four tasks per thread, not sixteen: each task's weight rows are a
                 // stream the hardware prefetcher has to pick up again, and a decode's
-                // matrices are small (Gemma 3 decode: 93 -> 100 tok/s, medians of 3).
+                // matrices are small.
                 let per_task = chunk_rows(n.div_ceil(self.threads * 4).max(16).min(n), packed, n);
                 return out
                     .par_chunks_mut(per_task)
@@ -854,8 +854,8 @@ impl Device for CpuDevice {
                     && (!small || kernels::has_small_batch_kernel(level, w.ty))
             });
         // Otherwise, a prompt batch: the input rows quantized once for every weight that
-        // takes the same activation form (Gemma 3's q, k and v, or gate and up:
-        // 0.15-0.17 ms a time for 512 rows), then one matmul after the other; or simply
+        // takes the same activation form (Gemma 3's q, k and v, or gate and up), then
+        // one matmul after the other; or simply
         // one matmul after the other.
         let one_form = ws
             .iter()
@@ -1109,7 +1109,7 @@ impl Device for CpuDevice {
         // experts in one call: one section, not two).
         let total_rows: usize = small.iter().map(|&(wi, _, _)| ws[wi].n).sum();
         // Four tasks per thread, as a decode's matmuls (`matmul_bytes`): fewer, longer
-        // weight streams (bench preset decode at c=1: 244 -> 261 tok/s, medians of 3).
+        // weight streams for the prefetcher.
         let per_task_of = |w: &CpuWeight| {
             chunk_rows(
                 total_rows.div_ceil(self.threads * 4).max(16).min(w.n),
@@ -1536,8 +1536,8 @@ impl Device for CpuDevice {
         }
         // The body runs on one worker, and every `run_step` inside it is a plain call
         // there: no hand-off from the caller's thread at the start of each step, no
-        // wake-up of the caller at its end (together 33-45 us per bench preset decode
-        // step, when 20-100 us pass between steps).
+        // wake-up of the caller at its end (tens of microseconds each, on the order of
+        // a small model's whole decode step).
         self.pool.install(|| {
             let Some(owner) = self.pool.current_thread_index() else {
                 return body();

@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use flint_core::math;
-use flint_hal::{Gating, HalError, KvBuffer, KvLayout, PagedAttention, RoutingConfig, NO_BLOCK};
+use flint_hal::{HalError, KvBuffer, KvLayout, PagedAttention, RoutingConfig, NO_BLOCK};
 use rayon::prelude::*;
 
 /// RMSNorm of every row of `dim` values (core reference, row by row).
@@ -17,8 +17,8 @@ pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, 
 }
 
 /// `residual += delta`, then the RMSNorm of every row of the sum into `out`: per chunk
-/// of rows, in parallel (a prompt batch's 512 x 640 sum took 0.1 ms on one thread
-/// before the norm).
+/// of rows, in parallel (a prompt batch's sum is too large to leave to one thread ahead
+/// of the norm).
 pub(crate) fn add_rms_norm(
     residual: &mut [f32],
     delta: &[f32],
@@ -56,8 +56,7 @@ fn rms_rows(xs: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, os: &mut [
     let mut xr = xs.chunks_exact(dim);
     let mut or = os.chunks_exact_mut(dim);
     // Eight rows at a time, then four, then two: their sums of squares are independent
-    // chains (each row's own chain in order), where one row's chain waits on every add
-    // (bench preset, c = 4: 3.7 us for four rows one after the other).
+    // chains (each row's own chain in order), where one row alone waits on every add.
     fn group<const N: usize>(
         xr: &mut std::slice::ChunksExact<'_, f32>,
         or: &mut std::slice::ChunksExactMut<'_, f32>,
@@ -297,16 +296,12 @@ pub(crate) fn route_topk(
         ids.len() == rows * k && weights.len() == rows * k,
         "route_topk: output lengths"
     );
-    let gating = match cfg.gating {
-        Gating::Softmax => math::Gating::Softmax,
-        Gating::Sigmoid => math::Gating::Sigmoid,
-    };
     for r in 0..rows {
         math::route_topk(
             &logits[r * n_experts..(r + 1) * n_experts],
             bias,
             k,
-            gating,
+            cfg.gating,
             cfg.normalize,
             cfg.scale,
             &mut ids[r * k..(r + 1) * k],
@@ -367,9 +362,8 @@ pub(crate) fn huge_aligned_anon(
 
 /// Zeroed `u16`s in an anonymous mapping, advised for transparent huge pages when it is
 /// large: a decode step reads a long context's cache in scattered runs of a few KB,
-/// after the step's weights have pushed it out of the caches and out of the TLB (bench
-/// preset, 2000-token decode: attention 59-64 us per call on small pages, 43-44 on huge
-/// ones). A small cache (a short `flint run` session) stays on small pages, where a huge
+/// after the step's weights have pushed it out of the caches and out of the TLB, so that
+/// on small pages nearly every run costs a page walk. A small cache (a short `flint run` session) stays on small pages, where a huge
 /// page per buffer would only raise the resident memory.
 pub(crate) struct HugeU16 {
     map: memmap2::MmapMut,
@@ -595,10 +589,7 @@ pub(crate) fn paged_attention(
             let q = &p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk];
             let kvh = h / group;
             let pos = pos as usize;
-            let lo = match p.window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
+            let lo = math::window_start(pos, p.window);
             // Gather the visible keys and values, then attend as llama.cpp's CPU flash
             // attention does for a prompt batch (`attend_ggml_tiled`): Gemma 3 turns
             // one-ulp differences there into visible logit differences.

@@ -66,7 +66,7 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
         // handed back (their slots keep stale keys, which must not be read).
         if let Some(w) = c.window {
             let lowest = c.seqs[si].1.iter().min().map_or(0, |&p| p as usize);
-            let lo = (lowest + 1).saturating_sub(w);
+            let lo = flint_core::math::window_start(lowest, Some(w));
             for (b, e) in t.iter_mut().enumerate() {
                 if (b + 1) * bs <= lo {
                     *e = NO_BLOCK;

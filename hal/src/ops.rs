@@ -1,7 +1,7 @@
 use std::any::Any;
 use std::fmt;
 
-pub use flint_core::math::{RopeConfig, RopeKind, Yarn};
+pub use flint_core::math::{Gating, RopeConfig, RopeKind, Yarn};
 
 use crate::HalError;
 
@@ -192,15 +192,6 @@ pub fn bias_rows(x_len: usize, bias_len: usize) -> Result<usize, HalError> {
         )));
     }
     Ok(x_len / bias_len)
-}
-
-/// How router logits become expert scores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Gating {
-    /// `softmax` over all experts (llama.cpp `expert_gating_func = 1`).
-    Softmax,
-    /// `sigmoid` per expert (Flint, DeepSeek-V3; `expert_gating_func = 2`).
-    Sigmoid,
 }
 
 /// Top-k routing: `score = gate(logits)`; the `k` experts with the largest

@@ -360,7 +360,7 @@ impl Device for Broken {
             for (r, &pos) in seq.positions.iter().enumerate() {
                 let row = seq.q_start + r;
                 let q = &p.q[row * hq * dk..(row + 1) * hq * dk];
-                let lo = p.window.map_or(0, |w| (pos as usize + 1).saturating_sub(w));
+                let lo = flint_core::math::window_start(pos as usize, p.window);
                 let mut m_final = sinks.to_vec();
                 for (h, m) in m_final.iter_mut().enumerate() {
                     let g = h / group;

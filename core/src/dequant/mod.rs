@@ -33,11 +33,6 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
-#[inline]
-fn f16(bits: u16) -> f32 {
-    f16_to_f32(bits)
-}
-
 /// The non-linear 4-bit code book shared by IQ4_NL and IQ4_XS.
 pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -157,7 +152,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Forma
         }
         T::F16 => {
             for (c, o) in src.chunks_exact(2).zip(dst.iter_mut()) {
-                *o = f16(u16::from_le_bytes([c[0], c[1]]));
+                *o = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
             }
         }
         T::BF16 => {
@@ -225,7 +220,7 @@ impl DequantBlock for BlockQ4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for (j, o) in out[..32].iter_mut().enumerate() {
             *o = d * (nibble32(&self.qs, j) as i32 - 8) as f32;
         }
@@ -236,7 +231,7 @@ impl DequantBlock for BlockQ4_1 {
     const TYPE: GgmlType = GgmlType::Q4_1;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let (d, m) = (f16(self.d), f16(self.m));
+        let (d, m) = (f16_to_f32(self.d), f16_to_f32(self.m));
         for (j, o) in out[..32].iter_mut().enumerate() {
             *o = d * nibble32(&self.qs, j) as f32 + m;
         }
@@ -247,7 +242,7 @@ impl DequantBlock for BlockQ5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         let qh = u32::from_le_bytes(self.qh);
         for (j, o) in out[..32].iter_mut().enumerate() {
             let q = nibble32(&self.qs, j) as u32 | (((qh >> j) & 1) << 4);
@@ -260,7 +255,7 @@ impl DequantBlock for BlockQ5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let (d, m) = (f16(self.d), f16(self.m));
+        let (d, m) = (f16_to_f32(self.d), f16_to_f32(self.m));
         let qh = u32::from_le_bytes(self.qh);
         for (j, o) in out[..32].iter_mut().enumerate() {
             let q = nibble32(&self.qs, j) as u32 | (((qh >> j) & 1) << 4);
@@ -273,7 +268,7 @@ impl DequantBlock for BlockQ8_0 {
     const TYPE: GgmlType = GgmlType::Q8_0;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for (o, &q) in out[..32].iter_mut().zip(&self.qs) {
             *o = q as f32 * d;
         }
@@ -303,7 +298,7 @@ impl DequantBlock for BlockQ2K {
     const TYPE: GgmlType = GgmlType::Q2_K;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let (d, dmin) = (f16(self.d), f16(self.dmin));
+        let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             let sc = self.scales[e / 16];
             let dl = d * (sc & 0x0f) as f32;
@@ -326,7 +321,7 @@ impl DequantBlock for BlockQ3K {
     const TYPE: GgmlType = GgmlType::Q3_K;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         let scales = q3k_scales(&self.scales);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             let dl = d * (scales[e / 16] as i32 - 32) as f32;
@@ -357,7 +352,7 @@ impl DequantBlock for BlockQ4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let (d, dmin) = (f16(self.d), f16(self.dmin));
+        let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
         let (sc, mn) = k4_scale_min(&self.scales);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             let dl = d * sc[e / 32] as f32;
@@ -371,7 +366,7 @@ impl DequantBlock for BlockQ5K {
     const TYPE: GgmlType = GgmlType::Q5_K;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let (d, dmin) = (f16(self.d), f16(self.dmin));
+        let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
         let (sc, mn) = k4_scale_min(&self.scales);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             let dl = d * sc[e / 32] as f32;
@@ -387,7 +382,7 @@ impl DequantBlock for BlockQ6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             let (half, r) = (e / 128, e % 128);
             // Low 4 bits: 64 bytes per half, low nibbles for r < 64, high nibbles after.
@@ -417,7 +412,7 @@ impl DequantBlock for BlockTQ1_0 {
     const TYPE: GgmlType = GgmlType::TQ1_0;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         let out = &mut out[..QK_K];
         // Elements 0..160: bytes 0..32, five trits each, trit-major.
         for n in 0..5 {
@@ -444,7 +439,7 @@ impl DequantBlock for BlockTQ2_0 {
     const TYPE: GgmlType = GgmlType::TQ2_0;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
             *o = d * (crumb256(&self.qs, e) as i32 - 1) as f32;
         }
@@ -479,7 +474,7 @@ impl DequantBlock for BlockIQ2XXS {
     const TYPE: GgmlType = GgmlType::IQ2_XXS;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // Eight groups of 32: four grid indices (bytes of the first u32) and, in the
         // second u32, four 7-bit sign indices plus a 4-bit scale at the top.
         for ib in 0..8 {
@@ -502,7 +497,7 @@ impl DequantBlock for BlockIQ2XS {
     const TYPE: GgmlType = GgmlType::IQ2_XS;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // 32 u16 entries of 8 elements: 9-bit grid index, 7-bit sign index. One 4-bit
         // scale per pair of entries.
         for (i, &q) in self.qs.iter().enumerate() {
@@ -522,7 +517,7 @@ impl DequantBlock for BlockIQ2S {
     const TYPE: GgmlType = GgmlType::IQ2_S;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // `qs[0..32]`: low 8 bits of 32 grid indices; `qh`: their top 2 bits; `qs[32..64]`:
         // one explicit sign byte per entry.
         for i in 0..32 {
@@ -542,7 +537,7 @@ impl DequantBlock for BlockIQ3XXS {
     const TYPE: GgmlType = GgmlType::IQ3_XXS;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // `qs[0..64]`: grid indices (4 elements each); `qs[64..96]`: eight u32 holding
         // four 7-bit sign indices and a 4-bit scale per group of 32.
         for ib in 0..8 {
@@ -565,7 +560,7 @@ impl DequantBlock for BlockIQ3S {
     const TYPE: GgmlType = GgmlType::IQ3_S;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // 64 grid indices of 9 bits (low 8 in `qs`, the 9th in `qh`), explicit sign
         // bits, one odd scale `1 + 2s` per group of 32.
         for ib in 0..8 {
@@ -586,7 +581,7 @@ impl DequantBlock for BlockIQ1S {
     const TYPE: GgmlType = GgmlType::IQ1_S;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         // Eight groups of 32; `qh[ib]` holds four 3-bit index extensions, a 3-bit scale
         // (bits 12..15) and the sign of the delta (bit 15).
         for ib in 0..8 {
@@ -616,10 +611,9 @@ impl DequantBlock for BlockIQ1M {
             u16::from_le_bytes([self.scales[2 * k], self.scales[2 * k + 1]])
         });
         // The f16 super-block scale is the top nibbles of the four scale words.
-        let d = f16((sc[0] >> 12)
-            | ((sc[1] >> 8) & 0x00f0)
-            | ((sc[2] >> 4) & 0x0f00)
-            | (sc[3] & 0xf000));
+        let d = f16_to_f32(
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000),
+        );
         // 32 grid entries of 8; entry i takes 8 bits from qs[i] and a nibble of qh
         // (3 index bits + the delta sign); each pair of entries shares a 3-bit scale.
         for i in 0..32 {
@@ -644,7 +638,7 @@ impl DequantBlock for BlockIQ4NL {
     const TYPE: GgmlType = GgmlType::IQ4_NL;
     const ELEMS: usize = 32;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for (j, o) in out[..32].iter_mut().enumerate() {
             *o = d * KVALUES_IQ4NL[nibble32(&self.qs, j) as usize] as f32;
         }
@@ -655,7 +649,7 @@ impl DequantBlock for BlockIQ4XS {
     const TYPE: GgmlType = GgmlType::IQ4_XS;
     const ELEMS: usize = QK_K;
     fn dequantize_block(&self, out: &mut [f32]) {
-        let d = f16(self.d);
+        let d = f16_to_f32(self.d);
         for ib in 0..8 {
             let low = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;
             let high = ((self.scales_h >> (2 * ib)) & 3) as u8;

@@ -41,7 +41,7 @@
 use crate::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use crate::types::QK_K;
 
-use super::f16;
+use crate::dequant::f16_to_f32;
 
 /// Adds eight lanes as ggml's x86 `hsum_float_8` and tinyBLAS's `hsum` do: the high half
 /// onto the low half, then `movehl`, then `movehdup`.
@@ -74,7 +74,7 @@ pub fn vec_dot_q8_0_q8_0_tinyblas(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     let mut lanes = [0.0f32; 8];
     for (w, a) in x.iter().zip(y) {
         let q: [i32; 32] = core::array::from_fn(|e| w.qs[e] as i32);
-        tinyblas_block(&q, &a.qs, f16(w.d) * f16(a.d), &mut lanes);
+        tinyblas_block(&q, &a.qs, f16_to_f32(w.d) * f16_to_f32(a.d), &mut lanes);
     }
     hsum8(lanes)
 }
@@ -96,7 +96,7 @@ pub fn vec_dot_q5_0_q8_0_tinyblas(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
             };
             ((nib as i32) | ((((qh >> e) & 1) as i32) << 4)) - 16
         });
-        tinyblas_block(&q, &a.qs, f16(w.d) * f16(a.d), &mut lanes);
+        tinyblas_block(&q, &a.qs, f16_to_f32(w.d) * f16_to_f32(a.d), &mut lanes);
     }
     hsum8(lanes)
 }
@@ -119,7 +119,7 @@ pub fn vec_dot_q6_k_q8_k_avx2(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_q6_k_q8_k_avx2: block counts");
     let mut acc = [0.0f32; 8];
     for (w, a) in x.iter().zip(y) {
-        let d = a.d * f16(w.d);
+        let d = a.d * f16_to_f32(w.d);
         let mut lanes = [0i32; 8];
         for e in 0..QK_K {
             lanes[(e % 32) / 4] += w.scales[e / 16] as i32 * q6_value(w, e) * a.qs[e] as i32;
@@ -156,7 +156,7 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             }
             s += w.scales[g] as i32 * (raw - 32 * a.bsums[g] as i32);
         }
-        let f = s as f32 * f16(w.d);
+        let f = s as f32 * f16_to_f32(w.d);
         acc = libm::fmaf(f, a.d, acc);
     }
     acc
@@ -213,8 +213,8 @@ pub fn vec_dot_q4_k_q8_k_repack(x: &[BlockQ4K], y: &[BlockQ8K], path: Q4kPath) -
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (w, a) in x.iter().zip(y) {
         let (sc, mn) = super::kquants::scale_min_k4(&w.scales);
-        let dd = f16(w.d) * a.d;
-        let dm = f16(w.dmin) * a.d;
+        let dd = f16_to_f32(w.d) * a.d;
+        let dm = f16_to_f32(w.dmin) * a.d;
         let (mut isum, mut imin) = (0i32, 0i32);
         for j in 0..8 {
             // Sub-block j: elements 32j..32j+32, nibble (j % 2) of qs[32(j/2)..].

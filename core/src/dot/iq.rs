@@ -9,7 +9,7 @@ use crate::blocks::{
 use crate::dequant::KSIGNS_IQ2XS;
 use crate::types::QK_K;
 
-use super::f16;
+use crate::dequant::f16_to_f32;
 use crate::dequant::grids as g;
 
 /// Expands one of the dequantizer's packed grids (component indices, `bits` each, into
@@ -55,7 +55,7 @@ fn signed8(grid: &[i8], q8: &[i8], signs: u8) -> i32 {
 pub(crate) fn iq2_xxs(pairs: impl Iterator<Item = (BlockIQ2XXS, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(x.d) * y.d;
+        let d = f16_to_f32(x.d) * y.d;
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
             // Four u16 = two u32: the first holds four grid indices (one per byte), the
@@ -79,7 +79,7 @@ pub(crate) fn iq2_xxs(pairs: impl Iterator<Item = (BlockIQ2XXS, BlockQ8K)>) -> f
 pub(crate) fn iq2_xs(pairs: impl Iterator<Item = (BlockIQ2XS, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(x.d) * y.d;
+        let d = f16_to_f32(x.d) * y.d;
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
             let ls = [
@@ -105,7 +105,7 @@ pub(crate) fn iq2_xs(pairs: impl Iterator<Item = (BlockIQ2XS, BlockQ8K)>) -> f32
 pub(crate) fn iq2_s(pairs: impl Iterator<Item = (BlockIQ2S, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(x.d) * y.d;
+        let d = f16_to_f32(x.d) * y.d;
         // qs: 32 low index bytes, then 32 sign bytes.
         let (qs, signs) = x.qs.split_at(QK_K / 8);
         let mut bsum = 0i32;
@@ -132,7 +132,7 @@ pub(crate) fn iq2_s(pairs: impl Iterator<Item = (BlockIQ2S, BlockQ8K)>) -> f32 {
 pub(crate) fn iq3_xxs(pairs: impl Iterator<Item = (BlockIQ3XXS, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(x.d) * y.d;
+        let d = f16_to_f32(x.d) * y.d;
         // qs: 64 grid index bytes, then one u32 per sub-block of signs and scale.
         let (q3, gas) = x.qs.split_at(QK_K / 4);
         let mut bsum = 0i32;
@@ -162,7 +162,7 @@ pub(crate) fn iq3_xxs(pairs: impl Iterator<Item = (BlockIQ3XXS, BlockQ8K)>) -> f
 pub(crate) fn iq3_s(pairs: impl Iterator<Item = (BlockIQ3S, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(x.d) * y.d;
+        let d = f16_to_f32(x.d) * y.d;
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
             let ls = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 0x0f) as i32 + 1;
@@ -215,7 +215,7 @@ pub(crate) fn iq1_s(pairs: impl Iterator<Item = (BlockIQ1S, BlockQ8K)>) -> f32 {
             // The delta term only needs the activation sums, which Q8_K carries.
             sumi1 += ls * delta * (y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32);
         }
-        sumf += f16(x.d) * y.d * (sumi as f32 + IQ1_DELTA * sumi1 as f32);
+        sumf += f16_to_f32(x.d) * y.d * (sumi as f32 + IQ1_DELTA * sumi1 as f32);
     }
     sumf
 }
@@ -257,7 +257,7 @@ pub(crate) fn iq1_m(pairs: impl Iterator<Item = (BlockIQ1M, BlockQ8K)>) -> f32 {
             sumi1 += sum1[0] * ls1 + sum1[1] * ls2;
             sumi2 += sum2[0] * ls1 + sum2[1] * ls2;
         }
-        sumf += f16(scale) * y.d * (sumi1 as f32 + IQ1_DELTA * sumi2 as f32);
+        sumf += f16_to_f32(scale) * y.d * (sumi1 as f32 + IQ1_DELTA * sumi2 as f32);
     }
     sumf
 }

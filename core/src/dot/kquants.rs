@@ -9,7 +9,7 @@ use crate::blocks::{BlockTQ1_0, BlockTQ2_0};
 use crate::dequant::KVALUES_IQ4NL;
 use crate::types::QK_K;
 
-use super::f16;
+use crate::dequant::f16_to_f32;
 
 /// The eight 6-bit scales and mins of a Q4_K / Q5_K block from their 12-byte packing.
 pub(super) fn scale_min_k4(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
@@ -73,8 +73,8 @@ pub(crate) fn q2_k(pairs: impl Iterator<Item = (BlockQ2K, BlockQ8K)>) -> f32 {
         for j in 0..16 {
             summs += y.bsums[j] as i32 * (x.scales[j] >> 4) as i32;
         }
-        let dall = y.d * f16(x.d);
-        let dmin = y.d * f16(x.dmin);
+        let dall = y.d * f16_to_f32(x.d);
+        let dmin = y.d * f16_to_f32(x.dmin);
         let mut isum = 0i32;
         for e0 in (0..QK_K).step_by(16) {
             // Element e = 128k + 32j + l holds bits 2j of qs[32k + l].
@@ -104,7 +104,7 @@ pub(crate) fn q3_k(pairs: impl Iterator<Item = (BlockQ3K, BlockQ8K)>) -> f32 {
             *v = low - if hi { 0 } else { 4 };
         }
         let sc = q3k_scales(&x.scales);
-        lane_block(&a, &y.qs, |g| sc[g / 2], f16(x.d) * y.d, &mut lanes);
+        lane_block(&a, &y.qs, |g| sc[g / 2], f16_to_f32(x.d) * y.d, &mut lanes);
     }
     lanes.iter().fold(0.0f32, |s, &v| s + v)
 }
@@ -124,8 +124,8 @@ fn q45_k(
     for j in 0..16 {
         sumi += y.bsums[j] as i32 * mn[j / 2];
     }
-    lane_block(a, &y.qs, |g| sc[g / 4], f16(d) * y.d, lanes);
-    *sumf -= f16(dmin) * y.d * sumi as f32;
+    lane_block(a, &y.qs, |g| sc[g / 4], f16_to_f32(d) * y.d, lanes);
+    *sumf -= f16_to_f32(dmin) * y.d * sumi as f32;
 }
 
 pub(crate) fn q4_k(pairs: impl Iterator<Item = (BlockQ4K, BlockQ8K)>) -> f32 {
@@ -175,7 +175,7 @@ pub(crate) fn q6_k(pairs: impl Iterator<Item = (BlockQ6K, BlockQ8K)>) -> f32 {
             &a,
             &y.qs,
             |g| x.scales[g / 2] as i32,
-            f16(x.d) * y.d,
+            f16_to_f32(x.d) * y.d,
             &mut lanes,
         );
     }
@@ -212,7 +212,7 @@ pub(crate) fn tq1_0(pairs: impl Iterator<Item = (BlockTQ1_0, BlockQ8K)>) -> f32 
                 sum += trit(x.qh[j], l) * y.qs[240 + l as usize * 4 + j] as i32;
             }
         }
-        sumf += sum as f32 * (f16(x.d) * y.d);
+        sumf += sum as f32 * (f16_to_f32(x.d) * y.d);
     }
     sumf
 }
@@ -229,7 +229,7 @@ pub(crate) fn tq2_0(pairs: impl Iterator<Item = (BlockTQ2_0, BlockQ8K)>) -> f32 
                 }
             }
         }
-        sumf += sumi as f32 * (y.d * f16(x.d));
+        sumf += sumi as f32 * (y.d * f16_to_f32(x.d));
     }
     sumf
 }
@@ -237,7 +237,7 @@ pub(crate) fn tq2_0(pairs: impl Iterator<Item = (BlockTQ2_0, BlockQ8K)>) -> f32 
 pub(crate) fn iq4_xs(pairs: impl Iterator<Item = (BlockIQ4XS, BlockQ8K)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d4d8 = f16(x.d) * y.d;
+        let d4d8 = f16_to_f32(x.d) * y.d;
         for ib in 0..8 {
             // 6-bit sub-block scale: low nibble from scales_l, two high bits from scales_h.
             let low = (x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;

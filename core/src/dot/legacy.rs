@@ -7,7 +7,7 @@ use crate::blocks::{
 };
 use crate::dequant::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 
-use super::f16;
+use crate::dequant::f16_to_f32;
 
 pub(crate) fn q4_0(pairs: impl Iterator<Item = (BlockQ4_0, BlockQ8_0)>) -> f32 {
     let mut sumf = 0.0f32;
@@ -18,7 +18,7 @@ pub(crate) fn q4_0(pairs: impl Iterator<Item = (BlockQ4_0, BlockQ8_0)>) -> f32 {
             let v1 = (x.qs[j] >> 4) as i32 - 8;
             sumi += v0 * y.qs[j] as i32 + v1 * y.qs[j + 16] as i32;
         }
-        sumf += sumi as f32 * f16(x.d) * f16(y.d);
+        sumf += sumi as f32 * f16_to_f32(x.d) * f16_to_f32(y.d);
     }
     sumf
 }
@@ -32,7 +32,8 @@ pub(crate) fn q4_1(pairs: impl Iterator<Item = (BlockQ4_1, BlockQ8_1)>) -> f32 {
                 + (x.qs[j] >> 4) as i32 * y.qs[j + 16] as i32;
         }
         // The min term uses the activation's stored `s = d * sum(q)`.
-        sumf += (f16(x.d) * f16(y.d)) * sumi as f32 + f16(x.m) * f16(y.s);
+        sumf +=
+            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
     }
     sumf
 }
@@ -56,7 +57,7 @@ pub(crate) fn q5_0(pairs: impl Iterator<Item = (BlockQ5_0, BlockQ8_0)>) -> f32 {
         for j in 0..32 {
             sumi += (q5_value(&x.qs, qh, j) - 16) * y.qs[j] as i32;
         }
-        sumf += (f16(x.d) * f16(y.d)) * sumi as f32;
+        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32;
     }
     sumf
 }
@@ -69,7 +70,8 @@ pub(crate) fn q5_1(pairs: impl Iterator<Item = (BlockQ5_1, BlockQ8_1)>) -> f32 {
         for j in 0..32 {
             sumi += q5_value(&x.qs, qh, j) * y.qs[j] as i32;
         }
-        sumf += (f16(x.d) * f16(y.d)) * sumi as f32 + f16(x.m) * f16(y.s);
+        sumf +=
+            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
     }
     sumf
 }
@@ -81,7 +83,7 @@ pub(crate) fn q8_0(pairs: impl Iterator<Item = (BlockQ8_0, BlockQ8_0)>) -> f32 {
         for j in 0..32 {
             sumi += x.qs[j] as i32 * y.qs[j] as i32;
         }
-        sumf += sumi as f32 * (f16(x.d) * f16(y.d));
+        sumf += sumi as f32 * (f16_to_f32(x.d) * f16_to_f32(y.d));
     }
     sumf
 }
@@ -100,7 +102,7 @@ fn codebook_sum(qs: &[u8; 16], book: &[i8; 16], y: &[i8; 32]) -> i32 {
 pub(crate) fn iq4_nl(pairs: impl Iterator<Item = (BlockIQ4NL, BlockQ8_0)>) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
-        let d = f16(y.d) * f16(x.d);
+        let d = f16_to_f32(y.d) * f16_to_f32(x.d);
         sumf += d * codebook_sum(&x.qs, &KVALUES_IQ4NL, &y.qs) as f32;
     }
     sumf
@@ -110,7 +112,7 @@ pub(crate) fn mxfp4(pairs: impl Iterator<Item = (BlockMXFP4, BlockQ8_0)>) -> f32
     let mut sumf = 0.0f32;
     for (x, y) in pairs {
         // The code book is doubled to be integral, so the E8M0 scale is halved.
-        let d = f16(y.d) * e8m0_to_f32_half(x.e);
+        let d = f16_to_f32(y.d) * e8m0_to_f32_half(x.e);
         sumf += d * codebook_sum(&x.qs, &KVALUES_MXFP4, &y.qs) as f32;
     }
     sumf

@@ -51,8 +51,8 @@ pub fn gelu_tanh_ggml_f16(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh_fma(xh)).to_f32()
+        let xh = super::f16_round(x);
+        super::f16_round(gelu_tanh_fma(xh))
     }
 }
 

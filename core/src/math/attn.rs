@@ -186,6 +186,18 @@ pub fn attend_online(
     st.finish(out);
 }
 
+/// The first position a query at `pos` sees: `pos + 1 - window` under a sliding window
+/// of `window` positions (the query and the `window - 1` before it; 0 while the window
+/// still reaches back past the start), 0 without one. Keys `window_start(pos, w)..=pos`
+/// are visible. Every forward, kernel and KV-cache manager asks this one function.
+#[inline]
+pub fn window_start(pos: usize, window: Option<usize>) -> usize {
+    match window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    }
+}
+
 /// Shape and options of [`attention_ref`].
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionParams<'a> {
@@ -269,10 +281,7 @@ pub fn attention_ref(
         let pos = pos as usize;
         // Visible keys: [lo, hi).
         let hi = (pos + 1).min(n_kv);
-        let lo = match p.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
+        let lo = window_start(pos, p.window);
         for h in 0..h_n {
             let g = h / group;
             let qh = &q[(t * h_n + h) * dk..(t * h_n + h + 1) * dk];
@@ -308,5 +317,27 @@ pub fn attention_ref(
                 *o *= inv;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_start;
+
+    #[test]
+    fn window_start_keeps_exactly_the_window() {
+        // A window of 8 holds the query and the 7 positions before it.
+        assert_eq!(window_start(0, Some(8)), 0);
+        assert_eq!(
+            window_start(7, Some(8)),
+            0,
+            "positions 0..=7 are 8: all visible"
+        );
+        assert_eq!(window_start(8, Some(8)), 1, "position 8 no longer sees 0");
+        assert_eq!(window_start(100, Some(8)), 93);
+        // A window of 1 sees only the query itself.
+        assert_eq!(window_start(5, Some(1)), 5);
+        // Without a window everything is visible.
+        assert_eq!(window_start(100, None), 0);
     }
 }

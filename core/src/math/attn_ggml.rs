@@ -170,9 +170,10 @@ pub fn attend_ggml_tiled(
 /// [`attend_ggml_one_chunk`].
 pub const GGML_FA_TILE_Q: usize = 64;
 
-/// `f32` rounded to the nearest f16 (ties to even), back in `f32`.
+/// `f32` rounded to the nearest f16 (ties to even), back in `f32`: how ggml's f16
+/// buffers (the KV cache, the f16 activations of its small-batch attention) hold values.
 #[inline]
-fn f16_round(x: f32) -> f32 {
+pub fn f16_round(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 

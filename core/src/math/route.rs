@@ -9,10 +9,11 @@ use super::act::sigmoid;
 /// every published MoE design chooses far fewer (DeepSeek-V3 and MiMo-V2: 8).
 pub const ROUTE_MAX_K: usize = 64;
 
-/// How router logits become expert scores (`flint.expert_gating_func`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How router logits become expert scores (GGUF `expert_gating_func`). The one
+/// definition: `flint_hal` re-exports it for its routing op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Gating {
-    /// `s_e = sigmoid(logit_e)` (GGUF value 2; Flint's own).
+    /// `s_e = sigmoid(logit_e)` per expert (GGUF value 2; Flint's own, DeepSeek-V3).
     Sigmoid,
     /// `s = softmax(logits)` over all experts (GGUF value 1).
     Softmax,

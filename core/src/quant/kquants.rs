@@ -7,7 +7,7 @@
 //! llama.cpp build that contracts `a * b + c` into FMAs may differ in rare last bits; the
 //! proptests bound the error independently (see docs/formats.md).
 
-use super::{f16_bits, nearest_int};
+use super::{f32_to_f16, nearest_int};
 use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::dequant::f16_to_f32;
 use crate::types::QK_K;
@@ -242,8 +242,8 @@ fn quantize_k_scales(
             packed[j] |= (lm >> 4) << 6;
         }
     }
-    let d = f16_bits(max_scale / 63.0);
-    let dmin = f16_bits(max_min / 63.0);
+    let d = f32_to_f16(max_scale / 63.0);
+    let dmin = f32_to_f16(max_min / 63.0);
     // Re-quantize every element against the scales as they will be decoded.
     let (sc, mn) = crate::dequant::k4_scale_min(&packed);
     let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
@@ -348,7 +348,7 @@ pub fn quantize_row_q6_k(x: &[f32], out: &mut [BlockQ6K]) {
             continue;
         }
         let iscale = -128.0 / max_scale;
-        y.d = f16_bits(1.0 / iscale);
+        y.d = f32_to_f16(1.0 / iscale);
         for ib in 0..QK_K / 16 {
             y.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
         }

@@ -37,11 +37,6 @@ pub fn f32_to_f16(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
 }
 
-#[inline]
-pub(crate) fn f16_bits(x: f32) -> u16 {
-    f32_to_f16(x)
-}
-
 /// C's `roundf`: round half away from zero. `core` has no `f32::round` without `std`,
 /// so it is built from a truncating cast, which is exact below 2^23 (above it every f32
 /// is already an integer).
@@ -101,7 +96,7 @@ pub fn quantize_row_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
     for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
         let d = abs_max(xb) / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
         for (q, &v) in y.qs.iter_mut().zip(xb) {
             *q = round_away(v * id) as i8;
         }
@@ -124,13 +119,13 @@ pub fn quantize_row_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
     for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
         let d = abs_max(xb) / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
         let mut sum: i32 = 0;
         for (q, &v) in y.qs.iter_mut().zip(xb) {
             *q = round_away(v * id) as i8;
             sum += *q as i32;
         }
-        y.s = f16_bits(sum as f32 * d);
+        y.s = f32_to_f16(sum as f32 * d);
     }
 }
 
@@ -169,7 +164,7 @@ pub fn quantize_row_q8_0_act(x: &[f32], out: &mut [BlockQ8_0]) {
     );
     for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
         let d = q8_act_block(xb, &mut y.qs);
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
     }
 }
 
@@ -188,9 +183,9 @@ pub fn quantize_row_q8_1_act(x: &[f32], out: &mut [BlockQ8_1]) {
     );
     for (xb, y) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
         let d = q8_act_block(xb, &mut y.qs);
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
         let sum: i32 = y.qs.iter().map(|&q| q as i32).sum();
-        y.s = f16_bits(sum as f32 * d);
+        y.s = f32_to_f16(sum as f32 * d);
     }
 }
 
@@ -320,7 +315,7 @@ pub fn quantize_row_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
     for (xb, y) in x.chunks_exact(QK4_0).zip(out.iter_mut()) {
         let d = signed_abs_max(xb) / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
         let q = |v: f32| (trunc(v * id + 8.5) as i32).clamp(0, 15) as u8;
         for j in 0..QK4_0 / 2 {
             y.qs[j] = q(xb[j]) | (q(xb[j + QK4_0 / 2]) << 4);
@@ -345,7 +340,7 @@ pub fn quantize_row_q5_0(x: &[f32], out: &mut [BlockQ5_0]) {
     for (xb, y) in x.chunks_exact(QK4_0).zip(out.iter_mut()) {
         let d = signed_abs_max(xb) / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        y.d = f16_bits(d);
+        y.d = f32_to_f16(d);
         let mut qh = 0u32;
         for (j, &v) in xb.iter().enumerate() {
             let q = (trunc(v * id + 16.5) as i32).clamp(0, 31) as u32;
@@ -406,7 +401,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), FormatE
         }
         GgmlType::F16 => {
             for (o, &v) in dst.chunks_exact_mut(2).zip(src) {
-                o.copy_from_slice(&f16_bits(v).to_le_bytes());
+                o.copy_from_slice(&f32_to_f16(v).to_le_bytes());
             }
         }
         GgmlType::BF16 => {
@@ -489,7 +484,7 @@ mod tests {
         let mut a1 = [BlockQ8_1::zeroed()];
         quantize_row_q8_1_act(&x, &mut a1);
         assert_eq!(a1[0].qs, act[0].qs);
-        assert_eq!(a1[0].s, f16_bits(125.0 * 1.0));
+        assert_eq!(a1[0].s, f32_to_f16(125.0 * 1.0));
         // The byte-level entry point agrees with the typed one.
         let mut bytes = [0u8; 34];
         quantize_act(GgmlType::Q8_0, &x, &mut bytes).unwrap();

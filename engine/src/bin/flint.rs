@@ -7,12 +7,12 @@ use flint_engine::cli::{dispatch, Cli};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    flint_engine::logging::init();
+    flint_engine::cli::logging::init();
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(1)
+            ExitCode::from(e.exit_code())
         }
     }
 }

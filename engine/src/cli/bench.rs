@@ -5,13 +5,13 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::json;
 
-use super::{err, CliError};
-use crate::llm_engine::{LLMEngine, RequestParams};
+use super::CliError;
+use crate::forward::profile;
+use crate::kv::PagedModel;
 use crate::model::load_on_device;
-use crate::paged::PagedModel;
-use crate::profile;
-use crate::sampler::{SamplerConfig, StopConditions};
-use crate::serving::{build_engine, EngineSettings};
+use crate::sample::{SamplerConfig, StopConditions};
+use crate::sched::{LLMEngine, RequestParams};
+use crate::serve::{build_engine, EngineSettings};
 use flint_loader::gguf::Residence;
 
 /// Arguments of `flint bench`.
@@ -79,7 +79,7 @@ fn drain_steps(
     let (mut dec_tokens, mut dec_time) = (0usize, 0.0f64);
     while engine.has_unfinished() {
         let ts = Instant::now();
-        engine.step().map_err(err)?;
+        engine.step()?;
         let dt = ts.elapsed().as_secs_f64();
         let st = engine.last_step();
         profile::end_step(st.has_prefill == profile_prefill);
@@ -100,8 +100,8 @@ fn print_profile(phase: &str) {
 
 /// Runs `flint bench`.
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
-    let path = crate::model_path::resolve(&args.model)?;
-    let loaded = load_on_device(&path, args.device.as_deref(), !args.json).map_err(err)?;
+    let path = crate::cli::model_path::resolve(&args.model)?;
+    let loaded = load_on_device(&path, args.device.as_deref(), !args.json)?;
     let device = loaded.device_model.device().name().to_string();
     let residence = loaded.residence;
     let vocab = loaded.device_model.spec().vocab;
@@ -114,19 +114,15 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         max_num_batched_tokens: 512,
         ..EngineSettings::default()
     };
-    let (mut engine, _tok, _) = build_engine(loaded, &settings).map_err(err)?;
+    let (mut engine, _tok, _) = build_engine(loaded, &settings)?;
 
     // Warm-up: touch every weight once (page-in of the mmap), not measured.
-    engine
-        .add_request(prompt(vocab, 8, 99), params(2))
-        .map_err(err)?;
+    engine.add_request(prompt(vocab, 8, 99), params(2))?;
     drain(&mut engine, true)?;
     let _ = profile::take_report("warm-up");
 
     // Prefill: 1 x 512 prompt tokens, one generated token (its logits end the prefill).
-    engine
-        .add_request(prompt(vocab, 512, 1), params(1))
-        .map_err(err)?;
+    engine.add_request(prompt(vocab, 512, 1), params(1))?;
     let t = Instant::now();
     drain(&mut engine, true)?;
     let prefill_s = t.elapsed().as_secs_f64();
@@ -135,9 +131,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
 
     // Decode: 1 x 8 prompt tokens, decode_tokens generated, c = 1.
     let n_gen = args.decode_tokens.max(2);
-    engine
-        .add_request(prompt(vocab, 8, 2), params(n_gen))
-        .map_err(err)?;
+    engine.add_request(prompt(vocab, 8, 2), params(n_gen))?;
     let (_, dec_tokens, dec_time) = drain(&mut engine, false)?;
     print_profile("decode c=1 (decode steps)");
     let decode_tok_s = dec_tokens as f64 / dec_time.max(1e-9);
@@ -147,9 +141,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     // at most 4 running.
     let agg_gen = args.aggregate_tokens.max(1);
     for i in 0..8 {
-        engine
-            .add_request(prompt(vocab, 128, 10 + i), params(agg_gen))
-            .map_err(err)?;
+        engine.add_request(prompt(vocab, 128, 10 + i), params(agg_gen))?;
     }
     let (wall, agg_dec_tokens, agg_dec_time) = drain(&mut engine, false)?;
     print_profile("aggregate c=4 (decode steps)");

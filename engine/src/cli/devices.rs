@@ -14,7 +14,7 @@ pub struct DevicesArgs {
 
 /// Runs `flint devices`. Exits 1 when `FLINT_DEVICE` names no registered backend.
 pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
-    let reg = crate::devices::registry();
+    let reg = crate::model::devices::registry();
     let selected = flint_hal::Registry::selected_name();
     reg.check_name(&selected)
         .map_err(|e| CliError::new(format!("FLINT_DEVICE={selected}: {e}")))?;

@@ -561,7 +561,7 @@ impl Arm {
 /// The device's placement plan for every tensor of the file (zero-copy descriptors),
 /// with block encodings kept (`keep_quant`) or expanded.
 fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingPlan, CliError> {
-    let reg = crate::devices::registry();
+    let reg = crate::model::devices::registry();
     let mut opts = flint_hal::DeviceOptions::from_env()
         .map_err(|e| CliError::new(format!("cannot open device '{device}': {e}")))?;
     opts.keep_quant = keep_quant;

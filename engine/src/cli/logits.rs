@@ -4,10 +4,10 @@ use clap::Args;
 
 use std::io::Write;
 
-use super::{err, CliError};
+use super::CliError;
 use crate::forward::{DeviceModel, Session};
-use crate::generate::PREFILL_CHUNK;
 use crate::model::{load_on_device, resolve_path, ModelError};
+use crate::sched::PREFILL_CHUNK;
 
 /// Arguments of `flint logits`.
 #[derive(Debug, Clone, Args)]
@@ -31,13 +31,13 @@ pub struct LogitsArgs {
 pub fn run(args: &LogitsArgs) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&args.text_file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", args.text_file.display())))?;
-    let path = resolve_path(args.model.model.as_deref()).map_err(err)?;
-    let lm = load_on_device(&path, None, true).map_err(err)?;
+    let path = resolve_path(args.model.model.as_deref())?;
+    let lm = load_on_device(&path, None, true)?;
     let ids = lm.tokenizer.tokenize(&text, true, false);
     if ids.is_empty() {
         return Err(CliError::new("the text has no tokens"));
     }
-    let rows = teacher_forced_logits(&lm.device_model, &ids, args.top).map_err(err)?;
+    let rows = teacher_forced_logits(&lm.device_model, &ids, args.top)?;
     let mut out = std::io::stdout().lock();
     let w = |e: std::io::Error| CliError::new(format!("writing to stdout: {e}"));
     if args.json {

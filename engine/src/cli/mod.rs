@@ -1,47 +1,64 @@
 //! The `flint` command line (contract: `shared/spec/CLI.md`).
 //!
 //! Each subcommand lives in its own module with a `run` function. Results go to stdout;
-//! progress, stats and warnings to stderr. Exit status: 0 success, 1 runtime failure
-//! (a [`CliError`] printed as one paragraph), 2 bad usage (clap).
+//! progress, stats and warnings to stderr. Exit status: 0 success, 1 runtime failure,
+//! 2 bad usage (clap's, or a [`CliError::Usage`]); [`CliError`] maps every failure to its
+//! message and exit status in one place. Nothing outside `cli` imports it.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::model::ModelError;
+use crate::sched::EngineError;
+
 pub mod bench;
 pub mod devices;
 pub mod dump;
 pub mod inspect;
+pub mod logging;
 pub mod logits;
+pub mod model_path;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
 pub mod synth;
 pub mod tokenize;
 
-/// A runtime failure of a subcommand: printed on stderr as `error: {message}`, exit 1.
-#[derive(Debug)]
-pub struct CliError {
-    /// One paragraph: what was wrong and, where possible, what to do.
-    pub message: String,
+/// A failure of a subcommand: printed on stderr as `error: {message}`, one paragraph
+/// that says what was wrong and, where possible, what to do; the process exits with
+/// [`CliError::exit_code`].
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The model could not be loaded or run.
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    /// The engine failed while serving requests.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    /// The command line asks for something it cannot (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Any other runtime failure (a file that cannot be read or written, a port that
+    /// cannot be bound).
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl CliError {
-    /// An error with this message.
+    /// A runtime failure with this message.
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
+        Self::Failed(message.into())
+    }
+
+    /// The exit status: 2 for bad usage, 1 for every runtime failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            Self::Model(_) | Self::Engine(_) | Self::Failed(_) => 1,
         }
     }
 }
-
-impl std::fmt::Display for CliError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for CliError {}
 
 /// Anything displayable becomes a CLI error with its message.
 pub fn err(e: impl std::fmt::Display) -> CliError {
@@ -103,5 +120,40 @@ pub fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Synth(a) => synth::run(&a),
         Command::Devices(a) => devices::run(&a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flint_hal::{HalError, HalErrorKind};
+
+    use super::*;
+
+    #[test]
+    fn usage_exits_2_and_every_runtime_failure_1() {
+        assert_eq!(CliError::Usage("--ctx 0".into()).exit_code(), 2);
+        assert_eq!(CliError::new("cannot read f.txt").exit_code(), 1);
+        let model = ModelError::from(HalError::out_of_memory("KV pool"));
+        assert_eq!(CliError::from(model).exit_code(), 1);
+        let engine = EngineError::from(ModelError::new("bad token"));
+        assert_eq!(CliError::from(engine).exit_code(), 1);
+    }
+
+    #[test]
+    fn a_device_error_keeps_its_kind_and_message_up_to_the_cli() {
+        let staged = ModelError::Device {
+            context: "staging 'blk.0.attn_q.weight' on tt".into(),
+            source: HalError::out_of_memory("DRAM budget"),
+        };
+        let e = CliError::from(EngineError::from(staged));
+        let CliError::Engine(EngineError::Model(m)) = &e else {
+            panic!("not an engine error: {e:?}");
+        };
+        assert_eq!(m.hal_kind(), Some(HalErrorKind::OutOfMemory));
+        assert_eq!(
+            e.to_string(),
+            "forward failed: staging 'blk.0.attn_q.weight' on tt: out of memory: DRAM budget"
+        );
+        assert_eq!(ModelError::new("no such tensor").hal_kind(), None);
     }
 }

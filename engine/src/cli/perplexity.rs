@@ -2,10 +2,10 @@
 
 use clap::Args;
 
-use super::{err, CliError};
+use super::CliError;
 use crate::forward::Session;
-use crate::generate::PREFILL_CHUNK;
 use crate::model::{load_on_device, resolve_path};
+use crate::sched::PREFILL_CHUNK;
 
 /// Arguments of `flint perplexity`.
 #[derive(Debug, Clone, Args)]
@@ -34,8 +34,8 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
             args.ctx
         )));
     }
-    let path = resolve_path(args.model.model.as_deref()).map_err(err)?;
-    let lm = load_on_device(&path, None, true).map_err(err)?;
+    let path = resolve_path(args.model.model.as_deref())?;
+    let lm = load_on_device(&path, None, true)?;
     let tok = &lm.tokenizer;
     let ids = tok.tokenize(&text, false, false);
     let ctx = args.ctx.min(lm.model.spec.context_length);
@@ -47,7 +47,7 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         )));
     }
     let vocab = lm.model.spec.vocab;
-    let mut s = Session::new(&lm.device_model, ctx).map_err(err)?;
+    let mut s = Session::new(&lm.device_model, ctx)?;
     let (mut nll, mut count) = (0.0f64, 0usize);
     let t0 = std::time::Instant::now();
     for c in 0..n_chunks {
@@ -60,7 +60,7 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         s.clear();
         let mut logits = Vec::with_capacity(ctx * vocab);
         for part in chunk.chunks(PREFILL_CHUNK) {
-            logits.extend(s.feed(part, true).map_err(err)?);
+            logits.extend(s.feed(part, true)?);
         }
         for i in ctx / 2..ctx - 1 {
             let row = &logits[i * vocab..(i + 1) * vocab];

@@ -8,9 +8,9 @@ use flint_loader::tokenizer::StreamDecoder;
 
 use super::{err, CliError};
 use crate::forward::Session;
-use crate::generate::{generate, Flow};
 use crate::model::{load_on_device, resolve_path};
-use crate::sampler::{Sampler, SamplerConfig, StopConditions};
+use crate::sample::{Sampler, SamplerConfig, StopConditions};
+use crate::sched::{generate, Flow};
 
 /// Arguments of `flint run`.
 #[derive(Debug, Clone, Args)]
@@ -68,8 +68,8 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             ))
         }
     };
-    let path = resolve_path(args.model.model.as_deref()).map_err(err)?;
-    let lm = load_on_device(&path, args.device.as_deref(), true).map_err(err)?;
+    let path = resolve_path(args.model.model.as_deref())?;
+    let lm = load_on_device(&path, args.device.as_deref(), true)?;
     let tok = &lm.tokenizer;
     let prompt_text = if args.chat {
         let file = flint_loader::gguf::GgufFile::open(&path).map_err(err)?;
@@ -84,7 +84,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         tok.tokenize(&prompt_text, true, false)
     };
     let max_len = prompt.len() + args.n + 1;
-    let mut session = Session::new(&lm.device_model, max_len).map_err(err)?;
+    let mut session = Session::new(&lm.device_model, max_len)?;
     let cfg = SamplerConfig {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -115,8 +115,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             }
             Flow::Continue
         },
-    )
-    .map_err(err)?;
+    )?;
     let rest = dec.finish();
     let _ = out.write_all(rest.as_bytes());
     let _ = out.write_all(b"\n");
@@ -136,7 +135,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         s.gen_tok_s(),
         lm.device_model.device().name()
     );
-    if let Some(t) = crate::profile::take_report("run (prompt and generation)") {
+    if let Some(t) = crate::forward::profile::take_report("run (prompt and generation)") {
         eprint!("{t}");
     }
     Ok(())

@@ -7,9 +7,9 @@ use clap::Args;
 use flint_loader::chat::ChatTemplate;
 use flint_loader::gguf::GgufFile;
 
-use super::{err, CliError};
+use super::CliError;
 use crate::model::load_on_device;
-use crate::serving::{build_engine, EngineSettings, ModelText, DEFAULT_KV_MEMORY};
+use crate::serve::{build_engine, EngineSettings, ModelText, DEFAULT_KV_MEMORY};
 
 /// Arguments of `flint serve`.
 #[derive(Debug, Clone, Args)]
@@ -53,8 +53,8 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             "--max-num-seqs and --max-num-batched-tokens must be at least 1",
         ));
     }
-    let path = crate::model_path::resolve(&args.model)?;
-    let loaded = load_on_device(&path, args.device.as_deref(), true).map_err(err)?;
+    let path = crate::cli::model_path::resolve(&args.model)?;
+    let loaded = load_on_device(&path, args.device.as_deref(), true)?;
     let settings = EngineSettings {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
@@ -64,22 +64,22 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
     };
     let file =
         GgufFile::open(&path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    let (engine, tokenizer, max_model_len) = build_engine(loaded, &settings).map_err(err)?;
+    let (engine, tokenizer, max_model_len) = build_engine(loaded, &settings)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string());
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "flint".into())
     });
-    let handle = crate::server::spawn_engine(
+    let handle = crate::serve::spawn_engine(
         engine,
-        crate::server::ServerConfig {
+        crate::serve::ServerConfig {
             model_name: name.clone(),
             max_model_len,
             max_queue: args.max_queue,
         },
     );
-    let app = crate::server::router(handle, Arc::new(ModelText::new(tokenizer, template)));
+    let app = crate::serve::router(handle, Arc::new(ModelText::new(tokenizer, template)));
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .map_err(|e| CliError::new(format!("--host {} --port {}: {e}", args.host, args.port)))?;
@@ -96,7 +96,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             .local_addr()
             .map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
         eprintln!("flint serve: model '{name}' on http://{local} (max_model_len {max_model_len})");
-        crate::server::serve_on(listener, app)
+        crate::serve::serve_on(listener, app)
             .await
             .map_err(|e| CliError::new(format!("server on {local} failed: {e}")))
     })

@@ -13,13 +13,15 @@ use crate::model::LayerSpec;
 
 /// Opens and assembles the model in `path`.
 pub fn load_model(path: &Path) -> Result<Model, ModelError> {
-    let file =
-        GgufFile::open(path).map_err(|e| ModelError::new(format!("{}: {e}", path.display())))?;
+    let file = GgufFile::open(path).map_err(|source| ModelError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
     model_from_gguf(&file)
 }
 
 fn key_err(e: GgufError) -> ModelError {
-    ModelError::new(e.to_string())
+    ModelError::Gguf(e)
 }
 
 fn bad(key: &str, why: impl std::fmt::Display) -> ModelError {

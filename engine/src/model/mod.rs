@@ -6,14 +6,20 @@
 //! forward reads the matrices row by row through `flint-core`; the device forward stages
 //! them on a [`Device`](flint_hal::Device) ([`crate::forward::DeviceModel`]).
 
+pub mod devices;
 pub mod load;
 pub mod runtime;
 
 pub use load::{load_model, model_from_gguf};
 pub use runtime::{load_on_device, resolve_path, LoadedModel};
 
+use std::path::PathBuf;
+
 use flint_core::GgmlType;
-use flint_hal::{Gating, WeightSource};
+use flint_hal::{Gating, HalError, HalErrorKind, WeightSource};
+use flint_loader::fetch::FetchError;
+use flint_loader::gguf::GgufError;
+use flint_loader::tokenizer::TokenizerError;
 
 /// The architectures the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,32 +247,64 @@ pub struct Model {
     pub layers: Vec<Layer>,
 }
 
-/// A model that cannot be loaded or run; the message names what was wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelError {
-    /// One paragraph.
-    pub message: String,
+/// A model that cannot be loaded or run. Every variant's message names what was wrong
+/// (the file, key, tensor or device); the device and loader variants keep the error they
+/// came from, so that a caller can tell a device out of memory from a bad file.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A device operation failed.
+    #[error("{0}")]
+    Hal(#[from] HalError),
+    /// A device operation failed while doing `context` (planning or staging a weight).
+    #[error("{context}: {source}")]
+    Device {
+        /// What was being done, naming the tensor and the device.
+        context: String,
+        /// The device's error.
+        #[source]
+        source: HalError,
+    },
+    /// The GGUF file cannot be opened or read.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The loader's error.
+        #[source]
+        source: GgufError,
+    },
+    /// A metadata key or a loader setting is missing or invalid.
+    #[error("{0}")]
+    Gguf(#[from] GgufError),
+    /// The file's tokenizer cannot be built.
+    #[error("tokenizer of {}: {source}", path.display())]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// The loader's error.
+        #[source]
+        source: TokenizerError,
+    },
+    /// The default model cannot be found or fetched.
+    #[error("{0}")]
+    Fetch(#[from] FetchError),
+    /// The file does not describe a model the engine runs, or a request the model
+    /// cannot compute (a token outside the vocabulary, a position beyond the context).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl ModelError {
-    /// An error with this message.
+    /// An [`ModelError::Invalid`] with this message.
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
+        Self::Invalid(message.into())
+    }
+
+    /// The kind of the device error behind this one, if a device failed.
+    pub fn hal_kind(&self) -> Option<HalErrorKind> {
+        match self {
+            Self::Hal(e) | Self::Device { source: e, .. } => Some(e.kind),
+            _ => None,
         }
-    }
-}
-
-impl std::fmt::Display for ModelError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ModelError {}
-
-impl From<flint_hal::HalError> for ModelError {
-    fn from(e: flint_hal::HalError) -> Self {
-        ModelError::new(e.to_string())
     }
 }

@@ -29,7 +29,7 @@ pub struct LoadedModel {
 
 /// Resolves `-m` / `FLINT_MODEL` / the default model (fetched on first use).
 pub fn resolve_path(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
-    flint_loader::fetch::resolve_model_path(explicit).map_err(|e| ModelError::new(e.to_string()))
+    Ok(flint_loader::fetch::resolve_model_path(explicit)?)
 }
 
 /// Loads `path` onto the device `device` (or `FLINT_DEVICE`, else cpu). Shows a progress
@@ -41,7 +41,7 @@ pub fn load_on_device(
 ) -> Result<LoadedModel, ModelError> {
     let t0 = Instant::now();
     // Open the device first: a wrong device name should fail before a long load.
-    let dev = crate::devices::open(device).map_err(|e| ModelError::new(e.to_string()))?;
+    let dev = crate::model::devices::open(device)?;
     let bar = if progress {
         let b =
             indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
@@ -56,12 +56,17 @@ pub fn load_on_device(
             b.set_position(done);
         }
     };
-    let open_err = |e| ModelError::new(format!("{}: {e}", path.display()));
+    let open_err = |source| ModelError::File {
+        path: path.to_path_buf(),
+        source,
+    };
     // The tokenizer first, from a mapping: building it allocates a few tens of MB for a
     // while, which should not stack on top of a copy of the whole file.
     let mapped = GgufFile::open(path).map_err(open_err)?;
-    let tokenizer = Tokenizer::from_gguf(&mapped)
-        .map_err(|e| ModelError::new(format!("tokenizer of {}: {e}", path.display())))?;
+    let tokenizer = Tokenizer::from_gguf(&mapped).map_err(|source| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let file = match load_mode(dev.name())?.resolve(mapped.len() as u64) {
         Residence::Mapped => mapped,
         Residence::HugePages => {
@@ -97,7 +102,7 @@ pub fn load_on_device(
 /// stage copies of their own.
 fn load_mode(device: &str) -> Result<LoadMode, ModelError> {
     if std::env::var_os(LoadMode::ENV).is_some() {
-        return LoadMode::from_env().map_err(|e| ModelError::new(e.to_string()));
+        return Ok(LoadMode::from_env()?);
     }
     Ok(if device == "cpu" {
         LoadMode::Auto

@@ -2,10 +2,10 @@
 //! forwards, and the near-tie rule.
 #![allow(dead_code)]
 
+use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::Model;
-use flint_engine::reference::Reference;
-use flint_engine::sampler::argmax;
+use flint_engine::sample::argmax;
 use flint_engine::synth::{synth_model, Preset};
 
 /// The tiny preset, seed 0.
@@ -15,7 +15,7 @@ pub fn tiny() -> Model {
 
 /// The model staged on the cpu device.
 pub fn on_cpu(model: &Model) -> DeviceModel {
-    let dev = flint_engine::devices::open(Some("cpu")).expect("cpu device opens");
+    let dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
 }
 
@@ -121,7 +121,7 @@ pub fn logit_std(a: &[Vec<f32>]) -> f32 {
 
 /// Deterministic pseudo-random prompt of `n` tokens (ids >= 3, no specials).
 pub fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut r = flint_engine::sampler::Rng::new(seed);
+    let mut r = flint_engine::sample::Rng::new(seed);
     (0..n)
         .map(|_| 3 + (r.next_u64() % (vocab as u64 - 3)) as u32)
         .collect()

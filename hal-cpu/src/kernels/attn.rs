@@ -489,11 +489,9 @@ fn keys_in_lanes<const NQ: usize>(
     let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     // The cache is cold in a decode step (the step's weights have passed through the
     // caches since the last one) and its blocks are scattered, so the hardware
-    // prefetchers see only short runs and the reads wait on latency (~10 GB/s). Asking
-    // for the first two tiles now and for the tile two ahead at each tile, into L2:
-    // `attention_speed` cold, one sequence of 2000 tokens 165-191 -> 120-133 us, four of
-    // 144 63-85 -> 49-72 us (three alternating pairs); into L1 or one tile ahead it
-    // changed nothing.
+    // prefetchers see only short runs and the reads wait on latency. So the first two
+    // tiles are asked for now and the tile two ahead at each tile, into L2 (into L1, or
+    // one tile ahead, is too late to hide the latency; `attention_speed` measures it).
     for c in 0..2 * CHUNKS {
         let p0 = t0 + c * CHUNK;
         if p0 <= last {
@@ -750,10 +748,7 @@ pub(crate) unsafe fn paged_attention(
             };
             for &(r, h) in qs {
                 let pos = seq.positions[r - seq.q_start] as usize;
-                let lo = match p.window {
-                    Some(w) => (pos + 1).saturating_sub(w),
-                    None => 0,
-                };
+                let lo = flint_core::math::window_start(pos, p.window);
                 g.q.push(&p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
                 g.range.push((lo, pos));
                 g.sink.push(p.sinks.map(|s| s[h]));

@@ -57,11 +57,7 @@ mod x16_check;
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
 
-/// IEEE half bits to f32.
-#[inline(always)]
-pub(crate) fn f16_to_f32(b: u16) -> f32 {
-    half::f16::from_bits(b).to_f32()
-}
+pub(crate) use flint_core::dequant::f16_to_f32;
 
 /// Float weight encodings computed against f32 activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -721,10 +717,10 @@ fn q0_gemm<B: vnni::Q0Pair>(
         .for_each(|(c, o)| vnni::q0_gemm(dec, nb, n, &side, c * per, o));
 }
 
-/// Bytes ahead of each weight stream that the decode kernels prefetch. The hardware
-/// prefetcher alone left a Gemma 3 decode step at 14.7 ms; 1024 bytes ahead 12.2 ms,
-/// 2048 bytes 13.0 ms (medians of 4 alternating runs, per-op timings, a slow phase of
-/// this host's memory at 25-27 GB/s).
+/// Bytes ahead of each weight stream that the decode kernels prefetch: the hardware
+/// prefetcher alone does not keep several concurrent weight streams fed, and 1024 bytes
+/// ahead gives a Gemma 3 decode step its shortest time (farther ahead, the prefetched
+/// lines start to be evicted before use).
 #[cfg(target_arch = "x86_64")]
 const STREAM_PREFETCH: usize = 1024;
 
@@ -1003,11 +999,8 @@ fn q0_small_block<B: vnni::Q0Pair>(w: &[B], nb: usize, acts: &Acts, m: usize, ou
         let o = &mut out_t[a0..];
         // SAFETY (each call): the VNNI level was checked against the CPU at device open.
         // Two or more activation rows: pairs of weight rows in the halves of 512-bit
-        // registers (M=4, one thread, cache-resident, medians of 6 alternating runs:
-        // Q8_0 25.2 -> 26.8, Q5_0 21.5 -> 24.3 GMAC/s), three pairs per activation
-        // block (640 x 2048, best of 300, 3 alternating runs: Q8_0 39.5 -> 49.6,
-        // Q5_0 38.4 -> 44.2 GMAC/s against one pair); one row: 256-bit, where the
-        // 512-bit form was not faster.
+        // registers, three pairs per activation block (more independent chains per
+        // loaded activation); one row: 256-bit, where the 512-bit form gains nothing.
         match m - a0 {
             1 => unsafe { vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
             2 => unsafe {

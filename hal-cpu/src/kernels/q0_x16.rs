@@ -6,11 +6,9 @@
 //! once.
 //!
 //! Why: on the file's layout a few decode rows (`vnni::q0_rows`, `q0_rows_pairs`) fold
-//! each row's lanes apart and widen each row's scale on its own. Gemma 3's tied output
-//! matrix (Q8_0, 262144 x 640, 178 MB) took 7.4 ms of a 14.9 ms step at four sequences
-//! against 4.1 ms at one, bound by those instructions rather than by memory; its Q5_0
-//! matrices (q, k, gate, up: 42.5 MB a token) streamed at 21-28 GB/s where the read loop
-//! does 45-50. The prompt-batch panels (`vnni::PanelBlock`) are this layout already,
+//! each row's lanes apart and widen each row's scale on its own, so that Gemma 3's tied
+//! output matrix (Q8_0, 262144 x 640) and its Q5_0 matrices (q, k, gate, up) are bound
+//! by those instructions rather than by memory at a few sequences. The prompt-batch panels (`vnni::PanelBlock`) are this layout already,
 //! decoded per call; here the transposition is done once at load.
 //!
 //! The float steps per output are those of `vnni::q0_rows` (tinyBLAS's order,
@@ -233,10 +231,8 @@ pub(crate) fn dot_group<G: Q0Group, const M: usize>(
     } else {
         // Eight accumulators per activation row: four rows' 32 do not fit in the
         // registers with anything else. So rows 0-1, then the rest, over a few blocks
-        // at a time (in L1 by the second pass): two passes over the whole group instead
-        // left the memory idle during the second (Gemma 3's output matrix at four
-        // rows, one thread: 81 GMAC/s in cache, yet from memory slower than the file's
-        // layout).
+        // at a time (in L1 by the second pass): two passes over the whole group would
+        // leave the memory idle during the second.
         for (c, chunk) in x.chunks(CHUNK_BLOCKS).enumerate() {
             let i0 = c * CHUNK_BLOCKS;
             rows_over_blocks::<G, M, 0, 2>(chunk, i0, &y, &mut acc);

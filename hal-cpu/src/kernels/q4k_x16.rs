@@ -6,8 +6,7 @@
 //!
 //! Why: the decode (M = 1 to a few rows) kernels on the file's layout
 //! ([`super::vnni::dot_q4k_rows4`]) spend most of their instructions folding each row's
-//! partial sums across lanes; on two Zen 4 cores they run at about 24 GB/s of weight per
-//! core, below the memory's share. The prompt-batch panels (`kq_panel.rs`) avoid the
+//! partial sums across lanes, and run below the memory's share of each core. The prompt-batch panels (`kq_panel.rs`) avoid the
 //! folding by decoding sixteen rows into lanes once per matmul, which a decode step
 //! cannot afford. Repacking once at load does the same transposition for free at run
 //! time. (llama.cpp's CPU backend repacks Q4_K for the same reason: `q4_K_8x8`.)
@@ -179,9 +178,9 @@ fn scales(b: &BlockQ4Kx16) -> Scales {
 /// The activation's sums of sub-blocks `2j` and `2j + 1` (`j` = 0..4) as the low and high
 /// i16 of one i32 each: the operand of the mins' `vpmaddwd`. Each sum is at most
 /// 2 x 32 x 128 in magnitude, so i16 holds it and `phaddw` of the sixteen block sums
-/// gives all four at once. Written out here because the `std::array::from_fn` it
-/// replaced stayed a call per activation row and block, and every call spilled the
-/// accumulators around a `vzeroupper` (one thread, four rows: 107 -> 117 GMAC/s).
+/// gives all four at once. Written out and inlined: as a `std::array::from_fn` closure
+/// it stays a call per activation row and block, and every call spills the
+/// accumulators around a `vzeroupper`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -229,7 +228,7 @@ pub(crate) fn dot_group<const M: usize>(
             let mut lo = [[z; 2]; M];
             let mut hi = [[z; 2]; M];
             // `l` in pairs with the accumulator index a constant: a loop-carried index
-            // kept the accumulators in memory (two rows: 53 against 90 GMAC/s).
+            // keeps the accumulators in memory.
             for lp in 0..4 {
                 let mut step = |l: usize, c: usize| {
                     // SAFETY: `qs[8j + l]` is 64 readable bytes; loadu is unaligned.

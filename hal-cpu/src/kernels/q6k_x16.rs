@@ -182,13 +182,9 @@ fn block_sums<const P: usize>(b: &BlockQ6Kx16, yq: [&[i8; 256]; P]) -> [__m512i;
 /// Q8_K blocks each), in the float order of `vnni::dot_q6k_tiled::<1>` per output.
 ///
 /// The activation rows go in pairs inside each block: with three or four at once, the
-/// sixteen sub-block sums per row outgrow the 32 vector registers (one thread,
-/// cache-resident 1024 x 4096: 65 GMAC/s at four rows against 91 in pairs). The pairs
-/// used to be separate passes over the whole group (`x16_rows` in tiles of two rows),
-/// and during the second pass, with the group already in L1, nothing asked the memory
-/// for the next one: the bench preset's c = 4 output matrix (32000 x 1024) took
-/// 1198-1209 us per step against 863-922 now, and a c = 4 decode step is 8% faster
-/// (`docs/benchmarks.md`, session 10).
+/// sixteen sub-block sums per row outgrow the 32 vector registers. Both pairs are done
+/// in one pass over the group rather than one pass per pair: in a second pass, with the
+/// group already in L1, nothing would ask the memory for the next group.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_group<const M: usize>(

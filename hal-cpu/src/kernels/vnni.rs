@@ -817,8 +817,8 @@ pub(crate) fn put_row(dst: &mut [f32], v: &[f32; PANEL_ROWS]) {
 /// activation rows from `i0` that `side` gives (their lane sums times minus the weight
 /// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`] /
 /// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
-/// activation rows ([`q0_panel_tile`]; measured in C: 104 GMAC/s on one core, at the
-/// bound of the two multiply pipes), the last odd row alone.
+/// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
+/// odd row alone.
 pub(crate) fn q0_gemm<'a>(
     dec: &[PanelBlock],
     nb: usize,
@@ -1050,10 +1050,9 @@ fn rows_checked<const A: usize>(
 ///
 /// `S` weight rows go side by side (`S x A` independent chains for the out-of-order
 /// core), and they are rows far apart: row `t` of each of `S` equal runs of the rows.
-/// Two *adjacent* rows read side by side stream from memory at a third of the speed of
-/// one (Q8_0 262144 x 640, one thread: 7 GB/s against 21; the hardware prefetcher does
-/// not follow two streams 680 bytes apart), while rows half a matrix apart are two
-/// clean streams (26 GB/s).
+/// Two *adjacent* rows read side by side stream from memory far slower than one (the
+/// hardware prefetcher does not follow two streams a row apart), while rows half a
+/// matrix apart are two clean streams.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q0_rows<B: Q0Pair, const S: usize, const A: usize, const PF: usize>(
     w: &[B],

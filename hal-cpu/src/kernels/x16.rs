@@ -37,8 +37,8 @@ pub(crate) trait RowGroup: Pod {
 #[target_feature(enable = "avx512f")]
 pub(crate) fn bcast4<const N: usize>(q: &[i8; N], o: usize) -> __m512i {
     // One 4-byte load, which the compiler folds into the `vpdpbusd` as a `{1to16}`
-    // operand. Built from four byte reads instead, it sometimes stayed four byte loads,
-    // shifts and ors per broadcast (the Q6_K kernel at four rows: 63 against 96 GMAC/s).
+    // operand; built from four byte reads, it can stay four byte loads, shifts and ors
+    // per broadcast.
     assert!(o + 4 <= N, "bcast4: offset {o} past the block");
     // SAFETY: bytes `o..o + 4` lie within `q` (checked above); read_unaligned takes
     // any alignment.

@@ -785,7 +785,8 @@ impl State {
                         let dst = &mut c[slot * row..(slot + 1) * row];
                         dst.copy_from_slice(&s[i * row..(i + 1) * row]);
                         if fp16 {
-                            dst.iter_mut().for_each(|x| *x = kernels::round_fp16(*x));
+                            dst.iter_mut()
+                                .for_each(|x| *x = flint_core::math::f16_round(*x));
                         }
                     }
                     Ok(())
@@ -829,11 +830,7 @@ impl State {
             let mut per_row = Vec::with_capacity(s.positions.len());
             for &p in s.positions {
                 let p = p as usize;
-                let lo = if window > 0 {
-                    (p + 1).saturating_sub(window)
-                } else {
-                    0
-                };
+                let lo = flint_core::math::window_start(p, (window > 0).then_some(window));
                 let mut slots = Vec::with_capacity(p + 1 - lo);
                 for j in lo..=p {
                     let b = s.block_table.get(j / l.block_size).copied();

@@ -246,12 +246,6 @@ pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f
     }
 }
 
-/// `x` rounded to the nearest fp16 (ties to even), widened back to f32: how the V cache
-/// holds values.
-pub fn round_fp16(x: f32) -> f32 {
-    half::f16::from_f32(x).to_f32()
-}
-
 /// RMSNorm of each row of `dim` (core reference).
 pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {

@@ -2,11 +2,10 @@
 //! once into anonymous memory backed by transparent huge pages.
 //!
 //! Why the copy: a decode step streams every weight once, and on 4 KiB pages the core
-//! walks the page table every 4 KiB and its prefetchers stop at each page boundary. On
-//! the 2-core Zen 4 build machine a plain two-thread read loop runs at 35 GB/s over
-//! 2 MiB pages against 28-32 GB/s over 4 KiB pages (anonymous or file-backed alike;
-//! Linux 6.18 maps this ext4 file with 4 KiB pages even under `MADV_HUGEPAGE`), and the
-//! default model decodes 10-20% faster (`docs/benchmarks.md`). The bytes are copied
+//! walks the page table every 4 KiB and its prefetchers stop at each page boundary, so a
+//! read loop streams faster over 2 MiB pages than over 4 KiB ones (anonymous or
+//! file-backed alike; Linux maps an ext4 file with 4 KiB pages even under
+//! `MADV_HUGEPAGE`), and a decode step with it. The bytes are copied
 //! unchanged, at the same offsets modulo 2 MiB, so every tensor keeps its GGUF encoding
 //! and alignment and the kernels read the blocks exactly as they lie in the file.
 //!
@@ -187,9 +186,7 @@ impl HugePageCopy {
             let end = (done + READ_CHUNK).min(len);
             // Fault the chunk's pages in before reading into it (Linux 5.14+; ignored
             // before): left to the first touches by `read`, allocating the huge pages
-            // took 0.56 s for the default model instead of 0.06 s (measured once; on
-            // this VM a load is 0.15-1.3 s against 0.02-0.08 s for a mapping, the
-            // time of allocating fresh memory).
+            // one fault at a time costs several times the read itself.
             #[cfg(unix)]
             let _ = anon.advise_range(memmap2::Advice::PopulateWrite, start + done, end - done);
             let dst = &mut anon[start..start + len];

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::forward::Session;
 use crate::model::ModelError;
-use crate::sampler::{FinishReason, Sampler, StopConditions};
+use crate::sample::{FinishReason, Sampler, StopConditions};
 
 /// Prompt tokens per prefill step (bounds the activation memory of one step).
 pub const PREFILL_CHUNK: usize = 512;

@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 
+use flint_core::math::window_start;
 use flint_hal::NO_BLOCK;
 
 /// Identifies a request inside the engine.
@@ -32,11 +33,21 @@ pub type RequestId = u64;
 pub enum GroupKind {
     /// Every position attends to all earlier positions.
     Full,
-    /// A position `p` attends to `p - window + 1 ..= p`.
+    /// A position `p` attends to `window_start(p, Some(window)) ..= p`.
     Sliding {
         /// The window `W`.
         window: usize,
     },
+}
+
+impl GroupKind {
+    /// The window of a sliding group; `None` for the full group.
+    pub fn window(self) -> Option<usize> {
+        match self {
+            GroupKind::Full => None,
+            GroupKind::Sliding { window } => Some(window),
+        }
+    }
 }
 
 /// One KV-cache group: its kind and the layers in it.
@@ -238,10 +249,7 @@ impl KvCacheManager {
 
     /// First position a query at `pos` needs in group `g`.
     fn first_needed(&self, g: usize, pos: usize) -> usize {
-        match self.groups[g].spec.kind {
-            GroupKind::Full => 0,
-            GroupKind::Sliding { window } => (pos + 1).saturating_sub(window),
-        }
+        window_start(pos, self.groups[g].spec.kind.window())
     }
 
     /// Blocks group `g` must newly hand out so that `req` has positions
@@ -309,10 +317,7 @@ impl KvCacheManager {
             .entry(req)
             .or_insert_with(|| vec![Vec::new(); n_groups]);
         for (g, group) in self.groups.iter_mut().enumerate() {
-            let lo = match group.spec.kind {
-                GroupKind::Full => 0,
-                GroupKind::Sliding { window } => (first_query + 1).saturating_sub(window),
-            } / bs;
+            let lo = window_start(first_query, group.spec.kind.window()) / bs;
             let hi = (end - 1) / bs;
             let table = &mut tables[g];
             if table.len() <= hi {
@@ -341,7 +346,7 @@ impl KvCacheManager {
             };
             // Positions below `first` are never read again; a block is free when its
             // last position is below it.
-            let first = (next_pos + 1).saturating_sub(window);
+            let first = window_start(next_pos, Some(window));
             let whole_blocks = first / bs;
             for slot in tables[g].iter_mut().take(whole_blocks) {
                 if *slot != NO_BLOCK {
@@ -452,7 +457,7 @@ mod tests {
             assert_eq!(m.live_blocks(3, 0), pos.div_ceil(bs));
         }
         // The positions a query at `pos` needs are still backed.
-        let needed: Vec<u32> = ((pos + 1 - w) as u32..pos as u32).collect();
+        let needed: Vec<u32> = (window_start(pos, Some(w)) as u32..pos as u32).collect();
         let _ = m.slot_mapping(3, 1, &needed);
         m.free(3);
         assert!(m.all_free());

@@ -109,10 +109,10 @@ pub fn take_report(title: &str) -> Option<String> {
 /// Evaluates a device call, timing it under `op` when profiling is on.
 macro_rules! timed {
     ($op:expr, $e:expr) => {{
-        if $crate::profile::enabled() {
+        if $crate::forward::profile::enabled() {
             let t0 = std::time::Instant::now();
             let r = $e;
-            $crate::profile::record($op, t0.elapsed().as_nanos() as u64);
+            $crate::forward::profile::record($op, t0.elapsed().as_nanos() as u64);
             r
         } else {
             $e

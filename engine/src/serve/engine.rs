@@ -6,12 +6,12 @@ use std::sync::Arc;
 use flint_loader::chat::{ChatMessage as LoaderChatMessage, ChatTemplate};
 use flint_loader::tokenizer::Tokenizer;
 
-use crate::llm_engine::{Detokenizer, LLMEngine};
+use crate::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use crate::model::LoadedModel;
 use crate::model::ModelError;
-use crate::paged::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
-use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::server::{ChatMessage, TextSide};
+use crate::sched::{Detokenizer, LLMEngine};
+use crate::sched::{Scheduler, SchedulerConfig};
+use crate::serve::{ChatMessage, TextSide};
 
 /// Default KV cache budget when `--kv-memory` is not given.
 pub const DEFAULT_KV_MEMORY: u64 = 1 << 30;
@@ -75,7 +75,7 @@ pub fn build_engine(
         .filter(|&g| {
             kv.group_specs()
                 .nth(g)
-                .is_some_and(|s| s.kind == crate::kv_cache::GroupKind::Full)
+                .is_some_and(|s| s.kind == crate::kv::GroupKind::Full)
         })
         .map(|g| kv.num_blocks(g) * kv.block_size())
         .min()

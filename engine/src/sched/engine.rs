@@ -8,9 +8,10 @@
 
 use std::collections::HashMap;
 
-use crate::kv_cache::RequestId;
-use crate::sampler::{FinishReason, Sampler, SamplerConfig, StopConditions, StopScan};
-use crate::scheduler::{AdmissionError, Scheduler, SchedulerOutput};
+use crate::kv::RequestId;
+use crate::model::ModelError;
+use crate::sample::{FinishReason, Sampler, SamplerConfig, StopConditions, StopScan};
+use crate::sched::{AdmissionError, Scheduler, SchedulerOutput};
 
 /// One request's share of a batched step, as the model sees it.
 #[derive(Clone, Copy, Debug)]
@@ -37,8 +38,8 @@ pub trait StepModel {
     fn step(
         &mut self,
         seqs: &[StepSeq<'_>],
-        kv: &crate::kv_cache::KvCacheManager,
-    ) -> Result<Vec<f32>, String>;
+        kv: &crate::kv::KvCacheManager,
+    ) -> Result<Vec<f32>, ModelError>;
 
     /// The device the model computes on, for [`LLMEngine::in_session`]; `None` (the
     /// default) for a model without one.
@@ -103,7 +104,7 @@ pub enum EngineError {
     Admission(#[from] AdmissionError),
     /// The model failed while computing a step.
     #[error("forward failed: {0}")]
-    Model(String),
+    Model(#[from] ModelError),
 }
 
 #[derive(Debug)]
@@ -275,17 +276,14 @@ impl<M: StepModel> LLMEngine<M> {
                 sample: q.sample,
             })
             .collect();
-        let logits = self
-            .model
-            .step(&seqs, self.scheduler.kv())
-            .map_err(EngineError::Model)?;
+        let logits = self.model.step(&seqs, self.scheduler.kv())?;
         let vocab = self.model.vocab_size();
         let n_sample = plan.seqs.iter().filter(|q| q.sample).count();
         if logits.len() != n_sample * vocab {
-            return Err(EngineError::Model(format!(
+            return Err(EngineError::Model(ModelError::new(format!(
                 "model returned {} logits for {n_sample} rows of {vocab}",
                 logits.len()
-            )));
+            ))));
         }
         let mut sampled = Vec::with_capacity(n_sample);
         for (row, q) in plan.seqs.iter().filter(|q| q.sample).enumerate() {
@@ -366,8 +364,8 @@ impl<M: StepModel> LLMEngine<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{groups_from_pattern, KvCacheManager};
-    use crate::scheduler::SchedulerConfig;
+    use crate::kv::{groups_from_pattern, KvCacheManager};
+    use crate::sched::SchedulerConfig;
 
     /// A model whose next token is `(last token + 1) % vocab`, checking that every
     /// position it is asked to compute has a block in every group.
@@ -379,7 +377,11 @@ mod tests {
         fn vocab_size(&self) -> usize {
             self.vocab
         }
-        fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, String> {
+        fn step(
+            &mut self,
+            seqs: &[StepSeq<'_>],
+            kv: &KvCacheManager,
+        ) -> Result<Vec<f32>, ModelError> {
             let mut out = Vec::new();
             for s in seqs {
                 let pos: Vec<u32> = (s.start..s.start + s.tokens.len())
@@ -389,7 +391,7 @@ mod tests {
                     let _ = kv.slot_mapping(s.id, g, &pos);
                 }
                 if s.sample {
-                    let last = *s.tokens.last().ok_or("empty")? as usize;
+                    let last = *s.tokens.last().ok_or(ModelError::new("empty"))? as usize;
                     let mut row = vec![0.0; self.vocab];
                     row[(last + 1) % self.vocab] = 10.0;
                     out.extend(row);

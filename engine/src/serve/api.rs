@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{EngineHandle, Event, SubmitError};
-use crate::llm_engine::RequestParams;
-use crate::sampler::{FinishReason, SamplerConfig, StopConditions};
+use crate::sample::{FinishReason, SamplerConfig, StopConditions};
+use crate::sched::RequestParams;
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::kv_cache::{KvCacheManager, RequestId};
+use crate::kv::{KvCacheManager, RequestId};
 
 /// Limits of the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -394,7 +394,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::groups_from_pattern;
+    use crate::kv::groups_from_pattern;
 
     fn sched(blocks: usize, budget: usize, max_seqs: usize) -> Scheduler {
         let kv = KvCacheManager::new(

@@ -2,8 +2,9 @@
 //! through the HAL, a batch of tokens from many sequences at a time.
 //!
 //! A step takes a [`Batch`]: for every sequence its new tokens, the position of the
-//! first one, and its block table in each KV group (group 0: full-attention layers,
-//! group 1: sliding-window layers). All tokens of all sequences go through every
+//! first one, and its block table in each KV group (the groups of
+//! [`groups_from_pattern`], in its order; each layer carries the index of its own
+//! group). All tokens of all sequences go through every
 //! weight together as one `[n_tokens, d]` activation matrix; each layer writes its keys
 //! and values through its own group's slot mapping
 //! (`slot = table[pos / block_size] * block_size + pos % block_size`) and reads them back
@@ -17,13 +18,9 @@ use flint_hal::{
     WeightDesc, WeightHandle, WeightKind,
 };
 
+use crate::forward::profile::timed;
+use crate::kv::{groups_from_pattern, KvGroupSpec};
 use crate::model::{Activation, Arch, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
-use crate::profile::timed;
-
-/// KV group of full-attention layers.
-pub const GROUP_FULL: usize = 0;
-/// KV group of sliding-window layers.
-pub const GROUP_SLIDING: usize = 1;
 
 /// The gate, up and hidden activations of an MLP or of the routed experts, and the
 /// experts' outputs, kept across the layers of a step.
@@ -79,6 +76,9 @@ enum DevFfn {
 
 #[derive(Debug)]
 struct DevLayer {
+    /// Index of this layer's KV group in [`DeviceModel::kv_groups`]: the block table its
+    /// keys and values are written and read through.
+    kv_group: usize,
     attn_norm: Vec<f32>,
     wq: WeightHandle,
     wk: WeightHandle,
@@ -102,17 +102,18 @@ pub struct DeviceModel {
     output: WeightHandle,
     output_norm: Vec<f32>,
     layers: Vec<DevLayer>,
+    kv_groups: Vec<KvGroupSpec>,
 }
 
 /// One sequence's part of a [`Batch`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BatchSeq<'a> {
     /// Its new tokens, at positions `start_pos..start_pos + tokens.len()`.
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`.
     pub start_pos: u32,
-    /// Its block table in each KV group (`[GROUP_FULL]`, `[GROUP_SLIDING]`).
-    pub block_tables: [&'a [u32]; 2],
+    /// Its block table in each KV group, in the order of [`DeviceModel::kv_groups`].
+    pub block_tables: Vec<&'a [u32]>,
     /// Logits wanted for every new token (teacher forcing) instead of the last only.
     pub all_logits: bool,
 }
@@ -155,7 +156,10 @@ fn desc(t: &TensorRef, kind: WeightKind) -> WeightDesc {
 
 fn stage_one(dev: &DeviceRef, t: &TensorRef, kind: WeightKind) -> Result<WeightHandle, ModelError> {
     dev.stage(&desc(t, kind))
-        .map_err(|e| ModelError::new(format!("staging '{}' on {}: {e}", t.name, dev.name())))
+        .map_err(|source| ModelError::Device {
+            context: format!("staging '{}' on {}", t.name, dev.name()),
+            source,
+        })
 }
 
 /// Every weight [`DeviceModel::stage`] stages, in its order: what it hands to
@@ -196,9 +200,10 @@ impl DeviceModel {
     ) -> Result<Self, ModelError> {
         let tied = model.output.name == model.token_embd.name;
         let descs = weight_descs(model);
-        let plan = dev
-            .plan(&descs)
-            .map_err(|e| ModelError::new(format!("planning the weights on {}: {e}", dev.name())))?;
+        let plan = dev.plan(&descs).map_err(|source| ModelError::Device {
+            context: format!("planning the weights on {}", dev.name()),
+            source,
+        })?;
         tracing::debug!(
             resident = plan.resident_bytes(),
             expert_tier = plan.expert_tier_bytes(),
@@ -221,8 +226,14 @@ impl DeviceModel {
         } else {
             st(&model.output, WeightKind::Matrix)?
         };
+        let pattern: Vec<bool> = model.spec.layers.iter().map(|l| l.sliding).collect();
+        let kv_groups = groups_from_pattern(&pattern, model.spec.window);
         let mut layers = Vec::with_capacity(model.layers.len());
-        for l in &model.layers {
+        for (il, l) in model.layers.iter().enumerate() {
+            let kv_group = kv_groups
+                .iter()
+                .position(|g| g.layers.contains(&il))
+                .ok_or_else(|| ModelError::new(format!("layer {il} belongs to no KV group")))?;
             let mut mlp = |m: &Mlp, kind: WeightKind| -> Result<DevMlp, ModelError> {
                 Ok(DevMlp {
                     gate: st(&m.gate, kind)?,
@@ -248,6 +259,7 @@ impl DeviceModel {
                 }
             };
             layers.push(DevLayer {
+                kv_group,
                 attn_norm: l.attn_norm.clone(),
                 wq: st(&l.wq, WeightKind::Matrix)?,
                 wk: st(&l.wk, WeightKind::Matrix)?,
@@ -269,6 +281,7 @@ impl DeviceModel {
             output,
             output_norm: model.output_norm.clone(),
             layers,
+            kv_groups,
         })
     }
 
@@ -305,13 +318,16 @@ impl DeviceModel {
             .collect()
     }
 
-    /// The KV group of layer `il`.
+    /// The KV groups, as [`groups_from_pattern`] derives them from the layer pattern
+    /// (the full group first). A [`BatchSeq`] carries one block table per group, in
+    /// this order.
+    pub fn kv_groups(&self) -> &[KvGroupSpec] {
+        &self.kv_groups
+    }
+
+    /// The index in [`DeviceModel::kv_groups`] of layer `il`'s KV group.
     pub fn layer_group(&self, il: usize) -> usize {
-        if self.spec.layers[il].sliding {
-            GROUP_SLIDING
-        } else {
-            GROUP_FULL
-        }
+        self.layers[il].kv_group
     }
 
     /// Runs one step: every token of every sequence of `batch` through all layers,
@@ -349,9 +365,16 @@ impl DeviceModel {
         // Flatten the batch: tokens, positions, per-group slots, per-seq row ranges.
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
-        let mut slots: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        let n_groups = self.kv_groups.len();
+        let mut slots: Vec<Vec<u32>> = vec![Vec::new(); n_groups];
         let mut starts = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
+            if s.block_tables.len() != n_groups {
+                return Err(ModelError::new(format!(
+                    "a sequence carries {} block tables for the model's {n_groups} KV groups",
+                    s.block_tables.len()
+                )));
+            }
             starts.push(tokens.len());
             for (i, &t) in s.tokens.iter().enumerate() {
                 if t as usize >= spec.vocab {
@@ -373,7 +396,7 @@ impl DeviceModel {
                     let table = s.block_tables[g];
                     let b = (p as usize) / bs;
                     let Some(&blk) = table.get(b) else {
-                        // A group no layer uses may carry an empty table.
+                        // A table too short for the position leaves the slot unset.
                         slot.push(u32::MAX);
                         continue;
                     };
@@ -385,7 +408,7 @@ impl DeviceModel {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..2)
+        let attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
             .map(|g| {
                 batch
                     .seqs
@@ -423,7 +446,7 @@ impl DeviceModel {
             .iter()
             .flat_map(|r| positions[r.clone()].iter().copied())
             .collect();
-        let out_attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..2)
+        let out_attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
             .map(|g| {
                 let mut q_start = 0;
                 batch
@@ -749,7 +772,7 @@ impl<'m> Session<'m> {
             seqs: vec![BatchSeq {
                 tokens,
                 start_pos: self.pos as u32,
-                block_tables: [&self.table, &self.table],
+                block_tables: vec![self.table.as_slice(); self.model.kv_groups.len()],
                 all_logits,
             }],
             block_size: self.block_size,

@@ -10,6 +10,7 @@
 //! (Prometheus text).
 
 mod api;
+pub mod engine;
 mod metrics;
 
 use std::collections::HashMap;
@@ -21,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::kv_cache::RequestId;
-use crate::llm_engine::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
+use crate::kv::RequestId;
+use crate::sched::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
 
 pub use api::{router, ChatMessage, TextSide};
+pub use engine::*;
 pub use metrics::Metrics;
 
 /// Server settings.

@@ -1,13 +1,13 @@
 //! The paged forward: a [`DeviceModel`] behind the [`StepModel`] interface of the
-//! [`LLMEngine`](crate::llm_engine::LLMEngine), with one KV buffer per layer sized by its
+//! [`LLMEngine`](crate::sched::LLMEngine), with one KV buffer per layer sized by its
 //! own group's pool, and the KV cache manager sized from a memory budget.
 
 use flint_hal::KvBuffer;
 
-use crate::forward::{Batch, BatchSeq, DeviceModel, GROUP_FULL, GROUP_SLIDING};
-use crate::kv_cache::{groups_from_pattern, GroupKind, KvCacheManager, KvGroupSpec};
-use crate::llm_engine::{StepModel, StepSeq};
+use crate::forward::{Batch, BatchSeq, DeviceModel};
+use crate::kv::{GroupKind, KvCacheManager, KvGroupSpec};
 use crate::model::ModelError;
+use crate::sched::{StepModel, StepSeq};
 
 /// Tokens per KV block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -30,9 +30,6 @@ pub struct KvSizing {
 pub struct PagedModel {
     model: DeviceModel,
     kv: Vec<Box<dyn KvBuffer>>,
-    /// For each of the forward's groups (`GROUP_FULL`, `GROUP_SLIDING`): the KV-manager
-    /// group whose block tables feed it (`None`: no layer of that kind).
-    table_of: [Option<usize>; 2],
     block_size: usize,
 }
 
@@ -49,8 +46,7 @@ impl PagedModel {
     ) -> Result<(Self, KvCacheManager), ModelError> {
         let spec = model.spec().clone();
         let bs = sizing.block_size.max(1);
-        let pattern: Vec<bool> = spec.layers.iter().map(|l| l.sliding).collect();
-        let groups = groups_from_pattern(&pattern, spec.window);
+        let groups = model.kv_groups().to_vec();
         // Bytes of one block of one layer, at the device's size of a stored key or value
         // element (f16 on the CPU).
         let per_value = model.device().kv_bytes_per_value().max(1);
@@ -89,16 +85,13 @@ impl PagedModel {
     }
 
     /// A model with exactly `blocks_per_group[g]` blocks of `block_size` tokens in KV
-    /// group `g` (groups as [`groups_from_pattern`] derives them from the model: the full
-    /// group first). For tests and tools that need a pool of a given size.
+    /// group `g` (the model's [`DeviceModel::kv_groups`]: the full group first). For tests and tools that need a pool of a given size.
     pub fn with_pools(
         model: DeviceModel,
         block_size: usize,
         blocks_per_group: &[usize],
     ) -> Result<(Self, KvCacheManager), ModelError> {
-        let spec = model.spec();
-        let pattern: Vec<bool> = spec.layers.iter().map(|l| l.sliding).collect();
-        let groups = groups_from_pattern(&pattern, spec.window);
+        let groups = model.kv_groups().to_vec();
         if groups.len() != blocks_per_group.len() {
             return Err(ModelError::new(format!(
                 "the model has {} KV groups but {} pool sizes were given",
@@ -120,32 +113,13 @@ impl PagedModel {
         bs: usize,
         blocks: &[usize],
     ) -> Result<(Self, KvCacheManager), ModelError> {
-        let mut table_of = [None; 2];
-        for (g, spec_g) in groups.iter().enumerate() {
-            let fg = match spec_g.kind {
-                GroupKind::Full => GROUP_FULL,
-                GroupKind::Sliding { .. } => GROUP_SLIDING,
-            };
-            table_of[fg] = Some(g);
-        }
         let manager = KvCacheManager::new(groups, bs, blocks);
         let n_layers = model.spec().layers.len();
         let mut kv = Vec::with_capacity(n_layers);
         for il in 0..n_layers {
-            let g = manager
-                .group_of_layer(il)
-                .ok_or_else(|| ModelError::new(format!("layer {il} belongs to no KV group")))?;
-            // The forward picks a layer's table by the layer's own kind; it must be the
-            // table of the group whose pool sized this buffer. (A sliding layer without a
-            // window sits in the full group: its kind then reads the full group's table.)
-            let fg = model.layer_group(il);
-            let fed = *table_of[fg].get_or_insert(g);
-            if fed != g {
-                return Err(ModelError::new(format!(
-                    "layer {il} is in KV group {g} but the forward would give it another \
-                     group's block table"
-                )));
-            }
+            // Each layer's buffer is sized by its own group's pool, the group whose block
+            // tables the forward hands that layer.
+            let g = model.layer_group(il);
             let layout = model.kv_layout(blocks[g], bs);
             kv.push(model.device().alloc_kv(&layout).map_err(ModelError::from)?);
         }
@@ -153,20 +127,10 @@ impl PagedModel {
             Self {
                 model,
                 kv,
-                table_of,
                 block_size: bs,
             },
             manager,
         ))
-    }
-
-    /// Test hook: feeds the forward's group `forward_group` (`GROUP_FULL` or
-    /// `GROUP_SLIDING`) the block tables of KV-manager group `kv_group` instead of its
-    /// own. This is the defect the group-isolation tests must catch; never call it
-    /// outside them.
-    #[doc(hidden)]
-    pub fn miswire_tables_for_test(&mut self, forward_group: usize, kv_group: usize) {
-        self.table_of[forward_group] = Some(kv_group);
     }
 
     /// The staged model.
@@ -184,29 +148,24 @@ impl StepModel for PagedModel {
         Some(self.model.device().clone())
     }
 
-    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, String> {
+    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, ModelError> {
         let mut batch = Batch {
             seqs: Vec::with_capacity(seqs.len()),
             block_size: self.block_size,
         };
         for s in seqs {
-            let mut tables: [&[u32]; 2] = [&[], &[]];
-            for (fg, g) in self.table_of.iter().enumerate() {
-                if let Some(g) = *g {
-                    tables[fg] = kv.block_table(s.id, g);
-                }
-            }
+            let tables = (0..self.model.kv_groups().len())
+                .map(|g| kv.block_table(s.id, g))
+                .collect();
             batch.seqs.push(BatchSeq {
                 tokens: s.tokens,
-                start_pos: u32::try_from(s.start).map_err(|_| "position overflows u32")?,
+                start_pos: u32::try_from(s.start)
+                    .map_err(|_| ModelError::new("position overflows u32"))?,
                 block_tables: tables,
                 all_logits: false,
             });
         }
-        let logits = self
-            .model
-            .forward(&mut self.kv, &batch)
-            .map_err(|e| e.to_string())?;
+        let logits = self.model.forward(&mut self.kv, &batch)?;
         // One row per sequence; keep those of the sequences that sample.
         let vocab = self.vocab_size();
         if seqs.iter().all(|s| s.sample) {

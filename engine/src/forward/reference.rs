@@ -104,10 +104,7 @@ pub fn attend_head(
     sink: Option<f32>,
     window: Option<usize>,
 ) -> Vec<f32> {
-    let first = match window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
-    };
+    let first = flint_core::math::window_start(pos, window);
     let dv = values[pos].len();
     let mut out = vec![0.0f32; dv];
     flint_core::math::attend_ggml_tiled(
@@ -134,13 +131,9 @@ pub fn route(
     normalize: bool,
     scale: f32,
 ) -> Result<Vec<(usize, f32)>, ModelError> {
-    let g = match gating {
-        Gating::Sigmoid => flint_core::math::Gating::Sigmoid,
-        Gating::Softmax => flint_core::math::Gating::Softmax,
-    };
     let mut ids = vec![0u32; k];
     let mut w = vec![0.0f32; k];
-    flint_core::math::route_topk(logits, bias, k, g, normalize, scale, &mut ids, &mut w)
+    flint_core::math::route_topk(logits, bias, k, gating, normalize, scale, &mut ids, &mut w)
         .map_err(|e| ModelError::new(e.to_string()))?;
     Ok(ids.into_iter().map(|e| e as usize).zip(w).collect())
 }
@@ -362,7 +355,7 @@ impl<'m> Reference<'m> {
             } else {
                 // A llama.cpp call of fewer query rows: its one-key-at-a-time path, the
                 // output accumulated in f16.
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let first = flint_core::math::window_start(pos, window);
                 let mut out = vec![0.0f32; dv];
                 flint_core::math::attend_ggml_one_chunk(
                     qh,
