@@ -177,14 +177,20 @@ fn check_vectors(name: &str) {
         Some((last, rest)) if last.is_empty() => rest.to_vec(),
         _ => texts,
     };
-    assert_eq!(texts.len(), ids.len(), "{name}: .inp and .out disagree in length");
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: .inp and .out disagree in length"
+    );
     assert!(texts.len() > 20, "{name}: only {} vectors", texts.len());
     let tok = load(&path);
     let mut bad = Vec::new();
     for (text, want) in texts.iter().zip(&ids) {
         let got = tok.tokenize(text, false, false);
         if &got != want {
-            bad.push(format!("{text:?}\n  llama.cpp {want:?}\n  flint     {got:?}"));
+            bad.push(format!(
+                "{text:?}\n  llama.cpp {want:?}\n  flint     {got:?}"
+            ));
         }
     }
     assert!(

@@ -203,7 +203,8 @@ int run_logits(llama_model *model, const std::string &in, const std::string &out
     std::vector<llama_token> ids;
     if (text.find_first_not_of(" \t\r\n") != std::string::npos && text[text.find_first_not_of(" \t\r\n")] == '{') {
         try {
-            for (const auto &v : nlohmann::json::parse(text).at("ids")) ids.push_back(v.get<llama_token>());
+            const nlohmann::json doc = nlohmann::json::parse(text);
+            for (const auto &v : doc.at("ids")) ids.push_back(v.get<llama_token>());
         } catch (const std::exception &e) {
             die(in + ": no \"ids\" array of token ids (" + e.what() + ")");
         }
@@ -258,7 +259,7 @@ int run_logits(llama_model *model, const std::string &in, const std::string &out
         if (subset) s += "\"pos\":" + std::to_string(pos_of[i]) + ",";
         s += "\"lse\":" + fmt6(rows[i].lse) + ",\"top\":" + top_json(rows[i]) + "}";
     }
-    s += "]}";
+    s += "]}\n";
     fputs(s.c_str(), fo);
     fclose(fo);
     fprintf(stderr, "llamacpp_logits: %d tokens, %zu positions written to %s\n", n, rows.size(), out.c_str());
