@@ -221,3 +221,13 @@ fn llama_spm_vectors_of_llamacpp() {
 fn gpt2_vectors_of_llamacpp() {
     check_vectors("gpt-2");
 }
+
+#[test]
+fn mpt_vectors_of_llamacpp() {
+    check_vectors("mpt");
+}
+
+#[test]
+fn phi3_vectors_of_llamacpp() {
+    check_vectors("phi-3");
+}
