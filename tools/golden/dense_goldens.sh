@@ -12,12 +12,13 @@
 #      forced logits at every STRIDE-th position, and greedy chains from three prompts
 #      (prefixes of the ids: 8, 32 and 128 tokens), 32 steps each;
 # and writes into OUT_ROOT/ARCH-PRESET/:
-#   ids.json                       {"text": the text, "ids": the N_TOKENS ids}
+#   ids.json                       {"text": the text, "ids": its first N_TOKENS ids}
 #   logits-{f32,q8_0,q4_k_m}.json  llamacpp_logits format (with "start", "stride", "pos")
 #   greedy-{f32,q8_0,q4_k_m}.jsonl greedy.jsonl format
 #   model-q8_0.gguf, model-q4_k_m.gguf   the quantized files (CI cannot build llama.cpp)
 #   manifest.json                  the case, the commands' parameters, sha256 of every
-#                                  model file (f32 included), llama.cpp's version
+#                                  model file (f32 included) and the count of its
+#                                  tensors per type, llama.cpp's version
 # The split case (SPLIT_CASE) also gets model-q8_0-0000K-of-0000N.gguf from
 # `llama-gguf-split --split --split-max-tensors SPLIT_TENSORS` of model-q8_0.gguf, and the
 # script checks that llama.cpp's logits on the split equal those on the single file.
@@ -114,7 +115,7 @@ parts = [
 ]
 x = 12345
 out = []
-for _ in range(1500):
+for _ in range(500):
     x = (1103515245 * x + 12345) % 2**31
     out.append(parts[x % len(parts)])
 print(" ".join(out), end="")
@@ -201,7 +202,8 @@ PY
 
     python3 - "$dest" "$f32" "$arch" "$preset" "$seed" "$vocab" "$vocab_size" "$n_tokens" "$stride" \
         "$(basename "$(dirname "$src")")" "${GREEDY_PREFIXES[*]}" "$GREEDY_STEPS" "${split_files[@]}" <<'PY'
-import hashlib, json, os, sys
+import collections, hashlib, json, os, sys
+import gguf
 dest, f32, arch, preset, seed, vocab, vocab_size, n_tokens, stride, sdist, prefixes, steps, *split = sys.argv[1:]
 def sha(p):
     h = hashlib.sha256()
@@ -209,10 +211,12 @@ def sha(p):
         for b in iter(lambda: f.read(1 << 20), b""):
             h.update(b)
     return h.hexdigest()
-files = {"f32": {"synth": True, "bytes": os.path.getsize(f32), "sha256": sha(f32)}}
+def types(p):
+    return dict(sorted(collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(p).tensors).items()))
+files = {"f32": {"synth": True, "bytes": os.path.getsize(f32), "sha256": sha(f32), "tensor_types": types(f32)}}
 for q in ["q8_0", "q4_k_m"]:
     p = os.path.join(dest, f"model-{q}.gguf")
-    files[q] = {"file": f"model-{q}.gguf", "bytes": os.path.getsize(p), "sha256": sha(p)}
+    files[q] = {"file": f"model-{q}.gguf", "bytes": os.path.getsize(p), "sha256": sha(p), "tensor_types": types(p)}
 m = {
     "arch": arch, "preset": preset, "seed": int(seed),
     "synth": f"flint synth --arch {arch} --preset {preset} --seed {seed} --vocab VOCAB --vocab-size {vocab_size}",
