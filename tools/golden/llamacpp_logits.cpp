@@ -12,7 +12,9 @@
 //     With --start / --stride only positions start, start+stride, ... are written: the
 //     object then also has "start" and "stride", and every position its index "pos".
 //     The sequence is decoded in chunks of C tokens (default: all of it), each chunk one
-//     batch with n_batch = n_ubatch = C, so one graph computes it.
+//     batch with n_batch = n_ubatch = C, so one graph computes it. The batch size picks
+//     llama.cpp's kernels (small batches take other matmul paths), so logits depend on C
+//     beyond rounding: goldens use the default, one batch.
 //
 //   llamacpp_logits MODEL.gguf greedy PROMPTS.txt OUT.jsonl [--steps N] [--top K] [--threads T]
 //     Greedy chains: one prompt per line of PROMPTS.txt (ids, BOS included). The prompt is
