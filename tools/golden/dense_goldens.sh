@@ -5,7 +5,8 @@
 #   1. writes MODEL.f32.gguf with `flint synth --arch ARCH --preset PRESET --seed SEED
 #      --vocab VOCAB.gguf --vocab-size VOCAB_SIZE` (the tokenizer taken from a vocabulary
 #      GGUF, truncated), into a scratch folder: synth regenerates it bit for bit;
-#   2. quantizes it with llama.cpp's own llama-quantize to Q8_0 and Q4_K_M;
+#   2. quantizes it with llama.cpp's own llama-quantize to the case's QUANTS (Q8_0 and
+#      Q4_K_M);
 #   3. makes the token ids: a fixed text (text() below) tokenized by llama-tokenize with
 #      the f32 file's vocabulary (BOS added), cut to N_TOKENS;
 #   4. runs llamacpp_logits (llamacpp_logits.cpp) on each of the three files: teacher-
@@ -13,9 +14,10 @@
 #      (prefixes of the ids: 8, 32 and 128 tokens), 32 steps each;
 # and writes into OUT_ROOT/ARCH-PRESET/:
 #   ids.json                       {"text": the text, "ids": its first N_TOKENS ids}
-#   logits-{f32,q8_0,q4_k_m}.json  llamacpp_logits format (with "start", "stride", "pos")
-#   greedy-{f32,q8_0,q4_k_m}.jsonl greedy.jsonl format
-#   model-q8_0.gguf, model-q4_k_m.gguf   the quantized files (CI cannot build llama.cpp)
+#   logits-{f32,Q...}.json         llamacpp_logits format (with "start", "stride", "pos"),
+#                                  for the f32 file and each of the case's QUANTS
+#   greedy-{f32,Q...}.jsonl        greedy.jsonl format
+#   model-Q.gguf                   the quantized files (CI cannot build llama.cpp)
 #   manifest.json                  the case, the commands' parameters, sha256 of every
 #                                  model file (f32 included) and the count of its
 #                                  tensors per type, llama.cpp's version
@@ -43,14 +45,16 @@ note() {
     echo "dense_goldens.sh: $*" >&2
 }
 
-#     ARCH   PRESET    SEED VOCAB      VOCAB_SIZE N_TOKENS
+# QUANTS: the llama-quantize types made and kept for the case ("-": the f32 file alone;
+# tiny-27b's 62 layers would take 15-25 MB per quantized file).
+#     ARCH   PRESET    SEED VOCAB      VOCAB_SIZE N_TOKENS QUANTS
 CASES=(
-    "llama   tiny      11   llama-bpe  8192       2048"
-    "qwen2   tiny      12   qwen2      8192       2048"
-    "qwen3   tiny      13   qwen2      8192       2048"
-    "gemma3  tiny      14   gemma3     8192       2048"
-    "gemma3  tiny-4b   15   gemma3     8192       2048"
-    "gemma3  tiny-27b  16   gemma3     8192       2048"
+    "llama   tiny      11   llama-bpe  2048       2048     q8_0,q4_k_m"
+    "qwen2   tiny      12   qwen2      2048       2048     q8_0,q4_k_m"
+    "qwen3   tiny      13   qwen2      2048       2048     q8_0,q4_k_m"
+    "gemma3  tiny      14   gemma3     2048       2048     q8_0,q4_k_m"
+    "gemma3  tiny-4b   15   gemma3     2048       2048     q8_0,q4_k_m"
+    "gemma3  tiny-27b  16   gemma3     2048       2048     -"
 )
 SPLIT_CASE="llama-tiny"
 SPLIT_TENSORS=8
@@ -143,7 +147,8 @@ selected() {
 
 done_any=0
 for line in "${CASES[@]}"; do
-    read -r arch preset seed vocab vocab_size n_tokens <<<"$line"
+    read -r arch preset seed vocab vocab_size n_tokens quants <<<"$line"
+    IFS=, read -r -a quant_list <<<"${quants/#-/}"
     name="$arch-$preset"
     selected "$name" || continue
     done_any=1
@@ -156,10 +161,11 @@ for line in "${CASES[@]}"; do
     f32="$work/$name.f32.gguf"
     "${synth[@]}" --arch "$arch" --preset "$preset" --seed "$seed" --out "$f32" \
         --vocab "$vf" --vocab-size "$vocab_size" >&2 || die "synth failed for $name"
-    nice "$quantize" "$f32" "$dest/model-q8_0.gguf" Q8_0 "$threads" >"$work/$name.q8.log" 2>&1 ||
-        die "llama-quantize Q8_0 failed for $name (log: $work/$name.q8.log)"
-    nice "$quantize" "$f32" "$dest/model-q4_k_m.gguf" Q4_K_M "$threads" >"$work/$name.q4.log" 2>&1 ||
-        die "llama-quantize Q4_K_M failed for $name (log: $work/$name.q4.log)"
+    rm -f "$dest"/model-*.gguf "$dest"/logits-*.json "$dest"/greedy-*.jsonl
+    for q in "${quant_list[@]}"; do
+        nice "$quantize" "$f32" "$dest/model-$q.gguf" "${q^^}" "$threads" >"$work/$name.$q.log" 2>&1 ||
+            die "llama-quantize ${q^^} failed for $name (log: $work/$name.$q.log)"
+    done
 
     text >"$work/$name.txt"
     "$tokenize" -m "$f32" -f "$work/$name.txt" --ids --no-escape --log-disable >"$work/$name.ids" 2>"$work/$name.tok.log" ||
@@ -176,7 +182,7 @@ PY
     : >"$work/$name.prompts"
     for p in "${GREEDY_PREFIXES[@]}"; do json_ids "$dest/ids.json" "$p" >>"$work/$name.prompts"; done
 
-    for q in f32 q8_0 q4_k_m; do
+    for q in f32 "${quant_list[@]}"; do
         m="$dest/model-$q.gguf"
         [[ $q == f32 ]] && m="$f32"
         "$run" llamacpp_logits "$m" logits "$dest/ids.json" "$dest/logits-$q.json" \
@@ -187,7 +193,7 @@ PY
 
     split_files=()
     if [[ "$name" == "$SPLIT_CASE" ]]; then
-        rm -f "$dest"/model-q8_0-0*-of-0*.gguf
+        [[ -f "$dest/model-q8_0.gguf" ]] || die "the split case $name needs q8_0 in its QUANTS"
         nice "$gguf_split" --split --split-max-tensors "$SPLIT_TENSORS" "$dest/model-q8_0.gguf" \
             "$dest/model-q8_0" >"$work/$name.split.log" 2>&1 ||
             die "llama-gguf-split failed (log: $work/$name.split.log)"
@@ -201,10 +207,11 @@ PY
     fi
 
     python3 - "$dest" "$f32" "$arch" "$preset" "$seed" "$vocab" "$vocab_size" "$n_tokens" "$stride" \
-        "$(basename "$(dirname "$src")")" "${GREEDY_PREFIXES[*]}" "$GREEDY_STEPS" "${split_files[@]}" <<'PY'
+        "$(basename "$(dirname "$src")")" "${GREEDY_PREFIXES[*]}" "$GREEDY_STEPS" "${quant_list[*]}" \
+        "${split_files[@]}" <<'PY'
 import collections, hashlib, json, os, sys
 import gguf
-dest, f32, arch, preset, seed, vocab, vocab_size, n_tokens, stride, sdist, prefixes, steps, *split = sys.argv[1:]
+dest, f32, arch, preset, seed, vocab, vocab_size, n_tokens, stride, sdist, prefixes, steps, quants, *split = sys.argv[1:]
 def sha(p):
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -214,7 +221,7 @@ def sha(p):
 def types(p):
     return dict(sorted(collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(p).tensors).items()))
 files = {"f32": {"synth": True, "bytes": os.path.getsize(f32), "sha256": sha(f32), "tensor_types": types(f32)}}
-for q in ["q8_0", "q4_k_m"]:
+for q in quants.split():
     p = os.path.join(dest, f"model-{q}.gguf")
     files[q] = {"file": f"model-{q}.gguf", "bytes": os.path.getsize(p), "sha256": sha(p), "tensor_types": types(p)}
 m = {
