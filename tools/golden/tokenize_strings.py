@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Tokenizer goldens from llama.cpp for many varied strings.
+
+Makes a fixed list of strings (several hundred: scripts, numbers, code, white space,
+emoji, contractions, special-token text, long words, mixtures; the same list on every
+run, no randomness), tokenizes each with llama.cpp (`llamacpp_tokenize.cpp`, built by
+`llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
+(no BOS, special-token text tokenized as text) and `NAME-special.jsonl` (special-token
+text parsed as special tokens). Each line: `text`, `ids` and `detok` (llama.cpp's
+detokenization of those ids). `loader/tests/tokenize_llamacpp.rs` checks Flint's
+tokenizer against them.
+
+Vocabularies: llama.cpp's own vocab-only GGUFs from the sdist
+(`models/ggml-vocab-llama-bpe.gguf`, `ggml-vocab-qwen2.gguf`; the source directory comes
+from tools/llamacpp_sdist.sh) and the Gemma 3 270M file (FLINT_MODEL or the default-model
+cache) for the SentencePiece side.
+
+Usage: tools/golden/tokenize_strings.py [--out DIR] [--list]
+  --list   print the strings as JSON lines and stop (no llama.cpp needed)
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def strings():
+    out = []
+
+    def add(*xs):
+        for x in xs:
+            if x not in out:
+                out.append(x)
+
+    # Latin with accents and other European scripts.
+    add(
+        "Hello world",
+        " Hello world",
+        "Hello World!",
+        "café naïve résumé façade",
+        "Äpfel Öl Übermut straße",
+        "¿Qué tal? ¡Muy bien!",
+        "Łódź, Kraków, Gdańsk",
+        "Ærøskøbing og Ålborg",
+        "İstanbul ığdır ŞEHİR",
+        "Ελληνικά: καλημέρα κόσμε",
+        "Русский язык: привет, мир!",
+        "Українська: Київ, ґанок, їжак",
+        "Ђорђе Шћепановић",
+        "Ꭰ Ꮳ Ꮹ (Cherokee)",
+        "ǅemal ǈubljana ǋegoš",
+        "ﬁnance ﬂow (ligatures)",
+        "Ⅻ Ⅳ ⅻ roman numerals",
+    )
+    # Other scripts.
+    add(
+        "日本語のテキストです。",
+        "中文文本，标点符号！",
+        "繁體中文：資料處理",
+        "한국어 텍스트입니다.",
+        "ひらがな カタカナ 漢字",
+        "ｆｕｌｌｗｉｄｔｈ ＡＢＣ １２３",
+        "مرحبا بالعالم",
+        "العربية ١٢٣٤٥ أرقام",
+        "עברית: שלום עולם",
+        "हिन्दी में पाठ",
+        "नमस्ते दुनिया १२३",
+        "ภาษาไทยไม่มีช่องว่าง",
+        "ພາສາລາວ",
+        "தமிழ் உரை",
+        "বাংলা লেখা",
+        "ქართული ენა",
+        "Հայերեն լեզու",
+        "አማርኛ ቋንቋ",
+        "ᠮᠣᠩᠭᠣᠯ",
+        "Tiếng Việt có dấu",
+    )
+    # Numbers.
+    for n in [
+        "0", "7", "42", "123", "1234", "12345", "123456", "1234567", "12345678901234567890",
+        "3.14159", "0.5", ".5", "5.", "-17", "+3", "1e10", "6.022e23", "1,000", "1,234,567",
+        "1.234.567,89", "1 000 000", "12:30:45", "2024-01-15", "v1.2.3", "0x1F", "0b1010",
+        "50%", "$1,299.99", "€5", "¥1000", "#123", "1/2", "3½", "²³¹", "①②③", "٣٤٥",
+        "१२३", "๑๒๓", "一二三", "1st 2nd 3rd 4th",
+    ]:
+        add(n, f"The value is {n}.", f" {n} ")
+    # Code.
+    add(
+        "def f(x):\n    return x * 2\n",
+        "fn main() {\n\tprintln!(\"{}\", 1 + 2);\n}",
+        "int main(void) { return 0; }",
+        "#include <stdio.h>\n",
+        "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
+        "const x = async () => await fetch('/api?q=1&r=2');",
+        "SELECT * FROM users WHERE id = 42;",
+        "<div class=\"x\">Hello</div>",
+        "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}",
+        "x <<= 2; y >>= 3; z **= 4; w //= 5",
+        "if a != b && c == d || !e {}",
+        "`backticks` and ```fenced```",
+        "path/to/file.rs:12:34",
+        "https://example.com/a/b?c=d#e",
+        "user@example.com",
+        "let v: Vec<Option<&'static str>> = vec![];",
+        "    indented with four spaces",
+        "\tindented with a tab",
+        "lambda x: x**2 + 3*x - 1",
+        "$ echo $HOME | grep -v '^#'",
+        "// comment\n/* block */\n# hash\n-- sql",
+        "a_b_c __init__ CamelCase snake_case kebab-case SCREAMING_CASE",
+        "\\n \\t \\\\ escaped",
+        "~!@#$%^&*()_+`-={}|[]\\:\";'<>?,./",
+    )
+    # White space.
+    add(
+        "",
+        " ",
+        "  ",
+        "   ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\n\n\n",
+        "\r\n",
+        "\r\n\r\n",
+        "\r",
+        " \n",
+        "\n ",
+        " \t \n ",
+        "a  b",
+        "a   b",
+        "a    b",
+        "a\tb",
+        "a\t\tb",
+        "a\nb",
+        "a\n\nb",
+        "a\r\nb",
+        "a \n b",
+        "  leading",
+        "trailing  ",
+        "   both   ",
+        "line1\nline2\n",
+        "x\u00a0y",
+        "x\u2003y",
+        "x\u3000y",
+        "x\u200by",
+        "x\u2028y",
+        "\v\f",
+        "end with newline\n",
+        " " * 16 + "x",
+        "\n" * 6 + "x",
+    )
+    # Emoji.
+    add(
+        "😀",
+        "emoji 😀🚀 ok",
+        "🦙.cpp",
+        "👍🏽",
+        "👨‍👩‍👧‍👦",
+        "🏳️‍🌈",
+        "🇫🇷🇯🇵🇺🇸",
+        "❤️",
+        "✔︎ done",
+        "1️⃣ 2️⃣",
+        "🧑🏿‍💻 coding",
+        "text😀text",
+        "😀 😀  😀",
+    )
+    # Contractions and apostrophes.
+    add(
+        "It's they're we'll I'M YOU'VE",
+        "don't won't can't shouldn't",
+        "I'd you'd he'll she's",
+        "'quoted' and \"double\"",
+        "rock 'n' roll",
+        "the '90s",
+        "O'Brien's",
+        "it’s curly",
+        "'s 't 're 've 'm 'll 'd",
+        "'S 'T 'RE 'VE 'M 'LL 'D",
+        "x's y'S z'Re",
+        "''''",
+    )
+    # Special-token text (parsed as text, or as specials in the second set).
+    add(
+        "<|begin_of_text|>",
+        "<|begin_of_text|>Hello",
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+        "<|endoftext|>",
+        "a<|endoftext|>b",
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
+        "<bos>text<eos>",
+        "<s>[INST] hi [/INST]</s>",
+        "<|im_start|> spaced <|im_end|>",
+        "<|im_start|><|im_start|>",
+        "<|not_a_token|>",
+        "<|im_start",
+        "<think>\nreasoning\n</think>\n\nanswer",
+        "<tool_call>{\"name\": \"f\"}</tool_call>",
+        "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>",
+    )
+    # Long words and runs.
+    add(
+        "Supercalifragilisticexpialidocious",
+        "pneumonoultramicroscopicsilicovolcanoconiosis",
+        "Donaudampfschifffahrtsgesellschaftskapitän",
+        "a" * 64,
+        "ab" * 40,
+        "!" * 30,
+        "." * 25,
+        "-" * 40,
+        "=" * 33,
+        "#" * 12 + " Title",
+        "9" * 50,
+        "z" * 200,
+        "xX" * 30,
+    )
+    # Mixed.
+    add(
+        "Hello, 世界! 123 🚀",
+        "café日本123abc",
+        "мир123world",
+        "A1B2C3",
+        "e.g. i.e. etc.",
+        "Mr. Smith & Mrs. Jones",
+        "“smart quotes” ‘single’",
+        "em—dash en–dash",
+        "ellipsis… and «guillemets»",
+        "math: ∑ ∫ √ ∞ ≠ ≤ ≥ ± × ÷",
+        "arrows → ← ↑ ↓ ⇒",
+        "currency: $ € £ ¥ ₹ ₿",
+        "©®™ §¶",
+        "tab\tseparated\tvalues\n1\t2\t3",
+        "a,b,c\n1,2,3\r\n",
+        "What's 2+2? It's 4!",
+        "   Hello   World   ",
+        "\n\tMixed\r\n whitespace \t\n",
+        "ok\u0301 combining",
+        "e\u0301 vs é",
+        "\u200d zero width joiner",
+        "\ufeffBOM at start",
+        "control\u0007bell",
+        "\u0000nul",
+    )
+    # Edges of the pre-tokenizers: letters against digits and marks, apostrophes at the
+    # ends, line breaks in odd orders, white space around special-token text.
+    add(
+        "abc123def",
+        "x1.5y",
+        "l'été d'Artagnan",
+        "end'",
+        "' s",
+        "'",
+        "n't",
+        "\r\r\n",
+        "\n\r",
+        " \r\n ",
+        "a \r\n\r\n  b",
+        "١٢3",
+        "3\u0301",
+        "\u0301start",
+        "word\u200d",
+        "x\u00ady",
+        "  <|im_end|>  ",
+        "\n<|im_start|>\n",
+        " <|eot_id|> x",
+        "<start_of_turn> model",
+        "text <end_of_turn>\n",
+        "<|im_start|>system\n<|im_end|>",
+        "<unk> <pad> <mask>",
+        "[INST] [/INST] <<SYS>>",
+        "。、！？「」『』",
+        "—–-‐",
+        "()[]{}<>",
+        "a(b)c[d]e{f}g",
+        "!!!abc???",
+        "...hello...",
+        " \t\t x",
+        "\t\n\t\n",
+        "ab\n\n\n\ncd",
+        "    \n    \n",
+        "99 bottles of beer on the wall, 99 bottles of beer.",
+        "0000000000",
+        "1.0e-10 2.5E+3 -0.0",
+        "x=1;y=22;z=333;w=4444",
+        "ΑΒΓ αβγ ΆΈΉ",
+        "ǲ ǳ Ǳ",
+        "İi Iı",
+        "ß ẞ",
+    )
+    # Systematic combinations: a word, a separator, another piece.
+    words = ["hello", "Hello", "HELLO", "día", "мир", "世界", "123", "3.5", "😀", "x_y", "'s", "<|im_end|>"]
+    seps = ["", " ", "  ", "\n", "\t", ", ", ". ", "-", "\r\n"]
+    i = 0
+    for a in words:
+        for s in seps:
+            b = words[(i * 7 + 3) % len(words)]
+            add(a + s + b)
+            i += 1
+    # A paragraph.
+    add(
+        "The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; "
+        "the crew (3 people) returned on July 24th. It's been 55+ years!\n\nNext paragraph.",
+    )
+    return out
+
+
+def llama_src():
+    env = os.environ.get("FLINT_LLAMACPP_SRC")
+    if env:
+        return Path(env)
+    r = subprocess.run(
+        [str(REPO / "tools/llamacpp_sdist.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def gemma_model():
+    env = os.environ.get("FLINT_MODEL")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "flint/gemma-3-270m-q4_k_m.gguf"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "loader/tests/data/tokenize"))
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+
+    texts = strings()
+    if args.list:
+        for t in texts:
+            print(json.dumps({"text": t}, ensure_ascii=False))
+        return
+    src = llama_src()
+    vocabs = {
+        "llama-bpe": src / "models/ggml-vocab-llama-bpe.gguf",
+        "qwen2": src / "models/ggml-vocab-qwen2.gguf",
+        "gemma3": gemma_model(),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = Path(tmp) / "in.jsonl"
+        inp.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
+        for name, vocab in vocabs.items():
+            if not vocab.is_file():
+                sys.exit(f"tokenize_strings.py: {vocab} is missing")
+            for suffix, flags in [("", []), ("-special", ["--parse-special"])]:
+                dest = out / f"{name}{suffix}.jsonl"
+                subprocess.run(
+                    [str(HERE / "llamacpp_run.sh"), "llamacpp_tokenize", str(vocab), str(inp), str(dest)] + flags,
+                    check=True,
+                )
+                n = sum(1 for _ in dest.open())
+                if n != len(texts):
+                    sys.exit(f"tokenize_strings.py: {dest} has {n} lines, expected {len(texts)}")
+    print(f"tokenize_strings.py: {len(texts)} strings x {len(vocabs)} vocabularies x 2 into {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
