@@ -232,7 +232,7 @@ pub fn truncated_tokenizer(
                 .iter()
                 .filter(|m| {
                     // llama.cpp splits a merge at the first space after its first byte.
-                    let Some(pos) = m.get(1..).and_then(|s| s.find(' ')).map(|p| p + 1) else {
+                    let Some(pos) = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) else {
                         return false;
                     };
                     let (a, b) = (&m[..pos], &m[pos + 1..]);
