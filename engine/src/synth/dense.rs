@@ -525,6 +525,15 @@ impl DenseRecipe {
         v
     }
 
+    /// The tensors of the file with a vocabulary of `n_vocab` tokens: name, encoding and
+    /// dims (GGUF order), in file order.
+    pub fn layout(&self, n_vocab: usize) -> Vec<(String, GgmlType, Vec<usize>)> {
+        self.plan(n_vocab)
+            .into_iter()
+            .map(|t| (t.name, t.ty, t.dims))
+            .collect()
+    }
+
     /// Parameters (all tensor elements) with a vocabulary of `n_vocab` tokens.
     pub fn param_count(&self, n_vocab: usize) -> usize {
         self.plan(n_vocab)

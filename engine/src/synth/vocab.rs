@@ -4,8 +4,9 @@
 //!   seeded random merges to the size asked for. Needs no file and no network.
 //! - [`truncated_tokenizer`]: the tokenizer of a real GGUF (a `ggml-vocab-*.gguf` of
 //!   llama.cpp's sources, or any model file), cut down so test files stay small: the first
-//!   `n` ordinary tokens by id and every other token (control, user-defined, byte, unknown,
-//!   unused, and any token a `*_token_id` key names) survive, in their original order,
+//!   `n` ordinary tokens by id, every other token (control, user-defined, byte, unknown,
+//!   unused, and any token a `*_token_id` key names) and, in SentencePiece vocabularies,
+//!   the single ASCII characters (Gemma lists them last) survive, in their original order,
 //!   renumbered densely; the id keys follow their tokens; BPE merges survive only when
 //!   both parts and the result do; arrays with one entry per token (scores, types) are cut
 //!   the same way; every other `tokenizer.*` key (the chat template among them) is copied.
@@ -185,6 +186,9 @@ pub fn truncated_tokenizer(
             keep[id] = true;
         }
     }
+    // SentencePiece vocabularies (Gemma's) keep their single characters at the end; without
+    // the ASCII ones every word outside the kept pieces would fall back to byte tokens.
+    let spm = file.opt_str(keys::MODEL).map_err(err)? == Some("llama");
     let mut ordinary = 0usize;
     for (i, k) in keep.iter_mut().enumerate() {
         let normal = types.as_ref().is_none_or(|t| t[i] == 1);
@@ -192,6 +196,8 @@ pub fn truncated_tokenizer(
             *k = true;
         } else if ordinary < n_ordinary {
             ordinary += 1;
+            *k = true;
+        } else if spm && tokens[i].len() == 1 && tokens[i].is_ascii() {
             *k = true;
         }
     }
