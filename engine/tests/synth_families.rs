@@ -215,7 +215,7 @@ fn every_tiny_preset_is_what_llama_cpp_loads_with_its_features_on() {
                     );
                 }
                 // Unscaled, scaled and blended pairs all occur.
-                assert!(got.iter().any(|&x| x == 1.0) && got.iter().any(|&x| x == 8.0));
+                assert!(got.contains(&1.0) && got.contains(&8.0));
                 assert!(got.iter().any(|&x| x > 1.0 && x < 8.0), "{what}: {got:?}");
             }
             (Family::Qwen2, _) => {

@@ -388,7 +388,7 @@ impl DenseRecipe {
         if !self.quantized {
             return GgmlType::F32;
         }
-        match (row % 256 == 0, hi) {
+        match (row.is_multiple_of(256), hi) {
             (true, false) => GgmlType::Q4_K,
             (true, true) => GgmlType::Q6_K,
             (false, false) => GgmlType::Q5_0,
