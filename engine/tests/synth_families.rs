@@ -549,7 +549,7 @@ fn the_gguf_package_reads_every_family_and_threads_do_not_change_the_bytes() {
 }
 
 #[test]
-fn unknown_architectures_presets_and_vocab_for_flint_are_usage_errors() {
+fn bad_synth_arguments_are_refused_without_a_panic() {
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_flint"))
             .arg("synth")
@@ -576,4 +576,12 @@ fn unknown_architectures_presets_and_vocab_for_flint_are_usage_errors() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // --vocab-size means nothing without --vocab: bad usage.
+    let out = run(&["--arch", "llama", "--preset", "tiny", "--vocab-size", "10"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

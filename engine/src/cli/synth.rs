@@ -25,10 +25,13 @@ pub struct SynthArgs {
     /// --vocab-size ordinary tokens plus every special token.
     #[arg(long)]
     pub vocab: Option<std::path::PathBuf>,
-    /// Ordinary tokens kept from --vocab.
-    #[arg(long, default_value_t = 8192)]
-    pub vocab_size: usize,
+    /// Ordinary tokens kept from --vocab (default 8192).
+    #[arg(long, requires = "vocab")]
+    pub vocab_size: Option<usize>,
 }
+
+/// Ordinary tokens kept from `--vocab` when `--vocab-size` is not given.
+pub const DEFAULT_VOCAB_SIZE: usize = 8192;
 
 /// Runs `flint synth`.
 pub fn run(args: &SynthArgs) -> Result<(), CliError> {
@@ -69,7 +72,8 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
                 family.presets().join(", ")
             ))
         })?;
-        if args.vocab_size == 0 {
+        let vocab_size = args.vocab_size.unwrap_or(DEFAULT_VOCAB_SIZE);
+        if vocab_size == 0 {
             return Err(CliError::new("--vocab-size must be at least 1"));
         }
         let vocab_file = match &args.vocab {
@@ -79,7 +83,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             None => None,
         };
         let source = match &vocab_file {
-            Some(f) => VocabSource::File(f, args.vocab_size),
+            Some(f) => VocabSource::File(f, vocab_size),
             None => VocabSource::Builtin,
         };
         let (w, params) = synth_dense(&recipe, args.seed, source, &progress).map_err(super::err)?;
