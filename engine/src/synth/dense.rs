@@ -8,12 +8,12 @@
 //!
 //! Presets ([`DenseRecipe::of`]):
 //! - `tiny` (every family): d = 256, 4 query heads and 2 KV heads (GQA), feed-forward
-//!   512, f32 weights (so `llama-quantize` can make real K-quants of them), and each
-//!   family's features on:
+//!   512 (rows of whole 256-blocks, so `llama-quantize` makes real K-quants), f32
+//!   weights, and each family's features on:
 //!   - `llama`: 3 layers, interleaved RoPE with base 500000 and a `rope_freqs` tensor of
-//!     Llama 3.1 frequency factors (factor 8, low 1, high 4, original context 512, so the
-//!     factors change the rotation of most dimensions within a few hundred positions),
-//!     untied `output`.
+//!     Llama 3.1 frequency factors (factor 8, low 1, high 4, original context 512: 21 of
+//!     the 32 pairs slowed by 8, 3 blended, 8 unchanged, so the factors show in the
+//!     logits from the first positions on), untied `output`.
 //!   - `qwen2`: 3 layers, random Q/K/V biases `N(0, 1)` (as large as the projections
 //!     they are added to), NeoX RoPE, untied `output`.
 //!   - `qwen3`: 3 layers, per-head Q/K RMSNorm, heads of 128 (4 x 128 != d), tied output.
