@@ -368,8 +368,9 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
 
 /// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
 /// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights, for the activation row `at` of a llama.cpp
-/// matmul (its batch size and row pick the kernels; for MXFP4 the number of weight rows,
-/// `out.len()`, does); any other type exactly as [`matvec_f32`].
+/// matmul (its batch size and row pick the kernels); any other type exactly as
+/// [`matvec_f32`]. Q4_K and MXFP4 rows take llama.cpp's repacked orders, which it uses
+/// for matrices of a multiple of 8 rows.
 /// The activation is quantized as there.
 ///
 /// # Errors
@@ -413,11 +414,9 @@ pub fn matvec_f32_ggml_x86(
             rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
         }
         GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_avx2),
-        // llama.cpp repacks MXFP4 matrices of a multiple of 8 rows (`mxfp4_8x8`).
-        GgmlType::MXFP4 if out.len().is_multiple_of(8) => {
-            rows!(BlockMXFP4, BlockQ8_0, ggml_x86::vec_dot_mxfp4_q8_0_repack)
-        }
-        GgmlType::MXFP4 => rows!(BlockMXFP4, BlockQ8_0, ggml_x86::vec_dot_mxfp4_q8_0_avx2),
+        // As for Q4_K: the repacked order, llama.cpp's for matrices of a multiple of 8
+        // rows (`mxfp4_8x8`), whatever the rows passed here.
+        GgmlType::MXFP4 => rows!(BlockMXFP4, BlockQ8_0, ggml_x86::vec_dot_mxfp4_q8_0_repack),
         _ => rows!(BlockQ4K, BlockQ8K, |wb: &[BlockQ4K], a: &[BlockQ8K]| {
             ggml_x86::vec_dot_q4_k_q8_k_repack(wb, a, at.q4k())
         }),

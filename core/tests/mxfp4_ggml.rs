@@ -5,8 +5,10 @@
 //! [`blocks`], five blocks a row (an odd count: the vec_dot's unpaired last block).
 
 use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
+use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::dot::ggml_x86::{vec_dot_mxfp4_q8_0_avx2, vec_dot_mxfp4_q8_0_repack};
 use flint_core::dot::{matvec_f32_ggml_x86, vec_dot_mxfp4_q8_0};
+use flint_core::GgmlType;
 
 const NB: usize = 5;
 const NW: usize = 8;
@@ -181,7 +183,7 @@ fn the_blocks_tell_the_orders_apart() {
 }
 
 #[test]
-fn matvec_picks_the_repacked_order_for_multiples_of_8_rows() {
+fn matvec_takes_the_repacked_order_for_any_rows() {
     let (w, _) = &blocks()[0];
     let bytes: Vec<u8> = w
         .iter()
@@ -194,28 +196,14 @@ fn matvec_picks_the_repacked_order_for_multiples_of_8_rows() {
         .collect();
     let mut act = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; NB];
     flint_core::quant::quantize_row_q8_0_act(&x, &mut act);
-    let at = flint_core::dot::ggml_x86::BatchRow::SINGLE;
-    let mut out8 = vec![0f32; NW];
-    matvec_f32_ggml_x86(flint_core::GgmlType::MXFP4, &bytes, &x, &mut out8, at).unwrap();
     let row = bytes.len() / NW;
-    let mut out7 = vec![0f32; NW - 1];
-    matvec_f32_ggml_x86(
-        flint_core::GgmlType::MXFP4,
-        &bytes[..7 * row],
-        &x,
-        &mut out7,
-        at,
-    )
-    .unwrap();
-    for r in 0..NW {
-        assert_eq!(
-            out8[r].to_bits(),
-            vec_dot_mxfp4_q8_0_repack(&w[r], &act).to_bits()
-        );
-        if r < NW - 1 {
+    for (rows, at) in [(NW, BatchRow::SINGLE), (NW - 1, BatchRow::IN_BATCH)] {
+        let mut out = vec![0f32; rows];
+        matvec_f32_ggml_x86(GgmlType::MXFP4, &bytes[..rows * row], &x, &mut out, at).unwrap();
+        for r in 0..rows {
             assert_eq!(
-                out7[r].to_bits(),
-                vec_dot_mxfp4_q8_0_avx2(&w[r], &act).to_bits()
+                out[r].to_bits(),
+                vec_dot_mxfp4_q8_0_repack(&w[r], &act).to_bits()
             );
         }
     }

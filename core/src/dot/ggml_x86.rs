@@ -37,12 +37,12 @@
 //!   for every MXFP4 matrix with a multiple of 8 rows, for single rows and batches alike:
 //!   one `f32` accumulator per output, per 32-element block
 //!   `acc = fma(sum, D(e) * d_a, acc)` with `sum` the exact integer dot product of the
-//!   block ([`vec_dot_mxfp4_q8_0_repack`]). A matrix whose row count is not a multiple
-//!   of 8 goes through `ggml_vec_dot_mxfp4_q8_0` (AVX2 branch,
-//!   [`vec_dot_mxfp4_q8_0_avx2`]): two sets of eight lanes, one for the even blocks and
-//!   one for the odd ones, lane `l` taking `fma(D(e) * d_a, sum_l, lane)` with `sum_l`
-//!   the integer dot product of elements `4l..4l+4`; the two sets added lane by lane,
-//!   then [`hsum8`]; a last unpaired block added as `fma(D(e) * d_a, sum, total)`.
+//!   block ([`vec_dot_mxfp4_q8_0_repack`]; the order Flint computes MXFP4 in). A matrix
+//!   whose row count is not a multiple of 8 goes through `ggml_vec_dot_mxfp4_q8_0` (AVX2
+//!   branch, [`vec_dot_mxfp4_q8_0_avx2`]): two sets of eight lanes, one for the even
+//!   blocks and one for the odd ones, lane `l` taking `fma(D(e) * d_a, sum_l, lane)` with
+//!   `sum_l` the integer dot product of elements `4l..4l+4`; the two sets added lane by
+//!   lane, then [`hsum8`]; a last unpaired block added as `fma(D(e) * d_a, sum, total)`.
 //!
 //! The integer sums are the same as in the generic kernels; only the float steps differ.
 //! Activations are quantized as for the generic kernels (Q8_0: ggml's x86
