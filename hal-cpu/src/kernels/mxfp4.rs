@@ -11,16 +11,22 @@
 //! (exactly) and the float steps are the same scalar `fma` chain.
 //!
 //! The SIMD kernels turn the E2M1 nibbles into int8 with one byte lookup (`vpshufb` on
-//! the doubled code book `KVALUES_MXFP4`), multiply them with the activation's int8 quants
-//! (`|w|` times `a` with `w`'s sign, summed in pairs by `vpmaddubsw` then `vpmaddwd`, or
-//! in fours by `vpdpbusd` on AVX-512 VNNI), reduce eight blocks' lanes at once into eight
-//! block sums, and scale and accumulate those in block order. AVX2 takes one block per
-//! 256-bit register, AVX-512 and AVX-512 VNNI two per 512-bit register.
+//! the doubled code book `KVALUES_MXFP4`) and multiply them with the activation's int8
+//! quants (`|w|` times `a` with `w`'s sign, summed in pairs by `vpmaddubsw` then
+//! `vpmaddwd`, or in fours by `vpdpbusd` on AVX-512 VNNI). AVX2 takes one block per
+//! 256-bit register, AVX-512 and AVX-512 VNNI two per 512-bit register. Two shapes:
 //!
-//! Entry points (from `kernels/mod.rs`): [`dot_rows`] (one weight row, a tile of up to
-//! four activation rows), [`matvec`] (many weight rows, one activation row: a decode) and
-//! [`small_batch`] (many weight rows, every activation row: a few decode rows or a prompt
-//! batch, cache-blocked).
+//! - eight weight rows in the lanes of a vector (`rows8_*`): per block, the eight rows'
+//!   lanes reduced at once into their eight block sums, then one vector `fma` into the
+//!   eight accumulators; for every group of eight rows of a matvec or a batch;
+//! - one weight row (`tile_*`): eight blocks' lanes reduced at once into eight block sums,
+//!   then eight scalar `fma`s in block order; for the rows left over.
+//!
+//! Both decode each weight block once for up to four activation rows. Entry points (from
+//! `kernels/mod.rs`): [`dot_rows`] (one weight row, a tile of up to four activation
+//! rows), [`matvec`] (many weight rows, one activation row: a decode) and [`small_batch`]
+//! (many weight rows, every activation row: a few decode rows or a prompt batch,
+//! cache-blocked).
 
 use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
 
@@ -113,8 +119,58 @@ fn run_tile<const R: usize>(
     }
 }
 
+/// Weight rows `8g..8g + 8` of `w` against the activation rows `rows` (at most
+/// [`TILE`]), into `out[t][r]`; `false` (nothing written) at a level without the
+/// eight-row kernels.
+fn rows8(
+    level: SimdLevel,
+    w: &[BlockMXFP4],
+    act: Act<'_>,
+    g: usize,
+    rows: &[usize],
+    out: &mut [[f32; 8]; TILE],
+) -> bool {
+    let nb = act.nb;
+    let wr: [&[BlockMXFP4]; 8] =
+        std::array::from_fn(|r| &w[(8 * g + r) * nb..(8 * g + r + 1) * nb]);
+    macro_rules! go {
+        ($R:literal) => {{
+            let mut ys = [&[][..]; $R];
+            let mut ss = [&[][..]; $R];
+            for (t, &i) in rows.iter().enumerate() {
+                (ys[t], ss[t]) = act.row(i);
+            }
+            let mut o = [[0f32; 8]; $R];
+            match level {
+                // SAFETY (each call): the level was checked against the CPU's features at
+                // device open (`SimdLevel::check`), so the kernel's target features are
+                // present.
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx512Vnni => unsafe { x86::rows8_vnni::<$R>(&wr, &ys, &ss, &mut o) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx512 => unsafe { x86::rows8_avx512::<$R>(&wr, &ys, &ss, &mut o) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx2 => unsafe { x86::rows8_avx2::<$R>(&wr, &ys, &ss, &mut o) },
+                _ => return false,
+            }
+            out[..$R].copy_from_slice(&o);
+        }};
+    }
+    match rows.len() {
+        4 => go!(4),
+        3 => go!(3),
+        2 => go!(2),
+        1 => go!(1),
+        _ => {}
+    }
+    true
+}
+
 /// `out[o] = dot(weight row o, activation row act_row)` for every weight row of `w`
-/// (`out.len()` rows of `act.nb` blocks): a decode's matvec.
+/// (`out.len()` rows of `act.nb` blocks): a decode's matvec, eight weight rows at a time
+/// in the lanes of a vector.
 pub(crate) fn matvec(
     level: SimdLevel,
     w: &[BlockMXFP4],
@@ -122,15 +178,26 @@ pub(crate) fn matvec(
     act_row: usize,
     out: &mut [f32],
 ) {
-    let nb = act.nb;
-    for (x, o) in w.chunks_exact(nb.max(1)).zip(out.iter_mut()) {
+    let nb = act.nb.max(1);
+    let groups = out.len() / 8;
+    let mut o8 = [[0f32; 8]; TILE];
+    let mut done = 0;
+    for g in 0..groups {
+        if !rows8(level, w, act, g, &[act_row], &mut o8) {
+            break;
+        }
+        out[8 * g..8 * g + 8].copy_from_slice(&o8[0]);
+        done = 8 * g + 8;
+    }
+    for (x, o) in w[done * nb..].chunks_exact(nb).zip(&mut out[done..]) {
         dot_rows(level, x, act, &[act_row], std::slice::from_mut(o));
     }
 }
 
 /// Every weight row of `w` against every activation row `0..m`, into `out_t` as
 /// `[weight row][m]`: weight rows in blocks of [`ROW_BLOCK`], each block against tiles of
-/// up to [`TILE`] activation rows.
+/// up to [`TILE`] activation rows, eight weight rows at a time in the lanes of a vector
+/// (the rest of a block one by one).
 pub(crate) fn small_batch(
     level: SimdLevel,
     w: &[BlockMXFP4],
@@ -147,7 +214,25 @@ pub(crate) fn small_batch(
         while a0 < m {
             let len = (m - a0).min(TILE);
             let idx: [usize; TILE] = std::array::from_fn(|t| a0 + t);
-            for (x, o) in wb.chunks_exact(nb).zip(ob.chunks_exact_mut(m)) {
+            let rows_here = ob.len() / m;
+            let mut o8 = [[0f32; 8]; TILE];
+            let mut done = 0;
+            for g in 0..rows_here / 8 {
+                if !rows8(level, wb, act, g, &idx[..len], &mut o8) {
+                    break;
+                }
+                for (r, o) in ob[8 * g * m..(8 * g + 8) * m]
+                    .chunks_exact_mut(m)
+                    .enumerate()
+                {
+                    for t in 0..len {
+                        o[a0 + t] = o8[t][r];
+                    }
+                }
+                done = 8 * g + 8;
+            }
+            let rest = wb[done * nb..].chunks_exact(nb);
+            for (x, o) in rest.zip(ob[done * m..].chunks_exact_mut(m)) {
                 dot_rows(level, x, act, &idx[..len], &mut o[a0..a0 + len]);
             }
             a0 += len;
@@ -157,7 +242,7 @@ pub(crate) fn small_batch(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The SIMD tile kernels. All are `unsafe` to call only because of
+    //! The SIMD kernels. All are `unsafe` to call only because of
     //! `#[target_feature]`: the caller must have checked the CPU's features (done once
     //! at device open).
 
@@ -377,5 +462,117 @@ mod x86 {
     tile_kernel!(
         /// MXFP4 x Q8_0, AVX-512 VNNI.
         tile_vnni, "avx512f,avx512bw,avx512vnni,avx2,fma", prep_avx512, dot8_vnni, dot1_avx2
+    );
+
+    // ---- Eight weight rows in the lanes of one vector (decode and batches).
+
+    /// The eight-row kernel of one level: per block, `$prep` decodes the block of each of
+    /// the eight rows, `$dot` gives each row's i32 lanes against one activation block,
+    /// [`reduce8`] turns them into the eight rows' block sums, and one vector `fma` per
+    /// block adds them to the eight accumulators, in block order.
+    macro_rules! rows8_kernel {
+        ($(#[$m:meta])* $name:ident, $features:literal, $prep:ident, $dot:ident) => {
+            $(#[$m])*
+            #[target_feature(enable = $features)]
+            pub(crate) fn $name<const T: usize>(
+                w: &[&[BlockMXFP4]; 8],
+                y: &[&[BlockQ8_0]; T],
+                s: &[&[f32]; T],
+                out: &mut [[f32; 8]; T],
+            ) {
+                let nb = w[0].len();
+                assert!(w.iter().all(|r| r.len() == nb), "mxfp4: rows of different lengths");
+                for t in 0..T {
+                    assert!(y[t].len() >= nb && s[t].len() >= nb, "mxfp4: short activation row");
+                }
+                let lut = lut256();
+                let mut acc = [_mm256_setzero_ps(); T];
+                for j in 0..nb {
+                    let blk: [&BlockMXFP4; 8] = std::array::from_fn(|r| &w[r][j]);
+                    let dec = $prep(&blk, lut);
+                    let dw: [f32; 8] = std::array::from_fn(|r| e8m0_to_f32_half(blk[r].e));
+                    // SAFETY: `dw` is 8 readable f32; loadu is unaligned.
+                    let dw = unsafe { _mm256_loadu_ps(dw.as_ptr()) };
+                    for t in 0..T {
+                        let sums = reduce8($dot(&dec, &y[t][j]));
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(s[t][j]));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[t]);
+                    }
+                }
+                for t in 0..T {
+                    // SAFETY: `out[t]` is 8 writable f32; storeu is unaligned.
+                    unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+                }
+            }
+        };
+    }
+
+    /// One block of each of eight rows, and their magnitudes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn prep8_avx2(blk: &[&BlockMXFP4; 8], lut: __m256i) -> [[__m256i; 8]; 2] {
+        let v: [__m256i; 8] = std::array::from_fn(|r| values256(blk[r], lut));
+        [v, v.map(|q| _mm256_sign_epi8(q, q))]
+    }
+
+    /// Each row's eight lanes against one activation block.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn rowdot_avx2(dec: &[[__m256i; 8]; 2], y: &BlockQ8_0) -> [__m256i; 8] {
+        std::array::from_fn(|r| lanes_avx2(dec[0][r], dec[1][r], y))
+    }
+
+    rows8_kernel!(
+        /// Eight MXFP4 rows x Q8_0, AVX2.
+        rows8_avx2, "avx2,fma", prep8_avx2, rowdot_avx2
+    );
+
+    /// One block of each of eight rows, two rows per register (row `2p` in the low half),
+    /// and their magnitudes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    fn prep8_avx512(blk: &[&BlockMXFP4; 8], lut: __m256i) -> [[__m512i; 4]; 2] {
+        let v: [__m512i; 4] = std::array::from_fn(|p| {
+            join(values256(blk[2 * p], lut), values256(blk[2 * p + 1], lut))
+        });
+        [v, v.map(|q| _mm512_abs_epi8(q))]
+    }
+
+    /// One activation block in both halves, negated where the weight is negative.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    fn signed_act2(w: __m512i, a: __m512i) -> __m512i {
+        _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    fn rowdot_avx512(dec: &[[__m512i; 4]; 2], y: &BlockQ8_0) -> [__m256i; 8] {
+        let a = _mm512_broadcast_i64x4(quants256(y));
+        let one = _mm512_set1_epi16(1);
+        halves(std::array::from_fn(|p| {
+            let sa = signed_act2(dec[0][p], a);
+            _mm512_madd_epi16(_mm512_maddubs_epi16(dec[1][p], sa), one)
+        }))
+    }
+
+    rows8_kernel!(
+        /// Eight MXFP4 rows x Q8_0, AVX-512 F+BW.
+        rows8_avx512, "avx512f,avx512bw,avx2,fma", prep8_avx512, rowdot_avx512
+    );
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    fn rowdot_vnni(dec: &[[__m512i; 4]; 2], y: &BlockQ8_0) -> [__m256i; 8] {
+        let a = _mm512_broadcast_i64x4(quants256(y));
+        halves(std::array::from_fn(|p| {
+            let sa = signed_act2(dec[0][p], a);
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), dec[1][p], sa)
+        }))
+    }
+
+    rows8_kernel!(
+        /// Eight MXFP4 rows x Q8_0, AVX-512 VNNI.
+        rows8_vnni, "avx512f,avx512bw,avx512vnni,avx2,fma", prep8_avx512, rowdot_vnni
     );
 }
