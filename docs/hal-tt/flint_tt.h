@@ -152,8 +152,8 @@ typedef struct flint_tt_weight_desc {
      * adapter computes what the source blocks compute: activations rounded as ggml pairs
      * them with `source_type` (Q8_0 for the legacy block types and MXFP4, Q8_K for the
      * K-quants) before the product, so that an expansion changes where the weight lives
-     * and how many bytes it takes, not the matmul's result. For BF16/F16 expansions the weight
-     * is already rounded and activations stay f32. */
+     * and how many bytes it takes, not the matmul's result. For BF16/F16 expansions the
+     * weight is already rounded and activations stay f32. */
     uint32_t source_type;
     uint32_t reserved; /* 0 */
 } flint_tt_weight_desc;
