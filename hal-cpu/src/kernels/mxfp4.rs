@@ -8,12 +8,14 @@
 //! the halved E8M0 scale. The scalar statement is
 //! `flint_core::dot::ggml_x86::vec_dot_mxfp4_q8_0_repack`; every level here equals it bit
 //! for bit, for any number of activation rows, since only `sum` is computed in SIMD
-//! (exactly) and the float steps are the same scalar `fma` chain.
+//! (exactly) and the float steps are the same: one product and one `fma` per block, in
+//! block order.
 //!
 //! The SIMD kernels turn the E2M1 nibbles into int8 with one byte lookup (`vpshufb` on
 //! the doubled code book `KVALUES_MXFP4`) and multiply them with the activation's int8
 //! quants (`|w|` times `a` with `w`'s sign, summed in pairs by `vpmaddubsw` then
-//! `vpmaddwd`, or in fours by `vpdpbusd` on AVX-512 VNNI). AVX2 takes one block per
+//! `vpmaddwd`, or in fours by `vpdpbusd` on AVX-512 VNNI; exact, as the activation
+//! quantizer never writes -128, whose negation would wrap). AVX2 takes one block per
 //! 256-bit register, AVX-512 and AVX-512 VNNI two per 512-bit register. Two shapes:
 //!
 //! - eight weight rows in the lanes of a vector (`rows8_*`): per block, the eight rows'
