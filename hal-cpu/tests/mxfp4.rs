@@ -35,8 +35,8 @@ fn device(level: SimdLevel) -> CpuDevice {
     CpuDevice::with_level(&opts, level).expect("open cpu device")
 }
 
-/// `rows` rows of `k` random MXFP4 values: random nibbles, exponents 2^-15..2^8 as
-/// gpt-oss's experts have them (E8M0 codes 112..136).
+/// `rows` rows of `k` random MXFP4 values: random nibbles, E8M0 scales 2^-15..2^9 (codes
+/// 112..136: weights up to 6 * 2^9, every product and sum finite).
 fn weight(rng: &mut Rng, k: usize, rows: usize) -> Vec<u8> {
     let mut b = rng.bytes(rows * k / 32 * 17);
     for blk in b.chunks_exact_mut(17) {

@@ -586,7 +586,7 @@ fn iq4_nl_is_kept_and_matches_core() {
 }
 
 /// MXFP4 blocks (gpt-oss's experts): 17 bytes per 32 values, an E8M0 exponent byte
-/// (here 2^-8..2^4, as real checkpoints have them) and 16 bytes of E2M1 nibbles.
+/// (here scales 2^-8..2^4) and 16 bytes of E2M1 nibbles.
 fn mxfp4_bytes(rng: &mut Rng, blocks: usize) -> Vec<u8> {
     let mut b = Vec::with_capacity(blocks * 17);
     for _ in 0..blocks {
