@@ -285,7 +285,7 @@ pub fn vec_dot_mxfp4_q8_0_repack(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_mxfp4_q8_0_repack: block counts");
     let mut acc = 0.0f32;
     for (w, a) in x.iter().zip(y) {
-        let d = e8m0_to_f32_half(w.e) * f16(a.d);
+        let d = e8m0_to_f32_half(w.e) * f16_to_f32(a.d);
         acc = libm::fmaf(mxfp4_block_sum(w, a) as f32, d, acc);
     }
     acc
@@ -302,7 +302,7 @@ pub fn vec_dot_mxfp4_q8_0_avx2(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [[0.0f32; 8]; 2];
     let pairs = x.len() / 2;
     for (i, (w, a)) in x.iter().zip(y).take(2 * pairs).enumerate() {
-        let d = f16(a.d) * e8m0_to_f32_half(w.e);
+        let d = f16_to_f32(a.d) * e8m0_to_f32_half(w.e);
         let q = mxfp4_values(w);
         for (l, lane) in acc[i % 2].iter_mut().enumerate() {
             let s: i32 = (4 * l..4 * l + 4).map(|e| q[e] * a.qs[e] as i32).sum();
@@ -311,7 +311,7 @@ pub fn vec_dot_mxfp4_q8_0_avx2(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
     }
     let mut sum = hsum8(core::array::from_fn(|l| acc[0][l] + acc[1][l]));
     if let (Some(w), Some(a)) = (x.get(2 * pairs), y.get(2 * pairs)) {
-        let d = f16(a.d) * e8m0_to_f32_half(w.e);
+        let d = f16_to_f32(a.d) * e8m0_to_f32_half(w.e);
         sum = libm::fmaf(d, mxfp4_block_sum(w, a) as f32, sum);
     }
     sum
