@@ -187,7 +187,12 @@ fn tiny_eviction_under_a_small_pool_keeps_serving() {
 }
 
 /// An engine over the default model on the cpu, its KV cache sized as `flint serve` does.
-fn gemma_engine(memory_bytes: u64, prefix_caching: bool) -> LLMEngine<PagedModel> {
+fn gemma_engine(
+    memory_bytes: u64,
+    max_num_seqs: usize,
+    budget: usize,
+    prefix_caching: bool,
+) -> LLMEngine<PagedModel> {
     let path = resolve_path(None).expect("the default model is needed by this test");
     let loaded = load_on_device(&path, Some("cpu"), false).expect("the default model loads");
     let ctx = loaded.device_model.spec().context_length;
@@ -196,16 +201,16 @@ fn gemma_engine(memory_bytes: u64, prefix_caching: bool) -> LLMEngine<PagedModel
         &KvSizing {
             memory_bytes,
             block_size: DEFAULT_BLOCK_SIZE,
-            max_num_seqs: 4,
-            max_num_batched_tokens: 512,
+            max_num_seqs,
+            max_num_batched_tokens: budget,
         },
     )
     .expect("paged model");
     kv.set_prefix_caching(prefix_caching);
     let sched = Scheduler::new(
         SchedulerConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 512,
+            max_num_seqs,
+            max_num_batched_tokens: budget,
             max_model_len: ctx,
         },
         kv,
@@ -218,7 +223,7 @@ fn gemma_a_1000_token_system_prompt_is_computed_once() {
     let n = 8;
     let mut runs = Vec::new();
     for on in [true, false] {
-        let mut e = gemma_engine(128 << 20, on);
+        let mut e = gemma_engine(128 << 20, 4, 512, on);
         let vocab = e.model().model().spec().vocab;
         // 1,000 tokens of system prompt (longer than the window of 512), then questions.
         let system = prompt(800, 1000, vocab);
@@ -245,4 +250,49 @@ fn gemma_a_1000_token_system_prompt_is_computed_once() {
         runs[0], runs[1],
         "greedy outputs differ with the cache on and off"
     );
+}
+
+#[test]
+fn gemma_eviction_under_a_small_kv_memory_keeps_serving() {
+    // About 13 MB: a sliding pool of 41 blocks of 16 (one window and a chunk of 128) and
+    // a full pool of 59 blocks (944 tokens), while two system prompts of 500 tokens
+    // and their questions need 68: serving one family evicts the other.
+    let mut e = gemma_engine(13_000_000, 1, 128, true);
+    let (full_blocks, sliding_blocks) = {
+        let kv = e.scheduler().kv();
+        (kv.num_blocks(0), kv.num_blocks(1))
+    };
+    eprintln!("pools: full {full_blocks}, sliding {sliding_blocks}");
+    assert!(
+        full_blocks * 16 < 2 * 540,
+        "the full pool holds both families"
+    );
+    let vocab = e.model().model().spec().vocab;
+    let n = 8;
+    let system = [prompt(900, 500, vocab), prompt(901, 500, vocab)];
+    let ask = |family: usize, q: u64| {
+        let mut p = system[family].clone();
+        p.extend(prompt(910 + q, 30, vocab));
+        p
+    };
+    let (a1, _) = alone(&mut e, &ask(0, 1), n);
+    let (a2, a2_cost) = alone(&mut e, &ask(0, 2), n);
+    let (_, b1_cost) = alone(&mut e, &ask(1, 1), n);
+    let (b2, b2_cost) = alone(&mut e, &ask(1, 2), n);
+    // Family 0's prefix was evicted (in part) while family 1 ran: the first request
+    // again, computed (in part) again.
+    let (a3, a3_cost) = alone(&mut e, &ask(0, 1), n);
+    let st = e.scheduler().kv().prefix_cache_stats();
+    eprintln!("computed to the first token: {a2_cost} {b1_cost} {b2_cost} {a3_cost}; {st:?}");
+    assert!(
+        a2_cost * 5 <= 530 && b2_cost * 5 <= 530,
+        "the prefix was reused"
+    );
+    assert!(st.evictions > 0, "nothing was evicted");
+    assert!(a3_cost > a2_cost, "family 0 survived family 1 whole");
+    assert_eq!(a3, a1, "the same prompt after eviction");
+    let dm = e.model().model();
+    assert_eq!(a2, device_chain(dm, &ask(0, 2), n));
+    assert_eq!(b2, device_chain(dm, &ask(1, 2), n));
+    assert!(e.scheduler().kv().all_free());
 }
