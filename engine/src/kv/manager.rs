@@ -655,8 +655,8 @@ impl KvCacheManager {
     }
 
     /// Gives request `req` (which holds no blocks) the cached blocks of `prefix`, found
-    /// just before by [`find_cached_prefix`](Self::find_cached_prefix), and new blocks for
-    /// queries `prefix.num_tokens .. end`. All or nothing, like [`allocate`](Self::allocate);
+    /// by [`find_cached_prefix`](Self::find_cached_prefix) with no block handed out
+    /// since, and new blocks for queries `prefix.num_tokens .. end`. All or nothing, like [`allocate`](Self::allocate);
     /// on success the lookup counts in the [`PrefixCacheStats`].
     pub fn allocate_with_prefix(
         &mut self,
@@ -686,8 +686,11 @@ impl KvCacheManager {
                 }
             }
             for (g, table) in prefix.tables.iter().enumerate() {
-                for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
-                    self.groups[g].pool.hold(b);
+                for (i, &b) in table.iter().enumerate().filter(|(_, &b)| b != NO_BLOCK) {
+                    let pool = &mut self.groups[g].pool;
+                    // Nothing was handed out since the lookup, so nothing was evicted.
+                    debug_assert_eq!(pool.hash[b as usize], prefix.hashes.get(i).copied());
+                    pool.hold(b);
                 }
             }
             let k = start / self.block_size;
@@ -709,8 +712,8 @@ impl KvCacheManager {
             self.queries += prefix.num_queried as u64;
             self.hits += start as u64;
         }
-        if let Some(r) = self.requests.get_mut(&req) {
-            if r.hashes.is_empty() {
+        if start == 0 {
+            if let Some(r) = self.requests.get_mut(&req) {
                 r.hashes = prefix.hashes.clone();
             }
         }
