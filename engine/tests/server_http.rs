@@ -82,11 +82,21 @@ fn start(max_queue: usize, blocks: usize) -> Server {
 }
 
 fn start_with(max_queue: usize, blocks: usize, text: Arc<dyn TextSide>) -> Server {
-    let kv = KvCacheManager::new(
+    start_over(max_queue, blocks, text, true)
+}
+
+fn start_over(
+    max_queue: usize,
+    blocks: usize,
+    text: Arc<dyn TextSide>,
+    prefix_caching: bool,
+) -> Server {
+    let mut kv = KvCacheManager::new(
         groups_from_pattern(&[false, true], Some(8)),
         4,
         &[blocks, blocks],
     );
+    kv.set_prefix_caching(prefix_caching);
     let sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: 32,
@@ -448,4 +458,35 @@ fn a_chat_template_that_loops_is_a_400() {
         r#"{"prompt": "abc", "max_tokens": 3}"#,
     );
     assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn prefix_cache_counters_move() {
+    for on in [true, false] {
+        let s = start_over(64, 64, Arc::new(Text), on);
+        // 29 tokens: the second request finds 7 blocks of 4 (28 tokens) in both groups.
+        let body = r#"{"prompt":"abcdefghijklmnopqrstuvwxyabcd","max_tokens":2}"#;
+        for _ in 0..2 {
+            let (st, v) = post(&s, "/v1/completions", body);
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["choices"][0]["text"], "ef");
+        }
+        let queries = metric(&s, "flint_prefix_cache_queries_total");
+        let hits = metric(&s, "flint_prefix_cache_hits_total");
+        let blocks = metric(&s, "flint_prefix_cache_blocks");
+        if on {
+            assert_eq!((queries, hits), (58.0, 28.0));
+            // 30 tokens computed by the first request: 7 full blocks in each group.
+            assert_eq!(blocks, 14.0);
+        } else {
+            assert_eq!((queries, hits, blocks), (0.0, 0.0, 0.0));
+        }
+        assert_eq!(metric(&s, "vllm:prefix_cache_queries_total"), queries);
+        assert_eq!(metric(&s, "vllm:prefix_cache_hits_total"), hits);
+        assert_eq!(
+            metric(&s, "flint_kv_blocks_in_use"),
+            0.0,
+            "cached blocks are free"
+        );
+    }
 }

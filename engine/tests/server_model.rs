@@ -23,17 +23,14 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&["--max-model-len", "256"])
+}
+
+fn start_with(args: &[&str]) -> Server {
     let model = flint_engine::cli::model_path::resolve_path(None).expect("default model");
     let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--max-model-len",
-            "256",
-            "--max-num-seqs",
-            "8",
-        ])
+        .args(["serve", "--port", "0", "--max-num-seqs", "8"])
+        .args(args)
         .args(["--kv-memory", "64000000", "--served-model-name", "gemma3"])
         .arg("-m")
         .arg(&model)
@@ -271,5 +268,44 @@ fn serve_the_default_model() {
         "openai client failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn prefix_cache_on_and_off() {
+    // A shared preamble of a few hundred tokens, then two different questions.
+    let preamble = "You are a helpful assistant who answers in one short sentence. ".repeat(30);
+    let mut answers = Vec::new();
+    for args in [&[][..], &["--no-prefix-cache"][..]] {
+        let s = start_with(args);
+        let mut texts = Vec::new();
+        for q in ["What is the capital of France?", "What colour is the sky?"] {
+            let (st, v) = post(
+                &s,
+                "/v1/completions",
+                json!({"prompt": format!("{preamble}{q}"), "max_tokens": 8, "temperature": 0}),
+            );
+            assert_eq!(st, 200, "{v}");
+            texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        }
+        let (queries, hits) = (
+            metric(&s, "flint_prefix_cache_queries_total"),
+            metric(&s, "flint_prefix_cache_hits_total"),
+        );
+        eprintln!("{args:?}: queries {queries}, hits {hits}, answers {texts:?}");
+        if args.is_empty() {
+            assert!(queries > 600.0, "{queries}");
+            assert!(
+                hits * 3.0 > queries,
+                "the preamble was not reused: {hits} of {queries}"
+            );
+        } else {
+            assert_eq!((queries, hits), (0.0, 0.0), "--no-prefix-cache");
+        }
+        answers.push(texts);
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "greedy answers differ with the cache on and off"
     );
 }

@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// Name clients use for the model [default: the file name without .gguf].
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Compute every prompt in full instead of reusing the KV blocks of a prefix that
+    /// earlier requests computed.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 /// Runs `flint serve` until Ctrl-C.
@@ -60,6 +64,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_model_len: args.max_model_len,
         kv_memory: args.kv_memory.unwrap_or(DEFAULT_KV_MEMORY),
+        prefix_caching: !args.no_prefix_cache,
         ..EngineSettings::default()
     };
     let file =

@@ -322,6 +322,16 @@ fn publish<M: StepModel>(engine: &LLMEngine<M>, waiting: &AtomicUsize, metrics: 
         .map(|g| kv.num_blocks(g) - kv.num_free(g))
         .sum();
     metrics.kv_blocks_in_use.store(used, Ordering::Relaxed);
+    let prefix = kv.prefix_cache_stats();
+    metrics
+        .prefix_cache_queries
+        .store(prefix.queries, Ordering::Relaxed);
+    metrics
+        .prefix_cache_hits
+        .store(prefix.hits, Ordering::Relaxed);
+    metrics
+        .prefix_cache_blocks
+        .store(prefix.cached_blocks, Ordering::Relaxed);
 }
 
 /// Serves `router` on `addr` until the process is stopped (Ctrl-C ends it cleanly).
