@@ -640,7 +640,7 @@ fn every_field_is_used_harmless_or_refused_by_name() {
         (json!({"max_tokens": "ten"}), "max_tokens"),
         (
             json!({"stream_options": {"include_usage": true, "x": 1}}),
-            "stream_options",
+            "stream_options.x",
         ),
         (json!({"n": 0}), "n"),
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
