@@ -152,4 +152,8 @@ impl TextSide for ModelText {
     fn eog_ids(&self) -> Vec<u32> {
         self.tokenizer.eog_ids().collect()
     }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokenizer.token_to_piece(id, true).into_owned()
+    }
 }
