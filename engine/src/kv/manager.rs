@@ -416,6 +416,18 @@ impl KvCacheManager {
         }
     }
 
+    /// Forgets every cached block and zeroes the counters, as if no request had run
+    /// (the server's warm-up request leaves no trace this way). Blocks that requests
+    /// hold stay theirs.
+    pub fn reset_prefix_cache(&mut self) {
+        for g in &mut self.groups {
+            g.pool.clear_cache();
+            g.pool.evictions = 0;
+        }
+        self.queries = 0;
+        self.hits = 0;
+    }
+
     /// Whether prefix caching is on.
     pub fn prefix_caching(&self) -> bool {
         self.prefix_caching

@@ -162,6 +162,11 @@ impl<M: StepModel> LLMEngine<M> {
         &self.scheduler
     }
 
+    /// The scheduler, for changes outside a step.
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
+    }
+
     /// The model.
     pub fn model(&self) -> &M {
         &self.model

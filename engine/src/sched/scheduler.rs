@@ -189,6 +189,12 @@ impl Scheduler {
         &self.kv
     }
 
+    /// The KV cache manager, for changes outside a step (the server's warm-up resets its
+    /// prefix cache).
+    pub fn kv_mut(&mut self) -> &mut KvCacheManager {
+        &mut self.kv
+    }
+
     /// A request's state.
     pub fn get(&self, id: RequestId) -> Option<&SeqState> {
         self.requests.get(&id)

@@ -270,7 +270,8 @@ pub fn spawn_engine<M: StepModel + Send + 'static>(
 
 /// Runs one small request (a 16-token prompt, 4 greedy tokens) through `engine` to the
 /// end, so that the first client's request does not pay for first-use costs (page
-/// faults on the weights, buffers the first batches allocate).
+/// faults on the weights, buffers the first batches allocate). It leaves the prefix cache
+/// empty and its counters at zero.
 pub fn warm_up<M: StepModel + Send>(
     engine: &mut LLMEngine<M>,
     max_model_len: usize,
@@ -288,8 +289,11 @@ pub fn warm_up<M: StepModel + Send>(
         while e.has_unfinished() {
             e.step()?;
         }
-        Ok(())
-    })
+        Ok::<(), EngineError>(())
+    })?;
+    // The warm-up's prompt is no client's: its blocks and counts leave the prefix cache.
+    engine.scheduler_mut().kv_mut().reset_prefix_cache();
+    Ok(())
 }
 
 /// What the engine loop shares with the handlers.
