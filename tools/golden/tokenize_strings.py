@@ -11,12 +11,16 @@ detokenization of those ids). `loader/tests/tokenize_llamacpp.rs` checks Flint's
 tokenizer against them.
 
 Vocabularies: llama.cpp's own vocab-only GGUFs from the sdist
-(`models/ggml-vocab-llama-bpe.gguf`, `ggml-vocab-qwen2.gguf`; the source directory comes
-from tools/llamacpp_sdist.sh) and the Gemma 3 270M file (FLINT_MODEL or the default-model
-cache) for the SentencePiece side.
+(`models/ggml-vocab-{llama-bpe,qwen2,qwen35,gemma-4}.gguf`; the source directory comes
+from tools/llamacpp_sdist.sh), the Gemma 3 270M file (FLINT_MODEL or the default-model
+cache) for the SentencePiece side, and `gpt-4o`: the sdist has no GPT-4o vocabulary, so
+`ggml-vocab-llama-bpe.gguf` is copied with `tokenizer.ggml.pre = "gpt-4o"`
+(`rewrite_pre.py`, into a temporary directory) to run the GPT-4o pre-tokenizer with the
+Llama 3 tokens and merges.
 
-Usage: tools/golden/tokenize_strings.py [--out DIR] [--list]
+Usage: tools/golden/tokenize_strings.py [--out DIR] [--list] [--vocab NAME]...
   --list   print the strings as JSON lines and stop (no llama.cpp needed)
+  --vocab  only these vocabularies (default: all)
 """
 
 import argparse
@@ -26,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from rewrite_pre import rewrite
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -335,6 +341,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "loader/tests/data/tokenize"))
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--vocab", action="append", default=[])
     args = ap.parse_args()
 
     texts = strings()
@@ -343,14 +350,24 @@ def main():
             print(json.dumps({"text": t}, ensure_ascii=False))
         return
     src = llama_src()
-    vocabs = {
-        "llama-bpe": src / "models/ggml-vocab-llama-bpe.gguf",
-        "qwen2": src / "models/ggml-vocab-qwen2.gguf",
-        "gemma3": gemma_model(),
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        vocabs = {
+            "llama-bpe": src / "models/ggml-vocab-llama-bpe.gguf",
+            "qwen2": src / "models/ggml-vocab-qwen2.gguf",
+            "gemma3": gemma_model(),
+            "qwen35": src / "models/ggml-vocab-qwen35.gguf",
+            "gemma-4": src / "models/ggml-vocab-gemma-4.gguf",
+            "gpt-4o": Path(tmp) / "ggml-vocab-gpt-4o.gguf",
+        }
+        unknown = [v for v in args.vocab if v not in vocabs]
+        if unknown:
+            sys.exit(f"tokenize_strings.py: unknown vocabulary {unknown} (known: {list(vocabs)})")
+        if args.vocab:
+            vocabs = {k: v for k, v in vocabs.items() if k in args.vocab}
+        if "gpt-4o" in vocabs:
+            rewrite(src / "models/ggml-vocab-llama-bpe.gguf", vocabs["gpt-4o"], "gpt-4o")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         inp = Path(tmp) / "in.jsonl"
         inp.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
         for name, vocab in vocabs.items():
