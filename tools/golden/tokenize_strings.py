@@ -302,6 +302,42 @@ def strings():
         "İi Iı",
         "ß ẞ",
     )
+    # Case runs, combining marks and slashes: what the GPT-4o (upper-case run, then
+    # lower-case run, contraction glued on; `[\r\n/]*` after punctuation) and Qwen 3.5
+    # (marks count as letters) regexes cut differently.
+    add(
+        "camelCaseWord PascalCaseWord",
+        "HTTPServer XMLHttpRequest getHTTPResponseCode",
+        "iPhone iPad macOS eBay YouTube GitHub",
+        "McDonald's O'NEIL'S DON'T You'RE it'S",
+        "ABCdef abcDEF aBcDeF ABC'S Abc'sDef",
+        "JSONs HTML5 h2O CO2 x86_64 GPT-4o utf8Decode",
+        "snake_Case_Mix UPPER_lower Title_Case",
+        "ΑΒΓαβγ ΆλφαΒήτα ΣΊΣΥΦΟΣ",
+        "МОСКВАмосква MоскваTEST",
+        "日本Japan テストTest ÉCOLE école ñÑnN",
+        "ʰʲʷ modifier letters ˈstres",
+        "e\u0301E\u0301 A\u0301BC \u0301\u0301\u0301",
+        "café\u0301s naïve\u0308",
+        "مَرْحَبًا بِكُمْ",
+        "שָׁלוֹם עוֹלָם",
+        "Z\u0324\u0354\u0367\u0311a\u0308\u0356\u036dl\u036e\u0312g\u030co\u0319",
+        "x\u20dd y\u20e3",
+        " \u0301x",
+        "1\u0301 2\u0308",
+        "'\u0301s",
+        "\u0915\u094d\u0937 \u0BA4\u0BAE\u0BBF\u0BB4\u0BCD",
+        "a/b//c d/ /e",
+        "!/\n/x",
+        "http://x.y/z/ ftp://a//",
+        ")//\n",
+        "?/\r\n/",
+        "ABC123def456 1st2ND3rd",
+        " Hello WORLD wORLD HeLLo",
+        "\tTab\nNew\rCarriage",
+        "I'M YOU'LL WE'D THEY'VE",
+        "ALLCAPS'll lower'LL",
+    )
     # Systematic combinations: a word, a separator, another piece.
     words = ["hello", "Hello", "HELLO", "día", "мир", "世界", "123", "3.5", "😀", "x_y", "'s", "<|im_end|>"]
     seps = ["", " ", "  ", "\n", "\t", ", ", ". ", "-", "\r\n"]

@@ -689,6 +689,41 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_marks_join_letters() {
+        let w = PreTokenizer::Qwen35.split("e\u{301}x \u{301}\u{301}!");
+        assert_eq!(w, ["e\u{301}x", " \u{301}\u{301}", "!"]);
+        let w = PreTokenizer::Qwen2.split("e\u{301}x \u{301}\u{301}!");
+        assert_eq!(w, ["e", "\u{301}x", " \u{301}\u{301}!"]);
+    }
+
+    #[test]
+    fn gpt4o_case_runs() {
+        let w = PreTokenizer::Gpt4o.split("HTTPServer camelCase DON'T it's 12345");
+        assert_eq!(
+            w,
+            [
+                "HTTPServer",
+                " camel",
+                "Case",
+                " DON'T",
+                " it's",
+                " ",
+                "123",
+                "45"
+            ]
+        );
+        // A non-ASCII letter is both upper and lower case to the collapsed regex.
+        let w = PreTokenizer::Gpt4o.split("AΓB a/b//\n/x");
+        assert_eq!(w, ["AΓ", "B", " a", "/b", "//\n/", "x"]);
+    }
+
+    #[test]
+    fn gemma4_newline_runs() {
+        let w = PreTokenizer::Gemma4.split("a b\n\nc\n");
+        assert_eq!(w, ["a b", "\n\n", "c", "\n"]);
+    }
+
+    #[test]
     fn default_passes() {
         let w = PreTokenizer::Default.split("a,b 1234");
         assert_eq!(w, ["a", ",", "b", " ", "123", "4"]);
