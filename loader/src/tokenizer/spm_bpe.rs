@@ -25,3 +25,45 @@ pub(crate) fn tokenize(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::tokenizer::{Tokenizer, TokenizerConfig};
+
+    fn tok() -> Tokenizer {
+        let tokens: Vec<String> = [
+            "<pad>",
+            "\n",
+            "\n\n\n",
+            "a",
+            "\u{2581}",
+            "\u{2581}a",
+            "<0x62>",
+        ]
+        .map(String::from)
+        .to_vec();
+        let cfg = TokenizerConfig {
+            model: "gemma4".into(),
+            tokens,
+            merges: Some(vec!["\u{2581} a".into()]),
+            token_types: Some(vec![3, 1, 1, 1, 1, 1, 6]),
+            add_bos: Some(false),
+            ..TokenizerConfig::default()
+        };
+        Tokenizer::from_config(&cfg).expect("gemma4 tokenizer")
+    }
+
+    #[test]
+    fn newline_runs_spaces_and_byte_fallback() {
+        let t = tok();
+        // A run of newlines that is a token stays whole; one that is not is cut into
+        // characters (no merges here).
+        assert_eq!(t.tokenize("\n\n\n", false, false), [2]);
+        assert_eq!(t.tokenize("\n\n", false, false), [1, 1]);
+        // Spaces become `▁` and merge; `b` has only its byte token, `c` has none.
+        assert_eq!(t.tokenize("a a\nbc", false, false), [3, 5, 1, 6]);
+        assert_eq!(t.detokenize(&[3, 5, 1, 6], false, false), "a a\nb");
+        // llama.cpp adds BOS for Gemma 4 whatever the key says (here no BOS id is set).
+        assert!(t.add_bos());
+    }
+}
