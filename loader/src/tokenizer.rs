@@ -4,9 +4,10 @@
 //! merges over characters with `▁` for spaces and `<0xXX>` byte fallback), byte-level
 //! BPE (`"gpt2"`: a pre-tokenizer splits words, bytes become printable stand-ins, merges
 //! apply by rank) and SentencePiece-style BPE (`"gemma4"`: `▁` for spaces, merges by rank
-//! over raw UTF-8 between newlines, `<0xXX>` byte fallback). Before any runs, the text is cut at occurrences of special tokens
-//! (longest first): user-defined tokens always, control and unknown tokens only when
-//! special-token parsing is asked for, as llama.cpp's `tokenizer_st_partition` does.
+//! over raw UTF-8 between newlines, `<0xXX>` byte fallback). Before any of them runs, the
+//! text is cut at occurrences of special tokens (longest first): user-defined tokens
+//! always, control and unknown tokens only when special-token parsing is asked for, as
+//! llama.cpp's `tokenizer_st_partition` does.
 //!
 //! Decoding is per token ([`Tokenizer::token_to_piece`], bytes) or whole
 //! ([`Tokenizer::detokenize`]); [`StreamDecoder`] turns a stream of ids into text
