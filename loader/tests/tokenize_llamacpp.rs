@@ -7,7 +7,8 @@
 //!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
 //!   and detokenize them to the same text.
 //! - llama.cpp's own vectors `models/ggml-vocab-*.gguf.inp` / `.out` from its sdist.
-//! - `data/tokenize/words-PRESET.jsonl`: the same strings cut into words by llama.cpp's
+//! - `data/tokenize/words-PRESET.jsonl`: the same strings, and 398 pseudo-random mixes of
+//!   the characters the regexes tell apart, cut into words by llama.cpp's
 //!   `unicode_regex_split` with its own regex list for each BPE pre-tokenizer
 //!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
 //!   Ids alone hide most splitting mistakes: a word cut in two often merges to the

@@ -723,6 +723,42 @@ mod tests {
         assert_eq!(w, ["a b", "\n\n", "c", "\n"]);
     }
 
+    /// Every preset cuts any text into non-empty words that make it up again.
+    #[test]
+    fn words_make_up_the_text() {
+        let pool = [
+            'A', 'Z', 'a', 's', 'T', 'Γ', 'γ', '日', '1', '٣', '²', ' ', '\t', '\n', '\r', '\x0B',
+            '\u{301}', '\'', '/', '!', '\u{3000}', '\u{85}', '😀', '\0', '\u{1C}',
+        ];
+        let presets = [
+            PreTokenizer::Default,
+            PreTokenizer::Gpt2,
+            PreTokenizer::Llama3,
+            PreTokenizer::Qwen2,
+            PreTokenizer::Qwen35,
+            PreTokenizer::Gpt4o,
+            PreTokenizer::Gemma4,
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3000 {
+            let len = (next() % 24) as usize;
+            let text: String = (0..len)
+                .map(|_| pool[(next() % pool.len() as u64) as usize])
+                .collect();
+            for pre in presets {
+                let words = pre.split(&text);
+                assert!(words.iter().all(|w| !w.is_empty()), "{pre:?} {text:?}");
+                assert_eq!(words.concat(), text, "{pre:?}");
+            }
+        }
+    }
+
     #[test]
     fn default_passes() {
         let w = PreTokenizer::Default.split("a,b 1234");
