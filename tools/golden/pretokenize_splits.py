@@ -5,9 +5,7 @@ For every BPE pre-tokenizer Flint implements (`PreTokenizer` in
 `loader/src/tokenizer/pretokenize.rs`), takes llama.cpp's own regex list for it out of the
 sdist's `src/llama-vocab.cpp` (the `regex_exprs` of `llm_tokenizer_bpe` under the
 preset's `case LLAMA_VOCAB_PRE_TYPE_...:` label), splits the strings of
-`tokenize_strings.py`, followed by 400 pseudo-random mixes of the characters the regexes
-tell apart (upper, lower and non-ASCII letters, marks, digits, spaces, newlines,
-apostrophes, slashes, ...; a fixed xorshift sequence, the same on every run), with
+`tokenize_strings.py` (its fixed strings and pseudo-random character mixes) with
 llama.cpp's `unicode_regex_split` (`llamacpp_pretokenize.cpp`, built by
 `llamacpp_run.sh`) and writes `loader/tests/data/tokenize/words-NAME.jsonl`: per line
 `text` and `words`. `loader/tests/tokenize_llamacpp.rs` checks
@@ -36,34 +34,6 @@ PRESETS = {
     "gpt-4o": "case LLAMA_VOCAB_PRE_TYPE_GPT4O:",
     "gemma4": "case LLAMA_VOCAB_PRE_TYPE_GEMMA4:",
 }
-
-
-# Characters whose classes the pre-tokenizer regexes tell apart.
-POOL = [
-    "A", "Z", "a", "s", "t", "d", "l", "e", "R", "V", "Γ", "γ", "ǅ", "日", "1", "9", "٣", "²",
-    " ", " ", "\t", "\n", "\r", "\x0b", "\u0301", "\u0308", "'", "'", "/", "!", ".", "\u3000",
-    "\u0085", "\u00a0", "😀", "\x00", "\x1c", "_", "-", "ʰ",
-]
-
-
-def mixes(n=400):
-    """`n` strings of 1 to 24 characters of POOL, from a fixed xorshift64 sequence."""
-    x = 0x2545F4914F6CDD1D
-    mask = (1 << 64) - 1
-
-    def nxt():
-        nonlocal x
-        x ^= (x << 13) & mask
-        x ^= x >> 7
-        x ^= (x << 17) & mask
-        return x
-
-    out = []
-    while len(out) < n:
-        t = "".join(POOL[nxt() % len(POOL)] for _ in range(1 + nxt() % 24))
-        if t not in out:
-            out.append(t)
-    return out
 
 
 def c_string(lit):
@@ -111,7 +81,6 @@ def main():
     args = ap.parse_args()
     vocab_cpp = llama_src() / "src/llama-vocab.cpp"
     texts = strings()
-    texts += [t for t in mixes() if t not in texts]
     out = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         inp = Path(tmp) / "in.jsonl"

@@ -2,9 +2,10 @@
 """Tokenizer goldens from llama.cpp for many varied strings.
 
 Makes a fixed list of strings (several hundred: scripts, numbers, code, white space,
-emoji, contractions, special-token text, long words, mixtures; the same list on every
-run, no randomness), tokenizes each with llama.cpp (`llamacpp_tokenize.cpp`, built by
-`llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
+emoji, contractions, case runs, combining marks, special-token text, long words,
+mixtures, then 400 pseudo-random mixes of the characters the pre-tokenizer regexes tell
+apart, from a fixed xorshift sequence; the same list on every run), tokenizes each with
+llama.cpp (`llamacpp_tokenize.cpp`, built by `llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
 (no BOS, special-token text tokenized as text) and `NAME-special.jsonl` (special-token
 text parsed as special tokens). Each line: `text`, `ids` and `detok` (llama.cpp's
 detokenization of those ids). `loader/tests/tokenize_llamacpp.rs` checks Flint's
@@ -35,6 +36,34 @@ from rewrite_pre import rewrite
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+
+
+# Characters whose classes the pre-tokenizer regexes tell apart.
+POOL = [
+    "A", "Z", "a", "s", "t", "d", "l", "e", "R", "V", "Γ", "γ", "ǅ", "日", "1", "9", "٣", "²",
+    " ", " ", "\t", "\n", "\r", "\x0b", "\u0301", "\u0308", "'", "'", "/", "!", ".", "\u3000",
+    "\u0085", "\u00a0", "😀", "\x00", "\x1c", "_", "-", "ʰ",
+]
+
+
+def mixes(n=400):
+    """`n` strings of 1 to 24 characters of POOL, from a fixed xorshift64 sequence."""
+    x = 0x2545F4914F6CDD1D
+    mask = (1 << 64) - 1
+
+    def nxt():
+        nonlocal x
+        x ^= (x << 13) & mask
+        x ^= x >> 7
+        x ^= (x << 17) & mask
+        return x
+
+    out = []
+    while len(out) < n:
+        t = "".join(POOL[nxt() % len(POOL)] for _ in range(1 + nxt() % 24))
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def strings():
@@ -352,6 +381,8 @@ def strings():
         "The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; "
         "the crew (3 people) returned on July 24th. It's been 55+ years!\n\nNext paragraph.",
     )
+    # Pseudo-random mixes of the characters the pre-tokenizer regexes tell apart.
+    add(*mixes())
     return out
 
 
