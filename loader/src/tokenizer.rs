@@ -1046,3 +1046,24 @@ fn clean_spaces(text: &[u8]) -> Vec<u8> {
     }
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss's `<|channel|>` is user-defined whatever its type says, as llama.cpp makes
+    /// it: matched in text without special-token parsing and always rendered.
+    #[test]
+    fn harmony_markers_are_user_defined() {
+        let tokens = ["a", "<|channel|>", "<|return|>"]
+            .map(String::from)
+            .to_vec();
+        let mut cfg = TokenizerConfig::bpe(PreTokenizer::Gpt4o, tokens, Vec::new(), None, None);
+        cfg.token_types = Some(vec![1, 3, 3]);
+        let t = Tokenizer::from_config(&cfg).expect("tokenizer");
+        assert_eq!(t.token_attr(1), TokenAttr(TokenAttr::USER_DEFINED));
+        assert_eq!(t.tokenize("a<|channel|>a", false, false), [0, 1, 0]);
+        assert_eq!(t.detokenize(&[1, 2], false, false), "<|channel|>");
+        assert!(t.is_eog(2));
+    }
+}
