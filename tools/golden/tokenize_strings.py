@@ -2,21 +2,26 @@
 """Tokenizer goldens from llama.cpp for many varied strings.
 
 Makes a fixed list of strings (several hundred: scripts, numbers, code, white space,
-emoji, contractions, special-token text, long words, mixtures; the same list on every
-run, no randomness), tokenizes each with llama.cpp (`llamacpp_tokenize.cpp`, built by
-`llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
+emoji, contractions, case runs, combining marks, special-token text, long words,
+mixtures, then 400 pseudo-random mixes of the characters the pre-tokenizer regexes tell
+apart, from a fixed xorshift sequence; the same list on every run), tokenizes each with
+llama.cpp (`llamacpp_tokenize.cpp`, built by `llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
 (no BOS, special-token text tokenized as text) and `NAME-special.jsonl` (special-token
 text parsed as special tokens). Each line: `text`, `ids` and `detok` (llama.cpp's
 detokenization of those ids). `loader/tests/tokenize_llamacpp.rs` checks Flint's
 tokenizer against them.
 
 Vocabularies: llama.cpp's own vocab-only GGUFs from the sdist
-(`models/ggml-vocab-llama-bpe.gguf`, `ggml-vocab-qwen2.gguf`; the source directory comes
-from tools/llamacpp_sdist.sh) and the Gemma 3 270M file (FLINT_MODEL or the default-model
-cache) for the SentencePiece side.
+(`models/ggml-vocab-{llama-bpe,qwen2,qwen35,gemma-4}.gguf`; the source directory comes
+from tools/llamacpp_sdist.sh), the Gemma 3 270M file (FLINT_MODEL or the default-model
+cache) for the SentencePiece side, and `gpt-4o`: the sdist has no GPT-4o vocabulary, so
+`ggml-vocab-llama-bpe.gguf` is copied with `tokenizer.ggml.pre = "gpt-4o"`
+(`rewrite_pre.py`, into a temporary directory) to run the GPT-4o pre-tokenizer with the
+Llama 3 tokens and merges.
 
-Usage: tools/golden/tokenize_strings.py [--out DIR] [--list]
+Usage: tools/golden/tokenize_strings.py [--out DIR] [--list] [--vocab NAME]...
   --list   print the strings as JSON lines and stop (no llama.cpp needed)
+  --vocab  only these vocabularies (default: all)
 """
 
 import argparse
@@ -27,8 +32,38 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rewrite_pre import rewrite
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+
+
+# Characters whose classes the pre-tokenizer regexes tell apart.
+POOL = [
+    "A", "Z", "a", "s", "t", "d", "l", "e", "R", "V", "Γ", "γ", "ǅ", "日", "1", "9", "٣", "²",
+    " ", " ", "\t", "\n", "\r", "\x0b", "\u0301", "\u0308", "'", "'", "/", "!", ".", "\u3000",
+    "\u0085", "\u00a0", "😀", "\x00", "\x1c", "_", "-", "ʰ",
+]
+
+
+def mixes(n=400):
+    """`n` strings of 1 to 24 characters of POOL, from a fixed xorshift64 sequence."""
+    x = 0x2545F4914F6CDD1D
+    mask = (1 << 64) - 1
+
+    def nxt():
+        nonlocal x
+        x ^= (x << 13) & mask
+        x ^= x >> 7
+        x ^= (x << 17) & mask
+        return x
+
+    out = []
+    while len(out) < n:
+        t = "".join(POOL[nxt() % len(POOL)] for _ in range(1 + nxt() % 24))
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def strings():
@@ -296,6 +331,42 @@ def strings():
         "İi Iı",
         "ß ẞ",
     )
+    # Case runs, combining marks and slashes: what the GPT-4o (upper-case run, then
+    # lower-case run, contraction glued on; `[\r\n/]*` after punctuation) and Qwen 3.5
+    # (marks count as letters) regexes cut differently.
+    add(
+        "camelCaseWord PascalCaseWord",
+        "HTTPServer XMLHttpRequest getHTTPResponseCode",
+        "iPhone iPad macOS eBay YouTube GitHub",
+        "McDonald's O'NEIL'S DON'T You'RE it'S",
+        "ABCdef abcDEF aBcDeF ABC'S Abc'sDef",
+        "JSONs HTML5 h2O CO2 x86_64 GPT-4o utf8Decode",
+        "snake_Case_Mix UPPER_lower Title_Case",
+        "ΑΒΓαβγ ΆλφαΒήτα ΣΊΣΥΦΟΣ",
+        "МОСКВАмосква MоскваTEST",
+        "日本Japan テストTest ÉCOLE école ñÑnN",
+        "ʰʲʷ modifier letters ˈstres",
+        "e\u0301E\u0301 A\u0301BC \u0301\u0301\u0301",
+        "café\u0301s naïve\u0308",
+        "مَرْحَبًا بِكُمْ",
+        "שָׁלוֹם עוֹלָם",
+        "Z\u0324\u0354\u0367\u0311a\u0308\u0356\u036dl\u036e\u0312g\u030co\u0319",
+        "x\u20dd y\u20e3",
+        " \u0301x",
+        "1\u0301 2\u0308",
+        "'\u0301s",
+        "\u0915\u094d\u0937 \u0BA4\u0BAE\u0BBF\u0BB4\u0BCD",
+        "a/b//c d/ /e",
+        "!/\n/x",
+        "http://x.y/z/ ftp://a//",
+        ")//\n",
+        "?/\r\n/",
+        "ABC123def456 1st2ND3rd",
+        " Hello WORLD wORLD HeLLo",
+        "\tTab\nNew\rCarriage",
+        "I'M YOU'LL WE'D THEY'VE",
+        "ALLCAPS'll lower'LL",
+    )
     # Systematic combinations: a word, a separator, another piece.
     words = ["hello", "Hello", "HELLO", "día", "мир", "世界", "123", "3.5", "😀", "x_y", "'s", "<|im_end|>"]
     seps = ["", " ", "  ", "\n", "\t", ", ", ". ", "-", "\r\n"]
@@ -310,6 +381,8 @@ def strings():
         "The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; "
         "the crew (3 people) returned on July 24th. It's been 55+ years!\n\nNext paragraph.",
     )
+    # Pseudo-random mixes of the characters the pre-tokenizer regexes tell apart.
+    add(*mixes())
     return out
 
 
@@ -335,6 +408,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "loader/tests/data/tokenize"))
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--vocab", action="append", default=[])
     args = ap.parse_args()
 
     texts = strings()
@@ -343,14 +417,24 @@ def main():
             print(json.dumps({"text": t}, ensure_ascii=False))
         return
     src = llama_src()
-    vocabs = {
-        "llama-bpe": src / "models/ggml-vocab-llama-bpe.gguf",
-        "qwen2": src / "models/ggml-vocab-qwen2.gguf",
-        "gemma3": gemma_model(),
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        vocabs = {
+            "llama-bpe": src / "models/ggml-vocab-llama-bpe.gguf",
+            "qwen2": src / "models/ggml-vocab-qwen2.gguf",
+            "gemma3": gemma_model(),
+            "qwen35": src / "models/ggml-vocab-qwen35.gguf",
+            "gemma-4": src / "models/ggml-vocab-gemma-4.gguf",
+            "gpt-4o": Path(tmp) / "ggml-vocab-gpt-4o.gguf",
+        }
+        unknown = [v for v in args.vocab if v not in vocabs]
+        if unknown:
+            sys.exit(f"tokenize_strings.py: unknown vocabulary {unknown} (known: {list(vocabs)})")
+        if args.vocab:
+            vocabs = {k: v for k, v in vocabs.items() if k in args.vocab}
+        if "gpt-4o" in vocabs:
+            rewrite(src / "models/ggml-vocab-llama-bpe.gguf", vocabs["gpt-4o"], "gpt-4o")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         inp = Path(tmp) / "in.jsonl"
         inp.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
         for name, vocab in vocabs.items():

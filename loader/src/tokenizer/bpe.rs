@@ -1,6 +1,7 @@
 //! Byte-level BPE (GPT-2 style) as llama.cpp's `llm_tokenizer_bpe_session` runs it: split
 //! into words with the pre-tokenizer, map every byte of a word to its printable stand-in
-//! character, then merge adjacent symbols by lowest merge rank (ties: leftmost).
+//! character, then merge adjacent symbols by lowest merge rank (ties: leftmost). The
+//! merging itself ([`Session`]) also serves the SentencePiece-style BPE of `spm_bpe.rs`.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -85,81 +86,14 @@ impl Ord for Bigram {
 
 /// Tokenizes one raw text fragment, appending to `out`.
 pub(crate) fn tokenize(tok: &Tokenizer, pre: super::PreTokenizer, text: &str, out: &mut Vec<u32>) {
-    let mut key = Vec::new();
+    let mut session = Session::default();
     for word in pre.split(text) {
         let word = byte_encode(word);
         let w = word.as_bytes();
-        let mut symbols: Vec<Symbol> = Vec::new();
-        if pre.ignore_merges() && tok.index.find(w).is_some() {
-            symbols.push(Symbol {
-                start: 0,
-                n: w.len(),
-                prev: -1,
-                next: -1,
-            });
-        } else {
-            let mut offs = 0;
-            while offs < w.len() {
-                let n = super::spm::utf8_len(w[offs]).min(w.len() - offs);
-                let idx = symbols.len() as isize;
-                offs += n;
-                symbols.push(Symbol {
-                    start: offs - n,
-                    n,
-                    prev: idx - 1,
-                    next: if offs == w.len() { -1 } else { idx + 1 },
-                });
-            }
-        }
-        let mut queue = BinaryHeap::new();
-        let add = |queue: &mut BinaryHeap<Bigram>,
-                   key: &mut Vec<u8>,
-                   symbols: &[Symbol],
-                   l: isize,
-                   r: isize| {
-            if l < 0 || r < 0 {
-                return;
-            }
-            let (ls, rs) = (symbols[l as usize], symbols[r as usize]);
-            key.clear();
-            key.extend_from_slice(&w[ls.start..ls.start + ls.n]);
-            key.push(0xFF);
-            key.extend_from_slice(&w[rs.start..rs.start + rs.n]);
-            if let Some(rank) = tok.merges.as_ref().and_then(|m| m.find(key)) {
-                queue.push(Bigram {
-                    left: l as usize,
-                    right: r as usize,
-                    rank,
-                    start: ls.start,
-                    size: ls.n + rs.n,
-                });
-            }
-        };
-        for i in 1..symbols.len() {
-            add(&mut queue, &mut key, &symbols, i as isize - 1, i as isize);
-        }
-        while let Some(b) = queue.pop() {
-            let (l, r) = (symbols[b.left], symbols[b.right]);
-            if l.n == 0 || r.n == 0 {
-                continue;
-            }
-            // Stale when the pair's text changed since it was queued (symbols are
-            // contiguous, so same start and length means same text).
-            if l.start != b.start || l.n + r.n != b.size || l.next != b.right as isize {
-                continue;
-            }
-            symbols[b.left].n += r.n;
-            symbols[b.right].n = 0;
-            symbols[b.left].next = r.next;
-            if r.next >= 0 {
-                symbols[r.next as usize].prev = b.left as isize;
-            }
-            let (prev, next) = (symbols[b.left].prev, symbols[b.left].next);
-            add(&mut queue, &mut key, &symbols, prev, b.left as isize);
-            add(&mut queue, &mut key, &symbols, b.left as isize, next);
-        }
-        for s in symbols.iter().filter(|s| s.n > 0) {
-            let piece = &w[s.start..s.start + s.n];
+        let whole = pre.ignore_merges() && tok.index.find(w).is_some();
+        session.merge(tok, w, whole);
+        for &(a, b) in &session.pieces {
+            let piece = &w[a..b];
             match tok.index.find(piece) {
                 Some(id) => out.push(id),
                 None => {
@@ -172,6 +106,97 @@ pub(crate) fn tokenize(tok: &Tokenizer, pre: super::PreTokenizer, text: &str, ou
                     }
                 }
             }
+        }
+    }
+}
+
+/// The merge state of one word, reused from word to word.
+#[derive(Default)]
+pub(crate) struct Session {
+    symbols: Vec<Symbol>,
+    queue: BinaryHeap<Bigram>,
+    key: Vec<u8>,
+    /// The byte ranges of the word's final symbols, in order.
+    pub(crate) pieces: Vec<(usize, usize)>,
+}
+
+impl Session {
+    /// Merges the word `w` (UTF-8 characters as the first symbols, or one symbol when
+    /// `whole`) by merge rank and leaves its final symbols in `pieces`.
+    pub(crate) fn merge(&mut self, tok: &Tokenizer, w: &[u8], whole: bool) {
+        self.symbols.clear();
+        self.queue.clear();
+        self.pieces.clear();
+        if whole {
+            self.symbols.push(Symbol {
+                start: 0,
+                n: w.len(),
+                prev: -1,
+                next: -1,
+            });
+        } else {
+            let mut offs = 0;
+            while offs < w.len() {
+                let n = super::spm::utf8_len(w[offs]).min(w.len() - offs);
+                let idx = self.symbols.len() as isize;
+                offs += n;
+                self.symbols.push(Symbol {
+                    start: offs - n,
+                    n,
+                    prev: idx - 1,
+                    next: if offs == w.len() { -1 } else { idx + 1 },
+                });
+            }
+        }
+        for i in 1..self.symbols.len() {
+            self.add(tok, w, i as isize - 1, i as isize);
+        }
+        while let Some(b) = self.queue.pop() {
+            let (l, r) = (self.symbols[b.left], self.symbols[b.right]);
+            if l.n == 0 || r.n == 0 {
+                continue;
+            }
+            // Stale when the pair's text changed since it was queued (symbols are
+            // contiguous, so same start and length means same text).
+            if l.start != b.start || l.n + r.n != b.size || l.next != b.right as isize {
+                continue;
+            }
+            self.symbols[b.left].n += r.n;
+            self.symbols[b.right].n = 0;
+            self.symbols[b.left].next = r.next;
+            if r.next >= 0 {
+                self.symbols[r.next as usize].prev = b.left as isize;
+            }
+            let (prev, next) = (self.symbols[b.left].prev, self.symbols[b.left].next);
+            self.add(tok, w, prev, b.left as isize);
+            self.add(tok, w, b.left as isize, next);
+        }
+        self.pieces.extend(
+            self.symbols
+                .iter()
+                .filter(|s| s.n > 0)
+                .map(|s| (s.start, s.start + s.n)),
+        );
+    }
+
+    /// Queues the pair `l`, `r` when the merges list it.
+    fn add(&mut self, tok: &Tokenizer, w: &[u8], l: isize, r: isize) {
+        if l < 0 || r < 0 {
+            return;
+        }
+        let (ls, rs) = (self.symbols[l as usize], self.symbols[r as usize]);
+        self.key.clear();
+        self.key.extend_from_slice(&w[ls.start..ls.start + ls.n]);
+        self.key.push(0xFF);
+        self.key.extend_from_slice(&w[rs.start..rs.start + rs.n]);
+        if let Some(rank) = tok.merges.as_ref().and_then(|m| m.find(&self.key)) {
+            self.queue.push(Bigram {
+                left: l as usize,
+                right: r as usize,
+                rank,
+                start: ls.start,
+                size: ls.n + rs.n,
+            });
         }
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod flag {
     pub const UNDEFINED: u8 = 0x01;
     pub const NUMBER: u8 = 0x02;
     pub const LETTER: u8 = 0x04;
+    pub const ACCENT_MARK: u8 = 0x10;
     pub const PUNCTUATION: u8 = 0x20;
 }
 
@@ -46,6 +47,9 @@ impl Flags {
     }
     fn punct(self) -> bool {
         self.class & flag::PUNCTUATION != 0
+    }
+    fn mark(self) -> bool {
+        self.class & flag::ACCENT_MARK != 0
     }
     fn any(self) -> bool {
         self.class != 0 || self.space
@@ -83,6 +87,16 @@ pub enum PreTokenizer {
     Llama3,
     /// `qwen2`, `stablelm2`, `deepseek-r1-qwen`: the Llama 3 regex with single digits.
     Qwen2,
+    /// `qwen35`: the Qwen 2 regex with combining marks (`\p{M}`) counted as letters.
+    Qwen35,
+    /// `gpt-4o` (o200k), `llama4`, `minimax-m2`, `kanana2`, `talkie`: case-sensitive
+    /// words (an upper-case run then a lower-case run, or the reverse) with the
+    /// contraction glued on, digits in groups of up to three.
+    Gpt4o,
+    /// `gemma4` (the `gemma4` tokenizer model), `granite-embed-multi-311m`: SentencePiece
+    /// style BPE. Spaces become `▁`, the text is cut only between runs of newlines and
+    /// other characters, merges run on raw UTF-8 and unknown bytes fall back to `<0xXX>`.
+    Gemma4,
 }
 
 impl PreTokenizer {
@@ -98,6 +112,9 @@ impl PreTokenizer {
                 Self::Llama3
             }
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" => Self::Qwen2,
+            "qwen35" => Self::Qwen35,
+            "gpt-4o" | "llama4" | "minimax-m2" | "kanana2" | "talkie" => Self::Gpt4o,
+            "gemma4" | "granite-embed-multi-311m" => Self::Gemma4,
             _ => return None,
         })
     }
@@ -109,6 +126,9 @@ impl PreTokenizer {
             Self::Gpt2 => "gpt-2",
             Self::Llama3 => "llama-bpe",
             Self::Qwen2 => "qwen2",
+            Self::Qwen35 => "qwen35",
+            Self::Gpt4o => "gpt-4o",
+            Self::Gemma4 => "gemma4",
         }
     }
 
@@ -119,7 +139,14 @@ impl PreTokenizer {
 
     /// Whether detokenization tidies spaces before punctuation (`clean_spaces`).
     pub(crate) fn clean_spaces(self) -> bool {
-        !matches!(self, Self::Qwen2)
+        !matches!(self, Self::Qwen2 | Self::Qwen35 | Self::Gpt4o)
+    }
+
+    /// Whether words are byte-level: each byte becomes its GPT-2 stand-in character
+    /// before merging. `false` for SentencePiece-style BPE, whose tokens hold raw UTF-8
+    /// with `▁` for spaces.
+    pub fn byte_level(self) -> bool {
+        !matches!(self, Self::Gemma4)
     }
 
     /// Splits `text` into words (as `&str` slices of it).
@@ -130,8 +157,11 @@ impl PreTokenizer {
         let mut segs = vec![cps.len()];
         match self {
             Self::Gpt2 => segs = split_gpt2(&cps, &flags, &segs),
-            Self::Llama3 => segs = split_llama3(&cps, &flags, &segs, 3),
-            Self::Qwen2 => segs = split_llama3(&cps, &flags, &segs, 1),
+            Self::Llama3 => segs = split_llama3(&cps, &flags, &segs, 3, false),
+            Self::Qwen2 => segs = split_llama3(&cps, &flags, &segs, 1, false),
+            Self::Qwen35 => segs = split_llama3(&cps, &flags, &segs, 1, true),
+            Self::Gpt4o => segs = split_gpt4o(&cps, &flags, &segs),
+            Self::Gemma4 => segs = split_runs(&segs, |i| cps[i] == '\n'),
             Self::Default => {
                 segs = split_runs(&segs, |i| default_punct(cps[i], flags[i]));
                 segs = split_gpt2(&cps, &flags, &segs);
@@ -387,7 +417,16 @@ fn split_gpt2(cps: &[char], flags: &[Flags], segs: &[usize]) -> Vec<usize> {
 /// Llama 3 (`max_digits` 3) and Qwen 2 (`max_digits` 1):
 /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}|
 /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
-fn split_llama3(cps: &[char], flags: &[Flags], segs: &[usize], max_digits: usize) -> Vec<usize> {
+/// With `marks` (Qwen 3.5), `\p{L}` reads `[\p{L}\p{M}]` in the word and punctuation
+/// runs, as llama.cpp's `unicode_regex_split_custom_qwen35` does.
+fn split_llama3(
+    cps: &[char],
+    flags: &[Flags],
+    segs: &[usize],
+    max_digits: usize,
+    marks: bool,
+) -> Vec<usize> {
+    let word = |f: Flags| f.letter() || (marks && f.mark());
     let mut out = Vec::with_capacity(segs.len());
     let mut start = 0;
     for &len in segs {
@@ -409,9 +448,9 @@ fn split_llama3(cps: &[char], flags: &[Flags], segs: &[usize], max_digits: usize
                 continue;
             }
             let is_crlf = |c: Option<char>| matches!(c, Some('\r' | '\n'));
-            if !(is_crlf(cpt) || fl.number()) && (fl.letter() || s.flags(pos + 1).letter()) {
+            if !(is_crlf(cpt) || fl.number()) && (word(fl) || word(s.flags(pos + 1))) {
                 pos += 1;
-                while s.flags(pos).letter() {
+                while word(s.flags(pos)) {
                     pos += 1;
                 }
                 s.add(pos);
@@ -431,9 +470,9 @@ fn split_llama3(cps: &[char], flags: &[Flags], segs: &[usize], max_digits: usize
             }
             let lead_space = cpt == Some(' ');
             let mut f2 = if lead_space { s.flags(pos + 1) } else { fl };
-            if !(f2.space || f2.letter() || f2.number()) && fl.any() {
+            if !(f2.space || word(f2) || f2.number()) && fl.any() {
                 pos += usize::from(lead_space);
-                while !(f2.space || f2.letter() || f2.number()) && f2.any() {
+                while !(f2.space || word(f2) || f2.number()) && f2.any() {
                     pos += 1;
                     f2 = s.flags(pos);
                 }
@@ -475,6 +514,159 @@ fn split_llama3(cps: &[char], flags: &[Flags], segs: &[usize], max_digits: usize
     out
 }
 
+/// What llama.cpp's `std::regex` sees of one code point when it runs the GPT-4o regex
+/// on the collapsed text: ASCII stays itself (and `\s` is C's `isspace`), every other
+/// code point becomes one byte for its class (white space, letter, number, other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Collapsed {
+    /// `A-Z`: a letter, not lower case.
+    Upper,
+    /// `a-z`: a letter, not upper case.
+    Lower,
+    /// A non-ASCII letter: the regex's `[^a-z]` and `[^A-Z]` both accept it.
+    Letter,
+    /// `0-9` or a non-ASCII number.
+    Number,
+    /// `\r` or `\n`.
+    Newline,
+    /// The space character.
+    Space,
+    /// Other white space: tab, vertical tab, form feed, non-ASCII white space.
+    White,
+    /// Anything else.
+    Other,
+}
+
+impl Collapsed {
+    fn of(c: char, f: Flags) -> Self {
+        match c {
+            'A'..='Z' => Self::Upper,
+            'a'..='z' => Self::Lower,
+            '0'..='9' => Self::Number,
+            '\r' | '\n' => Self::Newline,
+            ' ' => Self::Space,
+            '\t' | '\x0B' | '\x0C' => Self::White,
+            _ if c.is_ascii() => Self::Other,
+            _ if f.space => Self::White,
+            _ if f.letter() => Self::Letter,
+            _ if f.number() => Self::Number,
+            _ => Self::Other,
+        }
+    }
+    fn space(self) -> bool {
+        matches!(self, Self::Newline | Self::Space | Self::White)
+    }
+    fn letter(self) -> bool {
+        matches!(self, Self::Upper | Self::Lower | Self::Letter)
+    }
+    /// `(?=[\p{L}])([^a-z])`.
+    fn upper(self) -> bool {
+        matches!(self, Self::Upper | Self::Letter)
+    }
+    /// `(?=[\p{L}])([^A-Z])`.
+    fn lower(self) -> bool {
+        matches!(self, Self::Lower | Self::Letter)
+    }
+    /// `[^\r\n\p{L}\p{N}]`.
+    fn lead(self) -> bool {
+        !matches!(self, Self::Newline | Self::Number) && !self.letter()
+    }
+    /// `[^\s\p{L}\p{N}]`.
+    fn symbol(self) -> bool {
+        !self.space() && !self.letter() && self != Self::Number
+    }
+}
+
+/// GPT-4o (o200k) as llama.cpp runs it: `std::regex` (ECMAScript: the first alternative
+/// that matches wins, quantifiers greedy with backtracking) over the collapsed text, of
+/// `[^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+/// ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`, where `U` is a letter other
+/// than `a-z`, `L` a letter other than `A-Z` and `C` an ASCII contraction (`'s`, `'T`,
+/// `'re`, ...: each letter in either case). The Hugging Face regex has `\p{M}` in `U` and
+/// `L` and Unicode case classes; llama.cpp's has neither, and its behaviour is the one
+/// checked here.
+fn split_gpt4o(cps: &[char], flags: &[Flags], segs: &[usize]) -> Vec<usize> {
+    let class: Vec<Collapsed> = cps
+        .iter()
+        .zip(flags)
+        .map(|(&c, &f)| Collapsed::of(c, f))
+        .collect();
+    let mut out = Vec::with_capacity(segs.len());
+    let mut start = 0;
+    for &len in segs {
+        let end = start + len;
+        let at = |p: usize| (p < end).then(|| class[p]);
+        let run = |mut p: usize, pred: fn(Collapsed) -> bool| {
+            while at(p).is_some_and(pred) {
+                p += 1;
+            }
+            p
+        };
+        // `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?` at `p`.
+        let contraction = |p: usize| -> usize {
+            if p >= end || cps[p] != '\'' {
+                return p;
+            }
+            let low = |q: usize| (q < end).then(|| cps[q].to_ascii_lowercase());
+            match (low(p + 1), low(p + 2)) {
+                (Some('s' | 't' | 'm' | 'd'), _) => p + 2,
+                (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => p + 3,
+                _ => p,
+            }
+        };
+        let mut pos = start;
+        while pos < end {
+            let c = class[pos];
+            // The optional leading character of the two word alternatives. Without it
+            // neither can match either: it is not a letter.
+            let w = if c.lead() { pos + 1 } else { pos };
+            let ups = run(w, Collapsed::upper);
+            // U*L+: U* gives back characters until one the L+ can start on.
+            let lower_from = if at(ups) == Some(Collapsed::Lower) {
+                Some(ups)
+            } else {
+                (w..ups).rev().find(|&p| class[p] == Collapsed::Letter)
+            };
+            let next = if let Some(l) = lower_from {
+                contraction(run(l, Collapsed::lower))
+            } else if ups > w {
+                // U+L*.
+                contraction(run(ups, Collapsed::lower))
+            } else if c == Collapsed::Number {
+                let mut p = pos + 1;
+                while p < end && p < pos + 3 && class[p] == Collapsed::Number {
+                    p += 1;
+                }
+                p
+            } else if c.symbol()
+                || (c == Collapsed::Space && at(pos + 1).is_some_and(Collapsed::symbol))
+            {
+                let p = run(if c.symbol() { pos } else { pos + 1 }, Collapsed::symbol);
+                let mut p = p;
+                while p < end && matches!(cps[p], '\r' | '\n' | '/') {
+                    p += 1;
+                }
+                p
+            } else {
+                // White space: through the last newline of the run, else all of it but
+                // the last character when something follows, else all of it.
+                let ws = run(pos, Collapsed::space);
+                if let Some(nl) = (pos..ws).rev().find(|&p| class[p] == Collapsed::Newline) {
+                    nl + 1
+                } else if ws < end && ws - pos > 1 {
+                    ws - 1
+                } else {
+                    ws.max(pos + 1)
+                }
+            };
+            out.push(next - pos);
+            pos = next;
+        }
+        start = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,6 +686,77 @@ mod tests {
         assert_eq!(w, ["x", " ", "123", "45", "\n\n", " ", " y"]);
         let w = PreTokenizer::Qwen2.split("ab12");
         assert_eq!(w, ["ab", "1", "2"]);
+    }
+
+    #[test]
+    fn qwen35_marks_join_letters() {
+        let w = PreTokenizer::Qwen35.split("e\u{301}x \u{301}\u{301}!");
+        assert_eq!(w, ["e\u{301}x", " \u{301}\u{301}", "!"]);
+        let w = PreTokenizer::Qwen2.split("e\u{301}x \u{301}\u{301}!");
+        assert_eq!(w, ["e", "\u{301}x", " \u{301}\u{301}!"]);
+    }
+
+    #[test]
+    fn gpt4o_case_runs() {
+        let w = PreTokenizer::Gpt4o.split("HTTPServer camelCase DON'T it's 12345");
+        assert_eq!(
+            w,
+            [
+                "HTTPServer",
+                " camel",
+                "Case",
+                " DON'T",
+                " it's",
+                " ",
+                "123",
+                "45"
+            ]
+        );
+        // A non-ASCII letter is both upper and lower case to the collapsed regex.
+        let w = PreTokenizer::Gpt4o.split("AΓB a/b//\n/x");
+        assert_eq!(w, ["AΓ", "B", " a", "/b", "//\n/", "x"]);
+    }
+
+    #[test]
+    fn gemma4_newline_runs() {
+        let w = PreTokenizer::Gemma4.split("a b\n\nc\n");
+        assert_eq!(w, ["a b", "\n\n", "c", "\n"]);
+    }
+
+    /// Every preset cuts any text into non-empty words that make it up again.
+    #[test]
+    fn words_make_up_the_text() {
+        let pool = [
+            'A', 'Z', 'a', 's', 'T', 'Γ', 'γ', '日', '1', '٣', '²', ' ', '\t', '\n', '\r', '\x0B',
+            '\u{301}', '\'', '/', '!', '\u{3000}', '\u{85}', '😀', '\0', '\u{1C}',
+        ];
+        let presets = [
+            PreTokenizer::Default,
+            PreTokenizer::Gpt2,
+            PreTokenizer::Llama3,
+            PreTokenizer::Qwen2,
+            PreTokenizer::Qwen35,
+            PreTokenizer::Gpt4o,
+            PreTokenizer::Gemma4,
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3000 {
+            let len = (next() % 24) as usize;
+            let text: String = (0..len)
+                .map(|_| pool[(next() % pool.len() as u64) as usize])
+                .collect();
+            for pre in presets {
+                let words = pre.split(&text);
+                assert!(words.iter().all(|w| !w.is_empty()), "{pre:?} {text:?}");
+                assert_eq!(words.concat(), text, "{pre:?}");
+            }
+        }
     }
 
     #[test]

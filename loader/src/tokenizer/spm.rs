@@ -149,7 +149,7 @@ impl<'a> Session<'a> {
             }
             None => {
                 for &b in text {
-                    if let Some(id) = self.tok.spm_byte_token(b) {
+                    if let Some(id) = self.tok.byte_token(b) {
                         out.push(id);
                     }
                 }
