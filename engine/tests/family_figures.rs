@@ -6,6 +6,8 @@
 //! committed: `FLINT_FAMILIES_F32=DIR` names a folder holding `CASE.gguf` as the case's
 //! manifest synthesises it (their sha256 is checked), else only the quantized files run.
 //!
+//! `FLINT_FIGURES_CASE=CASE` runs one case only.
+//!
 //! `cargo test -p flint-engine --test family_figures -- --ignored --nocapture` prints one
 //! line per case and file type and fails on a miss of the targets (greedy ids equal,
 //! top-1 >= 99%, mean KL <= 1e-3).
@@ -189,8 +191,12 @@ fn f32_file(case: &str) -> Option<PathBuf> {
 #[ignore = "measures every family against llama.cpp (minutes); run with --ignored --nocapture"]
 fn families_against_llamacpp() {
     let reference = std::env::var("FLINT_FIGURES_REFERENCE").as_deref() == Ok("1");
+    let only = std::env::var("FLINT_FIGURES_CASE").ok();
     let mut misses = Vec::new();
     for case in CASES {
+        if only.as_deref().is_some_and(|o| o != case) {
+            continue;
+        }
         let dir = data(case);
         let ids = ids_of(&json(&dir.join("ids.json"))["ids"]);
         for ty in ["f32", "q8_0", "q4_k_m"] {
