@@ -35,8 +35,8 @@
 //!   Q8_0 / Q8_1 rounding differs from the `_ref` ones on rare ties) and calls the kernel: the oracle for
 //!   the device matmuls and the reference forward. Needs no allocator.
 //! - [`matvec_f32`] (`alloc` feature): the same for many rows, quantizing once.
-//! - [`matvec_f32_ggml_x86`] (`alloc` feature): as [`matvec_f32`], with Q8_0, Q5_0, Q6_K
-//!   and Q4_K rows summed in the float order of llama.cpp's x86 kernels for a prompt
+//! - [`matvec_f32_ggml_x86`] (`alloc` feature): as [`matvec_f32`], with Q8_0, Q5_0, Q6_K,
+//!   Q4_K and MXFP4 rows summed in the float order of llama.cpp's x86 kernels for a prompt
 //!   batch ([`ggml_x86`]; `docs/parity.md`).
 
 pub mod ggml_x86;
@@ -362,8 +362,10 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
 }
 
 /// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
-/// Q8_0, Q5_0, Q6_K and Q4_K weights, for the activation row `at` of a llama.cpp matmul
-/// (its batch size and row pick the kernels); any other type exactly as [`matvec_f32`].
+/// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights, for the activation row `at` of a llama.cpp
+/// matmul (its batch size and row pick the kernels); any other type exactly as
+/// [`matvec_f32`]. Q4_K and MXFP4 rows take llama.cpp's repacked orders, which it uses
+/// for matrices of a multiple of 8 rows.
 /// The activation is quantized as there.
 ///
 /// # Errors
@@ -379,7 +381,7 @@ pub fn matvec_f32_ggml_x86(
     use alloc::vec::Vec;
     if !matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q4_K
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q4_K | GgmlType::MXFP4
     ) {
         return matvec_f32(ty, w, x, out);
     }
@@ -407,6 +409,9 @@ pub fn matvec_f32_ggml_x86(
             rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
         }
         GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_avx2),
+        // As for Q4_K: the repacked order, llama.cpp's for matrices of a multiple of 8
+        // rows (`mxfp4_8x8`), whatever the rows passed here.
+        GgmlType::MXFP4 => rows!(BlockMXFP4, BlockQ8_0, ggml_x86::vec_dot_mxfp4_q8_0_repack),
         _ => rows!(BlockQ4K, BlockQ8K, |wb: &[BlockQ4K], a: &[BlockQ8K]| {
             ggml_x86::vec_dot_q4_k_q8_k_repack(wb, a, at.q4k())
         }),

@@ -60,6 +60,12 @@ typedef enum flint_tt_status {
 #define FLINT_TT_TYPE_Q4_K 12u
 #define FLINT_TT_TYPE_Q5_K 13u
 #define FLINT_TT_TYPE_Q6_K 14u
+/* 17-byte blocks of 32 values: an E8M0 exponent byte, then 16 bytes of E2M1 nibbles
+ * (gpt-oss's experts). An adapter that admits it computes, per output, one f32
+ * accumulator and per block `acc = fma(S, D(e) * d_a, acc)` against Q8_0 activations
+ * (S the block's exact integer sum, D(e) = 2^(e - 128) against the doubled code book):
+ * ggml's repacked x86 order, which the cpu backend follows bit for bit. */
+#define FLINT_TT_TYPE_MXFP4 39u
 #define FLINT_TT_TYPE_BF16 30u
 #define FLINT_TT_TYPE_F32 0u
 #define FLINT_TT_TYPE_F16 1u
@@ -144,10 +150,10 @@ typedef struct flint_tt_weight_desc {
      * Equal to `ggml_type` for kept blocks and for floats staged as they are. For a
      * weight expanded without loss (block encoding -> F32, the keep-quant arm) the
      * adapter computes what the source blocks compute: activations rounded as ggml pairs
-     * them with `source_type` (Q8_0 for the legacy block types, Q8_K for the K-quants)
-     * before the product, so that an expansion changes where the weight lives and how
-     * many bytes it takes, not the matmul's result. For BF16/F16 expansions the weight
-     * is already rounded and activations stay f32. */
+     * them with `source_type` (Q8_0 for the legacy block types and MXFP4, Q8_K for the
+     * K-quants) before the product, so that an expansion changes where the weight lives
+     * and how many bytes it takes, not the matmul's result. For BF16/F16 expansions the
+     * weight is already rounded and activations stay f32. */
     uint32_t source_type;
     uint32_t reserved; /* 0 */
 } flint_tt_weight_desc;

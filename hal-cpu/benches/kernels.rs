@@ -20,13 +20,14 @@ use flint_hal::{Device, DeviceOptions, WeightDesc, WeightHandle, WeightKind, Wei
 use flint_hal_cpu::CpuDevice;
 use rayon::prelude::*;
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 9] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4_0,
+    GgmlType::MXFP4,
     GgmlType::F16,
     GgmlType::F32,
 ];
@@ -42,7 +43,8 @@ fn threads() -> usize {
 }
 
 /// Deterministic pseudo-random bytes with sane f16 scales (a fixed 0.01 in every f16
-/// scale slot of the block layouts used here; the quant bits are arbitrary).
+/// scale slot of the block layouts used here, 2^0 as every MXFP4 exponent; the quant bits
+/// are arbitrary).
 fn weight_bytes(ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
     let len = ty.row_bytes(k).expect("whole blocks") * n;
     let mut s = 0x1234_5678_9abc_def0u64;
@@ -65,6 +67,9 @@ fn weight_bytes(ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
         for blk in b.chunks_exact_mut(ty.type_size()) {
             for &o in fields {
                 blk[o..o + 2].copy_from_slice(&h);
+            }
+            if ty == GgmlType::MXFP4 {
+                blk[0] = 127;
             }
         }
     } else {

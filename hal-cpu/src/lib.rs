@@ -37,8 +37,12 @@
 //! awake for the step (polling for its parallel work instead of sleeping through the
 //! serial parts): ops start without a cross-thread hand-off or a wake-up.
 //!
-//! Float orders: the Q8_0 and Q5_0 kernels (every SIMD level) and, on AVX-512 VNNI
-//! CPUs, the Q4_K and Q6_K kernels sum in llama.cpp's orders for a prompt batch
+//! MXFP4 (gpt-oss's experts) has AVX2, AVX-512 and AVX-512 VNNI kernels in one file,
+//! `kernels/mxfp4.rs`, for single rows, a few rows and prompt batches alike.
+//!
+//! Float orders: the Q8_0, Q5_0 and MXFP4 kernels (every SIMD level; MXFP4's scalar
+//! level too) and, on AVX-512 VNNI CPUs, the Q4_K and Q6_K kernels sum in llama.cpp's
+//! orders for a prompt batch
 //! (docs/parity.md), the same for every row whatever the batch, so that a request's
 //! numbers never depend on what it is batched with. Paged attention follows llama.cpp's tiled flash attention (bit-identical to
 //! `flint_core::math::attend_ggml_tiled`).

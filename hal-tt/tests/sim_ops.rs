@@ -585,6 +585,110 @@ fn iq4_nl_is_kept_and_matches_core() {
     assert_eq!(dev.counters().block_dispatches, 1);
 }
 
+/// MXFP4 blocks (gpt-oss's experts): 17 bytes per 32 values, an E8M0 exponent byte
+/// (here scales 2^-8..2^4) and 16 bytes of E2M1 nibbles.
+fn mxfp4_bytes(rng: &mut Rng, blocks: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(blocks * 17);
+    for _ in 0..blocks {
+        b.push(119 + (rng.next_u32() % 13) as u8);
+        b.extend((0..16).map(|_| rng.next_u32() as u8));
+    }
+    b
+}
+
+/// `W x` for MXFP4 rows in llama.cpp's order (the CPU backend's, bit for bit).
+fn mxfp4_want(bytes: &[u8], in_f: usize, x: &[f32]) -> Vec<f32> {
+    use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
+    let nb = in_f / 32;
+    let w: Vec<BlockMXFP4> = bytes
+        .chunks_exact(17)
+        .map(bytemuck::pod_read_unaligned)
+        .collect();
+    let mut out = Vec::new();
+    for xr in x.chunks_exact(in_f) {
+        let mut a = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; nb];
+        flint_core::quant::quantize_row_q8_0_act(xr, &mut a);
+        for wr in w.chunks_exact(nb) {
+            out.push(flint_core::dot::ggml_x86::vec_dot_mxfp4_q8_0_repack(wr, &a));
+        }
+    }
+    out
+}
+
+#[test]
+fn mxfp4_is_kept_and_matches_the_cpu_order() {
+    let dev = open_sim(true);
+    assert!(dev.admits_kept(GgmlType::MXFP4));
+    let mut rng = Rng::new(13);
+    // gpt-oss's width (90 blocks), and an expert tower [in, out, 4].
+    let (in_f, out_f, e) = (2880, 6, 4);
+    // Large block sums (positive codes 5..7: 6, 8, 12) against activations whose blocks
+    // alternate in sign: `sum * scale` is inexact and the blocks cancel, so that the
+    // order's single `fma` per block shows against the generic `acc + sum * scale`.
+    let mut bytes = mxfp4_bytes(&mut rng, in_f / 32 * out_f);
+    for blk in bytes.chunks_exact_mut(17) {
+        blk[0] = 127;
+        for q in &mut blk[1..] {
+            *q = (5 + (*q & 0x0f) % 3) | ((5 + (*q >> 4) % 3) << 4);
+        }
+    }
+    let desc = flint_hal::WeightDesc {
+        name: "blk.0.ffn_down_exps.weight".into(),
+        ty: GgmlType::MXFP4,
+        dims: vec![in_f, out_f],
+        kind: WeightKind::Matrix,
+        data: flint_hal::WeightSource::from_vec(bytes.clone()),
+    };
+    let w = dev.stage(&desc).expect("stage");
+    assert!(w.info().kept_quant);
+    assert_eq!(w.info().staged_ty, GgmlType::MXFP4);
+    assert_eq!(w.info().resident_bytes, bytes.len() as u64);
+    for m in [1, 3, 17] {
+        let x: Vec<f32> = (0..m * in_f)
+            .map(|i| (0.5 + rng.f().abs()) * if (i / 32) % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let mut out = vec![0.0; m * out_f];
+        dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+        let want = mxfp4_want(&bytes, in_f, &x);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out), bits(&want), "m {m}");
+    }
+    let tower = mxfp4_bytes(&mut rng, in_f / 32 * out_f * e);
+    let desc = flint_hal::WeightDesc {
+        name: "blk.0.ffn_up_exps.weight".into(),
+        ty: GgmlType::MXFP4,
+        dims: vec![in_f, out_f, e],
+        kind: WeightKind::ExpertTower,
+        data: flint_hal::WeightSource::from_vec(tower.clone()),
+    };
+    let t = dev.stage(&desc).expect("stage tower");
+    assert!(t.info().kept_quant);
+    let x = rng.vec(3 * in_f);
+    let rows: Vec<ExpertRow> = [(0u32, 3u32), (1, 0), (2, 3), (0, 1), (2, 2)]
+        .iter()
+        .map(|&(input_row, expert)| ExpertRow { input_row, expert })
+        .collect();
+    let mut out = vec![0.0; rows.len() * out_f];
+    let before = dev.counters();
+    dev.expert_matmul(&*t, &x, &rows, &mut out)
+        .expect("expert_matmul");
+    for (j, r) in rows.iter().enumerate() {
+        let i = r.input_row as usize;
+        let want = mxfp4_want(
+            expert_bytes(GgmlType::MXFP4, &tower, in_f, out_f, r.expert as usize),
+            in_f,
+            &x[i * in_f..(i + 1) * in_f],
+        );
+        let got = &out[j * out_f..(j + 1) * out_f];
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "row {j} output {o}: {g} vs {w}");
+        }
+    }
+    let after = dev.counters();
+    assert!(after.block_dispatches > before.block_dispatches);
+    assert_eq!(after.float_dispatches, before.float_dispatches);
+}
+
 #[test]
 fn concurrent_calls_on_one_device_agree() {
     let dev = std::sync::Arc::new(open_sim(true));

@@ -32,13 +32,25 @@
 //!     `mins = fma(m0 * bsum0 + m1 * bsum1, dmin_w * d_a, mins)`;
 //!   - the remaining rows (`ggml_gemv_q4_K_8x8_q8_K`): the same per 256-element block;
 //!   - the result is `acc - mins`.
+//! - **MXFP4 weights**: the repacked `mxfp4_8x8` path (`ggml_gemv_mxfp4_8x8_q8_0` and
+//!   `ggml_gemm_mxfp4_8x8_q8_0`, `ggml-cpu/arch/x86/repack.cpp`), which llama.cpp uses
+//!   for every MXFP4 matrix with a multiple of 8 rows, for single rows and batches alike:
+//!   one `f32` accumulator per output, per 32-element block
+//!   `acc = fma(sum, D(e) * d_a, acc)` with `sum` the exact integer dot product of the
+//!   block ([`vec_dot_mxfp4_q8_0_repack`]; the order Flint computes MXFP4 in). A matrix
+//!   whose row count is not a multiple of 8 goes through `ggml_vec_dot_mxfp4_q8_0` (AVX2
+//!   branch, [`vec_dot_mxfp4_q8_0_avx2`]): two sets of eight lanes, one for the even
+//!   blocks and one for the odd ones, lane `l` taking `fma(D(e) * d_a, sum_l, lane)` with
+//!   `sum_l` the integer dot product of elements `4l..4l+4`; the two sets added lane by
+//!   lane, then [`hsum8`]; a last unpaired block added as `fma(D(e) * d_a, sum, total)`.
 //!
 //! The integer sums are the same as in the generic kernels; only the float steps differ.
 //! Activations are quantized as for the generic kernels (Q8_0: ggml's x86
 //! `quantize_row_q8_0`; Q8_K: `quantize_row_q8_K`, which the repacked path's 4-row
 //! quantizer matches except when a block holds both `+amax` and `-amax`).
 
-use crate::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use crate::blocks::{BlockMXFP4, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use crate::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 use crate::types::QK_K;
 
 use crate::dequant::f16_to_f32;
@@ -237,4 +249,70 @@ pub fn vec_dot_q4_k_q8_k_repack(x: &[BlockQ4K], y: &[BlockQ8K], path: Q4kPath) -
         }
     }
     acc - acc_min
+}
+
+/// The 32 code-book values of an MXFP4 block in element order (low nibbles of `qs` for
+/// elements 0..16, high nibbles for 16..32).
+#[inline]
+fn mxfp4_values(x: &BlockMXFP4) -> [i32; 32] {
+    core::array::from_fn(|e| {
+        let nib = if e < 16 {
+            x.qs[e] & 0x0f
+        } else {
+            x.qs[e - 16] >> 4
+        };
+        KVALUES_MXFP4[nib as usize] as i32
+    })
+}
+
+/// The exact integer dot product of an MXFP4 block with a Q8_0 block.
+#[inline]
+pub fn mxfp4_block_sum(x: &BlockMXFP4, y: &BlockQ8_0) -> i32 {
+    mxfp4_values(x)
+        .iter()
+        .zip(&y.qs)
+        .map(|(&w, &a)| w * a as i32)
+        .sum()
+}
+
+/// MXFP4 weights · Q8_0 activations in the order of ggml's repacked `mxfp4_8x8` gemv and
+/// gemm (llama.cpp's path for MXFP4 matrices with a multiple of 8 rows, any batch): per
+/// block `acc = fma(sum, D(e) * d_a, acc)`.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_mxfp4_q8_0_repack(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_mxfp4_q8_0_repack: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let d = e8m0_to_f32_half(w.e) * f16_to_f32(a.d);
+        acc = libm::fmaf(mxfp4_block_sum(w, a) as f32, d, acc);
+    }
+    acc
+}
+
+/// MXFP4 weights · Q8_0 activations in the order of the AVX2 branch of ggml's
+/// `ggml_vec_dot_mxfp4_q8_0` (llama.cpp's path for MXFP4 matrices whose row count is not
+/// a multiple of 8; see the module docs).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_mxfp4_q8_0_avx2(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_mxfp4_q8_0_avx2: block counts");
+    let mut acc = [[0.0f32; 8]; 2];
+    let pairs = x.len() / 2;
+    for (i, (w, a)) in x.iter().zip(y).take(2 * pairs).enumerate() {
+        let d = f16_to_f32(a.d) * e8m0_to_f32_half(w.e);
+        let q = mxfp4_values(w);
+        for (l, lane) in acc[i % 2].iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4).map(|e| q[e] * a.qs[e] as i32).sum();
+            *lane = libm::fmaf(d, s as f32, *lane);
+        }
+    }
+    let mut sum = hsum8(core::array::from_fn(|l| acc[0][l] + acc[1][l]));
+    if let (Some(w), Some(a)) = (x.get(2 * pairs), y.get(2 * pairs)) {
+        let d = f16_to_f32(a.d) * e8m0_to_f32_half(w.e);
+        sum = libm::fmaf(d, mxfp4_block_sum(w, a) as f32, sum);
+    }
+    sum
 }

@@ -3,12 +3,16 @@
 use clap::Args;
 
 use super::CliError;
-use crate::synth::{param_count, write_synth, Preset};
+use crate::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use crate::synth::{param_count, write_file, write_synth, Preset};
 
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
 pub struct SynthArgs {
-    /// Preset: tiny or bench.
+    /// Architecture: flint, llama, qwen2, qwen3 or gemma3.
+    #[arg(long, default_value = "flint")]
+    pub arch: String,
+    /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b).
     #[arg(long)]
     pub preset: String,
     /// Output file.
@@ -17,32 +21,83 @@ pub struct SynthArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A GGUF file whose tokenizer the checkpoint copies (dense architectures), cut to
+    /// --vocab-size ordinary tokens plus every special token.
+    #[arg(long)]
+    pub vocab: Option<std::path::PathBuf>,
+    /// Ordinary tokens kept from --vocab (default 8192).
+    #[arg(long, requires = "vocab")]
+    pub vocab_size: Option<usize>,
 }
+
+/// Ordinary tokens kept from `--vocab` when `--vocab-size` is not given.
+pub const DEFAULT_VOCAB_SIZE: usize = 8192;
 
 /// Runs `flint synth`.
 pub fn run(args: &SynthArgs) -> Result<(), CliError> {
-    let preset = Preset::from_name(&args.preset).ok_or_else(|| {
-        CliError::new(format!(
-            "unknown preset '{}': the presets are tiny and bench",
-            args.preset
-        ))
-    })?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     bar.set_message("tensors");
-    let t0 = std::time::Instant::now();
-    write_synth(preset, args.seed, &args.out, &|done, total| {
+    let progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
-    })
-    .map_err(super::err)?;
+    };
+    let t0 = std::time::Instant::now();
+    let params = if args.arch == "flint" {
+        if args.vocab.is_some() {
+            return Err(CliError::new(
+                "--vocab applies to the dense architectures (llama, qwen2, qwen3, gemma3), not flint",
+            ));
+        }
+        let preset = Preset::from_name(&args.preset).ok_or_else(|| {
+            CliError::new(format!(
+                "unknown preset '{}' for flint: the presets are tiny and bench",
+                args.preset
+            ))
+        })?;
+        write_synth(preset, args.seed, &args.out, &progress).map_err(super::err)?;
+        param_count(preset)
+    } else {
+        let family = Family::from_name(&args.arch).ok_or_else(|| {
+            CliError::new(format!(
+                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3 and gemma3",
+                args.arch
+            ))
+        })?;
+        let recipe = DenseRecipe::of(family, &args.preset).ok_or_else(|| {
+            CliError::new(format!(
+                "unknown preset '{}' for {}: the presets are {}",
+                args.preset,
+                args.arch,
+                family.presets().join(", ")
+            ))
+        })?;
+        let vocab_size = args.vocab_size.unwrap_or(DEFAULT_VOCAB_SIZE);
+        if vocab_size == 0 {
+            return Err(CliError::new("--vocab-size must be at least 1"));
+        }
+        let vocab_file = match &args.vocab {
+            Some(p) => Some(flint_loader::gguf::GgufFile::open(p).map_err(|e| {
+                CliError::new(format!("reading the vocabulary {}: {e}", p.display()))
+            })?),
+            None => None,
+        };
+        let source = match &vocab_file {
+            Some(f) => VocabSource::File(f, vocab_size),
+            None => VocabSource::Builtin,
+        };
+        let (w, params) = synth_dense(&recipe, args.seed, source, &progress).map_err(super::err)?;
+        write_file(&w, &args.out).map_err(super::err)?;
+        params
+    };
     bar.finish_and_clear();
     eprintln!(
-        "wrote {} ({} preset, seed {}, {:.1}M parameters) in {:.1}s",
+        "wrote {} ({} {} preset, seed {}, {:.1}M parameters) in {:.1}s",
         args.out.display(),
+        args.arch,
         args.preset,
         args.seed,
-        param_count(preset) as f64 / 1e6,
+        params as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );
     Ok(())

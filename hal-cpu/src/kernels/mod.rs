@@ -8,6 +8,7 @@
 //! | Q8_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
 //! | Q5_0   | Q8_0       | yes          | yes            | yes  | core   |
 //! | Q4_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
+//! | MXFP4  | Q8_0       | yes          | yes            | yes  | core (llama.cpp's order) |
 //! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core       | core           | core | core   |
 //!
@@ -16,7 +17,7 @@
 //! decode form `vnni::dot_q4k_rows4`, four rows in the lanes of a vector; its prompt-batch
 //! form `kq_panel::q4k_tile`, sixteen rows in the lanes); the scalar reference is
 //! `flint_core::dot::vec_dot` (`core/src/dot/`). A decode's legacy-quant matvec is
-//! `vnni::q0_rows`, a prompt batch's `vnni::q0_gemm`.
+//! `vnni::q0_rows`, a prompt batch's `vnni::q0_gemm`. Everything MXFP4 is in `mxfp4.rs`.
 //!
 //! "core" is `flint_core::dot::vec_dot`, the scalar reference. Q8_0, Q5_0 and Q4_0 sum in
 //! llama.cpp's tinyBLAS order at every level (`tinyblas.rs`); Q4_K and Q6_K in llama.cpp's
@@ -43,6 +44,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kq_panel;
+pub(crate) mod mxfp4;
 pub(crate) mod q0_x16;
 pub(crate) mod q4k_x16;
 pub(crate) mod q6k_x16;
@@ -217,6 +219,14 @@ impl Acts {
         (&blocks[r.clone()], &scales[r.clone()], &neg16_lanes[r])
     }
 
+    /// Q8_0 activations as the MXFP4 kernels read them (`nb` blocks per row).
+    fn mxfp4_act(&self, nb: usize) -> Option<mxfp4::Act<'_>> {
+        match self {
+            Acts::Q8_0 { blocks, scales, .. } => Some(mxfp4::Act { blocks, scales, nb }),
+            _ => None,
+        }
+    }
+
     /// Row `i` (of `nb` blocks) as bytes, for the scalar reference.
     fn row_bytes(&self, i: usize, nb: usize) -> &[u8] {
         match self {
@@ -248,15 +258,15 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
         SimdLevel::Scalar => None,
         SimdLevel::Avx2 => matches!(
             ty,
-            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | F32 | F16 | BF16
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 | F32 | F16 | BF16
         )
         .then_some(SimdLevel::Avx2),
         SimdLevel::Avx512Vnni => match ty {
-            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 => Some(SimdLevel::Avx512Vnni),
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512Vnni),
             _ => native_kernel(SimdLevel::Avx512, ty),
         },
         SimdLevel::Avx512 => match ty {
-            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 => Some(SimdLevel::Avx512),
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512),
             _ => native_kernel(SimdLevel::Avx2, ty),
         },
     }
@@ -322,6 +332,10 @@ pub(crate) fn dot_rows(
         let nbk = k / 256;
         let nb0 = k / 32;
         match (native_kernel(level, ty), acts) {
+            (Some(l), Acts::Q8_0 { .. }) if ty == GgmlType::MXFP4 => {
+                let act = acts.mxfp4_act(nb0).ok_or(FormatError::Unsupported(ty))?;
+                mxfp4::dot_rows(l, &view(w), act, rows, out);
+            }
             // Q4_K and Q6_K in llama.cpp's prompt-batch float orders, the same for every
             // row whatever the batch (docs/parity.md, kernels/vnni.rs).
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
@@ -726,6 +740,9 @@ const STREAM_PREFETCH: usize = 1024;
 
 /// Whether [`rows_small_batch`] has a kernel for `ty` at `level`.
 pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
+    if ty == GgmlType::MXFP4 {
+        return native_kernel(level, ty).is_some();
+    }
     cfg!(target_arch = "x86_64")
         && level == SimdLevel::Avx512Vnni
         && matches!(
@@ -933,6 +950,13 @@ pub(crate) fn rows_small_batch(
     m: usize,
     out_t: &mut [f32],
 ) -> bool {
+    if ty == GgmlType::MXFP4 && k >= 32 {
+        let (Some(l), Some(act)) = (native_kernel(level, ty), acts.mxfp4_act(k / 32)) else {
+            return false;
+        };
+        mxfp4::small_batch(l, &view(w), act, m, out_t);
+        return true;
+    }
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx512Vnni && matches!(acts, Acts::Q8_0 { .. }) && k >= 32 {
         let nb = k / 32;
@@ -1103,6 +1127,10 @@ pub(crate) fn matvec_rows(
         let nb0 = k / 32;
         let (o, a) = (out, acts);
         match (native_kernel(level, ty), a) {
+            (Some(l), Acts::Q8_0 { .. }) if ty == GgmlType::MXFP4 => {
+                let act = a.mxfp4_act(nb0).ok_or(FormatError::Unsupported(ty))?;
+                mxfp4::matvec(l, &view(w), act, act_row, o);
+            }
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
                 // Four rows side by side, a quarter of the chunk apart: adjacent rows side
                 // by side stream from memory at a fraction of one row's speed
@@ -1234,6 +1262,14 @@ pub(crate) fn scalar_rows(
             for (t, &i) in rows.iter().enumerate() {
                 let y = &a[i * k..(i + 1) * k];
                 out[t] = y.iter().enumerate().map(|(j, &v)| kind.get(w, j) * v).sum();
+            }
+        }
+        // MXFP4 in llama.cpp's order at every level (`mxfp4.rs`).
+        Acts::Q8_0 { blocks, .. } if ty == GgmlType::MXFP4 => {
+            let nb = k / 32;
+            let wb = view(w);
+            for (t, &i) in rows.iter().enumerate() {
+                out[t] = mxfp4::dot_scalar(&wb, &blocks[i * nb..(i + 1) * nb]);
             }
         }
         _ => {

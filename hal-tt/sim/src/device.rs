@@ -45,14 +45,17 @@ pub(crate) fn invalid<T>(message: impl Into<String>) -> Result<T, SimError> {
 }
 
 /// Block encodings a P150 computes from directly: the K-quants whose blocks map well to
-/// its tiles and the IQ family (codebook lookups in SRAM). The legacy 32-element formats,
-/// Q2_K/Q3_K and the ternary/MXFP4 formats are not admitted: the host expands them.
+/// its tiles, the IQ family (codebook lookups in SRAM) and MXFP4 (a 16-entry FP4
+/// codebook and a power-of-two block scale: gpt-oss's experts, whose F32 expansion would
+/// take 7.5 times the bytes). The other legacy 32-element formats, Q2_K/Q3_K and the
+/// ternary formats are not admitted: the host expands them.
 pub fn admits_kept(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
         Q4_K | Q5_K
             | Q6_K
+            | MXFP4
             | IQ2_XXS
             | IQ2_XS
             | IQ2_S

@@ -194,12 +194,12 @@ pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
 }
 
 /// One weight row of `ty` against one encoded activation row of `n` values. Q4_K, Q6_K,
-/// Q8_0 and Q5_0 sum in llama.cpp's prompt-batch float orders
+/// Q8_0, Q5_0 and MXFP4 sum in llama.cpp's prompt-batch float orders
 /// (`flint_core::dot::ggml_x86`, docs/parity.md), as the reference forward and the CPU
 /// backend do, so that the simulated device computes what the project's oracle
 /// computes; every other type through the core `vec_dot` reference.
 pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
-    use flint_core::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+    use flint_core::blocks::{BlockMXFP4, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
     use flint_core::dot::ggml_x86 as x86;
     fn blocks<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
         b.chunks_exact(std::mem::size_of::<T>())
@@ -239,6 +239,12 @@ pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f
                 same(w.len(), a.len())?;
                 Ok(x86::vec_dot_q5_0_q8_0_tinyblas(&w, &a))
             }
+        }
+        GgmlType::MXFP4 => {
+            let a: Vec<BlockQ8_0> = blocks(act_row);
+            let w: Vec<BlockMXFP4> = blocks(w_row);
+            same(w.len(), a.len())?;
+            Ok(x86::vec_dot_mxfp4_q8_0_repack(&w, &a))
         }
         _ => {
             flint_core::vec_dot(ty, w_row, act_row, n).map_err(|e| format!("{ty} dot product: {e}"))

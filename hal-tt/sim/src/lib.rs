@@ -6,8 +6,8 @@
 //! - a DRAM budget of 32 GiB ([`device::P150_DRAM_BYTES`]) against which resident weights
 //!   and buffers are counted; `FLINT_TT_SIM_DRAM_BYTES` overrides it (tests make it small);
 //! - the admission predicate for kept block encodings ([`device::admits_kept`]): Q4_K,
-//!   Q5_K, Q6_K and the IQ types; everything else reaches it expanded by the host (BF16,
-//!   F16 or F32);
+//!   Q5_K, Q6_K, the IQ types and MXFP4; everything else reaches it expanded by the host
+//!   (BF16, F16 or F32);
 //! - a V cache at fp16 precision (keys at f32), attention tiled over 64 keys with an
 //!   online softmax, GELU on fp16 operands: where the core offers the routine the CPU
 //!   backend and the reference forward use, the simulator uses it too;

@@ -1,4 +1,4 @@
-//! Deterministic synthetic Flint checkpoints (`flint synth`).
+//! Synthetic Flint checkpoints (`flint synth`, architecture `flint`).
 //!
 //! - [`Preset::Tiny`]: small and quick, every Flint feature on (sinks mostly below the
 //!   score maximum, a window shorter than the test prompts, two full and three sliding
@@ -9,23 +9,18 @@
 //!   64 experts of 512, top-4, a shared expert of 1024, ~32k byte-level BPE vocabulary,
 //!   a Q4_K_M-style type mix).
 //!
-//! Weights are random but scaled so activations stay in a realistic range: matrices
-//! `N(0, 1/in)` (unit-variance outputs for unit-variance inputs), norm weights
-//! `1 + N(0, 0.05)`, embeddings `N(0, 1)`, sinks `N(-0.5, 0.5)` (mostly below a typical
-//! score maximum, but close enough to matter), selection bias `N(0, 0.2)` (the size of
-//! the spread of sigmoid scores, so it changes the choice now and then). Every tensor has
-//! its own PRNG stream seeded from the seed and the tensor's name, so the output is the
-//! same byte for byte whatever the thread count.
+//! Besides the shared rules of [`super`], sinks are `N(-0.5, 0.5)` (mostly below a
+//! typical score maximum, but close enough to matter) and the selection bias `N(0, 0.2)`
+//! (the size of the spread of sigmoid scores, so it changes the choice now and then).
 
-use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flint_core::GgmlType;
 use flint_loader::gguf::GgufWriter;
 use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
-use rayon::prelude::*;
 
-use crate::sample::Rng;
+use super::vocab::build_vocab;
+use super::{add_tensors, write_file, Fill, Planned, SynthError};
 
 /// A synthetic checkpoint recipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,18 +41,6 @@ impl Preset {
         }
     }
 }
-
-/// A synthesis failure (writer or quantizer), with what was being written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SynthError(pub String);
-
-impl std::fmt::Display for SynthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for SynthError {}
 
 /// The hyper-parameters of a preset.
 #[derive(Clone, Debug, PartialEq)]
@@ -161,30 +144,6 @@ impl SynthConfig {
     }
 }
 
-/// FNV-1a of the name, mixed with the seed: one PRNG stream per tensor.
-fn tensor_rng(seed: u64, name: &str) -> Rng {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    Rng::new(h ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
-/// How to fill one tensor.
-#[derive(Clone, Copy, Debug)]
-enum Fill {
-    /// `N(mean, std)`.
-    Normal { mean: f32, std: f32 },
-}
-
-struct Planned {
-    name: String,
-    ty: GgmlType,
-    dims: Vec<usize>,
-    fill: Fill,
-}
-
 fn plan(cfg: &SynthConfig) -> Vec<Planned> {
     let mut v = Vec::new();
     let mut add = |name: String, ty: GgmlType, dims: Vec<usize>, fill: Fill| {
@@ -199,7 +158,7 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
         mean: 0.0,
         std: 1.0 / (inp as f32).sqrt(),
     };
-    let norm = Fill::Normal {
+    let norm = || Fill::Normal {
         mean: 1.0,
         std: 0.05,
     };
@@ -214,7 +173,7 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
             std: 1.0,
         },
     );
-    add("output_norm.weight".into(), GgmlType::F32, vec![d], norm);
+    add("output_norm.weight".into(), GgmlType::F32, vec![d], norm());
     if let Some(ty) = cfg.ty_output {
         add(
             "output.weight".into(),
@@ -228,12 +187,12 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
     }
     for il in 0..cfg.pattern.len() {
         let p = |s: &str| format!("blk.{il}.{s}");
-        add(p("attn_norm.weight"), GgmlType::F32, vec![d], norm);
+        add(p("attn_norm.weight"), GgmlType::F32, vec![d], norm());
         add(p("attn_q.weight"), cfg.ty_main, vec![d, h * dh], mat(d));
         add(p("attn_k.weight"), cfg.ty_main, vec![d, hkv * dh], mat(d));
         add(p("attn_v.weight"), cfg.ty_hi, vec![d, hkv * dh], mat(d));
-        add(p("attn_q_norm.weight"), GgmlType::F32, vec![dh], norm);
-        add(p("attn_k_norm.weight"), GgmlType::F32, vec![dh], norm);
+        add(p("attn_q_norm.weight"), GgmlType::F32, vec![dh], norm());
+        add(p("attn_k_norm.weight"), GgmlType::F32, vec![dh], norm());
         add(
             p("attn_sinks.weight"),
             GgmlType::F32,
@@ -249,7 +208,7 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
             vec![h * dh, d],
             mat(h * dh),
         );
-        add(p("ffn_norm.weight"), GgmlType::F32, vec![d], norm);
+        add(p("ffn_norm.weight"), GgmlType::F32, vec![d], norm());
         if il < cfg.n_dense {
             let f = cfg.dense_ff;
             add(p("ffn_gate.weight"), cfg.ty_main, vec![d, f], mat(d));
@@ -288,165 +247,12 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
     v
 }
 
-fn make_tensor(seed: u64, t: &Planned) -> Result<Vec<u8>, SynthError> {
-    let n: usize = t.dims.iter().product();
-    let mut rng = tensor_rng(seed, &t.name);
-    let Fill::Normal { mean, std } = t.fill;
-    let vals: Vec<f32> = (0..n).map(|_| mean + std * rng.normal()).collect();
-    let row = t.dims[0];
-    let row_bytes = t.ty.row_bytes(row).ok_or_else(|| {
-        SynthError(format!(
-            "{}: rows of {row} are not whole {} blocks",
-            t.name, t.ty
-        ))
-    })?;
-    let mut out = vec![0u8; row_bytes * (n / row)];
-    // Quantize a few hundred rows per task: rows are independent.
-    let chunk_rows = 256;
-    out.par_chunks_mut(row_bytes * chunk_rows)
-        .zip(vals.par_chunks(row * chunk_rows))
-        .try_for_each(|(dst, src)| flint_core::quant::quantize(t.ty, src, dst))
-        .map_err(|e| SynthError(format!("quantizing {} as {}: {e}", t.name, t.ty)))?;
-    Ok(out)
-}
-
 /// Counts parameters of a preset (all tensor elements).
 pub fn param_count(preset: Preset) -> usize {
     plan(&SynthConfig::of(preset))
         .iter()
         .map(|t| t.dims.iter().product::<usize>())
         .sum()
-}
-
-/// English text the BPE merges are learnt from (our own words; any text would do).
-const CORPUS: &str = "The capital of France is Paris. The engine reads a model file, \
-stages the weights on a device and runs the forward pass one token after another. \
-A tokenizer splits the text into words and merges the most frequent pairs of symbols. \
-Once upon a time there was a small model that wanted to write stories about the sea, \
-the mountains and the people who lived between them. It learned numbers like 1, 2, 3, \
-10, 42 and 2024, and punctuation such as commas, periods, questions? and answers! \
-Every layer has attention and a feed forward network; some layers look at the whole \
-context while others only see a sliding window of recent positions. Experts are chosen \
-by a router, and a shared expert is always on. This is the end of the text, and the \
-beginning of another one: hello world, good morning, thank you very much.";
-
-/// A byte-level BPE vocabulary: the tokens (in GPT-2's printable byte stand-ins) and
-/// the merges in rank order.
-#[derive(Clone, Debug)]
-pub struct SynthVocab {
-    /// Token texts; ids are indices.
-    pub tokens: Vec<String>,
-    /// llama.cpp token types (1 normal, 3 control).
-    pub types: Vec<i32>,
-    /// `"a b"` merge rules by rank.
-    pub merges: Vec<String>,
-    /// BOS id.
-    pub bos: u32,
-    /// EOS id.
-    pub eos: u32,
-}
-
-/// GPT-2's byte → printable char mapping.
-fn byte_char(b: u8) -> char {
-    let printable =
-        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-    if printable {
-        return b as char;
-    }
-    // Non-printable bytes map, in order, to U+0100 and up.
-    let mut n = 0u32;
-    for c in 0u8..b {
-        let p =
-            (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
-        if !p {
-            n += 1;
-        }
-    }
-    char::from_u32(256 + n).unwrap_or('?')
-}
-
-/// Builds a byte-level BPE vocabulary of `size` tokens: 3 specials, 256 bytes, merges
-/// learnt from [`CORPUS`] by pair frequency, then (to reach the size) merges of pairs of
-/// earlier tokens drawn by a seeded PRNG. Every merge joins two existing tokens into a
-/// new one, so the tokenizer built from it is a valid BPE.
-pub fn build_vocab(size: usize, seed: u64) -> SynthVocab {
-    let mut tokens: Vec<String> = vec!["<pad>".into(), "<bos>".into(), "<eos>".into()];
-    let mut types = vec![3, 3, 3];
-    for b in 0..=255u8 {
-        tokens.push(byte_char(b).to_string());
-        types.push(1);
-    }
-    let mut known: HashSet<String> = tokens.iter().cloned().collect();
-    let mut merges = Vec::new();
-    // Words as GPT-2 sees them: a leading space belongs to the word.
-    let mut words: HashMap<Vec<String>, usize> = HashMap::new();
-    for (i, w) in CORPUS.split(' ').enumerate() {
-        let text = if i == 0 {
-            w.to_string()
-        } else {
-            format!(" {w}")
-        };
-        let syms: Vec<String> = text.bytes().map(|b| byte_char(b).to_string()).collect();
-        *words.entry(syms).or_insert(0) += 1;
-    }
-    let mut words: Vec<(Vec<String>, usize)> = words.into_iter().collect();
-    words.sort();
-    while tokens.len() < size {
-        let mut counts: HashMap<(String, String), usize> = HashMap::new();
-        for (w, n) in &words {
-            for p in w.windows(2) {
-                *counts.entry((p[0].clone(), p[1].clone())).or_insert(0) += n;
-            }
-        }
-        // Most frequent pair; ties broken by the pair's text for determinism.
-        let Some(best) = counts
-            .into_iter()
-            .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
-            .map(|(p, _)| p)
-        else {
-            break;
-        };
-        let joined = format!("{}{}", best.0, best.1);
-        for (w, _) in words.iter_mut() {
-            let mut i = 0;
-            while i + 1 < w.len() {
-                if w[i] == best.0 && w[i + 1] == best.1 {
-                    w[i] = joined.clone();
-                    w.remove(i + 1);
-                }
-                i += 1;
-            }
-        }
-        merges.push(format!("{} {}", best.0, best.1));
-        if known.insert(joined.clone()) {
-            tokens.push(joined);
-            types.push(1);
-        }
-    }
-    let mut rng = Rng::new(seed ^ 0x5eed_b0c5);
-    let first_normal = 3;
-    let mut tries = 0usize;
-    while tokens.len() < size && tries < size * 100 {
-        tries += 1;
-        let n = tokens.len() - first_normal;
-        let a = first_normal + (rng.next_u64() % n as u64) as usize;
-        let b = first_normal + (rng.next_u64() % n as u64) as usize;
-        let joined = format!("{}{}", tokens[a], tokens[b]);
-        if joined.chars().count() > 16 || known.contains(&joined) {
-            continue;
-        }
-        merges.push(format!("{} {}", tokens[a], tokens[b]));
-        known.insert(joined.clone());
-        tokens.push(joined);
-        types.push(1);
-    }
-    SynthVocab {
-        tokens,
-        types,
-        merges,
-        bos: 1,
-        eos: 2,
-    }
 }
 
 /// Builds the checkpoint of `preset` in memory. `progress(done, total)` after each tensor.
@@ -521,22 +327,7 @@ pub fn synth(
         w.add(&key, value).map_err(we)?;
     }
 
-    let planned = plan(&cfg);
-    let total = planned.len();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    // Tensors are independent; generate them in parallel, add them in plan order.
-    let datas: Vec<Result<Vec<u8>, SynthError>> = planned
-        .par_iter()
-        .map(|t| {
-            let r = make_tensor(seed, t);
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            progress(n, total);
-            r
-        })
-        .collect();
-    for (t, data) in planned.iter().zip(datas) {
-        w.add_tensor(&t.name, t.ty, &t.dims, data?).map_err(we)?;
-    }
+    add_tensors(&mut w, &plan(&cfg), seed, progress)?;
     Ok(w)
 }
 
@@ -547,9 +338,7 @@ pub fn write_synth(
     path: &Path,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(), SynthError> {
-    let w = synth(preset, seed, progress)?;
-    w.write_file(path)
-        .map_err(|e| SynthError(format!("writing {}: {e}", path.display())))
+    write_file(&synth(preset, seed, progress)?, path)
 }
 
 /// The checkpoint of `preset` assembled in memory, without touching the disk (tests).

@@ -1,0 +1,159 @@
+//! Deterministic synthetic checkpoints (`flint synth`).
+//!
+//! Two kinds of recipe share this module:
+//! - [`flint`]: the Flint MoE architecture ([`Preset::Tiny`], [`Preset::Bench`]).
+//! - [`dense`]: the dense families llama.cpp runs (`llama`, `qwen2`, `qwen3`, `gemma3`),
+//!   written with the keys, tensor names and shapes llama.cpp's `convert_hf_to_gguf.py`
+//!   writes for them, so that llama.cpp loads them unchanged.
+//!
+//! Both fill tensors the same way. Weights are random but scaled so activations stay in a
+//! realistic range: matrices `N(0, 1/in)` (unit-variance outputs for unit-variance
+//! inputs), norm weights `1 + N(0, 0.05)`, embeddings `N(0, 1)` unless a recipe says
+//! otherwise. Every tensor has its own PRNG stream seeded from the seed and the tensor's
+//! name ([`tensor_rng`]), and tensors are generated in parallel but added in plan order,
+//! so the output is the same byte for byte whatever the thread count.
+//!
+//! Tokenizers come from [`vocab`]: a byte-level BPE learnt here (no network, no files),
+//! or a real vocabulary copied from another GGUF and truncated.
+
+pub mod dense;
+pub mod flint;
+pub mod vocab;
+
+use flint_core::GgmlType;
+use flint_loader::gguf::{GgufError, GgufWriter};
+use rayon::prelude::*;
+
+use crate::sample::Rng;
+
+pub use flint::{param_count, synth, synth_model, write_synth, Preset, SynthConfig};
+pub use vocab::{build_vocab, SynthVocab};
+
+/// A synthesis failure (writer, quantizer, vocabulary), with what was being written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SynthError(pub String);
+
+impl std::fmt::Display for SynthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SynthError {}
+
+/// A writer error as a [`SynthError`].
+pub(crate) fn writer_err(e: GgufError) -> SynthError {
+    SynthError(e.to_string())
+}
+
+/// FNV-1a of the name, mixed with the seed: one PRNG stream per tensor.
+pub(crate) fn tensor_rng(seed: u64, name: &str) -> Rng {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    Rng::new(h ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// How to fill one tensor.
+#[derive(Clone, Debug)]
+pub(crate) enum Fill {
+    /// `N(mean, std)` from the tensor's own stream.
+    Normal { mean: f32, std: f32 },
+    /// These values, in GGUF element order (computed tensors such as `rope_freqs`).
+    Values(Vec<f32>),
+}
+
+impl Fill {
+    /// A weight matrix of `inp` inputs: `N(0, gain^2 / inp)`.
+    pub(crate) fn matrix(inp: usize, gain: f32) -> Self {
+        Fill::Normal {
+            mean: 0.0,
+            std: gain / (inp as f32).sqrt(),
+        }
+    }
+
+    /// A norm weight: `mean * (1 + N(0, 0.05))`.
+    pub(crate) fn norm(mean: f32) -> Self {
+        Fill::Normal {
+            mean,
+            std: 0.05 * mean,
+        }
+    }
+}
+
+/// One tensor of a recipe.
+#[derive(Clone, Debug)]
+pub(crate) struct Planned {
+    pub name: String,
+    pub ty: GgmlType,
+    pub dims: Vec<usize>,
+    pub fill: Fill,
+}
+
+/// The encoded bytes of one planned tensor.
+pub(crate) fn make_tensor(seed: u64, t: &Planned) -> Result<Vec<u8>, SynthError> {
+    let n: usize = t.dims.iter().product();
+    let vals: Vec<f32> = match &t.fill {
+        Fill::Normal { mean, std } => {
+            let mut rng = tensor_rng(seed, &t.name);
+            (0..n).map(|_| mean + std * rng.normal()).collect()
+        }
+        Fill::Values(v) if v.len() == n => v.clone(),
+        Fill::Values(v) => {
+            return Err(SynthError(format!(
+                "{}: {} values for a shape of {n} elements",
+                t.name,
+                v.len()
+            )))
+        }
+    };
+    let row = t.dims[0];
+    let row_bytes = t.ty.row_bytes(row).ok_or_else(|| {
+        SynthError(format!(
+            "{}: rows of {row} are not whole {} blocks",
+            t.name, t.ty
+        ))
+    })?;
+    let mut out = vec![0u8; row_bytes * (n / row)];
+    // Quantize a few hundred rows per task: rows are independent.
+    let chunk_rows = 256;
+    out.par_chunks_mut(row_bytes * chunk_rows)
+        .zip(vals.par_chunks(row * chunk_rows))
+        .try_for_each(|(dst, src)| flint_core::quant::quantize(t.ty, src, dst))
+        .map_err(|e| SynthError(format!("quantizing {} as {}: {e}", t.name, t.ty)))?;
+    Ok(out)
+}
+
+/// Generates the planned tensors (in parallel) and adds them to `w` in plan order.
+/// `progress(done, total)` after each tensor.
+pub(crate) fn add_tensors(
+    w: &mut GgufWriter,
+    planned: &[Planned],
+    seed: u64,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(), SynthError> {
+    let total = planned.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let datas: Vec<Result<Vec<u8>, SynthError>> = planned
+        .par_iter()
+        .map(|t| {
+            let r = make_tensor(seed, t);
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            progress(n, total);
+            r
+        })
+        .collect();
+    for (t, data) in planned.iter().zip(datas) {
+        w.add_tensor(&t.name, t.ty, &t.dims, data?)
+            .map_err(writer_err)?;
+    }
+    Ok(())
+}
+
+/// Writes `w` to `path`.
+pub(crate) fn write_file(w: &GgufWriter, path: &std::path::Path) -> Result<(), SynthError> {
+    w.write_file(path)
+        .map_err(|e| SynthError(format!("writing {}: {e}", path.display())))
+}
