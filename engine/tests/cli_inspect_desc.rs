@@ -1,5 +1,6 @@
 //! `flint inspect` says whether Flint runs a file and, when it does not, which key or
-//! tensor is the reason; a split model is inspected from its first shard.
+//! tensor is the reason; `flint run` refuses such a file with exit 1 and the same
+//! reason; a split model is inspected from its first shard.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,13 +77,23 @@ fn write_llama(
     w.write_file(path).expect("write");
 }
 
-/// The verdict for a file whose description is valid: it runs, or the engine does not
-/// assemble that architecture (and says so).
+/// The verdict for a file whose description is valid: it runs.
 fn valid_description(text: &str, arch: &str) -> bool {
     text.contains(&format!("runs: yes ({arch} model"))
-        || text.contains(&format!(
-            "runs: no: the {arch} description is valid, but the engine cannot assemble it"
-        ))
+}
+
+/// `flint run` on `path`: its exit code and stderr.
+fn run(path: &Path) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-n", "1", "-p", "x", "-m"])
+        .arg(path)
+        .env("FLINT_DEVICE", "cpu")
+        .output()
+        .expect("run flint");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn inspect(path: &Path, json: bool) -> String {
@@ -161,4 +172,39 @@ fn inspect_opens_a_split_model_from_its_first_shard() {
     assert_eq!(v["tensor_count"], 11);
     assert_eq!(v["tensors"][10]["shard"], 1);
     assert_eq!(v["model"]["description_valid"], true);
+}
+
+#[test]
+fn run_refuses_what_flint_lacks_with_exit_1_naming_it() {
+    let dir = Scratch::new("run-refusals");
+    let cases: [(&str, Vec<(&str, Value)>, Vec<(&str, usize)>, &str); 3] = [
+        (
+            "longrope.gguf",
+            vec![("llama.rope.scaling.type", Value::from("longrope"))],
+            vec![],
+            "metadata key 'llama.rope.scaling.type': is 'longrope'",
+        ),
+        (
+            "ffn-bias.gguf",
+            vec![],
+            vec![("blk.0.ffn_up.bias", 48)],
+            "tensor 'blk.0.ffn_up.bias' is not part of a llama model",
+        ),
+        (
+            "moe.gguf",
+            vec![("llama.expert_count", Value::U32(4))],
+            vec![],
+            "'llama.expert_count': is 4: mixture-of-experts llama files are not supported",
+        ),
+    ];
+    for (name, keys, tensors, why) in cases {
+        let path = dir.0.join(name);
+        let n = 11 + tensors.len();
+        write_llama(&path, true, &keys, &tensors, 0..n);
+        let (code, err) = run(&path);
+        assert_eq!(code, Some(1), "{name}: {err}");
+        assert!(err.starts_with("error: "), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(err.contains(why), "{name}: {err:?} lacks {why:?}");
+    }
 }

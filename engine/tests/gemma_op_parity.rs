@@ -92,7 +92,7 @@ fn gemma_rope_matches_llama_cpp_bit_for_bit() {
         let base = s.layers[il].rope_base;
         for (i, &pos) in ROPE_ROWS.iter().enumerate() {
             let mut got = x[i * row..(i + 1) * row].to_vec();
-            flint_core::math::rope_neox_heads(&mut got, s.head_dim_k, pos, s.n_rot, base);
+            flint_core::math::rope_neox_heads(&mut got, s.head_dim_k, pos, s.rope.n_rot, base);
             for (j, (g, e)) in got.iter().zip(&want[i * row..(i + 1) * row]).enumerate() {
                 assert_eq!(
                     g.to_bits(),

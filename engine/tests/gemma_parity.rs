@@ -148,7 +148,7 @@ fn gemma_ops_against_llama_cpp() {
         let an = d.get(&format!("attn_norm-{il}"));
         cmp(
             "attn_norm",
-            &norm_rows(&x_in, &layer.attn_norm, s.eps),
+            &norm_rows(&x_in, &layer.attn_norm, s.rms_eps),
             &an,
             s.d,
         );
@@ -177,13 +177,13 @@ fn gemma_ops_against_llama_cpp() {
         let kn = d.get(&format!("Kcur_normed-{il}"));
         cmp(
             "Qcur_normed",
-            &norm_rows(&q, layer.q_norm.as_deref().expect("q_norm"), s.eps),
+            &norm_rows(&q, layer.q_norm.as_deref().expect("q_norm"), s.rms_eps),
             &qn,
             h * dk,
         );
         cmp(
             "Kcur_normed",
-            &norm_rows(&k, layer.k_norm.as_deref().expect("k_norm"), s.eps),
+            &norm_rows(&k, layer.k_norm.as_deref().expect("k_norm"), s.rms_eps),
             &kn,
             dk,
         );
@@ -194,7 +194,7 @@ fn gemma_ops_against_llama_cpp() {
             let mut y = x.to_vec();
             for (p, r) in y.chunks_mut(row).enumerate() {
                 for hd in r.chunks_mut(dk) {
-                    reference::rope_neox(hd, p as u32, s.n_rot, base);
+                    reference::rope_neox(hd, p as u32, s.rope.n_rot, base);
                 }
             }
             y
@@ -253,7 +253,11 @@ fn gemma_ops_against_llama_cpp() {
         let apn = d.get(&format!("attn_post_norm-{il}"));
         cmp(
             "attn_post_norm",
-            &norm_rows(&attn, layer.post_attn_norm.as_deref().expect("post"), s.eps),
+            &norm_rows(
+                &attn,
+                layer.post_attn_norm.as_deref().expect("post"),
+                s.rms_eps,
+            ),
             &apn,
             s.d,
         );
@@ -263,7 +267,7 @@ fn gemma_ops_against_llama_cpp() {
         let fnm = d.get(&format!("ffn_norm-{il}"));
         cmp(
             "ffn_norm",
-            &norm_rows(&sa, &layer.ffn_norm, s.eps),
+            &norm_rows(&sa, &layer.ffn_norm, s.rms_eps),
             &fnm,
             s.d,
         );
@@ -302,7 +306,11 @@ fn gemma_ops_against_llama_cpp() {
         let fpn = d.get(&format!("ffn_post_norm-{il}"));
         cmp(
             "ffn_post_norm",
-            &norm_rows(&fo, layer.post_ffn_norm.as_deref().expect("post"), s.eps),
+            &norm_rows(
+                &fo,
+                layer.post_ffn_norm.as_deref().expect("post"),
+                s.rms_eps,
+            ),
             &fpn,
             s.d,
         );
@@ -314,7 +322,7 @@ fn gemma_ops_against_llama_cpp() {
         let x = d.get(&format!("l_out-{}", m.layers.len() - 1));
         cmp(
             "result_norm",
-            &norm_rows(&x, &m.output_norm, s.eps),
+            &norm_rows(&x, &m.output_norm, s.rms_eps),
             &d.get("result_norm"),
             s.d,
         );
@@ -386,7 +394,11 @@ fn last_layer_single_row() {
     let apn = d.get(&format!("attn_post_norm-{il}"));
     cmp(
         "attn_post_norm",
-        &norm_rows(wo_last, layer.post_attn_norm.as_deref().expect("p"), s.eps),
+        &norm_rows(
+            wo_last,
+            layer.post_attn_norm.as_deref().expect("p"),
+            s.rms_eps,
+        ),
         &apn,
         s.d,
     );
@@ -394,7 +406,7 @@ fn last_layer_single_row() {
     let sa = d.get(&format!("sa_out-{il}"));
     cmp(
         "ffn_norm",
-        &norm_rows(&sa, &layer.ffn_norm, s.eps),
+        &norm_rows(&sa, &layer.ffn_norm, s.rms_eps),
         &fnm,
         s.d,
     );
@@ -413,7 +425,7 @@ fn last_layer_single_row() {
     let rn = d.get("result_norm");
     cmp(
         "result_norm",
-        &norm_rows(&d.get(&format!("l_out-{il}")), &m.output_norm, s.eps),
+        &norm_rows(&d.get(&format!("l_out-{il}")), &m.output_norm, s.rms_eps),
         &rn,
         s.d,
     );

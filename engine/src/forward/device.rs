@@ -20,7 +20,9 @@ use flint_hal::{
 
 use crate::forward::profile::timed;
 use crate::kv::{groups_from_pattern, KvGroupSpec};
-use crate::model::{Activation, Arch, Ffn, Mlp, Model, ModelError, ModelSpec, TensorRef};
+use crate::model::{
+    layer_rope, soft_cap, Activation, Ffn, Mlp, Model, ModelDesc, ModelError, TensorRef,
+};
 
 /// The gate, up and hidden activations of an MLP or of the routed experts, and the
 /// experts' outputs, kept across the layers of a step.
@@ -84,6 +86,10 @@ struct DevLayer {
     wk: WeightHandle,
     wv: WeightHandle,
     wo: WeightHandle,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    bo: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     sinks: Option<Vec<f32>>,
@@ -97,9 +103,10 @@ struct DevLayer {
 #[derive(Debug)]
 pub struct DeviceModel {
     dev: DeviceRef,
-    spec: ModelSpec,
+    spec: ModelDesc,
     token_embd: WeightHandle,
     output: WeightHandle,
+    rope_freqs: Option<Vec<f32>>,
     output_norm: Vec<f32>,
     layers: Vec<DevLayer>,
     kv_groups: Vec<KvGroupSpec>,
@@ -265,6 +272,10 @@ impl DeviceModel {
                 wk: st(&l.wk, WeightKind::Matrix)?,
                 wv: st(&l.wv, WeightKind::Matrix)?,
                 wo: st(&l.wo, WeightKind::Matrix)?,
+                bq: l.bq.clone(),
+                bk: l.bk.clone(),
+                bv: l.bv.clone(),
+                bo: l.bo.clone(),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
                 sinks: l.sinks.clone(),
@@ -279,6 +290,7 @@ impl DeviceModel {
             spec: model.spec.clone(),
             token_embd,
             output,
+            rope_freqs: model.rope_freqs.clone(),
             output_norm: model.output_norm.clone(),
             layers,
             kv_groups,
@@ -286,7 +298,7 @@ impl DeviceModel {
     }
 
     /// The hyper-parameters.
-    pub fn spec(&self) -> &ModelSpec {
+    pub fn spec(&self) -> &ModelDesc {
         &self.spec
     }
 
@@ -474,7 +486,7 @@ impl DeviceModel {
         let mut a = vec![0.0f32; n * d];
         timed!(
             "rms_norm",
-            dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.eps, d, &mut a)
+            dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.rms_eps, d, &mut a)
         )?;
 
         let mut q = vec![0.0f32; n * h * dk];
@@ -488,7 +500,6 @@ impl DeviceModel {
         let mut norm_src = vec![0.0f32; (n * h * dk).max(n * hkv * dk).max(n * d)];
         let mut mlp_bufs = MlpBufs::default();
         for (il, layer) in self.layers.iter().enumerate() {
-            let ls = spec.layers[il];
             let g = self.layer_group(il);
             timed!(
                 "qkv",
@@ -499,20 +510,40 @@ impl DeviceModel {
                     &mut [&mut q, &mut k, &mut v],
                 )
             )?;
+            for (t, b) in [
+                (&mut q, &layer.bq),
+                (&mut k, &layer.bk),
+                (&mut v, &layer.bv),
+            ] {
+                if let Some(b) = b {
+                    timed!("add_bias", dev.add_bias(t, b))?;
+                }
+            }
             if let Some(w) = &layer.q_norm {
                 self.norm_in_place(&mut q, w, dk, &mut norm_src)?;
             }
             if let Some(w) = &layer.k_norm {
                 self.norm_in_place(&mut k, w, dk, &mut norm_src)?;
             }
-            let rp = |heads| RopeParams::neox(heads, dk, spec.n_rot, ls.rope_base);
+            let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
+            let rp = |n_heads| RopeParams {
+                n_heads,
+                head_dim: dk,
+                kind: rope.kind,
+                n_rot: rope.n_rot,
+                base: rope.base,
+                freq_scale: rope.freq_scale,
+                freq_factors: rope.freq_factors,
+                yarn: rope.yarn,
+            };
             timed!("rope", dev.rope(&mut q, &positions, &rp(h)))?;
             timed!("rope", dev.rope(&mut k, &positions, &rp(hkv)))?;
             timed!("write_kv", dev.write_kv(&mut *kv[il], &k, &v, &slots[g]))?;
-            // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends
-            // with scale 1; the f16 rounding of the queries in its small-batch attention
-            // sees the scaled values, so the order matters to the bit.
-            let attn_scale = if spec.arch == Arch::Gemma3 {
+            // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
+            // queries, attention scale 1): the f16 rounding of the queries in its
+            // small-batch attention sees the scaled values, so the order matters to the
+            // bit.
+            let attn_scale = if spec.q_prescaled {
                 timed!("scale", dev.scale(&mut q, spec.attn_scale))?;
                 1.0
             } else {
@@ -552,12 +583,15 @@ impl DeviceModel {
             };
             timed!("attention", dev.paged_attention(&*kv[il], &pa, o))?;
             timed!("attn_out", dev.matmul(&*layer.wo, o, rows, tmp))?;
+            if let Some(b) = &layer.bo {
+                timed!("add_bias", dev.add_bias(tmp, b))?;
+            }
             if let Some(w) = &layer.post_attn_norm {
                 self.norm_in_place(tmp, w, d, &mut norm_src)?;
             }
             timed!(
                 "add_rms_norm",
-                dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.eps, d, f)
+                dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.rms_eps, d, f)
             )?;
             self.ffn(layer, f, rows, tmp, &mut mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
@@ -569,7 +603,7 @@ impl DeviceModel {
             };
             timed!(
                 "add_rms_norm",
-                dev.add_rms_norm(x, tmp, next_norm, spec.eps, d, a)
+                dev.add_rms_norm(x, tmp, next_norm, spec.rms_eps, d, a)
             )?;
         }
         // `a` now holds rmsnorm(x) * output_norm of the wanted rows, in order (the last
@@ -580,6 +614,7 @@ impl DeviceModel {
             "output",
             dev.matmul(&*self.output, rows, n_out, &mut logits)
         )?;
+        soft_cap(&mut logits, spec.logit_softcap);
         Ok(logits)
     }
 
@@ -596,7 +631,7 @@ impl DeviceModel {
         src.copy_from_slice(buf);
         timed!(
             "rms_norm",
-            self.dev.rms_norm(src, Some(w), self.spec.eps, dim, buf)
+            self.dev.rms_norm(src, Some(w), self.spec.rms_eps, dim, buf)
         )?;
         Ok(())
     }
@@ -644,8 +679,8 @@ impl DeviceModel {
                 let Some(ms) = self.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
-                let e = ms.n_experts;
-                let k = ms.k;
+                let e = ms.experts;
+                let k = ms.used;
                 let mut logits = vec![0.0f32; n * e];
                 timed!("router", dev.matmul(&**router, f, n, &mut logits))?;
                 let mut ids = vec![0u32; n * k];

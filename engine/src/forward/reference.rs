@@ -1,8 +1,12 @@
 //! The reference forward: the oracle every faster path is judged against.
 //!
 //! One sequence, one token at a time, a contiguous f32 KV cache, plain f32 math. It is
-//! written to be read next to `shared/spec/FLINT.md` (and llama.cpp's Gemma 3 graph), not
-//! to be fast.
+//! written to be read next to `shared/spec/FLINT.md` and llama.cpp's graphs
+//! (`src/models/{llama,qwen2,qwen3,gemma3}.cpp`), not to be fast. Every architecture
+//! goes through the same steps, each taken from the model ([`crate::model`]): biases
+//! after the Q/K/V and output matmuls, per-head QK norm, RoPE with the layer's
+//! parameters (`flint_core::math::rope`), a pre-scaled query or a scaled `q.k`,
+//! sinks and a window, post-norms, the activation, and final logit soft-capping.
 //!
 //! **Matmuls** go through `flint_core::dot::matvec_f32_ggml_x86` on the weight rows as
 //! they are stored: like ggml, that quantizes the activation to the weight type's
@@ -32,7 +36,9 @@ use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::math::{gelu_tanh_ggml_f16, silu};
 use flint_hal::Gating;
 
-use crate::model::{Activation, Arch, Ffn, Layer, Mlp, Model, ModelError, TensorRef};
+use crate::model::{
+    layer_rope, soft_cap, Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef,
+};
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
 /// `flint_core::dot::matvec_f32_ggml_x86`: the activation quantized once per call, each
@@ -264,20 +270,22 @@ impl<'m> Reference<'m> {
                 self.cur_row = BatchRow::SINGLE;
             }
             let attn = match &layer.post_attn_norm {
-                Some(w) => rms_norm(&attn, Some(w), spec.eps),
+                Some(w) => rms_norm(&attn, Some(w), spec.rms_eps),
                 None => attn,
             };
             add(&mut x, &attn);
-            let f = rms_norm(&x, Some(&layer.ffn_norm), spec.eps);
+            let f = rms_norm(&x, Some(&layer.ffn_norm), spec.rms_eps);
             let y = self.ffn(&layer.ffn, &f)?;
             let y = match &layer.post_ffn_norm {
-                Some(w) => rms_norm(&y, Some(w), spec.eps),
+                Some(w) => rms_norm(&y, Some(w), spec.rms_eps),
                 None => y,
             };
             add(&mut x, &y);
         }
-        let h = rms_norm(&x, Some(&m.output_norm), spec.eps);
-        self.mv(&m.output, &h)
+        let h = rms_norm(&x, Some(&m.output_norm), spec.rms_eps);
+        let mut logits = self.mv(&m.output, &h)?;
+        soft_cap(&mut logits, spec.logit_softcap);
+        Ok(logits)
     }
 
     fn attention(
@@ -294,21 +302,31 @@ impl<'m> Reference<'m> {
             spec.head_dim_k,
             spec.head_dim_v,
         );
-        let base = spec.layers[il].rope_base;
-        let a = rms_norm(x, Some(&layer.attn_norm), spec.eps);
+        let rope = layer_rope(spec, il, self.model.rope_freqs.as_deref());
+        let a = rms_norm(x, Some(&layer.attn_norm), spec.rms_eps);
         let mut q = self.mv(&layer.wq, &a)?;
         let mut k = self.mv(&layer.wk, &a)?;
-        let v = self.mv(&layer.wv, &a)?;
+        let mut v = self.mv(&layer.wv, &a)?;
+        for (t, b) in [
+            (&mut q, &layer.bq),
+            (&mut k, &layer.bk),
+            (&mut v, &layer.bv),
+        ] {
+            if let Some(b) = b {
+                add(t, b);
+            }
+        }
         for head in q.chunks_mut(dk) {
             if let Some(w) = &layer.q_norm {
-                let n = rms_norm(head, Some(w), spec.eps);
+                let n = rms_norm(head, Some(w), spec.rms_eps);
                 head.copy_from_slice(&n);
             }
-            rope_neox(head, pos as u32, spec.n_rot, base);
+            flint_core::math::rope(head, pos as u32, &rope);
         }
-        // Gemma 3 in llama.cpp scales the rotated queries (`ggml_scale`) and attends with
-        // scale 1; its small-batch attention rounds the queries to f16 after that.
-        let attn_scale = if spec.arch == Arch::Gemma3 {
+        // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated queries,
+        // attention scale 1): its small-batch attention rounds the queries to f16 after
+        // that, so the order matters to the bit.
+        let attn_scale = if spec.q_prescaled {
             for v in q.iter_mut() {
                 *v *= spec.attn_scale;
             }
@@ -318,10 +336,10 @@ impl<'m> Reference<'m> {
         };
         for head in k.chunks_mut(dk) {
             if let Some(w) = &layer.k_norm {
-                let n = rms_norm(head, Some(w), spec.eps);
+                let n = rms_norm(head, Some(w), spec.rms_eps);
                 head.copy_from_slice(&n);
             }
-            rope_neox(head, pos as u32, spec.n_rot, base);
+            flint_core::math::rope(head, pos as u32, &rope);
         }
         // The cache holds keys and values rounded to f16, as llama.cpp's default cache
         // types (`type_k`, `type_v` F16) do: part of what its logits are.
@@ -368,7 +386,11 @@ impl<'m> Reference<'m> {
                 o.extend(out);
             }
         }
-        self.mv(&layer.wo, &o)
+        let mut out = self.mv(&layer.wo, &o)?;
+        if let Some(b) = &layer.bo {
+            add(&mut out, b);
+        }
+        Ok(out)
     }
 
     /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces).
@@ -409,7 +431,7 @@ impl<'m> Reference<'m> {
                 let chosen = route(
                     &logits,
                     moe.bias.as_deref(),
-                    ms.k,
+                    ms.used,
                     ms.gating,
                     ms.normalize,
                     ms.scale,

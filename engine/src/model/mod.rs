@@ -1,10 +1,37 @@
-//! The model as both forwards see it: an architecture-neutral description
-//! ([`ModelSpec`]) and the raw tensors ([`Model`]) of a Flint or Gemma 3 checkpoint.
+//! The model as both forwards see it: the loader's description ([`ModelDesc`], every
+//! hyper-parameter and which optional tensors are present) and the tensors ([`Model`])
+//! of a checkpoint of any architecture the description accepts (flint, gemma3, llama,
+//! qwen2, qwen3).
 //!
 //! Matrices stay in their file encoding ([`TensorRef`], zero-copy bytes); the small f32
-//! vectors (norm weights, sinks, selection bias) are decoded once at load. The reference
-//! forward reads the matrices row by row through `flint-core`; the device forward stages
-//! them on a [`Device`](flint_hal::Device) ([`crate::forward::DeviceModel`]).
+//! vectors (norm weights, biases, RoPE frequency factors, sinks, selection bias) are
+//! decoded once at load. The reference forward reads the matrices row by row through
+//! `flint-core`; the device forward stages them on a [`Device`](flint_hal::Device)
+//! ([`crate::forward::DeviceModel`]).
+//!
+//! Both forwards take every per-architecture difference from [`Model`]: the description
+//! in [`Model::spec`] for the scalars (attention scale and whether the query is
+//! pre-scaled, each layer's RoPE base and frequency scale, YaRN, activation, logit
+//! soft-capping, embedding scale, window) and the presence of a tensor for the optional
+//! pieces (a bias, `rope_freqs`, a QK norm, a post-norm, sinks). Every field is public,
+//! so a test drops or changes one feature by editing the assembled model before it runs
+//! or stages it:
+//!
+//! ```text
+//! model.rope_freqs = None;                          // no Llama 3 frequency factors
+//! model.layers[i].bq = None;                        // no query bias on layer i
+//! model.layers[i].post_ffn_norm = None;             // no Gemma post-FFN norm
+//! model.spec.layers[i].rope_freq_scale = 1.0;       // no linear / YaRN scaling there
+//! model.spec.rope.yarn = None;                      // no YaRN mix
+//! model.spec.attn_scale = 1.0 / 8.0;                // another attention scale
+//! model.spec.q_prescaled = false;                   // scale q.k instead of q
+//! model.spec.logit_softcap = None;                  // no final soft-capping
+//! model.output = model.token_embd.clone();          // tie the output projection
+//! ```
+//!
+//! The forwards read the tensors, not the description's presence flags
+//! (`spec.layers[i].biases`, `spec.rope.freq_factors`, `spec.tied_output`), which
+//! describe the file.
 
 pub mod devices;
 pub mod load;
@@ -16,104 +43,41 @@ pub use runtime::{load_on_device, resolve_path, LoadedModel};
 use std::path::PathBuf;
 
 use flint_core::GgmlType;
-use flint_hal::{Gating, HalError, HalErrorKind, WeightSource};
+use flint_hal::{HalError, HalErrorKind, WeightSource};
+pub use flint_loader::config::{
+    Activation, Arch, AttnBiases, ConfigError, FfnDesc, LayerDesc, ModelDesc, MoeDesc,
+    NormPlacement, RopeDesc, RopeKind, Yarn,
+};
 use flint_loader::fetch::FetchError;
 use flint_loader::gguf::GgufError;
 use flint_loader::tokenizer::TokenizerError;
 
-/// The architectures the engine runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Flint (`shared/spec/FLINT.md`).
-    Flint,
-    /// Gemma 3, as llama.cpp runs it.
-    Gemma3,
-}
-
-/// The FFN activation of the gated MLPs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// `silu(gate) * up` (Flint).
-    Silu,
-    /// `gelu_tanh(gate) * up` (Gemma 3).
-    GeluTanh,
-}
-
-/// Routing of a MoE layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeSpec {
-    /// Routed experts `E`.
-    pub n_experts: usize,
-    /// Experts chosen per token `k`.
-    pub k: usize,
-    /// Width `Fe` of one routed expert.
-    pub expert_ff: usize,
-    /// Score function.
-    pub gating: Gating,
-    /// Renormalise the chosen weights to sum 1.
-    pub normalize: bool,
-    /// Multiplier of the chosen weights after renormalising.
-    pub scale: f32,
-}
-
-/// Per-layer facts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerSpec {
-    /// A sliding-window layer (attends to the `W` newest positions only).
-    pub sliding: bool,
-    /// RoPE base of this layer.
-    pub rope_base: f32,
-}
-
-/// Everything the forwards need to know besides the tensors.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ModelSpec {
-    /// Which architecture.
-    pub arch: Arch,
-    /// Hidden size `d`.
-    pub d: usize,
-    /// Query heads `H`.
-    pub n_heads: usize,
-    /// KV heads `Hkv`.
-    pub n_kv_heads: usize,
-    /// Head size of Q and K.
-    pub head_dim_k: usize,
-    /// Head size of V.
-    pub head_dim_v: usize,
-    /// Rotated dims.
-    pub n_rot: usize,
-    /// RMSNorm epsilon.
-    pub eps: f32,
-    /// Vocabulary size.
-    pub vocab: usize,
-    /// Largest supported position + 1.
-    pub context_length: usize,
-    /// Sliding window `W` (used by sliding layers only).
-    pub window: Option<usize>,
-    /// Multiplier of `q . k`.
-    pub attn_scale: f32,
-    /// Multiplier of the embedding rows (`sqrt(d)` for Gemma, 1 for Flint).
-    pub embed_scale: f32,
-    /// Gated-MLP activation.
-    pub activation: Activation,
-    /// MoE routing, when any layer is MoE.
-    pub moe: Option<MoeSpec>,
-    /// One entry per layer.
-    pub layers: Vec<LayerSpec>,
-}
-
-impl ModelSpec {
-    /// Number of layers.
-    pub fn n_layers(&self) -> usize {
-        self.layers.len()
+/// Layer `il`'s RoPE, as both forwards apply it to every query and key head: the
+/// description's pairing, rotated dims and YaRN, the layer's base and frequency scale,
+/// and the model's `rope_freqs` factors (`freq_factors`) when it has them.
+pub fn layer_rope<'a>(
+    spec: &ModelDesc,
+    il: usize,
+    freq_factors: Option<&'a [f32]>,
+) -> flint_core::math::RopeConfig<'a> {
+    let l = &spec.layers[il];
+    flint_core::math::RopeConfig {
+        kind: spec.rope.kind,
+        n_rot: spec.rope.n_rot,
+        base: l.rope_base,
+        freq_scale: l.rope_freq_scale,
+        freq_factors,
+        yarn: spec.rope.yarn,
     }
+}
 
-    /// The window of layer `il` (None on full-attention layers).
-    pub fn layer_window(&self, il: usize) -> Option<usize> {
-        if self.layers[il].sliding {
-            self.window
-        } else {
-            None
+/// Final logit soft-capping on rows of logits, as llama.cpp's graph computes it:
+/// `x * (1 / c)` (one f32 reciprocal), `tanhf`, `* c`. Nothing without a cap.
+pub fn soft_cap(logits: &mut [f32], cap: Option<f32>) {
+    if let Some(c) = cap {
+        let inv = 1.0 / c;
+        for x in logits {
+            *x = (*x * inv).tanh() * c;
         }
     }
 }
@@ -216,31 +180,44 @@ pub struct Layer {
     pub wv: TensorRef,
     /// `attn_output`.
     pub wo: TensorRef,
+    /// `attn_q.bias` `[H * dk]`, added after the Q matmul.
+    pub bq: Option<Vec<f32>>,
+    /// `attn_k.bias` `[Hkv * dk]`.
+    pub bk: Option<Vec<f32>>,
+    /// `attn_v.bias` `[Hkv * dv]`.
+    pub bv: Option<Vec<f32>>,
+    /// `attn_output.bias` `[d]`, added after the output matmul.
+    pub bo: Option<Vec<f32>>,
     /// `attn_q_norm` (per head, over `dk`).
     pub q_norm: Option<Vec<f32>>,
     /// `attn_k_norm`.
     pub k_norm: Option<Vec<f32>>,
     /// `attn_sinks` (`[H]`).
     pub sinks: Option<Vec<f32>>,
-    /// Gemma's `post_attention_norm`.
+    /// `post_attention_norm` ([`NormPlacement::PrePost`]), on the attention output
+    /// before the residual add.
     pub post_attn_norm: Option<Vec<f32>>,
     /// `ffn_norm`.
     pub ffn_norm: Vec<f32>,
     /// The FFN.
     pub ffn: Ffn,
-    /// Gemma's `post_ffw_norm`.
+    /// `post_ffw_norm` ([`NormPlacement::PrePost`]), on the FFN output before the
+    /// residual add.
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// A whole checkpoint, ready for either forward.
 #[derive(Clone, Debug)]
 pub struct Model {
-    /// The hyper-parameters.
-    pub spec: ModelSpec,
+    /// The description: every hyper-parameter.
+    pub spec: ModelDesc,
     /// `token_embd` `[d, V]`.
     pub token_embd: TensorRef,
-    /// `output` `[d, V]` (the embedding itself when tied).
+    /// `output` `[d, V]` (the embedding itself when tied: the same name).
     pub output: TensorRef,
+    /// `rope_freqs` `[n_rot / 2]`: per-pair divisors of every layer's RoPE angles
+    /// (Llama 3 rope scaling).
+    pub rope_freqs: Option<Vec<f32>>,
     /// `output_norm`.
     pub output_norm: Vec<f32>,
     /// The layers.
@@ -276,6 +253,10 @@ pub enum ModelError {
     /// A metadata key or a loader setting is missing or invalid.
     #[error("{0}")]
     Gguf(#[from] GgufError),
+    /// The file's description is refused: a key or tensor Flint does not implement or
+    /// that is invalid (the error names it).
+    #[error("{0}")]
+    Config(#[from] ConfigError),
     /// The file's tokenizer cannot be built.
     #[error("tokenizer of {}: {source}", path.display())]
     Tokenizer {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use flint_loader::gguf::{GgufFile, LoadMode, Residence};
 use flint_loader::tokenizer::Tokenizer;
 
-use super::{model_from_gguf, Model, ModelError};
+use super::{model_from_gguf, Model, ModelDesc, ModelError};
 use crate::forward::DeviceModel;
 
 /// A model ready to run on a device, with its tokenizer.
@@ -63,6 +63,9 @@ pub fn load_on_device(
     // The tokenizer first, from a mapping: building it allocates a few tens of MB for a
     // while, which should not stack on top of a copy of the whole file.
     let mapped = GgufFile::open(path).map_err(open_err)?;
+    // The description before the tokenizer: a file with a feature Flint does not run is
+    // refused by the key or tensor at fault, whatever else it lacks.
+    ModelDesc::from_gguf(&mapped)?;
     let tokenizer = Tokenizer::from_gguf(&mapped).map_err(|source| ModelError::Tokenizer {
         path: path.to_path_buf(),
         source,

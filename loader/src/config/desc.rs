@@ -7,7 +7,7 @@
 //! (`src/llama-model.cpp` `load_hparams`, `src/models/{arch}.cpp` `load_arch_hparams`,
 //! `src/llama-context.cpp` for the RoPE scaling parameters).
 
-use flint_core::math::Gating;
+pub use flint_core::math::{Gating, RopeKind, Yarn};
 
 /// The architectures Flint runs (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,41 +70,13 @@ pub enum NormPlacement {
     PrePost,
 }
 
-/// How RoPE pairs the rotated dimensions (ggml's `mode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeKind {
-    /// Adjacent pairs `(2i, 2i+1)` (llama; `LLAMA_ROPE_TYPE_NORM`).
-    Normal,
-    /// Pairs `(i, i + n_rot/2)` (flint, gemma3, qwen2, qwen3; `LLAMA_ROPE_TYPE_NEOX`).
-    Neox,
-}
-
-/// YaRN parameters, as ggml's `ggml_rope_ext` takes them; present when
-/// `rope.scaling.type = yarn`. They apply on every layer, each with its own
-/// [`LayerDesc::rope_freq_scale`] (1 on sliding layers, as in llama.cpp). The
-/// architectures here read no `rope.scaling.yarn_*` key (llama.cpp does not either).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    /// Extrapolation mix: 1 for YaRN (llama.cpp sets it from the scaling type).
-    pub ext_factor: f32,
-    /// Magnitude factor: llama.cpp's `get_mscale(factor, 1) / (1 + 0.1 ln factor)`
-    /// times `rope.scaling.attn_factor` (default 1), `factor = rope.scaling.factor`.
-    pub attn_factor: f32,
-    /// `beta_fast`: llama.cpp's default 32 (these architectures read no key for it).
-    pub beta_fast: f32,
-    /// `beta_slow`: llama.cpp's default 1.
-    pub beta_slow: f32,
-    /// Original training context (`rope.scaling.original_context_length`, default
-    /// `context_length`).
-    pub n_ctx_orig: usize,
-}
-
 /// The RoPE settings shared by every layer (the per-layer base and frequency scale are
 /// in [`LayerDesc`]). These fill the HAL's `RopeParams`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeDesc {
     /// Pairing of the rotated dimensions (fixed per architecture, as llama.cpp's
-    /// `llama_model_rope_type`).
+    /// `llama_model_rope_type`: [`RopeKind::Normal`] for llama, [`RopeKind::Neox`] for
+    /// flint, gemma3, qwen2 and qwen3).
     pub kind: RopeKind,
     /// Rotated dims `n_rot`, even, `<= head_dim_k` (`rope.dimension_count`, default
     /// `head_dim_k`; llama, qwen2 and qwen3 require it equal to `head_dim_k`).
@@ -112,7 +84,13 @@ pub struct RopeDesc {
     /// `rope_freqs.weight` (`[n_rot/2]`, f32) is present: its values divide each pair's
     /// frequency on every layer (Llama 3 rope scaling, as the converter writes it).
     pub freq_factors: bool,
-    /// YaRN, when `rope.scaling.type = yarn`.
+    /// YaRN, when `rope.scaling.type = yarn`, as ggml's `ggml_rope_ext` takes it:
+    /// `ext_factor` 1, `attn_factor` llama.cpp's `get_mscale(factor, 1) / (1 + 0.1 ln
+    /// factor)` times `rope.scaling.attn_factor` (default 1), `beta_fast` 32 and
+    /// `beta_slow` 1 (llama.cpp's defaults; these architectures read no
+    /// `rope.scaling.yarn_*` key), `n_ctx_orig` `rope.scaling.original_context_length`
+    /// (default `context_length`). It applies on every layer, each with its own
+    /// [`LayerDesc::rope_freq_scale`] (1 on sliding layers, as in llama.cpp).
     pub yarn: Option<Yarn>,
 }
 

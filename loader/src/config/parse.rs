@@ -380,6 +380,9 @@ fn read_scaling(ks: &Keys<'_>, context_length: usize) -> Result<Scaling, ConfigE
                 Some(0) | None => context_length,
                 Some(v) => v,
             };
+            let n_ctx_orig = u32::try_from(n_ctx_orig).map_err(|_| {
+                ConfigError::invalid(&ctx_key, format!("{n_ctx_orig} does not fit in 32 bits"))
+            })?;
             // llama_context: mscale(factor) / (1 + 0.1 ln factor), times the file's
             // rope.scaling.attn_factor.
             let mscale = if factor <= 1.0 {
