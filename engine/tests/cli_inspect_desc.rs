@@ -177,27 +177,35 @@ fn inspect_opens_a_split_model_from_its_first_shard() {
 #[test]
 fn run_refuses_what_flint_lacks_with_exit_1_naming_it() {
     let dir = Scratch::new("run-refusals");
-    let cases: [(&str, Vec<(&str, Value)>, Vec<(&str, usize)>, &str); 3] = [
+    // (file, extra keys, extra tensors, what the error must say)
+    type Case = (
+        &'static str,
+        Vec<(&'static str, Value)>,
+        Vec<(&'static str, usize)>,
+    );
+    let cases: [(Case, &str); 3] = [
         (
-            "longrope.gguf",
-            vec![("llama.rope.scaling.type", Value::from("longrope"))],
-            vec![],
+            (
+                "longrope.gguf",
+                vec![("llama.rope.scaling.type", Value::from("longrope"))],
+                vec![],
+            ),
             "metadata key 'llama.rope.scaling.type': is 'longrope'",
         ),
         (
-            "ffn-bias.gguf",
-            vec![],
-            vec![("blk.0.ffn_up.bias", 48)],
+            ("ffn-bias.gguf", vec![], vec![("blk.0.ffn_up.bias", 48)]),
             "tensor 'blk.0.ffn_up.bias' is not part of a llama model",
         ),
         (
-            "moe.gguf",
-            vec![("llama.expert_count", Value::U32(4))],
-            vec![],
+            (
+                "moe.gguf",
+                vec![("llama.expert_count", Value::U32(4))],
+                vec![],
+            ),
             "'llama.expert_count': is 4: mixture-of-experts llama files are not supported",
         ),
     ];
-    for (name, keys, tensors, why) in cases {
+    for ((name, keys, tensors), why) in cases {
         let path = dir.0.join(name);
         let n = 11 + tensors.len();
         write_llama(&path, true, &keys, &tensors, 0..n);

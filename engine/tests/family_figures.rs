@@ -6,6 +6,8 @@
 //! committed: `FLINT_FAMILIES_F32=DIR` names a folder holding `CASE.gguf` as the case's
 //! manifest synthesises it (their sha256 is checked), else only the quantized files run.
 //!
+//! `FLINT_FIGURES_CASE=CASE` runs one case only.
+//!
 //! `cargo test -p flint-engine --test family_figures -- --ignored --nocapture` prints one
 //! line per case and file type and fails on a miss of the targets (greedy ids equal,
 //! top-1 >= 99%, mean KL <= 1e-3).
@@ -94,30 +96,89 @@ fn teacher_forced(golden: &Value, row_at: &dyn Fn(usize) -> Vec<f32>) -> Tf {
     t
 }
 
-/// Greedy chains on the device forward: (agreeing steps before the first miss, steps).
-fn greedy(dm: &DeviceModel, chains: &str) -> (usize, usize) {
-    let (mut agree, mut total) = (0, 0);
+/// The greedy chains of a golden file replayed on a forward, teacher-forced on
+/// llama.cpp's ids: steps whose argmax is llama.cpp's, steps, the largest logit
+/// difference on llama.cpp's top 5, and the smallest llama.cpp margin where the argmax
+/// differs.
+struct Greedy {
+    agree: usize,
+    steps: usize,
+    max_diff: f32,
+    miss_margin: f64,
+}
+
+/// `chain(prompt, steps)` gives the logits after the prompt and after each step's id.
+fn greedy(chains: &str, mut chain: impl FnMut(&[u32], &[u32]) -> Vec<Vec<f32>>) -> Greedy {
+    let mut g = Greedy {
+        agree: 0,
+        steps: 0,
+        max_diff: 0.0,
+        miss_margin: f64::INFINITY,
+    };
     for line in chains.lines().filter(|l| !l.trim().is_empty()) {
         let c: Value = serde_json::from_str(line).expect("chain");
         let prompt = ids_of(&c["prompt_ids"]);
-        let want: Vec<u32> = c["steps"]
-            .as_array()
-            .expect("steps")
+        let steps = c["steps"].as_array().expect("steps");
+        let want: Vec<u32> = steps
             .iter()
             .map(|s| s["id"].as_u64().expect("id") as u32)
             .collect();
-        total += want.len();
-        let mut s = Session::new(dm, prompt.len() + want.len() + 1).expect("session");
-        let mut logits = s.feed(&prompt, false).expect("prefill");
-        for &w in &want {
-            if argmax(&logits) as u32 != w {
-                break;
+        let rows = chain(&prompt, &want);
+        for (st, row) in steps.iter().zip(&rows) {
+            g.steps += 1;
+            if argmax(row) as u64 == st["id"].as_u64().expect("id") {
+                g.agree += 1;
+            } else {
+                g.miss_margin = g.miss_margin.min(st["margin"].as_f64().expect("margin"));
             }
-            agree += 1;
-            logits = s.feed(&[w], false).expect("decode");
+            for e in st["top"].as_array().expect("top") {
+                let id = e[0].as_u64().expect("id") as usize;
+                let l = e[1].as_f64().expect("logit") as f32;
+                g.max_diff = g.max_diff.max((row[id] - l).abs());
+            }
         }
     }
-    (agree, total)
+    g
+}
+
+fn device_chain(dm: &DeviceModel, prompt: &[u32], want: &[u32]) -> Vec<Vec<f32>> {
+    let mut s = Session::new(dm, prompt.len() + want.len() + 1).expect("session");
+    let mut rows = vec![s.feed(prompt, false).expect("prefill")];
+    for &w in &want[..want.len() - 1] {
+        rows.push(s.feed(&[w], false).expect("decode"));
+    }
+    rows
+}
+
+/// The reference following llama.cpp's kernels for a prompt batch asking for its last
+/// logits, then one token per call.
+fn reference_chain(model: &Model, prompt: &[u32], want: &[u32]) -> Vec<Vec<f32>> {
+    let mut r = Reference::new(model);
+    r.set_prompt_batch(prompt.len());
+    let mut last = Vec::new();
+    for &t in prompt {
+        last = r.forward(t).expect("reference");
+    }
+    let mut rows = vec![last];
+    for &w in &want[..want.len() - 1] {
+        rows.push(r.forward(w).expect("reference"));
+    }
+    rows
+}
+
+fn show(g: &Greedy) -> String {
+    let miss = if g.agree == g.steps {
+        String::new()
+    } else {
+        format!(
+            ", smallest llama.cpp margin where ours differs {:.3e}",
+            g.miss_margin
+        )
+    };
+    format!(
+        "greedy {}/{} (max |d logit| on llama.cpp's top 5 {:.3e}{miss})",
+        g.agree, g.steps, g.max_diff
+    )
 }
 
 fn f32_file(case: &str) -> Option<PathBuf> {
@@ -130,8 +191,12 @@ fn f32_file(case: &str) -> Option<PathBuf> {
 #[ignore = "measures every family against llama.cpp (minutes); run with --ignored --nocapture"]
 fn families_against_llamacpp() {
     let reference = std::env::var("FLINT_FIGURES_REFERENCE").as_deref() == Ok("1");
+    let only = std::env::var("FLINT_FIGURES_CASE").ok();
     let mut misses = Vec::new();
     for case in CASES {
+        if only.as_deref().is_some_and(|o| o != case) {
+            continue;
+        }
         let dir = data(case);
         let ids = ids_of(&json(&dir.join("ids.json"))["ids"]);
         for ty in ["f32", "q8_0", "q4_k_m"] {
@@ -157,16 +222,17 @@ fn families_against_llamacpp() {
             let dev = teacher_forced(&golden, &|p| all[p * vocab..(p + 1) * vocab].to_vec());
             let chains =
                 std::fs::read_to_string(dir.join(format!("greedy-{ty}.jsonl"))).unwrap_or_default();
-            let (ga, gt) = greedy(&dm, &chains);
+            let g = greedy(&chains, |p, w| device_chain(&dm, p, w));
             println!(
-                "{case:16} {ty:7} device:    top-1 {}/{} ({:.2}%), mean KL {:.3e}, max |d logit| {:.3e}, greedy {ga}/{gt}",
+                "{case:16} {ty:7} device:    top-1 {}/{} ({:.2}%), mean KL {:.3e}, max |d logit| {:.3e}, {}",
                 dev.top1,
                 dev.n,
                 100.0 * dev.top1 as f64 / dev.n as f64,
                 dev.kl,
-                dev.max_diff
+                dev.max_diff,
+                show(&g)
             );
-            if dev.top1 * 100 < dev.n * 99 || dev.kl > 1e-3 || ga != gt {
+            if dev.top1 * 100 < dev.n * 99 || dev.kl > 1e-3 || g.agree != g.steps {
                 misses.push(format!("{case} {ty} device"));
             }
             if reference {
@@ -177,15 +243,17 @@ fn families_against_llamacpp() {
                     .map(|&t| r.forward(t).expect("reference"))
                     .collect();
                 let re = teacher_forced(&golden, &|p| rows[p].clone());
+                let g = greedy(&chains, |p, w| reference_chain(&model, p, w));
                 println!(
-                    "{case:16} {ty:7} reference: top-1 {}/{} ({:.2}%), mean KL {:.3e}, max |d logit| {:.3e}",
+                    "{case:16} {ty:7} reference: top-1 {}/{} ({:.2}%), mean KL {:.3e}, max |d logit| {:.3e}, {}",
                     re.top1,
                     re.n,
                     100.0 * re.top1 as f64 / re.n as f64,
                     re.kl,
-                    re.max_diff
+                    re.max_diff,
+                    show(&g)
                 );
-                if re.top1 * 100 < re.n * 99 || re.kl > 1e-3 {
+                if re.top1 * 100 < re.n * 99 || re.kl > 1e-3 || g.agree != g.steps {
                     misses.push(format!("{case} {ty} reference"));
                 }
             }

@@ -289,3 +289,29 @@ impl ModelError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::soft_cap;
+
+    #[test]
+    fn soft_cap_is_c_tanh_x_over_c() {
+        let mut x = [0.0f32, 1.0, -30.0, 300.0];
+        soft_cap(&mut x, Some(30.0));
+        let want = [
+            0.0f32,
+            30.0 * (1.0f32 / 30.0).tanh(),
+            -30.0 * 1.0f32.tanh(),
+            30.0 * 10.0f32.tanh(),
+        ];
+        for (a, b) in x.iter().zip(want) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{x:?} vs {want:?}"
+            );
+        }
+        let mut y = [5.0f32, -7.0];
+        soft_cap(&mut y, None);
+        assert_eq!(y, [5.0, -7.0]);
+    }
+}
