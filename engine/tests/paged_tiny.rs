@@ -133,7 +133,9 @@ fn engine_miswired(
     miswire: Miswire,
 ) -> LLMEngine<Miswired> {
     let dm = on_cpu(model);
-    let kv = KvCacheManager::new(dm.kv_groups().to_vec(), BS, &blocks);
+    let mut kv = KvCacheManager::new(dm.kv_groups().to_vec(), BS, &blocks);
+    // As in `isolation_case`: freed sliding blocks are handed out again at once.
+    kv.set_prefix_caching(false);
     let (fg, sg) = (full_group(&kv), sliding_group(&kv).0);
     let (layers, tables) = match miswire {
         Miswire::FullReadsSliding => (fg, sg),
@@ -418,7 +420,13 @@ fn isolation_case(miswire: Option<Miswire>, sliding_pool: usize) -> Result<bool,
     let blocks = [64, sliding_pool];
     let got = match miswire {
         None => {
-            let mut e = engine_wired(&model, BS, blocks, 8, 64);
+            // The arrangement needs the sliding group to hand the blocks it freed out
+            // again at once, so that the two pools diverge; with prefix caching they
+            // stay cached, fresh ids go first, and the pools stay in step.
+            let (paged, mut kv) =
+                PagedModel::with_pools(on_cpu(&model), BS, &blocks).expect("paged model");
+            kv.set_prefix_caching(false);
+            let mut e = engine_over(paged, kv, &model, 8, 64);
             let got = run_probe(&mut e, &blocker, &probe, n)?;
             assert!(e.scheduler().kv().all_free(), "every block is back");
             got

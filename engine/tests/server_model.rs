@@ -1,14 +1,18 @@
 //! `flint serve` on the real default model (Gemma 3 270M Q4_K_M), driven over HTTP on
 //! 127.0.0.1: both endpoints streaming and not, 16 concurrent streaming clients, a
 //! disconnect mid-stream after which the KV pool is back to full, bad input, /metrics,
-//! and the official `openai` Python client.
+//! log-probabilities against `flint logits`, an API key, the official `openai` Python
+//! client, and the drain on SIGTERM.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+/// The API key the server is started with.
+const KEY: &str = "test-key-29";
 
 struct Server {
     child: Child,
@@ -23,21 +27,19 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&["--max-model-len", "256"])
+}
+
+fn start_with(args: &[&str]) -> Server {
     let model = flint_engine::cli::model_path::resolve_path(None).expect("default model");
     let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--max-model-len",
-            "256",
-            "--max-num-seqs",
-            "8",
-        ])
+        .args(["serve", "--port", "0", "--max-num-seqs", "8"])
+        .args(args)
         .args(["--kv-memory", "64000000", "--served-model-name", "gemma3"])
         .arg("-m")
         .arg(&model)
         .env("FLINT_THREADS", "2")
+        .env("FLINT_API_KEY", KEY)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -56,7 +58,23 @@ fn start() -> Server {
     };
     // Keep draining stderr so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    Server { child, base }
+    let s = Server { child, base };
+    // Healthy once the warm-up request ran.
+    let t0 = Instant::now();
+    loop {
+        match agent().get(&format!("{}/health", s.base)).call() {
+            Ok(r) if r.status() == 200 => break,
+            Err(ureq::Error::Status(503, _)) => {}
+            other => panic!("/health: {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "never healthy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s
+}
+
+fn authed(r: ureq::Request) -> ureq::Request {
+    r.set("authorization", &format!("Bearer {KEY}"))
 }
 
 fn agent() -> ureq::Agent {
@@ -66,7 +84,7 @@ fn agent() -> ureq::Agent {
 }
 
 fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
-    let resp = match agent().post(&format!("{}{path}", s.base)).send_json(body) {
+    let resp = match authed(agent().post(&format!("{}{path}", s.base))).send_json(body) {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,
         Err(e) => panic!("{e}"),
@@ -75,8 +93,7 @@ fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
 }
 
 fn sse_text(s: &Server, path: &str, body: Value) -> (String, Vec<Value>) {
-    let resp = agent()
-        .post(&format!("{}{path}", s.base))
+    let resp = authed(agent().post(&format!("{}{path}", s.base)))
         .send_json(body)
         .unwrap();
     let mut chunks = Vec::new();
@@ -106,8 +123,7 @@ fn sse_text(s: &Server, path: &str, body: Value) -> (String, Vec<Value>) {
 }
 
 fn metric(s: &Server, name: &str) -> f64 {
-    let text = agent()
-        .get(&format!("{}/metrics", s.base))
+    let text = authed(agent().get(&format!("{}/metrics", s.base)))
         .call()
         .unwrap()
         .into_string()
@@ -194,8 +210,7 @@ fn serve_the_default_model() {
     eprintln!("[server_model] A client that disconnects");
     // A client that disconnects mid-stream: its request is aborted and the pool is full
     // again.
-    let resp = agent()
-        .post(&format!("{}/v1/completions", s.base))
+    let resp = authed(agent().post(&format!("{}/v1/completions", s.base)))
         .send_json(json!({"prompt": "Once upon a time", "max_tokens": 200, "stream": true}))
         .unwrap();
     let mut reader = BufReader::new(resp.into_reader());
@@ -246,24 +261,40 @@ fn serve_the_default_model() {
     assert!(metric(&s, "flint_generation_tokens_total") >= 100.0);
     assert!(metric(&s, "flint_ttft_seconds_count") >= 20.0);
 
+    eprintln!("[server_model] Log-probabilities against flint logits");
+    logprobs_match_flint_logits(&s);
+
+    eprintln!("[server_model] The API key");
+    let r = agent().get(&format!("{}/v1/models", s.base)).call();
+    assert!(matches!(r, Err(ureq::Error::Status(401, _))), "{r:?}");
+
     eprintln!("[server_model] The official openai client");
     // The official openai client (installed by .ci/run from tools/requirements.txt).
     let have_openai = Command::new("python3")
         .args(["-c", "import openai"])
         .status()
         .is_ok_and(|st| st.success());
-    if !have_openai {
+    if have_openai {
+        openai_client(&s);
+    } else {
         assert!(
             std::env::var_os("CI").is_none(),
             "the openai Python package must be installed in CI"
         );
         eprintln!("SKIPPED: the openai Python package is not installed here");
-        return;
     }
+
+    eprintln!("[server_model] SIGTERM drains");
+    let s = Arc::try_unwrap(s).unwrap_or_else(|_| panic!("a client still holds the server"));
+    sigterm_drains(s);
+}
+
+fn openai_client(s: &Server) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/serve/openai_chat.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(format!("{}/v1", s.base))
+        .env("FLINT_API_KEY", KEY)
         .output()
         .unwrap();
     assert!(
@@ -271,5 +302,171 @@ fn serve_the_default_model() {
         "openai client failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// Completion log-probabilities equal the log-softmax of the teacher-forced logits of
+/// `flint logits` over the prompt and the completion.
+fn logprobs_match_flint_logits(s: &Server) {
+    let prompt = "The capital of France is";
+    let (st, v) = post(
+        s,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 3}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    let dir = std::env::temp_dir().join(format!("flint-logprobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("text.txt");
+    std::fs::write(&file, format!("{prompt}{text}")).unwrap();
+    let model = flint_engine::cli::model_path::resolve_path(None).expect("default model");
+    let out = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["logits", "--top", "3", "--json", "--text-file"])
+        .arg(&file)
+        .arg("-m")
+        .arg(&model)
+        .env("FLINT_THREADS", "2")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logits: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (_, tok) = post(s, "/tokenize", json!({"prompt": prompt}));
+    let n_prompt = tok["count"].as_u64().unwrap() as usize;
+    let ids = logits["ids"].as_array().unwrap();
+    assert_eq!(
+        ids.len(),
+        n_prompt + 4,
+        "the text re-tokenizes to other tokens"
+    );
+    for i in 0..4 {
+        // Position p's logits predict token p + 1.
+        let row = &logits["positions"][n_prompt - 1 + i];
+        let lse = row["lse"].as_f64().unwrap();
+        let top = row["top"].as_array().unwrap();
+        // Greedy: the drawn token is the top one.
+        assert_eq!(top[0][0], ids[n_prompt + i], "position {i}");
+        let want = top[0][1].as_f64().unwrap() - lse;
+        let got = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 2e-2,
+            "token {i}: served {got}, flint logits {want}"
+        );
+        let served_top: Vec<f64> = lp["top_logprobs"][i]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        for e in top {
+            let want = e[1].as_f64().unwrap() - lse;
+            assert!(
+                served_top.iter().any(|g| (g - want).abs() < 2e-2),
+                "token {i}: {want} not among {served_top:?}"
+            );
+        }
+    }
+}
+
+/// SIGTERM: the request in flight finishes, a new one gets 503, and the server exits 0.
+fn sigterm_drains(mut s: Server) {
+    let resp = authed(agent().post(&format!("{}/v1/completions", s.base)))
+        .send_json(
+            json!({"prompt": "Once upon a time", "max_tokens": 48, "stream": true,
+                          "temperature": 0, "ignore_eos": true}),
+        )
+        .unwrap();
+    let mut reader = BufReader::new(resp.into_reader());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended early"
+        );
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let t0 = Instant::now();
+    loop {
+        match agent().get(&format!("{}/health", s.base)).call() {
+            Err(ureq::Error::Status(503, r)) => {
+                assert!(r.header("retry-after").is_some());
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("/health while draining: {e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "never draining");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (st, v) = post(&s, "/v1/completions", json!({"prompt": "Hi"}));
+    assert_eq!(st, 503, "{v}");
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains("[DONE]") && rest.contains("\"length\""),
+        "{rest}"
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "did not exit after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn prefix_cache_on_and_off() {
+    // A shared preamble of a few hundred tokens, then two different questions.
+    let preamble = "You are a helpful assistant who answers in one short sentence. ".repeat(30);
+    let mut answers = Vec::new();
+    for args in [&[][..], &["--no-prefix-cache"][..]] {
+        let s = start_with(args);
+        let mut texts = Vec::new();
+        for q in ["What is the capital of France?", "What colour is the sky?"] {
+            let (st, v) = post(
+                &s,
+                "/v1/completions",
+                json!({"prompt": format!("{preamble}{q}"), "max_tokens": 8, "temperature": 0}),
+            );
+            assert_eq!(st, 200, "{v}");
+            texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        }
+        let (queries, hits) = (
+            metric(&s, "flint_prefix_cache_queries_total"),
+            metric(&s, "flint_prefix_cache_hits_total"),
+        );
+        eprintln!("{args:?}: queries {queries}, hits {hits}, answers {texts:?}");
+        if args.is_empty() {
+            assert!(queries > 600.0, "{queries}");
+            assert!(
+                hits * 3.0 > queries,
+                "the preamble was not reused: {hits} of {queries}"
+            );
+        } else {
+            assert_eq!((queries, hits), (0.0, 0.0), "--no-prefix-cache");
+        }
+        answers.push(texts);
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "greedy answers differ with the cache on and off"
     );
 }

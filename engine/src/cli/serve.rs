@@ -44,9 +44,17 @@ pub struct ServeArgs {
     /// Name clients use for the model [default: the file name without .gguf].
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Compute every prompt in full instead of reusing the KV blocks of a prefix that
+    /// earlier requests computed.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Every endpoint but /health wants `Authorization: Bearer KEY`.
+    #[arg(long, env = "FLINT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
-/// Runs `flint serve` until Ctrl-C.
+/// Runs `flint serve` until SIGTERM or SIGINT (Ctrl-C): the first stops admitting and
+/// lets the requests in flight finish, a second exits at once.
 pub fn run(args: &ServeArgs) -> Result<(), CliError> {
     if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 {
         return Err(CliError::new(
@@ -60,6 +68,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_model_len: args.max_model_len,
         kv_memory: args.kv_memory.unwrap_or(DEFAULT_KV_MEMORY),
+        prefix_caching: !args.no_prefix_cache,
         ..EngineSettings::default()
     };
     let file =
@@ -77,12 +86,28 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             model_name: name.clone(),
             max_model_len,
             max_queue: args.max_queue,
+            api_key: args.api_key.clone().map(crate::serve::ApiKey),
         },
     );
-    let app = crate::serve::router(handle, Arc::new(ModelText::new(tokenizer, template)));
+    let app = crate::serve::router(
+        handle.clone(),
+        Arc::new(ModelText::new(tokenizer, template)),
+    );
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .map_err(|e| CliError::new(format!("--host {} --port {}: {e}", args.host, args.port)))?;
+    if args.api_key.as_deref() == Some("") {
+        return Err(CliError::new(
+            "--api-key (or FLINT_API_KEY) must not be empty",
+        ));
+    }
+    if args.api_key.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "flint serve: warning: listening on {} without an API key: anyone who can reach \
+             it can use it (set --api-key or FLINT_API_KEY)",
+            addr.ip()
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -96,8 +121,53 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             .local_addr()
             .map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
         eprintln!("flint serve: model '{name}' on http://{local} (max_model_len {max_model_len})");
-        crate::serve::serve_on(listener, app)
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        let drain_handle = handle.clone();
+        tokio::spawn(async move {
+            stop_signal().await;
+            eprintln!(
+                "flint serve: draining: {} requests in flight; new ones get 503 (a second \
+                 signal exits at once)",
+                drain_handle.in_flight()
+            );
+            let _ = first_tx.send(());
+            stop_signal().await;
+            eprintln!("flint serve: second signal: exiting now");
+            std::process::exit(130);
+        });
+        let drained = async move {
+            let _ = first_rx.await;
+        };
+        let r = crate::serve::serve_on(listener, app, handle, drained)
             .await
-            .map_err(|e| CliError::new(format!("server on {local} failed: {e}")))
+            .map_err(|e| CliError::new(format!("server on {local} failed: {e}")));
+        eprintln!("flint serve: drained; exiting");
+        r
     })
+}
+
+/// Resolves at the next SIGTERM or SIGINT (Ctrl-C elsewhere than on Unix).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -19,11 +19,24 @@
 //! `p - W + 1 ..= p`, so it keeps at most `ceil(W / block_size) + 1` blocks between steps.
 //! Within one prefill chunk of `n` tokens the first query still needs the `W - 1`
 //! positions before it, so the peak is `ceil((W + n - 1) / block_size) + 1`.
+//!
+//! **Prefix caching.** Once a block is full and its keys and values are written, it is
+//! identified by a [`BlockHash`] chained over the tokens of every block up to it (and a
+//! slot for anything else that would change its contents), and its group's pool can find
+//! it by that hash. Blocks carry reference counts: requests with a common prefix share
+//! its blocks. A block no request holds is free; a free block with a hash stays findable
+//! until its pool needs blocks and evicts it, least recently freed first (a request's
+//! blocks are freed last to first, so a prefix loses its tail before its head). A new
+//! request starts after the longest prefix every group can supply
+//! ([`KvCacheManager::find_cached_prefix`]): a full-attention group needs every block
+//! of it, a sliding group only those its window still sees from the first token after
+//! it (the earlier entries of its table are `NO_BLOCK`, as when blocks leave the window).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flint_core::math::window_start;
 use flint_hal::NO_BLOCK;
+use sha2::{Digest, Sha256};
 
 /// Identifies a request inside the engine.
 pub type RequestId = u64;
@@ -93,11 +106,83 @@ pub fn groups_from_pattern(sliding: &[bool], window: Option<usize>) -> Vec<KvGro
     groups
 }
 
-/// A pool of block ids `0..num_blocks`.
+/// The identity of a full KV block's contents: SHA-256 over the parent block's hash,
+/// the block's token ids and the request's extra keys ([`hash_block`]).
+///
+/// SHA-256 rather than a fast 64-bit hash: clients choose the tokens, and a hash a
+/// client could collide on purpose would let it be served another prompt's keys and
+/// values. Hashing costs one short input per block (microseconds for a long prompt),
+/// next to milliseconds of forward per block.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockHash([u8; 32]);
+
+impl std::fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…")
+    }
+}
+
+/// The hash of a block holding `tokens`, after the block whose hash is `parent` (`None`
+/// for a sequence's first block). `extra` holds whatever else changes the block's keys
+/// and values (an adapter, an image's hash); every request passes nothing today.
+pub fn hash_block(parent: Option<&BlockHash>, tokens: &[u32], extra: &[u8]) -> BlockHash {
+    let mut h = Sha256::new();
+    match parent {
+        Some(p) => {
+            h.update([1u8]);
+            h.update(p.0);
+        }
+        None => h.update([0u8]),
+    }
+    h.update((tokens.len() as u64).to_le_bytes());
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.update((extra.len() as u64).to_le_bytes());
+    h.update(extra);
+    BlockHash(h.finalize().into())
+}
+
+/// The chained hashes of the first `n` full blocks of `tokens`, after `hashes` (the
+/// hashes of the blocks before them, extended in place).
+fn extend_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize, n: usize) {
+    while hashes.len() < n {
+        let i = hashes.len();
+        let Some(block) = tokens.get(i * block_size..(i + 1) * block_size) else {
+            return;
+        };
+        let h = hash_block(hashes.last(), block, &[]);
+        hashes.push(h);
+    }
+}
+
+/// A pool of block ids `0..num_blocks`, with reference counts and the prefix cache.
+///
+/// A block is *free* when no request holds it. A free block without a hash is handed
+/// out first; a free block with a hash (a *cached* block) stays findable by its hash
+/// until the pool runs out of the others and evicts it, least recently freed first.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     num_blocks: usize,
+    /// Free blocks without a hash (handed out from the end).
     free: Vec<u32>,
+    /// Free blocks with a hash, by the tick at which they were freed.
+    evictable: BTreeMap<u64, u32>,
+    /// The last tick handed out.
+    tick: u64,
+    /// Per block: how many requests hold it.
+    refs: Vec<u32>,
+    /// Per block: its hash while it is cached.
+    hash: Vec<Option<BlockHash>>,
+    /// Per block: the tick at which it was freed (its key in `evictable`).
+    freed_at: Vec<u64>,
+    /// The cached blocks by hash.
+    cached: HashMap<BlockHash, u32>,
+    /// Cached blocks handed out again (their contents forgotten) so far.
+    evictions: u64,
 }
 
 impl BlockPool {
@@ -107,6 +192,13 @@ impl BlockPool {
         Self {
             num_blocks: n as usize,
             free: (0..n).rev().collect(),
+            evictable: BTreeMap::new(),
+            tick: 0,
+            refs: vec![0; n as usize],
+            hash: vec![None; n as usize],
+            freed_at: vec![0; n as usize],
+            cached: HashMap::new(),
+            evictions: 0,
         }
     }
 
@@ -115,18 +207,94 @@ impl BlockPool {
         self.num_blocks
     }
 
-    /// Free blocks.
+    /// Free blocks (cached ones included: they are handed out when needed).
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.evictable.len()
     }
 
+    /// Blocks findable by hash (held or free).
+    pub fn num_cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// The cached block with hash `h`.
+    fn lookup(&self, h: &BlockHash) -> Option<u32> {
+        self.cached.get(h).copied()
+    }
+
+    /// Whether no request holds block `id`.
+    fn is_free(&self, id: u32) -> bool {
+        self.refs.get(id as usize).is_some_and(|&r| r == 0)
+    }
+
+    /// Hands out a block: a free one without a hash, else the least recently freed
+    /// cached one, which leaves the cache.
     fn take(&mut self) -> Option<u32> {
-        self.free.pop()
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let (_, id) = self.evictable.pop_first()?;
+                if let Some(h) = self.hash[id as usize].take() {
+                    self.cached.remove(&h);
+                }
+                self.evictions += 1;
+                id
+            }
+        };
+        self.refs[id as usize] = 1;
+        Some(id)
     }
 
-    fn give_back(&mut self, id: u32) {
-        debug_assert!((id as usize) < self.num_blocks && !self.free.contains(&id));
-        self.free.push(id);
+    /// One more request holds cached block `id` (a prefix-cache hit).
+    fn hold(&mut self, id: u32) {
+        let i = id as usize;
+        if self.refs[i] == 0 {
+            self.evictable.remove(&self.freed_at[i]);
+        }
+        self.refs[i] += 1;
+    }
+
+    /// One request fewer holds block `id`; when none does, it is free (and, with a hash,
+    /// evictable from now on).
+    fn release(&mut self, id: u32) {
+        let i = id as usize;
+        debug_assert!(i < self.num_blocks && self.refs[i] > 0);
+        self.refs[i] = self.refs[i].saturating_sub(1);
+        if self.refs[i] > 0 {
+            return;
+        }
+        if self.hash[i].is_some() {
+            self.tick += 1;
+            self.freed_at[i] = self.tick;
+            self.evictable.insert(self.tick, id);
+        } else {
+            self.free.push(id);
+        }
+    }
+
+    /// Makes the held block `id` findable by `h`, unless it already has a hash or another
+    /// block already holds the same contents (that one stays the one found).
+    fn cache(&mut self, id: u32, h: BlockHash) {
+        let i = id as usize;
+        if self.hash[i].is_none() && !self.cached.contains_key(&h) {
+            self.cached.insert(h, id);
+            self.hash[i] = Some(h);
+        }
+    }
+
+    /// Forgets every hash: cached free blocks become plain free blocks.
+    fn clear_cache(&mut self) {
+        self.cached.clear();
+        for h in &mut self.hash {
+            *h = None;
+        }
+        // Handed out after the plain free blocks, least recently freed first.
+        let mut free: Vec<u32> = std::mem::take(&mut self.evictable)
+            .into_values()
+            .rev()
+            .collect();
+        free.append(&mut self.free);
+        self.free = free;
     }
 }
 
@@ -153,24 +321,67 @@ impl std::fmt::Display for OutOfBlocks {
 
 impl std::error::Error for OutOfBlocks {}
 
+/// The longest prefix of a token sequence whose blocks every group has cached, as
+/// [`KvCacheManager::find_cached_prefix`] found it; [`KvCacheManager::allocate_with_prefix`]
+/// takes its blocks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// Tokens it covers: whole blocks, always fewer than the tokens looked up.
+    pub num_tokens: usize,
+    /// Tokens looked up (0 when prefix caching is off).
+    pub num_queried: usize,
+    /// The chained hashes of the full blocks of the tokens looked up.
+    hashes: Vec<BlockHash>,
+    /// Per group: the cached blocks the group needs (`NO_BLOCK` before a sliding
+    /// group's window); empty when nothing was found.
+    tables: Vec<Vec<u32>>,
+}
+
+/// What the prefix cache has done since the manager was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens looked up at admission (re-admissions after preemption included).
+    pub queries: u64,
+    /// Of those, tokens found cached (not computed again).
+    pub hits: u64,
+    /// Blocks findable by hash now, over all groups (held or free).
+    pub cached_blocks: usize,
+    /// Cached blocks handed out again for other contents, over all groups.
+    pub evictions: u64,
+}
+
 #[derive(Clone, Debug)]
 struct Group {
     spec: KvGroupSpec,
     pool: BlockPool,
 }
 
-/// Hands out KV blocks to requests, one block table per request per group.
+/// The blocks one request holds.
+#[derive(Clone, Debug)]
+struct RequestBlocks {
+    /// Per group: logical block index -> block id (`NO_BLOCK` where freed or never needed).
+    tables: Vec<Vec<u32>>,
+    /// The chained hashes of the request's first full blocks.
+    hashes: Vec<BlockHash>,
+    /// Leading blocks already offered to the cache, in every group.
+    num_offered: usize,
+}
+
+/// Hands out KV blocks to requests, one block table per request per group, and keeps
+/// freed full blocks findable by hash (the prefix cache).
 #[derive(Clone, Debug)]
 pub struct KvCacheManager {
     block_size: usize,
     groups: Vec<Group>,
-    /// Per request, per group: logical block index -> block id (`NO_BLOCK` once freed).
-    tables: HashMap<RequestId, Vec<Vec<u32>>>,
+    requests: HashMap<RequestId, RequestBlocks>,
+    prefix_caching: bool,
+    queries: u64,
+    hits: u64,
 }
 
 impl KvCacheManager {
     /// A manager over `groups`, with `blocks_per_group[g]` blocks of `block_size` tokens
-    /// in group `g`'s pool.
+    /// in group `g`'s pool, prefix caching on.
     ///
     /// # Panics
     /// When `block_size` is 0 or the two lists differ in length (caller bugs).
@@ -187,7 +398,48 @@ impl KvCacheManager {
                     pool: BlockPool::new(n),
                 })
                 .collect(),
-            tables: HashMap::new(),
+            requests: HashMap::new(),
+            prefix_caching: true,
+            queries: 0,
+            hits: 0,
+        }
+    }
+
+    /// Turns prefix caching on or off (off: no block is hashed or found, and the blocks
+    /// cached so far become plain free blocks once free).
+    pub fn set_prefix_caching(&mut self, on: bool) {
+        self.prefix_caching = on;
+        if !on {
+            for g in &mut self.groups {
+                g.pool.clear_cache();
+            }
+        }
+    }
+
+    /// Forgets every cached block and zeroes the counters, as if no request had run
+    /// (the server's warm-up request leaves no trace this way). Blocks that requests
+    /// hold stay theirs.
+    pub fn reset_prefix_cache(&mut self) {
+        for g in &mut self.groups {
+            g.pool.clear_cache();
+            g.pool.evictions = 0;
+        }
+        self.queries = 0;
+        self.hits = 0;
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// The prefix cache's counters.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        PrefixCacheStats {
+            queries: self.queries,
+            hits: self.hits,
+            cached_blocks: self.groups.iter().map(|g| g.pool.num_cached()).sum(),
+            evictions: self.groups.iter().map(|g| g.pool.evictions).sum(),
         }
     }
 
@@ -218,12 +470,17 @@ impl KvCacheManager {
         self.groups[g].pool.num_blocks()
     }
 
-    /// Free blocks of group `g`.
+    /// Free blocks of group `g` (cached ones no request holds included).
     pub fn num_free(&self, g: usize) -> usize {
         self.groups[g].pool.num_free()
     }
 
-    /// True when every pool has all its blocks back.
+    /// Cached blocks of group `g` (findable by hash, held or free).
+    pub fn num_cached(&self, g: usize) -> usize {
+        self.groups[g].pool.num_cached()
+    }
+
+    /// True when no request holds any block.
     pub fn all_free(&self) -> bool {
         self.groups
             .iter()
@@ -232,9 +489,9 @@ impl KvCacheManager {
 
     /// The block table of request `req` in group `g` (empty for an unknown request).
     pub fn block_table(&self, req: RequestId, g: usize) -> &[u32] {
-        self.tables
+        self.requests
             .get(&req)
-            .and_then(|t| t.get(g))
+            .and_then(|r| r.tables.get(g))
             .map(Vec::as_slice)
             .unwrap_or(&[])
     }
@@ -252,13 +509,12 @@ impl KvCacheManager {
         window_start(pos, self.groups[g].spec.kind.window())
     }
 
-    /// Blocks group `g` must newly hand out so that `req` has positions
-    /// `first_query ..= last` backed (the window of `first_query` included).
-    fn blocks_needed(&self, req: RequestId, g: usize, first_query: usize, last: usize) -> usize {
+    /// Blocks of `table` group `g` must newly hand out so that positions
+    /// `first_query ..= last` are backed (the window of `first_query` included).
+    fn missing(&self, table: &[u32], g: usize, first_query: usize, last: usize) -> usize {
         let bs = self.block_size;
         let lo = self.first_needed(g, first_query) / bs;
         let hi = last / bs;
-        let table = self.block_table(req, g);
         (lo..=hi)
             .filter(|&i| table.get(i).is_none_or(|&b| b == NO_BLOCK))
             .count()
@@ -283,7 +539,8 @@ impl KvCacheManager {
             return true;
         }
         (0..self.groups.len()).all(|g| {
-            self.blocks_needed(req, g, first_query, end - 1) <= self.groups[g].pool.num_free()
+            self.missing(self.block_table(req, g), g, first_query, end - 1)
+                <= self.groups[g].pool.num_free()
         })
     }
 
@@ -300,7 +557,7 @@ impl KvCacheManager {
             return Ok(());
         }
         for g in 0..self.groups.len() {
-            let needed = self.blocks_needed(req, g, first_query, end - 1);
+            let needed = self.missing(self.block_table(req, g), g, first_query, end - 1);
             let free = self.groups[g].pool.num_free();
             if needed > free {
                 return Err(OutOfBlocks {
@@ -312,14 +569,15 @@ impl KvCacheManager {
         }
         let bs = self.block_size;
         let n_groups = self.groups.len();
-        let tables = self
-            .tables
-            .entry(req)
-            .or_insert_with(|| vec![Vec::new(); n_groups]);
+        let r = self.requests.entry(req).or_insert_with(|| RequestBlocks {
+            tables: vec![Vec::new(); n_groups],
+            hashes: Vec::new(),
+            num_offered: 0,
+        });
         for (g, group) in self.groups.iter_mut().enumerate() {
             let lo = window_start(first_query, group.spec.kind.window()) / bs;
             let hi = (end - 1) / bs;
-            let table = &mut tables[g];
+            let table = &mut r.tables[g];
             if table.len() <= hi {
                 table.resize(hi + 1, NO_BLOCK);
             }
@@ -333,11 +591,180 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// The longest prefix of `tokens` that every group can supply from its cache: a
+    /// full-attention group needs every block of the prefix, a sliding group only the
+    /// blocks the window of the first token after it still sees. At least one token is
+    /// always left to compute (its logits are the ones sampled). Nothing is taken yet.
+    pub fn find_cached_prefix(&self, tokens: &[u32]) -> CachedPrefix {
+        if !self.prefix_caching || tokens.is_empty() {
+            return CachedPrefix::default();
+        }
+        let bs = self.block_size;
+        let mut hashes = Vec::new();
+        extend_hashes(&mut hashes, tokens, bs, tokens.len() / bs);
+        let limit = (tokens.len() - 1) / bs;
+        let found: Vec<Vec<Option<u32>>> = self
+            .groups
+            .iter()
+            .map(|g| hashes[..limit].iter().map(|h| g.pool.lookup(h)).collect())
+            .collect();
+        // The longest prefix each group allows, shortened until all groups agree: a
+        // sliding group may allow `k` blocks but not `k - 1` (that window reaches one
+        // block further back), so one pass is not enough.
+        let mut k = limit;
+        loop {
+            let before = k;
+            for g in 0..self.groups.len() {
+                k = self.longest_usable(g, &found[g], k);
+            }
+            if k == before {
+                break;
+            }
+        }
+        if k == 0 {
+            return CachedPrefix {
+                num_queried: tokens.len(),
+                hashes,
+                ..CachedPrefix::default()
+            };
+        }
+        let tables = (0..self.groups.len())
+            .map(|g| {
+                let lo = self.first_needed(g, k * bs) / bs;
+                (0..k)
+                    .map(|i| match found[g][i] {
+                        Some(b) if i >= lo => b,
+                        _ => NO_BLOCK,
+                    })
+                    .collect()
+            })
+            .collect();
+        CachedPrefix {
+            num_tokens: k * bs,
+            num_queried: tokens.len(),
+            hashes,
+            tables,
+        }
+    }
+
+    /// The most blocks, at most `limit`, a prefix can have for group `g` to supply
+    /// what it needs of it from `found` (its cached block per block index).
+    fn longest_usable(&self, g: usize, found: &[Option<u32>], limit: usize) -> usize {
+        let bs = self.block_size;
+        // `last_miss[j]`: one past the last uncached block before block `j`.
+        let mut last_miss = vec![0usize; limit + 1];
+        for j in 1..=limit {
+            last_miss[j] = if found[j - 1].is_none() {
+                j
+            } else {
+                last_miss[j - 1]
+            };
+        }
+        (1..=limit)
+            .rev()
+            .find(|&j| last_miss[j] <= self.first_needed(g, j * bs) / bs)
+            .unwrap_or(0)
+    }
+
+    /// Gives request `req` (which holds no blocks) the cached blocks of `prefix`, found
+    /// by [`find_cached_prefix`](Self::find_cached_prefix) with no block handed out
+    /// since, and new blocks for queries `prefix.num_tokens .. end`. All or nothing, like [`allocate`](Self::allocate);
+    /// on success the lookup counts in the [`PrefixCacheStats`].
+    pub fn allocate_with_prefix(
+        &mut self,
+        req: RequestId,
+        prefix: &CachedPrefix,
+        end: usize,
+    ) -> Result<(), OutOfBlocks> {
+        let start = prefix.num_tokens;
+        if start > 0 {
+            let empty = Vec::new();
+            for g in 0..self.groups.len() {
+                let table = prefix.tables.get(g).unwrap_or(&empty);
+                // Cached blocks no request holds are counted free: taking them leaves
+                // fewer for the new ones.
+                let reclaimed = table
+                    .iter()
+                    .filter(|&&b| b != NO_BLOCK && self.groups[g].pool.is_free(b))
+                    .count();
+                let needed = self.missing(table, g, start, end.max(start + 1) - 1) + reclaimed;
+                let free = self.groups[g].pool.num_free();
+                if needed > free {
+                    return Err(OutOfBlocks {
+                        group: g,
+                        needed,
+                        free,
+                    });
+                }
+            }
+            for (g, table) in prefix.tables.iter().enumerate() {
+                for (i, &b) in table.iter().enumerate().filter(|(_, &b)| b != NO_BLOCK) {
+                    let pool = &mut self.groups[g].pool;
+                    // Nothing was handed out since the lookup, so nothing was evicted.
+                    debug_assert_eq!(pool.hash[b as usize], prefix.hashes.get(i).copied());
+                    pool.hold(b);
+                }
+            }
+            let k = start / self.block_size;
+            self.requests.insert(
+                req,
+                RequestBlocks {
+                    tables: prefix.tables.clone(),
+                    hashes: prefix.hashes.clone(),
+                    num_offered: k,
+                },
+            );
+        }
+        if let Err(e) = self.allocate(req, start, end) {
+            // Checked above; undo the holds all the same.
+            self.free(req);
+            return Err(e);
+        }
+        if self.prefix_caching {
+            self.queries += prefix.num_queried as u64;
+            self.hits += start as u64;
+        }
+        if start == 0 {
+            if let Some(r) = self.requests.get_mut(&req) {
+                r.hashes = prefix.hashes.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Offers to the cache the blocks of `req` that the first `num_computed` of `tokens`
+    /// (its tokens so far) fill completely: each becomes findable by its chained hash.
+    /// Call after a step, before [`free_out_of_window`](Self::free_out_of_window).
+    pub fn cache_computed(&mut self, req: RequestId, tokens: &[u32], num_computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let bs = self.block_size;
+        let Some(r) = self.requests.get_mut(&req) else {
+            return;
+        };
+        let full = num_computed.min(tokens.len()) / bs;
+        if full <= r.num_offered {
+            return;
+        }
+        extend_hashes(&mut r.hashes, tokens, bs, full);
+        let full = full.min(r.hashes.len());
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            for i in r.num_offered..full {
+                match r.tables[g].get(i) {
+                    Some(&b) if b != NO_BLOCK => group.pool.cache(b, r.hashes[i]),
+                    _ => {}
+                }
+            }
+        }
+        r.num_offered = full;
+    }
+
     /// Returns to the pools the blocks of `req` that no query at `next_pos` or later can
     /// read (sliding groups only). Call after a step with the position of the next token.
     pub fn free_out_of_window(&mut self, req: RequestId, next_pos: usize) {
         let bs = self.block_size;
-        let Some(tables) = self.tables.get_mut(&req) else {
+        let Some(r) = self.requests.get_mut(&req) else {
             return;
         };
         for (g, group) in self.groups.iter_mut().enumerate() {
@@ -348,22 +775,23 @@ impl KvCacheManager {
             // last position is below it.
             let first = window_start(next_pos, Some(window));
             let whole_blocks = first / bs;
-            for slot in tables[g].iter_mut().take(whole_blocks) {
+            for slot in r.tables[g].iter_mut().take(whole_blocks) {
                 if *slot != NO_BLOCK {
-                    group.pool.give_back(*slot);
+                    group.pool.release(*slot);
                     *slot = NO_BLOCK;
                 }
             }
         }
     }
 
-    /// Returns every block of `req` (finish, abort, preemption).
+    /// Returns every block of `req` (finish, abort, preemption). Its last blocks are
+    /// freed first, so that the cache evicts a prefix's tail before its head.
     pub fn free(&mut self, req: RequestId) {
-        if let Some(tables) = self.tables.remove(&req) {
-            for (g, table) in tables.into_iter().enumerate() {
-                for b in table {
+        if let Some(r) = self.requests.remove(&req) {
+            for (g, table) in r.tables.into_iter().enumerate() {
+                for b in table.into_iter().rev() {
                     if b != NO_BLOCK {
-                        self.groups[g].pool.give_back(b);
+                        self.groups[g].pool.release(b);
                     }
                 }
             }
@@ -477,6 +905,188 @@ mod tests {
         );
         assert_eq!(m.num_free(1), 100 - 3);
         m.free(1);
+        assert!(m.all_free());
+    }
+
+    /// Runs request `req` over `tokens` as the scheduler would: chunks of `chunk`
+    /// tokens, each step's blocks offered to the cache and the window trimmed.
+    fn compute(m: &mut KvCacheManager, req: RequestId, tokens: &[u32], from: usize, chunk: usize) {
+        let mut pos = from;
+        while pos < tokens.len() {
+            let end = (pos + chunk).min(tokens.len());
+            m.allocate(req, pos, end).unwrap();
+            pos = end;
+            m.cache_computed(req, tokens, pos);
+            m.free_out_of_window(req, pos);
+        }
+    }
+
+    /// Admits `req` after its cached prefix and computes the rest; returns where it started.
+    fn admit(m: &mut KvCacheManager, req: RequestId, tokens: &[u32], chunk: usize) -> usize {
+        let prefix = m.find_cached_prefix(tokens);
+        let start = prefix.num_tokens;
+        let end = (start + chunk).min(tokens.len());
+        m.allocate_with_prefix(req, &prefix, end).unwrap();
+        m.cache_computed(req, tokens, end);
+        m.free_out_of_window(req, end);
+        compute(m, req, tokens, end, chunk);
+        start
+    }
+
+    #[test]
+    fn block_hashes_chain_over_every_earlier_block() {
+        let a = hash_block(None, &[1, 2, 3, 4], &[]);
+        assert_eq!(a, hash_block(None, &[1, 2, 3, 4], &[]), "deterministic");
+        assert_ne!(a, hash_block(None, &[1, 2, 3, 5], &[]));
+        assert_ne!(a, hash_block(None, &[1, 2, 3, 4], &[7]), "extra keys count");
+        let b = hash_block(Some(&a), &[1, 2, 3, 4], &[]);
+        assert_ne!(a, b, "the parent counts");
+        // The same second block after different first blocks: different identities.
+        let mut x = Vec::new();
+        let mut y = Vec::new();
+        extend_hashes(&mut x, &[1, 2, 3, 4, 9, 9, 9, 9], 4, 2);
+        extend_hashes(&mut y, &[1, 2, 3, 0, 9, 9, 9, 9], 4, 2);
+        assert_eq!(x[0], a);
+        assert_ne!(x[1], y[1]);
+        // Only full blocks are hashed.
+        let mut z = Vec::new();
+        extend_hashes(&mut z, &[1, 2, 3, 4, 5], 4, 2);
+        assert_eq!(z, vec![a]);
+    }
+
+    #[test]
+    fn a_shared_prefix_hits_in_every_group() {
+        let mut m = KvCacheManager::new(hybrid(), 4, &[32, 32]);
+        let first: Vec<u32> = (0..20).collect();
+        assert_eq!(admit(&mut m, 1, &first, 8), 0, "nothing cached yet");
+        let full_blocks = m.block_table(1, 0).to_vec();
+        m.free(1);
+        assert!(m.all_free());
+        // Every full block was cached in both groups (the sliding group's early blocks
+        // before they left the window).
+        assert_eq!(m.num_cached(0), 5);
+        assert_eq!(m.num_cached(1), 5);
+        // 16 tokens in common, then different ones.
+        let second: Vec<u32> = (0..16).chain(100..105).collect();
+        let p = m.find_cached_prefix(&second);
+        assert_eq!(p.num_tokens, 16);
+        assert_eq!(p.num_queried, 21);
+        m.allocate_with_prefix(2, &p, 21).unwrap();
+        assert_eq!(
+            &m.block_table(2, 0)[..4],
+            &full_blocks[..4],
+            "the same full blocks"
+        );
+        // The first query at 16 sees 9..=16: sliding blocks 2 and 3, not 0 and 1.
+        let t = m.block_table(2, 1);
+        assert_eq!(&t[..2], &[NO_BLOCK, NO_BLOCK]);
+        assert!(t[2..4].iter().all(|&b| b != NO_BLOCK));
+        let stats = m.prefix_cache_stats();
+        assert_eq!((stats.queries, stats.hits), (20 + 21, 16));
+        // A prompt the cache holds whole still leaves its last token to compute.
+        let p = m.find_cached_prefix(&first[..16]);
+        assert_eq!(p.num_tokens, 12);
+        m.free(2);
+        assert!(m.all_free());
+    }
+
+    #[test]
+    fn a_sliding_group_needs_only_the_blocks_its_window_sees() {
+        // A sliding pool of 8 blocks: after request 1 (5 blocks) another request of 5
+        // blocks evicts the two least recently freed, request 1's blocks 0 and 1.
+        let mut m = KvCacheManager::new(hybrid(), 4, &[32, 8]);
+        let first: Vec<u32> = (0..20).collect();
+        admit(&mut m, 1, &first, 20);
+        m.free(1);
+        m.allocate(9, 0, 20).unwrap();
+        assert_eq!(m.num_cached(1), 3, "two sliding blocks evicted");
+        m.free(9);
+        let longer: Vec<u32> = (0..21).collect();
+        let p = m.find_cached_prefix(&longer);
+        // The first query at 20 sees 13..=20: sliding blocks 3 and 4 are all it needs.
+        assert_eq!(p.num_tokens, 20);
+        m.allocate_with_prefix(2, &p, 21).unwrap();
+        assert_eq!(m.live_blocks(2, 0), 6);
+        let t = m.block_table(2, 1);
+        assert_eq!(&t[..3], &[NO_BLOCK; 3]);
+        assert_eq!(
+            m.live_blocks(2, 1),
+            3,
+            "blocks 3 and 4 from the cache, 5 new"
+        );
+        m.free(2);
+        // Two more evictions (blocks 2 and 4, the least recently freed): every prefix's
+        // window now reaches an evicted sliding block, though the full group has them all.
+        m.allocate(9, 0, 28).unwrap();
+        m.free(9);
+        assert_eq!(m.num_cached(1), 1);
+        assert_eq!(m.num_cached(0), 5);
+        assert_eq!(m.find_cached_prefix(&longer).num_tokens, 0);
+        assert!(m.all_free());
+    }
+
+    #[test]
+    fn eviction_takes_plain_blocks_first_then_the_least_recently_freed() {
+        let mut pool = BlockPool::new(5);
+        let ids: Vec<u32> = (0..4).map(|_| pool.take().unwrap()).collect();
+        let hashes: Vec<BlockHash> = (0..4u32).map(|i| hash_block(None, &[i], &[])).collect();
+        for (&id, &h) in ids.iter().zip(&hashes) {
+            pool.cache(id, h);
+        }
+        for i in [2, 0, 3, 1] {
+            pool.release(ids[i]);
+        }
+        assert_eq!(pool.num_free(), 5);
+        // A hit takes block 3 out of the eviction queue.
+        pool.hold(ids[3]);
+        assert_eq!(pool.num_free(), 4);
+        assert_eq!(pool.take(), Some(4), "the plain free block goes first");
+        assert_eq!(pool.take(), Some(ids[2]), "then the least recently freed");
+        assert_eq!(
+            pool.lookup(&hashes[2]),
+            None,
+            "an evicted block is not found"
+        );
+        assert_eq!(pool.take(), Some(ids[0]));
+        assert_eq!(pool.take(), Some(ids[1]));
+        assert_eq!(pool.take(), None, "block 3 is held");
+        assert_eq!(pool.lookup(&hashes[3]), Some(ids[3]));
+    }
+
+    #[test]
+    fn shared_blocks_are_counted_and_free_once_nobody_holds_them() {
+        let mut m = KvCacheManager::new(hybrid(), 4, &[16, 16]);
+        let a: Vec<u32> = (0..17).collect();
+        admit(&mut m, 1, &a, 17);
+        // Request 2 shares request 1's first four blocks while 1 still runs.
+        let b: Vec<u32> = (0..16).chain([50, 51]).collect();
+        assert_eq!(admit(&mut m, 2, &b, 18), 16);
+        assert_eq!(m.block_table(2, 0)[..4], m.block_table(1, 0)[..4]);
+        // 5 blocks of 1, 4 shared, 1 of 2's own in the full group.
+        assert_eq!(m.num_free(0), 16 - 6);
+        m.free(1);
+        assert_eq!(
+            m.num_free(0),
+            16 - 5,
+            "the shared blocks are still held by 2"
+        );
+        m.free(2);
+        assert!(m.all_free());
+        // Freed blocks stay findable.
+        assert_eq!(m.find_cached_prefix(&b).num_tokens, 16);
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_found() {
+        let mut m = KvCacheManager::new(hybrid(), 4, &[16, 16]);
+        let a: Vec<u32> = (0..17).collect();
+        admit(&mut m, 1, &a, 17);
+        m.free(1);
+        m.set_prefix_caching(false);
+        assert_eq!(m.num_cached(0), 0);
+        assert_eq!(admit(&mut m, 2, &a, 17), 0);
+        m.free(2);
+        assert_eq!(m.prefix_cache_stats().cached_blocks, 0);
         assert!(m.all_free());
     }
 }

@@ -35,6 +35,11 @@ pub struct SamplerConfig {
     pub penalty_last_n: usize,
     /// Seed of the random draw.
     pub seed: u64,
+    /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// When set, [`Sampler::sample_with_logprobs`] reports the log-probability of the
+    /// drawn token and of this many most likely tokens.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplerConfig {
@@ -56,6 +61,8 @@ impl SamplerConfig {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
+            logprobs: None,
         }
     }
 
@@ -145,11 +152,19 @@ impl Sampler {
     /// Panics on empty `logits` (a caller bug).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "sample: empty logits");
-        if self.cfg.is_greedy() && (self.cfg.penalties_off() || history.is_empty()) {
+        if self.cfg.is_greedy()
+            && self.cfg.logit_bias.is_empty()
+            && (self.cfg.penalties_off() || history.is_empty())
+        {
             // Nothing changes the logits: no copy of a (262k-entry) row per token.
             return argmax(logits) as u32;
         }
         let mut l = logits.to_vec();
+        for &(t, b) in &self.cfg.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x += b;
+            }
+        }
         apply_penalties(&self.cfg, &mut l, history);
         if self.cfg.is_greedy() {
             return argmax(&l) as u32;
@@ -174,6 +189,79 @@ impl Sampler {
         }
         // Rounding left `r` just above the sum: the last survivor.
         cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+/// The log-probabilities of one drawn token: its own and the most likely tokens'.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The drawn token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, most likely first (ties:
+    /// lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// [`sample`](Self::sample), and when [`SamplerConfig::logprobs`] is set the
+    /// log-probabilities of the draw ([`logprobs`]).
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+    ) -> (u32, Option<TokenLogprobs>) {
+        let token = self.sample(logits, history);
+        let lp = self.cfg.logprobs.map(|n| logprobs(logits, token, n));
+        (token, lp)
+    }
+}
+
+/// The log-probability of `token` and of the `top` most likely tokens under the
+/// log-softmax of the raw `logits`: the model's distribution before logit bias,
+/// penalties, filtering and temperature (vLLM's default, `raw_logprobs`). Non-finite
+/// logits count as probability 0 (log-probability minus infinity).
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let m = logits
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|&x| ((x - m) as f64).exp())
+        .sum();
+    let lse = m as f64 + sum.ln();
+    let lp = |x: f32| {
+        if x.is_finite() {
+            (x as f64 - lse) as f32
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    // The `top` largest, kept sorted (most likely first, lower id first on ties).
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &x) in logits.iter().enumerate() {
+            if !x.is_finite() {
+                continue;
+            }
+            if best.len() == top && best.last().is_some_and(|b| x <= b.1) {
+                continue;
+            }
+            let at = best.partition_point(|b| b.1 >= x);
+            best.insert(at, (i as u32, x));
+            best.truncate(top);
+        }
+    }
+    TokenLogprobs {
+        token,
+        logprob: logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&x| lp(x)),
+        top: best.into_iter().map(|(i, x)| (i, lp(x))).collect(),
     }
 }
 
@@ -404,6 +492,34 @@ mod tests {
         assert_eq!(argmax(&[-0.0, 0.0]), 0);
         assert_eq!(argmax(&[f32::NAN, 5.0]), 0);
         assert_eq!(argmax(&[1.0, f32::NAN, 5.0]), 2);
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let logits = [1.0f32, 3.0, 3.0, -2.0, f32::NEG_INFINITY];
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        let lp = logprobs(&logits, 0, 3);
+        assert!((lp.logprob as f64 - (1.0 - z.ln())).abs() < 1e-6, "{lp:?}");
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert!((lp.top[0].1 as f64 - (3.0 - z.ln())).abs() < 1e-6);
+        assert_eq!(logprobs(&logits, 4, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprobs(&logits, 4, 0).top.is_empty());
+    }
+
+    #[test]
+    fn logit_bias_moves_the_draw_but_not_the_logprobs() {
+        let logits = [5.0f32, 0.0, 0.0];
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(2, 100.0)],
+            logprobs: Some(1),
+            ..SamplerConfig::greedy()
+        });
+        let (t, lp) = s.sample_with_logprobs(&logits, &[]);
+        assert_eq!(t, 2);
+        let lp = lp.unwrap();
+        assert_eq!(lp.token, 2);
+        assert_eq!(lp.top[0].0, 0, "the top log-probability is the raw model's");
     }
 
     #[test]

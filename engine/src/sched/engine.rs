@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 use crate::kv::RequestId;
 use crate::model::ModelError;
-use crate::sample::{FinishReason, Sampler, SamplerConfig, StopConditions, StopScan};
+use crate::sample::{
+    FinishReason, Sampler, SamplerConfig, StopConditions, StopScan, TokenLogprobs,
+};
 use crate::sched::{AdmissionError, Scheduler, SchedulerOutput};
 
 /// One request's share of a batched step, as the model sees it.
@@ -81,6 +83,9 @@ pub struct RequestOutput {
     pub prompt_tokens: usize,
     /// Tokens generated so far.
     pub completion_tokens: usize,
+    /// The log-probabilities of `token`, when its sampler was asked for them
+    /// ([`SamplerConfig::logprobs`]).
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What the last step computed (for benchmarks and metrics).
@@ -155,6 +160,11 @@ impl<M: StepModel> LLMEngine<M> {
     /// The scheduler (for metrics: queue depth, KV blocks in use).
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
+    }
+
+    /// The scheduler, for changes outside a step.
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
     }
 
     /// The model.
@@ -259,6 +269,7 @@ impl<M: StepModel> LLMEngine<M> {
                     finished: Some(FinishReason::Length),
                     prompt_tokens: l.prompt_tokens,
                     completion_tokens,
+                    logprobs: None,
                 });
             }
             self.scheduler.remove(id);
@@ -286,6 +297,7 @@ impl<M: StepModel> LLMEngine<M> {
             ))));
         }
         let mut sampled = Vec::with_capacity(n_sample);
+        let mut sampled_logprobs: HashMap<RequestId, TokenLogprobs> = HashMap::new();
         for (row, q) in plan.seqs.iter().filter(|q| q.sample).enumerate() {
             let history = self
                 .scheduler
@@ -293,9 +305,15 @@ impl<M: StepModel> LLMEngine<M> {
                 .map(|s| s.output().to_vec())
                 .unwrap_or_default();
             let t = match self.live.get_mut(&q.id) {
-                Some(l) => l
-                    .sampler
-                    .sample(&logits[row * vocab..(row + 1) * vocab], &history),
+                Some(l) => {
+                    let (t, lp) = l
+                        .sampler
+                        .sample_with_logprobs(&logits[row * vocab..(row + 1) * vocab], &history);
+                    if let Some(lp) = lp {
+                        sampled_logprobs.insert(q.id, lp);
+                    }
+                    t
+                }
                 None => 0,
             };
             sampled.push(t);
@@ -351,6 +369,7 @@ impl<M: StepModel> LLMEngine<M> {
                 finished,
                 prompt_tokens: l.prompt_tokens,
                 completion_tokens: n_out,
+                logprobs: sampled_logprobs.remove(&id),
             });
             if finished.is_some() {
                 self.live.remove(&id);

@@ -17,6 +17,12 @@
 //! (prompt and everything generated so far) are kept, so when it is scheduled again it
 //! recomputes them and continues exactly where it stopped. If the request that needs the
 //! blocks is itself the newest, it is the one preempted.
+//!
+//! **Prefix caching.** A waiting request is admitted after the longest prefix of its
+//! tokens the KV cache manager has cached ([`KvCacheManager::find_cached_prefix`]): it
+//! takes those blocks and its prefill starts after them. A preempted request is looked
+//! up again when it is re-admitted, so it finds its own blocks if they were not evicted
+//! meanwhile. After each step, the blocks the step filled are offered to the cache.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -98,6 +104,8 @@ pub struct SeqState {
     pub num_prompt: usize,
     /// How many of `tokens` are in the KV cache.
     pub num_computed: usize,
+    /// How many of `tokens` were found in the prefix cache at its last admission.
+    pub num_cached: usize,
     /// Where it is.
     pub status: RequestStatus,
     /// Times it was preempted.
@@ -181,6 +189,12 @@ impl Scheduler {
         &self.kv
     }
 
+    /// The KV cache manager, for changes outside a step (the server's warm-up resets its
+    /// prefix cache).
+    pub fn kv_mut(&mut self) -> &mut KvCacheManager {
+        &mut self.kv
+    }
+
     /// A request's state.
     pub fn get(&self, id: RequestId) -> Option<&SeqState> {
         self.requests.get(&id)
@@ -234,6 +248,7 @@ impl Scheduler {
                 tokens: prompt,
                 num_prompt,
                 num_computed: 0,
+                num_cached: 0,
                 status: RequestStatus::Waiting,
                 preemptions: 0,
             },
@@ -329,15 +344,19 @@ impl Scheduler {
                     self.waiting.pop_front();
                     continue;
                 };
-                let (start, total) = (s.num_computed, s.tokens.len());
+                // A waiting request holds no blocks: it starts after its cached prefix.
+                let prefix = self.kv.find_cached_prefix(&s.tokens);
+                let (start, total) = (prefix.num_tokens, s.tokens.len());
                 let n = (total - start).min(budget);
                 if !self.kv.fits_when_empty(start, start + n) {
                     self.waiting.pop_front();
                     out.capacity_exceeded.push(id);
                     continue;
                 }
-                if !self.kv.can_allocate(id, start, start + n)
-                    || self.kv.allocate(id, start, start + n).is_err()
+                if self
+                    .kv
+                    .allocate_with_prefix(id, &prefix, start + n)
+                    .is_err()
                 {
                     break;
                 }
@@ -352,6 +371,8 @@ impl Scheduler {
                 self.running.push(id);
                 if let Some(s) = self.requests.get_mut(&id) {
                     s.status = RequestStatus::Running;
+                    s.num_computed = start;
+                    s.num_cached = start;
                 }
             }
         }
@@ -385,6 +406,7 @@ impl Scheduler {
                 }
             }
             let next_pos = s.num_computed;
+            self.kv.cache_computed(q.id, &s.tokens, next_pos);
             self.kv.free_out_of_window(q.id, next_pos);
         }
         grew
@@ -548,5 +570,33 @@ mod tests {
         assert_eq!(s.get(2).unwrap().status, RequestStatus::Waiting);
         assert_eq!(s.get(2).unwrap().num_computed, 0);
         assert!(!s.get(2).unwrap().output().is_empty(), "its output is kept");
+    }
+
+    #[test]
+    fn a_common_prefix_is_computed_once() {
+        let mut s = sched(64, 64, 4);
+        let first: Vec<u32> = (0..20).collect();
+        s.add(1, first.clone()).unwrap();
+        drive(&mut s, 2);
+        assert!(s.kv().all_free());
+        let mut second = first.clone();
+        second.push(99);
+        s.add(2, second).unwrap();
+        let step = s.schedule();
+        // Five cached blocks of 4 in both groups: only the last token is computed.
+        assert_eq!(
+            (step.seqs[0].start, step.seqs[0].tokens.clone()),
+            (20, vec![99])
+        );
+        assert_eq!(s.get(2).unwrap().num_cached, 20);
+        s.update(&step, &[7]);
+        // The same prompt again leaves its last token to compute.
+        s.add(3, first).unwrap();
+        let step = s.schedule();
+        let third = step.seqs.iter().find(|q| q.id == 3).unwrap();
+        assert_eq!(
+            (third.start, third.tokens.clone()),
+            (16, vec![16, 17, 18, 19])
+        );
     }
 }

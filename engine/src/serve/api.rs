@@ -1,22 +1,36 @@
-//! The OpenAI-compatible routes.
+//! The OpenAI-compatible routes, `/tokenize` and `/detokenize` (vLLM's shapes), the
+//! API key check and the drain gate.
+//!
+//! Every request field is implemented, accepted because it changes nothing here
+//! ([`NO_EFFECT`]), or refused with a 400 that names it: the fields OpenAI defines that
+//! Flint does not implement ([`asks_for_nothing`] lists the values of theirs that are
+//! accepted because they ask for nothing), and any field the API does not define.
 
+// The error side of the validation helpers is the HTTP response itself, sent to the
+// client at once; boxing it would only add an allocation on the error path.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::{EngineHandle, Event, SubmitError};
-use crate::sample::{FinishReason, SamplerConfig, StopConditions};
+use super::{EngineHandle, Event, Phase, SubmitError};
+use crate::sample::{FinishReason, SamplerConfig, StopConditions, TokenLogprobs};
 use crate::sched::RequestParams;
 
 /// One chat message.
@@ -37,6 +51,9 @@ pub trait TextSide: Send + Sync {
     fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String>;
     /// Token ids that end generation.
     fn eog_ids(&self) -> Vec<u32>;
+    /// The bytes of one token's text, control tokens written out (`<bos>`); nothing for
+    /// an id outside the vocabulary.
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
 }
 
 #[derive(Clone)]
@@ -45,19 +62,114 @@ struct AppState {
     text: Arc<dyn TextSide>,
 }
 
+/// The most top log-probabilities a request may ask for per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// The most samples (`n`) one request may ask for.
+pub const MAX_N: u32 = 128;
+/// `Retry-After` seconds of a 503 while warming up or draining.
+const RETRY_AFTER_S: &str = "5";
+/// The log-probability written for a token of probability 0 (JSON has no -inf; vLLM
+/// writes the same).
+const LOGPROB_FLOOR: f32 = -9999.0;
+
 /// The router with every route, over a running engine thread.
 pub fn router(engine: EngineHandle, text: Arc<dyn TextSide>) -> Router {
+    let st = AppState { engine, text };
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .with_state(AppState { engine, text })
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(st.clone(), gate))
+        .with_state(st)
 }
 
-async fn health() -> impl IntoResponse {
-    Json(json!({"status": "ok"}))
+/// In front of every route: the API key (all but `/health`), then the drain (all but
+/// `/health` and `/metrics`).
+async fn gate(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path == "/health" {
+        return next.run(req).await;
+    }
+    if let Some(key) = &st.engine.config.api_key {
+        let given = req.headers().get(header::AUTHORIZATION);
+        let token = given
+            .map(|v| v.as_bytes())
+            .filter(|v| v.len() >= 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+            .map(|v| &v[7..]);
+        if !token.is_some_and(|t| key.matches(t)) {
+            let message = if given.is_none() {
+                "missing API key: send the header `Authorization: Bearer <key>`"
+            } else {
+                "invalid API key in the Authorization header (want `Bearer <key>`)"
+            };
+            let mut r = error_with(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                None,
+                Some("invalid_api_key"),
+                message,
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    if path != "/metrics" && st.engine.phase() == Phase::Draining {
+        return draining();
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    match st.engine.phase() {
+        Phase::Ready => Json(json!({"status": "ok"})).into_response(),
+        Phase::WarmingUp => unavailable(
+            "warming_up",
+            "the model is warming up; it serves in a moment",
+            RETRY_AFTER_S,
+        ),
+        Phase::Failed => unavailable(
+            "engine_failed",
+            "the warm-up request failed: the engine cannot compute (see the server log)",
+            RETRY_AFTER_S,
+        ),
+        Phase::Draining => draining(),
+    }
+}
+
+fn draining() -> Response {
+    unavailable(
+        "draining",
+        "the server is shutting down: it finishes the requests in flight and takes no new ones",
+        RETRY_AFTER_S,
+    )
+}
+
+/// A 503 with `Retry-After`.
+fn unavailable(code: &str, message: &str, retry_after: &'static str) -> Response {
+    let mut r = error_with(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        None,
+        Some(code),
+        message,
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
+    r
 }
 
 async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
@@ -88,18 +200,175 @@ fn now() -> u64 {
 }
 
 /// An OpenAI-style error response.
-fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+fn error_with(
+    status: StatusCode,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+    message: impl Into<String>,
+) -> Response {
     let message = message.into();
     (
         status,
-        Json(json!({"error": {"message": message, "type": kind, "param": null, "code": null}})),
+        Json(json!({"error": {"message": message, "type": kind, "param": param, "code": code}})),
     )
         .into_response()
+}
+
+fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    error_with(status, kind, None, None, message)
 }
 
 fn bad_request(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, "invalid_request_error", message)
 }
+
+/// A 400 about one field: `param` names it.
+fn bad_param(param: &str, message: impl Into<String>) -> Response {
+    error_with(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        Some(param),
+        None,
+        message,
+    )
+}
+
+// ---------------------------------------------------------------------------------
+// Which fields exist.
+
+/// Fields both generation endpoints implement.
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "logit_bias",
+    "ignore_eos",
+];
+
+/// Fields OpenAI defines that change nothing here: accepted, not used.
+pub const NO_EFFECT: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+];
+
+/// Chat fields OpenAI defines that Flint does not implement.
+const CHAT_UNSUPPORTED: &[&str] = &[
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+];
+
+/// Completion fields OpenAI defines that Flint does not implement.
+const COMPLETION_UNSUPPORTED: &[&str] = &["echo", "suffix", "best_of"];
+
+/// Message fields OpenAI defines that Flint does not implement (the chat template gets
+/// the role and the text only).
+const MESSAGE_UNSUPPORTED: &[&str] = &[
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "function_call",
+    "refusal",
+    "audio",
+];
+
+/// True when the value of an unimplemented field asks for what Flint does anyway
+/// (`null` always does).
+fn asks_for_nothing(field: &str, v: &Value, obj: &Map<String, Value>) -> bool {
+    if v.is_null() {
+        return true;
+    }
+    match field {
+        "response_format" => *v == json!({"type": "text"}),
+        "tools" | "functions" => v.as_array().is_some_and(|a| a.is_empty()),
+        "tool_choice" | "function_call" => *v == json!("none"),
+        "modalities" => *v == json!(["text"]),
+        "echo" => *v == json!(false),
+        "suffix" => *v == json!(""),
+        "best_of" => v.as_u64() == Some(obj.get("n").and_then(Value::as_u64).unwrap_or(1)),
+        _ => false,
+    }
+}
+
+fn check_fields(
+    obj: &Map<String, Value>,
+    known: &[&[&str]],
+    unsupported: &[&str],
+    at: &str,
+) -> Result<(), Response> {
+    for (k, v) in obj {
+        let name = format!("{at}{k}");
+        if known.iter().any(|l| l.contains(&k.as_str())) {
+            continue;
+        }
+        if unsupported.contains(&k.as_str()) {
+            if asks_for_nothing(k, v, obj) {
+                continue;
+            }
+            return Err(bad_param(
+                &name,
+                format!("{name} is not supported by this server (send null or leave it out)"),
+            ));
+        }
+        return Err(bad_param(&name, format!("unknown field '{name}'")));
+    }
+    Ok(())
+}
+
+/// Checks the fields of a chat message list (each message, each content part).
+fn check_messages(obj: &Map<String, Value>) -> Result<(), Response> {
+    let Some(Value::Array(msgs)) = obj.get("messages") else {
+        return Ok(());
+    };
+    for (i, m) in msgs.iter().enumerate() {
+        let Some(m) = m.as_object() else { continue };
+        check_fields(
+            m,
+            &[&["role", "content"]],
+            MESSAGE_UNSUPPORTED,
+            &format!("messages[{i}]."),
+        )?;
+        if let Some(Value::Array(parts)) = m.get("content") {
+            for (j, p) in parts.iter().enumerate() {
+                let Some(p) = p.as_object() else { continue };
+                check_fields(
+                    p,
+                    &[&["type", "text"]],
+                    &[],
+                    &format!("messages[{i}].content[{j}]."),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Request bodies.
 
 /// `stop` is a string or a list of strings.
 #[derive(Debug, Deserialize)]
@@ -110,12 +379,13 @@ enum StopField {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
+    include_usage: Option<bool>,
 }
 
-/// The sampling fields shared by both endpoints.
+/// The sampling fields shared by both endpoints (read from the whole body; the fields
+/// of the endpoint are read on their own).
 #[derive(Debug, Deserialize)]
 struct Sampling {
     model: Option<String>,
@@ -126,27 +396,32 @@ struct Sampling {
     top_k: Option<i64>,
     min_p: Option<f32>,
     stop: Option<StopField>,
-    seed: Option<u64>,
+    seed: Option<i64>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
     n: Option<u32>,
-    #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    logit_bias: Option<HashMap<String, f32>>,
+    ignore_eos: Option<bool>,
 }
 
+/// A completion prompt: text or token ids, one or a list.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum PromptField {
-    One(String),
-    Many(Vec<String>),
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
 
 #[derive(Debug, Deserialize)]
-struct CompletionRequest {
+struct CompletionFields {
     prompt: PromptField,
-    #[serde(flatten)]
-    sampling: Sampling,
+    /// How many top log-probabilities per token (0: only the drawn token's).
+    logprobs: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,55 +445,64 @@ struct MessageIn {
 }
 
 #[derive(Debug, Deserialize)]
-struct ChatRequest {
+struct ChatFields {
     messages: Vec<MessageIn>,
-    #[serde(flatten)]
-    sampling: Sampling,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
 }
 
-// The error side is the HTTP response itself, sent to the client at once; boxing it
-// would only add an allocation on the error path.
-#[allow(clippy::result_large_err)]
-/// Parses a JSON body into `T`, turning every failure into a 400 that says what is wrong.
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
+/// Reads a JSON object body; every failure is a 400 that says what is wrong.
+fn body_object(body: &Bytes) -> Result<Map<String, Value>, Response> {
     if body.is_empty() {
         return Err(bad_request("the request body is empty; send a JSON object"));
     }
-    serde_json::from_slice::<T>(body).map_err(|e| {
-        let what = if e.is_syntax() || e.is_eof() {
-            "malformed JSON"
-        } else {
-            "invalid request"
-        };
-        bad_request(format!("{what}: {e}"))
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad_request("the request body must be a JSON object")),
+        Err(e) => Err(bad_request(format!("malformed JSON: {e}"))),
+    }
+}
+
+/// Reads `T` out of `v`; a field of the wrong type is a 400 naming it.
+fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, Response> {
+    serde_path_to_error::deserialize::<_, T>(v).map_err(|e| {
+        let path = e.path().to_string();
+        bad_param(&path, format!("invalid request: {path}: {}", e.inner()))
     })
 }
 
-/// Validates the sampling fields and builds the request parameters.
-#[allow(clippy::result_large_err)]
+fn check_model(st: &AppState, model: Option<&str>) -> Result<(), Response> {
+    if let Some(m) = model {
+        if !m.is_empty() && m != st.engine.config.model_name {
+            return Err(bad_param(
+                "model",
+                format!(
+                    "unknown model '{m}'; this server serves '{}'",
+                    st.engine.config.model_name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Validates the sampling fields and builds the request parameters of one prompt.
 fn params(
     st: &AppState,
     s: &Sampling,
     prompt_len: usize,
     default_max: usize,
+    logprobs: Option<usize>,
 ) -> Result<RequestParams, Response> {
-    if let Some(m) = &s.model {
-        if !m.is_empty() && *m != st.engine.config.model_name {
-            return Err(bad_request(format!(
-                "unknown model '{m}'; this server serves '{}'",
-                st.engine.config.model_name
-            )));
-        }
-    }
-    if s.n.is_some_and(|n| n != 1) {
-        return Err(bad_request("only n = 1 is supported"));
-    }
     let max_len = st.engine.config.max_model_len;
     if prompt_len > max_len {
-        return Err(bad_request(format!(
-            "the prompt has {prompt_len} tokens but the model allows at most {max_len} \
-             (max_model_len)"
-        )));
+        return Err(bad_param(
+            "prompt",
+            format!(
+                "the prompt has {prompt_len} tokens but the model allows at most {max_len} \
+                 (max_model_len)"
+            ),
+        ));
     }
     let room = max_len - prompt_len;
     let max_tokens = s
@@ -228,29 +512,44 @@ fn params(
         .unwrap_or(default_max)
         .min(room);
     if max_tokens == 0 {
-        return Err(bad_request(format!(
-            "max_tokens must be at least 1 (the prompt has {prompt_len} tokens of the \
-             {max_len} the model allows)"
-        )));
+        return Err(bad_param(
+            "max_tokens",
+            format!(
+                "max_tokens must be at least 1 (the prompt has {prompt_len} tokens of the \
+                 {max_len} the model allows)"
+            ),
+        ));
     }
     let temperature = s.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(bad_request(format!(
-            "temperature {temperature} is outside 0..=2"
-        )));
+        return Err(bad_param(
+            "temperature",
+            format!("temperature {temperature} is outside 0..=2"),
+        ));
     }
     let top_p = s.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(bad_request(format!("top_p {top_p} is outside (0, 1]")));
+        return Err(bad_param(
+            "top_p",
+            format!("top_p {top_p} is outside (0, 1]"),
+        ));
     }
     let min_p = s.min_p.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {
-        return Err(bad_request(format!("min_p {min_p} is outside [0, 1]")));
+        return Err(bad_param(
+            "min_p",
+            format!("min_p {min_p} is outside [0, 1]"),
+        ));
     }
     let top_k = match s.top_k {
         None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k as usize,
-        Some(k) => return Err(bad_request(format!("top_k {k} must be -1, 0 or positive"))),
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(bad_param(
+                "top_k",
+                format!("top_k {k} must be -1, 0 or positive"),
+            ))
+        }
     };
     for (name, v) in [
         ("presence_penalty", s.presence_penalty),
@@ -258,10 +557,40 @@ fn params(
     ] {
         if let Some(v) = v {
             if !(-2.0..=2.0).contains(&v) {
-                return Err(bad_request(format!("{name} {v} is outside -2..=2")));
+                return Err(bad_param(name, format!("{name} {v} is outside -2..=2")));
             }
         }
     }
+    let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty <= 10.0) {
+        return Err(bad_param(
+            "repetition_penalty",
+            format!("repetition_penalty {repetition_penalty} is outside (0, 10]"),
+        ));
+    }
+    let mut logit_bias = Vec::new();
+    let vocab = st.engine.vocab_size;
+    for (k, &b) in s.logit_bias.iter().flatten() {
+        let id = k
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < vocab);
+        let Some(id) = id else {
+            return Err(bad_param(
+                "logit_bias",
+                format!("logit_bias key '{k}' is not a token id of this model (0..{vocab})"),
+            ));
+        };
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(bad_param(
+                "logit_bias",
+                format!("logit_bias[{k}] = {b} is outside -100..=100"),
+            ));
+        }
+        logit_bias.push((id, b));
+    }
+    logit_bias.sort_by_key(|&(id, _)| id);
     let stop_strings = match &s.stop {
         None => Vec::new(),
         Some(StopField::One(x)) => vec![x.clone()],
@@ -274,20 +603,40 @@ fn params(
     sampler.min_p = min_p;
     sampler.presence_penalty = s.presence_penalty.unwrap_or(0.0);
     sampler.frequency_penalty = s.frequency_penalty.unwrap_or(0.0);
-    sampler.seed = s.seed.unwrap_or_else(|| {
-        SystemTime::now()
+    sampler.repetition_penalty = repetition_penalty;
+    sampler.logit_bias = logit_bias;
+    sampler.logprobs = logprobs;
+    sampler.seed = match s.seed {
+        Some(x) => x as u64,
+        None => SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
+            .unwrap_or(0),
+    };
+    let eog_ids = if s.ignore_eos.unwrap_or(false) {
+        Vec::new()
+    } else {
+        st.text.eog_ids()
+    };
     Ok(RequestParams {
         sampler,
         max_tokens,
         stop: StopConditions {
-            eog_ids: st.text.eog_ids(),
+            eog_ids,
             stop_strings,
         },
     })
+}
+
+/// The top log-probabilities asked for, checked against [`MAX_TOP_LOGPROBS`].
+fn top_count(field: &str, v: u32) -> Result<usize, Response> {
+    if v > MAX_TOP_LOGPROBS {
+        return Err(bad_param(
+            field,
+            format!("{field} {v} is outside 0..={MAX_TOP_LOGPROBS}"),
+        ));
+    }
+    Ok(v as usize)
 }
 
 fn finish_str(f: FinishReason) -> &'static str {
@@ -319,46 +668,119 @@ async fn off_the_runtime<T: Send + 'static>(
         .unwrap_or_else(|e| Err(format!("the tokenizer task failed: {e}")))
 }
 
-async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
-    let req: CompletionRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    let prompt = match req.prompt {
-        PromptField::One(p) => p,
-        PromptField::Many(mut v) if v.len() == 1 => v.remove(0),
-        PromptField::Many(_) => {
-            return bad_request("prompt must be a string or a list of exactly one string")
-        }
-    };
-    let text = Arc::clone(&st.text);
-    let tokens = match off_the_runtime(move || text.encode_prompt(&prompt)).await {
-        Ok(t) => t,
-        Err(e) => return bad_request(format!("could not tokenize the prompt: {e}")),
-    };
-    run(st, tokens, &req.sampling, Kind::Completion, 16).await
+/// Checks that every id of `tokens` is in the vocabulary.
+fn check_ids(st: &AppState, field: &str, tokens: &[u32]) -> Result<(), Response> {
+    let vocab = st.engine.vocab_size;
+    match tokens.iter().position(|&t| t as usize >= vocab) {
+        Some(i) => Err(bad_param(
+            field,
+            format!(
+                "{field}: token id {} (at {i}) is outside the vocabulary (0..{vocab})",
+                tokens[i]
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
-async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
-    let req: ChatRequest = match parse(&body) {
-        Ok(r) => r,
+async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
+    let obj = match body_object(&body) {
+        Ok(o) => o,
         Err(e) => return e,
     };
-    if req.messages.is_empty() {
-        return bad_request("messages must hold at least one message");
+    if let Err(e) = check_fields(
+        &obj,
+        &[COMMON, &["prompt"], NO_EFFECT],
+        COMPLETION_UNSUPPORTED,
+        "",
+    ) {
+        return e;
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.into_iter().enumerate() {
+    let v = Value::Object(obj);
+    let (sampling, fields) = match (typed::<Sampling>(&v), typed::<CompletionFields>(&v)) {
+        (Ok(s), Ok(f)) => (s, f),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
+    if let Err(e) = check_model(&st, sampling.model.as_deref()) {
+        return e;
+    }
+    let logprobs = match fields
+        .logprobs
+        .map(|n| top_count("logprobs", n))
+        .transpose()
+    {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let prompts: Vec<Vec<u32>> = match fields.prompt {
+        PromptField::Tokens(t) => vec![t],
+        PromptField::TokenLists(l) => l,
+        PromptField::Text(p) => {
+            let text = Arc::clone(&st.text);
+            match off_the_runtime(move || text.encode_prompt(&p)).await {
+                Ok(t) => vec![t],
+                Err(e) => {
+                    return bad_param("prompt", format!("could not tokenize the prompt: {e}"))
+                }
+            }
+        }
+        PromptField::Texts(ps) => {
+            let text = Arc::clone(&st.text);
+            let r = off_the_runtime(move || {
+                ps.iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        text.encode_prompt(p)
+                            .map_err(|e| format!("prompt[{i}]: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await;
+            match r {
+                Ok(t) => t,
+                Err(e) => {
+                    return bad_param("prompt", format!("could not tokenize the prompt: {e}"))
+                }
+            }
+        }
+    };
+    if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+        return bad_param(
+            "prompt",
+            "prompt must hold at least one token in each prompt",
+        );
+    }
+    for p in &prompts {
+        if let Err(e) = check_ids(&st, "prompt", p) {
+            return e;
+        }
+    }
+    run(st, prompts, &sampling, Kind::Completion, 16, logprobs).await
+}
+
+/// The chat messages of a request, their content parts joined.
+fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Response> {
+    if msgs.is_empty() {
+        return Err(bad_param(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    let mut messages = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.into_iter().enumerate() {
         let content = match m.content {
             None => String::new(),
             Some(ContentField::Text(t)) => t,
             Some(ContentField::Parts(parts)) => {
                 let mut s = String::new();
-                for p in parts {
+                for (j, p) in parts.into_iter().enumerate() {
                     if p.kind != "text" {
-                        return bad_request(format!(
-                            "messages[{i}]: content part of type '{}' is not supported",
-                            p.kind
+                        return Err(bad_param(
+                            &format!("messages[{i}].content[{j}].type"),
+                            format!(
+                                "messages[{i}]: content part of type '{}' is not supported",
+                                p.kind
+                            ),
                         ));
                     }
                     s.push_str(p.text.as_deref().unwrap_or(""));
@@ -371,138 +793,341 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             content,
         });
     }
+    Ok(messages)
+}
+
+async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
+    let obj = match body_object(&body) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    if let Err(e) = check_fields(
+        &obj,
+        &[COMMON, &["messages", "top_logprobs"], NO_EFFECT],
+        CHAT_UNSUPPORTED,
+        "",
+    )
+    .and_then(|()| check_messages(&obj))
+    {
+        return e;
+    }
+    let v = Value::Object(obj);
+    let (sampling, fields) = match (typed::<Sampling>(&v), typed::<ChatFields>(&v)) {
+        (Ok(s), Ok(f)) => (s, f),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
+    if let Err(e) = check_model(&st, sampling.model.as_deref()) {
+        return e;
+    }
+    let logprobs = match (fields.logprobs.unwrap_or(false), fields.top_logprobs) {
+        (false, None) => None,
+        (false, Some(_)) => {
+            return bad_param("top_logprobs", "top_logprobs needs \"logprobs\": true")
+        }
+        (true, top) => match top_count("top_logprobs", top.unwrap_or(0)) {
+            Ok(n) => Some(n),
+            Err(e) => return e,
+        },
+    };
+    let messages = match chat_messages(fields.messages) {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
     let text = Arc::clone(&st.text);
     let tokens = match off_the_runtime(move || text.encode_chat(&messages)).await {
         Ok(t) => t,
-        Err(e) => return bad_request(format!("could not apply the chat template: {e}")),
+        Err(e) => {
+            return bad_param(
+                "messages",
+                format!("could not apply the chat template: {e}"),
+            )
+        }
     };
     let default_max = st.engine.config.max_model_len;
-    run(st, tokens, &req.sampling, Kind::Chat, default_max).await
+    run(
+        st,
+        vec![tokens],
+        &sampling,
+        Kind::Chat,
+        default_max,
+        logprobs,
+    )
+    .await
+}
+
+/// One choice of a response: a (prompt, sample) pair.
+struct Job {
+    /// The choice's index: prompt index × n + sample index.
+    index: usize,
+    rx: mpsc::UnboundedReceiver<Event>,
 }
 
 async fn run(
     st: AppState,
-    tokens: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     s: &Sampling,
     kind: Kind,
     default_max: usize,
+    logprobs: Option<usize>,
 ) -> Response {
-    let prompt_tokens = tokens.len();
-    let p = match params(&st, s, prompt_tokens, default_max) {
-        Ok(p) => p,
-        Err(e) => return e,
-    };
-    let (id, rx) = match st.engine.submit(tokens, p).await {
-        Ok(x) => x,
-        Err(SubmitError::QueueFull(n)) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_busy",
-                format!("the request queue is full ({n} waiting); retry later"),
-            )
+    let n = s.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return bad_param("n", format!("n {n} is outside 1..={MAX_N}"));
+    }
+    let n = n as usize;
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let mut planned = Vec::with_capacity(prompts.len() * n);
+    for (p, tokens) in prompts.into_iter().enumerate() {
+        let base = match params(&st, s, tokens.len(), default_max, logprobs) {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
+        for i in 0..n {
+            // Independent samples: each its own seed (reproducible when `seed` is set).
+            let mut params = base.clone();
+            params.sampler.seed = base.sampler.seed.wrapping_add(i as u64);
+            planned.push((p * n + i, tokens.clone(), params));
         }
-        Err(SubmitError::Refused(m)) => return bad_request(m),
-        Err(SubmitError::EngineGone) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "the engine thread has stopped",
-            )
+    }
+    let mut jobs = Vec::with_capacity(planned.len());
+    let mut first_id = None;
+    for (index, tokens, params) in planned {
+        // A refusal drops the jobs already queued: the engine aborts them.
+        match st.engine.submit(tokens, params).await {
+            Ok((id, rx)) => {
+                first_id.get_or_insert(id);
+                jobs.push(Job { index, rx });
+            }
+            Err(SubmitError::Draining) => return draining(),
+            Err(SubmitError::QueueFull(n)) => {
+                return unavailable(
+                    "queue_full",
+                    &format!("the request queue is full ({n} waiting); retry later"),
+                    "1",
+                )
+            }
+            Err(SubmitError::Refused(m)) => return bad_request(m),
+            Err(SubmitError::EngineGone) => {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "the engine thread has stopped",
+                )
+            }
         }
-    };
-    let model = st.engine.config.model_name.clone();
+    }
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
         "cmpl"
     };
-    let rid = format!("{prefix}-{id}");
-    if s.stream {
-        let include_usage = s.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        stream(rx, rid, model, kind, include_usage, prompt_tokens)
+    let resp = Resp {
+        rid: format!("{prefix}-{}", first_id.unwrap_or(0)),
+        model: st.engine.config.model_name.clone(),
+        created: now(),
+        kind,
+        prompt_tokens,
+        choices: jobs.len(),
+        text: Arc::clone(&st.text),
+    };
+    if s.stream.unwrap_or(false) {
+        let include_usage = s
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        stream(jobs, resp, include_usage)
     } else {
-        collect(rx, rid, model, kind, prompt_tokens).await
+        collect(jobs, resp).await
     }
 }
 
-async fn collect(
-    mut rx: mpsc::UnboundedReceiver<Event>,
+/// What every response and chunk of one request shares.
+struct Resp {
     rid: String,
     model: String,
+    created: u64,
     kind: Kind,
     prompt_tokens: usize,
-) -> Response {
-    let mut text = String::new();
-    let mut completion = 0;
-    let mut finish = FinishReason::Length;
-    loop {
-        match rx.recv().await {
-            Some(Event::Output(o)) => {
-                text.push_str(&o.text);
-                completion = o.completion_tokens;
-                if let Some(f) = o.finished {
-                    finish = f;
-                    break;
-                }
-            }
-            Some(Event::Failed(m)) => {
-                return error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
-            }
-            None => break,
+    choices: usize,
+    text: Arc<dyn TextSide>,
+}
+
+impl Resp {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Completion, _) => "text_completion",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
         }
     }
-    let choice = match kind {
-        Kind::Completion => json!({"index": 0, "text": text, "logprobs": null,
-                                   "finish_reason": finish_str(finish)}),
-        Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": null, "finish_reason": finish_str(finish)}),
-    };
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion",
-    };
+
+    fn token_text(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.text.token_bytes(id);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    /// The `logprobs` of a choice over `lps`; `offset` is the completion text's length
+    /// in characters before them (completions' `text_offset`), advanced past them.
+    fn logprobs(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+        let lp = |x: f32| x.max(LOGPROB_FLOOR);
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|t| {
+                        let (token, bytes) = self.token_text(t.token);
+                        let top: Vec<Value> = t
+                            .top
+                            .iter()
+                            .map(|&(id, l)| {
+                                let (token, bytes) = self.token_text(id);
+                                json!({"token": token, "logprob": lp(l), "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": token, "logprob": lp(t.logprob), "bytes": bytes,
+                               "top_logprobs": top})
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Completion => {
+                let mut tokens = Vec::new();
+                let mut token_logprobs = Vec::new();
+                let mut top_logprobs = Vec::new();
+                let mut text_offset = Vec::new();
+                for t in lps {
+                    let (token, _) = self.token_text(t.token);
+                    text_offset.push(*offset);
+                    *offset += token.chars().count();
+                    let mut top = Map::new();
+                    for &(id, l) in &t.top {
+                        top.insert(self.token_text(id).0, json!(lp(l)));
+                    }
+                    if !t.top.is_empty() {
+                        // vLLM's convention: the drawn token is always among them.
+                        top.entry(token.clone()).or_insert(json!(lp(t.logprob)));
+                    }
+                    tokens.push(token);
+                    token_logprobs.push(lp(t.logprob));
+                    top_logprobs.push(Value::Object(top));
+                }
+                json!({"tokens": tokens, "token_logprobs": token_logprobs,
+                       "top_logprobs": top_logprobs, "text_offset": text_offset})
+            }
+        }
+    }
+}
+
+/// The events of every job, each tagged with its choice index, as they come.
+fn merged(jobs: Vec<Job>) -> stream::SelectAll<BoxStream<'static, (usize, Event)>> {
+    stream::select_all(jobs.into_iter().map(|j| {
+        let index = j.index;
+        stream::unfold(j.rx, move |mut rx| async move {
+            rx.recv().await.map(|e| ((index, e), rx))
+        })
+        .boxed()
+    }))
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    finish: Option<FinishReason>,
+    completion: usize,
+    logprobs: Option<Vec<TokenLogprobs>>,
+}
+
+async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
+    let mut choices: Vec<Choice> = (0..resp.choices).map(|_| Choice::default()).collect();
+    let mut events = merged(jobs);
+    while let Some((i, ev)) = events.next().await {
+        match ev {
+            Event::Output(o) => {
+                let Some(c) = choices.get_mut(i) else {
+                    continue;
+                };
+                c.text.push_str(&o.text);
+                c.completion = o.completion_tokens;
+                if let Some(lp) = o.logprobs {
+                    c.logprobs.get_or_insert_with(Vec::new).push(lp);
+                }
+                if let Some(f) = o.finished {
+                    c.finish = Some(f);
+                }
+            }
+            Event::Failed(m) => return error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m),
+        }
+    }
+    let completion: usize = choices.iter().map(|c| c.completion).sum();
+    let out: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let logprobs = match &c.logprobs {
+                Some(l) => resp.logprobs(l, &mut 0),
+                None => Value::Null,
+            };
+            let finish = finish_str(c.finish.unwrap_or(FinishReason::Length));
+            match resp.kind {
+                Kind::Completion => json!({"index": i, "text": c.text, "logprobs": logprobs,
+                                           "finish_reason": finish}),
+                Kind::Chat => json!({"index": i,
+                                     "message": {"role": "assistant", "content": c.text},
+                                     "logprobs": logprobs, "finish_reason": finish}),
+            }
+        })
+        .collect();
     Json(json!({
-        "id": rid, "object": object, "created": now(), "model": model,
-        "choices": [choice], "usage": usage(prompt_tokens, completion),
+        "id": resp.rid, "object": resp.object(false), "created": resp.created,
+        "model": resp.model, "choices": out,
+        "usage": usage(resp.prompt_tokens, completion),
     }))
     .into_response()
 }
 
-fn stream(
-    rx: mpsc::UnboundedReceiver<Event>,
-    rid: String,
-    model: String,
-    kind: Kind,
-    include_usage: bool,
-    prompt_tokens: usize,
-) -> Response {
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion.chunk",
-    };
-    let created = now();
-    let chunk = move |choices: Value, usage_v: Option<Value>| {
-        let mut v = json!({"id": rid, "object": object, "created": created, "model": model,
-                           "choices": choices});
-        if let Some(u) = usage_v {
-            v["usage"] = u;
-        }
-        SseEvent::default().data(v.to_string())
-    };
-    struct St<F> {
-        rx: mpsc::UnboundedReceiver<Event>,
-        chunk: F,
-        started: bool,
+fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
+    struct St {
+        events: stream::SelectAll<BoxStream<'static, (usize, Event)>>,
+        resp: Resp,
+        /// Per choice: tokens so far, characters so far, finished.
+        completion: Vec<usize>,
+        offset: Vec<usize>,
+        finished: usize,
         done: bool,
         pending: std::collections::VecDeque<SseEvent>,
     }
-    let st = St {
-        rx,
-        chunk,
-        started: false,
+    impl St {
+        fn chunk(&self, choices: Value, usage_v: Option<Value>) -> SseEvent {
+            let mut v = json!({"id": self.resp.rid, "object": self.resp.object(true),
+                               "created": self.resp.created, "model": self.resp.model,
+                               "choices": choices});
+            if let Some(u) = usage_v {
+                v["usage"] = u;
+            }
+            SseEvent::default().data(v.to_string())
+        }
+    }
+    let n = resp.choices;
+    let mut st = St {
+        events: merged(jobs),
+        completion: vec![0; n],
+        offset: vec![0; n],
+        finished: 0,
         done: false,
         pending: Default::default(),
+        resp,
     };
+    if st.resp.kind == Kind::Chat {
+        for i in 0..n {
+            let c = st.chunk(
+                json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null, "finish_reason": null}]),
+                None,
+            );
+            st.pending.push_back(c);
+        }
+    }
     let events = futures_util::stream::unfold(st, move |mut st| async move {
         loop {
             if let Some(e) = st.pending.pop_front() {
@@ -511,44 +1136,48 @@ fn stream(
             if st.done {
                 return None;
             }
-            if kind == Kind::Chat && !st.started {
-                st.started = true;
-                let delta = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": null}]);
-                st.pending.push_back((st.chunk)(delta, None));
-                continue;
-            }
-            match st.rx.recv().await {
-                Some(Event::Output(o)) => {
+            match st.events.next().await {
+                Some((i, Event::Output(o))) => {
                     let finish = o.finished.map(finish_str);
-                    if !o.text.is_empty() || finish.is_some() {
-                        let choices = match kind {
-                            Kind::Completion => json!([{"index": 0, "text": o.text,
-                                                        "logprobs": null, "finish_reason": finish}]),
+                    if let Some(c) = st.completion.get_mut(i) {
+                        *c = o.completion_tokens;
+                    }
+                    let logprobs = match (&o.logprobs, st.offset.get_mut(i)) {
+                        (Some(lp), Some(off)) => st.resp.logprobs(std::slice::from_ref(lp), off),
+                        _ => Value::Null,
+                    };
+                    if !o.text.is_empty() || finish.is_some() || !logprobs.is_null() {
+                        let choices = match st.resp.kind {
+                            Kind::Completion => json!([{"index": i, "text": o.text,
+                                                        "logprobs": logprobs,
+                                                        "finish_reason": finish}]),
                             Kind::Chat => {
                                 let delta = if o.text.is_empty() {
                                     json!({})
                                 } else {
                                     json!({"content": o.text})
                                 };
-                                json!([{"index": 0, "delta": delta, "logprobs": null,
+                                json!([{"index": i, "delta": delta, "logprobs": logprobs,
                                         "finish_reason": finish}])
                             }
                         };
-                        st.pending.push_back((st.chunk)(choices, None));
+                        let c = st.chunk(choices, None);
+                        st.pending.push_back(c);
                     }
                     if finish.is_some() {
+                        st.finished += 1;
+                    }
+                    if st.finished == n {
                         if include_usage {
-                            st.pending.push_back((st.chunk)(
-                                json!([]),
-                                Some(usage(prompt_tokens, o.completion_tokens)),
-                            ));
+                            let total = st.completion.iter().sum();
+                            let c = st.chunk(json!([]), Some(usage(st.resp.prompt_tokens, total)));
+                            st.pending.push_back(c);
                         }
                         st.pending.push_back(SseEvent::default().data("[DONE]"));
                         st.done = true;
                     }
                 }
-                Some(Event::Failed(m)) => {
+                Some((_, Event::Failed(m))) => {
                     st.pending.push_back(SseEvent::default().data(
                         json!({"error": {"message": m, "type": "server_error"}}).to_string(),
                     ));
@@ -565,4 +1194,149 @@ fn stream(
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+// ---------------------------------------------------------------------------------
+// /tokenize and /detokenize (vLLM's shapes).
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<MessageIn>>,
+    add_special_tokens: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    return_token_strs: Option<bool>,
+}
+
+async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
+    let obj = match body_object(&body) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    if let Err(e) = check_fields(
+        &obj,
+        &[&[
+            "model",
+            "prompt",
+            "messages",
+            "add_special_tokens",
+            "add_generation_prompt",
+            "return_token_strs",
+        ]],
+        &[],
+        "",
+    )
+    .and_then(|()| check_messages(&obj))
+    {
+        return e;
+    }
+    let req: TokenizeRequest = match typed(&Value::Object(obj)) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Err(e) = check_model(&st, req.model.as_deref()) {
+        return e;
+    }
+    let text = Arc::clone(&st.text);
+    let tokens = match (req.prompt, req.messages) {
+        (Some(p), None) => {
+            if req.add_special_tokens == Some(false) {
+                return bad_param(
+                    "add_special_tokens",
+                    "add_special_tokens: false is not supported for a prompt (BOS is added \
+                     as the model wants it)",
+                );
+            }
+            if req.add_generation_prompt.is_some() {
+                return bad_param(
+                    "add_generation_prompt",
+                    "add_generation_prompt goes with messages, not with a prompt",
+                );
+            }
+            off_the_runtime(move || text.encode_prompt(&p))
+                .await
+                .map_err(|e| bad_param("prompt", format!("could not tokenize the prompt: {e}")))
+        }
+        (None, Some(m)) => {
+            if req.add_special_tokens == Some(true) {
+                return bad_param(
+                    "add_special_tokens",
+                    "add_special_tokens: true is not supported for messages (the chat \
+                     template writes the special tokens)",
+                );
+            }
+            if req.add_generation_prompt == Some(false) {
+                return bad_param(
+                    "add_generation_prompt",
+                    "add_generation_prompt: false is not supported (the template is rendered \
+                     ready for generation)",
+                );
+            }
+            let messages = match chat_messages(m) {
+                Ok(m) => m,
+                Err(e) => return e,
+            };
+            off_the_runtime(move || text.encode_chat(&messages))
+                .await
+                .map_err(|e| {
+                    bad_param(
+                        "messages",
+                        format!("could not apply the chat template: {e}"),
+                    )
+                })
+        }
+        _ => Err(bad_request(
+            "send exactly one of \"prompt\" and \"messages\"",
+        )),
+    };
+    let tokens = match tokens {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    let mut out = json!({"count": tokens.len(),
+                         "max_model_len": st.engine.config.max_model_len,
+                         "tokens": tokens});
+    if req.return_token_strs.unwrap_or(false) {
+        let strs: Vec<String> = tokens
+            .iter()
+            .map(|&t| String::from_utf8_lossy(&st.text.token_bytes(t)).into_owned())
+            .collect();
+        out["token_strs"] = json!(strs);
+    }
+    Json(out).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+async fn detokenize(State(st): State<AppState>, body: Bytes) -> Response {
+    let obj = match body_object(&body) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    if let Err(e) = check_fields(&obj, &[&["model", "tokens"]], &[], "") {
+        return e;
+    }
+    let req: DetokenizeRequest = match typed(&Value::Object(obj)) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Err(e) = check_model(&st, req.model.as_deref()) {
+        return e;
+    }
+    if let Err(e) = check_ids(&st, "tokens", &req.tokens) {
+        return e;
+    }
+    let bytes: Vec<u8> = req
+        .tokens
+        .iter()
+        .flat_map(|&t| st.text.token_bytes(t))
+        .collect();
+    Json(json!({"prompt": String::from_utf8_lossy(&bytes)})).into_response()
 }

@@ -29,6 +29,8 @@ pub struct EngineSettings {
     pub kv_memory: u64,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Whether requests reuse the cached KV blocks of a common prefix.
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineSettings {
@@ -39,6 +41,7 @@ impl Default for EngineSettings {
             max_model_len: None,
             kv_memory: DEFAULT_KV_MEMORY,
             block_size: DEFAULT_BLOCK_SIZE,
+            prefix_caching: true,
         }
     }
 }
@@ -61,7 +64,7 @@ pub fn build_engine(
     let context = loaded.device_model.spec().context_length;
     let max_model_len = settings.max_model_len.unwrap_or(context).min(context);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let (paged, kv) = PagedModel::new(
+    let (paged, mut kv) = PagedModel::new(
         loaded.device_model,
         &KvSizing {
             memory_bytes: settings.kv_memory,
@@ -70,6 +73,7 @@ pub fn build_engine(
             max_num_batched_tokens: settings.max_num_batched_tokens,
         },
     )?;
+    kv.set_prefix_caching(settings.prefix_caching);
     // A sequence can never grow past what the full-attention pool holds.
     let pool_tokens = (0..kv.num_groups())
         .filter(|&g| {
@@ -147,5 +151,9 @@ impl TextSide for ModelText {
 
     fn eog_ids(&self) -> Vec<u32> {
         self.tokenizer.eog_ids().collect()
+    }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokenizer.token_to_piece(id, true).into_owned()
     }
 }

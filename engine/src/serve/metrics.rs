@@ -67,6 +67,12 @@ pub struct Metrics {
     pub kv_blocks_in_use: AtomicUsize,
     /// KV blocks over all groups.
     pub kv_blocks_total: AtomicUsize,
+    /// Prompt tokens looked up in the prefix cache (the KV cache manager's count).
+    pub prefix_cache_queries: AtomicU64,
+    /// Of those, tokens found cached.
+    pub prefix_cache_hits: AtomicU64,
+    /// KV blocks findable in the prefix cache over all groups (gauge).
+    pub prefix_cache_blocks: AtomicUsize,
     /// Time to first token.
     pub ttft: Histogram,
     /// Time per output token after the first.
@@ -144,6 +150,36 @@ impl Metrics {
             "flint_kv_blocks_total",
             "KV cache blocks in all pools.",
             g(&self.kv_blocks_total),
+        );
+        let (queries, hits) = (l(&self.prefix_cache_queries), l(&self.prefix_cache_hits));
+        // Each under its own name and under vLLM's (both in tokens).
+        for name in [
+            "flint_prefix_cache_queries_total",
+            "vllm:prefix_cache_queries_total",
+        ] {
+            counter(
+                &mut s,
+                name,
+                "Prompt tokens looked up in the prefix cache.",
+                queries,
+            );
+        }
+        for name in [
+            "flint_prefix_cache_hits_total",
+            "vllm:prefix_cache_hits_total",
+        ] {
+            counter(
+                &mut s,
+                name,
+                "Prompt tokens found in the prefix cache.",
+                hits,
+            );
+        }
+        gauge(
+            &mut s,
+            "flint_prefix_cache_blocks",
+            "KV cache blocks findable in the prefix cache.",
+            g(&self.prefix_cache_blocks),
         );
         self.ttft
             .render(&mut s, "flint_ttft_seconds", "Time to first token.");

@@ -6,16 +6,21 @@
 //! thread notices (`is_closed`) and aborts the request, which returns its KV blocks.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both streaming with
-//! SSE and `[DONE]`, or not), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (Prometheus text).
+//! SSE and `[DONE]`, or not), `POST /tokenize`, `POST /detokenize`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus text).
+//!
+//! Life cycle ([`Phase`]): the engine thread first runs one small warm-up request
+//! (`/health` answers 503 meanwhile), then serves; [`EngineHandle::drain`] stops
+//! admitting (503 with `Retry-After`) while the requests in flight finish, and
+//! [`serve_on`] returns once none is left.
 
 mod api;
 pub mod engine;
 mod metrics;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::kv::RequestId;
+use crate::sample::{SamplerConfig, StopConditions};
 use crate::sched::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
 
 pub use api::{router, ChatMessage, TextSide};
@@ -38,6 +44,55 @@ pub struct ServerConfig {
     pub max_model_len: usize,
     /// Requests waiting beyond this are refused with 503.
     pub max_queue: usize,
+    /// When set, every endpoint but `/health` wants `Authorization: Bearer KEY`.
+    pub api_key: Option<ApiKey>,
+}
+
+/// The key clients must present; its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
+impl ApiKey {
+    /// True when `given` is the key. The time taken depends on the lengths only, not on
+    /// where the first differing byte is.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let key = self.0.as_bytes();
+        let mut diff = u8::from(key.len() != given.len());
+        for (i, &k) in key.iter().enumerate() {
+            diff |= k ^ given.get(i).copied().unwrap_or(!k);
+        }
+        std::hint::black_box(diff) == 0
+    }
+}
+
+/// Where the server is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The warm-up request is running; `/health` answers 503.
+    WarmingUp,
+    /// Serving.
+    Ready,
+    /// The warm-up request failed: the engine cannot compute; `/health` answers 503.
+    Failed,
+    /// Finishing the requests in flight; new ones get 503 with `Retry-After`.
+    Draining,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::WarmingUp,
+            1 => Self::Ready,
+            2 => Self::Failed,
+            _ => Self::Draining,
+        }
+    }
 }
 
 /// What the engine thread sends to one request's handler.
@@ -64,6 +119,11 @@ pub(crate) enum Command {
 pub struct EngineHandle {
     commands: std_mpsc::Sender<Command>,
     waiting: Arc<AtomicUsize>,
+    /// Requests submitted and not yet over (finished, aborted or refused).
+    in_flight: Arc<AtomicUsize>,
+    phase: Arc<AtomicU8>,
+    /// Length of a row of logits: valid token ids are below it.
+    pub vocab_size: usize,
     /// Server-wide counters and histograms.
     pub metrics: Arc<Metrics>,
     /// Settings.
@@ -84,25 +144,58 @@ impl EngineHandle {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Where the server is in its life.
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+
+    /// Requests submitted and not yet over.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Stops admitting requests: from now on they get 503 with `Retry-After`; the ones
+    /// in flight go on.
+    pub fn drain(&self) {
+        self.phase.store(Phase::Draining as u8, Ordering::Release);
+    }
+
+    /// Resolves once no request is in flight.
+    pub async fn idle(&self) {
+        while self.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Queues a request; resolves once the engine admitted or refused it.
     pub(crate) async fn submit(
         &self,
         prompt: Vec<u32>,
         params: RequestParams,
     ) -> Result<(RequestId, mpsc::UnboundedReceiver<Event>), SubmitError> {
+        if self.phase() == Phase::Draining {
+            return Err(SubmitError::Draining);
+        }
         if self.queue_depth() >= self.config.max_queue {
             return Err(SubmitError::QueueFull(self.queue_depth()));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let (atx, arx) = oneshot::channel();
-        self.commands
+        // Counted before it is sent; the engine thread uncounts it when it is over.
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if self
+            .commands
             .send(Command::Add {
                 prompt,
                 params,
                 events: tx,
                 admitted: atx,
             })
-            .map_err(|_| SubmitError::EngineGone)?;
+            .is_err()
+        {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::EngineGone);
+        }
         match arx.await {
             Ok(Ok(id)) => Ok((id, rx)),
             Ok(Err(e)) => Err(SubmitError::Refused(e.to_string())),
@@ -114,19 +207,24 @@ impl EngineHandle {
 /// Why a request could not be queued.
 #[derive(Debug)]
 pub(crate) enum SubmitError {
+    Draining,
     QueueFull(usize),
     Refused(String),
     EngineGone,
 }
 
-/// Starts the engine thread over `engine`; returns the handle the HTTP side uses.
+/// Starts the engine thread over `engine`; returns the handle the HTTP side uses. The
+/// thread runs one warm-up request ([`warm_up`]) before it takes any other.
 pub fn spawn_engine<M: StepModel + Send + 'static>(
-    engine: LLMEngine<M>,
+    mut engine: LLMEngine<M>,
     config: ServerConfig,
 ) -> EngineHandle {
     let (ctx, crx) = std_mpsc::channel::<Command>();
     let waiting = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let phase = Arc::new(AtomicU8::new(Phase::WarmingUp as u8));
     let metrics = Arc::new(Metrics::default());
+    let max_model_len = config.max_model_len;
     {
         let kv = engine.scheduler().kv();
         let total: usize = (0..kv.num_groups()).map(|g| kv.num_blocks(g)).sum();
@@ -135,15 +233,81 @@ pub fn spawn_engine<M: StepModel + Send + 'static>(
     let handle = EngineHandle {
         commands: ctx,
         waiting: waiting.clone(),
+        in_flight: in_flight.clone(),
+        phase: phase.clone(),
+        vocab_size: engine.model().vocab_size(),
         metrics: metrics.clone(),
         config: Arc::new(config),
     };
     std::thread::Builder::new()
         .name("flint-engine".into())
-        .spawn(move || engine_loop(engine, crx, waiting, metrics))
+        .spawn(move || {
+            let outcome = match warm_up(&mut engine, max_model_len) {
+                Ok(()) => Phase::Ready,
+                Err(e) => {
+                    tracing::error!("the warm-up request failed: {e}");
+                    Phase::Failed
+                }
+            };
+            // A drain that began meanwhile stays a drain.
+            let _ = phase.compare_exchange(
+                Phase::WarmingUp as u8,
+                outcome as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            let ctx = LoopCtx {
+                waiting,
+                in_flight,
+                metrics,
+            };
+            engine_loop(engine, crx, &ctx)
+        })
         .map(|_| ())
         .unwrap_or_else(|e| tracing::error!("could not start the engine thread: {e}"));
     handle
+}
+
+/// Runs one small request (a 16-token prompt, 4 greedy tokens) through `engine` to the
+/// end, so that the first client's request does not pay for first-use costs (page
+/// faults on the weights, buffers the first batches allocate). It leaves the prefix cache
+/// empty and its counters at zero.
+pub fn warm_up<M: StepModel + Send>(
+    engine: &mut LLMEngine<M>,
+    max_model_len: usize,
+) -> Result<(), EngineError> {
+    let vocab = u32::try_from(engine.model().vocab_size().max(1)).unwrap_or(u32::MAX);
+    let len = 16.min(max_model_len.saturating_sub(4)).max(1);
+    let prompt: Vec<u32> = (0..len as u32).map(|i| (i + 1) % vocab).collect();
+    let params = RequestParams {
+        sampler: SamplerConfig::greedy(),
+        max_tokens: 4,
+        stop: StopConditions::default(),
+    };
+    engine.add_request(prompt, params)?;
+    engine.in_session(|e| {
+        while e.has_unfinished() {
+            e.step()?;
+        }
+        Ok::<(), EngineError>(())
+    })?;
+    // The warm-up's prompt is no client's: its blocks and counts leave the prefix cache.
+    engine.scheduler_mut().kv_mut().reset_prefix_cache();
+    Ok(())
+}
+
+/// What the engine loop shares with the handlers.
+struct LoopCtx {
+    waiting: Arc<AtomicUsize>,
+    in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+}
+
+impl LoopCtx {
+    /// One request is over.
+    fn over(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 struct Tracked {
@@ -156,8 +320,7 @@ struct Tracked {
 fn engine_loop<M: StepModel + Send>(
     mut engine: LLMEngine<M>,
     mut commands: std_mpsc::Receiver<Command>,
-    waiting: Arc<AtomicUsize>,
-    metrics: Arc<Metrics>,
+    ctx: &LoopCtx,
 ) {
     let mut tracked: HashMap<RequestId, Tracked> = HashMap::new();
     loop {
@@ -166,7 +329,7 @@ fn engine_loop<M: StepModel + Send>(
             // steps start without a hand-off between threads; the blocking wait for
             // new requests happens outside it.
             engine.in_session(|engine| loop {
-                if !serve_once(engine, &mut commands, &mut tracked, &waiting, &metrics) {
+                if !serve_once(engine, &mut commands, &mut tracked, ctx) {
                     return false;
                 }
                 if !engine.has_unfinished() {
@@ -174,7 +337,7 @@ fn engine_loop<M: StepModel + Send>(
                 }
             })
         } else {
-            serve_once(&mut engine, &mut commands, &mut tracked, &waiting, &metrics)
+            serve_once(&mut engine, &mut commands, &mut tracked, ctx)
         };
         if !alive {
             return;
@@ -189,9 +352,9 @@ fn serve_once<M: StepModel>(
     engine: &mut LLMEngine<M>,
     commands: &mut std_mpsc::Receiver<Command>,
     tracked: &mut HashMap<RequestId, Tracked>,
-    waiting: &AtomicUsize,
-    metrics: &Metrics,
+    ctx: &LoopCtx,
 ) -> bool {
+    let (waiting, metrics) = (&*ctx.waiting, &*ctx.metrics);
     // Take every pending command; block only when there is nothing to compute.
     let first = if engine.has_unfinished() {
         match commands.try_recv() {
@@ -234,11 +397,13 @@ fn serve_once<M: StepModel>(
                         if admitted.send(Ok(id)).is_err() {
                             engine.abort(id);
                             tracked.remove(&id);
+                            ctx.over();
                         }
                     }
                     Err(e) => {
                         metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
                         let _ = admitted.send(Err(e));
+                        ctx.over();
                     }
                 }
             }
@@ -256,6 +421,7 @@ fn serve_once<M: StepModel>(
         engine.abort(id);
         tracked.remove(&id);
         metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
+        ctx.over();
     }
 
     if engine.has_unfinished() {
@@ -287,10 +453,12 @@ fn serve_once<M: StepModel>(
                     if finished {
                         tracked.remove(&id);
                         metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+                        ctx.over();
                     } else if closed {
                         engine.abort(id);
                         tracked.remove(&id);
                         metrics.requests_aborted.fetch_add(1, Ordering::Relaxed);
+                        ctx.over();
                     }
                 }
             }
@@ -302,6 +470,7 @@ fn serve_once<M: StepModel>(
                 for (id, t) in tracked.drain() {
                     let _ = t.events.send(Event::Failed(msg.clone()));
                     engine.abort(id);
+                    ctx.over();
                 }
             }
         }
@@ -322,19 +491,32 @@ fn publish<M: StepModel>(engine: &LLMEngine<M>, waiting: &AtomicUsize, metrics: 
         .map(|g| kv.num_blocks(g) - kv.num_free(g))
         .sum();
     metrics.kv_blocks_in_use.store(used, Ordering::Relaxed);
+    let prefix = kv.prefix_cache_stats();
+    metrics
+        .prefix_cache_queries
+        .store(prefix.queries, Ordering::Relaxed);
+    metrics
+        .prefix_cache_hits
+        .store(prefix.hits, Ordering::Relaxed);
+    metrics
+        .prefix_cache_blocks
+        .store(prefix.cached_blocks, Ordering::Relaxed);
 }
 
-/// Serves `router` on `addr` until the process is stopped (Ctrl-C ends it cleanly).
-pub async fn serve(addr: SocketAddr, app: axum::Router) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_on(listener, app).await
-}
-
-/// Serves `router` on an already bound listener (tests bind port 0).
-pub async fn serve_on(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+/// Serves `app` on an already bound listener (tests bind port 0) until `shutdown`
+/// resolves; then drains: new requests get 503 with `Retry-After`, the ones in flight
+/// finish and their responses go out, and it returns.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    handle: EngineHandle,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            handle.drain();
+            handle.idle().await;
         })
         .await
 }
