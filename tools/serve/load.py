@@ -194,8 +194,10 @@ def run_job(client: OpenAI, model: str, job: Job, args) -> Result:
     return res
 
 
-def run_level(args, model, concurrency, jobs_for, stop_at=None, n_requests=None):
-    """Runs workers until `n_requests` jobs are done or `stop_at` (monotonic) passes."""
+def run_level(args, model, concurrency, jobs_for, stop_at=None, n_requests=None, join_by=None):
+    """Runs workers until `n_requests` jobs are done or `stop_at` (monotonic) passes.
+    Waits for the requests in flight until `join_by` (monotonic; None: until they end);
+    returns the results, the wall time and how many requests were still in flight."""
     results = []
     lock = threading.Lock()
     counter = [0]
@@ -219,8 +221,11 @@ def run_level(args, model, concurrency, jobs_for, stop_at=None, n_requests=None)
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    return results, time.monotonic() - t0
+        t.join(None if join_by is None else max(0.0, join_by - time.monotonic()))
+    stuck = sum(t.is_alive() for t in threads)
+    with lock:
+        done = list(results)
+    return done, time.monotonic() - t0, stuck
 
 
 def summarize(results, wall, concurrency):
@@ -310,11 +315,16 @@ def load_mode(args, client, model):
                        args.max_tokens)
         n = args.requests if args.duration is None else None
         stop_at = time.monotonic() + args.duration if args.duration is not None else None
-        results, wall = run_level(args, model, c, jobs_for, stop_at=stop_at, n_requests=n)
+        join_by = stop_at + args.grace if stop_at is not None else None
+        results, wall, stuck = run_level(args, model, c, jobs_for, stop_at=stop_at,
+                                         n_requests=n, join_by=join_by)
         s = summarize(results, wall, c)
+        if stuck:
+            s["requests_failed"] += stuck
+            s["errors"] = [f"{stuck} requests unanswered {args.grace:g} s after the level's end"]
         errors = sorted({r.error for r in results if not r.ok})
         if errors:
-            s["errors"] = errors[:10]
+            s["errors"] = s.get("errors", []) + errors[:10]
         print_level(s)
         for e in errors[:5]:
             print(f"  error: {e}", file=sys.stderr)
@@ -344,16 +354,21 @@ def soak_mode(args, client, model, max_model_len):
     long_words = max(16, min(args.prompt_tokens * 2, max_model_len // 2))
     overflow_words = max_model_len + max_model_len // 2 + 64
 
+    # Every 10 jobs: 1 overflow, 2 disconnects, 2 long prompts, 5 normal prompts, in an
+    # order that puts each kind among the first jobs, so even a short soak sends them all.
+    cycle = ("normal", "disconnect", "long", "overflow", "normal", "long", "disconnect",
+             "normal", "normal", "normal")
+
     def jobs_for(i):
         r = random.Random(args.seed * 1_000_003 + i)
-        x = r.random()
+        kind = cycle[i % len(cycle)]
         endpoint = "chat" if r.random() < 0.75 else "completions"
-        if x < 0.10:
+        if kind == "overflow":
             return Job("overflow", endpoint, "", synthetic_text(r, overflow_words), 8)
-        if x < 0.30:
+        if kind == "disconnect":
             return Job("disconnect", endpoint, system, synthetic_text(r, args.prompt_tokens),
                        args.max_tokens, disconnect_after=r.randint(1, 4))
-        n = long_words if x < 0.45 else args.prompt_tokens
+        n = long_words if kind == "long" else args.prompt_tokens
         return Job("normal", endpoint, system, synthetic_text(r, n), args.max_tokens)
 
     # A monitor samples the metrics (peak KV use, peak running) and, once warm, the RSS.
@@ -378,10 +393,14 @@ def soak_mode(args, client, model, max_model_len):
 
     mon = threading.Thread(target=monitor, daemon=True)
     mon.start()
-    results, wall = run_level(args, model, args.soak_concurrency, jobs_for,
-                              stop_at=time.monotonic() + args.soak)
+    stop_at = time.monotonic() + args.soak
+    results, wall, stuck = run_level(args, model, args.soak_concurrency, jobs_for,
+                                     stop_at=stop_at, join_by=stop_at + args.grace)
     done.set()
     mon.join()
+    if stuck:
+        violations.append(f"{stuck} requests were still unanswered {args.grace:g} s after the "
+                          "soak's end (is the server stuck?)")
 
     by_kind = {k: [r for r in results if r.kind == k] for k in ("normal", "disconnect", "overflow")}
     s = summarize(results, wall, args.soak_concurrency)
@@ -425,6 +444,22 @@ def soak_mode(args, client, model, max_model_len):
               f"aborted {end.get('flint_requests_aborted_total', float('nan')):g}, "
               f"refused {end.get('flint_requests_refused_total', float('nan')):g}", flush=True)
 
+    # Preemption leaves a trace in the prefix-cache counters: a preempted request is
+    # looked up again when it is re-admitted, so more tokens are looked up than were
+    # ever admitted (requests aborted before they ran only lower the lookups).
+    preempted = None
+    if end and "flint_prefix_cache_queries_total" in end and "flint_prompt_tokens_total" in end:
+        extra = end["flint_prefix_cache_queries_total"] - end["flint_prompt_tokens_total"]
+        if end["flint_prefix_cache_queries_total"] > 0:
+            preempted = extra > 0
+            print(f"  preemption: {'seen' if preempted else 'not seen'} (prefix-cache lookups "
+                  f"{'exceed' if preempted else 'do not exceed'} the admitted prompt tokens"
+                  f"{f' by {extra:g}' if preempted else ''})", flush=True)
+    if args.expect_preemption and not preempted:
+        violations.append("no preemption was seen (raise --soak-concurrency or shrink the "
+                          "server's --kv-memory)" if preempted is False else
+                          "preemption cannot be told from /metrics (prefix caching off?)")
+
     rss_report = None
     if args.server_pid:
         try:
@@ -451,6 +486,7 @@ def soak_mode(args, client, model, max_model_len):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"soak_s": args.soak, "summary": s, "peak": peak, "rss": rss_report,
+                       "preemption_seen": preempted,
                        "end_metrics": end, "violations": violations,
                        "sent": {k: len(v) for k, v in by_kind.items()}}, f, indent=2)
     # Distinct messages, each with how often it happened.
@@ -502,9 +538,14 @@ def main(argv=None) -> int:
                    help="run the soak mix for this long, then check the server (see above)")
     p.add_argument("--soak-concurrency", type=int, default=12)
     p.add_argument("--max-model-len", type=int, help="the server's max_model_len [default: /v1/models]")
+    p.add_argument("--expect-preemption", action="store_true",
+                   help="soak: a violation unless /metrics shows that requests were preempted")
     p.add_argument("--server-pid", type=int, help="the server's pid: its VmRSS is checked")
     p.add_argument("--rss-growth", type=float, default=0.05,
                    help="largest allowed growth of resident memory during the soak (fraction)")
+    p.add_argument("--grace", type=float, default=60.0,
+                   help="with --duration or --soak: seconds the requests in flight at the end "
+                        "get to finish before they count as failed")
     p.add_argument("--settle", type=float, default=10.0,
                    help="seconds the KV and queue gauges get to reach 0 after the soak")
     args = p.parse_args(argv)

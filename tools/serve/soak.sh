@@ -86,7 +86,7 @@ json_args=()
 [[ -n "${FLINT_SOAK_JSON:-}" ]] && json_args=(--json "$FLINT_SOAK_JSON")
 rc=0
 python3 tools/serve/load.py --base-url "$base/v1" --soak "$seconds" --server-pid "$pid" \
-    --prompt-tokens 96 --max-tokens 24 ${json_args[@]+"${json_args[@]}"} "$@" || rc=$?
+    --expect-preemption --grace 120 --prompt-tokens 96 --max-tokens 24 ${json_args[@]+"${json_args[@]}"} "$@" || rc=$?
 if ! kill -0 "$pid" 2>/dev/null; then
     server_log
     die "flint serve died during the soak"
