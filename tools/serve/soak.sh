@@ -2,8 +2,10 @@
 # The soak test: starts `flint serve` on 127.0.0.1 (a free port) with a small KV pool,
 # runs `tools/serve/load.py --soak SECONDS` against it (normal streams, clients that
 # disconnect mid-stream, prompts longer than max_model_len, more requests than the pool
-# holds at once), and stops the server. Exits non-zero when load.py reports a violation,
-# when the server dies, or when it is not ready in time; the server never outlives it.
+# holds at once), and stops the server. Before the soak, a short run of load.py's load
+# mode (two concurrency levels) must report every request ok. Exits non-zero when
+# load.py reports a violation, when the server dies, or when it is not ready in time;
+# the server never outlives it.
 #
 # Usage: tools/serve/soak.sh [SECONDS] [load.py flags...]      (default 60 s)
 #
@@ -81,6 +83,12 @@ for _ in $(seq 1 50); do
 done
 [[ -n "$healthy" ]] || { server_log; die "$base/health did not answer within 10 s"; }
 echo "soak.sh: flint serve (pid $pid) on $base, --kv-memory $kv --max-num-seqs $seqs; soaking ${seconds} s"
+
+# The load mode first, briefly (two levels, a shared prefix): it must report every
+# request ok.
+python3 tools/serve/load.py --base-url "$base/v1" --concurrency 1,2 --requests 2 \
+    --prompt-tokens 32 --system-tokens 32 --max-tokens 4 --timeout 120 ||
+    { server_log; die "the load mode failed (above)"; }
 
 json_args=()
 [[ -n "${FLINT_SOAK_JSON:-}" ]] && json_args=(--json "$FLINT_SOAK_JSON")
