@@ -376,7 +376,11 @@ def soak_mode(args, client, model, max_model_len):
     rss = {"warm": None, "warm_at": None}
     done = threading.Event()
     t_start = time.monotonic()
+    # The warm point: 20% into the soak (at least 5 s) once the KV pool has been at least
+    # 90% in use (the pool's pages are then mostly touched, so what grows after it is
+    # not the cache filling up), and at half the soak in any case.
     warm_after = max(5.0, args.soak * 0.2)
+    warm_latest = max(warm_after, args.soak * 0.5)
 
     def monitor():
         while not done.wait(0.5):
@@ -387,7 +391,10 @@ def soak_mode(args, client, model, max_model_len):
             peak["kv_in_use"] = max(peak["kv_in_use"], m.get("flint_kv_blocks_in_use", 0))
             peak["running"] = max(peak["running"], m.get("flint_running_requests", 0))
             peak["waiting"] = max(peak["waiting"], m.get("flint_queue_depth", 0))
-            if args.server_pid and rss["warm"] is None and time.monotonic() - t_start >= warm_after:
+            elapsed = time.monotonic() - t_start
+            pool_filled = peak["kv_in_use"] >= 0.9 * m.get("flint_kv_blocks_total", 0)
+            if args.server_pid and rss["warm"] is None and elapsed >= warm_after \
+                    and (pool_filled or elapsed >= warm_latest):
                 rss["warm"] = rss_kib(args.server_pid)
                 rss["warm_at"] = round(time.monotonic() - t_start, 1)
 
