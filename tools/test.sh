@@ -11,3 +11,6 @@ fi
 cargo test --workspace
 # The step-by-step A/B timer is behind a feature that no normal build turns on.
 cargo test -p flint-hal --features ab-test --lib
+# The load tool's arithmetic and parsing (tools/serve/load.py; the soak itself is a step
+# of .ci/run).
+python3 -B -m unittest tools/serve/test_load.py

@@ -7,6 +7,9 @@
 #   bin/llama-bench, bin/llama-batched-bench      benchmarks (tools/bench/compare.sh)
 #   bin/llama-quantize, bin/llama-gguf-split      quantized and split test models
 #   bin/llama-tokenize                            tokenizer goldens
+#   bin/llama-server                              the OpenAI-compatible server flint serve is
+#                                                 compared with (tools/serve/load.py,
+#                                                 docs/serving.md); without its web UI
 #   src/libllama.a, ggml/src/libggml{,-base,-cpu}.a   static libraries for the C++ golden
 #                                                 harnesses (tools/golden/*.sh link them)
 #
@@ -28,8 +31,9 @@ build="$dir/build"
 bindir="$build/bin"
 
 readonly TARGETS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
-    llama ggml ggml-base ggml-cpu)
-readonly BINS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize)
+    llama-server llama ggml ggml-base ggml-cpu)
+readonly BINS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
+    llama-server)
 readonly LIBS=(src/libllama.a ggml/src/libggml.a ggml/src/libggml-base.a ggml/src/libggml-cpu.a)
 
 die() {
@@ -102,7 +106,9 @@ cmake_args=(
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_TESTS=OFF
     -DLLAMA_BUILD_EXAMPLES=OFF
-    -DLLAMA_BUILD_SERVER=OFF
+    -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_UI=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
     -DLLAMA_BUILD_APP=OFF
     -DLLAMA_BUILD_TOOLS=ON
 )

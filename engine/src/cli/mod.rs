@@ -13,6 +13,7 @@ use crate::model::ModelError;
 use crate::sched::EngineError;
 
 pub mod bench;
+pub mod chat;
 pub mod devices;
 pub mod dump;
 pub mod inspect;
@@ -79,6 +80,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt (streamed to stdout).
     Run(run::RunArgs),
+    /// Chat with the model in the terminal (its chat template, history, streaming).
+    Chat(chat::ChatArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
     /// Measure prefill, decode and aggregate throughput.
@@ -111,6 +114,7 @@ pub struct ModelArg {
 pub fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(a) => run::run(&a),
+        Command::Chat(a) => chat::run(&a),
         Command::Serve(a) => serve::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Inspect(a) => inspect::run(&a),
