@@ -30,11 +30,12 @@
 //!   llama.cpp's loader accepts for every family.
 //! - `bench` (every family): a real model's per-layer shapes with fewer layers and a
 //!   Q4_K_M-like type mix: Qwen3-30B-A3B (d 2048, 32 heads of 128, 4 KV heads, 128
-//!   experts of 768, top-8; 4 layers), GLM-4.5-Air (d 4096, 96 heads of 128, 8 KV heads,
-//!   partial RoPE 64, 128 experts of 1408, top-8, one shared expert, first layer dense of
-//!   10944; 4 layers), MiMo-V2-Flash (d 4096, 64 heads, dk 192, dv 128, KV heads 4 full /
-//!   8 sliding, window 128, 256 experts of 2048, top-8, first layer dense of 16384;
-//!   4 layers [full, sliding, sliding, full]).
+//!   experts of 768, top-8; 4 layers, 2.5B parameters), GLM-4.5-Air (d 4096, 96 heads
+//!   of 128, 8 KV heads, partial RoPE 64, 128 experts of 1408, top-8, one shared expert;
+//!   2 layers: the dense first one of 10944 and one MoE layer, 2.6B), MiMo-V2-Flash
+//!   (d 4096, 64 heads, dk 192, dv 128, KV heads 4 full / 8 sliding, window 128, 256
+//!   experts of 2048, top-8; 2 layers: the dense full first one of 16384 and one sliding
+//!   MoE layer, 7.1B: one MoE layer of MiMo-V2-Flash alone has 6.4B).
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{Array, GgufWriter, Value};
@@ -275,6 +276,7 @@ impl MoeRecipe {
                 ff: 10_944,
                 experts: 128,
                 used: 8,
+                n_layers: 2,
                 expert_ff: 1408,
                 shared: true,
                 leading_dense: 1,
@@ -301,8 +303,9 @@ impl MoeRecipe {
                 context_length: 262_144,
                 eps: 1e-5,
                 rope_base: 5_000_000.0,
+                n_layers: 2,
                 window: 128,
-                pattern: vec![false, true, true, false],
+                pattern: vec![false, true],
                 value_scale: Some(0.707),
                 ..b
             },
