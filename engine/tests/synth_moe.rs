@@ -227,7 +227,7 @@ fn the_loader_reads_the_features_each_preset_promises() {
         (m.gating, m.normalize, m.shared_count),
         (Gating::Softmax, true, 0)
     );
-    assert!(c.layers.iter().all(|l| l.qk_norm && l.biases.q == false));
+    assert!(c.layers.iter().all(|l| l.qk_norm && !l.biases.q));
     assert_eq!(
         (c.head_dim_k, c.rope.n_rot, c.tied_output),
         (128, 128, false)

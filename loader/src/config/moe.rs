@@ -295,7 +295,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             let scale_key = ks.k("expert_weights_scale");
             let scale = match f.opt_f32(&scale_key)? {
                 None => 1.0,
-                Some(v) if v == 0.0 => 1.0,
+                Some(0.0) => 1.0,
                 Some(v) => positive(&scale_key, v)?,
             };
             let normalize = f.opt_bool(&ks.k("expert_weights_norm"))?.unwrap_or(false);
