@@ -371,6 +371,33 @@ fn cli_bytes_do_not_depend_on_threads_and_gguf_py_reads_them() {
         );
         files.push(a);
     }
+    // `flint inspect` states the new description facts.
+    let inspect = |arch: &str, preset: &str| {
+        let p = dir.join(format!("{arch}-{preset}-1.gguf"));
+        let o = Command::new(env!("CARGO_BIN_EXE_flint"))
+            .arg("inspect")
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let m = inspect("mimo2", "tiny-nextn");
+    for want in [
+        "the mimo2 description is valid",
+        "KV heads per layer [1, 2, 2, 1], output scaled by 0.707",
+        "head sizes 96/64",
+        "skipped: NextN/MTP blocks 4",
+    ] {
+        assert!(m.contains(want), "{want} not in {m}");
+    }
+    let g = inspect("glm4moe", "tiny-nextn");
+    for want in [
+        "the FFN norm is post_attention_norm",
+        "skipped: NextN/MTP blocks 3",
+    ] {
+        assert!(g.contains(want), "{want} not in {g}");
+    }
     let has_gguf = Command::new("python3")
         .args(["-c", "import gguf, numpy"])
         .output()
