@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# llama.cpp goldens for the dense families (llama, qwen2, qwen3, gemma3) on synthetic files.
+# llama.cpp goldens for the dense families (llama, qwen2, qwen3, gemma3) and the MoE families
+# (qwen3moe, glm4moe, mimo2) on synthetic files.
 #
 # For each case (ARCH PRESET SEED VOCAB VOCAB_SIZE N_TOKENS, table below) it
 #   1. writes MODEL.f32.gguf with `flint synth --arch ARCH --preset PRESET --seed SEED
 #      --vocab VOCAB.gguf --vocab-size VOCAB_SIZE` (the tokenizer taken from a vocabulary
-#      GGUF, truncated), into a scratch folder: synth regenerates it bit for bit;
+#      GGUF, truncated; VOCAB `builtin`: no --vocab, synth's own byte-level BPE of the
+#      preset's size, for families whose vocabulary the sdist lacks: glm4moe), into a
+#      scratch folder: synth regenerates it bit for bit;
 #   2. quantizes it with llama.cpp's own llama-quantize to the case's QUANTS (Q8_0 and
 #      Q4_K_M);
 #   3. makes the token ids: a fixed text (text() below) tokenized by llama-tokenize with
@@ -55,6 +58,12 @@ CASES=(
     "gemma3  tiny      14   gemma3     2048       2048     q8_0,q4_k_m"
     "gemma3  tiny-4b   15   gemma3     2048       2048     q8_0,q4_k_m"
     "gemma3  tiny-27b  16   gemma3     2048       2048     -"
+    "qwen3moe tiny      21   qwen2      2048       2048     q8_0,q4_k_m"
+    "qwen3moe tiny-bias 22   qwen2      2048       2048     q4_k_m"
+    "glm4moe tiny       23   builtin    2048       2048     q8_0,q4_k_m"
+    "glm4moe tiny-nextn 24   builtin    2048       2048     q4_k_m"
+    "mimo2   tiny       25   qwen2      2048       2048     q8_0,q4_k_m"
+    "mimo2   tiny-nextn 26   qwen2      2048       2048     q4_k_m"
 )
 SPLIT_CASE="llama-tiny"
 SPLIT_TENSORS=8
@@ -87,6 +96,7 @@ vocab_file() {
     case "$1" in
         llama-bpe | qwen2) echo "$src/models/ggml-vocab-$1.gguf" ;;
         gemma3) echo "${FLINT_GEMMA3_VOCAB:-${XDG_CACHE_HOME:-$HOME/.cache}/flint/gemma-3-270m-q4_k_m.gguf}" ;;
+        builtin) echo builtin ;;
         *) die "unknown vocabulary '$1'" ;;
     esac
 }
@@ -156,11 +166,15 @@ for line in "${CASES[@]}"; do
     dest="$out_root/$name"
     mkdir -p "$dest"
     vf="$(vocab_file "$vocab")"
-    [[ -f "$vf" ]] || die "vocabulary $vf is missing (tools/llamacpp_sdist.sh fetches the sdist's)"
+    vocab_args=()
+    if [[ "$vf" != builtin ]]; then
+        [[ -f "$vf" ]] || die "vocabulary $vf is missing (tools/llamacpp_sdist.sh fetches the sdist's)"
+        vocab_args=(--vocab "$vf" --vocab-size "$vocab_size")
+    fi
 
     f32="$work/$name.f32.gguf"
     "${synth[@]}" --arch "$arch" --preset "$preset" --seed "$seed" --out "$f32" \
-        --vocab "$vf" --vocab-size "$vocab_size" >&2 || die "synth failed for $name"
+        "${vocab_args[@]}" >&2 || die "synth failed for $name"
     rm -f "$dest"/model-*.gguf "$dest"/logits-*.json "$dest"/greedy-*.jsonl
     for q in "${quant_list[@]}"; do
         nice "$quantize" "$f32" "$dest/model-$q.gguf" "${q^^}" "$threads" >"$work/$name.$q.log" 2>&1 ||
@@ -226,7 +240,7 @@ for q in quants.split():
     files[q] = {"file": f"model-{q}.gguf", "bytes": os.path.getsize(p), "sha256": sha(p), "tensor_types": types(p)}
 m = {
     "arch": arch, "preset": preset, "seed": int(seed),
-    "synth": f"flint synth --arch {arch} --preset {preset} --seed {seed} --vocab VOCAB --vocab-size {vocab_size}",
+    "synth": f"flint synth --arch {arch} --preset {preset} --seed {seed}" + ("" if vocab == "builtin" else f" --vocab VOCAB --vocab-size {vocab_size}"),
     "vocab": vocab, "vocab_size": int(vocab_size), "n_tokens": int(n_tokens), "stride": int(stride),
     "greedy_prefixes": [int(x) for x in prefixes.split()], "greedy_steps": int(steps),
     "llamacpp": f"{sdist} (PyPI sdist), CPU: llama-quantize, llama-tokenize, tools/golden/llamacpp_logits.cpp",

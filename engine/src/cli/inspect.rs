@@ -331,6 +331,13 @@ fn describe(c: &ModelDesc) -> Vec<String> {
     if biased > 0 {
         let _ = write!(attn, ", biases on {biased} layers");
     }
+    if c.layers.iter().any(|l| l.n_kv_heads != c.n_kv_heads) {
+        let kv: Vec<String> = c.layers.iter().map(|l| l.n_kv_heads.to_string()).collect();
+        let _ = write!(attn, ", KV heads per layer [{}]", kv.join(", "));
+    }
+    if c.value_scale != 1.0 {
+        let _ = write!(attn, ", output scaled by {}", c.value_scale);
+    }
     out.push(attn);
     let mut bases: Vec<f32> = Vec::new();
     let mut scales: Vec<f32> = Vec::new();
@@ -412,7 +419,17 @@ fn describe(c: &ModelDesc) -> Vec<String> {
     if let Some(cap) = c.logit_softcap {
         let _ = write!(norms, "; logits soft-capped at {cap}");
     }
+    if c.ffn_norm_tensor != "ffn_norm" {
+        let _ = write!(norms, "; the FFN norm is {}", c.ffn_norm_tensor);
+    }
     out.push(norms);
+    if !c.skipped_layers.is_empty() {
+        let b: Vec<String> = c.skipped_layers.iter().map(|i| i.to_string()).collect();
+        out.push(format!(
+            "skipped: NextN/MTP blocks {} (their tensors are not read)",
+            b.join(", ")
+        ));
+    }
     out
 }
 

@@ -4,15 +4,17 @@ use clap::Args;
 
 use super::CliError;
 use crate::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use crate::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
 use crate::synth::{param_count, write_file, write_synth, Preset};
 
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
 pub struct SynthArgs {
-    /// Architecture: flint, llama, qwen2, qwen3 or gemma3.
+    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe or mimo2.
     #[arg(long, default_value = "flint")]
     pub arch: String,
-    /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b).
+    /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b; glm4moe and mimo2
+    /// tiny-nextn; qwen3moe tiny-bias).
     #[arg(long)]
     pub preset: String,
     /// Output file.
@@ -21,7 +23,7 @@ pub struct SynthArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// A GGUF file whose tokenizer the checkpoint copies (dense architectures), cut to
+    /// A GGUF file whose tokenizer the checkpoint copies (llama.cpp families), cut to
     /// --vocab-size ordinary tokens plus every special token.
     #[arg(long)]
     pub vocab: Option<std::path::PathBuf>,
@@ -46,7 +48,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
     let params = if args.arch == "flint" {
         if args.vocab.is_some() {
             return Err(CliError::new(
-                "--vocab applies to the dense architectures (llama, qwen2, qwen3, gemma3), not flint",
+                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2), not flint",
             ));
         }
         let preset = Preset::from_name(&args.preset).ok_or_else(|| {
@@ -58,20 +60,34 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
         write_synth(preset, args.seed, &args.out, &progress).map_err(super::err)?;
         param_count(preset)
     } else {
-        let family = Family::from_name(&args.arch).ok_or_else(|| {
-            CliError::new(format!(
-                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3 and gemma3",
-                args.arch
-            ))
-        })?;
-        let recipe = DenseRecipe::of(family, &args.preset).ok_or_else(|| {
+        enum Recipe {
+            Dense(DenseRecipe),
+            Moe(MoeRecipe),
+        }
+        let unknown_preset = |presets: &[&str]| {
             CliError::new(format!(
                 "unknown preset '{}' for {}: the presets are {}",
                 args.preset,
                 args.arch,
-                family.presets().join(", ")
+                presets.join(", ")
             ))
-        })?;
+        };
+        let recipe = if let Some(family) = Family::from_name(&args.arch) {
+            Recipe::Dense(
+                DenseRecipe::of(family, &args.preset)
+                    .ok_or_else(|| unknown_preset(family.presets()))?,
+            )
+        } else if let Some(family) = MoeFamily::from_name(&args.arch) {
+            Recipe::Moe(
+                MoeRecipe::of(family, &args.preset)
+                    .ok_or_else(|| unknown_preset(family.presets()))?,
+            )
+        } else {
+            return Err(CliError::new(format!(
+                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe and mimo2",
+                args.arch
+            )));
+        };
         let vocab_size = args.vocab_size.unwrap_or(DEFAULT_VOCAB_SIZE);
         if vocab_size == 0 {
             return Err(CliError::new("--vocab-size must be at least 1"));
@@ -86,7 +102,11 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             Some(f) => VocabSource::File(f, vocab_size),
             None => VocabSource::Builtin,
         };
-        let (w, params) = synth_dense(&recipe, args.seed, source, &progress).map_err(super::err)?;
+        let (w, params) = match &recipe {
+            Recipe::Dense(r) => synth_dense(r, args.seed, source, &progress),
+            Recipe::Moe(r) => synth_moe(r, args.seed, source, &progress),
+        }
+        .map_err(super::err)?;
         write_file(&w, &args.out).map_err(super::err)?;
         params
     };

@@ -5,6 +5,8 @@
 //! - [`dense`]: the dense families llama.cpp runs (`llama`, `qwen2`, `qwen3`, `gemma3`),
 //!   written with the keys, tensor names and shapes llama.cpp's `convert_hf_to_gguf.py`
 //!   writes for them, so that llama.cpp loads them unchanged.
+//! - [`moe`]: the mixture-of-experts families llama.cpp runs (`qwen3moe`, `glm4moe`,
+//!   `mimo2`), written the same way.
 //!
 //! Both fill tensors the same way. Weights are random but scaled so activations stay in a
 //! realistic range: matrices `N(0, 1/in)` (unit-variance outputs for unit-variance
@@ -18,6 +20,7 @@
 
 pub mod dense;
 pub mod flint;
+pub mod moe;
 pub mod vocab;
 
 use flint_core::GgmlType;

@@ -22,16 +22,30 @@ pub enum Arch {
     Qwen2,
     /// `qwen3`: Qwen 3 dense (per-head QK RMSNorm).
     Qwen3,
+    /// `qwen3moe`: Qwen 3 MoE (Qwen3-30B-A3B, 235B-A22B): per-head QK RMSNorm, softmax
+    /// routing over every expert, the top-k weights renormalised, no shared expert.
+    Qwen3Moe,
+    /// `glm4moe`: GLM-4.5 / 4.6 / Air: sigmoid routing with a selection bias, a scale on
+    /// the routed weights, one shared expert, leading dense layers, partial RoPE, q/k/v
+    /// biases, the pre-FFN norm named `post_attention_norm`; NextN/MTP layers skipped.
+    Glm4Moe,
+    /// `mimo2`: MiMo-V2-Flash / V2.5: hybrid sliding/full layers, attention sinks, a RoPE
+    /// base of their own on sliding layers, per-layer KV head counts, `dv != dk`, partial
+    /// RoPE, a value scale, sigmoid routing; NextN/MTP layers skipped.
+    Mimo2,
 }
 
 impl Arch {
     /// Every architecture, in the order the error messages list them.
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Flint,
         Arch::Gemma3,
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Glm4Moe,
+        Arch::Mimo2,
     ];
 
     /// The `general.architecture` value.
@@ -42,12 +56,21 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Glm4Moe => "glm4moe",
+            Arch::Mimo2 => "mimo2",
         }
     }
 
     /// The architecture a `general.architecture` value names, if Flint runs it.
     pub fn from_name(name: &str) -> Option<Arch> {
         Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The mixture-of-experts families of llama.cpp (`qwen3moe`, `glm4moe`, `mimo2`),
+    /// read by their own reader (`config/moe.rs`).
+    pub fn is_moe_family(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Glm4Moe | Arch::Mimo2)
     }
 }
 
@@ -107,7 +130,19 @@ pub struct AttnBiases {
     pub o: bool,
 }
 
-/// The Mixture-of-Experts routing (flint only).
+/// The Mixture-of-Experts routing (flint, qwen3moe, glm4moe, mimo2).
+///
+/// Per family, as llama.cpp reads it: `qwen3moe` softmax, normalised, scale 1 (it reads
+/// neither `expert_gating_func`, `expert_weights_norm` nor `expert_weights_scale`), no
+/// shared expert, no leading dense layer, `Fe` from `expert_feed_forward_length` or else
+/// `feed_forward_length / k`; `glm4moe` reads `expert_gating_func` (absent or 0 means
+/// sigmoid), `expert_weights_norm` (default **false**), `expert_weights_scale` (absent or
+/// 0 means 1), `expert_shared_count` (required; `n` shared experts are one expert of
+/// width `n * Fe`, so `shared_count` is 1 and `shared_width` `n * Fe`),
+/// `leading_dense_block_count` (default 0); `mimo2` sigmoid, normalised, scale 1, no
+/// shared expert, and which layers are dense is told by the tensors (a layer without
+/// `ffn_gate_inp` is dense): `leading_dense` is then the count of dense layers before
+/// the first MoE layer, and [`LayerDesc::ffn`] is authoritative.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeDesc {
     /// Routed experts `E` (`expert_count`, required).
@@ -166,8 +201,13 @@ pub struct LayerDesc {
     pub rope_freq_scale: f32,
     /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm` `[dk]`, f32).
     pub qk_norm: bool,
-    /// Attention sinks (`attn_sinks.weight` `[H]`, f32; flint only).
+    /// Attention sinks (`attn_sinks.weight` `[H]`, f32; flint, mimo2).
     pub sinks: bool,
+    /// KV heads of this layer. Equal to [`ModelDesc::n_kv_heads`] on every layer except
+    /// in `mimo2`, whose `attention.head_count_kv` may be an array with one entry per
+    /// block (the converter writes the sliding layers' count on sliding layers); `H` is a
+    /// multiple of it. Shapes of this layer's `attn_k` / `attn_v` follow it.
+    pub n_kv_heads: usize,
     /// Attention biases present on this layer.
     pub biases: AttnBiases,
     /// The FFN.
@@ -185,11 +225,16 @@ pub struct ModelDesc {
     /// Query heads `H` (`attention.head_count`, required).
     pub n_heads: usize,
     /// KV heads `Hkv`, dividing `H` (`attention.head_count_kv`, default `H`; required
-    /// for flint).
+    /// for flint). Where layers differ (`mimo2` with a per-layer array) this is the
+    /// largest count over the layers (the size a per-token KV buffer needs); the layer's
+    /// own count is [`LayerDesc::n_kv_heads`].
     pub n_kv_heads: usize,
     /// Head size `dk` of Q and K (`attention.key_length`, default `d / H`).
     pub head_dim_k: usize,
     /// Head size `dv` of V (`attention.value_length`, default `d / H`; `dk` for flint).
+    /// Only flint and mimo2 allow `dv != dk` (mimo2: 128 and 192 in MiMo-V2-Flash); every
+    /// layer has the same `dk` and `dv` (llama.cpp's `*_swa` head sizes are refused when
+    /// they differ).
     pub head_dim_v: usize,
     /// Epsilon of every RMSNorm (`attention.layer_norm_rms_epsilon`, required).
     pub rms_eps: f32,
@@ -220,10 +265,29 @@ pub struct ModelDesc {
     /// Sliding window `W` of the sliding layers (`attention.sliding_window`; gemma3:
     /// absent or 0 = no sliding layer).
     pub window: Option<usize>,
-    /// MoE routing, when some layer is MoE (flint only).
+    /// MoE routing, when some layer is MoE (flint, qwen3moe, glm4moe, mimo2).
     pub moe: Option<MoeDesc>,
-    /// One entry per layer (`block_count`, required).
+    /// One entry per layer the forward runs: `block_count` minus `nextn_predict_layers`
+    /// (llama.cpp's `n_layer`; `block_count` is required).
     pub layers: Vec<LayerDesc>,
+    /// Blocks the file describes but the forward never runs: the NextN / MTP
+    /// (multi-token prediction) blocks `blk.N` with `layers.len() <= N < block_count`
+    /// (`nextn_predict_layers` of them; glm4moe and mimo2 only, empty elsewhere). Their
+    /// tensors, when present, are accepted by name (llama.cpp's names for that block:
+    /// a decoder layer's plus `nextn.*` and `layer_output_norm`) and never read; their
+    /// shapes are not checked. A file may also lack them (llama.cpp's "trunk only").
+    pub skipped_layers: Vec<usize>,
+    /// Factor on each layer's attention output, after `attn_output`
+    /// (`attention.value_scale`, mimo2 only: llama.cpp's `ggml_scale` after `build_attn`;
+    /// the same as scaling V). 1 when absent, 1 or 0 (llama.cpp applies it only when it is
+    /// neither), and for every other architecture.
+    pub value_scale: f32,
+    /// The name of each layer's pre-FFN RMSNorm weight, `blk.N.{ffn_norm_tensor}.weight`:
+    /// `ffn_norm` everywhere but glm4moe, whose converter writes that norm as
+    /// `post_attention_norm` (llama.cpp's `attn_post_norm`, applied to the residual
+    /// stream before the FFN, exactly where the others apply `ffn_norm`). Not Gemma's post
+    /// norms: those are [`NormPlacement::PrePost`].
+    pub ffn_norm_tensor: &'static str,
 }
 
 impl ModelDesc {

@@ -3,7 +3,7 @@
 //!
 //! [`ModelDesc::from_gguf`] is the one entry point. It reads the keys of the
 //! architecture `general.architecture` names ([`Arch`]: flint, gemma3, llama, qwen2,
-//! qwen3) the way llama.cpp interprets them, then checks every tensor: required ones
+//! qwen3, and the MoE families qwen3moe, glm4moe, mimo2 in `moe.rs`) the way llama.cpp interprets them, then checks every tensor: required ones
 //! present with the implied shapes, optional ones the architecture allows, and any other
 //! tensor refused by name. A key Flint does not implement (an unknown
 //! `rope.scaling.type`, a mixture-of-experts llama, per-layer head sizes) is refused by
@@ -11,6 +11,7 @@
 
 mod desc;
 mod error;
+mod moe;
 mod parse;
 mod tensors;
 
@@ -29,6 +30,11 @@ impl ModelDesc {
         let arch = Arch::from_name(name).ok_or_else(|| ConfigError::UnsupportedArchitecture {
             found: name.to_string(),
         })?;
+        if arch.is_moe_family() {
+            let mut desc = moe::read(f, arch)?;
+            moe::check_tensors(&mut desc, f)?;
+            return Ok(desc);
+        }
         let mut desc = parse::read(f, arch)?;
         tensors::check(&mut desc, f)?;
         Ok(desc)

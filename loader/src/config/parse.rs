@@ -23,37 +23,37 @@ const GEMMA3_SWA_PERIOD_DEFAULT: usize = 6;
 const ROPE_BASE_DEFAULT: f32 = 10_000.0;
 
 /// The keys of one architecture: `k("x")` is `{arch}.x`.
-struct Keys<'f> {
-    f: &'f GgufFile,
-    arch: Arch,
+pub(super) struct Keys<'f> {
+    pub(super) f: &'f GgufFile,
+    pub(super) arch: Arch,
 }
 
 impl Keys<'_> {
-    fn k(&self, s: &str) -> String {
+    pub(super) fn k(&self, s: &str) -> String {
         format!("{}.{s}", self.arch.name())
     }
-    fn size(&self, s: &str) -> Result<usize, ConfigError> {
+    pub(super) fn size(&self, s: &str) -> Result<usize, ConfigError> {
         let key = self.k(s);
         nonzero(&key, self.f.get_usize(&key)?)
     }
-    fn opt_size(&self, s: &str) -> Result<Option<usize>, ConfigError> {
+    pub(super) fn opt_size(&self, s: &str) -> Result<Option<usize>, ConfigError> {
         let key = self.k(s);
         self.f
             .opt_usize(&key)?
             .map(|v| nonzero(&key, v))
             .transpose()
     }
-    fn opt_positive(&self, s: &str) -> Result<Option<f32>, ConfigError> {
+    pub(super) fn opt_positive(&self, s: &str) -> Result<Option<f32>, ConfigError> {
         let key = self.k(s);
         self.f.opt_f32(&key)?.map(|v| positive(&key, v)).transpose()
     }
 }
 
 /// The RoPE scaling a file asks for (`rope.scaling.*`).
-struct Scaling {
+pub(super) struct Scaling {
     /// ggml's `freq_scale` of the full-attention layers.
-    freq_scale: f32,
-    yarn: Option<Yarn>,
+    pub(super) freq_scale: f32,
+    pub(super) yarn: Option<Yarn>,
 }
 
 /// Reads the hyper-parameters of `arch` (tensor facts left at their defaults).
@@ -195,8 +195,11 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
                 }
             }
         }
-        // llama.cpp gives these architectures no sliding layers.
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => (None, vec![false; l], rope_base),
+        // llama.cpp gives these architectures no sliding layers (the MoE families are
+        // read by `moe::read`, never here).
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Glm4Moe | Arch::Mimo2 => {
+            (None, vec![false; l], rope_base)
+        }
     };
 
     let (moe, dense_width) = match arch {
@@ -251,6 +254,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
             rope_freq_scale: if sl { 1.0 } else { scaling.freq_scale },
             qk_norm: matches!(arch, Arch::Gemma3 | Arch::Qwen3),
             sinks: false,
+            n_kv_heads: hkv,
             biases: AttnBiases::default(),
             ffn: match (&moe, dense_width) {
                 (Some(m), _) if i >= m.leading_dense => FfnDesc::Moe {
@@ -291,7 +295,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         rope: RopeDesc {
             kind: match arch {
                 Arch::Llama => RopeKind::Normal,
-                Arch::Flint | Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeKind::Neox,
+                _ => RopeKind::Neox,
             },
             n_rot,
             freq_factors: false,
@@ -300,10 +304,13 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         window,
         moe,
         layers,
+        skipped_layers: Vec::new(),
+        value_scale: 1.0,
+        ffn_norm_tensor: "ffn_norm",
     })
 }
 
-fn check_len(key: &str, n: usize, l: usize) -> Result<(), ConfigError> {
+pub(super) fn check_len(key: &str, n: usize, l: usize) -> Result<(), ConfigError> {
     if n != l {
         return Err(ConfigError::invalid(
             key,
@@ -329,7 +336,7 @@ fn gemma3_pattern(f: &GgufFile, key: &str, l: usize) -> Result<Vec<bool>, Config
 
 /// `rope.scaling.*` as llama.cpp reads it (`load_hparams`, `llama_context`): type
 /// `none`, `linear` (the default) or `yarn`; anything else is refused by name.
-fn read_scaling(ks: &Keys<'_>, context_length: usize) -> Result<Scaling, ConfigError> {
+pub(super) fn read_scaling(ks: &Keys<'_>, context_length: usize) -> Result<Scaling, ConfigError> {
     let f = ks.f;
     let type_key = ks.k("rope.scaling.type");
     let kind = f.opt_str(&type_key)?.unwrap_or("linear");

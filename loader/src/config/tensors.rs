@@ -13,14 +13,14 @@ use super::ConfigError;
 use crate::gguf::{GgufFile, TensorInfo};
 
 /// Looks tensors up and remembers which ones the description accounts for.
-struct Claims<'f> {
-    f: &'f GgufFile,
-    claimed: HashSet<&'f str>,
+pub(super) struct Claims<'f> {
+    pub(super) f: &'f GgufFile,
+    pub(super) claimed: HashSet<&'f str>,
 }
 
 impl<'f> Claims<'f> {
     /// The tensor `name` if present, then with exactly `dims` (and F32 when `f32`).
-    fn opt(
+    pub(super) fn opt(
         &mut self,
         name: &str,
         dims: &[usize],
@@ -48,7 +48,7 @@ impl<'f> Claims<'f> {
     }
 
     /// The tensor `name`, which must be present.
-    fn req(&mut self, name: &str, dims: &[usize], f32: bool) -> Result<(), ConfigError> {
+    pub(super) fn req(&mut self, name: &str, dims: &[usize], f32: bool) -> Result<(), ConfigError> {
         match self.opt(name, dims, f32)? {
             Some(_) => Ok(()),
             None => Err(ConfigError::MissingTensor {
@@ -58,7 +58,10 @@ impl<'f> Claims<'f> {
     }
 
     /// Optional tensors that come all together or not at all.
-    fn set(&mut self, members: &[(String, Vec<usize>, bool)]) -> Result<bool, ConfigError> {
+    pub(super) fn set(
+        &mut self,
+        members: &[(String, Vec<usize>, bool)],
+    ) -> Result<bool, ConfigError> {
         let mut present = Vec::with_capacity(members.len());
         for (name, dims, f32) in members {
             present.push(self.opt(name, dims, *f32)?.is_some());
@@ -151,7 +154,7 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
                 layer.qk_norm = c.set(&qk)?;
                 layer.sinks = c.opt(&n("attn_sinks.weight"), &[h], true)?.is_some();
             }
-            Arch::Llama | Arch::Qwen2 => {}
+            _ => {}
         }
         if arch == Arch::Gemma3 {
             c.req(&n("post_attention_norm.weight"), &[d], true)?;

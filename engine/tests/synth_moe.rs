@@ -1,0 +1,440 @@
+//! `flint synth --arch qwen3moe|glm4moe|mimo2`: every small preset against the tensors
+//! llama.cpp's `load_arch_tensors` creates for the file's own keys (required and
+//! optional, the NextN block's included), against the description the loader reads from
+//! it (the features the preset promises), the bench presets' shapes, the same bytes
+//! whatever the thread count, and the `gguf` Python package reading every file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use flint_core::math::Gating;
+use flint_core::GgmlType;
+use flint_engine::synth::dense::VocabSource;
+use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use flint_loader::config::{Arch, FfnDesc, ModelDesc};
+use flint_loader::gguf::GgufFile;
+
+fn small_presets() -> Vec<(MoeFamily, &'static str)> {
+    MoeFamily::ALL
+        .into_iter()
+        .flat_map(|f| {
+            f.presets()
+                .iter()
+                .filter(|p| **p != "bench")
+                .map(move |p| (f, *p))
+        })
+        .collect()
+}
+
+fn build(family: MoeFamily, preset: &str, seed: u64) -> GgufFile {
+    let r = MoeRecipe::of(family, preset).unwrap();
+    let (w, params) = synth_moe(&r, seed, VocabSource::Builtin, &|_, _| {}).unwrap();
+    let f = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let total: usize = f
+        .tensors()
+        .iter()
+        .map(|t| t.dims.iter().product::<usize>())
+        .sum();
+    assert_eq!(params, total, "{} {preset}", family.arch());
+    f
+}
+
+fn u(f: &GgufFile, k: &str) -> usize {
+    let arch = f.architecture().unwrap();
+    f.get_usize(&format!("{arch}.{k}")).unwrap()
+}
+
+fn per_block(f: &GgufFile, k: &str, n: usize) -> Vec<usize> {
+    let arch = f.architecture().unwrap();
+    let key = format!("{arch}.{k}");
+    match f.get_u32_array(&key) {
+        Ok(v) => v.iter().map(|&x| x as usize).collect(),
+        Err(_) => vec![f.get_usize(&key).unwrap(); n],
+    }
+}
+
+/// What llama.cpp's `load_arch_tensors` of the file's architecture creates (with
+/// `load_mtp` off: the NextN block's tensors all optional): required and optional
+/// name -> shape. Written from `src/models/{qwen3moe,glm4-moe,mimo2}.cpp`.
+type Shapes = BTreeMap<String, Vec<usize>>;
+fn llama_cpp_tensors(f: &GgufFile) -> (Shapes, Shapes) {
+    let arch = f.architecture().unwrap().to_string();
+    let (d, n_all, h) = (
+        u(f, "embedding_length"),
+        u(f, "block_count"),
+        u(f, "attention.head_count"),
+    );
+    let nextn = f
+        .opt_usize(&format!("{arch}.nextn_predict_layers"))
+        .unwrap()
+        .unwrap_or(0);
+    let n_layer = n_all - nextn;
+    let hkv = per_block(f, "attention.head_count_kv", n_all);
+    let (dk, dv) = (u(f, "attention.key_length"), u(f, "attention.value_length"));
+    let (e, fe, ff) = (
+        u(f, "expert_count"),
+        u(f, "expert_feed_forward_length"),
+        u(f, "feed_forward_length"),
+    );
+    let vocab = f.get_str_array("tokenizer.ggml.tokens").unwrap().len();
+    let (mut req, mut opt) = (Shapes::new(), Shapes::new());
+    req.insert("token_embd.weight".into(), vec![d, vocab]);
+    req.insert("output_norm.weight".into(), vec![d]);
+    if arch == "mimo2" {
+        req.insert("output.weight".into(), vec![d, vocab]);
+    } else {
+        opt.insert("output.weight".into(), vec![d, vocab]);
+    }
+    for il in 0..n_all {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        let trunk = il < n_layer;
+        let mut r: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut o: Vec<(String, Vec<usize>)> = Vec::new();
+        let (q, k, v) = (h * dk, hkv[il] * dk, hkv[il] * dv);
+        r.push((p("attn_norm.weight"), vec![d]));
+        r.push((p("attn_q.weight"), vec![d, q]));
+        r.push((p("attn_k.weight"), vec![d, k]));
+        r.push((p("attn_v.weight"), vec![d, v]));
+        o.push((p("attn_qkv.weight"), vec![d, q + k + v]));
+        for (n, s) in [("attn_q.bias", q), ("attn_k.bias", k), ("attn_v.bias", v)] {
+            o.push((p(n), vec![s]));
+        }
+        r.push((p("attn_output.weight"), vec![h * dv, d]));
+        let moe_layer;
+        match arch.as_str() {
+            "qwen3moe" => {
+                r.push((p("attn_q_norm.weight"), vec![dk]));
+                r.push((p("attn_k_norm.weight"), vec![dk]));
+                r.push((p("ffn_norm.weight"), vec![d]));
+                moe_layer = true;
+            }
+            "glm4moe" => {
+                o.push((p("attn_q_norm.weight"), vec![dk]));
+                o.push((p("attn_k_norm.weight"), vec![dk]));
+                r.push((p("post_attention_norm.weight"), vec![d]));
+                moe_layer = il >= u(f, "leading_dense_block_count");
+                if moe_layer {
+                    r.push((p("exp_probs_b.bias"), vec![e]));
+                    let fs = fe * u(f, "expert_shared_count");
+                    r.push((p("ffn_gate_shexp.weight"), vec![d, fs]));
+                    r.push((p("ffn_up_shexp.weight"), vec![d, fs]));
+                    r.push((p("ffn_down_shexp.weight"), vec![fs, d]));
+                }
+            }
+            _ => {
+                o.push((p("attn_sinks.weight"), vec![h]));
+                r.push((p("ffn_norm.weight"), vec![d]));
+                // Both branches optional; the graph picks by ffn_gate_inp.
+                for (n, s) in [
+                    ("ffn_gate.weight", vec![d, ff]),
+                    ("ffn_up.weight", vec![d, ff]),
+                    ("ffn_down.weight", vec![ff, d]),
+                    ("ffn_gate_inp.weight", vec![d, e]),
+                    ("ffn_gate_exps.weight", vec![d, fe, e]),
+                    ("ffn_up_exps.weight", vec![d, fe, e]),
+                    ("ffn_down_exps.weight", vec![fe, d, e]),
+                    ("exp_probs_b.bias", vec![e]),
+                ] {
+                    o.push((p(n), s));
+                }
+                moe_layer = false;
+            }
+        }
+        if arch != "mimo2" {
+            if moe_layer {
+                r.push((p("ffn_gate_inp.weight"), vec![d, e]));
+                r.push((p("ffn_gate_exps.weight"), vec![d, fe, e]));
+                r.push((p("ffn_up_exps.weight"), vec![d, fe, e]));
+                r.push((p("ffn_down_exps.weight"), vec![fe, d, e]));
+            } else {
+                r.push((p("ffn_gate.weight"), vec![d, ff]));
+                r.push((p("ffn_up.weight"), vec![d, ff]));
+                r.push((p("ffn_down.weight"), vec![ff, d]));
+            }
+        }
+        if !trunk {
+            for (n, s) in [
+                ("nextn.eh_proj.weight", vec![2 * d, d]),
+                ("nextn.enorm.weight", vec![d]),
+                ("nextn.hnorm.weight", vec![d]),
+                ("nextn.embed_tokens.weight", vec![d, vocab]),
+                ("nextn.shared_head_head.weight", vec![d, vocab]),
+                ("nextn.shared_head_norm.weight", vec![d]),
+            ] {
+                o.push((p(n), s));
+            }
+            if arch == "mimo2" {
+                o.push((p("layer_output_norm.weight"), vec![d]));
+            }
+            // TENSOR_SKIP: everything of the block optional.
+            o.append(&mut r);
+        }
+        req.extend(r);
+        opt.extend(o);
+    }
+    (req, opt)
+}
+
+#[test]
+fn every_small_preset_is_what_llama_cpp_loads() {
+    for (family, preset) in small_presets() {
+        let what = format!("{} {preset}", family.arch());
+        let f = build(family, preset, 1);
+        let (req, opt) = llama_cpp_tensors(&f);
+        let have: BTreeMap<String, Vec<usize>> = f
+            .tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.dims.clone()))
+            .collect();
+        for (name, shape) in &req {
+            assert_eq!(have.get(name), Some(shape), "{what}: required {name}");
+        }
+        for (name, shape) in &have {
+            let want = req.get(name).or_else(|| opt.get(name));
+            assert_eq!(
+                want,
+                Some(shape),
+                "{what}: {name} is not one llama.cpp creates"
+            );
+        }
+        // mimo2's fused attn_qkv coexists with no split projection (the NextN block).
+        let names: BTreeSet<&str> = have.keys().map(String::as_str).collect();
+        for n in &names {
+            if let Some(b) = n.strip_suffix("attn_qkv.weight") {
+                assert!(
+                    !names.contains(format!("{b}attn_q.weight").as_str()),
+                    "{what}"
+                );
+            }
+        }
+        assert!(
+            f.tensors().iter().all(|t| t.ty == GgmlType::F32),
+            "{what}: tiny presets are f32"
+        );
+    }
+}
+
+#[test]
+fn the_loader_reads_the_features_each_preset_promises() {
+    let desc = |fam, p| ModelDesc::from_gguf(&build(fam, p, 1)).expect("description");
+    // qwen3moe: softmax over 8, top-4, renormalised, QK norm, no shared expert.
+    let c = desc(MoeFamily::Qwen3Moe, "tiny");
+    assert_eq!(c.arch, Arch::Qwen3Moe);
+    let m = c.moe.unwrap();
+    assert_eq!((m.experts, m.used, m.expert_width), (8, 4, 256));
+    assert_eq!(
+        (m.gating, m.normalize, m.shared_count),
+        (Gating::Softmax, true, 0)
+    );
+    assert!(c.layers.iter().all(|l| l.qk_norm && !l.biases.q));
+    assert_eq!(
+        (c.head_dim_k, c.rope.n_rot, c.tied_output),
+        (128, 128, false)
+    );
+    let c = desc(MoeFamily::Qwen3Moe, "tiny-bias");
+    assert!(c
+        .layers
+        .iter()
+        .all(|l| l.biases.q && l.biases.k && l.biases.v));
+    // glm4moe: sigmoid + bias + scale + shared + leading dense + partial rope + biases.
+    for p in ["tiny", "tiny-nextn"] {
+        let c = desc(MoeFamily::Glm4Moe, p);
+        let m = c.moe.unwrap();
+        assert_eq!(
+            (m.gating, m.normalize, m.scale),
+            (Gating::Sigmoid, true, 2.5)
+        );
+        assert_eq!(
+            (m.shared_count, m.shared_width, m.leading_dense),
+            (1, 256, 1)
+        );
+        assert_eq!((c.head_dim_k, c.rope.n_rot), (64, 32));
+        assert_eq!(c.ffn_norm_tensor, "post_attention_norm");
+        assert_eq!(c.layers.len(), 3);
+        assert_eq!(c.layers[0].ffn, FfnDesc::Dense { width: 512 });
+        assert!(c.layers[1..].iter().all(|l| l.ffn
+            == FfnDesc::Moe {
+                selection_bias: true,
+                shared_expert: true
+            }));
+        assert!(c
+            .layers
+            .iter()
+            .all(|l| l.biases.q && l.biases.k && l.biases.v));
+        let skipped: Vec<usize> = if p == "tiny" { vec![] } else { vec![3] };
+        assert_eq!(c.skipped_layers, skipped);
+    }
+    // mimo2: hybrid pattern, sinks on sliding layers only, swa base, per-layer KV heads,
+    // dv != dk, partial rope, value scale, sigmoid + bias, leading dense.
+    for p in ["tiny", "tiny-nextn"] {
+        let c = desc(MoeFamily::Mimo2, p);
+        let sl: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+        assert_eq!(sl, vec![false, true, true, false]);
+        assert!(c.layers.iter().all(|l| l.sinks == l.sliding));
+        assert!(c
+            .layers
+            .iter()
+            .all(|l| l.rope_base == if l.sliding { 1e4 } else { 5e6 }));
+        let kv: Vec<usize> = c.layers.iter().map(|l| l.n_kv_heads).collect();
+        assert_eq!(kv, vec![1, 2, 2, 1]);
+        assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (96, 64, 32));
+        assert_eq!((c.window, c.value_scale), (Some(64), 0.707));
+        let m = c.moe.unwrap();
+        assert_eq!(
+            (m.gating, m.normalize, m.leading_dense),
+            (Gating::Sigmoid, true, 1)
+        );
+        assert!(c.layers[1..].iter().all(|l| l.ffn
+            == FfnDesc::Moe {
+                selection_bias: true,
+                shared_expert: false
+            }));
+        let skipped: Vec<usize> = if p == "tiny" { vec![] } else { vec![4] };
+        assert_eq!(c.skipped_layers, skipped);
+    }
+}
+
+#[test]
+fn bench_presets_have_real_per_layer_shapes_in_a_quantizable_mix() {
+    let q = MoeRecipe::of(MoeFamily::Qwen3Moe, "bench").unwrap();
+    assert_eq!((q.d, q.experts, q.expert_ff, q.used), (2048, 128, 768, 8));
+    for family in MoeFamily::ALL {
+        let r = MoeRecipe::of(family, "bench").unwrap();
+        let layout = r.layout(32_000);
+        assert!(
+            layout.iter().any(|(_, t, _)| *t == GgmlType::Q4_K),
+            "{family:?}"
+        );
+        assert!(
+            layout.iter().any(|(_, t, _)| *t == GgmlType::Q6_K),
+            "{family:?}"
+        );
+        for (name, ty, dims) in &layout {
+            // Every encoding fits its rows.
+            assert!(ty.row_bytes(dims[0]).is_some(), "{family:?} {name} {ty}");
+            if dims.len() == 1 {
+                assert_eq!(*ty, GgmlType::F32, "{family:?} {name}");
+            }
+        }
+        // A few real layers: 2 to 8 billion parameters.
+        let p = r.param_count(32_000);
+        assert!(p > 2_000_000_000 && p < 8_000_000_000, "{family:?}: {p}");
+    }
+}
+
+#[test]
+fn seeds_differ_and_the_same_seed_gives_the_same_bytes() {
+    let bytes = |seed| {
+        let r = MoeRecipe::of(MoeFamily::Mimo2, "tiny-nextn").unwrap();
+        synth_moe(&r, seed, VocabSource::Builtin, &|_, _| {})
+            .unwrap()
+            .0
+            .to_bytes()
+    };
+    assert_eq!(bytes(5), bytes(5));
+    assert_ne!(bytes(5), bytes(6));
+}
+
+fn synth_cli(dir: &Path, arch: &str, preset: &str, threads: &str) -> PathBuf {
+    let out = dir.join(format!("{arch}-{preset}-{threads}.gguf"));
+    let st = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args([
+            "synth", "--arch", arch, "--preset", preset, "--seed", "3", "--out",
+        ])
+        .arg(&out)
+        .env("RAYON_NUM_THREADS", threads)
+        .env("FLINT_THREADS", threads)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    out
+}
+
+#[test]
+fn cli_bytes_do_not_depend_on_threads_and_gguf_py_reads_them() {
+    let dir = std::env::temp_dir().join(format!("flint-synth-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    for (family, preset) in small_presets() {
+        let a = synth_cli(&dir, family.arch(), preset, "1");
+        let b = synth_cli(&dir, family.arch(), preset, "2");
+        assert_eq!(
+            std::fs::read(&a).unwrap(),
+            std::fs::read(&b).unwrap(),
+            "{} {preset}",
+            family.arch()
+        );
+        files.push(a);
+    }
+    // `flint inspect` states the new description facts.
+    let inspect = |arch: &str, preset: &str| {
+        let p = dir.join(format!("{arch}-{preset}-1.gguf"));
+        let o = Command::new(env!("CARGO_BIN_EXE_flint"))
+            .arg("inspect")
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let m = inspect("mimo2", "tiny-nextn");
+    for want in [
+        "the mimo2 description is valid",
+        "KV heads per layer [1, 2, 2, 1], output scaled by 0.707",
+        "head sizes 96/64",
+        "skipped: NextN/MTP blocks 4",
+    ] {
+        assert!(m.contains(want), "{want} not in {m}");
+    }
+    let g = inspect("glm4moe", "tiny-nextn");
+    for want in [
+        "the FFN norm is post_attention_norm",
+        "skipped: NextN/MTP blocks 3",
+    ] {
+        assert!(g.contains(want), "{want} not in {g}");
+    }
+    let has_gguf = Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_gguf {
+        eprintln!("skipping the gguf-py check: python3 with gguf and numpy not found");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    const PY: &str = r#"
+import sys, gguf
+for p in sys.argv[1:]:
+    r = gguf.GGUFReader(p)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n = int(r.fields[f"{arch}.block_count"].parts[-1][0])
+    names = {t.name for t in r.tensors}
+    assert "token_embd.weight" in names and "output.weight" in names, p
+    assert all(f"blk.{i}.attn_norm.weight" in names for i in range(n)), p
+    for t in r.tensors:
+        assert t.data.size == int(t.n_elements), (p, t.name)
+    print(p, arch, n, len(r.tensors))
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(PY)
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        files.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,562 @@
+//! The mixture-of-experts families llama.cpp runs: `qwen3moe`, `glm4moe`, `mimo2`.
+//!
+//! [`read`] follows llama.cpp's `llama_model_base::load_hparams` (the keys every
+//! architecture shares: `block_count` counts the NextN/MTP blocks too, and
+//! `nextn_predict_layers` of them are not part of the trunk) and each family's
+//! `load_arch_hparams` (`src/models/{qwen3moe,glm4-moe,mimo2}.cpp`), defaults included.
+//! [`check_tensors`] follows their `load_arch_tensors`: required tensors with the shapes
+//! the description implies, the optional ones each family allows, the NextN/MTP blocks'
+//! tensors accepted by name and marked skipped, anything else refused by name.
+
+use flint_core::math::Gating;
+
+use super::desc::{
+    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
+    RopeKind,
+};
+use super::parse::{check_len, read_scaling, Keys};
+use super::tensors::Claims;
+use super::util::{nonzero, positive};
+use super::ConfigError;
+use crate::gguf::{Array, GgufFile, Value};
+
+/// llama.cpp's `rope.freq_base` default.
+const ROPE_BASE_DEFAULT: f32 = 10_000.0;
+/// llama.cpp's `rope_freq_base_train_swa` default (mimo2 without `rope.freq_base_swa`).
+const ROPE_BASE_SWA_DEFAULT: f32 = 10_000.0;
+
+/// A per-block count: a scalar for every block, or (mimo2) an array of `n_all` entries.
+fn per_block(
+    ks: &Keys<'_>,
+    s: &str,
+    n_all: usize,
+    default: usize,
+) -> Result<Vec<usize>, ConfigError> {
+    let key = ks.k(s);
+    match ks.f.get(&key) {
+        None => Ok(vec![default; n_all]),
+        Some(Value::Array(_)) if ks.arch == Arch::Mimo2 => {
+            let v = ks.f.get_u32_array(&key)?;
+            check_len(&key, v.len(), n_all)?;
+            v.iter().map(|&x| nonzero(&key, x as usize)).collect()
+        }
+        Some(_) => Ok(vec![ks.size(s)?; n_all]),
+    }
+}
+
+/// mimo2's `attention.sliding_window_pattern`: one entry per block (bools, or the
+/// integers 0/1 the converter writes); true / nonzero = sliding.
+fn mimo2_pattern(f: &GgufFile, key: &str, n_all: usize) -> Result<Vec<bool>, ConfigError> {
+    let v: Vec<bool> = match f.get_array(key)? {
+        Array::Bool(v) => v.clone(),
+        _ => f.get_u32_array(key)?.iter().map(|&x| x != 0).collect(),
+    };
+    check_len(key, v.len(), n_all)?;
+    Ok(v)
+}
+
+/// Reads the hyper-parameters of a MoE family (tensor facts left at their defaults).
+pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
+    let ks = Keys { f, arch };
+    let k = |s: &str| ks.k(s);
+    let context_length = ks.size("context_length")?;
+    let d = ks.size("embedding_length")?;
+    let n_all = ks.size("block_count")?;
+    let nextn_key = k("nextn_predict_layers");
+    let nextn = f.opt_usize(&nextn_key)?.unwrap_or(0);
+    if nextn > 0 && arch == Arch::Qwen3Moe {
+        return Err(ConfigError::invalid(
+            &nextn_key,
+            format!("is {nextn}: qwen3moe has no NextN/MTP layers"),
+        ));
+    }
+    if nextn >= n_all {
+        return Err(ConfigError::invalid(
+            &nextn_key,
+            format!("is {nextn}, block_count is {n_all}: no trunk layer would remain"),
+        ));
+    }
+    let l = n_all - nextn;
+    let h = ks.size("attention.head_count")?;
+    let hkv_all = per_block(&ks, "attention.head_count_kv", n_all, h)?;
+    for &hkv in &hkv_all {
+        if h % hkv != 0 {
+            return Err(ConfigError::invalid(
+                &k("attention.head_count_kv"),
+                format!("head_count {h} is not a multiple of head_count_kv {hkv}"),
+            ));
+        }
+    }
+    let default_head = |s: &str| -> Result<usize, ConfigError> {
+        if d % h == 0 {
+            Ok(d / h)
+        } else {
+            Err(ConfigError::invalid(
+                &k(s),
+                format!("absent, and embedding_length {d} is not a multiple of head_count {h}"),
+            ))
+        }
+    };
+    let dk = match ks.opt_size("attention.key_length")? {
+        Some(v) => v,
+        None => default_head("attention.key_length")?,
+    };
+    let dv = match ks.opt_size("attention.value_length")? {
+        Some(v) => v,
+        None => default_head("attention.value_length")?,
+    };
+    // llama.cpp asserts equal head sizes in the qwen3moe and glm4moe graphs.
+    if arch != Arch::Mimo2 && dv != dk {
+        return Err(ConfigError::invalid(
+            &k("attention.value_length"),
+            format!(
+                "is {dv}, key_length is {dk}: {} needs equal head sizes",
+                arch.name()
+            ),
+        ));
+    }
+    let eps_key = k("attention.layer_norm_rms_epsilon");
+    let rms_eps = positive(&eps_key, f.get_f32(&eps_key)?)?;
+
+    let n_rot = ks.opt_size("rope.dimension_count")?.unwrap_or(dk);
+    // qwen3moe's graph asserts n_rot == head size.
+    let rot_equal = arch == Arch::Qwen3Moe;
+    if n_rot % 2 != 0 || n_rot > dk || (rot_equal && n_rot != dk) {
+        return Err(ConfigError::invalid(
+            &k("rope.dimension_count"),
+            format!(
+                "is {n_rot}: it must be even and at most key_length {dk}{}",
+                if rot_equal {
+                    " (here: equal to it)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    for (s, full) in [
+        ("attention.key_length_swa", dk),
+        ("attention.value_length_swa", dv),
+        ("rope.dimension_count_swa", n_rot),
+    ] {
+        if let Some(v) = ks.opt_size(s)?.filter(|&v| v != full) {
+            return Err(ConfigError::invalid(
+                &k(s),
+                format!("is {v}, unlike the full layers' {full}: per-layer head sizes are not supported"),
+            ));
+        }
+    }
+    // glm4moe reads M-RoPE sections; with two nonzero sections llama.cpp uses M-RoPE.
+    if arch == Arch::Glm4Moe {
+        let key = k("rope.dimension_sections");
+        if f.get(&key).is_some() {
+            let s = f.get_u32_array(&key)?;
+            if s.len() >= 2 && s[0] > 0 && s[1] > 0 {
+                return Err(ConfigError::invalid(
+                    &key,
+                    "has two nonzero sections: M-RoPE is not supported",
+                ));
+            }
+        }
+    }
+    let rope_base = ks
+        .opt_positive("rope.freq_base")?
+        .unwrap_or(ROPE_BASE_DEFAULT);
+    let scaling = read_scaling(&ks, context_length)?;
+
+    // Sliding layers (mimo2 only): window, pattern (one entry per block), base.
+    let (window, sliding, rope_base_swa) = if arch == Arch::Mimo2 {
+        let window = ks.size("attention.sliding_window")?;
+        let pattern = mimo2_pattern(f, &k("attention.sliding_window_pattern"), n_all)?;
+        let base_swa = ks
+            .opt_positive("rope.freq_base_swa")?
+            .unwrap_or(ROPE_BASE_SWA_DEFAULT);
+        (Some(window), pattern[..l].to_vec(), base_swa)
+    } else {
+        (None, vec![false; l], rope_base)
+    };
+    let value_scale = if arch == Arch::Mimo2 {
+        let key = k("attention.value_scale");
+        match f.opt_f32(&key)? {
+            Some(v) if !v.is_finite() => {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!("must be finite, found {v}"),
+                ))
+            }
+            Some(v) if v != 0.0 => v,
+            _ => 1.0,
+        }
+    } else {
+        1.0
+    };
+
+    let moe = read_routing(&ks, l)?;
+    let dense_width = match arch {
+        Arch::Glm4Moe if moe.leading_dense > 0 => Some(ks.size("feed_forward_length")?),
+        _ => ks.opt_size("feed_forward_length")?,
+    };
+    let max_hkv = hkv_all[..l].iter().copied().max().unwrap_or(h);
+    let layers = sliding
+        .iter()
+        .enumerate()
+        .map(|(i, &sl)| LayerDesc {
+            sliding: sl,
+            rope_base: if sl { rope_base_swa } else { rope_base },
+            rope_freq_scale: if sl { 1.0 } else { scaling.freq_scale },
+            qk_norm: arch == Arch::Qwen3Moe,
+            sinks: false,
+            n_kv_heads: hkv_all[i],
+            biases: AttnBiases::default(),
+            ffn: if i < moe.leading_dense {
+                FfnDesc::Dense {
+                    width: dense_width.unwrap_or(0),
+                }
+            } else {
+                FfnDesc::Moe {
+                    selection_bias: false,
+                    shared_expert: false,
+                }
+            },
+        })
+        .collect();
+    Ok(ModelDesc {
+        arch,
+        d,
+        n_heads: h,
+        n_kv_heads: max_hkv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+        rms_eps,
+        vocab: 0,
+        tied_output: false,
+        context_length,
+        embed_scale: 1.0,
+        attn_scale: 1.0 / (dk as f32).sqrt(),
+        q_prescaled: false,
+        logit_softcap: None,
+        activation: Activation::Silu,
+        norms: NormPlacement::Pre,
+        rope: RopeDesc {
+            kind: RopeKind::Neox,
+            n_rot,
+            freq_factors: false,
+            yarn: scaling.yarn,
+        },
+        window,
+        moe: Some(moe),
+        layers,
+        skipped_layers: (l..n_all).collect(),
+        value_scale,
+        ffn_norm_tensor: if arch == Arch::Glm4Moe {
+            "post_attention_norm"
+        } else {
+            "ffn_norm"
+        },
+    })
+}
+
+/// The routing of each family (see [`MoeDesc`]'s docs for the per-family rules).
+fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
+    let f = ks.f;
+    let arch = ks.arch;
+    let e = ks.size("expert_count")?;
+    let k_key = ks.k("expert_used_count");
+    let k = ks.size("expert_used_count")?;
+    if k > e {
+        return Err(ConfigError::invalid(
+            &k_key,
+            format!("is {k}, more than expert_count {e}"),
+        ));
+    }
+    let fe = match arch {
+        // llama.cpp: `n_ff_exp` if set, else `n_ff / n_expert_used`.
+        Arch::Qwen3Moe => match ks.opt_size("expert_feed_forward_length")? {
+            Some(v) => v,
+            None => {
+                let ff = ks.size("feed_forward_length")?;
+                nonzero(&ks.k("feed_forward_length"), ff / k)?
+            }
+        },
+        _ => ks.size("expert_feed_forward_length")?,
+    };
+    match arch {
+        Arch::Glm4Moe => {
+            let sc_key = ks.k("expert_shared_count");
+            let shared = f.get_usize(&sc_key)?;
+            let lead_key = ks.k("leading_dense_block_count");
+            let lead = f.opt_usize(&lead_key)?.unwrap_or(0);
+            if lead > l {
+                return Err(ConfigError::invalid(
+                    &lead_key,
+                    format!("is {lead}, more than the {l} trunk layers"),
+                ));
+            }
+            let scale_key = ks.k("expert_weights_scale");
+            let scale = match f.opt_f32(&scale_key)? {
+                None => 1.0,
+                Some(0.0) => 1.0,
+                Some(v) => positive(&scale_key, v)?,
+            };
+            let normalize = f.opt_bool(&ks.k("expert_weights_norm"))?.unwrap_or(false);
+            let g_key = ks.k("expert_gating_func");
+            let gating = match f.opt_u32(&g_key)?.unwrap_or(0) {
+                0 | 2 => Gating::Sigmoid,
+                1 => Gating::Softmax,
+                other => {
+                    return Err(ConfigError::invalid(
+                        &g_key,
+                        format!("is {other}: 1 (softmax) or 2 (sigmoid) expected"),
+                    ))
+                }
+            };
+            Ok(MoeDesc {
+                experts: e,
+                used: k,
+                expert_width: fe,
+                shared_count: usize::from(shared > 0),
+                shared_width: fe * shared.max(1),
+                gating,
+                normalize,
+                scale,
+                leading_dense: lead,
+            })
+        }
+        _ => Ok(MoeDesc {
+            experts: e,
+            used: k,
+            expert_width: fe,
+            shared_count: 0,
+            shared_width: fe,
+            gating: if arch == Arch::Qwen3Moe {
+                Gating::Softmax
+            } else {
+                Gating::Sigmoid
+            },
+            normalize: true,
+            scale: 1.0,
+            leading_dense: 0,
+        }),
+    }
+}
+
+/// The tensors llama.cpp may create for a NextN/MTP block of `arch` (`blk.N.` + these).
+fn nextn_names(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::Glm4Moe => &[
+            "attn_norm.weight",
+            "attn_qkv.weight",
+            "attn_qkv.bias",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_output.weight",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "post_attention_norm.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "ffn_gate_inp.weight",
+            "exp_probs_b.bias",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_exps.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_up_shexp.weight",
+            "ffn_down_shexp.weight",
+            "nextn.eh_proj.weight",
+            "nextn.enorm.weight",
+            "nextn.hnorm.weight",
+            "nextn.embed_tokens.weight",
+            "nextn.shared_head_head.weight",
+            "nextn.shared_head_norm.weight",
+        ],
+        Arch::Mimo2 => &[
+            "attn_norm.weight",
+            "attn_qkv.weight",
+            "attn_qkv.bias",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_output.weight",
+            "attn_sinks.weight",
+            "ffn_norm.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "ffn_gate_inp.weight",
+            "exp_probs_b.bias",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_exps.weight",
+            "nextn.eh_proj.weight",
+            "nextn.enorm.weight",
+            "nextn.hnorm.weight",
+            "nextn.embed_tokens.weight",
+            "nextn.shared_head_head.weight",
+            "nextn.shared_head_norm.weight",
+            "layer_output_norm.weight",
+        ],
+        _ => &[],
+    }
+}
+
+/// Checks the tensors of a MoE-family file against `desc` and fills in what they tell:
+/// vocabulary size, tied output, per layer QK norm, sinks, biases, selection bias, shared
+/// expert, and (mimo2) which layers are dense.
+pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigError> {
+    let arch = desc.arch;
+    let mut c = Claims {
+        f,
+        claimed: Default::default(),
+    };
+    let d = desc.d;
+    let emb = f
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ConfigError::MissingTensor {
+            tensor: "token_embd.weight".into(),
+        })?;
+    let vocab = match emb.dims.as_slice() {
+        [e, v] if *e == d && *v > 0 => *v,
+        _ => {
+            return Err(ConfigError::TensorShape {
+                tensor: emb.name.clone(),
+                expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
+                found: emb.dims.clone(),
+            })
+        }
+    };
+    c.req("token_embd.weight", &[d, vocab], false)?;
+    c.req("output_norm.weight", &[d], true)?;
+    desc.vocab = vocab;
+    // mimo2 requires `output`; the others tie it to the embedding when absent.
+    if arch == Arch::Mimo2 {
+        c.req("output.weight", &[d, vocab], false)?;
+        desc.tied_output = false;
+    } else {
+        desc.tied_output = c.opt("output.weight", &[d, vocab], false)?.is_none();
+    }
+
+    let (h, dk, dv) = (desc.n_heads, desc.head_dim_k, desc.head_dim_v);
+    let Some(m) = desc.moe else {
+        return Err(ConfigError::invalid(
+            &format!("{}.expert_count", arch.name()),
+            "missing",
+        ));
+    };
+    let (e, fe, fs) = (m.experts, m.expert_width, m.shared_width);
+    let ffn_norm = desc.ffn_norm_tensor;
+    let ff_key = format!("{}.feed_forward_length", arch.name());
+    let ff = f.opt_usize(&ff_key)?.unwrap_or(0);
+    for (i, layer) in desc.layers.iter_mut().enumerate() {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let hkv = layer.n_kv_heads;
+        c.req(&n("attn_norm.weight"), &[d], true)?;
+        c.req(&n("attn_q.weight"), &[d, h * dk], false)?;
+        c.req(&n("attn_k.weight"), &[d, hkv * dk], false)?;
+        c.req(&n("attn_v.weight"), &[d, hkv * dv], false)?;
+        c.req(&n("attn_output.weight"), &[h * dv, d], false)?;
+        layer.biases.q = c.opt(&n("attn_q.bias"), &[h * dk], true)?.is_some();
+        layer.biases.k = c.opt(&n("attn_k.bias"), &[hkv * dk], true)?.is_some();
+        layer.biases.v = c.opt(&n("attn_v.bias"), &[hkv * dv], true)?.is_some();
+        let qk = [
+            (n("attn_q_norm.weight"), vec![dk], true),
+            (n("attn_k_norm.weight"), vec![dk], true),
+        ];
+        match arch {
+            Arch::Qwen3Moe => {
+                for (name, dims, f32) in &qk {
+                    c.req(name, dims, *f32)?;
+                }
+                layer.qk_norm = true;
+            }
+            Arch::Glm4Moe => layer.qk_norm = c.set(&qk)?,
+            _ => {
+                layer.sinks = c.opt(&n("attn_sinks.weight"), &[h], true)?.is_some();
+            }
+        }
+        c.req(&n(&format!("{ffn_norm}.weight")), &[d], true)?;
+        // mimo2: a layer without a router is dense (llama.cpp's graph tests
+        // `ffn_gate_inp == nullptr`).
+        if arch == Arch::Mimo2 && f.tensor(&n("ffn_gate_inp.weight")).is_none() {
+            if ff == 0 {
+                return Err(ConfigError::invalid(
+                    &ff_key,
+                    format!("missing, but layer {i} has no ffn_gate_inp (a dense layer)"),
+                ));
+            }
+            layer.ffn = FfnDesc::Dense { width: ff };
+        }
+        match &mut layer.ffn {
+            FfnDesc::Dense { width } => {
+                let w = *width;
+                c.req(&n("ffn_gate.weight"), &[d, w], false)?;
+                c.req(&n("ffn_up.weight"), &[d, w], false)?;
+                c.req(&n("ffn_down.weight"), &[w, d], false)?;
+            }
+            FfnDesc::Moe {
+                selection_bias,
+                shared_expert,
+            } => {
+                c.req(&n("ffn_gate_inp.weight"), &[d, e], false)?;
+                *selection_bias = match arch {
+                    Arch::Glm4Moe => {
+                        c.req(&n("exp_probs_b.bias"), &[e], true)?;
+                        true
+                    }
+                    Arch::Mimo2 => c.opt(&n("exp_probs_b.bias"), &[e], true)?.is_some(),
+                    _ => false,
+                };
+                c.req(&n("ffn_gate_exps.weight"), &[d, fe, e], false)?;
+                c.req(&n("ffn_up_exps.weight"), &[d, fe, e], false)?;
+                c.req(&n("ffn_down_exps.weight"), &[fe, d, e], false)?;
+                if m.shared_count == 1 {
+                    c.req(&n("ffn_gate_shexp.weight"), &[d, fs], false)?;
+                    c.req(&n("ffn_up_shexp.weight"), &[d, fs], false)?;
+                    c.req(&n("ffn_down_shexp.weight"), &[fs, d], false)?;
+                    *shared_expert = true;
+                }
+            }
+        }
+    }
+    if arch == Arch::Mimo2 {
+        let lead = desc
+            .layers
+            .iter()
+            .take_while(|l| matches!(l.ffn, FfnDesc::Dense { .. }))
+            .count();
+        if let Some(m) = desc.moe.as_mut() {
+            m.leading_dense = lead;
+        }
+    }
+    // The NextN/MTP blocks: accepted by name, never read.
+    let names = nextn_names(arch);
+    for &il in &desc.skipped_layers {
+        let prefix = format!("blk.{il}.");
+        for t in f.tensors() {
+            if let Some(rest) = t.name.strip_prefix(&prefix) {
+                if names.contains(&rest) {
+                    c.claimed.insert(t.name.as_str());
+                }
+            }
+        }
+    }
+    if let Some(t) = f
+        .tensors()
+        .iter()
+        .find(|t| !c.claimed.contains(t.name.as_str()))
+    {
+        return Err(ConfigError::UnexpectedTensor {
+            tensor: t.name.clone(),
+            arch: arch.name(),
+        });
+    }
+    Ok(())
+}

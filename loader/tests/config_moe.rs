@@ -1,0 +1,601 @@
+//! The MoE families' descriptions (qwen3moe, glm4moe, mimo2): keys as llama.cpp's
+//! `load_hparams` reads them (defaults included), routing, per-layer KV heads, value
+//! scale, NextN/MTP blocks skipped, tensor checks, and one test per refusal, each error
+//! naming the key or tensor. Files are made with our writer.
+
+use flint_core::math::Gating;
+use flint_loader::config::{Arch, ConfigError, FfnDesc, ModelDesc, RopeKind};
+use flint_loader::gguf::{Array, GgufFile, GgufWriter, Value};
+
+/// d, query heads, vocabulary, experts, used, expert width, dense width.
+const D: usize = 32;
+const H: usize = 4;
+const V: usize = 12;
+const E: usize = 4;
+const K: usize = 2;
+const FE: usize = 16;
+const FF: usize = 48;
+
+struct Spec {
+    arch: &'static str,
+    keys: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<usize>)>,
+}
+
+impl Spec {
+    fn key(mut self, key: &str, v: Value) -> Self {
+        let key = format!("{}.{key}", self.arch);
+        self.keys.retain(|(n, _)| *n != key);
+        self.keys.push((key, v));
+        self
+    }
+    fn drop_key(mut self, key: &str) -> Self {
+        let key = format!("{}.{key}", self.arch);
+        self.keys.retain(|(n, _)| *n != key);
+        self
+    }
+    fn tensor(mut self, name: &str, dims: &[usize]) -> Self {
+        self.tensors.retain(|(n, _)| n != name);
+        self.tensors.push((name.to_string(), dims.to_vec()));
+        self
+    }
+    fn drop_tensor(mut self, name: &str) -> Self {
+        let before = self.tensors.len();
+        self.tensors.retain(|(n, _)| n != name);
+        assert!(self.tensors.len() < before, "no tensor {name} to drop");
+        self
+    }
+    fn drop_prefix(mut self, prefix: &str) -> Self {
+        self.tensors.retain(|(n, _)| !n.starts_with(prefix));
+        self
+    }
+    fn file(&self) -> GgufFile {
+        let mut w = GgufWriter::new();
+        for (key, v) in &self.keys {
+            w.add(key, v.clone()).expect("key");
+        }
+        for (name, dims) in &self.tensors {
+            let n: usize = dims.iter().product();
+            w.add_f32_tensor(name, dims, &vec![0.0; n]).expect("tensor");
+        }
+        GgufFile::from_bytes(w.to_bytes()).expect("parse")
+    }
+    fn desc(&self) -> ModelDesc {
+        ModelDesc::from_gguf(&self.file()).expect("description")
+    }
+    fn refused(&self, needle: &str) -> ConfigError {
+        let e = ModelDesc::from_gguf(&self.file()).expect_err("must be refused");
+        assert!(e.to_string().contains(needle), "{e} lacks {needle:?}");
+        e
+    }
+}
+
+fn keys(arch: &str, kv: &[(&str, Value)]) -> Vec<(String, Value)> {
+    let mut keys = vec![("general.architecture".to_string(), Value::from(arch))];
+    for (k, v) in kv {
+        keys.push((format!("{arch}.{k}"), v.clone()));
+    }
+    keys
+}
+
+/// Attention tensors of layer `i` with `hkv` KV heads.
+fn attn(t: &mut Vec<(String, Vec<usize>)>, i: usize, hkv: usize, dk: usize, dv: usize) {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    t.push((n("attn_norm.weight"), vec![D]));
+    t.push((n("attn_q.weight"), vec![D, H * dk]));
+    t.push((n("attn_k.weight"), vec![D, hkv * dk]));
+    t.push((n("attn_v.weight"), vec![D, hkv * dv]));
+    t.push((n("attn_output.weight"), vec![H * dv, D]));
+}
+
+fn experts(t: &mut Vec<(String, Vec<usize>)>, i: usize) {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    t.push((n("ffn_gate_inp.weight"), vec![D, E]));
+    t.push((n("ffn_gate_exps.weight"), vec![D, FE, E]));
+    t.push((n("ffn_up_exps.weight"), vec![D, FE, E]));
+    t.push((n("ffn_down_exps.weight"), vec![FE, D, E]));
+}
+
+fn dense(t: &mut Vec<(String, Vec<usize>)>, i: usize) {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    t.push((n("ffn_gate.weight"), vec![D, FF]));
+    t.push((n("ffn_up.weight"), vec![D, FF]));
+    t.push((n("ffn_down.weight"), vec![FF, D]));
+}
+
+fn head(t: &mut Vec<(String, Vec<usize>)>, output: bool) {
+    t.push(("token_embd.weight".into(), vec![D, V]));
+    t.push(("output_norm.weight".into(), vec![D]));
+    if output {
+        t.push(("output.weight".into(), vec![D, V]));
+    }
+}
+
+/// qwen3moe: 2 layers, Hkv 2, dk = d/H = 8, QK norms, tied output.
+fn qwen3moe() -> Spec {
+    let keys = keys(
+        "qwen3moe",
+        &[
+            ("context_length", Value::U32(64)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(2)),
+            ("feed_forward_length", Value::U32(FF as u32)),
+            ("attention.head_count", Value::U32(H as u32)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("rope.freq_base", Value::F32(1e6)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+        ],
+    );
+    let mut t = Vec::new();
+    head(&mut t, false);
+    for i in 0..2 {
+        attn(&mut t, i, 2, 8, 8);
+        t.push((format!("blk.{i}.attn_q_norm.weight"), vec![8]));
+        t.push((format!("blk.{i}.attn_k_norm.weight"), vec![8]));
+        t.push((format!("blk.{i}.ffn_norm.weight"), vec![D]));
+        experts(&mut t, i);
+    }
+    Spec {
+        arch: "qwen3moe",
+        keys,
+        tensors: t,
+    }
+}
+
+/// glm4moe: block_count 3 with one NextN block (trunk of 2), layer 0 dense, dk 16 with
+/// n_rot 8, q/k/v biases, one shared expert, selection bias, a NextN block's tensors.
+fn glm4moe() -> Spec {
+    let keys = keys(
+        "glm4moe",
+        &[
+            ("context_length", Value::U32(64)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(3)),
+            ("feed_forward_length", Value::U32(FF as u32)),
+            ("attention.head_count", Value::U32(H as u32)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("rope.freq_base", Value::F32(1e6)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("attention.key_length", Value::U32(16)),
+            ("attention.value_length", Value::U32(16)),
+            ("rope.dimension_count", Value::U32(8)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+            ("expert_shared_count", Value::U32(1)),
+            ("leading_dense_block_count", Value::U32(1)),
+            ("expert_gating_func", Value::U32(2)),
+            ("expert_weights_scale", Value::F32(2.5)),
+            ("expert_weights_norm", Value::Bool(true)),
+            ("nextn_predict_layers", Value::U32(1)),
+        ],
+    );
+    let mut t = Vec::new();
+    head(&mut t, true);
+    for i in 0..3 {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        attn(&mut t, i, 2, 16, 16);
+        t.push((n("attn_q.bias"), vec![H * 16]));
+        t.push((n("attn_k.bias"), vec![2 * 16]));
+        t.push((n("attn_v.bias"), vec![2 * 16]));
+        t.push((n("post_attention_norm.weight"), vec![D]));
+        if i == 0 {
+            dense(&mut t, i);
+        } else {
+            experts(&mut t, i);
+            t.push((n("exp_probs_b.bias"), vec![E]));
+            t.push((n("ffn_gate_shexp.weight"), vec![D, FE]));
+            t.push((n("ffn_up_shexp.weight"), vec![D, FE]));
+            t.push((n("ffn_down_shexp.weight"), vec![FE, D]));
+        }
+        if i == 2 {
+            t.push((n("nextn.eh_proj.weight"), vec![2 * D, D]));
+            t.push((n("nextn.enorm.weight"), vec![D]));
+            t.push((n("nextn.hnorm.weight"), vec![D]));
+            t.push((n("nextn.shared_head_norm.weight"), vec![D]));
+        }
+    }
+    Spec {
+        arch: "glm4moe",
+        keys,
+        tensors: t,
+    }
+}
+
+/// mimo2: block_count 4 with one NextN block (trunk of 3); pattern [full, swa, swa |
+/// swa] as the converter writes it (i32), KV heads [4, 2, 2 | 2], dk 16, dv 8, n_rot 8,
+/// window 4, bases 5e6 / 1e4, value scale 0.5, sinks on the sliding layers, layer 0
+/// dense, selection bias, untied output.
+fn mimo2() -> Spec {
+    let keys = keys(
+        "mimo2",
+        &[
+            ("context_length", Value::U32(64)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(4)),
+            ("feed_forward_length", Value::U32(FF as u32)),
+            ("attention.head_count", Value::U32(H as u32)),
+            (
+                "attention.head_count_kv",
+                Value::Array(Array::U32(vec![4, 2, 2, 2])),
+            ),
+            ("rope.freq_base", Value::F32(5e6)),
+            ("rope.freq_base_swa", Value::F32(1e4)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("attention.key_length", Value::U32(16)),
+            ("attention.value_length", Value::U32(8)),
+            ("attention.sliding_window", Value::U32(4)),
+            (
+                "attention.sliding_window_pattern",
+                Value::Array(Array::I32(vec![0, 1, 1, 1])),
+            ),
+            ("rope.dimension_count", Value::U32(8)),
+            ("attention.value_scale", Value::F32(0.5)),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+            ("nextn_predict_layers", Value::U32(1)),
+        ],
+    );
+    let hkv = [4, 2, 2, 2];
+    let mut t = Vec::new();
+    head(&mut t, true);
+    for i in 0..4 {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        attn(&mut t, i, hkv[i], 16, 8);
+        if i > 0 {
+            t.push((n("attn_sinks.weight"), vec![H]));
+        }
+        t.push((n("ffn_norm.weight"), vec![D]));
+        if i == 0 || i == 3 {
+            dense(&mut t, i);
+        } else {
+            experts(&mut t, i);
+            t.push((n("exp_probs_b.bias"), vec![E]));
+        }
+        if i == 3 {
+            t.push((n("nextn.eh_proj.weight"), vec![2 * D, D]));
+            t.push((n("nextn.enorm.weight"), vec![D]));
+            t.push((n("nextn.hnorm.weight"), vec![D]));
+            t.push((n("layer_output_norm.weight"), vec![D]));
+        }
+    }
+    Spec {
+        arch: "mimo2",
+        keys,
+        tensors: t,
+    }
+}
+
+#[test]
+fn qwen3moe_reads_and_checks() {
+    let c = qwen3moe().desc();
+    assert_eq!(c.arch, Arch::Qwen3Moe);
+    assert_eq!(Arch::from_name("qwen3moe"), Some(Arch::Qwen3Moe));
+    assert_eq!((c.d, c.n_heads, c.n_kv_heads), (D, H, 2));
+    assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (8, 8, 8));
+    assert_eq!(c.rope.kind, RopeKind::Neox);
+    assert_eq!((c.vocab, c.tied_output), (V, true));
+    assert_eq!(c.window, None);
+    assert!(c.skipped_layers.is_empty());
+    assert_eq!((c.value_scale, c.ffn_norm_tensor), (1.0, "ffn_norm"));
+    let m = c.moe.expect("moe");
+    assert_eq!((m.experts, m.used, m.expert_width), (E, K, FE));
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::Softmax, true, 1.0)
+    );
+    assert_eq!((m.shared_count, m.leading_dense), (0, 0));
+    assert_eq!(c.layers.len(), 2);
+    for l in &c.layers {
+        assert!(l.qk_norm && !l.sinks && !l.sliding);
+        assert_eq!((l.n_kv_heads, l.rope_base), (2, 1e6));
+        assert_eq!(
+            l.ffn,
+            FfnDesc::Moe {
+                selection_bias: false,
+                shared_expert: false
+            }
+        );
+    }
+}
+
+#[test]
+fn qwen3moe_defaults_as_llama_cpp() {
+    // No expert width: feed_forward_length / expert_used_count. The routing keys
+    // qwen3moe does not read change nothing.
+    let c = qwen3moe()
+        .drop_key("expert_feed_forward_length")
+        .key("feed_forward_length", Value::U32(32))
+        .drop_key("rope.freq_base")
+        .key("expert_weights_norm", Value::Bool(false))
+        .key("expert_gating_func", Value::U32(2))
+        .desc();
+    let m = c.moe.expect("moe");
+    assert_eq!(m.expert_width, 16);
+    assert_eq!((m.gating, m.normalize), (Gating::Softmax, true));
+    assert_eq!(c.layers[0].rope_base, 10_000.0);
+    let c = qwen3moe().tensor("output.weight", &[D, V]).desc();
+    assert!(!c.tied_output);
+}
+
+#[test]
+fn qwen3moe_refusals() {
+    qwen3moe()
+        .drop_key("expert_count")
+        .refused("qwen3moe.expert_count");
+    qwen3moe()
+        .key("expert_used_count", Value::U32(5))
+        .refused("'qwen3moe.expert_used_count': is 5, more than expert_count 4");
+    qwen3moe()
+        .key("rope.dimension_count", Value::U32(4))
+        .refused("'qwen3moe.rope.dimension_count': is 4");
+    qwen3moe()
+        .key("nextn_predict_layers", Value::U32(1))
+        .refused("'qwen3moe.nextn_predict_layers': is 1");
+    qwen3moe()
+        .drop_tensor("blk.1.attn_k_norm.weight")
+        .refused("tensor 'blk.1.attn_k_norm.weight' is missing");
+    qwen3moe()
+        .tensor("blk.0.ffn_gate_exps.weight", &[D, FE, E + 1])
+        .refused("'blk.0.ffn_gate_exps.weight' has shape [32, 16, 5], expected [32, 16, 4]");
+    qwen3moe()
+        .tensor("blk.0.exp_probs_b.bias", &[E])
+        .refused("tensor 'blk.0.exp_probs_b.bias' is not part of a qwen3moe model");
+    qwen3moe()
+        .tensor("blk.0.ffn_gate_shexp.weight", &[D, FE])
+        .refused("tensor 'blk.0.ffn_gate_shexp.weight' is not part of a qwen3moe model");
+    qwen3moe()
+        .key("attention.value_length", Value::U32(4))
+        .refused("'qwen3moe.attention.value_length': is 4, key_length is 8");
+}
+
+#[test]
+fn glm4moe_reads_and_checks() {
+    let c = glm4moe().desc();
+    assert_eq!(c.arch, Arch::Glm4Moe);
+    assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (16, 16, 8));
+    assert_eq!(c.attn_scale, 0.25);
+    assert_eq!((c.vocab, c.tied_output), (V, false));
+    assert_eq!(c.layers.len(), 2);
+    assert_eq!(c.skipped_layers, vec![2]);
+    assert_eq!(c.ffn_norm_tensor, "post_attention_norm");
+    let m = c.moe.expect("moe");
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::Sigmoid, true, 2.5)
+    );
+    assert_eq!(
+        (m.shared_count, m.shared_width, m.leading_dense),
+        (1, FE, 1)
+    );
+    assert_eq!(c.layers[0].ffn, FfnDesc::Dense { width: FF });
+    assert_eq!(
+        c.layers[1].ffn,
+        FfnDesc::Moe {
+            selection_bias: true,
+            shared_expert: true
+        }
+    );
+    for l in &c.layers {
+        assert!(l.biases.q && l.biases.k && l.biases.v && !l.biases.o);
+        assert!(!l.qk_norm && !l.sinks && !l.sliding);
+        assert_eq!(l.n_kv_heads, 2);
+    }
+    // Optional QK norms, as a pair.
+    let c = glm4moe()
+        .tensor("blk.0.attn_q_norm.weight", &[16])
+        .tensor("blk.0.attn_k_norm.weight", &[16])
+        .desc();
+    assert!(c.layers[0].qk_norm && !c.layers[1].qk_norm);
+    glm4moe().tensor("blk.0.attn_q_norm.weight", &[16]).refused(
+        "'blk.0.attn_k_norm.weight' is missing while 'blk.0.attn_q_norm.weight' is present",
+    );
+}
+
+#[test]
+fn glm4moe_defaults_as_llama_cpp() {
+    // No gating key: sigmoid; no norm key: false (glm4moe's default); scale 0: none.
+    let c = glm4moe()
+        .drop_key("expert_gating_func")
+        .drop_key("expert_weights_norm")
+        .key("expert_weights_scale", Value::F32(0.0))
+        .desc();
+    let m = c.moe.expect("moe");
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::Sigmoid, false, 1.0)
+    );
+    // Two shared experts are one of twice the width.
+    let mut s = glm4moe().key("expert_shared_count", Value::U32(2));
+    for i in 1..3 {
+        s = s
+            .tensor(&format!("blk.{i}.ffn_gate_shexp.weight"), &[D, 2 * FE])
+            .tensor(&format!("blk.{i}.ffn_up_shexp.weight"), &[D, 2 * FE])
+            .tensor(&format!("blk.{i}.ffn_down_shexp.weight"), &[2 * FE, D]);
+    }
+    let m = s.desc().moe.expect("moe");
+    assert_eq!((m.shared_count, m.shared_width), (1, 2 * FE));
+    // A trunk-only file (no NextN tensors) is accepted as llama.cpp does.
+    let c = glm4moe().drop_prefix("blk.2.").desc();
+    assert_eq!((c.layers.len(), c.skipped_layers.clone()), (2, vec![2]));
+    // Without nextn_predict_layers block 2 is a trunk layer: its NextN tensors are refused.
+    glm4moe()
+        .drop_key("nextn_predict_layers")
+        .refused("tensor 'blk.2.nextn.eh_proj.weight' is not part of a glm4moe model");
+}
+
+#[test]
+fn glm4moe_refusals() {
+    glm4moe()
+        .drop_key("expert_shared_count")
+        .refused("glm4moe.expert_shared_count");
+    glm4moe()
+        .key("leading_dense_block_count", Value::U32(3))
+        .refused("'glm4moe.leading_dense_block_count': is 3, more than the 2 trunk layers");
+    glm4moe()
+        .drop_key("feed_forward_length")
+        .refused("glm4moe.feed_forward_length");
+    glm4moe()
+        .key("expert_gating_func", Value::U32(3))
+        .refused("'glm4moe.expert_gating_func': is 3");
+    glm4moe()
+        .key("nextn_predict_layers", Value::U32(3))
+        .refused("'glm4moe.nextn_predict_layers': is 3, block_count is 3");
+    glm4moe()
+        .key(
+            "rope.dimension_sections",
+            Value::Array(Array::I32(vec![8, 12, 12, 0])),
+        )
+        .refused("'glm4moe.rope.dimension_sections'");
+    glm4moe()
+        .drop_tensor("blk.1.exp_probs_b.bias")
+        .refused("tensor 'blk.1.exp_probs_b.bias' is missing");
+    glm4moe()
+        .drop_tensor("blk.1.ffn_up_shexp.weight")
+        .refused("tensor 'blk.1.ffn_up_shexp.weight' is missing");
+    glm4moe()
+        .drop_tensor("blk.0.post_attention_norm.weight")
+        .refused("tensor 'blk.0.post_attention_norm.weight' is missing");
+    glm4moe()
+        .tensor("blk.0.ffn_norm.weight", &[D])
+        .refused("tensor 'blk.0.ffn_norm.weight' is not part of a glm4moe model");
+    glm4moe()
+        .tensor("blk.1.attn_sinks.weight", &[H])
+        .refused("tensor 'blk.1.attn_sinks.weight' is not part of a glm4moe model");
+    // Only llama.cpp's names are accepted in a NextN block.
+    glm4moe()
+        .tensor("blk.2.nextn.bogus.weight", &[D])
+        .refused("tensor 'blk.2.nextn.bogus.weight' is not part of a glm4moe model");
+    glm4moe()
+        .tensor("blk.1.attn_q.bias", &[H * 8])
+        .refused("'blk.1.attn_q.bias' has shape [32], expected [64]");
+}
+
+#[test]
+fn mimo2_reads_and_checks() {
+    let c = mimo2().desc();
+    assert_eq!(c.arch, Arch::Mimo2);
+    assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (16, 8, 8));
+    assert_eq!(c.attn_scale, 0.25);
+    assert_eq!((c.n_kv_heads, c.window), (4, Some(4)));
+    assert_eq!(c.value_scale, 0.5);
+    assert_eq!(c.skipped_layers, vec![3]);
+    assert_eq!(c.layers.len(), 3);
+    assert!(!c.tied_output);
+    let kv: Vec<usize> = c.layers.iter().map(|l| l.n_kv_heads).collect();
+    assert_eq!(kv, vec![4, 2, 2]);
+    let sl: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+    assert_eq!(sl, vec![false, true, true]);
+    let sinks: Vec<bool> = c.layers.iter().map(|l| l.sinks).collect();
+    assert_eq!(sinks, vec![false, true, true]);
+    let bases: Vec<f32> = c.layers.iter().map(|l| l.rope_base).collect();
+    assert_eq!(bases, vec![5e6, 1e4, 1e4]);
+    assert_eq!(c.layer_window(0), None);
+    assert_eq!(c.layer_window(1), Some(4));
+    let m = c.moe.expect("moe");
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::Sigmoid, true, 1.0)
+    );
+    assert_eq!((m.shared_count, m.leading_dense), (0, 1));
+    assert_eq!(c.layers[0].ffn, FfnDesc::Dense { width: FF });
+    assert_eq!(
+        c.layers[1].ffn,
+        FfnDesc::Moe {
+            selection_bias: true,
+            shared_expert: false
+        }
+    );
+}
+
+#[test]
+fn mimo2_defaults_as_llama_cpp() {
+    // A scalar KV head count and a bool pattern; no swa base: 10000; value scale 1 or
+    // absent: none.
+    let mut s = mimo2()
+        .key("attention.head_count_kv", Value::U32(2))
+        .key(
+            "attention.sliding_window_pattern",
+            Value::Array(Array::Bool(vec![false, true, true, true])),
+        )
+        .drop_key("rope.freq_base_swa")
+        .key("attention.value_scale", Value::F32(1.0));
+    s = s
+        .tensor("blk.0.attn_k.weight", &[D, 2 * 16])
+        .tensor("blk.0.attn_v.weight", &[D, 2 * 8]);
+    let c = s.desc();
+    assert!(c.layers.iter().all(|l| l.n_kv_heads == 2));
+    assert_eq!(c.layers[1].rope_base, 10_000.0);
+    assert_eq!(c.value_scale, 1.0);
+    let c = mimo2().drop_key("attention.value_scale").desc();
+    assert_eq!(c.value_scale, 1.0);
+    // No sinks on a layer: none there.
+    let c = mimo2().drop_tensor("blk.2.attn_sinks.weight").desc();
+    assert!(c.layers[1].sinks && !c.layers[2].sinks);
+}
+
+#[test]
+fn mimo2_refusals() {
+    mimo2()
+        .drop_key("attention.sliding_window")
+        .refused("mimo2.attention.sliding_window");
+    mimo2()
+        .drop_key("attention.sliding_window_pattern")
+        .refused("mimo2.attention.sliding_window_pattern");
+    mimo2()
+        .key(
+            "attention.sliding_window_pattern",
+            Value::Array(Array::I32(vec![0, 1, 1])),
+        )
+        .refused("'mimo2.attention.sliding_window_pattern': has 3 entries, block_count is 4");
+    mimo2()
+        .key(
+            "attention.head_count_kv",
+            Value::Array(Array::U32(vec![4, 2, 2])),
+        )
+        .refused("'mimo2.attention.head_count_kv': has 3 entries");
+    mimo2()
+        .key(
+            "attention.head_count_kv",
+            Value::Array(Array::U32(vec![3, 2, 2, 2])),
+        )
+        .refused("head_count 4 is not a multiple of head_count_kv 3");
+    mimo2()
+        .key("attention.value_length_swa", Value::U32(16))
+        .refused("'mimo2.attention.value_length_swa': is 16");
+    mimo2()
+        .drop_tensor("output.weight")
+        .refused("tensor 'output.weight' is missing");
+    // The layer's own KV head count sets its K/V shapes.
+    mimo2()
+        .tensor("blk.1.attn_k.weight", &[D, 4 * 16])
+        .refused("'blk.1.attn_k.weight' has shape [32, 64], expected [32, 32]");
+    mimo2()
+        .tensor("blk.1.attn_sinks.weight", &[H + 1])
+        .refused("'blk.1.attn_sinks.weight' has shape [5], expected [4]");
+    // A dense layer needs feed_forward_length.
+    mimo2()
+        .drop_key("feed_forward_length")
+        .refused("'mimo2.feed_forward_length': missing, but layer 0 has no ffn_gate_inp");
+    mimo2()
+        .tensor("blk.1.attn_q_norm.weight", &[16])
+        .refused("tensor 'blk.1.attn_q_norm.weight' is not part of a mimo2 model");
+    mimo2()
+        .tensor("blk.3.post_attention_norm.weight", &[D])
+        .refused("tensor 'blk.3.post_attention_norm.weight' is not part of a mimo2 model");
+}
+
+#[test]
+fn unsupported_arch_lists_the_moe_families() {
+    let s = Spec {
+        arch: "deepseek2",
+        keys: keys("deepseek2", &[]),
+        tensors: vec![],
+    };
+    let e = s.refused("general.architecture 'deepseek2' is not supported");
+    assert!(e.to_string().contains("qwen3moe, glm4moe, mimo2"), "{e}");
+}
