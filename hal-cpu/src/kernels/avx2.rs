@@ -8,11 +8,12 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-/// IEEE half bits to f32 with F16C (the `half` crate, built without `std`, converts in
+/// IEEE half bits to f32 with the F16C instruction: the hardware form of
+/// `flint_core::dequant::f16_to_f32` (the `half` crate, built without `std`, converts in
 /// software, which dominated the legacy-type kernels).
 #[inline]
 #[target_feature(enable = "f16c")]
-pub(crate) fn f16_to_f32(b: u16) -> f32 {
+pub(crate) fn f16c_to_f32(b: u16) -> f32 {
     // A broadcast rather than an insert: an insert into whatever register the compiler
     // picks made the conversion wait on the accumulator chain.
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(b as i16)))
@@ -218,7 +219,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let d = f16_to_f32(b.d);
+        let d = f16c_to_f32(b.d);
         // The 16 i8 scales as i16: all 16 (for the offset), and each half in both
         // 128-bit lanes (for the per-sub-block shuffles).
         // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use super::avx2::{
-    f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, q4_0_bytes, q5_0_bytes,
+    f16c_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, q4_0_bytes, q5_0_bytes,
     q5k_high, q8_0_bytes, scale2,
 };
 
@@ -105,7 +105,7 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
     ];
     let mut acc = [_mm512_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let d = f16_to_f32(b.d);
+        let d = f16c_to_f32(b.d);
         // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
         let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
         let sc16 = _mm256_cvtepi8_epi16(sc8);
@@ -294,7 +294,7 @@ pub(crate) fn quantize_q8_0_act_row(
             y.d = _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d)))
                 as u16;
         }
-        *s = f16_to_f32(y.d);
+        *s = f16c_to_f32(y.d);
         // SAFETY: 32 readable quant bytes, 8 writable i32; loadu/storeu are unaligned.
         unsafe {
             let q = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);

@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-use super::avx2::{f16_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, scale2};
+use super::avx2::{f16c_to_f32, head16, k4_header, k4_mins_dup, load32, load_bsums, scale2};
 
 /// Blocks ahead of the current one that a K-quant kernel prefetches (4 x 144 bytes of
 /// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
@@ -404,7 +404,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
         }
-        let d = f16_to_f32(b.d);
+        let d = f16c_to_f32(b.d);
         let (sc16, sc) = q6k_scales(b);
         let mut sumi = [[_mm512_setzero_si512(); 2]; R];
         for n in 0..2 {
@@ -477,7 +477,7 @@ fn dot_q5_0<const R: usize>(x: &[BlockQ5_0], y: &[Q8_0Side<'_>; R], out: &mut [f
         let t = unsafe { _mm_loadu_si128(b.qs.as_ptr() as *const __m128i) };
         let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), m4);
         let u = _mm256_or_si256(nib, _mm256_maskz_mov_epi8(u32::from_le_bytes(b.qh), bit5));
-        let d = _mm256_set1_ps(f16_to_f32(b.d));
+        let d = _mm256_set1_ps(f16c_to_f32(b.d));
         for r in 0..R {
             let (yb, ys, yl) = (&y[r].0[i], y[r].1[i], &y[r].2[i]);
             // SAFETY: 32 quant bytes and 8 i32 are readable; loadu is unaligned.
@@ -655,7 +655,7 @@ fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
             // SAFETY: this function's features include what `unsigned` needs; `q[r]` is
             // 64 writable bytes and storeu is unaligned.
             unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, b.unsigned()) };
-            o.d[r] = f16_to_f32(b.scale_bits());
+            o.d[r] = f16c_to_f32(b.scale_bits());
         }
         let t = super::avx512::transpose16(std::array::from_fn(|r| {
             // SAFETY: 64 readable bytes; loadu is unaligned.
@@ -981,7 +981,7 @@ pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f3
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
         }
-        let d = f16_to_f32(b.d);
+        let d = f16c_to_f32(b.d);
         let (sc16, sc) = q6k_scales(b);
         // Per row: the block's integer with the offset of the unsigned quants taken off,
         // started from the offset (exact integer adds in any order).
@@ -1218,7 +1218,7 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
         let bs = load_bsums(yb);
         for s in 0..S {
             let b = &x[s][i];
-            let d = f16_to_f32(b.d);
+            let d = f16c_to_f32(b.d);
             let total = q6k_block_lanes(b, yb, bs, shift, &idx);
             acc[s] = fma1(hsum_i32(total) as f32 * d, yb.d, acc[s]);
         }
