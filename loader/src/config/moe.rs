@@ -80,72 +80,28 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
     let h = ks.size("attention.head_count")?;
     let hkv_all = per_block(&ks, "attention.head_count_kv", n_all, h)?;
     for &hkv in &hkv_all {
-        if h % hkv != 0 {
-            return Err(ConfigError::invalid(
-                &k("attention.head_count_kv"),
-                format!("head_count {h} is not a multiple of head_count_kv {hkv}"),
-            ));
-        }
+        ks.check_kv_heads(h, hkv)?;
     }
-    let default_head = |s: &str| -> Result<usize, ConfigError> {
-        if d % h == 0 {
-            Ok(d / h)
-        } else {
-            Err(ConfigError::invalid(
-                &k(s),
-                format!("absent, and embedding_length {d} is not a multiple of head_count {h}"),
-            ))
-        }
-    };
     let dk = match ks.opt_size("attention.key_length")? {
         Some(v) => v,
-        None => default_head("attention.key_length")?,
+        None => ks.default_head("attention.key_length", d, h)?,
     };
     let dv = match ks.opt_size("attention.value_length")? {
         Some(v) => v,
-        None => default_head("attention.value_length")?,
+        None => ks.default_head("attention.value_length", d, h)?,
     };
     // llama.cpp asserts equal head sizes in the qwen3moe and glm4moe graphs.
-    if arch != Arch::Mimo2 && dv != dk {
-        return Err(ConfigError::invalid(
-            &k("attention.value_length"),
-            format!(
-                "is {dv}, key_length is {dk}: {} needs equal head sizes",
-                arch.name()
-            ),
-        ));
+    if arch != Arch::Mimo2 {
+        ks.check_equal_heads(dk, dv)?;
     }
     let eps_key = k("attention.layer_norm_rms_epsilon");
     let rms_eps = positive(&eps_key, f.get_f32(&eps_key)?)?;
 
     let n_rot = ks.opt_size("rope.dimension_count")?.unwrap_or(dk);
     // qwen3moe's graph asserts n_rot == head size.
-    let rot_equal = arch == Arch::Qwen3Moe;
-    if n_rot % 2 != 0 || n_rot > dk || (rot_equal && n_rot != dk) {
-        return Err(ConfigError::invalid(
-            &k("rope.dimension_count"),
-            format!(
-                "is {n_rot}: it must be even and at most key_length {dk}{}",
-                if rot_equal {
-                    " (here: equal to it)"
-                } else {
-                    ""
-                }
-            ),
-        ));
-    }
-    for (s, full) in [
-        ("attention.key_length_swa", dk),
-        ("attention.value_length_swa", dv),
-        ("rope.dimension_count_swa", n_rot),
-    ] {
-        if let Some(v) = ks.opt_size(s)?.filter(|&v| v != full) {
-            return Err(ConfigError::invalid(
-                &k(s),
-                format!("is {v}, unlike the full layers' {full}: per-layer head sizes are not supported"),
-            ));
-        }
-    }
+    // qwen3moe's graph asserts n_rot == head size.
+    ks.check_n_rot(n_rot, dk, arch == Arch::Qwen3Moe)?;
+    ks.check_swa_sizes(dk, dv, n_rot)?;
     // glm4moe reads M-RoPE sections; with two nonzero sections llama.cpp uses M-RoPE.
     if arch == Arch::Glm4Moe {
         let key = k("rope.dimension_sections");
@@ -260,15 +216,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
 fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
     let f = ks.f;
     let arch = ks.arch;
-    let e = ks.size("expert_count")?;
-    let k_key = ks.k("expert_used_count");
-    let k = ks.size("expert_used_count")?;
-    if k > e {
-        return Err(ConfigError::invalid(
-            &k_key,
-            format!("is {k}, more than expert_count {e}"),
-        ));
-    }
+    let (e, k) = ks.experts()?;
     let fe = match arch {
         // llama.cpp: `n_ff_exp` if set, else `n_ff / n_expert_used`.
         Arch::Qwen3Moe => match ks.opt_size("expert_feed_forward_length")? {
@@ -340,72 +288,59 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
     }
 }
 
-/// The tensors llama.cpp may create for a NextN/MTP block of `arch` (`blk.N.` + these).
-fn nextn_names(arch: Arch) -> &'static [&'static str] {
+/// The tensors llama.cpp may create for a NextN/MTP block of every MoE family with one
+/// (`blk.N.` + these), besides [`nextn_extra`]'s.
+const NEXTN_COMMON: &[&str] = &[
+    "attn_norm.weight",
+    "attn_qkv.weight",
+    "attn_qkv.bias",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+    "attn_output.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+    "ffn_gate_inp.weight",
+    "exp_probs_b.bias",
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+    "nextn.eh_proj.weight",
+    "nextn.enorm.weight",
+    "nextn.hnorm.weight",
+    "nextn.embed_tokens.weight",
+    "nextn.shared_head_head.weight",
+    "nextn.shared_head_norm.weight",
+];
+
+/// The NextN/MTP block tensors only `arch` has, besides [`NEXTN_COMMON`].
+fn nextn_extra(arch: Arch) -> &'static [&'static str] {
     match arch {
         Arch::Glm4Moe => &[
-            "attn_norm.weight",
-            "attn_qkv.weight",
-            "attn_qkv.bias",
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_q.bias",
-            "attn_k.bias",
-            "attn_v.bias",
-            "attn_output.weight",
             "attn_q_norm.weight",
             "attn_k_norm.weight",
             "post_attention_norm.weight",
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down.weight",
-            "ffn_gate_inp.weight",
-            "exp_probs_b.bias",
-            "ffn_gate_exps.weight",
-            "ffn_up_exps.weight",
-            "ffn_down_exps.weight",
             "ffn_gate_shexp.weight",
             "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
-            "nextn.eh_proj.weight",
-            "nextn.enorm.weight",
-            "nextn.hnorm.weight",
-            "nextn.embed_tokens.weight",
-            "nextn.shared_head_head.weight",
-            "nextn.shared_head_norm.weight",
         ],
         Arch::Mimo2 => &[
-            "attn_norm.weight",
-            "attn_qkv.weight",
-            "attn_qkv.bias",
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_q.bias",
-            "attn_k.bias",
-            "attn_v.bias",
-            "attn_output.weight",
             "attn_sinks.weight",
             "ffn_norm.weight",
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down.weight",
-            "ffn_gate_inp.weight",
-            "exp_probs_b.bias",
-            "ffn_gate_exps.weight",
-            "ffn_up_exps.weight",
-            "ffn_down_exps.weight",
-            "nextn.eh_proj.weight",
-            "nextn.enorm.weight",
-            "nextn.hnorm.weight",
-            "nextn.embed_tokens.weight",
-            "nextn.shared_head_head.weight",
-            "nextn.shared_head_norm.weight",
             "layer_output_norm.weight",
         ],
         _ => &[],
     }
+}
+
+/// Whether llama.cpp may create `blk.N.{rest}` for a NextN/MTP block of `arch`.
+fn is_nextn_tensor(arch: Arch, rest: &str) -> bool {
+    matches!(arch, Arch::Glm4Moe | Arch::Mimo2)
+        && (NEXTN_COMMON.contains(&rest) || nextn_extra(arch).contains(&rest))
 }
 
 /// Checks the tensors of a MoE-family file against `desc` and fills in what they tell:
@@ -418,23 +353,7 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
         claimed: Default::default(),
     };
     let d = desc.d;
-    let emb = f
-        .tensor("token_embd.weight")
-        .ok_or_else(|| ConfigError::MissingTensor {
-            tensor: "token_embd.weight".into(),
-        })?;
-    let vocab = match emb.dims.as_slice() {
-        [e, v] if *e == d && *v > 0 => *v,
-        _ => {
-            return Err(ConfigError::TensorShape {
-                tensor: emb.name.clone(),
-                expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
-                found: emb.dims.clone(),
-            })
-        }
-    };
-    c.req("token_embd.weight", &[d, vocab], false)?;
-    c.req("output_norm.weight", &[d], true)?;
+    let vocab = c.embedding(d)?;
     desc.vocab = vocab;
     // mimo2 requires `output`; the others tie it to the embedding when absent.
     if arch == Arch::Mimo2 {
@@ -458,14 +377,8 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
     for (i, layer) in desc.layers.iter_mut().enumerate() {
         let n = |s: &str| format!("blk.{i}.{s}");
         let hkv = layer.n_kv_heads;
-        c.req(&n("attn_norm.weight"), &[d], true)?;
-        c.req(&n("attn_q.weight"), &[d, h * dk], false)?;
-        c.req(&n("attn_k.weight"), &[d, hkv * dk], false)?;
-        c.req(&n("attn_v.weight"), &[d, hkv * dv], false)?;
-        c.req(&n("attn_output.weight"), &[h * dv, d], false)?;
-        layer.biases.q = c.opt(&n("attn_q.bias"), &[h * dk], true)?.is_some();
-        layer.biases.k = c.opt(&n("attn_k.bias"), &[hkv * dk], true)?.is_some();
-        layer.biases.v = c.opt(&n("attn_v.bias"), &[hkv * dv], true)?.is_some();
+        c.attention(i, d, h, hkv, dk, dv)?;
+        c.qkv_biases(i, h, hkv, dk, dv, &mut layer.biases)?;
         let qk = [
             (n("attn_q_norm.weight"), vec![dk], true),
             (n("attn_k_norm.weight"), vec![dk], true),
@@ -496,10 +409,7 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
         }
         match &mut layer.ffn {
             FfnDesc::Dense { width } => {
-                let w = *width;
-                c.req(&n("ffn_gate.weight"), &[d, w], false)?;
-                c.req(&n("ffn_up.weight"), &[d, w], false)?;
-                c.req(&n("ffn_down.weight"), &[w, d], false)?;
+                c.dense_ffn(i, d, *width)?;
             }
             FfnDesc::Moe {
                 selection_bias,
@@ -514,9 +424,7 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
                     Arch::Mimo2 => c.opt(&n("exp_probs_b.bias"), &[e], true)?.is_some(),
                     _ => false,
                 };
-                c.req(&n("ffn_gate_exps.weight"), &[d, fe, e], false)?;
-                c.req(&n("ffn_up_exps.weight"), &[d, fe, e], false)?;
-                c.req(&n("ffn_down_exps.weight"), &[fe, d, e], false)?;
+                c.experts(i, d, fe, e)?;
                 if m.shared_count == 1 {
                     c.req(&n("ffn_gate_shexp.weight"), &[d, fs], false)?;
                     c.req(&n("ffn_up_shexp.weight"), &[d, fs], false)?;
@@ -537,26 +445,15 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
         }
     }
     // The NextN/MTP blocks: accepted by name, never read.
-    let names = nextn_names(arch);
     for &il in &desc.skipped_layers {
         let prefix = format!("blk.{il}.");
         for t in f.tensors() {
             if let Some(rest) = t.name.strip_prefix(&prefix) {
-                if names.contains(&rest) {
+                if is_nextn_tensor(arch, rest) {
                     c.claimed.insert(t.name.as_str());
                 }
             }
         }
     }
-    if let Some(t) = f
-        .tensors()
-        .iter()
-        .find(|t| !c.claimed.contains(t.name.as_str()))
-    {
-        return Err(ConfigError::UnexpectedTensor {
-            tensor: t.name.clone(),
-            arch: arch.name(),
-        });
-    }
-    Ok(())
+    c.finish(arch)
 }

@@ -47,6 +47,103 @@ impl Keys<'_> {
         let key = self.k(s);
         self.f.opt_f32(&key)?.map(|v| positive(&key, v)).transpose()
     }
+
+    /// `head_count` must be a multiple of `head_count_kv`.
+    pub(super) fn check_kv_heads(&self, h: usize, hkv: usize) -> Result<(), ConfigError> {
+        if !h.is_multiple_of(hkv) {
+            return Err(ConfigError::invalid(
+                &self.k("attention.head_count_kv"),
+                format!("head_count {h} is not a multiple of head_count_kv {hkv}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The head size llama.cpp assumes when the key `s` is absent: `d / h`.
+    pub(super) fn default_head(&self, s: &str, d: usize, h: usize) -> Result<usize, ConfigError> {
+        if d.is_multiple_of(h) {
+            Ok(d / h)
+        } else {
+            Err(ConfigError::invalid(
+                &self.k(s),
+                format!("absent, and embedding_length {d} is not a multiple of head_count {h}"),
+            ))
+        }
+    }
+
+    /// Key and value head sizes must be equal (llama.cpp asserts it in these graphs).
+    pub(super) fn check_equal_heads(&self, dk: usize, dv: usize) -> Result<(), ConfigError> {
+        if dv != dk {
+            return Err(ConfigError::invalid(
+                &self.k("attention.value_length"),
+                format!(
+                    "is {dv}, key_length is {dk}: {} needs equal head sizes",
+                    self.arch.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `rope.dimension_count`: even, at most the key head size (equal to it when
+    /// `rot_equal`).
+    pub(super) fn check_n_rot(
+        &self,
+        n_rot: usize,
+        dk: usize,
+        rot_equal: bool,
+    ) -> Result<(), ConfigError> {
+        if !n_rot.is_multiple_of(2) || n_rot > dk || (rot_equal && n_rot != dk) {
+            return Err(ConfigError::invalid(
+                &self.k("rope.dimension_count"),
+                format!(
+                    "is {n_rot}: it must be even and at most key_length {dk}{}",
+                    if rot_equal {
+                        " (here: equal to it)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sliding layers with their own head sizes: llama.cpp reads these, Flint has one
+    /// head size for every layer.
+    pub(super) fn check_swa_sizes(
+        &self,
+        dk: usize,
+        dv: usize,
+        n_rot: usize,
+    ) -> Result<(), ConfigError> {
+        for (s, full) in [
+            ("attention.key_length_swa", dk),
+            ("attention.value_length_swa", dv),
+            ("rope.dimension_count_swa", n_rot),
+        ] {
+            if let Some(v) = self.opt_size(s)?.filter(|&v| v != full) {
+                return Err(ConfigError::invalid(
+                    &self.k(s),
+                    format!("is {v}, unlike the full layers' {full}: per-layer head sizes are not supported"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `expert_count` and `expert_used_count`, the latter at most the former.
+    pub(super) fn experts(&self) -> Result<(usize, usize), ConfigError> {
+        let e = self.size("expert_count")?;
+        let k = self.size("expert_used_count")?;
+        if k > e {
+            return Err(ConfigError::invalid(
+                &self.k("expert_used_count"),
+                format!("is {k}, more than expert_count {e}"),
+            ));
+        }
+        Ok((e, k))
+    }
 }
 
 /// The RoPE scaling a file asks for (`rope.scaling.*`).
@@ -79,39 +176,18 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         Arch::Flint => ks.size("attention.head_count_kv")?,
         _ => ks.opt_size("attention.head_count_kv")?.unwrap_or(h),
     };
-    if h % hkv != 0 {
-        return Err(ConfigError::invalid(
-            &k("attention.head_count_kv"),
-            format!("head_count {h} is not a multiple of head_count_kv {hkv}"),
-        ));
-    }
-    let default_head = |s: &str| -> Result<usize, ConfigError> {
-        if d % h == 0 {
-            Ok(d / h)
-        } else {
-            Err(ConfigError::invalid(
-                &k(s),
-                format!("absent, and embedding_length {d} is not a multiple of head_count {h}"),
-            ))
-        }
-    };
+    ks.check_kv_heads(h, hkv)?;
     let dk = match ks.opt_size("attention.key_length")? {
         Some(v) => v,
-        None => default_head("attention.key_length")?,
+        None => ks.default_head("attention.key_length", d, h)?,
     };
     let dv = match (ks.opt_size("attention.value_length")?, arch) {
         (Some(v), _) => v,
         (None, Arch::Flint) => dk,
-        (None, _) => default_head("attention.value_length")?,
+        (None, _) => ks.default_head("attention.value_length", d, h)?,
     };
-    if arch != Arch::Flint && dv != dk {
-        return Err(ConfigError::invalid(
-            &k("attention.value_length"),
-            format!(
-                "is {dv}, key_length is {dk}: {} needs equal head sizes",
-                arch.name()
-            ),
-        ));
+    if arch != Arch::Flint {
+        ks.check_equal_heads(dk, dv)?;
     }
     // llama.cpp's qwen2 projects Q to `d` and back (`attn_q` `[d, d]`).
     if arch == Arch::Qwen2 && h * dk != d {
@@ -125,33 +201,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
 
     let n_rot = ks.opt_size("rope.dimension_count")?.unwrap_or(dk);
     let rot_equal = matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3);
-    if n_rot % 2 != 0 || n_rot > dk || (rot_equal && n_rot != dk) {
-        return Err(ConfigError::invalid(
-            &k("rope.dimension_count"),
-            format!(
-                "is {n_rot}: it must be even and at most key_length {dk}{}",
-                if rot_equal {
-                    " (here: equal to it)"
-                } else {
-                    ""
-                }
-            ),
-        ));
-    }
-    // Sliding layers with their own head sizes: llama.cpp reads these, Flint has one
-    // head size for every layer.
-    for (s, full) in [
-        ("attention.key_length_swa", dk),
-        ("attention.value_length_swa", dv),
-        ("rope.dimension_count_swa", n_rot),
-    ] {
-        if let Some(v) = ks.opt_size(s)?.filter(|&v| v != full) {
-            return Err(ConfigError::invalid(
-                &k(s),
-                format!("is {v}, unlike the full layers' {full}: per-layer head sizes are not supported"),
-            ));
-        }
-    }
+    ks.check_n_rot(n_rot, dk, rot_equal)?;
+    ks.check_swa_sizes(dk, dv, n_rot)?;
 
     let rope_base = match arch {
         Arch::Flint => {
@@ -418,15 +469,7 @@ pub(super) fn read_scaling(ks: &Keys<'_>, context_length: usize) -> Result<Scali
 
 fn read_moe(ks: &Keys<'_>, leading_dense: usize) -> Result<MoeDesc, ConfigError> {
     let f = ks.f;
-    let e = ks.size("expert_count")?;
-    let k_key = ks.k("expert_used_count");
-    let k = ks.size("expert_used_count")?;
-    if k > e {
-        return Err(ConfigError::invalid(
-            &k_key,
-            format!("is {k}, more than expert_count {e}"),
-        ));
-    }
+    let (e, k) = ks.experts()?;
     let fe = ks.size("expert_feed_forward_length")?;
     let sc_key = ks.k("expert_shared_count");
     let shared = f.opt_usize(&sc_key)?.unwrap_or(0);

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use flint_core::GgmlType;
 
-use super::desc::{Arch, FfnDesc, ModelDesc};
+use super::desc::{Arch, AttnBiases, FfnDesc, ModelDesc};
 use super::ConfigError;
 use crate::gguf::{GgufFile, TensorInfo};
 
@@ -57,6 +57,103 @@ impl<'f> Claims<'f> {
         }
     }
 
+    /// `token_embd` (`[d, vocab]`) and `output_norm`; returns the vocabulary size.
+    pub(super) fn embedding(&mut self, d: usize) -> Result<usize, ConfigError> {
+        let emb = self
+            .f
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ConfigError::MissingTensor {
+                tensor: "token_embd.weight".into(),
+            })?;
+        let vocab = match emb.dims.as_slice() {
+            [e, v] if *e == d && *v > 0 => *v,
+            _ => {
+                return Err(ConfigError::TensorShape {
+                    tensor: emb.name.clone(),
+                    expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
+                    found: emb.dims.clone(),
+                })
+            }
+        };
+        self.req("token_embd.weight", &[d, vocab], false)?;
+        self.req("output_norm.weight", &[d], true)?;
+        Ok(vocab)
+    }
+
+    /// Layer `i`'s attention norm and Q, K, V, output projections.
+    pub(super) fn attention(
+        &mut self,
+        i: usize,
+        d: usize,
+        h: usize,
+        hkv: usize,
+        dk: usize,
+        dv: usize,
+    ) -> Result<(), ConfigError> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        self.req(&n("attn_norm.weight"), &[d], true)?;
+        self.req(&n("attn_q.weight"), &[d, h * dk], false)?;
+        self.req(&n("attn_k.weight"), &[d, hkv * dk], false)?;
+        self.req(&n("attn_v.weight"), &[d, hkv * dv], false)?;
+        self.req(&n("attn_output.weight"), &[h * dv, d], false)
+    }
+
+    /// Layer `i`'s optional Q, K, V biases, recorded in `biases`.
+    pub(super) fn qkv_biases(
+        &mut self,
+        i: usize,
+        h: usize,
+        hkv: usize,
+        dk: usize,
+        dv: usize,
+        biases: &mut AttnBiases,
+    ) -> Result<(), ConfigError> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        biases.q = self.opt(&n("attn_q.bias"), &[h * dk], true)?.is_some();
+        biases.k = self.opt(&n("attn_k.bias"), &[hkv * dk], true)?.is_some();
+        biases.v = self.opt(&n("attn_v.bias"), &[hkv * dv], true)?.is_some();
+        Ok(())
+    }
+
+    /// Layer `i`'s dense feed-forward of width `w`.
+    pub(super) fn dense_ffn(&mut self, i: usize, d: usize, w: usize) -> Result<(), ConfigError> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        self.req(&n("ffn_gate.weight"), &[d, w], false)?;
+        self.req(&n("ffn_up.weight"), &[d, w], false)?;
+        self.req(&n("ffn_down.weight"), &[w, d], false)
+    }
+
+    /// Layer `i`'s `e` experts of width `fe`.
+    pub(super) fn experts(
+        &mut self,
+        i: usize,
+        d: usize,
+        fe: usize,
+        e: usize,
+    ) -> Result<(), ConfigError> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        self.req(&n("ffn_gate_exps.weight"), &[d, fe, e], false)?;
+        self.req(&n("ffn_up_exps.weight"), &[d, fe, e], false)?;
+        self.req(&n("ffn_down_exps.weight"), &[fe, d, e], false)
+    }
+
+    /// Refuses the first tensor nothing claimed: something the description cannot
+    /// represent.
+    pub(super) fn finish(&self, arch: Arch) -> Result<(), ConfigError> {
+        if let Some(t) = self
+            .f
+            .tensors()
+            .iter()
+            .find(|t| !self.claimed.contains(t.name.as_str()))
+        {
+            return Err(ConfigError::UnexpectedTensor {
+                tensor: t.name.clone(),
+                arch: arch.name(),
+            });
+        }
+        Ok(())
+    }
+
     /// Optional tensors that come all together or not at all.
     pub(super) fn set(
         &mut self,
@@ -89,23 +186,7 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
         claimed: HashSet::new(),
     };
     let d = desc.d;
-    let emb = f
-        .tensor("token_embd.weight")
-        .ok_or_else(|| ConfigError::MissingTensor {
-            tensor: "token_embd.weight".into(),
-        })?;
-    let vocab = match emb.dims.as_slice() {
-        [e, v] if *e == d && *v > 0 => *v,
-        _ => {
-            return Err(ConfigError::TensorShape {
-                tensor: emb.name.clone(),
-                expected: vec![d, emb.dims.get(1).copied().unwrap_or(0).max(1)],
-                found: emb.dims.clone(),
-            })
-        }
-    };
-    c.req("token_embd.weight", &[d, vocab], false)?;
-    c.req("output_norm.weight", &[d], true)?;
+    let vocab = c.embedding(d)?;
     desc.vocab = vocab;
     desc.tied_output = c.opt("output.weight", &[d, vocab], false)?.is_none();
     // llama.cpp loads `rope_freqs` for llama once and shares it with every layer.
@@ -127,15 +208,9 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
     let moe = desc.moe;
     for (i, layer) in desc.layers.iter_mut().enumerate() {
         let n = |s: &str| format!("blk.{i}.{s}");
-        c.req(&n("attn_norm.weight"), &[d], true)?;
-        c.req(&n("attn_q.weight"), &[d, h * dk], false)?;
-        c.req(&n("attn_k.weight"), &[d, hkv * dk], false)?;
-        c.req(&n("attn_v.weight"), &[d, hkv * dv], false)?;
-        c.req(&n("attn_output.weight"), &[h * dv, d], false)?;
+        c.attention(i, d, h, hkv, dk, dv)?;
         if qkv_bias_allowed {
-            layer.biases.q = c.opt(&n("attn_q.bias"), &[h * dk], true)?.is_some();
-            layer.biases.k = c.opt(&n("attn_k.bias"), &[hkv * dk], true)?.is_some();
-            layer.biases.v = c.opt(&n("attn_v.bias"), &[hkv * dv], true)?.is_some();
+            c.qkv_biases(i, h, hkv, dk, dv, &mut layer.biases)?;
         }
         if o_bias_allowed {
             layer.biases.o = c.opt(&n("attn_output.bias"), &[d], true)?.is_some();
@@ -163,10 +238,7 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
         c.req(&n("ffn_norm.weight"), &[d], true)?;
         match &mut layer.ffn {
             FfnDesc::Dense { width } => {
-                let ff = *width;
-                c.req(&n("ffn_gate.weight"), &[d, ff], false)?;
-                c.req(&n("ffn_up.weight"), &[d, ff], false)?;
-                c.req(&n("ffn_down.weight"), &[ff, d], false)?;
+                c.dense_ffn(i, d, *width)?;
             }
             FfnDesc::Moe {
                 selection_bias,
@@ -181,9 +253,7 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
                 let (e, fe, fs) = (m.experts, m.expert_width, m.shared_width);
                 c.req(&n("ffn_gate_inp.weight"), &[d, e], false)?;
                 *selection_bias = c.opt(&n("exp_probs_b.bias"), &[e], true)?.is_some();
-                c.req(&n("ffn_gate_exps.weight"), &[d, fe, e], false)?;
-                c.req(&n("ffn_up_exps.weight"), &[d, fe, e], false)?;
-                c.req(&n("ffn_down_exps.weight"), &[fe, d, e], false)?;
+                c.experts(i, d, fe, e)?;
                 let shexp = [
                     (n("ffn_gate_shexp.weight"), vec![d, fs], false),
                     (n("ffn_up_shexp.weight"), vec![d, fs], false),
@@ -205,16 +275,5 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
             }
         }
     }
-    // Anything else is something this description cannot represent.
-    if let Some(t) = f
-        .tensors()
-        .iter()
-        .find(|t| !c.claimed.contains(t.name.as_str()))
-    {
-        return Err(ConfigError::UnexpectedTensor {
-            tensor: t.name.clone(),
-            arch: arch.name(),
-        });
-    }
-    Ok(())
+    c.finish(arch)
 }
