@@ -40,7 +40,9 @@ use flint_loader::gguf::{GgufFile, GgufWriter, Value};
 use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
 
 use super::vocab::{build_vocab, truncated_tokenizer};
-use super::{add_tensors, writer_err, Fill, Planned, SynthError};
+use super::{
+    begin_file, finish_file, plan_layout, plan_params, writer_err, Fill, Planned, SynthError,
+};
 
 /// Spread (standard deviation) of the logits the recipes aim for.
 pub const OUTPUT_GAIN: f32 = 4.0;
@@ -398,14 +400,7 @@ impl DenseRecipe {
 
     fn plan(&self, n_vocab: usize) -> Vec<Planned> {
         let mut v = Vec::new();
-        let mut add = |name: String, ty: GgmlType, dims: Vec<usize>, fill: Fill| {
-            v.push(Planned {
-                name,
-                ty,
-                dims,
-                fill,
-            })
-        };
+        let mut add = |name, ty, dims, fill| v.push(Planned::new(name, ty, dims, fill));
         let f32_ = GgmlType::F32;
         let (d, ff, dh) = (self.d, self.ff, self.head_dim);
         let (q, kv) = (self.n_heads * dh, self.n_kv_heads * dh);
@@ -528,18 +523,12 @@ impl DenseRecipe {
     /// The tensors of the file with a vocabulary of `n_vocab` tokens: name, encoding and
     /// dims (GGUF order), in file order.
     pub fn layout(&self, n_vocab: usize) -> Vec<(String, GgmlType, Vec<usize>)> {
-        self.plan(n_vocab)
-            .into_iter()
-            .map(|t| (t.name, t.ty, t.dims))
-            .collect()
+        plan_layout(self.plan(n_vocab))
     }
 
     /// Parameters (all tensor elements) with a vocabulary of `n_vocab` tokens.
     pub fn param_count(&self, n_vocab: usize) -> usize {
-        self.plan(n_vocab)
-            .iter()
-            .map(|t| t.dims.iter().product::<usize>())
-            .sum()
+        plan_params(&self.plan(n_vocab))
     }
 
     /// The architecture's metadata, in the converter's order.
@@ -608,16 +597,12 @@ pub fn synth_dense(
         VocabSource::File(file, n) => truncated_tokenizer(file, n)?,
     };
     let arch = recipe.family.arch();
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", arch).map_err(writer_err)?;
-    w.add("general.type", "model").map_err(writer_err)?;
-    w.add("general.name", recipe.model_name().as_str())
-        .map_err(writer_err)?;
-    for (k, v) in recipe.hparams() {
-        w.add(&format!("{arch}.{k}"), v).map_err(writer_err)?;
-    }
-    w.add("general.file_type", recipe.file_type())
-        .map_err(writer_err)?;
+    let mut w = begin_file(
+        arch,
+        recipe.model_name().as_str(),
+        recipe.hparams(),
+        recipe.file_type(),
+    )?;
     if recipe.family == Family::Llama {
         w.add(&format!("{arch}.vocab_size"), n_vocab as u32)
             .map_err(writer_err)?;
@@ -627,16 +612,5 @@ pub fn synth_dense(
         )
         .map_err(writer_err)?;
     }
-    w.add("general.quantization_version", 2u32)
-        .map_err(writer_err)?;
-    for (k, v) in tokenizer {
-        w.add(&k, v).map_err(writer_err)?;
-    }
-    let planned = recipe.plan(n_vocab);
-    add_tensors(&mut w, &planned, seed, progress)?;
-    let params = planned
-        .iter()
-        .map(|t| t.dims.iter().product::<usize>())
-        .sum();
-    Ok((w, params))
+    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
 }

@@ -20,7 +20,7 @@ use flint_loader::gguf::GgufWriter;
 use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
 
 use super::vocab::build_vocab;
-use super::{add_tensors, write_file, Fill, Planned, SynthError};
+use super::{add_tensors, plan_params, write_file, Fill, Planned, SynthError};
 
 /// A synthetic checkpoint recipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,14 +146,7 @@ impl SynthConfig {
 
 fn plan(cfg: &SynthConfig) -> Vec<Planned> {
     let mut v = Vec::new();
-    let mut add = |name: String, ty: GgmlType, dims: Vec<usize>, fill: Fill| {
-        v.push(Planned {
-            name,
-            ty,
-            dims,
-            fill,
-        })
-    };
+    let mut add = |name, ty, dims, fill| v.push(Planned::new(name, ty, dims, fill));
     let mat = |inp: usize| Fill::Normal {
         mean: 0.0,
         std: 1.0 / (inp as f32).sqrt(),
@@ -249,10 +242,7 @@ fn plan(cfg: &SynthConfig) -> Vec<Planned> {
 
 /// Counts parameters of a preset (all tensor elements).
 pub fn param_count(preset: Preset) -> usize {
-    plan(&SynthConfig::of(preset))
-        .iter()
-        .map(|t| t.dims.iter().product::<usize>())
-        .sum()
+    plan_params(&plan(&SynthConfig::of(preset)))
 }
 
 /// Builds the checkpoint of `preset` in memory. `progress(done, total)` after each tensor.

@@ -24,7 +24,7 @@ pub mod moe;
 pub mod vocab;
 
 use flint_core::GgmlType;
-use flint_loader::gguf::{GgufError, GgufWriter};
+use flint_loader::gguf::{GgufError, GgufWriter, Value};
 use rayon::prelude::*;
 
 use crate::sample::Rng;
@@ -93,6 +93,71 @@ pub(crate) struct Planned {
     pub ty: GgmlType,
     pub dims: Vec<usize>,
     pub fill: Fill,
+}
+
+impl Planned {
+    pub(crate) fn new(name: String, ty: GgmlType, dims: Vec<usize>, fill: Fill) -> Self {
+        Planned {
+            name,
+            ty,
+            dims,
+            fill,
+        }
+    }
+}
+
+/// The tensors of a plan: name, encoding and dims (GGUF order), in file order.
+pub(crate) fn plan_layout(planned: Vec<Planned>) -> Vec<(String, GgmlType, Vec<usize>)> {
+    planned
+        .into_iter()
+        .map(|t| (t.name, t.ty, t.dims))
+        .collect()
+}
+
+/// Parameters of a plan (all tensor elements).
+pub(crate) fn plan_params(planned: &[Planned]) -> usize {
+    planned
+        .iter()
+        .map(|t| t.dims.iter().product::<usize>())
+        .sum()
+}
+
+/// A llama.cpp-family file up to its architecture keys, in the converter's order:
+/// `general.architecture`, `general.type`, `general.name`, `{arch}.*` (`hparams`),
+/// `general.file_type`.
+pub(crate) fn begin_file(
+    arch: &str,
+    name: &str,
+    hparams: Vec<(&'static str, Value)>,
+    file_type: u32,
+) -> Result<GgufWriter, SynthError> {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", arch).map_err(writer_err)?;
+    w.add("general.type", "model").map_err(writer_err)?;
+    w.add("general.name", name).map_err(writer_err)?;
+    for (k, v) in hparams {
+        w.add(&format!("{arch}.{k}"), v).map_err(writer_err)?;
+    }
+    w.add("general.file_type", file_type).map_err(writer_err)?;
+    Ok(w)
+}
+
+/// The rest of a file [`begin_file`] started: `general.quantization_version`, the
+/// tokenizer keys, then the planned tensors; returns it with its parameter count.
+pub(crate) fn finish_file(
+    mut w: GgufWriter,
+    tokenizer: Vec<(String, Value)>,
+    planned: &[Planned],
+    seed: u64,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(GgufWriter, usize), SynthError> {
+    w.add("general.quantization_version", 2u32)
+        .map_err(writer_err)?;
+    for (k, v) in tokenizer {
+        w.add(&k, v).map_err(writer_err)?;
+    }
+    add_tensors(&mut w, planned, seed, progress)?;
+    Ok((w, plan_params(planned)))
 }
 
 /// The encoded bytes of one planned tensor.

@@ -43,7 +43,7 @@ use flint_loader::tokenizer::{keys, PreTokenizer, TokenizerConfig};
 
 use super::dense::{VocabSource, OUTPUT_GAIN};
 use super::vocab::{build_vocab, truncated_tokenizer};
-use super::{add_tensors, writer_err, Fill, Planned, SynthError};
+use super::{begin_file, finish_file, plan_layout, plan_params, Fill, Planned, SynthError};
 
 /// A MoE family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,14 +359,7 @@ impl MoeRecipe {
 
     fn plan(&self, n_vocab: usize) -> Vec<Planned> {
         let mut v = Vec::new();
-        let mut add = |name: String, ty: GgmlType, dims: Vec<usize>, fill: Fill| {
-            v.push(Planned {
-                name,
-                ty,
-                dims,
-                fill,
-            })
-        };
+        let mut add = |name, ty, dims, fill| v.push(Planned::new(name, ty, dims, fill));
         let f32_ = GgmlType::F32;
         let normal = |std: f32| Fill::Normal { mean: 0.0, std };
         let (d, h, dk, dv) = (self.d, self.n_heads, self.head_dim_k, self.head_dim_v);
@@ -554,18 +547,12 @@ impl MoeRecipe {
     /// The tensors of the file with a vocabulary of `n_vocab` tokens: name, encoding and
     /// dims (GGUF order), in file order.
     pub fn layout(&self, n_vocab: usize) -> Vec<(String, GgmlType, Vec<usize>)> {
-        self.plan(n_vocab)
-            .into_iter()
-            .map(|t| (t.name, t.ty, t.dims))
-            .collect()
+        plan_layout(self.plan(n_vocab))
     }
 
     /// Parameters (all tensor elements) with a vocabulary of `n_vocab` tokens.
     pub fn param_count(&self, n_vocab: usize) -> usize {
-        self.plan(n_vocab)
-            .iter()
-            .map(|t| t.dims.iter().product::<usize>())
-            .sum()
+        plan_params(&self.plan(n_vocab))
     }
 
     /// The architecture's metadata, as the converter writes it.
@@ -661,26 +648,11 @@ pub fn synth_moe(
         VocabSource::File(file, n) => truncated_tokenizer(file, n)?,
     };
     let arch = recipe.family.arch();
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", arch).map_err(writer_err)?;
-    w.add("general.type", "model").map_err(writer_err)?;
-    w.add("general.name", recipe.model_name().as_str())
-        .map_err(writer_err)?;
-    for (k, v) in recipe.hparams() {
-        w.add(&format!("{arch}.{k}"), v).map_err(writer_err)?;
-    }
-    w.add("general.file_type", recipe.file_type())
-        .map_err(writer_err)?;
-    w.add("general.quantization_version", 2u32)
-        .map_err(writer_err)?;
-    for (k, v) in tokenizer {
-        w.add(&k, v).map_err(writer_err)?;
-    }
-    let planned = recipe.plan(n_vocab);
-    add_tensors(&mut w, &planned, seed, progress)?;
-    let params = planned
-        .iter()
-        .map(|t| t.dims.iter().product::<usize>())
-        .sum();
-    Ok((w, params))
+    let w = begin_file(
+        arch,
+        recipe.model_name().as_str(),
+        recipe.hparams(),
+        recipe.file_type(),
+    )?;
+    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
 }
