@@ -23,7 +23,7 @@ use flint_loader::tokenizer::StreamDecoder;
 use super::{err, CliError};
 use crate::forward::Session;
 use crate::model::{load_on_device, resolve_path};
-use crate::sample::{FinishReason, Sampler, SamplerConfig, StopConditions};
+use crate::sample::{FinishReason, Sampler, StopConditions};
 use crate::sched::{generate, Flow};
 
 /// Arguments of `flint chat`.
@@ -35,18 +35,9 @@ pub struct ChatArgs {
     /// Most tokens of one answer.
     #[arg(short = 'n', long, default_value_t = 1024)]
     pub n: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Nucleus sampling threshold (1 = off).
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Drop tokens below this fraction of the top probability (0 = off).
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
+    /// Sampling.
+    #[command(flatten)]
+    pub sampling: super::SamplingArgs,
     /// Sampling seed (the same seed and inputs give the same conversation).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -177,14 +168,7 @@ pub fn run(args: &ChatArgs) -> Result<(), CliError> {
         .ctx
         .clamp(2, lm.device_model.spec().context_length.max(2));
     let mut session = Session::new(&lm.device_model, cap)?;
-    let cfg = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        seed: args.seed,
-        ..SamplerConfig::greedy()
-    };
+    let cfg = args.sampling.config(args.seed);
     let stop = StopConditions {
         eog_ids: tok.eog_ids().collect(),
         stop_strings: Vec::new(),

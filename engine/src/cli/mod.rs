@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::model::ModelError;
+use crate::sample::SamplerConfig;
 use crate::sched::EngineError;
 
 pub mod bench;
@@ -108,6 +109,37 @@ pub struct ModelArg {
     /// GGUF model file [default: $FLINT_MODEL, else the default model, fetched on first use]
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<PathBuf>,
+}
+
+/// The sampling flags of `flint run` and `flint chat` (the seed is each command's own).
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the top probability (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+}
+
+impl SamplingArgs {
+    /// The sampler these flags ask for, with `seed`.
+    pub fn config(&self, seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed,
+            ..SamplerConfig::greedy()
+        }
+    }
 }
 
 /// Runs the parsed command line.
