@@ -41,7 +41,8 @@ use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
 
 use super::vocab::{build_vocab, truncated_tokenizer};
 use super::{
-    begin_file, finish_file, plan_layout, plan_params, writer_err, Fill, Planned, SynthError,
+    begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, writer_err, Fill,
+    Planned, SynthError,
 };
 
 /// Spread (standard deviation) of the logits the recipes aim for.
@@ -366,11 +367,7 @@ impl DenseRecipe {
 
     /// `general.file_type`: 0 (all f32) or 15 (mostly Q4_K_M).
     pub fn file_type(&self) -> u32 {
-        if self.quantized {
-            15
-        } else {
-            0
-        }
+        file_type(self.quantized)
     }
 
     /// Standard deviation of the token embedding.
@@ -387,15 +384,7 @@ impl DenseRecipe {
     /// higher-precision half of the mix. K-quants need rows of whole 256-blocks; other
     /// rows fall back as llama-quantize does (Q4_K to Q5_0, Q6_K to Q8_0).
     fn matrix_type(&self, row: usize, hi: bool) -> GgmlType {
-        if !self.quantized {
-            return GgmlType::F32;
-        }
-        match (row.is_multiple_of(256), hi) {
-            (true, false) => GgmlType::Q4_K,
-            (true, true) => GgmlType::Q6_K,
-            (false, false) => GgmlType::Q5_0,
-            (false, true) => GgmlType::Q8_0,
-        }
+        matrix_type(self.quantized, row, hi)
     }
 
     fn plan(&self, n_vocab: usize) -> Vec<Planned> {

@@ -122,6 +122,30 @@ pub(crate) fn plan_params(planned: &[Planned]) -> usize {
         .sum()
 }
 
+/// `general.file_type` of a llama.cpp-family recipe: 0 (all f32) or 15 (mostly Q4_K_M).
+pub(crate) fn file_type(quantized: bool) -> u32 {
+    if quantized {
+        15
+    } else {
+        0
+    }
+}
+
+/// The encoding of a matrix whose rows have `row` elements (F32 unless `quantized`):
+/// `hi` picks the higher-precision half of the mix. K-quants need rows of whole
+/// 256-blocks; other rows fall back as llama-quantize does (Q4_K to Q5_0, Q6_K to Q8_0).
+pub(crate) fn matrix_type(quantized: bool, row: usize, hi: bool) -> GgmlType {
+    if !quantized {
+        return GgmlType::F32;
+    }
+    match (row.is_multiple_of(256), hi) {
+        (true, false) => GgmlType::Q4_K,
+        (true, true) => GgmlType::Q6_K,
+        (false, false) => GgmlType::Q5_0,
+        (false, true) => GgmlType::Q8_0,
+    }
+}
+
 /// A llama.cpp-family file up to its architecture keys, in the converter's order:
 /// `general.architecture`, `general.type`, `general.name`, `{arch}.*` (`hparams`),
 /// `general.file_type`.

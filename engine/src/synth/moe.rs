@@ -43,7 +43,10 @@ use flint_loader::tokenizer::{keys, PreTokenizer, TokenizerConfig};
 
 use super::dense::{VocabSource, OUTPUT_GAIN};
 use super::vocab::{build_vocab, truncated_tokenizer};
-use super::{begin_file, finish_file, plan_layout, plan_params, Fill, Planned, SynthError};
+use super::{
+    begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
+    SynthError,
+};
 
 /// A MoE family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,23 +341,11 @@ impl MoeRecipe {
 
     /// `general.file_type`: 0 (all f32) or 15 (mostly Q4_K_M).
     pub fn file_type(&self) -> u32 {
-        if self.quantized {
-            15
-        } else {
-            0
-        }
+        file_type(self.quantized)
     }
 
     fn matrix_type(&self, row: usize, hi: bool) -> GgmlType {
-        if !self.quantized {
-            return GgmlType::F32;
-        }
-        match (row.is_multiple_of(256), hi) {
-            (true, false) => GgmlType::Q4_K,
-            (true, true) => GgmlType::Q6_K,
-            (false, false) => GgmlType::Q5_0,
-            (false, true) => GgmlType::Q8_0,
-        }
+        matrix_type(self.quantized, row, hi)
     }
 
     fn plan(&self, n_vocab: usize) -> Vec<Planned> {
