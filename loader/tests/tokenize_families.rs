@@ -2,7 +2,8 @@
 //! llama-bpe and qwen2 vocabularies and Gemma 3's, cut to 2048 ordinary tokens) give the
 //! ids llama.cpp's `llama-tokenize` gave for the golden text
 //! (`engine/tests/data/families/*/ids.json`, made by `tools/golden/dense_goldens.sh`;
-//! the tokenizer is read from the committed llama-quantize'd file of each case).
+//! the tokenizer is read from the committed llama-quantize'd file of each case). The
+//! glm4moe cases use the `glm4` pre-tokenizer, which Flint refuses by name for now.
 
 use std::path::PathBuf;
 
@@ -36,6 +37,19 @@ fn family_files_tokenize_the_golden_text_as_llamacpp() {
             .map(|x| x.as_u64().expect("id") as u32)
             .collect();
         let f = GgufFile::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("glm4moe") {
+            // The `glm4` pre-tokenizer is not implemented yet (the MoE families issue):
+            // the file must be refused by that name. Once it is implemented this fails,
+            // and the case joins the comparison below.
+            let err = Tokenizer::from_gguf(&f).expect_err("glm4 is not implemented yet");
+            assert!(
+                err.to_string().contains("'glm4'"),
+                "{}: {err}",
+                dir.display()
+            );
+            continue;
+        }
         let tok = Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
         let got = tok.tokenize(text, true, false);
         assert!(got.len() >= want.len(), "{}: too few tokens", dir.display());
