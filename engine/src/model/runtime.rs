@@ -70,7 +70,7 @@ pub fn load_on_device(
         path: path.to_path_buf(),
         source,
     })?;
-    let file = match load_mode(dev.name())?.resolve(mapped.len() as u64) {
+    let file = match load_mode(dev.name())?.resolve(mapped.total_len()) {
         Residence::Mapped => mapped,
         Residence::HugePages => {
             drop(mapped);
