@@ -362,7 +362,7 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
 }
 
 /// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
-/// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights, for the activation row `at` of a llama.cpp
+/// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights and Q5_K in batches of 8 rows or more, for the activation row `at` of a llama.cpp
 /// matmul (its batch size and row pick the kernels); any other type exactly as
 /// [`matvec_f32`]. Q4_K and MXFP4 rows take llama.cpp's repacked orders, which it uses
 /// for matrices of a multiple of 8 rows.
@@ -381,8 +381,14 @@ pub fn matvec_f32_ggml_x86(
     use alloc::vec::Vec;
     if !matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q4_K | GgmlType::MXFP4
-    ) {
+        GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q4_K
+            | GgmlType::MXFP4
+    ) || (ty == GgmlType::Q5_K && !at.kq_tiled())
+    {
         return matvec_f32(ty, w, x, out);
     }
     let row = matvec_row_bytes(ty, w, x, out)?;
@@ -405,7 +411,8 @@ pub fn matvec_f32_ggml_x86(
     match ty {
         GgmlType::Q8_0 => rows!(BlockQ8_0, BlockQ8_0, ggml_x86::vec_dot_q8_0_q8_0_tinyblas),
         GgmlType::Q5_0 => rows!(BlockQ5_0, BlockQ8_0, ggml_x86::vec_dot_q5_0_q8_0_tinyblas),
-        GgmlType::Q6_K if at.q6k_tiled() => {
+        GgmlType::Q5_K => rows!(BlockQ5K, BlockQ8K, ggml_x86::vec_dot_q5_k_q8_k_tiled),
+        GgmlType::Q6_K if at.kq_tiled() => {
             rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
         }
         GgmlType::Q6_K => rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_avx2),

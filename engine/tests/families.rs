@@ -1,4 +1,5 @@
-//! Every dense family against llama.cpp, on synthetic files of each architecture
+//! Every dense and mixture-of-experts family against llama.cpp, on synthetic files of
+//! each architecture
 //! (`engine/tests/data/families/CASE`, made by `tools/golden/dense_goldens.sh`; see
 //! `tools/golden/README.md`):
 //! - **files**: the f32 file is synthesised here, once per test binary, with the
@@ -32,6 +33,7 @@ use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, model_from_gguf, Model};
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
 use flint_loader::gguf::GgufFile;
 use golden_common::{
     chains_from_jsonl, replay_greedy, replay_greedy_on, teacher_forced_figures, Figures,
@@ -59,13 +61,19 @@ const NEAR_TIE: f64 = 0.05;
 const NEAR_TIE_DEVICE: f64 = 0.5;
 
 /// The cases with a synthesised f32 file, in the order of [`F32`].
-const CASES: [&str; 6] = [
+const CASES: [&str; 12] = [
     "llama-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
     "gemma3-tiny",
     "gemma3-tiny-4b",
     "gemma3-tiny-27b",
+    "qwen3moe-tiny",
+    "qwen3moe-tiny-bias",
+    "glm4moe-tiny",
+    "glm4moe-tiny-nextn",
+    "mimo2-tiny",
+    "mimo2-tiny-nextn",
 ];
 
 fn data(case: &str) -> PathBuf {
@@ -156,20 +164,33 @@ fn synthesise(case: &str) -> GgufFile {
     let arch = flag(&cmd, "--arch");
     let preset = flag(&cmd, "--preset");
     let seed: u64 = flag(&cmd, "--seed").parse().expect("seed");
-    let n_vocab: usize = flag(&cmd, "--vocab-size").parse().expect("vocab size");
-    assert_eq!(flag(&cmd, "--vocab"), "VOCAB", "{case}: {cmd_text}");
-    let family = Family::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
-    let recipe =
-        DenseRecipe::of(family, preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
-    let vp = vocab_path(m["vocab"].as_str().expect("manifest vocab"));
-    let vocab = GgufFile::open(&vp).unwrap_or_else(|e| panic!("vocabulary {}: {e}", vp.display()));
-    let (w, _) = synth_dense(
-        &recipe,
-        seed,
-        VocabSource::File(&vocab, n_vocab),
-        &|_, _| {},
-    )
-    .unwrap_or_else(|e| panic!("{case}: synth: {e}"));
+    let vocab_name = m["vocab"].as_str().expect("manifest vocab");
+    // A real vocabulary (`--vocab VOCAB`, the manifest's `vocab`) or the recipe's
+    // built-in one (`vocab: builtin`, no `--vocab`).
+    let vocab_file = (vocab_name != "builtin").then(|| {
+        assert_eq!(flag(&cmd, "--vocab"), "VOCAB", "{case}: {cmd_text}");
+        let vp = vocab_path(vocab_name);
+        GgufFile::open(&vp).unwrap_or_else(|e| panic!("vocabulary {}: {e}", vp.display()))
+    });
+    let vocab = match &vocab_file {
+        Some(f) => {
+            let n_vocab: usize = flag(&cmd, "--vocab-size").parse().expect("vocab size");
+            VocabSource::File(f, n_vocab)
+        }
+        None => VocabSource::Builtin,
+    };
+    let w = if let Some(family) = Family::from_name(arch) {
+        let recipe =
+            DenseRecipe::of(family, preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+        synth_dense(&recipe, seed, vocab, &|_, _| {})
+    } else {
+        let family = MoeFamily::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
+        let recipe =
+            MoeRecipe::of(family, preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+        synth_moe(&recipe, seed, vocab, &|_, _| {})
+    }
+    .unwrap_or_else(|e| panic!("{case}: synth: {e}"))
+    .0;
     let bytes = w.to_bytes();
     let want = m["models"]["f32"]["sha256"].as_str().expect("f32 sha256");
     let got = sha256_hex(&bytes);
@@ -183,7 +204,7 @@ fn synthesise(case: &str) -> GgufFile {
 }
 
 /// Each case's f32 file, synthesised once per test binary.
-static F32: [OnceLock<GgufFile>; 6] = [const { OnceLock::new() }; 6];
+static F32: [OnceLock<GgufFile>; CASES.len()] = [const { OnceLock::new() }; CASES.len()];
 
 fn f32_file(case: &str) -> &'static GgufFile {
     let i = CASES
@@ -351,6 +372,21 @@ compare_tests! {
     gemma3_tiny_4b_q8_0: "gemma3-tiny-4b" "q8_0";
     gemma3_tiny_4b_q4_k_m: "gemma3-tiny-4b" "q4_k_m";
     gemma3_tiny_27b_f32: "gemma3-tiny-27b" "f32";
+    qwen3moe_tiny_f32: "qwen3moe-tiny" "f32";
+    qwen3moe_tiny_q8_0: "qwen3moe-tiny" "q8_0";
+    qwen3moe_tiny_q4_k_m: "qwen3moe-tiny" "q4_k_m";
+    qwen3moe_tiny_bias_f32: "qwen3moe-tiny-bias" "f32";
+    qwen3moe_tiny_bias_q4_k_m: "qwen3moe-tiny-bias" "q4_k_m";
+    glm4moe_tiny_f32: "glm4moe-tiny" "f32";
+    glm4moe_tiny_q8_0: "glm4moe-tiny" "q8_0";
+    glm4moe_tiny_q4_k_m: "glm4moe-tiny" "q4_k_m";
+    glm4moe_tiny_nextn_f32: "glm4moe-tiny-nextn" "f32";
+    glm4moe_tiny_nextn_q4_k_m: "glm4moe-tiny-nextn" "q4_k_m";
+    mimo2_tiny_f32: "mimo2-tiny" "f32";
+    mimo2_tiny_q8_0: "mimo2-tiny" "q8_0";
+    mimo2_tiny_q4_k_m: "mimo2-tiny" "q4_k_m";
+    mimo2_tiny_nextn_f32: "mimo2-tiny-nextn" "f32";
+    mimo2_tiny_nextn_q4_k_m: "mimo2-tiny-nextn" "q4_k_m";
 }
 
 /// The f32 model of `case` with one feature dropped by `drop` misses the targets.

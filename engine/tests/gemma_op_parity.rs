@@ -48,10 +48,7 @@ fn check_matmul(name: &str, w: &TensorRef) {
     assert_eq!(want.len(), ROWS.len() * n, "{name}: fixture output size");
     let mut exact = 0;
     for (i, &r) in ROWS.iter().enumerate() {
-        let at = BatchRow {
-            batch: BATCH,
-            row: r,
-        };
+        let at = BatchRow::at(BATCH, r);
         let mut got = vec![0f32; n];
         flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), &x[i * k..(i + 1) * k], &mut got, at)
             .expect("matmul");

@@ -104,7 +104,7 @@ fn matvec_rows(w: &TensorRef, x: &[f32], n_in: usize) -> Vec<f32> {
             out.extend(reference::matvec(w, r).expect("matvec"));
             continue;
         }
-        let at = flint_core::dot::ggml_x86::BatchRow { batch: n, row: p };
+        let at = flint_core::dot::ggml_x86::BatchRow::at(n, p);
         let mut o = vec![0.0; w.dims[1]];
         flint_core::dot::matvec_f32_ggml_x86(w.ty, w.bytes(), r, &mut o, at).expect("matvec");
         out.extend(o);

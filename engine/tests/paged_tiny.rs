@@ -143,7 +143,7 @@ fn engine_miswired(
     };
     let buffers = (0..dm.spec().n_layers())
         .map(|il| {
-            let layout = dm.kv_layout(blocks[dm.layer_group(il)], BS);
+            let layout = dm.kv_layout(il, blocks[dm.layer_group(il)], BS);
             dm.device().alloc_kv(&layout).expect("KV buffer")
         })
         .collect();

@@ -23,6 +23,15 @@
 //!   elements `e` with `(e mod 32) / 4 == l` with the offset of 32 taken out as
 //!   `32 * (bsum(2l) * scale(2l) + bsum(2l+1) * scale(2l+1))`, `fma(d, lane, acc_l)` per
 //!   block and [`hsum8`] at the end).
+//! - **Q5_K weights, batches of 8 or more rows**: the same tiled matmul with mins
+//!   (`HAS_MIN`): per 256-element block the exact integers `S = sum_j sc_j * dot_j` and
+//!   `M = sum_j m_j * bsum_j` over the eight 32-element sub-blocks, the block's value
+//!   `r = fma(-dmin_w, M, S * d_w)` (the kernel's `fnmadd`), then `acc = fma(r, d_a, acc)`
+//!   ([`vec_dot_q5_k_q8_k_tiled`]). Fewer rows take the generic order.
+//! - **Expert matmuls** (llama.cpp's `MUL_MAT_ID`, [`BatchRow::expert`]): a repacked Q4_K
+//!   tower computes every routed row with the gemv kernel (`forward_mul_mat_id` in
+//!   `repack.cpp` calls `gemv` row by row); Q5_K and Q6_K towers, which are not repacked,
+//!   take the tiled matmul when 8 or more rows are routed to the expert.
 //! - **Q4_K weights**: the repacked `q4_K_8x8` path (`ggml-cpu/arch/x86/repack.cpp`),
 //!   which llama.cpp uses for every Q4_K matrix with a multiple of 8 rows. One `f32`
 //!   accumulator per output for the scales and one for the mins:
@@ -49,7 +58,7 @@
 //! `quantize_row_q8_0`; Q8_K: `quantize_row_q8_K`, which the repacked path's 4-row
 //! quantizer matches except when a block holds both `+amax` and `-amax`).
 
-use crate::blocks::{BlockMXFP4, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use crate::blocks::{BlockMXFP4, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use crate::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 use crate::types::QK_K;
 
@@ -174,35 +183,91 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
+/// Q5_K weights · Q8_K activations in the order of ggml's tiled K-quant matmul with mins
+/// (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel, `HAS_MIN`), which llama.cpp uses for
+/// batches of 8 or more activation rows: per 256-element block the exact integers
+/// `s = sum_j sc_j * dot_j` and `m = sum_j min_j * bsum_j` over the eight 32-element
+/// sub-blocks, `r = fma(-dmin_w, m, s * d_w)` (its `fnmadd`), then
+/// `acc = fma(r, d_a, acc)` (GCC contracts the kernel's `acc + r * d_a`).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q5_k_q8_k_tiled(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q5_k_q8_k_tiled: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let (sc, mn) = super::kquants::scale_min_k4(&w.scales);
+        let (mut s, mut m) = (0i32, 0i32);
+        for j in 0..8 {
+            // Sub-block j: elements 32j..32j+32; the low nibble (j even) or high nibble
+            // (j odd) of qs[32(j/2)..], the fifth bit from qh bit j.
+            let mut raw = 0i32;
+            for l in 0..32 {
+                let lo = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+                let hi = (w.qh[l] >> j) & 1;
+                raw += (lo | (hi << 4)) as i32 * a.qs[32 * j + l] as i32;
+            }
+            s += sc[j] * raw;
+            m += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+        }
+        let r = libm::fmaf(-f16_to_f32(w.dmin), m as f32, s as f32 * f16_to_f32(w.d));
+        acc = libm::fmaf(r, a.d, acc);
+    }
+    acc
+}
+
 /// Where an activation row sits in a llama.cpp matmul: the number of activation rows of
 /// the call (`batch`) and the row's index, which together pick llama.cpp's kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchRow {
-    /// Activation rows in the matmul (tokens in the llama.cpp batch).
+    /// Activation rows in the matmul (tokens in the llama.cpp batch; for an expert
+    /// matmul, the rows routed to the expert).
     pub batch: usize,
     /// This row's index, `0..batch`.
     pub row: usize,
+    /// A row of an expert matmul (llama.cpp's `MUL_MAT_ID`), where a repacked Q4_K
+    /// tower computes every row with its gemv kernel.
+    pub expert: bool,
 }
 
 impl BatchRow {
-    /// A row of a large batch outside the Q4_K tail: Q4_K gemm, Q6_K tiled (and, for
-    /// attention, llama.cpp's tiled flash attention, from 64 rows).
-    pub const IN_BATCH: Self = Self { batch: 64, row: 0 };
+    /// A row of a large batch outside the Q4_K tail: Q4_K gemm, Q5_K / Q6_K tiled (and,
+    /// for attention, llama.cpp's tiled flash attention, from 64 rows).
+    pub const IN_BATCH: Self = Self::at(64, 0);
     /// The single row of a one-token decode step: Q4_K gemv, Q6_K `ggml_vec_dot`.
-    pub const SINGLE: Self = Self { batch: 1, row: 0 };
+    pub const SINGLE: Self = Self::at(1, 0);
 
-    /// The repacked Q4_K kernel of this row: gemv for the last `batch % 4` rows.
+    /// Row `row` of a dense matmul of `batch` activation rows.
+    pub const fn at(batch: usize, row: usize) -> Self {
+        Self {
+            batch,
+            row,
+            expert: false,
+        }
+    }
+
+    /// A row of an expert matmul that routes `rows` activation rows to the expert.
+    pub const fn expert(rows: usize) -> Self {
+        Self {
+            batch: rows,
+            row: 0,
+            expert: true,
+        }
+    }
+
+    /// The repacked Q4_K kernel of this row: gemv for the last `batch % 4` rows of a
+    /// dense matmul and for every row of an expert matmul.
     pub fn q4k(self) -> Q4kPath {
-        if self.row >= self.batch - self.batch % 4 {
+        if self.expert || self.row >= self.batch - self.batch % 4 {
             Q4kPath::Gemv
         } else {
             Q4kPath::Gemm
         }
     }
 
-    /// Whether Q6_K goes through the tiled matmul (8 rows or more) rather than
-    /// `ggml_vec_dot_q6_K_q8_K`.
-    pub fn q6k_tiled(self) -> bool {
+    /// Whether Q5_K and Q6_K (weights llama.cpp does not repack) go through the tiled
+    /// matmul (8 rows or more) rather than `ggml_vec_dot`.
+    pub fn kq_tiled(self) -> bool {
         self.batch >= 8
     }
 }
@@ -315,4 +380,50 @@ pub fn vec_dot_mxfp4_q8_0_avx2(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
         sum = libm::fmaf(d, mxfp4_block_sum(w, a) as f32, sum);
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{quantize_row_q5_k, quantize_row_q8_k};
+    use bytemuck::Zeroable;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> alloc::vec::Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The tiled Q5_K order reads the same codes, scales and mins as ggml's generic
+    /// kernel: the two agree to float rounding on every length (the order itself is
+    /// checked end to end against llama.cpp's logits, `engine/tests/families.rs`).
+    #[test]
+    fn q5_k_tiled_agrees_with_the_generic_kernel() {
+        for (blocks, seed) in [(1usize, 3u32), (4, 7), (16, 11)] {
+            let n = blocks * QK_K;
+            let (w, a) = (values(n, seed), values(n, seed + 100));
+            let mut wq = alloc::vec![BlockQ5K::zeroed(); blocks];
+            let mut aq = alloc::vec![BlockQ8K::zeroed(); blocks];
+            quantize_row_q5_k(&w, &mut wq);
+            quantize_row_q8_k(&a, &mut aq);
+            let got = vec_dot_q5_k_q8_k_tiled(&wq, &aq);
+            let want = crate::dot::vec_dot(
+                crate::types::GgmlType::Q5_K,
+                bytemuck::cast_slice(&wq),
+                bytemuck::cast_slice(&aq),
+                n,
+            )
+            .expect("generic vec_dot");
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{blocks} blocks: tiled {got}, generic {want}"
+            );
+            assert_ne!(got, 0.0);
+        }
+    }
 }

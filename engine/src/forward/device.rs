@@ -307,26 +307,28 @@ impl DeviceModel {
         &self.dev
     }
 
-    /// The KV layout of every layer for a pool of `num_blocks` blocks of `block_size`.
-    pub fn kv_layout(&self, num_blocks: usize, block_size: usize) -> KvLayout {
+    /// The KV layout of layer `il` for a pool of `num_blocks` blocks of `block_size`.
+    pub fn kv_layout(&self, il: usize, num_blocks: usize, block_size: usize) -> KvLayout {
         KvLayout {
             num_blocks,
             block_size,
-            n_kv_heads: self.spec.n_kv_heads,
+            n_kv_heads: self.spec.layers[il].n_kv_heads,
             head_dim_k: self.spec.head_dim_k,
             head_dim_v: self.spec.head_dim_v,
         }
     }
 
-    /// Allocates one KV buffer per layer.
+    /// Allocates one KV buffer per layer, each with its layer's KV heads.
     pub fn alloc_kv(
         &self,
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Vec<Box<dyn KvBuffer>>, ModelError> {
-        let layout = self.kv_layout(num_blocks, block_size);
         (0..self.layers.len())
-            .map(|_| self.dev.alloc_kv(&layout).map_err(ModelError::from))
+            .map(|il| {
+                let layout = self.kv_layout(il, num_blocks, block_size);
+                self.dev.alloc_kv(&layout).map_err(ModelError::from)
+            })
             .collect()
     }
 
@@ -501,19 +503,22 @@ impl DeviceModel {
         let mut mlp_bufs = MlpBufs::default();
         for (il, layer) in self.layers.iter().enumerate() {
             let g = self.layer_group(il);
+            // This layer's KV heads (mimo2's differ per layer; `hkv` is the largest).
+            let hkv_l = spec.layers[il].n_kv_heads;
+            let (k, v) = (&mut k[..n * hkv_l * dk], &mut v[..n * hkv_l * dv]);
             timed!(
                 "qkv",
                 dev.matmul_multi(
                     &[&*layer.wq, &*layer.wk, &*layer.wv],
                     &a,
                     n,
-                    &mut [&mut q, &mut k, &mut v],
+                    &mut [&mut q, &mut *k, &mut *v],
                 )
             )?;
             for (t, b) in [
-                (&mut q, &layer.bq),
-                (&mut k, &layer.bk),
-                (&mut v, &layer.bv),
+                (&mut q[..], &layer.bq),
+                (&mut *k, &layer.bk),
+                (&mut *v, &layer.bv),
             ] {
                 if let Some(b) = b {
                     timed!("add_bias", dev.add_bias(t, b))?;
@@ -523,7 +528,7 @@ impl DeviceModel {
                 self.norm_in_place(&mut q, w, dk, &mut norm_src)?;
             }
             if let Some(w) = &layer.k_norm {
-                self.norm_in_place(&mut k, w, dk, &mut norm_src)?;
+                self.norm_in_place(k, w, dk, &mut norm_src)?;
             }
             let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
             let rp = |n_heads| RopeParams {
@@ -537,8 +542,8 @@ impl DeviceModel {
                 yarn: rope.yarn,
             };
             timed!("rope", dev.rope(&mut q, &positions, &rp(h)))?;
-            timed!("rope", dev.rope(&mut k, &positions, &rp(hkv)))?;
-            timed!("write_kv", dev.write_kv(&mut *kv[il], &k, &v, &slots[g]))?;
+            timed!("rope", dev.rope(k, &positions, &rp(hkv_l)))?;
+            timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, &slots[g]))?;
             // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
             // queries, attention scale 1): the f16 rounding of the queries in its
             // small-batch attention sees the scaled values, so the order matters to the
@@ -585,6 +590,10 @@ impl DeviceModel {
             timed!("attn_out", dev.matmul(&*layer.wo, o, rows, tmp))?;
             if let Some(b) = &layer.bo {
                 timed!("add_bias", dev.add_bias(tmp, b))?;
+            }
+            // mimo2's value scale, on the attention output after `attn_output`.
+            if spec.value_scale != 1.0 {
+                timed!("scale", dev.scale(tmp, spec.value_scale))?;
             }
             if let Some(w) = &layer.post_attn_norm {
                 self.norm_in_place(tmp, w, d, &mut norm_src)?;

@@ -209,7 +209,7 @@ impl<'m> Reference<'m> {
     /// Where position `pos` sits in llama.cpp's matmuls (see [`Self::set_batch_len`]).
     fn batch_row(&self, pos: usize) -> BatchRow {
         match self.batch_len {
-            Some(n) if pos < n => BatchRow { batch: n, row: pos },
+            Some(n) if pos < n => BatchRow::at(n, pos),
             Some(_) => BatchRow::SINGLE,
             None => BatchRow::IN_BATCH,
         }
@@ -298,7 +298,7 @@ impl<'m> Reference<'m> {
         let spec = &self.model.spec;
         let (h, hkv, dk, dv) = (
             spec.n_heads,
-            spec.n_kv_heads,
+            spec.layers[il].n_kv_heads,
             spec.head_dim_k,
             spec.head_dim_v,
         );
@@ -390,6 +390,11 @@ impl<'m> Reference<'m> {
         if let Some(b) = &layer.bo {
             add(&mut out, b);
         }
+        if spec.value_scale != 1.0 {
+            for v in &mut out {
+                *v *= spec.value_scale;
+            }
+        }
         Ok(out)
     }
 
@@ -398,14 +403,29 @@ impl<'m> Reference<'m> {
         self.ffn(&self.model.layers[il].ffn, f)
     }
 
+    /// Where the position being computed sits in llama.cpp's matmuls of `mlp`: an expert
+    /// tower (`[in, out, E]`) is a `MUL_MAT_ID`, whose rows take the expert kernels
+    /// ([`BatchRow::expert`]). The rows llama.cpp routes to one expert are not known
+    /// position by position; the batch's row count stands for them, which picks the
+    /// tiled Q5_K / Q6_K order exactly when llama.cpp does for batches below 8 rows and
+    /// for large batches (where every expert gets 8 or more).
+    fn mlp_row(&self, mlp: &Mlp) -> BatchRow {
+        if mlp.gate.dims.len() == 3 {
+            BatchRow::expert(self.cur_row.batch)
+        } else {
+            self.cur_row
+        }
+    }
+
     /// A gated MLP (expert `expert` of a tower, or 0 for a plain matrix set) on `f`.
     pub fn mlp(&self, mlp: &Mlp, expert: usize, f: &[f32]) -> Result<Vec<f32>, ModelError> {
         let width = mlp.gate.dims[1];
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
         let mut u = vec![0.0; width];
-        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, self.cur_row)?;
-        matvec_rows_in(&mlp.up, expert * width, f, &mut u, self.cur_row)?;
+        let at = self.mlp_row(mlp);
+        matvec_rows_in(&mlp.gate, expert * width, f, &mut g, at)?;
+        matvec_rows_in(&mlp.up, expert * width, f, &mut u, at)?;
         let act = self.model.spec.activation;
         let hidden: Vec<f32> = g
             .iter()
@@ -416,7 +436,7 @@ impl<'m> Reference<'m> {
             })
             .collect();
         let mut y = vec![0.0; d_out];
-        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, self.cur_row)?;
+        matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, at)?;
         Ok(y)
     }
 

@@ -47,16 +47,23 @@ impl PagedModel {
         let spec = model.spec().clone();
         let bs = sizing.block_size.max(1);
         let groups = model.kv_groups().to_vec();
-        // Bytes of one block of one layer, at the device's size of a stored key or value
-        // element (f16 on the CPU).
+        // Bytes of one block of each group: the sum over its layers of one block of that
+        // layer (its own KV heads; mimo2's differ per layer) at the device's size of a
+        // stored key or value element (f16 on the CPU).
         let per_value = model.device().kv_bytes_per_value().max(1);
-        let per_layer_block =
-            (bs * spec.n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * per_value) as u64;
-        // Start from the same block count for every layer (the budget split evenly),
-        // then cap each sliding group at what its running requests can ever hold and
-        // give what that frees to the full-attention group.
-        let n_layers = spec.layers.len().max(1) as u64;
-        let uniform = sizing.memory_bytes / (per_layer_block * n_layers).max(1);
+        let layer_block = |il: usize| {
+            (bs * spec.layers[il].n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * per_value)
+                as u64
+        };
+        let group_block: Vec<u64> = groups
+            .iter()
+            .map(|g| g.layers.iter().map(|&il| layer_block(il)).sum())
+            .collect();
+        // Start from the same block count for every group (the budget split evenly over
+        // the layers), then cap each sliding group at what its running requests can ever
+        // hold and give what that frees to the full-attention groups.
+        let all_layers: u64 = group_block.iter().sum();
+        let uniform = sizing.memory_bytes / all_layers.max(1);
         let mut budget = sizing.memory_bytes;
         let mut blocks = vec![0usize; groups.len()];
         for (g, spec_g) in groups.iter().enumerate() {
@@ -64,21 +71,21 @@ impl PagedModel {
                 let per_seq = (window + sizing.max_num_batched_tokens).div_ceil(bs) + 1;
                 let want = (per_seq * sizing.max_num_seqs.max(1)) as u64;
                 blocks[g] = want.min(uniform) as usize;
-                budget -= blocks[g] as u64 * per_layer_block * spec_g.layers.len() as u64;
+                budget -= blocks[g] as u64 * group_block[g];
             }
         }
         let full: Vec<usize> = (0..groups.len())
             .filter(|&g| groups[g].kind == GroupKind::Full)
             .collect();
-        let full_layers: u64 = full.iter().map(|&g| groups[g].layers.len() as u64).sum();
+        let full_block: u64 = full.iter().map(|&g| group_block[g]).sum();
         for &g in &full {
-            blocks[g] = (budget / (per_layer_block * full_layers).max(1)) as usize;
+            blocks[g] = (budget / full_block.max(1)) as usize;
         }
         if let Some(g) = blocks.iter().position(|&b| b == 0) {
             return Err(ModelError::new(format!(
                 "a KV cache of {} bytes is too small: group {g} gets no block of {bs} tokens \
-                 ({per_layer_block} bytes per layer); raise --kv-memory",
-                sizing.memory_bytes
+                 ({} bytes per block over its layers); raise --kv-memory",
+                sizing.memory_bytes, group_block[g]
             )));
         }
         Self::build(model, groups, bs, &blocks)
@@ -120,7 +127,7 @@ impl PagedModel {
             // Each layer's buffer is sized by its own group's pool, the group whose block
             // tables the forward hands that layer.
             let g = model.layer_group(il);
-            let layout = model.kv_layout(blocks[g], bs);
+            let layout = model.kv_layout(il, blocks[g], bs);
             kv.push(model.device().alloc_kv(&layout).map_err(ModelError::from)?);
         }
         Ok((

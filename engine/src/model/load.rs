@@ -108,15 +108,11 @@ impl Tensors<'_> {
         } else {
             None
         };
-        let (h, hkv, dk, dv) = (
-            spec.n_heads,
-            spec.n_kv_heads,
-            spec.head_dim_k,
-            spec.head_dim_v,
-        );
+        let (h, dk, dv) = (spec.n_heads, spec.head_dim_k, spec.head_dim_v);
         let post = spec.norms == NormPlacement::PrePost;
         let mut layers = Vec::with_capacity(spec.n_layers());
         for (il, ld) in spec.layers.iter().enumerate() {
+            let hkv = ld.n_kv_heads;
             let p = format!("blk.{il}.");
             let name = |s: &str| format!("{p}{s}");
             let opt_vec = |present: bool, s: &str, len: usize| {
@@ -164,7 +160,7 @@ impl Tensors<'_> {
                 k_norm: opt_vec(ld.qk_norm, "attn_k_norm.weight", dk)?,
                 sinks: opt_vec(ld.sinks, "attn_sinks.weight", h)?,
                 post_attn_norm: opt_vec(post, "post_attention_norm.weight", d)?,
-                ffn_norm: self.vec(&name("ffn_norm.weight"), d)?,
+                ffn_norm: self.vec(&name(&format!("{}.weight", spec.ffn_norm_tensor)), d)?,
                 ffn,
                 post_ffn_norm: opt_vec(post, "post_ffw_norm.weight", d)?,
             });
