@@ -217,6 +217,9 @@ impl CpuDevice {
         })
     }
 
+    /// `Device::matmul_multi`: one parallel section for a few decode rows of weights that
+    /// share an activation form, the activations quantized once for a prompt batch, else
+    /// one matmul after the other.
     pub(crate) fn matmul_shared(
         &self,
         ws: &[&dyn Weight],
@@ -363,6 +366,8 @@ impl CpuDevice {
         Ok(())
     }
 
+    /// `Device::expert_matmul_multi`: a gemm per expert with a prompt's worth of rows,
+    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest.
     pub(crate) fn expert_matmuls(
         &self,
         ws: &[&dyn Weight],

@@ -205,6 +205,7 @@ fn repack_enabled() -> bool {
 }
 
 impl CpuDevice {
+    /// `Device::plan`: every weight resident, in its own encoding.
     pub(crate) fn plan_weights(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
         // Everything stays where it lies in the file: resident, encoding kept.
         let mut plan = StagingPlan::default();
@@ -223,6 +224,8 @@ impl CpuDevice {
         Ok(plan)
     }
 
+    /// `Device::stage`: the weight repacked into 16-row groups, copied into the arena, or
+    /// kept where it lies.
     pub(crate) fn stage_weight(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
         desc.validate()?;
         self.check_usable(desc)?;

@@ -66,6 +66,7 @@ impl Drop for SetOnDrop<'_> {
 }
 
 impl CpuDevice {
+    /// `Device::run_step`: the step on a pool worker, the other workers awake for it.
     pub(crate) fn step_on_workers(&self, step: &mut (dyn FnMut() + Send)) {
         // Every op inside runs on a pool worker (`install` from a worker is a plain
         // call), its parallel parts spread to the other workers by work stealing.
@@ -109,6 +110,8 @@ impl CpuDevice {
         });
     }
 
+    /// `Device::run_session`: the body on one pool worker, each `run_step` inside it a
+    /// plain call there.
     pub(crate) fn session_on_workers(&self, body: &mut (dyn FnMut() + Send)) {
         if self.threads < 2 || self.pool.current_thread_index().is_some() {
             return self.pool.install(body);
