@@ -22,7 +22,7 @@
 //!   on AVX-512 VNNI is `kernels/q4_k/vnni.rs` (file layout) and `kernels/q4_k/x16.rs`
 //!   (repacked); `kernels/mod.rs` has the full map.
 //!
-//! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`]
+//! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
 //! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K, Q6_K, Q8_0 or Q5_0
 //! weight whose rows per matrix are a multiple of 16 is repacked at staging into row

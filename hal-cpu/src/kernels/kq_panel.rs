@@ -220,7 +220,7 @@ pub(crate) fn lanes_ps(v: &[f32; 16]) -> __m512 {
 
 /// The tile of one type.
 pub(crate) trait KTile: KPanel {
-    /// [`q4k_tile`] / [`q6k_tile`] for `A` activation rows.
+    /// `q4_k::panel::q4k_tile` / `q6_k::panel::q6k_tile` for `A` activation rows.
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and FMA.

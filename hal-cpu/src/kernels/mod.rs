@@ -31,7 +31,7 @@
 //!   `q0_gemm`), `x16.rs` (Q8_0 and Q5_0 repacked).
 //! - `mxfp4/`: MXFP4 · Q8_0 (gpt-oss's experts), every level and the scalar fallback.
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
-//! - `act_quant/`: the activations quantized per call ([`Acts`]; AVX-512 quantizers).
+//! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `attention/`: paged attention with AVX-512 (the scalar path is `crate::kv`).
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.
 //! - `dispatch.rs`: which kernel runs for a type, a level and a number of rows, and the

@@ -2,7 +2,7 @@
 //! (`kq_panel.rs`) share: sixteen weight rows per panel, one per lane of a 512-bit
 //! register, decoded panel by panel, and the outputs written back row by row.
 
-/// Weight rows per panel of the prompt-batch gemm ([`q0_gemm`]): one per lane of a
+/// Weight rows per panel of the prompt-batch gemm ([`q0_gemm`](crate::kernels::q0::panel::q0_gemm)): one per lane of a
 /// 512-bit register.
 pub(crate) const PANEL_ROWS: usize = 16;
 

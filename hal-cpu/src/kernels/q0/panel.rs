@@ -112,7 +112,7 @@ fn decode_x16_blocks<G: Q0Group>(src: &[G], dec: &mut [PanelBlock]) {
 /// The sixteen rows of a panel (`panel`: its blocks) against `A` activation rows, in
 /// tinyBLAS's order: per output eight f32 lanes, per block
 /// `lane j = fma(d_w * d_a, sum of quants 4j..4j + 4, lane j)`, the lanes added as
-/// `hsum_ps` adds them, as [`dot_q5_0`] and `tinyblas::dot_q0` (bit for bit). A
+/// `hsum_ps` adds them, as `vnni::dot_q5_0` and `tinyblas::dot_q0` (bit for bit). A
 /// register holds lane `j` of the sixteen rows' outputs, so per block and activation
 /// row one scale product serves all eight `vpdpbusd` / conversion / FMA steps, and the
 /// side data and the four activation quants of each step are broadcast loads (no
@@ -170,7 +170,7 @@ fn q0_panel_tile<const A: usize>(
 /// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
 /// decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
 /// activation rows from `i0` that `side` gives (their lane sums times minus the weight
-/// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`] /
+/// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`](super::vnni::q5_0_rows) /
 /// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
 /// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
 /// odd row alone.

@@ -131,7 +131,7 @@ fn decode_x16_block(b: &BlockQ4Kx16, o: &mut KPanelBlock) {
     q4k_heads(dd, s, o);
 }
 
-/// [`decode`] for a Q4_K weight repacked at staging.
+/// [`decode`](crate::kernels::kq_panel::decode) for a Q4_K weight repacked at staging.
 pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut [KPanelBlock]) {
     // SAFETY: the VNNI level (AVX-512 F/BW) was checked against the CPU at device open.
     decode_groups(groups, nb, p0, dec, |b, o| unsafe {

@@ -294,7 +294,7 @@ pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32
 /// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the
 /// M = 1 path): each row's arithmetic exactly that of `dot_q4k_gemm::<1>`, the rows'
 /// chains interleaved for the out-of-order core. The caller passes rows far apart
-/// ([`q0_rows`] says why).
+/// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows<const S: usize>(
     x: [&[BlockQ4K]; S],
@@ -356,7 +356,7 @@ const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13
 /// halves rearranged once per block for all four rows), the sixteen registers of the four
 /// rows are summed in one tree down to the 32 sub-block sums, and the scales are applied
 /// to the sums (`vpmulld`), not to every product. The caller passes rows far apart
-/// ([`q0_rows`] says why).
+/// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let nb = y.len();

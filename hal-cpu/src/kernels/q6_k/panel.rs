@@ -100,7 +100,7 @@ fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
     put_ps(&mut o.dmin, _mm512_setzero_ps());
 }
 
-/// [`decode`] for a Q6_K weight repacked at staging.
+/// [`decode`](crate::kernels::kq_panel::decode) for a Q6_K weight repacked at staging.
 pub(crate) fn decode_q6k_x16(
     groups: &[BlockQ6Kx16],
     nb: usize,
