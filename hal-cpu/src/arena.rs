@@ -1,4 +1,6 @@
-//! Huge-page memory for the repacked weights, shared by all of them.
+//! Huge-page memory: anonymous mappings advised for transparent huge pages
+//! ([`huge_aligned_anon`], which the KV cache uses too), and the arena that the weights
+//! the device keeps share.
 //!
 //! A decode streams every weight it reads, and on 4 KiB pages the hardware prefetchers
 //! stop at each page and every page costs a TLB walk. A transparent huge page only backs
@@ -13,7 +15,29 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::ops::{huge_aligned_anon, HUGE_PAGE};
+/// Transparent huge pages are 2 MiB on x86-64.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// `bytes` of zeroed anonymous memory starting on a huge-page boundary: the mapping and
+/// the offset of that boundary in it. With `huge`, the range is advised for transparent
+/// huge pages (advice only: on small pages the memory is merely slower to stream).
+pub(crate) fn huge_aligned_anon(
+    bytes: usize,
+    huge: bool,
+) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let total = bytes
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| std::io::Error::other("size overflows"))?;
+    let map = memmap2::MmapMut::map_anon(total)?;
+    let start = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+    #[cfg(unix)]
+    if huge {
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, bytes);
+    }
+    #[cfg(not(unix))]
+    let _ = huge;
+    Ok((map, start))
+}
 
 /// Bytes of address space per mapping (only the touched pages become resident); a
 /// larger weight gets a mapping of its own size.

@@ -1,4 +1,4 @@
-//! Test helpers shared by the repacked-weight kernels (`q4k_x16`, `q6k_x16`): random
+//! Test helpers shared by the repacked-weight kernels (`q4_k::x16`, `q6_k::x16`): random
 //! activations and the check that every row group's outputs equal the file-layout
 //! kernel's, bit for bit, for 1 to 4 activation rows.
 #![cfg_attr(

@@ -1,4 +1,4 @@
-//! Q6_K weights repacked at staging, as `q4k_x16` does for Q4_K: sixteen rows of one
+//! Q6_K weights repacked at staging, as `q4_k::x16` does for Q4_K: sixteen rows of one
 //! 256-quant block side by side ([`BlockQ6Kx16`], the same 3360 bytes as the sixteen
 //! [`BlockQ6K`]s it replaces), for decode kernels that add four products to sixteen
 //! outputs per `vpdpbusd` with no horizontal sums and no per-call decoding, and for a
@@ -18,9 +18,9 @@ use bytemuck::Zeroable;
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 #[cfg(target_arch = "x86_64")]
-use super::x16::bcast4;
-use super::x16::RowGroup;
-pub(crate) use super::x16::X16_ROWS;
+use crate::kernels::x16::bcast4;
+use crate::kernels::x16::RowGroup;
+pub(crate) use crate::kernels::x16::X16_ROWS;
 
 /// One 256-quant block of sixteen Q6_K rows, interleaved.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -42,7 +42,7 @@ pub(crate) struct BlockQ6Kx16 {
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx16>() == X16_ROWS * 210);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
-super::x16::debug_by_name!(BlockQ6Kx16);
+crate::kernels::x16::debug_by_name!(BlockQ6Kx16);
 
 fn word(b: &[u8], t: usize) -> u32 {
     u32::from_le_bytes([b[4 * t], b[4 * t + 1], b[4 * t + 2], b[4 * t + 3]])
@@ -52,7 +52,7 @@ fn word(b: &[u8], t: usize) -> u32 {
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack(src: &[BlockQ6K], nb: usize, out: &mut [BlockQ6Kx16]) {
-    super::x16::pack_rows(src, nb, out, "q6k_x16", |dst, r, b| {
+    crate::kernels::x16::pack_rows(src, nb, out, "q6_k::x16", |dst, r, b| {
         for n in 0..2 {
             for l in 0..8 {
                 let e = &mut dst.q[8 * n + l];
@@ -195,12 +195,12 @@ pub(crate) fn dot_group<const M: usize>(
     const {
         assert!(
             M >= 1 && M <= 4,
-            "q6k_x16::dot_group: 1 to 4 activation rows"
+            "q6_k::x16::dot_group: 1 to 4 activation rows"
         )
     };
     let nb = x.len();
     for ya in &y {
-        assert_eq!(ya.len(), nb, "q6k_x16::dot_group: lengths");
+        assert_eq!(ya.len(), nb, "q6_k::x16::dot_group: lengths");
     }
     let mut acc = [_mm512_setzero_ps(); M];
     let m16 = _mm512_set1_epi32(0xFFFF);
@@ -286,7 +286,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
-        use crate::kernels::vnni;
+        use crate::kernels::q6_k::vnni;
         use crate::kernels::x16_check::{assert_packed_matches_file_layout, dispatch_m};
         let nb = 3;
         let reference = |w: &[_], y: &[BlockQ8K]| {

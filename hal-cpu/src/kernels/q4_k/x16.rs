@@ -23,9 +23,9 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 #[cfg(target_arch = "x86_64")]
-use super::x16::bcast4;
-use super::x16::RowGroup;
-pub(crate) use super::x16::X16_ROWS;
+use crate::kernels::x16::bcast4;
+use crate::kernels::x16::RowGroup;
+pub(crate) use crate::kernels::x16::X16_ROWS;
 
 /// One 256-quant block of sixteen Q4_K rows, interleaved.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -43,7 +43,7 @@ pub(crate) struct BlockQ4Kx16 {
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx16>() == X16_ROWS * 144);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 
-super::x16::debug_by_name!(BlockQ4Kx16);
+crate::kernels::x16::debug_by_name!(BlockQ4Kx16);
 
 impl BlockQ4Kx16 {
     /// Word `t` (bytes `4t..4t + 4` of `qs`) of the sixteen rows.
@@ -70,7 +70,7 @@ fn head_bytes(b: &BlockQ4K) -> [u8; 16] {
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack(src: &[BlockQ4K], nb: usize, out: &mut [BlockQ4Kx16]) {
-    super::x16::pack_rows(src, nb, out, "q4k_x16", |dst, r, b| {
+    crate::kernels::x16::pack_rows(src, nb, out, "q4_k::x16", |dst, r, b| {
         for (t, q) in b.qs.chunks_exact(4).enumerate() {
             dst.qs[t][r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
         }
@@ -208,7 +208,7 @@ pub(crate) fn dot_group<const M: usize>(
 ) {
     let nb = x.len();
     for ya in &y {
-        assert_eq!(ya.len(), nb, "q4k_x16::dot_group: lengths");
+        assert_eq!(ya.len(), nb, "q4_k::x16::dot_group: lengths");
     }
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M];
@@ -305,7 +305,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_dot_equals_the_file_layout_kernel_bit_for_bit() {
-        use crate::kernels::vnni;
+        use crate::kernels::q4_k::vnni;
         use crate::kernels::x16_check::{assert_packed_matches_file_layout, dispatch_m};
         let nb = 4;
         let reference = |w: &[_], y: &[BlockQ8K]| {

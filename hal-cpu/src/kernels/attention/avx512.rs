@@ -11,7 +11,7 @@
 //!   cache stores keys transposed inside each block (`CpuKv`).
 //!
 //! Both are bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head)
-//! alone (the scalar path in `ops.rs`), because every lane does exactly the scalar's
+//! alone (the scalar path in `kv.rs`), because every lane does exactly the scalar's
 //! operations in the scalar's order: a score is one fused multiply-add chain over the head
 //! dimension (in its own lane), tiles of 64 keys aligned on absolute positions, ggml's
 //! AVX-512 `expf`, the 16-weight pairwise sum and the f64 denominator sum, and per query
@@ -25,8 +25,8 @@ use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, KvBuffer, PagedAttention, NO_BLOCK};
 use rayon::prelude::*;
 
-use super::act::expf_ggml;
-use crate::ops::CpuKv;
+use crate::kernels::elementwise::avx512::expf_ggml;
+use crate::kv::CpuKv;
 
 /// Queries attended together.
 pub(crate) const LANES: usize = 16;
@@ -704,7 +704,7 @@ type WorkItem = (usize, usize, Vec<(usize, usize)>);
 
 /// Paged attention over every sequence of `p`, in groups of up to [`LANES`] queries
 /// that share a sequence and a KV head (keys in lanes for groups of a few queries); the same contract and checks as the scalar
-/// `ops::paged_attention`.
+/// `kv::paged_attention`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F (checked at device open).
@@ -716,7 +716,7 @@ pub(crate) unsafe fn paged_attention(
     let l = *kv.layout();
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
-    crate::ops::query_owners(&l, p, out.len())?;
+    crate::kv::query_owners(&l, p, out.len())?;
     let group = nh / hkv;
     let rv = hkv * dv;
     // Work items: (sequence, KV head, up to 16 (row, head) queries).

@@ -25,7 +25,7 @@
 //!   then eight scalar `fma`s in block order; for the rows left over.
 //!
 //! Both decode each weight block once for up to four activation rows. Entry points (from
-//! `kernels/mod.rs`): [`dot_rows`] (one weight row, a tile of up to four activation
+//! `kernels/dispatch.rs`): [`dot_rows`] (one weight row, a tile of up to four activation
 //! rows), [`matvec`] (many weight rows, one activation row: a decode) and [`small_batch`]
 //! (many weight rows, every activation row: a few decode rows or a prompt batch,
 //! cache-blocked).

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::BlockQ8_0;
 
-use super::avx2::{f16_bcast, hsum_ps};
+use crate::kernels::x86::avx2::{f16_bcast, hsum_ps};
 
 /// The tinyBLAS loop for a legacy 32-quant type against Q8_0: `dec` gives a block's
 /// quants as i8, `scale` its f16 scale bits.

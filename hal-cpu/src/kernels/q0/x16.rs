@@ -1,5 +1,5 @@
 //! Q8_0 and Q5_0 weights repacked at staging for the decode matmuls on AVX-512 VNNI, as
-//! `q4k_x16` does for Q4_K: sixteen rows of one 32-quant block side by side
+//! `q4_k::x16` does for Q4_K: sixteen rows of one 32-quant block side by side
 //! ([`BlockQ8_0x16`], [`BlockQ5_0x16`]: the same 544 / 352 bytes as the sixteen file
 //! blocks they replace), so that one `vpdpbusd` of a row-interleaved quant register
 //! against four broadcast activation quants gives one tinyBLAS lane of sixteen outputs at
@@ -8,7 +8,7 @@
 //! Why: on the file's layout a few decode rows (`vnni::q0_rows`, `q0_rows_pairs`) fold
 //! each row's lanes apart and widen each row's scale on its own, so that Gemma 3's tied
 //! output matrix (Q8_0, 262144 x 640) and its Q5_0 matrices (q, k, gate, up) are bound
-//! by those instructions rather than by memory at a few sequences. The prompt-batch panels (`vnni::PanelBlock`) are this layout already,
+//! by those instructions rather than by memory at a few sequences. The prompt-batch panels (`q0::panel::PanelBlock`) are this layout already,
 //! decoded per call; here the transposition is done once at load.
 //!
 //! The float steps per output are those of `vnni::q0_rows` (tinyBLAS's order,
@@ -23,8 +23,8 @@ use flint_core::blocks::{BlockQ5_0, BlockQ8_0};
 
 #[cfg(target_arch = "x86_64")]
 use super::vnni::Q8_0Side;
-use super::x16::RowGroup;
-pub(crate) use super::x16::X16_ROWS;
+use crate::kernels::x16::RowGroup;
+pub(crate) use crate::kernels::x16::X16_ROWS;
 
 /// One 32-quant block of sixteen Q8_0 rows, interleaved.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -43,7 +43,7 @@ pub(crate) struct BlockQ8_0x16 {
 const _: () = assert!(std::mem::size_of::<BlockQ8_0x16>() == X16_ROWS * 34);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
-super::x16::debug_by_name!(BlockQ8_0x16);
+crate::kernels::x16::debug_by_name!(BlockQ8_0x16);
 
 /// The sign bit of each of four quant bytes.
 const SIGNS: u32 = 0x8080_8080;
@@ -52,7 +52,7 @@ const SIGNS: u32 = 0x8080_8080;
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack_q8_0(src: &[BlockQ8_0], nb: usize, out: &mut [BlockQ8_0x16]) {
-    super::x16::pack_rows(src, nb, out, "q0_x16", |dst, r, b| {
+    crate::kernels::x16::pack_rows(src, nb, out, "q0::x16", |dst, r, b| {
         dst.d[r] = b.d;
         for (t, q) in b.qs.chunks_exact(4).enumerate() {
             let w = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
@@ -95,13 +95,13 @@ pub(crate) struct BlockQ5_0x16 {
 const _: () = assert!(std::mem::size_of::<BlockQ5_0x16>() == X16_ROWS * 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 
-super::x16::debug_by_name!(BlockQ5_0x16);
+crate::kernels::x16::debug_by_name!(BlockQ5_0x16);
 
 /// Repacks `rows` (a multiple of 16) Q5_0 rows of `nb` blocks each, as they lie in a
 /// GGUF tensor, into `out` (the same length): row group `g`'s block `i` at
 /// `out[g * nb + i]`.
 pub(crate) fn pack_q5_0(src: &[BlockQ5_0], nb: usize, out: &mut [BlockQ5_0x16]) {
-    super::x16::pack_rows(src, nb, out, "q0_x16", |dst, r, b| {
+    crate::kernels::x16::pack_rows(src, nb, out, "q0::x16", |dst, r, b| {
         dst.d[r] = b.d;
         dst.qh[r] = u32::from_le_bytes(b.qh);
         for (t, q) in b.qs.chunks_exact(4).enumerate() {
@@ -222,7 +222,7 @@ pub(crate) fn dot_group<G: Q0Group, const M: usize>(
     for (q, s, l) in &y {
         assert!(
             q.len() >= nb && s.len() >= nb && l.len() >= nb,
-            "q0_x16::dot_group: lengths"
+            "q0::x16::dot_group: lengths"
         );
     }
     let mut acc = [[_mm512_setzero_ps(); 8]; M];
@@ -289,7 +289,7 @@ fn rows_over_blocks<G: Q0Group, const M: usize, const A0: usize, const N: usize>
             let qs = &q[i].qs;
             for (j, lj) in la.iter_mut().enumerate() {
                 let init = _mm512_set1_epi32(l[i][j]);
-                let t = _mm512_dpbusd_epi32(init, u[j], super::x16::bcast4(qs, 4 * j));
+                let t = _mm512_dpbusd_epi32(init, u[j], crate::kernels::x16::bcast4(qs, 4 * j));
                 *lj = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(t), *lj);
             }
         }
@@ -357,13 +357,13 @@ mod tests {
     /// For 1 to 4 activation rows, every output of `dot_group` on `w` packed by `pack`
     /// has the bits of `vnni::q0_rows` on the file's layout.
     #[cfg(target_arch = "x86_64")]
-    fn assert_packed_matches_q0_rows<B: crate::kernels::vnni::Q0Pair, G: Q0Group<Row = B>>(
+    fn assert_packed_matches_q0_rows<B: crate::kernels::q0::vnni::Q0Pair, G: Q0Group<Row = B>>(
         w: &[B],
         rows: usize,
         nb: usize,
         pack: fn(&[B], usize, &mut [G]),
     ) {
-        use crate::kernels::{vnni, Acts};
+        use crate::kernels::{q0::vnni, Acts};
         use crate::SimdLevel;
         let k = 32 * nb;
         let mut p = vec![G::zeroed(); rows / X16_ROWS * nb];

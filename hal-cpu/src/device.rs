@@ -1,0 +1,543 @@
+//! The CPU device: its state (SIMD level, thread pool, scratch buffers, arena) and its
+//! `Device` implementation, which hands matmuls to `matmul.rs`, staging to `stage.rs`,
+//! the forward steps to `worker.rs`, and the element-wise ops, routing and the KV cache
+//! to `ops.rs`, `kv.rs` and the SIMD kernels.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use flint_core::{FormatError, GgmlType};
+use flint_hal::{
+    Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout, Op,
+    PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight, WeightDesc, WeightHandle,
+};
+use rayon::prelude::*;
+
+use crate::kernels::x16::X16_ROWS;
+use crate::kernels::{self, FloatKind};
+use crate::kv::CpuKv;
+use crate::simd::SimdLevel;
+use crate::stage::CpuWeight;
+use crate::worker::SessionState;
+use crate::{arena, kv, ops};
+
+/// The CPU device.
+#[derive(Debug)]
+pub struct CpuDevice {
+    pub(crate) level: SimdLevel,
+    pub(crate) threads: usize,
+    pub(crate) pool: rayon::ThreadPool,
+    pub(crate) block_dispatches: AtomicU64,
+    pub(crate) float_dispatches: AtomicU64,
+    /// The transposed results of the last batched matmul, kept for the next one: a
+    /// fresh buffer of a few MiB per matmul costs page faults and zeroing.
+    pub(crate) scratch: std::sync::Mutex<Vec<f32>>,
+    /// The decoded weight blocks of the last weight-tiled gemm, kept for the next one.
+    pub(crate) gemm_scratch: std::sync::Mutex<kernels::GemmScratch>,
+    /// The RoPE angles of the last few distinct calls (positions, base, rotated size).
+    pub(crate) rope_cache: std::sync::Mutex<Vec<Arc<ops::RopeTable>>>,
+    /// The session running now (`run_session`), if any.
+    pub(crate) session: std::sync::Mutex<Option<Arc<SessionState>>>,
+    /// Where the weights the device keeps (repacked or copied) live.
+    pub(crate) arena: arena::PackArena,
+}
+
+/// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
+const ROPE_TABLES: usize = 4;
+
+pub(crate) fn fmt_err(what: &str, e: FormatError) -> HalError {
+    match e {
+        FormatError::Unsupported(t) => HalError::unsupported(format!("cpu: {what}: {t} ({e})")),
+        _ => HalError::invalid(format!("cpu: {what}: {e}")),
+    }
+}
+
+/// Whether the scalar reference computes `ty`: probed once on a zero row of one block.
+fn core_dot_supports(ty: GgmlType) -> bool {
+    let vt = ty.vec_dot_type();
+    if !matches!(vt, GgmlType::Q8_K | GgmlType::Q8_0 | GgmlType::Q8_1) {
+        return false;
+    }
+    let n = ty.block_size().max(vt.block_size());
+    let (Some(wb), Some(ab)) = (ty.row_bytes(n), vt.row_bytes(n)) else {
+        return false;
+    };
+    crate::kernels::core_vec_dot(ty, &vec![0u8; wb], &vec![0u8; ab], n).is_ok()
+}
+
+/// Whether `flint_core::dequant::dequantize` decodes `ty` (probed on one zero block).
+fn dequant_supports(ty: GgmlType) -> bool {
+    let n = ty.block_size();
+    let Some(b) = ty.row_bytes(n) else {
+        return false;
+    };
+    let mut out = vec![0f32; n];
+    flint_core::dequant::dequantize(ty, &vec![0u8; b], &mut out).is_ok()
+}
+
+impl CpuDevice {
+    /// Opens the device with `opts`, at the level `FLINT_CPU_SIMD` asks for (default:
+    /// the best this CPU has).
+    pub fn new(opts: &DeviceOptions) -> Result<Self, HalError> {
+        Self::with_level(opts, SimdLevel::from_env()?)
+    }
+
+    /// Opens the device at a given SIMD level; `Unavailable` when the CPU lacks it.
+    pub fn with_level(opts: &DeviceOptions, level: SimdLevel) -> Result<Self, HalError> {
+        let level = level.check()?;
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("flint-cpu-{i}"))
+            .build()
+            .map_err(|e| HalError::runtime(format!("cpu: cannot start {threads} threads: {e}")))?;
+        Ok(Self {
+            level,
+            threads,
+            pool,
+            block_dispatches: AtomicU64::new(0),
+            float_dispatches: AtomicU64::new(0),
+            scratch: std::sync::Mutex::new(Vec::new()),
+            gemm_scratch: std::sync::Mutex::new(kernels::GemmScratch::default()),
+            rope_cache: std::sync::Mutex::new(Vec::new()),
+            session: std::sync::Mutex::new(None),
+            arena: arena::PackArena::default(),
+        })
+    }
+
+    /// The SIMD level in use.
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// Runs `f` on one of the device's worker threads: the device's own ops called
+    /// from inside run inline on that worker instead of handing work over from a
+    /// foreign thread (a wake-up and a sleep per op).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Whether matmuls with weights of `ty` can be computed at this device's level
+    /// (a native kernel, or the scalar reference).
+    fn matmul_supports(&self, ty: GgmlType) -> bool {
+        FloatKind::of(ty).is_some()
+            || kernels::native_kernel(self.level, ty).is_some()
+            || core_dot_supports(ty)
+    }
+
+    /// `Unsupported` (naming tensor and type) when this device cannot compute with `w`.
+    pub(crate) fn check_usable(&self, w: &WeightDesc) -> Result<(), HalError> {
+        let ty = w.ty;
+        let usable = match w.kind {
+            flint_hal::WeightKind::Embedding => dequant_supports(ty) || self.matmul_supports(ty),
+            _ => self.matmul_supports(ty),
+        };
+        if usable {
+            Ok(())
+        } else {
+            Err(HalError::unsupported(format!(
+                "cpu: tensor '{}' has type {ty}, which the cpu backend cannot compute",
+                w.name
+            )))
+        }
+    }
+
+    pub(crate) fn weight<'a>(&self, w: &'a dyn Weight) -> &'a CpuWeight {
+        w.as_any()
+            .downcast_ref::<CpuWeight>()
+            .expect("weight was not staged by the cpu device")
+    }
+
+    pub(crate) fn count(&self, ty: GgmlType) {
+        if FloatKind::of(ty).is_some() {
+            self.float_dispatches.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.block_dispatches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `gelu_tanh_ggml_f16` of every f16 value (by its bits), built once (65536 entries).
+fn gelu_f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| {
+                let x = half::f16::from_bits(b).to_f32();
+                if !x.is_finite() {
+                    return 0.0;
+                }
+                // An input strictly inside (-10, 10) rounds to +-10 at most; for those two
+                // entries ask the core function with an f32 just inside, which rounds
+                // to the same f16 (the cut-off itself is applied before the lookup).
+                let inside = if x.abs() >= 10.0 {
+                    f32::from_bits(x.to_bits() - 1)
+                } else {
+                    x
+                };
+                flint_core::math::gelu_tanh_ggml_f16(inside)
+            })
+            .collect()
+    })
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "host CPU, {} threads, SIMD {} (AMX not used, no NEON)",
+            self.threads, self.level
+        )
+    }
+
+    fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
+        match op {
+            Op::Stage | Op::Matmul | Op::ExpertMatmul => {
+                ty.is_some_and(|t| self.matmul_supports(t))
+            }
+            Op::GetRows => ty.is_some_and(dequant_supports),
+            Op::RmsNorm
+            | Op::AddRmsNorm
+            | Op::Rope
+            | Op::SiluMul
+            | Op::GeluMul
+            | Op::Add
+            | Op::AddBias
+            | Op::Scale
+            | Op::ScatterAddWeighted
+            | Op::RouteTopK
+            | Op::WriteKv
+            | Op::PagedAttention => true,
+        }
+    }
+
+    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+        self.plan_weights(weights)
+    }
+
+    fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
+        self.stage_weight(desc)
+    }
+
+    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+        let w = self.weight(w);
+        self.count(w.ty);
+        self.matmul_bytes(w.ty, w.rows(0, w.n), w.k, w.n, w.row_bytes, x, None, m, out)
+            .map_err(|e| HalError::new(e.kind, format!("{} (tensor '{}')", e.message, w.info.name)))
+    }
+
+    fn matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        m: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        self.matmul_shared(ws, x, m, outs)
+    }
+
+    fn expert_matmul(
+        &self,
+        w: &dyn Weight,
+        x: &[f32],
+        rows: &[ExpertRow],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.expert_matmul_multi(&[w], x, rows, &mut [out])
+    }
+
+    fn expert_matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: &[f32],
+        rows: &[ExpertRow],
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        self.expert_matmuls(ws, x, rows, outs)
+    }
+
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+        let w = self.weight(w);
+        let d = w.k;
+        assert_eq!(out.len(), ids.len() * d, "get_rows: out length");
+        let rows_total = w.n * w.e;
+        let bytes = w.bytes();
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(d.max(1))) {
+            let id = id as usize;
+            if id >= rows_total {
+                return Err(HalError::invalid(format!(
+                    "get_rows: id {id} beyond the {rows_total} rows of tensor '{}'",
+                    w.info.name
+                )));
+            }
+            // A packed weight's row comes back from its group of sixteen.
+            let unpacked = match w.x16 {
+                Some(_) => w
+                    .rows(id / X16_ROWS * X16_ROWS, X16_ROWS)
+                    .packed_row_bytes(id % X16_ROWS),
+                None => None,
+            };
+            let src = match &unpacked {
+                Some(row) => &row[..],
+                None => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],
+            };
+            match FloatKind::of(w.ty) {
+                Some(kind) => {
+                    for (j, v) in o.iter_mut().enumerate() {
+                        *v = kind.get(src, j);
+                    }
+                }
+                None => flint_core::dequant::dequantize(w.ty, src, o)
+                    .map_err(|e| fmt_err(&format!("get_rows of '{}'", w.info.name), e))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: Option<&[f32]>,
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.pool
+            .install(|| ops::rms_norm(x, weight, eps, dim, out));
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        eps: f32,
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.pool
+            .install(|| ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out));
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+        p.check()?;
+        let cfg = p.config();
+        // The q and k of every layer of a step share their positions (and, per kind of
+        // layer, their parameters): the angles are computed once and kept for the next
+        // calls.
+        let cached = {
+            let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+            cache.iter().find(|t| t.matches(positions, &cfg)).cloned()
+        };
+        let table = match cached {
+            Some(t) => t,
+            None => {
+                let t = Arc::new(self.pool.install(|| ops::RopeTable::new(positions, &cfg)));
+                let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= ROPE_TABLES {
+                    cache.remove(0);
+                }
+                cache.push(Arc::clone(&t));
+                t
+            }
+        };
+        // FMA comes with every SIMD level.
+        let fma = self.level >= SimdLevel::Avx2;
+        self.pool
+            .install(|| ops::rope(x, &table, p.kind, p.n_heads, p.head_dim, fma));
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "silu_mul: lengths"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { kernels::elementwise::avx512::silu_mul(gate, up, out) };
+            return Ok(());
+        }
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = flint_core::math::silu(g) * u;
+        }
+        Ok(())
+    }
+
+    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "gelu_mul: lengths"
+        );
+        // ggml's CPU backend computes GELU through its f16 table (`GGML_GELU_FP16`):
+        // the input and the result are rounded to f16. Gemma 3's logits are sensitive
+        // to that rounding, and llama.cpp's logits are made with it, so the cpu device
+        // does the same (within the HAL's tolerance of `gelu_tanh(gate) * up`).
+        // Like ggml, from a table indexed by the f16 input: the same values as
+        // `gelu_tanh_ggml_f16` (which depends only on f16(x) inside (-10, 10)).
+        let table = gelu_f16_table();
+        let gelu = |x: f32| {
+            if x <= -10.0 {
+                0.0
+            } else if x >= 10.0 {
+                x
+            } else {
+                table[usize::from(half::f16::from_f32(x).to_bits())]
+            }
+        };
+        let level = self.level;
+        self.pool.install(|| {
+            out.par_chunks_mut(4096)
+                .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                .for_each(|(o, (g, u))| {
+                    #[cfg(target_arch = "x86_64")]
+                    if level >= SimdLevel::Avx512 {
+                        // SAFETY: AVX-512F, AVX2 and F16C were checked at device open.
+                        unsafe { kernels::elementwise::avx512::gelu_mul_table(table, g, u, o) };
+                        return;
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if level >= SimdLevel::Avx2 {
+                        // SAFETY: AVX2 and F16C were checked at device open.
+                        unsafe { kernels::elementwise::avx2::gelu_mul_table(table, g, u, o) };
+                        return;
+                    }
+                    let _ = level;
+                    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                        *o = gelu(g) * u;
+                    }
+                });
+        });
+        Ok(())
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+        assert_eq!(acc.len(), x.len(), "add: lengths");
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += v;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+        flint_hal::bias_rows(x.len(), bias.len())?;
+        ops::add_bias(x, bias);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+        Ok(())
+    }
+
+    fn scatter_add_weighted(
+        &self,
+        acc: &mut [f32],
+        x: &[f32],
+        rows: &[u32],
+        weights: &[f32],
+        dim: usize,
+    ) -> Result<(), HalError> {
+        assert!(
+            x.len() == rows.len() * dim && rows.len() == weights.len(),
+            "scatter_add_weighted: lengths"
+        );
+        for ((&r, &wt), xr) in rows.iter().zip(weights).zip(x.chunks_exact(dim.max(1))) {
+            let r = r as usize;
+            assert!(
+                (r + 1) * dim <= acc.len(),
+                "scatter_add_weighted: row {r} beyond acc"
+            );
+            for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
+                *a += wt * v;
+            }
+        }
+        Ok(())
+    }
+
+    fn route_topk(
+        &self,
+        logits: &[f32],
+        n_experts: usize,
+        bias: Option<&[f32]>,
+        cfg: &RoutingConfig,
+        ids: &mut [u32],
+        weights: &mut [f32],
+    ) -> Result<(), HalError> {
+        ops::route_topk(logits, n_experts, bias, cfg, ids, weights)
+    }
+
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
+        Ok(Box::new(CpuKv::new(layout)?))
+    }
+
+    fn kv_bytes_per_value(&self) -> usize {
+        // f16, as llama.cpp's default cache types (`CpuKv`).
+        2
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut dyn KvBuffer,
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+    ) -> Result<(), HalError> {
+        let kv = kv
+            .as_any_mut()
+            .downcast_mut::<CpuKv>()
+            .expect("KV buffer was not allocated by the cpu device");
+        kv::write_kv(kv, k, v, slots, self.level >= SimdLevel::Avx2)
+    }
+
+    fn paged_attention(
+        &self,
+        kv: &dyn KvBuffer,
+        p: &PagedAttention<'_>,
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let kv = kv
+            .as_any()
+            .downcast_ref::<CpuKv>()
+            .expect("KV buffer was not allocated by the cpu device");
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            return self
+                .pool
+                .install(|| unsafe { kernels::attention::avx512::paged_attention(kv, p, out) });
+        }
+        let f16c = self.level >= SimdLevel::Avx2;
+        self.pool.install(|| kv::paged_attention(kv, p, out, f16c))
+    }
+
+    fn run_step(&self, step: &mut (dyn FnMut() + Send)) {
+        self.step_on_workers(step)
+    }
+
+    fn run_session(&self, body: &mut (dyn FnMut() + Send)) {
+        self.session_on_workers(body)
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        DeviceCounters {
+            block_dispatches: self.block_dispatches.load(Ordering::Relaxed),
+            float_dispatches: self.float_dispatches.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,1176 @@
+//! The run-time dispatch: for a weight type, a SIMD level and a number of activation
+//! rows, which kernel of which format folder runs ([`dot_rows`]: a tile of up to four
+//! rows; [`matvec_rows`]: a decode; [`rows_small_batch`]: 2-15 rows; [`gemm`]: a prompt
+//! batch; [`x16_rows`]: any rows of a weight repacked at staging), and the drivers that
+//! split a matmul's rows into panels and tiles for them.
+
+use std::borrow::Cow;
+
+use bytemuck::Pod;
+use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+
+use flint_core::{FormatError, GgmlType};
+
+use crate::simd::SimdLevel;
+
+use super::act_quant::Acts;
+use super::float::FloatKind;
+use super::{float, kq_panel, mxfp4, panel, q0, q4_k, q5_k, q6_k, x16};
+
+/// Activation rows in a tile that share each decoded weight block.
+pub const TILE: usize = 4;
+
+/// A weight row viewed as blocks: borrowed when the bytes are aligned for `B`, else
+/// copied (GGUF data is 32-byte aligned, so the copy is only a safety net).
+pub(crate) fn view<B: Pod>(w: &[u8]) -> Cow<'_, [B]> {
+    match bytemuck::try_cast_slice(w) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => {
+            let mut v = vec![B::zeroed(); w.len() / std::mem::size_of::<B>()];
+            bytemuck::cast_slice_mut::<B, u8>(&mut v).copy_from_slice(w);
+            Cow::Owned(v)
+        }
+    }
+}
+
+/// Whether `level` has a native kernel for weights of `ty` (else: the scalar reference).
+pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
+    use GgmlType::*;
+    match level {
+        SimdLevel::Scalar => None,
+        SimdLevel::Avx2 => matches!(
+            ty,
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 | F32 | F16 | BF16
+        )
+        .then_some(SimdLevel::Avx2),
+        SimdLevel::Avx512Vnni => match ty {
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512Vnni),
+            _ => native_kernel(SimdLevel::Avx512, ty),
+        },
+        SimdLevel::Avx512 => match ty {
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512),
+            _ => native_kernel(SimdLevel::Avx2, ty),
+        },
+    }
+}
+
+/// Runs a tile kernel `$f::<R>` for the activation rows `rows` of one weight row.
+macro_rules! tiled {
+    ($($f:ident)::+, $w:expr, $a:expr, $nb:expr, $rows:expr, $out:expr) => {{
+        let w = $w;
+        let row = |i: usize| &$a[i * $nb..(i + 1) * $nb];
+        // A tile of 1..=4 rows: the remainder of M gets its own smaller tile rather
+        // than decoding the weight once per leftover row.
+        // SAFETY (each call): the level was checked against the CPU's features at
+        // device open (`SimdLevel::check`), so the kernel's target features are present.
+        match $rows.len() {
+            4 => {
+                let ys = [row($rows[0]), row($rows[1]), row($rows[2]), row($rows[3])];
+                let mut o = [0f32; 4];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $($f)::+::<4>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            3 => {
+                let ys = [row($rows[0]), row($rows[1]), row($rows[2])];
+                let mut o = [0f32; 3];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $($f)::+::<3>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            2 => {
+                let ys = [row($rows[0]), row($rows[1])];
+                let mut o = [0f32; 2];
+                // SAFETY: features checked at device open (see above).
+                unsafe { $($f)::+::<2>(&w, &ys, &mut o) };
+                $out.copy_from_slice(&o);
+            }
+            _ => {
+                for (k, &i) in $rows.iter().enumerate() {
+                    let mut o = [0f32; 1];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $($f)::+::<1>(&w, &[row(i)], &mut o) };
+                    $out[k] = o[0];
+                }
+            }
+        }
+    }};
+}
+
+/// `out[t] = dot(weight row, activation row rows[t])` for a tile of `rows.len() <= TILE`
+/// activation rows. `k` is the row length in elements.
+pub(crate) fn dot_rows(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize],
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    debug_assert!(rows.len() <= TILE && out.len() == rows.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nbk = k / 256;
+        let nb0 = k / 32;
+        match (native_kernel(level, ty), acts) {
+            (Some(l), Acts::Q8_0 { .. }) if ty == GgmlType::MXFP4 => {
+                let act = acts.mxfp4_act(nb0).ok_or(FormatError::Unsupported(ty))?;
+                mxfp4::dot_rows(l, &view(w), act, rows, out);
+            }
+            // Q4_K and Q6_K in llama.cpp's prompt-batch float orders, the same for every
+            // row whatever the batch (docs/parity.md, kernels/q4_k/vnni.rs).
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => {
+                    tiled!(
+                        q4_k::vnni::dot_q4k_gemm,
+                        view::<BlockQ4K>(w),
+                        a,
+                        nbk,
+                        rows,
+                        out
+                    )
+                }
+                GgmlType::Q5_K => {
+                    tiled!(q5_k::vnni::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out)
+                }
+                GgmlType::Q6_K => {
+                    tiled!(
+                        q6_k::vnni::dot_q6k_tiled,
+                        view::<BlockQ6K>(w),
+                        a,
+                        nbk,
+                        rows,
+                        out
+                    )
+                }
+                _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q5_0 => {
+                    let side = |i: usize| acts.q8_0_side(i, nb0);
+                    q0::vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
+                }
+                // The VNNI level's own Q8_0/Q4_0 kernels are the matvec and the gemm;
+                // tiles of a few rows take the AVX-512 ones (the same order).
+                GgmlType::Q8_0 => tiled!(
+                    q0::avx512::dot_q8_0,
+                    view::<BlockQ8_0>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
+                GgmlType::Q4_0 => tiled!(
+                    q0::avx512::dot_q4_0,
+                    view::<BlockQ4_0>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
+                _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => tiled!(
+                    q4_k::avx512::dot_q4k,
+                    view::<BlockQ4K>(w),
+                    a,
+                    nbk,
+                    rows,
+                    out
+                ),
+                GgmlType::Q5_K => tiled!(
+                    q5_k::avx512::dot_q5k,
+                    view::<BlockQ5K>(w),
+                    a,
+                    nbk,
+                    rows,
+                    out
+                ),
+                GgmlType::Q6_K => tiled!(
+                    q6_k::avx512::dot_q6k,
+                    view::<BlockQ6K>(w),
+                    a,
+                    nbk,
+                    rows,
+                    out
+                ),
+                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q8_0 => tiled!(
+                    q0::avx512::dot_q8_0,
+                    view::<BlockQ8_0>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
+                GgmlType::Q5_0 => tiled!(
+                    q0::avx512::dot_q5_0,
+                    view::<BlockQ5_0>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
+                GgmlType::Q4_0 => tiled!(
+                    q0::avx512::dot_q4_0,
+                    view::<BlockQ4_0>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
+                _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => {
+                    tiled!(q4_k::avx2::dot_q4k, view::<BlockQ4K>(w), a, nbk, rows, out)
+                }
+                GgmlType::Q5_K => {
+                    tiled!(q5_k::avx2::dot_q5k, view::<BlockQ5K>(w), a, nbk, rows, out)
+                }
+                GgmlType::Q6_K => {
+                    tiled!(q6_k::avx2::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out)
+                }
+                _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q8_0 => {
+                    tiled!(q0::avx2::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out)
+                }
+                GgmlType::Q5_0 => {
+                    tiled!(q0::avx2::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out)
+                }
+                GgmlType::Q4_0 => {
+                    tiled!(q0::avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out)
+                }
+                _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
+            },
+            (Some(_), Acts::F32(a)) => {
+                let kind = FloatKind::of(ty).ok_or(FormatError::Unsupported(ty))?;
+                let row = |i: usize| &a[i * k..(i + 1) * k];
+                if rows.len() == TILE {
+                    let ys = [row(rows[0]), row(rows[1]), row(rows[2]), row(rows[3])];
+                    let mut o = [0f32; TILE];
+                    // SAFETY: AVX2/FMA/F16C were checked at device open.
+                    unsafe { float::avx2::dot_float::<TILE>(kind, w, &ys, &mut o) };
+                    out.copy_from_slice(&o);
+                } else {
+                    for (t, &i) in rows.iter().enumerate() {
+                        let mut o = [0f32; 1];
+                        // SAFETY: as above.
+                        unsafe { float::avx2::dot_float::<1>(kind, w, &[row(i)], &mut o) };
+                        out[t] = o[0];
+                    }
+                }
+            }
+            _ => scalar_rows(ty, w, acts, k, rows, out)?,
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        scalar_rows(ty, w, acts, k, rows, out)
+    }
+}
+
+/// Fewest activation rows for which a matmul takes the weight-tiled gemm (`gemm`).
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Most bytes of decoded weight panels [`gemm`] makes.
+const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
+
+/// Scratch space of the weight-tiled gemm (decoded weight blocks), kept by the device
+/// between matmuls.
+#[derive(Default)]
+pub(crate) struct GemmScratch {
+    #[cfg(target_arch = "x86_64")]
+    panels: Vec<q0::panel::PanelBlock>,
+    #[cfg(target_arch = "x86_64")]
+    kpanels: Vec<kq_panel::KPanelBlock>,
+}
+
+impl std::fmt::Debug for GemmScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GemmScratch")
+    }
+}
+
+/// `out[i * n + o] = dot(weight row o, activation row i)` for the `n` weight rows in `w`
+/// and the `m` activation rows of `acts`, with a kernel that tiles weight rows as well as
+/// activation rows: the weight decoded once (in parallel), then the activation rows split
+/// over the threads in chunks of about `rows_per_task`, each task writing its own rows of
+/// `out`. The same results as [`dot_rows`] row by row, bit for bit. `Ok(false)` (nothing
+/// written) where `level` has no such kernel for `ty`. Runs inside the device's pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    acts: &Acts,
+    k: usize,
+    n: usize,
+    m: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) -> Result<bool, FormatError> {
+    // Decoding a weight costs about what a few activation rows of work on it do, and the
+    // decoded copy is 36 bytes per 32-quant block: worth it for a prompt batch, not for a
+    // few decode rows or a vocabulary-sized matrix.
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
+        if let Acts::Q8K(a) = acts {
+            if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                let decoded = n.div_ceil(panel::PANEL_ROWS)
+                    * (k / 256)
+                    * std::mem::size_of::<kq_panel::KPanelBlock>();
+                if decoded <= GEMM_MAX_DECODED_BYTES {
+                    kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
+                } else {
+                    let per = rows_per_task.next_multiple_of(8);
+                    match w {
+                        WeightRows::File(w) => kq_gemm(ty, w, a, k, n, per, out),
+                        _ => kq_gemm(ty, &w.file_bytes(k), a, k, n, per, out),
+                    }
+                }
+                return Ok(true);
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Acts::Q8_0 {
+        blocks,
+        scales,
+        neg16_lanes,
+    } = acts
+    {
+        if !matches!(
+            w,
+            WeightRows::File(_) | WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_)
+        ) {
+            return Ok(false);
+        }
+        if level == SimdLevel::Avx512Vnni
+            && m >= GEMM_MIN_ROWS
+            && n.div_ceil(panel::PANEL_ROWS)
+                * (k / 32)
+                * std::mem::size_of::<q0::panel::PanelBlock>()
+                <= GEMM_MAX_DECODED_BYTES
+        {
+            let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
+            match (ty, w) {
+                (GgmlType::Q5_0, _) => {
+                    q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
+                (GgmlType::Q8_0, _) => {
+                    q0_gemm::<BlockQ8_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
+                (GgmlType::Q4_0, WeightRows::File(_)) => {
+                    q0_gemm::<BlockQ4_0>(w, a, k, n, rows_per_task, scratch, out)
+                }
+                _ => return Ok(false),
+            }
+            return Ok(true);
+        }
+    }
+    let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
+    Ok(false)
+}
+
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI with the weight decoded into panels of 16
+/// rows (`kq_panel`, in parallel), then the activation rows in chunks of
+/// `rows_per_task`; bit for bit [`kq_gemm`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn kq_panel_gemm(
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let panels = n.div_ceil(panel::PANEL_ROWS);
+    if scratch.kpanels.len() < panels * nb {
+        scratch.kpanels = vec![kq_panel::KPanelBlock::ZERO; panels * nb];
+    }
+    let dec = &mut scratch.kpanels[..panels * nb];
+    let per = rows_per_task.max(1);
+    macro_rules! run {
+        ($B:ty) => {{
+            // 2 panels (32 rows) per decoding task.
+            match w {
+                // (A Q8_0 / Q5_0 layout never comes with a K-quant type; its file bytes
+                // would.)
+                WeightRows::File(_) | WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => {
+                    let bytes = w.file_bytes(k);
+                    let wb = view::<$B>(&bytes);
+                    dec.par_chunks_mut(2 * nb)
+                        .enumerate()
+                        .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
+                }
+                WeightRows::Q4Kx16(g) => dec
+                    .par_chunks_mut(2 * nb)
+                    .enumerate()
+                    .for_each(|(c, d)| q4_k::panel::decode_x16(g, nb, 2 * c, d)),
+                WeightRows::Q6Kx16(g) => dec
+                    .par_chunks_mut(2 * nb)
+                    .enumerate()
+                    .for_each(|(c, d)| q6_k::panel::decode_q6k_x16(g, nb, 2 * c, d)),
+            }
+            let dec = &*dec;
+            out.par_chunks_mut(per * n)
+                .enumerate()
+                .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, n, a, c * per, o));
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(BlockQ4K),
+        _ => run!(BlockQ6K),
+    }
+}
+
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, in llama.cpp's prompt-batch orders (the
+/// kernels of [`dot_rows`], bit for bit): per task a chunk of activation rows, per
+/// 16 weight rows (which stay in L1) tiles of 8 activation rows (each weight block
+/// decoded once for the 8), the last `< 8` rows in tiles of up to 4.
+#[cfg(target_arch = "x86_64")]
+fn kq_gemm(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    per: usize,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 {
+        return;
+    }
+    let act = |i: usize| &a[i * nb..(i + 1) * nb];
+    macro_rules! run {
+        ($B:ty, $k8:path, $($k:ident)::+) => {{
+            let wb = view::<$B>(w);
+            let row = |r: usize| &wb[r * nb..(r + 1) * nb];
+            out.par_chunks_mut(per.max(1) * n)
+                .enumerate()
+                .for_each(|(c, o)| {
+                    let i0 = c * per;
+                    let rows = o.len() / n;
+                    for r0 in (0..n).step_by(16) {
+                        let re = (r0 + 16).min(n);
+                        let mut t0 = 0;
+                        while t0 < rows {
+                            let an = rows - t0;
+                            if an >= 8 {
+                                let ys: [&[BlockQ8K]; 8] =
+                                    std::array::from_fn(|t| act(i0 + t0 + t));
+                                for r in r0..re {
+                                    let mut q = [0f32; 8];
+                                    // SAFETY: the VNNI level was checked at device open.
+                                    unsafe { $k8(row(r), &ys, &mut q) };
+                                    for (t, &v) in q.iter().enumerate() {
+                                        o[(t0 + t) * n + r] = v;
+                                    }
+                                }
+                                t0 += 8;
+                                continue;
+                            }
+                            let take = an.min(4);
+                            let idx: [usize; 4] = std::array::from_fn(|t| t0 + t);
+                            for r in r0..re {
+                                let mut q = [0f32; 4];
+                                let rw = row(r);
+                                let ys = |t: usize| act(i0 + idx[t]);
+                                // SAFETY: the VNNI level was checked at device open.
+                                unsafe {
+                                    match take {
+                                        4 => {
+                                            $($k)::+::<4>(rw, &[ys(0), ys(1), ys(2), ys(3)], &mut q)
+                                        }
+                                        3 => {
+                                            let mut q3 = [0f32; 3];
+                                            $($k)::+::<3>(rw, &[ys(0), ys(1), ys(2)], &mut q3);
+                                            q[..3].copy_from_slice(&q3);
+                                        }
+                                        2 => {
+                                            let mut q2 = [0f32; 2];
+                                            $($k)::+::<2>(rw, &[ys(0), ys(1)], &mut q2);
+                                            q[..2].copy_from_slice(&q2);
+                                        }
+                                        _ => {
+                                            let mut q1 = [0f32; 1];
+                                            $($k)::+::<1>(rw, &[ys(0)], &mut q1);
+                                            q[0] = q1[0];
+                                        }
+                                    }
+                                }
+                                for (t, &v) in q.iter().enumerate().take(take) {
+                                    o[(t0 + t) * n + r] = v;
+                                }
+                            }
+                            t0 += take;
+                        }
+                    }
+                });
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(
+            BlockQ4K,
+            q4_k::vnni::dot_q4k_gemm8,
+            q4_k::vnni::dot_q4k_gemm
+        ),
+        _ => run!(
+            BlockQ6K,
+            q6_k::vnni::dot_q6k_tiled8,
+            q6_k::vnni::dot_q6k_tiled
+        ),
+    }
+}
+
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI: the weight decoded into panels
+/// of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
+/// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
+#[cfg(target_arch = "x86_64")]
+fn q0_gemm<B: q0::vnni::Q0Pair>(
+    w: WeightRows<'_>,
+    a: q0::vnni::Q8_0Side<'_>,
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 32;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let panels = n.div_ceil(panel::PANEL_ROWS);
+    if scratch.panels.len() < panels * nb {
+        scratch.panels = vec![q0::panel::PanelBlock::ZERO; panels * nb];
+    }
+    let dec = &mut scratch.panels[..panels * nb];
+    // 4 panels (64 rows) per decoding task.
+    fn decode_packed<G: q0::x16::Q0Group>(g: &[G], nb: usize, dec: &mut [q0::panel::PanelBlock]) {
+        dec.par_chunks_mut(4 * nb)
+            .enumerate()
+            .for_each(|(c, d)| q0::panel::q0_decode_x16(g, nb, 4 * c, d));
+    }
+    match w {
+        WeightRows::Q8_0x16(g) => decode_packed(g, nb, dec),
+        WeightRows::Q5_0x16(g) => decode_packed(g, nb, dec),
+        _ => {
+            let bytes = w.file_bytes(k);
+            let wb = view::<B>(&bytes);
+            dec.par_chunks_mut(4 * nb)
+                .enumerate()
+                .for_each(|(c, d)| q0::panel::q0_decode(&wb, nb, n, 4 * c, d));
+        }
+    }
+    let dec = &*dec;
+    let (blocks, scales, neg16_lanes) = a;
+    // The kernel starts each lane from its activation lane sum times minus the weight's
+    // offset (16 << SHIFT): the side data scaled once here, not once per tile.
+    let scaled: Vec<[i32; 8]>;
+    let lanes: &[[i32; 8]] = if B::SHIFT == 0 {
+        neg16_lanes
+    } else {
+        scaled = neg16_lanes
+            .par_iter()
+            .map(|l| l.map(|v| v << B::SHIFT))
+            .collect();
+        &scaled
+    };
+    let side = |i: usize| {
+        let r = i * nb..(i + 1) * nb;
+        (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
+    };
+    let per = rows_per_task.max(1);
+    out.par_chunks_mut(per * n)
+        .enumerate()
+        .for_each(|(c, o)| q0::panel::q0_gemm(dec, nb, n, &side, c * per, o));
+}
+
+/// Bytes ahead of each weight stream that the decode kernels prefetch: the hardware
+/// prefetcher alone does not keep several concurrent weight streams fed, and 1024 bytes
+/// ahead gives a Gemma 3 decode step its shortest time (farther ahead, the prefetched
+/// lines start to be evicted before use).
+#[cfg(target_arch = "x86_64")]
+const STREAM_PREFETCH: usize = 1024;
+
+/// Whether [`rows_small_batch`] has a kernel for `ty` at `level`.
+pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
+    if ty == GgmlType::MXFP4 {
+        return native_kernel(level, ty).is_some();
+    }
+    cfg!(target_arch = "x86_64")
+        && level == SimdLevel::Avx512Vnni
+        && matches!(
+            ty,
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        )
+}
+
+/// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K / Q8_0
+/// / Q5_0 rows repacked at staging (`q4_k::x16`, `q6_k::x16`, `q0::x16`: whole 16-row groups).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WeightRows<'a> {
+    /// Whole rows in the GGUF block layout.
+    File(&'a [u8]),
+    /// Whole 16-row groups of Q4_K blocks, repacked.
+    Q4Kx16(&'a [q4_k::x16::BlockQ4Kx16]),
+    /// Whole 16-row groups of Q6_K blocks, repacked.
+    Q6Kx16(&'a [q6_k::x16::BlockQ6Kx16]),
+    /// Whole 16-row groups of Q8_0 blocks, repacked.
+    Q8_0x16(&'a [q0::x16::BlockQ8_0x16]),
+    /// Whole 16-row groups of Q5_0 blocks, repacked.
+    Q5_0x16(&'a [q0::x16::BlockQ5_0x16]),
+}
+
+impl<'a> WeightRows<'a> {
+    /// Whether the rows are repacked.
+    pub(crate) fn is_packed(self) -> bool {
+        !matches!(self, WeightRows::File(_))
+    }
+
+    /// Blocks per row of `k` elements in this layout (file bytes: 0, never used).
+    pub(crate) fn blocks_per_row(self, k: usize) -> usize {
+        match self {
+            WeightRows::File(_) => 0,
+            WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
+            WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => k / 32,
+        }
+    }
+
+    /// Rows `o0..o0 + rows` (multiples of 16) of repacked rows of `k` elements each; file
+    /// bytes are returned as they are.
+    pub(crate) fn packed_rows(self, k: usize, o0: usize, rows: usize) -> Self {
+        let nb = self.blocks_per_row(k);
+        let r = o0 / x16::X16_ROWS * nb..(o0 + rows) / x16::X16_ROWS * nb;
+        match self {
+            WeightRows::File(_) => self,
+            WeightRows::Q4Kx16(g) => WeightRows::Q4Kx16(&g[r]),
+            WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
+            WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
+            WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
+        }
+    }
+
+    /// Row `r` (0..16) of one repacked row group back in the file's layout, as bytes;
+    /// `None` for file bytes.
+    pub(crate) fn packed_row_bytes(self, r: usize) -> Option<Vec<u8>> {
+        match self {
+            WeightRows::File(_) => None,
+            WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
+        }
+    }
+
+    /// The rows in the file's layout (`k` elements per row): borrowed, or unpacked into a
+    /// new buffer (the rare paths without a kernel for the packed layout).
+    pub(crate) fn file_bytes(self, k: usize) -> Cow<'a, [u8]> {
+        let nb = self.blocks_per_row(k);
+        match self {
+            WeightRows::File(w) => Cow::Borrowed(w),
+            WeightRows::Q4Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+        }
+    }
+}
+
+/// Repacked weight rows (`q4_k::x16` / `q6_k::x16` / `q0::x16`: whole 16-row groups of `k`
+/// elements per row) against the activation rows `act_rows` of `acts` (Q8_K for the
+/// K-quants, Q8_0 for Q8_0 and Q5_0), into `out_t` as `[weight row][act_rows.len()]`:
+/// the decode matmuls of a weight repacked at staging. Each packed block is read once
+/// for up to four activation rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn x16_rows(
+    w: WeightRows<'_>,
+    k: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    use x16::X16_ROWS;
+    let nb = w.blocks_per_row(k);
+    let m = act_rows.len();
+    let put = |o: &[[f32; X16_ROWS]], g: usize, t0: usize, out_t: &mut [f32]| {
+        if m == 1 {
+            // A decode row: the sixteen outputs are consecutive.
+            out_t[g * X16_ROWS..(g + 1) * X16_ROWS].copy_from_slice(&o[0]);
+            return;
+        }
+        for (a, col) in o.iter().enumerate() {
+            for (r, &v) in col.iter().enumerate() {
+                out_t[(g * X16_ROWS + r) * m + t0 + a] = v;
+            }
+        }
+    };
+    // Every group against the activation rows (`y(t)`: row `act_rows[t]` as the kernel
+    // takes it) in tiles of up to four.
+    macro_rules! run {
+        ($groups:expr, $kernel:path, $y:expr) => {{
+            let (groups, y) = ($groups, $y);
+            let n_groups = groups.len() / nb.max(1);
+            assert_eq!(out_t.len(), n_groups * X16_ROWS * m, "x16_rows: out length");
+            for g in 0..n_groups {
+                let x = &groups[g * nb..(g + 1) * nb];
+                let mut t0 = 0;
+                while t0 < m {
+                    let c = (m - t0).min(4);
+                    // SAFETY (each call): weights are packed only at the AVX-512 VNNI
+                    // level, which was checked against the CPU's features at device open.
+                    match c {
+                        4 => {
+                            let mut o = [[0f32; X16_ROWS]; 4];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        3 => {
+                            let mut o = [[0f32; X16_ROWS]; 3];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        2 => {
+                            let mut o = [[0f32; X16_ROWS]; 2];
+                            unsafe { $kernel(x, std::array::from_fn(|i| y(t0 + i)), &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                        _ => {
+                            let mut o = [[0f32; X16_ROWS]; 1];
+                            unsafe { $kernel(x, [y(t0)], &mut o) };
+                            put(&o, g, t0, out_t);
+                        }
+                    }
+                    t0 += c;
+                }
+            }
+        }};
+    }
+    match (w, acts) {
+        (WeightRows::Q4Kx16(g), Acts::Q8K(a)) => {
+            let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+            run!(g, q4_k::x16::dot_group, y)
+        }
+        // Q6_K takes its activation rows in pairs inside each block (`q6_k::x16::dot_group`).
+        (WeightRows::Q6Kx16(g), Acts::Q8K(a)) => {
+            let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+            run!(g, q6_k::x16::dot_group, y)
+        }
+        (WeightRows::Q8_0x16(g), Acts::Q8_0 { .. }) => {
+            let scaled: Vec<Vec<[i32; 8]>> = act_rows
+                .iter()
+                .map(|&r| q0::x16::scaled_lanes(acts.q8_0_side(r, nb).2))
+                .collect();
+            let y = |t: usize| {
+                let (q, s, _) = acts.q8_0_side(act_rows[t], nb);
+                (q, s, &scaled[t][..])
+            };
+            run!(g, q0::x16::dot_group, y)
+        }
+        // Q5_0's offset is 16: the `-16 x` lane sums as they are.
+        (WeightRows::Q5_0x16(g), Acts::Q8_0 { .. }) => {
+            let y = |t: usize| acts.q8_0_side(act_rows[t], nb);
+            run!(g, q0::x16::dot_group, y)
+        }
+        (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
+        (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
+        _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
+    }
+    Ok(())
+}
+
+/// [`x16_rows`] where there are no such kernels (weights are never packed there).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn x16_rows(
+    _w: WeightRows<'_>,
+    _k: usize,
+    _acts: &Acts,
+    _act_rows: &[usize],
+    _out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    Err(FormatError::Unsupported(GgmlType::Q4_K))
+}
+
+/// Weight rows `w` (a chunk of whole rows) against every activation row `0..m` of
+/// `acts`, for a few rows (the decode of several sequences), into `out_t` as
+/// `[weight row][m]`: one call for the chunk, each weight block decoded once for up to
+/// four activation rows. `false` (nothing written) where this level has no such kernel
+/// for `ty`; the caller then goes row by row ([`dot_rows`]).
+pub(crate) fn rows_small_batch(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    m: usize,
+    out_t: &mut [f32],
+) -> bool {
+    if ty == GgmlType::MXFP4 && k >= 32 {
+        let (Some(l), Some(act)) = (native_kernel(level, ty), acts.mxfp4_act(k / 32)) else {
+            return false;
+        };
+        mxfp4::small_batch(l, &view(w), act, m, out_t);
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && matches!(acts, Acts::Q8_0 { .. }) && k >= 32 {
+        let nb = k / 32;
+        match ty {
+            GgmlType::Q8_0 => q0_small_batch::<BlockQ8_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q5_0 => q0_small_batch::<BlockQ5_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q4_0 => q0_small_batch::<BlockQ4_0>(&view(w), nb, acts, m, out_t),
+            _ => return false,
+        }
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (SimdLevel::Avx512Vnni, Acts::Q8K(a)) = (level, acts) {
+        if k >= 256 {
+            // The tile kernels of `dot_rows`, called here for every row of the chunk
+            // without a dispatch per weight row (a K-quant row of a 1024-wide matrix is
+            // four blocks: the dispatch cost as much as the row).
+            let nbk = k / 256;
+            macro_rules! rows_tiled {
+                ($($f:ident)::+, $B:ty) => {{
+                    let wb = view::<$B>(w);
+                    for (x, o) in wb.chunks_exact(nbk).zip(out_t.chunks_exact_mut(m)) {
+                        let mut a0 = 0;
+                        while a0 < m {
+                            let len = (m - a0).min(TILE);
+                            let idx: [usize; TILE] = std::array::from_fn(|t| a0 + t);
+                            let rows = &idx[..len];
+                            let dst = &mut o[a0..a0 + len];
+                            tiled!($($f)::+, x, a, nbk, rows, dst);
+                            a0 += len;
+                        }
+                    }
+                }};
+            }
+            match ty {
+                GgmlType::Q4_K => rows_tiled!(q4_k::vnni::dot_q4k_gemm, BlockQ4K),
+                GgmlType::Q6_K => rows_tiled!(q6_k::vnni::dot_q6k_tiled, BlockQ6K),
+                _ => return false,
+            }
+            return true;
+        }
+    }
+    let _ = (level, ty, w, acts, k, m, out_t);
+    false
+}
+
+/// [`rows_small_batch`] for a legacy 32-quant type: activation rows four at a time; with
+/// more than four, weight rows in blocks of 64 so that each block stays in cache while
+/// every group of activation rows passes over it.
+#[cfg(target_arch = "x86_64")]
+fn q0_small_batch<B: q0::vnni::Q0Pair>(
+    w: &[B],
+    nb: usize,
+    acts: &Acts,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let rows = if m > 4 { 64 } else { (w.len() / nb).max(1) };
+    for (wb, ob) in w.chunks(rows * nb).zip(out_t.chunks_mut(rows * m)) {
+        q0_small_block(wb, nb, acts, m, ob);
+    }
+}
+
+/// [`q0_small_batch`] on one block of weight rows.
+#[cfg(target_arch = "x86_64")]
+fn q0_small_block<B: q0::vnni::Q0Pair>(
+    w: &[B],
+    nb: usize,
+    acts: &Acts,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let side = |i: usize| acts.q8_0_side(i, nb);
+    let mut a0 = 0;
+    while a0 < m {
+        let o = &mut out_t[a0..];
+        // SAFETY (each call): the VNNI level was checked against the CPU at device open.
+        // Two or more activation rows: pairs of weight rows in the halves of 512-bit
+        // registers, three pairs per activation block (more independent chains per
+        // loaded activation); one row: 256-bit, where the 512-bit form gains nothing.
+        match m - a0 {
+            1 => unsafe { q0::vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
+            2 => unsafe {
+                q0::vnni::q0_rows_pairs::<B, 3, 2, STREAM_PREFETCH>(
+                    w,
+                    nb,
+                    &[side(a0), side(a0 + 1)],
+                    o,
+                    m,
+                )
+            },
+            3 => unsafe {
+                q0::vnni::q0_rows_pairs::<B, 3, 3, STREAM_PREFETCH>(
+                    w,
+                    nb,
+                    &[side(a0), side(a0 + 1), side(a0 + 2)],
+                    o,
+                    m,
+                )
+            },
+            _ => unsafe {
+                let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
+                q0::vnni::q0_rows_pairs::<B, 3, 4, STREAM_PREFETCH>(w, nb, &ys, o, m)
+            },
+        }
+        a0 += (m - a0).min(4);
+    }
+}
+
+/// A K-quant decode of a chunk of weight rows (`out.len()` of them, each `y.len()`
+/// blocks) against one activation row: four rows at a time, a quarter of the chunk apart
+/// (`four`: `q4_k::vnni::dot_q4k_rows4`, `q6_k::vnni::dot_q6k_rows4`), the last `n % 4` one by one
+/// (`one`).
+#[cfg(target_arch = "x86_64")]
+fn rows4<B>(
+    w: &[B],
+    y: &[BlockQ8K],
+    out: &mut [f32],
+    four: unsafe fn([&[B]; 4], &[BlockQ8K], &mut [f32; 4]),
+    one: unsafe fn([&[B]; 1], &[BlockQ8K], &mut [f32; 1]),
+) {
+    let n = out.len();
+    let nb = y.len();
+    let row = |r: usize| &w[r * nb..(r + 1) * nb];
+    let q = n / 4;
+    for t in 0..q {
+        let mut r = [0f32; 4];
+        // SAFETY: the VNNI level was checked against the CPU's features at device open.
+        unsafe {
+            four(
+                [row(t), row(q + t), row(2 * q + t), row(3 * q + t)],
+                y,
+                &mut r,
+            )
+        };
+        for (s, v) in r.into_iter().enumerate() {
+            out[s * q + t] = v;
+        }
+    }
+    for t in 4 * q..n {
+        let mut r = [0f32; 1];
+        // SAFETY: as above.
+        unsafe { one([row(t)], y, &mut r) };
+        out[t] = r[0];
+    }
+}
+
+/// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
+macro_rules! rows1 {
+    ($($f:ident)::+, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
+        let wb = view::<$B>($w);
+        let nbw = wb.len() / $out.len();
+        let y = &$a[$row * $nb..($row + 1) * $nb];
+        for (o, d) in $out.iter_mut().enumerate() {
+            let mut r = [0f32; 1];
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { $($f)::+::<1>(&wb[o * nbw..(o + 1) * nbw], &[y], &mut r) };
+            *d = r[0];
+        }
+    }};
+}
+
+/// `out[o] = dot(weight row o, activation row act_row)` for the `out.len()` weight rows
+/// in `w` (the M = 1 path: one dispatch for a whole chunk of rows).
+pub(crate) fn matvec_rows(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    act_row: usize,
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nbk = k / 256;
+        let nb0 = k / 32;
+        let (o, a) = (out, acts);
+        match (native_kernel(level, ty), a) {
+            (Some(l), Acts::Q8_0 { .. }) if ty == GgmlType::MXFP4 => {
+                let act = a.mxfp4_act(nb0).ok_or(FormatError::Unsupported(ty))?;
+                mxfp4::matvec(l, &view(w), act, act_row, o);
+            }
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
+                // Four rows side by side, a quarter of the chunk apart: adjacent rows side
+                // by side stream from memory at a fraction of one row's speed
+                // (`q0::vnni::q0_rows`).
+                GgmlType::Q4_K => rows4(
+                    &view::<BlockQ4K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q4_k::vnni::dot_q4k_rows4,
+                    q4_k::vnni::dot_q4k_rows::<1>,
+                ),
+                GgmlType::Q5_K => rows1!(q5_k::vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows4(
+                    &view::<BlockQ6K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q6_k::vnni::dot_q6k_rows4,
+                    q6_k::vnni::dot_q6k_rows::<1>,
+                ),
+                _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { .. }) => {
+                // Two far-apart rows side by side (`q0::vnni::q0_matvec` says why far apart).
+                let side = acts.q8_0_side(act_row, nb0);
+                // SAFETY (each call): the VNNI level was checked against the CPU at
+                // device open.
+                match ty {
+                    GgmlType::Q8_0 => unsafe {
+                        q0::vnni::q0_rows::<BlockQ8_0, 2, 1, STREAM_PREFETCH>(
+                            &view(w),
+                            nb0,
+                            &[side],
+                            o,
+                            1,
+                        )
+                    },
+                    GgmlType::Q5_0 => unsafe {
+                        q0::vnni::q0_rows::<BlockQ5_0, 2, 1, STREAM_PREFETCH>(
+                            &view(w),
+                            nb0,
+                            &[side],
+                            o,
+                            1,
+                        )
+                    },
+                    GgmlType::Q4_0 => unsafe {
+                        q0::vnni::q0_rows::<BlockQ4_0, 2, 1, STREAM_PREFETCH>(
+                            &view(w),
+                            nb0,
+                            &[side],
+                            o,
+                            1,
+                        )
+                    },
+                    _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
+                }
+            }
+            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => rows1!(q4_k::avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q5_K => rows1!(q5_k::avx512::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(q6_k::avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q8_0 => rows1!(q0::avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
+                GgmlType::Q5_0 => rows1!(q0::avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
+                GgmlType::Q4_0 => rows1!(q0::avx512::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+                _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
+                GgmlType::Q4_K => rows1!(q4_k::avx2::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q5_K => rows1!(q5_k::avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows1!(q6_k::avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
+            },
+            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
+                GgmlType::Q8_0 => rows1!(q0::avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
+                GgmlType::Q5_0 => rows1!(q0::avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
+                GgmlType::Q4_0 => rows1!(q0::avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+                _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
+            },
+            _ => {
+                let rb = w.len() / o.len();
+                for (r, d) in o.iter_mut().enumerate() {
+                    dot_rows(
+                        level,
+                        ty,
+                        &w[r * rb..(r + 1) * rb],
+                        a,
+                        k,
+                        &[act_row],
+                        std::slice::from_mut(d),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let rb = w.len() / out.len();
+        for (r, d) in out.iter_mut().enumerate() {
+            dot_rows(
+                level,
+                ty,
+                &w[r * rb..(r + 1) * rb],
+                acts,
+                k,
+                &[act_row],
+                std::slice::from_mut(d),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The scalar path: `flint_core::dot::vec_dot` for block types, a plain loop for floats.
+pub(crate) fn scalar_rows(
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts,
+    k: usize,
+    rows: &[usize],
+    out: &mut [f32],
+) -> Result<(), FormatError> {
+    match acts {
+        Acts::F32(a) => {
+            let kind = FloatKind::of(ty).ok_or(FormatError::Unsupported(ty))?;
+            for (t, &i) in rows.iter().enumerate() {
+                let y = &a[i * k..(i + 1) * k];
+                out[t] = y.iter().enumerate().map(|(j, &v)| kind.get(w, j) * v).sum();
+            }
+        }
+        // MXFP4 in llama.cpp's order at every level (`kernels/mxfp4/`).
+        Acts::Q8_0 { blocks, .. } if ty == GgmlType::MXFP4 => {
+            let nb = k / 32;
+            let wb = view(w);
+            for (t, &i) in rows.iter().enumerate() {
+                out[t] = mxfp4::dot_scalar(&wb, &blocks[i * nb..(i + 1) * nb]);
+            }
+        }
+        _ => {
+            let nb = k / ty.vec_dot_type().block_size();
+            for (t, &i) in rows.iter().enumerate() {
+                out[t] = crate::kernels::core_vec_dot(ty, w, acts.row_bytes(i, nb), k)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The scalar reference dot product (`flint_core::dot::vec_dot`).
+pub(crate) fn core_vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> Result<f32, FormatError> {
+    flint_core::dot::vec_dot(ty, w, a, n)
+}

@@ -1,0 +1,79 @@
+//! F32, F16 and BF16 weights · f32 activations with AVX2 and FMA: products in f32, sums
+//! in f64 as the core reference. The caller must have checked AVX2, FMA and F16C at
+//! device open.
+
+use std::arch::x86_64::*;
+
+/// Loads 8 weights at element `j` of a float row (kind: 0 = F32, 1 = F16, 2 = BF16).
+#[inline(always)]
+fn load_w8<const KIND: u8>(w: &[u8], j: usize) -> __m256 {
+    let es = if KIND == 0 { 4 } else { 2 };
+    assert!(w.len() >= (j + 8) * es);
+    let p = w[j * es..].as_ptr();
+    // SAFETY: bytes j*es .. (j+8)*es lie inside `w` (asserted above); unaligned loads;
+    // the enclosing kernel enables AVX2 and F16C.
+    unsafe {
+        match KIND {
+            0 => _mm256_loadu_ps(p as *const f32),
+            1 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p as *const __m128i),
+            ))),
+        }
+    }
+}
+
+/// Float weights (F32, F16 or BF16 bytes, unaligned) x f32 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_float<const R: usize>(
+    kind: super::FloatKind,
+    w: &[u8],
+    y: &[&[f32]; R],
+    out: &mut [f32; R],
+) {
+    match kind {
+        super::FloatKind::F32 => dot_float_k::<0, R>(w, y, out),
+        super::FloatKind::F16 => dot_float_k::<1, R>(w, y, out),
+        super::FloatKind::BF16 => dot_float_k::<2, R>(w, y, out),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &mut [f32; R]) {
+    let n = y[0].len();
+    for r in 0..R {
+        assert!(y[r].len() >= n);
+    }
+    // Each product in f32, the sum in f64, as the core reference (`vec_dot_f32`) does:
+    // the f64 partial sums differ from its single running sum only far below an f32 ulp,
+    // so the rounded result matches it (these weights are small: routers, norms).
+    let mut a0 = [_mm256_setzero_pd(); R];
+    let mut a1 = [_mm256_setzero_pd(); R];
+    let mut j = 0;
+    while j + 8 <= n {
+        let w0 = load_w8::<KIND>(w, j);
+        for r in 0..R {
+            // SAFETY: y[r] has at least n >= j + 8 values (asserted above).
+            let y0 = unsafe { _mm256_loadu_ps(y[r].as_ptr().add(j)) };
+            let p = _mm256_mul_ps(w0, y0);
+            a0[r] = _mm256_add_pd(a0[r], _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+            a1[r] = _mm256_add_pd(a1[r], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(p)));
+        }
+        j += 8;
+    }
+    let kind = match KIND {
+        0 => super::FloatKind::F32,
+        1 => super::FloatKind::F16,
+        _ => super::FloatKind::BF16,
+    };
+    for r in 0..R {
+        let mut l = [0f64; 4];
+        // SAFETY: `l` is 4 writable f64; storeu is unaligned.
+        unsafe { _mm256_storeu_pd(l.as_mut_ptr(), _mm256_add_pd(a0[r], a1[r])) };
+        let mut s = (l[0] + l[2]) + (l[1] + l[3]);
+        for t in j..n {
+            s += (kind.get(w, t) * y[r][t]) as f64;
+        }
+        out[r] = s as f32;
+    }
+}

@@ -1,0 +1,46 @@
+//! What the prompt-batch panels of the legacy quants (`q0/panel.rs`) and the K-quants
+//! (`kq_panel.rs`) share: sixteen weight rows per panel, one per lane of a 512-bit
+//! register, decoded panel by panel, and the outputs written back row by row.
+
+/// Weight rows per panel of the prompt-batch gemm ([`q0_gemm`](crate::kernels::q0::panel::q0_gemm)): one per lane of a
+/// 512-bit register.
+pub(crate) const PANEL_ROWS: usize = 16;
+
+/// For the panels `p0..p0 + dec.len() / nb` of the `n` weight rows of `w` (each `nb`
+/// blocks; panel `p` is rows `16p..16p + 16`, fewer at the end): `decode(rows, chunk)`
+/// with the panel's rows and its `nb` blocks of `dec`.
+pub(crate) fn for_each_panel<B, D>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [D],
+    mut decode: impl FnMut(&[&[B]], &mut [D]),
+) {
+    if nb == 0 {
+        return;
+    }
+    assert!(w.len() >= n * nb, "for_each_panel: weight rows");
+    for (t, d) in dec.chunks_mut(nb).enumerate() {
+        let r0 = PANEL_ROWS * (p0 + t);
+        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
+            .map(|r| &w[r * nb..(r + 1) * nb])
+            .collect();
+        decode(&rows, d);
+    }
+}
+
+/// Writes a panel's outputs for one activation row (`dst`: its live rows): a whole
+/// panel as one fixed-size copy (a copy of run-time length is a `memcpy` call, 5% of a
+/// prompt-batch matmul), a partial one element by element.
+#[inline]
+pub(crate) fn put_row(dst: &mut [f32], v: &[f32; PANEL_ROWS]) {
+    match <&mut [f32; PANEL_ROWS]>::try_from(&mut *dst) {
+        Ok(d) => *d = *v,
+        Err(_) => {
+            for (d, &x) in dst.iter_mut().zip(v) {
+                *d = x;
+            }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The prompt-batch gemm of Q8_0, Q5_0 and Q4_0 on AVX-512 VNNI: each weight decoded
+//! once per matmul into panels of sixteen rows side by side (`PanelBlock`), multiplied
+//! in tinyBLAS's order (`tinyblas.rs`) sixteen outputs per instruction.
+
+use std::arch::x86_64::*;
+
+use crate::kernels::panel::{for_each_panel, put_row, PANEL_ROWS};
+use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
+use crate::kernels::q0::x16::Q0Group;
+use crate::kernels::x86::avx2::f16c_to_f32;
+use crate::kernels::x86::avx512::transpose16;
+
+/// One 32-quant block of sixteen weight rows (a panel), decoded once for every
+/// activation row of a batch ([`q0_gemm`]): `u[j]` holds quants `4j..4j + 4` of the
+/// sixteen rows (row `r` in bytes `4r..4r + 4`), unsigned (see [`Q0Pair`]), so one
+/// `vpdpbusd` against four broadcast activation quants gives tinyBLAS's lane `j` for
+/// sixteen outputs at once; `d` holds the rows' scales widened. Rows past the end of
+/// the weight are zero.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct PanelBlock {
+    u: [[u8; 64]; 8],
+    d: [f32; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<PanelBlock>() == 576);
+
+impl PanelBlock {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
+        u: [[0; 64]; 8],
+        d: [0.0; 16],
+    };
+}
+
+/// Decodes the weight rows `rows` (at most [`PANEL_ROWS`], each `out.len()` blocks)
+/// into panel blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
+    assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
+    // The sixteen rows' quants (rows past the end stay zero), then transposed: `u[j]`
+    // lane `r` is dword `j` of row `r` (a 16 x 16 transpose of which the first eight
+    // columns are the quants).
+    let mut q = [[0u8; 64]; PANEL_ROWS];
+    for (i, o) in out.iter_mut().enumerate() {
+        o.d = [0.0; 16];
+        for (r, row) in rows.iter().enumerate() {
+            let b = &row[i];
+            // SAFETY: this function's features include what `unsigned` needs; `q[r]` is
+            // 64 writable bytes and storeu is unaligned.
+            unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, b.unsigned()) };
+            o.d[r] = f16c_to_f32(b.scale_bits());
+        }
+        let t = transpose16(std::array::from_fn(|r| {
+            // SAFETY: 64 readable bytes; loadu is unaligned.
+            unsafe { _mm512_loadu_si512(q[r].as_ptr() as *const __m512i) }
+        }));
+        for (u, v) in o.u.iter_mut().zip(&t) {
+            // SAFETY: 64 writable bytes, 64-byte aligned.
+            unsafe { _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, *v) };
+        }
+    }
+}
+
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
+/// `16p..16p + 16`) at `dec[p * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
+pub(crate) fn q0_decode<B: Q0Pair>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [PanelBlock],
+) {
+    // SAFETY: the VNNI level (AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C) was checked against
+    // the CPU at device open.
+    for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
+        decode_panel(rows, d)
+    });
+}
+
+/// The panels `p0..p0 + dec.len() / nb` of Q8_0 or Q5_0 rows repacked at staging
+/// (`q0::x16`: whole 16-row groups of `nb` blocks): the same panels [`q0_decode`] makes
+/// of the file's rows, with no transposes.
+pub(crate) fn q0_decode_x16<G: Q0Group>(
+    groups: &[G],
+    nb: usize,
+    p0: usize,
+    dec: &mut [PanelBlock],
+) {
+    // SAFETY: the VNNI level (AVX-512 F/BW, F16C) was checked against the CPU at device
+    // open.
+    unsafe { decode_x16_blocks(&groups[p0 * nb..p0 * nb + dec.len()], dec) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+fn decode_x16_blocks<G: Q0Group>(src: &[G], dec: &mut [PanelBlock]) {
+    for (o, b) in dec.iter_mut().zip(src) {
+        // SAFETY: this function's features include what `lanes` needs.
+        let u = unsafe { b.lanes() };
+        for (dst, v) in o.u.iter_mut().zip(u) {
+            // SAFETY: 64 writable bytes, 64-byte aligned.
+            unsafe { _mm512_store_si512(dst.as_mut_ptr() as *mut __m512i, v) };
+        }
+        // SAFETY: 32 readable bytes in, 64 writable bytes out, 64-byte aligned.
+        unsafe {
+            let h = _mm256_loadu_si256(b.scale_bits().as_ptr() as *const __m256i);
+            _mm512_store_ps(o.d.as_mut_ptr(), _mm512_cvtph_ps(h));
+        }
+    }
+}
+
+/// The sixteen rows of a panel (`panel`: its blocks) against `A` activation rows, in
+/// tinyBLAS's order: per output eight f32 lanes, per block
+/// `lane j = fma(d_w * d_a, sum of quants 4j..4j + 4, lane j)`, the lanes added as
+/// `hsum_ps` adds them, as `vnni::dot_q5_0` and `tinyblas::dot_q0` (bit for bit). A
+/// register holds lane `j` of the sixteen rows' outputs, so per block and activation
+/// row one scale product serves all eight `vpdpbusd` / conversion / FMA steps, and the
+/// side data and the four activation quants of each step are broadcast loads (no
+/// register copy): three 512-bit ALU ops per 64 MACs where a register of two outputs'
+/// lanes needs five. The side data `l` of an activation row must be its lane sums times
+/// minus the weight type's offset. `out[a][r]`: panel row `r` against activation row `a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_panel_tile<const A: usize>(
+    panel: &[PanelBlock],
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [[f32; PANEL_ROWS]; A],
+) {
+    let nb = panel.len();
+    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
+        let (q, s, l) = y[a];
+        (&q[..nb], &s[..nb], &l[..nb])
+    });
+    let mut acc = [[_mm512_setzero_ps(); 8]; A];
+    for (i, b) in panel.iter().enumerate() {
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..8 {
+            // SAFETY: 64 readable bytes; the block is 64-byte aligned.
+            w[j] = unsafe { _mm512_load_si512(b.u[j].as_ptr() as *const __m512i) };
+        }
+        // SAFETY: 16 readable f32, 64-byte aligned.
+        let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+        for a in 0..A {
+            let (q, s, l) = ys[a];
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
+            let qs = q[i].qs.as_ptr() as *const i32;
+            let lanes = &l[i];
+            for j in 0..8 {
+                // SAFETY: `qs` points at 32 readable quant bytes, `j < 8`;
+                // read_unaligned needs no alignment.
+                let y4 = unsafe { qs.add(j).read_unaligned() };
+                let t =
+                    _mm512_dpbusd_epi32(_mm512_set1_epi32(lanes[j]), w[j], _mm512_set1_epi32(y4));
+                acc[a][j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(t), acc[a][j]);
+            }
+        }
+    }
+    for a in 0..A {
+        let v = &acc[a];
+        // hsum_ps: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+        let r = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+            _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])),
+        );
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), r) };
+    }
+}
+
+/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
+/// decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
+/// activation rows from `i0` that `side` gives (their lane sums times minus the weight
+/// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`](super::vnni::q5_0_rows) /
+/// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
+/// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
+/// odd row alone.
+pub(crate) fn q0_gemm<'a>(
+    dec: &[PanelBlock],
+    nb: usize,
+    n: usize,
+    side: &dyn Fn(usize) -> Q8_0Side<'a>,
+    i0: usize,
+    out: &mut [f32],
+) {
+    if n == 0 || nb == 0 {
+        return;
+    }
+    let m = out.len() / n;
+    let panels = n.div_ceil(PANEL_ROWS);
+    assert!(dec.len() >= panels * nb, "q0_gemm: decoded rows");
+    // The activation rows' side data once, not once per tile.
+    let sides: Vec<Q8_0Side<'a>> = (0..m).map(|t| side(i0 + t)).collect();
+    for p in 0..panels {
+        let blocks = &dec[p * nb..(p + 1) * nb];
+        let r0 = p * PANEL_ROWS;
+        let live = PANEL_ROWS.min(n - r0);
+        let mut t = 0;
+        while t < m {
+            let mut o = [[0f32; PANEL_ROWS]; 2];
+            let take = (m - t).min(2);
+            // SAFETY (each call): features checked at device open (see `q0_decode`).
+            unsafe {
+                if take == 2 {
+                    q0_panel_tile::<2>(blocks, &[sides[t], sides[t + 1]], &mut o);
+                } else {
+                    let mut o1 = [[0f32; PANEL_ROWS]; 1];
+                    q0_panel_tile::<1>(blocks, &[sides[t]], &mut o1);
+                    o[0] = o1[0];
+                }
+            }
+            for (a, v) in o.iter().enumerate().take(take) {
+                put_row(&mut out[(t + a) * n + r0..(t + a) * n + r0 + live], v);
+            }
+            t += take;
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Q4_K weights · Q8_K activations on AVX2: `R` dot products of one weight row with `R`
+//! activation rows, decoding every weight block once for all `R` rows (the batched tile
+//! of M > 1). The caller must have checked AVX2, FMA and F16C at device open.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ8K};
+
+use crate::kernels::x86::avx2::{
+    bcast16, head16, hsum_ps, k4_header, k4_mins_dup, load32i, load32u, load_bsums, scale2,
+};
+
+/// Q4_K x Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
+        let mins = k4_mins_dup(u);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for j in 0..4 {
+            let q = load32u(&b.qs[32 * j..]);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j)));
+            let s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(bcast16(2 * j + 1)));
+            for r in 0..R {
+                let yq = &y[r][i].qs;
+                let ya = load32i(&yq[64 * j..]);
+                let yb = load32i(&yq[64 * j + 32..]);
+                let pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ya), s_lo);
+                let pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yb), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pa, pb));
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (sd, sm) = scale2(ddm, yb.d);
+            acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(sm, _mm256_cvtepi32_ps(pm), acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}

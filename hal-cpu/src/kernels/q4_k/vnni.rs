@@ -1,0 +1,464 @@
+//! Q4_K weights · Q8_K activations on AVX-512 VNNI, with the same tile shape and
+//! contract as the AVX-512 kernels. What follows holds for the K-quants' VNNI kernels
+//! alike (this file, `q5_k/vnni.rs`, `q6_k/vnni.rs`).
+//!
+//! Q4_K and Q6_K follow llama.cpp's float orders for the rows of a prompt batch
+//! (`dot_q4k_gemm`: the repacked `q4_K_8x8` gemm order; `dot_q6k_tiled`: the tiled
+//! matmul's order; docs/parity.md), so that on such a CPU the device forward computes
+//! what llama.cpp computes for a prompt, bit for bit. They use these orders for every
+//! row, whatever the batch: a row's result never depends on what else is in the step
+//! (batch invariance, which preemption and continuous batching rely on), where llama.cpp
+//! switches to other kernels for single rows, the last `n % 4` rows (Q4_K) and batches
+//! under 8 rows (Q6_K). Q5_K keeps Flint's own order (one 16-lane float accumulator per
+//! row). Integer sums are exact whatever the
+//! instruction order.
+//!
+//! Every kernel fuses each sub-block's scale multiply and the accumulation into one
+//! `vpdpwssd` (two accumulators per row: one chained accumulator would serialise the
+//! block), unpacks the two nibble halves of 32 quant bytes with one variable shift of a
+//! broadcast load, and prefetches a few blocks ahead (a matvec streams the weight; the
+//! prefetch keeps more lines in flight when both cores stream at once).
+//! The caller must have checked AVX-512 F/BW/VNNI (and AVX2/FMA/F16C) at device open.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ4K, BlockQ8K};
+
+use crate::kernels::x86::avx2::{head16, k4_header, k4_mins_dup, load_bsums};
+use crate::kernels::x86::avx512::{
+    bcast32, fma1, hi256, hsum4, hsum_i32, load64, load8, nibble_shift, pair_idx, prefetch,
+    PREFETCH_BLOCKS,
+};
+
+/// Q4_K x Q8_K in the float order of llama.cpp's repacked `q4_K_8x8` kernels
+/// (`docs/parity.md`; the scalar statement is
+/// `flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_repack`). Per output two f32
+/// accumulators, `acc` and `mins`. `GEMM` (rows of a batch taken four at a time): per
+/// pair of sub-blocks `(2j, 2j + 1)` the exact integers `I = sc·dot` and `M = m·bsum` of
+/// the pair, then `acc = fma(I, d·d_a, acc)`, `mins = fma(M, dmin·d_a, mins)`; gemv (the
+/// last `m % 4` rows, single rows): the same once per block with the whole block's
+/// integers. Result `acc - mins`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_llama<const R: usize, const GEMM: bool>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let mut acc = [0f32; R];
+    let mut accm = [0f32; R];
+    // A full gemm tile keeps its four rows' accumulators as the lanes of one vector:
+    // each lane still runs its own row's chain of fused multiply-adds, in order.
+    let lanes = GEMM && R == 4;
+    let (mut acc4, mut accm4) = (_mm_setzero_ps(), _mm_setzero_ps());
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+        // Per pair j and row: the scaled dot products of the pair's 64 quants.
+        let mut pair = [[_mm512_setzero_si512(); 4]; R];
+        for (j, ij) in idx.iter().enumerate() {
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            for r in 0..R {
+                let yv = load64(&y[r][i].qs[64 * j..]);
+                pair[r][j] =
+                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
+            }
+        }
+        if lanes {
+            let yd: [f32; 4] = std::array::from_fn(|r| y[r.min(R - 1)][i].d);
+            // SAFETY: 4 readable f32; loadu is unaligned.
+            let yd4 = unsafe { _mm_loadu_ps(yd.as_ptr()) };
+            let (dd4, dm4) = (
+                _mm_mul_ps(_mm_set1_ps(d), yd4),
+                _mm_mul_ps(_mm_set1_ps(dmin), yd4),
+            );
+            let row = |r: usize| &pair[r.min(R - 1)];
+            let (p0, p1, p2, p3) = (row(0), row(1), row(2), row(3));
+            for j in 0..4 {
+                let isum = _mm_cvtepi32_ps(hsum4(p0[j], p1[j], p2[j], p3[j]));
+                acc4 = _mm_fmadd_ps(isum, dd4, acc4);
+            }
+            // Per row [M_0 .. M_3] (M_j = pm_2j + pm_2j+1), then transposed to rows in
+            // lanes.
+            let m: [__m128i; 4] = std::array::from_fn(|r| {
+                pair_mins(_mm256_madd_epi16(load_bsums(&y[r.min(R - 1)][i]), mins))
+            });
+            accm4 = fma_columns(m, dm4, accm4);
+            continue;
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            // Lane t: m_t * (bsum_2t + bsum_2t+1), the mins term of sub-block t.
+            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
+            let (dd, dm) = (d * yb.d, dmin * yb.d);
+            if GEMM {
+                // The four pair integers I_j side by side (exact adds in any order):
+                // interleave-and-add within 128-bit lanes, then across the lanes.
+                let p = &pair[r];
+                let isum = _mm_cvtepi32_ps(hsum4(p[0], p[1], p[2], p[3]));
+                let imin = _mm_cvtepi32_ps(pair_mins(pm));
+                (acc[r], accm[r]) = pair_chains(isum, imin, dd, dm, acc[r], accm[r]);
+            } else {
+                let all = _mm512_add_epi32(
+                    _mm512_add_epi32(pair[r][0], pair[r][1]),
+                    _mm512_add_epi32(pair[r][2], pair[r][3]),
+                );
+                let isum = hsum_i32(all);
+                let imin = hsum_i32(_mm512_castsi256_si512(pm));
+                acc[r] = fma1(isum as f32, dd, acc[r]);
+                accm[r] = fma1(imin as f32, dm, accm[r]);
+            }
+        }
+    }
+    if lanes {
+        let mut o = [0f32; 4];
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc4, accm4)) };
+        out.copy_from_slice(&o[..R]);
+        return;
+    }
+    for r in 0..R {
+        out[r] = acc[r] - accm[r];
+    }
+}
+
+/// One Q4_K block's terms added to a row's two chains in llama.cpp's order:
+/// `acc = fma(I_j, dd, acc)` and `accm = fma(M_j, dm, accm)` for the four pairs `j` in
+/// turn (`isum`, `imin`: the pairs' integers as f32).
+#[inline]
+#[target_feature(enable = "avx,fma")]
+fn pair_chains(isum: __m128, imin: __m128, dd: f32, dm: f32, acc: f32, accm: f32) -> (f32, f32) {
+    let (ddv, dmv) = (_mm_set_ss(dd), _mm_set_ss(dm));
+    let (mut a_acc, mut a_min) = (_mm_set_ss(acc), _mm_set_ss(accm));
+    a_acc = _mm_fmadd_ss(isum, ddv, a_acc);
+    a_min = _mm_fmadd_ss(imin, dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<1>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<1>(imin, imin), dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<2>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<2>(imin, imin), dmv, a_min);
+    a_acc = _mm_fmadd_ss(_mm_shuffle_ps::<3>(isum, isum), ddv, a_acc);
+    a_min = _mm_fmadd_ss(_mm_shuffle_ps::<3>(imin, imin), dmv, a_min);
+    (_mm_cvtss_f32(a_acc), _mm_cvtss_f32(a_min))
+}
+
+/// `[M_0, M_1, M_2, M_3]` with `M_j = pm_2j + pm_2j+1`: the mins terms of the four pairs
+/// of sub-blocks, from the eight per-sub-block terms `pm`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_mins(pm: __m256i) -> __m128i {
+    let hm = _mm256_hadd_epi32(pm, pm);
+    _mm_unpacklo_epi64(
+        _mm256_castsi256_si128(hm),
+        _mm256_extracti128_si256::<1>(hm),
+    )
+}
+
+/// Four rows' `[M_0 .. M_3]` (`m[row]`) transposed so that lane `row` of column `j` is
+/// row's `M_j`, then `acc = fma(M_j, dm, acc)` for `j = 0..4` in order: each lane runs
+/// its own row's chain.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fma_columns(m: [__m128i; 4], dm: __m128, mut acc: __m128) -> __m128 {
+    let (t0, t1) = (
+        _mm_unpacklo_epi32(m[0], m[1]),
+        _mm_unpacklo_epi32(m[2], m[3]),
+    );
+    let (t2, t3) = (
+        _mm_unpackhi_epi32(m[0], m[1]),
+        _mm_unpackhi_epi32(m[2], m[3]),
+    );
+    for col in [
+        _mm_unpacklo_epi64(t0, t1),
+        _mm_unpackhi_epi64(t0, t1),
+        _mm_unpacklo_epi64(t2, t3),
+        _mm_unpackhi_epi64(t2, t3),
+    ] {
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(col), dm, acc);
+    }
+    acc
+}
+
+/// [`dot_q4k_llama`] for the rows of a 4-row gemm group.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm<const R: usize>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    dot_q4k_llama::<R, true>(x, y, out)
+}
+
+/// `vpermt2d` indices of [`dot_q4k_gemm8`]'s mins (see there).
+const MINS_EVEN: [i32; 16] = [0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30];
+
+const MINS_ODD: [i32; 16] = [1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31];
+
+const MINS_J01: [i32; 16] = [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23];
+
+const MINS_J23: [i32; 16] = [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31];
+
+/// One Q4_K weight row against eight activation rows in the gemm order of
+/// [`dot_q4k_llama`] (bit for bit the same per row): each weight block decoded once for
+/// the eight rows, whose accumulators are the lanes of one vector (each lane its own
+/// row's chain, in order).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    let mut accm8 = _mm256_setzero_ps();
+    // Permutation indices for the mins below: lane 4j + r of `ev` / `od` takes sub-block
+    // 2j / 2j + 1 of row r of four rows held in two registers (row r at lanes 8r..);
+    // lane 8jj + r of `j01` / `j23` takes pair j = jj / 2 + jj of row r of eight rows
+    // held as two such sets (lane 4j + r, rows 4..8 in the second).
+    let ld = |v: &[i32; 16]| {
+        // SAFETY: 16 readable i32; loadu is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+    };
+    let ev = ld(&MINS_EVEN);
+    let od = ld(&MINS_ODD);
+    let j01 = ld(&MINS_J01);
+    let j23 = ld(&MINS_J23);
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let (u, ddm) = k4_header(head16(b));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+        let mins = k4_mins_dup(u);
+        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        let (dd8, dm8) = (
+            _mm256_mul_ps(_mm256_set1_ps(d), yd8),
+            _mm256_mul_ps(_mm256_set1_ps(dmin), yd8),
+        );
+        for (j, ij) in idx.iter().enumerate() {
+            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+            let s = _mm512_permutexvar_epi16(*ij, sc);
+            // Plain loops rather than `array::from_fn` closures: a closure the compiler
+            // does not inline passes every vector through memory (2.3x slower).
+            let mut p = [_mm512_setzero_si512(); 8];
+            for (r, pr) in p.iter_mut().enumerate() {
+                let yv = load64(&ys[r][i].qs[64 * j..]);
+                *pr = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
+            }
+            let lo = hsum4(p[0], p[1], p[2], p[3]);
+            let hi = hsum4(p[4], p[5], p[6], p[7]);
+            let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+            acc8 = _mm256_fmadd_ps(isum, dd8, acc8);
+        }
+        // The mins terms, two rows per register: lanes 0..8 `m_s * bsum_s` of row 2k,
+        // lanes 8..16 those of row 2k + 1 (s the sub-block), then the pairs of
+        // sub-blocks added and the rows gathered per pair `j`, eight rows side by side.
+        // Exact integers, in the lanes the chains need.
+        let mins2 = _mm512_broadcast_i64x4(mins);
+        let mut z = [_mm512_setzero_si512(); 4];
+        for (k, zk) in z.iter_mut().enumerate() {
+            let b = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load_bsums(&ys[2 * k][i])),
+                load_bsums(&ys[2 * k + 1][i]),
+            );
+            *zk = _mm512_madd_epi16(b, mins2);
+        }
+        let w03 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[0], ev, z[1]),
+            _mm512_permutex2var_epi32(z[0], od, z[1]),
+        );
+        let w47 = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(z[2], ev, z[3]),
+            _mm512_permutex2var_epi32(z[2], od, z[3]),
+        );
+        let m01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j01, w47));
+        let m23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j23, w47));
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m01), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m23), dm8, accm8);
+        accm8 = _mm256_fmadd_ps(hi256(m23), dm8, accm8);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc8, accm8)) };
+}
+
+/// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the
+/// M = 1 path): each row's arithmetic exactly that of `dot_q4k_gemm::<1>`, the rows'
+/// chains interleaved for the out-of-order core. The caller passes rows far apart
+/// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows<const S: usize>(
+    x: [&[BlockQ4K]; S],
+    y: &[BlockQ8K],
+    out: &mut [f32; S],
+) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q4k_rows: lengths");
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let idx = pair_idx();
+    let mut acc = [0f32; S];
+    let mut accm = [0f32; S];
+    for (i, yb) in y.iter().enumerate() {
+        let pmy = load_bsums(yb);
+        for s in 0..S {
+            let b = &x[s][i];
+            let (u, ddm) = k4_header(head16(b));
+            let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
+            let mins = k4_mins_dup(u);
+            let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
+            let pair: [__m512i; 4] = std::array::from_fn(|j| {
+                let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
+                let sj = _mm512_permutexvar_epi16(idx[j], sc);
+                let yv = load64(&yb.qs[64 * j..]);
+                _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), sj)
+            });
+            let pm = _mm256_madd_epi16(pmy, mins);
+            let (dd, dm) = (d * yb.d, dmin * yb.d);
+            let isum = _mm_cvtepi32_ps(hsum4(pair[0], pair[1], pair[2], pair[3]));
+            let imin = _mm_cvtepi32_ps(pair_mins(pm));
+            (acc[s], accm[s]) = pair_chains(isum, imin, dd, dm, acc[s], accm[s]);
+        }
+    }
+    for s in 0..S {
+        out[s] = acc[s] - accm[s];
+    }
+}
+
+/// `vpermd` indices that turn the pair sums of [`dot_q4k_rows4`] (128-bit lane `k`:
+/// rows `k / 2` and `k / 2 + 2`, pairs `[j, j + 2]` with `j = k % 2`) into `[j][row]`:
+/// lane `4j + r` holds row `r`'s pair `j`.
+const Q4K_ROWS4_OUT: [i32; 16] = [0, 8, 2, 10, 4, 12, 6, 14, 1, 9, 3, 11, 5, 13, 7, 15];
+
+/// The same for the mins terms (128-bit lane `k`: rows `k / 2` and `k / 2 + 2`, pairs
+/// `[2(k % 2), 2(k % 2) + 1]`).
+const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13, 7, 15];
+
+/// [`dot_q4k_rows`] for four weight rows at once, the rows' chains in the lanes of one
+/// vector: each row's arithmetic exactly that of `dot_q4k_gemm::<1>` (the integers of a
+/// pair of sub-blocks are exact in any order; per pair `j` in turn
+/// `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`, one lane per row).
+///
+/// Against [`dot_q4k_rows`], which spends most of its time on the per-row horizontal
+/// sums and scalar chains: each sub-block's 32 products are taken with one `vpdpbusd`
+/// (nibbles times quants, no scale yet; two sub-blocks per register, the activation
+/// halves rearranged once per block for all four rows), the sixteen registers of the four
+/// rows are summed in one tree down to the 32 sub-block sums, and the scales are applied
+/// to the sums (`vpmulld`), not to every product. The caller passes rows far apart
+/// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q4k_rows4: lengths");
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    // SAFETY: 16 readable i32 each; loadu is unaligned.
+    let (out_idx, mins_idx) = unsafe {
+        (
+            _mm512_loadu_si512(Q4K_ROWS4_OUT.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(Q4K_ROWS4_MINS.as_ptr() as *const __m512i),
+        )
+    };
+    // Scale bytes of two rows (`[sc0..sc7]` of each) reordered to the sub-block order of
+    // the tree's last level: per row `[sc0, sc1, sc4, sc5, sc2, sc3, sc6, sc7]`.
+    let sc_order = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    let mut acc = _mm_setzero_ps();
+    let mut accm = _mm_setzero_ps();
+    for (i, yb) in y.iter().enumerate() {
+        // The activation quants as the nibble registers pair the sub-blocks:
+        // [sb0 | sb2], [sb1 | sb3], [sb4 | sb6], [sb5 | sb7].
+        let (y0, y1) = (load64(&yb.qs[..]), load64(&yb.qs[64..]));
+        let (y2, y3) = (load64(&yb.qs[128..]), load64(&yb.qs[192..]));
+        let ya = [
+            _mm512_shuffle_i64x2::<0x44>(y0, y1),
+            _mm512_shuffle_i64x2::<0xEE>(y0, y1),
+            _mm512_shuffle_i64x2::<0x44>(y2, y3),
+            _mm512_shuffle_i64x2::<0xEE>(y2, y3),
+        ];
+        // Lane t: bsum_2t + bsum_2t+1, the activation sum of sub-block t, in both halves.
+        let bs = _mm256_madd_epi16(load_bsums(yb), _mm256_set1_epi16(1));
+        let bs2 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bs), bs);
+        let mut heads = [(_mm_setzero_si128(), _mm_setzero_ps()); 4];
+        // Per row, per 128-bit lane k: [sum of lane k of da, db, dc, dd].
+        let mut v = [_mm512_setzero_si512(); 4];
+        for r in 0..4 {
+            let b = &x[r][i];
+            heads[r] = k4_header(head16(b));
+            let (q0, q1) = (load64(&b.qs[..]), load64(&b.qs[64..]));
+            let z = _mm512_setzero_si512();
+            let da = _mm512_dpbusd_epi32(z, _mm512_and_si512(q0, m4), ya[0]);
+            let db =
+                _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4), ya[1]);
+            let dc = _mm512_dpbusd_epi32(z, _mm512_and_si512(q1, m4), ya[2]);
+            let dd =
+                _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4), ya[3]);
+            let t = _mm512_add_epi32(_mm512_unpacklo_epi32(da, db), _mm512_unpackhi_epi32(da, db));
+            let u = _mm512_add_epi32(_mm512_unpacklo_epi32(dc, dd), _mm512_unpackhi_epi32(dc, dd));
+            v[r] = _mm512_add_epi32(_mm512_unpacklo_epi64(t, u), _mm512_unpackhi_epi64(t, u));
+        }
+        // Rows (0, 1) and (2, 3): 128-bit lanes [r: sb0 sb1 sb4 sb5], [r: sb2 sb3 sb6 sb7],
+        // [r+1: ...], [r+1: ...].
+        let w = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0x88>(a, b),
+                _mm512_shuffle_i32x4::<0xDD>(a, b),
+            )
+        };
+        let (w01, w23) = (w(v[0], v[1]), w(v[2], v[3]));
+        let scales = |a: __m128i, b: __m128i| {
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_unpacklo_epi64(a, b), sc_order))
+        };
+        let p01 = _mm512_mullo_epi32(w01, scales(heads[0].0, heads[1].0));
+        let p23 = _mm512_mullo_epi32(w23, scales(heads[2].0, heads[3].0));
+        // Adjacent lanes summed: I_j = sc_2j·s_2j + sc_2j+1·s_2j+1.
+        let (pf01, pf23) = (_mm512_castsi512_ps(p01), _mm512_castsi512_ps(p23));
+        let isum = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(pf01, pf23)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(pf01, pf23)),
+        );
+        let ifl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(out_idx, isum));
+        // Mins: lane t of each row m_t·bsum(t), then pairs summed the same way.
+        let mins = |a: __m128i, b: __m128i| {
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b)), bs2)
+        };
+        let (m01, m23) = (
+            _mm512_castsi512_ps(mins(heads[0].0, heads[1].0)),
+            _mm512_castsi512_ps(mins(heads[2].0, heads[3].0)),
+        );
+        let msum = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(m01, m23)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(m01, m23)),
+        );
+        let mfl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(mins_idx, msum));
+        // [d_r] and [dmin_r], times the activation scale: the f32 products d·d_a.
+        let t01 = _mm_unpacklo_ps(heads[0].1, heads[1].1);
+        let t23 = _mm_unpacklo_ps(heads[2].1, heads[3].1);
+        let dy = _mm_set1_ps(yb.d);
+        let dd = _mm_mul_ps(_mm_movelh_ps(t01, t23), dy);
+        let dm = _mm_mul_ps(_mm_movehl_ps(t23, t01), dy);
+        acc = _mm_fmadd_ps(_mm512_castps512_ps128(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_castps512_ps128(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(mfl), dm, accm);
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(ifl), dd, acc);
+        accm = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(mfl), dm, accm);
+    }
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc, accm)) };
+    *out = o;
+}

@@ -1,0 +1,79 @@
+//! Q6_K weights · Q8_K activations on AVX2 (the tile shape and contract of
+//! `q4_k/avx2.rs`).
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ6K, BlockQ8K};
+
+use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum_ps, load32i, load32u, load_bsums};
+
+/// Q6_K x Q8_K. Quants are used unsigned (0..63) and the offset of 32 is taken off
+/// through the activation block sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in x.iter().enumerate() {
+        let d = f16c_to_f32(b.d);
+        // The 16 i8 scales as i16: all 16 (for the offset), and each half in both
+        // 128-bit lanes (for the per-sub-block shuffles).
+        // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+        let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let halves = [
+            _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
+            _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
+        ];
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for n in 0..2 {
+            let ql0 = load32u(&b.ql[64 * n..]);
+            let ql1 = load32u(&b.ql[64 * n + 32..]);
+            let h = load32u(&b.qh[32 * n..]);
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(h), m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(h), m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(h), m3)),
+                ),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                // Lanes 0..8 of maddubs come from elements 0..16 (one sub-block), lanes
+                // 8..16 from the next sub-block: scales 2k and 2k+1 of this half.
+                let s = _mm256_shuffle_epi8(
+                    halves[n],
+                    _mm256_set_m128i(
+                        _mm_set1_epi16(bcast16(2 * k + 1)),
+                        _mm_set1_epi16(bcast16(2 * k)),
+                    ),
+                );
+                for r in 0..R {
+                    let yv = load32i(&y[r][i].qs[128 * n + 32 * k..]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, yv), s);
+                    sumi[r] = _mm256_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let yb = &y[r][i];
+            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
+            let off = _mm256_madd_epi16(sc16, load_bsums(yb));
+            let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yb.d), _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+}

@@ -1,0 +1,260 @@
+//! Q6_K weights · Q8_K activations on AVX-512 VNNI, in llama.cpp's tiled matmul's order
+//! for every row (`dot_q6k_tiled`; `q4_k/vnni.rs` says why), with its decode forms
+//! (`dot_q6k_rows`, `dot_q6k_rows4`). The caller must have checked AVX-512 F/BW/VNNI
+//! (and AVX2/FMA/F16C) at device open.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ6K, BlockQ8K};
+
+use crate::kernels::x86::avx2::{f16c_to_f32, load_bsums};
+use crate::kernels::x86::avx512::{
+    bcast32, fma1, hsum4, hsum_i32, load64, load8, nibble_shift, prefetch, PREFETCH_BLOCKS,
+};
+
+/// `vpermw` indices that spread the 16 sub-block scales of a Q6_K block over the four
+/// 64-quant groups: group `j`'s four 16-quant quarters get scales `4j .. 4j + 4`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q6k_scale_idx() -> [__m512i; 4] {
+    let lane_idx = |s0: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(s0 + 1), _mm_set1_epi16(s0))),
+            _mm256_set_m128i(_mm_set1_epi16(s0 + 3), _mm_set1_epi16(s0 + 2)),
+        )
+    };
+    [lane_idx(0), lane_idx(4), lane_idx(8), lane_idx(12)]
+}
+
+/// A Q6_K block's 16 signed scales widened to i16 (256 bits, and the same in the low half
+/// of a 512-bit register for `vpermw`).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q6k_scales(b: &BlockQ6K) -> (__m256i, __m512i) {
+    // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+    let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+    let sc16 = _mm256_cvtepi8_epi16(sc8);
+    (sc16, _mm512_castsi256_si512(sc16))
+}
+
+/// 64 unsigned 6-bit quants of a Q6_K block as bytes: group `g` (0 or 1) of the 64 low
+/// bytes `ql` (low or high nibbles) with their two high bits from the broadcast `qh`
+/// bytes `h` (shifted per 256-bit half by `shift`, see [`nibble_shift`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn q6k_quants(ql: __m512i, h: __m512i, g: usize, shift: __m512i) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let lo = if g == 0 {
+        _mm512_and_si512(ql, m4)
+    } else {
+        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4)
+    };
+    let hs = _mm512_add_epi16(
+        _mm512_srli_epi16::<1>(shift),
+        _mm512_set1_epi16(4 * g as i16),
+    );
+    let hi = _mm512_and_si512(_mm512_srlv_epi16(h, hs), _mm512_set1_epi8(3));
+    _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
+}
+
+/// Q6_K x Q8_K in the float order of llama.cpp's tiled K-quant matmul, which it uses for
+/// batches of 8 rows or more (`docs/parity.md`; the scalar statement is
+/// `flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_tiled`): per block the exact integer
+/// `S` (scales applied, the offset of 32 taken off), then `acc = fma(S·d, d_a, acc)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_tiled<const R: usize>(
+    x: &[BlockQ6K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let mut acc4 = _mm_setzero_ps();
+    let mut acc = [0f32; R];
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16c_to_f32(b.d);
+        let (sc16, sc) = q6k_scales(b);
+        let mut sumi = [[_mm512_setzero_si512(); 2]; R];
+        for n in 0..2 {
+            let h = bcast32(&b.qh[32 * n..]);
+            let ql = load64(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let qv = q6k_quants(ql, h, g, shift);
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for r in 0..R {
+                    let yv = load64(&y[r][i].qs[128 * n + 64 * g..]);
+                    let a = &mut sumi[r][g];
+                    *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        // Per row: the block's integer with the offset of the unsigned quants taken off.
+        let total = |r: usize| {
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&y[r][i])));
+            _mm512_sub_epi32(
+                _mm512_add_epi32(sumi[r][0], sumi[r][1]),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            )
+        };
+        if R == 4 {
+            // Four rows in the lanes of one vector, each lane its own row's chain.
+            let yd: [f32; 4] = std::array::from_fn(|r| y[r.min(R - 1)][i].d);
+            let t: [__m512i; 4] = std::array::from_fn(|r| total(r.min(R - 1)));
+            let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
+            // SAFETY: 4 readable f32; loadu is unaligned.
+            let yd4 = unsafe { _mm_loadu_ps(yd.as_ptr()) };
+            acc4 = _mm_fmadd_ps(_mm_mul_ps(s4, _mm_set1_ps(d)), yd4, acc4);
+            continue;
+        }
+        for r in 0..R {
+            let s = hsum_i32(total(r));
+            acc[r] = fma1(s as f32 * d, y[r][i].d, acc[r]);
+        }
+    }
+    if R == 4 {
+        let mut o = [0f32; 4];
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc4) };
+        out.copy_from_slice(&o[..R]);
+        return;
+    }
+    *out = acc;
+}
+
+/// One Q6_K weight row against eight activation rows in the tiled order of
+/// [`dot_q6k_tiled`] (bit for bit the same per row), the eight rows' accumulators the
+/// lanes of one vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let nb = x.len();
+    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
+    let mut acc8 = _mm256_setzero_ps();
+    for (i, b) in x.iter().enumerate() {
+        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
+            prefetch(ahead);
+        }
+        let d = f16c_to_f32(b.d);
+        let (sc16, sc) = q6k_scales(b);
+        // Per row: the block's integer with the offset of the unsigned quants taken off,
+        // started from the offset (exact integer adds in any order).
+        let mut tot: [__m512i; 8] = std::array::from_fn(|r| {
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&ys[r][i])));
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+            )
+        });
+        for n in 0..2 {
+            let h = bcast32(&b.qh[32 * n..]);
+            let ql = load64(&b.ql[64 * n..]);
+            for g in 0..2 {
+                let qv = q6k_quants(ql, h, g, shift);
+                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+                for (r, t) in tot.iter_mut().enumerate() {
+                    let yv = load64(&ys[r][i].qs[128 * n + 64 * g..]);
+                    *t = _mm512_dpwssd_epi32(*t, _mm512_maddubs_epi16(qv, yv), s);
+                }
+            }
+        }
+        let lo = hsum4(tot[0], tot[1], tot[2], tot[3]);
+        let hi = hsum4(tot[4], tot[5], tot[6], tot[7]);
+        let s8 = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
+        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
+        acc8 = _mm256_fmadd_ps(_mm256_mul_ps(s8, _mm256_set1_ps(d)), yd8, acc8);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
+}
+
+/// One Q6_K block against one Q8_K block (`bs`: its 16 block sums): the exact block
+/// integer `S` of [`dot_q6k_tiled`] spread over 16 lanes (scales applied, the offset of
+/// the unsigned quants taken off), for the decode kernels to sum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+fn q6k_block_lanes(
+    b: &BlockQ6K,
+    yb: &BlockQ8K,
+    bs: __m256i,
+    shift: __m512i,
+    idx: &[__m512i; 4],
+) -> __m512i {
+    let (sc16, sc) = q6k_scales(b);
+    let mut sumi = [_mm512_setzero_si512(); 2];
+    for n in 0..2 {
+        let h = bcast32(&b.qh[32 * n..]);
+        let ql = load64(&b.ql[64 * n..]);
+        for (g, a) in sumi.iter_mut().enumerate() {
+            let qv = q6k_quants(ql, h, g, shift);
+            let sg = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
+            let yv = load64(&yb.qs[128 * n + 64 * g..]);
+            *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(qv, yv), sg);
+        }
+    }
+    let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+    _mm512_sub_epi32(
+        _mm512_add_epi32(sumi[0], sumi[1]),
+        _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
+    )
+}
+
+/// [`dot_q6k_tiled`] for one activation row against `S` weight rows side by side (the
+/// M = 1 path), each row's arithmetic exactly that of `dot_q6k_tiled::<1>`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_rows<const S: usize>(
+    x: [&[BlockQ6K]; S],
+    y: &[BlockQ8K],
+    out: &mut [f32; S],
+) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q6k_rows: lengths");
+    }
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let mut acc = [0f32; S];
+    for (i, yb) in y.iter().enumerate() {
+        let bs = load_bsums(yb);
+        for s in 0..S {
+            let b = &x[s][i];
+            let d = f16c_to_f32(b.d);
+            let total = q6k_block_lanes(b, yb, bs, shift, &idx);
+            acc[s] = fma1(hsum_i32(total) as f32 * d, yb.d, acc[s]);
+        }
+    }
+    *out = acc;
+}
+
+/// [`dot_q6k_rows`] for four weight rows at once: each row's block integer as there, the
+/// four summed side by side ([`hsum4`]), and the rows' chains
+/// `acc = fma(S·d, d_a, acc)` in the lanes of one vector (the per-row arithmetic of
+/// `dot_q6k_tiled::<1>`, bit for bit). The caller passes rows far apart.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q6k_rows4: lengths");
+    }
+    let shift = nibble_shift();
+    let idx = q6k_scale_idx();
+    let mut acc = _mm_setzero_ps();
+    for (i, yb) in y.iter().enumerate() {
+        let bs = load_bsums(yb);
+        let mut t = [_mm512_setzero_si512(); 4];
+        for (s, ts) in t.iter_mut().enumerate() {
+            *ts = q6k_block_lanes(&x[s][i], yb, bs, shift, &idx);
+        }
+        let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
+        let dh = |s: usize| x[s][i].d as i16;
+        let d4 = _mm_cvtph_ps(_mm_setr_epi16(dh(0), dh(1), dh(2), dh(3), 0, 0, 0, 0));
+        acc = _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc);
+    }
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc) };
+    *out = o;
+}

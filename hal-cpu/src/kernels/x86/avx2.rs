@@ -1,0 +1,134 @@
+//! AVX2 helpers shared by the kernels of several formats: loads, broadcasts, horizontal
+//! sums, f16 widening, and the 12-byte scale header Q4_K and Q5_K share.
+//!
+//! All functions are `unsafe` only because of `#[target_feature]`: the caller must have
+//! checked that the CPU has AVX2, FMA and F16C (done once at device open).
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::BlockQ8K;
+
+/// IEEE half bits to f32 with the F16C instruction: the hardware form of
+/// `flint_core::dequant::f16_to_f32` (the `half` crate, built without `std`, converts in
+/// software, which dominated the legacy-type kernels).
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(crate) fn f16c_to_f32(b: u16) -> f32 {
+    // A broadcast rather than an insert: an insert into whatever register the compiler
+    // picks made the conversion wait on the accumulator chain.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(b as i16)))
+}
+
+/// IEEE half bits to f32, in all 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn f16_bcast(b: u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(b as i16))
+}
+
+/// The first 16 bytes of a Q4_K/Q5_K block (`d`, `dmin`, 12 bytes of scales) unpacked:
+/// the 6-bit scales and mins as 16 bytes (scales 0..8, mins 8..16; the bit layout of
+/// ggml's `get_scale_min_k4`, four at a time in 32-bit lanes) and `[d, dmin, _, _]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn k4_header(h: &[u8; 16]) -> (__m128i, __m128) {
+    // SAFETY: `h` is 16 readable bytes; loadu is unaligned.
+    let v = unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) };
+    // Lanes: [d|dmin, a, b, c] with a, b, c the three u32 of scale bytes.
+    let p = _mm_shuffle_epi32::<0b11_10_11_01>(v); // [a, c, b, c]
+    let q = _mm_shuffle_epi32::<0b10_10_01_01>(v); // [a, a, b, b]
+                                                   // Scales/mins 0..4: low 6 bits of a / b.
+    let lo = _mm_and_si128(p, _mm_set1_epi32(0x3f3f_3f3f));
+    // Scales/mins 4..8: low / high nibbles of c, the top 2 bits of a / b above them.
+    let nib = _mm_and_si128(
+        _mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_set1_epi32(0x0f0f_0f0f),
+    );
+    let top = _mm_slli_epi32::<4>(_mm_and_si128(
+        _mm_srli_epi32::<6>(q),
+        _mm_set1_epi32(0x0303_0303),
+    ));
+    let hi = _mm_or_si128(nib, top);
+    let sm = _mm_blend_epi32::<0b1010>(lo, hi);
+    (sm, _mm_cvtph_ps(v))
+}
+
+/// The first 16 bytes of a block.
+#[inline(always)]
+pub(crate) fn head16<B: bytemuck::Pod>(b: &B) -> &[u8; 16] {
+    let bytes = bytemuck::bytes_of(b);
+    bytes[..16]
+        .try_into()
+        .expect("blocks are longer than 16 bytes")
+}
+
+/// `[a * y, b * y]` of `[a, b, _, _]` as two 8-lane broadcasts.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn scale2(ab: __m128, y: f32) -> (__m256, __m256) {
+    let p = _mm_mul_ps(ab, _mm_set1_ps(y));
+    (
+        _mm256_broadcastss_ps(p),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+    )
+}
+
+/// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
+#[inline(always)]
+pub(crate) fn bcast16(s: usize) -> i16 {
+    (((2 * s + 1) << 8) | (2 * s)) as i16
+}
+
+/// The i16 vector `[m0, m0, m1, m1, ..., m7, m7]` from the unpacked mins, to meet the 16
+/// activation block sums (two per sub-block of 32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn k4_mins_dup(u: __m128i) -> __m256i {
+    _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(u, u))
+}
+
+/// Loads the 16 block sums of a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load_bsums(y: &BlockQ8K) -> __m256i {
+    // SAFETY: `bsums` is 16 i16 = 32 readable bytes; loadu is unaligned.
+    unsafe { _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i) }
+}
+
+/// Horizontal sum of 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Loads 32 bytes from `p` (no alignment needed).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load32(p: &[u8; 32]) -> __m256i {
+    // SAFETY: `p` is a valid reference to 32 bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Loads the first 32 bytes of `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Loads 32 i8 from `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load32i(p: &[i8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}

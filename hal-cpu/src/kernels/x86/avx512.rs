@@ -1,0 +1,206 @@
+//! AVX-512 helpers shared by the kernels of several formats: loads, broadcasts,
+//! prefetches, horizontal sums and a 16 x 16 transpose. The caller must have checked
+//! AVX-512 F/BW (and, for the `vpdpbusd` users, VNNI) at device open.
+
+use std::arch::x86_64::*;
+
+/// Two 256-bit halves as one 512-bit register (`lo` in the low half).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Blocks ahead of the current one that a K-quant kernel prefetches (4 x 144 bytes of
+/// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
+pub(crate) const PREFETCH_BLOCKS: usize = 4;
+
+/// Hints the cache lines of `b` (at most 3 lines: every K-quant block is <= 210 bytes).
+#[inline(always)]
+pub(crate) fn prefetch<B>(b: &B) {
+    let p = (b as *const B).cast::<i8>();
+    // SAFETY: a prefetch never faults and reads nothing architecturally; the pointer
+    // comes from a reference.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(p);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+    }
+}
+
+/// Loads 64 bytes (quants of either sign).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn load64<T: bytemuck::Pod>(p: &[T]) -> __m512i {
+    let bytes: &[u8] = bytemuck::cast_slice(p);
+    assert!(bytes.len() >= 64);
+    // SAFETY: at least 64 bytes are readable (checked above); loadu is unaligned.
+    unsafe { _mm512_loadu_si512(bytes.as_ptr() as *const __m512i) }
+}
+
+/// 32 quant bytes in both 256-bit halves of a register.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn bcast32(p: &[u8]) -> __m512i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) })
+}
+
+/// Per-i16-lane shift counts: 0 in the low half (low nibbles), 4 in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn nibble_shift() -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4))
+}
+
+/// For each pair `j` of 32-quant sub-blocks: `vpermw` indices putting scale `2j` in the
+/// low half and scale `2j + 1` in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn pair_idx() -> [__m512i; 4] {
+    [
+        halves_idx(0, 1),
+        halves_idx(2, 3),
+        halves_idx(4, 5),
+        halves_idx(6, 7),
+    ]
+}
+
+/// `vpermw` indices that put i16 lane `a` in the low half and lane `b` in the high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves_idx(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+    )
+}
+
+/// Sum of the 16 i32 lanes of `v` (exact: integer addition).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn hsum_i32(v: __m512i) -> i32 {
+    let h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+    let q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01_00_11_10>(q));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b10_11_00_01>(q));
+    _mm_cvtsi128_si32(q)
+}
+
+/// `fma(a, b, c)` with one rounding, as `fmaf`.
+#[inline]
+#[target_feature(enable = "fma")]
+pub(crate) fn fma1(a: f32, b: f32, c: f32) -> f32 {
+    _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+}
+
+/// The sums of the 16 i32 lanes of each of four vectors, side by side (exact: integer
+/// adds, interleaved within 128-bit lanes, then across them).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn hsum4(p0: __m512i, p1: __m512i, p2: __m512i, p3: __m512i) -> __m128i {
+    let a = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    let c = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+    let h = _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64::<1>(e));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// The upper eight lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn hi256(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+/// Loads 8 f32 (`v` must hold 8).
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn load8(v: &[f32; 8]) -> __m256 {
+    // SAFETY: 8 readable f32; loadu is unaligned.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// `permutex2var` indices of one level of [`transpose16`]: with `a` and `b` the rows
+/// `i` and `i + s`, lane `p` of the new row `i` (`hi` = false) or `i + s` (true) takes,
+/// per chunk of `2s` lanes, the first (`hi`: second) `s` lanes of `a`, then those of `b`.
+const fn transpose_idx(s: usize, hi: bool) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut p = 0;
+    while p < 16 {
+        let (k, w) = (p / (2 * s), p % (2 * s));
+        let base = k * 2 * s + if hi { s } else { 0 };
+        idx[p] = if w < s {
+            (base + w) as i32
+        } else {
+            (16 + base + w - s) as i32
+        };
+        p += 1;
+    }
+    idx
+}
+
+/// [`transpose16`]'s indices, per level (blocks of 8, 4, 2, 1).
+const TRANSPOSE_IDX: [[[i32; 16]; 2]; 4] = [
+    [transpose_idx(8, false), transpose_idx(8, true)],
+    [transpose_idx(4, false), transpose_idx(4, true)],
+    [transpose_idx(2, false), transpose_idx(2, true)],
+    [transpose_idx(1, false), transpose_idx(1, true)],
+];
+
+/// The 16 x 16 transpose of 32-bit lanes (row `i` lane `j` -> row `j` lane `i`): blocks
+/// of 8, 4, 2 and 1 lanes swapped across the diagonal, 64 two-source permutes (the
+/// panel decoders: sixteen weight rows' dwords into one register per dword).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose16(mut r: [__m512i; 16]) -> [__m512i; 16] {
+    for (level, idx) in TRANSPOSE_IDX.iter().enumerate() {
+        let s = 8 >> level;
+        // SAFETY: 16 readable i32 each; loadu is unaligned.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_si512(idx[0].as_ptr() as *const __m512i),
+                _mm512_loadu_si512(idx[1].as_ptr() as *const __m512i),
+            )
+        };
+        for i in 0..16 {
+            if i & s == 0 {
+                let (a, b) = (r[i], r[i + s]);
+                r[i] = _mm512_permutex2var_epi32(a, lo, b);
+                r[i + s] = _mm512_permutex2var_epi32(a, hi, b);
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_transposes() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no AVX-512F: transpose16 not exercised");
+            return;
+        }
+        let m: Vec<[i32; 16]> = (0..16)
+            .map(|i| std::array::from_fn(|j| (100 * i + j) as i32))
+            .collect();
+        // SAFETY: AVX-512F was detected above; each row is 16 readable i32.
+        let t = unsafe {
+            let r: [__m512i; 16] =
+                std::array::from_fn(|i| _mm512_loadu_si512(m[i].as_ptr() as *const __m512i));
+            transpose16(r)
+        };
+        for (j, v) in t.iter().enumerate() {
+            let mut out = [0i32; 16];
+            // SAFETY: 16 writable i32.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *v) };
+            for (i, &x) in out.iter().enumerate() {
+                assert_eq!(x, (100 * i + j) as i32, "row {j} lane {i}");
+            }
+        }
+    }
+}

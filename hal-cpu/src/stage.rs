@@ -1,0 +1,307 @@
+//! Staging: a weight kept where it lies in the file, repacked into 16-row groups for the
+//! AVX-512 VNNI decode kernels, or copied into the device's huge-page arena.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use flint_core::GgmlType;
+use flint_hal::{
+    HalError, PlannedWeight, StagedInfo, StagingPlan, Tier, Weight, WeightDesc, WeightHandle,
+    WeightSource,
+};
+use rayon::prelude::*;
+
+use crate::arena;
+use crate::device::CpuDevice;
+use crate::kernels::x16::X16_ROWS;
+use crate::kernels::{self, WeightRows};
+use crate::simd::SimdLevel;
+
+/// The largest weight kept in the file's layout that the device copies into its arena
+/// (`CpuDevice::stage`): a tensor this large keeps huge pages inside the loader's copy
+/// anyway, and a tied embedding staged twice would be copied twice.
+const ARENA_COPY_MAX: usize = 64 << 20;
+
+/// A weight staged on the CPU: the file's bytes, kept where they lie.
+#[derive(Debug)]
+pub struct CpuWeight {
+    pub(crate) info: StagedInfo,
+    pub(crate) src: WeightSource,
+    pub(crate) ty: GgmlType,
+    /// Elements per row.
+    pub(crate) k: usize,
+    /// Rows per matrix (per expert for a tower).
+    pub(crate) n: usize,
+    /// Experts (1 for a matrix).
+    pub(crate) e: usize,
+    pub(crate) row_bytes: usize,
+    /// The rows repacked for the decode kernels (`kernels::q4_k::x16`, `q6_k::x16`,
+    /// `q0::x16`), when the weight was staged so; the matmuls then read these, never
+    /// `src`.
+    pub(crate) x16: Option<Packed>,
+}
+
+/// A Q4_K, Q6_K, Q8_0 or Q5_0 weight's rows repacked at staging (`kernels::q4_k::x16`,
+/// `kernels::q6_k::x16`, `kernels::q0::x16`), in the device's huge-page arena (`arena.rs`
+/// says why).
+pub(crate) struct Packed {
+    region: arena::Region,
+    ty: GgmlType,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("ty", &self.ty)
+            .field("len", &self.region.as_slice().len())
+            .finish()
+    }
+}
+
+impl Packed {
+    /// The whole weight's row groups.
+    fn rows(&self) -> WeightRows<'_> {
+        let bytes = self.region.as_slice();
+        match self.ty {
+            GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
+            GgmlType::Q8_0 => WeightRows::Q8_0x16(bytemuck::cast_slice(bytes)),
+            GgmlType::Q5_0 => WeightRows::Q5_0x16(bytemuck::cast_slice(bytes)),
+            _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
+        }
+    }
+
+    /// A Q4_K, Q6_K, Q8_0 or Q5_0 tensor's bytes (whole rows of `k` elements, a
+    /// multiple of 16 rows) repacked into `arena`; `None` for another type or when the
+    /// memory cannot be had (the weight then stays in the file's layout).
+    ///
+    /// The source's bytes are handed back piece by piece as they are packed, then whole
+    /// ([`WeightSource::release_resident_part`]): a weight as large as Gemma 3's output
+    /// matrix (178 MB) would otherwise be in memory twice at once, in the loader's copy
+    /// and in the arena (the peak resident set of a `flint run` went from 284 to 453 MB).
+    fn pack(
+        ty: GgmlType,
+        src: &WeightSource,
+        k: usize,
+        pool: &rayon::ThreadPool,
+        arena: &arena::PackArena,
+    ) -> Option<Self> {
+        let bytes = src.as_slice();
+        let mut region = arena.alloc(bytes.len()).ok()?;
+        let dst = region.as_mut_slice();
+        let release = |r: std::ops::Range<usize>| src.release_resident_part(r);
+        match ty {
+            GgmlType::Q4_K => pack_groups(
+                bytes,
+                k / 256,
+                dst,
+                pool,
+                &release,
+                kernels::q4_k::x16::pack,
+            ),
+            GgmlType::Q6_K => pack_groups(
+                bytes,
+                k / 256,
+                dst,
+                pool,
+                &release,
+                kernels::q6_k::x16::pack,
+            ),
+            GgmlType::Q8_0 => pack_groups(
+                bytes,
+                k / 32,
+                dst,
+                pool,
+                &release,
+                kernels::q0::x16::pack_q8_0,
+            ),
+            GgmlType::Q5_0 => pack_groups(
+                bytes,
+                k / 32,
+                dst,
+                pool,
+                &release,
+                kernels::q0::x16::pack_q5_0,
+            ),
+            _ => return None,
+        }
+        Some(Self { region, ty })
+    }
+}
+
+/// Source bytes packed between two hand-backs of [`pack_groups`].
+const PACK_PIECE_BYTES: usize = 4 << 20;
+
+/// Repacks whole rows of `nb` blocks `B` (the file's bytes `src`) into 16-row groups
+/// `X` written over `dst` (the same length), 64 groups per task on `pool`, in pieces of
+/// about [`PACK_PIECE_BYTES`], each piece's source bytes but the last passed to `release`
+/// once packed (the caller hands back the whole range when done).
+fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
+    src: &[u8],
+    nb: usize,
+    dst: &mut [u8],
+    pool: &rayon::ThreadPool,
+    release: &dyn Fn(std::ops::Range<usize>),
+    pack: fn(&[B], usize, &mut [X]),
+) {
+    let src = kernels::view::<B>(src);
+    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
+    let per = 64 * nb;
+    // A packed block holds the same bytes as the sixteen file blocks it replaces, so
+    // packed blocks `g0..g1` came from source bytes `g0..g1` times its size.
+    let block_bytes = std::mem::size_of::<X>().max(1);
+    // Whole tasks of 64 row groups per piece.
+    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(per.max(1));
+    let total = out.len();
+    let mut g0 = 0;
+    for part in out.chunks_mut(piece) {
+        let blocks = part.len();
+        pool.install(|| {
+            part.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
+                let r0 = (g0 + c * per) * X16_ROWS;
+                pack(&src[r0..r0 + o.len() * X16_ROWS], nb, o)
+            })
+        });
+        if g0 + blocks < total {
+            release(g0 * block_bytes..(g0 + blocks) * block_bytes);
+        }
+        g0 += blocks;
+    }
+}
+
+impl Weight for CpuWeight {
+    fn info(&self) -> &StagedInfo {
+        &self.info
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CpuWeight {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.src.as_slice()
+    }
+
+    /// Weight rows `row0..row0 + rows` (counted over all experts) as the kernels read
+    /// them. With a packed weight both ends must be multiples of 16 (every packed
+    /// weight's rows per expert are).
+    pub(crate) fn rows(&self, row0: usize, rows: usize) -> WeightRows<'_> {
+        match &self.x16 {
+            Some(p) => {
+                debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
+                p.rows().packed_rows(self.k, row0, rows)
+            }
+            None => WeightRows::File(
+                &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
+            ),
+        }
+    }
+}
+
+/// Whether `FLINT_CPU_REPACK` allows repacking weights at staging (default: yes; `0`
+/// keeps every weight in the file's layout, for comparisons).
+fn repack_enabled() -> bool {
+    std::env::var("FLINT_CPU_REPACK").map_or(true, |v| v.trim() != "0")
+}
+
+impl CpuDevice {
+    /// `Device::plan`: every weight resident, in its own encoding.
+    pub(crate) fn plan_weights(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+        // Everything stays where it lies in the file: resident, encoding kept.
+        let mut plan = StagingPlan::default();
+        for w in weights {
+            self.check_usable(w)?;
+            plan.weights.push(PlannedWeight {
+                name: w.name.clone(),
+                source_ty: w.ty,
+                staged_ty: w.ty,
+                kept_quant: true,
+                tier: Tier::Resident,
+                resident_bytes: w.data.len() as u64,
+                streamed_bytes: 0,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// `Device::stage`: the weight repacked into 16-row groups, copied into the arena, or
+    /// kept where it lies.
+    pub(crate) fn stage_weight(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
+        desc.validate()?;
+        self.check_usable(desc)?;
+        let ty = desc.ty;
+        let k = desc.in_features();
+        let row_bytes = ty.row_bytes(k).ok_or_else(|| {
+            HalError::invalid(format!(
+                "tensor '{}': {k} is not a whole number of {ty} blocks",
+                desc.name
+            ))
+        })?;
+        let bytes = desc.data.len() as u64;
+        let (n, e) = (desc.out_features(), desc.experts());
+        // Q4_K, Q6_K, Q8_0 and Q5_0 rows repacked sixteen at a time for the VNNI decode
+        // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
+        let packable = self.level == SimdLevel::Avx512Vnni
+            && match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
+                GgmlType::Q8_0 | GgmlType::Q5_0 => k.is_multiple_of(32),
+                _ => false,
+            }
+            && n.is_multiple_of(X16_ROWS)
+            && n * e > 0
+            && repack_enabled();
+        let x16 = if packable {
+            Packed::pack(ty, &desc.data, k, &self.pool, &self.arena)
+        } else {
+            None
+        };
+        if x16.is_some() {
+            // The file's bytes of this tensor are not read again here.
+            desc.data.release_resident();
+        }
+        // Where weights are repacked, the file's pages of each are handed back, and those
+        // holes split the loader's huge-page copy: what lies between them (a Gemma 3
+        // layer's Q5_0 and Q8_0 matrices, a MoE router) ends up on small pages. A weight
+        // kept in the file's layout is copied into the arena too, its pages handed back
+        // the same way (Gemma 3: 85 MB of anonymous memory on small pages before).
+        let copied = if x16.is_none()
+            && self.level == SimdLevel::Avx512Vnni
+            && repack_enabled()
+            && desc.data.can_release()
+            && desc.data.len() <= ARENA_COPY_MAX
+        {
+            self.arena
+                .alloc(desc.data.len())
+                .ok()
+                .and_then(|mut region| {
+                    region.as_mut_slice().copy_from_slice(desc.data.as_slice());
+                    let len = desc.data.len();
+                    let src =
+                        WeightSource::new(Arc::new(arena::RegionBytes(region)), 0..len).ok()?;
+                    desc.data.release_resident();
+                    Some(src)
+                })
+        } else {
+            None
+        };
+        Ok(Arc::new(CpuWeight {
+            info: StagedInfo {
+                name: desc.name.clone(),
+                source_ty: ty,
+                staged_ty: ty,
+                dims: desc.dims.clone(),
+                kept_quant: true,
+                tier: Tier::Resident,
+                resident_bytes: bytes,
+                streamed_bytes: 0,
+            },
+            src: copied.unwrap_or_else(|| desc.data.clone()),
+            ty,
+            k,
+            n: desc.out_features(),
+            e: desc.experts(),
+            row_bytes,
+            x16,
+        }))
+    }
+}
