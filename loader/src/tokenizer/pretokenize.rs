@@ -994,6 +994,36 @@ mod tests {
     }
 
     #[test]
+    fn deepseek_llm_passes() {
+        // Non-ASCII letters outside DeepSeek's ranges fall out of the letter runs and
+        // the punctuation pass (whose `:-~` holds the ASCII letters) cuts the rest.
+        let w = PreTokenizer::DeepSeekLlm.split("café It's x1y22 \u{3000}、");
+        assert_eq!(
+            w,
+            ["caf", "é", " It", "'", "s", " x", "1", "y", "22", " ", "\u{3000}", "、"]
+        );
+        let w = PreTokenizer::DeepSeekLlm.split("a\r\n\r\nb  ");
+        assert_eq!(w, ["a", "\r", "\n", "\r", "\n", "b", "  "]);
+    }
+
+    #[test]
+    fn deepseek_v3_passes() {
+        // An ASCII punctuation character joins the ASCII letters after it, but not after
+        // a space; CJK and kana runs are cut out before the letters are.
+        let w = PreTokenizer::DeepSeekV3.split("!abc café It's x12345 !a ぁゟ゠ヿ\r\n\r\nb");
+        assert_eq!(
+            w,
+            [
+                "!abc", " café", " It", "'s", " x", "123", "45", " !", "a", " ", "ぁゟ", "゠",
+                "ヿ", "\r\n\r\n", "b"
+            ]
+        );
+        // Control characters lead a letter run or stay between the words.
+        let w = PreTokenizer::DeepSeekV3.split("\0abc \u{1}\u{2} def");
+        assert_eq!(w, ["\0abc", " ", "\u{1}\u{2}", " def"]);
+    }
+
+    #[test]
     fn gemma4_newline_runs() {
         let w = PreTokenizer::Gemma4.split("a b\n\nc\n");
         assert_eq!(w, ["a b", "\n\n", "c", "\n"]);
@@ -1004,7 +1034,8 @@ mod tests {
     fn words_make_up_the_text() {
         let pool = [
             'A', 'Z', 'a', 's', 'T', 'Γ', 'γ', '日', '1', '٣', '²', ' ', '\t', '\n', '\r', '\x0B',
-            '\u{301}', '\'', '/', '!', '\u{3000}', '\u{85}', '😀', '\0', '\u{1C}',
+            '\u{301}', '\'', '/', '!', '\u{3000}', '\u{85}', '😀', '\0', '\u{1C}', 'é', 'ア', '한',
+            '。', '！', '‘',
         ];
         let presets = [
             PreTokenizer::Default,
