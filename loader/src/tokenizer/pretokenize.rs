@@ -1023,6 +1023,24 @@ mod tests {
         assert_eq!(w, ["\0abc", " ", "\u{1}\u{2}", " def"]);
     }
 
+    /// `in_ranges` needs sorted, disjoint ranges.
+    #[test]
+    fn range_tables_are_sorted() {
+        for t in [
+            DEEPSEEK_LETTERS,
+            DEEPSEEK_PUNCT,
+            DEEPSEEK_CJK_HANGUL,
+            DEEPSEEK3_CJK_KANA,
+        ] {
+            assert!(t.iter().all(|&(a, b)| a <= b));
+            assert!(t.windows(2).all(|w| w[0].1 < w[1].0), "{t:x?}");
+        }
+        assert!(in_ranges(DEEPSEEK_LETTERS, 'é' as u32));
+        assert!(!in_ranges(DEEPSEEK_LETTERS, 'ƻ' as u32));
+        assert!(in_ranges(DEEPSEEK_LETTERS, 0x1E943));
+        assert!(!in_ranges(DEEPSEEK_LETTERS, 0x1E944));
+    }
+
     #[test]
     fn gemma4_newline_runs() {
         let w = PreTokenizer::Gemma4.split("a b\n\nc\n");
