@@ -58,7 +58,10 @@ fuzz_target!(|data: &[u8]| {
         PreTokenizer::Qwen35,
         PreTokenizer::Gpt4o,
         PreTokenizer::Gemma4,
-    ][(head as usize >> 1) % 7];
+        PreTokenizer::Glm4,
+        PreTokenizer::DeepSeekLlm,
+        PreTokenizer::DeepSeekV3,
+    ][(head as usize >> 1) % 10];
     let mut cfg = if spm {
         TokenizerConfig {
             model: "llama".into(),

@@ -469,9 +469,11 @@ impl Tokenizer {
         };
 
         let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
-        let (mut bos, mut eos, mut unk) = match cfg.model.as_str() {
-            "llama" => (Some(1), Some(2), Some(0)),
-            "gpt2" => (Some(11), Some(11), None),
+        let (mut bos, mut eos, mut unk) = match (cfg.model.as_str(), kind) {
+            ("llama", _) => (Some(1), Some(2), Some(0)),
+            ("gpt2", TokenizerKind::Bpe(p)) => {
+                (Some(11).filter(|_| p.default_bos()), Some(11), None)
+            }
             _ => (None, None, None),
         };
         bos = in_range(bos);

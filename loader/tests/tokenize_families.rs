@@ -2,8 +2,8 @@
 //! llama-bpe and qwen2 vocabularies and Gemma 3's, cut to 2048 ordinary tokens) give the
 //! ids llama.cpp's `llama-tokenize` gave for the golden text
 //! (`engine/tests/data/families/*/ids.json`, made by `tools/golden/dense_goldens.sh`;
-//! the tokenizer is read from the committed llama-quantize'd file of each case). The
-//! glm4moe cases use the `glm4` pre-tokenizer, which Flint refuses by name for now.
+//! the tokenizer is read from the committed llama-quantize'd file of each case; the
+//! glm4moe cases' built-in vocabulary runs the `glm4` pre-tokenizer).
 
 use std::path::PathBuf;
 
@@ -20,12 +20,16 @@ fn family_files_tokenize_the_golden_text_as_llamacpp() {
         .collect();
     entries.sort();
     for dir in entries {
-        let model = dir.join("model-q8_0.gguf");
-        if !model.is_file() {
-            // Cases without quantized files (gemma3-tiny-27b) share their vocabulary
-            // settings with a case that has them.
+        // The Q8_0 file, else the Q4_K_M one (the MoE variants keep only that); cases
+        // without quantized files (gemma3-tiny-27b) share their vocabulary settings with
+        // a case that has them.
+        let Some(model) = ["model-q8_0.gguf", "model-q4_k_m.gguf"]
+            .iter()
+            .map(|m| dir.join(m))
+            .find(|m| m.is_file())
+        else {
             continue;
-        }
+        };
         let golden: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("ids.json")).expect("ids.json"))
                 .expect("json");
@@ -37,19 +41,6 @@ fn family_files_tokenize_the_golden_text_as_llamacpp() {
             .map(|x| x.as_u64().expect("id") as u32)
             .collect();
         let f = GgufFile::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.starts_with("glm4moe") {
-            // The `glm4` pre-tokenizer is not implemented yet (the MoE families issue):
-            // the file must be refused by that name. Once it is implemented this fails,
-            // and the case joins the comparison below.
-            let err = Tokenizer::from_gguf(&f).expect_err("glm4 is not implemented yet");
-            assert!(
-                err.to_string().contains("'glm4'"),
-                "{}: {err}",
-                dir.display()
-            );
-            continue;
-        }
         let tok = Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
         let got = tok.tokenize(text, true, false);
         assert!(got.len() >= want.len(), "{}: too few tokens", dir.display());
@@ -67,5 +58,16 @@ fn family_files_tokenize_the_golden_text_as_llamacpp() {
         checked.len() >= 5,
         "only {} family cases found",
         checked.len()
+    );
+    let glm4 = checked
+        .iter()
+        .filter(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("glm4moe"))
+        })
+        .count();
+    assert!(
+        glm4 >= 2,
+        "only {glm4} glm4moe cases (the glm4 pre-tokenizer) checked"
     );
 }

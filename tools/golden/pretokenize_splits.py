@@ -12,7 +12,8 @@ llama.cpp's `unicode_regex_split` (`llamacpp_pretokenize.cpp`, built by
 `PreTokenizer::split` against them word for word. Token ids hide most splitting
 mistakes (a word cut in two often merges to the same tokens); the words do not.
 
-Usage: tools/golden/pretokenize_splits.py [--out DIR]
+Usage: tools/golden/pretokenize_splits.py [--out DIR] [--preset NAME]...
+  --preset  only these presets (default: all)
 """
 
 import argparse
@@ -33,6 +34,9 @@ PRESETS = {
     "qwen35": "case LLAMA_VOCAB_PRE_TYPE_QWEN35:",
     "gpt-4o": "case LLAMA_VOCAB_PRE_TYPE_GPT4O:",
     "gemma4": "case LLAMA_VOCAB_PRE_TYPE_GEMMA4:",
+    "glm4": "case LLAMA_VOCAB_PRE_TYPE_CHATGLM4:",
+    "deepseek-llm": "case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM:",
+    "deepseek-v3": "case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM:",
 }
 
 
@@ -78,14 +82,19 @@ def regexes(vocab_cpp, label):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "loader/tests/data/tokenize"))
+    ap.add_argument("--preset", action="append", default=[])
     args = ap.parse_args()
+    unknown = [p for p in args.preset if p not in PRESETS]
+    if unknown:
+        sys.exit(f"pretokenize_splits.py: unknown preset {unknown} (known: {list(PRESETS)})")
+    presets = {k: v for k, v in PRESETS.items() if not args.preset or k in args.preset}
     vocab_cpp = llama_src() / "src/llama-vocab.cpp"
     texts = strings()
     out = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         inp = Path(tmp) / "in.jsonl"
         inp.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
-        for name, label in PRESETS.items():
+        for name, label in presets.items():
             rx = Path(tmp) / f"{name}.json"
             rx.write_text(json.dumps(regexes(vocab_cpp, label)))
             dest = out / f"words-{name}.jsonl"
@@ -96,7 +105,7 @@ def main():
                 obj = json.loads(line)
                 if "".join(obj["words"]) != obj["text"]:
                     sys.exit(f"pretokenize_splits.py: {name}: the words of {obj['text']!r} do not make it up")
-    print(f"pretokenize_splits.py: {len(texts)} strings x {len(PRESETS)} presets into {out}", file=sys.stderr)
+    print(f"pretokenize_splits.py: {len(texts)} strings x {len(presets)} presets into {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 Makes a fixed list of strings (several hundred: scripts, numbers, code, white space,
 emoji, contractions, case runs, combining marks, special-token text, long words,
 mixtures, then 400 pseudo-random mixes of the characters the pre-tokenizer regexes tell
-apart, from a fixed xorshift sequence; the same list on every run), tokenizes each with
+apart, from a fixed xorshift sequence, then the character classes of the DeepSeek
+pre-tokenizers and 100 mixes of CJK, kana, Hangul, full-width and other characters they
+tell apart; the same list on every run), tokenizes each with
 llama.cpp (`llamacpp_tokenize.cpp`, built by `llamacpp_run.sh`) and writes, per vocabulary, `loader/tests/data/tokenize/NAME.jsonl`
 (no BOS, special-token text tokenized as text) and `NAME-special.jsonl` (special-token
 text parsed as special tokens). Each line: `text`, `ids` and `detok` (llama.cpp's
@@ -13,11 +15,12 @@ tokenizer against them.
 
 Vocabularies: llama.cpp's own vocab-only GGUFs from the sdist
 (`models/ggml-vocab-{llama-bpe,qwen2,qwen35,gemma-4}.gguf`; the source directory comes
-from tools/llamacpp_sdist.sh), the Gemma 3 270M file (FLINT_MODEL or the default-model
-cache) for the SentencePiece side, and `gpt-4o`: the sdist has no GPT-4o vocabulary, so
-`ggml-vocab-llama-bpe.gguf` is copied with `tokenizer.ggml.pre = "gpt-4o"`
-(`rewrite_pre.py`, into a temporary directory) to run the GPT-4o pre-tokenizer with the
-Llama 3 tokens and merges.
+from tools/llamacpp_sdist.sh; also `deepseek-llm`), the Gemma 3 270M file (FLINT_MODEL
+or the default-model cache) for the SentencePiece side, and, for the pre-tokenizers no
+vocabulary of the sdist carries, an sdist vocabulary copied with another
+`tokenizer.ggml.pre` (`rewrite_pre.py`, into a temporary directory; `REWRITES`):
+`gpt-4o` and `glm4` on the Llama 3 tokens and merges, `deepseek-v3` on
+DeepSeek LLM's.
 
 Usage: tools/golden/tokenize_strings.py [--out DIR] [--list] [--vocab NAME]...
   --list   print the strings as JSON lines and stop (no llama.cpp needed)
@@ -35,6 +38,15 @@ from pathlib import Path
 from rewrite_pre import rewrite
 
 HERE = Path(__file__).resolve().parent
+
+# Golden vocabularies that are an sdist vocabulary (`models/ggml-vocab-BASE.gguf`) with
+# another `tokenizer.ggml.pre`: name -> (BASE, pre-tokenizer). The Rust side builds the
+# same ones (`REWRITTEN` in loader/tests/tokenize_llamacpp.rs).
+REWRITES = {
+    "gpt-4o": ("llama-bpe", "gpt-4o"),
+    "glm4": ("llama-bpe", "glm4"),
+    "deepseek-v3": ("deepseek-llm", "deepseek-v3"),
+}
 REPO = HERE.parent.parent
 
 
@@ -46,9 +58,19 @@ POOL = [
 ]
 
 
-def mixes(n=400):
-    """`n` strings of 1 to 24 characters of POOL, from a fixed xorshift64 sequence."""
-    x = 0x2545F4914F6CDD1D
+# Characters the DeepSeek and GLM pre-tokenizers' character classes tell apart: letters
+# DeepSeek LLM lists and ones it leaves out, CJK, kana, Hangul, full-width and CJK
+# punctuation, curly quotes, ideographic space, symbols, numbers of other scripts.
+CJK_POOL = [
+    "a", "Z", "é", "ƻ", "ʰ", "Ω", "K", "日", "龦", "あ", "ア", "ゟ", "한", "ㄱ", "。", "、", "「",
+    "！", "Ａ", "ｚ", "１", "‘", "“", "…", "\u3000", " ", " ", "\n", "\r", "\t", "1", "٣",
+    "😀", ".", "'", "-", "$", "\u0301", "ـ", "℃", "\x00", "ก",
+]
+
+
+def mixes(n=400, pool=POOL, seed=0x2545F4914F6CDD1D):
+    """`n` strings of 1 to 24 characters of `pool`, from a fixed xorshift64 sequence."""
+    x = seed
     mask = (1 << 64) - 1
 
     def nxt():
@@ -60,7 +82,7 @@ def mixes(n=400):
 
     out = []
     while len(out) < n:
-        t = "".join(POOL[nxt() % len(POOL)] for _ in range(1 + nxt() % 24))
+        t = "".join(pool[nxt() % len(pool)] for _ in range(1 + nxt() % 24))
         if t not in out:
             out.append(t)
     return out
@@ -383,6 +405,47 @@ def strings():
     )
     # Pseudo-random mixes of the characters the pre-tokenizer regexes tell apart.
     add(*mixes())
+    # The character classes of the DeepSeek pre-tokenizers (and GLM's Llama 3 regex on
+    # the same text): the letters DeepSeek LLM lists and their neighbours it leaves out,
+    # full-width and CJK punctuation, kana and Hangul, the ideographic space, letters next
+    # to punctuation, numbers next to CJK, trailing white space.
+    add(
+        "ƻƼ ʔʕ ʯʰ µ ß ÿ ŉ",
+        "Ωhm Kelvin ℃ ℌℑ ℵ ⅎ Ↄↄ ℮",
+        "𐐀𐐨 𐒰𐓘 𞤀𞤢 𑢠",
+        "Ά Έ Ή ᾳ ῼ ι ΐ",
+        "ꙀꙁꙂ ꜢꜣꜤ ꭰꭱ ﬀﬁ ﬓﬔ Ⰰⰰ ⲀⲁⳤⳫ",
+        "ᏸᏹ ᲐᲑ ᴀᴁ ᵫᵬ ᶚ ᵸ",
+        "ＡＢＣ！？（注）：；～ ｆｕｌｌ",
+        "‘single’ “double” „low‟ ‹angle›",
+        "「引用」『二重』〈括弧〉【強調】",
+        "日本語　全角スペース。句点、読点",
+        "ぁゟ゠ヿ ㇰ ｦｧ ㄅㄆ",
+        "한국어와 日本語と中文",
+        "龥龦 㐀 𠀀 豈",
+        "ࠀ ߿ ꀀ ꓐ",
+        "第1章 2024年3月15日 ３月",
+        "价格：¥１２３４.５６元",
+        "abc中文def日本ghi",
+        "中文,English;日本語.",
+        " 中文  日本  ",
+        "\u3000\u3000indented",
+        "x\u3000\u3001y",
+        "a\u180eb \ufeffc d\u200be",
+        "'Hello' \"World\" (x) [y] {z} <w>",
+        "!abc .com ?Query #tag @user $var %mod ^caret ~tilde `tick",
+        "¡Hola! ¿Qué? «Ça» —dash— …end",
+        "x1y22z333w4444v55555",
+        "٣٤٥abc١٢ ١٢٣٤ ¹²³",
+        "e\u0301\u0302 \u0301a 1\u0301 !\u0301 日\u0301",
+        "\x00abc \x01\x02 def\x7f",
+        "trailing spaces   ",
+        "trailing tab\t",
+        "trailing ideographic\u3000",
+        "line\r\n\r\nbreaks \n \r",
+        "ไทย ลาว ខ្មែរ",
+    )
+    add(*mixes(100, CJK_POOL, 0x9E3779B97F4A7C15))
     return out
 
 
@@ -424,15 +487,17 @@ def main():
             "gemma3": gemma_model(),
             "qwen35": src / "models/ggml-vocab-qwen35.gguf",
             "gemma-4": src / "models/ggml-vocab-gemma-4.gguf",
-            "gpt-4o": Path(tmp) / "ggml-vocab-gpt-4o.gguf",
+            "deepseek-llm": src / "models/ggml-vocab-deepseek-llm.gguf",
         }
+        vocabs.update({name: Path(tmp) / f"ggml-vocab-{name}.gguf" for name in REWRITES})
         unknown = [v for v in args.vocab if v not in vocabs]
         if unknown:
             sys.exit(f"tokenize_strings.py: unknown vocabulary {unknown} (known: {list(vocabs)})")
         if args.vocab:
             vocabs = {k: v for k, v in vocabs.items() if k in args.vocab}
-        if "gpt-4o" in vocabs:
-            rewrite(src / "models/ggml-vocab-llama-bpe.gguf", vocabs["gpt-4o"], "gpt-4o")
+        for name, (base, pre) in REWRITES.items():
+            if name in vocabs:
+                rewrite(src / f"models/ggml-vocab-{base}.gguf", vocabs[name], pre)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         inp = Path(tmp) / "in.jsonl"
