@@ -12,7 +12,9 @@ use flint_engine::kv::{groups_from_pattern, KvCacheManager};
 use flint_engine::model::ModelError;
 use flint_engine::sched::{Detokenizer, LLMEngine, StepModel, StepSeq};
 use flint_engine::sched::{Scheduler, SchedulerConfig};
-use flint_engine::serve::{self, ApiKey, ChatMessage, EngineHandle, ServerConfig, TextSide};
+use flint_engine::serve::{
+    self, ApiKey, ChatMessage, ChatPrompt, EngineHandle, ServerConfig, TextSide,
+};
 use serde_json::{json, Value};
 
 /// Next token = last + 1 (mod 26), one letter per token; 'z' (25) is EOS. Its logits
@@ -77,9 +79,16 @@ impl TextSide for Text {
             })
             .collect()
     }
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        _tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String> {
         let last = messages.last().ok_or("no messages")?;
-        self.encode_prompt(&last.content)
+        Ok(ChatPrompt {
+            tokens: self.encode_prompt(&last.content)?,
+            opens_reasoning: false,
+        })
     }
     fn eog_ids(&self) -> Vec<u32> {
         vec![25]
@@ -535,13 +544,16 @@ impl TextSide for HostileTemplate {
     fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String> {
         Text.encode_prompt(text)
     }
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
-        let msgs: Vec<flint_loader::chat::ChatMessage> = messages
-            .iter()
-            .map(|m| flint_loader::chat::ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
-        let text = self.0.render(&msgs, true).map_err(|e| e.to_string())?;
-        Text.encode_prompt(&text)
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String> {
+        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools)?;
+        Ok(ChatPrompt {
+            tokens: Text.encode_prompt(&text)?,
+            opens_reasoning,
+        })
     }
     fn eog_ids(&self) -> Vec<u32> {
         vec![25]
@@ -682,8 +694,9 @@ fn every_field_is_used_harmless_or_refused_by_name() {
             json!({"response_format": {"type": "json_object"}}),
             "response_format",
         ),
+        // This model's template renders no tools.
         (json!({"tools": tool}), "tools"),
-        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"reasoning_effort": "high"}), "reasoning_effort"),
         (json!({"frobnicate": 1}), "frobnicate"),
         (json!({"echo": true}), "echo"),
@@ -700,8 +713,8 @@ fn every_field_is_used_harmless_or_refused_by_name() {
     assert_400(
         &s,
         "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "a", "name": "bob"}]}),
-        "messages[0].name",
+        json!({"messages": [{"role": "user", "content": "a", "refusal": "no"}]}),
+        "messages[0].refusal",
     );
     assert_400(
         &s,

@@ -17,6 +17,7 @@
 mod api;
 pub mod engine;
 mod metrics;
+pub mod tools;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -31,7 +32,7 @@ use crate::kv::RequestId;
 use crate::sample::{SamplerConfig, StopConditions};
 use crate::sched::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
 
-pub use api::{router, ChatMessage, TextSide};
+pub use api::{router, ChatMessage, ChatPrompt, TextSide};
 pub use engine::*;
 pub use metrics::Metrics;
 
