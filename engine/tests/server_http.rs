@@ -599,16 +599,32 @@ fn prefix_cache_counters_move() {
         let s = start_over(64, 64, Arc::new(Text), on);
         // 29 tokens: the second request finds 7 blocks of 4 (28 tokens) in both groups.
         let body = r#"{"prompt":"abcdefghijklmnopqrstuvwxyabcd","max_tokens":2}"#;
+        let mut cached = Vec::new();
         for _ in 0..2 {
             let (st, v) = post(&s, "/v1/completions", body);
             assert_eq!(st, 200, "{v}");
             assert_eq!(v["choices"][0]["text"], "ef");
+            cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].clone());
+        }
+        // usage.prompt_tokens_details.cached_tokens, streamed too.
+        let ev = sse(
+            &s,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "abcdefghijklmnopqrstuvwxyabcd"}],
+                   "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+        );
+        let last = chunks(&ev).pop().unwrap();
+        cached.push(last["usage"]["prompt_tokens_details"]["cached_tokens"].clone());
+        if on {
+            assert_eq!(cached, [json!(0), json!(28), json!(28)]);
+        } else {
+            assert_eq!(cached, [json!(0), json!(0), json!(0)]);
         }
         let queries = metric(&s, "flint_prefix_cache_queries_total");
         let hits = metric(&s, "flint_prefix_cache_hits_total");
         let blocks = metric(&s, "flint_prefix_cache_blocks");
         if on {
-            assert_eq!((queries, hits), (58.0, 28.0));
+            assert_eq!((queries, hits), (87.0, 56.0));
             // 30 tokens computed by the first request: 7 full blocks in each group.
             assert_eq!(blocks, 14.0);
         } else {
@@ -1114,4 +1130,58 @@ fn tokenize_and_detokenize() {
     );
     let (st, _) = post(&s, "/tokenize", r#"{"prompt":"a","messages":[]}"#);
     assert_eq!(st, 400);
+}
+
+/// Every 4xx and 503 answer counts in `flint_requests_refused_total` (a request the
+/// engine never saw included); a preemption counts in `flint_preemptions_total`.
+#[test]
+fn refusals_and_preemptions_are_counted() {
+    let s = start(64, 12);
+    let refused = |s: &Server| metric(s, "flint_requests_refused_total");
+    assert_eq!(refused(&s), 0.0);
+    assert_eq!(post(&s, "/v1/completions", "{").0, 400);
+    assert_eq!(
+        post(&s, "/v1/completions", r#"{"prompt":"a","n":0}"#).0,
+        400
+    );
+    let long = json!({"prompt": "a".repeat(150)}).to_string();
+    assert_eq!(post(&s, "/v1/completions", &long).0, 400);
+    assert_eq!(get(&s, "/nowhere", None).0, 404);
+    let big = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(3 << 20));
+    let r = agent()
+        .post(&format!("{}/v1/completions", s.base))
+        .set("content-type", "application/json")
+        .send_string(&big);
+    assert!(
+        matches!(r, Err(ureq::Error::Status(413, _))),
+        "a body over the limit: {:?}",
+        r.map(|r| r.status())
+    );
+    assert_eq!(refused(&s), 5.0);
+    assert_eq!(metric(&s, "flint_requests_total"), 0.0);
+    assert_eq!(post(&s, "/v1/completions", r#"{"prompt":"a"}"#).0, 200);
+    assert_eq!(refused(&s), 5.0, "a served request is no refusal");
+
+    // Four requests that cannot all hold their blocks in 12 (of 4 tokens) at once.
+    assert_eq!(metric(&s, "flint_preemptions_total"), 0.0);
+    let s = Arc::new(s);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                post(
+                    &s,
+                    "/v1/completions",
+                    r#"{"prompt":"abcdefgh","max_tokens":30,"temperature":0}"#,
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        let (st, v) = c.join().unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], "ijklmnopqrstuvwxy");
+    }
+    assert!(metric(&s, "flint_preemptions_total") > 0.0);
+    assert_eq!(metric(&s, "flint_kv_blocks_in_use"), 0.0);
 }

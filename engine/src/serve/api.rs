@@ -162,9 +162,23 @@ pub fn router(engine: EngineHandle, text: Arc<dyn TextSide>) -> Router {
         .with_state(st)
 }
 
-/// In front of every route: the API key (all but `/health`), then the drain (all but
-/// `/health` and `/metrics`).
+/// In front of every route: counts the refusals (every 4xx and 503 answer but
+/// `/health`'s and `/metrics`'), then checks the API key (all but `/health`), then the
+/// drain (all but `/health` and `/metrics`).
 async fn gate(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let counted = !matches!(req.uri().path(), "/health" | "/metrics");
+    let r = guard(&st, req, next).await;
+    let status = r.status();
+    if counted && (status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE) {
+        st.engine
+            .metrics
+            .requests_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    r
+}
+
+async fn guard(st: &AppState, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" {
         return next.run(req).await;
@@ -726,9 +740,11 @@ fn chat_finish(f: FinishReason, called: bool) -> &'static str {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+/// `usage`; `cached`: prompt tokens found in the prefix cache.
+fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1173,6 +1189,7 @@ async fn run(
         choices: jobs.len(),
         text: Arc::clone(&st.text),
         parse: opts.parse,
+        n,
         call_seed: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -1202,6 +1219,8 @@ struct Resp {
     parse: Option<ParseSpec>,
     /// Seeds the tool call ids.
     call_seed: u64,
+    /// Samples per prompt.
+    n: usize,
 }
 
 impl Resp {
@@ -1211,6 +1230,12 @@ impl Resp {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
         }
+    }
+
+    /// The prompt tokens found in the prefix cache, given each choice's count: the
+    /// first sample's of each prompt (`usage.prompt_tokens` counts each prompt once).
+    fn cached(&self, per_choice: &[usize]) -> usize {
+        per_choice.iter().step_by(self.n.max(1)).sum()
     }
 
     /// A parser for one chat choice; `None` when the text is all content.
@@ -1336,6 +1361,7 @@ struct Choice {
 
 async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
     let mut choices: Vec<Choice> = (0..resp.choices).map(|_| Choice::default()).collect();
+    let mut cached = vec![0; resp.choices];
     let mut events = merged(jobs);
     while let Some((i, ev)) = events.next().await {
         match ev {
@@ -1345,6 +1371,9 @@ async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
                 };
                 c.text.push_str(&o.text);
                 c.completion = o.completion_tokens;
+                if let Some(k) = cached.get_mut(i) {
+                    *k = o.cached_tokens;
+                }
                 if let Some(lp) = o.logprobs {
                     c.logprobs.get_or_insert_with(Vec::new).push(lp);
                 }
@@ -1379,7 +1408,7 @@ async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
     Json(json!({
         "id": resp.rid, "object": resp.object(false), "created": resp.created,
         "model": resp.model, "choices": out,
-        "usage": usage(resp.prompt_tokens, completion),
+        "usage": usage(resp.prompt_tokens, resp.cached(&cached), completion),
     }))
     .into_response()
 }
@@ -1394,6 +1423,8 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
         /// Per chat choice: its parser (when it splits the text) and its calls so far.
         parsers: Vec<Option<OutputParser>>,
         calls: Vec<usize>,
+        /// Per choice: prompt tokens found in the prefix cache.
+        cached: Vec<usize>,
         finished: usize,
         done: bool,
         pending: std::collections::VecDeque<SseEvent>,
@@ -1467,6 +1498,7 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
         offset: vec![0; n],
         parsers: (0..n).map(|_| resp.parser()).collect(),
         calls: vec![0; n],
+        cached: vec![0; n],
         finished: 0,
         done: false,
         pending: Default::default(),
@@ -1495,6 +1527,9 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
                     if let Some(c) = st.completion.get_mut(i) {
                         *c = o.completion_tokens;
                     }
+                    if let Some(k) = st.cached.get_mut(i) {
+                        *k = o.cached_tokens;
+                    }
                     let logprobs = match (&o.logprobs, st.offset.get_mut(i)) {
                         (Some(lp), Some(off)) => st.resp.logprobs(std::slice::from_ref(lp), off),
                         _ => Value::Null,
@@ -1518,7 +1553,9 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
                     if st.finished == n {
                         if include_usage {
                             let total = st.completion.iter().sum();
-                            let c = st.chunk(json!([]), Some(usage(st.resp.prompt_tokens, total)));
+                            let cached = st.resp.cached(&st.cached);
+                            let u = usage(st.resp.prompt_tokens, cached, total);
+                            let c = st.chunk(json!([]), Some(u));
                             st.pending.push_back(c);
                         }
                         st.pending.push_back(SseEvent::default().data("[DONE]"));
