@@ -306,7 +306,10 @@ fn openai_client(s: &Server) {
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     // response_format on the real model: answers under several JSON schemas, sampled at
     // temperature 1, parse and fit their schema.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/serve/openai_tools.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tools/serve/openai_tools.py"
+    );
     let out = Command::new("python3")
         .arg(script)
         .arg(format!("{}/v1", s.base))
