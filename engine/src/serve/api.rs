@@ -1000,7 +1000,7 @@ fn offered_tools(
     st: &AppState,
     tools: Option<Vec<Value>>,
     choice: Option<&Value>,
-) -> Result<Option<(ToolSyntax, Arc<Vec<Value>>)>, Response> {
+) -> Result<Option<OfferedTools>, Response> {
     let tools = tools.unwrap_or_default();
     for (i, t) in tools.iter().enumerate() {
         let name = t.pointer("/function/name").and_then(Value::as_str);
@@ -1039,11 +1039,14 @@ fn offered_tools(
     }
 }
 
+/// The tools offered to the model and the syntax of its calls.
+type OfferedTools = (ToolSyntax, Arc<Vec<Value>>);
+
 /// How a chat answer is split into content, reasoning and tool calls.
 #[derive(Clone)]
 struct ParseSpec {
     /// The offered tools and the syntax of their calls.
-    tools: Option<(ToolSyntax, Arc<Vec<Value>>)>,
+    tools: Option<OfferedTools>,
     /// The model writes `<think>` reasoning.
     reasoning: bool,
     /// The prompt opened the reasoning.
