@@ -12,7 +12,9 @@ use flint_engine::kv::{groups_from_pattern, KvCacheManager};
 use flint_engine::model::ModelError;
 use flint_engine::sched::{Detokenizer, LLMEngine, StepModel, StepSeq};
 use flint_engine::sched::{Scheduler, SchedulerConfig};
-use flint_engine::serve::{self, ApiKey, ChatMessage, EngineHandle, ServerConfig, TextSide};
+use flint_engine::serve::{
+    self, ApiKey, ChatMessage, ChatPrompt, EngineHandle, ServerConfig, TextSide,
+};
 use serde_json::{json, Value};
 
 /// Next token = last + 1 (mod 26), one letter per token; 'z' (25) is EOS. Its logits
@@ -77,9 +79,16 @@ impl TextSide for Text {
             })
             .collect()
     }
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        _tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String> {
         let last = messages.last().ok_or("no messages")?;
-        self.encode_prompt(&last.content)
+        Ok(ChatPrompt {
+            tokens: self.encode_prompt(&last.content)?,
+            opens_reasoning: false,
+        })
     }
     fn eog_ids(&self) -> Vec<u32> {
         vec![25]
@@ -535,13 +544,16 @@ impl TextSide for HostileTemplate {
     fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String> {
         Text.encode_prompt(text)
     }
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
-        let msgs: Vec<flint_loader::chat::ChatMessage> = messages
-            .iter()
-            .map(|m| flint_loader::chat::ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
-        let text = self.0.render(&msgs, true).map_err(|e| e.to_string())?;
-        Text.encode_prompt(&text)
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String> {
+        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools)?;
+        Ok(ChatPrompt {
+            tokens: Text.encode_prompt(&text)?,
+            opens_reasoning,
+        })
     }
     fn eog_ids(&self) -> Vec<u32> {
         vec![25]
@@ -587,16 +599,32 @@ fn prefix_cache_counters_move() {
         let s = start_over(64, 64, Arc::new(Text), on);
         // 29 tokens: the second request finds 7 blocks of 4 (28 tokens) in both groups.
         let body = r#"{"prompt":"abcdefghijklmnopqrstuvwxyabcd","max_tokens":2}"#;
+        let mut cached = Vec::new();
         for _ in 0..2 {
             let (st, v) = post(&s, "/v1/completions", body);
             assert_eq!(st, 200, "{v}");
             assert_eq!(v["choices"][0]["text"], "ef");
+            cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].clone());
+        }
+        // usage.prompt_tokens_details.cached_tokens, streamed too.
+        let ev = sse(
+            &s,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "abcdefghijklmnopqrstuvwxyabcd"}],
+                   "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+        );
+        let last = chunks(&ev).pop().unwrap();
+        cached.push(last["usage"]["prompt_tokens_details"]["cached_tokens"].clone());
+        if on {
+            assert_eq!(cached, [json!(0), json!(28), json!(28)]);
+        } else {
+            assert_eq!(cached, [json!(0), json!(0), json!(0)]);
         }
         let queries = metric(&s, "flint_prefix_cache_queries_total");
         let hits = metric(&s, "flint_prefix_cache_hits_total");
         let blocks = metric(&s, "flint_prefix_cache_blocks");
         if on {
-            assert_eq!((queries, hits), (58.0, 28.0));
+            assert_eq!((queries, hits), (87.0, 56.0));
             // 30 tokens computed by the first request: 7 full blocks in each group.
             assert_eq!(blocks, 14.0);
         } else {
@@ -682,8 +710,9 @@ fn every_field_is_used_harmless_or_refused_by_name() {
             json!({"response_format": {"type": "json_object"}}),
             "response_format",
         ),
+        // This model's template renders no tools.
         (json!({"tools": tool}), "tools"),
-        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"reasoning_effort": "high"}), "reasoning_effort"),
         (json!({"frobnicate": 1}), "frobnicate"),
         (json!({"echo": true}), "echo"),
@@ -700,8 +729,8 @@ fn every_field_is_used_harmless_or_refused_by_name() {
     assert_400(
         &s,
         "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "a", "name": "bob"}]}),
-        "messages[0].name",
+        json!({"messages": [{"role": "user", "content": "a", "refusal": "no"}]}),
+        "messages[0].refusal",
     );
     assert_400(
         &s,
@@ -1101,4 +1130,58 @@ fn tokenize_and_detokenize() {
     );
     let (st, _) = post(&s, "/tokenize", r#"{"prompt":"a","messages":[]}"#);
     assert_eq!(st, 400);
+}
+
+/// Every 4xx and 503 answer counts in `flint_requests_refused_total` (a request the
+/// engine never saw included); a preemption counts in `flint_preemptions_total`.
+#[test]
+fn refusals_and_preemptions_are_counted() {
+    let s = start(64, 12);
+    let refused = |s: &Server| metric(s, "flint_requests_refused_total");
+    assert_eq!(refused(&s), 0.0);
+    assert_eq!(post(&s, "/v1/completions", "{").0, 400);
+    assert_eq!(
+        post(&s, "/v1/completions", r#"{"prompt":"a","n":0}"#).0,
+        400
+    );
+    let long = json!({"prompt": "a".repeat(150)}).to_string();
+    assert_eq!(post(&s, "/v1/completions", &long).0, 400);
+    assert_eq!(get(&s, "/nowhere", None).0, 404);
+    let big = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(3 << 20));
+    let r = agent()
+        .post(&format!("{}/v1/completions", s.base))
+        .set("content-type", "application/json")
+        .send_string(&big);
+    assert!(
+        matches!(r, Err(ureq::Error::Status(413, _))),
+        "a body over the limit: {:?}",
+        r.map(|r| r.status())
+    );
+    assert_eq!(refused(&s), 5.0);
+    assert_eq!(metric(&s, "flint_requests_total"), 0.0);
+    assert_eq!(post(&s, "/v1/completions", r#"{"prompt":"a"}"#).0, 200);
+    assert_eq!(refused(&s), 5.0, "a served request is no refusal");
+
+    // Four requests that cannot all hold their blocks in 12 (of 4 tokens) at once.
+    assert_eq!(metric(&s, "flint_preemptions_total"), 0.0);
+    let s = Arc::new(s);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                post(
+                    &s,
+                    "/v1/completions",
+                    r#"{"prompt":"abcdefgh","max_tokens":30,"temperature":0}"#,
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        let (st, v) = c.join().unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], "ijklmnopqrstuvwxy");
+    }
+    assert!(metric(&s, "flint_preemptions_total") > 0.0);
+    assert_eq!(metric(&s, "flint_kv_blocks_in_use"), 0.0);
 }

@@ -304,6 +304,26 @@ fn openai_client(s: &Server) {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    // response_format on the real model: answers under several JSON schemas, sampled at
+    // temperature 1, parse and fit their schema.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tools/serve/openai_tools.py"
+    );
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(format!("{}/v1", s.base))
+        .arg("json_schema")
+        .env("FLINT_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client (json_schema) failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
 /// Completion log-probabilities equal the log-softmax of the teacher-forced logits of

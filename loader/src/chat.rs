@@ -185,14 +185,56 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| ChatError::Render(describe(&e)))?;
         let input: usize = messages
             .iter()
             .map(|m| m.role.len() + m.content.len())
             .sum();
+        self.render_ctx(
+            Value::from_serialize(messages),
+            Value::from(()),
+            input,
+            add_generation_prompt,
+        )
+    }
+
+    /// Renders messages given as JSON objects in OpenAI's shape (`role`, `content`,
+    /// and what templates read besides: `tool_calls`, `tool_call_id`, `name`) with the
+    /// function `tools` offered to the model (`tools` in the template's context, as
+    /// Hugging Face's `apply_chat_template(tools=...)` passes them; `None` leaves it
+    /// `none`). The same limits as [`render`](Self::render), over the JSON text of
+    /// the messages and tools.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let size = |v: &serde_json::Value| serde_json::to_string(v).map_or(0, |s| s.len());
+        let input = messages.iter().map(size).sum::<usize>()
+            + tools.map_or(0, |t| t.iter().map(size).sum());
+        let tools = match tools {
+            Some(t) => Value::from_serialize(t),
+            None => Value::from(()),
+        };
+        self.render_ctx(
+            Value::from_serialize(messages),
+            tools,
+            input,
+            add_generation_prompt,
+        )
+    }
+
+    fn render_ctx(
+        &self,
+        messages: Value,
+        tools: Value,
+        input: usize,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| ChatError::Render(describe(&e)))?;
         let mut out = CappedWriter {
             buf: Vec::new(),
             cap: input.saturating_mul(2).saturating_add(RENDER_EXTRA_BYTES),
@@ -200,6 +242,7 @@ impl ChatTemplate {
         tmpl.render_captured_to(
             minijinja::context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,

@@ -451,21 +451,15 @@ def soak_mode(args, client, model, max_model_len):
               f"aborted {end.get('flint_requests_aborted_total', float('nan')):g}, "
               f"refused {end.get('flint_requests_refused_total', float('nan')):g}", flush=True)
 
-    # Preemption leaves a trace in the prefix-cache counters: a preempted request is
-    # looked up again when it is re-admitted, so more tokens are looked up than were
-    # ever admitted (requests aborted before they ran only lower the lookups).
+    # Preemptions are counted by the server (flint_preemptions_total).
     preempted = None
-    if end and "flint_prefix_cache_queries_total" in end and "flint_prompt_tokens_total" in end:
-        extra = end["flint_prefix_cache_queries_total"] - end["flint_prompt_tokens_total"]
-        if end["flint_prefix_cache_queries_total"] > 0:
-            preempted = extra > 0
-            print(f"  preemption: {'seen' if preempted else 'not seen'} (prefix-cache lookups "
-                  f"{'exceed' if preempted else 'do not exceed'} the admitted prompt tokens"
-                  f"{f' by {extra:g}' if preempted else ''})", flush=True)
+    if end and "flint_preemptions_total" in end:
+        preempted = end["flint_preemptions_total"] > 0
+        print(f"  preemption: {end['flint_preemptions_total']:g} preemptions", flush=True)
     if args.expect_preemption and not preempted:
         violations.append("no preemption was seen (raise --soak-concurrency or shrink the "
                           "server's --kv-memory)" if preempted is False else
-                          "preemption cannot be told from /metrics (prefix caching off?)")
+                          "/metrics has no flint_preemptions_total")
 
     rss_report = None
     if args.server_pid:

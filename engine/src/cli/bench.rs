@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// A/B timing, `flint_hal::ab_test`, enough steps).
     #[arg(long, default_value_t = 32)]
     pub aggregate_tokens: usize,
+    /// Concurrency levels of the curve (`1,4,16,64`): at each, that many requests of
+    /// 128 prompt tokens / `--aggregate-tokens` generated run together; prints the
+    /// aggregate decode tok/s and TPOT of each level.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: Vec<u32>,
 }
 
 /// A deterministic prompt of `n` ordinary tokens (no control tokens).
@@ -60,35 +65,75 @@ fn params(max_tokens: usize) -> RequestParams {
     }
 }
 
-/// Runs the engine until idle; returns (wall seconds, decode-only tokens, decode-only
-/// seconds). With `FLINT_PROFILE`, the per-op times of the steps that carried prompt
-/// tokens are kept when `profile_prefill`, the others otherwise.
+/// What one run of requests measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    /// Wall seconds, prefill included.
+    wall: f64,
+    /// Tokens generated in the steps that held no prompt token, and their seconds
+    /// and count.
+    dec_tokens: usize,
+    dec_time: f64,
+    dec_steps: usize,
+}
+
+impl Run {
+    fn decode_tok_s(&self) -> f64 {
+        self.dec_tokens as f64 / self.dec_time.max(1e-9)
+    }
+
+    /// Mean time of a decode step: what each running request waits per token.
+    fn tpot_ms(&self) -> f64 {
+        1000.0 * self.dec_time / self.dec_steps.max(1) as f64
+    }
+}
+
+/// Runs `prompts` (each generating `max_tokens`) to the end with at most `running` of
+/// them in the engine at once: a new one goes in when one finishes. With
+/// `FLINT_PROFILE`, the per-op times of the steps that carried prompt tokens are kept
+/// when `profile_prefill`, the others otherwise.
 fn drain(
     engine: &mut LLMEngine<PagedModel>,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    running: usize,
     profile_prefill: bool,
-) -> Result<(f64, usize, f64), CliError> {
+) -> Result<Run, CliError> {
     // The loop in one device session: steps start without a hand-off between threads.
-    engine.in_session(|engine| drain_steps(engine, profile_prefill))
+    engine.in_session(|engine| drain_steps(engine, prompts, max_tokens, running, profile_prefill))
 }
 
 fn drain_steps(
     engine: &mut LLMEngine<PagedModel>,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    running: usize,
     profile_prefill: bool,
-) -> Result<(f64, usize, f64), CliError> {
+) -> Result<Run, CliError> {
+    let mut pending = prompts.into_iter();
     let t0 = Instant::now();
-    let (mut dec_tokens, mut dec_time) = (0usize, 0.0f64);
-    while engine.has_unfinished() {
+    let mut run = Run::default();
+    loop {
+        while engine.num_unfinished() < running.max(1) {
+            let Some(p) = pending.next() else { break };
+            engine.add_request(p, params(max_tokens))?;
+        }
+        if !engine.has_unfinished() {
+            break;
+        }
         let ts = Instant::now();
         engine.step()?;
         let dt = ts.elapsed().as_secs_f64();
         let st = engine.last_step();
         profile::end_step(st.has_prefill == profile_prefill);
         if !st.has_prefill {
-            dec_tokens += st.sampled;
-            dec_time += dt;
+            run.dec_tokens += st.sampled;
+            run.dec_time += dt;
+            run.dec_steps += 1;
         }
     }
-    Ok((t0.elapsed().as_secs_f64(), dec_tokens, dec_time))
+    run.wall = t0.elapsed().as_secs_f64();
+    Ok(run)
 }
 
 /// Prints the per-op times kept since the last table (`FLINT_PROFILE`), on stderr.
@@ -109,47 +154,59 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let levels: Vec<usize> = args.concurrency.iter().map(|&c| c as usize).collect();
     let settings = EngineSettings {
-        max_num_seqs: 4,
+        // The aggregate test keeps 4 running itself; the curve needs its largest level.
+        max_num_seqs: levels.iter().copied().max().unwrap_or(4).max(4),
         max_num_batched_tokens: 512,
         ..EngineSettings::default()
     };
     let (mut engine, _tok, _) = build_engine(loaded, &settings)?;
 
     // Warm-up: touch every weight once (page-in of the mmap), not measured.
-    engine.add_request(prompt(vocab, 8, 99), params(2))?;
-    drain(&mut engine, true)?;
+    drain(&mut engine, vec![prompt(vocab, 8, 99)], 2, 1, true)?;
     let _ = profile::take_report("warm-up");
 
     // Prefill: 1 x 512 prompt tokens, one generated token (its logits end the prefill).
-    engine.add_request(prompt(vocab, 512, 1), params(1))?;
-    let t = Instant::now();
-    drain(&mut engine, true)?;
-    let prefill_s = t.elapsed().as_secs_f64();
+    let prefill = drain(&mut engine, vec![prompt(vocab, 512, 1)], 1, 1, true)?;
     print_profile("prefill 1 x 512");
-    let prefill_tok_s = 512.0 / prefill_s;
+    let prefill_tok_s = 512.0 / prefill.wall;
 
     // Decode: 1 x 8 prompt tokens, decode_tokens generated, c = 1.
     let n_gen = args.decode_tokens.max(2);
-    engine.add_request(prompt(vocab, 8, 2), params(n_gen))?;
-    let (_, dec_tokens, dec_time) = drain(&mut engine, false)?;
+    let decode = drain(&mut engine, vec![prompt(vocab, 8, 2)], n_gen, 1, false)?;
     print_profile("decode c=1 (decode steps)");
-    let decode_tok_s = dec_tokens as f64 / dec_time.max(1e-9);
-    let tpot_ms = 1000.0 * dec_time / dec_tokens.max(1) as f64;
+    let decode_tok_s = decode.decode_tok_s();
+    let tpot_ms = decode.tpot_ms();
 
     // Aggregate: 8 requests x 128 prompt tokens / 32 generated (`--aggregate-tokens`),
     // at most 4 running.
     let agg_gen = args.aggregate_tokens.max(1);
-    for i in 0..8 {
-        engine.add_request(prompt(vocab, 128, 10 + i), params(agg_gen))?;
-    }
-    let (wall, agg_dec_tokens, agg_dec_time) = drain(&mut engine, false)?;
+    let prompts = (0..8).map(|i| prompt(vocab, 128, 10 + i)).collect();
+    let agg = drain(&mut engine, prompts, agg_gen, 4, false)?;
     print_profile("aggregate c=4 (decode steps)");
+    let wall = agg.wall;
     let output_tok_s = (8 * agg_gen) as f64 / wall;
-    let agg_decode_tok_s = agg_dec_tokens as f64 / agg_dec_time.max(1e-9);
+    let agg_decode_tok_s = agg.decode_tok_s();
     // What batching buys: aggregate decode at c=4 over decode at c=1 (the issue asks
     // for at least 3x on the bench preset).
     let decode_speedup = agg_decode_tok_s / decode_tok_s.max(1e-9);
+
+    // The curve: at each level C, C requests of 128 prompt tokens run together.
+    let mut curve = Vec::with_capacity(levels.len());
+    for (k, &c) in levels.iter().enumerate() {
+        let prompts = (0..c)
+            .map(|i| prompt(vocab, 128, 1000 * (k as u64 + 1) + i as u64))
+            .collect();
+        let r = drain(&mut engine, prompts, agg_gen, c, false)?;
+        print_profile(&format!("concurrency c={c} (decode steps)"));
+        curve.push((c, r));
+    }
+    // Speed-ups against the curve's own c=1 when it has one, else the decode test.
+    let c1 = curve
+        .iter()
+        .find(|(c, _)| *c == 1)
+        .map_or(decode_tok_s, |(_, r)| r.decode_tok_s());
 
     let model = path.display().to_string();
     if args.json {
@@ -167,6 +224,18 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                           "decode_tok_s": agg_decode_tok_s, "wall_s": wall,
                           "decode_speedup_vs_c1": decode_speedup},
         });
+        let mut v = v;
+        if !curve.is_empty() {
+            v["curve"] = curve
+                .iter()
+                .map(|(c, r)| {
+                    json!({"concurrency": c, "requests": c, "prompt_tokens": 128,
+                           "generated": agg_gen, "decode_tok_s": r.decode_tok_s(),
+                           "tpot_ms": r.tpot_ms(), "output_tok_s": (c * agg_gen) as f64 / r.wall,
+                           "wall_s": r.wall, "decode_speedup_vs_c1": r.decode_tok_s() / c1.max(1e-9)})
+                })
+                .collect();
+        }
         println!("{v}");
     } else {
         println!("model      {model}");
@@ -179,6 +248,14 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         println!(
             "aggregate  8 x 128 in / {agg_gen} out, c=4 {output_tok_s:10.1} output tok/s   {agg_decode_tok_s:.1} decode tok/s ({decode_speedup:.2}x c=1)   wall {wall:.2} s"
         );
+        for (c, r) in &curve {
+            println!(
+                "curve      c={c:<3} {c} x 128 in / {agg_gen} out {:10.1} decode tok/s   TPOT {:.2} ms   ({:.2}x c=1)",
+                r.decode_tok_s(),
+                r.tpot_ms(),
+                r.decode_tok_s() / c1.max(1e-9)
+            );
+        }
     }
     Ok(())
 }

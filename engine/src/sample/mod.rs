@@ -1,5 +1,6 @@
 //! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
-//! frequency penalties, seeded and reproducible; and the stop conditions (EOS/EOG ids,
+//! frequency penalties, seeded and reproducible; constrained decoding (a grammar masks
+//! the tokens it does not allow, [`constrain`]); and the stop conditions (EOS/EOG ids,
 //! stop strings).
 //!
 //! The order of the steps follows llama.cpp's default sampler chain, so that the same
@@ -12,6 +13,10 @@
 //! our dependencies.
 
 use std::collections::HashMap;
+
+pub mod constrain;
+
+pub use constrain::{Constraint, ConstraintError, GrammarVocab};
 
 /// Sampling settings of one request.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +45,9 @@ pub struct SamplerConfig {
     /// When set, [`Sampler::sample_with_logprobs`] reports the log-probability of the
     /// drawn token and of this many most likely tokens.
     pub logprobs: Option<usize>,
+    /// A grammar the output must follow: the tokens it does not allow are never drawn
+    /// (applied after the penalties, before the filters).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplerConfig {
@@ -63,6 +71,7 @@ impl SamplerConfig {
             seed: 0,
             logit_bias: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 
@@ -151,8 +160,17 @@ impl Sampler {
     ///
     /// Panics on empty `logits` (a caller bug).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let t = self.draw(logits, history);
+        if let Some(c) = self.cfg.constraint.as_mut() {
+            c.commit(t);
+        }
+        t
+    }
+
+    fn draw(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "sample: empty logits");
         if self.cfg.is_greedy()
+            && self.cfg.constraint.is_none()
             && self.cfg.logit_bias.is_empty()
             && (self.cfg.penalties_off() || history.is_empty())
         {
@@ -166,6 +184,9 @@ impl Sampler {
             }
         }
         apply_penalties(&self.cfg, &mut l, history);
+        if let Some(c) = self.cfg.constraint.as_mut() {
+            c.mask(&mut l);
+        }
         if self.cfg.is_greedy() {
             return argmax(&l) as u32;
         }

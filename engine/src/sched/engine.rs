@@ -81,6 +81,8 @@ pub struct RequestOutput {
     pub finished: Option<FinishReason>,
     /// Tokens in its prompt.
     pub prompt_tokens: usize,
+    /// Of those, tokens found in the prefix cache at its last admission.
+    pub cached_tokens: usize,
     /// Tokens generated so far.
     pub completion_tokens: usize,
     /// The log-probabilities of `token`, when its sampler was asked for them
@@ -261,6 +263,7 @@ impl<M: StepModel> LLMEngine<M> {
             // Its sequence no longer fits in the whole KV cache: finish it as a length
             // limit, flushing the text it has.
             let completion_tokens = self.scheduler.get(id).map_or(0, |s| s.output().len());
+            let cached_tokens = self.scheduler.get(id).map_or(0, |s| s.num_cached);
             if let Some(l) = self.live.remove(&id) {
                 outputs.push(RequestOutput {
                     id,
@@ -268,6 +271,7 @@ impl<M: StepModel> LLMEngine<M> {
                     text: l.text.get(l.emitted..).unwrap_or("").to_string(),
                     finished: Some(FinishReason::Length),
                     prompt_tokens: l.prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                     logprobs: None,
                 });
@@ -326,6 +330,7 @@ impl<M: StepModel> LLMEngine<M> {
             };
             let token = state.tokens.last().copied();
             let n_out = state.output().len();
+            let cached_tokens = state.num_cached;
             let total = state.tokens.len();
             let Some(l) = self.live.get_mut(&id) else {
                 continue;
@@ -368,6 +373,7 @@ impl<M: StepModel> LLMEngine<M> {
                 text,
                 finished,
                 prompt_tokens: l.prompt_tokens,
+                cached_tokens,
                 completion_tokens: n_out,
                 logprobs: sampled_logprobs.remove(&id),
             });

@@ -165,6 +165,8 @@ pub struct Scheduler {
     requests: HashMap<RequestId, SeqState>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
+    /// Preemptions since the start.
+    preemptions: u64,
 }
 
 impl Scheduler {
@@ -176,7 +178,13 @@ impl Scheduler {
             requests: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            preemptions: 0,
         }
+    }
+
+    /// Preemptions since the start (every request, every time).
+    pub fn num_preemptions(&self) -> u64 {
+        self.preemptions
     }
 
     /// Its limits.
@@ -266,6 +274,7 @@ impl Scheduler {
     }
 
     fn preempt(&mut self, id: RequestId) {
+        self.preemptions += 1;
         self.running.retain(|&r| r != id);
         self.kv.free(id);
         if let Some(s) = self.requests.get_mut(&id) {

@@ -29,26 +29,100 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::tools::ToolCall;
+use super::tools::{ChatSyntax, OutputParser, Piece, ToolSyntax};
 use super::{EngineHandle, Event, Phase, SubmitError};
-use crate::sample::{FinishReason, SamplerConfig, StopConditions, TokenLogprobs};
-use crate::sched::RequestParams;
+use crate::sample::{
+    Constraint, FinishReason, GrammarVocab, Rng, SamplerConfig, StopConditions, TokenLogprobs,
+};
+use crate::sched::{RequestOutput, RequestParams};
 
 /// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant message's earlier calls (OpenAI's `tool_calls`).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// The author's (or the tool's) name.
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with this role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The message as chat templates read it: OpenAI's fields, with each call's
+    /// `arguments` given as the object its JSON text holds (templates write it with
+    /// `tojson`, as Hugging Face's and vLLM's do).
+    pub fn to_template(&self) -> Value {
+        let mut m = json!({"role": self.role, "content": self.content});
+        if let Some(calls) = &self.tool_calls {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    let parsed = c
+                        .pointer("/function/arguments")
+                        .and_then(Value::as_str)
+                        .and_then(|a| serde_json::from_str::<Value>(a).ok());
+                    if let (Some(args), Some(f)) = (parsed, c.get_mut("function")) {
+                        f["arguments"] = args;
+                    }
+                    c
+                })
+                .collect();
+            m["tool_calls"] = Value::Array(calls);
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = json!(id);
+        }
+        if let Some(n) = &self.name {
+            m["name"] = json!(n);
+        }
+        m
+    }
+}
+
+/// A rendered, tokenized chat prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatPrompt {
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// The template opened the model's reasoning (`<think>`) at its end.
+    pub opens_reasoning: bool,
 }
 
 /// The text side of a served model: tokenizer and chat template.
 pub trait TextSide: Send + Sync {
     /// Tokenizes a completion prompt (BOS as the model wants it).
     fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String>;
-    /// Renders chat messages with the model's template, ready for generation, and
-    /// tokenizes the result.
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String>;
+    /// Renders chat messages and the offered function `tools` with the model's
+    /// template, ready for generation, and tokenizes the result.
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String>;
+    /// The tool-call and reasoning syntax of the model's answers (none by default).
+    fn chat_syntax(&self) -> ChatSyntax {
+        ChatSyntax::default()
+    }
+    /// The vocabulary for constrained decoding (`response_format`), built on first use;
+    /// an error when this text side has none.
+    fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, String> {
+        Err("this model cannot constrain its output".into())
+    }
     /// Token ids that end generation.
     fn eog_ids(&self) -> Vec<u32>;
     /// The bytes of one token's text, control tokens written out (`<bos>`); nothing for
@@ -88,9 +162,23 @@ pub fn router(engine: EngineHandle, text: Arc<dyn TextSide>) -> Router {
         .with_state(st)
 }
 
-/// In front of every route: the API key (all but `/health`), then the drain (all but
-/// `/health` and `/metrics`).
+/// In front of every route: counts the refusals (every 4xx and 503 answer but
+/// `/health`'s and `/metrics`'), then checks the API key (all but `/health`), then the
+/// drain (all but `/health` and `/metrics`).
 async fn gate(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let counted = !matches!(req.uri().path(), "/health" | "/metrics");
+    let r = guard(&st, req, next).await;
+    let status = r.status();
+    if counted && (status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE) {
+        st.engine
+            .metrics
+            .requests_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    r
+}
+
+async fn guard(st: &AppState, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" {
         return next.run(req).await;
@@ -270,9 +358,6 @@ pub const NO_EFFECT: &[&str] = &[
 
 /// Chat fields OpenAI defines that Flint does not implement.
 const CHAT_UNSUPPORTED: &[&str] = &[
-    "response_format",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -285,16 +370,11 @@ const CHAT_UNSUPPORTED: &[&str] = &[
 /// Completion fields OpenAI defines that Flint does not implement.
 const COMPLETION_UNSUPPORTED: &[&str] = &["echo", "suffix", "best_of"];
 
-/// Message fields OpenAI defines that Flint does not implement (the chat template gets
-/// the role and the text only).
-const MESSAGE_UNSUPPORTED: &[&str] = &[
-    "name",
-    "tool_calls",
-    "tool_call_id",
-    "function_call",
-    "refusal",
-    "audio",
-];
+/// Message fields the chat template gets.
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "tool_calls", "tool_call_id"];
+
+/// Message fields OpenAI defines that Flint does not implement.
+const MESSAGE_UNSUPPORTED: &[&str] = &["function_call", "refusal", "audio"];
 
 /// True when the value of an unimplemented field asks for what Flint does anyway
 /// (`null` always does).
@@ -303,9 +383,8 @@ fn asks_for_nothing(field: &str, v: &Value, obj: &Map<String, Value>) -> bool {
         return true;
     }
     match field {
-        "response_format" => *v == json!({"type": "text"}),
-        "tools" | "functions" => v.as_array().is_some_and(|a| a.is_empty()),
-        "tool_choice" | "function_call" => *v == json!("none"),
+        "functions" => v.as_array().is_some_and(|a| a.is_empty()),
+        "function_call" => *v == json!("none"),
         "modalities" => *v == json!(["text"]),
         "echo" => *v == json!(false),
         "suffix" => *v == json!(""),
@@ -348,7 +427,7 @@ fn check_messages(obj: &Map<String, Value>) -> Result<(), Response> {
         let Some(m) = m.as_object() else { continue };
         check_fields(
             m,
-            &[&["role", "content"]],
+            &[MESSAGE_FIELDS],
             MESSAGE_UNSUPPORTED,
             &format!("messages[{i}]."),
         )?;
@@ -442,6 +521,9 @@ struct ContentPart {
 struct MessageIn {
     role: String,
     content: Option<ContentField>,
+    name: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -449,6 +531,9 @@ struct ChatFields {
     messages: Vec<MessageIn>,
     logprobs: Option<bool>,
     top_logprobs: Option<u32>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    response_format: Option<Value>,
 }
 
 /// Reads a JSON object body; every failure is a 400 that says what is wrong.
@@ -646,9 +731,20 @@ fn finish_str(f: FinishReason) -> &'static str {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+/// A chat choice's `finish_reason`: `tool_calls` when it called a tool and was not cut
+/// off.
+fn chat_finish(f: FinishReason, called: bool) -> &'static str {
+    match f {
+        FinishReason::Eos | FinishReason::Stop if called => "tool_calls",
+        f => finish_str(f),
+    }
+}
+
+/// `usage`; `cached`: prompt tokens found in the prefix cache.
+fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -755,7 +851,12 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
             return e;
         }
     }
-    run(st, prompts, &sampling, Kind::Completion, 16, logprobs).await
+    let opts = RunOpts {
+        logprobs,
+        parse: None,
+        constraint: None,
+    };
+    run(st, prompts, &sampling, Kind::Completion, 16, opts).await
 }
 
 /// The chat messages of a request, their content parts joined.
@@ -791,6 +892,9 @@ fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Response> {
         messages.push(ChatMessage {
             role: m.role,
             content,
+            tool_calls: m.tool_calls,
+            tool_call_id: m.tool_call_id,
+            name: m.name,
         });
     }
     Ok(messages)
@@ -803,7 +907,17 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
     };
     if let Err(e) = check_fields(
         &obj,
-        &[COMMON, &["messages", "top_logprobs"], NO_EFFECT],
+        &[
+            COMMON,
+            &[
+                "messages",
+                "top_logprobs",
+                "tools",
+                "tool_choice",
+                "response_format",
+            ],
+            NO_EFFECT,
+        ],
         CHAT_UNSUPPORTED,
         "",
     )
@@ -833,8 +947,21 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
         Ok(m) => m,
         Err(e) => return e,
     };
+    let tools = match offered_tools(&st, fields.tools, fields.tool_choice.as_ref()) {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    let constraint = match response_constraint(&st, fields.response_format).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
     let text = Arc::clone(&st.text);
-    let tokens = match off_the_runtime(move || text.encode_chat(&messages)).await {
+    let rendered = tools.as_ref().map(|t| Arc::clone(&t.1));
+    let prompt = match off_the_runtime(move || {
+        text.encode_chat(&messages, rendered.as_deref().map(Vec::as_slice))
+    })
+    .await
+    {
         Ok(t) => t,
         Err(e) => {
             return bad_param(
@@ -843,16 +970,150 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             )
         }
     };
+    let parse = ParseSpec {
+        tools,
+        reasoning: st.text.chat_syntax().reasoning,
+        in_reasoning: prompt.opens_reasoning,
+    };
     let default_max = st.engine.config.max_model_len;
+    let opts = RunOpts {
+        logprobs,
+        parse: Some(parse),
+        constraint,
+    };
     run(
         st,
-        vec![tokens],
+        vec![prompt.tokens],
         &sampling,
         Kind::Chat,
         default_max,
-        logprobs,
+        opts,
     )
     .await
+}
+
+/// The function tools a chat request offers the model, checked; `None` when it offers
+/// none or `tool_choice` is `"none"`. Each must be `{"type": "function", "function":
+/// {"name": ..}}`, and the model's template must render them in a syntax the output
+/// parser reads.
+fn offered_tools(
+    st: &AppState,
+    tools: Option<Vec<Value>>,
+    choice: Option<&Value>,
+) -> Result<Option<OfferedTools>, Response> {
+    let tools = tools.unwrap_or_default();
+    for (i, t) in tools.iter().enumerate() {
+        let name = t.pointer("/function/name").and_then(Value::as_str);
+        if t.get("type").and_then(Value::as_str) != Some("function")
+            || name.is_none_or(str::is_empty)
+        {
+            let at = format!("tools[{i}]");
+            return Err(bad_param(
+                &at,
+                format!("{at} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+            ));
+        }
+    }
+    match choice {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "auto" => {}
+        Some(Value::String(c)) if c == "none" => return Ok(None),
+        Some(_) => {
+            return Err(bad_param(
+                "tool_choice",
+                "tool_choice: only \"auto\" and \"none\" are supported by this server (a \
+                 forced call is not)",
+            ))
+        }
+    }
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    match st.text.chat_syntax().tools {
+        Some(syntax) => Ok(Some((syntax, Arc::new(tools)))),
+        None => Err(bad_param(
+            "tools",
+            "tools: the model's chat template does not render tools in a syntax this server \
+             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM)",
+        )),
+    }
+}
+
+/// The tools offered to the model and the syntax of its calls.
+type OfferedTools = (ToolSyntax, Arc<Vec<Value>>);
+
+/// How a chat answer is split into content, reasoning and tool calls.
+#[derive(Clone)]
+struct ParseSpec {
+    /// The offered tools and the syntax of their calls.
+    tools: Option<OfferedTools>,
+    /// The model writes `<think>` reasoning.
+    reasoning: bool,
+    /// The prompt opened the reasoning.
+    in_reasoning: bool,
+}
+
+impl ParseSpec {
+    /// A parser for one choice; `None` when it would change nothing.
+    fn parser(&self) -> Option<OutputParser> {
+        let tools = self.tools.as_ref().map(|(s, t)| (*s, t.as_slice()));
+        let p = OutputParser::new(tools, self.reasoning, self.in_reasoning);
+        (!p.is_passthrough()).then_some(p)
+    }
+}
+
+/// What a generation request asks for beyond the sampling fields.
+struct RunOpts {
+    /// Top log-probabilities per token, when asked for.
+    logprobs: Option<usize>,
+    /// Chat: how answers are parsed.
+    parse: Option<ParseSpec>,
+    /// Chat: the grammar of `response_format`.
+    constraint: Option<Constraint>,
+}
+
+/// The grammar a chat request's `response_format` asks for, compiled (on the blocking
+/// pool: the first one indexes the vocabulary); `None` for plain text.
+async fn response_constraint(
+    st: &AppState,
+    format: Option<Value>,
+) -> Result<Option<Constraint>, Response> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let schema = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => json!({"type": "object"}),
+        Some("json_schema") => match format.get("json_schema") {
+            // OpenAI's `json_schema` holds `name`, `description`, `strict` and the
+            // `schema`; without one any JSON value goes.
+            Some(Value::Object(j)) => j.get("schema").cloned().unwrap_or(json!({})),
+            _ => {
+                return Err(bad_param(
+                    "response_format.json_schema",
+                    "response_format.json_schema must be an object holding the \"schema\"",
+                ))
+            }
+        },
+        other => {
+            return Err(bad_param(
+                "response_format.type",
+                format!(
+                    "response_format.type {} is not one of \"text\", \"json_object\", \
+                     \"json_schema\"",
+                    other.map_or("(missing)".to_string(), |t| format!("'{t}'"))
+                ),
+            ))
+        }
+    };
+    let text = Arc::clone(&st.text);
+    off_the_runtime(move || {
+        let vocab = text.grammar_vocab()?;
+        vocab.json_schema(&schema).map_err(|e| e.to_string())
+    })
+    .await
+    .map(Some)
+    .map_err(|e| bad_param("response_format", format!("response_format: {e}")))
 }
 
 /// One choice of a response: a (prompt, sample) pair.
@@ -868,7 +1129,7 @@ async fn run(
     s: &Sampling,
     kind: Kind,
     default_max: usize,
-    logprobs: Option<usize>,
+    opts: RunOpts,
 ) -> Response {
     let n = s.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
@@ -878,10 +1139,11 @@ async fn run(
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let mut planned = Vec::with_capacity(prompts.len() * n);
     for (p, tokens) in prompts.into_iter().enumerate() {
-        let base = match params(&st, s, tokens.len(), default_max, logprobs) {
+        let mut base = match params(&st, s, tokens.len(), default_max, opts.logprobs) {
             Ok(b) => b,
             Err(e) => return e,
         };
+        base.sampler.constraint = opts.constraint.clone();
         for i in 0..n {
             // Independent samples: each its own seed (reproducible when `seed` is set).
             let mut params = base.clone();
@@ -929,6 +1191,12 @@ async fn run(
         prompt_tokens,
         choices: jobs.len(),
         text: Arc::clone(&st.text),
+        parse: opts.parse,
+        n,
+        call_seed: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
     };
     if s.stream.unwrap_or(false) {
         let include_usage = s
@@ -951,6 +1219,11 @@ struct Resp {
     prompt_tokens: usize,
     choices: usize,
     text: Arc<dyn TextSide>,
+    parse: Option<ParseSpec>,
+    /// Seeds the tool call ids.
+    call_seed: u64,
+    /// Samples per prompt.
+    n: usize,
 }
 
 impl Resp {
@@ -960,6 +1233,57 @@ impl Resp {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
         }
+    }
+
+    /// The prompt tokens found in the prefix cache, given each choice's count: the
+    /// first sample's of each prompt (`usage.prompt_tokens` counts each prompt once).
+    fn cached(&self, per_choice: &[usize]) -> usize {
+        per_choice.iter().step_by(self.n.max(1)).sum()
+    }
+
+    /// A parser for one chat choice; `None` when the text is all content.
+    fn parser(&self) -> Option<OutputParser> {
+        self.parse.as_ref().and_then(ParseSpec::parser)
+    }
+
+    /// A tool call as OpenAI writes it; its id is unique to the response, the choice and
+    /// the call.
+    fn call_json(&self, call: &ToolCall, choice: usize, k: usize) -> Value {
+        let mut rng = Rng::new(self.call_seed ^ ((choice as u64) << 32) ^ k as u64);
+        json!({"id": format!("call_{:016x}", rng.next_u64()), "type": "function",
+               "function": {"name": call.name, "arguments": call.arguments}})
+    }
+
+    /// A whole chat answer as a message: content, `reasoning_content` and `tool_calls`
+    /// split out; true when it called a tool.
+    fn message(&self, text: &str, choice: usize) -> (Value, bool) {
+        let Some(mut p) = self.parser() else {
+            return (json!({"role": "assistant", "content": text}), false);
+        };
+        let mut pieces = p.push(text);
+        pieces.extend(p.finish());
+        let (mut content, mut reasoning, mut calls) = (String::new(), None, Vec::new());
+        for piece in pieces {
+            match piece {
+                Piece::Content(c) => content.push_str(&c),
+                Piece::Reasoning(r) => reasoning.get_or_insert_with(String::new).push_str(&r),
+                Piece::ToolCall(c) => calls.push(self.call_json(&c, choice, calls.len())),
+            }
+        }
+        let called = !calls.is_empty();
+        let content = if content.is_empty() && called {
+            Value::Null
+        } else {
+            json!(content)
+        };
+        let mut m = json!({"role": "assistant", "content": content});
+        if let Some(r) = reasoning {
+            m["reasoning_content"] = json!(r);
+        }
+        if called {
+            m["tool_calls"] = Value::Array(calls);
+        }
+        (m, called)
     }
 
     fn token_text(&self, id: u32) -> (String, Vec<u8>) {
@@ -1040,6 +1364,7 @@ struct Choice {
 
 async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
     let mut choices: Vec<Choice> = (0..resp.choices).map(|_| Choice::default()).collect();
+    let mut cached = vec![0; resp.choices];
     let mut events = merged(jobs);
     while let Some((i, ev)) = events.next().await {
         match ev {
@@ -1049,6 +1374,9 @@ async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
                 };
                 c.text.push_str(&o.text);
                 c.completion = o.completion_tokens;
+                if let Some(k) = cached.get_mut(i) {
+                    *k = o.cached_tokens;
+                }
                 if let Some(lp) = o.logprobs {
                     c.logprobs.get_or_insert_with(Vec::new).push(lp);
                 }
@@ -1068,20 +1396,22 @@ async fn collect(jobs: Vec<Job>, resp: Resp) -> Response {
                 Some(l) => resp.logprobs(l, &mut 0),
                 None => Value::Null,
             };
-            let finish = finish_str(c.finish.unwrap_or(FinishReason::Length));
+            let finish = c.finish.unwrap_or(FinishReason::Length);
             match resp.kind {
                 Kind::Completion => json!({"index": i, "text": c.text, "logprobs": logprobs,
-                                           "finish_reason": finish}),
-                Kind::Chat => json!({"index": i,
-                                     "message": {"role": "assistant", "content": c.text},
-                                     "logprobs": logprobs, "finish_reason": finish}),
+                                           "finish_reason": finish_str(finish)}),
+                Kind::Chat => {
+                    let (message, called) = resp.message(&c.text, i);
+                    json!({"index": i, "message": message, "logprobs": logprobs,
+                           "finish_reason": chat_finish(finish, called)})
+                }
             }
         })
         .collect();
     Json(json!({
         "id": resp.rid, "object": resp.object(false), "created": resp.created,
         "model": resp.model, "choices": out,
-        "usage": usage(resp.prompt_tokens, completion),
+        "usage": usage(resp.prompt_tokens, resp.cached(&cached), completion),
     }))
     .into_response()
 }
@@ -1093,6 +1423,11 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
         /// Per choice: tokens so far, characters so far, finished.
         completion: Vec<usize>,
         offset: Vec<usize>,
+        /// Per chat choice: its parser (when it splits the text) and its calls so far.
+        parsers: Vec<Option<OutputParser>>,
+        calls: Vec<usize>,
+        /// Per choice: prompt tokens found in the prefix cache.
+        cached: Vec<usize>,
         finished: usize,
         done: bool,
         pending: std::collections::VecDeque<SseEvent>,
@@ -1107,12 +1442,66 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
             }
             SseEvent::default().data(v.to_string())
         }
+
+        /// Queues the chunks of one chat output of choice `i`: one per parsed piece
+        /// (content, reasoning, a tool call), the log-probabilities on the first and
+        /// the finish reason on the last.
+        fn chat_deltas(&mut self, i: usize, o: &RequestOutput, logprobs: Value) {
+            let mut deltas = Vec::new();
+            match self.parsers.get_mut(i).and_then(Option::as_mut) {
+                None => {
+                    if !o.text.is_empty() {
+                        deltas.push(json!({"content": o.text}));
+                    }
+                }
+                Some(p) => {
+                    let mut pieces = p.push(&o.text);
+                    if o.finished.is_some() {
+                        pieces.extend(p.finish());
+                    }
+                    for piece in pieces {
+                        deltas.push(match piece {
+                            Piece::Content(c) => json!({"content": c}),
+                            Piece::Reasoning(r) => json!({"reasoning_content": r}),
+                            Piece::ToolCall(c) => {
+                                let k = self.calls.get(i).copied().unwrap_or(0);
+                                if let Some(n) = self.calls.get_mut(i) {
+                                    *n += 1;
+                                }
+                                let mut call = self.resp.call_json(&c, i, k);
+                                call["index"] = json!(k);
+                                json!({"tool_calls": [call]})
+                            }
+                        });
+                    }
+                }
+            }
+            let called = self.calls.get(i).is_some_and(|&n| n > 0);
+            let finish = o.finished.map(|f| chat_finish(f, called));
+            if deltas.is_empty() && (finish.is_some() || !logprobs.is_null()) {
+                deltas.push(json!({}));
+            }
+            let last = deltas.len();
+            let mut logprobs = Some(logprobs);
+            for (j, delta) in deltas.into_iter().enumerate() {
+                let lp = logprobs.take().unwrap_or(Value::Null);
+                let f = if j + 1 == last { finish } else { None };
+                let c = self.chunk(
+                    json!([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": f}]),
+                    None,
+                );
+                self.pending.push_back(c);
+            }
+        }
     }
     let n = resp.choices;
     let mut st = St {
         events: merged(jobs),
         completion: vec![0; n],
         offset: vec![0; n],
+        parsers: (0..n).map(|_| resp.parser()).collect(),
+        calls: vec![0; n],
+        cached: vec![0; n],
         finished: 0,
         done: false,
         pending: Default::default(),
@@ -1138,39 +1527,38 @@ fn stream(jobs: Vec<Job>, resp: Resp, include_usage: bool) -> Response {
             }
             match st.events.next().await {
                 Some((i, Event::Output(o))) => {
-                    let finish = o.finished.map(finish_str);
                     if let Some(c) = st.completion.get_mut(i) {
                         *c = o.completion_tokens;
+                    }
+                    if let Some(k) = st.cached.get_mut(i) {
+                        *k = o.cached_tokens;
                     }
                     let logprobs = match (&o.logprobs, st.offset.get_mut(i)) {
                         (Some(lp), Some(off)) => st.resp.logprobs(std::slice::from_ref(lp), off),
                         _ => Value::Null,
                     };
-                    if !o.text.is_empty() || finish.is_some() || !logprobs.is_null() {
-                        let choices = match st.resp.kind {
-                            Kind::Completion => json!([{"index": i, "text": o.text,
-                                                        "logprobs": logprobs,
-                                                        "finish_reason": finish}]),
-                            Kind::Chat => {
-                                let delta = if o.text.is_empty() {
-                                    json!({})
-                                } else {
-                                    json!({"content": o.text})
-                                };
-                                json!([{"index": i, "delta": delta, "logprobs": logprobs,
-                                        "finish_reason": finish}])
-                            }
-                        };
-                        let c = st.chunk(choices, None);
-                        st.pending.push_back(c);
+                    if st.resp.kind == Kind::Completion {
+                        let finish = o.finished.map(finish_str);
+                        if !o.text.is_empty() || finish.is_some() || !logprobs.is_null() {
+                            let c = st.chunk(
+                                json!([{"index": i, "text": o.text, "logprobs": logprobs,
+                                        "finish_reason": finish}]),
+                                None,
+                            );
+                            st.pending.push_back(c);
+                        }
+                    } else {
+                        st.chat_deltas(i, &o, logprobs);
                     }
-                    if finish.is_some() {
+                    if o.finished.is_some() {
                         st.finished += 1;
                     }
                     if st.finished == n {
                         if include_usage {
                             let total = st.completion.iter().sum();
-                            let c = st.chunk(json!([]), Some(usage(st.resp.prompt_tokens, total)));
+                            let cached = st.resp.cached(&st.cached);
+                            let u = usage(st.resp.prompt_tokens, cached, total);
+                            let c = st.chunk(json!([]), Some(u));
                             st.pending.push_back(c);
                         }
                         st.pending.push_back(SseEvent::default().data("[DONE]"));
@@ -1208,6 +1596,7 @@ struct TokenizeRequest {
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
     return_token_strs: Option<bool>,
+    tools: Option<Vec<Value>>,
 }
 
 async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
@@ -1224,6 +1613,7 @@ async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
             "add_special_tokens",
             "add_generation_prompt",
             "return_token_strs",
+            "tools",
         ]],
         &[],
         "",
@@ -1241,6 +1631,10 @@ async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
     }
     let text = Arc::clone(&st.text);
     let tokens = match (req.prompt, req.messages) {
+        (Some(_), None) if req.tools.is_some() => Err(bad_param(
+            "tools",
+            "tools go with messages, not with a prompt",
+        )),
         (Some(p), None) => {
             if req.add_special_tokens == Some(false) {
                 return bad_param(
@@ -1278,14 +1672,18 @@ async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
                 Ok(m) => m,
                 Err(e) => return e,
             };
-            off_the_runtime(move || text.encode_chat(&messages))
-                .await
-                .map_err(|e| {
-                    bad_param(
-                        "messages",
-                        format!("could not apply the chat template: {e}"),
-                    )
-                })
+            let tools = req.tools;
+            off_the_runtime(move || {
+                text.encode_chat(&messages, tools.as_deref())
+                    .map(|p| p.tokens)
+            })
+            .await
+            .map_err(|e| {
+                bad_param(
+                    "messages",
+                    format!("could not apply the chat template: {e}"),
+                )
+            })
         }
         _ => Err(bad_request(
             "send exactly one of \"prompt\" and \"messages\"",

@@ -1,17 +1,19 @@
 //! Glue between a loaded model and the paged engine: building an [`LLMEngine`] with its
 //! KV cache and scheduler, and the tokenizer / chat-template side the server needs.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use flint_loader::chat::{ChatMessage as LoaderChatMessage, ChatTemplate};
+use flint_loader::chat::ChatTemplate;
 use flint_loader::tokenizer::Tokenizer;
 
 use crate::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use crate::model::LoadedModel;
 use crate::model::ModelError;
+use crate::sample::GrammarVocab;
 use crate::sched::{Detokenizer, LLMEngine};
 use crate::sched::{Scheduler, SchedulerConfig};
-use crate::serve::{ChatMessage, TextSide};
+use crate::serve::tools::{self, ChatSyntax};
+use crate::serve::{ChatMessage, ChatPrompt, TextSide};
 
 /// Default KV cache budget when `--kv-memory` is not given.
 pub const DEFAULT_KV_MEMORY: u64 = 1 << 30;
@@ -46,13 +48,30 @@ impl Default for EngineSettings {
     }
 }
 
-/// Turns tokens into bytes with the model's tokenizer (control tokens render as nothing).
+/// Turns tokens into bytes with the model's tokenizer. Control tokens render as
+/// nothing, except the markers of reasoning and tool calls ([`tools::MARKERS`]), which
+/// the output parser reads.
 #[derive(Debug, Clone)]
-pub struct TokenizerDetok(pub Arc<Tokenizer>);
+pub struct TokenizerDetok {
+    tokenizer: Arc<Tokenizer>,
+    markers: Vec<u32>,
+}
+
+impl TokenizerDetok {
+    /// The detokenizer of `tokenizer`.
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
+        let markers = tools::MARKERS
+            .iter()
+            .filter_map(|m| tokenizer.token_id(m))
+            .collect();
+        Self { tokenizer, markers }
+    }
+}
 
 impl Detokenizer for TokenizerDetok {
     fn token_bytes(&self, id: u32) -> Vec<u8> {
-        self.0.token_to_piece(id, false).into_owned()
+        let special = self.markers.contains(&id);
+        self.tokenizer.token_to_piece(id, special).into_owned()
     }
 }
 
@@ -96,7 +115,7 @@ pub fn build_engine(
     let engine = LLMEngine::new(
         paged,
         scheduler,
-        Some(Box::new(TokenizerDetok(tokenizer.clone()))),
+        Some(Box::new(TokenizerDetok::new(tokenizer.clone()))),
     );
     Ok((engine, tokenizer, max_model_len))
 }
@@ -107,6 +126,8 @@ pub struct ModelText {
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     template_error: Option<String>,
+    syntax: ChatSyntax,
+    grammar: OnceLock<Result<Arc<GrammarVocab>, String>>,
 }
 
 impl ModelText {
@@ -116,16 +137,36 @@ impl ModelText {
         match template {
             Ok(t) => Self {
                 tokenizer,
+                syntax: ChatSyntax::detect(t.source()),
                 template: Some(t),
                 template_error: None,
+                grammar: OnceLock::new(),
             },
             Err(e) => Self {
                 tokenizer,
                 template: None,
                 template_error: Some(e),
+                syntax: ChatSyntax::default(),
+                grammar: OnceLock::new(),
             },
         }
     }
+}
+
+/// Renders `messages` (and the offered `tools`) with `template`, ready for generation:
+/// the prompt text, and whether it leaves the model inside its reasoning.
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    tools: Option<&[serde_json::Value]>,
+) -> Result<(String, bool), String> {
+    let msgs: Vec<serde_json::Value> = messages.iter().map(ChatMessage::to_template).collect();
+    let text = template
+        .render_json(&msgs, tools, true)
+        .map_err(|e| e.to_string())?;
+    let opens =
+        ChatSyntax::detect(template.source()).reasoning && tools::prompt_opens_reasoning(&text);
+    Ok((text, opens))
 }
 
 impl TextSide for ModelText {
@@ -133,20 +174,46 @@ impl TextSide for ModelText {
         Ok(self.tokenizer.tokenize(text, true, false))
     }
 
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<ChatPrompt, String> {
         let Some(t) = &self.template else {
             return Err(self
                 .template_error
                 .clone()
                 .unwrap_or_else(|| "the model has no chat template".into()));
         };
-        let msgs: Vec<LoaderChatMessage> = messages
-            .iter()
-            .map(|m| LoaderChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
-        let text = t.render(&msgs, true).map_err(|e| e.to_string())?;
+        let (text, opens_reasoning) = render_chat(t, messages, tools)?;
         // The template writes BOS itself; its special-token text must become tokens.
-        Ok(self.tokenizer.tokenize(&text, false, true))
+        Ok(ChatPrompt {
+            tokens: self.tokenizer.tokenize(&text, false, true),
+            opens_reasoning,
+        })
+    }
+
+    fn chat_syntax(&self) -> ChatSyntax {
+        self.syntax
+    }
+
+    fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, String> {
+        self.grammar
+            .get_or_init(|| {
+                // What each token adds to generated text, as the engine's detokenizer
+                // writes it: control tokens add nothing.
+                let tokens: Vec<Option<Vec<u8>>> = (0..self.tokenizer.n_vocab())
+                    .map(|id| {
+                        let b = self.tokenizer.token_to_piece(id as u32, false);
+                        (!b.is_empty()).then(|| b.into_owned())
+                    })
+                    .collect();
+                let eog: Vec<u32> = self.tokenizer.eog_ids().collect();
+                GrammarVocab::new(&tokens, &eog)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
     }
 
     fn eog_ids(&self) -> Vec<u32> {

@@ -49,8 +49,11 @@ impl Histogram {
 pub struct Metrics {
     /// Requests admitted.
     pub requests_total: AtomicU64,
-    /// Requests refused (bad input, too long, queue full).
+    /// Requests answered with an error status before or at admission (bad input, a
+    /// missing key, too long, queue full, draining): every 4xx and 503 response.
     pub requests_refused: AtomicU64,
+    /// Preemptions (a running request's blocks taken back; it is computed again).
+    pub preemptions: AtomicU64,
     /// Requests that finished normally.
     pub requests_finished: AtomicU64,
     /// Requests aborted (client went away).
@@ -100,8 +103,14 @@ impl Metrics {
         counter(
             &mut s,
             "flint_requests_refused_total",
-            "Requests refused.",
+            "Requests answered with a 4xx or 503 status.",
             l(&self.requests_refused),
+        );
+        counter(
+            &mut s,
+            "flint_preemptions_total",
+            "Running requests preempted (their KV blocks taken back, computed again later).",
+            l(&self.preemptions),
         );
         counter(
             &mut s,

@@ -17,6 +17,7 @@
 mod api;
 pub mod engine;
 mod metrics;
+pub mod tools;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -31,7 +32,7 @@ use crate::kv::RequestId;
 use crate::sample::{SamplerConfig, StopConditions};
 use crate::sched::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
 
-pub use api::{router, ChatMessage, TextSide};
+pub use api::{router, ChatMessage, ChatPrompt, TextSide};
 pub use engine::*;
 pub use metrics::Metrics;
 
@@ -401,7 +402,7 @@ fn serve_once<M: StepModel>(
                         }
                     }
                     Err(e) => {
-                        metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
+                        // Counted as refused by the HTTP layer, with its 400.
                         let _ = admitted.send(Err(e));
                         ctx.over();
                     }
@@ -491,6 +492,9 @@ fn publish<M: StepModel>(engine: &LLMEngine<M>, waiting: &AtomicUsize, metrics: 
         .map(|g| kv.num_blocks(g) - kv.num_free(g))
         .sum();
     metrics.kv_blocks_in_use.store(used, Ordering::Relaxed);
+    metrics
+        .preemptions
+        .store(s.num_preemptions(), Ordering::Relaxed);
     let prefix = kv.prefix_cache_stats();
     metrics
         .prefix_cache_queries

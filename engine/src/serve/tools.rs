@@ -1,0 +1,547 @@
+//! Tool calls and reasoning in generated chat text.
+//!
+//! A chat template that renders `tools` tells the model how to call them; the model
+//! answers in its family's syntax ([`ToolSyntax`]), which [`OutputParser`] turns back
+//! into OpenAI's `tool_calls`. Thinking models write their reasoning between `<think>`
+//! and `</think>`; the parser returns it apart from the content (`reasoning_content`).
+//! It works on text as it is generated, so that streamed and whole responses come from
+//! the same code: it holds back only what could still become a marker.
+
+use serde_json::{Map, Value};
+
+/// The text that opens a model's reasoning.
+pub const THINK_OPEN: &str = "<think>";
+/// The text that closes it.
+pub const THINK_CLOSE: &str = "</think>";
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
+const ARG_KEY: (&str, &str) = ("<arg_key>", "</arg_key>");
+const ARG_VALUE: (&str, &str) = ("<arg_value>", "</arg_value>");
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// The marker texts the parser reads: tokenizers that keep them as control tokens
+/// must still write them out in generated text.
+pub const MARKERS: &[&str] = &[
+    THINK_OPEN,
+    THINK_CLOSE,
+    TOOL_OPEN,
+    TOOL_CLOSE,
+    ARG_KEY.0,
+    ARG_KEY.1,
+    ARG_VALUE.0,
+    ARG_VALUE.1,
+    PYTHON_TAG,
+];
+
+/// How a model family writes a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// Qwen / Hermes: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`.
+    Hermes,
+    /// Llama 3: the whole answer is `{"name": .., "parameters": {..}}` (optionally
+    /// after `<|python_tag|>`; several calls separated by `;`).
+    Llama3Json,
+    /// GLM 4.5: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>`.
+    Glm,
+}
+
+/// What a chat template says about the model's output syntax.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChatSyntax {
+    /// The tool-call syntax, when the template renders `tools`.
+    pub tools: Option<ToolSyntax>,
+    /// Whether the model writes `<think>` reasoning.
+    pub reasoning: bool,
+}
+
+impl ChatSyntax {
+    /// Reads the syntax off a template's source: which tool-call markers it writes (and
+    /// whether it reads `tools` at all), and whether it knows `<think>`.
+    pub fn detect(template: &str) -> Self {
+        let renders_tools = template.contains("tools");
+        let tools = if !renders_tools {
+            None
+        } else if template.contains(ARG_KEY.0) {
+            Some(ToolSyntax::Glm)
+        } else if template.contains(TOOL_OPEN) {
+            Some(ToolSyntax::Hermes)
+        } else if template.contains(PYTHON_TAG)
+            || (template.contains("<|start_header_id|>") && template.contains("parameters"))
+        {
+            Some(ToolSyntax::Llama3Json)
+        } else {
+            None
+        };
+        Self {
+            tools,
+            reasoning: template.contains(THINK_CLOSE) || template.contains(THINK_OPEN),
+        }
+    }
+}
+
+/// True when a rendered prompt leaves the model inside its reasoning (the template
+/// opened `<think>` for it).
+pub fn prompt_opens_reasoning(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(THINK_OPEN)
+}
+
+/// One function call the model made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments as JSON text (an object), as OpenAI sends them.
+    pub arguments: String,
+}
+
+/// A piece of parsed output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Answer text.
+    Content(String),
+    /// Reasoning text.
+    Reasoning(String),
+    /// A complete tool call.
+    ToolCall(ToolCall),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Before any output: a `<think>` may open reasoning, a Llama 3 call may start.
+    Start,
+    Reasoning,
+    Content,
+    /// Inside `<tool_call>`.
+    InCall,
+    /// A Llama 3 JSON call: held whole until the end.
+    Json,
+}
+
+/// Splits generated chat text into content, reasoning and tool calls, incrementally.
+#[derive(Clone, Debug)]
+pub struct OutputParser {
+    tools: Option<ToolSyntax>,
+    reasoning: bool,
+    /// The `parameters` schema of each offered tool, by name (GLM's values are typed
+    /// by it).
+    schemas: Map<String, Value>,
+    state: State,
+    buf: String,
+}
+
+impl OutputParser {
+    /// A parser for one answer. `tools`: the offered tools' syntax and definitions
+    /// (OpenAI's `{"type": "function", "function": {...}}`), `None` when the model was
+    /// offered none; `reasoning`: whether `<think>` is read; `in_reasoning`: the prompt
+    /// opened the reasoning already ([`prompt_opens_reasoning`]).
+    pub fn new(tools: Option<(ToolSyntax, &[Value])>, reasoning: bool, in_reasoning: bool) -> Self {
+        let mut schemas = Map::new();
+        for t in tools.map_or(&[][..], |t| t.1) {
+            let f = t.get("function");
+            if let Some(name) = f.and_then(|f| f.get("name")).and_then(Value::as_str) {
+                let params = f.and_then(|f| f.get("parameters")).cloned();
+                schemas.insert(name.to_string(), params.unwrap_or(Value::Null));
+            }
+        }
+        Self {
+            tools: tools.map(|t| t.0),
+            reasoning,
+            schemas,
+            state: if reasoning && in_reasoning {
+                State::Reasoning
+            } else {
+                State::Start
+            },
+            buf: String::new(),
+        }
+    }
+
+    /// True when this parser changes nothing (plain content passes through).
+    pub fn is_passthrough(&self) -> bool {
+        self.tools.is_none() && !self.reasoning
+    }
+
+    /// Feeds newly generated text; returns what became final.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        while self.step(&mut out, false) {}
+        out
+    }
+
+    /// The answer ended: returns everything still held.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        while self.step(&mut out, true) {}
+        out
+    }
+
+    /// One move of the state machine over `buf`; false when it needs more text.
+    fn step(&mut self, out: &mut Vec<Piece>, end: bool) -> bool {
+        match self.state {
+            State::Start => {
+                let t = self.buf.trim_start();
+                if t.is_empty() && !end {
+                    return false;
+                }
+                if self.reasoning && t.starts_with(THINK_OPEN) {
+                    self.buf = t[THINK_OPEN.len()..].to_string();
+                    self.state = State::Reasoning;
+                    return true;
+                }
+                if self.tools == Some(ToolSyntax::Llama3Json)
+                    && (t.starts_with('{') || t.starts_with(PYTHON_TAG))
+                {
+                    self.state = State::Json;
+                    return true;
+                }
+                let undecided = (self.reasoning && THINK_OPEN.starts_with(t))
+                    || (self.tools == Some(ToolSyntax::Llama3Json) && PYTHON_TAG.starts_with(t));
+                if undecided && !end {
+                    return false;
+                }
+                self.state = State::Content;
+                true
+            }
+            State::Reasoning => {
+                if let Some(at) = self.buf.find(THINK_CLOSE) {
+                    let r = self.buf[..at].to_string();
+                    self.buf.drain(..at + THINK_CLOSE.len());
+                    push_piece(out, Piece::Reasoning(r));
+                    self.state = State::Content;
+                    return true;
+                }
+                let keep = if end { 0 } else { held(&self.buf, THINK_CLOSE) };
+                let n = self.buf.len() - keep;
+                let r: String = self.buf.drain(..n).collect();
+                push_piece(out, Piece::Reasoning(r));
+                false
+            }
+            State::Content => {
+                let opener = match self.tools {
+                    Some(ToolSyntax::Hermes | ToolSyntax::Glm) => Some(TOOL_OPEN),
+                    _ => None,
+                };
+                if let Some(open) = opener {
+                    if let Some(at) = self.buf.find(open) {
+                        let c = self.buf[..at].to_string();
+                        self.buf.drain(..at + open.len());
+                        push_piece(out, Piece::Content(c));
+                        self.state = State::InCall;
+                        return true;
+                    }
+                }
+                let keep = match (end, opener) {
+                    (false, Some(open)) => held(&self.buf, open),
+                    _ => 0,
+                };
+                let n = self.buf.len() - keep;
+                let c: String = self.buf.drain(..n).collect();
+                push_piece(out, Piece::Content(c));
+                false
+            }
+            State::InCall => {
+                let Some(at) = self.buf.find(TOOL_CLOSE) else {
+                    if end {
+                        // An unclosed call is not a call: give the text back as it was.
+                        let raw = format!("{TOOL_OPEN}{}", self.buf);
+                        self.buf.clear();
+                        push_piece(out, Piece::Content(raw));
+                        self.state = State::Content;
+                    }
+                    return false;
+                };
+                let body = self.buf[..at].to_string();
+                self.buf.drain(..at + TOOL_CLOSE.len());
+                let call = match self.tools {
+                    Some(ToolSyntax::Glm) => self.parse_glm(&body),
+                    _ => parse_json_call(&body),
+                };
+                match call {
+                    Some(c) => out.push(Piece::ToolCall(c)),
+                    None => push_piece(
+                        out,
+                        Piece::Content(format!("{TOOL_OPEN}{body}{TOOL_CLOSE}")),
+                    ),
+                }
+                self.state = State::Content;
+                true
+            }
+            State::Json => {
+                if !end {
+                    return false;
+                }
+                let raw = std::mem::take(&mut self.buf);
+                let body = raw.trim();
+                let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body);
+                let calls: Option<Vec<ToolCall>> = body
+                    .split(';')
+                    .filter(|s| !s.trim().is_empty())
+                    .map(parse_json_call)
+                    .collect();
+                match calls.filter(|c| !c.is_empty()) {
+                    Some(calls) => out.extend(calls.into_iter().map(Piece::ToolCall)),
+                    None => push_piece(out, Piece::Content(raw)),
+                }
+                self.state = State::Content;
+                false
+            }
+        }
+    }
+
+    /// GLM's call body: the name, then `<arg_key>K</arg_key><arg_value>V</arg_value>`
+    /// pairs. A value is a string when the tool's schema says so (or when it is not
+    /// JSON), else the JSON it holds.
+    fn parse_glm(&self, body: &str) -> Option<ToolCall> {
+        let (name, mut rest) = match body.find(ARG_KEY.0) {
+            Some(at) => (body[..at].trim(), &body[at..]),
+            None => (body.trim(), ""),
+        };
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return None;
+        }
+        let props = self
+            .schemas
+            .get(name)
+            .and_then(|s| s.get("properties"))
+            .and_then(Value::as_object);
+        let mut args = Map::new();
+        while !rest.trim().is_empty() {
+            let (key, after) = between(rest.trim_start(), ARG_KEY)?;
+            let (value, after) = between(after.trim_start(), ARG_VALUE)?;
+            let is_string = props
+                .and_then(|p| p.get(key.trim()))
+                .and_then(|p| p.get("type"))
+                .is_some_and(|t| t == "string");
+            let v = match serde_json::from_str::<Value>(value) {
+                Ok(v) if !is_string => v,
+                _ => Value::String(value.to_string()),
+            };
+            args.insert(key.trim().to_string(), v);
+            rest = after;
+        }
+        Some(ToolCall {
+            name: name.to_string(),
+            arguments: Value::Object(args).to_string(),
+        })
+    }
+}
+
+/// `s` starts with `open`, TEXT, `close`: TEXT and what follows.
+fn between<'a>(s: &'a str, (open, close): (&str, &str)) -> Option<(&'a str, &'a str)> {
+    let s = s.strip_prefix(open)?;
+    let at = s.find(close)?;
+    Some((&s[..at], &s[at + close.len()..]))
+}
+
+/// A JSON call `{"name": .., "arguments" | "parameters": {..}}`.
+fn parse_json_call(body: &str) -> Option<ToolCall> {
+    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").or_else(|| v.get("parameters"));
+    let arguments = match args {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(a @ Value::Object(_)) => a.to_string(),
+        Some(_) => return None,
+    };
+    Some(ToolCall { name, arguments })
+}
+
+/// How many bytes at the end of `text` could be the start of `marker`.
+fn held(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&marker[..n]))
+        .unwrap_or(0)
+}
+
+/// Appends a text piece, merging it into the last one of its kind and dropping empty
+/// ones.
+fn push_piece(out: &mut Vec<Piece>, p: Piece) {
+    match (out.last_mut(), p) {
+        (_, Piece::Content(s) | Piece::Reasoning(s)) if s.is_empty() => {}
+        (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+        (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+        (_, p) => out.push(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Feeds `text` in pieces of `step` bytes (on character boundaries), then finishes.
+    fn parse(p: &mut OutputParser, text: &str, step: usize) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < text.len() {
+            let mut j = (i + step).min(text.len());
+            while !text.is_char_boundary(j) {
+                j += 1;
+            }
+            for piece in p.push(&text[i..j]) {
+                push_piece(&mut out, piece);
+            }
+            i = j;
+        }
+        for piece in p.finish() {
+            push_piece(&mut out, piece);
+        }
+        out
+    }
+
+    /// The same pieces whatever the chunking.
+    fn parse_all(make: impl Fn() -> OutputParser, text: &str) -> Vec<Piece> {
+        let whole = parse(&mut make(), text, text.len().max(1));
+        for step in [1, 2, 3, 5, 7, 13] {
+            assert_eq!(parse(&mut make(), text, step), whole, "step {step}");
+        }
+        whole
+    }
+
+    fn weather() -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+        ]
+    }
+
+    fn call(name: &str, args: Value) -> Piece {
+        Piece::ToolCall(ToolCall {
+            name: name.into(),
+            arguments: args.to_string(),
+        })
+    }
+
+    #[test]
+    fn hermes_calls_between_content() {
+        let tools = weather();
+        let make = || OutputParser::new(Some((ToolSyntax::Hermes, &tools)), false, false);
+        let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+                    {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n<tool_call>\n{\"name\": \
+                    \"get_weather\", \"arguments\": {\"city\": \"Köln\"}}\n</tool_call>";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Content("Let me look.\n".into()),
+                call("get_weather", json!({"city": "Paris", "days": 3})),
+                Piece::Content("\n".into()),
+                call("get_weather", json!({"city": "Köln"})),
+            ]
+        );
+        // Not JSON, or unclosed: the text comes back as content.
+        let bad = "<tool_call>{\"name\": oops}</tool_call> and <tool_call>{\"name\"";
+        assert_eq!(parse_all(make, bad), [Piece::Content(bad.into())]);
+        // A '<' that is no marker is not held back for ever.
+        assert_eq!(
+            parse_all(make, "a < b <tool"),
+            [Piece::Content("a < b <tool".into())]
+        );
+    }
+
+    #[test]
+    fn llama3_json_calls() {
+        let tools = weather();
+        let make = || OutputParser::new(Some((ToolSyntax::Llama3Json, &tools)), false, false);
+        let text = " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        assert_eq!(
+            parse_all(make, text),
+            [call("get_weather", json!({"city": "Oslo"}))]
+        );
+        let two = "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \
+                   \"parameters\": {\"x\": 1}}";
+        assert_eq!(
+            parse_all(make, two),
+            [call("a", json!({})), call("b", json!({"x": 1}))]
+        );
+        // Plain answers, and JSON that is no call, stay content.
+        assert_eq!(
+            parse_all(make, "Hello {x}"),
+            [Piece::Content("Hello {x}".into())]
+        );
+        let obj = "{\"answer\": 4}";
+        assert_eq!(parse_all(make, obj), [Piece::Content(obj.into())]);
+    }
+
+    #[test]
+    fn glm_calls_typed_by_the_schema() {
+        let tools = weather();
+        let make = || OutputParser::new(Some((ToolSyntax::Glm, &tools)), true, false);
+        let text =
+            "<think>cold?</think>\nChecking.<tool_call>get_weather\n<arg_key>city</arg_key>\n\
+                    <arg_value>123</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n\
+                    </tool_call>";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Reasoning("cold?".into()),
+                Piece::Content("\nChecking.".into()),
+                call("get_weather", json!({"city": "123", "days": 2})),
+            ]
+        );
+    }
+
+    #[test]
+    fn reasoning_is_split_from_content() {
+        let make = || OutputParser::new(None, true, false);
+        let text = "<think>\nTwo and two.\n</think>\n\nFour.";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Reasoning("\nTwo and two.\n".into()),
+                Piece::Content("\n\nFour.".into()),
+            ]
+        );
+        // The prompt opened the reasoning: only the close comes.
+        let opened = || OutputParser::new(None, true, true);
+        assert_eq!(
+            parse_all(opened, "hm</think>ok"),
+            [Piece::Reasoning("hm".into()), Piece::Content("ok".into())]
+        );
+        // Cut off while thinking: all of it is reasoning.
+        assert_eq!(
+            parse_all(opened, "still </thi"),
+            [Piece::Reasoning("still </thi".into())]
+        );
+        // `<think>` later than the start is content; without reasoning it is all content.
+        assert_eq!(
+            parse_all(make, "a<think>b"),
+            [Piece::Content("a<think>b".into())]
+        );
+        let plain = || OutputParser::new(None, false, false);
+        assert!(plain().is_passthrough());
+        assert_eq!(
+            parse_all(plain, "<think>x</think>"),
+            [Piece::Content("<think>x</think>".into())]
+        );
+    }
+
+    #[test]
+    fn syntax_is_read_off_the_template() {
+        let qwen = "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\
+                    <tool_call>{% endif %}<think></think>";
+        assert_eq!(
+            ChatSyntax::detect(qwen),
+            ChatSyntax {
+                tools: Some(ToolSyntax::Hermes),
+                reasoning: true
+            }
+        );
+        let glm = "{% for t in tools %}{% endfor %}<tool_call><arg_key>";
+        assert_eq!(ChatSyntax::detect(glm).tools, Some(ToolSyntax::Glm));
+        let llama = "{% if tools %}<|start_header_id|>{\"parameters\"}{% endif %}";
+        assert_eq!(
+            ChatSyntax::detect(llama).tools,
+            Some(ToolSyntax::Llama3Json)
+        );
+        assert_eq!(
+            ChatSyntax::detect(flint_loader::chat::GEMMA_TEMPLATE),
+            ChatSyntax::default()
+        );
+        assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+        assert!(!prompt_opens_reasoning("<think>\n\n</think>\n\n"));
+    }
+}

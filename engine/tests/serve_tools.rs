@@ -1,0 +1,626 @@
+//! Tools, reasoning and `response_format` through the real router, engine, sampler and
+//! chat template: a Qwen-style
+//! template (rendered by the loader's minijinja, as a model file's would be) over a
+//! byte-level stand-in model that plays back a scripted answer, so that the answer is
+//! a known tool call or a known piece of reasoning. The parser's own cases are unit
+//! tests in `engine/src/serve/tools.rs`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flint_engine::kv::{groups_from_pattern, KvCacheManager, RequestId};
+use flint_engine::model::ModelError;
+use flint_engine::sample::GrammarVocab;
+use flint_engine::sched::{Detokenizer, LLMEngine, StepModel, StepSeq};
+use flint_engine::sched::{Scheduler, SchedulerConfig};
+use flint_engine::serve::tools::ChatSyntax;
+use flint_engine::serve::{self, ChatMessage, ChatPrompt, ServerConfig, TextSide};
+use flint_loader::chat::ChatTemplate;
+use serde_json::{json, Value};
+
+/// Byte `b` is token `b`; this is the end of the answer.
+const EOS: u32 = 256;
+const VOCAB: usize = 257;
+
+/// Plays `script` back, one byte per step, then EOS, to every request.
+struct Script {
+    script: Arc<Mutex<Vec<u8>>>,
+    sent: HashMap<RequestId, usize>,
+}
+
+impl StepModel for Script {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+    fn step(&mut self, seqs: &[StepSeq<'_>], kv: &KvCacheManager) -> Result<Vec<f32>, ModelError> {
+        let script = self
+            .script
+            .lock()
+            .map_err(|_| ModelError::new("poisoned"))?;
+        let mut out = Vec::new();
+        for s in seqs {
+            let pos: Vec<u32> = (s.start..s.start + s.tokens.len())
+                .map(|p| p as u32)
+                .collect();
+            for g in 0..kv.num_groups() {
+                let _ = kv.slot_mapping(s.id, g, &pos);
+            }
+            if s.sample {
+                let k = self.sent.entry(s.id).or_insert(0);
+                let next = script.get(*k).map_or(EOS, |&b| u32::from(b));
+                *k += 1;
+                let mut row = vec![0.0; VOCAB];
+                row[next as usize] = 100.0;
+                out.extend(row);
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Bytes;
+impl Detokenizer for Bytes {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        u8::try_from(id).map(|b| vec![b]).unwrap_or_default()
+    }
+}
+
+/// The text side of the stand-in: bytes as tokens, a real chat template.
+struct Templated(ChatTemplate);
+
+impl TextSide for Templated {
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Value]>,
+    ) -> Result<ChatPrompt, String> {
+        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools)?;
+        Ok(ChatPrompt {
+            tokens: self.encode_prompt(&text)?,
+            opens_reasoning,
+        })
+    }
+    fn chat_syntax(&self) -> ChatSyntax {
+        ChatSyntax::detect(self.0.source())
+    }
+    fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, String> {
+        let mut tokens: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+        tokens.push(None);
+        GrammarVocab::new(&tokens, &[EOS])
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }
+    fn eog_ids(&self) -> Vec<u32> {
+        vec![EOS]
+    }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        Bytes.token_bytes(id)
+    }
+}
+
+/// Qwen 2.5 / 3's template, cut down to what these tests read: the tools block, the
+/// tool-call history, tool responses, and earlier reasoning dropped from history.
+const QWEN: &str = r##"{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- "# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+{%- for tool in tools %}{{- "\n" }}{{- tool | tojson }}{%- endfor %}
+{{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- for tc in message.tool_calls or [] %}
+{{- '\n<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' + (tc.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"##;
+
+struct Server {
+    base: String,
+    script: Arc<Mutex<Vec<u8>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(template: &str) -> Server {
+    let kv = KvCacheManager::new(
+        groups_from_pattern(&[false, true], Some(8)),
+        16,
+        &[256, 256],
+    );
+    let sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 512,
+            max_model_len: 4096,
+        },
+        kv,
+    );
+    let script = Arc::new(Mutex::new(Vec::new()));
+    let model = Script {
+        script: Arc::clone(&script),
+        sent: HashMap::new(),
+    };
+    let engine = LLMEngine::new(model, sched, Some(Box::new(Bytes)));
+    let handle = serve::spawn_engine(
+        engine,
+        ServerConfig {
+            model_name: "script".into(),
+            max_model_len: 4096,
+            max_queue: 16,
+            api_key: None,
+        },
+    );
+    let template = ChatTemplate::new(template, "", "<|im_end|>").unwrap();
+    let app = serve::router(handle.clone(), Arc::new(Templated(template)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(serve::serve_on(
+        listener,
+        app,
+        handle,
+        std::future::pending(),
+    ));
+    let s = Server {
+        base: format!("http://{addr}"),
+        script,
+        _rt: rt,
+    };
+    let t0 = Instant::now();
+    while post(&s, "/tokenize", json!({"prompt": "x"})).0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never became ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s
+}
+
+impl Server {
+    fn answer(&self, text: &str) {
+        *self.script.lock().unwrap() = text.as_bytes().to_vec();
+    }
+}
+
+fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = ureq::post(&format!("{}{path}", s.base)).send_json(body);
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    (resp.status(), resp.into_json().unwrap())
+}
+
+/// The chunks of a streamed chat answer, `[DONE]` excluded.
+fn stream(s: &Server, mut body: Value) -> Vec<Value> {
+    body["stream"] = json!(true);
+    let resp = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .send_json(body)
+        .unwrap();
+    let mut out = Vec::new();
+    for line in BufReader::new(resp.into_reader()).lines() {
+        let line = line.unwrap();
+        if let Some(d) = line.strip_prefix("data: ") {
+            if d == "[DONE]" {
+                break;
+            }
+            out.push(serde_json::from_str(d).unwrap());
+        }
+    }
+    out
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}})
+}
+
+fn ask(tools: bool) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                       "temperature": 0});
+    if tools {
+        b["tools"] = json!([weather_tool()]);
+    }
+    b
+}
+
+const CALL: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+fn detok(s: &Server, tokens: &Value) -> String {
+    let (st, v) = post(s, "/detokenize", json!({"tokens": tokens}));
+    assert_eq!(st, 200, "{v}");
+    v["prompt"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn tools_and_tool_history_go_through_the_template() {
+    let s = start(QWEN);
+    let (st, v) = post(
+        &s,
+        "/tokenize",
+        json!({"messages": ask(true)["messages"], "tools": [weather_tool()]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let prompt = detok(&s, &v["tokens"]);
+    assert!(prompt.contains("<tools>\n{"), "{prompt}");
+    assert!(prompt.contains("\"name\":\"get_weather\""), "{prompt}");
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
+    // Without tools the template writes no tools block.
+    let (_, v) = post(&s, "/tokenize", json!({"messages": ask(false)["messages"]}));
+    assert!(!detok(&s, &v["tokens"]).contains("<tools>"));
+
+    // A conversation that called a tool: the call's arguments (JSON text, as clients
+    // send them) reach the template as an object, and the tool's answer is rendered.
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny, 21 C"},
+    ]);
+    let (st, v) = post(
+        &s,
+        "/tokenize",
+        json!({"messages": history, "tools": [weather_tool()]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let prompt = detok(&s, &v["tokens"]);
+    assert!(
+        prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}"),
+        "{prompt}"
+    );
+    assert!(
+        prompt.contains("<tool_response>\nsunny, 21 C\n</tool_response>"),
+        "{prompt}"
+    );
+    // And a chat request with that history is served.
+    s.answer("It is sunny.");
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": history, "tools": [weather_tool()], "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "It is sunny.");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn tool_calls_parsed_streamed_and_not() {
+    let s = start(QWEN);
+    s.answer(&format!("Let me check.\n{CALL}"));
+    let (st, v) = post(&s, "/v1/chat/completions", ask(true));
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["content"], "Let me check.\n");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["type"], "function");
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64(),
+        Some(format!("Let me check.\n{CALL}").len() as u64 + 1),
+        "every byte and the end token"
+    );
+
+    // Streamed: the same content in pieces, the call whole in one delta, the finish
+    // reason on the last chunk.
+    let chunks = stream(&s, ask(true));
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut finish = Vec::new();
+    for ch in &chunks {
+        let c = &ch["choices"][0];
+        content.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        calls.extend(
+            c["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if !c["finish_reason"].is_null() {
+            finish.push(c["finish_reason"].clone());
+        }
+    }
+    assert_eq!(content, "Let me check.\n");
+    assert_eq!(finish, [json!("tool_calls")]);
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_eq!(calls[0]["index"], 0);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+
+    // Two calls in one answer get indices 0 and 1 and distinct ids.
+    s.answer(&format!("{CALL}\n{}", CALL.replace("Paris", "Oslo")));
+    let (_, v) = post(&s, "/v1/chat/completions", ask(true));
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{v}");
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    assert!(calls[1]["function"]["arguments"]
+        .as_str()
+        .unwrap()
+        .contains("Oslo"));
+    let chunks = stream(&s, ask(true));
+    let idx: Vec<Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .flatten()
+        .map(|c| c["index"].clone())
+        .collect();
+    assert_eq!(idx, [json!(0), json!(1)]);
+
+    // Offered no tools (or tool_choice "none"), the same text is plain content.
+    s.answer(CALL);
+    for body in [ask(false), {
+        let mut b = ask(true);
+        b["tool_choice"] = json!("none");
+        b
+    }] {
+        let (st, v) = post(&s, "/v1/chat/completions", body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"], CALL);
+        assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+    // A malformed call is content too.
+    let bad = "<tool_call>{\"name\": get_weather}</tool_call>";
+    s.answer(bad);
+    let (_, v) = post(&s, "/v1/chat/completions", ask(true));
+    assert_eq!(v["choices"][0]["message"]["content"], bad);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn reasoning_is_returned_apart() {
+    let s = start(QWEN);
+    s.answer("<think>\nTwo and two make four.\n</think>\n\nFour.");
+    let (st, v) = post(&s, "/v1/chat/completions", ask(false));
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "\nTwo and two make four.\n");
+    assert_eq!(m["content"], "\n\nFour.");
+    let chunks = stream(&s, ask(false));
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for ch in &chunks {
+        let d = &ch["choices"][0]["delta"];
+        reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(d["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(reasoning, "\nTwo and two make four.\n");
+    assert_eq!(content, "\n\nFour.");
+    assert!(
+        chunks.len() > 4,
+        "reasoning streams as it comes: {} chunks",
+        chunks.len()
+    );
+
+    // Reasoning, then a call.
+    s.answer(&format!("<think>Paris: ask the tool.</think>\n{CALL}"));
+    let (_, v) = post(&s, "/v1/chat/completions", ask(true));
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "Paris: ask the tool.");
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+
+    // A template that opens the reasoning in the prompt (DeepSeek R1's way).
+    let opened = QWEN.replace(
+        "{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+        "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}",
+    );
+    assert_ne!(opened, QWEN);
+    let s = start(&opened);
+    s.answer("Easy.\n</think>\nFour.");
+    let (_, v) = post(&s, "/v1/chat/completions", ask(false));
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "Easy.\n", "{v}");
+    assert_eq!(m["content"], "\nFour.");
+}
+
+#[test]
+fn tool_fields_refused_by_name() {
+    let s = start(QWEN);
+    let mut b = ask(true);
+    b["tool_choice"] = json!("required");
+    let (st, v) = post(&s, "/v1/chat/completions", b);
+    assert_eq!(
+        (st, v["error"]["param"].clone()),
+        (400, json!("tool_choice"))
+    );
+    let mut b = ask(false);
+    b["tools"] = json!([{"type": "function", "function": {}}]);
+    let (st, v) = post(&s, "/v1/chat/completions", b);
+    assert_eq!((st, v["error"]["param"].clone()), (400, json!("tools[0]")));
+    // A template that does not render tools: offering some is a 400, not ignored.
+    let s = start(flint_loader::chat::GEMMA_TEMPLATE);
+    let (st, v) = post(&s, "/v1/chat/completions", ask(true));
+    assert_eq!(
+        (st, v["error"]["param"].clone()),
+        (400, json!("tools")),
+        "{v}"
+    );
+    let mut b = ask(true);
+    b["tools"] = json!([]);
+    let (st, v) = post(&s, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+}
+
+/// The official `openai` client reads the calls and the reasoning.
+#[test]
+fn openai_client_reads_tool_calls_and_reasoning() {
+    // The official openai client (installed by .ci/run from tools/requirements.txt).
+    let have_openai = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|st| st.success());
+    if !have_openai {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai Python package must be installed in CI"
+        );
+        eprintln!("SKIPPED: the openai Python package is not installed here");
+        return;
+    }
+    let s = start(QWEN);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tools/serve/openai_tools.py"
+    );
+    let run = |mode: &str, answer: &str| {
+        s.answer(answer);
+        let out = Command::new("python3")
+            .arg(script)
+            .arg(format!("{}/v1", s.base))
+            .arg(mode)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openai client ({mode}) failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    };
+    run("tools", CALL);
+    run("reasoning", "<think>Two and two.</think>Four.");
+}
+
+fn with_format(format: Value) -> Value {
+    let mut b = ask(false);
+    b["response_format"] = format;
+    b["max_tokens"] = json!(100);
+    b
+}
+
+fn content(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string()
+}
+
+/// The model wants to write an answer that breaks the schema; the sampler bends it
+/// into one that parses and fits, streamed or not, for each of `n` samples.
+#[test]
+fn response_format_is_enforced_while_sampling() {
+    let s = start(QWEN);
+    let person = json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true,
+        "schema": {"type": "object",
+                   "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                   "required": ["name", "age"], "additionalProperties": false}}});
+    let wanted = r#"{"name": "Bob", "age": "old"} and then some"#;
+    s.answer(wanted);
+    // Unconstrained, the answer is what the model wants.
+    let (_, v) = post(&s, "/v1/chat/completions", ask(false));
+    assert_eq!(content(&v), wanted);
+    let check = |text: &str| {
+        let p: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(p["name"], "Bob", "{text}");
+        assert!(p["age"].is_number(), "{text}");
+        assert_eq!(p.as_object().unwrap().len(), 2, "{text}");
+    };
+    let mut body = with_format(person.clone());
+    body["n"] = json!(2);
+    let (st, v) = post(&s, "/v1/chat/completions", body);
+    assert_eq!(st, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        check(c["message"]["content"].as_str().unwrap());
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+    }
+    let chunks = stream(&s, with_format(person));
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    check(&text);
+
+    // json_object: any object, and the answer ends when the object does.
+    s.answer(r#"{"a": [1, 2]} and more"#);
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        with_format(json!({"type": "json_object"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(content(&v), r#"{"a": [1, 2]}"#);
+    // An enum and a bounded array.
+    s.answer(r#"{"colors": ["red", "mauve", "blue", "green"]}"#);
+    let schema = json!({"type": "object", "required": ["colors"], "additionalProperties": false,
+        "properties": {"colors": {"type": "array", "maxItems": 2,
+                                  "items": {"enum": ["red", "green", "blue"]}}}});
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        with_format(json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let p: Value = serde_json::from_str(&content(&v)).unwrap();
+    let colors = p["colors"].as_array().unwrap();
+    assert!(!colors.is_empty() && colors.len() <= 2, "{p}");
+    assert_eq!(colors[0], "red");
+    for c in colors {
+        assert!(
+            ["red", "green", "blue"].contains(&c.as_str().unwrap()),
+            "{p}"
+        );
+    }
+    // `text` asks for nothing.
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        with_format(json!({"type": "text"})),
+    );
+    assert_eq!((st, content(&v)), (200, s_answer(&s)));
+}
+
+fn s_answer(s: &Server) -> String {
+    String::from_utf8(s.script.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn response_format_errors_name_the_field() {
+    let s = start(QWEN);
+    for (format, param) in [
+        (json!({"type": "grammar"}), "response_format.type"),
+        (
+            json!({"type": "json_schema", "json_schema": 3}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x",
+                   "schema": {"type": "object", "properties": {"a": {"type": "frob"}}}}}),
+            "response_format",
+        ),
+    ] {
+        let (st, v) = post(&s, "/v1/chat/completions", with_format(format.clone()));
+        assert_eq!(st, 400, "{format}: {v}");
+        assert_eq!(v["error"]["param"], param, "{format}: {v}");
+    }
+}
