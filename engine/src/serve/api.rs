@@ -146,6 +146,10 @@ const RETRY_AFTER_S: &str = "5";
 /// writes the same).
 const LOGPROB_FLOOR: f32 = -9999.0;
 
+/// The largest request body accepted (bytes); a larger one is a 413, refused from its
+/// `Content-Length` before any of it is read (a body without one stops at the limit).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
 /// The router with every route, over a running engine thread.
 pub fn router(engine: EngineHandle, text: Arc<dyn TextSide>) -> Router {
     let st = AppState { engine, text };
@@ -158,6 +162,7 @@ pub fn router(engine: EngineHandle, text: Arc<dyn TextSide>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(st.clone(), gate))
         .with_state(st)
 }
@@ -209,6 +214,18 @@ async fn guard(st: &AppState, req: Request, next: Next) -> Response {
     }
     if path != "/metrics" && st.engine.phase() == Phase::Draining {
         return draining();
+    }
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(len) = announced.filter(|&l| l > MAX_BODY_BYTES as u64) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body of {len} bytes exceeds the limit of {MAX_BODY_BYTES} bytes"),
+        );
     }
     next.run(req).await
 }
