@@ -29,6 +29,13 @@ use flint_hal_tt::TtDevice;
 
 /// The issue's bound on first-token logits, `|tt - cpu| / |cpu|`.
 const REL_RMS_MAX: f64 = 1e-2;
+
+/// Whether the cpu device sums every block type in llama.cpp's order (its AVX-512 VNNI
+/// kernels; docs/parity.md): only then are its logits a bound for tt's.
+fn cpu_follows_llamacpp() -> bool {
+    flint_hal_cpu::SimdLevel::from_env().expect("FLINT_CPU_SIMD")
+        == flint_hal_cpu::SimdLevel::Avx512Vnni
+}
 /// The near-tie rule, in nats.
 const NEAR_TIE: f32 = 0.25;
 
@@ -144,7 +151,14 @@ fn tt_matches_cpu_on_tiny() {
             "{name}: first-token logits rel-RMS tt vs reference {tr:.3e} > {REL_RMS_MAX}"
         );
         // cpu and the reference forward compute the same arithmetic (llama.cpp's orders,
-        // f64 sums for float weights): tt is held to cpu on every prompt.
+        // f64 sums for float weights) where the cpu device has its AVX-512 VNNI kernels:
+        // there tt is held to cpu on every prompt. Below VNNI the cpu device sums the
+        // K-quants in its own order, and this small random model turns that into
+        // logit differences of about 2e-2; tt is held to the reference (above) there.
+        if !cpu_follows_llamacpp() {
+            eprintln!("{name}: tt vs cpu not held (the cpu device is below AVX-512 VNNI)");
+            continue;
+        }
         assert!(
             tc <= REL_RMS_MAX,
             "{name}: first-token logits rel-RMS tt vs cpu {tc:.3e} > {REL_RMS_MAX} \
@@ -161,7 +175,9 @@ fn tt_matches_cpu_on_tiny() {
     );
     // The kept-block path is what was measured.
     assert!(c.block_dispatches > 0);
-    assert_eq!(tt_vs_cpu_asserted, prompts.len());
+    if cpu_follows_llamacpp() {
+        assert_eq!(tt_vs_cpu_asserted, prompts.len());
+    }
 }
 
 fn gemma() -> Model {
@@ -221,6 +237,10 @@ fn tt_follows_cpu_on_gemma_greedy() {
             t0.elapsed()
         );
         let rel = rel_rms(&lt, &lc);
+        if !cpu_follows_llamacpp() {
+            eprintln!("{name}: tt vs cpu not held (the cpu device is below AVX-512 VNNI)");
+            continue;
+        }
         assert!(
             rel <= REL_RMS_MAX,
             "{name}: first-token logits rel-RMS tt vs cpu {rel:.3e} > {REL_RMS_MAX}"

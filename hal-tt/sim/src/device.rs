@@ -422,7 +422,7 @@ impl State {
             let xs = self.floats(x, m * in_f, "matmul input")?;
             let wt = self.weight(w)?;
             let rows: Vec<usize> = (0..m).collect();
-            gemm(wt, xs, &rows, &mut ob.data[..m * out_f])?;
+            gemm(wt, xs, &rows, &mut ob.data[..m * out_f], false)?;
             Ok((
                 wt.is_block(),
                 if wt.streamed() {
@@ -493,7 +493,7 @@ impl State {
                 }
                 let act_rows: Vec<usize> = mine.iter().map(|&i| rows[i].0 as usize).collect();
                 let mut tmp = vec![0.0f32; mine.len() * out_f];
-                gemm(w, xs, &act_rows, &mut tmp)?;
+                gemm(w, xs, &act_rows, &mut tmp, true)?;
                 for (j, &i) in mine.iter().enumerate() {
                     ob.data[i * out_f..(i + 1) * out_f]
                         .copy_from_slice(&tmp[j * out_f..(j + 1) * out_f]);
@@ -916,8 +916,15 @@ fn threads(work: usize) -> usize {
 
 /// `out[j][o] = W[o] . x[rows[j]]` for every output row `o` of `w`, with the activation
 /// rows encoded once as the core pairs them with `w`'s encoding and each dot product
-/// from the core `vec_dot` reference. Output rows of `w` are split across threads.
-fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(), SimError> {
+/// from the core `vec_dot` reference (an expert tower's rows, `expert`, in llama.cpp's
+/// `MUL_MAT_ID` order). Output rows of `w` are split across threads.
+fn gemm(
+    w: &SimWeight,
+    x: &[f32],
+    rows: &[usize],
+    out: &mut [f32],
+    expert: bool,
+) -> Result<(), SimError> {
     let (in_f, out_f) = (w.in_f, w.out_f);
     let runtime = |m: String| SimError {
         code: ERR_RUNTIME,
@@ -974,7 +981,7 @@ fn gemm(w: &SimWeight, x: &[f32], rows: &[usize], out: &mut [f32]) -> Result<(),
                 } else if ty == GgmlType::F32 {
                     kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f])
                 } else {
-                    kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f)?
+                    kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f, expert)?
                 };
             }
         }

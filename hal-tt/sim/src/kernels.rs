@@ -197,8 +197,16 @@ pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
 /// Q8_0, Q5_0 and MXFP4 sum in llama.cpp's prompt-batch float orders
 /// (`flint_core::dot::ggml_x86`, docs/parity.md), as the reference forward and the CPU
 /// backend do, so that the simulated device computes what the project's oracle
-/// computes; every other type through the core `vec_dot` reference.
-pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, String> {
+/// computes; every other type through the core `vec_dot` reference. A row of an expert
+/// tower (`expert`) takes llama.cpp's `MUL_MAT_ID` order instead: Q4_K through the gemv
+/// kernel (`BatchRow::expert`, docs/parity.md).
+pub fn vec_dot(
+    ty: GgmlType,
+    w_row: &[u8],
+    act_row: &[u8],
+    n: usize,
+    expert: bool,
+) -> Result<f32, String> {
     use flint_core::blocks::{BlockMXFP4, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
     use flint_core::dot::ggml_x86 as x86;
     fn blocks<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
@@ -221,7 +229,12 @@ pub fn vec_dot(ty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Result<f
             if ty == GgmlType::Q4_K {
                 let w: Vec<BlockQ4K> = blocks(w_row);
                 same(w.len(), a.len())?;
-                Ok(x86::vec_dot_q4_k_q8_k_repack(&w, &a, x86::Q4kPath::Gemm))
+                let path = if expert {
+                    x86::Q4kPath::Gemv
+                } else {
+                    x86::Q4kPath::Gemm
+                };
+                Ok(x86::vec_dot_q4_k_q8_k_repack(&w, &a, path))
             } else {
                 let w: Vec<BlockQ6K> = blocks(w_row);
                 same(w.len(), a.len())?;
