@@ -384,7 +384,7 @@ fn cli_bytes_do_not_depend_on_threads_and_gguf_py_reads_them() {
     };
     let m = inspect("mimo2", "tiny-nextn");
     for want in [
-        "the mimo2 description is valid",
+        "runs: yes (mimo2 model",
         "KV heads per layer [1, 2, 2, 1], output scaled by 0.707",
         "head sizes 96/64",
         "skipped: NextN/MTP blocks 4",
