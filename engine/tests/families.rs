@@ -425,7 +425,9 @@ fn compare(case: &str, ty: &str) {
     let moe = model.spec.moe.is_some();
     let follows = device_follows_llamacpp(&model);
     let (f, dm) = teacher_forced(case, ty, &model);
+    let t_device_tf = t0.elapsed().as_secs_f64();
     let reference_tf = (!follows).then(|| reference_teacher_forced(case, ty, &model));
+    let t_reference_tf = t0.elapsed().as_secs_f64() - t_device_tf;
     let text = std::fs::read_to_string(data(case).join(format!("greedy-{ty}.jsonl")))
         .expect("greedy golden");
     let chains = chains_from_jsonl(&text);
@@ -435,7 +437,9 @@ fn compare(case: &str, ty: &str) {
     } else {
         NEAR_TIE_DEVICE
     };
+    let t1 = std::time::Instant::now();
     let greedy = replay_greedy(&dm, &chains, near_tie);
+    let t_device_greedy = t1.elapsed().as_secs_f64();
     let gap = known_gap(case, ty);
     let (reference_top1, reference_near_tie) = match gap {
         Some(g) => {
@@ -447,8 +451,10 @@ fn compare(case: &str, ty: &str) {
     // The reference follows llama.cpp's decode arithmetic on the quantized files (where
     // the device's differs most) and on the MoE families; on dense f32 the device replays
     // every chain itself, and the reference would take minutes on the 62-layer case.
+    let t2 = std::time::Instant::now();
     let reference = (ty != "f32" || moe)
         .then(|| replay_greedy_on(&mut OnReference::new(&model), &chains, reference_near_tie));
+    let t_reference_greedy = t2.elapsed().as_secs_f64();
     let greedy_text = match &greedy {
         Ok(r) => format!(
             "greedy {}/{} chains identical, {} first diverging at a near-tie {:?}, max logit diff on llama.cpp's top 5 {:.2e}",
@@ -480,7 +486,7 @@ fn compare(case: &str, ty: &str) {
         ),
     };
     println!(
-        "{case} {ty} (device, cpu): {}{reference_tf_text}; {greedy_text}{}; {reference_text} ({:.1}s)",
+        "{case} {ty} (device, cpu): {}{reference_tf_text}; {greedy_text}{}; {reference_text} ({:.1}s: device teacher-forced {t_device_tf:.1}s, reference teacher-forced {t_reference_tf:.1}s, device greedy {t_device_greedy:.1}s, reference greedy {t_reference_greedy:.1}s)",
         show(&f),
         if moe { " (device chains not asserted on MoE)" } else { "" },
         t0.elapsed().as_secs_f64()

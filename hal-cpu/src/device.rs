@@ -522,8 +522,14 @@ impl Device for CpuDevice {
                 .pool
                 .install(|| unsafe { kernels::attention::avx512::paged_attention(kv, p, out) });
         }
-        let f16c = self.level >= SimdLevel::Avx2;
-        self.pool.install(|| kv::paged_attention(kv, p, out, f16c))
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx2 {
+            // SAFETY: as above (AVX2 includes FMA and F16C here).
+            return self
+                .pool
+                .install(|| unsafe { kernels::attention::avx2::paged_attention(kv, p, out) });
+        }
+        self.pool.install(|| kv::paged_attention(kv, p, out))
     }
 
     fn run_step(&self, step: &mut (dyn FnMut() + Send)) {

@@ -241,7 +241,6 @@ pub(crate) fn paged_attention(
     kv: &CpuKv,
     p: &PagedAttention<'_>,
     out: &mut [f32],
-    f16c: bool,
 ) -> Result<(), HalError> {
     let l = kv.layout;
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
@@ -283,8 +282,8 @@ pub(crate) fn paged_attention(
                 vbits.extend_from_slice(&kv.v[slot * rv + kvh * dv..slot * rv + (kvh + 1) * dv]);
             }
             let (mut kbuf, mut vbuf) = (vec![0f32; n * dk], vec![0f32; n * dv]);
-            f32_from_f16_bits(&mut kbuf, &kbits, f16c);
-            f32_from_f16_bits(&mut vbuf, &vbits, f16c);
+            f32_from_f16_bits(&mut kbuf, &kbits, false);
+            f32_from_f16_bits(&mut vbuf, &vbits, false);
             let ks: Vec<&[f32]> = (0..n).map(|i| &kbuf[i * dk..(i + 1) * dk]).collect();
             let vs: Vec<&[f32]> = (0..n).map(|i| &vbuf[i * dv..(i + 1) * dv]).collect();
             let sink = p.sinks.map(|s| s[h]);

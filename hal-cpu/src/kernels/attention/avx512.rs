@@ -22,8 +22,9 @@
 use std::arch::x86_64::*;
 
 use flint_core::math::GGML_FA_TILE;
-use flint_hal::{HalError, KvBuffer, PagedAttention, NO_BLOCK};
-use rayon::prelude::*;
+use flint_hal::{HalError, PagedAttention};
+
+use super::{finish_query, KvSource, LaneGroup, CHUNK};
 
 use crate::kernels::elementwise::avx512::expf_ggml;
 use crate::kv::CpuKv;
@@ -75,16 +76,6 @@ fn lane(v: __m512, l: usize) -> f32 {
     a[l]
 }
 
-/// One group of queries that share a sequence and a KV head.
-pub(crate) struct LaneGroup<'a> {
-    /// The queries (`head_dim_k` each), at most [`LANES`].
-    pub q: Vec<&'a [f32]>,
-    /// Per query: the first and the last visible position (inclusive).
-    pub range: Vec<(usize, usize)>,
-    /// Per query: its sink logit.
-    pub sink: Vec<Option<f32>>,
-}
-
 /// Sixteen f16 (bits) at `p`, widened to f32 (exact).
 ///
 /// # Safety
@@ -94,46 +85,6 @@ pub(crate) struct LaneGroup<'a> {
 unsafe fn load16_f16(p: *const u16) -> __m512 {
     // SAFETY: the caller guarantees 16 readable u16 (32 bytes); loadu is unaligned.
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p as *const __m256i) })
-}
-
-/// Where the keys and values of one sequence and one KV head lie.
-pub(crate) struct KvSource<'a> {
-    /// Keys (`CpuKv::k`, f16 bits): element `d` of a key is `d * k_stride` after its
-    /// element 0.
-    pub k: &'a [u16],
-    /// See `k`.
-    pub k_stride: usize,
-    /// Value rows (`CpuKv::v`, f16 bits): the value of the slot after a slot is
-    /// `v_stride` later.
-    pub v: &'a [u16],
-    /// See `v`.
-    pub v_stride: usize,
-    /// Whether the 16 slots from every position that is a multiple of 16 are one run
-    /// (keys one apart, values `v_stride` apart): a block size that is a multiple of 16.
-    pub runs16: bool,
-    /// Position -> the index of its key's element 0 in `k` and of its value in `v`, or
-    /// `None` if the position is not mapped to a live block.
-    pub at: &'a dyn Fn(usize) -> Option<(usize, usize)>,
-}
-
-impl<'a> KvSource<'a> {
-    /// The key and value of position `p`, after checking that the key's `dk` strided
-    /// elements (and, with `run`, those of the `run - 1` slots after it) and the value's
-    /// `dv` lie inside the cache; `None` if `p` is not mapped.
-    fn locate(&self, p: usize, dk: usize, dv: usize, run: usize) -> Option<(usize, usize)> {
-        let (kb, vb) = (self.at)(p)?;
-        if dk > 0 {
-            assert!(
-                kb + (dk - 1) * self.k_stride + run <= self.k.len(),
-                "attention: key of position {p} outside the cache"
-            );
-        }
-        assert!(
-            vb + (run - 1) * self.v_stride + dv <= self.v.len(),
-            "attention: value of position {p} outside the cache"
-        );
-        Some((kb, vb))
-    }
 }
 
 impl KvSource<'_> {
@@ -158,30 +109,6 @@ impl KvSource<'_> {
                 _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off));
             }
         }
-    }
-}
-
-/// Per query, after the last tile: the sink, then the normalisation, with the scalar's
-/// arithmetic (`o` holds one query's unnormalised output, `m` its running maximum and
-/// `denom` its running sum of weights).
-fn finish_query(o: &mut [f32], m: f32, denom: f32, sink: Option<f32>) {
-    let mut dn = denom;
-    if let Some(sk) = sink {
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if sk > m {
-            ms = flint_core::math::expf_libc(m - sk);
-            for x in o.iter_mut() {
-                *x *= ms;
-            }
-        } else {
-            vs = flint_core::math::expf_libc(sk - m);
-        }
-        // `S = S * ms + vs`, fused as GCC compiles it (the scalar path does the same).
-        dn = dn.mul_add(ms, vs);
-    }
-    let inv = if dn == 0.0 { 0.0 } else { 1.0 / dn };
-    for x in o.iter_mut() {
-        *x *= inv;
     }
 }
 
@@ -405,9 +332,6 @@ pub(crate) fn attend_group(
 
 /// Queries that [`attend_keys_in_lanes`] takes at once: a decode row's GQA group.
 pub(crate) const KEY_LANE_QUERIES: usize = 8;
-
-/// Keys per lane-vector chunk of a tile (the SIMD width).
-const CHUNK: usize = 16;
 
 /// Bit `j` set where position `p0 + j` lies in `lo..=hi`, for `j` in `0..16`.
 #[inline]
@@ -699,12 +623,10 @@ fn accumulate<const L: usize>(
     }
 }
 
-/// Sequence, KV head, and the (query row, head) pairs of one lane group.
-type WorkItem = (usize, usize, Vec<(usize, usize)>);
-
 /// Paged attention over every sequence of `p`, in groups of up to [`LANES`] queries
-/// that share a sequence and a KV head (keys in lanes for groups of a few queries); the same contract and checks as the scalar
-/// `kv::paged_attention`.
+/// that share a sequence and a KV head ([`super::paged_attention_in_groups`]): keys in
+/// lanes for a decode row's few heads where a block's 16 slots are one run, queries in
+/// lanes otherwise. The same contract and checks as the scalar `kv::paged_attention`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F (checked at device open).
@@ -713,85 +635,14 @@ pub(crate) unsafe fn paged_attention(
     p: &PagedAttention<'_>,
     out: &mut [f32],
 ) -> Result<(), HalError> {
-    let l = *kv.layout();
-    let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
-    let nh = p.n_heads;
-    crate::kv::query_owners(&l, p, out.len())?;
-    let group = nh / hkv;
-    let rv = hkv * dv;
-    // Work items: (sequence, KV head, up to 16 (row, head) queries).
-    let mut items: Vec<WorkItem> = Vec::new();
-    for (si, s) in p.seqs.iter().enumerate() {
-        for kvh in 0..hkv {
-            let mut qs = Vec::with_capacity(LANES);
-            for t in 0..s.positions.len() {
-                for h in kvh * group..(kvh + 1) * group {
-                    qs.push((s.q_start + t, h));
-                    if qs.len() == LANES {
-                        items.push((si, kvh, std::mem::take(&mut qs)));
-                    }
-                }
-            }
-            if !qs.is_empty() {
-                items.push((si, kvh, qs));
-            }
+    let run = |g: &LaneGroup<'_>, src: &KvSource<'_>, o: &mut [f32]| {
+        if src.runs16 && g.q.len() <= KEY_LANE_QUERIES {
+            // SAFETY: the caller guarantees AVX-512F.
+            unsafe { attend_keys_in_lanes(g, src, p.scale, o.len() / g.q.len(), o) }
+        } else {
+            // SAFETY: as above.
+            unsafe { attend_group(g, src, p.scale, o.len() / g.q.len(), o) }
         }
-    }
-    let results: Vec<Result<Vec<f32>, ()>> = items
-        .par_iter()
-        .map(|(si, kvh, qs)| {
-            let seq = &p.seqs[*si];
-            let mut g = LaneGroup {
-                q: Vec::with_capacity(qs.len()),
-                range: Vec::with_capacity(qs.len()),
-                sink: Vec::with_capacity(qs.len()),
-            };
-            for &(r, h) in qs {
-                let pos = seq.positions[r - seq.q_start] as usize;
-                let lo = flint_core::math::window_start(pos, p.window);
-                g.q.push(&p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
-                g.range.push((lo, pos));
-                g.sink.push(p.sinks.map(|s| s[h]));
-            }
-            let at = |j: usize| {
-                let b = *seq.block_table.get(j / bs)?;
-                if b == NO_BLOCK || b as usize >= l.num_blocks {
-                    return None;
-                }
-                let slot = b as usize * bs + j % bs;
-                Some((kv.key_base(slot, *kvh), slot * rv + kvh * dv))
-            };
-            let src = KvSource {
-                k: &kv.k,
-                k_stride: bs,
-                v: &kv.v,
-                v_stride: rv,
-                runs16: bs.is_multiple_of(CHUNK),
-                at: &at,
-            };
-            let mut o = vec![0f32; qs.len() * dv];
-            // A decode row's few heads: keys in lanes (a block's 16 slots are one run);
-            // a prompt batch fills the lanes with queries.
-            if src.runs16 && qs.len() <= KEY_LANE_QUERIES {
-                // SAFETY: the caller guarantees AVX-512F.
-                unsafe { attend_keys_in_lanes(&g, &src, p.scale, dv, &mut o) }?;
-            } else {
-                // SAFETY: as above.
-                unsafe { attend_group(&g, &src, p.scale, dv, &mut o) }?;
-            }
-            Ok(o)
-        })
-        .collect();
-    out.fill(0.0);
-    for ((_, _, qs), res) in items.iter().zip(results) {
-        let o = res.map_err(|()| {
-            HalError::invalid(
-                "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
-            )
-        })?;
-        for (i, &(r, h)) in qs.iter().enumerate() {
-            out[(r * nh + h) * dv..(r * nh + h + 1) * dv].copy_from_slice(&o[i * dv..(i + 1) * dv]);
-        }
-    }
-    Ok(())
+    };
+    super::paged_attention_in_groups(kv, p, out, LANES, &run)
 }

@@ -1,3 +1,198 @@
 //! Paged attention with SIMD (the scalar path is `crate::kv::paged_attention`).
+//!
+//! Every kernel here computes, for each (query row, head), exactly what
+//! `flint_core::math::attend_ggml_tiled` computes for it alone (llama.cpp's tiled CPU
+//! flash attention, operation for operation): tiles of 64 keys aligned on absolute
+//! positions, each score one fused multiply-add chain over the head dimension, ggml's
+//! AVX-512 `expf`, the 16-weight pairwise sum, the f64 denominator sum, and per output
+//! element one fused multiply-add chain over the tile's visible keys. The SIMD lanes hold
+//! several queries (or several keys) side by side, never a reordered sum, so the results
+//! are equal bit for bit (`tests/attention_simd.rs`).
+//!
+//! - `avx512.rs`: sixteen lanes; queries in lanes for prompt batches, keys in lanes for
+//!   decode rows.
+//! - `avx2.rs`: eight lanes, queries in lanes.
+//!
+//! This file holds what they share: the lane groups, where a group's keys and values lie,
+//! the last step of each query, and the driver that splits a step into groups.
 
+use flint_hal::{HalError, KvBuffer, PagedAttention, NO_BLOCK};
+use rayon::prelude::*;
+
+use crate::kv::CpuKv;
+
+pub(crate) mod avx2;
 pub(crate) mod avx512;
+
+/// Keys per chunk of a tile: a 64-key tile is four chunks of 16, the run of slots a cache
+/// block of a multiple of 16 stores together.
+pub(crate) const CHUNK: usize = 16;
+
+/// One group of queries that share a sequence and a KV head.
+pub(crate) struct LaneGroup<'a> {
+    /// The queries (`head_dim_k` each), at most the kernel's lane count.
+    pub q: Vec<&'a [f32]>,
+    /// Per query: the first and the last visible position (inclusive).
+    pub range: Vec<(usize, usize)>,
+    /// Per query: its sink logit.
+    pub sink: Vec<Option<f32>>,
+}
+
+/// Where the keys and values of one sequence and one KV head lie.
+pub(crate) struct KvSource<'a> {
+    /// Keys (`CpuKv::k`, f16 bits): element `d` of a key is `d * k_stride` after its
+    /// element 0.
+    pub k: &'a [u16],
+    /// See `k`.
+    pub k_stride: usize,
+    /// Value rows (`CpuKv::v`, f16 bits): the value of the slot after a slot is
+    /// `v_stride` later.
+    pub v: &'a [u16],
+    /// See `v`.
+    pub v_stride: usize,
+    /// Whether the 16 slots from every position that is a multiple of 16 are one run
+    /// (keys one apart, values `v_stride` apart): a block size that is a multiple of 16.
+    pub runs16: bool,
+    /// Position -> the index of its key's element 0 in `k` and of its value in `v`, or
+    /// `None` if the position is not mapped to a live block.
+    pub at: &'a dyn Fn(usize) -> Option<(usize, usize)>,
+}
+
+impl<'a> KvSource<'a> {
+    /// The key and value of position `p`, after checking that the key's `dk` strided
+    /// elements (and, with `run`, those of the `run - 1` slots after it) and the value's
+    /// `dv` lie inside the cache; `None` if `p` is not mapped.
+    pub(crate) fn locate(
+        &self,
+        p: usize,
+        dk: usize,
+        dv: usize,
+        run: usize,
+    ) -> Option<(usize, usize)> {
+        let (kb, vb) = (self.at)(p)?;
+        if dk > 0 {
+            assert!(
+                kb + (dk - 1) * self.k_stride + run <= self.k.len(),
+                "attention: key of position {p} outside the cache"
+            );
+        }
+        assert!(
+            vb + (run - 1) * self.v_stride + dv <= self.v.len(),
+            "attention: value of position {p} outside the cache"
+        );
+        Some((kb, vb))
+    }
+}
+
+/// Per query, after the last tile: the sink, then the normalisation, with the scalar's
+/// arithmetic (`o` holds one query's unnormalised output, `m` its running maximum and
+/// `denom` its running sum of weights).
+pub(crate) fn finish_query(o: &mut [f32], m: f32, denom: f32, sink: Option<f32>) {
+    let mut dn = denom;
+    if let Some(sk) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sk > m {
+            ms = flint_core::math::expf_libc(m - sk);
+            for x in o.iter_mut() {
+                *x *= ms;
+            }
+        } else {
+            vs = flint_core::math::expf_libc(sk - m);
+        }
+        // `S = S * ms + vs`, fused as GCC compiles it (the scalar path does the same).
+        dn = dn.mul_add(ms, vs);
+    }
+    let inv = if dn == 0.0 { 0.0 } else { 1.0 / dn };
+    for x in o.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// Sequence, KV head, and the (query row, head) pairs of one lane group.
+type WorkItem = (usize, usize, Vec<(usize, usize)>);
+
+/// Paged attention over every sequence of `p`, in groups of up to `lanes` queries that
+/// share a sequence and a KV head, each group attended by `run` (its queries, where
+/// their keys and values lie, and its output: `dv` values per query) on rayon's threads;
+/// the same contract and checks as the scalar `kv::paged_attention`.
+pub(crate) fn paged_attention_in_groups(
+    kv: &CpuKv,
+    p: &PagedAttention<'_>,
+    out: &mut [f32],
+    lanes: usize,
+    run: &(dyn Fn(&LaneGroup<'_>, &KvSource<'_>, &mut [f32]) -> Result<(), ()> + Sync),
+) -> Result<(), HalError> {
+    let l = *kv.layout();
+    let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
+    let nh = p.n_heads;
+    crate::kv::query_owners(&l, p, out.len())?;
+    let group = nh / hkv;
+    let rv = hkv * dv;
+    // Work items: (sequence, KV head, up to `lanes` (row, head) queries).
+    let mut items: Vec<WorkItem> = Vec::new();
+    for (si, s) in p.seqs.iter().enumerate() {
+        for kvh in 0..hkv {
+            let mut qs = Vec::with_capacity(lanes);
+            for t in 0..s.positions.len() {
+                for h in kvh * group..(kvh + 1) * group {
+                    qs.push((s.q_start + t, h));
+                    if qs.len() == lanes {
+                        items.push((si, kvh, std::mem::take(&mut qs)));
+                    }
+                }
+            }
+            if !qs.is_empty() {
+                items.push((si, kvh, qs));
+            }
+        }
+    }
+    let results: Vec<Result<Vec<f32>, ()>> = items
+        .par_iter()
+        .map(|(si, kvh, qs)| {
+            let seq = &p.seqs[*si];
+            let mut g = LaneGroup {
+                q: Vec::with_capacity(qs.len()),
+                range: Vec::with_capacity(qs.len()),
+                sink: Vec::with_capacity(qs.len()),
+            };
+            for &(r, h) in qs {
+                let pos = seq.positions[r - seq.q_start] as usize;
+                let lo = flint_core::math::window_start(pos, p.window);
+                g.q.push(&p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
+                g.range.push((lo, pos));
+                g.sink.push(p.sinks.map(|s| s[h]));
+            }
+            let at = |j: usize| {
+                let b = *seq.block_table.get(j / bs)?;
+                if b == NO_BLOCK || b as usize >= l.num_blocks {
+                    return None;
+                }
+                let slot = b as usize * bs + j % bs;
+                Some((kv.key_base(slot, *kvh), slot * rv + kvh * dv))
+            };
+            let src = KvSource {
+                k: &kv.k,
+                k_stride: bs,
+                v: &kv.v,
+                v_stride: rv,
+                runs16: bs.is_multiple_of(CHUNK),
+                at: &at,
+            };
+            let mut o = vec![0f32; qs.len() * dv];
+            run(&g, &src, &mut o)?;
+            Ok(o)
+        })
+        .collect();
+    out.fill(0.0);
+    for ((_, _, qs), res) in items.iter().zip(results) {
+        let o = res.map_err(|()| {
+            HalError::invalid(
+                "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
+            )
+        })?;
+        for (i, &(r, h)) in qs.iter().enumerate() {
+            out[(r * nh + h) * dv..(r * nh + h + 1) * dv].copy_from_slice(&o[i * dv..(i + 1) * dv]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! Paged attention with AVX2 + FMA + F16C: up to eight query heads that read the same KV
+//! head of the same sequence (the heads of a GQA group, for every query row of the
+//! sequence in the step) attend together, one query per lane of a 256-bit vector; each
+//! key element is widened once and broadcast to all of them.
+//!
+//! Bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head) alone
+//! (see the parent module): a lane does exactly the scalar's operations in the scalar's
+//! order. Scores run eight keys side by side (eight independent chains, each over the
+//! head dimension in order); the output of each query is one fused multiply-add chain per
+//! element over the tile's visible keys, eight elements per vector.
+
+use std::arch::x86_64::*;
+
+use flint_core::math::GGML_FA_TILE;
+use flint_hal::{HalError, PagedAttention};
+
+use super::{finish_query, KvSource, LaneGroup, CHUNK};
+use crate::kernels::elementwise::avx2::expf_ggml;
+use crate::kv::CpuKv;
+
+/// Queries attended together.
+pub(crate) const LANES: usize = 8;
+
+/// Keys scored side by side (independent fused multiply-add chains).
+const KEYS: usize = 8;
+
+/// `_mm512_reduce_add_ps`'s order over 16 vectors, lane by lane: halves added pairwise
+/// (8, 4, 2, 1), as `flint_core`'s tiled attention sums 16 weights.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn reduce16(w: &[__m256]) -> __m256 {
+    let t: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(w[i + 8], w[i]));
+    let u: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t[i + 4], t[i]));
+    _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3]))
+}
+
+/// The eight lanes of `v` as two f64 vectors.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen(v: __m256) -> [__m256d; 2] {
+    [
+        _mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+        _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)),
+    ]
+}
+
+/// Two f64 vectors narrowed to eight f32 lanes (round to nearest, as `as f32`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn narrow(v: [__m256d; 2]) -> __m256 {
+    _mm256_set_m128(_mm256_cvtpd_ps(v[1]), _mm256_cvtpd_ps(v[0]))
+}
+
+/// The lanes of `v` as an array.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lanes(v: __m256) -> [f32; LANES] {
+    let mut a = [0f32; LANES];
+    // SAFETY: `a` is 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+    a
+}
+
+/// An all-ones lane where bit `l` of `bits` is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mask_of(bits: u8) -> __m256 {
+    let sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let hit = _mm256_and_si256(_mm256_set1_epi32(i32::from(bits)), sel);
+    _mm256_castsi256_ps(_mm256_cmpeq_epi32(hit, sel))
+}
+
+/// Bit `l` set where lane `l` of `v` is all ones (a comparison's result).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bits_of(v: __m256) -> u8 {
+    _mm256_movemask_ps(v) as u8
+}
+
+/// Attends the queries of `g` (queries in lanes) over the keys and values of `kv`,
+/// writing `dv` values per query to `out`. Errors if a visible position is not mapped.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C (checked at device open).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn attend_group(
+    g: &LaneGroup<'_>,
+    kv: &KvSource<'_>,
+    scale: f32,
+    dv: usize,
+    out: &mut [f32],
+) -> Result<(), ()> {
+    let n = g.q.len();
+    assert!(n > 0 && n <= LANES && g.range.len() == n && g.sink.len() == n);
+    assert_eq!(out.len(), n * dv, "attend_group: out length");
+    let dk = g.q[0].len();
+    // Queries transposed: qt[d] holds element d of every lane's query.
+    let qt: Vec<__m256> = (0..dk)
+        .map(|d| {
+            let mut a = [0f32; LANES];
+            for (l, q) in g.q.iter().enumerate() {
+                a[l] = q[d];
+            }
+            // SAFETY: 8 readable f32.
+            unsafe { _mm256_loadu_ps(a.as_ptr()) }
+        })
+        .collect();
+    let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
+    let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
+    let all = ((1u16 << n) - 1) as u8;
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let vscale = _mm256_set1_ps(scale);
+    let mut m = neg_inf;
+    let mut denom = _mm256_setzero_ps();
+    out.fill(0.0);
+    let mut s = [neg_inf; GGML_FA_TILE];
+    let mut vis = [0u8; GGML_FA_TILE];
+    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    // The tile's visible keys widened to f32, transposed: element d of tile slot t at
+    // `kt[d * GGML_FA_TILE + t]`.
+    let mut kt = vec![0f32; GGML_FA_TILE * dk];
+    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
+    while t0 <= last {
+        let mut live = [0u8; GGML_FA_TILE];
+        let mut nl = 0;
+        for t in 0..GGML_FA_TILE {
+            let p = t0 + t;
+            let mut b = 0u8;
+            for (l, &(lo, hi)) in g.range.iter().enumerate() {
+                b |= u8::from(lo <= p && p <= hi) << l;
+            }
+            vis[t] = b;
+            s[t] = neg_inf;
+        }
+        for c in 0..GGML_FA_TILE / CHUNK {
+            let chunk = c * CHUNK..(c + 1) * CHUNK;
+            if vis[chunk.clone()].iter().all(|&v| v == 0) {
+                continue;
+            }
+            if kv.runs16 {
+                // Sixteen slots of one block: each key element of all of them widened
+                // eight at a time.
+                let (kb, vb) = kv.locate(t0 + chunk.start, dk, dv, CHUNK).ok_or(())?;
+                for d in 0..dk {
+                    for half in [0, 8] {
+                        // SAFETY: `locate` checked that 16 keys' element d lie in `kv.k`;
+                        // `kt` holds dk rows of 64; loadu/storeu are unaligned.
+                        unsafe {
+                            let h =
+                                _mm_loadu_si128(kv.k.as_ptr().add(kb + d * kv.k_stride + half)
+                                    as *const __m128i);
+                            _mm256_storeu_ps(
+                                kt.as_mut_ptr().add(d * GGML_FA_TILE + chunk.start + half),
+                                _mm256_cvtph_ps(h),
+                            );
+                        }
+                    }
+                }
+                for (j, v) in vals[chunk.clone()].iter_mut().enumerate() {
+                    *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
+                }
+            } else {
+                for t in chunk.clone().filter(|&t| vis[t] != 0) {
+                    let (kb, vb) = kv.locate(t0 + t, dk, dv, 1).ok_or(())?;
+                    vals[t] = &kv.v[vb..vb + dv];
+                    for d in 0..dk {
+                        kt[d * GGML_FA_TILE + t] =
+                            half::f16::from_bits(kv.k[kb + d * kv.k_stride]).to_f32();
+                    }
+                }
+            }
+        }
+        for t in 0..GGML_FA_TILE {
+            if vis[t] != 0 {
+                live[nl] = t as u8;
+                nl += 1;
+            }
+        }
+        for c in live[..nl].chunks(KEYS) {
+            let mut acc = [_mm256_setzero_ps(); KEYS];
+            let ts: [usize; KEYS] = std::array::from_fn(|j| usize::from(c[j.min(c.len() - 1)]));
+            for (d, row) in kt.chunks_exact(GGML_FA_TILE).enumerate() {
+                for j in 0..KEYS {
+                    acc[j] = _mm256_fmadd_ps(qt[d], _mm256_set1_ps(row[ts[j]]), acc[j]);
+                }
+            }
+            for (j, &t) in c.iter().enumerate() {
+                let t = usize::from(t);
+                s[t] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(acc[j], vscale), mask_of(vis[t]));
+            }
+        }
+        let tile_max = s.iter().fold(neg_inf, |a, &b| _mm256_max_ps(a, b));
+        let active = bits_of(_mm256_cmp_ps::<_CMP_NEQ_OQ>(tile_max, neg_inf)) & all;
+        if active == 0 {
+            t0 += GGML_FA_TILE;
+            continue;
+        }
+        let m_new = _mm256_max_ps(m, tile_max);
+        let grow = active & bits_of(_mm256_cmp_ps::<_CMP_GT_OQ>(m_new, m));
+        if grow != 0 {
+            let (ml, mn) = (lanes(m), lanes(m_new));
+            let mut dn = lanes(denom);
+            for l in (0..n).filter(|l| grow >> l & 1 == 1) {
+                let ms = flint_core::math::expf_libc(ml[l] - mn[l]);
+                for o in &mut out[l * dv..(l + 1) * dv] {
+                    *o *= ms;
+                }
+                dn[l] *= ms;
+            }
+            // SAFETY: 8 readable f32.
+            denom = unsafe { _mm256_loadu_ps(dn.as_ptr()) };
+        }
+        let act = mask_of(active);
+        m = _mm256_blendv_ps(m, m_new, act);
+        let mut w = [_mm256_setzero_ps(); GGML_FA_TILE];
+        let mut sum = [_mm256_setzero_pd(); 2];
+        for (wc, sc) in w.chunks_exact_mut(16).zip(s.chunks_exact(16)) {
+            for (wt, &st) in wc.iter_mut().zip(sc) {
+                *wt = expf_ggml(_mm256_sub_ps(st, m));
+            }
+            let part = widen(reduce16(wc));
+            sum = [
+                _mm256_add_pd(sum[0], part[0]),
+                _mm256_add_pd(sum[1], part[1]),
+            ];
+        }
+        let d64 = widen(denom);
+        let nd = narrow([_mm256_add_pd(d64[0], sum[0]), _mm256_add_pd(d64[1], sum[1])]);
+        denom = _mm256_blendv_ps(denom, nd, act);
+        // Output: per lane, one fused multiply-add chain over its visible keys, in order,
+        // eight output elements at a time.
+        let wl: [[f32; LANES]; GGML_FA_TILE] = std::array::from_fn(|t| lanes(w[t]));
+        for l in (0..n).filter(|l| active >> l & 1 == 1) {
+            let o = &mut out[l * dv..(l + 1) * dv];
+            let mine = live[..nl]
+                .iter()
+                .map(|&t| usize::from(t))
+                .filter(|&t| vis[t] >> l & 1 == 1);
+            accumulate(o, mine, &vals, &wl, l);
+        }
+        t0 += GGML_FA_TILE;
+    }
+    let (ml, dl) = (lanes(m), lanes(denom));
+    for l in 0..n {
+        finish_query(&mut out[l * dv..(l + 1) * dv], ml[l], dl[l], g.sink[l]);
+    }
+    Ok(())
+}
+
+/// `o[e] = fma(w[t][lane], v_t[e], o[e])` over the keys `mine` in order, for every
+/// element `e` of one query's output: 32 elements (four vectors) side by side, then
+/// eight, then one at a time with the scalar's fused multiply-add.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn accumulate(
+    o: &mut [f32],
+    mine: impl Iterator<Item = usize> + Clone,
+    vals: &[&[u16]; GGML_FA_TILE],
+    wl: &[[f32; LANES]; GGML_FA_TILE],
+    lane: usize,
+) {
+    let dv = o.len();
+    let mut e = 0;
+    while e + 32 <= dv {
+        // SAFETY: e + 32 <= dv = every value row's length and `o`'s; loadu/storeu are
+        // unaligned.
+        unsafe {
+            let mut acc: [__m256; 4] =
+                std::array::from_fn(|i| _mm256_loadu_ps(o.as_ptr().add(e + 8 * i)));
+            for t in mine.clone() {
+                let w = _mm256_set1_ps(wl[t][lane]);
+                let v = vals[t].as_ptr().add(e);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(v.add(8 * i) as *const __m128i));
+                    *a = _mm256_fmadd_ps(w, x, *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(e + 8 * i), *a);
+            }
+        }
+        e += 32;
+    }
+    while e + 8 <= dv {
+        // SAFETY: as above, for eight elements.
+        unsafe {
+            let mut acc = _mm256_loadu_ps(o.as_ptr().add(e));
+            for t in mine.clone() {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(vals[t].as_ptr().add(e) as *const __m128i));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(wl[t][lane]), x, acc);
+            }
+            _mm256_storeu_ps(o.as_mut_ptr().add(e), acc);
+        }
+        e += 8;
+    }
+    for (i, x) in o.iter_mut().enumerate().skip(e) {
+        let mut acc = *x;
+        for t in mine.clone() {
+            acc = wl[t][lane].mul_add(half::f16::from_bits(vals[t][i]).to_f32(), acc);
+        }
+        *x = acc;
+    }
+}
+
+/// Paged attention over every sequence of `p`, in groups of up to [`LANES`] queries
+/// that share a sequence and a KV head ([`super::paged_attention_in_groups`]); the same
+/// contract and checks as the scalar `kv::paged_attention`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C (checked at device open).
+pub(crate) unsafe fn paged_attention(
+    kv: &CpuKv,
+    p: &PagedAttention<'_>,
+    out: &mut [f32],
+) -> Result<(), HalError> {
+    let run = |g: &LaneGroup<'_>, src: &KvSource<'_>, o: &mut [f32]| {
+        // SAFETY: the caller guarantees AVX2, FMA and F16C.
+        unsafe { attend_group(g, src, p.scale, o.len() / g.q.len(), o) }
+    };
+    super::paged_attention_in_groups(kv, p, out, LANES, &run)
+}
