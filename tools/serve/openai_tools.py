@@ -6,9 +6,9 @@ Usage: python3 tools/serve/openai_tools.py BASE_URL tools|reasoning|json_schema
 `tools`: the server's model must answer the weather question with a call of
 `get_weather` for Paris (engine/tests/serve_tools.rs serves a scripted one); checked
 whole, streamed and forced (`tool_choice` naming it, and "required"). `reasoning`: the
-answer must carry `reasoning_content` apart from `content`, whole and streamed. `json_schema`: answers under several JSON schemas must
-parse and hold the fields and types each schema asks for (every value bounded, so that
-a small model ends its answer). Exits non-zero on any malformed answer; prints what the
+answer must carry `reasoning_content` apart from `content`, whole and streamed.
+`json_schema`: answers under several JSON schemas must parse and hold the fields and
+types each schema asks for (every value bounded, so that a small model ends its answer). Exits non-zero on any malformed answer; prints what the
 server said. The key comes from FLINT_API_KEY.
 """
 import json

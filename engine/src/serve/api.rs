@@ -1059,7 +1059,7 @@ fn offered_tools(
         None | Some(Value::Null) => None,
         Some(Value::String(c)) if c == "auto" => None,
         Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(Value::String(c)) if c == "required" => Some(Forced::Any),
+        Some(Value::String(c)) if c == "required" => Some(ForcedCall::Any),
         Some(c) => match (
             c.get("type").and_then(Value::as_str),
             c.pointer("/function/name").and_then(Value::as_str),
@@ -1076,7 +1076,7 @@ fn offered_tools(
                         ),
                     ));
                 }
-                Some(Forced::Named(name.to_string()))
+                Some(ForcedCall::Named(name.to_string()))
             }
             _ => {
                 return Err(bad_param(
@@ -1110,38 +1110,25 @@ fn offered_tools(
     }
 }
 
-/// A call `tool_choice` forces.
-#[derive(Clone, Debug)]
-enum Forced {
-    /// `"required"`: any offered function.
-    Any,
-    /// This function.
-    Named(String),
-}
-
 /// The tools a chat request offers, and the call it forces.
 struct Offered {
     syntax: ToolSyntax,
     tools: Arc<Vec<Value>>,
-    forced: Option<Forced>,
+    forced: Option<ForcedCall>,
 }
 
 /// The grammar of a forced call (`tool_choice`), compiled on the blocking pool.
 async fn forced_constraint(
     st: &AppState,
     offered: &Offered,
-    forced: Forced,
+    forced: ForcedCall,
     in_reasoning: bool,
 ) -> Result<Constraint, Response> {
     let text = Arc::clone(&st.text);
     let (syntax, tools) = (offered.syntax, Arc::clone(&offered.tools));
     let reasoning = st.text.chat_syntax().reasoning;
     off_the_runtime(move || {
-        let which = match &forced {
-            Forced::Any => ForcedCall::Any,
-            Forced::Named(n) => ForcedCall::Named(n),
-        };
-        let grammar = forced_call_grammar(syntax, &tools, which, reasoning, in_reasoning)?;
+        let grammar = forced_call_grammar(syntax, &tools, &forced, reasoning, in_reasoning)?;
         let vocab = text.grammar_vocab()?;
         vocab.lark(&grammar).map_err(|e| e.to_string())
     })

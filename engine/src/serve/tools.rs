@@ -82,12 +82,12 @@ impl ChatSyntax {
 }
 
 /// Which tool call a request forces (OpenAI's `tool_choice`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ForcedCall<'a> {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForcedCall {
     /// `"required"`: one or more calls, each of any offered function.
     Any,
     /// `{"type": "function", "function": {"name": ..}}`: one call of this function.
-    Named(&'a str),
+    Named(String),
 }
 
 /// The grammar (llguidance's Lark syntax) of an answer that is nothing but the forced
@@ -99,7 +99,7 @@ pub enum ForcedCall<'a> {
 pub fn forced_call_grammar(
     syntax: ToolSyntax,
     tools: &[Value],
-    forced: ForcedCall<'_>,
+    forced: &ForcedCall,
     reasoning: bool,
     in_reasoning: bool,
 ) -> Result<String, String> {
@@ -114,7 +114,10 @@ pub fn forced_call_grammar(
             };
             Some((name, params))
         })
-        .filter(|(name, _)| forced == ForcedCall::Any || forced == ForcedCall::Named(name))
+        .filter(|(name, _)| match forced {
+            ForcedCall::Any => true,
+            ForcedCall::Named(n) => n == name,
+        })
         .collect();
     if functions.is_empty() {
         return Err(match forced {
@@ -651,7 +654,7 @@ mod tests {
     /// what is open; then the pieces the parser reads from it.
     fn forced(
         syntax: ToolSyntax,
-        which: ForcedCall<'_>,
+        which: ForcedCall,
         (reasoning, in_reasoning): (bool, bool),
         want: &str,
     ) -> (String, Vec<Piece>) {
@@ -661,7 +664,7 @@ mod tests {
         let vocab = GrammarVocab::new(&t, &[256]).expect("vocab");
         let tools = forced_tools();
         let g =
-            forced_call_grammar(syntax, &tools, which, reasoning, in_reasoning).expect("grammar");
+            forced_call_grammar(syntax, &tools, &which, reasoning, in_reasoning).expect("grammar");
         let mut c = vocab.lark(&g).unwrap_or_else(|e| panic!("{e}\n{g}"));
         let mut out = Vec::new();
         for i in 0..400 {
@@ -710,7 +713,7 @@ mod tests {
                     \"Paris\", \"days\": \"three\"}}\n</tool_call>";
         let (text, pieces) = forced(
             ToolSyntax::Hermes,
-            ForcedCall::Named("get_weather"),
+            ForcedCall::Named("get_weather".into()),
             none,
             want,
         );
@@ -726,7 +729,7 @@ mod tests {
         // A model that wants to answer in words calls the named function all the same.
         let (text, pieces) = forced(
             ToolSyntax::Hermes,
-            ForcedCall::Named("get_time"),
+            ForcedCall::Named("get_time".into()),
             none,
             "Hi.",
         );
@@ -748,7 +751,7 @@ mod tests {
                     <arg_key>days</arg_key>\n<arg_value>two</arg_value>\n</tool_call>";
         let (text, pieces) = forced(
             ToolSyntax::Glm,
-            ForcedCall::Named("get_weather"),
+            ForcedCall::Named("get_weather".into()),
             none,
             want,
         );
@@ -771,7 +774,7 @@ mod tests {
         let e = forced_call_grammar(
             ToolSyntax::Hermes,
             &forced_tools(),
-            ForcedCall::Named("get_stock"),
+            &ForcedCall::Named("get_stock".into()),
             false,
             false,
         )
