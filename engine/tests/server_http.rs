@@ -3,6 +3,8 @@
 //! ones; only the forward is a stand-in so these tests are fast). The same server over
 //! the real default model is exercised in `server_model.rs`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -173,14 +175,7 @@ fn start_opts(o: Opts) -> Server {
     let wait = o.open.load(Ordering::Acquire) && !o.broken;
     let s = start_raw(o);
     if wait {
-        let t0 = Instant::now();
-        while get(&s, "/health", None).0 != 200 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "never became healthy"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        common::wait_healthy(&s.base, Duration::from_secs(10));
     }
     s
 }

@@ -4,27 +4,19 @@
 //! log-probabilities against `flint logits`, an API key, the official `openai` Python
 //! client, and the drain on SIGTERM.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use common::ServeProcess as Server;
+
 /// The API key the server is started with.
 const KEY: &str = "test-key-29";
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn start() -> Server {
     start_with(&["--max-model-len", "256"])
@@ -32,45 +24,16 @@ fn start() -> Server {
 
 fn start_with(args: &[&str]) -> Server {
     let model = flint_engine::cli::model_path::resolve_path(None).expect("default model");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args(["serve", "--port", "0", "--max-num-seqs", "8"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flint"));
+    cmd.args(["serve", "--port", "0", "--max-num-seqs", "8"])
         .args(args)
         .args(["--kv-memory", "64000000", "--served-model-name", "gemma3"])
         .arg("-m")
         .arg(&model)
         .env("FLINT_THREADS", "2")
-        .env("FLINT_API_KEY", KEY)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn flint serve");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let base = loop {
-        let line = lines
-            .next()
-            .expect("flint serve exited before listening")
-            .unwrap();
-        if let Some(rest) = line.split("on http://").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap();
-            break format!("http://{addr}");
-        }
-    };
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    let s = Server { child, base };
+        .env("FLINT_API_KEY", KEY);
     // Healthy once the warm-up request ran.
-    let t0 = Instant::now();
-    loop {
-        match agent().get(&format!("{}/health", s.base)).call() {
-            Ok(r) if r.status() == 200 => break,
-            Err(ureq::Error::Status(503, _)) => {}
-            other => panic!("/health: {other:?}"),
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "never healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
+    common::spawn_serve(cmd)
 }
 
 fn authed(r: ureq::Request) -> ureq::Request {

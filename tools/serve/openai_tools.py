@@ -5,10 +5,10 @@ Usage: python3 tools/serve/openai_tools.py BASE_URL tools|reasoning|json_schema
 
 `tools`: the server's model must answer the weather question with a call of
 `get_weather` for Paris (engine/tests/serve_tools.rs serves a scripted one); checked
-whole and streamed. `reasoning`: the answer must carry `reasoning_content` apart from
-`content`, whole and streamed. `json_schema`: answers under several JSON schemas must
-parse and hold the fields and types each schema asks for (every value bounded, so that
-a small model ends its answer). Exits non-zero on any malformed answer; prints what the
+whole, streamed and forced (`tool_choice` naming it, and "required"). `reasoning`: the
+answer must carry `reasoning_content` apart from `content`, whole and streamed.
+`json_schema`: answers under several JSON schemas must parse and hold the fields and
+types each schema asks for (every value bounded, so that a small model ends its answer). Exits non-zero on any malformed answer; prints what the
 server said. The key comes from FLINT_API_KEY.
 """
 import json
@@ -63,6 +63,19 @@ def tools(client, model):
     assert list(got) == [0] and got[0]["name"] == "get_weather" and got[0]["id"], got
     assert json.loads(got[0]["arguments"]) == {"city": "Paris"}, got
     print("streamed tool call:", got[0])
+
+    # A forced call: the named function, then any ("required").
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = client.chat.completions.create(
+            model=model, messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0,
+            max_tokens=200,
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", r
+        forced = c.message.tool_calls
+        assert forced and forced[0].function.name == "get_weather", r
+        assert json.loads(forced[0].function.arguments) == {"city": "Paris"}, r
+        print("forced", json.dumps(choice), "->", forced[0].function.arguments)
 
     # The answer goes back as a tool message; the conversation goes on.
     follow = ASK + [

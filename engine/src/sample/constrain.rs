@@ -21,6 +21,29 @@ pub enum ConstraintError {
     /// The schema does not compile (unsupported keyword, unsatisfiable, too large).
     #[error("the JSON schema cannot be enforced: {0}")]
     Schema(String),
+    /// A grammar (llguidance's Lark syntax) does not compile.
+    #[error("the grammar cannot be enforced: {0}")]
+    Grammar(String),
+}
+
+/// `schema` with the whitespace between JSON tokens fixed (`", "` between items, `": "`
+/// after keys, none elsewhere), so that a model cannot spend its tokens on spaces: the
+/// form [`GrammarVocab::json_schema`] enforces, and the one to embed (`%json`) in a
+/// grammar for [`GrammarVocab::lark`].
+pub fn fixed_whitespace(schema: &Value) -> Result<Value, ConstraintError> {
+    let mut schema = schema.clone();
+    if let Some(o) = schema.as_object_mut() {
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ",
+                   "key_separator": ": "}),
+        );
+    } else if !schema.is_boolean() {
+        return Err(ConstraintError::Schema(
+            "a schema is a JSON object (or true / false)".into(),
+        ));
+    }
+    Ok(schema)
 }
 
 /// A model's vocabulary as the grammar engine sees it; built once per model, shared by
@@ -79,31 +102,42 @@ impl GrammarVocab {
     }
 
     /// A constraint that lets the model write one JSON value valid under `schema`
-    /// (`{"type": "object"}` for any object). Whitespace is fixed (`", "` between
-    /// items, `": "` after keys, none elsewhere), so that a model cannot spend its
-    /// tokens on spaces.
+    /// (`{"type": "object"}` for any object), its whitespace fixed
+    /// ([`fixed_whitespace`]).
     pub fn json_schema(&self, schema: &Value) -> Result<Constraint, ConstraintError> {
-        let mut schema = schema.clone();
-        if let Some(o) = schema.as_object_mut() {
-            o.insert(
-                "x-guidance".into(),
-                json!({"whitespace_flexible": false, "item_separator": ", ",
-                       "key_separator": ": "}),
-            );
-        } else if !schema.is_boolean() {
-            return Err(ConstraintError::Schema(
-                "a schema is a JSON object (or true / false)".into(),
-            ));
-        }
+        let schema = fixed_whitespace(schema)?;
         let source: Arc<str> = schema.to_string().into();
-        let grammar = TopLevelGrammar::from_json_schema(schema);
+        self.compile(
+            source,
+            TopLevelGrammar::from_json_schema(schema),
+            ConstraintError::Schema,
+        )
+    }
+
+    /// A constraint that lets the model write text of `grammar`, in llguidance's Lark
+    /// syntax (rules, literals, `/regex/`, `%json {schema}`, `[lazy]` rules that end
+    /// at their regex's first match).
+    pub fn lark(&self, grammar: &str) -> Result<Constraint, ConstraintError> {
+        self.compile(
+            grammar.into(),
+            TopLevelGrammar::from_lark(grammar.to_string()),
+            ConstraintError::Grammar,
+        )
+    }
+
+    fn compile(
+        &self,
+        source: Arc<str>,
+        grammar: TopLevelGrammar,
+        err: fn(String) -> ConstraintError,
+    ) -> Result<Constraint, ConstraintError> {
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| ConstraintError::Schema(e.to_string()))?;
+            .map_err(|e| err(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(ConstraintError::Schema(e));
+            return Err(err(e));
         }
         Ok(Constraint {
             matcher,

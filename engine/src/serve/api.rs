@@ -30,7 +30,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::tools::ToolCall;
-use super::tools::{ChatSyntax, OutputParser, Piece, ToolSyntax};
+use super::tools::{forced_call_grammar, ChatSyntax, ForcedCall, OutputParser, Piece, ToolSyntax};
 use super::{EngineHandle, Event, Phase, SubmitError};
 use crate::sample::{
     Constraint, FinishReason, GrammarVocab, Rng, SamplerConfig, StopConditions, TokenLogprobs,
@@ -518,6 +518,7 @@ struct CompletionFields {
     prompt: PromptField,
     /// How many top log-probabilities per token (0: only the drawn token's).
     logprobs: Option<u32>,
+    response_format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -803,7 +804,7 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
     };
     if let Err(e) = check_fields(
         &obj,
-        &[COMMON, &["prompt"], NO_EFFECT],
+        &[COMMON, &["prompt", "response_format"], NO_EFFECT],
         COMPLETION_UNSUPPORTED,
         "",
     ) {
@@ -868,10 +869,14 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
             return e;
         }
     }
+    let constraint = match response_constraint(&st, fields.response_format).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
     let opts = RunOpts {
         logprobs,
         parse: None,
-        constraint: None,
+        constraint,
     };
     run(st, prompts, &sampling, Kind::Completion, 16, opts).await
 }
@@ -968,12 +973,24 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
         Ok(t) => t,
         Err(e) => return e,
     };
-    let constraint = match response_constraint(&st, fields.response_format).await {
+    let forced = tools.as_ref().and_then(|t| t.forced.clone());
+    let has_format = fields
+        .response_format
+        .as_ref()
+        .is_some_and(|f| !f.is_null() && f.get("type") != Some(&json!("text")));
+    if forced.is_some() && has_format {
+        return bad_param(
+            "response_format",
+            "response_format cannot go with a tool_choice that forces a call (the answer is \
+             the call)",
+        );
+    }
+    let mut constraint = match response_constraint(&st, fields.response_format).await {
         Ok(c) => c,
         Err(e) => return e,
     };
     let text = Arc::clone(&st.text);
-    let rendered = tools.as_ref().map(|t| Arc::clone(&t.1));
+    let rendered = tools.as_ref().map(|t| Arc::clone(&t.tools));
     let prompt = match off_the_runtime(move || {
         text.encode_chat(&messages, rendered.as_deref().map(Vec::as_slice))
     })
@@ -987,8 +1004,14 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             )
         }
     };
+    if let (Some(forced), Some(offered)) = (forced, tools.as_ref()) {
+        match forced_constraint(&st, offered, forced, prompt.opens_reasoning).await {
+            Ok(c) => constraint = Some(c),
+            Err(e) => return e,
+        }
+    }
     let parse = ParseSpec {
-        tools,
+        tools: tools.map(|t| (t.syntax, t.tools)),
         reasoning: st.text.chat_syntax().reasoning,
         in_reasoning: prompt.opens_reasoning,
     };
@@ -1009,15 +1032,16 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
     .await
 }
 
-/// The function tools a chat request offers the model, checked; `None` when it offers
-/// none or `tool_choice` is `"none"`. Each must be `{"type": "function", "function":
-/// {"name": ..}}`, and the model's template must render them in a syntax the output
-/// parser reads.
+/// The function tools a chat request offers the model, checked, and the call
+/// `tool_choice` forces (`"required"`, or a named function that must be among them);
+/// `None` when it offers none or `tool_choice` is `"none"`. Each must be `{"type":
+/// "function", "function": {"name": ..}}`, and the model's template must render them
+/// in a syntax the output parser reads.
 fn offered_tools(
     st: &AppState,
     tools: Option<Vec<Value>>,
     choice: Option<&Value>,
-) -> Result<Option<OfferedTools>, Response> {
+) -> Result<Option<Offered>, Response> {
     let tools = tools.unwrap_or_default();
     for (i, t) in tools.iter().enumerate() {
         let name = t.pointer("/function/name").and_then(Value::as_str);
@@ -1031,29 +1055,85 @@ fn offered_tools(
             ));
         }
     }
-    match choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" => {}
+    let forced = match choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) if c == "auto" => None,
         Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(_) => {
-            return Err(bad_param(
-                "tool_choice",
-                "tool_choice: only \"auto\" and \"none\" are supported by this server (a \
-                 forced call is not)",
-            ))
-        }
-    }
+        Some(Value::String(c)) if c == "required" => Some(ForcedCall::Any),
+        Some(c) => match (
+            c.get("type").and_then(Value::as_str),
+            c.pointer("/function/name").and_then(Value::as_str),
+        ) {
+            (Some("function"), Some(name)) => {
+                if !tools
+                    .iter()
+                    .any(|t| t.pointer("/function/name") == Some(&json!(name)))
+                {
+                    return Err(bad_param(
+                        "tool_choice",
+                        format!(
+                            "tool_choice: the function '{name}' is not among the offered tools"
+                        ),
+                    ));
+                }
+                Some(ForcedCall::Named(name.to_string()))
+            }
+            _ => {
+                return Err(bad_param(
+                    "tool_choice",
+                    "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \
+                     \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
     if tools.is_empty() {
-        return Ok(None);
+        return match forced {
+            Some(_) => Err(bad_param(
+                "tool_choice",
+                "tool_choice forces a call, but no tools are offered",
+            )),
+            None => Ok(None),
+        };
     }
     match st.text.chat_syntax().tools {
-        Some(syntax) => Ok(Some((syntax, Arc::new(tools)))),
+        Some(syntax) => Ok(Some(Offered {
+            syntax,
+            tools: Arc::new(tools),
+            forced,
+        })),
         None => Err(bad_param(
             "tools",
             "tools: the model's chat template does not render tools in a syntax this server \
              parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM)",
         )),
     }
+}
+
+/// The tools a chat request offers, and the call it forces.
+struct Offered {
+    syntax: ToolSyntax,
+    tools: Arc<Vec<Value>>,
+    forced: Option<ForcedCall>,
+}
+
+/// The grammar of a forced call (`tool_choice`), compiled on the blocking pool.
+async fn forced_constraint(
+    st: &AppState,
+    offered: &Offered,
+    forced: ForcedCall,
+    in_reasoning: bool,
+) -> Result<Constraint, Response> {
+    let text = Arc::clone(&st.text);
+    let (syntax, tools) = (offered.syntax, Arc::clone(&offered.tools));
+    let reasoning = st.text.chat_syntax().reasoning;
+    off_the_runtime(move || {
+        let grammar = forced_call_grammar(syntax, &tools, &forced, reasoning, in_reasoning)?;
+        let vocab = text.grammar_vocab()?;
+        vocab.lark(&grammar).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| bad_param("tool_choice", format!("tool_choice: {e}")))
 }
 
 /// The tools offered to the model and the syntax of its calls.
@@ -1085,12 +1165,12 @@ struct RunOpts {
     logprobs: Option<usize>,
     /// Chat: how answers are parsed.
     parse: Option<ParseSpec>,
-    /// Chat: the grammar of `response_format`.
+    /// The grammar of `response_format`, or of a call `tool_choice` forces.
     constraint: Option<Constraint>,
 }
 
-/// The grammar a chat request's `response_format` asks for, compiled (on the blocking
-/// pool: the first one indexes the vocabulary); `None` for plain text.
+/// The grammar a request's `response_format` asks for, compiled (on the blocking pool:
+/// the first one indexes the vocabulary); `None` for plain text.
 async fn response_constraint(
     st: &AppState,
     format: Option<Value>,

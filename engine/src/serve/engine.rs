@@ -201,11 +201,13 @@ impl TextSide for ModelText {
         self.grammar
             .get_or_init(|| {
                 // What each token adds to generated text, as the engine's detokenizer
-                // writes it: control tokens add nothing.
+                // writes it: control tokens add nothing, except the markers of
+                // reasoning and tool calls, which a forced call's grammar writes.
+                let detok = TokenizerDetok::new(Arc::clone(&self.tokenizer));
                 let tokens: Vec<Option<Vec<u8>>> = (0..self.tokenizer.n_vocab())
                     .map(|id| {
-                        let b = self.tokenizer.token_to_piece(id as u32, false);
-                        (!b.is_empty()).then(|| b.into_owned())
+                        let b = detok.token_bytes(id as u32);
+                        (!b.is_empty()).then_some(b)
                     })
                     .collect();
                 let eog: Vec<u32> = self.tokenizer.eog_ids().collect();

@@ -9,6 +9,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::sample::constrain::fixed_whitespace;
+
 /// The text that opens a model's reasoning.
 pub const THINK_OPEN: &str = "<think>";
 /// The text that closes it.
@@ -77,6 +79,157 @@ impl ChatSyntax {
             reasoning: template.contains(THINK_CLOSE) || template.contains(THINK_OPEN),
         }
     }
+}
+
+/// Which tool call a request forces (OpenAI's `tool_choice`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForcedCall {
+    /// `"required"`: one or more calls, each of any offered function.
+    Any,
+    /// `{"type": "function", "function": {"name": ..}}`: one call of this function.
+    Named(String),
+}
+
+/// The grammar (llguidance's Lark syntax) of an answer that is nothing but the forced
+/// tool call(s), in `syntax`, that [`OutputParser`] reads back: the name is one of the
+/// offered functions (or the named one) and the arguments follow that function's
+/// `parameters` schema (any object when it has none). A model that writes reasoning
+/// (`reasoning`) may think first; one whose prompt opened the reasoning (`in_reasoning`)
+/// must close it first. An error names a forced function that is not offered.
+pub fn forced_call_grammar(
+    syntax: ToolSyntax,
+    tools: &[Value],
+    forced: &ForcedCall,
+    reasoning: bool,
+    in_reasoning: bool,
+) -> Result<String, String> {
+    let functions: Vec<(&str, Value)> = tools
+        .iter()
+        .filter_map(|t| {
+            let f = t.get("function")?;
+            let name = f.get("name")?.as_str()?;
+            let params = match f.get("parameters") {
+                None | Some(Value::Null) => serde_json::json!({"type": "object"}),
+                Some(p) => p.clone(),
+            };
+            Some((name, params))
+        })
+        .filter(|(name, _)| match forced {
+            ForcedCall::Any => true,
+            ForcedCall::Named(n) => n == name,
+        })
+        .collect();
+    if functions.is_empty() {
+        return Err(match forced {
+            ForcedCall::Named(n) => format!("the function '{n}' is not among the offered tools"),
+            ForcedCall::Any => "no function is offered".into(),
+        });
+    }
+    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    let mut g = String::new();
+    // What may come before the call(s).
+    let think = if reasoning && in_reasoning {
+        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n"
+    } else if reasoning {
+        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n"
+    } else {
+        "start: calls\n"
+    };
+    g.push_str(think);
+    g.push_str("gap: (\"\\n\" \"\\n\"?)?\n");
+    let separator = match syntax {
+        ToolSyntax::Hermes | ToolSyntax::Glm => "\n",
+        ToolSyntax::Llama3Json => "; ",
+    };
+    match forced {
+        ForcedCall::Named(_) => g.push_str("calls: call\n"),
+        ForcedCall::Any => g.push_str(&format!("calls: call ({} call)*\n", lit(separator))),
+    }
+    let alternatives: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
+    g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
+    for (i, (name, params)) in functions.iter().enumerate() {
+        let schema = fixed_whitespace(params).map_err(|e| format!("function '{name}': {e}"))?;
+        match syntax {
+            ToolSyntax::Hermes => g.push_str(&format!(
+                "call_{i}: {} args_{i} {}\nargs_{i}: %json {schema}\n",
+                lit(&format!(
+                    "{TOOL_OPEN}\n{{\"name\": {}, \"arguments\": ",
+                    lit(name)
+                )),
+                lit(&format!("}}\n{TOOL_CLOSE}")),
+            )),
+            ToolSyntax::Llama3Json => g.push_str(&format!(
+                "call_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {schema}\n",
+                lit(&format!("{{\"name\": {}, \"parameters\": ", lit(name))),
+            )),
+            ToolSyntax::Glm => glm_call(&mut g, i, name, params, &lit)?,
+        }
+    }
+    Ok(g)
+}
+
+/// GLM's call of function `name` (rule `call_{i}`): each property of its schema in
+/// order, the required ones always, the others optionally; a string value as raw text
+/// up to `</arg_value>`, any other as JSON under its schema. A schema without
+/// properties admits any keys with string or JSON values.
+fn glm_call(
+    g: &mut String,
+    i: usize,
+    name: &str,
+    params: &Value,
+    lit: &dyn Fn(&str) -> String,
+) -> Result<(), String> {
+    let key = |k: &str| lit(&format!("{}{k}{}\n{}", ARG_KEY.0, ARG_KEY.1, ARG_VALUE.0));
+    let close = lit(&format!("{}\n", ARG_VALUE.1));
+    // Raw text ending at the first `</arg_value>` (which it includes).
+    let raw = format!("glm_raw_{i}[lazy]: /(.|\\n)*<\\/arg_value>/\n");
+    let mut body = Vec::new();
+    let props = params.get("properties").and_then(Value::as_object);
+    match props {
+        Some(props) if !props.is_empty() => {
+            let required: Vec<&str> = params
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            g.push_str(&raw);
+            for (j, (k, schema)) in props.iter().enumerate() {
+                let is_string = schema.get("type").is_some_and(|t| t == "string");
+                let rule = format!("glm_{i}_{j}");
+                if is_string {
+                    g.push_str(&format!("{rule}: {} glm_raw_{i} \"\\n\"\n", key(k)));
+                } else {
+                    let schema =
+                        fixed_whitespace(schema).map_err(|e| format!("'{name}'.{k}: {e}"))?;
+                    g.push_str(&format!(
+                        "{rule}: {} {rule}_v {close}\n{rule}_v: %json {schema}\n",
+                        key(k)
+                    ));
+                }
+                body.push(if required.contains(&k.as_str()) {
+                    rule
+                } else {
+                    format!("{rule}?")
+                });
+            }
+        }
+        _ => {
+            g.push_str(&raw);
+            g.push_str(&format!(
+                "glm_any_{i}: {} /[A-Za-z0-9_\\-]+/ {} glm_raw_{i} \"\\n\"\n",
+                lit(ARG_KEY.0),
+                lit(&format!("{}\n{}", ARG_KEY.1, ARG_VALUE.0)),
+            ));
+            body.push(format!("glm_any_{i}*"));
+        }
+    }
+    g.push_str(&format!(
+        "call_{i}: {} {} {}\n",
+        lit(&format!("{TOOL_OPEN}{name}\n")),
+        body.join(" "),
+        lit(TOOL_CLOSE),
+    ));
+    Ok(())
 }
 
 /// True when a rendered prompt leaves the model inside its reasoning (the template
@@ -482,6 +635,151 @@ mod tests {
                 call("get_weather", json!({"city": "123", "days": 2})),
             ]
         );
+    }
+
+    fn forced_tools() -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"], "additionalProperties": false}}}),
+            json!({"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                "required": ["zone"], "additionalProperties": false}}}),
+        ]
+    }
+
+    /// What a greedy stand-in model writes under a forced call's grammar (bytes as
+    /// tokens, 256 the end): `want`'s next byte where allowed, else a byte that closes
+    /// what is open; then the pieces the parser reads from it.
+    fn forced(
+        syntax: ToolSyntax,
+        which: ForcedCall,
+        (reasoning, in_reasoning): (bool, bool),
+        want: &str,
+    ) -> (String, Vec<Piece>) {
+        use crate::sample::GrammarVocab;
+        let mut t: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+        t.push(None);
+        let vocab = GrammarVocab::new(&t, &[256]).expect("vocab");
+        let tools = forced_tools();
+        let g =
+            forced_call_grammar(syntax, &tools, &which, reasoning, in_reasoning).expect("grammar");
+        let mut c = vocab.lark(&g).unwrap_or_else(|e| panic!("{e}\n{g}"));
+        let mut out = Vec::new();
+        for i in 0..400 {
+            let mut logits = vec![0.0f32; 257];
+            for (rank, b) in b"1<]}\"".iter().enumerate() {
+                logits[usize::from(*b)] = 1.0 + rank as f32;
+            }
+            match want.as_bytes().get(i) {
+                Some(&b) => logits[usize::from(b)] = 10.0,
+                None => logits[256] = 10.0,
+            }
+            c.mask(&mut logits);
+            let tok = crate::sample::argmax(&logits);
+            assert!(logits[tok].is_finite(), "nothing allowed after {out:?}");
+            c.commit(tok as u32);
+            if tok == 256 {
+                break;
+            }
+            out.push(tok as u8);
+        }
+        let text = String::from_utf8(out).expect("utf-8");
+        let mut p = OutputParser::new(Some((syntax, &tools)), reasoning, in_reasoning);
+        let mut pieces = p.push(&text);
+        pieces.extend(p.finish());
+        (text, pieces)
+    }
+
+    fn calls(pieces: &[Piece]) -> Vec<(String, Value)> {
+        pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::ToolCall(c) => Some((
+                    c.name.clone(),
+                    serde_json::from_str(&c.arguments).expect("arguments are JSON"),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn forced_calls_follow_the_schema_in_each_syntax() {
+        let none = (false, false);
+        // Hermes, a named function: the wanted call's string "days" becomes an integer.
+        let want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \
+                    \"Paris\", \"days\": \"three\"}}\n</tool_call>";
+        let (text, pieces) = forced(
+            ToolSyntax::Hermes,
+            ForcedCall::Named("get_weather".into()),
+            none,
+            want,
+        );
+        assert_eq!(
+            calls(&pieces),
+            [("get_weather".into(), json!({"city": "Paris", "days": 1}))],
+            "{text}"
+        );
+        assert!(
+            pieces.iter().all(|p| matches!(p, Piece::ToolCall(_))),
+            "{text}"
+        );
+        // A model that wants to answer in words calls the named function all the same.
+        let (text, pieces) = forced(
+            ToolSyntax::Hermes,
+            ForcedCall::Named("get_time".into()),
+            none,
+            "Hi.",
+        );
+        let c = calls(&pieces);
+        assert_eq!(c.len(), 1, "{text}");
+        assert_eq!(c[0].0, "get_time");
+        assert!(c[0].1["zone"].is_string(), "{text}");
+        // Llama 3 JSON, any function: the wanted one.
+        let want = "{\"name\": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}";
+        let (text, pieces) = forced(ToolSyntax::Llama3Json, ForcedCall::Any, none, want);
+        assert_eq!(text, want);
+        assert_eq!(
+            calls(&pieces),
+            [("get_time".into(), json!({"zone": "CET"}))]
+        );
+        // GLM: raw string values, JSON for the rest.
+        let want =
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n\
+                    <arg_key>days</arg_key>\n<arg_value>two</arg_value>\n</tool_call>";
+        let (text, pieces) = forced(
+            ToolSyntax::Glm,
+            ForcedCall::Named("get_weather".into()),
+            none,
+            want,
+        );
+        assert_eq!(
+            calls(&pieces),
+            [("get_weather".into(), json!({"city": "Paris", "days": 1}))],
+            "{text}"
+        );
+        // A thinking model whose prompt opened the reasoning closes it, then calls.
+        let want = "Hmm.</think>\n\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": \
+                    {\"zone\": \"UTC\"}}\n</tool_call>";
+        let (text, pieces) = forced(ToolSyntax::Hermes, ForcedCall::Any, (true, true), want);
+        assert_eq!(text, want);
+        assert_eq!(pieces[0], Piece::Reasoning("Hmm.".into()));
+        assert_eq!(
+            calls(&pieces),
+            [("get_time".into(), json!({"zone": "UTC"}))]
+        );
+        // A forced function must be offered.
+        let e = forced_call_grammar(
+            ToolSyntax::Hermes,
+            &forced_tools(),
+            &ForcedCall::Named("get_stock".into()),
+            false,
+            false,
+        )
+        .expect_err("not offered");
+        assert!(e.contains("get_stock"), "{e}");
     }
 
     #[test]
