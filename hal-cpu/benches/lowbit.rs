@@ -8,9 +8,12 @@
 //!   `FLINT_CPU_SIMD`); throughput in weight bytes.
 //! - `lowbit_scalar/<type>`: the same on the scalar path (`flint_core::dot::vec_dot`).
 //! - `lowbit/read_loop`: a plain read of as many bytes as the IQ4_XS weight, same threads.
-//! - A summary printed at the end: per type, `ROUNDS` alternating rounds of (SIMD matvec,
-//!   scalar matvec, read loop over the weight's number of bytes), each timed as the median
-//!   of a few calls; the medians over the rounds in GB/s, and SIMD over read loop.
+//! - A summary printed at the end, on a `K x SUMMARY_N` weight (44 to 75 MB: past a 32 MB
+//!   last-level cache, read from memory): per type, `ROUNDS` alternating rounds of (SIMD
+//!   matvec, scalar matvec, read loop over the weight's number of bytes), the SIMD and
+//!   read timings each the median of three calls, the scalar one a single call; the
+//!   medians over the rounds in GB/s, and SIMD over read loop. Q4_K's matvec (its own
+//!   kernels) is printed with them as a yardstick.
 
 mod common;
 
@@ -33,8 +36,11 @@ const TYPES: [GgmlType; 4] = [
 const K: usize = 4096;
 const N: usize = 4096;
 
+/// Rows of the summary's weight.
+const SUMMARY_N: usize = 32768;
+
 /// Alternating rounds of the summary.
-const ROUNDS: usize = 15;
+const ROUNDS: usize = 7;
 
 fn opts() -> DeviceOptions {
     DeviceOptions::from_env().expect("FLINT_THREADS / FLINT_KEEP_QUANT")
@@ -47,14 +53,14 @@ fn pool(dev: &CpuDevice) -> rayon::ThreadPool {
         .expect("pool")
 }
 
-/// A staged `K x N` weight of `ty` (small random bytes: finite scales), and its bytes.
-fn stage(dev: &CpuDevice, ty: GgmlType) -> (WeightHandle, usize) {
-    let len = ty.row_bytes(K).expect("whole blocks") * N;
+/// A staged `K x n` weight of `ty` (small random bytes: finite scales), and its bytes.
+fn stage(dev: &CpuDevice, ty: GgmlType, n: usize) -> (WeightHandle, usize) {
+    let len = ty.row_bytes(K).expect("whole blocks") * n;
     let data = common::small_bytes(len, &mut 0x1234_5678u64);
     let d = WeightDesc {
         name: format!("bench.{ty}"),
         ty,
-        dims: vec![K, N],
+        dims: vec![K, n],
         kind: WeightKind::Matrix,
         data: WeightSource::from_vec(data),
     };
@@ -79,7 +85,7 @@ fn benches(c: &mut Criterion) {
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
         for ty in TYPES {
-            let (w, bytes) = stage(dev, ty);
+            let (w, bytes) = stage(dev, ty, N);
             g.throughput(Throughput::Bytes(bytes as u64));
             g.bench_function(ty.name(), |b| {
                 b.iter(|| dev.matmul(&*w, black_box(&x), 1, &mut out).expect("matmul"))
@@ -103,11 +109,11 @@ fn median(mut t: Vec<f64>) -> f64 {
     t[t.len() / 2]
 }
 
-/// The median seconds of five calls of `f` (after one untimed call).
-fn time5<F: FnMut()>(mut f: F) -> f64 {
+/// The median seconds of `calls` calls of `f` (after one untimed call).
+fn time<F: FnMut()>(calls: usize, mut f: F) -> f64 {
     f();
     median(
-        (0..5)
+        (0..calls)
             .map(|_| {
                 let t = Instant::now();
                 f();
@@ -122,25 +128,25 @@ fn summary(_: &mut Criterion) {
     let scalar = CpuDevice::with_level(&opts(), SimdLevel::Scalar).expect("open scalar cpu");
     let pool = pool(&simd);
     let x = input();
-    let mut out = vec![0f32; N];
+    let mut out = vec![0f32; SUMMARY_N];
     println!(
-        "\n== low-bit matvec {K}x{N} ({}; {} threads; {ROUNDS} alternating rounds, medians) ==",
+        "\n== low-bit matvec {K}x{SUMMARY_N} ({}; {} threads; {ROUNDS} alternating rounds, medians) ==",
         simd.description(),
         simd.threads()
     );
-    for ty in TYPES {
-        let (ws, bytes) = stage(&simd, ty);
-        let (wr, _) = stage(&scalar, ty);
+    for ty in TYPES.into_iter().chain([GgmlType::Q4_K]) {
+        let (ws, bytes) = stage(&simd, ty, SUMMARY_N);
+        let (wr, _) = stage(&scalar, ty, SUMMARY_N);
         let buf = vec![1u64; bytes / 8];
         let (mut ts, mut tr, mut tl) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            ts.push(time5(|| {
+            ts.push(time(3, || {
                 simd.matmul(&*ws, &x, 1, &mut out).expect("matmul");
             }));
-            tr.push(time5(|| {
+            tr.push(time(1, || {
                 scalar.matmul(&*wr, &x, 1, &mut out).expect("matmul");
             }));
-            tl.push(time5(|| {
+            tl.push(time(3, || {
                 black_box(common::read_loop(&pool, &buf));
             }));
         }

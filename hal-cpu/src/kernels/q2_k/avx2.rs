@@ -51,8 +51,8 @@ pub(crate) fn dot_q2k<const R: usize>(x: &[BlockQ2K], y: &[&[BlockQ8K]; R], out:
         ];
         let s: [__m256i; 8] = std::array::from_fn(|m| {
             // Bytes 2m (low half) and 2m + 1 (high half) of the scales, zero-extended.
-            let lo = (0x80 << 8 | 2 * m) as i16;
-            let hi = (0x80 << 8 | (2 * m + 1)) as i16;
+            let lo = ((0x80 << 8) | (2 * m)) as i16;
+            let hi = ((0x80 << 8) | (2 * m + 1)) as i16;
             _mm256_shuffle_epi8(
                 scales,
                 _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)),
