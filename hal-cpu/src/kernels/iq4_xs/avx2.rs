@@ -61,12 +61,8 @@ pub(crate) fn dot_iq4xs<const R: usize>(
     let lut = codebook(&KVALUES_IQ4NL);
     let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
-        let v: [__m256i; 8] = std::array::from_fn(|ib| {
-            let qs: &[u8; 16] = b.qs[16 * ib..16 * ib + 16]
-                .try_into()
-                .expect("16 bytes per sub-block");
-            _mm256_shuffle_epi8(lut, nibbles(qs))
-        });
+        let (qs, _) = b.qs.as_chunks::<16>();
+        let v: [__m256i; 8] = std::array::from_fn(|ib| _mm256_shuffle_epi8(lut, nibbles(&qs[ib])));
         let av = v.map(|q| _mm256_sign_epi8(q, q));
         let ls = sub_scales(b);
         let dw = f16c_to_f32(b.d);
