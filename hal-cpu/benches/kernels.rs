@@ -10,6 +10,8 @@
 //!   the device threads, against a read loop over a buffer of the same size, measured
 //!   interleaved in the same run: GB/s of both and the ratio; and GB/s + GMAC/s per type.
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +20,6 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions, WeightDesc, WeightHandle, WeightKind, WeightSource};
 use flint_hal_cpu::CpuDevice;
-use rayon::prelude::*;
 
 const TYPES: [GgmlType; 9] = [
     GgmlType::Q4_K,
@@ -105,24 +106,6 @@ fn input(len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// A plain read of `buf` split over the pool's threads (sum of u64 words).
-fn read_loop(pool: &rayon::ThreadPool, buf: &[u64]) -> u64 {
-    let per = buf.len().div_ceil(pool.current_num_threads());
-    pool.install(|| {
-        buf.par_chunks(per)
-            .map(|c| {
-                let mut a = [0u64; 8];
-                for w in c.chunks_exact(8) {
-                    for i in 0..8 {
-                        a[i] = a[i].wrapping_add(w[i]);
-                    }
-                }
-                a.iter().fold(0u64, |x, &y| x.wrapping_add(y))
-            })
-            .reduce(|| 0, |x, y| x.wrapping_add(y))
-    })
-}
-
 fn benches(c: &mut Criterion) {
     let dev = CpuDevice::new(&opts()).expect("open cpu");
     eprintln!("device: {}", dev.description());
@@ -148,7 +131,7 @@ fn benches(c: &mut Criterion) {
     let buf = vec![1u64; GgmlType::Q4_K.row_bytes(k).expect("row") * n / 8];
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
     g.bench_function("read_loop", |b| {
-        b.iter(|| read_loop(&pool, black_box(&buf)))
+        b.iter(|| common::read_loop(&pool, black_box(&buf)))
     });
     g.finish();
 
@@ -202,7 +185,7 @@ fn summary(_: &mut Criterion) {
     let mut out = vec![0f32; n];
     for _ in 0..5 {
         dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
-        black_box(read_loop(&pool, &buf));
+        black_box(common::read_loop(&pool, &buf));
     }
     // Alternating blocks of 10 runs, with a pause between blocks so that the idle
     // threads of one pool have gone to sleep (rayon workers spin for a while after a
@@ -218,7 +201,7 @@ fn summary(_: &mut Criterion) {
         pause();
         for _ in 0..10 {
             tr.push(time(|| {
-                black_box(read_loop(&pool, &buf));
+                black_box(common::read_loop(&pool, &buf));
             }));
         }
     }

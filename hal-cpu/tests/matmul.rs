@@ -12,13 +12,17 @@ use flint_hal::{Device, DeviceOptions, ExpertRow, HalErrorKind, Op, WeightKind, 
 use flint_hal_cpu::kernels::native_kernel;
 use flint_hal_cpu::{CpuDevice, SimdLevel};
 
-const SIMD_TYPES: [GgmlType; 9] = [
+const SIMD_TYPES: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::Q3_K,
+    GgmlType::Q2_K,
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -161,14 +165,7 @@ fn fallback_types_use_the_scalar_reference() {
     // Types without a SIMD kernel go through flint_core::dot::vec_dot at every level.
     let mut rng = Rng(8);
     let (k, n, m) = (256, 3, 5);
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q5_1,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::IQ4_NL,
-        GgmlType::IQ4_XS,
-    ] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q5_1] {
         let w = random_weight(&mut rng, ty, k, n);
         let x = rng.vec(m * k);
         let (want, mag) = reference_matmul(ty, &w, k, n, &x, m);
@@ -177,6 +174,40 @@ fn fallback_types_use_the_scalar_reference() {
             assert!(dev.supports(Op::Matmul, Some(ty)), "{ty}");
             let got = run(&dev, ty, &w, k, n, &x, m);
             assert_close(&format!("{ty} {level}"), &got, &want, &mag, 2e-5);
+        }
+    }
+}
+
+/// The types whose SIMD kernels keep the scalar reference's order (`kernels/iq4_nl`,
+/// `iq4_xs`, `q3_k`, `q2_k`) give the scalar device's results bit for bit at every level,
+/// for odd row counts and lengths, one decode row and batches.
+#[test]
+fn reference_order_types_equal_the_scalar_path_bit_for_bit() {
+    let scalar = device(SimdLevel::Scalar, 2);
+    let mut rng = Rng(9);
+    for ty in [
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::Q3_K,
+        GgmlType::Q2_K,
+    ] {
+        let bs = ty.block_size();
+        for (k, n) in [(bs, 7), (3 * bs, 5), (9 * bs, 3), (17 * bs, 9)] {
+            let w = random_weight(&mut rng, ty, k, n);
+            for m in [1, 3, 5, 17] {
+                let x = rng.vec(m * k);
+                let want = run(&scalar, ty, &w, k, n, &x, m);
+                for level in simd_levels() {
+                    let got = run(&device(level, 2), ty, &w, k, n, &x, m);
+                    for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            s.to_bits(),
+                            "{ty} {level} k={k} n={n} m={m} out {i}: {g:e} vs scalar {s:e}"
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the hal-cpu benches that are configured from the environment.
 
 /// The environment variable `name` as a number, or `default` when unset or not one.
+#[allow(dead_code)] // not every bench is configured from the environment
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -20,4 +21,24 @@ pub fn small_bytes(len: usize, state: &mut u64) -> Vec<u8> {
             (*state >> 33) as u8 & 0x3f
         })
         .collect()
+}
+
+/// A plain read of `buf` split over the pool's threads (sum of u64 words).
+#[allow(dead_code)] // not every bench compares with a read
+pub fn read_loop(pool: &rayon::ThreadPool, buf: &[u64]) -> u64 {
+    let per = buf.len().div_ceil(pool.current_num_threads());
+    use rayon::prelude::*;
+    pool.install(|| {
+        buf.par_chunks(per)
+            .map(|c| {
+                let mut a = [0u64; 8];
+                for w in c.chunks_exact(8) {
+                    for i in 0..8 {
+                        a[i] = a[i].wrapping_add(w[i]);
+                    }
+                }
+                a.iter().fold(0u64, |x, &y| x.wrapping_add(y))
+            })
+            .reduce(|| 0, |x, y| x.wrapping_add(y))
+    })
 }

@@ -7,7 +7,10 @@
 use std::borrow::Cow;
 
 use bytemuck::Pod;
-use flint_core::blocks::{BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use flint_core::blocks::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K,
+    BlockQ8K, BlockQ8_0,
+};
 
 use flint_core::{FormatError, GgmlType};
 
@@ -15,7 +18,7 @@ use crate::simd::SimdLevel;
 
 use super::act_quant::Acts;
 use super::float::FloatKind;
-use super::{float, kq_panel, mxfp4, panel, q0, q4_k, q5_k, q6_k, x16};
+use super::{float, iq4_nl, iq4_xs, kq_panel, mxfp4, panel, q0, q2_k, q3_k, q4_k, q5_k, q6_k, x16};
 
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
@@ -40,7 +43,19 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
         SimdLevel::Scalar => None,
         SimdLevel::Avx2 => matches!(
             ty,
-            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 | F32 | F16 | BF16
+            Q4_K | Q5_K
+                | Q6_K
+                | Q8_0
+                | Q5_0
+                | Q4_0
+                | MXFP4
+                | IQ4_NL
+                | IQ4_XS
+                | Q3_K
+                | Q2_K
+                | F32
+                | F16
+                | BF16
         )
         .then_some(SimdLevel::Avx2),
         SimdLevel::Avx512Vnni => match ty {
@@ -235,6 +250,20 @@ pub(crate) fn dot_rows(
                 GgmlType::Q6_K => {
                     tiled!(q6_k::avx2::dot_q6k, view::<BlockQ6K>(w), a, nbk, rows, out)
                 }
+                GgmlType::IQ4_XS => tiled!(
+                    iq4_xs::avx2::dot_iq4xs,
+                    view::<BlockIQ4XS>(w),
+                    a,
+                    nbk,
+                    rows,
+                    out
+                ),
+                GgmlType::Q3_K => {
+                    tiled!(q3_k::avx2::dot_q3k, view::<BlockQ3K>(w), a, nbk, rows, out)
+                }
+                GgmlType::Q2_K => {
+                    tiled!(q2_k::avx2::dot_q2k, view::<BlockQ2K>(w), a, nbk, rows, out)
+                }
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
@@ -247,6 +276,14 @@ pub(crate) fn dot_rows(
                 GgmlType::Q4_0 => {
                     tiled!(q0::avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out)
                 }
+                GgmlType::IQ4_NL => tiled!(
+                    iq4_nl::avx2::dot_iq4nl,
+                    view::<BlockIQ4NL>(w),
+                    a,
+                    nb0,
+                    rows,
+                    out
+                ),
                 _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
             },
             (Some(_), Acts::F32(a)) => {
@@ -1092,12 +1129,20 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q4_K => rows1!(q4_k::avx2::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
                 GgmlType::Q5_K => rows1!(q5_k::avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(q6_k::avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                GgmlType::IQ4_XS => {
+                    rows1!(iq4_xs::avx2::dot_iq4xs, BlockIQ4XS, w, a, nbk, act_row, o)
+                }
+                GgmlType::Q3_K => rows1!(q3_k::avx2::dot_q3k, BlockQ3K, w, a, nbk, act_row, o),
+                GgmlType::Q2_K => rows1!(q2_k::avx2::dot_q2k, BlockQ2K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
                 GgmlType::Q8_0 => rows1!(q0::avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
                 GgmlType::Q5_0 => rows1!(q0::avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
                 GgmlType::Q4_0 => rows1!(q0::avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+                GgmlType::IQ4_NL => {
+                    rows1!(iq4_nl::avx2::dot_iq4nl, BlockIQ4NL, w, a, nb0, act_row, o)
+                }
                 _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
             },
             _ => {

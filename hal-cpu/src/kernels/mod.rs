@@ -10,6 +10,8 @@
 //! | Q5_0   | Q8_0       | yes          | yes            | yes  | core   |
 //! | Q4_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
 //! | MXFP4  | Q8_0       | yes          | yes            | yes  | core (llama.cpp's order) |
+//! | IQ4_NL | Q8_0       | (AVX2)       | (AVX2)         | yes  | core   |
+//! | IQ4_XS, Q3_K, Q2_K | Q8_K | (AVX2) | (AVX2)         | yes  | core   |
 //! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core       | core           | core | core   |
 //!
@@ -30,6 +32,9 @@
 //!   `avx512.rs`, `vnni.rs` (a decode's matvec `q0_rows`), `panel.rs` (a prompt batch's
 //!   `q0_gemm`), `x16.rs` (Q8_0 and Q5_0 repacked).
 //! - `mxfp4/`: MXFP4 · Q8_0 (gpt-oss's experts), every level and the scalar fallback.
+//! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
+//!   (the low-bit mixes' expert types): `avx2.rs` each, in the scalar reference's order
+//!   bit for bit (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `attention/`: paged attention with AVX-512 (the scalar path is `crate::kv`).
@@ -43,7 +48,8 @@
 //!
 //! Q8_0, Q5_0 and Q4_0 sum in llama.cpp's tinyBLAS order at every level
 //! (`q0/tinyblas.rs`); Q4_K and Q6_K in llama.cpp's orders at the VNNI level
-//! (`q4_k/vnni.rs` says why), in Flint's own below it (docs/parity.md).
+//! (`q4_k/vnni.rs` says why), in Flint's own below it (docs/parity.md); IQ4_NL, IQ4_XS,
+//! Q3_K and Q2_K in ggml's generic order (the scalar reference's) at every level.
 
 pub(crate) mod act_quant;
 #[cfg(target_arch = "x86_64")]
@@ -52,12 +58,18 @@ mod dispatch;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod elementwise;
 pub(crate) mod float;
+pub(crate) mod iq4_nl;
+pub(crate) mod iq4_xs;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kq_panel;
 pub(crate) mod mxfp4;
+#[cfg(test)]
+mod order_check;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod panel;
 pub(crate) mod q0;
+pub(crate) mod q2_k;
+pub(crate) mod q3_k;
 pub(crate) mod q4_k;
 pub(crate) mod q5_k;
 pub(crate) mod q6_k;

@@ -253,13 +253,13 @@ mod x86 {
     use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
     use flint_core::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 
+    use crate::kernels::x86::avx2::{codebook, hsum8_i32, nibbles, reduce8, signed_lanes};
+
     /// The code book in both 128-bit lanes.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn lut256() -> __m256i {
-        // SAFETY: the table is 16 readable bytes; loadu is unaligned.
-        let t = unsafe { _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i) };
-        _mm256_broadcastsi128_si256(t)
+        codebook(&KVALUES_MXFP4)
     }
 
     /// The 32 code-book values of a block as i8, in element order (low nibbles, then
@@ -267,10 +267,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn values256(b: &BlockMXFP4, lut: __m256i) -> __m256i {
-        // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
-        let t = unsafe { _mm_loadu_si128(b.qs.as_ptr() as *const __m128i) };
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
-        _mm256_shuffle_epi8(lut, _mm256_and_si256(both, _mm256_set1_epi8(0x0F)))
+        _mm256_shuffle_epi8(lut, nibbles(&b.qs))
     }
 
     /// The 32 quants of an activation block.
@@ -279,32 +276,6 @@ mod x86 {
     fn quants256(b: &BlockQ8_0) -> __m256i {
         // SAFETY: `qs` is 32 readable bytes; loadu is unaligned.
         unsafe { _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i) }
-    }
-
-    /// Eight vectors of eight i32 lanes to the eight vectors' sums (exact).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn reduce8(v: [__m256i; 8]) -> __m256i {
-        let h01 = _mm256_hadd_epi32(v[0], v[1]);
-        let h23 = _mm256_hadd_epi32(v[2], v[3]);
-        let h45 = _mm256_hadd_epi32(v[4], v[5]);
-        let h67 = _mm256_hadd_epi32(v[6], v[7]);
-        // Per 128-bit half: the half-sums of v0..v3 (resp. v4..v7).
-        let q0 = _mm256_hadd_epi32(h01, h23);
-        let q1 = _mm256_hadd_epi32(h45, h67);
-        let lo = _mm256_permute2x128_si256::<0x20>(q0, q1);
-        let hi = _mm256_permute2x128_si256::<0x31>(q0, q1);
-        _mm256_add_epi32(lo, hi)
-    }
-
-    /// The sum of eight i32 lanes (exact).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn hsum8_i32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-        _mm_cvtsi128_si32(s)
     }
 
     /// Eight block sums and their scales into the accumulator, in block order.
@@ -376,8 +347,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn lanes_avx2(w: __m256i, aw: __m256i, y: &BlockQ8_0) -> __m256i {
-        let sa = _mm256_sign_epi8(quants256(y), w);
-        _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1))
+        signed_lanes(w, aw, quants256(y))
     }
 
     #[inline]

@@ -7,23 +7,13 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 
 use crate::kernels::q0::tinyblas::dot_q0;
-use crate::kernels::x86::avx2::load32i;
+use crate::kernels::x86::avx2::{load32i, nibbles};
 
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q8_0<const R: usize>(x: &[BlockQ8_0], y: &[&[BlockQ8_0]; R], out: &mut [f32; R]) {
     // SAFETY: this function's target features are the ones `dot_q0` needs.
     unsafe { dot_q0(x, y, out, |b| q8_0_bytes(b), |b| b.d) }
-}
-
-/// The 32 nibbles of a Q4_0/Q5_0 block as bytes: low nibbles (elements 0..16) first.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn nibbles(qs: &[u8; 16]) -> __m256i {
-    // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
-    let t = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
-    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
 /// Q4_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).

@@ -132,3 +132,83 @@ pub(crate) fn load32i(p: &[i8]) -> __m256i {
     // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
+
+/// Eight vectors of eight i32 lanes to the eight vectors' sums, vector `j`'s in lane `j`
+/// (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn reduce8(v: [__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: the half-sums of v0..v3 (resp. v4..v7).
+    let q0 = _mm256_hadd_epi32(h01, h23);
+    let q1 = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256::<0x20>(q0, q1);
+    let hi = _mm256_permute2x128_si256::<0x31>(q0, q1);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// The sum of eight i32 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The 32 four-bit codes of a 16-byte block as bytes, in element order: low nibbles
+/// (elements 0..16), then high nibbles (16..32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `qs` is 16 readable bytes; loadu is unaligned.
+    let t = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// A 16-entry i8 code book in both 128-bit lanes, for [`nibbles`] looked up with
+/// `vpshufb`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn codebook(book: &[i8; 16]) -> __m256i {
+    // SAFETY: the table is 16 readable bytes; loadu is unaligned.
+    let t = unsafe { _mm_loadu_si128(book.as_ptr() as *const __m128i) };
+    _mm256_broadcastsi128_si256(t)
+}
+
+/// `sum_{e in 4l..4l+4} w[e] * a[e]` in i32 lane `l`, for i8 weights `w` (with `aw` their
+/// magnitudes) and i8 activations `a`: `|w|` times `a` with `w`'s sign, summed in pairs by
+/// `vpmaddubsw`, then in fours. Exact where no activation is -128 (whose negation would
+/// wrap) and no pair of products leaves i16, which holds for every Flint activation
+/// quantizer (quants in -127..=127) and weights of magnitude at most 128.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn signed_lanes(w: __m256i, aw: __m256i, a: __m256i) -> __m256i {
+    let sa = _mm256_sign_epi8(a, w);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1))
+}
+
+/// Eight IEEE half values widened to f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn f16x8(h: [u16; 8]) -> __m256 {
+    // SAFETY: `h` is 16 readable bytes; loadu is unaligned.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) })
+}
+
+/// Adds the eight lanes of `p` to `acc` one after the other, lane 0 first.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn add_in_order(p: __m256, acc: &mut f32) {
+    let mut f = [0f32; 8];
+    // SAFETY: `f` is 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(f.as_mut_ptr(), p) };
+    for v in f {
+        *acc += v;
+    }
+}

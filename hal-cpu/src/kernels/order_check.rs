@@ -1,0 +1,118 @@
+//! Test helpers for the kernels held to the scalar reference bit for bit (`iq4_nl`,
+//! `iq4_xs`, `q3_k`, `q2_k`): a printed seed, random scales and activations, and the
+//! check of every tile size against `flint_core::dot::vec_dot`.
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, unused_macros, unused_imports)
+)]
+
+use bytemuck::Zeroable;
+use flint_core::blocks::{BlockQ8K, BlockQ8_0};
+
+use super::x16_check::lcg;
+
+/// The seed of a randomized test: `FLINT_TEST_SEED` if set, else the clock; printed, so
+/// that a failure can be replayed.
+pub(crate) fn seed(test: &str) -> u64 {
+    let s = std::env::var("FLINT_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test}: seed {s} (replay with FLINT_TEST_SEED={s})");
+    s
+}
+
+/// A random normal f16 of either sign, magnitude in about [2^-10, 2^1).
+pub(crate) fn f16_scale(s: &mut u64) -> u16 {
+    let r = lcg(s) as u16;
+    let exp = 5 + (r >> 10) % 11;
+    ((r & 0x8000) | (exp << 10)) | (lcg(s) as u16 & 0x3FF)
+}
+
+/// A random activation quant in -127..=127 (the range of every Flint quantizer).
+fn quant(s: &mut u64) -> i8 {
+    ((lcg(s) % 255) as i32 - 127) as i8
+}
+
+/// `nb` random Q8_K blocks, with their block sums.
+pub(crate) fn q8k_acts(nb: usize, s: &mut u64) -> Vec<BlockQ8K> {
+    (0..nb)
+        .map(|_| {
+            let mut b = BlockQ8K::zeroed();
+            b.d = (1 + lcg(s) % 1000) as f32 * 1e-4 * if lcg(s) & 1 == 0 { 1.0 } else { -1.0 };
+            b.qs.iter_mut().for_each(|v| *v = quant(s));
+            for g in 0..16 {
+                b.bsums[g] = b.qs[16 * g..16 * (g + 1)].iter().map(|&v| v as i16).sum();
+            }
+            b
+        })
+        .collect()
+}
+
+/// `nb` random Q8_0 blocks.
+pub(crate) fn q8_0_acts(nb: usize, s: &mut u64) -> Vec<BlockQ8_0> {
+    (0..nb)
+        .map(|_| BlockQ8_0 {
+            d: f16_scale(s),
+            qs: std::array::from_fn(|_| quant(s)),
+        })
+        .collect()
+}
+
+/// The tile kernel `$f::<R>` (one weight row `$w`, `R` activation rows of `$ys`) equals
+/// `flint_core::dot::vec_dot` of type `$ty` over `$n` elements bit for bit, for every
+/// `R` in 1..=4 and every activation row.
+macro_rules! assert_tiles_match_reference {
+    ($ty:expr, $f:ident, $w:expr, $ys:expr, $n:expr) => {{
+        let (w, ys, n) = ($w, $ys, $n);
+        let wb: &[u8] = bytemuck::cast_slice(w);
+        let want: Vec<f32> = ys
+            .iter()
+            .map(|y| {
+                flint_core::dot::vec_dot($ty, wb, bytemuck::cast_slice(&y[..]), n)
+                    .expect("reference")
+            })
+            .collect();
+        let check = |got: &[f32], first: usize| {
+            for (t, g) in got.iter().enumerate() {
+                let r = want[first + t];
+                assert!(
+                    g.to_bits() == r.to_bits(),
+                    "{} n={n} tile of {} row {}: {g:e} vs reference {r:e}",
+                    $ty,
+                    got.len(),
+                    first + t
+                );
+            }
+        };
+        let mut o1 = [0f32; 1];
+        for (t, y) in ys.iter().enumerate() {
+            // SAFETY (each call): the caller checked the kernel's CPU features.
+            unsafe { $f::<1>(w, &[&y[..]], &mut o1) };
+            check(&o1, t);
+        }
+        let mut o2 = [0f32; 2];
+        // SAFETY: as above.
+        unsafe { $f::<2>(w, &[&ys[1][..], &ys[2][..]], &mut o2) };
+        check(&o2, 1);
+        let mut o3 = [0f32; 3];
+        // SAFETY: as above.
+        unsafe { $f::<3>(w, &[&ys[0][..], &ys[1][..], &ys[2][..]], &mut o3) };
+        check(&o3, 0);
+        let mut o4 = [0f32; 4];
+        // SAFETY: as above.
+        unsafe {
+            $f::<4>(
+                w,
+                &[&ys[0][..], &ys[1][..], &ys[2][..], &ys[3][..]],
+                &mut o4,
+            )
+        };
+        check(&o4, 0);
+    }};
+}
+pub(crate) use assert_tiles_match_reference;
