@@ -37,7 +37,8 @@
 //!   bit for bit (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
-//! - `attention/`: paged attention with AVX-512 (the scalar path is `crate::kv`).
+//! - `attention/`: paged attention with AVX-512 and AVX2, bit for bit the scalar path
+//!   (`crate::kv`); `mod.rs` holds the lane groups both use.
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.
 //! - `dispatch.rs`: which kernel runs for a type, a level and a number of rows, and the
 //!   drivers that split a matmul into panels and tiles.

@@ -108,19 +108,23 @@ pub(crate) fn finish_query(o: &mut [f32], m: f32, denom: f32, sink: Option<f32>)
     }
 }
 
+/// A kernel that attends one lane group: its queries, where their keys and values lie,
+/// and its output (`dv` values per query); `Err` when a visible position is not mapped.
+pub(crate) type GroupKernel<'k> =
+    dyn Fn(&LaneGroup<'_>, &KvSource<'_>, &mut [f32]) -> Result<(), ()> + Sync + 'k;
+
 /// Sequence, KV head, and the (query row, head) pairs of one lane group.
 type WorkItem = (usize, usize, Vec<(usize, usize)>);
 
 /// Paged attention over every sequence of `p`, in groups of up to `lanes` queries that
-/// share a sequence and a KV head, each group attended by `run` (its queries, where
-/// their keys and values lie, and its output: `dv` values per query) on rayon's threads;
+/// share a sequence and a KV head, each group attended by `run` on rayon's threads;
 /// the same contract and checks as the scalar `kv::paged_attention`.
 pub(crate) fn paged_attention_in_groups(
     kv: &CpuKv,
     p: &PagedAttention<'_>,
     out: &mut [f32],
     lanes: usize,
-    run: &(dyn Fn(&LaneGroup<'_>, &KvSource<'_>, &mut [f32]) -> Result<(), ()> + Sync),
+    run: &GroupKernel<'_>,
 ) -> Result<(), HalError> {
     let l = *kv.layout();
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
