@@ -327,6 +327,7 @@ impl Case {
             Op::Rope => &[Op::Rope],
             Op::SiluMul => &[Op::SiluMul],
             Op::GeluMul => &[Op::GeluMul],
+            Op::SwigluOaiMul => &[Op::SwigluOaiMul],
             Op::Add => &[Op::Add],
             Op::AddBias => &[Op::AddBias],
             Op::Scale => &[Op::Scale],
@@ -641,6 +642,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
     }
     push(Op::SiluMul, None, "", Shape::Flat { n: 1003 }, e);
     push(Op::GeluMul, None, "", Shape::Flat { n: 1003 }, e);
+    push(Op::SwigluOaiMul, None, "", Shape::Flat { n: 1003 }, e);
     push(Op::Add, None, "", Shape::Flat { n: 1003 }, e);
     // Qwen 2's q/k/v biases on a prompt batch and on one decode row; an odd width.
     push(Op::AddBias, None, "", Shape::Bias { rows: 7, dim: 96 }, e);
@@ -694,6 +696,22 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             experts: 8,
             k: 2,
             gating: Gating::Softmax,
+            bias: false,
+            normalize: false,
+            scale: 1.0,
+        },
+        e,
+    );
+    // gpt-oss: top-4 of 32 on the raw logits, the softmax over the chosen ones.
+    push(
+        Op::RouteTopK,
+        None,
+        "softmax-weight",
+        Shape::Route {
+            rows: 5,
+            experts: 32,
+            k: 4,
+            gating: Gating::SoftmaxWeight,
             bias: false,
             normalize: false,
             scale: 1.0,

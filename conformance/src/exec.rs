@@ -627,17 +627,23 @@ fn flat_case(dev: &dyn Device, case: &Case, op: Op, n: usize, rng: &mut CaseRng)
     let a = rng.vec(n, -6.0, 6.0);
     let b = rng.vec(n, -2.0, 2.0);
     match op {
-        Op::SiluMul | Op::GeluMul => {
-            let want = if op == Op::SiluMul {
-                reference::silu_mul(&a, &b)
+        Op::SiluMul | Op::GeluMul | Op::SwigluOaiMul => {
+            // gpt-oss's clamp at 7 on both operands needs inputs beyond it.
+            let (a, b) = if op == Op::SwigluOaiMul {
+                (rng.vec(n, -10.0, 10.0), rng.vec(n, -10.0, 10.0))
             } else {
-                reference::gelu_mul(&a, &b)
+                (a, b)
+            };
+            let want = match op {
+                Op::SiluMul => reference::silu_mul(&a, &b),
+                Op::GeluMul => reference::gelu_mul(&a, &b),
+                _ => reference::swiglu_oai_mul(&a, &b),
             };
             let mut out = Guarded::new(n);
-            let r = if op == Op::SiluMul {
-                dev.silu_mul(&a, &b, out.body_mut())
-            } else {
-                dev.gelu_mul(&a, &b, out.body_mut())
+            let r = match op {
+                Op::SiluMul => dev.silu_mul(&a, &b, out.body_mut()),
+                Op::GeluMul => dev.gelu_mul(&a, &b, out.body_mut()),
+                _ => dev.swiglu_oai_mul(&a, &b, out.body_mut()),
             };
             r.map_err(|e| dev_err(op.name(), e))?;
             out.check("out")?;

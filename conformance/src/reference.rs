@@ -77,6 +77,14 @@ pub fn gelu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// gpt-oss's clamped SwiGLU (`math::swiglu_oai`).
+pub fn swiglu_oai_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| math::swiglu_oai(g, u))
+        .collect()
+}
+
 /// Top-k routing of every row: `(ids, weights)`, `k` per row.
 pub fn route_topk(
     logits: &[f32],

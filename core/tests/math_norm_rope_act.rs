@@ -252,3 +252,35 @@ fn swiglu_is_silu_times_up() {
     swiglu(&g, &u, &mut o);
     assert_eq!(o, [silu(1.0) * 2.0, silu(-2.0) * 3.0, 0.0]);
 }
+
+#[test]
+fn swiglu_oai_known_values_and_clamps() {
+    use flint_core::math::swiglu_oai;
+    // Python: x * (1 / (1 + exp(-1.702 x))) * (y + 1) with x = min(g, 7),
+    // y = clip(u, -7, 7).
+    let want = |g: f64, u: f64| {
+        let x = g.min(7.0);
+        let y = u.clamp(-7.0, 7.0);
+        x / (1.0 + (-1.702 * x).exp()) * (y + 1.0)
+    };
+    for &(g, u) in &[
+        (0.5, 2.0),
+        (-3.0, 0.25),
+        (6.5, -6.5),
+        (9.0, 1.0),
+        (2.0, 12.0),
+        (1.0, -30.0),
+        (-20.0, 3.0),
+    ] {
+        assert!(
+            close(swiglu_oai(g, u), want(g as f64, u as f64), 1e-5),
+            "swiglu_oai({g}, {u}) = {}",
+            swiglu_oai(g, u)
+        );
+    }
+    // The gate is clamped above only, the up branch on both sides.
+    assert_eq!(swiglu_oai(9.0, 1.0), swiglu_oai(7.0, 1.0));
+    assert_eq!(swiglu_oai(2.0, 12.0), swiglu_oai(2.0, 7.0));
+    assert_eq!(swiglu_oai(2.0, -12.0), swiglu_oai(2.0, -7.0));
+    assert_ne!(swiglu_oai(-9.0, 1.0), swiglu_oai(-7.0, 1.0));
+}

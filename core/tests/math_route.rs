@@ -146,3 +146,31 @@ fn errors_name_the_problem() {
     assert_eq!(e, Err(RouteError::TooManyChosen { k: 65 }));
     assert!(e.unwrap_err().to_string().contains("64"));
 }
+
+#[test]
+fn softmax_weight_chooses_on_logits_and_weights_the_chosen() {
+    // gpt-oss: top-2 of the raw logits [0.5, 3, -1, 2] = experts 1, 3; weights
+    // softmax([3, 2]) = numpy 0.7310585786300049, 0.2689414213699951.
+    let (ids, w) = route(
+        &[0.5, 3.0, -1.0, 2.0],
+        None,
+        2,
+        Gating::SoftmaxWeight,
+        false,
+        1.0,
+    );
+    assert_eq!(ids, [1, 3]);
+    assert!((w[0] - 0.731_058_6).abs() < 1e-6 && (w[1] - 0.268_941_4).abs() < 1e-6);
+    // A selection bias moves the choice, not the weights' source.
+    let (ids, w) = route(
+        &[0.5, 3.0, -1.0, 2.0],
+        Some(&[2.0, 0.0, 0.0, 0.0]),
+        2,
+        Gating::SoftmaxWeight,
+        false,
+        1.0,
+    );
+    assert_eq!(ids, [1, 0]);
+    // softmax([3, 0.5]): 0.9241418199787566, 0.07585818002124355.
+    assert!((w[0] - 0.924_141_8).abs() < 1e-6 && (w[1] - 0.075_858_18).abs() < 1e-6);
+}

@@ -259,6 +259,9 @@ int32_t flint_tt_scatter_add_weighted(flint_tt_device *dev, flint_tt_buffer acc,
 /* Gating of flint_tt_route_topk. */
 #define FLINT_TT_GATING_SOFTMAX 0u
 #define FLINT_TT_GATING_SIGMOID 1u
+/* gpt-oss: the experts chosen on the raw logits, their weights the softmax over the
+ * chosen logits alone. A runtime that does not know it answers FLINT_TT_ERR_INVALID. */
+#define FLINT_TT_GATING_SOFTMAX_WEIGHT 2u
 
 /* Top-k routing of n_rows rows of n_experts logits: score = gate(logits); the k experts
  * with the largest score + bias (bias may be NULL) win, ties to the lower index, in

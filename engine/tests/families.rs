@@ -69,7 +69,7 @@ const NEAR_TIE: f64 = 0.05;
 const NEAR_TIE_DEVICE: f64 = 0.5;
 
 /// The cases with a synthesised f32 file, in the order of [`F32`].
-const CASES: [&str; 12] = [
+const CASES: [&str; 13] = [
     "llama-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
@@ -82,6 +82,7 @@ const CASES: [&str; 12] = [
     "glm4moe-tiny-nextn",
     "mimo2-tiny",
     "mimo2-tiny-nextn",
+    "gpt-oss-tiny",
 ];
 
 fn data(case: &str) -> PathBuf {
@@ -550,6 +551,9 @@ compare_tests! {
     mimo2_tiny_q4_k_m: "mimo2-tiny" "q4_k_m";
     mimo2_tiny_nextn_f32: "mimo2-tiny-nextn" "f32";
     mimo2_tiny_nextn_q4_k_m: "mimo2-tiny-nextn" "q4_k_m";
+    gpt_oss_tiny_f32: "gpt-oss-tiny" "f32";
+    gpt_oss_tiny_q8_0: "gpt-oss-tiny" "q8_0";
+    gpt_oss_tiny_mxfp4_moe: "gpt-oss-tiny" "mxfp4_moe";
 }
 
 /// The f32 model of `case` with one feature dropped by `drop` misses the targets.
@@ -652,6 +656,103 @@ fn dropping_the_window_fails_gemma3() {
         assert!(m.spec.window.is_some() && m.spec.layers.iter().any(|l| l.sliding));
         m.spec.window = None;
     });
+}
+
+#[test]
+fn dropping_the_window_fails_gpt_oss() {
+    dropping_fails("gpt-oss-tiny", "the sliding window", |m| {
+        assert!(m.spec.window.is_some() && m.spec.layers.iter().any(|l| l.sliding));
+        m.spec.window = None;
+    });
+}
+
+#[test]
+fn dropping_the_sinks_fails_gpt_oss() {
+    dropping_fails("gpt-oss-tiny", "the attention sinks", |m| {
+        for l in &mut m.layers {
+            assert!(l.sinks.is_some(), "gpt-oss has sinks on every layer");
+            l.sinks = None;
+        }
+    });
+}
+
+#[test]
+fn dropping_the_biases_fails_gpt_oss() {
+    use flint_engine::model::Ffn;
+    dropping_fails(
+        "gpt-oss-tiny",
+        "the q/k/v/o, router and expert biases",
+        |m| {
+            for l in &mut m.layers {
+                assert!(l.bq.is_some() && l.bk.is_some() && l.bv.is_some() && l.bo.is_some());
+                (l.bq, l.bk, l.bv, l.bo) = (None, None, None, None);
+                let Ffn::Moe(moe) = &mut l.ffn else {
+                    panic!("gpt-oss layers are MoE layers")
+                };
+                assert!(moe.router_bias.is_some() && moe.expert_biases.is_some());
+                (moe.router_bias, moe.expert_biases) = (None, None);
+            }
+        },
+    );
+}
+
+#[test]
+fn dropping_yarn_fails_gpt_oss() {
+    dropping_fails("gpt-oss-tiny", "YaRN (plain linear scaling instead)", |m| {
+        assert!(m.spec.rope.yarn.is_some());
+        m.spec.rope.yarn = None;
+    });
+}
+
+#[test]
+fn dropping_the_clamped_swiglu_fails_gpt_oss() {
+    use flint_engine::model::Activation;
+    dropping_fails(
+        "gpt-oss-tiny",
+        "the clamped SwiGLU (plain SwiGLU instead)",
+        |m| {
+            assert_eq!(m.spec.activation, Activation::SwigluOai);
+            m.spec.activation = Activation::Silu;
+        },
+    );
+}
+
+/// `llama-quantize`'s MXFP4 expert towers in the committed MXFP4_MOE file are Flint's
+/// MXFP4 quantization of the f32 file's towers, byte for byte.
+#[test]
+fn mxfp4_towers_are_flints_quantization_gpt_oss() {
+    let case = "gpt-oss-tiny";
+    let f32f = f32_file(case);
+    let entry = &manifest(case)["models"]["mxfp4_moe"];
+    let p = committed(
+        case,
+        entry["file"].as_str().expect("file"),
+        entry["sha256"].as_str().expect("sha256"),
+    );
+    let q = GgufFile::open(&p).expect("the MXFP4_MOE file opens");
+    let mut checked = 0;
+    for t in q.tensors() {
+        if t.ty != flint_core::GgmlType::MXFP4 {
+            continue;
+        }
+        let src = f32f.tensor(&t.name).expect("the f32 file has the tensor");
+        let values: Vec<f32> = f32f
+            .tensor_data(src)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let want = q.tensor_data(t);
+        let mut got = vec![0u8; want.len()];
+        flint_core::quant::quantize(flint_core::GgmlType::MXFP4, &values, &mut got)
+            .expect("MXFP4 quantization");
+        assert!(
+            got == want,
+            "{}: Flint's MXFP4 differs from llama-quantize's",
+            t.name
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 12, "three towers on each of the 4 layers");
 }
 
 /// llama-tiny's Q8_0 split in 4 shards by `llama-gguf-split`, opened from its first

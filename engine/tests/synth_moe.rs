@@ -1,4 +1,4 @@
-//! `flint synth --arch qwen3moe|glm4moe|mimo2`: every small preset against the tensors
+//! `flint synth --arch qwen3moe|glm4moe|mimo2|gpt-oss`: every small preset against the tensors
 //! llama.cpp's `load_arch_tensors` creates for the file's own keys (required and
 //! optional, the NextN block's included), against the description the loader reads from
 //! it (the features the preset promises), the bench presets' shapes, the same bytes
@@ -56,7 +56,7 @@ fn per_block(f: &GgufFile, k: &str, n: usize) -> Vec<usize> {
 
 /// What llama.cpp's `load_arch_tensors` of the file's architecture creates (with
 /// `load_mtp` off: the NextN block's tensors all optional): required and optional
-/// name -> shape. Written from `src/models/{qwen3moe,glm4-moe,mimo2}.cpp`.
+/// name -> shape. Written from `src/models/{qwen3moe,glm4-moe,mimo2,openai-moe}.cpp`.
 type Shapes = BTreeMap<String, Vec<usize>>;
 fn llama_cpp_tensors(f: &GgufFile) -> (Shapes, Shapes) {
     let arch = f.architecture().unwrap().to_string();
@@ -81,7 +81,7 @@ fn llama_cpp_tensors(f: &GgufFile) -> (Shapes, Shapes) {
     let (mut req, mut opt) = (Shapes::new(), Shapes::new());
     req.insert("token_embd.weight".into(), vec![d, vocab]);
     req.insert("output_norm.weight".into(), vec![d]);
-    if arch == "mimo2" {
+    if arch == "mimo2" || arch == "gpt-oss" {
         req.insert("output.weight".into(), vec![d, vocab]);
     } else {
         opt.insert("output.weight".into(), vec![d, vocab]);
@@ -121,6 +121,16 @@ fn llama_cpp_tensors(f: &GgufFile) -> (Shapes, Shapes) {
                     r.push((p("ffn_up_shexp.weight"), vec![d, fs]));
                     r.push((p("ffn_down_shexp.weight"), vec![fs, d]));
                 }
+            }
+            "gpt-oss" => {
+                r.push((p("post_attention_norm.weight"), vec![d]));
+                r.push((p("attn_sinks.weight"), vec![h]));
+                r.push((p("attn_output.bias"), vec![d]));
+                r.push((p("ffn_gate_inp.bias"), vec![e]));
+                r.push((p("ffn_gate_exps.bias"), vec![fe, e]));
+                r.push((p("ffn_up_exps.bias"), vec![fe, e]));
+                r.push((p("ffn_down_exps.bias"), vec![d, e]));
+                moe_layer = true;
             }
             _ => {
                 o.push((p("attn_sinks.weight"), vec![h]));
@@ -293,23 +303,59 @@ fn the_loader_reads_the_features_each_preset_promises() {
         let skipped: Vec<usize> = if p == "tiny" { vec![] } else { vec![4] };
         assert_eq!(c.skipped_layers, skipped);
     }
+    // gpt-oss: alternating windows starting with a sliding layer, sinks and q/k/v/o
+    // biases everywhere, YaRN on every layer, softmax over the chosen experts, router and
+    // expert biases, the clamped SwiGLU.
+    let c = desc(MoeFamily::GptOss, "tiny");
+    let sl: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+    assert_eq!(sl, vec![true, false, true, false]);
+    assert!(c.layers.iter().all(|l| l.sinks
+        && l.biases.q
+        && l.biases.k
+        && l.biases.v
+        && l.biases.o
+        && l.rope_freq_scale == 1.0 / 32.0));
+    assert_eq!(c.rope.yarn.map(|y| y.n_ctx_orig), Some(4096));
+    assert_eq!(c.activation, flint_loader::config::Activation::SwigluOai);
+    let m = c.moe.unwrap();
+    assert_eq!(
+        (m.gating, m.normalize, m.used, m.experts),
+        (Gating::SoftmaxWeight, false, 4, 8)
+    );
+    assert!(m.router_bias && m.expert_biases);
 }
 
 #[test]
 fn bench_presets_have_real_per_layer_shapes_in_a_quantizable_mix() {
     let q = MoeRecipe::of(MoeFamily::Qwen3Moe, "bench").unwrap();
     assert_eq!((q.d, q.experts, q.expert_ff, q.used), (2048, 128, 768, 8));
+    let g = MoeRecipe::of(MoeFamily::GptOss, "bench").unwrap();
+    assert_eq!((g.d, g.experts, g.expert_ff, g.used), (2880, 32, 2880, 4));
     for family in MoeFamily::ALL {
         let r = MoeRecipe::of(family, "bench").unwrap();
         let layout = r.layout(32_000);
-        assert!(
-            layout.iter().any(|(_, t, _)| *t == GgmlType::Q4_K),
-            "{family:?}"
-        );
-        assert!(
-            layout.iter().any(|(_, t, _)| *t == GgmlType::Q6_K),
-            "{family:?}"
-        );
+        // gpt-oss: llama-quantize's MXFP4_MOE mix (MXFP4 towers, Q8_0 matrices);
+        // the others a Q4_K_M-like mix.
+        let mix: &[GgmlType] = if family == MoeFamily::GptOss {
+            &[GgmlType::MXFP4, GgmlType::Q8_0]
+        } else {
+            &[GgmlType::Q4_K, GgmlType::Q6_K]
+        };
+        for want in mix {
+            assert!(
+                layout.iter().any(|(_, t, _)| t == want),
+                "{family:?}: no {want}"
+            );
+        }
+        if family == MoeFamily::GptOss {
+            for (name, ty, dims) in &layout {
+                if dims.len() == 3 {
+                    assert_eq!(*ty, GgmlType::MXFP4, "{name}");
+                } else if dims.len() == 2 && !name.contains("bias") && !name.contains("gate_inp") {
+                    assert_eq!(*ty, GgmlType::Q8_0, "{name}");
+                }
+            }
+        }
         for (name, ty, dims) in &layout {
             // Every encoding fits its rows.
             assert!(ty.row_bytes(dims[0]).is_some(), "{family:?} {name} {ty}");
@@ -317,9 +363,9 @@ fn bench_presets_have_real_per_layer_shapes_in_a_quantizable_mix() {
                 assert_eq!(*ty, GgmlType::F32, "{family:?} {name}");
             }
         }
-        // A few real layers: 2 to 8 billion parameters.
+        // A few real layers: 1.5 to 8 billion parameters.
         let p = r.param_count(32_000);
-        assert!(p > 2_000_000_000 && p < 8_000_000_000, "{family:?}: {p}");
+        assert!(p > 1_500_000_000 && p < 8_000_000_000, "{family:?}: {p}");
     }
 }
 

@@ -211,6 +211,7 @@ impl Device for CpuDevice {
             | Op::Rope
             | Op::SiluMul
             | Op::GeluMul
+            | Op::SwigluOaiMul
             | Op::Add
             | Op::AddBias
             | Op::Scale
@@ -374,6 +375,24 @@ impl Device for CpuDevice {
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = flint_core::math::silu(g) * u;
         }
+        Ok(())
+    }
+
+    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "swiglu_oai_mul: lengths"
+        );
+        // ggml computes it with C's scalar `expf` at every SIMD level; so does the core.
+        self.pool.install(|| {
+            out.par_chunks_mut(4096)
+                .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                .for_each(|(o, (g, u))| {
+                    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                        *o = flint_core::math::swiglu_oai(g, u);
+                    }
+                });
+        });
         Ok(())
     }
 

@@ -425,6 +425,10 @@ impl Device for TtDevice {
     }
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
+        // ABI 1 has no entry point for gpt-oss's activation.
+        if op == Op::SwigluOaiMul {
+            return false;
+        }
         if !op.takes_weight() {
             return true;
         }
@@ -875,6 +879,7 @@ impl Device for TtDevice {
         let gating = match cfg.gating {
             flint_hal::Gating::Softmax => 0,
             flint_hal::Gating::Sigmoid => 1,
+            flint_hal::Gating::SoftmaxWeight => 2,
         };
         // SAFETY: device open; `bias` is NULL or `n_experts` floats; `ids`/`weights` hold
         // `n_rows * k` writable entries each.

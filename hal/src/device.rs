@@ -158,6 +158,19 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `out = gelu_tanh(gate) * up`, element-wise.
     fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
 
+    /// gpt-oss's clamped SwiGLU, element-wise: `out = swiglu_oai(gate, up)`
+    /// (`flint_core::math::swiglu_oai`: the gate clamped above and the up branch on both
+    /// sides at 7, `x * sigmoid(1.702 x) * (y + 1)`). A device without it says so in
+    /// [`supports`](Self::supports) and returns `Unsupported` (the default): models with
+    /// this activation then cannot be staged on it.
+    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+        let _ = (gate, up, out);
+        Err(HalError::unsupported(format!(
+            "{}: swiglu_oai_mul (gpt-oss's activation)",
+            self.name()
+        )))
+    }
+
     /// `acc += x`, element-wise.
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError>;
 

@@ -26,6 +26,8 @@ pub enum Op {
     SiluMul,
     /// [`Device::gelu_mul`](crate::Device::gelu_mul).
     GeluMul,
+    /// [`Device::swiglu_oai_mul`](crate::Device::swiglu_oai_mul).
+    SwigluOaiMul,
     /// [`Device::add`](crate::Device::add).
     Add,
     /// [`Device::add_bias`](crate::Device::add_bias).
@@ -44,7 +46,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 16] = [
+    pub const ALL: [Op; 17] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -54,6 +56,7 @@ impl Op {
         Op::Rope,
         Op::SiluMul,
         Op::GeluMul,
+        Op::SwigluOaiMul,
         Op::Add,
         Op::AddBias,
         Op::Scale,
@@ -76,6 +79,7 @@ impl Op {
             Op::Rope => "rope",
             Op::SiluMul => "silu_mul",
             Op::GeluMul => "gelu_mul",
+            Op::SwigluOaiMul => "swiglu_oai_mul",
             Op::Add => "add",
             Op::AddBias => "add_bias",
             Op::Scale => "scale",

@@ -1,4 +1,4 @@
-//! The MoE families' descriptions (qwen3moe, glm4moe, mimo2): keys as llama.cpp's
+//! The MoE families' descriptions (qwen3moe, glm4moe, mimo2, gpt-oss): keys as llama.cpp's
 //! `load_hparams` reads them (defaults included), routing, per-layer KV heads, value
 //! scale, NextN/MTP blocks skipped, tensor checks, and one test per refusal, each error
 //! naming the key or tensor. Files are made with our writer.
@@ -598,4 +598,123 @@ fn unsupported_arch_lists_the_moe_families() {
     };
     let e = s.refused("general.architecture 'deepseek2' is not supported");
     assert!(e.to_string().contains("qwen3moe, glm4moe, mimo2"), "{e}");
+}
+
+/// gpt-oss: 4 layers (llama.cpp's default pattern: even layers slide), window 8, dk 8 =
+/// n_rot, YaRN factor 32 over 16 positions, sinks, q/k/v/o biases, router and expert
+/// biases, untied output, as the converter writes it (no pattern key).
+fn gpt_oss() -> Spec {
+    let keys = keys(
+        "gpt-oss",
+        &[
+            ("context_length", Value::U32(512)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(4)),
+            ("feed_forward_length", Value::U32(FF as u32)),
+            ("attention.head_count", Value::U32(H as u32)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("rope.freq_base", Value::F32(150_000.0)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("attention.key_length", Value::U32(8)),
+            ("attention.value_length", Value::U32(8)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+            ("attention.sliding_window", Value::U32(8)),
+            ("rope.scaling.type", Value::from("yarn")),
+            ("rope.scaling.factor", Value::F32(32.0)),
+            ("rope.scaling.original_context_length", Value::U32(16)),
+        ],
+    );
+    let mut t = Vec::new();
+    head(&mut t, true);
+    for i in 0..4 {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        attn(&mut t, i, 2, 8, 8);
+        t.push((n("attn_q.bias"), vec![H * 8]));
+        t.push((n("attn_k.bias"), vec![2 * 8]));
+        t.push((n("attn_v.bias"), vec![2 * 8]));
+        t.push((n("attn_output.bias"), vec![D]));
+        t.push((n("attn_sinks.weight"), vec![H]));
+        t.push((n("post_attention_norm.weight"), vec![D]));
+        experts(&mut t, i);
+        t.push((n("ffn_gate_inp.bias"), vec![E]));
+        t.push((n("ffn_gate_exps.bias"), vec![FE, E]));
+        t.push((n("ffn_up_exps.bias"), vec![FE, E]));
+        t.push((n("ffn_down_exps.bias"), vec![D, E]));
+    }
+    Spec {
+        arch: "gpt-oss",
+        keys,
+        tensors: t,
+    }
+}
+
+#[test]
+fn gpt_oss_reads_and_checks() {
+    use flint_loader::config::Activation;
+    let c = gpt_oss().desc();
+    assert_eq!(c.arch, Arch::GptOss);
+    assert_eq!(Arch::from_name("gpt-oss"), Some(Arch::GptOss));
+    assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (8, 8, 8));
+    assert_eq!(c.rope.kind, RopeKind::Neox);
+    assert_eq!(c.attn_scale, 1.0 / 8f32.sqrt());
+    assert_eq!((c.vocab, c.tied_output), (V, false));
+    assert_eq!(c.window, Some(8));
+    assert_eq!(c.activation, Activation::SwigluOai);
+    assert_eq!(c.ffn_norm_tensor, "post_attention_norm");
+    let y = c.rope.yarn.expect("yarn");
+    assert_eq!((y.ext_factor, y.n_ctx_orig), (1.0, 16));
+    let m = c.moe.expect("moe");
+    assert_eq!((m.experts, m.used, m.expert_width), (E, K, FE));
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::SoftmaxWeight, false, 1.0)
+    );
+    assert!(m.router_bias && m.expert_biases);
+    let sliding: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+    assert_eq!(sliding, [true, false, true, false]);
+    for l in &c.layers {
+        // YaRN on every layer, sliding ones included.
+        assert_eq!((l.rope_base, l.rope_freq_scale), (150_000.0, 1.0 / 32.0));
+        assert!(l.sinks && l.biases.q && l.biases.k && l.biases.v && l.biases.o);
+        assert!(!l.qk_norm);
+    }
+    // A pattern key overrides the default period.
+    let c = gpt_oss()
+        .key("attention.sliding_window_pattern", Value::U32(4))
+        .desc();
+    let sliding: Vec<bool> = c.layers.iter().map(|l| l.sliding).collect();
+    assert_eq!(sliding, [true, true, true, false]);
+}
+
+#[test]
+fn gpt_oss_refusals_name_the_culprit() {
+    gpt_oss()
+        .drop_tensor("blk.1.ffn_up_exps.bias")
+        .refused("blk.1.ffn_up_exps.bias");
+    gpt_oss()
+        .drop_tensor("blk.2.attn_sinks.weight")
+        .refused("blk.2.attn_sinks.weight");
+    gpt_oss()
+        .drop_tensor("blk.0.ffn_gate_inp.bias")
+        .refused("blk.0.ffn_gate_inp.bias");
+    gpt_oss()
+        .drop_tensor("output.weight")
+        .refused("output.weight");
+    gpt_oss()
+        .key("rope.dimension_count", Value::U32(4))
+        .refused("'gpt-oss.rope.dimension_count': is 4");
+    gpt_oss()
+        .key(
+            "expert_feed_forward_length",
+            Value::Array(Array::U32(vec![16, 16, 32, 16])),
+        )
+        .refused("'gpt-oss.expert_feed_forward_length': differs between layers");
+    gpt_oss()
+        .key("nextn_predict_layers", Value::U32(1))
+        .refused("gpt-oss has no NextN/MTP layers");
+    gpt_oss()
+        .tensor("blk.0.exp_probs_b.bias", &[E])
+        .refused("tensor 'blk.0.exp_probs_b.bias' is not part of a gpt-oss model");
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp goldens for the dense families (llama, qwen2, qwen3, gemma3) and the MoE families
-# (qwen3moe, glm4moe, mimo2) on synthetic files.
+# (qwen3moe, glm4moe, mimo2, gpt-oss) on synthetic files.
 #
 # For each case (ARCH PRESET SEED VOCAB VOCAB_SIZE N_TOKENS, table below) it
 #   1. writes MODEL.f32.gguf with `flint synth --arch ARCH --preset PRESET --seed SEED
@@ -9,7 +9,7 @@
 #      preset's size, for families whose vocabulary the sdist lacks: glm4moe), into a
 #      scratch folder: synth regenerates it bit for bit;
 #   2. quantizes it with llama.cpp's own llama-quantize to the case's QUANTS (Q8_0 and
-#      Q4_K_M);
+#      Q4_K_M; for gpt-oss MXFP4_MOE: MXFP4 experts, the other matrices Q8_0);
 #   3. makes the token ids: a fixed text (text() below) tokenized by llama-tokenize with
 #      the f32 file's vocabulary (BOS added), cut to N_TOKENS;
 #   4. runs llamacpp_logits (llamacpp_logits.cpp) on each of the three files: teacher-
@@ -64,6 +64,7 @@ CASES=(
     "glm4moe tiny-nextn 24   builtin    2048       2048     q4_k_m"
     "mimo2   tiny       25   qwen2      2048       2048     q8_0,q4_k_m"
     "mimo2   tiny-nextn 26   qwen2      2048       2048     q4_k_m"
+    "gpt-oss tiny       27   llama-bpe  2048       2048     q8_0,mxfp4_moe"
 )
 SPLIT_CASE="llama-tiny"
 SPLIT_TENSORS=8

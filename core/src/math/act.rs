@@ -67,3 +67,23 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         out[i] = silu(gate[i]) * up[i];
     }
 }
+
+/// The `alpha` of gpt-oss's clamped SwiGLU ([`swiglu_oai`]; llama.cpp's constant).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// The clamp `limit` of gpt-oss's SwiGLU ([`swiglu_oai`]; llama.cpp's constant).
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped SwiGLU of one gate/up pair, as ggml's `swiglu_oai` computes it:
+/// `x = min(gate, limit)`, `y = clamp(up, -limit, limit)`,
+/// `x / (1 + exp(alpha * -x)) * (y + 1)` with [`SWIGLU_OAI_ALPHA`] and
+/// [`SWIGLU_OAI_LIMIT`] (C's `expf`; a NaN gate stays NaN, as `std::min` keeps it).
+pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
+    let x = if SWIGLU_OAI_LIMIT < gate {
+        SWIGLU_OAI_LIMIT
+    } else {
+        gate
+    };
+    let y = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+    let glu = x / (1.0 + libm::expf(SWIGLU_OAI_ALPHA * -x));
+    glu * (y + 1.0)
+}

@@ -17,6 +17,9 @@ pub enum Gating {
     Sigmoid,
     /// `s = softmax(logits)` over all experts (GGUF value 1).
     Softmax,
+    /// The experts chosen on the raw logits, their weights the softmax over the chosen
+    /// logits alone (llama.cpp's `SOFTMAX_WEIGHT`, GGUF value 3; gpt-oss).
+    SoftmaxWeight,
 }
 
 /// Why [`route_topk`] refused its arguments.
@@ -73,12 +76,15 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 
 /// Routes one token.
 ///
-/// 1. Scores: `s_e = sigmoid(logits[e])` ([`Gating::Sigmoid`]) or `s = softmax(logits)`
-///    ([`Gating::Softmax`]).
+/// 1. Scores: `s_e = sigmoid(logits[e])` ([`Gating::Sigmoid`]), `s = softmax(logits)`
+///    ([`Gating::Softmax`]) or `s_e = logits[e]` ([`Gating::SoftmaxWeight`]).
 /// 2. Selection: the `k` experts with the largest `s_e + bias[e]` (bias 0 without one);
 ///    ties go to the lower expert index. A NaN key is never preferred to a number.
-/// 3. Weights: the unbiased scores `s_e` of the chosen experts; with `normalize`, divided
-///    by their sum (clamped below at 2^-14, as llama.cpp does); then multiplied by `scale`.
+/// 3. Weights: the unbiased scores `s_e` of the chosen experts ([`Gating::SoftmaxWeight`]:
+///    their softmax, as ggml's `soft_max` computes a row shorter than a SIMD vector:
+///    `expf(s - max)`, summed in f64, times the f32 reciprocal of the sum); with
+///    `normalize`, divided by their sum (clamped below at 2^-14, as llama.cpp does); then
+///    multiplied by `scale`.
 ///
 /// `ids_out[i]` / `weights_out[i]` (both `k` long) receive the chosen experts in order of
 /// decreasing selection key.
@@ -126,7 +132,7 @@ pub fn route_topk(
     // Softmax needs the maximum and the normaliser over all experts; scores are then
     // computed on demand so that no buffer of E scores is needed.
     let (smax, ssum) = match gating {
-        Gating::Sigmoid => (0.0, 1.0),
+        Gating::Sigmoid | Gating::SoftmaxWeight => (0.0, 1.0),
         Gating::Softmax => {
             let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
@@ -140,6 +146,7 @@ pub fn route_topk(
         match gating {
             Gating::Sigmoid => sigmoid(logits[e]),
             Gating::Softmax => libm::expf(logits[e] - smax) / ssum,
+            Gating::SoftmaxWeight => logits[e],
         }
     };
 
@@ -171,6 +178,10 @@ pub fn route_topk(
         weights_out[i] = s;
         sum += s;
     }
+    if gating == Gating::SoftmaxWeight {
+        softmax_ggml_short(&mut weights_out[..top.len()]);
+        sum = weights_out[..top.len()].iter().sum();
+    }
     if normalize {
         let d = sum.max(MIN_WEIGHT_SUM);
         for w in weights_out.iter_mut() {
@@ -181,4 +192,19 @@ pub fn route_topk(
         *w *= scale;
     }
     Ok(())
+}
+
+/// ggml's `soft_max` of a row shorter than its SIMD width (`ggml_vec_soft_max_f32`'s
+/// scalar tail): `expf(x - max)`, summed in f64, each then scaled by `(1 / sum) as f32`.
+fn softmax_ggml_short(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = libm::expf(*v - m);
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
 }

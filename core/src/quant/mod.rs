@@ -17,9 +17,10 @@ pub use kquants::{quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k};
 use bytemuck::Pod;
 
 use crate::blocks::{
-    BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, QK4_0,
-    QK8_0,
+    BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    QK4_0, QK8_0,
 };
+use crate::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 use crate::types::{FormatError, GgmlType, QK_K};
 
 /// f32 → IEEE half bits, rounding to nearest even (what `GGML_FP32_TO_FP16` and numpy's
@@ -323,6 +324,52 @@ pub fn quantize_row_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
     }
 }
 
+/// Quantizes a row to MXFP4 (ggml `quantize_row_mxfp4_ref`, byte-identical with
+/// `llama-quantize`'s MXFP4 tensors): the shared exponent `e = floor(log2(amax)) - 2 + 127`
+/// (0 for an all-zero block), and each value the E2M1 code whose
+/// `KVALUES_MXFP4[i] * e8m0_half(e)` is nearest (the lower code on a tie), the first 16
+/// values in the low nibbles.
+///
+/// # Panics
+/// When `x.len() != out.len() * 32` (a caller bug).
+pub fn quantize_row_mxfp4(x: &[f32], out: &mut [BlockMXFP4]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK4_0,
+        "quantize_row_mxfp4: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    let best = |v: f32, d: f32| -> u8 {
+        let mut best = 0u8;
+        let mut best_err = (KVALUES_MXFP4[0] as f32 * d - v).abs();
+        for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+            let err = (k as f32 * d - v).abs();
+            if err < best_err {
+                best = i as u8;
+                best_err = err;
+            }
+        }
+        best
+    };
+    for (xb, y) in x.chunks_exact(QK4_0).zip(out.iter_mut()) {
+        let amax = xb
+            .iter()
+            .fold(0.0f32, |m, v| if m < v.abs() { v.abs() } else { m });
+        // As C converts the float to `uint8_t` on x86: through a 32-bit integer.
+        let e = if amax > 0.0 {
+            (libm::floorf(libm::log2f(amax)) - 2.0 + 127.0) as i32 as u8
+        } else {
+            0
+        };
+        let d = e8m0_to_f32_half(e);
+        y.e = e;
+        for j in 0..QK4_0 / 2 {
+            y.qs[j] = best(xb[j], d) | (best(xb[j + QK4_0 / 2], d) << 4);
+        }
+    }
+}
+
 /// Quantizes a row to Q5_0 (ggml `quantize_row_q5_0_ref`, byte-identical with
 /// `gguf.quants.quantize`): `d = max / -16`, `q = min(31, trunc(x * (1/d) + 16.5))`, the
 /// fifth bit of element `j` in bit `j` of `qh`.
@@ -371,7 +418,7 @@ fn encode_blocks<B: Pod>(src: &[f32], dst: &mut [u8], block: usize, f: impl Fn(&
 ///
 /// `dst` must be a whole number of `ty` blocks holding exactly `src.len()` elements.
 /// Supported: F32, F16, BF16 (rounded as ggml/`gguf` do), Q4_0, Q5_0, Q8_0 (byte-identical
-/// with `gguf.quants.quantize`), Q4_K, Q5_K, Q6_K (ggml's reference quantizers) and the
+/// with `gguf.quants.quantize`), Q4_K, Q5_K, Q6_K, MXFP4 (ggml's reference quantizers) and the
 /// activation formats Q8_1, Q8_K.
 ///
 /// # Errors
@@ -417,6 +464,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), FormatE
         GgmlType::Q8_0 => encode_blocks(src, dst, QK8_0, quantize_row_q8_0),
         GgmlType::Q8_1 => encode_blocks(src, dst, QK8_0, quantize_row_q8_1),
         GgmlType::Q8_K => encode_blocks(src, dst, QK_K, quantize_row_q8_k),
+        GgmlType::MXFP4 => encode_blocks(src, dst, QK4_0, quantize_row_mxfp4),
         other => return Err(FormatError::Unsupported(other)),
     }
     Ok(())

@@ -379,6 +379,7 @@ fn describe(c: &ModelDesc) -> Vec<String> {
     let act = match c.activation {
         Activation::Silu => "SiLU",
         Activation::GeluTanh => "GELU-tanh",
+        Activation::SwigluOai => "clamped SwiGLU (gpt-oss)",
     };
     let dense = c
         .layers
@@ -389,12 +390,14 @@ fn describe(c: &ModelDesc) -> Vec<String> {
     if let Some(m) = &c.moe {
         let _ = write!(
             ffn,
-            ", {} MoE layers ({} experts of width {}, {} used, {:?} gating{}{}, shared experts {})",
+            ", {} MoE layers ({} experts of width {}, {} used, {:?} gating{}{}{}{}, shared experts {})",
             n - dense,
             m.experts,
             m.expert_width,
             m.used,
             m.gating,
+            if m.router_bias { ", router bias" } else { "" },
+            if m.expert_biases { ", expert biases" } else { "" },
             if m.normalize { ", renormalised" } else { "" },
             if m.scale != 1.0 {
                 format!(", scaled by {}", m.scale)

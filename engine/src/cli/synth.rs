@@ -10,7 +10,7 @@ use crate::synth::{param_count, write_file, write_synth, Preset};
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
 pub struct SynthArgs {
-    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe or mimo2.
+    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2 or gpt-oss.
     #[arg(long, default_value = "flint")]
     pub arch: String,
     /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b; glm4moe and mimo2
@@ -48,7 +48,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
     let params = if args.arch == "flint" {
         if args.vocab.is_some() {
             return Err(CliError::new(
-                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2), not flint",
+                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss), not flint",
             ));
         }
         let preset = Preset::from_name(&args.preset).ok_or_else(|| {
@@ -84,7 +84,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             )
         } else {
             return Err(CliError::new(format!(
-                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe and mimo2",
+                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2 and gpt-oss",
                 args.arch
             )));
         };

@@ -21,7 +21,8 @@ use flint_hal::{
 use crate::forward::profile::timed;
 use crate::kv::{groups_from_pattern, KvGroupSpec};
 use crate::model::{
-    layer_rope, soft_cap, Activation, Ffn, Mlp, Model, ModelDesc, ModelError, TensorRef,
+    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Mlp, Model, ModelDesc, ModelError,
+    TensorRef,
 };
 
 /// The gate, up and hidden activations of an MLP or of the routed experts, and the
@@ -71,7 +72,9 @@ enum DevFfn {
     Moe {
         router: WeightHandle,
         bias: Option<Vec<f32>>,
+        router_bias: Option<Vec<f32>>,
         experts: DevMlp,
+        expert_biases: Option<ExpertBiases>,
         shared: Option<DevMlp>,
     },
 }
@@ -206,6 +209,20 @@ impl DeviceModel {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let tied = model.output.name == model.token_embd.name;
+        if model.spec.activation == Activation::SwigluOai
+            && !dev.supports(flint_hal::Op::SwigluOaiMul, None)
+        {
+            return Err(ModelError::Device {
+                context: format!(
+                    "staging a {} model on {}",
+                    model.spec.arch.name(),
+                    dev.name()
+                ),
+                source: flint_hal::HalError::unsupported(
+                    "the device has no swiglu_oai_mul (gpt-oss's clamped SwiGLU)",
+                ),
+            });
+        }
         let descs = weight_descs(model);
         let plan = dev.plan(&descs).map_err(|source| ModelError::Device {
             context: format!("planning the weights on {}", dev.name()),
@@ -260,7 +277,9 @@ impl DeviceModel {
                     DevFfn::Moe {
                         router: st(&moe.router, WeightKind::Matrix)?,
                         bias: moe.bias.clone(),
+                        router_bias: moe.router_bias.clone(),
                         experts,
+                        expert_biases: moe.expert_biases.clone(),
                         shared,
                     }
                 }
@@ -659,11 +678,19 @@ impl DeviceModel {
             "gate_up",
             dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut [g, u])
         )?;
+        self.activation(g, u, hdn)?;
+        timed!("ffn_down", dev.matmul(&*mlp.down, hdn, n, out))?;
+        Ok(())
+    }
+
+    /// `hidden = act(gate, up)` with the model's activation.
+    fn activation(&self, g: &[f32], u: &[f32], hdn: &mut [f32]) -> Result<(), ModelError> {
+        let dev = &self.dev;
         match self.spec.activation {
             Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
             Activation::GeluTanh => timed!("gelu_mul", dev.gelu_mul(g, u, hdn))?,
+            Activation::SwigluOai => timed!("swiglu_oai_mul", dev.swiglu_oai_mul(g, u, hdn))?,
         }
-        timed!("ffn_down", dev.matmul(&*mlp.down, hdn, n, out))?;
         Ok(())
     }
 
@@ -682,7 +709,9 @@ impl DeviceModel {
             DevFfn::Moe {
                 router,
                 bias,
+                router_bias,
                 experts,
+                expert_biases,
                 shared,
             } => {
                 let Some(ms) = self.spec.moe else {
@@ -692,6 +721,9 @@ impl DeviceModel {
                 let k = ms.used;
                 let mut logits = vec![0.0f32; n * e];
                 timed!("router", dev.matmul(&**router, f, n, &mut logits))?;
+                if let Some(rb) = router_bias {
+                    timed!("router_bias", dev.add_bias(&mut logits, rb))?;
+                }
                 let mut ids = vec![0u32; n * k];
                 let mut weights = vec![0.0f32; n * k];
                 let cfg = RoutingConfig {
@@ -718,10 +750,20 @@ impl DeviceModel {
                     "expert_gate_up",
                     dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f, &rows, &mut [g, u])
                 )?;
-                match self.spec.activation {
-                    Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
-                    Activation::GeluTanh => timed!("gelu_mul", dev.gelu_mul(g, u, hdn))?,
+                // Each chosen expert's biases, gathered into one matrix of its rows.
+                let gather = |table: &[f32], width: usize| -> Vec<f32> {
+                    let mut m = Vec::with_capacity(rows.len() * width);
+                    for r in &rows {
+                        let e = r.expert as usize;
+                        m.extend_from_slice(&table[e * width..(e + 1) * width]);
+                    }
+                    m
+                };
+                if let Some(b) = expert_biases {
+                    timed!("expert_bias", dev.add(g, &gather(&b.gate, w)))?;
+                    timed!("expert_bias", dev.add(u, &gather(&b.up, w)))?;
                 }
+                self.activation(g, u, hdn)?;
                 let down_rows: Vec<ExpertRow> = rows
                     .iter()
                     .enumerate()
@@ -734,6 +776,9 @@ impl DeviceModel {
                     "expert_down",
                     dev.expert_matmul(&*experts.down, hdn, &down_rows, y)
                 )?;
+                if let Some(b) = expert_biases {
+                    timed!("expert_bias", dev.add(y, &gather(&b.down, d)))?;
+                }
                 out.fill(0.0);
                 let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
                 timed!(

@@ -33,11 +33,11 @@
 use rayon::prelude::*;
 
 use flint_core::dot::ggml_x86::BatchRow;
-use flint_core::math::{gelu_tanh_ggml_f16, silu};
+use flint_core::math::{gelu_tanh_ggml_f16, silu, swiglu_oai};
 use flint_hal::Gating;
 
 use crate::model::{
-    layer_rope, soft_cap, Activation, Ffn, Layer, Mlp, Model, ModelError, TensorRef,
+    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Layer, Mlp, Model, ModelError, TensorRef,
 };
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
@@ -419,6 +419,19 @@ impl<'m> Reference<'m> {
 
     /// A gated MLP (expert `expert` of a tower, or 0 for a plain matrix set) on `f`.
     pub fn mlp(&self, mlp: &Mlp, expert: usize, f: &[f32]) -> Result<Vec<f32>, ModelError> {
+        self.mlp_biased(mlp, None, expert, f)
+    }
+
+    /// [`mlp`](Self::mlp) with the towers' biases of expert `expert` added to its gate,
+    /// up and down projections (gpt-oss; llama.cpp's `ggml_add_id` after each
+    /// `MUL_MAT_ID`).
+    fn mlp_biased(
+        &self,
+        mlp: &Mlp,
+        biases: Option<&ExpertBiases>,
+        expert: usize,
+        f: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
         let width = mlp.gate.dims[1];
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
@@ -426,6 +439,10 @@ impl<'m> Reference<'m> {
         let at = self.mlp_row(mlp);
         matvec_rows_in(&mlp.gate, expert * width, f, &mut g, at)?;
         matvec_rows_in(&mlp.up, expert * width, f, &mut u, at)?;
+        if let Some(b) = biases {
+            add(&mut g, &b.gate[expert * width..(expert + 1) * width]);
+            add(&mut u, &b.up[expert * width..(expert + 1) * width]);
+        }
         let act = self.model.spec.activation;
         let hidden: Vec<f32> = g
             .iter()
@@ -433,10 +450,14 @@ impl<'m> Reference<'m> {
             .map(|(&g, &u)| match act {
                 Activation::Silu => silu(g) * u,
                 Activation::GeluTanh => gelu_tanh_ggml_f16(g) * u,
+                Activation::SwigluOai => swiglu_oai(g, u),
             })
             .collect();
         let mut y = vec![0.0; d_out];
         matvec_rows_in(&mlp.down, expert * d_out, &hidden, &mut y, at)?;
+        if let Some(b) = biases {
+            add(&mut y, &b.down[expert * d_out..(expert + 1) * d_out]);
+        }
         Ok(y)
     }
 
@@ -447,7 +468,10 @@ impl<'m> Reference<'m> {
                 let Some(ms) = self.model.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
-                let logits = self.mv(&moe.router, f)?;
+                let mut logits = self.mv(&moe.router, f)?;
+                if let Some(rb) = &moe.router_bias {
+                    add(&mut logits, rb);
+                }
                 let chosen = route(
                     &logits,
                     moe.bias.as_deref(),
@@ -458,7 +482,7 @@ impl<'m> Reference<'m> {
                 )?;
                 let mut y = vec![0.0f32; f.len()];
                 for (e, w) in chosen {
-                    let ye = self.mlp(&moe.experts, e, f)?;
+                    let ye = self.mlp_biased(&moe.experts, moe.expert_biases.as_ref(), e, f)?;
                     for (a, b) in y.iter_mut().zip(&ye) {
                         *a += w * b;
                     }

@@ -8,7 +8,8 @@ use flint_hal::WeightSource;
 use flint_loader::gguf::{GgufFile, TensorInfo};
 
 use super::{
-    Ffn, FfnDesc, Layer, Mlp, Model, ModelDesc, ModelError, Moe, NormPlacement, TensorRef,
+    ExpertBiases, Ffn, FfnDesc, Layer, Mlp, Model, ModelDesc, ModelError, Moe, NormPlacement,
+    TensorRef,
 };
 
 /// Opens and assembles the model in `path`.
@@ -134,10 +135,22 @@ impl Tensors<'_> {
                         ))
                     })?;
                     let e = ms.experts;
+                    let fe = ms.expert_width;
+                    let expert_biases = if ms.expert_biases {
+                        Some(ExpertBiases {
+                            gate: self.get(&name("ffn_gate_exps.bias"), &[fe, e])?.to_f32()?,
+                            up: self.get(&name("ffn_up_exps.bias"), &[fe, e])?.to_f32()?,
+                            down: self.get(&name("ffn_down_exps.bias"), &[d, e])?.to_f32()?,
+                        })
+                    } else {
+                        None
+                    };
                     Ffn::Moe(Box::new(Moe {
                         router: self.get(&name("ffn_gate_inp.weight"), &[d, e])?,
                         bias: opt_vec(selection_bias, "exp_probs_b.bias", e)?,
-                        experts: self.mlp(&p, "_exps", d, ms.expert_width, Some(e))?,
+                        router_bias: opt_vec(ms.router_bias, "ffn_gate_inp.bias", e)?,
+                        experts: self.mlp(&p, "_exps", d, fe, Some(e))?,
+                        expert_biases,
                         shared: if shared_expert {
                             Some(self.mlp(&p, "_shexp", d, ms.shared_width, None)?)
                         } else {

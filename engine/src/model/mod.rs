@@ -161,10 +161,25 @@ pub struct Moe {
     pub router: TensorRef,
     /// Selection bias `[E]` (`exp_probs_b`), when present.
     pub bias: Option<Vec<f32>>,
+    /// Router bias `[E]` (`ffn_gate_inp.bias`, gpt-oss), added to the logits.
+    pub router_bias: Option<Vec<f32>>,
     /// Expert towers.
     pub experts: Mlp,
+    /// The expert towers' biases (gpt-oss).
+    pub expert_biases: Option<ExpertBiases>,
     /// The always-on shared expert, when present.
     pub shared: Option<Mlp>,
+}
+
+/// Per-expert biases of the towers: expert `e`'s rows are `[e * width .. (e + 1) * width]`.
+#[derive(Clone, Debug)]
+pub struct ExpertBiases {
+    /// `ffn_gate_exps.bias` `[Fe, E]`.
+    pub gate: Vec<f32>,
+    /// `ffn_up_exps.bias` `[Fe, E]`.
+    pub up: Vec<f32>,
+    /// `ffn_down_exps.bias` `[d, E]`.
+    pub down: Vec<f32>,
 }
 
 /// One layer's tensors.

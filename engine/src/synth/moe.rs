@@ -1,8 +1,8 @@
 //! Synthetic checkpoints of the mixture-of-experts families llama.cpp runs: `qwen3moe`,
-//! `glm4moe`, `mimo2` (`flint synth --arch A`).
+//! `glm4moe`, `mimo2`, `gpt-oss` (`flint synth --arch A`).
 //!
 //! Each file carries the keys, tensor names and shapes llama.cpp's converter writes for
-//! the family (`conversion/{qwen,glm,mimo}.py`), so llama.cpp loads it unchanged and
+//! the family (`conversion/{qwen,glm,mimo,gpt_oss}.py`), so llama.cpp loads it unchanged and
 //! `llama-quantize` re-encodes it. Presets ([`MoeRecipe::of`]):
 //! - `tiny` (every family): d = 256, f32 weights, expert and feed-forward widths of 256
 //!   or 512 (whole 256-blocks, so `llama-quantize` makes real K-quants), and each
@@ -21,6 +21,13 @@
 //!     96), RoPE base 5e6 on full and 1e4 on sliding layers, attention sinks on the
 //!     sliding layers only, value scale 0.707, 8 experts of 256, top-2 by sigmoid with a
 //!     selection bias; untied output.
+//!   - `gpt-oss`: 4 layers [sliding, full, sliding, full] (llama.cpp's default period 2;
+//!     the converter writes no pattern), window 64, 4 heads of 64 with 2 KV heads, sinks
+//!     on every layer, q/k/v/o biases, YaRN (factor 32 over an original context of
+//!     4096, as gpt-oss) on every layer, 8 experts of 256, top-4 on the raw router
+//!     logits plus the router bias, weighted by the softmax over the chosen four, expert
+//!     biases, the expert gate and up projections 4x larger than elsewhere so that the
+//!     clamp at 7 of the SwiGLU variant bites; untied output.
 //! - `tiny-nextn` (glm4moe, mimo2): `tiny` plus one NextN/MTP block as a converted file
 //!   carries it (`nextn_predict_layers = 1`, `block_count` one more, the block's decoder
 //!   tensors and `nextn.*`; mimo2's with a fused `attn_qkv`, a dense FFN and
@@ -35,7 +42,10 @@
 //!   2 layers: the dense first one of 10944 and one MoE layer, 2.6B), MiMo-V2-Flash
 //!   (d 4096, 64 heads, dk 192, dv 128, KV heads 4 full / 8 sliding, window 128, 256
 //!   experts of 2048, top-8; 2 layers: the dense full first one of 16384 and one sliding
-//!   MoE layer, 7.1B: one MoE layer of MiMo-V2-Flash alone has 6.4B).
+//!   MoE layer, 7.1B: one MoE layer of MiMo-V2-Flash alone has 6.4B); gpt-oss-20b (d
+//!   2880, 64 heads of 64, 8 KV heads, window 128, 32 experts of 2880, top-4; 2 layers,
+//!   a sliding and a full one, 1.7B) with `llama-quantize`'s MXFP4_MOE mix instead: the
+//!   experts MXFP4, the other matrices Q8_0.
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{Array, GgufWriter, Value};
@@ -57,11 +67,18 @@ pub enum MoeFamily {
     Glm4Moe,
     /// `mimo2`.
     Mimo2,
+    /// `gpt-oss`.
+    GptOss,
 }
 
 impl MoeFamily {
     /// Every family, in the order the CLI lists them.
-    pub const ALL: [MoeFamily; 3] = [MoeFamily::Qwen3Moe, MoeFamily::Glm4Moe, MoeFamily::Mimo2];
+    pub const ALL: [MoeFamily; 4] = [
+        MoeFamily::Qwen3Moe,
+        MoeFamily::Glm4Moe,
+        MoeFamily::Mimo2,
+        MoeFamily::GptOss,
+    ];
 
     /// Parses a `general.architecture` name.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -74,6 +91,7 @@ impl MoeFamily {
             MoeFamily::Qwen3Moe => "qwen3moe",
             MoeFamily::Glm4Moe => "glm4moe",
             MoeFamily::Mimo2 => "mimo2",
+            MoeFamily::GptOss => "gpt-oss",
         }
     }
 
@@ -81,15 +99,17 @@ impl MoeFamily {
     pub fn presets(self) -> &'static [&'static str] {
         match self {
             MoeFamily::Qwen3Moe => &["tiny", "tiny-bias", "bench"],
+            MoeFamily::GptOss => &["tiny", "bench"],
             _ => &["tiny", "tiny-nextn", "bench"],
         }
     }
 
     /// `tokenizer.ggml.pre` of the built-in vocabulary: the converter's for the family
-    /// (Qwen3 and MiMo use Qwen2's tokenizer; GLM-4.5 `glm4`).
+    /// (Qwen3 and MiMo use Qwen2's tokenizer; GLM-4.5 `glm4`; gpt-oss o200k's `gpt-4o`).
     pub fn builtin_pre(self) -> &'static str {
         match self {
             MoeFamily::Glm4Moe => "glm4",
+            MoeFamily::GptOss => "gpt-4o",
             _ => "qwen2",
         }
     }
@@ -150,6 +170,10 @@ pub struct MoeRecipe {
     pub value_scale: Option<f32>,
     /// Q/K/V biases.
     pub qkv_bias: bool,
+    /// YaRN rope scaling: `(factor, original context length)` (gpt-oss).
+    pub yarn: Option<(f32, usize)>,
+    /// Gain of the expert gate and up projections (`Fill::matrix`).
+    pub expert_gain: f32,
     /// Size of the built-in vocabulary.
     pub builtin_vocab: usize,
     /// Q4_K_M-like type mix; false: every tensor f32.
@@ -186,6 +210,8 @@ impl MoeRecipe {
             pattern: vec![],
             value_scale: None,
             qkv_bias: false,
+            yarn: None,
+            expert_gain: 1.0,
             builtin_vocab: 2048,
             quantized: false,
         };
@@ -223,6 +249,18 @@ impl MoeRecipe {
                 window: 64,
                 pattern: vec![false, true, true, false],
                 value_scale: Some(0.707),
+                ..base.clone()
+            },
+            MoeFamily::GptOss => Self {
+                n_layers: 4,
+                used: 4,
+                context_length: 131_072,
+                eps: 1e-5,
+                rope_base: 150_000.0,
+                window: 64,
+                qkv_bias: true,
+                yarn: Some((32.0, 4096)),
+                expert_gain: 4.0,
                 ..base.clone()
             },
         };
@@ -312,6 +350,28 @@ impl MoeRecipe {
                 value_scale: Some(0.707),
                 ..b
             },
+            // gpt-oss-20b.
+            MoeFamily::GptOss => Self {
+                d: 2880,
+                n_heads: 64,
+                n_kv_heads: 8,
+                n_kv_heads_swa: 8,
+                head_dim_k: 64,
+                head_dim_v: 64,
+                n_rot: 64,
+                ff: 2880,
+                experts: 32,
+                used: 4,
+                expert_ff: 2880,
+                context_length: 131_072,
+                eps: 1e-5,
+                rope_base: 150_000.0,
+                n_layers: 2,
+                window: 128,
+                qkv_bias: true,
+                yarn: Some((32.0, 4096)),
+                ..b
+            },
         }
     }
 
@@ -327,7 +387,12 @@ impl MoeRecipe {
 
     /// Whether block `il` (the NextN block included, always sliding) is a sliding layer.
     fn sliding(&self, il: usize) -> bool {
-        self.family == MoeFamily::Mimo2 && self.pattern.get(il).copied().unwrap_or(true)
+        match self.family {
+            MoeFamily::Mimo2 => self.pattern.get(il).copied().unwrap_or(true),
+            // llama.cpp's default pattern for gpt-oss (period 2), which the recipes follow.
+            MoeFamily::GptOss => il % 2 == 0,
+            _ => false,
+        }
     }
 
     /// KV heads of block `il`.
@@ -339,13 +404,31 @@ impl MoeRecipe {
         }
     }
 
-    /// `general.file_type`: 0 (all f32) or 15 (mostly Q4_K_M).
+    /// `general.file_type`: 0 (all f32), 15 (mostly Q4_K_M) or, for gpt-oss, 38
+    /// (llama.cpp's `MOSTLY_MXFP4_MOE`).
     pub fn file_type(&self) -> u32 {
-        file_type(self.quantized)
+        if self.quantized && self.family == MoeFamily::GptOss {
+            38
+        } else {
+            file_type(self.quantized)
+        }
     }
 
     fn matrix_type(&self, row: usize, hi: bool) -> GgmlType {
-        matrix_type(self.quantized, row, hi)
+        if self.quantized && self.family == MoeFamily::GptOss {
+            GgmlType::Q8_0
+        } else {
+            matrix_type(self.quantized, row, hi)
+        }
+    }
+
+    /// The encoding of an expert tower: MXFP4 in a quantized gpt-oss file.
+    fn expert_type(&self, row: usize, hi: bool) -> GgmlType {
+        if self.quantized && self.family == MoeFamily::GptOss {
+            GgmlType::MXFP4
+        } else {
+            self.matrix_type(row, hi)
+        }
     }
 
     fn plan(&self, n_vocab: usize) -> Vec<Planned> {
@@ -356,6 +439,8 @@ impl MoeRecipe {
         let (d, h, dk, dv) = (self.d, self.n_heads, self.head_dim_k, self.head_dim_v);
         let (e, fe, ff) = (self.experts, self.expert_ff, self.ff);
         let mat = |row: usize, hi: bool| self.matrix_type(row, hi);
+        let exp = |row: usize, hi: bool| self.expert_type(row, hi);
+        let gpt_oss = self.family == MoeFamily::GptOss;
         add(
             "token_embd.weight".into(),
             mat(d, false),
@@ -410,9 +495,13 @@ impl MoeRecipe {
                 vec![h * dv, d],
                 Fill::matrix(h * dv, 1.0),
             );
+            if gpt_oss {
+                add(p("attn_output.bias"), f32_, vec![d], normal(0.5));
+            }
             // Sinks on the sliding layers only (MiMo-V2's
-            // `add_swa_attention_sink_bias`), large enough to take visible weight.
-            if self.sliding(il) {
+            // `add_swa_attention_sink_bias`; gpt-oss on every layer), large enough to
+            // take visible weight.
+            if self.sliding(il) || gpt_oss {
                 add(
                     p("attn_sinks.weight"),
                     f32_,
@@ -423,7 +512,7 @@ impl MoeRecipe {
                     },
                 );
             }
-            let norm = if self.family == MoeFamily::Glm4Moe {
+            let norm = if matches!(self.family, MoeFamily::Glm4Moe | MoeFamily::GptOss) {
                 "post_attention_norm.weight"
             } else {
                 "ffn_norm.weight"
@@ -458,27 +547,36 @@ impl MoeRecipe {
                     vec![d, e],
                     Fill::matrix(d, 2.0),
                 );
-                if self.family != MoeFamily::Qwen3Moe {
-                    add(p("exp_probs_b.bias"), f32_, vec![e], normal(0.2));
+                match self.family {
+                    MoeFamily::Qwen3Moe => {}
+                    MoeFamily::GptOss => {
+                        add(p("ffn_gate_inp.bias"), f32_, vec![e], normal(0.5));
+                    }
+                    _ => add(p("exp_probs_b.bias"), f32_, vec![e], normal(0.2)),
                 }
                 add(
                     p("ffn_gate_exps.weight"),
-                    mat(d, false),
+                    exp(d, false),
                     vec![d, fe, e],
-                    Fill::matrix(d, 1.0),
+                    Fill::matrix(d, self.expert_gain),
                 );
                 add(
                     p("ffn_up_exps.weight"),
-                    mat(d, false),
+                    exp(d, false),
                     vec![d, fe, e],
-                    Fill::matrix(d, 1.0),
+                    Fill::matrix(d, self.expert_gain),
                 );
                 add(
                     p("ffn_down_exps.weight"),
-                    mat(fe, true),
+                    exp(fe, true),
                     vec![fe, d, e],
                     Fill::matrix(fe, 1.0),
                 );
+                if gpt_oss {
+                    add(p("ffn_gate_exps.bias"), f32_, vec![fe, e], normal(0.5));
+                    add(p("ffn_up_exps.bias"), f32_, vec![fe, e], normal(0.5));
+                    add(p("ffn_down_exps.bias"), f32_, vec![d, e], normal(0.5));
+                }
                 if self.shared {
                     add(
                         p("ffn_gate_shexp.weight"),
@@ -582,6 +680,9 @@ impl MoeRecipe {
                 kv.push(("expert_weights_scale", Value::F32(self.weights_scale)));
                 kv.push(("expert_weights_norm", Value::Bool(true)));
             }
+            MoeFamily::GptOss => {
+                kv.push(("attention.sliding_window", u(self.window)));
+            }
             MoeFamily::Mimo2 => {
                 kv.push(("rope.freq_base_swa", Value::F32(self.rope_base_swa)));
                 kv.push(("attention.sliding_window", u(self.window)));
@@ -594,6 +695,11 @@ impl MoeRecipe {
                     kv.push(("attention.value_scale", Value::F32(s)));
                 }
             }
+        }
+        if let Some((factor, orig)) = self.yarn {
+            kv.push(("rope.scaling.type", Value::String("yarn".into())));
+            kv.push(("rope.scaling.factor", Value::F32(factor)));
+            kv.push(("rope.scaling.original_context_length", u(orig)));
         }
         if self.nextn > 0 {
             kv.push(("nextn_predict_layers", u(self.nextn)));

@@ -311,17 +311,12 @@ pub fn route_topk_row(
     logits: &[f32],
     bias: Option<&[f32]>,
     k: usize,
-    sigmoid: bool,
+    gating: flint_core::math::Gating,
     normalize: bool,
     scale: f32,
     ids: &mut [u32],
     weights: &mut [f32],
 ) -> Result<(), String> {
-    let gating = if sigmoid {
-        flint_core::math::Gating::Sigmoid
-    } else {
-        flint_core::math::Gating::Softmax
-    };
     flint_core::math::route_topk(logits, bias, k, gating, normalize, scale, ids, weights)
         .map_err(|e| e.to_string())
 }

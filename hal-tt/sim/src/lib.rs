@@ -731,16 +731,19 @@ pub unsafe extern "C" fn flint_tt_route_topk(
         let ids = unsafe { slice_mut(ids, total, "ids") }?;
         // SAFETY: `weights` holds `n_rows * k` writable floats (contract).
         let weights = unsafe { slice_mut(weights, total, "weights") }?;
-        if gating > 1 {
-            return device::invalid(format!("unknown gating {gating}"));
-        }
+        let gating = match gating {
+            0 => flint_core::math::Gating::Softmax,
+            1 => flint_core::math::Gating::Sigmoid,
+            2 => flint_core::math::Gating::SoftmaxWeight,
+            other => return device::invalid(format!("unknown gating {other}")),
+        };
         st.route_topk(
             logits,
             usize_of(n_rows, "n_rows")?,
             n_experts as usize,
             bias,
             k as usize,
-            gating == 1,
+            gating,
             normalize != 0,
             scale,
             ids,

@@ -33,11 +33,17 @@ pub enum Arch {
     /// base of their own on sliding layers, per-layer KV head counts, `dv != dk`, partial
     /// RoPE, a value scale, sigmoid routing; NextN/MTP layers skipped.
     Mimo2,
+    /// `gpt-oss`: gpt-oss-20b / 120b: sliding-window layers alternating with full ones
+    /// (the first sliding), attention sinks on every layer, q/k/v/o biases, YaRN on every
+    /// layer, a router with a bias, expert biases, the experts chosen on the raw logits
+    /// and weighted by the softmax over the chosen ones, the clamped SwiGLU
+    /// ([`Activation::SwigluOai`]), the pre-FFN norm named `post_attention_norm`.
+    GptOss,
 }
 
 impl Arch {
     /// Every architecture, in the order the error messages list them.
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Flint,
         Arch::Gemma3,
         Arch::Llama,
@@ -46,6 +52,7 @@ impl Arch {
         Arch::Qwen3Moe,
         Arch::Glm4Moe,
         Arch::Mimo2,
+        Arch::GptOss,
     ];
 
     /// The `general.architecture` value.
@@ -59,6 +66,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Glm4Moe => "glm4moe",
             Arch::Mimo2 => "mimo2",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -67,10 +75,13 @@ impl Arch {
         Arch::ALL.into_iter().find(|a| a.name() == name)
     }
 
-    /// The mixture-of-experts families of llama.cpp (`qwen3moe`, `glm4moe`, `mimo2`),
-    /// read by their own reader (`config/moe.rs`).
+    /// The mixture-of-experts families of llama.cpp (`qwen3moe`, `glm4moe`, `mimo2`,
+    /// `gpt-oss`), read by their own reader (`config/moe.rs`).
     pub fn is_moe_family(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Glm4Moe | Arch::Mimo2)
+        matches!(
+            self,
+            Arch::Qwen3Moe | Arch::Glm4Moe | Arch::Mimo2 | Arch::GptOss
+        )
     }
 }
 
@@ -81,6 +92,10 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (gemma3; llama.cpp `LLM_FFN_GELU`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (`flint_core::math::swiglu_oai`; llama.cpp
+    /// `LLM_FFN_SWIGLU_OAI_MOE`): `min(gate, 7) * sigmoid(1.702 min(gate, 7)) *
+    /// (clamp(up, -7, 7) + 1)`.
+    SwigluOai,
 }
 
 /// Where the RMSNorms of a layer sit.
@@ -130,7 +145,7 @@ pub struct AttnBiases {
     pub o: bool,
 }
 
-/// The Mixture-of-Experts routing (flint, qwen3moe, glm4moe, mimo2).
+/// The Mixture-of-Experts routing (flint, qwen3moe, glm4moe, mimo2, gpt-oss).
 ///
 /// Per family, as llama.cpp reads it: `qwen3moe` softmax, normalised, scale 1 (it reads
 /// neither `expert_gating_func`, `expert_weights_norm` nor `expert_weights_scale`), no
@@ -142,7 +157,10 @@ pub struct AttnBiases {
 /// `leading_dense_block_count` (default 0); `mimo2` sigmoid, normalised, scale 1, no
 /// shared expert, and which layers are dense is told by the tensors (a layer without
 /// `ffn_gate_inp` is dense): `leading_dense` is then the count of dense layers before
-/// the first MoE layer, and [`LayerDesc::ffn`] is authoritative.
+/// the first MoE layer, and [`LayerDesc::ffn`] is authoritative; `gpt-oss`
+/// [`Gating::SoftmaxWeight`], not normalised, scale 1 (it reads no routing key), a router
+/// bias and expert biases, `Fe` from `expert_feed_forward_length` (a scalar, or one entry
+/// per block, all equal).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeDesc {
     /// Routed experts `E` (`expert_count`, required).
@@ -165,6 +183,13 @@ pub struct MoeDesc {
     pub scale: f32,
     /// Layers `i < n` use a dense FFN (`leading_dense_block_count`, default 0).
     pub leading_dense: usize,
+    /// Every MoE layer's router has a bias, `ffn_gate_inp.bias` `[E]` (f32), added to
+    /// its logits (gpt-oss).
+    pub router_bias: bool,
+    /// Every MoE layer's expert towers have biases, added to each chosen expert's
+    /// projections: `ffn_{gate,up}_exps.bias` `[Fe, E]` and `ffn_down_exps.bias`
+    /// `[d, E]` (f32; gpt-oss).
+    pub expert_biases: bool,
 }
 
 /// A layer's FFN.
@@ -201,7 +226,7 @@ pub struct LayerDesc {
     pub rope_freq_scale: f32,
     /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm` `[dk]`, f32).
     pub qk_norm: bool,
-    /// Attention sinks (`attn_sinks.weight` `[H]`, f32; flint, mimo2).
+    /// Attention sinks (`attn_sinks.weight` `[H]`, f32; flint, mimo2, gpt-oss).
     pub sinks: bool,
     /// KV heads of this layer. Equal to [`ModelDesc::n_kv_heads`] on every layer except
     /// in `mimo2`, whose `attention.head_count_kv` may be an array with one entry per
@@ -265,7 +290,7 @@ pub struct ModelDesc {
     /// Sliding window `W` of the sliding layers (`attention.sliding_window`; gemma3:
     /// absent or 0 = no sliding layer).
     pub window: Option<usize>,
-    /// MoE routing, when some layer is MoE (flint, qwen3moe, glm4moe, mimo2).
+    /// MoE routing, when some layer is MoE (flint, qwen3moe, glm4moe, mimo2, gpt-oss).
     pub moe: Option<MoeDesc>,
     /// One entry per layer the forward runs: `block_count` minus `nextn_predict_layers`
     /// (llama.cpp's `n_layer`; `block_count` is required).
@@ -283,7 +308,7 @@ pub struct ModelDesc {
     /// neither), and for every other architecture.
     pub value_scale: f32,
     /// The name of each layer's pre-FFN RMSNorm weight, `blk.N.{ffn_norm_tensor}.weight`:
-    /// `ffn_norm` everywhere but glm4moe, whose converter writes that norm as
+    /// `ffn_norm` everywhere but glm4moe and gpt-oss, whose converters write that norm as
     /// `post_attention_norm` (llama.cpp's `attn_post_norm`, applied to the residual
     /// stream before the FFN, exactly where the others apply `ffn_norm`). Not Gemma's post
     /// norms: those are [`NormPlacement::PrePost`].

@@ -1,9 +1,11 @@
-//! The mixture-of-experts families llama.cpp runs: `qwen3moe`, `glm4moe`, `mimo2`.
+//! The mixture-of-experts families llama.cpp runs: `qwen3moe`, `glm4moe`, `mimo2`,
+//! `gpt-oss`.
 //!
 //! [`read`] follows llama.cpp's `llama_model_base::load_hparams` (the keys every
 //! architecture shares: `block_count` counts the NextN/MTP blocks too, and
 //! `nextn_predict_layers` of them are not part of the trunk) and each family's
-//! `load_arch_hparams` (`src/models/{qwen3moe,glm4-moe,mimo2}.cpp`), defaults included.
+//! `load_arch_hparams` (`src/models/{qwen3moe,glm4-moe,mimo2,openai-moe}.cpp`), defaults
+//! included.
 //! [`check_tensors`] follows their `load_arch_tensors`: required tensors with the shapes
 //! the description implies, the optional ones each family allows, the NextN/MTP blocks'
 //! tensors accepted by name and marked skipped, anything else refused by name.
@@ -14,7 +16,7 @@ use super::desc::{
     Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
     RopeKind,
 };
-use super::parse::{check_len, read_scaling, Keys};
+use super::parse::{check_len, read_scaling, swa_pattern, Keys};
 use super::tensors::Claims;
 use super::util::{nonzero, positive};
 use super::ConfigError;
@@ -24,8 +26,12 @@ use crate::gguf::{Array, GgufFile, Value};
 const ROPE_BASE_DEFAULT: f32 = 10_000.0;
 /// llama.cpp's `rope_freq_base_train_swa` default (mimo2 without `rope.freq_base_swa`).
 const ROPE_BASE_SWA_DEFAULT: f32 = 10_000.0;
+/// gpt-oss's sliding-window period when the file sets no pattern (`load_swa_pattern(ml,
+/// 2)`: even layers slide, odd ones attend to everything).
+const GPT_OSS_SWA_PERIOD_DEFAULT: usize = 2;
 
-/// A per-block count: a scalar for every block, or (mimo2) an array of `n_all` entries.
+/// A per-block count: a scalar for every block, or (mimo2, gpt-oss) an array of `n_all`
+/// entries.
 fn per_block(
     ks: &Keys<'_>,
     s: &str,
@@ -35,7 +41,7 @@ fn per_block(
     let key = ks.k(s);
     match ks.f.get(&key) {
         None => Ok(vec![default; n_all]),
-        Some(Value::Array(_)) if ks.arch == Arch::Mimo2 => {
+        Some(Value::Array(_)) if matches!(ks.arch, Arch::Mimo2 | Arch::GptOss) => {
             let v = ks.f.get_u32_array(&key)?;
             check_len(&key, v.len(), n_all)?;
             v.iter().map(|&x| nonzero(&key, x as usize)).collect()
@@ -64,10 +70,10 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
     let n_all = ks.size("block_count")?;
     let nextn_key = k("nextn_predict_layers");
     let nextn = f.opt_usize(&nextn_key)?.unwrap_or(0);
-    if nextn > 0 && arch == Arch::Qwen3Moe {
+    if nextn > 0 && matches!(arch, Arch::Qwen3Moe | Arch::GptOss) {
         return Err(ConfigError::invalid(
             &nextn_key,
-            format!("is {nextn}: qwen3moe has no NextN/MTP layers"),
+            format!("is {nextn}: {} has no NextN/MTP layers", arch.name()),
         ));
     }
     if nextn >= n_all {
@@ -98,9 +104,9 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
     let rms_eps = positive(&eps_key, f.get_f32(&eps_key)?)?;
 
     let n_rot = ks.opt_size("rope.dimension_count")?.unwrap_or(dk);
-    // qwen3moe's graph asserts n_rot == head size.
-    // qwen3moe's graph asserts n_rot == head size.
-    ks.check_n_rot(n_rot, dk, arch == Arch::Qwen3Moe)?;
+    // qwen3moe's graph asserts n_rot == head size; gpt-oss's takes n_rot as the head
+    // size (its projections' shapes and the attention scale `1/sqrt(n_rot)`).
+    ks.check_n_rot(n_rot, dk, matches!(arch, Arch::Qwen3Moe | Arch::GptOss))?;
     ks.check_swa_sizes(dk, dv, n_rot)?;
     // glm4moe reads M-RoPE sections; with two nonzero sections llama.cpp uses M-RoPE.
     if arch == Arch::Glm4Moe {
@@ -120,16 +126,35 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         .unwrap_or(ROPE_BASE_DEFAULT);
     let scaling = read_scaling(&ks, context_length)?;
 
-    // Sliding layers (mimo2 only): window, pattern (one entry per block), base.
-    let (window, sliding, rope_base_swa) = if arch == Arch::Mimo2 {
-        let window = ks.size("attention.sliding_window")?;
-        let pattern = mimo2_pattern(f, &k("attention.sliding_window_pattern"), n_all)?;
-        let base_swa = ks
-            .opt_positive("rope.freq_base_swa")?
-            .unwrap_or(ROPE_BASE_SWA_DEFAULT);
-        (Some(window), pattern[..l].to_vec(), base_swa)
+    // Sliding layers (mimo2, gpt-oss): window, pattern (one entry per block), base.
+    let (window, sliding, rope_base_swa) = match arch {
+        Arch::Mimo2 => {
+            let window = ks.size("attention.sliding_window")?;
+            let pattern = mimo2_pattern(f, &k("attention.sliding_window_pattern"), n_all)?;
+            let base_swa = ks
+                .opt_positive("rope.freq_base_swa")?
+                .unwrap_or(ROPE_BASE_SWA_DEFAULT);
+            (Some(window), pattern[..l].to_vec(), base_swa)
+        }
+        Arch::GptOss => {
+            let window = ks.size("attention.sliding_window")?;
+            let pattern = swa_pattern(
+                f,
+                &k("attention.sliding_window_pattern"),
+                l,
+                GPT_OSS_SWA_PERIOD_DEFAULT,
+            )?;
+            let base_swa = ks.opt_positive("rope.freq_base_swa")?.unwrap_or(rope_base);
+            (Some(window), pattern, base_swa)
+        }
+        _ => (None, vec![false; l], rope_base),
+    };
+    // llama.cpp's `rope_freq_scale_train_swa`: 1 (no scaling on sliding layers), except
+    // gpt-oss, whose sliding layers take the full layers' scale (YaRN on every layer).
+    let swa_freq_scale = if arch == Arch::GptOss {
+        scaling.freq_scale
     } else {
-        (None, vec![false; l], rope_base)
+        1.0
     };
     let value_scale = if arch == Arch::Mimo2 {
         let key = k("attention.value_scale");
@@ -159,7 +184,11 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         .map(|(i, &sl)| LayerDesc {
             sliding: sl,
             rope_base: if sl { rope_base_swa } else { rope_base },
-            rope_freq_scale: if sl { 1.0 } else { scaling.freq_scale },
+            rope_freq_scale: if sl {
+                swa_freq_scale
+            } else {
+                scaling.freq_scale
+            },
             qk_norm: arch == Arch::Qwen3Moe,
             sinks: false,
             n_kv_heads: hkv_all[i],
@@ -191,7 +220,11 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         attn_scale: 1.0 / (dk as f32).sqrt(),
         q_prescaled: false,
         logit_softcap: None,
-        activation: Activation::Silu,
+        activation: if arch == Arch::GptOss {
+            Activation::SwigluOai
+        } else {
+            Activation::Silu
+        },
         norms: NormPlacement::Pre,
         rope: RopeDesc {
             kind: RopeKind::Neox,
@@ -204,7 +237,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         layers,
         skipped_layers: (l..n_all).collect(),
         value_scale,
-        ffn_norm_tensor: if arch == Arch::Glm4Moe {
+        ffn_norm_tensor: if matches!(arch, Arch::Glm4Moe | Arch::GptOss) {
             "post_attention_norm"
         } else {
             "ffn_norm"
@@ -226,6 +259,21 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
                 nonzero(&ks.k("feed_forward_length"), ff / k)?
             }
         },
+        // llama.cpp's `get_key_or_arr`: a scalar or one entry per block.
+        Arch::GptOss => {
+            let widths = per_block(ks, "expert_feed_forward_length", l, 0)?;
+            let key = ks.k("expert_feed_forward_length");
+            match widths.first() {
+                Some(&w) if w > 0 && widths.iter().all(|&x| x == w) => w,
+                Some(0) | None => return Err(ConfigError::invalid(&key, "missing")),
+                Some(_) => {
+                    return Err(ConfigError::invalid(
+                        &key,
+                        format!("differs between layers ({widths:?}): per-layer expert widths are not supported"),
+                    ))
+                }
+            }
+        }
         _ => ks.size("expert_feed_forward_length")?,
     };
     match arch {
@@ -268,8 +316,23 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
                 normalize,
                 scale,
                 leading_dense: lead,
+                router_bias: false,
+                expert_biases: false,
             })
         }
+        Arch::GptOss => Ok(MoeDesc {
+            experts: e,
+            used: k,
+            expert_width: fe,
+            shared_count: 0,
+            shared_width: fe,
+            gating: Gating::SoftmaxWeight,
+            normalize: false,
+            scale: 1.0,
+            leading_dense: 0,
+            router_bias: true,
+            expert_biases: true,
+        }),
         _ => Ok(MoeDesc {
             experts: e,
             used: k,
@@ -284,6 +347,8 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             normalize: true,
             scale: 1.0,
             leading_dense: 0,
+            router_bias: false,
+            expert_biases: false,
         }),
     }
 }
@@ -355,8 +420,8 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
     let d = desc.d;
     let vocab = c.embedding(d)?;
     desc.vocab = vocab;
-    // mimo2 requires `output`; the others tie it to the embedding when absent.
-    if arch == Arch::Mimo2 {
+    // mimo2 and gpt-oss require `output`; the others tie it to the embedding when absent.
+    if matches!(arch, Arch::Mimo2 | Arch::GptOss) {
         c.req("output.weight", &[d, vocab], false)?;
         desc.tied_output = false;
     } else {
@@ -391,6 +456,12 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
                 layer.qk_norm = true;
             }
             Arch::Glm4Moe => layer.qk_norm = c.set(&qk)?,
+            Arch::GptOss => {
+                c.req(&n("attn_sinks.weight"), &[h], true)?;
+                layer.sinks = true;
+                c.req(&n("attn_output.bias"), &[d], true)?;
+                layer.biases.o = true;
+            }
             _ => {
                 layer.sinks = c.opt(&n("attn_sinks.weight"), &[h], true)?.is_some();
             }
@@ -425,6 +496,14 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
                     _ => false,
                 };
                 c.experts(i, d, fe, e)?;
+                if m.router_bias {
+                    c.req(&n("ffn_gate_inp.bias"), &[e], true)?;
+                }
+                if m.expert_biases {
+                    c.req(&n("ffn_gate_exps.bias"), &[fe, e], true)?;
+                    c.req(&n("ffn_up_exps.bias"), &[fe, e], true)?;
+                    c.req(&n("ffn_down_exps.bias"), &[d, e], true)?;
+                }
                 if m.shared_count == 1 {
                     c.req(&n("ffn_gate_shexp.weight"), &[d, fs], false)?;
                     c.req(&n("ffn_up_shexp.weight"), &[d, fs], false)?;

@@ -238,7 +238,12 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
             match window {
                 None => (None, vec![false; l], rope_base),
                 Some(_) => {
-                    let pattern = gemma3_pattern(f, &k("attention.sliding_window_pattern"), l)?;
+                    let pattern = swa_pattern(
+                        f,
+                        &k("attention.sliding_window_pattern"),
+                        l,
+                        GEMMA3_SWA_PERIOD_DEFAULT,
+                    )?;
                     let base_swa = ks
                         .opt_positive("rope.freq_base_swa")?
                         .unwrap_or(GEMMA3_ROPE_BASE_SWA_DEFAULT);
@@ -248,9 +253,13 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         }
         // llama.cpp gives these architectures no sliding layers (the MoE families are
         // read by `moe::read`, never here).
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Glm4Moe | Arch::Mimo2 => {
-            (None, vec![false; l], rope_base)
-        }
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Glm4Moe
+        | Arch::Mimo2
+        | Arch::GptOss => (None, vec![false; l], rope_base),
     };
 
     let (moe, dense_width) = match arch {
@@ -371,16 +380,22 @@ pub(super) fn check_len(key: &str, n: usize, l: usize) -> Result<(), ConfigError
     Ok(())
 }
 
-/// llama.cpp's `load_swa_pattern(ml, 6)`: an array of bools, else a period `n` (default
-/// 6) where layer `i` slides unless `i % n == n - 1`; `n = 0` makes every layer slide.
-fn gemma3_pattern(f: &GgufFile, key: &str, l: usize) -> Result<Vec<bool>, ConfigError> {
+/// llama.cpp's `load_swa_pattern(ml, period)` (gemma3: 6, gpt-oss: 2): an array of
+/// bools, else a period `n` (default `period`) where layer `i` slides unless
+/// `i % n == n - 1`; `n = 0` makes every layer slide.
+pub(super) fn swa_pattern(
+    f: &GgufFile,
+    key: &str,
+    l: usize,
+    period: usize,
+) -> Result<Vec<bool>, ConfigError> {
     let n = match f.get(key) {
         Some(Value::Array(Array::Bool(v))) => {
             check_len(key, v.len(), l)?;
             return Ok(v.clone());
         }
         Some(_) => f.get_usize(key)?,
-        None => GEMMA3_SWA_PERIOD_DEFAULT,
+        None => period,
     };
     Ok((0..l).map(|i| n == 0 || i % n < n - 1).collect())
 }
@@ -505,5 +520,7 @@ fn read_moe(ks: &Keys<'_>, leading_dense: usize) -> Result<MoeDesc, ConfigError>
         normalize,
         scale,
         leading_dense,
+        router_bias: false,
+        expert_biases: false,
     })
 }
