@@ -23,7 +23,9 @@
 #   model-Q.gguf                   the quantized files (CI cannot build llama.cpp)
 #   manifest.json                  the case, the commands' parameters, sha256 of every
 #                                  model file (f32 included) and the count of its
-#                                  tensors per type, llama.cpp's version
+#                                  tensors per type, llama.cpp's version and the SIMD
+#                                  level of its build (`llamacpp_simd`: avx2, avx512 or
+#                                  avx512_vnni)
 # The split case (SPLIT_CASE) also gets model-q8_0-0000K-of-0000N.gguf from
 # `llama-gguf-split --split --split-max-tensors SPLIT_TENSORS` of model-q8_0.gguf, and the
 # script checks that llama.cpp's logits on the split equal those on the single file.
@@ -76,6 +78,14 @@ stride="${STRIDE:-8}"
 threads="${THREADS:-2}"
 
 bindir="$("$repo/tools/bench/build_llamacpp.sh" | tail -n1)"
+# The SIMD level of that build (it follows this CPU): llama.cpp's float order depends on
+# it, and Flint's device follows the AVX-512 build's order (engine/tests/families.rs).
+cache="$(dirname "$bindir")/CMakeCache.txt"
+llamacpp_simd=avx2
+if grep -q '^GGML_AVX512:BOOL=ON' "$cache" 2>/dev/null; then
+    llamacpp_simd=avx512
+    grep -q '^GGML_AVX512_VNNI:BOOL=ON' "$cache" && llamacpp_simd=avx512_vnni
+fi
 src="$("$repo/tools/llamacpp_sdist.sh" | tail -n1)"
 quantize="$bindir/llama-quantize"
 tokenize="$bindir/llama-tokenize"
@@ -223,10 +233,10 @@ PY
 
     python3 - "$dest" "$f32" "$arch" "$preset" "$seed" "$vocab" "$vocab_size" "$n_tokens" "$stride" \
         "$(basename "$(dirname "$src")")" "${GREEDY_PREFIXES[*]}" "$GREEDY_STEPS" "${quant_list[*]}" \
-        "${split_files[@]}" <<'PY'
+        "$llamacpp_simd" "${split_files[@]}" <<'PY'
 import collections, hashlib, json, os, sys
 import gguf
-dest, f32, arch, preset, seed, vocab, vocab_size, n_tokens, stride, sdist, prefixes, steps, quants, *split = sys.argv[1:]
+dest, f32, arch, preset, seed, vocab, vocab_size, n_tokens, stride, sdist, prefixes, steps, quants, simd, *split = sys.argv[1:]
 def sha(p):
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -245,6 +255,7 @@ m = {
     "vocab": vocab, "vocab_size": int(vocab_size), "n_tokens": int(n_tokens), "stride": int(stride),
     "greedy_prefixes": [int(x) for x in prefixes.split()], "greedy_steps": int(steps),
     "llamacpp": f"{sdist} (PyPI sdist), CPU: llama-quantize, llama-tokenize, tools/golden/llamacpp_logits.cpp",
+    "llamacpp_simd": simd,
     "models": files,
 }
 if split:

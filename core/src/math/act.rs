@@ -76,7 +76,8 @@ pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
 /// gpt-oss's clamped SwiGLU of one gate/up pair, as ggml's `swiglu_oai` computes it:
 /// `x = min(gate, limit)`, `y = clamp(up, -limit, limit)`,
 /// `x / (1 + exp(alpha * -x)) * (y + 1)` with [`SWIGLU_OAI_ALPHA`] and
-/// [`SWIGLU_OAI_LIMIT`] (C's `expf`; a NaN gate stays NaN, as `std::min` keeps it).
+/// [`SWIGLU_OAI_LIMIT`] (glibc's `expf`, [`super::expf_libc`]; a NaN gate stays NaN, as
+/// `std::min` keeps it).
 pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
     let x = if SWIGLU_OAI_LIMIT < gate {
         SWIGLU_OAI_LIMIT
@@ -84,6 +85,6 @@ pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
         gate
     };
     let y = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
-    let glu = x / (1.0 + libm::expf(SWIGLU_OAI_ALPHA * -x));
+    let glu = x / (1.0 + super::expf_libc(SWIGLU_OAI_ALPHA * -x));
     glu * (y + 1.0)
 }

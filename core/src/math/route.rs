@@ -195,12 +195,13 @@ pub fn route_topk(
 }
 
 /// ggml's `soft_max` of a row shorter than its SIMD width (`ggml_vec_soft_max_f32`'s
-/// scalar tail): `expf(x - max)`, summed in f64, each then scaled by `(1 / sum) as f32`.
+/// scalar tail): glibc's `expf(x - max)`, summed in f64, each then scaled by
+/// `(1 / sum) as f32`.
 fn softmax_ggml_short(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
-        *v = libm::expf(*v - m);
+        *v = super::expf_libc(*v - m);
         sum += f64::from(*v);
     }
     let inv = (1.0 / sum) as f32;
