@@ -275,7 +275,7 @@ fn tools_and_tool_history_go_through_the_template() {
     assert_eq!(st, 200, "{v}");
     let prompt = detok(&s, &v["tokens"]);
     assert!(prompt.contains("<tools>\n{"), "{prompt}");
-    assert!(prompt.contains("\"name\":\"get_weather\""), "{prompt}");
+    assert!(prompt.contains("\"name\": \"get_weather\""), "{prompt}");
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
     // Without tools the template writes no tools block.
     let (_, v) = post(&s, "/tokenize", json!({"messages": ask(false)["messages"]}));
@@ -297,7 +297,7 @@ fn tools_and_tool_history_go_through_the_template() {
     assert_eq!(st, 200, "{v}");
     let prompt = detok(&s, &v["tokens"]);
     assert!(
-        prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}"),
+        prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"),
         "{prompt}"
     );
     assert!(

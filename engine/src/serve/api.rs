@@ -50,6 +50,8 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// The author's (or the tool's) name.
     pub name: Option<String>,
+    /// An assistant message's reasoning, as the server returned it.
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -62,33 +64,22 @@ impl ChatMessage {
         }
     }
 
-    /// The message as chat templates read it: OpenAI's fields, with each call's
-    /// `arguments` given as the object its JSON text holds (templates write it with
-    /// `tojson`, as Hugging Face's and vLLM's do).
+    /// The message in OpenAI's shape, as
+    /// [`ChatTemplate::render_json`](flint_loader::chat::ChatTemplate::render_json)
+    /// takes it.
     pub fn to_template(&self) -> Value {
         let mut m = json!({"role": self.role, "content": self.content});
         if let Some(calls) = &self.tool_calls {
-            let calls: Vec<Value> = calls
-                .iter()
-                .map(|c| {
-                    let mut c = c.clone();
-                    let parsed = c
-                        .pointer("/function/arguments")
-                        .and_then(Value::as_str)
-                        .and_then(|a| serde_json::from_str::<Value>(a).ok());
-                    if let (Some(args), Some(f)) = (parsed, c.get_mut("function")) {
-                        f["arguments"] = args;
-                    }
-                    c
-                })
-                .collect();
-            m["tool_calls"] = Value::Array(calls);
+            m["tool_calls"] = Value::Array(calls.clone());
         }
         if let Some(id) = &self.tool_call_id {
             m["tool_call_id"] = json!(id);
         }
         if let Some(n) = &self.name {
             m["name"] = json!(n);
+        }
+        if let Some(r) = &self.reasoning_content {
+            m["reasoning_content"] = json!(r);
         }
         m
     }
@@ -388,7 +379,14 @@ const CHAT_UNSUPPORTED: &[&str] = &[
 const COMPLETION_UNSUPPORTED: &[&str] = &["echo", "suffix", "best_of"];
 
 /// Message fields the chat template gets.
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "tool_calls", "tool_call_id"];
+const MESSAGE_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+];
 
 /// Message fields OpenAI defines that Flint does not implement.
 const MESSAGE_UNSUPPORTED: &[&str] = &["function_call", "refusal", "audio"];
@@ -542,6 +540,7 @@ struct MessageIn {
     name: Option<String>,
     tool_calls: Option<Vec<Value>>,
     tool_call_id: Option<String>,
+    reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -917,6 +916,7 @@ fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Response> {
             tool_calls: m.tool_calls,
             tool_call_id: m.tool_call_id,
             name: m.name,
+            reasoning_content: m.reasoning_content,
         });
     }
     Ok(messages)
