@@ -1010,10 +1010,12 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             Err(e) => return e,
         }
     }
+    let syntax = st.text.chat_syntax();
     let parse = ParseSpec {
         tools: tools.map(|t| (t.syntax, t.tools)),
-        reasoning: st.text.chat_syntax().reasoning,
+        reasoning: syntax.reasoning,
         in_reasoning: prompt.opens_reasoning,
+        harmony: syntax.harmony,
     };
     let default_max = st.engine.config.max_model_len;
     let opts = RunOpts {
@@ -1105,7 +1107,7 @@ fn offered_tools(
         None => Err(bad_param(
             "tools",
             "tools: the model's chat template does not render tools in a syntax this server \
-             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM)",
+             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM, gpt-oss harmony)",
         )),
     }
 }
@@ -1148,11 +1150,18 @@ struct ParseSpec {
     reasoning: bool,
     /// The prompt opened the reasoning.
     in_reasoning: bool,
+    /// The model answers in harmony's channels (gpt-oss).
+    harmony: bool,
 }
 
 impl ParseSpec {
     /// A parser for one choice; `None` when it would change nothing.
     fn parser(&self) -> Option<OutputParser> {
+        if self.harmony {
+            return Some(OutputParser::harmony(
+                self.tools.as_ref().map(|(_, t)| t.as_slice()),
+            ));
+        }
         let tools = self.tools.as_ref().map(|(s, t)| (*s, t.as_slice()));
         let p = OutputParser::new(tools, self.reasoning, self.in_reasoning);
         (!p.is_passthrough()).then_some(p)
