@@ -209,8 +209,8 @@ impl ChatTemplate {
     /// and what templates read besides: `tool_calls`, `tool_call_id`, `name`,
     /// `reasoning_content`) with the function `tools` offered to the model (`tools` in
     /// the template's context, as Hugging Face's `apply_chat_template(tools=...)`
-    /// passes them; `None` leaves it `none`). The messages reach the template as
-    /// llama.cpp hands them over ([`template_message`]). The same limits as
+    /// passes them; `None` leaves it `none`). Messages and tools reach the template as
+    /// llama.cpp hands them over ([`template_message`], [`template_tool`]). The same limits as
     /// [`render`](Self::render), over the JSON text of the messages and tools.
     pub fn render_json(
         &self,
@@ -222,7 +222,7 @@ impl ChatTemplate {
         let input = messages.iter().map(size).sum::<usize>()
             + tools.map_or(0, |t| t.iter().map(size).sum());
         let tools = match tools {
-            Some(t) => Value::from_serialize(t),
+            Some(t) => Value::from_serialize(t.iter().map(template_tool).collect::<Vec<_>>()),
             None => Value::from(()),
         };
         let harmony = self.is_harmony();
@@ -312,6 +312,23 @@ pub fn template_message(m: &serde_json::Value, harmony: bool) -> serde_json::Val
         }
     }
     m
+}
+
+/// A function tool as chat templates read it (what llama.cpp hands them): `{"type":
+/// "function", "function": {"name", "description", "parameters"}}`, a missing
+/// description as `""` and missing parameters as `{}` (templates write them without
+/// asking whether they are there), other fields left out.
+pub fn template_tool(t: &serde_json::Value) -> serde_json::Value {
+    let f = t.get("function");
+    let field = |k: &str| f.and_then(|f| f.get(k)).filter(|v| !v.is_null());
+    serde_json::json!({
+        "type": "function",
+        "function": {
+            "name": field("name").cloned().unwrap_or_else(|| "".into()),
+            "description": field("description").cloned().unwrap_or_else(|| "".into()),
+            "parameters": field("parameters").cloned().unwrap_or_else(|| serde_json::json!({})),
+        }
+    })
 }
 
 /// A `Vec` that refuses to grow past `cap` bytes (the rendered prompt's limit).

@@ -78,6 +78,8 @@ WEATHER = {
 }
 CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time now.",
                                           "parameters": {"type": "object", "properties": {}}}}
+# No description, no parameters: llama.cpp hands the template "" and {}.
+PING = {"type": "function", "function": {"name": "ping"}}
 
 
 def call(name, args):
@@ -91,7 +93,7 @@ HARMONY = [
       {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
       {"role": "user", "content": "日本語で"}], None, True),
     ([{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Paris?"}],
-     [WEATHER, CLOCK], True),
+     [WEATHER, CLOCK, PING], True),
     # A call with its reasoning, the tool's answer, the turn still open: the reasoning
     # is kept.
     ([{"role": "user", "content": "Weather in Paris?"},
