@@ -942,9 +942,9 @@ fn harmony_channels_and_calls() {
     assert_eq!(m["content"], "Four.", "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     let chunks = stream(&s, ask(false));
-    let (reasoning, content, calls, finish) = streamed_parts(&chunks);
+    let (reasoning, said, calls, finish) = streamed_parts(&chunks);
     assert_eq!(
-        (reasoning.as_str(), content.as_str()),
+        (reasoning.as_str(), said.as_str()),
         ("Two and two.", "Four.")
     );
     assert!(calls.is_empty());
@@ -967,9 +967,9 @@ fn harmony_channels_and_calls() {
     let args: Value =
         serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args, json!({"city": "Paris"}));
-    let (reasoning, content, calls, finish) = streamed_parts(&stream(&s, ask(true)));
+    let (reasoning, said, calls, finish) = streamed_parts(&stream(&s, ask(true)));
     assert_eq!(
-        (reasoning.as_str(), content.as_str()),
+        (reasoning.as_str(), said.as_str()),
         ("Need the weather.", "")
     );
     assert_eq!(calls.len(), 1);
@@ -997,4 +997,22 @@ fn harmony_channels_and_calls() {
         forced_calls(&v),
         [("get_time".to_string(), json!({"zone": "UTC"}))]
     );
+
+    // response_format: the value on the final channel, after analysis if wanted; a
+    // model that breaks the schema is bent into it.
+    let format = json!({"type": "json_schema", "json_schema": {"name": "n", "schema":
+        {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+         "additionalProperties": false}}});
+    s.answer(
+        "<|channel|>analysis<|message|>Count.<|end|><|start|>assistant<|channel|>final\
+         <|message|>{\"n\": \"four\"}",
+    );
+    let (st, v) = post(&s, "/v1/chat/completions", with_format(format.clone()));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Count.");
+    let answer: Value = serde_json::from_str(&content(&v)).unwrap_or_else(|e| panic!("{e}: {v}"));
+    assert!(answer["n"].is_i64(), "{v}");
+    // Without the grammar the same answer breaks the schema.
+    let (_, v) = post(&s, "/v1/chat/completions", ask(false));
+    assert_eq!(content(&v), "{\"n\": \"four\"}");
 }

@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::harmony;
 use super::tools::ToolCall;
 use super::tools::{forced_call_grammar, ChatSyntax, ForcedCall, OutputParser, Piece, ToolSyntax};
 use super::{EngineHandle, Event, Phase, SubmitError};
@@ -868,7 +869,7 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
             return e;
         }
     }
-    let constraint = match response_constraint(&st, fields.response_format).await {
+    let constraint = match response_constraint(&st, fields.response_format, false).await {
         Ok(c) => c,
         Err(e) => return e,
     };
@@ -985,7 +986,8 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
              the call)",
         );
     }
-    let mut constraint = match response_constraint(&st, fields.response_format).await {
+    let harmony = st.text.chat_syntax().harmony;
+    let mut constraint = match response_constraint(&st, fields.response_format, harmony).await {
         Ok(c) => c,
         Err(e) => return e,
     };
@@ -1179,10 +1181,12 @@ struct RunOpts {
 }
 
 /// The grammar a request's `response_format` asks for, compiled (on the blocking pool:
-/// the first one indexes the vocabulary); `None` for plain text.
+/// the first one indexes the vocabulary); `None` for plain text. A `harmony` answer
+/// writes the value on its final channel ([`harmony::final_grammar`]).
 async fn response_constraint(
     st: &AppState,
     format: Option<Value>,
+    harmony: bool,
 ) -> Result<Option<Constraint>, Response> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
@@ -1215,6 +1219,10 @@ async fn response_constraint(
     let text = Arc::clone(&st.text);
     off_the_runtime(move || {
         let vocab = text.grammar_vocab()?;
+        if harmony {
+            let grammar = harmony::final_grammar(&schema)?;
+            return vocab.lark(&grammar).map_err(|e| e.to_string());
+        }
         vocab.json_schema(&schema).map_err(|e| e.to_string())
     })
     .await

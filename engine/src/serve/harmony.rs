@@ -21,6 +21,7 @@
 use serde_json::Value;
 
 use super::tools::{held, push_piece, Piece, ToolCall};
+use crate::sample::constrain::fixed_whitespace;
 
 /// Opens an assistant message after the first.
 pub const START: &str = "<|start|>assistant";
@@ -44,6 +45,26 @@ const BODY_ENDS: [&str; 3] = [END, CALL, RETURN];
 /// The longest header read (recipient, channel, type): longer text before
 /// `<|message|>` is no header.
 const MAX_HEADER: usize = 256;
+
+/// The grammar rule (llguidance's Lark syntax) `think`: one analysis message, up to
+/// its `<|end|>`; a constrained answer may start with any number of them, each
+/// followed by `<|start|>assistant`.
+pub const ANALYSIS_RULE: &str =
+    "think[lazy]: /<\\|channel\\|>analysis<\\|message\\|>(.|\\n)*<\\|end\\|>/\n";
+
+/// The grammar of an answer whose final message is one JSON value under `schema`
+/// (`response_format`), its whitespace fixed as
+/// [`GrammarVocab::json_schema`](crate::sample::GrammarVocab::json_schema) fixes it:
+/// analysis messages first if the model wants them, then `<|channel|>final`, optionally
+/// ` <|constrain|>json`, `<|message|>` and the value. An error says what is wrong with
+/// the schema.
+pub fn final_grammar(schema: &Value) -> Result<String, String> {
+    let schema = fixed_whitespace(schema).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{ANALYSIS_RULE}start: (think \"{START}\")* \"{CHANNEL}final\" (\" {CONSTRAIN}json\")? \
+         \"{MESSAGE}\" answer\nanswer: %json {schema}\n"
+    ))
+}
 
 /// What a message's body is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -149,19 +149,22 @@ pub fn forced_call_grammar(
     let lit = |s: &str| Value::String(s.to_string()).to_string();
     let mut g = String::new();
     // What may come before the call(s).
-    let think = if syntax == ToolSyntax::Harmony {
+    let think: String = if syntax == ToolSyntax::Harmony {
         // Analysis messages may come first; the call's `<|call|>` ends generation, so
         // there is one.
-        "think[lazy]: /<\\|channel\\|>analysis<\\|message\\|>(.|\\n)*<\\|end\\|>/\n\
-         start: (think \"<|start|>assistant\")* calls\n"
+        format!(
+            "{}start: (think {})* calls\n",
+            harmony::ANALYSIS_RULE,
+            lit(harmony::START)
+        )
     } else if reasoning && in_reasoning {
-        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n"
+        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n".into()
     } else if reasoning {
-        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n"
+        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n".into()
     } else {
-        "start: calls\n"
+        "start: calls\n".into()
     };
-    g.push_str(think);
+    g.push_str(&think);
     g.push_str("gap: (\"\\n\" \"\\n\"?)?\n");
     let separator = match syntax {
         ToolSyntax::Hermes | ToolSyntax::Glm => Some("\n"),
