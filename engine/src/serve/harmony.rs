@@ -334,6 +334,27 @@ mod tests {
         Piece::Reasoning(s.into())
     }
 
+    /// With an o200k-harmony vocabulary (its markers control tokens, as gpt-oss's file
+    /// has them), the text the server parses carries the markers the parser reads, and
+    /// generation ends at `<|return|>` and `<|call|>`, not at `<|end|>`.
+    #[test]
+    fn the_tokenizer_writes_the_markers_and_stops_at_return_and_call() {
+        use crate::sched::Detokenizer;
+        use flint_loader::tokenizer::{PreTokenizer, Tokenizer, TokenizerConfig};
+        let markers = ["<|start|>", CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN];
+        let tokens: Vec<String> = ["a"].into_iter().chain(markers).map(String::from).collect();
+        let mut cfg = TokenizerConfig::bpe(PreTokenizer::Gpt4o, tokens, Vec::new(), None, None);
+        cfg.token_types = Some([1].into_iter().chain([3; 7]).collect());
+        let tok = std::sync::Arc::new(Tokenizer::from_config(&cfg).expect("tokenizer"));
+        let id = |t: &str| tok.token_id(t).expect(t);
+        let eog: Vec<u32> = tok.eog_ids().collect();
+        assert_eq!(eog, [id(CALL), id(RETURN)]);
+        let detok = crate::serve::TokenizerDetok::new(std::sync::Arc::clone(&tok));
+        for m in ["<|start|>", CHANNEL, MESSAGE, CONSTRAIN, END] {
+            assert_eq!(detok.token_bytes(id(m)), m.as_bytes(), "{m}");
+        }
+    }
+
     #[test]
     fn analysis_is_reasoning_and_final_is_content() {
         let make = || HarmonyParser::new(None);
