@@ -13,8 +13,8 @@
 //!
 //! The `analysis` channel is reasoning, `final` is the answer, `commentary` without a
 //! recipient is a preamble the user sees (content, as llama.cpp returns it), and a
-//! message to `functions.NAME` on any channel is a call of that function with the body
-//! as its JSON arguments. Text that does not follow this shape, a call of a function
+//! message to `functions.NAME` on `commentary` (or `analysis`) is a call of that
+//! function with the body as its JSON arguments. Text that does not follow this shape, a call of a function
 //! that was not offered, and a call whose arguments are not JSON stay content, as
 //! written.
 
