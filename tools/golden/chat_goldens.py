@@ -2,11 +2,16 @@
 """Chat-template goldens rendered by llama.cpp's own Jinja engine.
 
 For each family template shipped in the sdist (`llama.cpp/models/templates/*.jinja`:
-Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3) renders a fixed set of conversations with
-`llamacpp_chat.cpp` (built by `llamacpp_run.sh`) and writes
-`loader/tests/data/chat/TEMPLATE.jsonl`: per line `messages`, `add_generation_prompt`,
-`bos`, `eos` and llama.cpp's `prompt`. `loader/tests/chat_llamacpp.rs` renders the same
-template with Flint and compares.
+Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3, gpt-oss) renders a fixed set of conversations
+with `llamacpp_chat.cpp` (built by `llamacpp_run.sh`) and writes
+`loader/tests/data/chat/TEMPLATE.jsonl`: per line `messages` (OpenAI's shape), `tools`
+when offered, `add_generation_prompt`, `bos`, `eos` and llama.cpp's `prompt`.
+`loader/tests/chat_llamacpp.rs` renders the same template with Flint and compares.
+
+gpt-oss's (harmony) conversations add tools, tool calls with their reasoning, and
+tool results; all of them open the assistant turn, as serving does (llama.cpp rewrites
+the last `<|return|>` of a conversation rendered without a generation prompt, which
+the template itself does not).
 
 Usage: tools/golden/chat_goldens.py [--out DIR]
 """
@@ -22,12 +27,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-# Template file (in llama.cpp/models/templates), BOS text, EOS text.
+# Template file (in llama.cpp/models/templates), BOS text, EOS text, conversations
+# (None: CONVERSATIONS).
 TEMPLATES = [
-    ("meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>"),
-    ("meta-llama-Llama-3.3-70B-Instruct", "<|begin_of_text|>", "<|eot_id|>"),
-    ("Qwen-Qwen2.5-7B-Instruct", "", "<|im_end|>"),
-    ("Qwen-Qwen3-0.6B", "", "<|im_end|>"),
+    ("meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>", None),
+    ("meta-llama-Llama-3.3-70B-Instruct", "<|begin_of_text|>", "<|eot_id|>", None),
+    ("Qwen-Qwen2.5-7B-Instruct", "", "<|im_end|>", None),
+    ("Qwen-Qwen3-0.6B", "", "<|im_end|>", None),
+    ("openai-gpt-oss-120b", "<|startoftext|>", "<|return|>", "harmony"),
 ]
 
 CONVERSATIONS = [
@@ -50,6 +57,69 @@ CONVERSATIONS = [
 ]
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city's name."},
+                "days": {"type": "integer", "default": 1},
+                "unit": {"type": "string", "enum": ["C", "F"], "default": "C"},
+                "hours": {"type": "array", "items": {"type": "number"}},
+                "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                          "required": ["lat"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time now.",
+                                          "parameters": {"type": "object", "properties": {}}}}
+# No description, no parameters: llama.cpp hands the template "" and {}.
+PING = {"type": "function", "function": {"name": "ping"}}
+
+
+def call(name, args):
+    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+# (messages as OpenAI's dicts, tools or None, add_generation_prompt).
+HARMONY = [
+    ([{"role": "user", "content": "Hello"}], None, True),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+      {"role": "user", "content": "日本語で"}], None, True),
+    ([{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Paris?"}],
+     [WEATHER, CLOCK, PING], True),
+    # A call with its reasoning, the tool's answer, the turn still open: the reasoning
+    # is kept.
+    ([{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "reasoning_content": "I should look it up.",
+       "tool_calls": [call("get_weather", {"city": "Paris", "days": 2})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}], [WEATHER], True),
+    # Reasoning given as content beside the call, and a later final answer (which drops
+    # the call's reasoning).
+    ([{"role": "user", "content": "Weather in Köln?"},
+      {"role": "assistant", "content": "Looking it up.", "tool_calls": [call("get_weather", {"city": "Köln"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 3}"},
+      {"role": "assistant", "content": "It is 3 C in Köln.", "reasoning_content": "Cold."},
+      {"role": "user", "content": "And the time?"}], [WEATHER, CLOCK], True),
+]
+
+
+def lines(conversations, bos, eos):
+    if conversations == "harmony":
+        rows = [dict({"messages": m}, **({"tools": t} if t else {}), add_generation_prompt=g)
+                for m, t, g in HARMONY]
+    else:
+        rows = [{"messages": [{"role": r, "content": c} for r, c in msgs], "add_generation_prompt": gen}
+                for msgs, gen in CONVERSATIONS]
+    return [dict(r, bos=bos, eos=eos) for r in rows]
+
+
 def llama_src():
     env = os.environ.get("FLINT_LLAMACPP_SRC")
     if env:
@@ -66,23 +136,10 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, bos, eos in TEMPLATES:
+        for name, bos, eos, conversations in TEMPLATES:
+            rows = lines(conversations, bos, eos)
             inp = Path(tmp) / "in.jsonl"
-            inp.write_text(
-                "".join(
-                    json.dumps(
-                        {
-                            "messages": [{"role": r, "content": c} for r, c in msgs],
-                            "add_generation_prompt": gen,
-                            "bos": bos,
-                            "eos": eos,
-                        },
-                        ensure_ascii=False,
-                    )
-                    + "\n"
-                    for msgs, gen in CONVERSATIONS
-                )
-            )
+            inp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             dest = out / f"{name}.jsonl"
             subprocess.run(
                 [str(HERE / "llamacpp_run.sh"), "llamacpp_chat", str(src / f"models/templates/{name}.jinja"),
@@ -90,10 +147,9 @@ def main():
                 check=True,
             )
             n = sum(1 for _ in dest.open())
-            if n != len(CONVERSATIONS):
-                sys.exit(f"chat_goldens.py: {dest} has {n} lines, expected {len(CONVERSATIONS)}")
-    print(f"chat_goldens.py: {len(CONVERSATIONS)} conversations x {len(TEMPLATES)} templates into {out}",
-          file=sys.stderr)
+            if n != len(rows):
+                sys.exit(f"chat_goldens.py: {dest} has {n} lines, expected {len(rows)}")
+    print(f"chat_goldens.py: {len(TEMPLATES)} templates into {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

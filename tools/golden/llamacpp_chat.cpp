@@ -2,16 +2,19 @@
 // as llama-server and llama-cli render it.
 //
 // Usage: llamacpp_chat TEMPLATE.jinja IN.jsonl OUT.jsonl [--bos TEXT] [--eos TEXT]
-//   IN.jsonl: one conversation per line: {"messages":[{"role":..,"content":..},..],
-//   "add_generation_prompt":bool}.
-//   OUT.jsonl: the same lines with "prompt", the rendered text. No tools, default
-//   reasoning settings. llama.cpp hands templates today's date as `date_string`; it is
+//   IN.jsonl: one conversation per line: {"messages":[...],"add_generation_prompt":bool}
+//   and optionally "tools":[...]. Messages and tools are in OpenAI's chat shape, read by
+//   llama-server's own reader (common_chat_msgs_parse_oaicompat: `tool_calls`,
+//   `tool_call_id`, `reasoning_content` besides `role` and `content`).
+//   OUT.jsonl: the same lines with "prompt", the rendered text. Default reasoning
+//   settings. llama.cpp hands templates today's date as `date_string`; it is
 //   fixed here to "26 Jul 2024" (the default the Llama 3.1 / 3.3 templates fall back to,
 //   what an engine that passes no date renders) and the clock strftime_now reads to
 //   that day, so the output does not depend on the day it was made.
 // Built by llamacpp_run.sh (it links llama.cpp's common library for this one).
 
 #include "chat.h"
+#include "json.h"
 #include "llama.h"
 
 #include <nlohmann/json.hpp>
@@ -59,11 +62,9 @@ int main(int argc, char **argv) {
         if (line.empty()) continue;
         json obj = json::parse(line);
         common_chat_templates_inputs inputs;
-        for (const auto &m : obj.at("messages")) {
-            common_chat_msg msg;
-            msg.role = m.at("role").get<std::string>();
-            msg.content = m.at("content").get<std::string>();
-            inputs.messages.push_back(msg);
+        inputs.messages = common_chat_msgs_parse_oaicompat(common_json::parse(obj.at("messages").dump()));
+        if (obj.contains("tools")) {
+            inputs.tools = common_chat_tools_parse_oaicompat(common_json::parse(obj.at("tools").dump()));
         }
         inputs.add_generation_prompt = obj.value("add_generation_prompt", true);
         inputs.use_jinja = true;

@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::harmony;
 use super::tools::ToolCall;
 use super::tools::{forced_call_grammar, ChatSyntax, ForcedCall, OutputParser, Piece, ToolSyntax};
 use super::{EngineHandle, Event, Phase, SubmitError};
@@ -50,6 +51,8 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// The author's (or the tool's) name.
     pub name: Option<String>,
+    /// An assistant message's reasoning, as the server returned it.
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -62,33 +65,22 @@ impl ChatMessage {
         }
     }
 
-    /// The message as chat templates read it: OpenAI's fields, with each call's
-    /// `arguments` given as the object its JSON text holds (templates write it with
-    /// `tojson`, as Hugging Face's and vLLM's do).
+    /// The message in OpenAI's shape, as
+    /// [`ChatTemplate::render_json`](flint_loader::chat::ChatTemplate::render_json)
+    /// takes it.
     pub fn to_template(&self) -> Value {
         let mut m = json!({"role": self.role, "content": self.content});
         if let Some(calls) = &self.tool_calls {
-            let calls: Vec<Value> = calls
-                .iter()
-                .map(|c| {
-                    let mut c = c.clone();
-                    let parsed = c
-                        .pointer("/function/arguments")
-                        .and_then(Value::as_str)
-                        .and_then(|a| serde_json::from_str::<Value>(a).ok());
-                    if let (Some(args), Some(f)) = (parsed, c.get_mut("function")) {
-                        f["arguments"] = args;
-                    }
-                    c
-                })
-                .collect();
-            m["tool_calls"] = Value::Array(calls);
+            m["tool_calls"] = Value::Array(calls.clone());
         }
         if let Some(id) = &self.tool_call_id {
             m["tool_call_id"] = json!(id);
         }
         if let Some(n) = &self.name {
             m["name"] = json!(n);
+        }
+        if let Some(r) = &self.reasoning_content {
+            m["reasoning_content"] = json!(r);
         }
         m
     }
@@ -388,7 +380,14 @@ const CHAT_UNSUPPORTED: &[&str] = &[
 const COMPLETION_UNSUPPORTED: &[&str] = &["echo", "suffix", "best_of"];
 
 /// Message fields the chat template gets.
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "tool_calls", "tool_call_id"];
+const MESSAGE_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+];
 
 /// Message fields OpenAI defines that Flint does not implement.
 const MESSAGE_UNSUPPORTED: &[&str] = &["function_call", "refusal", "audio"];
@@ -542,6 +541,7 @@ struct MessageIn {
     name: Option<String>,
     tool_calls: Option<Vec<Value>>,
     tool_call_id: Option<String>,
+    reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -869,7 +869,7 @@ async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
             return e;
         }
     }
-    let constraint = match response_constraint(&st, fields.response_format).await {
+    let constraint = match response_constraint(&st, fields.response_format, false).await {
         Ok(c) => c,
         Err(e) => return e,
     };
@@ -917,6 +917,7 @@ fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Response> {
             tool_calls: m.tool_calls,
             tool_call_id: m.tool_call_id,
             name: m.name,
+            reasoning_content: m.reasoning_content,
         });
     }
     Ok(messages)
@@ -985,7 +986,8 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
              the call)",
         );
     }
-    let mut constraint = match response_constraint(&st, fields.response_format).await {
+    let harmony = st.text.chat_syntax().harmony;
+    let mut constraint = match response_constraint(&st, fields.response_format, harmony).await {
         Ok(c) => c,
         Err(e) => return e,
     };
@@ -1010,10 +1012,12 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
             Err(e) => return e,
         }
     }
+    let syntax = st.text.chat_syntax();
     let parse = ParseSpec {
         tools: tools.map(|t| (t.syntax, t.tools)),
-        reasoning: st.text.chat_syntax().reasoning,
+        reasoning: syntax.reasoning,
         in_reasoning: prompt.opens_reasoning,
+        harmony: syntax.harmony,
     };
     let default_max = st.engine.config.max_model_len;
     let opts = RunOpts {
@@ -1105,7 +1109,7 @@ fn offered_tools(
         None => Err(bad_param(
             "tools",
             "tools: the model's chat template does not render tools in a syntax this server \
-             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM)",
+             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM, gpt-oss harmony)",
         )),
     }
 }
@@ -1148,11 +1152,18 @@ struct ParseSpec {
     reasoning: bool,
     /// The prompt opened the reasoning.
     in_reasoning: bool,
+    /// The model answers in harmony's channels (gpt-oss).
+    harmony: bool,
 }
 
 impl ParseSpec {
     /// A parser for one choice; `None` when it would change nothing.
     fn parser(&self) -> Option<OutputParser> {
+        if self.harmony {
+            return Some(OutputParser::harmony(
+                self.tools.as_ref().map(|(_, t)| t.as_slice()),
+            ));
+        }
         let tools = self.tools.as_ref().map(|(s, t)| (*s, t.as_slice()));
         let p = OutputParser::new(tools, self.reasoning, self.in_reasoning);
         (!p.is_passthrough()).then_some(p)
@@ -1170,10 +1181,12 @@ struct RunOpts {
 }
 
 /// The grammar a request's `response_format` asks for, compiled (on the blocking pool:
-/// the first one indexes the vocabulary); `None` for plain text.
+/// the first one indexes the vocabulary); `None` for plain text. A `harmony` answer
+/// writes the value on its final channel ([`harmony::final_grammar`]).
 async fn response_constraint(
     st: &AppState,
     format: Option<Value>,
+    harmony: bool,
 ) -> Result<Option<Constraint>, Response> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
@@ -1206,6 +1219,10 @@ async fn response_constraint(
     let text = Arc::clone(&st.text);
     off_the_runtime(move || {
         let vocab = text.grammar_vocab()?;
+        if harmony {
+            let grammar = harmony::final_grammar(&schema)?;
+            return vocab.lark(&grammar).map_err(|e| e.to_string());
+        }
         vocab.json_schema(&schema).map_err(|e| e.to_string())
     })
     .await

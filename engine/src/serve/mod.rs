@@ -16,6 +16,7 @@
 
 mod api;
 pub mod engine;
+pub mod harmony;
 mod metrics;
 pub mod tools;
 

@@ -5,10 +5,13 @@
 //! into OpenAI's `tool_calls`. Thinking models write their reasoning between `<think>`
 //! and `</think>`; the parser returns it apart from the content (`reasoning_content`).
 //! It works on text as it is generated, so that streamed and whole responses come from
-//! the same code: it holds back only what could still become a marker.
+//! the same code: it holds back only what could still become a marker. gpt-oss's
+//! harmony format, where channels carry reasoning, answer and calls, has a parser of
+//! its own ([`HarmonyParser`]) behind the same interface.
 
 use serde_json::{Map, Value};
 
+use super::harmony::{self, HarmonyParser};
 use crate::sample::constrain::fixed_whitespace;
 
 /// The text that opens a model's reasoning.
@@ -45,6 +48,9 @@ pub enum ToolSyntax {
     Llama3Json,
     /// GLM 4.5: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>`.
     Glm,
+    /// gpt-oss (harmony): a message to `functions.NAME` on the commentary channel,
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>`.
+    Harmony,
 }
 
 /// What a chat template says about the model's output syntax.
@@ -54,13 +60,25 @@ pub struct ChatSyntax {
     pub tools: Option<ToolSyntax>,
     /// Whether the model writes `<think>` reasoning.
     pub reasoning: bool,
+    /// Whether the model answers in harmony's channels (gpt-oss): reasoning on
+    /// `analysis`, the answer on `final`, calls on `commentary`.
+    pub harmony: bool,
 }
 
 impl ChatSyntax {
     /// Reads the syntax off a template's source: which tool-call markers it writes (and
-    /// whether it reads `tools` at all), and whether it knows `<think>`.
+    /// whether it reads `tools` at all), whether it knows `<think>`, and whether it is
+    /// harmony's (it writes `<|channel|>`).
     pub fn detect(template: &str) -> Self {
         let renders_tools = template.contains("tools");
+        let harmony = template.contains(flint_loader::chat::HARMONY_CHANNEL);
+        if harmony {
+            return Self {
+                tools: renders_tools.then_some(ToolSyntax::Harmony),
+                reasoning: false,
+                harmony,
+            };
+        }
         let tools = if !renders_tools {
             None
         } else if template.contains(ARG_KEY.0) {
@@ -77,6 +95,7 @@ impl ChatSyntax {
         Self {
             tools,
             reasoning: template.contains(THINK_CLOSE) || template.contains(THINK_OPEN),
+            harmony: false,
         }
     }
 }
@@ -95,7 +114,9 @@ pub enum ForcedCall {
 /// offered functions (or the named one) and the arguments follow that function's
 /// `parameters` schema (any object when it has none). A model that writes reasoning
 /// (`reasoning`) may think first; one whose prompt opened the reasoning (`in_reasoning`)
-/// must close it first. An error names a forced function that is not offered.
+/// must close it first. A harmony model may write analysis messages first, and makes
+/// one call (`<|call|>` ends generation). An error names a forced function that is not
+/// offered.
 pub fn forced_call_grammar(
     syntax: ToolSyntax,
     tools: &[Value],
@@ -128,22 +149,31 @@ pub fn forced_call_grammar(
     let lit = |s: &str| Value::String(s.to_string()).to_string();
     let mut g = String::new();
     // What may come before the call(s).
-    let think = if reasoning && in_reasoning {
-        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n"
+    let think: String = if syntax == ToolSyntax::Harmony {
+        // Analysis messages may come first; the call's `<|call|>` ends generation, so
+        // there is one.
+        format!(
+            "{}start: (think {})* calls\n",
+            harmony::ANALYSIS_RULE,
+            lit(harmony::START)
+        )
+    } else if reasoning && in_reasoning {
+        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n".into()
     } else if reasoning {
-        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n"
+        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n".into()
     } else {
-        "start: calls\n"
+        "start: calls\n".into()
     };
-    g.push_str(think);
+    g.push_str(&think);
     g.push_str("gap: (\"\\n\" \"\\n\"?)?\n");
     let separator = match syntax {
-        ToolSyntax::Hermes | ToolSyntax::Glm => "\n",
-        ToolSyntax::Llama3Json => "; ",
+        ToolSyntax::Hermes | ToolSyntax::Glm => Some("\n"),
+        ToolSyntax::Llama3Json => Some("; "),
+        ToolSyntax::Harmony => None,
     };
-    match forced {
-        ForcedCall::Named(_) => g.push_str("calls: call\n"),
-        ForcedCall::Any => g.push_str(&format!("calls: call ({} call)*\n", lit(separator))),
+    match (forced, separator) {
+        (ForcedCall::Any, Some(sep)) => g.push_str(&format!("calls: call ({} call)*\n", lit(sep))),
+        _ => g.push_str("calls: call\n"),
     }
     let alternatives: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
     g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
@@ -163,6 +193,15 @@ pub fn forced_call_grammar(
                 lit(&format!("{{\"name\": {}, \"parameters\": ", lit(name))),
             )),
             ToolSyntax::Glm => glm_call(&mut g, i, name, params, &lit)?,
+            ToolSyntax::Harmony => g.push_str(&format!(
+                "call_{i}: {} args_{i}\nargs_{i}: %json {schema}\n",
+                lit(&format!(
+                    "{}commentary to=functions.{name} {}json{}",
+                    harmony::CHANNEL,
+                    harmony::CONSTRAIN,
+                    harmony::MESSAGE
+                )),
+            )),
         }
     }
     Ok(g)
@@ -280,9 +319,19 @@ pub struct OutputParser {
     schemas: Map<String, Value>,
     state: State,
     buf: String,
+    /// A harmony answer's parser, which then does all the work.
+    harmony: Option<HarmonyParser>,
 }
 
 impl OutputParser {
+    /// A parser for one harmony (gpt-oss) answer; `tools`: the offered tools, `None`
+    /// when the model was offered none.
+    pub fn harmony(tools: Option<&[Value]>) -> Self {
+        let mut p = Self::new(None, false, false);
+        p.harmony = Some(HarmonyParser::new(tools));
+        p
+    }
+
     /// A parser for one answer. `tools`: the offered tools' syntax and definitions
     /// (OpenAI's `{"type": "function", "function": {...}}`), `None` when the model was
     /// offered none; `reasoning`: whether `<think>` is read; `in_reasoning`: the prompt
@@ -306,16 +355,20 @@ impl OutputParser {
                 State::Start
             },
             buf: String::new(),
+            harmony: None,
         }
     }
 
     /// True when this parser changes nothing (plain content passes through).
     pub fn is_passthrough(&self) -> bool {
-        self.tools.is_none() && !self.reasoning
+        self.tools.is_none() && !self.reasoning && self.harmony.is_none()
     }
 
     /// Feeds newly generated text; returns what became final.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        if let Some(h) = &mut self.harmony {
+            return h.push(text);
+        }
         self.buf.push_str(text);
         let mut out = Vec::new();
         while self.step(&mut out, false) {}
@@ -324,6 +377,9 @@ impl OutputParser {
 
     /// The answer ended: returns everything still held.
     pub fn finish(&mut self) -> Vec<Piece> {
+        if let Some(h) = &mut self.harmony {
+            return h.finish();
+        }
         let mut out = Vec::new();
         while self.step(&mut out, true) {}
         out
@@ -502,7 +558,7 @@ fn parse_json_call(body: &str) -> Option<ToolCall> {
 }
 
 /// How many bytes at the end of `text` could be the start of `marker`.
-fn held(text: &str, marker: &str) -> usize {
+pub(super) fn held(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&marker[..n]))
@@ -511,7 +567,7 @@ fn held(text: &str, marker: &str) -> usize {
 
 /// Appends a text piece, merging it into the last one of its kind and dropping empty
 /// ones.
-fn push_piece(out: &mut Vec<Piece>, p: Piece) {
+pub(super) fn push_piece(out: &mut Vec<Piece>, p: Piece) {
     match (out.last_mut(), p) {
         (_, Piece::Content(s) | Piece::Reasoning(s)) if s.is_empty() => {}
         (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
@@ -686,7 +742,11 @@ mod tests {
             out.push(tok as u8);
         }
         let text = String::from_utf8(out).expect("utf-8");
-        let mut p = OutputParser::new(Some((syntax, &tools)), reasoning, in_reasoning);
+        let mut p = if syntax == ToolSyntax::Harmony {
+            OutputParser::harmony(Some(&tools))
+        } else {
+            OutputParser::new(Some((syntax, &tools)), reasoning, in_reasoning)
+        };
         let mut pieces = p.push(&text);
         pieces.extend(p.finish());
         (text, pieces)
@@ -770,6 +830,32 @@ mod tests {
             calls(&pieces),
             [("get_time".into(), json!({"zone": "UTC"}))]
         );
+        // Harmony: the call on commentary, after analysis if the model wants it.
+        let want = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                    {\"city\": \"Paris\", \"days\": \"three\"}";
+        let (text, pieces) = forced(
+            ToolSyntax::Harmony,
+            ForcedCall::Named("get_weather".into()),
+            none,
+            want,
+        );
+        assert_eq!(
+            pieces,
+            [Piece::ToolCall(ToolCall {
+                name: "get_weather".into(),
+                arguments: json!({"city": "Paris", "days": 1}).to_string()
+            })],
+            "{text}"
+        );
+        let want = "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>\
+                    commentary to=functions.get_time <|constrain|>json<|message|>{\"zone\": \"UTC\"}";
+        let (text, pieces) = forced(ToolSyntax::Harmony, ForcedCall::Any, none, want);
+        assert_eq!(text, want);
+        assert_eq!(pieces[0], Piece::Reasoning("Hmm.".into()));
+        assert_eq!(
+            calls(&pieces),
+            [("get_time".into(), json!({"zone": "UTC"}))]
+        );
         // A forced function must be offered.
         let e = forced_call_grammar(
             ToolSyntax::Hermes,
@@ -825,8 +911,25 @@ mod tests {
             ChatSyntax::detect(qwen),
             ChatSyntax {
                 tools: Some(ToolSyntax::Hermes),
-                reasoning: true
+                reasoning: true,
+                harmony: false,
             }
+        );
+        // gpt-oss: harmony's channels, calls on commentary; a harmony template without
+        // tools offers none.
+        let oss = "{%- if tools %}{{ tools }}{% endif %}<|start|>assistant<|channel|>final";
+        assert_eq!(
+            ChatSyntax::detect(oss),
+            ChatSyntax {
+                tools: Some(ToolSyntax::Harmony),
+                reasoning: false,
+                harmony: true,
+            }
+        );
+        assert_eq!(
+            ChatSyntax::detect("<|channel|>final").tools,
+            None,
+            "no tools rendered"
         );
         let glm = "{% for t in tools %}{% endfor %}<tool_call><arg_key>";
         assert_eq!(ChatSyntax::detect(glm).tools, Some(ToolSyntax::Glm));
