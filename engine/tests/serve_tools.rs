@@ -90,8 +90,9 @@ impl TextSide for Templated {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Value]>,
+        vars: &serve::TemplateVars,
     ) -> Result<ChatPrompt, String> {
-        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools)?;
+        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools, vars)?;
         Ok(ChatPrompt {
             tokens: self.encode_prompt(&text)?,
             opens_reasoning,
@@ -99,6 +100,9 @@ impl TextSide for Templated {
     }
     fn chat_syntax(&self) -> ChatSyntax {
         ChatSyntax::detect(self.0.source())
+    }
+    fn template_reads(&self, name: &str) -> bool {
+        self.0.source().contains(name)
     }
     fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, String> {
         let mut tokens: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
@@ -1015,4 +1019,53 @@ fn harmony_channels_and_calls() {
     // Without the grammar the same answer breaks the schema.
     let (_, v) = post(&s, "/v1/chat/completions", ask(false));
     assert_eq!(content(&v), "{\"n\": \"four\"}");
+}
+
+/// `reasoning_effort` and `chat_template_kwargs` reach the template: gpt-oss's writes
+/// "Reasoning: {effort}" (default "medium") in its system message, and the stand-in's
+/// tokens are the prompt's bytes, so the prompt's length tells which word it wrote.
+#[test]
+fn reasoning_effort_reaches_the_template() {
+    let s = start(&harmony_template());
+    s.answer("<|channel|>final<|message|>Four.");
+    let prompt_len = |extra: Value| {
+        let mut body = ask(false);
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (st, v) = post(&s, "/v1/chat/completions", body);
+        assert_eq!(st, 200, "{v}");
+        v["usage"]["prompt_tokens"].as_i64().unwrap()
+    };
+    let medium = prompt_len(json!({}));
+    assert_eq!(prompt_len(json!({"reasoning_effort": "high"})), medium - 2);
+    assert_eq!(prompt_len(json!({"reasoning_effort": "low"})), medium - 3);
+    assert_eq!(
+        prompt_len(json!({"chat_template_kwargs": {"reasoning_effort": "high"}})),
+        medium - 2
+    );
+    // The field wins over the kwargs.
+    assert_eq!(
+        prompt_len(json!({"reasoning_effort": "low",
+                          "chat_template_kwargs": {"reasoning_effort": "high"}})),
+        medium - 3
+    );
+    let mut bad = ask(false);
+    bad["reasoning_effort"] = json!("extreme");
+    let (st, v) = post(&s, "/v1/chat/completions", bad);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "reasoning_effort", "{v}");
+    let mut bad = ask(false);
+    bad["chat_template_kwargs"] = json!("high");
+    let (st, v) = post(&s, "/v1/chat/completions", bad);
+    assert_eq!(st, 400, "{v}");
+    // A variable the template never reads is refused by name, not ignored.
+    let mut bad = ask(false);
+    bad["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (st, v) = post(&s, "/v1/chat/completions", bad);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(
+        v["error"]["param"], "chat_template_kwargs.enable_thinking",
+        "{v}"
+    );
 }

@@ -85,6 +85,7 @@ impl TextSide for Text {
         &self,
         messages: &[ChatMessage],
         _tools: Option<&[Value]>,
+        _vars: &serve::TemplateVars,
     ) -> Result<ChatPrompt, String> {
         let last = messages.last().ok_or("no messages")?;
         Ok(ChatPrompt {
@@ -543,8 +544,9 @@ impl TextSide for HostileTemplate {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Value]>,
+        vars: &serve::TemplateVars,
     ) -> Result<ChatPrompt, String> {
-        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools)?;
+        let (text, opens_reasoning) = serve::render_chat(&self.0, messages, tools, vars)?;
         Ok(ChatPrompt {
             tokens: Text.encode_prompt(&text)?,
             opens_reasoning,

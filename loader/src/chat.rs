@@ -202,6 +202,7 @@ impl ChatTemplate {
             Value::from(()),
             input,
             add_generation_prompt,
+            Value::from(()),
         )
     }
 
@@ -218,9 +219,29 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_json_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// [`render_json`](Self::render_json) with more variables in the template's context
+    /// (a request's `chat_template_kwargs` and `reasoning_effort`, which gpt-oss's template
+    /// reads). The template's own variables (`messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`) take precedence over them.
+    pub fn render_json_with(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ChatError> {
         let size = |v: &serde_json::Value| serde_json::to_string(v).map_or(0, |s| s.len());
         let input = messages.iter().map(size).sum::<usize>()
-            + tools.map_or(0, |t| t.iter().map(size).sum());
+            + tools.map_or(0, |t| t.iter().map(size).sum())
+            + vars.values().map(size).sum::<usize>();
         let tools = match tools {
             Some(t) => Value::from_serialize(t.iter().map(template_tool).collect::<Vec<_>>()),
             None => Value::from(()),
@@ -235,6 +256,7 @@ impl ChatTemplate {
             tools,
             input,
             add_generation_prompt,
+            Value::from_serialize(vars),
         )
     }
 
@@ -244,6 +266,7 @@ impl ChatTemplate {
         tools: Value,
         input: usize,
         add_generation_prompt: bool,
+        vars: Value,
     ) -> Result<String, ChatError> {
         let tmpl = self
             .env
@@ -260,6 +283,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                ..vars
             },
             &mut out,
         )
@@ -576,7 +600,13 @@ mod tests {
             let src = format!("{{{{ messages | {expr} }}}}");
             ChatTemplate::new(src, "", "")
                 .expect("compiles")
-                .render_ctx(Value::from_serialize(&v), Value::from(()), 0, false)
+                .render_ctx(
+                    Value::from_serialize(&v),
+                    Value::from(()),
+                    0,
+                    false,
+                    Value::from(()),
+                )
                 .expect("renders")
         };
         assert_eq!(

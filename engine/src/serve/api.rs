@@ -100,15 +100,24 @@ pub trait TextSide: Send + Sync {
     /// Tokenizes a completion prompt (BOS as the model wants it).
     fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String>;
     /// Renders chat messages and the offered function `tools` with the model's
-    /// template, ready for generation, and tokenizes the result.
+    /// template, ready for generation, with the request's template variables `vars`
+    /// (`chat_template_kwargs`, `reasoning_effort`), and tokenizes the result.
     fn encode_chat(
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Value]>,
+        vars: &TemplateVars,
     ) -> Result<ChatPrompt, String>;
     /// The tool-call and reasoning syntax of the model's answers (none by default).
     fn chat_syntax(&self) -> ChatSyntax {
         ChatSyntax::default()
+    }
+    /// Whether the chat template mentions the variable `name` (a request's template
+    /// variables must: one the template never reads would be silently ignored). False
+    /// by default.
+    fn template_reads(&self, name: &str) -> bool {
+        let _ = name;
+        false
     }
     /// The vocabulary for constrained decoding (`response_format`), built on first use;
     /// an error when this text side has none.
@@ -372,7 +381,6 @@ const CHAT_UNSUPPORTED: &[&str] = &[
     "audio",
     "modalities",
     "prediction",
-    "reasoning_effort",
     "web_search_options",
 ];
 
@@ -552,6 +560,43 @@ struct ChatFields {
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     response_format: Option<Value>,
+    reasoning_effort: Option<String>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// Extra variables of a chat template's context, from the request.
+pub type TemplateVars = Map<String, Value>;
+
+/// The values of `reasoning_effort` (gpt-oss's template writes it as "Reasoning: ...").
+const REASONING_EFFORTS: &[&str] = &["low", "medium", "high"];
+
+/// The template variables of a chat request: `chat_template_kwargs` (as vLLM and
+/// llama-server take them), then `reasoning_effort` over them. A variable the model's
+/// template never mentions is a 400 naming it, rather than ignored.
+fn template_vars(text: &dyn TextSide, fields: &mut ChatFields) -> Result<TemplateVars, Response> {
+    let mut vars = fields.chat_template_kwargs.take().unwrap_or_default();
+    if let Some(k) = vars.keys().find(|k| !text.template_reads(k)) {
+        return Err(bad_param(
+            &format!("chat_template_kwargs.{k}"),
+            format!("this model's chat template does not read '{k}'"),
+        ));
+    }
+    if let Some(e) = fields.reasoning_effort.take() {
+        if !text.template_reads("reasoning_effort") {
+            return Err(bad_param(
+                "reasoning_effort",
+                "this model's chat template does not read reasoning_effort",
+            ));
+        }
+        if !REASONING_EFFORTS.contains(&e.as_str()) {
+            return Err(bad_param(
+                "reasoning_effort",
+                format!("reasoning_effort '{e}' is not one of {REASONING_EFFORTS:?}"),
+            ));
+        }
+        vars.insert("reasoning_effort".into(), Value::String(e));
+    }
+    Ok(vars)
 }
 
 /// Reads a JSON object body; every failure is a 400 that says what is wrong.
@@ -938,6 +983,8 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
                 "tools",
                 "tool_choice",
                 "response_format",
+                "reasoning_effort",
+                "chat_template_kwargs",
             ],
             NO_EFFECT,
         ],
@@ -949,9 +996,13 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
         return e;
     }
     let v = Value::Object(obj);
-    let (sampling, fields) = match (typed::<Sampling>(&v), typed::<ChatFields>(&v)) {
+    let (sampling, mut fields) = match (typed::<Sampling>(&v), typed::<ChatFields>(&v)) {
         (Ok(s), Ok(f)) => (s, f),
         (Err(e), _) | (_, Err(e)) => return e,
+    };
+    let vars = match template_vars(&*st.text, &mut fields) {
+        Ok(v) => v,
+        Err(e) => return e,
     };
     if let Err(e) = check_model(&st, sampling.model.as_deref()) {
         return e;
@@ -994,7 +1045,7 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
     let text = Arc::clone(&st.text);
     let rendered = tools.as_ref().map(|t| Arc::clone(&t.tools));
     let prompt = match off_the_runtime(move || {
-        text.encode_chat(&messages, rendered.as_deref().map(Vec::as_slice))
+        text.encode_chat(&messages, rendered.as_deref().map(Vec::as_slice), &vars)
     })
     .await
     {
@@ -1788,7 +1839,7 @@ async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
             };
             let tools = req.tools;
             off_the_runtime(move || {
-                text.encode_chat(&messages, tools.as_deref())
+                text.encode_chat(&messages, tools.as_deref(), &TemplateVars::new())
                     .map(|p| p.tokens)
             })
             .await

@@ -13,6 +13,7 @@ use crate::sample::GrammarVocab;
 use crate::sched::{Detokenizer, LLMEngine};
 use crate::sched::{Scheduler, SchedulerConfig};
 use crate::serve::tools::{self, ChatSyntax};
+use crate::serve::TemplateVars;
 use crate::serve::{ChatMessage, ChatPrompt, TextSide};
 
 /// Default KV cache budget when `--kv-memory` is not given.
@@ -159,10 +160,11 @@ pub fn render_chat(
     template: &ChatTemplate,
     messages: &[ChatMessage],
     tools: Option<&[serde_json::Value]>,
+    vars: &TemplateVars,
 ) -> Result<(String, bool), String> {
     let msgs: Vec<serde_json::Value> = messages.iter().map(ChatMessage::to_template).collect();
     let text = template
-        .render_json(&msgs, tools, true)
+        .render_json_with(&msgs, tools, true, vars)
         .map_err(|e| e.to_string())?;
     let opens =
         ChatSyntax::detect(template.source()).reasoning && tools::prompt_opens_reasoning(&text);
@@ -178,6 +180,7 @@ impl TextSide for ModelText {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[serde_json::Value]>,
+        vars: &TemplateVars,
     ) -> Result<ChatPrompt, String> {
         let Some(t) = &self.template else {
             return Err(self
@@ -185,7 +188,7 @@ impl TextSide for ModelText {
                 .clone()
                 .unwrap_or_else(|| "the model has no chat template".into()));
         };
-        let (text, opens_reasoning) = render_chat(t, messages, tools)?;
+        let (text, opens_reasoning) = render_chat(t, messages, tools, vars)?;
         // The template writes BOS itself; its special-token text must become tokens.
         Ok(ChatPrompt {
             tokens: self.tokenizer.tokenize(&text, false, true),
@@ -195,6 +198,12 @@ impl TextSide for ModelText {
 
     fn chat_syntax(&self) -> ChatSyntax {
         self.syntax
+    }
+
+    fn template_reads(&self, name: &str) -> bool {
+        self.template
+            .as_ref()
+            .is_some_and(|t| t.source().contains(name))
     }
 
     fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, String> {

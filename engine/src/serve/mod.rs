@@ -33,7 +33,7 @@ use crate::kv::RequestId;
 use crate::sample::{SamplerConfig, StopConditions};
 use crate::sched::{EngineError, LLMEngine, RequestOutput, RequestParams, StepModel};
 
-pub use api::{router, ChatMessage, ChatPrompt, TextSide};
+pub use api::{router, ChatMessage, ChatPrompt, TemplateVars, TextSide};
 pub use engine::*;
 pub use metrics::Metrics;
 

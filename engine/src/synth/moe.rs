@@ -390,7 +390,7 @@ impl MoeRecipe {
         match self.family {
             MoeFamily::Mimo2 => self.pattern.get(il).copied().unwrap_or(true),
             // llama.cpp's default pattern for gpt-oss (period 2), which the recipes follow.
-            MoeFamily::GptOss => il % 2 == 0,
+            MoeFamily::GptOss => il.is_multiple_of(2),
             _ => false,
         }
     }
