@@ -11,7 +11,9 @@
 //!
 //! Each call takes experts not read for the last `MX_E / 4` calls, so the weights come
 //! from memory (2 towers of 16 experts: 141 MB). `MX_ITERS` calls per case (default
-//! 200); prints the median time per call and the distinct weight bytes over it.
+//! 200), each call its own device step (so that `flint_hal::ab_test` alternates its two
+//! sides call by call); `MX_CASES` picks cases (`gu1,gu4,down,mm`, default all). Prints
+//! the median time per call and the distinct weight bytes over it.
 //!
 //! `cargo bench -p flint-hal-cpu --bench mxfp4_speed` (`FLINT_THREADS` sets the threads,
 //! default all).
@@ -105,12 +107,17 @@ fn main() {
             bytes as f64 / med / 1e9
         );
     };
+    let cases = std::env::var("MX_CASES").unwrap_or_else(|_| "gu1,gu4,down,mm".into());
+    let want = |c: &str| cases.split(',').any(|x| x.trim() == c);
     for m in [1usize, 4] {
+        if !want(&format!("gu{m}")) {
+            continue;
+        }
         let mut outs = [vec![0f32; 4 * m * n], vec![0f32; 4 * m * n]];
         let mut times = Vec::with_capacity(iters);
         let mut bytes = 0;
-        dev.run_step(&mut || {
-            for c in 0..iters {
+        for c in 0..iters {
+            dev.run_step(&mut || {
                 let rows = route(c, m);
                 bytes = 2 * distinct(&rows) * mat;
                 let [g, u] = &mut outs;
@@ -123,30 +130,34 @@ fn main() {
                 )
                 .expect("expert matmul");
                 times.push(t.elapsed().as_secs_f64());
-            }
-        });
+            });
+        }
         report(&format!("gate_up M={m}"), &mut times, bytes);
     }
     let mut out = vec![0f32; 4 * n];
-    let mut times = Vec::with_capacity(iters);
-    dev.run_step(&mut || {
+    if want("down") {
+        let mut times = Vec::with_capacity(iters);
         for c in 0..iters {
-            let rows = route(c, 1);
-            let t = Instant::now();
-            dev.expert_matmul(&*gate, black_box(&x[..k]), &rows, &mut out)
-                .expect("expert matmul");
-            times.push(t.elapsed().as_secs_f64());
+            dev.run_step(&mut || {
+                let rows = route(c, 1);
+                let t = Instant::now();
+                dev.expert_matmul(&*gate, black_box(&x[..k]), &rows, &mut out)
+                    .expect("expert matmul");
+                times.push(t.elapsed().as_secs_f64());
+            });
         }
-    });
-    report("down M=1", &mut times, 4 * mat);
-    let mut times = Vec::with_capacity(iters);
-    dev.run_step(&mut || {
+        report("down M=1", &mut times, 4 * mat);
+    }
+    if want("mm") {
+        let mut times = Vec::with_capacity(iters);
         for c in 0..iters {
-            let t = Instant::now();
-            dev.matmul(&*mats[c % e], black_box(&x[..k]), 1, &mut out[..n])
-                .expect("matmul");
-            times.push(t.elapsed().as_secs_f64());
+            dev.run_step(&mut || {
+                let t = Instant::now();
+                dev.matmul(&*mats[c % e], black_box(&x[..k]), 1, &mut out[..n])
+                    .expect("matmul");
+                times.push(t.elapsed().as_secs_f64());
+            });
         }
-    });
-    report("matmul M=1", &mut times, mat);
+        report("matmul M=1", &mut times, mat);
+    }
 }
