@@ -42,6 +42,12 @@ pub(crate) const TILE: usize = 4;
 /// activation rows passes over them.
 const ROW_BLOCK: usize = 64;
 
+/// Bytes ahead of each weight row that the eight-row AVX2 kernel prefetches (as the
+/// Q8_0-family decode kernels do, `kernels::dispatch`'s `STREAM_PREFETCH`: the hardware
+/// prefetcher alone does not keep sixteen concurrent row streams fed).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 1024;
+
 /// The scalar fallback: the core reference in llama.cpp's order.
 pub(crate) fn dot_scalar(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
     flint_core::dot::ggml_x86::vec_dot_mxfp4_q8_0_repack(x, y)
@@ -479,25 +485,130 @@ mod x86 {
         };
     }
 
-    /// One block of each of eight rows, and their magnitudes.
+    /// One block of two weight rows `b0` and `b1`, as values: elements 0..16 of `b0` in
+    /// the low half and of `b1` in the high half of the first vector, elements 16..32 in
+    /// the second.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn prep8_avx2(blk: &[&BlockMXFP4; 8], lut: __m256i) -> [[__m256i; 8]; 2] {
-        let v: [__m256i; 8] = std::array::from_fn(|r| values256(blk[r], lut));
-        [v, v.map(|q| _mm256_sign_epi8(q, q))]
+    fn pair_values(b0: &BlockMXFP4, b1: &BlockMXFP4, lut: __m256i) -> [__m256i; 2] {
+        // SAFETY: each `qs` is 16 readable bytes; loadu2 is unaligned.
+        let x = unsafe {
+            _mm256_loadu2_m128i(
+                b1.qs.as_ptr() as *const __m128i,
+                b0.qs.as_ptr() as *const __m128i,
+            )
+        };
+        let m = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_and_si256(x, m);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m);
+        [_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi)]
     }
 
-    /// Each row's eight lanes against one activation block.
+    /// An activation block's quants 0..16 in both halves of the first vector, 16..32 in
+    /// both halves of the second.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn rowdot_avx2(dec: &[[__m256i; 8]; 2], y: &BlockQ8_0) -> [__m256i; 8] {
-        std::array::from_fn(|r| lanes_avx2(dec[0][r], dec[1][r], y))
+    fn halves_broadcast(y: &BlockQ8_0) -> [__m256i; 2] {
+        // SAFETY: `qs` is 32 readable bytes; each load reads 16 of them, unaligned.
+        let (lo, hi) = unsafe {
+            (
+                _mm_loadu_si128(y.qs.as_ptr() as *const __m128i),
+                _mm_loadu_si128(y.qs.as_ptr().add(16) as *const __m128i),
+            )
+        };
+        [
+            _mm256_broadcastsi128_si256(lo),
+            _mm256_broadcastsi128_si256(hi),
+        ]
     }
 
-    rows8_kernel!(
-        /// Eight MXFP4 rows x Q8_0, AVX2.
-        rows8_avx2, "avx2,fma", prep8_avx2, rowdot_avx2
-    );
+    /// The two rows of [`pair_values`] against one activation block
+    /// ([`halves_broadcast`]): per 128-bit half, one row's eight 16-bit partial sums of
+    /// four products each (`vpmaddubsw` pairs of the two element halves added; at most
+    /// `4 * 12 * 127`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pair_sums(v: &[__m256i; 2], aw: &[__m256i; 2], a: &[__m256i; 2]) -> __m256i {
+        let p0 = _mm256_maddubs_epi16(aw[0], _mm256_sign_epi8(a[0], v[0]));
+        let p1 = _mm256_maddubs_epi16(aw[1], _mm256_sign_epi8(a[1], v[1]));
+        _mm256_add_epi16(p0, p1)
+    }
+
+    /// Eight MXFP4 rows x Q8_0, AVX2. Per block: rows `i` and `i + 4` decoded side by
+    /// side ([`pair_values`], [`pair_sums`]), two `vphaddw` levels leave in each half four
+    /// rows' pairs of partial sums (at most `16 * 12 * 127`: within i16) and one
+    /// `vpmaddwd` the eight rows' exact block sums in lane order; then one vector `fma`
+    /// into the eight accumulators, in block order. Each row is prefetched
+    /// [`super::PREFETCH`] bytes ahead.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn rows8_avx2<const T: usize>(
+        w: &[&[BlockMXFP4]; 8],
+        y: &[&[BlockQ8_0]; T],
+        s: &[&[f32]; T],
+        out: &mut [[f32; 8]; T],
+    ) {
+        let nb = w[0].len();
+        assert!(
+            w.iter().all(|r| r.len() == nb),
+            "mxfp4: rows of different lengths"
+        );
+        for t in 0..T {
+            assert!(
+                y[t].len() >= nb && s[t].len() >= nb,
+                "mxfp4: short activation row"
+            );
+        }
+        let (wp, yp, sp) = (
+            w.map(<[_]>::as_ptr),
+            y.map(<[_]>::as_ptr),
+            s.map(<[_]>::as_ptr),
+        );
+        let lut = lut256();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for j in 0..nb {
+            if j % 2 == 0 {
+                for row in w {
+                    let p =
+                        (row.as_ptr().wrapping_add(j) as *const i8).wrapping_add(super::PREFETCH);
+                    // A prefetch is a hint: it reads nothing and faults on no address.
+                    _mm_prefetch::<_MM_HINT_T0>(p);
+                }
+            }
+            // SAFETY (the three reads, unchecked: the checks cost this loop 3-5% of its
+            // time): `j < nb`, and every row and activation slice holds at least `nb`
+            // elements (asserted above).
+            let blk: [&BlockMXFP4; 8] = std::array::from_fn(|r| unsafe { &*wp[r].add(j) });
+            // SAFETY: as above.
+            let a: [[__m256i; 2]; T] =
+                std::array::from_fn(|t| halves_broadcast(unsafe { &*yp[t].add(j) }));
+            // SAFETY: as above.
+            let sa: [f32; T] = std::array::from_fn(|t| unsafe { *sp[t].add(j) });
+            // `p[t][i]`: rows `i` and `i + 4` against activation row `t`.
+            let mut p = [[_mm256_setzero_si256(); 4]; T];
+            for i in 0..4 {
+                let v = pair_values(blk[i], blk[i + 4], lut);
+                let aw = v.map(|x| _mm256_sign_epi8(x, x));
+                for t in 0..T {
+                    p[t][i] = pair_sums(&v, &aw, &a[t]);
+                }
+            }
+            let dw: [f32; 8] = std::array::from_fn(|r| e8m0_to_f32_half(blk[r].e));
+            // SAFETY: `dw` is 8 readable f32; loadu is unaligned.
+            let dw = unsafe { _mm256_loadu_ps(dw.as_ptr()) };
+            for t in 0..T {
+                let h01 = _mm256_hadd_epi16(p[t][0], p[t][1]);
+                let h23 = _mm256_hadd_epi16(p[t][2], p[t][3]);
+                let sums = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(sa[t]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[t]);
+            }
+        }
+        for t in 0..T {
+            // SAFETY: `out[t]` is 8 writable f32; storeu is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+    }
 
     /// One block of each of eight rows, two rows per register (row `2p` in the low half),
     /// and their magnitudes.
