@@ -271,16 +271,22 @@ fn detok(s: &Server, tokens: &Value) -> String {
     v["prompt"].as_str().unwrap().to_string()
 }
 
+/// The prompt the template renders for `messages` with the weather tool offered, read
+/// back through `/tokenize` and `/detokenize`.
+fn prompt_with_weather_tool(s: &Server, messages: &Value) -> String {
+    let (st, v) = post(
+        s,
+        "/tokenize",
+        json!({"messages": messages, "tools": [weather_tool()]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    detok(s, &v["tokens"])
+}
+
 #[test]
 fn tools_and_tool_history_go_through_the_template() {
     let s = start(QWEN);
-    let (st, v) = post(
-        &s,
-        "/tokenize",
-        json!({"messages": ask(true)["messages"], "tools": [weather_tool()]}),
-    );
-    assert_eq!(st, 200, "{v}");
-    let prompt = detok(&s, &v["tokens"]);
+    let prompt = prompt_with_weather_tool(&s, &ask(true)["messages"]);
     assert!(prompt.contains("<tools>\n{"), "{prompt}");
     assert!(prompt.contains("\"name\": \"get_weather\""), "{prompt}");
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
@@ -296,13 +302,7 @@ fn tools_and_tool_history_go_through_the_template() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny, 21 C"},
     ]);
-    let (st, v) = post(
-        &s,
-        "/tokenize",
-        json!({"messages": history, "tools": [weather_tool()]}),
-    );
-    assert_eq!(st, 200, "{v}");
-    let prompt = detok(&s, &v["tokens"]);
+    let prompt = prompt_with_weather_tool(&s, &history);
     assert!(
         prompt.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"),
         "{prompt}"
@@ -916,13 +916,7 @@ fn harmony_channels_and_calls() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]);
-    let (st, v) = post(
-        &s,
-        "/tokenize",
-        json!({"messages": history, "tools": [weather_tool()]}),
-    );
-    assert_eq!(st, 200, "{v}");
-    let prompt = detok(&s, &v["tokens"]);
+    let prompt = prompt_with_weather_tool(&s, &history);
     assert!(prompt.contains("type get_weather = (_: {\n"), "{prompt}");
     assert!(
         prompt.contains(

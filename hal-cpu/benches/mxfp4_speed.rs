@@ -24,8 +24,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use flint_core::GgmlType;
-use flint_hal::{Device, DeviceOptions, ExpertRow, WeightDesc, WeightKind, WeightSource};
-use flint_hal_cpu::CpuDevice;
+use flint_hal::{Device, ExpertRow, WeightDesc, WeightKind, WeightSource};
 
 fn main() {
     let env = common::env_usize;
@@ -38,13 +37,7 @@ fn main() {
         eprintln!("mxfp4_speed: k = {k} is not whole MXFP4 blocks");
         return;
     };
-    let dev = CpuDevice::new(&DeviceOptions {
-        threads: std::env::var("FLINT_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        keep_quant: true,
-    })
-    .expect("open cpu");
+    let dev = common::keep_quant_device();
     let mat = rb * n;
     println!(
         "MXFP4 [{k}, {n}, {e}], {} threads, {:.1} MB per expert matrix, median of {iters} calls",

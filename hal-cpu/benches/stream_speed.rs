@@ -16,8 +16,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use flint_core::GgmlType;
-use flint_hal::{Device, DeviceOptions, WeightDesc, WeightKind, WeightSource};
-use flint_hal_cpu::CpuDevice;
+use flint_hal::{Device, WeightDesc, WeightKind, WeightSource};
 
 fn main() {
     let env = common::env_usize;
@@ -33,13 +32,7 @@ fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    let dev = CpuDevice::new(&DeviceOptions {
-        threads: std::env::var("FLINT_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        keep_quant: true,
-    })
-    .expect("open cpu");
+    let dev = common::keep_quant_device();
     let Some(rb) = ty.row_bytes(k) else {
         eprintln!("stream_speed: k = {k} is not whole {ty} blocks");
         return;

@@ -42,3 +42,16 @@ pub fn read_loop(pool: &rayon::ThreadPool, buf: &[u64]) -> u64 {
             .reduce(|| 0, |x, y| x.wrapping_add(y))
     })
 }
+
+/// A cpu device that keeps quantized weights as blocks, with `FLINT_THREADS` threads (all
+/// cores when unset or not a number).
+#[allow(dead_code)] // not every bench streams kept blocks
+pub fn keep_quant_device() -> flint_hal_cpu::CpuDevice {
+    flint_hal_cpu::CpuDevice::new(&flint_hal::DeviceOptions {
+        threads: std::env::var("FLINT_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+        keep_quant: true,
+    })
+    .expect("open cpu")
+}
