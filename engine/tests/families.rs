@@ -41,6 +41,7 @@ use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::{load_model, model_from_gguf, Model};
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use flint_engine::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
 use flint_loader::gguf::GgufFile;
 use golden_common::{
@@ -69,7 +70,7 @@ const NEAR_TIE: f64 = 0.05;
 const NEAR_TIE_DEVICE: f64 = 0.5;
 
 /// The cases with a synthesised f32 file, in the order of [`F32`].
-const CASES: [&str; 13] = [
+const CASES: [&str; 15] = [
     "llama-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
@@ -83,6 +84,8 @@ const CASES: [&str; 13] = [
     "mimo2-tiny",
     "mimo2-tiny-nextn",
     "gpt-oss-tiny",
+    "gemma4-tiny",
+    "gemma4-tiny-e2b",
 ];
 
 fn data(case: &str) -> PathBuf {
@@ -119,6 +122,7 @@ fn vocab_path(vocab: &str) -> PathBuf {
     let file = match vocab {
         "llama-bpe" => "ggml-vocab-llama-bpe.gguf",
         "qwen2" => "ggml-vocab-qwen2.gguf",
+        "gemma-4" => "ggml-vocab-gemma-4.gguf",
         "gemma3" => {
             return flint_loader::fetch::default_model_path().unwrap_or_else(|e| {
                 panic!(
@@ -178,6 +182,9 @@ fn synthesise(case: &str) -> GgufFile {
         let recipe =
             DenseRecipe::of(family, preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
         synth_dense(&recipe, seed, vocab, &|_, _| {})
+    } else if arch == "gemma4" {
+        let recipe = Gemma4Recipe::of(preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+        synth_gemma4(&recipe, seed, vocab, &|_, _| {})
     } else {
         let family = MoeFamily::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
         let recipe =
@@ -343,16 +350,20 @@ struct KnownGap {
     /// The near-tie allowance of the reference forward's greedy chains (instead of
     /// [`NEAR_TIE`]).
     reference_near_tie: f64,
+    /// Mean KL the reference forward's teacher-forced comparison must stay under (instead
+    /// of [`KL_TARGET`]).
+    reference_kl: f64,
     /// What was measured.
     why: &'static str,
 }
 
-const KNOWN_GAPS: [KnownGap; 2] = [
+const KNOWN_GAPS: [KnownGap; 4] = [
     KnownGap {
         case: "qwen3moe-tiny-bias",
         ty: "q4_k_m",
         reference_top1: 0.95,
         reference_near_tie: NEAR_TIE,
+        reference_kl: KL_TARGET,
         why: "reference teacher-forced top-1 62/64 (96.9%), mean KL 1.3e-4 \
               (qwen3moe-tiny without the biases: 64/64, KL 1.7e-8)",
     },
@@ -361,10 +372,36 @@ const KNOWN_GAPS: [KnownGap; 2] = [
         ty: "q4_k_m",
         reference_top1: TOP1_TARGET,
         reference_near_tie: 0.1,
+        reference_kl: KL_TARGET,
         why: "a reference greedy chain first leaves llama.cpp's ids where its margin is \
               0.065 nats; for a short prompt the reference takes the batch's row count for \
               the rows llama.cpp routes to each Q6_K expert tower, which picks the tiled \
               order where llama.cpp's few routed rows take ggml_vec_dot",
+    },
+    // The two gemma4 gaps below: the goldens were made by llama.cpp's AVX2 build, whose
+    // flash attention sums in another order than the AVX-512 order the reference states;
+    // traced with tools/golden/dump_ops.sh on a Q8_0 E2B file, the reference equals
+    // llama.cpp to the bit up to the first query whose keys fill a 16-key tile
+    // (position 15), where one layer's attention output differs by an ulp, which flips
+    // one Q8_0 rounding of the next matmul's activation; Gemma 4's post-norms and output
+    // scales carry that to 0.1-nat logit differences. The f32 and Q8_0 files meet the
+    // targets.
+    KnownGap {
+        case: "gemma4-tiny",
+        ty: "q4_k_m",
+        reference_top1: 0.95,
+        reference_near_tie: NEAR_TIE,
+        reference_kl: 2e-3,
+        why: "reference teacher-forced top-1 62/64 (96.9%), mean KL 1.3e-3 (AVX2-made goldens)",
+    },
+    KnownGap {
+        case: "gemma4-tiny-e2b",
+        ty: "q4_k_m",
+        reference_top1: TOP1_TARGET,
+        reference_near_tie: 0.15,
+        reference_kl: KL_TARGET,
+        why: "a reference greedy chain first leaves llama.cpp's ids where its margin is \
+              0.129 nats (AVX2-made goldens)",
     },
 ];
 
@@ -436,12 +473,12 @@ fn compare(case: &str, ty: &str) {
     let greedy = replay_greedy(&dm, &chains, near_tie);
     let t_device_greedy = t1.elapsed().as_secs_f64();
     let gap = known_gap(case, ty);
-    let (reference_top1, reference_near_tie) = match gap {
+    let (reference_top1, reference_near_tie, reference_kl) = match gap {
         Some(g) => {
             println!("{case} {ty}: known gap: {}", g.why);
-            (g.reference_top1, g.reference_near_tie)
+            (g.reference_top1, g.reference_near_tie, g.reference_kl)
         }
-        None => (TOP1_TARGET, NEAR_TIE),
+        None => (TOP1_TARGET, NEAR_TIE, KL_TARGET),
     };
     // The reference follows llama.cpp's decode arithmetic on the quantized files (where
     // the device's differs most) and on the MoE families; on dense f32 the device replays
@@ -494,8 +531,8 @@ fn compare(case: &str, ty: &str) {
         ),
         Some(rf) => {
             assert!(
-                rf.top1 >= reference_top1 && rf.kl <= KL_TARGET,
-                "{case} {ty}, reference forward: {} (targets: top-1 >= {reference_top1}, mean KL <= {KL_TARGET})",
+                rf.top1 >= reference_top1 && rf.kl <= reference_kl,
+                "{case} {ty}, reference forward: {} (targets: top-1 >= {reference_top1}, mean KL <= {reference_kl})",
                 show(rf)
             );
             assert!(
@@ -561,6 +598,12 @@ compare_tests! {
     gpt_oss_tiny_f32: "gpt-oss-tiny" "f32";
     gpt_oss_tiny_q8_0: "gpt-oss-tiny" "q8_0";
     gpt_oss_tiny_mxfp4_moe: "gpt-oss-tiny" "mxfp4_moe";
+    gemma4_tiny_f32: "gemma4-tiny" "f32";
+    gemma4_tiny_q8_0: "gemma4-tiny" "q8_0";
+    gemma4_tiny_q4_k_m: "gemma4-tiny" "q4_k_m";
+    gemma4_tiny_e2b_f32: "gemma4-tiny-e2b" "f32";
+    gemma4_tiny_e2b_q8_0: "gemma4-tiny-e2b" "q8_0";
+    gemma4_tiny_e2b_q4_k_m: "gemma4-tiny-e2b" "q4_k_m";
 }
 
 /// The f32 model of `case` with one feature dropped by `drop` misses the targets.

@@ -67,6 +67,8 @@ CASES=(
     "mimo2   tiny       25   qwen2      2048       2048     q8_0,q4_k_m"
     "mimo2   tiny-nextn 26   qwen2      2048       2048     q4_k_m"
     "gpt-oss tiny       27   llama-bpe  2048       2048     q8_0,mxfp4_moe"
+    "gemma4  tiny       31   gemma-4    2048       2048     q8_0,q4_k_m"
+    "gemma4  tiny-e2b   32   gemma-4    2048       2048     q8_0,q4_k_m"
 )
 SPLIT_CASE="llama-tiny"
 SPLIT_TENSORS=8
@@ -105,7 +107,7 @@ fi
 
 vocab_file() {
     case "$1" in
-        llama-bpe | qwen2) echo "$src/models/ggml-vocab-$1.gguf" ;;
+        llama-bpe | qwen2 | gemma-4) echo "$src/models/ggml-vocab-$1.gguf" ;;
         gemma3) echo "${FLINT_GEMMA3_VOCAB:-${XDG_CACHE_HOME:-$HOME/.cache}/flint/gemma-3-270m-q4_k_m.gguf}" ;;
         builtin) echo builtin ;;
         *) die "unknown vocabulary '$1'" ;;

@@ -4,17 +4,19 @@ use clap::Args;
 
 use super::CliError;
 use crate::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use crate::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use crate::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
 use crate::synth::{param_count, write_file, write_synth, Preset};
 
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
 pub struct SynthArgs {
-    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2 or gpt-oss.
+    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss
+    /// or gemma4.
     #[arg(long, default_value = "flint")]
     pub arch: String,
     /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b; glm4moe and mimo2
-    /// tiny-nextn; qwen3moe tiny-bias).
+    /// tiny-nextn; qwen3moe tiny-bias; gemma4 tiny-e2b).
     #[arg(long)]
     pub preset: String,
     /// Output file.
@@ -48,7 +50,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
     let params = if args.arch == "flint" {
         if args.vocab.is_some() {
             return Err(CliError::new(
-                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss), not flint",
+                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4), not flint",
             ));
         }
         let preset = Preset::from_name(&args.preset).ok_or_else(|| {
@@ -63,6 +65,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
         enum Recipe {
             Dense(DenseRecipe),
             Moe(MoeRecipe),
+            Gemma4(Gemma4Recipe),
         }
         let unknown_preset = |presets: &[&str]| {
             CliError::new(format!(
@@ -82,9 +85,14 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
                 MoeRecipe::of(family, &args.preset)
                     .ok_or_else(|| unknown_preset(family.presets()))?,
             )
+        } else if args.arch == "gemma4" {
+            Recipe::Gemma4(
+                Gemma4Recipe::of(&args.preset)
+                    .ok_or_else(|| unknown_preset(&Gemma4Recipe::PRESETS))?,
+            )
         } else {
             return Err(CliError::new(format!(
-                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2 and gpt-oss",
+                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss and gemma4",
                 args.arch
             )));
         };
@@ -105,6 +113,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
         let (w, params) = match &recipe {
             Recipe::Dense(r) => synth_dense(r, args.seed, source, &progress),
             Recipe::Moe(r) => synth_moe(r, args.seed, source, &progress),
+            Recipe::Gemma4(r) => synth_gemma4(r, args.seed, source, &progress),
         }
         .map_err(super::err)?;
         write_file(&w, &args.out).map_err(super::err)?;

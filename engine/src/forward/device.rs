@@ -25,6 +25,31 @@ use crate::model::{
     TensorRef,
 };
 
+/// Gemma 4's dense MLP beside the experts, staged, with both branches' norms.
+#[derive(Debug)]
+struct DevParallel {
+    mlp: DevMlp,
+    post_norm_1: Vec<f32>,
+    pre_norm_2: Vec<f32>,
+    post_norm_2: Vec<f32>,
+}
+
+/// Gemma 4's per-layer token embeddings, the model's part, staged.
+#[derive(Debug)]
+struct DevPerLayerInputs {
+    token_embd: WeightHandle,
+    model_proj: WeightHandle,
+    proj_norm: Vec<f32>,
+}
+
+/// Gemma 4's per-layer input, a layer's part, staged.
+#[derive(Debug)]
+struct DevLayerInput {
+    inp_gate: WeightHandle,
+    proj: WeightHandle,
+    post_norm: Vec<f32>,
+}
+
 /// The gate, up and hidden activations of an MLP or of the routed experts, and the
 /// experts' outputs, kept across the layers of a step.
 #[derive(Debug, Default)]
@@ -76,6 +101,11 @@ enum DevFfn {
         experts: DevMlp,
         expert_biases: Option<ExpertBiases>,
         shared: Option<DevMlp>,
+        /// Gemma 4's router input weight: `ffn_gate_inp.scale / sqrt(d)` (one product
+        /// per element where llama.cpp scales, then multiplies: within an ulp).
+        router_norm: Option<Vec<f32>>,
+        expert_scale: Option<Vec<f32>>,
+        parallel: Option<DevParallel>,
     },
 }
 
@@ -100,6 +130,8 @@ struct DevLayer {
     ffn_norm: Vec<f32>,
     ffn: DevFfn,
     post_ffn_norm: Option<Vec<f32>>,
+    per_layer: Option<DevLayerInput>,
+    out_scale: Option<f32>,
 }
 
 /// A model staged on a device.
@@ -111,6 +143,7 @@ pub struct DeviceModel {
     output: WeightHandle,
     rope_freqs: Option<Vec<f32>>,
     output_norm: Vec<f32>,
+    per_layer: Option<DevPerLayerInputs>,
     layers: Vec<DevLayer>,
     kv_groups: Vec<KvGroupSpec>,
 }
@@ -190,10 +223,20 @@ pub fn weight_descs(model: &Model) -> Vec<WeightDesc> {
                 if let Some(s) = &moe.shared {
                     mlp(&mut v, s, WeightKind::Matrix);
                 }
+                if let Some(p) = &moe.parallel {
+                    mlp(&mut v, &p.mlp, WeightKind::Matrix);
+                }
                 v.push(desc(&moe.router, WeightKind::Matrix));
             }
         }
         v.extend([&l.wq, &l.wk, &l.wv, &l.wo].map(|t| desc(t, WeightKind::Matrix)));
+        if let Some(pl) = &l.per_layer {
+            v.extend([&pl.inp_gate, &pl.proj].map(|t| desc(t, WeightKind::Matrix)));
+        }
+    }
+    if let Some(pl) = &model.per_layer {
+        v.push(desc(&pl.token_embd, WeightKind::Embedding));
+        v.push(desc(&pl.model_proj, WeightKind::Matrix));
     }
     v
 }
@@ -274,6 +317,16 @@ impl DeviceModel {
                         Some(s) => Some(mlp(s, WeightKind::Matrix)?),
                         None => None,
                     };
+                    let parallel = match &moe.parallel {
+                        Some(p) => Some(DevParallel {
+                            mlp: mlp(&p.mlp, WeightKind::Matrix)?,
+                            post_norm_1: p.post_norm_1.clone(),
+                            pre_norm_2: p.pre_norm_2.clone(),
+                            post_norm_2: p.post_norm_2.clone(),
+                        }),
+                        None => None,
+                    };
+                    let inv = 1.0 / (model.spec.d as f32).sqrt();
                     DevFfn::Moe {
                         router: st(&moe.router, WeightKind::Matrix)?,
                         bias: moe.bias.clone(),
@@ -281,6 +334,12 @@ impl DeviceModel {
                         experts,
                         expert_biases: moe.expert_biases.clone(),
                         shared,
+                        router_norm: moe
+                            .router_scale
+                            .as_ref()
+                            .map(|s| s.iter().map(|&w| inv * w).collect()),
+                        expert_scale: moe.expert_scale.clone(),
+                        parallel,
                     }
                 }
             };
@@ -302,8 +361,25 @@ impl DeviceModel {
                 ffn_norm: l.ffn_norm.clone(),
                 ffn,
                 post_ffn_norm: l.post_ffn_norm.clone(),
+                per_layer: match &l.per_layer {
+                    Some(pl) => Some(DevLayerInput {
+                        inp_gate: st(&pl.inp_gate, WeightKind::Matrix)?,
+                        proj: st(&pl.proj, WeightKind::Matrix)?,
+                        post_norm: pl.post_norm.clone(),
+                    }),
+                    None => None,
+                },
+                out_scale: l.out_scale,
             });
         }
+        let per_layer = match &model.per_layer {
+            Some(pl) => Some(DevPerLayerInputs {
+                token_embd: st(&pl.token_embd, WeightKind::Embedding)?,
+                model_proj: st(&pl.model_proj, WeightKind::Matrix)?,
+                proj_norm: pl.proj_norm.clone(),
+            }),
+            None => None,
+        };
         Ok(Self {
             dev,
             spec: model.spec.clone(),
@@ -311,6 +387,7 @@ impl DeviceModel {
             output,
             rope_freqs: model.rope_freqs.clone(),
             output_norm: model.output_norm.clone(),
+            per_layer,
             layers,
             kv_groups,
         })
@@ -326,14 +403,17 @@ impl DeviceModel {
         &self.dev
     }
 
-    /// The KV layout of layer `il` for a pool of `num_blocks` blocks of `block_size`.
+    /// The KV layout of layer `il` for a pool of `num_blocks` blocks of `block_size`,
+    /// with the layer's own KV heads and head sizes. A layer that reads another layer's
+    /// KV (gemma4's shared-KV layers) gets one block: a placeholder never written or read.
     pub fn kv_layout(&self, il: usize, num_blocks: usize, block_size: usize) -> KvLayout {
+        let l = &self.spec.layers[il];
         KvLayout {
-            num_blocks,
+            num_blocks: if l.kv_source.is_some() { 1 } else { num_blocks },
             block_size,
-            n_kv_heads: self.spec.layers[il].n_kv_heads,
-            head_dim_k: self.spec.head_dim_k,
-            head_dim_v: self.spec.head_dim_v,
+            n_kv_heads: l.n_kv_heads,
+            head_dim_k: l.head_dim_k,
+            head_dim_v: l.head_dim_v,
         }
     }
 
@@ -385,13 +465,10 @@ impl DeviceModel {
     ) -> Result<Vec<f32>, ModelError> {
         let spec = &self.spec;
         let dev = &self.dev;
-        let (d, h, hkv, dk, dv) = (
-            spec.d,
-            spec.n_heads,
-            spec.n_kv_heads,
-            spec.head_dim_k,
-            spec.head_dim_v,
-        );
+        // Buffers take the largest head sizes (gemma4's differ between sliding and full
+        // layers); each layer uses its own.
+        let (dk_max, dv_max) = spec.max_head_dims();
+        let (d, h, hkv) = (spec.d, spec.n_heads, spec.n_kv_heads);
         assert_eq!(kv.len(), self.layers.len(), "one KV buffer per layer");
         let bs = batch.block_size;
 
@@ -504,50 +581,74 @@ impl DeviceModel {
         if spec.embed_scale != 1.0 {
             timed!("scale", dev.scale(&mut x, spec.embed_scale))?;
         }
+        let per_layer_inputs = match &self.per_layer {
+            Some(pl) => Some(self.per_layer_inputs(pl, &tokens, &x)?),
+            None => None,
+        };
+        // The rows each layer computes: all of them, then (last layer) the wanted ones.
+        let all_rows: Vec<usize> = (0..n).collect();
+        let out_rows: Vec<usize> = wanted.iter().flat_map(|r| r.clone()).collect();
         let mut a = vec![0.0f32; n * d];
         timed!(
             "rms_norm",
             dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.rms_eps, d, &mut a)
         )?;
 
-        let mut q = vec![0.0f32; n * h * dk];
-        let mut k = vec![0.0f32; n * hkv * dk];
-        let mut v = vec![0.0f32; n * hkv * dv];
-        let mut o = vec![0.0f32; n * h * dv];
+        let mut q_buf = vec![0.0f32; n * h * dk_max];
+        let mut k = vec![0.0f32; n * hkv * dk_max];
+        let mut v = vec![0.0f32; n * hkv * dv_max];
+        let mut o = vec![0.0f32; n * h * dv_max];
         let mut tmp = vec![0.0f32; n * d];
         let mut f = vec![0.0f32; n * d];
         // Buffers reused by every layer: fresh multi-MiB vectors per op cost a prompt
         // batch page faults and zeroing (about 5% of a Gemma prefill).
-        let mut norm_src = vec![0.0f32; (n * h * dk).max(n * hkv * dk).max(n * d)];
+        let mut norm_src = vec![0.0f32; (n * h * dk_max).max(n * hkv * dk_max).max(n * d)];
         let mut mlp_bufs = MlpBufs::default();
         for (il, layer) in self.layers.iter().enumerate() {
             let g = self.layer_group(il);
-            // This layer's KV heads (mimo2's differ per layer; `hkv` is the largest).
-            let hkv_l = spec.layers[il].n_kv_heads;
+            let ld = &spec.layers[il];
+            // This layer's KV heads and head sizes (mimo2's KV heads and gemma4's head
+            // sizes differ per layer; the buffers hold the largest).
+            let (hkv_l, dk, dv) = (ld.n_kv_heads, ld.head_dim_k, ld.head_dim_v);
+            let own_kv = ld.kv_source.is_none();
+            let q = &mut q_buf[..n * h * dk];
             let (k, v) = (&mut k[..n * hkv_l * dk], &mut v[..n * hkv_l * dv]);
-            timed!(
-                "qkv",
-                dev.matmul_multi(
-                    &[&*layer.wq, &*layer.wk, &*layer.wv],
-                    &a,
-                    n,
-                    &mut [&mut q, &mut *k, &mut *v],
-                )
-            )?;
+            if own_kv {
+                timed!(
+                    "qkv",
+                    dev.matmul_multi(
+                        &[&*layer.wq, &*layer.wk, &*layer.wv],
+                        &a,
+                        n,
+                        &mut [&mut *q, &mut *k, &mut *v],
+                    )
+                )?;
+            } else {
+                // gemma4's shared-KV layers: queries only.
+                timed!("qkv", dev.matmul(&*layer.wq, &a, n, q))?;
+            }
             for (t, b) in [
                 (&mut q[..], &layer.bq),
                 (&mut *k, &layer.bk),
                 (&mut *v, &layer.bv),
             ] {
+                if t.is_empty() {
+                    continue;
+                }
                 if let Some(b) = b {
                     timed!("add_bias", dev.add_bias(t, b))?;
                 }
             }
             if let Some(w) = &layer.q_norm {
-                self.norm_in_place(&mut q, w, dk, &mut norm_src)?;
+                self.norm_in_place(q, Some(w), dk, &mut norm_src)?;
             }
-            if let Some(w) = &layer.k_norm {
-                self.norm_in_place(k, w, dk, &mut norm_src)?;
+            if own_kv {
+                if let Some(w) = &layer.k_norm {
+                    self.norm_in_place(k, Some(w), dk, &mut norm_src)?;
+                }
+                if spec.v_norm {
+                    self.norm_in_place(v, None, dv, &mut norm_src)?;
+                }
             }
             let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
             let rp = |n_heads| RopeParams {
@@ -560,15 +661,17 @@ impl DeviceModel {
                 freq_factors: rope.freq_factors,
                 yarn: rope.yarn,
             };
-            timed!("rope", dev.rope(&mut q, &positions, &rp(h)))?;
-            timed!("rope", dev.rope(k, &positions, &rp(hkv_l)))?;
-            timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, &slots[g]))?;
+            timed!("rope", dev.rope(q, &positions, &rp(h)))?;
+            if own_kv {
+                timed!("rope", dev.rope(k, &positions, &rp(hkv_l)))?;
+                timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, &slots[g]))?;
+            }
             // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
             // queries, attention scale 1): the f16 rounding of the queries in its
             // small-batch attention sees the scaled values, so the order matters to the
             // bit.
             let attn_scale = if spec.q_prescaled {
-                timed!("scale", dev.scale(&mut q, spec.attn_scale))?;
+                timed!("scale", dev.scale(q, spec.attn_scale))?;
                 1.0
             } else {
                 spec.attn_scale
@@ -577,7 +680,9 @@ impl DeviceModel {
             // queries and residuals moved to the front, in order.
             let mut rows = n;
             let mut seqs = &attn_seqs[g];
+            let mut row_ids = &all_rows;
             if il + 1 == self.layers.len() && n_out < n {
+                row_ids = &out_rows;
                 let (qw, xw) = (h * dk, d);
                 let mut to = 0;
                 for r in &wanted {
@@ -605,7 +710,10 @@ impl DeviceModel {
                 sinks: layer.sinks.as_deref(),
                 window: spec.layer_window(il),
             };
-            timed!("attention", dev.paged_attention(&*kv[il], &pa, o))?;
+            timed!(
+                "attention",
+                dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o)
+            )?;
             timed!("attn_out", dev.matmul(&*layer.wo, o, rows, tmp))?;
             if let Some(b) = &layer.bo {
                 timed!("add_bias", dev.add_bias(tmp, b))?;
@@ -615,23 +723,38 @@ impl DeviceModel {
                 timed!("scale", dev.scale(tmp, spec.value_scale))?;
             }
             if let Some(w) = &layer.post_attn_norm {
-                self.norm_in_place(tmp, w, d, &mut norm_src)?;
+                self.norm_in_place(tmp, Some(w), d, &mut norm_src)?;
             }
             timed!(
                 "add_rms_norm",
                 dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.rms_eps, d, f)
             )?;
-            self.ffn(layer, f, rows, tmp, &mut mlp_bufs)?;
+            self.ffn(layer, f, x, rows, tmp, &mut mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
-                self.norm_in_place(tmp, w, d, &mut norm_src)?;
+                self.norm_in_place(tmp, Some(w), d, &mut norm_src)?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
                 None => &self.output_norm,
             };
+            if layer.per_layer.is_none() && layer.out_scale.is_none() {
+                timed!(
+                    "add_rms_norm",
+                    dev.add_rms_norm(x, tmp, next_norm, spec.rms_eps, d, a)
+                )?;
+                continue;
+            }
+            timed!("add", dev.add(x, tmp))?;
+            if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
+                self.layer_input(li, il, inputs, row_ids, x, tmp, &mut norm_src)?;
+                timed!("add", dev.add(x, tmp))?;
+            }
+            if let Some(s) = layer.out_scale {
+                timed!("scale", dev.scale(x, s))?;
+            }
             timed!(
-                "add_rms_norm",
-                dev.add_rms_norm(x, tmp, next_norm, spec.rms_eps, d, a)
+                "rms_norm",
+                dev.rms_norm(x, Some(next_norm), spec.rms_eps, d, a)
             )?;
         }
         // `a` now holds rmsnorm(x) * output_norm of the wanted rows, in order (the last
@@ -646,21 +769,90 @@ impl DeviceModel {
         Ok(logits)
     }
 
-    /// `buf = rms_norm(buf) * w` in chunks of `dim` (the device op reads one buffer and
-    /// writes another: `buf` is copied to `scratch` first).
+    /// `buf = rms_norm(buf) * w` (no weight when `w` is None) in chunks of `dim` (the
+    /// device op reads one buffer and writes another: `buf` is copied to `scratch`
+    /// first, grown when needed).
     fn norm_in_place(
         &self,
         buf: &mut [f32],
-        w: &[f32],
+        w: Option<&[f32]>,
         dim: usize,
-        scratch: &mut [f32],
+        scratch: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        if scratch.len() < buf.len() {
+            scratch.resize(buf.len(), 0.0);
+        }
         let src = &mut scratch[..buf.len()];
         src.copy_from_slice(buf);
         timed!(
             "rms_norm",
-            self.dev.rms_norm(src, Some(w), self.spec.rms_eps, dim, buf)
+            self.dev.rms_norm(src, w, self.spec.rms_eps, dim, buf)
         )?;
+        Ok(())
+    }
+
+    /// Gemma 4's per-layer inputs of every token, `[n][L][P]`, as llama.cpp's
+    /// `build_inp_per_layer` and `project_per_layer_inputs` compute them from the tokens
+    /// and their scaled embeddings `x`.
+    fn per_layer_inputs(
+        &self,
+        pl: &DevPerLayerInputs,
+        tokens: &[u32],
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let dev = &self.dev;
+        let spec = &self.spec;
+        let (p, n) = (spec.per_layer_input, tokens.len());
+        let width = p * spec.n_layers();
+        let mut emb = vec![0.0f32; n * width];
+        timed!("embed", dev.get_rows(&*pl.token_embd, tokens, &mut emb))?;
+        timed!("scale", dev.scale(&mut emb, (p as f32).sqrt()))?;
+        let mut proj = vec![0.0f32; n * width];
+        timed!(
+            "per_layer_proj",
+            dev.matmul(&*pl.model_proj, x, n, &mut proj)
+        )?;
+        timed!("scale", dev.scale(&mut proj, 1.0 / (spec.d as f32).sqrt()))?;
+        let mut out = vec![0.0f32; n * width];
+        timed!(
+            "rms_norm",
+            dev.rms_norm(&proj, Some(&pl.proj_norm), spec.rms_eps, p, &mut out)
+        )?;
+        timed!("add", dev.add(&mut out, &emb))?;
+        timed!("scale", dev.scale(&mut out, 1.0 / 2f32.sqrt()))?;
+        Ok(out)
+    }
+
+    /// Gemma 4's per-layer input of layer `il` for the rows `row_ids` of the step:
+    /// `out = post_norm(proj(gelu(inp_gate x) * input))`, `x` those rows' residuals.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_input(
+        &self,
+        li: &DevLayerInput,
+        il: usize,
+        inputs: &[f32],
+        row_ids: &[usize],
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let dev = &self.dev;
+        let spec = &self.spec;
+        let (p, rows) = (spec.per_layer_input, row_ids.len());
+        let width = p * spec.n_layers();
+        let mut input = Vec::with_capacity(rows * p);
+        for &r in row_ids {
+            input.extend_from_slice(&inputs[r * width + il * p..r * width + (il + 1) * p]);
+        }
+        let mut gate = vec![0.0f32; rows * p];
+        timed!(
+            "per_layer_gate",
+            dev.matmul(&*li.inp_gate, x, rows, &mut gate)
+        )?;
+        let mut hidden = vec![0.0f32; rows * p];
+        timed!("gelu_mul", dev.gelu_mul(&gate, &input, &mut hidden))?;
+        timed!("per_layer_proj", dev.matmul(&*li.proj, &hidden, rows, out))?;
+        self.norm_in_place(out, Some(&li.post_norm), spec.d, scratch)?;
         Ok(())
     }
 
@@ -694,10 +886,13 @@ impl DeviceModel {
         Ok(())
     }
 
+    /// The FFN of `layer` on the pre-FFN norm's output `f` of `n` rows; `resid` is the
+    /// residual stream it came from (Gemma 4's router and expert branch read it).
     fn ffn(
         &self,
         layer: &DevLayer,
         f: &[f32],
+        resid: &[f32],
         n: usize,
         out: &mut [f32],
         bufs: &mut MlpBufs,
@@ -713,14 +908,40 @@ impl DeviceModel {
                 experts,
                 expert_biases,
                 shared,
+                router_norm,
+                expert_scale,
+                parallel,
             } => {
                 let Some(ms) = self.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
                 let e = ms.experts;
                 let k = ms.used;
+                let eps = self.spec.rms_eps;
+                // Gemma 4: the experts read `pre_ffw_norm_2` of the residual stream, the
+                // router its weightless norm times `scale / sqrt(d)`.
+                let expert_in;
+                let f_exp = match parallel {
+                    Some(p) => {
+                        let mut b = vec![0.0f32; n * d];
+                        timed!(
+                            "rms_norm",
+                            dev.rms_norm(resid, Some(&p.pre_norm_2), eps, d, &mut b)
+                        )?;
+                        expert_in = b;
+                        &expert_in[..]
+                    }
+                    None => f,
+                };
                 let mut logits = vec![0.0f32; n * e];
-                timed!("router", dev.matmul(&**router, f, n, &mut logits))?;
+                match router_norm {
+                    Some(w) => {
+                        let mut r = vec![0.0f32; n * d];
+                        timed!("rms_norm", dev.rms_norm(resid, Some(w), eps, d, &mut r))?;
+                        timed!("router", dev.matmul(&**router, &r, n, &mut logits))?;
+                    }
+                    None => timed!("router", dev.matmul(&**router, f_exp, n, &mut logits))?,
+                }
                 if let Some(rb) = router_bias {
                     timed!("router_bias", dev.add_bias(&mut logits, rb))?;
                 }
@@ -736,6 +957,12 @@ impl DeviceModel {
                     "route",
                     dev.route_topk(&logits, e, bias.as_deref(), &cfg, &mut ids, &mut weights)
                 )?;
+                // Gemma 4's per-expert output scale, folded into the routing weights.
+                if let Some(s) = expert_scale {
+                    for (w, &ex) in weights.iter_mut().zip(&ids) {
+                        *w *= s[ex as usize];
+                    }
+                }
                 let rows: Vec<ExpertRow> = ids
                     .iter()
                     .enumerate()
@@ -748,7 +975,12 @@ impl DeviceModel {
                 let [g, u, hdn, y] = bufs.take(n * k * w, n * k * d);
                 timed!(
                     "expert_gate_up",
-                    dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f, &rows, &mut [g, u])
+                    dev.expert_matmul_multi(
+                        &[&*experts.gate, &*experts.up],
+                        f_exp,
+                        &rows,
+                        &mut [g, u]
+                    )
                 )?;
                 // Each chosen expert's biases, gathered into one matrix of its rows.
                 let gather = |table: &[f32], width: usize| -> Vec<f32> {
@@ -789,6 +1021,16 @@ impl DeviceModel {
                     let mut ys = vec![0.0f32; n * d];
                     self.mlp(s, f, n, &mut ys, bufs)?;
                     timed!("add", dev.add(out, &ys))?;
+                }
+                if let Some(p) = parallel {
+                    // Both branches' post-norms, then dense + experts.
+                    let mut scratch = Vec::new();
+                    self.norm_in_place(out, Some(&p.post_norm_2), d, &mut scratch)?;
+                    let mut yd = vec![0.0f32; n * d];
+                    self.mlp(&p.mlp, f, n, &mut yd, bufs)?;
+                    self.norm_in_place(&mut yd, Some(&p.post_norm_1), d, &mut scratch)?;
+                    timed!("add", dev.add(&mut yd, out))?;
+                    out.copy_from_slice(&yd);
                 }
                 Ok(())
             }

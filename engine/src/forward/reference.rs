@@ -37,7 +37,8 @@ use flint_core::math::{gelu_tanh_ggml_f16, silu, swiglu_oai};
 use flint_hal::Gating;
 
 use crate::model::{
-    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Layer, Mlp, Model, ModelError, TensorRef,
+    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Layer, Mlp, Model, ModelError,
+    PerLayerInputs, TensorRef,
 };
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
@@ -262,6 +263,10 @@ impl<'m> Reference<'m> {
                 *v *= spec.embed_scale;
             }
         }
+        let per_layer = match &m.per_layer {
+            Some(pl) => Some(self.per_layer_inputs(pl, token, &x)?),
+            None => None,
+        };
         let last = m.layers.len().saturating_sub(1);
         for (il, layer) in m.layers.iter().enumerate() {
             let attn = self.attention(il, layer, &x, pos)?;
@@ -275,17 +280,72 @@ impl<'m> Reference<'m> {
             };
             add(&mut x, &attn);
             let f = rms_norm(&x, Some(&layer.ffn_norm), spec.rms_eps);
-            let y = self.ffn(&layer.ffn, &f)?;
+            let y = self.ffn_of(&layer.ffn, &f, &x)?;
             let y = match &layer.post_ffn_norm {
                 Some(w) => rms_norm(&y, Some(w), spec.rms_eps),
                 None => y,
             };
             add(&mut x, &y);
+            if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer) {
+                let p = spec.per_layer_input;
+                let input = &inputs[il * p..(il + 1) * p];
+                let gate = self.mv(&li.inp_gate, &x)?;
+                let g: Vec<f32> = gate
+                    .iter()
+                    .zip(input)
+                    .map(|(&g, &i)| gelu_tanh_ggml_f16(g) * i)
+                    .collect();
+                let y = self.mv(&li.proj, &g)?;
+                let y = rms_norm(&y, Some(&li.post_norm), spec.rms_eps);
+                add(&mut x, &y);
+            }
+            if let Some(s) = layer.out_scale {
+                for v in &mut x {
+                    *v *= s;
+                }
+            }
         }
         let h = rms_norm(&x, Some(&m.output_norm), spec.rms_eps);
         let mut logits = self.mv(&m.output, &h)?;
         soft_cap(&mut logits, spec.logit_softcap);
         Ok(logits)
+    }
+
+    /// Gemma 4's per-layer inputs of one token, `[L][P]` flattened, as llama.cpp's
+    /// `build_inp_per_layer` and `project_per_layer_inputs` compute them from the token
+    /// and its scaled embedding `x`.
+    fn per_layer_inputs(
+        &self,
+        pl: &PerLayerInputs,
+        token: u32,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let spec = &self.model.spec;
+        let p = spec.per_layer_input;
+        let mut emb = vec![0.0f32; pl.token_embd.row_len()];
+        flint_core::dequant::dequantize(
+            pl.token_embd.ty,
+            pl.token_embd.row(token as usize),
+            &mut emb,
+        )
+        .map_err(|e| ModelError::new(format!("per_layer_token_embd row {token}: {e}")))?;
+        let emb_scale = (p as f32).sqrt();
+        let mut proj = self.mv(&pl.model_proj, x)?;
+        let proj_scale = 1.0 / (spec.d as f32).sqrt();
+        for v in &mut proj {
+            *v *= proj_scale;
+        }
+        let input_scale = 1.0 / 2f32.sqrt();
+        let mut out = Vec::with_capacity(proj.len());
+        for (chunk, e) in proj.chunks(p).zip(emb.chunks(p)) {
+            let n = rms_norm(chunk, Some(&pl.proj_norm), spec.rms_eps);
+            out.extend(
+                n.iter()
+                    .zip(e)
+                    .map(|(&a, &b)| (a + b * emb_scale) * input_scale),
+            );
+        }
+        Ok(out)
     }
 
     fn attention(
@@ -296,17 +356,19 @@ impl<'m> Reference<'m> {
         pos: usize,
     ) -> Result<Vec<f32>, ModelError> {
         let spec = &self.model.spec;
-        let (h, hkv, dk, dv) = (
-            spec.n_heads,
-            spec.layers[il].n_kv_heads,
-            spec.head_dim_k,
-            spec.head_dim_v,
-        );
+        let ld = &spec.layers[il];
+        let (h, hkv, dk, dv) = (spec.n_heads, ld.n_kv_heads, ld.head_dim_k, ld.head_dim_v);
         let rope = layer_rope(spec, il, self.model.rope_freqs.as_deref());
         let a = rms_norm(x, Some(&layer.attn_norm), spec.rms_eps);
         let mut q = self.mv(&layer.wq, &a)?;
-        let mut k = self.mv(&layer.wk, &a)?;
-        let mut v = self.mv(&layer.wv, &a)?;
+        // A layer reading another layer's KV (gemma4's shared-KV layers) computes only
+        // its queries.
+        let own_kv = ld.kv_source.is_none();
+        let (mut k, mut v) = if own_kv {
+            (self.mv(&layer.wk, &a)?, self.mv(&layer.wv, &a)?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for (t, b) in [
             (&mut q, &layer.bq),
             (&mut k, &layer.bk),
@@ -341,6 +403,12 @@ impl<'m> Reference<'m> {
             }
             flint_core::math::rope(head, pos as u32, &rope);
         }
+        if spec.v_norm {
+            for head in v.chunks_mut(dv) {
+                let n = rms_norm(head, None, spec.rms_eps);
+                head.copy_from_slice(&n);
+            }
+        }
         // The cache holds keys and values rounded to f16, as llama.cpp's default cache
         // types (`type_k`, `type_v` F16) do: part of what its logits are.
         let v: Vec<f32> = v
@@ -351,18 +419,21 @@ impl<'m> Reference<'m> {
             .into_iter()
             .map(|x| half::f16::from_f32(x).to_f32())
             .collect();
-        self.keys[il].push(k);
-        self.values[il].push(v);
+        let kl = spec.kv_layer(il);
+        if own_kv {
+            self.keys[il].push(k);
+            self.values[il].push(v);
+        }
         let window = spec.layer_window(il);
         let group = h / hkv;
         let mut o = Vec::with_capacity(h * dv);
         for hq in 0..h {
             let g = hq / group;
-            let ks: Vec<&[f32]> = self.keys[il]
+            let ks: Vec<&[f32]> = self.keys[kl]
                 .iter()
                 .map(|r| &r[g * dk..(g + 1) * dk])
                 .collect();
-            let vs: Vec<&[f32]> = self.values[il]
+            let vs: Vec<&[f32]> = self.values[kl]
                 .iter()
                 .map(|r| &r[g * dv..(g + 1) * dv])
                 .collect();
@@ -398,9 +469,10 @@ impl<'m> Reference<'m> {
         Ok(out)
     }
 
-    /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces).
+    /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces; Gemma 4's
+    /// router and expert branch read `f` as the residual stream).
     pub fn layer_ffn(&self, il: usize, f: &[f32]) -> Result<Vec<f32>, ModelError> {
-        self.ffn(&self.model.layers[il].ffn, f)
+        self.ffn_of(&self.model.layers[il].ffn, f, f)
     }
 
     /// Where the position being computed sits in llama.cpp's matmuls of `mlp`: an expert
@@ -461,14 +533,35 @@ impl<'m> Reference<'m> {
         Ok(y)
     }
 
-    fn ffn(&self, ffn: &Ffn, f: &[f32]) -> Result<Vec<f32>, ModelError> {
+    /// The FFN on the pre-FFN norm's output `f`; `resid` is the residual stream it came
+    /// from (Gemma 4's router and expert branch read it).
+    fn ffn_of(&self, ffn: &Ffn, f: &[f32], resid: &[f32]) -> Result<Vec<f32>, ModelError> {
         match ffn {
             Ffn::Dense(mlp) => self.mlp(mlp, 0, f),
             Ffn::Moe(moe) => {
                 let Some(ms) = self.model.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
                 };
-                let mut logits = self.mv(&moe.router, f)?;
+                let eps = self.model.spec.rms_eps;
+                // Gemma 4: the experts' input is `pre_ffw_norm_2` of the residual stream.
+                let expert_in = match &moe.parallel {
+                    Some(p) => rms_norm(resid, Some(&p.pre_norm_2), eps),
+                    None => f.to_vec(),
+                };
+                let resid_f = f;
+                let f = expert_in.as_slice();
+                let mut logits = match &moe.router_scale {
+                    // llama.cpp's gemma4 graph: rms_norm, scale by 1/sqrt(d), mul.
+                    Some(s) => {
+                        let mut r = rms_norm(resid, None, eps);
+                        let inv = 1.0 / (r.len() as f32).sqrt();
+                        for (v, w) in r.iter_mut().zip(s) {
+                            *v = *v * inv * w;
+                        }
+                        self.mv(&moe.router, &r)?
+                    }
+                    None => self.mv(&moe.router, f)?,
+                };
                 if let Some(rb) = &moe.router_bias {
                     add(&mut logits, rb);
                 }
@@ -483,12 +576,21 @@ impl<'m> Reference<'m> {
                 let mut y = vec![0.0f32; f.len()];
                 for (e, w) in chosen {
                     let ye = self.mlp_biased(&moe.experts, moe.expert_biases.as_ref(), e, f)?;
+                    let s = moe.expert_scale.as_ref().map_or(1.0, |s| s[e]);
                     for (a, b) in y.iter_mut().zip(&ye) {
-                        *a += w * b;
+                        *a += if s == 1.0 { w * b } else { w * (b * s) };
                     }
                 }
                 if let Some(sh) = &moe.shared {
                     add(&mut y, &self.mlp(sh, 0, f)?);
+                }
+                if let Some(p) = &moe.parallel {
+                    // The dense branch on the usual pre-FFN norm's output, then both
+                    // branches' post-norms, then their sum.
+                    let dense = self.mlp(&p.mlp, 0, resid_f)?;
+                    let mut out = rms_norm(&dense, Some(&p.post_norm_1), eps);
+                    add(&mut out, &rms_norm(&y, Some(&p.post_norm_2), eps));
+                    return Ok(out);
                 }
                 Ok(y)
             }

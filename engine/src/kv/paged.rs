@@ -48,12 +48,16 @@ impl PagedModel {
         let bs = sizing.block_size.max(1);
         let groups = model.kv_groups().to_vec();
         // Bytes of one block of each group: the sum over its layers of one block of that
-        // layer (its own KV heads; mimo2's differ per layer) at the device's size of a
+        // layer (its own KV heads and head sizes; mimo2's and gemma4's differ per layer) at the device's size of a
         // stored key or value element (f16 on the CPU).
         let per_value = model.device().kv_bytes_per_value().max(1);
+        // gemma4's shared-KV layers hold none (they read an earlier layer's).
         let layer_block = |il: usize| {
-            (bs * spec.layers[il].n_kv_heads * (spec.head_dim_k + spec.head_dim_v) * per_value)
-                as u64
+            let l = &spec.layers[il];
+            if l.kv_source.is_some() {
+                return 0;
+            }
+            (bs * l.n_kv_heads * (l.head_dim_k + l.head_dim_v) * per_value) as u64
         };
         let group_block: Vec<u64> = groups
             .iter()

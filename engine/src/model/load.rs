@@ -8,8 +8,8 @@ use flint_hal::WeightSource;
 use flint_loader::gguf::{GgufFile, TensorInfo};
 
 use super::{
-    ExpertBiases, Ffn, FfnDesc, Layer, Mlp, Model, ModelDesc, ModelError, Moe, NormPlacement,
-    TensorRef,
+    ExpertBiases, Ffn, FfnDesc, Layer, LayerInput, Mlp, Model, ModelDesc, ModelError, Moe,
+    NormPlacement, ParallelDense, PerLayerInputs, TensorRef,
 };
 
 /// Opens and assembles the model in `path`.
@@ -105,17 +105,32 @@ impl Tensors<'_> {
         };
         let output_norm = self.vec("output_norm.weight", d)?;
         let rope_freqs = if spec.rope.freq_factors {
-            Some(self.vec("rope_freqs.weight", spec.rope.n_rot / 2)?)
+            // `[n_rot / 2]` for llama; gemma4's is `[key_length / 2]`, equal to it.
+            let info = self
+                .info("rope_freqs.weight")
+                .ok_or_else(|| ModelError::new("required tensor 'rope_freqs.weight' is missing"))?;
+            Some(self.make(info, &info.dims.clone())?.to_f32()?)
         } else {
             None
         };
-        let (h, dk, dv) = (spec.n_heads, spec.head_dim_k, spec.head_dim_v);
+        let h = spec.n_heads;
         let post = spec.norms == NormPlacement::PrePost;
-        let mut layers = Vec::with_capacity(spec.n_layers());
+        let p = spec.per_layer_input;
+        let n_layers = spec.n_layers();
+        let per_layer = if p > 0 {
+            Some(PerLayerInputs {
+                token_embd: self.get("per_layer_token_embd.weight", &[p * n_layers, vocab])?,
+                model_proj: self.get("per_layer_model_proj.weight", &[d, p * n_layers])?,
+                proj_norm: self.vec("per_layer_proj_norm.weight", p)?,
+            })
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(n_layers);
         for (il, ld) in spec.layers.iter().enumerate() {
-            let hkv = ld.n_kv_heads;
-            let p = format!("blk.{il}.");
-            let name = |s: &str| format!("{p}{s}");
+            let (hkv, dk, dv) = (ld.n_kv_heads, ld.head_dim_k, ld.head_dim_v);
+            let pre = format!("blk.{il}.");
+            let name = |s: &str| format!("{pre}{s}");
             let opt_vec = |present: bool, s: &str, len: usize| {
                 if present {
                     self.vec(&name(s), len).map(Some)
@@ -124,10 +139,11 @@ impl Tensors<'_> {
                 }
             };
             let ffn = match ld.ffn {
-                FfnDesc::Dense { width } => Ffn::Dense(self.mlp(&p, "", d, width, None)?),
+                FfnDesc::Dense { width } => Ffn::Dense(self.mlp(&pre, "", d, width, None)?),
                 FfnDesc::Moe {
                     selection_bias,
                     shared_expert,
+                    parallel_dense,
                 } => {
                     let ms = spec.moe.ok_or_else(|| {
                         ModelError::new(format!(
@@ -149,33 +165,86 @@ impl Tensors<'_> {
                         router: self.get(&name("ffn_gate_inp.weight"), &[d, e])?,
                         bias: opt_vec(selection_bias, "exp_probs_b.bias", e)?,
                         router_bias: opt_vec(ms.router_bias, "ffn_gate_inp.bias", e)?,
-                        experts: self.mlp(&p, "_exps", d, fe, Some(e))?,
+                        experts: self.mlp(&pre, "_exps", d, fe, Some(e))?,
                         expert_biases,
                         shared: if shared_expert {
-                            Some(self.mlp(&p, "_shexp", d, ms.shared_width, None)?)
+                            Some(self.mlp(&pre, "_shexp", d, ms.shared_width, None)?)
                         } else {
                             None
+                        },
+                        router_scale: opt_vec(ms.router_input_scale, "ffn_gate_inp.scale", d)?,
+                        expert_scale: opt_vec(ms.expert_out_scale, "ffn_down_exps.scale", e)?,
+                        parallel: match parallel_dense {
+                            Some(width) => Some(ParallelDense {
+                                mlp: self.mlp(&pre, "", d, width, None)?,
+                                post_norm_1: self.vec(&name("post_ffw_norm_1.weight"), d)?,
+                                pre_norm_2: self.vec(&name("pre_ffw_norm_2.weight"), d)?,
+                                post_norm_2: self.vec(&name("post_ffw_norm_2.weight"), d)?,
+                            }),
+                            None => None,
                         },
                     }))
                 }
             };
+            let wq = self.get(&name("attn_q.weight"), &[d, h * dk])?;
+            // A layer reading another layer's KV (gemma4) needs no K/V projection: any it
+            // carries is kept, else the query's stands in (never read).
+            let own_kv = ld.kv_source.is_none();
+            let wk = match self.info(&name("attn_k.weight")) {
+                Some(_) => self.get(&name("attn_k.weight"), &[d, hkv * dk])?,
+                None if !own_kv => wq.clone(),
+                None => {
+                    return Err(ModelError::new(format!(
+                        "required tensor '{}' is missing",
+                        name("attn_k.weight")
+                    )))
+                }
+            };
+            // gemma4's `attention_k_eq_v`: without `attn_v` the keys serve as values.
+            let wv = match self.info(&name("attn_v.weight")) {
+                Some(_) => self.get(&name("attn_v.weight"), &[d, hkv * dv])?,
+                None if spec.arch == super::Arch::Gemma4 => wk.clone(),
+                None => {
+                    return Err(ModelError::new(format!(
+                        "required tensor '{}' is missing",
+                        name("attn_v.weight")
+                    )))
+                }
+            };
+            let k_norm_present = ld.qk_norm && self.info(&name("attn_k_norm.weight")).is_some();
+            let out_scale = if ld.out_scale {
+                Some(self.vec(&name("layer_output_scale.weight"), 1)?[0])
+            } else {
+                None
+            };
+            let per_layer_l = if p > 0 {
+                Some(LayerInput {
+                    inp_gate: self.get(&name("inp_gate.weight"), &[d, p])?,
+                    proj: self.get(&name("proj.weight"), &[p, d])?,
+                    post_norm: self.vec(&name("post_norm.weight"), d)?,
+                })
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: self.vec(&name("attn_norm.weight"), d)?,
-                wq: self.get(&name("attn_q.weight"), &[d, h * dk])?,
-                wk: self.get(&name("attn_k.weight"), &[d, hkv * dk])?,
-                wv: self.get(&name("attn_v.weight"), &[d, hkv * dv])?,
+                wq,
+                wk,
+                wv,
                 wo: self.get(&name("attn_output.weight"), &[h * dv, d])?,
                 bq: opt_vec(ld.biases.q, "attn_q.bias", h * dk)?,
                 bk: opt_vec(ld.biases.k, "attn_k.bias", hkv * dk)?,
                 bv: opt_vec(ld.biases.v, "attn_v.bias", hkv * dv)?,
                 bo: opt_vec(ld.biases.o, "attn_output.bias", d)?,
                 q_norm: opt_vec(ld.qk_norm, "attn_q_norm.weight", dk)?,
-                k_norm: opt_vec(ld.qk_norm, "attn_k_norm.weight", dk)?,
+                k_norm: opt_vec(k_norm_present, "attn_k_norm.weight", dk)?,
                 sinks: opt_vec(ld.sinks, "attn_sinks.weight", h)?,
                 post_attn_norm: opt_vec(post, "post_attention_norm.weight", d)?,
                 ffn_norm: self.vec(&name(&format!("{}.weight", spec.ffn_norm_tensor)), d)?,
                 ffn,
                 post_ffn_norm: opt_vec(post, "post_ffw_norm.weight", d)?,
+                per_layer: per_layer_l,
+                out_scale,
             });
         }
         Ok(Model {
@@ -184,6 +253,7 @@ impl Tensors<'_> {
             output,
             rope_freqs,
             output_norm,
+            per_layer,
             layers,
         })
     }

@@ -53,8 +53,9 @@ use flint_loader::gguf::GgufError;
 use flint_loader::tokenizer::TokenizerError;
 
 /// Layer `il`'s RoPE, as both forwards apply it to every query and key head: the
-/// description's pairing, rotated dims and YaRN, the layer's base and frequency scale,
-/// and the model's `rope_freqs` factors (`freq_factors`) when it has them.
+/// description's pairing and YaRN, the layer's rotated dims, base and frequency scale,
+/// and the model's `rope_freqs` factors (`freq_factors`) on the layers that take them
+/// ([`LayerDesc::rope_freq_factors`]).
 pub fn layer_rope<'a>(
     spec: &ModelDesc,
     il: usize,
@@ -63,10 +64,10 @@ pub fn layer_rope<'a>(
     let l = &spec.layers[il];
     flint_core::math::RopeConfig {
         kind: spec.rope.kind,
-        n_rot: spec.rope.n_rot,
+        n_rot: l.n_rot,
         base: l.rope_base,
         freq_scale: l.rope_freq_scale,
-        freq_factors,
+        freq_factors: freq_factors.filter(|_| l.rope_freq_factors),
         yarn: spec.rope.yarn,
     }
 }
@@ -169,6 +170,54 @@ pub struct Moe {
     pub expert_biases: Option<ExpertBiases>,
     /// The always-on shared expert, when present.
     pub shared: Option<Mlp>,
+    /// `ffn_gate_inp.scale` `[d]` (Gemma 4): the router reads the residual stream,
+    /// RMS-normed, times `1/sqrt(d)`, times this.
+    pub router_scale: Option<Vec<f32>>,
+    /// `ffn_down_exps.scale` `[E]` (Gemma 4): each expert's output times its entry.
+    pub expert_scale: Option<Vec<f32>>,
+    /// Gemma 4's dense MLP beside the experts, with the norms of both branches.
+    pub parallel: Option<ParallelDense>,
+}
+
+/// Gemma 4's MoE layer beside its experts ([`FfnDesc::Moe`]'s `parallel_dense`): the
+/// dense MLP on the pre-FFN norm's output, normed by `post_norm_1`; the experts on
+/// `pre_norm_2` of the residual stream, their sum normed by `post_norm_2`; the layer's
+/// FFN output is the sum of the two.
+#[derive(Clone, Debug)]
+pub struct ParallelDense {
+    /// The dense MLP (`ffn_gate`, `ffn_up`, `ffn_down`).
+    pub mlp: Mlp,
+    /// `post_ffw_norm_1`.
+    pub post_norm_1: Vec<f32>,
+    /// `pre_ffw_norm_2`.
+    pub pre_norm_2: Vec<f32>,
+    /// `post_ffw_norm_2`.
+    pub post_norm_2: Vec<f32>,
+}
+
+/// Gemma 4's per-layer token embeddings, the model's part: each token's `[P]` input per
+/// layer is `(rms_norm(proj x / sqrt(d)) * proj_norm + sqrt(P) embd[token]) / sqrt(2)`,
+/// `x` the scaled token embedding.
+#[derive(Clone, Debug)]
+pub struct PerLayerInputs {
+    /// `per_layer_token_embd` `[P * L, V]`.
+    pub token_embd: TensorRef,
+    /// `per_layer_model_proj` `[d, P * L]`.
+    pub model_proj: TensorRef,
+    /// `per_layer_proj_norm` `[P]`.
+    pub proj_norm: Vec<f32>,
+}
+
+/// Gemma 4's per-layer token embeddings, a layer's part: after the FFN's residual add,
+/// `x += post_norm(proj(gelu(inp_gate x) * input))`.
+#[derive(Clone, Debug)]
+pub struct LayerInput {
+    /// `inp_gate` `[d, P]`.
+    pub inp_gate: TensorRef,
+    /// `proj` `[P, d]`.
+    pub proj: TensorRef,
+    /// `post_norm` `[d]`.
+    pub post_norm: Vec<f32>,
 }
 
 /// Per-expert biases of the towers: expert `e`'s rows are `[e * width .. (e + 1) * width]`.
@@ -219,6 +268,10 @@ pub struct Layer {
     /// `post_ffw_norm` ([`NormPlacement::PrePost`]), on the FFN output before the
     /// residual add.
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// Gemma 4's per-layer input of this layer.
+    pub per_layer: Option<LayerInput>,
+    /// `layer_output_scale` (Gemma 4): the residual stream after the layer times this.
+    pub out_scale: Option<f32>,
 }
 
 /// A whole checkpoint, ready for either forward.
@@ -235,6 +288,8 @@ pub struct Model {
     pub rope_freqs: Option<Vec<f32>>,
     /// `output_norm`.
     pub output_norm: Vec<f32>,
+    /// Gemma 4's per-layer token embeddings.
+    pub per_layer: Option<PerLayerInputs>,
     /// The layers.
     pub layers: Vec<Layer>,
 }

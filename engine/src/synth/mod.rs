@@ -6,7 +6,8 @@
 //!   written with the keys, tensor names and shapes llama.cpp's `convert_hf_to_gguf.py`
 //!   writes for them, so that llama.cpp loads them unchanged.
 //! - [`moe`]: the mixture-of-experts families llama.cpp runs (`qwen3moe`, `glm4moe`,
-//!   `mimo2`), written the same way.
+//!   `mimo2`, `gpt-oss`), written the same way.
+//! - [`gemma4`]: Gemma 4 (the 26B-A4B MoE and E2B layouts), written the same way.
 //!
 //! Both fill tensors the same way. Weights are random but scaled so activations stay in a
 //! realistic range: matrices `N(0, 1/in)` (unit-variance outputs for unit-variance
@@ -20,6 +21,7 @@
 
 pub mod dense;
 pub mod flint;
+pub mod gemma4;
 pub mod moe;
 pub mod vocab;
 

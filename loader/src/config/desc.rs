@@ -39,11 +39,18 @@ pub enum Arch {
     /// and weighted by the softmax over the chosen ones, the clamped SwiGLU
     /// ([`Activation::SwigluOai`]), the pre-FFN norm named `post_attention_norm`.
     GptOss,
+    /// `gemma4`: Gemma 4 (E2B, E4B, 26B-A4B, 31B): sliding layers with head sizes and a
+    /// RoPE of their own, full layers with proportional RoPE (`rope_freqs`), per-head
+    /// Q/K norms and a weightless V norm, attention scale 1, the last
+    /// `attention.shared_kv_layers` layers reading an earlier layer's KV, per-layer
+    /// token embeddings (E2B/E4B), a scale on each layer's output, and (26B-A4B) MoE
+    /// layers that run a dense MLP beside the experts, each branch with its own norms.
+    Gemma4,
 }
 
 impl Arch {
     /// Every architecture, in the order the error messages list them.
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Flint,
         Arch::Gemma3,
         Arch::Llama,
@@ -53,6 +60,7 @@ impl Arch {
         Arch::Glm4Moe,
         Arch::Mimo2,
         Arch::GptOss,
+        Arch::Gemma4,
     ];
 
     /// The `general.architecture` value.
@@ -67,6 +75,7 @@ impl Arch {
             Arch::Glm4Moe => "glm4moe",
             Arch::Mimo2 => "mimo2",
             Arch::GptOss => "gpt-oss",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -190,6 +199,13 @@ pub struct MoeDesc {
     /// projections: `ffn_{gate,up}_exps.bias` `[Fe, E]` and `ffn_down_exps.bias`
     /// `[d, E]` (f32; gpt-oss).
     pub expert_biases: bool,
+    /// Gemma 4's router: it reads the residual stream (not the pre-FFN norm's output),
+    /// RMS-normed without a weight, scaled by `1/sqrt(d)` and by `ffn_gate_inp.scale`
+    /// `[d]` (f32).
+    pub router_input_scale: bool,
+    /// Each chosen expert's output is multiplied by its entry of `ffn_down_exps.scale`
+    /// `[E]` (f32; Gemma 4's `per_expert_scale`) before its routing weight.
+    pub expert_out_scale: bool,
 }
 
 /// A layer's FFN.
@@ -208,6 +224,12 @@ pub enum FfnDesc {
         selection_bias: bool,
         /// `ffn_{gate,up,down}_shexp` (width `Fs`) are present.
         shared_expert: bool,
+        /// Gemma 4: a dense MLP of this width (`ffn_gate`, `ffn_up`, `ffn_down`) runs
+        /// beside the experts. Its input is the usual pre-FFN norm and its output goes
+        /// through `post_ffw_norm_1`; the experts' input goes through `pre_ffw_norm_2`
+        /// and their sum through `post_ffw_norm_2`; the two sums are added and the
+        /// layer's `post_ffw_norm` applies to that.
+        parallel_dense: Option<usize>,
     },
 }
 
@@ -237,6 +259,26 @@ pub struct LayerDesc {
     pub biases: AttnBiases,
     /// The FFN.
     pub ffn: FfnDesc,
+    /// Key (and query) head size of this layer: [`ModelDesc::head_dim_k`] except on
+    /// Gemma 4's sliding layers (`attention.key_length_swa`).
+    pub head_dim_k: usize,
+    /// Value head size of this layer: [`ModelDesc::head_dim_v`] except on Gemma 4's
+    /// sliding layers (`attention.value_length_swa`).
+    pub head_dim_v: usize,
+    /// Rotated dims of this layer: [`RopeDesc::n_rot`] except on Gemma 4's sliding
+    /// layers (`rope.dimension_count_swa`).
+    pub n_rot: usize,
+    /// `rope_freqs` divides this layer's RoPE frequencies (llama: every layer when the
+    /// tensor is present; gemma4: the full-attention layers, whose "proportional" RoPE
+    /// the converter writes as factors of 1e30 on the unrotated pairs).
+    pub rope_freq_factors: bool,
+    /// The layer whose KV this layer attends to, when not its own: Gemma 4's last
+    /// `attention.shared_kv_layers` layers read the last earlier layer of their kind
+    /// (sliding or full) and write no KV. `None`: its own.
+    pub kv_source: Option<usize>,
+    /// `layer_output_scale.weight` `[1]` (f32) is present: the layer's output (the
+    /// residual stream after it) is multiplied by it (Gemma 4).
+    pub out_scale: bool,
 }
 
 /// Everything the forward needs besides the tensors' bytes, validated against the file's
@@ -257,9 +299,9 @@ pub struct ModelDesc {
     /// Head size `dk` of Q and K (`attention.key_length`, default `d / H`).
     pub head_dim_k: usize,
     /// Head size `dv` of V (`attention.value_length`, default `d / H`; `dk` for flint).
-    /// Only flint and mimo2 allow `dv != dk` (mimo2: 128 and 192 in MiMo-V2-Flash); every
-    /// layer has the same `dk` and `dv` (llama.cpp's `*_swa` head sizes are refused when
-    /// they differ).
+    /// Only flint and mimo2 allow `dv != dk` (mimo2: 128 and 192 in MiMo-V2-Flash). Every
+    /// layer has these sizes except Gemma 4's sliding layers ([`LayerDesc::head_dim_k`]);
+    /// other architectures refuse llama.cpp's `*_swa` head sizes when they differ.
     pub head_dim_v: usize,
     /// Epsilon of every RMSNorm (`attention.layer_norm_rms_epsilon`, required).
     pub rms_eps: f32,
@@ -307,6 +349,14 @@ pub struct ModelDesc {
     /// the same as scaling V). 1 when absent, 1 or 0 (llama.cpp applies it only when it is
     /// neither), and for every other architecture.
     pub value_scale: f32,
+    /// V is RMS-normed per head without a weight before it is cached (Gemma 4).
+    pub v_norm: bool,
+    /// Width of Gemma 4's per-layer token embeddings (`embedding_length_per_layer_input`;
+    /// 0: none). When nonzero, `per_layer_token_embd` `[P * L, V]`,
+    /// `per_layer_model_proj` `[d, P * L]` and `per_layer_proj_norm` `[P]` make a
+    /// `[P]` input per layer, which each layer gates (`inp_gate` `[d, P]`, GELU),
+    /// projects (`proj` `[P, d]`), norms (`post_norm`) and adds to its output.
+    pub per_layer_input: usize,
     /// The name of each layer's pre-FFN RMSNorm weight, `blk.N.{ffn_norm_tensor}.weight`:
     /// `ffn_norm` everywhere but glm4moe and gpt-oss, whose converters write that norm as
     /// `post_attention_norm` (llama.cpp's `attn_post_norm`, applied to the residual
@@ -319,6 +369,22 @@ impl ModelDesc {
     /// Number of layers.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// The largest key and value head sizes over the layers (the size a per-token
+    /// buffer of any layer needs).
+    pub fn max_head_dims(&self) -> (usize, usize) {
+        self.layers
+            .iter()
+            .fold((self.head_dim_k, self.head_dim_v), |(k, v), l| {
+                (k.max(l.head_dim_k), v.max(l.head_dim_v))
+            })
+    }
+
+    /// The layer whose KV cache layer `il` reads: its own, or (Gemma 4's shared-KV
+    /// layers) [`LayerDesc::kv_source`].
+    pub fn kv_layer(&self, il: usize) -> usize {
+        self.layers.get(il).and_then(|l| l.kv_source).unwrap_or(il)
     }
 
     /// The window of layer `il` (`None` on full-attention layers or out of range).

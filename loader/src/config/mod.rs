@@ -3,7 +3,8 @@
 //!
 //! [`ModelDesc::from_gguf`] is the one entry point. It reads the keys of the
 //! architecture `general.architecture` names ([`Arch`]: flint, gemma3, llama, qwen2,
-//! qwen3, and the MoE families qwen3moe, glm4moe, mimo2 in `moe.rs`) the way llama.cpp interprets them, then checks every tensor: required ones
+//! qwen3, the MoE families qwen3moe, glm4moe, mimo2, gpt-oss in `moe.rs`, gemma4 in
+//! `gemma4.rs`) the way llama.cpp interprets them, then checks every tensor: required ones
 //! present with the implied shapes, optional ones the architecture allows, and any other
 //! tensor refused by name. A key Flint does not implement (an unknown
 //! `rope.scaling.type`, a mixture-of-experts llama, per-layer head sizes) is refused by
@@ -11,6 +12,7 @@
 
 mod desc;
 mod error;
+mod gemma4;
 mod moe;
 mod parse;
 mod tensors;
@@ -30,6 +32,11 @@ impl ModelDesc {
         let arch = Arch::from_name(name).ok_or_else(|| ConfigError::UnsupportedArchitecture {
             found: name.to_string(),
         })?;
+        if arch == Arch::Gemma4 {
+            let mut desc = gemma4::read(f)?;
+            gemma4::check_tensors(&mut desc, f)?;
+            return Ok(desc);
+        }
         if arch.is_moe_family() {
             let mut desc = moe::read(f, arch)?;
             moe::check_tensors(&mut desc, f)?;

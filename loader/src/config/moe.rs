@@ -30,9 +30,9 @@ const ROPE_BASE_SWA_DEFAULT: f32 = 10_000.0;
 /// 2)`: even layers slide, odd ones attend to everything).
 const GPT_OSS_SWA_PERIOD_DEFAULT: usize = 2;
 
-/// A per-block count: a scalar for every block, or (mimo2, gpt-oss) an array of `n_all`
-/// entries.
-fn per_block(
+/// A per-block count: a scalar for every block, or (mimo2, gpt-oss, gemma4) an array of
+/// `n_all` entries.
+pub(super) fn per_block(
     ks: &Keys<'_>,
     s: &str,
     n_all: usize,
@@ -41,7 +41,7 @@ fn per_block(
     let key = ks.k(s);
     match ks.f.get(&key) {
         None => Ok(vec![default; n_all]),
-        Some(Value::Array(_)) if matches!(ks.arch, Arch::Mimo2 | Arch::GptOss) => {
+        Some(Value::Array(_)) if matches!(ks.arch, Arch::Mimo2 | Arch::GptOss | Arch::Gemma4) => {
             let v = ks.f.get_u32_array(&key)?;
             check_len(&key, v.len(), n_all)?;
             v.iter().map(|&x| nonzero(&key, x as usize)).collect()
@@ -201,8 +201,15 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
                 FfnDesc::Moe {
                     selection_bias: false,
                     shared_expert: false,
+                    parallel_dense: None,
                 }
             },
+            head_dim_k: dk,
+            head_dim_v: dv,
+            n_rot,
+            rope_freq_factors: false,
+            kv_source: None,
+            out_scale: false,
         })
         .collect();
     Ok(ModelDesc {
@@ -237,6 +244,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         layers,
         skipped_layers: (l..n_all).collect(),
         value_scale,
+        v_norm: false,
+        per_layer_input: 0,
         ffn_norm_tensor: if matches!(arch, Arch::Glm4Moe | Arch::GptOss) {
             "post_attention_norm"
         } else {
@@ -318,6 +327,8 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
                 leading_dense: lead,
                 router_bias: false,
                 expert_biases: false,
+                router_input_scale: false,
+                expert_out_scale: false,
             })
         }
         Arch::GptOss => Ok(MoeDesc {
@@ -332,6 +343,8 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             leading_dense: 0,
             router_bias: true,
             expert_biases: true,
+            router_input_scale: false,
+            expert_out_scale: false,
         }),
         _ => Ok(MoeDesc {
             experts: e,
@@ -349,6 +362,8 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             leading_dense: 0,
             router_bias: false,
             expert_biases: false,
+            router_input_scale: false,
+            expert_out_scale: false,
         }),
     }
 }
@@ -485,6 +500,7 @@ pub(crate) fn check_tensors(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), Co
             FfnDesc::Moe {
                 selection_bias,
                 shared_expert,
+                ..
             } => {
                 c.req(&n("ffn_gate_inp.weight"), &[d, e], false)?;
                 *selection_bias = match arch {

@@ -259,7 +259,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         | Arch::Qwen3Moe
         | Arch::Glm4Moe
         | Arch::Mimo2
-        | Arch::GptOss => (None, vec![false; l], rope_base),
+        | Arch::GptOss
+        | Arch::Gemma4 => (None, vec![false; l], rope_base),
     };
 
     let (moe, dense_width) = match arch {
@@ -320,11 +321,18 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
                 (Some(m), _) if i >= m.leading_dense => FfnDesc::Moe {
                     selection_bias: false,
                     shared_expert: false,
+                    parallel_dense: None,
                 },
                 (_, w) => FfnDesc::Dense {
                     width: w.unwrap_or(0),
                 },
             },
+            head_dim_k: dk,
+            head_dim_v: dv,
+            n_rot,
+            rope_freq_factors: false,
+            kv_source: None,
+            out_scale: false,
         })
         .collect();
     Ok(ModelDesc {
@@ -366,6 +374,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         layers,
         skipped_layers: Vec::new(),
         value_scale: 1.0,
+        v_norm: false,
+        per_layer_input: 0,
         ffn_norm_tensor: "ffn_norm",
     })
 }
@@ -522,5 +532,7 @@ fn read_moe(ks: &Keys<'_>, leading_dense: usize) -> Result<MoeDesc, ConfigError>
         leading_dense,
         router_bias: false,
         expert_biases: false,
+        router_input_scale: false,
+        expert_out_scale: false,
     })
 }

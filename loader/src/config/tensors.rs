@@ -193,6 +193,9 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
     if arch == Arch::Llama {
         let n = desc.rope.n_rot / 2;
         desc.rope.freq_factors = c.opt("rope_freqs.weight", &[n], true)?.is_some();
+        for l in &mut desc.layers {
+            l.rope_freq_factors = desc.rope.freq_factors;
+        }
     }
 
     let (h, hkv, dk, dv) = (
@@ -243,6 +246,7 @@ pub(crate) fn check(desc: &mut ModelDesc, f: &GgufFile) -> Result<(), ConfigErro
             FfnDesc::Moe {
                 selection_bias,
                 shared_expert,
+                ..
             } => {
                 let Some(m) = moe else {
                     return Err(ConfigError::invalid(
