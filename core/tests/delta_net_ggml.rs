@@ -1,0 +1,113 @@
+//! The Gated DeltaNet kernels against ggml's own ops (`ggml_ssm_conv`, `ggml_silu`, the
+//! fused `ggml_gated_delta_net`) in llama.cpp 11434's AVX2 build:
+//! `data/delta_net/ggml.bin`, written by `tools/golden/delta_net_golden.sh`, whose C
+//! harness documents the cases; the inputs are regenerated here with its generator.
+
+use flint_core::math::{gated_delta_net, silu, ssm_conv, DeltaNetShape};
+
+const GOLDEN: &[u8] = include_bytes!("data/delta_net/ggml.bin");
+
+/// The harness's generator: xorshift32, the top 24 bits as a float in [-1, 1).
+struct Rng(u32);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        (self.0 >> 8) as f32 * (1.0 / 8_388_608.0) - 1.0
+    }
+
+    fn vec(&mut self, n: usize, f: impl Fn(f32) -> f32) -> Vec<f32> {
+        (0..n).map(|_| f(self.next())).collect()
+    }
+}
+
+/// Reads the golden's floats one case part at a time.
+struct Golden<'a>(&'a [u8]);
+
+impl Golden<'_> {
+    fn take(&mut self, n: usize) -> Vec<f32> {
+        let (head, rest) = self.0.split_at(4 * n);
+        self.0 = rest;
+        head.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
+
+fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}[{i}]: {a} vs ggml {b}");
+    }
+}
+
+fn conv_case(gold: &mut Golden<'_>, seed: u32, channels: usize, d_conv: usize, n: usize) {
+    let mut r = Rng(seed);
+    let w = d_conv - 1;
+    let mut state = r.vec(channels * w, |x| x);
+    let x = r.vec(n * channels, |x| x);
+    let weight = r.vec(channels * d_conv, |x| x);
+    let window: Vec<Vec<f32>> = (0..channels)
+        .map(|c| {
+            let mut u = state[c * w..(c + 1) * w].to_vec();
+            u.extend((0..n).map(|t| x[t * channels + c]));
+            u
+        })
+        .collect();
+    let mut out = vec![0.0; n * channels];
+    ssm_conv(&x, &weight, d_conv, &mut state, &mut out);
+    assert_bits("ssm_conv", &out, &gold.take(n * channels));
+    for (c, u) in window.iter().enumerate() {
+        assert_eq!(
+            &state[c * w..(c + 1) * w],
+            &u[n..],
+            "conv state of channel {c}"
+        );
+    }
+    // ggml's AVX2 SiLU uses its 8-lane `ggml_v_expf`, `math::silu` the 16-lane AVX-512
+    // one (the form the device kernels follow): two polynomials of about 1.5 ulp each, so
+    // the quotients can differ by a few ulp; 4 ulp of the result is the bound.
+    let want = gold.take(n * channels);
+    for (i, (&y, &s)) in out.iter().zip(&want).enumerate() {
+        let got = silu(y);
+        let ulps = (got.to_bits() as i64 - s.to_bits() as i64).abs();
+        assert!(
+            ulps <= 4,
+            "silu[{i}] of {y}: {got} vs ggml {s} ({ulps} ulp)"
+        );
+    }
+}
+
+fn delta_case(gold: &mut Golden<'_>, seed: u32, shape: DeltaNetShape, n: usize) {
+    let mut r = Rng(seed);
+    let q = r.vec(n * shape.qk_len(), |x| x * 0.25);
+    let k = r.vec(n * shape.qk_len(), |x| x * 0.25);
+    let v = r.vec(n * shape.v_len(), |x| x);
+    let g = r.vec(n * shape.heads_v, |x| -(x + 1.0) * 0.5);
+    let beta = r.vec(n * shape.heads_v, |x| (x + 1.0) * 0.5);
+    let mut state = r.vec(shape.state_len(), |x| x * 0.5);
+    let mut out = vec![0.0; n * shape.v_len()];
+    gated_delta_net(&shape, &q, &k, &v, &g, &beta, &mut state, &mut out);
+    assert_bits("gated_delta_net out", &out, &gold.take(out.len()));
+    assert_bits("gated_delta_net state", &state, &gold.take(state.len()));
+}
+
+#[test]
+fn kernels_equal_ggml_bit_for_bit() {
+    let mut gold = Golden(GOLDEN);
+    conv_case(&mut gold, 1, 24, 4, 5);
+    let shape = |heads_k, heads_v, head_dim| DeltaNetShape {
+        heads_k,
+        heads_v,
+        head_dim,
+    };
+    delta_case(&mut gold, 2, shape(1, 2, 32), 5);
+    delta_case(&mut gold, 3, shape(1, 1, 36), 2);
+    assert!(
+        gold.0.is_empty(),
+        "{} bytes of the golden unread",
+        gold.0.len()
+    );
+}
