@@ -526,7 +526,8 @@ impl Device for CpuDevice {
         state: &mut [f32],
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        delta::gated_delta_net(&self.pool, shape, q, k, v, g, beta, state, out)
+        let avx2 = self.level >= SimdLevel::Avx2;
+        delta::gated_delta_net(&self.pool, avx2, shape, q, k, v, g, beta, state, out)
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
