@@ -10,9 +10,10 @@
 //!   softmax attention with per-head sinks, GQA and an optional sliding window.
 //! - [`route_topk`]: MoE routing (sigmoid or softmax scores, top-k with a selection bias,
 //!   renormalisation over the chosen experts).
-//! - [`ssm_conv`], [`gated_delta_net`] ([`DeltaNetShape`]), [`gated_delta_net_chunked`]:
-//!   Qwen 3.5's linear-attention layers (Gated DeltaNet): the short causal convolution
-//!   and the gated delta rule with their carried states, in ggml's float order.
+//! - [`ssm_conv`], [`gated_delta_net`] ([`DeltaNetShape`]), [`gated_delta_net_chunked`],
+//!   [`l2_norm_heads`], [`delta_net_gate`]: Qwen 3.5's linear-attention layers (Gated
+//!   DeltaNet): the short causal convolution and the gated delta rule with their carried
+//!   states, in ggml's float order, and the steps that feed them.
 //!
 //! Everything is `f32` and `no_std`; the transcendental functions come from the `libm`
 //! crate (a port of musl's libm). glibc's `expf`/`sinf`/`cosf`/`tanhf`, which llama.cpp
@@ -42,8 +43,8 @@ pub use attn_ggml::{
 #[cfg(feature = "alloc")]
 pub use delta::gated_delta_net_chunked;
 pub use delta::{
-    gated_delta_net, gated_delta_net_head, ssm_conv, vec_dot_f32_ggml_avx2, DeltaNetShape,
-    DELTA_NET_CHUNK,
+    delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv,
+    vec_dot_f32_ggml_avx2, DeltaNetShape, DELTA_NET_CHUNK,
 };
 pub use libc::{cosf_glibc, expf_libc, sinf_glibc};
 pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};

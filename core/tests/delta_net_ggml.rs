@@ -3,7 +3,9 @@
 //! `data/delta_net/ggml.bin`, written by `tools/golden/delta_net_golden.sh`, whose C
 //! harness documents the cases; the inputs are regenerated here with its generator.
 
-use flint_core::math::{gated_delta_net, silu, ssm_conv, DeltaNetShape};
+use flint_core::math::{
+    delta_net_gate, gated_delta_net, l2_norm_heads, silu, ssm_conv, DeltaNetShape,
+};
 
 const GOLDEN: &[u8] = include_bytes!("data/delta_net/ggml.bin");
 
@@ -94,6 +96,32 @@ fn delta_case(gold: &mut Golden<'_>, seed: u32, shape: DeltaNetShape, n: usize) 
     assert_bits("gated_delta_net state", &state, &gold.take(state.len()));
 }
 
+fn prep_case(gold: &mut Golden<'_>, seed: u32, d: usize, rows: usize, nh: usize) {
+    let mut r = Rng(seed);
+    let mut x = r.vec(d * rows, |x| x);
+    let alpha = r.vec(nh, |x| x * 24.0);
+    let dt = r.vec(nh, |x| x);
+    let a = r.vec(nh, |x| -(x + 1.0));
+    l2_norm_heads(&mut x, d, 1e-6);
+    assert_bits("l2_norm_heads", &x, &gold.take(d * rows));
+    let want = gold.take(nh);
+    assert!(
+        alpha.iter().zip(&dt).any(|(a, b)| a + b > 20.0),
+        "no head above 20"
+    );
+    for h in 0..nh {
+        let got = delta_net_gate(alpha[h], dt[h], a[h]);
+        // `libm`'s logf against glibc's: both within an ulp of the exact value (equal on
+        // these 16 heads).
+        let ulps = (got.to_bits() as i64 - want[h].to_bits() as i64).abs();
+        assert!(
+            ulps <= 1,
+            "gate[{h}]: {got} vs ggml {} ({ulps} ulp)",
+            want[h]
+        );
+    }
+}
+
 #[test]
 fn kernels_equal_ggml_bit_for_bit() {
     let mut gold = Golden(GOLDEN);
@@ -105,6 +133,7 @@ fn kernels_equal_ggml_bit_for_bit() {
     };
     delta_case(&mut gold, 2, shape(1, 2, 32), 5);
     delta_case(&mut gold, 3, shape(1, 1, 36), 2);
+    prep_case(&mut gold, 4, 32, 3, 16);
     assert!(
         gold.0.is_empty(),
         "{} bytes of the golden unread",

@@ -3,7 +3,8 @@
 //! form against the delta rule written out with plain matrices.
 
 use flint_core::math::{
-    gated_delta_net, gated_delta_net_chunked, ssm_conv, DeltaNetShape, DELTA_NET_CHUNK,
+    delta_net_gate, gated_delta_net, gated_delta_net_chunked, l2_norm_heads, ssm_conv,
+    DeltaNetShape, DELTA_NET_CHUNK,
 };
 
 /// splitmix64, floats in [-1, 1).
@@ -243,4 +244,27 @@ fn conv_split_equals_one_pass_and_windows_carry() {
         assert_eq!(o, o_one, "cuts {cuts:?}");
         assert_eq!(st, s_one, "cuts {cuts:?}");
     }
+}
+
+#[test]
+fn l2_norm_and_gate() {
+    let mut x = vec![3.0f32, 4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+    l2_norm_heads(&mut x, 4, 1e-6);
+    // 1 / sqrt(25 + eps), 1 / sqrt(4 + eps).
+    let want = [0.6, 0.8, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5];
+    for (a, b) in x.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6, "{x:?}");
+    }
+    // A zero head stays zero (eps keeps it finite).
+    let mut z = vec![0.0f32; 4];
+    l2_norm_heads(&mut z, 4, 1e-6);
+    assert_eq!(z, [0.0; 4]);
+    // softplus(0.5 + 0.25) * -2 = -2 ln(1 + e^0.75); above 20 softplus is the identity.
+    let g = delta_net_gate(0.5, 0.25, -2.0);
+    assert!(
+        (g as f64 + 2.0 * (1.0 + 0.75f64.exp()).ln()).abs() < 1e-6,
+        "{g}"
+    );
+    assert_eq!(delta_net_gate(30.0, 1.0, -0.5), -15.5);
+    assert!(delta_net_gate(-40.0, 0.0, -1.0) <= 0.0);
 }

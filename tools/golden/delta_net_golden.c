@@ -1,5 +1,6 @@
-// ggml's Gated DeltaNet ops on deterministic inputs: `ggml_ssm_conv` (then `ggml_silu`)
-// and the fused `ggml_gated_delta_net` (K = 1: outputs, then the final state), which
+// ggml's Gated DeltaNet ops on deterministic inputs: `ggml_ssm_conv` (then `ggml_silu`),
+// the q/k L2 norm and the log decay, and the fused `ggml_gated_delta_net` (K = 1:
+// outputs, then the final state), which
 // llama.cpp's CPU backend runs for Qwen 3.5's linear-attention layers on prompts and
 // decode steps alike. Writes the results as little-endian f32, one case after another
 // (the order and shapes of core/tests/delta_net_ggml.rs, which regenerates the inputs with
@@ -9,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include "ggml.h"
 #include "ggml-cpu.h"
 
@@ -82,6 +84,32 @@ static void delta_case(uint32_t seed, int hk, int hv, int d, int n) {
     ggml_free(ctx);
 }
 
+// The steps that feed the delta rule: q/k L2 norm as llama.cpp's `build_gdn_l2_norm`
+// (`rms_norm(x, eps / d)` scaled by `1 / sqrtf(d)`, eps 1e-6) of `rows` rows of `d`, and
+// the log decay `softplus(alpha + dt_bias) * ssm_a` of `nh` heads. Inputs in this order:
+// x [rows][d], alpha (times 24), dt_bias, ssm_a (-(r+1)). Writes the normalised rows,
+// then the decays.
+static void prep_case(uint32_t seed, int d, int rows, int nh) {
+    st = seed;
+    struct ggml_context * ctx = new_ctx();
+    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, rows);
+    struct ggml_tensor * al = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, nh);
+    struct ggml_tensor * dt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, nh);
+    struct ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, nh);
+    for (int i = 0; i < d * rows; i++) ((float *) x->data)[i] = rnd();
+    for (int i = 0; i < nh; i++) ((float *) al->data)[i] = rnd() * 24.0f;
+    for (int i = 0; i < nh; i++) ((float *) dt->data)[i] = rnd();
+    for (int i = 0; i < nh; i++) ((float *) a->data)[i] = -(rnd() + 1.0f);
+    const float n = (float) d;
+    struct ggml_tensor * l2 = ggml_scale(ctx, ggml_rms_norm(ctx, x, 1e-6f / n), 1.0f / sqrtf(n));
+    struct ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, al, dt)), a);
+    run(ctx, l2);
+    run(ctx, g);
+    put((float *) l2->data, (int64_t) d * rows);
+    put((float *) g->data, nh);
+    ggml_free(ctx);
+}
+
 int main(int argc, char ** argv) {
     if (argc != 2) { fprintf(stderr, "usage: %s OUT.bin\n", argv[0]); return 2; }
     out = fopen(argv[1], "wb");
@@ -89,6 +117,7 @@ int main(int argc, char ** argv) {
     conv_case(1, 24, 4, 5);
     delta_case(2, 1, 2, 32, 5);  // two value heads on one key head; whole SIMD steps
     delta_case(3, 1, 1, 36, 2);  // a head size with a scalar tail of 4
+    prep_case(4, 32, 3, 16);
     fclose(out);
     return 0;
 }

@@ -7,13 +7,14 @@
 //! From the normed hidden row `x` of a token: `qkv = W_qkv x` (the `conv_dim =
 //! 2 * heads_k * d + heads_v * d` channels: all of q, then all of k, then all of v),
 //! `z = W_gate x` (`heads_v * d`), `beta = sigmoid(W_beta x)` and
-//! `g = softplus(W_alpha x + dt_bias) * ssm_a` per value head (`ssm_a` holds `-exp(A_log)`,
-//! so `g < 0` and `exp(g)` is a decay in `(0, 1)`). Then:
+//! `g = softplus(W_alpha x + dt_bias) * ssm_a` per value head ([`delta_net_gate`];
+//! `ssm_a` holds `-exp(A_log)`, so `g < 0` and `exp(g)` is a decay in `(0, 1)`). Then:
 //!
 //! 1. [`ssm_conv`] over the channels of `qkv`, with the window of the previous
 //!    `d_conv - 1` rows carried per sequence, and SiLU on every output;
-//! 2. q and k of each head L2-normalised (`build_gdn_l2_norm`:
-//!    `rms_norm(x, eps / d) / sqrt(d)`, i.e. `x / sqrt(sum x^2 + eps)`);
+//! 2. q and k of each head L2-normalised ([`l2_norm_heads`], llama.cpp's
+//!    `build_gdn_l2_norm`: `rms_norm(x, eps / d) * (1 / sqrt(d))`, i.e.
+//!    `x / sqrt(sum x^2 + eps)`, with the RMS norm's `eps`);
 //! 3. [`gated_delta_net`] over the tokens, with the per-head state carried;
 //! 4. `rms_norm(o) * w_norm * silu(z)` per head, then `W_out`.
 //!
@@ -129,6 +130,42 @@ impl DeltaNetShape {
         assert_eq!(g.len(), n * self.heads_v, "gated_delta_net: g length");
         assert_eq!(beta.len(), n * self.heads_v, "gated_delta_net: beta length");
         n
+    }
+}
+
+/// The log decay `g` of one value head: `softplus(alpha + dt_bias) * ssm_a`, with ggml's
+/// `softplus(x) = x > 20 ? x : logf(1 + expf(x))` (glibc's `expf`,
+/// [`super::expf_libc`]; `logf` from `libm`, within an ulp of glibc's).
+pub fn delta_net_gate(alpha: f32, dt_bias: f32, ssm_a: f32) -> f32 {
+    let x = alpha + dt_bias;
+    let softplus = if x > 20.0 {
+        x
+    } else {
+        libm::logf(1.0 + super::expf_libc(x))
+    };
+    softplus * ssm_a
+}
+
+/// L2-normalises every row of `head_dim` values of `x` (the q or k heads of a batch) as
+/// llama.cpp's `build_gdn_l2_norm` does: [`super::rms_norm_in_place`] with
+/// `eps / head_dim`, then a multiply by `1 / sqrtf(head_dim)`: `x / sqrt(sum x^2 + eps)`
+/// within two roundings.
+///
+/// # Panics
+/// If `head_dim` is 0 or does not divide `x.len()`.
+pub fn l2_norm_heads(x: &mut [f32], head_dim: usize, eps: f32) {
+    assert!(
+        head_dim > 0 && x.len().is_multiple_of(head_dim),
+        "l2_norm_heads: {} values are not rows of {head_dim}",
+        x.len()
+    );
+    let n = head_dim as f32;
+    let scale = 1.0 / libm::sqrtf(n);
+    for row in x.chunks_exact_mut(head_dim) {
+        super::rms_norm_in_place(row, None, eps / n);
+        for v in row.iter_mut() {
+            *v *= scale;
+        }
     }
 }
 
