@@ -1,10 +1,12 @@
 //! The Gated DeltaNet kernels against ggml's own ops (`ggml_ssm_conv`, `ggml_silu`, the
 //! fused `ggml_gated_delta_net`) in llama.cpp 11434's AVX2 build:
 //! `data/delta_net/ggml.bin`, written by `tools/golden/delta_net_golden.sh`, whose C
-//! harness documents the cases; the inputs are regenerated here with its generator.
+//! harness documents the cases; the inputs are regenerated here with its generator. The
+//! chunked form of the delta rule is held to the same results within float rounding.
 
 use flint_core::math::{
-    delta_net_gate, gated_delta_net, l2_norm_heads, silu, ssm_conv, DeltaNetShape,
+    delta_net_gate, gated_delta_net, gated_delta_net_chunked, l2_norm_heads, silu, ssm_conv,
+    DeltaNetShape,
 };
 
 const GOLDEN: &[u8] = include_bytes!("data/delta_net/ggml.bin");
@@ -89,11 +91,25 @@ fn delta_case(gold: &mut Golden<'_>, seed: u32, shape: DeltaNetShape, n: usize) 
     let v = r.vec(n * shape.v_len(), |x| x);
     let g = r.vec(n * shape.heads_v, |x| -(x + 1.0) * 0.5);
     let beta = r.vec(n * shape.heads_v, |x| (x + 1.0) * 0.5);
-    let mut state = r.vec(shape.state_len(), |x| x * 0.5);
+    let state0 = r.vec(shape.state_len(), |x| x * 0.5);
+    let mut state = state0.clone();
     let mut out = vec![0.0; n * shape.v_len()];
     gated_delta_net(&shape, &q, &k, &v, &g, &beta, &mut state, &mut out);
-    assert_bits("gated_delta_net out", &out, &gold.take(out.len()));
-    assert_bits("gated_delta_net state", &state, &gold.take(state.len()));
+    let (want_out, want_state) = (gold.take(out.len()), gold.take(state.len()));
+    assert_bits("gated_delta_net out", &out, &want_out);
+    assert_bits("gated_delta_net state", &state, &want_state);
+    // The chunked form, chunks of 2 tokens: ggml's results within float rounding (values
+    // of order 0.01-1; a few roundings of 6e-8 each).
+    let mut state = state0;
+    gated_delta_net_chunked(&shape, 2, &q, &k, &v, &g, &beta, &mut state, &mut out);
+    for (what, got, want) in [("out", &out, &want_out), ("state", &state, &want_state)] {
+        let e = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(e < 1e-6, "chunked {what}: {e} from ggml");
+    }
 }
 
 fn prep_case(gold: &mut Golden<'_>, seed: u32, d: usize, rows: usize, nh: usize) {
