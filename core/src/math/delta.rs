@@ -50,9 +50,11 @@
 //! (`fused_gdn_ar`, `fused_gdn_ch`): `exp(g)` is glibc's `expf` ([`super::expf_libc`]);
 //! the decay one multiply per element; both dot products `ggml_vec_dot_f32`
 //! ([`vec_dot_f32_ggml_avx2`]); the update a fused multiply-add per element
-//! (`ggml_vec_mad_f32`, its scalar tail included); `o[j]` the dot product times `1 / sqrtf(d)` (q is not scaled
-//! first, unlike llama.cpp's unfused graphs). `tests/delta_net_ggml.rs` holds it to ggml
-//! bit for bit.
+//! (`ggml_vec_mad_f32`, its scalar tail included); `o[j]` the dot product times
+//! `1 / sqrtf(d)` (q is not scaled first, unlike llama.cpp's unfused graphs).
+//! `tests/delta_net_ggml.rs` holds it to ggml bit for bit. An AVX-512 build of llama.cpp
+//! sums its dot products over 16 lanes (`GGML_F32_STEP` 64) and may differ in the last
+//! bits.
 //!
 //! # The chunked form ([`gated_delta_net_chunked`])
 //!
