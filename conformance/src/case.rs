@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use flint_hal::{Gating, GgmlType, Op, RopeKind, Yarn};
+use flint_hal::{DeltaNetShape, Gating, GgmlType, Op, RopeKind, Yarn};
 
 use crate::rng::case_seed;
 
@@ -216,6 +216,29 @@ pub enum Shape {
     },
     /// KV write + paged attention.
     Attn(AttnSpec),
+    /// Gated DeltaNet convolution: `tokens` rows of `channels`, kernel width `d_conv`,
+    /// a carried window; `split` > 0 runs the tokens as two calls (`split`, the rest)
+    /// with the window carried between them.
+    Conv {
+        /// Tokens.
+        tokens: usize,
+        /// Channels.
+        channels: usize,
+        /// Kernel width.
+        d_conv: usize,
+        /// Tokens of the first call (0: one call).
+        split: usize,
+    },
+    /// Gated delta rule over `tokens` tokens with a carried state; `split` as for
+    /// [`Shape::Conv`].
+    Delta {
+        /// Tokens.
+        tokens: usize,
+        /// Heads and head size.
+        shape: DeltaNetShape,
+        /// Tokens of the first call (0: one call).
+        split: usize,
+    },
 }
 
 impl fmt::Display for Shape {
@@ -251,6 +274,21 @@ impl fmt::Display for Shape {
             } => write!(
                 f,
                 "[{rows},{experts}] k={k} {gating:?} bias={bias} norm={normalize} scale={scale}"
+            ),
+            Shape::Conv {
+                tokens,
+                channels,
+                d_conv,
+                split,
+            } => write!(f, "[{tokens},{channels}] d_conv={d_conv} split={split}"),
+            Shape::Delta {
+                tokens,
+                shape,
+                split,
+            } => write!(
+                f,
+                "tokens={tokens} Hk={} Hv={} d={} split={split}",
+                shape.heads_k, shape.heads_v, shape.head_dim
             ),
             Shape::Attn(a) => {
                 write!(
@@ -333,6 +371,8 @@ impl Case {
             Op::Scale => &[Op::Scale],
             Op::ScatterAddWeighted => &[Op::ScatterAddWeighted],
             Op::RouteTopK => &[Op::RouteTopK],
+            Op::SsmConvSilu => &[Op::SsmConvSilu],
+            Op::GatedDeltaNet => &[Op::GatedDeltaNet],
         }
     }
 
@@ -374,6 +414,11 @@ pub mod tol {
     pub const ELEMENTWISE: f64 = 1e-5;
     /// paged attention (ggml's flash-attention bound; KV may be held as BF16/F16).
     pub const ATTENTION: f64 = 5e-4;
+    /// Gated DeltaNet convolution and delta rule, outputs and carried states: f32
+    /// recurrences whose rounding the decay keeps from growing; the chunked form, another
+    /// float order, differs from the recurrent one by 2e-7 at most on values of 0.1-1
+    /// (`core/tests/math_delta.rs`), an NMSE near 1e-13.
+    pub const RECURRENT: f64 = 1e-8;
 }
 
 /// Matrix shapes per block type: `(k in blocks-units, n, m)`. Row counts and batch
@@ -733,6 +778,38 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
         },
         e,
     );
+
+    // Gated DeltaNet (Qwen 3.5): the convolution on a prompt, a decode step and a prompt
+    // in two calls; the delta rule likewise, past one 64-token chunk, with two value
+    // heads per key head, and a head size with a scalar tail.
+    let r = tol::RECURRENT;
+    for (label, tokens, split) in [("prefill", 9, 0), ("decode", 1, 0), ("split", 9, 2)] {
+        let shape = Shape::Conv {
+            tokens,
+            channels: 40,
+            d_conv: 4,
+            split,
+        };
+        push(Op::SsmConvSilu, None, label, shape, r);
+    }
+    let dn = |heads_k, heads_v, head_dim| DeltaNetShape {
+        heads_k,
+        heads_v,
+        head_dim,
+    };
+    for (label, tokens, shape, split) in [
+        ("prefill", 70, dn(2, 4, 32), 0),
+        ("decode", 1, dn(2, 4, 32), 0),
+        ("split", 70, dn(2, 4, 32), 29),
+        ("tail", 3, dn(1, 1, 36), 0),
+    ] {
+        let shape = Shape::Delta {
+            tokens,
+            shape,
+            split,
+        };
+        push(Op::GatedDeltaNet, None, label, shape, r);
+    }
 
     let base = AttnSpec {
         n_heads: 4,

@@ -4,8 +4,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use flint_hal::{
-    AttnSeq, Device, ExpertRow, HalError, HalErrorKind, KvLayout, Op, PagedAttention,
-    RoutingConfig, WeightDesc, WeightHandle, WeightKind, WeightSource, NO_BLOCK,
+    AttnSeq, DeltaNetShape, Device, ExpertRow, HalError, HalErrorKind, KvLayout, Op,
+    PagedAttention, RoutingConfig, WeightDesc, WeightHandle, WeightKind, WeightSource, NO_BLOCK,
 };
 
 use crate::case::{AttnSpec, Case, RopeSpec, Shape, Sinks};
@@ -153,6 +153,23 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         (Shape::Attn(spec), Op::WriteKv | Op::PagedAttention) => {
             attn_case(dev, case, spec, &mut rng)
         }
+        (
+            Shape::Conv {
+                tokens,
+                channels,
+                d_conv,
+                split,
+            },
+            Op::SsmConvSilu,
+        ) => conv_case(dev, case, *tokens, *channels, *d_conv, *split, &mut rng),
+        (
+            Shape::Delta {
+                tokens,
+                shape,
+                split,
+            },
+            Op::GatedDeltaNet,
+        ) => delta_case(dev, case, *tokens, shape, *split, &mut rng),
         (shape, op) => Err(Stop::Fail(format!(
             "suite bug: no runner for {op} with shape {shape}"
         ))),
@@ -749,6 +766,95 @@ fn route_case(
         return Err(Stop::Fail(format!("ids {ids:?}, reference {want_ids:?}")));
     }
     Ok(compare("weights", w.body(), &want_w, case.tolerance)?)
+}
+
+/// The call boundaries of a case of `tokens` tokens split after `split` (0: one call).
+fn pieces(tokens: usize, split: usize) -> Vec<(usize, usize)> {
+    if split == 0 || split >= tokens {
+        vec![(0, tokens)]
+    } else {
+        vec![(0, split), (split, tokens)]
+    }
+}
+
+fn conv_case(
+    dev: &dyn Device,
+    case: &Case,
+    tokens: usize,
+    channels: usize,
+    d_conv: usize,
+    split: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let x = rng.vec(tokens * channels, -2.0, 2.0);
+    let weight = rng.vec(channels * d_conv, -1.0, 1.0);
+    // A sequence already under way: a non-zero window.
+    let state0 = rng.vec(channels * (d_conv - 1), -2.0, 2.0);
+    let (want, want_state) = reference::ssm_conv_silu(&x, &weight, d_conv, &state0);
+    let mut out = Guarded::new(tokens * channels);
+    let mut state = Guarded::from_slice(&state0);
+    for (a, b) in pieces(tokens, split) {
+        let piece = &mut out.body_mut()[a * channels..b * channels];
+        dev.ssm_conv_silu(
+            &x[a * channels..b * channels],
+            &weight,
+            d_conv,
+            state.body_mut(),
+            piece,
+        )
+        .map_err(|e| dev_err("ssm_conv_silu", e))?;
+    }
+    out.check("out")?;
+    state.check("state")?;
+    let e = compare("out", out.body(), &want, case.tolerance)?;
+    Ok(e.max(compare("state", state.body(), &want_state, case.tolerance)?))
+}
+
+fn delta_case(
+    dev: &dyn Device,
+    case: &Case,
+    tokens: usize,
+    shape: &DeltaNetShape,
+    split: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let (d, ql, vl, hv) = (shape.head_dim, shape.qk_len(), shape.v_len(), shape.heads_v);
+    // q and k L2-normalised per head, as the layer feeds them; decays exp(g) in
+    // (0.3, 1), beta in (0, 1); a state already under way.
+    let l2 = |mut x: Vec<f32>| {
+        for row in x.chunks_exact_mut(d) {
+            let n = row.iter().map(|a| a * a).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|a| *a /= n);
+        }
+        x
+    };
+    let q = l2(rng.vec(tokens * ql, -1.0, 1.0));
+    let k = l2(rng.vec(tokens * ql, -1.0, 1.0));
+    let v = rng.vec(tokens * vl, -1.0, 1.0);
+    let g = rng.vec(tokens * hv, -1.2, -0.01);
+    let beta = rng.vec(tokens * hv, 0.01, 0.99);
+    let state0 = rng.vec(shape.state_len(), -0.5, 0.5);
+    let (want, want_state) = reference::gated_delta_net(shape, &q, &k, &v, &g, &beta, &state0);
+    let mut out = Guarded::new(tokens * vl);
+    let mut state = Guarded::from_slice(&state0);
+    for (a, b) in pieces(tokens, split) {
+        let piece = &mut out.body_mut()[a * vl..b * vl];
+        dev.gated_delta_net(
+            shape,
+            &q[a * ql..b * ql],
+            &k[a * ql..b * ql],
+            &v[a * vl..b * vl],
+            &g[a * hv..b * hv],
+            &beta[a * hv..b * hv],
+            state.body_mut(),
+            piece,
+        )
+        .map_err(|e| dev_err("gated_delta_net", e))?;
+    }
+    out.check("out")?;
+    state.check("state")?;
+    let e = compare("out", out.body(), &want, case.tolerance)?;
+    Ok(e.max(compare("state", state.body(), &want_state, case.tolerance)?))
 }
 
 /// One sequence's data in one KV group.

@@ -85,6 +85,39 @@ pub fn swiglu_oai_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// Gated DeltaNet's convolution then SiLU (`math::ssm_conv`, `math::silu`) of `x` on a
+/// copy of `state`: `(out, new state)`.
+pub fn ssm_conv_silu(
+    x: &[f32],
+    weight: &[f32],
+    d_conv: usize,
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let mut st = state.to_vec();
+    let mut out = vec![0.0; x.len()];
+    math::ssm_conv(x, weight, d_conv, &mut st, &mut out);
+    out.iter_mut().for_each(|o| *o = math::silu(*o));
+    (out, st)
+}
+
+/// The gated delta rule (`math::gated_delta_net`, the recurrent form) on a copy of
+/// `state`: `(out, new state)`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net(
+    shape: &math::DeltaNetShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let mut st = state.to_vec();
+    let mut out = vec![0.0; v.len()];
+    math::gated_delta_net(shape, q, k, v, g, beta, &mut st, &mut out);
+    (out, st)
+}
+
 /// Top-k routing of every row: `(ids, weights)`, `k` per row.
 pub fn route_topk(
     logits: &[f32],

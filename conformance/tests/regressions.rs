@@ -196,3 +196,13 @@ fn bias_on_the_first_row_only_is_caught() {
     let r = run(Defect::BiasFirstRowOnly, "add_bias[decode]");
     assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
 }
+
+#[test]
+fn delta_state_not_carried_is_caught() {
+    // A prompt in two calls: the second must start from the state the first left.
+    assert_caught(
+        Defect::DeltaStateNotCarried,
+        "gated_delta_net",
+        "gated_delta_net[split]",
+    );
+}

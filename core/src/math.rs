@@ -10,6 +10,10 @@
 //!   softmax attention with per-head sinks, GQA and an optional sliding window.
 //! - [`route_topk`]: MoE routing (sigmoid or softmax scores, top-k with a selection bias,
 //!   renormalisation over the chosen experts).
+//! - [`ssm_conv`], [`gated_delta_net`] ([`DeltaNetShape`]), [`gated_delta_net_chunked`],
+//!   [`l2_norm_heads`], [`delta_net_gate`]: Qwen 3.5's linear-attention layers (Gated
+//!   DeltaNet): the short causal convolution and the gated delta rule with their carried
+//!   states, in ggml's float order, and the steps that feed them.
 //!
 //! Everything is `f32` and `no_std`; the transcendental functions come from the `libm`
 //! crate (a port of musl's libm). glibc's `expf`/`sinf`/`cosf`/`tanhf`, which llama.cpp
@@ -19,6 +23,7 @@
 mod act;
 mod attn;
 mod attn_ggml;
+mod delta;
 mod libc;
 mod norm;
 mod rope;
@@ -34,6 +39,12 @@ pub use attn::{
 pub use attn_ggml::{
     attend_ggml_one_chunk, attend_ggml_tiled, expf_ggml_avx512, f16_round, GGML_FA_TILE,
     GGML_FA_TILE_Q,
+};
+#[cfg(feature = "alloc")]
+pub use delta::gated_delta_net_chunked;
+pub use delta::{
+    delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv,
+    vec_dot_f32_ggml_avx2, DeltaNetShape, DELTA_NET_CHUNK,
 };
 pub use libc::{cosf_glibc, expf_libc, sinf_glibc};
 pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};

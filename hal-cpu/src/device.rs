@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use flint_core::{FormatError, GgmlType};
 use flint_hal::{
-    Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout, Op,
-    PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight, WeightDesc, WeightHandle,
+    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
+    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight, WeightDesc, WeightHandle,
 };
 use rayon::prelude::*;
 
@@ -19,7 +19,7 @@ use crate::kv::CpuKv;
 use crate::simd::SimdLevel;
 use crate::stage::CpuWeight;
 use crate::worker::SessionState;
-use crate::{arena, kv, ops};
+use crate::{arena, delta, kv, ops};
 
 /// The CPU device.
 #[derive(Debug)]
@@ -218,7 +218,9 @@ impl Device for CpuDevice {
             | Op::ScatterAddWeighted
             | Op::RouteTopK
             | Op::WriteKv
-            | Op::PagedAttention => true,
+            | Op::PagedAttention
+            | Op::SsmConvSilu
+            | Op::GatedDeltaNet => true,
         }
     }
 
@@ -499,6 +501,33 @@ impl Device for CpuDevice {
         weights: &mut [f32],
     ) -> Result<(), HalError> {
         ops::route_topk(logits, n_experts, bias, cfg, ids, weights)
+    }
+
+    fn ssm_conv_silu(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        d_conv: usize,
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        delta::ssm_conv_silu(x, weight, d_conv, state, out);
+        Ok(())
+    }
+
+    fn gated_delta_net(
+        &self,
+        shape: &DeltaNetShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let avx2 = self.level >= SimdLevel::Avx2;
+        delta::gated_delta_net(&self.pool, avx2, shape, q, k, v, g, beta, state, out)
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {

@@ -11,6 +11,7 @@
 //!   task calls.
 //! - `worker.rs`: the worker loop of `run_step` and `run_session`.
 //! - `arena.rs`: huge-page memory for the weights the device keeps.
+//! - `delta.rs`: Qwen 3.5's Gated DeltaNet ops (convolution, delta rule).
 //! - `ops.rs`: norms, RoPE, bias, routing; `kv.rs`: the KV cache ([`CpuKv`]), its
 //!   writes and scalar paged attention.
 //! - `simd.rs`: [`SimdLevel`], the run-time choice of instruction set.
@@ -78,6 +79,7 @@
 //! code.
 
 mod arena;
+mod delta;
 mod device;
 pub mod kernels;
 mod kv;

@@ -425,8 +425,8 @@ impl Device for TtDevice {
     }
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
-        // ABI 1 has no entry point for gpt-oss's activation.
-        if op == Op::SwigluOaiMul {
+        // ABI 1 has no entry point for gpt-oss's activation nor for Gated DeltaNet's ops.
+        if matches!(op, Op::SwigluOaiMul | Op::SsmConvSilu | Op::GatedDeltaNet) {
             return false;
         }
         if !op.takes_weight() {

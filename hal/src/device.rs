@@ -3,7 +3,9 @@ use std::sync::Arc;
 
 use flint_core::GgmlType;
 
-use crate::ops::{ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig};
+use crate::ops::{
+    DeltaNetShape, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
+};
 use crate::weights::{PlannedWeight, StagingPlan, Tier, WeightDesc, WeightHandle};
 use crate::{HalError, Weight};
 
@@ -205,6 +207,56 @@ pub trait Device: Send + Sync + fmt::Debug {
         ids: &mut [u32],
         weights: &mut [f32],
     ) -> Result<(), HalError>;
+
+    /// Qwen 3.5's short causal convolution of one sequence, then SiLU on every output:
+    /// `out = silu(ssm_conv(x))` with the window carried in `state`
+    /// (`flint_core::math::ssm_conv`, whose docs give the layouts and the float order;
+    /// SiLU is `flint_core::math::silu`). `x` and `out` are `n` rows of `channels`,
+    /// `weight` is `channels` rows of `d_conv`, `state` is `channels` rows of
+    /// `d_conv - 1` (the previous inputs, oldest first; zeros for a new sequence), updated
+    /// to the last `d_conv - 1` inputs. A device without it says so in
+    /// [`supports`](Self::supports) and returns `Unsupported` (the default).
+    fn ssm_conv_silu(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        d_conv: usize,
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let _ = (x, weight, d_conv, state, out);
+        Err(HalError::unsupported(format!(
+            "{}: ssm_conv_silu (Gated DeltaNet convolution)",
+            self.name()
+        )))
+    }
+
+    /// The gated delta rule of one sequence over its `n` tokens, the per-head state
+    /// carried in `state` (`flint_core::math::gated_delta_net`, whose docs give the math,
+    /// the layouts and ggml's float order): `q`, `k` are `n` rows of
+    /// `heads_k * head_dim`, `v` and `out` `n` rows of `heads_v * head_dim`, `g` (log
+    /// decay) and `beta` `n` rows of `heads_v`, `state` `heads_v` blocks of
+    /// `head_dim^2` (`[h][j][i] = S_h[i][j]`; zeros for a new sequence). A shape that is
+    /// not [valid](DeltaNetShape::is_valid) is `InvalidInput`. A device without it says so
+    /// in [`supports`](Self::supports) and returns `Unsupported` (the default).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_net(
+        &self,
+        shape: &DeltaNetShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        let _ = (shape, q, k, v, g, beta, state, out);
+        Err(HalError::unsupported(format!(
+            "{}: gated_delta_net (Gated DeltaNet delta rule)",
+            self.name()
+        )))
+    }
 
     /// Allocates one layer's KV cache.
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError>;

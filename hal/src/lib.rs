@@ -50,8 +50,8 @@ mod weights;
 pub use device::{Device, DeviceCounters, DeviceRef};
 pub use error::{HalError, HalErrorKind};
 pub use ops::{
-    bias_rows, AttnSeq, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention, RopeConfig,
-    RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
+    bias_rows, AttnSeq, DeltaNetShape, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention,
+    RopeConfig, RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
 pub use weights::{

@@ -1,7 +1,7 @@
 use std::any::Any;
 use std::fmt;
 
-pub use flint_core::math::{Gating, RopeConfig, RopeKind, Yarn};
+pub use flint_core::math::{DeltaNetShape, Gating, RopeConfig, RopeKind, Yarn};
 
 use crate::HalError;
 
@@ -42,11 +42,15 @@ pub enum Op {
     WriteKv,
     /// [`Device::paged_attention`](crate::Device::paged_attention).
     PagedAttention,
+    /// [`Device::ssm_conv_silu`](crate::Device::ssm_conv_silu).
+    SsmConvSilu,
+    /// [`Device::gated_delta_net`](crate::Device::gated_delta_net).
+    GatedDeltaNet,
 }
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 19] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -64,6 +68,8 @@ impl Op {
         Op::RouteTopK,
         Op::WriteKv,
         Op::PagedAttention,
+        Op::SsmConvSilu,
+        Op::GatedDeltaNet,
     ];
 
     /// A short lower-case name (`matmul`, `paged_attention`, ...), used by
@@ -87,6 +93,8 @@ impl Op {
             Op::RouteTopK => "route_topk",
             Op::WriteKv => "write_kv",
             Op::PagedAttention => "paged_attention",
+            Op::SsmConvSilu => "ssm_conv_silu",
+            Op::GatedDeltaNet => "gated_delta_net",
         }
     }
 

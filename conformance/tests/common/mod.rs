@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use flint_conformance::registry;
 use flint_hal::{
-    AttnSeq, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, Weight, WeightDesc, WeightHandle,
-    WeightSource, NO_BLOCK,
+    AttnSeq, DeltaNetShape, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
+    KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, Weight,
+    WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
 };
 
 /// The defect a [`Broken`] device injects.
@@ -50,6 +50,9 @@ pub enum Defect {
     RopeNoYarnMscale,
     /// `add_bias` adds the bias to the first row only.
     BiasFirstRowOnly,
+    /// `gated_delta_net` starts every call from a zero state instead of the carried one
+    /// (a backend that keeps no state between the calls of a chunked prefill).
+    DeltaStateNotCarried,
     /// Claims nothing at all.
     SupportsNothing,
 }
@@ -268,6 +271,35 @@ impl Device for Broken {
     ) -> Result<(), HalError> {
         self.inner
             .route_topk(logits, n_experts, bias, cfg, ids, weights)
+    }
+
+    fn ssm_conv_silu(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        d_conv: usize,
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        self.inner.ssm_conv_silu(x, weight, d_conv, state, out)
+    }
+
+    fn gated_delta_net(
+        &self,
+        shape: &DeltaNetShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        state: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), HalError> {
+        if self.defect == Defect::DeltaStateNotCarried {
+            state.fill(0.0);
+        }
+        self.inner
+            .gated_delta_net(shape, q, k, v, g, beta, state, out)
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
