@@ -32,6 +32,8 @@ const G4_CALL_OPEN: &str = "<|tool_call>";
 const G4_CALL_CLOSE: &str = "<tool_call|>";
 const G4_CALL: &str = "call:";
 const G4_QUOTE: &str = "<|\"|>";
+/// Gemma 4's channel markers (its thought channel is `<|channel>thought`).
+const G4_CHANNEL: (&str, &str) = ("<|channel>", "<channel|>");
 
 /// The markers around a model's reasoning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +53,7 @@ pub const THINK: Think = Think {
 /// Gemma 4's thought channel: `<|channel>thought` ... `<channel|>`.
 pub const GEMMA4_THOUGHT: Think = Think {
     open: "<|channel>thought",
-    close: "<channel|>",
+    close: G4_CHANNEL.1,
 };
 
 /// The marker texts the parser reads: tokenizers that keep them as control tokens
@@ -66,8 +68,8 @@ pub const MARKERS: &[&str] = &[
     ARG_VALUE.0,
     ARG_VALUE.1,
     PYTHON_TAG,
-    "<|channel>",
-    "<channel|>",
+    G4_CHANNEL.0,
+    G4_CHANNEL.1,
     G4_CALL_OPEN,
     G4_CALL_CLOSE,
     G4_QUOTE,
@@ -595,19 +597,36 @@ impl OutputParser {
                 false
             }
             State::Content => {
+                // What ends this stretch of content: a call's opening marker; for Gemma 4
+                // also another thought block, or a stray `<channel|>` (dropped), which
+                // llama.cpp reads the same way.
                 let opener = self.tools.and_then(call_markers).map(|m| m.0);
-                if let Some(open) = opener {
-                    if let Some(at) = self.buf.find(open) {
-                        let c = self.buf[..at].to_string();
-                        self.buf.drain(..at + open.len());
-                        push_piece(out, Piece::Content(c));
-                        self.state = State::InCall;
-                        return true;
-                    }
+                let gemma4 = self.reasoning == Some(GEMMA4_THOUGHT);
+                let ends = [
+                    opener.map(|m| (m, State::InCall)),
+                    gemma4.then_some((GEMMA4_THOUGHT.open, State::Reasoning)),
+                    gemma4.then_some((G4_CHANNEL.1, State::Content)),
+                ];
+                let first = ends
+                    .iter()
+                    .flatten()
+                    .filter_map(|&(m, next)| self.buf.find(m).map(|at| (at, m, next)))
+                    .min_by_key(|&(at, m, _)| (at, usize::MAX - m.len()));
+                if let Some((at, m, next)) = first {
+                    let c = self.buf[..at].to_string();
+                    self.buf.drain(..at + m.len());
+                    push_piece(out, Piece::Content(c));
+                    self.state = next;
+                    return true;
                 }
-                let keep = match (end, opener) {
-                    (false, Some(open)) => held(&self.buf, open),
-                    _ => 0,
+                let keep = if end {
+                    0
+                } else {
+                    ends.iter()
+                        .flatten()
+                        .map(|&(m, _)| held(&self.buf, m))
+                        .max()
+                        .unwrap_or(0)
                 };
                 let n = self.buf.len() - keep;
                 let c: String = self.buf.drain(..n).collect();
@@ -1366,6 +1385,19 @@ mod tests {
                            "ok": true, "none": null, "tags": ["a", {}]})
                 ),
                 call("get_time", json!({})),
+            ]
+        );
+        // Another thought block after some content is reasoning too, and a stray
+        // `<channel|>` is dropped, as llama.cpp reads Gemma 4's answers.
+        assert_eq!(
+            parse_all(
+                make,
+                "Four.<|channel>thought\nsure<channel|> Yes.<channel|>"
+            ),
+            [
+                Piece::Content("Four.".into()),
+                Piece::Reasoning("\nsure".into()),
+                Piece::Content(" Yes.".into()),
             ]
         );
         // A plain answer; a broken call comes back as content.
