@@ -1276,36 +1276,7 @@ mod tests {
         ));
         assert!(!prompt_opens_reasoning("<think>\n\n</think>\n\n", THINK));
         // Qwen 3.5 and Qwen3-Coder: XML calls; Gemma 4: its own calls and thought
-        // channel (the sdist's templates).
-        let src = std::env::var_os("FLINT_LLAMACPP_SRC").map(std::path::PathBuf::from);
-        if let Some(dir) = src
-            .map(|d| d.join("models/templates"))
-            .filter(|d| d.is_dir())
-        {
-            let read = |n: &str| std::fs::read_to_string(dir.join(n)).expect("template");
-            assert_eq!(
-                ChatSyntax::detect(&read("Qwen3.5-4B.jinja")),
-                ChatSyntax {
-                    tools: Some(ToolSyntax::QwenXml),
-                    reasoning: Some(THINK),
-                    harmony: false,
-                }
-            );
-            for n in [
-                "google-gemma-4-31B-it.jinja",
-                "google-gemma-4-31B-it-interleaved.jinja",
-            ] {
-                assert_eq!(
-                    ChatSyntax::detect(&read(n)),
-                    ChatSyntax {
-                        tools: Some(ToolSyntax::Gemma4),
-                        reasoning: Some(GEMMA4_THOUGHT),
-                        harmony: false,
-                    },
-                    "{n}"
-                );
-            }
-        }
+        // channel (the sdist's templates themselves: `engine/tests/serve_tools.rs`).
         let qwen35 = "{% if tools %}<tool_call>\n<function=x>\n<parameter=y>{% endif %}<think>";
         assert_eq!(ChatSyntax::detect(qwen35).tools, Some(ToolSyntax::QwenXml));
         let gemma4 = "{% if tools %}{{- '<|tool_call>call:' + name }}{% endif %}";
