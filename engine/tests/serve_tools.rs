@@ -2,8 +2,8 @@
 //! chat template: a Qwen-style
 //! template (rendered by the loader's minijinja, as a model file's would be) over a
 //! byte-level stand-in model that plays back a scripted answer, so that the answer is
-//! a known tool call or a known piece of reasoning. gpt-oss's harmony template (from
-//! llama.cpp's sdist) goes through the same stand-in. The parsers' own cases are unit
+//! a known tool call or a known piece of reasoning. gpt-oss's harmony template, Gemma
+//! 4's and Qwen 3.5's (from llama.cpp's sdist) go through the same stand-in. The parsers' own cases are unit
 //! tests in `engine/src/serve/tools.rs` and `engine/src/serve/harmony.rs`.
 
 mod common;
@@ -1061,5 +1061,158 @@ fn reasoning_effort_reaches_the_template() {
     assert_eq!(
         v["error"]["param"], "chat_template_kwargs.enable_thinking",
         "{v}"
+    );
+}
+
+/// A chat template of llama.cpp's sdist (`models/templates/NAME.jinja`).
+fn sdist_template(name: &str) -> String {
+    let path = common::llamacpp_src().join(format!("models/templates/{name}.jinja"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The history of one call of the weather tool and its result.
+fn call_history() -> Value {
+    json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ])
+}
+
+/// An answer that reasons and calls the weather tool comes back as `reasoning` and
+/// one call of get_weather for Paris, streamed and not; offered no tools, the call
+/// stays in the content.
+fn reasoned_call(s: &Server, answer: &str, reasoning: &str) {
+    s.answer(answer);
+    let (st, v) = post(s, "/v1/chat/completions", ask(true));
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["reasoning_content"], reasoning, "{v}");
+    assert!(
+        c["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .trim()
+            .is_empty(),
+        "{v}"
+    );
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    let (r, said, calls, finish) = streamed_parts(&stream(s, ask(true)));
+    assert_eq!(r, reasoning);
+    assert!(said.trim().is_empty(), "{said}");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(finish, [json!("tool_calls")]);
+    let (_, v) = post(s, "/v1/chat/completions", ask(false));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("get_weather"),
+        "{v}"
+    );
+}
+
+/// Forced calls (named, and "required") come out as calls of the offered functions,
+/// whatever the model wanted to write.
+fn forced_in_syntax(s: &Server, wanted: &str) {
+    s.answer(wanted);
+    for choice in [
+        json!({"type": "function", "function": {"name": "get_time"}}),
+        json!("required"),
+    ] {
+        let (st, v) = post(s, "/v1/chat/completions", forced(choice.clone()));
+        assert_eq!(st, 200, "{v}");
+        let calls = forced_calls(&v);
+        assert!(!calls.is_empty(), "{v}");
+        if choice != json!("required") {
+            assert_eq!(calls.len(), 1, "{v}");
+            assert_eq!(calls[0].0, "get_time", "{v}");
+        }
+    }
+}
+
+/// Gemma 4's template (llama.cpp's sdist): the tools, calls and results in its own
+/// syntax in the prompt, thinking on unless `chat_template_kwargs` switch it off, the
+/// thought channel and `<|tool_call>` calls parsed back, forced calls.
+#[test]
+fn gemma4_template_through_the_server() {
+    let s = start(&sdist_template("google-gemma-4-31B-it"));
+    let prompt = prompt_with_weather_tool(&s, &call_history());
+    assert!(
+        prompt.starts_with("<|turn>system\n<|think|>\n<|tool>declaration:get_weather{"),
+        "{prompt}"
+    );
+    assert!(
+        prompt.ends_with(
+            "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|><|tool_response>\
+             response:get_weather{value:<|\"|>sunny, 21 C<|\"|>}<tool_response|>"
+        ),
+        "{prompt}"
+    );
+    s.answer("<|channel>thought\nTwo and two.<channel|>Four.");
+    let prompt_len = |thinking: bool| {
+        let mut body = ask(false);
+        body["chat_template_kwargs"] = json!({ "enable_thinking": thinking });
+        let (st, v) = post(&s, "/v1/chat/completions", body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["message"]["reasoning_content"],
+            "\nTwo and two."
+        );
+        assert_eq!(v["choices"][0]["message"]["content"], "Four.");
+        v["usage"]["prompt_tokens"].as_i64().unwrap()
+    };
+    // Off: no `<|turn>system\n<|think|>\n<turn|>\n` (32 bytes), an empty thought
+    // channel after the model turn (28).
+    assert_eq!(prompt_len(false), prompt_len(true) - 4);
+    reasoned_call(
+        &s,
+        "<|channel>thought\nNeed the weather.<channel|><|tool_call>call:get_weather{city:\
+         <|\"|>Paris<|\"|>}<tool_call|>",
+        "\nNeed the weather.",
+    );
+    forced_in_syntax(
+        &s,
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|>",
+    );
+}
+
+/// Qwen 3.5's template (llama.cpp's sdist): the prompt opens the reasoning, XML calls
+/// parsed back with their arguments typed by the schema, forced calls.
+#[test]
+fn qwen35_template_through_the_server() {
+    let s = start(&sdist_template("Qwen3.5-4B"));
+    let prompt = prompt_with_weather_tool(&s, &call_history());
+    assert!(
+        prompt.contains(
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
+             </function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny, 21 C\n\
+             </tool_response><|im_end|>\n"
+        ),
+        "{prompt}"
+    );
+    assert!(
+        prompt.ends_with("<|im_start|>assistant\n<think>\n"),
+        "{prompt}"
+    );
+    reasoned_call(
+        &s,
+        "Need the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n\
+         Paris\n</parameter>\n</function>\n</tool_call>",
+        "Need the weather.\n",
+    );
+    forced_in_syntax(
+        &s,
+        "Hmm.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n\
+         </parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
     );
 }

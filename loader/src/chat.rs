@@ -180,7 +180,12 @@ impl ChatTemplate {
     /// Whether this is a harmony template (gpt-oss): it writes `<|channel|>`, as
     /// llama.cpp tells it apart.
     pub fn is_harmony(&self) -> bool {
-        self.source.contains(HARMONY_CHANNEL)
+        is_harmony(&self.source)
+    }
+
+    /// Whether this is a Gemma 4 template ([`is_gemma4`]).
+    pub fn is_gemma4(&self) -> bool {
+        is_gemma4(&self.source)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the assistant turn is opened.
@@ -247,17 +252,27 @@ impl ChatTemplate {
             None => Value::from(()),
         };
         let harmony = self.is_harmony();
-        let messages: Vec<serde_json::Value> = messages
+        let mut messages: Vec<serde_json::Value> = messages
             .iter()
             .map(|m| template_message(m, harmony))
             .collect();
-        self.render_ctx(
+        let gemma4 = self.is_gemma4();
+        if gemma4 && !self.source.contains(GEMMA4_OPENAI_TOOLS) {
+            messages = gemma4_tool_responses(messages);
+        }
+        let mut text = self.render_ctx(
             Value::from_serialize(&messages),
             tools,
             input,
             add_generation_prompt,
             Value::from_serialize(vars),
-        )
+        )?;
+        // Gemma 4's templates leave the model turn closed after an answer that follows
+        // tool results; llama.cpp opens it, so that the model starts its turn as trained.
+        if gemma4 && add_generation_prompt && text.ends_with(GEMMA4_TURN_END) {
+            text.push_str(GEMMA4_MODEL_TURN);
+        }
+        Ok(text)
     }
 
     fn render_ctx(
@@ -272,6 +287,10 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ChatError::Render(describe(&e)))?;
+        // llama.cpp's default (llama-server's, for a template that reads it): the model
+        // may think; a request's `chat_template_kwargs` switch it off.
+        let vars =
+            minijinja::value::merge_maps([minijinja::context! { enable_thinking => true }, vars]);
         let mut out = CappedWriter {
             buf: Vec::new(),
             cap: input.saturating_mul(2).saturating_add(RENDER_EXTRA_BYTES),
@@ -301,6 +320,107 @@ impl ChatTemplate {
 
 /// The marker that tells a harmony (gpt-oss) template apart.
 pub const HARMONY_CHANNEL: &str = "<|channel|>";
+
+/// What tells a Gemma 4 template apart, as llama.cpp does: it writes a tool call as
+/// the quoted `'<|tool_call>call:'`.
+pub const GEMMA4_TOOL_CALL: &str = "'<|tool_call>call:'";
+
+/// The comment of the Gemma 4 templates that read OpenAI's `tool` messages
+/// themselves; the older ones read `tool_responses` on the calling message
+/// ([`gemma4_tool_responses`]).
+pub const GEMMA4_OPENAI_TOOLS: &str = "{#- OpenAI Chat Completions:";
+
+const GEMMA4_TURN_END: &str = "<turn|>\n";
+const GEMMA4_MODEL_TURN: &str = "<|turn>model\n";
+
+/// Whether `source` is a harmony (gpt-oss) template: it writes [`HARMONY_CHANNEL`].
+pub fn is_harmony(source: &str) -> bool {
+    source.contains(HARMONY_CHANNEL)
+}
+
+/// Whether `source` is a Gemma 4 template: it writes [`GEMMA4_TOOL_CALL`].
+pub fn is_gemma4(source: &str) -> bool {
+    source.contains(GEMMA4_TOOL_CALL)
+}
+
+/// Messages as the older Gemma 4 templates read them, as llama.cpp hands them over:
+/// an assistant message with tool calls, the `tool` messages after it and an
+/// assistant answer after those (one without calls and with content) become one
+/// assistant message with `tool_calls`, `tool_responses` (`{name, response}`: the
+/// name of the call at the same place, else the `tool_call_id`; the response the JSON
+/// a text holds, else the text), `content` and `reasoning_content`.
+pub fn gemma4_tool_responses(messages: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    use serde_json::{json, Value as J};
+    let calls_of = |m: &J| -> Option<Vec<J>> {
+        match m.get("tool_calls") {
+            Some(J::Array(c)) if !c.is_empty() => Some(c.clone()),
+            _ => None,
+        }
+    };
+    let role = |m: &J| m.get("role").and_then(J::as_str).unwrap_or("").to_string();
+    let has_content = |m: &J| match m.get("content") {
+        Some(J::String(s)) => !s.is_empty(),
+        Some(J::Array(a)) => !a.is_empty(),
+        _ => false,
+    };
+    let mut out = Vec::with_capacity(messages.len());
+    let mut i = 0;
+    while i < messages.len() {
+        let m = &messages[i];
+        let calls = match calls_of(m) {
+            Some(c) if role(m) == "assistant" => c,
+            _ => {
+                out.push(m.clone());
+                i += 1;
+                continue;
+            }
+        };
+        let reasoning = m
+            .get("reasoning_content")
+            .filter(|r| r.is_string())
+            .cloned();
+        i += 1;
+        let mut responses = Vec::new();
+        while i < messages.len() && role(&messages[i]) == "tool" {
+            let t = &messages[i];
+            let response = match t.get("content") {
+                Some(J::String(s)) => {
+                    serde_json::from_str(s).unwrap_or_else(|_| J::String(s.clone()))
+                }
+                Some(c) => c.clone(),
+                None => J::Null,
+            };
+            let name = calls
+                .get(responses.len())
+                .and_then(|c| c.pointer("/function/name"))
+                .and_then(J::as_str)
+                .filter(|n| !n.is_empty())
+                .or_else(|| t.get("tool_call_id").and_then(J::as_str))
+                .unwrap_or("");
+            responses.push(json!({"name": name, "response": response}));
+            i += 1;
+        }
+        let mut content = None;
+        if let Some(next) = messages.get(i) {
+            if role(next) == "assistant" && calls_of(next).is_none() && has_content(next) {
+                content = next.get("content").cloned();
+                i += 1;
+            }
+        }
+        let mut msg = json!({"role": "assistant", "tool_calls": calls});
+        if !responses.is_empty() {
+            msg["tool_responses"] = J::Array(responses);
+        }
+        if let Some(c) = content {
+            msg["content"] = c;
+        }
+        if let Some(r) = reasoning {
+            msg["reasoning_content"] = r;
+        }
+        out.push(msg);
+    }
+    out
+}
 
 /// A message in OpenAI's shape as chat templates read it (what llama.cpp hands them):
 /// each tool call's `arguments`, JSON text in OpenAI's API, as the object it holds

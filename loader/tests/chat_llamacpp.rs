@@ -1,9 +1,11 @@
 //! The family chat templates shipped in llama.cpp's sdist (`models/templates/*.jinja`:
-//! Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3, gpt-oss) render through [`ChatTemplate`]
-//! exactly as llama.cpp's own Jinja engine renders them: `data/chat/TEMPLATE.jsonl` holds
-//! llama.cpp's prompts for a few conversations (`tools/golden/chat_goldens.py`), those
-//! of gpt-oss with tools, tool calls, tool results and reasoning (OpenAI's
-//! `reasoning_content`), rendered through [`ChatTemplate::render_json`].
+//! Llama 3.1, Llama 3.3, Qwen 2.5, Qwen 3, gpt-oss, Gemma 4 and its interleaved variant,
+//! Qwen 3.5) render through [`ChatTemplate`] exactly as llama.cpp's own Jinja engine
+//! renders them: `data/chat/TEMPLATE.jsonl` holds llama.cpp's prompts for a few
+//! conversations (`tools/golden/chat_goldens.py`), those of gpt-oss, Gemma 4 and
+//! Qwen 3.5 with tools, tool calls, tool results and reasoning (OpenAI's
+//! `reasoning_content`), and thinking switched off (`enable_thinking`), rendered through
+//! [`ChatTemplate::render_json_with`].
 //!
 //! The templates are read from the sdist (`FLINT_LLAMACPP_SRC`, set by `.ci/run`; else
 //! the cache directory `tools/llamacpp_sdist.sh` unpacks into); a missing file fails.
@@ -65,13 +67,17 @@ fn check(name: &str) {
         let plain = msgs
             .iter()
             .all(|m| m.as_object().is_some_and(|o| o.len() == 2));
-        let got = if plain && v.get("tools").is_none() {
+        let got = if plain && v.get("tools").is_none() && v.get("enable_thinking").is_none() {
             let messages: Vec<ChatMessage> =
                 serde_json::from_value(v["messages"].clone()).expect("messages");
             t.render(&messages, gen)
         } else {
             let tools = v.get("tools").and_then(|t| t.as_array()).map(Vec::as_slice);
-            t.render_json(msgs, tools, gen)
+            let mut vars = serde_json::Map::new();
+            if let Some(think) = v.get("enable_thinking") {
+                vars.insert("enable_thinking".into(), think.clone());
+            }
+            t.render_json_with(msgs, tools, gen, &vars)
         }
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = v["prompt"].as_str().expect("prompt");
@@ -108,4 +114,19 @@ fn qwen3_template_renders_as_llamacpp() {
 #[test]
 fn gpt_oss_template_renders_as_llamacpp() {
     check("openai-gpt-oss-120b");
+}
+
+#[test]
+fn gemma4_template_renders_as_llamacpp() {
+    check("google-gemma-4-31B-it");
+}
+
+#[test]
+fn gemma4_interleaved_template_renders_as_llamacpp() {
+    check("google-gemma-4-31B-it-interleaved");
+}
+
+#[test]
+fn qwen35_template_renders_as_llamacpp() {
+    check("Qwen3.5-4B");
 }

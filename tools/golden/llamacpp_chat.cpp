@@ -3,7 +3,8 @@
 //
 // Usage: llamacpp_chat TEMPLATE.jinja IN.jsonl OUT.jsonl [--bos TEXT] [--eos TEXT]
 //   IN.jsonl: one conversation per line: {"messages":[...],"add_generation_prompt":bool}
-//   and optionally "tools":[...]. Messages and tools are in OpenAI's chat shape, read by
+//   and optionally "tools":[...] and "enable_thinking":bool (default true, as
+//   llama-server's). Messages and tools are in OpenAI's chat shape, read by
 //   llama-server's own reader (common_chat_msgs_parse_oaicompat: `tool_calls`,
 //   `tool_call_id`, `reasoning_content` besides `role` and `content`).
 //   OUT.jsonl: the same lines with "prompt", the rendered text. Default reasoning
@@ -67,6 +68,7 @@ int main(int argc, char **argv) {
             inputs.tools = common_chat_tools_parse_oaicompat(common_json::parse(obj.at("tools").dump()));
         }
         inputs.add_generation_prompt = obj.value("add_generation_prompt", true);
+        inputs.enable_thinking = obj.value("enable_thinking", true);
         inputs.use_jinja = true;
         inputs.now = std::chrono::system_clock::time_point(std::chrono::seconds(1721952000));
         inputs.chat_template_kwargs["date_string"] = "\"26 Jul 2024\"";

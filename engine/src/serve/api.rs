@@ -31,7 +31,9 @@ use tokio::sync::mpsc;
 
 use super::harmony;
 use super::tools::ToolCall;
-use super::tools::{forced_call_grammar, ChatSyntax, ForcedCall, OutputParser, Piece, ToolSyntax};
+use super::tools::{
+    forced_call_grammar, ChatSyntax, ForcedCall, OutputParser, Piece, Think, ToolSyntax,
+};
 use super::{EngineHandle, Event, Phase, SubmitError};
 use crate::sample::{
     Constraint, FinishReason, GrammarVocab, Rng, SamplerConfig, StopConditions, TokenLogprobs,
@@ -1160,7 +1162,8 @@ fn offered_tools(
         None => Err(bad_param(
             "tools",
             "tools: the model's chat template does not render tools in a syntax this server \
-             parses (Hermes/Qwen <tool_call>, Llama 3 JSON, GLM, gpt-oss harmony)",
+             parses (Hermes/Qwen <tool_call>, Qwen 3.5 / Qwen3-Coder XML, Llama 3 JSON, GLM, \
+             Gemma 4, gpt-oss harmony)",
         )),
     }
 }
@@ -1199,8 +1202,8 @@ type OfferedTools = (ToolSyntax, Arc<Vec<Value>>);
 struct ParseSpec {
     /// The offered tools and the syntax of their calls.
     tools: Option<OfferedTools>,
-    /// The model writes `<think>` reasoning.
-    reasoning: bool,
+    /// The markers of the model's reasoning, when it writes any.
+    reasoning: Option<Think>,
     /// The prompt opened the reasoning.
     in_reasoning: bool,
     /// The model answers in harmony's channels (gpt-oss).

@@ -166,8 +166,9 @@ pub fn render_chat(
     let text = template
         .render_json_with(&msgs, tools, true, vars)
         .map_err(|e| e.to_string())?;
-    let opens =
-        ChatSyntax::detect(template.source()).reasoning && tools::prompt_opens_reasoning(&text);
+    let opens = ChatSyntax::detect(template.source())
+        .reasoning
+        .is_some_and(|th| tools::prompt_opens_reasoning(&text, th));
     Ok((text, opens))
 }
 

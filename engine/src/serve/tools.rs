@@ -2,8 +2,9 @@
 //!
 //! A chat template that renders `tools` tells the model how to call them; the model
 //! answers in its family's syntax ([`ToolSyntax`]), which [`OutputParser`] turns back
-//! into OpenAI's `tool_calls`. Thinking models write their reasoning between `<think>`
-//! and `</think>`; the parser returns it apart from the content (`reasoning_content`).
+//! into OpenAI's `tool_calls`. Thinking models write their reasoning between markers
+//! ([`Think`]: `<think>` and `</think>`, Gemma 4's `<|channel>thought` and
+//! `<channel|>`); the parser returns it apart from the content (`reasoning_content`).
 //! It works on text as it is generated, so that streamed and whole responses come from
 //! the same code: it holds back only what could still become a marker. gpt-oss's
 //! harmony format, where channels carry reasoning, answer and calls, has a parser of
@@ -23,6 +24,37 @@ const TOOL_CLOSE: &str = "</tool_call>";
 const ARG_KEY: (&str, &str) = ("<arg_key>", "</arg_key>");
 const ARG_VALUE: (&str, &str) = ("<arg_value>", "</arg_value>");
 const PYTHON_TAG: &str = "<|python_tag|>";
+/// Qwen3-Coder / Qwen 3.5 XML calls: `<function=NAME>`, `<parameter=KEY>`.
+const XML_FUNCTION: (&str, &str) = ("<function=", "</function>");
+const XML_PARAMETER: (&str, &str) = ("<parameter=", "</parameter>");
+/// Gemma 4: `<|tool_call>call:NAME{..}<tool_call|>`, strings quoted by `<|"|>`.
+const G4_CALL_OPEN: &str = "<|tool_call>";
+const G4_CALL_CLOSE: &str = "<tool_call|>";
+const G4_CALL: &str = "call:";
+const G4_QUOTE: &str = "<|\"|>";
+/// Gemma 4's channel markers (its thought channel is `<|channel>thought`).
+const G4_CHANNEL: (&str, &str) = ("<|channel>", "<channel|>");
+
+/// The markers around a model's reasoning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Think {
+    /// The text that opens it.
+    pub open: &'static str,
+    /// The text that closes it.
+    pub close: &'static str,
+}
+
+/// `<think>` ... `</think>` (Qwen, DeepSeek, GLM).
+pub const THINK: Think = Think {
+    open: THINK_OPEN,
+    close: THINK_CLOSE,
+};
+
+/// Gemma 4's thought channel: `<|channel>thought` ... `<channel|>`.
+pub const GEMMA4_THOUGHT: Think = Think {
+    open: "<|channel>thought",
+    close: G4_CHANNEL.1,
+};
 
 /// The marker texts the parser reads: tokenizers that keep them as control tokens
 /// must still write them out in generated text.
@@ -36,6 +68,11 @@ pub const MARKERS: &[&str] = &[
     ARG_VALUE.0,
     ARG_VALUE.1,
     PYTHON_TAG,
+    G4_CHANNEL.0,
+    G4_CHANNEL.1,
+    G4_CALL_OPEN,
+    G4_CALL_CLOSE,
+    G4_QUOTE,
 ];
 
 /// How a model family writes a tool call.
@@ -48,6 +85,11 @@ pub enum ToolSyntax {
     Llama3Json,
     /// GLM 4.5: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>`.
     Glm,
+    /// Qwen3-Coder and Qwen 3.5 (XML): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n
+    /// </parameter>\n...</function>\n</tool_call>`.
+    QwenXml,
+    /// Gemma 4: `<|tool_call>call:NAME{K:V,...}<tool_call|>`, strings between `<|"|>`.
+    Gemma4,
     /// gpt-oss (harmony): a message to `functions.NAME` on the commentary channel,
     /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>`.
     Harmony,
@@ -58,8 +100,8 @@ pub enum ToolSyntax {
 pub struct ChatSyntax {
     /// The tool-call syntax, when the template renders `tools`.
     pub tools: Option<ToolSyntax>,
-    /// Whether the model writes `<think>` reasoning.
-    pub reasoning: bool,
+    /// The markers of the model's reasoning, when it writes any.
+    pub reasoning: Option<Think>,
     /// Whether the model answers in harmony's channels (gpt-oss): reasoning on
     /// `analysis`, the answer on `final`, calls on `commentary`.
     pub harmony: bool,
@@ -67,22 +109,35 @@ pub struct ChatSyntax {
 
 impl ChatSyntax {
     /// Reads the syntax off a template's source: which tool-call markers it writes (and
-    /// whether it reads `tools` at all), whether it knows `<think>`, and whether it is
-    /// harmony's (it writes `<|channel|>`).
+    /// whether it reads `tools` at all), whether it knows `<think>`, whether it is
+    /// harmony's (it writes `<|channel|>`) or Gemma 4's (it writes `'<|tool_call>call:'`;
+    /// the loader's [`is_harmony`](flint_loader::chat::is_harmony) and
+    /// [`is_gemma4`](flint_loader::chat::is_gemma4), as llama.cpp tells them apart).
     pub fn detect(template: &str) -> Self {
         let renders_tools = template.contains("tools");
-        let harmony = template.contains(flint_loader::chat::HARMONY_CHANNEL);
-        if harmony {
+        if flint_loader::chat::is_harmony(template) {
             return Self {
                 tools: renders_tools.then_some(ToolSyntax::Harmony),
-                reasoning: false,
-                harmony,
+                reasoning: None,
+                harmony: true,
+            };
+        }
+        if flint_loader::chat::is_gemma4(template) {
+            return Self {
+                tools: renders_tools.then_some(ToolSyntax::Gemma4),
+                reasoning: Some(GEMMA4_THOUGHT),
+                harmony: false,
             };
         }
         let tools = if !renders_tools {
             None
         } else if template.contains(ARG_KEY.0) {
             Some(ToolSyntax::Glm)
+        } else if template.contains(TOOL_OPEN)
+            && template.contains(XML_FUNCTION.0)
+            && template.contains(XML_PARAMETER.0)
+        {
+            Some(ToolSyntax::QwenXml)
         } else if template.contains(TOOL_OPEN) {
             Some(ToolSyntax::Hermes)
         } else if template.contains(PYTHON_TAG)
@@ -94,7 +149,8 @@ impl ChatSyntax {
         };
         Self {
             tools,
-            reasoning: template.contains(THINK_CLOSE) || template.contains(THINK_OPEN),
+            reasoning: (template.contains(THINK_CLOSE) || template.contains(THINK_OPEN))
+                .then_some(THINK),
             harmony: false,
         }
     }
@@ -112,16 +168,17 @@ pub enum ForcedCall {
 /// The grammar (llguidance's Lark syntax) of an answer that is nothing but the forced
 /// tool call(s), in `syntax`, that [`OutputParser`] reads back: the name is one of the
 /// offered functions (or the named one) and the arguments follow that function's
-/// `parameters` schema (any object when it has none). A model that writes reasoning
-/// (`reasoning`) may think first; one whose prompt opened the reasoning (`in_reasoning`)
-/// must close it first. A harmony model may write analysis messages first, and makes
-/// one call (`<|call|>` ends generation). An error names a forced function that is not
-/// offered.
+/// `parameters` schema (any object when it has none; Gemma 4's arguments, which are
+/// not JSON, follow Gemma 4's value syntax whatever the schema, as llama.cpp's grammar
+/// does). A model that writes reasoning (`reasoning`, its markers) may think first; one
+/// whose prompt opened the reasoning (`in_reasoning`) must close it first. A harmony
+/// model may write analysis messages first, and makes one call (`<|call|>` ends
+/// generation). An error names a forced function that is not offered.
 pub fn forced_call_grammar(
     syntax: ToolSyntax,
     tools: &[Value],
     forced: &ForcedCall,
-    reasoning: bool,
+    reasoning: Option<Think>,
     in_reasoning: bool,
 ) -> Result<String, String> {
     let functions: Vec<(&str, Value)> = tools
@@ -157,27 +214,47 @@ pub fn forced_call_grammar(
             harmony::ANALYSIS_RULE,
             lit(harmony::START)
         )
-    } else if reasoning && in_reasoning {
-        "think_end[lazy]: /(.|\\n)*<\\/think>/\nstart: think_end gap calls\n".into()
-    } else if reasoning {
-        "think[lazy]: /<think>(.|\\n)*<\\/think>/\nstart: (think gap)? calls\n".into()
     } else {
-        "start: calls\n".into()
+        match reasoning {
+            Some(th) if in_reasoning => format!(
+                "think_end[lazy]: /(.|\\n)*{}/\nstart: think_end gap calls\n",
+                regex_text(th.close)
+            ),
+            Some(th) => format!(
+                "think[lazy]: /{}(.|\\n)*{}/\nstart: (think gap)? calls\n",
+                regex_text(th.open),
+                regex_text(th.close)
+            ),
+            None => "start: calls\n".into(),
+        }
     };
     g.push_str(&think);
     g.push_str("gap: (\"\\n\" \"\\n\"?)?\n");
     let separator = match syntax {
-        ToolSyntax::Hermes | ToolSyntax::Glm => Some("\n"),
+        ToolSyntax::Hermes | ToolSyntax::Glm | ToolSyntax::QwenXml => Some("\n"),
         ToolSyntax::Llama3Json => Some("; "),
+        ToolSyntax::Gemma4 => Some(""),
         ToolSyntax::Harmony => None,
     };
     match (forced, separator) {
+        (ForcedCall::Any, Some("")) => g.push_str("calls: call+\n"),
         (ForcedCall::Any, Some(sep)) => g.push_str(&format!("calls: call ({} call)*\n", lit(sep))),
         _ => g.push_str("calls: call\n"),
+    }
+    if syntax == ToolSyntax::Gemma4 {
+        g.push_str(&gemma4_value_rules());
     }
     let alternatives: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
     g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
     for (i, (name, params)) in functions.iter().enumerate() {
+        if syntax == ToolSyntax::Gemma4 {
+            g.push_str(&format!(
+                "call_{i}: {} g4_dict {}\n",
+                lit(&format!("{G4_CALL_OPEN}{G4_CALL}{name}")),
+                lit(G4_CALL_CLOSE)
+            ));
+            continue;
+        }
         let schema = fixed_whitespace(params).map_err(|e| format!("function '{name}': {e}"))?;
         match syntax {
             ToolSyntax::Hermes => g.push_str(&format!(
@@ -192,7 +269,9 @@ pub fn forced_call_grammar(
                 "call_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {schema}\n",
                 lit(&format!("{{\"name\": {}, \"parameters\": ", lit(name))),
             )),
-            ToolSyntax::Glm => glm_call(&mut g, i, name, params, &lit)?,
+            ToolSyntax::Glm => tagged_call(&mut g, i, name, params, &lit, &GLM_ARGS)?,
+            ToolSyntax::QwenXml => tagged_call(&mut g, i, name, params, &lit, &XML_ARGS)?,
+            ToolSyntax::Gemma4 => {}
             ToolSyntax::Harmony => g.push_str(&format!(
                 "call_{i}: {} args_{i}\nargs_{i}: %json {schema}\n",
                 lit(&format!(
@@ -207,21 +286,89 @@ pub fn forced_call_grammar(
     Ok(g)
 }
 
-/// GLM's call of function `name` (rule `call_{i}`): each property of its schema in
-/// order, the required ones always, the others optionally; a string value as raw text
-/// up to `</arg_value>`, any other as JSON under its schema. A schema without
-/// properties admits any keys with string or JSON values.
-fn glm_call(
+/// `text` as a regular expression (Lark's `/.../`) that matches it literally.
+fn regex_text(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\\' | '/' | '.' | '|' | '?' | '*' | '+' | '(' | ')' | '[' | ']' | '{' | '}' | '^'
+            | '$' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Gemma 4's argument values (rules `g4_*`), as llama.cpp's grammar admits them: an
+/// object `{KEY:VALUE,...}` with bare keys, arrays, strings between `<|"|>`, JSON
+/// numbers, `true`, `false`, `null`.
+fn gemma4_value_rules() -> String {
+    let q = regex_text(G4_QUOTE);
+    format!(
+        "g4_dict: \"{{\" (g4_kv (\",\" g4_kv)*)? \"}}\"\n\
+         g4_kv: /[^:{{}}\\[\\],<\\s]+/ \":\" g4_value\n\
+         g4_list: \"[\" (g4_value (\",\" g4_value)*)? \"]\"\n\
+         g4_str[lazy]: /{q}(.|\\n)*{q}/\n\
+         g4_value: g4_str | g4_dict | g4_list | /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/ \
+         | \"true\" | \"false\" | \"null\"\n"
+    )
+}
+
+/// The tags of a call whose arguments are tagged one by one (GLM, Qwen's XML):
+/// `call_open` NAME `call_name_end`, then per argument `key_open` KEY `key_close` VALUE
+/// `value_close`, then `call_close`.
+struct TaggedArgs {
+    call_open: &'static str,
+    call_name_end: &'static str,
+    key_open: &'static str,
+    key_close: &'static str,
+    value_close: &'static str,
+    call_close: &'static str,
+}
+
+/// GLM 4.5's tags.
+const GLM_ARGS: TaggedArgs = TaggedArgs {
+    call_open: TOOL_OPEN,
+    call_name_end: "\n",
+    key_open: ARG_KEY.0,
+    key_close: "</arg_key>\n<arg_value>",
+    value_close: "</arg_value>\n",
+    call_close: TOOL_CLOSE,
+};
+
+/// Qwen3-Coder's and Qwen 3.5's tags.
+const XML_ARGS: TaggedArgs = TaggedArgs {
+    call_open: "<tool_call>\n<function=",
+    call_name_end: ">\n",
+    key_open: XML_PARAMETER.0,
+    key_close: ">\n",
+    value_close: "\n</parameter>\n",
+    call_close: "</function>\n</tool_call>",
+};
+
+/// A call of function `name` (rule `call_{i}`) with tagged arguments (`tags`): each
+/// property of its schema in order, the required ones always, the others optionally;
+/// a string value as raw text up to the value's closing tag, any other as JSON under
+/// its schema. A schema without properties admits any keys with raw values.
+fn tagged_call(
     g: &mut String,
     i: usize,
     name: &str,
     params: &Value,
     lit: &dyn Fn(&str) -> String,
+    tags: &TaggedArgs,
 ) -> Result<(), String> {
-    let key = |k: &str| lit(&format!("{}{k}{}\n{}", ARG_KEY.0, ARG_KEY.1, ARG_VALUE.0));
-    let close = lit(&format!("{}\n", ARG_VALUE.1));
-    // Raw text ending at the first `</arg_value>` (which it includes).
-    let raw = format!("glm_raw_{i}[lazy]: /(.|\\n)*<\\/arg_value>/\n");
+    let key = |k: &str| lit(&format!("{}{k}{}", tags.key_open, tags.key_close));
+    let close = lit(tags.value_close);
+    // Raw text ending at the first closing tag (which it includes).
+    g.push_str(&format!(
+        "raw_{i}[lazy]: /(.|\\n)*{}/\n",
+        regex_text(tags.value_close)
+    ));
     let mut body = Vec::new();
     let props = params.get("properties").and_then(Value::as_object);
     match props {
@@ -231,12 +378,10 @@ fn glm_call(
                 .and_then(Value::as_array)
                 .map(|r| r.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            g.push_str(&raw);
             for (j, (k, schema)) in props.iter().enumerate() {
-                let is_string = schema.get("type").is_some_and(|t| t == "string");
-                let rule = format!("glm_{i}_{j}");
-                if is_string {
-                    g.push_str(&format!("{rule}: {} glm_raw_{i} \"\\n\"\n", key(k)));
+                let rule = format!("arg_{i}_{j}");
+                if is_string_schema(Some(schema)) {
+                    g.push_str(&format!("{rule}: {} raw_{i}\n", key(k)));
                 } else {
                     let schema =
                         fixed_whitespace(schema).map_err(|e| format!("'{name}'.{k}: {e}"))?;
@@ -253,28 +398,35 @@ fn glm_call(
             }
         }
         _ => {
-            g.push_str(&raw);
             g.push_str(&format!(
-                "glm_any_{i}: {} /[A-Za-z0-9_\\-]+/ {} glm_raw_{i} \"\\n\"\n",
-                lit(ARG_KEY.0),
-                lit(&format!("{}\n{}", ARG_KEY.1, ARG_VALUE.0)),
+                "any_{i}: {} /[A-Za-z0-9_\\-]+/ {} raw_{i}\n",
+                lit(tags.key_open),
+                lit(tags.key_close),
             ));
-            body.push(format!("glm_any_{i}*"));
+            body.push(format!("any_{i}*"));
         }
     }
     g.push_str(&format!(
         "call_{i}: {} {} {}\n",
-        lit(&format!("{TOOL_OPEN}{name}\n")),
+        lit(&format!("{}{name}{}", tags.call_open, tags.call_name_end)),
         body.join(" "),
-        lit(TOOL_CLOSE),
+        lit(tags.call_close),
     ));
     Ok(())
 }
 
+/// Whether a property's schema makes its value a string (`"type": "string"`): GLM and
+/// Qwen's XML write such values raw, not as JSON.
+fn is_string_schema(schema: Option<&Value>) -> bool {
+    schema
+        .and_then(|p| p.get("type"))
+        .is_some_and(|t| t == "string")
+}
+
 /// True when a rendered prompt leaves the model inside its reasoning (the template
-/// opened `<think>` for it).
-pub fn prompt_opens_reasoning(prompt: &str) -> bool {
-    prompt.trim_end().ends_with(THINK_OPEN)
+/// opened it, `think.open`, for the model).
+pub fn prompt_opens_reasoning(prompt: &str, think: Think) -> bool {
+    prompt.trim_end().ends_with(think.open)
 }
 
 /// One function call the model made.
@@ -299,11 +451,11 @@ pub enum Piece {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Before any output: a `<think>` may open reasoning, a Llama 3 call may start.
+    /// Before any output: reasoning may open, a Llama 3 call may start.
     Start,
     Reasoning,
     Content,
-    /// Inside `<tool_call>`.
+    /// Inside a call's markers (`<tool_call>`, Gemma 4's `<|tool_call>`).
     InCall,
     /// A Llama 3 JSON call: held whole until the end.
     Json,
@@ -313,9 +465,9 @@ enum State {
 #[derive(Clone, Debug)]
 pub struct OutputParser {
     tools: Option<ToolSyntax>,
-    reasoning: bool,
-    /// The `parameters` schema of each offered tool, by name (GLM's values are typed
-    /// by it).
+    reasoning: Option<Think>,
+    /// The `parameters` schema of each offered tool, by name (GLM's and Qwen XML's
+    /// values are typed by it).
     schemas: Map<String, Value>,
     state: State,
     buf: String,
@@ -327,16 +479,21 @@ impl OutputParser {
     /// A parser for one harmony (gpt-oss) answer; `tools`: the offered tools, `None`
     /// when the model was offered none.
     pub fn harmony(tools: Option<&[Value]>) -> Self {
-        let mut p = Self::new(None, false, false);
+        let mut p = Self::new(None, None, false);
         p.harmony = Some(HarmonyParser::new(tools));
         p
     }
 
     /// A parser for one answer. `tools`: the offered tools' syntax and definitions
     /// (OpenAI's `{"type": "function", "function": {...}}`), `None` when the model was
-    /// offered none; `reasoning`: whether `<think>` is read; `in_reasoning`: the prompt
-    /// opened the reasoning already ([`prompt_opens_reasoning`]).
-    pub fn new(tools: Option<(ToolSyntax, &[Value])>, reasoning: bool, in_reasoning: bool) -> Self {
+    /// offered none; `reasoning`: the markers of the model's reasoning, `None` when it
+    /// writes none; `in_reasoning`: the prompt opened the reasoning already
+    /// ([`prompt_opens_reasoning`]).
+    pub fn new(
+        tools: Option<(ToolSyntax, &[Value])>,
+        reasoning: Option<Think>,
+        in_reasoning: bool,
+    ) -> Self {
         let mut schemas = Map::new();
         for t in tools.map_or(&[][..], |t| t.1) {
             let f = t.get("function");
@@ -349,7 +506,7 @@ impl OutputParser {
             tools: tools.map(|t| t.0),
             reasoning,
             schemas,
-            state: if reasoning && in_reasoning {
+            state: if reasoning.is_some() && in_reasoning {
                 State::Reasoning
             } else {
                 State::Start
@@ -361,7 +518,7 @@ impl OutputParser {
 
     /// True when this parser changes nothing (plain content passes through).
     pub fn is_passthrough(&self) -> bool {
-        self.tools.is_none() && !self.reasoning && self.harmony.is_none()
+        self.tools.is_none() && self.reasoning.is_none() && self.harmony.is_none()
     }
 
     /// Feeds newly generated text; returns what became final.
@@ -393,8 +550,8 @@ impl OutputParser {
                 if t.is_empty() && !end {
                     return false;
                 }
-                if self.reasoning && t.starts_with(THINK_OPEN) {
-                    self.buf = t[THINK_OPEN.len()..].to_string();
+                if let Some(th) = self.reasoning.filter(|th| t.starts_with(th.open)) {
+                    self.buf = t[th.open.len()..].to_string();
                     self.state = State::Reasoning;
                     return true;
                 }
@@ -404,7 +561,7 @@ impl OutputParser {
                     self.state = State::Json;
                     return true;
                 }
-                let undecided = (self.reasoning && THINK_OPEN.starts_with(t))
+                let undecided = self.reasoning.is_some_and(|th| th.open.starts_with(t))
                     || (self.tools == Some(ToolSyntax::Llama3Json) && PYTHON_TAG.starts_with(t));
                 if undecided && !end {
                     return false;
@@ -413,36 +570,63 @@ impl OutputParser {
                 true
             }
             State::Reasoning => {
-                if let Some(at) = self.buf.find(THINK_CLOSE) {
+                let close = self.reasoning.map_or(THINK_CLOSE, |th| th.close);
+                // Qwen's XML calls may start without closing the reasoning (llama.cpp
+                // reads `<tool_call>` as its end too).
+                let call = (self.tools == Some(ToolSyntax::QwenXml)).then_some(TOOL_OPEN);
+                let closed = self.buf.find(close).map(|at| (at, close.len()));
+                let called = call.and_then(|c| self.buf.find(c)).map(|at| (at, 0));
+                if let Some((at, skip)) = match (closed, called) {
+                    (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+                    (a, b) => a.or(b),
+                } {
                     let r = self.buf[..at].to_string();
-                    self.buf.drain(..at + THINK_CLOSE.len());
+                    self.buf.drain(..at + skip);
                     push_piece(out, Piece::Reasoning(r));
                     self.state = State::Content;
                     return true;
                 }
-                let keep = if end { 0 } else { held(&self.buf, THINK_CLOSE) };
+                let keep = if end {
+                    0
+                } else {
+                    held(&self.buf, close).max(call.map_or(0, |c| held(&self.buf, c)))
+                };
                 let n = self.buf.len() - keep;
                 let r: String = self.buf.drain(..n).collect();
                 push_piece(out, Piece::Reasoning(r));
                 false
             }
             State::Content => {
-                let opener = match self.tools {
-                    Some(ToolSyntax::Hermes | ToolSyntax::Glm) => Some(TOOL_OPEN),
-                    _ => None,
-                };
-                if let Some(open) = opener {
-                    if let Some(at) = self.buf.find(open) {
-                        let c = self.buf[..at].to_string();
-                        self.buf.drain(..at + open.len());
-                        push_piece(out, Piece::Content(c));
-                        self.state = State::InCall;
-                        return true;
-                    }
+                // What ends this stretch of content: a call's opening marker; for Gemma 4
+                // also another thought block, or a stray `<channel|>` (dropped), which
+                // llama.cpp reads the same way.
+                let opener = self.tools.and_then(call_markers).map(|m| m.0);
+                let gemma4 = self.reasoning == Some(GEMMA4_THOUGHT);
+                let ends = [
+                    opener.map(|m| (m, State::InCall)),
+                    gemma4.then_some((GEMMA4_THOUGHT.open, State::Reasoning)),
+                    gemma4.then_some((G4_CHANNEL.1, State::Content)),
+                ];
+                let first = ends
+                    .iter()
+                    .flatten()
+                    .filter_map(|&(m, next)| self.buf.find(m).map(|at| (at, m, next)))
+                    .min_by_key(|&(at, m, _)| (at, usize::MAX - m.len()));
+                if let Some((at, m, next)) = first {
+                    let c = self.buf[..at].to_string();
+                    self.buf.drain(..at + m.len());
+                    push_piece(out, Piece::Content(c));
+                    self.state = next;
+                    return true;
                 }
-                let keep = match (end, opener) {
-                    (false, Some(open)) => held(&self.buf, open),
-                    _ => 0,
+                let keep = if end {
+                    0
+                } else {
+                    ends.iter()
+                        .flatten()
+                        .map(|&(m, _)| held(&self.buf, m))
+                        .max()
+                        .unwrap_or(0)
                 };
                 let n = self.buf.len() - keep;
                 let c: String = self.buf.drain(..n).collect();
@@ -450,10 +634,14 @@ impl OutputParser {
                 false
             }
             State::InCall => {
-                let Some(at) = self.buf.find(TOOL_CLOSE) else {
+                let (open, close) = self
+                    .tools
+                    .and_then(call_markers)
+                    .unwrap_or((TOOL_OPEN, TOOL_CLOSE));
+                let Some(at) = self.buf.find(close) else {
                     if end {
                         // An unclosed call is not a call: give the text back as it was.
-                        let raw = format!("{TOOL_OPEN}{}", self.buf);
+                        let raw = format!("{open}{}", self.buf);
                         self.buf.clear();
                         push_piece(out, Piece::Content(raw));
                         self.state = State::Content;
@@ -461,17 +649,16 @@ impl OutputParser {
                     return false;
                 };
                 let body = self.buf[..at].to_string();
-                self.buf.drain(..at + TOOL_CLOSE.len());
+                self.buf.drain(..at + close.len());
                 let call = match self.tools {
                     Some(ToolSyntax::Glm) => self.parse_glm(&body),
+                    Some(ToolSyntax::QwenXml) => self.parse_xml(&body),
+                    Some(ToolSyntax::Gemma4) => parse_gemma4_call(&body),
                     _ => parse_json_call(&body),
                 };
                 match call {
                     Some(c) => out.push(Piece::ToolCall(c)),
-                    None => push_piece(
-                        out,
-                        Piece::Content(format!("{TOOL_OPEN}{body}{TOOL_CLOSE}")),
-                    ),
+                    None => push_piece(out, Piece::Content(format!("{open}{body}{close}"))),
                 }
                 self.state = State::Content;
                 true
@@ -509,24 +696,11 @@ impl OutputParser {
         if name.is_empty() || name.contains(char::is_whitespace) {
             return None;
         }
-        let props = self
-            .schemas
-            .get(name)
-            .and_then(|s| s.get("properties"))
-            .and_then(Value::as_object);
         let mut args = Map::new();
         while !rest.trim().is_empty() {
             let (key, after) = between(rest.trim_start(), ARG_KEY)?;
             let (value, after) = between(after.trim_start(), ARG_VALUE)?;
-            let is_string = props
-                .and_then(|p| p.get(key.trim()))
-                .and_then(|p| p.get("type"))
-                .is_some_and(|t| t == "string");
-            let v = match serde_json::from_str::<Value>(value) {
-                Ok(v) if !is_string => v,
-                _ => Value::String(value.to_string()),
-            };
-            args.insert(key.trim().to_string(), v);
+            args.insert(key.trim().to_string(), self.typed(name, key.trim(), value));
             rest = after;
         }
         Some(ToolCall {
@@ -534,6 +708,155 @@ impl OutputParser {
             arguments: Value::Object(args).to_string(),
         })
     }
+
+    /// Qwen's XML call body: `<function=NAME>`, then `<parameter=K>\nV\n</parameter>`
+    /// pairs, then `</function>`; values typed as GLM's are ([`Self::typed`]).
+    fn parse_xml(&self, body: &str) -> Option<ToolCall> {
+        let rest = body.trim_start().strip_prefix(XML_FUNCTION.0)?;
+        let (name, rest) = rest.split_once('>')?;
+        let name = name.trim();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return None;
+        }
+        let mut rest = rest.trim_start();
+        let mut args = Map::new();
+        while let Some(after) = rest.strip_prefix(XML_PARAMETER.0) {
+            let (key, after) = after.split_once('>')?;
+            let at = after.find(XML_PARAMETER.1)?;
+            let value = &after[..at];
+            let value = value.strip_prefix('\n').unwrap_or(value);
+            let value = value.strip_suffix('\n').unwrap_or(value);
+            args.insert(key.trim().to_string(), self.typed(name, key.trim(), value));
+            rest = after[at + XML_PARAMETER.1.len()..].trim_start();
+        }
+        if rest.strip_prefix(XML_FUNCTION.1)?.trim().is_empty() {
+            Some(ToolCall {
+                name: name.to_string(),
+                arguments: Value::Object(args).to_string(),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Argument `key` of function `name` written as text: a string when the tool's
+    /// schema says so (or when it is not JSON), else the JSON it holds.
+    fn typed(&self, name: &str, key: &str, value: &str) -> Value {
+        let schema = self
+            .schemas
+            .get(name)
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get(key));
+        match serde_json::from_str::<Value>(value) {
+            Ok(v) if !is_string_schema(schema) => v,
+            _ => Value::String(value.to_string()),
+        }
+    }
+}
+
+/// The markers around one call in `syntax`, for the syntaxes whose calls sit between
+/// markers.
+fn call_markers(syntax: ToolSyntax) -> Option<(&'static str, &'static str)> {
+    match syntax {
+        ToolSyntax::Hermes | ToolSyntax::Glm | ToolSyntax::QwenXml => Some((TOOL_OPEN, TOOL_CLOSE)),
+        ToolSyntax::Gemma4 => Some((G4_CALL_OPEN, G4_CALL_CLOSE)),
+        ToolSyntax::Llama3Json | ToolSyntax::Harmony => None,
+    }
+}
+
+/// Gemma 4's call body `call:NAME{K:V,...}`, its arguments as JSON.
+fn parse_gemma4_call(body: &str) -> Option<ToolCall> {
+    let rest = body.trim_start().strip_prefix(G4_CALL)?;
+    let at = rest.find('{')?;
+    let name = rest[..at].trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return None;
+    }
+    let (args, rest) = gemma4_value(&rest[at..])?;
+    if !args.is_object() || !rest.trim().is_empty() {
+        return None;
+    }
+    Some(ToolCall {
+        name: name.to_string(),
+        arguments: args.to_string(),
+    })
+}
+
+/// One Gemma 4 value at the start of `s` (white space before it skipped), as JSON, and
+/// what follows it: `<|"|>TEXT<|"|>` a string, `{K:V,...}` an object (keys bare or
+/// quoted), `[V,...]` an array, JSON's numbers, `true`, `false` and `null`.
+fn gemma4_value(s: &str) -> Option<(Value, &str)> {
+    let s = s.trim_start();
+    if let Some(r) = s.strip_prefix(G4_QUOTE) {
+        let at = r.find(G4_QUOTE)?;
+        return Some((
+            Value::String(r[..at].to_string()),
+            &r[at + G4_QUOTE.len()..],
+        ));
+    }
+    if let Some(mut r) = s.strip_prefix('{') {
+        let mut map = Map::new();
+        r = r.trim_start();
+        if let Some(r) = r.strip_prefix('}') {
+            return Some((Value::Object(map), r));
+        }
+        loop {
+            let r0 = r.trim_start();
+            let (key, after) = match r0.strip_prefix(G4_QUOTE) {
+                Some(q) => {
+                    let at = q.find(G4_QUOTE)?;
+                    let after = q[at + G4_QUOTE.len()..].trim_start().strip_prefix(':')?;
+                    (&q[..at], after)
+                }
+                None => {
+                    let at = r0.find([':', '}'])?;
+                    (r0[..at].trim(), r0[at..].strip_prefix(':')?)
+                }
+            };
+            if key.is_empty() {
+                return None;
+            }
+            let (v, after) = gemma4_value(after)?;
+            map.insert(key.to_string(), v);
+            let after = after.trim_start();
+            if let Some(a) = after.strip_prefix(',') {
+                r = a;
+            } else {
+                return Some((Value::Object(map), after.strip_prefix('}')?));
+            }
+        }
+    }
+    if let Some(mut r) = s.strip_prefix('[') {
+        let mut items = Vec::new();
+        r = r.trim_start();
+        if let Some(r) = r.strip_prefix(']') {
+            return Some((Value::Array(items), r));
+        }
+        loop {
+            let (v, after) = gemma4_value(r)?;
+            items.push(v);
+            let after = after.trim_start();
+            if let Some(a) = after.strip_prefix(',') {
+                r = a;
+            } else {
+                return Some((Value::Array(items), after.strip_prefix(']')?));
+            }
+        }
+    }
+    for (word, v) in [
+        ("true", Value::Bool(true)),
+        ("false", Value::Bool(false)),
+        ("null", Value::Null),
+    ] {
+        if let Some(r) = s.strip_prefix(word) {
+            return Some((v, r));
+        }
+    }
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || "+-.eE".contains(c)))
+        .unwrap_or(s.len());
+    let n: serde_json::Number = serde_json::from_str(&s[..end]).ok()?;
+    Some((Value::Number(n), &s[end..]))
 }
 
 /// `s` starts with `open`, TEXT, `close`: TEXT and what follows.
@@ -628,7 +951,7 @@ mod tests {
     #[test]
     fn hermes_calls_between_content() {
         let tools = weather();
-        let make = || OutputParser::new(Some((ToolSyntax::Hermes, &tools)), false, false);
+        let make = || OutputParser::new(Some((ToolSyntax::Hermes, &tools)), None, false);
         let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
                     {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n<tool_call>\n{\"name\": \
                     \"get_weather\", \"arguments\": {\"city\": \"Köln\"}}\n</tool_call>";
@@ -654,7 +977,7 @@ mod tests {
     #[test]
     fn llama3_json_calls() {
         let tools = weather();
-        let make = || OutputParser::new(Some((ToolSyntax::Llama3Json, &tools)), false, false);
+        let make = || OutputParser::new(Some((ToolSyntax::Llama3Json, &tools)), None, false);
         let text = " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
         assert_eq!(
             parse_all(make, text),
@@ -678,7 +1001,7 @@ mod tests {
     #[test]
     fn glm_calls_typed_by_the_schema() {
         let tools = weather();
-        let make = || OutputParser::new(Some((ToolSyntax::Glm, &tools)), true, false);
+        let make = || OutputParser::new(Some((ToolSyntax::Glm, &tools)), Some(THINK), false);
         let text =
             "<think>cold?</think>\nChecking.<tool_call>get_weather\n<arg_key>city</arg_key>\n\
                     <arg_value>123</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n\
@@ -711,7 +1034,7 @@ mod tests {
     fn forced(
         syntax: ToolSyntax,
         which: ForcedCall,
-        (reasoning, in_reasoning): (bool, bool),
+        (reasoning, in_reasoning): (Option<Think>, bool),
         want: &str,
     ) -> (String, Vec<Piece>) {
         use crate::sample::GrammarVocab;
@@ -767,7 +1090,7 @@ mod tests {
 
     #[test]
     fn forced_calls_follow_the_schema_in_each_syntax() {
-        let none = (false, false);
+        let none = (None, false);
         // Hermes, a named function: the wanted call's string "days" becomes an integer.
         let want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \
                     \"Paris\", \"days\": \"three\"}}\n</tool_call>";
@@ -823,7 +1146,12 @@ mod tests {
         // A thinking model whose prompt opened the reasoning closes it, then calls.
         let want = "Hmm.</think>\n\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": \
                     {\"zone\": \"UTC\"}}\n</tool_call>";
-        let (text, pieces) = forced(ToolSyntax::Hermes, ForcedCall::Any, (true, true), want);
+        let (text, pieces) = forced(
+            ToolSyntax::Hermes,
+            ForcedCall::Any,
+            (Some(THINK), true),
+            want,
+        );
         assert_eq!(text, want);
         assert_eq!(pieces[0], Piece::Reasoning("Hmm.".into()));
         assert_eq!(
@@ -861,7 +1189,7 @@ mod tests {
             ToolSyntax::Hermes,
             &forced_tools(),
             &ForcedCall::Named("get_stock".into()),
-            false,
+            None,
             false,
         )
         .expect_err("not offered");
@@ -870,7 +1198,7 @@ mod tests {
 
     #[test]
     fn reasoning_is_split_from_content() {
-        let make = || OutputParser::new(None, true, false);
+        let make = || OutputParser::new(None, Some(THINK), false);
         let text = "<think>\nTwo and two.\n</think>\n\nFour.";
         assert_eq!(
             parse_all(make, text),
@@ -880,7 +1208,7 @@ mod tests {
             ]
         );
         // The prompt opened the reasoning: only the close comes.
-        let opened = || OutputParser::new(None, true, true);
+        let opened = || OutputParser::new(None, Some(THINK), true);
         assert_eq!(
             parse_all(opened, "hm</think>ok"),
             [Piece::Reasoning("hm".into()), Piece::Content("ok".into())]
@@ -895,7 +1223,7 @@ mod tests {
             parse_all(make, "a<think>b"),
             [Piece::Content("a<think>b".into())]
         );
-        let plain = || OutputParser::new(None, false, false);
+        let plain = || OutputParser::new(None, None, false);
         assert!(plain().is_passthrough());
         assert_eq!(
             parse_all(plain, "<think>x</think>"),
@@ -911,7 +1239,7 @@ mod tests {
             ChatSyntax::detect(qwen),
             ChatSyntax {
                 tools: Some(ToolSyntax::Hermes),
-                reasoning: true,
+                reasoning: Some(THINK),
                 harmony: false,
             }
         );
@@ -922,7 +1250,7 @@ mod tests {
             ChatSyntax::detect(oss),
             ChatSyntax {
                 tools: Some(ToolSyntax::Harmony),
-                reasoning: false,
+                reasoning: None,
                 harmony: true,
             }
         );
@@ -942,7 +1270,192 @@ mod tests {
             ChatSyntax::detect(flint_loader::chat::GEMMA_TEMPLATE),
             ChatSyntax::default()
         );
-        assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_reasoning("<think>\n\n</think>\n\n"));
+        assert!(prompt_opens_reasoning(
+            "<|im_start|>assistant\n<think>\n",
+            THINK
+        ));
+        assert!(!prompt_opens_reasoning("<think>\n\n</think>\n\n", THINK));
+        // Qwen 3.5 and Qwen3-Coder: XML calls; Gemma 4: its own calls and thought
+        // channel (the sdist's templates themselves: `engine/tests/serve_tools.rs`).
+        let qwen35 = "{% if tools %}<tool_call>\n<function=x>\n<parameter=y>{% endif %}<think>";
+        assert_eq!(ChatSyntax::detect(qwen35).tools, Some(ToolSyntax::QwenXml));
+        let gemma4 = "{% if tools %}{{- '<|tool_call>call:' + name }}{% endif %}";
+        assert_eq!(
+            ChatSyntax::detect(gemma4),
+            ChatSyntax {
+                tools: Some(ToolSyntax::Gemma4),
+                reasoning: Some(GEMMA4_THOUGHT),
+                harmony: false,
+            }
+        );
+        assert!(!prompt_opens_reasoning(
+            "<|turn>model\n<|channel>thought\n<channel|>",
+            GEMMA4_THOUGHT
+        ));
+    }
+
+    #[test]
+    fn qwen_xml_calls_typed_by_the_schema() {
+        let tools = weather();
+        // The Qwen 3.5 prompt opens the reasoning.
+        let make = || OutputParser::new(Some((ToolSyntax::QwenXml, &tools)), Some(THINK), true);
+        let text =
+            "Paris, then Köln.\n</think>\n\nLooking.\n\n<tool_call>\n<function=get_weather>\n\
+                    <parameter=city>\n123\n</parameter>\n<parameter=days>\n2\n</parameter>\n\
+                    </function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n\
+                    <parameter=city>\nKöln\nam Rhein\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Reasoning("Paris, then Köln.\n".into()),
+                Piece::Content("\n\nLooking.\n\n".into()),
+                call("get_weather", json!({"city": "123", "days": 2})),
+                Piece::Content("\n".into()),
+                call("get_weather", json!({"city": "Köln\nam Rhein"})),
+            ]
+        );
+        // A call that starts without closing the reasoning ends it (as llama.cpp reads it).
+        let text = "hm<tool_call>\n<function=get_weather>\n</function>\n</tool_call>";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Reasoning("hm".into()),
+                call("get_weather", json!({}))
+            ]
+        );
+        // Not a function block: the text comes back as content.
+        let make = || OutputParser::new(Some((ToolSyntax::QwenXml, &tools)), Some(THINK), false);
+        let bad = "<tool_call>\n{\"name\": \"get_weather\"}\n</tool_call>";
+        assert_eq!(parse_all(make, bad), [Piece::Content(bad.into())]);
+    }
+
+    #[test]
+    fn gemma4_thought_and_calls() {
+        let tools = weather();
+        let make = || {
+            OutputParser::new(
+                Some((ToolSyntax::Gemma4, &tools)),
+                Some(GEMMA4_THOUGHT),
+                false,
+            )
+        };
+        let text =
+            "<|channel>thought\nCold in Köln?<channel|>Checking.<|tool_call>call:get_weather{\
+                    city:<|\"|>Köln, {am} Rhein<|\"|>,days:2,where:{lat:50.9,lon:-6.9e0},\
+                    hours:[9,12.5],ok:true,none:null,tags:[<|\"|>a<|\"|>,{}]}<tool_call|>\
+                    <|tool_call>call:get_time{}<tool_call|>";
+        assert_eq!(
+            parse_all(make, text),
+            [
+                Piece::Reasoning("\nCold in Köln?".into()),
+                Piece::Content("Checking.".into()),
+                call(
+                    "get_weather",
+                    json!({"city": "Köln, {am} Rhein", "days": 2,
+                           "where": {"lat": 50.9, "lon": -6.9}, "hours": [9, 12.5],
+                           "ok": true, "none": null, "tags": ["a", {}]})
+                ),
+                call("get_time", json!({})),
+            ]
+        );
+        // Another thought block after some content is reasoning too, and a stray
+        // `<channel|>` is dropped, as llama.cpp reads Gemma 4's answers.
+        assert_eq!(
+            parse_all(
+                make,
+                "Four.<|channel>thought\nsure<channel|> Yes.<channel|>"
+            ),
+            [
+                Piece::Content("Four.".into()),
+                Piece::Reasoning("\nsure".into()),
+                Piece::Content(" Yes.".into()),
+            ]
+        );
+        // A plain answer; a broken call comes back as content.
+        assert_eq!(
+            parse_all(make, "Hi <b>there</b>"),
+            [Piece::Content("Hi <b>there</b>".into())]
+        );
+        let bad = "<|tool_call>call:get_weather{city:Paris}<tool_call|>";
+        assert_eq!(parse_all(make, bad), [Piece::Content(bad.into())]);
+        // Without tools the thought channel is still split off.
+        let plain = || OutputParser::new(None, Some(GEMMA4_THOUGHT), false);
+        assert_eq!(
+            parse_all(plain, "<|channel>thought\nx<channel|>Four."),
+            [
+                Piece::Reasoning("\nx".into()),
+                Piece::Content("Four.".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn forced_calls_in_qwen_xml_and_gemma4() {
+        // Qwen 3.5: the prompt opened the reasoning; string values raw, others JSON.
+        let want = "Hmm.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n\
+                    Paris\n</parameter>\n<parameter=days>\ntwo\n</parameter>\n</function>\n\
+                    </tool_call>";
+        let (text, pieces) = forced(
+            ToolSyntax::QwenXml,
+            ForcedCall::Any,
+            (Some(THINK), true),
+            want,
+        );
+        assert_eq!(pieces[0], Piece::Reasoning("Hmm.\n".into()), "{text}");
+        let c = calls(&pieces);
+        assert_eq!(c.len(), 1, "{text}");
+        assert_eq!(c[0].0, "get_weather", "{text}");
+        assert_eq!(c[0].1["city"], "Paris", "{text}");
+        assert!(
+            c[0].1["days"].is_i64(),
+            "the word 'two' became a number: {text}"
+        );
+        // A named function without reasoning.
+        let want = "<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n\
+                    </function>\n</tool_call>";
+        let (text, pieces) = forced(
+            ToolSyntax::QwenXml,
+            ForcedCall::Named("get_time".into()),
+            (None, false),
+            want,
+        );
+        assert_eq!(text, want);
+        assert_eq!(
+            calls(&pieces),
+            [("get_time".into(), json!({"zone": "CET"}))]
+        );
+        // Gemma 4: thought first if the model wants, then the call in Gemma 4's values.
+        let want = "<|channel>thought\nHmm.<channel|><|tool_call>call:get_weather{city:<|\"|>Paris\
+                    <|\"|>,days:2,where:{lat:1.5}}<tool_call|><|tool_call>call:get_time{zone:<|\"|>\
+                    UTC<|\"|>}<tool_call|>";
+        let (text, pieces) = forced(
+            ToolSyntax::Gemma4,
+            ForcedCall::Any,
+            (Some(GEMMA4_THOUGHT), false),
+            want,
+        );
+        assert_eq!(text, want);
+        assert_eq!(pieces[0], Piece::Reasoning("\nHmm.".into()));
+        assert_eq!(
+            calls(&pieces),
+            [
+                (
+                    "get_weather".into(),
+                    json!({"city": "Paris", "days": 2, "where": {"lat": 1.5}})
+                ),
+                ("get_time".into(), json!({"zone": "UTC"}))
+            ]
+        );
+        // Named: the function's name is forced, whatever the model wanted.
+        let want = "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>";
+        let (text, pieces) = forced(
+            ToolSyntax::Gemma4,
+            ForcedCall::Named("get_time".into()),
+            (Some(GEMMA4_THOUGHT), false),
+            want,
+        );
+        let c = calls(&pieces);
+        assert_eq!(c.len(), 1, "{text}");
+        assert_eq!(c[0].0, "get_time", "{text}");
     }
 }
