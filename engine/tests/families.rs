@@ -881,3 +881,60 @@ fn reference_forward_llama_tiny_f32() {
     );
     assert!(meets(&f), "{case} f32 reference: {}", show(&f));
 }
+
+#[test]
+fn dropping_the_value_norm_and_proportional_rope_fails_gemma4() {
+    dropping_fails("gemma4-tiny", "the weightless V norm", |m| {
+        assert!(m.spec.v_norm, "gemma4 norms V");
+        m.spec.v_norm = false;
+    });
+    dropping_fails("gemma4-tiny", "the full layers' rope_freqs", |m| {
+        assert!(m.rope_freqs.is_some(), "gemma4-tiny has rope_freqs");
+        m.rope_freqs = None;
+    });
+}
+
+#[test]
+fn dropping_the_expert_output_scale_fails_gemma4() {
+    dropping_fails("gemma4-tiny", "ffn_down_exps.scale", |m| {
+        for l in &mut m.layers {
+            let flint_engine::model::Ffn::Moe(moe) = &mut l.ffn else {
+                panic!("gemma4-tiny routes on every layer")
+            };
+            assert!(
+                moe.expert_scale.is_some(),
+                "gemma4-tiny scales expert outputs"
+            );
+            moe.expert_scale = None;
+        }
+    });
+}
+
+#[test]
+fn dropping_shared_kv_or_per_layer_inputs_fails_gemma4_e2b() {
+    dropping_fails("gemma4-tiny-e2b", "the shared KV", |m| {
+        let shared = m
+            .spec
+            .layers
+            .iter()
+            .filter(|l| l.kv_source.is_some())
+            .count();
+        assert_eq!(
+            shared, 3,
+            "gemma4-tiny-e2b shares the KV of its last 3 layers"
+        );
+        for l in &mut m.spec.layers {
+            l.kv_source = None;
+        }
+    });
+    dropping_fails("gemma4-tiny-e2b", "the per-layer token embeddings", |m| {
+        assert!(
+            m.per_layer.is_some(),
+            "gemma4-tiny-e2b has per-layer inputs"
+        );
+        m.per_layer = None;
+        for l in &mut m.layers {
+            l.per_layer = None;
+        }
+    });
+}

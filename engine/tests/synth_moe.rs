@@ -266,7 +266,8 @@ fn the_loader_reads_the_features_each_preset_promises() {
         assert!(c.layers[1..].iter().all(|l| l.ffn
             == FfnDesc::Moe {
                 selection_bias: true,
-                shared_expert: true
+                shared_expert: true,
+                parallel_dense: None,
             }));
         assert!(c
             .layers
@@ -298,7 +299,8 @@ fn the_loader_reads_the_features_each_preset_promises() {
         assert!(c.layers[1..].iter().all(|l| l.ffn
             == FfnDesc::Moe {
                 selection_bias: true,
-                shared_expert: false
+                shared_expert: false,
+                parallel_dense: None,
             }));
         let skipped: Vec<usize> = if p == "tiny" { vec![] } else { vec![4] };
         assert_eq!(c.skipped_layers, skipped);

@@ -177,7 +177,8 @@ fn full_config_reads_every_key() {
             l.ffn,
             FfnDesc::Moe {
                 selection_bias: true,
-                shared_expert: true
+                shared_expert: true,
+                parallel_dense: None,
             }
         );
     }
@@ -249,14 +250,16 @@ fn defaults_apply() {
         c.layers[0].ffn,
         FfnDesc::Moe {
             selection_bias: false,
-            shared_expert: false
+            shared_expert: false,
+            parallel_dense: None,
         }
     );
     assert!(c.layers[1..].iter().all(|l| matches!(
         l.ffn,
         FfnDesc::Moe {
             selection_bias: true,
-            shared_expert: false
+            shared_expert: false,
+            parallel_dense: None,
         }
     )));
 }

@@ -297,7 +297,8 @@ fn qwen3moe_reads_and_checks() {
             l.ffn,
             FfnDesc::Moe {
                 selection_bias: false,
-                shared_expert: false
+                shared_expert: false,
+                parallel_dense: None,
             }
         );
     }
@@ -377,7 +378,8 @@ fn glm4moe_reads_and_checks() {
         c.layers[1].ffn,
         FfnDesc::Moe {
             selection_bias: true,
-            shared_expert: true
+            shared_expert: true,
+            parallel_dense: None,
         }
     );
     for l in &c.layers {
@@ -507,7 +509,8 @@ fn mimo2_reads_and_checks() {
         c.layers[1].ffn,
         FfnDesc::Moe {
             selection_bias: true,
-            shared_expert: false
+            shared_expert: false,
+            parallel_dense: None,
         }
     );
 }
@@ -717,4 +720,188 @@ fn gpt_oss_refusals_name_the_culprit() {
     gpt_oss()
         .tensor("blk.0.exp_probs_b.bias", &[E])
         .refused("tensor 'blk.0.exp_probs_b.bias' is not part of a gpt-oss model");
+}
+
+/// gemma4: 6 layers [S, S, F, S, S, F], the last 3 sharing the KV of layers 1 and 2,
+/// sliding heads of 8 with 2 KV heads, full heads of 16 with 1 KV head, per-layer
+/// inputs of 4, MoE on every layer (a dense MLP beside), the full layer without
+/// `attn_v`, tied output.
+fn gemma4() -> Spec {
+    const P: usize = 4;
+    let pattern = vec![true, true, false, true, true, false];
+    let keys = keys(
+        "gemma4",
+        &[
+            ("context_length", Value::U32(512)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(6)),
+            ("feed_forward_length", Value::U32(FF as u32)),
+            ("attention.head_count", Value::U32(H as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("attention.key_length", Value::U32(16)),
+            ("attention.value_length", Value::U32(16)),
+            ("attention.key_length_swa", Value::U32(8)),
+            ("attention.value_length_swa", Value::U32(8)),
+            ("rope.dimension_count", Value::U32(16)),
+            ("rope.dimension_count_swa", Value::U32(8)),
+            ("rope.freq_base", Value::F32(1e6)),
+            ("rope.freq_base_swa", Value::F32(1e4)),
+            ("final_logit_softcapping", Value::F32(30.0)),
+            ("attention.sliding_window", Value::U32(8)),
+            ("attention.shared_kv_layers", Value::U32(3)),
+            ("embedding_length_per_layer_input", Value::U32(P as u32)),
+            (
+                "attention.sliding_window_pattern",
+                Value::Array(Array::Bool(pattern.clone())),
+            ),
+            (
+                "attention.head_count_kv",
+                Value::Array(Array::I32(vec![2, 2, 1, 2, 2, 1])),
+            ),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+        ],
+    );
+    let mut t = Vec::new();
+    head(&mut t, false);
+    t.push(("rope_freqs.weight".into(), vec![8]));
+    t.push(("per_layer_token_embd.weight".into(), vec![P * 6, V]));
+    t.push(("per_layer_model_proj.weight".into(), vec![D, P * 6]));
+    t.push(("per_layer_proj_norm.weight".into(), vec![P]));
+    for (i, &sl) in pattern.iter().enumerate() {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let (hd, hkv) = if sl { (8, 2) } else { (16, 1) };
+        attn(&mut t, i, hkv, hd, hd);
+        if !sl {
+            t.retain(|(name, _)| *name != n("attn_v.weight"));
+        }
+        t.push((n("attn_q_norm.weight"), vec![hd]));
+        t.push((n("attn_k_norm.weight"), vec![hd]));
+        for s in ["post_attention_norm", "ffn_norm", "post_ffw_norm"] {
+            t.push((n(&format!("{s}.weight")), vec![D]));
+        }
+        dense(&mut t, i);
+        experts(&mut t, i);
+        t.push((n("ffn_gate_inp.scale"), vec![D]));
+        t.push((n("ffn_down_exps.scale"), vec![E]));
+        for s in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+            t.push((n(&format!("{s}.weight")), vec![D]));
+        }
+        t.push((n("inp_gate.weight"), vec![D, P]));
+        t.push((n("proj.weight"), vec![P, D]));
+        t.push((n("post_norm.weight"), vec![D]));
+        t.push((n("layer_output_scale.weight"), vec![1]));
+    }
+    Spec {
+        arch: "gemma4",
+        keys,
+        tensors: t,
+    }
+}
+
+#[test]
+fn gemma4_reads_and_checks() {
+    let c = gemma4().desc();
+    assert_eq!(c.arch, Arch::Gemma4);
+    assert_eq!((c.head_dim_k, c.max_head_dims()), (16, (16, 16)));
+    let dims: Vec<_> = c
+        .layers
+        .iter()
+        .map(|l| (l.head_dim_k, l.n_rot, l.n_kv_heads, l.rope_freq_factors))
+        .collect();
+    assert_eq!(
+        dims,
+        [
+            (8, 8, 2, false),
+            (8, 8, 2, false),
+            (16, 16, 1, true),
+            (8, 8, 2, false),
+            (8, 8, 2, false),
+            (16, 16, 1, true)
+        ]
+    );
+    let sources: Vec<_> = c.layers.iter().map(|l| l.kv_source).collect();
+    assert_eq!(sources, [None, None, None, Some(1), Some(1), Some(2)]);
+    assert_eq!((c.kv_layer(4), c.kv_layer(5), c.kv_layer(0)), (1, 2, 0));
+    assert_eq!(c.attn_scale, 1.0);
+    assert!(c.v_norm && !c.q_prescaled && c.tied_output);
+    assert_eq!(c.per_layer_input, 4);
+    assert_eq!(c.logit_softcap, Some(30.0));
+    assert_eq!(c.layers[4].rope_base, 1e4);
+    assert_eq!(c.layers[5].rope_base, 1e6);
+    let m = c.moe.expect("moe");
+    assert!(m.router_input_scale && m.expert_out_scale && m.normalize);
+    assert_eq!(m.gating, Gating::Softmax);
+    assert!(c.layers.iter().all(|l| l.out_scale
+        && matches!(
+            l.ffn,
+            FfnDesc::Moe {
+                parallel_dense: Some(FF),
+                ..
+            }
+        )));
+    // A layer without a router is a dense Gemma 4 layer; without any, no MoE at all.
+    let mut s = gemma4();
+    for i in 0..6 {
+        for suffix in [
+            "ffn_gate_inp.weight",
+            "ffn_gate_inp.scale",
+            "ffn_down_exps.scale",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_exps.weight",
+            "pre_ffw_norm_2.weight",
+            "post_ffw_norm_1.weight",
+            "post_ffw_norm_2.weight",
+        ] {
+            s = s.drop_tensor(&format!("blk.{i}.{suffix}"));
+        }
+    }
+    let c = s.desc();
+    assert!(c.moe.is_none());
+    assert!(c
+        .layers
+        .iter()
+        .all(|l| l.ffn == FfnDesc::Dense { width: FF }));
+}
+
+#[test]
+fn gemma4_refusals_name_the_culprit() {
+    gemma4()
+        .key("attention.shared_kv_layers", Value::U32(4))
+        .refused("'gemma4.attention.shared_kv_layers': is 4 of 6 layers");
+    gemma4()
+        .key("attention.value_length_swa", Value::U32(16))
+        .refused("gemma4.attention.value_length_swa");
+    gemma4()
+        .key("rope.dimension_count_swa", Value::U32(10))
+        .refused("'gemma4.rope.dimension_count_swa': is 10");
+    gemma4()
+        .drop_key("attention.sliding_window_pattern")
+        .refused("gemma4.attention.sliding_window_pattern");
+    gemma4()
+        .drop_key("embedding_length_per_layer_input")
+        .refused("gemma4.embedding_length_per_layer_input");
+    gemma4()
+        .drop_tensor("blk.0.ffn_gate_inp.scale")
+        .refused("blk.0.ffn_gate_inp.scale");
+    gemma4()
+        .drop_tensor("blk.2.attn_k.weight")
+        .refused("blk.2.attn_k.weight");
+    gemma4()
+        .drop_tensor("blk.3.ffn_down_exps.scale")
+        .refused("present on some MoE layers and absent on others");
+    gemma4()
+        .drop_tensor("blk.1.proj.weight")
+        .refused("blk.1.proj.weight");
+    gemma4()
+        .tensor("blk.0.ffn_gate_up_exps.weight", &[D, 2 * FE, E])
+        .refused("tensor 'blk.0.ffn_gate_up_exps.weight' is not part of a gemma4 model");
+    // Shared-KV layers need no K projection or K norm.
+    let c = gemma4()
+        .drop_tensor("blk.4.attn_k.weight")
+        .drop_tensor("blk.4.attn_k_norm.weight")
+        .desc();
+    assert_eq!(c.layers[4].kv_source, Some(1));
 }

@@ -338,7 +338,43 @@ fn describe(c: &ModelDesc) -> Vec<String> {
     if c.value_scale != 1.0 {
         let _ = write!(attn, ", output scaled by {}", c.value_scale);
     }
+    if c.layers.iter().any(|l| {
+        (l.head_dim_k, l.head_dim_v, l.n_rot) != (c.head_dim_k, c.head_dim_v, c.rope.n_rot)
+    }) {
+        let dims: Vec<String> = c
+            .layers
+            .iter()
+            .map(|l| format!("{}/{}", l.head_dim_k, l.n_rot))
+            .collect();
+        let _ = write!(
+            attn,
+            ", head size / rotated dims per layer [{}]",
+            dims.join(", ")
+        );
+    }
+    if c.v_norm {
+        attn.push_str(", V RMS-normed");
+    }
+    let shared: Vec<String> = c
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.kv_source.map(|s| format!("{i}->{s}")))
+        .collect();
+    if !shared.is_empty() {
+        let _ = write!(
+            attn,
+            ", KV read from an earlier layer [{}]",
+            shared.join(", ")
+        );
+    }
     out.push(attn);
+    if c.per_layer_input > 0 {
+        out.push(format!(
+            "per-layer token embeddings: {} per layer",
+            c.per_layer_input
+        ));
+    }
     let mut bases: Vec<f32> = Vec::new();
     let mut scales: Vec<f32> = Vec::new();
     for l in &c.layers {
@@ -406,6 +442,23 @@ fn describe(c: &ModelDesc) -> Vec<String> {
             },
             m.shared_count
         );
+        if m.router_input_scale {
+            ffn.push_str(", the router on the normed residual times ffn_gate_inp.scale");
+        }
+        if m.expert_out_scale {
+            ffn.push_str(", per-expert output scale");
+        }
+        if c.layers.iter().any(|l| {
+            matches!(
+                l.ffn,
+                FfnDesc::Moe {
+                    parallel_dense: Some(_),
+                    ..
+                }
+            )
+        }) {
+            ffn.push_str(", a dense MLP beside the experts on MoE layers");
+        }
     }
     out.push(ffn);
     let mut norms = format!(

@@ -91,6 +91,8 @@ struct DevMlp {
     width: usize,
 }
 
+// One per layer, built once: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum DevFfn {
     Dense(DevMlp),

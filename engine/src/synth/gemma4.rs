@@ -240,7 +240,7 @@ impl Gemma4Recipe {
                 vec![d, hkv * hd],
                 Fill::matrix(d, 1.0),
             );
-            if !(self.k_eq_v && !self.pattern[il]) {
+            if !self.k_eq_v || self.pattern[il] {
                 add(
                     n("attn_v.weight"),
                     mat(d, true),

@@ -111,7 +111,7 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
     // Shared KV: llama.cpp's `n_layer_kv_from_start` and `reuse` callback.
     let shared_key = k("attention.shared_kv_layers");
     let shared = f.opt_usize(&shared_key)?.unwrap_or(0);
-    let from = l.checked_sub(shared).unwrap_or(0);
+    let from = l.saturating_sub(shared);
     if shared > 0 && (shared > l || from < 2 || !sliding[from - 2] || sliding[from - 1]) {
         return Err(ConfigError::invalid(
             &shared_key,
