@@ -37,9 +37,9 @@
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{GgufFile, GgufWriter, Value};
-use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
+use flint_loader::tokenizer::PreTokenizer;
 
-use super::vocab::{build_vocab, truncated_tokenizer};
+use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, writer_err, Fill,
     Planned, SynthError,
@@ -568,23 +568,12 @@ pub fn synth_dense(
     vocab: VocabSource<'_>,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(GgufWriter, usize), SynthError> {
-    let (tokenizer, n_vocab) = match vocab {
-        VocabSource::Builtin => {
-            let v = build_vocab(recipe.builtin_vocab, seed);
-            let n = v.tokens.len();
-            let mut t = TokenizerConfig::bpe(
-                recipe.family.builtin_pre(),
-                v.tokens,
-                v.merges,
-                Some(v.bos),
-                Some(v.eos),
-            );
-            t.token_types = Some(v.types);
-            t.pad = Some(0);
-            (t.to_metadata(), n)
-        }
-        VocabSource::File(file, n) => truncated_tokenizer(file, n)?,
-    };
+    let (tokenizer, n_vocab) = tokenizer_entries(
+        vocab,
+        recipe.builtin_vocab,
+        recipe.family.builtin_pre(),
+        seed,
+    )?;
     let arch = recipe.family.arch();
     let mut w = begin_file(
         arch,

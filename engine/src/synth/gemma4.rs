@@ -19,10 +19,10 @@
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{Array, GgufWriter, Value};
-use flint_loader::tokenizer::{PreTokenizer, TokenizerConfig};
+use flint_loader::tokenizer::PreTokenizer;
 
 use super::dense::VocabSource;
-use super::vocab::{build_vocab, truncated_tokenizer};
+use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
     SynthError,
@@ -434,23 +434,8 @@ pub fn synth_gemma4(
     vocab: VocabSource<'_>,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(GgufWriter, usize), SynthError> {
-    let (tokenizer, n_vocab) = match vocab {
-        VocabSource::Builtin => {
-            let v = build_vocab(recipe.builtin_vocab, seed);
-            let n = v.tokens.len();
-            let mut t = TokenizerConfig::bpe(
-                PreTokenizer::Default,
-                v.tokens,
-                v.merges,
-                Some(v.bos),
-                Some(v.eos),
-            );
-            t.token_types = Some(v.types);
-            t.pad = Some(0);
-            (t.to_metadata(), n)
-        }
-        VocabSource::File(file, n) => truncated_tokenizer(file, n)?,
-    };
+    let (tokenizer, n_vocab) =
+        tokenizer_entries(vocab, recipe.builtin_vocab, PreTokenizer::Default, seed)?;
     let w = begin_file(
         "gemma4",
         recipe.model_name().as_str(),

@@ -49,10 +49,10 @@
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{Array, GgufWriter, Value};
-use flint_loader::tokenizer::{keys, PreTokenizer, TokenizerConfig};
+use flint_loader::tokenizer::PreTokenizer;
 
 use super::dense::{VocabSource, OUTPUT_GAIN};
-use super::vocab::{build_vocab, truncated_tokenizer};
+use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
     SynthError,
@@ -106,11 +106,11 @@ impl MoeFamily {
 
     /// `tokenizer.ggml.pre` of the built-in vocabulary: the converter's for the family
     /// (Qwen3 and MiMo use Qwen2's tokenizer; GLM-4.5 `glm4`; gpt-oss o200k's `gpt-4o`).
-    pub fn builtin_pre(self) -> &'static str {
+    pub fn builtin_pre(self) -> PreTokenizer {
         match self {
-            MoeFamily::Glm4Moe => "glm4",
-            MoeFamily::GptOss => "gpt-4o",
-            _ => "qwen2",
+            MoeFamily::Glm4Moe => PreTokenizer::Glm4,
+            MoeFamily::GptOss => PreTokenizer::Gpt4o,
+            _ => PreTokenizer::Qwen2,
         }
     }
 }
@@ -715,35 +715,12 @@ pub fn synth_moe(
     vocab: VocabSource<'_>,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(GgufWriter, usize), SynthError> {
-    let (tokenizer, n_vocab) = match vocab {
-        VocabSource::Builtin => {
-            let v = build_vocab(recipe.builtin_vocab, seed);
-            let n = v.tokens.len();
-            let mut t = TokenizerConfig::bpe(
-                PreTokenizer::Qwen2,
-                v.tokens,
-                v.merges,
-                Some(v.bos),
-                Some(v.eos),
-            );
-            t.token_types = Some(v.types);
-            t.pad = Some(0);
-            let pre = recipe.family.builtin_pre();
-            let md = t
-                .to_metadata()
-                .into_iter()
-                .map(|(k, v)| {
-                    if k == keys::PRE {
-                        (k, Value::String(pre.to_string()))
-                    } else {
-                        (k, v)
-                    }
-                })
-                .collect();
-            (md, n)
-        }
-        VocabSource::File(file, n) => truncated_tokenizer(file, n)?,
-    };
+    let (tokenizer, n_vocab) = tokenizer_entries(
+        vocab,
+        recipe.builtin_vocab,
+        recipe.family.builtin_pre(),
+        seed,
+    )?;
     let arch = recipe.family.arch();
     let w = begin_file(
         arch,

@@ -289,3 +289,31 @@ fn filter_array(a: &Array, idx: &[usize]) -> Option<Array> {
         _ => return None,
     })
 }
+
+/// The `tokenizer.*` entries of a llama.cpp-family checkpoint and its vocabulary size:
+/// the built-in byte-level BPE of `builtin` tokens (seeded by `seed`) written under the
+/// pre-tokenizer `pre`, or `source`'s file cut as [`truncated_tokenizer`] cuts it.
+pub fn tokenizer_entries(
+    source: super::dense::VocabSource<'_>,
+    builtin: usize,
+    pre: flint_loader::tokenizer::PreTokenizer,
+    seed: u64,
+) -> Result<(Vec<(String, Value)>, usize), SynthError> {
+    match source {
+        super::dense::VocabSource::Builtin => {
+            let v = build_vocab(builtin, seed);
+            let n = v.tokens.len();
+            let mut t = flint_loader::tokenizer::TokenizerConfig::bpe(
+                pre,
+                v.tokens,
+                v.merges,
+                Some(v.bos),
+                Some(v.eos),
+            );
+            t.token_types = Some(v.types);
+            t.pad = Some(0);
+            Ok((t.to_metadata(), n))
+        }
+        super::dense::VocabSource::File(file, n) => truncated_tokenizer(file, n),
+    }
+}
