@@ -28,6 +28,7 @@ usage.
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import threading
@@ -36,8 +37,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-import openai
-from openai import OpenAI
+# The openai client builds its pydantic models lazily on first use by default, and that
+# first build is not thread-safe: two worker threads parsing their first chunk at once can
+# see a half-built class and fail with "BaseModel cannot be instantiated directly". Build
+# them at import, before any worker thread starts.
+os.environ.setdefault("DEFER_PYDANTIC_BUILD", "false")
+
+import openai  # noqa: E402: must follow the environment setting above
+from openai import OpenAI  # noqa: E402
 
 # Common English words: with a leading space each is one token for most BPE and
 # SentencePiece vocabularies, so N words make a prompt of about N tokens.
