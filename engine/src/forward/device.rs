@@ -253,6 +253,7 @@ impl DeviceModel {
         dev: DeviceRef,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
+        crate::model::check_device_forward(&model.spec)?;
         let tied = model.output.name == model.token_embd.name;
         if model.spec.activation == Activation::SwigluOai
             && !dev.supports(flint_hal::Op::SwigluOaiMul, None)
