@@ -43,6 +43,7 @@ use flint_engine::model::{load_model, model_from_gguf, Model};
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
 use flint_engine::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use flint_engine::synth::qwen35moe::{synth_qwen35moe, Qwen35MoeRecipe};
 use flint_loader::gguf::GgufFile;
 use golden_common::{
     chains_from_jsonl, replay_greedy, replay_greedy_on, teacher_forced_figures, Figures,
@@ -70,7 +71,7 @@ const NEAR_TIE: f64 = 0.05;
 const NEAR_TIE_DEVICE: f64 = 0.5;
 
 /// The cases with a synthesised f32 file, in the order of [`F32`].
-const CASES: [&str; 15] = [
+const CASES: [&str; 16] = [
     "llama-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
@@ -86,6 +87,7 @@ const CASES: [&str; 15] = [
     "gpt-oss-tiny",
     "gemma4-tiny",
     "gemma4-tiny-e2b",
+    "qwen35moe-tiny",
 ];
 
 fn data(case: &str) -> PathBuf {
@@ -123,6 +125,7 @@ fn vocab_path(vocab: &str) -> PathBuf {
         "llama-bpe" => "ggml-vocab-llama-bpe.gguf",
         "qwen2" => "ggml-vocab-qwen2.gguf",
         "gemma-4" => "ggml-vocab-gemma-4.gguf",
+        "qwen35" => "ggml-vocab-qwen35.gguf",
         "gemma3" => {
             return flint_loader::fetch::default_model_path().unwrap_or_else(|e| {
                 panic!(
@@ -185,6 +188,10 @@ fn synthesise(case: &str) -> GgufFile {
     } else if arch == "gemma4" {
         let recipe = Gemma4Recipe::of(preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
         synth_gemma4(&recipe, seed, vocab, &|_, _| {})
+    } else if arch == "qwen35moe" {
+        let recipe =
+            Qwen35MoeRecipe::of(preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+        synth_qwen35moe(&recipe, seed, vocab, &|_, _| {})
     } else {
         let family = MoeFamily::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
         let recipe =
@@ -937,4 +944,217 @@ fn dropping_shared_kv_or_per_layer_inputs_fails_gemma4_e2b() {
             l.per_layer = None;
         }
     });
+}
+
+/// A family only the reference forward runs (qwen35moe: the device forward refuses Gated
+/// DeltaNet layers until the KV manager holds their recurrent state): the reference
+/// forward teacher-forced on the first [`REFERENCE_IDS`] golden ids must meet the targets
+/// (top-1 >= [`TOP1_TARGET`], mean KL <= [`KL_TARGET`], or a [`KnownGap`]'s), and it must
+/// replay llama.cpp's greedy chains (each first leaving llama.cpp's ids, if at all, at a
+/// near-tie below [`NEAR_TIE`]). Every position goes through the layers' carried
+/// recurrent state: the chains feed a prompt, then one token per step.
+fn compare_reference_only(case: &str, ty: &str) {
+    let t0 = std::time::Instant::now();
+    let model = model(case, ty);
+    let gap = known_gap(case, ty)
+        .or_else(|| DELTA_NET_GAPS.iter().find(|g| g.case == case && g.ty == ty));
+    let (top1, near_tie, kl) = match gap {
+        Some(g) => {
+            println!("{case} {ty}: known gap: {}", g.why);
+            (g.reference_top1, g.reference_near_tie, g.reference_kl)
+        }
+        None => (TOP1_TARGET, NEAR_TIE, KL_TARGET),
+    };
+    let rf = reference_teacher_forced(case, ty, &model);
+    let t_tf = t0.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(data(case).join(format!("greedy-{ty}.jsonl")))
+        .expect("greedy golden");
+    let chains = chains_from_jsonl(&text);
+    assert_eq!(chains.len(), 3, "{case} {ty}: three greedy chains");
+    let greedy = replay_greedy_on(&mut OnReference::new(&model), &chains, near_tie);
+    let greedy_text = match &greedy {
+        Ok(r) => format!(
+            "reference greedy {}/{} chains identical, {} first diverging at a near-tie {:?}, max logit diff on llama.cpp's top 5 {:.2e}",
+            r.identical, r.chains, r.near_ties.len(), r.near_ties, r.max_diff
+        ),
+        Err(e) => format!("reference greedy FAILED: {e}"),
+    };
+    println!(
+        "{case} {ty} (reference forward, first {REFERENCE_IDS} ids): {}; {greedy_text} ({:.1}s: teacher-forced {t_tf:.1}s)",
+        show(&rf),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        rf.top1 >= top1 && rf.kl <= kl,
+        "{case} {ty}, reference forward: {} (targets: top-1 >= {top1}, mean KL <= {kl})",
+        show(&rf)
+    );
+    if let Err(e) = greedy {
+        panic!("{case} {ty}, reference: {e}");
+    }
+}
+
+/// The qwen35moe comparisons that miss the targets by a measured margin (kept apart from
+/// [`KNOWN_GAPS`] only while that list is edited elsewhere). Traced with
+/// `tools/golden/dump_ops.sh` on the Q8_0 file: the reference's logits equal llama.cpp's
+/// to the golden's precision (5e-7) up to position 329 and leave them between 329 and
+/// 336, where a last-bit difference first flips a Q8_0 rounding of a matmul's
+/// activation. The last-bit differences, op by op against llama.cpp's own inputs: its
+/// AVX2 build's SiLU (`ggml_v_silu` with the AVX2 `ggml_v_expf`, 1 ulp off the AVX-512
+/// form the reference states on ~12% of the convolution outputs) and glibc's `logf` in
+/// the softplus of the DeltaNet gate (`libm`'s differs by 1 ulp on ~6% of them); the
+/// sigmoids, the L2 norms and the delta rule's inputs equal llama.cpp's bit for bit.
+const DELTA_NET_GAPS: [KnownGap; 2] = [
+    KnownGap {
+        case: "qwen35moe-tiny",
+        ty: "q8_0",
+        reference_top1: 0.95,
+        reference_near_tie: NEAR_TIE,
+        reference_kl: KL_TARGET,
+        why: "reference teacher-forced top-1 63/64 (98.4%; the miss at a 0.035-nat \
+              near-tie), mean KL 8.6e-5 (AVX2-made goldens: SiLU and logf last bits)",
+    },
+    KnownGap {
+        case: "qwen35moe-tiny",
+        ty: "q4_k_m",
+        reference_top1: 0.95,
+        reference_near_tie: NEAR_TIE,
+        reference_kl: KL_TARGET,
+        why: "reference teacher-forced top-1 63/64 (98.4%; the miss at a 0.027-nat \
+              near-tie), mean KL 7.4e-4 (AVX2-made goldens: SiLU and logf last bits)",
+    },
+];
+
+#[test]
+fn qwen35moe_tiny_f32() {
+    compare_reference_only("qwen35moe-tiny", "f32");
+}
+
+#[test]
+fn qwen35moe_tiny_q8_0() {
+    compare_reference_only("qwen35moe-tiny", "q8_0");
+}
+
+#[test]
+fn qwen35moe_tiny_q4_k_m() {
+    compare_reference_only("qwen35moe-tiny", "q4_k_m");
+}
+
+/// The reference forward's recurrent state is carried across calls and reset by
+/// `clear`: a prompt fed after another sequence was cleared gives a fresh reference's
+/// logits; and the shared-expert gate and the attention output gate are each needed to
+/// meet the targets (on the Q8_0 file, whose reference run is the quickest).
+#[test]
+fn qwen35moe_state_is_carried_and_each_gate_is_needed() {
+    let (case, ty) = ("qwen35moe-tiny", "q8_0");
+    let model = model(case, ty);
+    let ids = golden_ids(case);
+    let n = 24;
+    let mut fresh = Reference::new(&model);
+    let want: Vec<Vec<f32>> = ids[..n]
+        .iter()
+        .map(|&t| fresh.forward(t).expect("forward"))
+        .collect();
+    let mut reused = Reference::new(&model);
+    for &t in &ids[100..117] {
+        reused.forward(t).expect("forward");
+    }
+    reused.clear();
+    assert!(reused.is_empty());
+    for (p, &t) in ids[..n].iter().enumerate() {
+        assert_eq!(
+            reused.forward(t).expect("forward"),
+            want[p],
+            "position {p} after clear()"
+        );
+    }
+    let mut no_shared_gate = model.clone();
+    for l in &mut no_shared_gate.layers {
+        if let flint_engine::model::Ffn::Moe(moe) = &mut l.ffn {
+            assert!(
+                moe.shared_gate.take().is_some(),
+                "every layer gates its shared expert"
+            );
+        }
+    }
+    let f = reference_teacher_forced(case, ty, &no_shared_gate);
+    println!("{case} {ty} without the shared-expert gate: {}", show(&f));
+    assert!(
+        !meets(&f),
+        "dropping the shared-expert gate still meets the targets: {}",
+        show(&f)
+    );
+    // The attention layers' gate: their query projections keep only the query rows
+    // (whole rows of blocks, whatever the type).
+    let mut no_attn_gate = model.clone();
+    let (h, dk) = (model.spec.n_heads, model.spec.head_dim_k);
+    let mut gated = 0;
+    for (l, ld) in no_attn_gate
+        .layers
+        .iter_mut()
+        .zip(no_attn_gate.spec.layers.iter_mut())
+    {
+        if ld.attn_gate {
+            let rb = l.wq.row_bytes();
+            let kept: Vec<u8> = (0..h)
+                .flat_map(|hq| l.wq.bytes()[2 * hq * dk * rb..(2 * hq + 1) * dk * rb].to_vec())
+                .collect();
+            l.wq.dims = vec![l.wq.dims[0], h * dk];
+            l.wq.data = flint_hal::WeightSource::from_vec(kept);
+            ld.attn_gate = false;
+            gated += 1;
+        }
+    }
+    assert!(gated > 0, "{case} has gated attention layers");
+    let f = reference_teacher_forced(case, ty, &no_attn_gate);
+    println!(
+        "{case} {ty} without the attention output gate: {}",
+        show(&f)
+    );
+    assert!(
+        !meets(&f),
+        "dropping the attention gate still meets the targets: {}",
+        show(&f)
+    );
+}
+
+/// The device forward (`flint run`, `flint serve`) refuses a qwen35moe file by name,
+/// before anything runs: its Gated DeltaNet layers' recurrent state is not held by the
+/// KV manager yet.
+#[test]
+fn qwen35moe_is_refused_by_the_device_forward() {
+    let case = "qwen35moe-tiny";
+    let m = model(case, "f32");
+    let dev = flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
+    let e = DeviceModel::stage(&m, dev, &mut |_, _| {}).expect_err("the device refuses it");
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            flint_engine::model::ModelError::NotOnDevice {
+                arch: "qwen35moe",
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    let entry = &manifest(case)["models"]["q8_0"];
+    let p = committed(
+        case,
+        entry["file"].as_str().expect("file"),
+        entry["sha256"].as_str().expect("sha256"),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-m"])
+        .arg(&p)
+        .args(["-p", "hello", "-n", "1"])
+        .output()
+        .expect("flint runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "flint run must fail: {stderr}");
+    assert!(
+        stderr.contains("qwen35moe models are not supported by the device forward yet")
+            && stderr.contains("Gated DeltaNet"),
+        "{stderr}"
+    );
 }

@@ -1012,7 +1012,10 @@ fn qwen35moe_reads_and_checks() {
         (m.gating, m.normalize, m.scale),
         (Gating::Softmax, true, 1.0)
     );
-    assert_eq!((m.shared_count, m.shared_width, m.shared_gate), (1, 24, true));
+    assert_eq!(
+        (m.shared_count, m.shared_width, m.shared_gate),
+        (1, 24, true)
+    );
     let mixers: Vec<Mixer> = c.layers.iter().map(|l| l.mixer).collect();
     assert_eq!(
         mixers,

@@ -346,7 +346,10 @@ impl Qwen35MoeRecipe {
             ("ssm.inner_size", u(self.dn_heads_v * self.dn_head_dim)),
             ("full_attention_interval", u(self.full_attention_interval)),
             ("rope.dimension_count", u(self.n_rot)),
-            ("rope.dimension_sections", Value::Array(Array::I32(sections))),
+            (
+                "rope.dimension_sections",
+                Value::Array(Array::I32(sections)),
+            ),
         ]
     }
 }

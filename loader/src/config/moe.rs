@@ -58,7 +58,11 @@ pub(super) fn per_block(
 /// A per-block flag array (mimo2's `attention.sliding_window_pattern`, qwen35moe's
 /// `attention.recurrent_layers`): one entry per block, bools or the integers 0/1 a
 /// converter may write; true / nonzero = set.
-pub(super) fn flag_per_block(f: &GgufFile, key: &str, n_all: usize) -> Result<Vec<bool>, ConfigError> {
+pub(super) fn flag_per_block(
+    f: &GgufFile,
+    key: &str,
+    n_all: usize,
+) -> Result<Vec<bool>, ConfigError> {
     let v: Vec<bool> = match f.get_array(key)? {
         Array::Bool(v) => v.clone(),
         _ => f.get_u32_array(key)?.iter().map(|&x| x != 0).collect(),
@@ -355,7 +359,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             expert_biases: true,
             router_input_scale: false,
             expert_out_scale: false,
-                shared_gate: false,
+            shared_gate: false,
         }),
         _ => Ok(MoeDesc {
             experts: e,
@@ -375,7 +379,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             expert_biases: false,
             router_input_scale: false,
             expert_out_scale: false,
-                shared_gate: false,
+            shared_gate: false,
         }),
     }
 }

@@ -538,6 +538,6 @@ fn read_moe(ks: &Keys<'_>, leading_dense: usize) -> Result<MoeDesc, ConfigError>
         expert_biases: false,
         router_input_scale: false,
         expert_out_scale: false,
-                shared_gate: false,
+        shared_gate: false,
     })
 }

@@ -180,14 +180,19 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
         Some(0) | None => match ff {
             // llama.cpp: `n_ff / n_expert_used` when the expert width is absent.
             Some(ff) => nonzero(&k("feed_forward_length"), ff / used)?,
-            None => return Err(ConfigError::invalid(&fe_key, "missing, and so is feed_forward_length")),
+            None => {
+                return Err(ConfigError::invalid(
+                    &fe_key,
+                    "missing, and so is feed_forward_length",
+                ))
+            }
         },
-        Some(_) => {
-            return Err(ConfigError::invalid(
-                &fe_key,
-                format!("differs between layers ({widths:?}): per-layer expert widths are not supported"),
-            ))
-        }
+        Some(_) => return Err(ConfigError::invalid(
+            &fe_key,
+            format!(
+                "differs between layers ({widths:?}): per-layer expert widths are not supported"
+            ),
+        )),
     };
     let fs_key = k("expert_shared_feed_forward_length");
     let fs = match (ks.opt_size("expert_shared_feed_forward_length")?, ff) {
