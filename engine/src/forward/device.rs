@@ -58,27 +58,42 @@ struct MlpBufs {
     up: Vec<f32>,
     hidden: Vec<f32>,
     expert_out: Vec<f32>,
+    /// The routing and branch buffers of an MoE layer, and a per-layer input's.
+    moe: MoeBufs,
+}
+
+/// The buffers of an MoE layer besides its towers' activations (router input and
+/// logits, the chosen experts and weights, the shared and parallel dense branches'
+/// outputs, a norm scratch), and of Gemma 4's per-layer input; kept across the layers
+/// of a step, grown when needed.
+#[derive(Debug, Default)]
+struct MoeBufs {
+    expert_in: Vec<f32>,
+    router_in: Vec<f32>,
+    logits: Vec<f32>,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+    branch_out: Vec<f32>,
+    scratch: Vec<f32>,
+}
+
+/// The first `len` values of `b`, grown (with zeros) when shorter.
+fn grown<T: Copy + Default>(b: &mut Vec<T>, len: usize) -> &mut [T] {
+    if b.len() < len {
+        b.resize(len, T::default());
+    }
+    &mut b[..len]
 }
 
 impl MlpBufs {
     /// The gate, up and hidden buffers, `len` values each, and the expert output
     /// buffer, `out_len` values (grown when needed).
     fn take(&mut self, len: usize, out_len: usize) -> [&mut [f32]; 4] {
-        for (b, l) in [
-            (&mut self.gate, len),
-            (&mut self.up, len),
-            (&mut self.hidden, len),
-            (&mut self.expert_out, out_len),
-        ] {
-            if b.len() < l {
-                b.resize(l, 0.0);
-            }
-        }
         [
-            &mut self.gate[..len],
-            &mut self.up[..len],
-            &mut self.hidden[..len],
-            &mut self.expert_out[..out_len],
+            grown(&mut self.gate, len),
+            grown(&mut self.up, len),
+            grown(&mut self.hidden, len),
+            grown(&mut self.expert_out, out_len),
         ]
     }
 }
@@ -749,7 +764,7 @@ impl DeviceModel {
             }
             timed!("add", dev.add(x, tmp))?;
             if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
-                self.layer_input(li, il, inputs, row_ids, x, tmp, &mut norm_src)?;
+                self.layer_input(li, il, inputs, row_ids, x, tmp, &mut mlp_bufs)?;
                 timed!("add", dev.add(x, tmp))?;
             }
             if let Some(s) = layer.out_scale {
@@ -782,10 +797,7 @@ impl DeviceModel {
         dim: usize,
         scratch: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        if scratch.len() < buf.len() {
-            scratch.resize(buf.len(), 0.0);
-        }
-        let src = &mut scratch[..buf.len()];
+        let src = grown(scratch, buf.len());
         src.copy_from_slice(buf);
         timed!(
             "rms_norm",
@@ -837,25 +849,20 @@ impl DeviceModel {
         row_ids: &[usize],
         x: &[f32],
         out: &mut [f32],
-        scratch: &mut Vec<f32>,
+        bufs: &mut MlpBufs,
     ) -> Result<(), ModelError> {
         let dev = &self.dev;
         let spec = &self.spec;
         let (p, rows) = (spec.per_layer_input, row_ids.len());
         let width = p * spec.n_layers();
-        let mut input = Vec::with_capacity(rows * p);
-        for &r in row_ids {
-            input.extend_from_slice(&inputs[r * width + il * p..r * width + (il + 1) * p]);
+        let [gate, input, hidden, _] = bufs.take(rows * p, 0);
+        for (dst, &r) in input.chunks_exact_mut(p).zip(row_ids) {
+            dst.copy_from_slice(&inputs[r * width + il * p..r * width + (il + 1) * p]);
         }
-        let mut gate = vec![0.0f32; rows * p];
-        timed!(
-            "per_layer_gate",
-            dev.matmul(&*li.inp_gate, x, rows, &mut gate)
-        )?;
-        let mut hidden = vec![0.0f32; rows * p];
-        timed!("gelu_mul", dev.gelu_mul(&gate, &input, &mut hidden))?;
-        timed!("per_layer_proj", dev.matmul(&*li.proj, &hidden, rows, out))?;
-        self.norm_in_place(out, Some(&li.post_norm), spec.d, scratch)?;
+        timed!("per_layer_gate", dev.matmul(&*li.inp_gate, x, rows, gate))?;
+        timed!("gelu_mul", dev.gelu_mul(gate, input, hidden))?;
+        timed!("per_layer_proj", dev.matmul(&*li.proj, hidden, rows, out))?;
+        self.norm_in_place(out, Some(&li.post_norm), spec.d, &mut bufs.moe.scratch)?;
         Ok(())
     }
 
@@ -921,35 +928,45 @@ impl DeviceModel {
                 let e = ms.experts;
                 let k = ms.used;
                 let eps = self.spec.rms_eps;
+                // The routing buffers leave `bufs` for the layer (the towers and the
+                // shared expert take its other buffers meanwhile) and go back after.
+                let mut mb = std::mem::take(&mut bufs.moe);
+                let MoeBufs {
+                    expert_in,
+                    router_in,
+                    logits,
+                    ids,
+                    weights,
+                    branch_out,
+                    scratch,
+                } = &mut mb;
                 // Gemma 4: the experts read `pre_ffw_norm_2` of the residual stream, the
                 // router its weightless norm times `scale / sqrt(d)`.
-                let expert_in;
                 let f_exp = match parallel {
                     Some(p) => {
-                        let mut b = vec![0.0f32; n * d];
+                        let b = grown(expert_in, n * d);
                         timed!(
                             "rms_norm",
-                            dev.rms_norm(resid, Some(&p.pre_norm_2), eps, d, &mut b)
+                            dev.rms_norm(resid, Some(&p.pre_norm_2), eps, d, b)
                         )?;
-                        expert_in = b;
-                        &expert_in[..]
+                        &*b
                     }
                     None => f,
                 };
-                let mut logits = vec![0.0f32; n * e];
+                let logits = grown(logits, n * e);
                 match router_norm {
                     Some(w) => {
-                        let mut r = vec![0.0f32; n * d];
-                        timed!("rms_norm", dev.rms_norm(resid, Some(w), eps, d, &mut r))?;
-                        timed!("router", dev.matmul(&**router, &r, n, &mut logits))?;
+                        let r = grown(router_in, n * d);
+                        timed!("rms_norm", dev.rms_norm(resid, Some(w), eps, d, r))?;
+                        timed!("router", dev.matmul(&**router, r, n, logits))?;
                     }
-                    None => timed!("router", dev.matmul(&**router, f_exp, n, &mut logits))?,
+                    None => timed!("router", dev.matmul(&**router, f_exp, n, logits))?,
                 }
                 if let Some(rb) = router_bias {
-                    timed!("router_bias", dev.add_bias(&mut logits, rb))?;
+                    timed!("router_bias", dev.add_bias(logits, rb))?;
                 }
-                let mut ids = vec![0u32; n * k];
-                let mut weights = vec![0.0f32; n * k];
+                let ids = grown(ids, n * k);
+                let weights = grown(weights, n * k);
                 let cfg = RoutingConfig {
                     k,
                     gating: ms.gating,
@@ -958,11 +975,11 @@ impl DeviceModel {
                 };
                 timed!(
                     "route",
-                    dev.route_topk(&logits, e, bias.as_deref(), &cfg, &mut ids, &mut weights)
+                    dev.route_topk(logits, e, bias.as_deref(), &cfg, ids, weights)
                 )?;
                 // Gemma 4's per-expert output scale, folded into the routing weights.
                 if let Some(s) = expert_scale {
-                    for (w, &ex) in weights.iter_mut().zip(&ids) {
+                    for (w, &ex) in weights.iter_mut().zip(ids.iter()) {
                         *w *= s[ex as usize];
                     }
                 }
@@ -1018,23 +1035,23 @@ impl DeviceModel {
                 let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
                 timed!(
                     "scatter",
-                    dev.scatter_add_weighted(out, y, &token_rows, &weights, d)
+                    dev.scatter_add_weighted(out, y, &token_rows, weights, d)
                 )?;
                 if let Some(s) = shared {
-                    let mut ys = vec![0.0f32; n * d];
-                    self.mlp(s, f, n, &mut ys, bufs)?;
-                    timed!("add", dev.add(out, &ys))?;
+                    let ys = grown(branch_out, n * d);
+                    self.mlp(s, f, n, ys, bufs)?;
+                    timed!("add", dev.add(out, ys))?;
                 }
                 if let Some(p) = parallel {
                     // Both branches' post-norms, then dense + experts.
-                    let mut scratch = Vec::new();
-                    self.norm_in_place(out, Some(&p.post_norm_2), d, &mut scratch)?;
-                    let mut yd = vec![0.0f32; n * d];
-                    self.mlp(&p.mlp, f, n, &mut yd, bufs)?;
-                    self.norm_in_place(&mut yd, Some(&p.post_norm_1), d, &mut scratch)?;
-                    timed!("add", dev.add(&mut yd, out))?;
-                    out.copy_from_slice(&yd);
+                    self.norm_in_place(out, Some(&p.post_norm_2), d, scratch)?;
+                    let yd = grown(branch_out, n * d);
+                    self.mlp(&p.mlp, f, n, yd, bufs)?;
+                    self.norm_in_place(yd, Some(&p.post_norm_1), d, scratch)?;
+                    timed!("add", dev.add(yd, out))?;
+                    out.copy_from_slice(yd);
                 }
+                bufs.moe = mb;
                 Ok(())
             }
         }

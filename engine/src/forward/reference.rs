@@ -677,8 +677,9 @@ impl<'m> Reference<'m> {
                 for (e, w) in chosen {
                     let ye = self.mlp_biased(&moe.experts, moe.expert_biases.as_ref(), e, f)?;
                     let s = moe.expert_scale.as_ref().map_or(1.0, |s| s[e]);
+                    // `b * 1.0` is `b`: without a per-expert scale this is `w * b`.
                     for (a, b) in y.iter_mut().zip(&ye) {
-                        *a += if s == 1.0 { w * b } else { w * (b * s) };
+                        *a += w * (b * s);
                     }
                 }
                 if let Some(sh) = &moe.shared {

@@ -31,6 +31,16 @@
 //! ([`KvCacheManager::find_cached_prefix`]): a full-attention group needs every block
 //! of it, a sliding group only those its window still sees from the first token after
 //! it (the earlier entries of its table are `NO_BLOCK`, as when blocks leave the window).
+//!
+//! **Recurrent state.** Linear-attention layers (Qwen 3.5's Gated DeltaNet) keep no
+//! per-position keys and values but one fixed-size state per sequence (their convolution
+//! window and delta-rule state). Their group is [`GroupKind::Recurrent`]: a block of it is
+//! one sequence's state slot, so a request holds exactly one block there from its first
+//! step to its end, however long it grows (its table is `[slot]`). The forward starts the
+//! state from zero at a sequence's position 0 and carries it across chunks; a preempted
+//! request frees its slot with its other blocks and recomputes from its first token like
+//! them. The state after a prefix is not kept per block, so a model with a recurrent
+//! group runs with prefix caching off ([`KvCacheManager::supports_prefix_caching`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -51,16 +61,30 @@ pub enum GroupKind {
         /// The window `W`.
         window: usize,
     },
+    /// One fixed-size state per sequence (linear attention): a block is a state slot,
+    /// one per request whatever its length.
+    Recurrent,
 }
 
 impl GroupKind {
-    /// The window of a sliding group; `None` for the full group.
+    /// The window of a sliding group; `None` for the full and recurrent groups.
     pub fn window(self) -> Option<usize> {
         match self {
-            GroupKind::Full => None,
+            GroupKind::Full | GroupKind::Recurrent => None,
             GroupKind::Sliding { window } => Some(window),
         }
     }
+}
+
+/// What a layer keeps between steps, the key of its KV-cache group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerCache {
+    /// Keys and values of every position (full attention).
+    Full,
+    /// Keys and values of the window's positions (sliding-window attention).
+    Sliding,
+    /// One fixed-size state per sequence (linear attention).
+    Recurrent,
 }
 
 /// One KV-cache group: its kind and the layers in it.
@@ -72,11 +96,34 @@ pub struct KvGroupSpec {
     pub layers: Vec<usize>,
 }
 
-/// Derives the groups from a layer pattern (`true` = sliding layer). Groups with no
-/// layers are left out; the full group comes first.
+/// Derives the groups from a layer pattern (`true` = sliding layer), as
+/// [`groups_from_layers`].
 pub fn groups_from_pattern(sliding: &[bool], window: Option<usize>) -> Vec<KvGroupSpec> {
-    let full: Vec<usize> = (0..sliding.len()).filter(|&i| !sliding[i]).collect();
-    let swa: Vec<usize> = (0..sliding.len()).filter(|&i| sliding[i]).collect();
+    let layers: Vec<LayerCache> = sliding
+        .iter()
+        .map(|&s| {
+            if s {
+                LayerCache::Sliding
+            } else {
+                LayerCache::Full
+            }
+        })
+        .collect();
+    groups_from_layers(&layers, window)
+}
+
+/// Derives the groups from what each layer keeps. Groups with no layers are left out;
+/// the full group comes first, then the sliding one, then the recurrent one. A sliding
+/// layer without a window sees everything: it joins the full group.
+pub fn groups_from_layers(layers: &[LayerCache], window: Option<usize>) -> Vec<KvGroupSpec> {
+    let of = |kind: LayerCache| -> Vec<usize> {
+        (0..layers.len()).filter(|&i| layers[i] == kind).collect()
+    };
+    let (full, swa, recurrent) = (
+        of(LayerCache::Full),
+        of(LayerCache::Sliding),
+        of(LayerCache::Recurrent),
+    );
     let mut groups = Vec::new();
     if !full.is_empty() {
         groups.push(KvGroupSpec {
@@ -102,6 +149,12 @@ pub fn groups_from_pattern(sliding: &[bool], window: Option<usize>) -> Vec<KvGro
                 }),
             },
         }
+    }
+    if !recurrent.is_empty() {
+        groups.push(KvGroupSpec {
+            kind: GroupKind::Recurrent,
+            layers: recurrent,
+        });
     }
     groups
 }
@@ -381,7 +434,8 @@ pub struct KvCacheManager {
 
 impl KvCacheManager {
     /// A manager over `groups`, with `blocks_per_group[g]` blocks of `block_size` tokens
-    /// in group `g`'s pool, prefix caching on.
+    /// (a recurrent group: state slots) in group `g`'s pool, prefix caching on where
+    /// [supported](Self::supports_prefix_caching).
     ///
     /// # Panics
     /// When `block_size` is 0 or the two lists differ in length (caller bugs).
@@ -403,12 +457,27 @@ impl KvCacheManager {
             queries: 0,
             hits: 0,
         }
+        .with_prefix_caching_checked()
+    }
+
+    fn with_prefix_caching_checked(mut self) -> Self {
+        self.prefix_caching = self.supports_prefix_caching();
+        self
+    }
+
+    /// Whether prefix caching can be on: not with a recurrent group, whose state after
+    /// a prefix is not kept.
+    pub fn supports_prefix_caching(&self) -> bool {
+        self.groups
+            .iter()
+            .all(|g| g.spec.kind != GroupKind::Recurrent)
     }
 
     /// Turns prefix caching on or off (off: no block is hashed or found, and the blocks
-    /// cached so far become plain free blocks once free).
+    /// cached so far become plain free blocks once free). It stays off where it is not
+    /// [supported](Self::supports_prefix_caching).
     pub fn set_prefix_caching(&mut self, on: bool) {
-        self.prefix_caching = on;
+        self.prefix_caching = on && self.supports_prefix_caching();
         if !on {
             for g in &mut self.groups {
                 g.pool.clear_cache();
@@ -510,8 +579,12 @@ impl KvCacheManager {
     }
 
     /// Blocks of `table` group `g` must newly hand out so that positions
-    /// `first_query ..= last` are backed (the window of `first_query` included).
+    /// `first_query ..= last` are backed (the window of `first_query` included; a
+    /// recurrent group: the state slot, when the table has none yet).
     fn missing(&self, table: &[u32], g: usize, first_query: usize, last: usize) -> usize {
+        if self.groups[g].spec.kind == GroupKind::Recurrent {
+            return usize::from(table.first().is_none_or(|&b| b == NO_BLOCK));
+        }
         let bs = self.block_size;
         let lo = self.first_needed(g, first_query) / bs;
         let hi = last / bs;
@@ -528,8 +601,11 @@ impl KvCacheManager {
         }
         let bs = self.block_size;
         (0..self.groups.len()).all(|g| {
-            let lo = self.first_needed(g, first_query) / bs;
-            (end - 1) / bs + 1 - lo <= self.groups[g].pool.num_blocks()
+            let needed = match self.groups[g].spec.kind {
+                GroupKind::Recurrent => 1,
+                _ => (end - 1) / bs + 1 - self.first_needed(g, first_query) / bs,
+            };
+            needed <= self.groups[g].pool.num_blocks()
         })
     }
 
@@ -575,9 +651,17 @@ impl KvCacheManager {
             num_offered: 0,
         });
         for (g, group) in self.groups.iter_mut().enumerate() {
+            let table = &mut r.tables[g];
+            if group.spec.kind == GroupKind::Recurrent {
+                match table.first_mut() {
+                    Some(slot) if *slot != NO_BLOCK => {}
+                    // Counted above: the pool has a slot.
+                    _ => *table = vec![group.pool.take().unwrap_or(NO_BLOCK)],
+                }
+                continue;
+            }
             let lo = window_start(first_query, group.spec.kind.window()) / bs;
             let hi = (end - 1) / bs;
-            let table = &mut r.tables[g];
             if table.len() <= hi {
                 table.resize(hi + 1, NO_BLOCK);
             }
@@ -798,6 +882,17 @@ impl KvCacheManager {
         }
     }
 
+    /// The state slot of `req` in recurrent group `g` (`None` before its first
+    /// allocation, or where `g` is not recurrent).
+    pub fn state_slot(&self, req: RequestId, g: usize) -> Option<u32> {
+        let recurrent = self
+            .groups
+            .get(g)
+            .is_some_and(|grp| grp.spec.kind == GroupKind::Recurrent);
+        let slot = self.block_table(req, g).first().copied()?;
+        (recurrent && slot != NO_BLOCK).then_some(slot)
+    }
+
     /// The slots of `positions` of `req` in group `g`, through that group's own table.
     ///
     /// # Panics
@@ -840,6 +935,104 @@ mod tests {
         let g = groups_from_pattern(&[true, false], None);
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].layers, vec![0, 1]);
+    }
+
+    /// Qwen 3.5's layout: three linear-attention layers, then a full one.
+    fn with_recurrent() -> Vec<KvGroupSpec> {
+        use LayerCache::{Full, Recurrent};
+        groups_from_layers(&[Recurrent, Recurrent, Recurrent, Full], None)
+    }
+
+    #[test]
+    fn recurrent_layers_form_their_own_group() {
+        let g = with_recurrent();
+        assert_eq!(g.len(), 2);
+        assert_eq!((g[0].kind, g[0].layers.clone()), (GroupKind::Full, vec![3]));
+        assert_eq!(
+            (g[1].kind, g[1].layers.clone()),
+            (GroupKind::Recurrent, vec![0, 1, 2])
+        );
+        let g = groups_from_layers(
+            &[LayerCache::Sliding, LayerCache::Recurrent, LayerCache::Full],
+            Some(8),
+        );
+        let kinds: Vec<GroupKind> = g.iter().map(|g| g.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                GroupKind::Full,
+                GroupKind::Sliding { window: 8 },
+                GroupKind::Recurrent
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_holds_one_state_slot_whatever_its_length() {
+        // 8 full-attention blocks of 4 tokens, 2 state slots.
+        let mut m = KvCacheManager::new(with_recurrent(), 4, &[8, 2]);
+        m.allocate(1, 0, 5).unwrap();
+        let slot = m
+            .state_slot(1, 1)
+            .expect("a slot after the first allocation");
+        assert_eq!(m.block_table(1, 1), &[slot]);
+        assert_eq!((m.live_blocks(1, 0), m.live_blocks(1, 1)), (2, 1));
+        // Growing (chunks, decode steps) keeps the same slot and takes none.
+        m.allocate(1, 5, 13).unwrap();
+        m.allocate(1, 13, 14).unwrap();
+        assert_eq!(m.state_slot(1, 1), Some(slot));
+        assert_eq!((m.live_blocks(1, 0), m.num_free(1)), (4, 1));
+        // The last slot goes to a second request; a third finds none, and the error
+        // names the recurrent group; nothing was allocated for it in the other group.
+        m.allocate(2, 0, 3).unwrap();
+        assert_ne!(m.state_slot(2, 1), Some(slot));
+        assert!(!m.can_allocate(3, 0, 1));
+        assert_eq!(
+            m.allocate(3, 0, 1),
+            Err(OutOfBlocks {
+                group: 1,
+                needed: 1,
+                free: 0
+            })
+        );
+        assert_eq!(m.live_blocks(3, 0), 0);
+        // A finished (or preempted) request gives its slot back with its blocks.
+        m.free(1);
+        assert_eq!(m.state_slot(1, 1), None);
+        m.allocate(3, 0, 1).unwrap();
+        assert_eq!(m.state_slot(3, 1), Some(slot));
+        m.free(2);
+        m.free(3);
+        assert!(m.all_free());
+        // Only the attention groups bound a prompt's length.
+        assert!(m.fits_when_empty(0, 32));
+        assert!(!m.fits_when_empty(0, 33));
+        // Not a recurrent group: no state slot.
+        m.allocate(4, 0, 1).unwrap();
+        assert_eq!(m.state_slot(4, 0), None);
+    }
+
+    #[test]
+    fn prefix_caching_stays_off_with_a_recurrent_group() {
+        let mut m = KvCacheManager::new(with_recurrent(), 4, &[8, 2]);
+        assert!(!m.supports_prefix_caching());
+        assert!(!m.prefix_caching());
+        m.set_prefix_caching(true);
+        assert!(!m.prefix_caching());
+        let tokens: Vec<u32> = (0..12).collect();
+        m.allocate(1, 0, 12).unwrap();
+        m.cache_computed(1, &tokens, 12);
+        m.free(1);
+        let p = m.find_cached_prefix(&tokens);
+        assert_eq!((p.num_tokens, p.num_queried), (0, 0));
+        assert_eq!(m.prefix_cache_stats().cached_blocks, 0);
+        // Without the recurrent group the same steps hit the cache.
+        let mut a = KvCacheManager::new(groups_from_pattern(&[false], None), 4, &[8]);
+        assert!(a.supports_prefix_caching() && a.prefix_caching());
+        a.allocate(1, 0, 12).unwrap();
+        a.cache_computed(1, &tokens, 12);
+        a.free(1);
+        assert_eq!(a.find_cached_prefix(&tokens).num_tokens, 8);
     }
 
     #[test]

@@ -71,6 +71,54 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
 
 /// Runs a tile kernel `$f::<R>` for the activation rows `rows` of one weight row.
 macro_rules! tiled {
+    // Kernels that also take each activation row's block scales as f32 (`; scales`).
+    ($($f:ident)::+, $w:expr, $a:expr, $nb:expr, $rows:expr, $out:expr; $s:expr) => {{
+        let w = $w;
+        let row = |i: usize| &$a[i * $nb..(i + 1) * $nb];
+        let sc = |i: usize| &$s[i * $nb..(i + 1) * $nb];
+        let rows: &[usize] = $rows;
+        let mut t = 0;
+        while t < rows.len() {
+            let len = (rows.len() - t).min(4);
+            let r = &rows[t..t + len];
+            let o = &mut $out[t..t + len];
+            // SAFETY (each call): the level was checked against the CPU's features at
+            // device open (`SimdLevel::check`), so the kernel's target features are present.
+            match len {
+                4 => {
+                    let ys = [row(r[0]), row(r[1]), row(r[2]), row(r[3])];
+                    let ss = [sc(r[0]), sc(r[1]), sc(r[2]), sc(r[3])];
+                    let mut v = [0f32; 4];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $($f)::+::<4>(&w, &ys, &ss, &mut v) };
+                    o.copy_from_slice(&v);
+                }
+                3 => {
+                    let ys = [row(r[0]), row(r[1]), row(r[2])];
+                    let ss = [sc(r[0]), sc(r[1]), sc(r[2])];
+                    let mut v = [0f32; 3];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $($f)::+::<3>(&w, &ys, &ss, &mut v) };
+                    o.copy_from_slice(&v);
+                }
+                2 => {
+                    let ys = [row(r[0]), row(r[1])];
+                    let ss = [sc(r[0]), sc(r[1])];
+                    let mut v = [0f32; 2];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $($f)::+::<2>(&w, &ys, &ss, &mut v) };
+                    o.copy_from_slice(&v);
+                }
+                _ => {
+                    let mut v = [0f32; 1];
+                    // SAFETY: features checked at device open (see above).
+                    unsafe { $($f)::+::<1>(&w, &[row(r[0])], &[sc(r[0])], &mut v) };
+                    o[0] = v[0];
+                }
+            }
+            t += len;
+        }
+    }};
     ($($f:ident)::+, $w:expr, $a:expr, $nb:expr, $rows:expr, $out:expr) => {{
         let w = $w;
         let row = |i: usize| &$a[i * $nb..(i + 1) * $nb];
@@ -161,7 +209,14 @@ pub(crate) fn dot_rows(
                 }
                 _ => unreachable!("no AVX-512 VNNI Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512Vnni), Acts::Q8_0 { blocks: a, .. }) => match ty {
+            (
+                Some(SimdLevel::Avx512Vnni),
+                Acts::Q8_0 {
+                    blocks: a,
+                    scales: sa,
+                    ..
+                },
+            ) => match ty {
                 GgmlType::Q5_0 => {
                     let side = |i: usize| acts.q8_0_side(i, nb0);
                     q0::vnni::q5_0_rows(&view::<BlockQ5_0>(w), rows, &side, out);
@@ -174,7 +229,8 @@ pub(crate) fn dot_rows(
                     a,
                     nb0,
                     rows,
-                    out
+                    out;
+                    sa
                 ),
                 GgmlType::Q4_0 => tiled!(
                     q0::avx512::dot_q4_0,
@@ -182,7 +238,8 @@ pub(crate) fn dot_rows(
                     a,
                     nb0,
                     rows,
-                    out
+                    out;
+                    sa
                 ),
                 _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
             },
@@ -213,14 +270,22 @@ pub(crate) fn dot_rows(
                 ),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
+            (
+                Some(SimdLevel::Avx512),
+                Acts::Q8_0 {
+                    blocks: a,
+                    scales: sa,
+                    ..
+                },
+            ) => match ty {
                 GgmlType::Q8_0 => tiled!(
                     q0::avx512::dot_q8_0,
                     view::<BlockQ8_0>(w),
                     a,
                     nb0,
                     rows,
-                    out
+                    out;
+                    sa
                 ),
                 GgmlType::Q5_0 => tiled!(
                     q0::avx512::dot_q5_0,
@@ -228,7 +293,8 @@ pub(crate) fn dot_rows(
                     a,
                     nb0,
                     rows,
-                    out
+                    out;
+                    sa
                 ),
                 GgmlType::Q4_0 => tiled!(
                     q0::avx512::dot_q4_0,
@@ -236,7 +302,8 @@ pub(crate) fn dot_rows(
                     a,
                     nb0,
                     rows,
-                    out
+                    out;
+                    sa
                 ),
                 _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
             },
@@ -266,15 +333,22 @@ pub(crate) fn dot_rows(
                 }
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
+            (
+                Some(SimdLevel::Avx2),
+                Acts::Q8_0 {
+                    blocks: a,
+                    scales: sa,
+                    ..
+                },
+            ) => match ty {
                 GgmlType::Q8_0 => {
-                    tiled!(q0::avx2::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out)
+                    tiled!(q0::avx2::dot_q8_0, view::<BlockQ8_0>(w), a, nb0, rows, out; sa)
                 }
                 GgmlType::Q5_0 => {
-                    tiled!(q0::avx2::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out)
+                    tiled!(q0::avx2::dot_q5_0, view::<BlockQ5_0>(w), a, nb0, rows, out; sa)
                 }
                 GgmlType::Q4_0 => {
-                    tiled!(q0::avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out)
+                    tiled!(q0::avx2::dot_q4_0, view::<BlockQ4_0>(w), a, nb0, rows, out; sa)
                 }
                 GgmlType::IQ4_NL => tiled!(
                     iq4_nl::avx2::dot_iq4nl,
@@ -1019,6 +1093,19 @@ fn rows4<B>(
 
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
 macro_rules! rows1 {
+    // Kernels that also take the activation row's block scales as f32 (`; scales`).
+    ($($f:ident)::+, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr; $s:expr) => {{
+        let wb = view::<$B>($w);
+        let nbw = wb.len() / $out.len();
+        let y = &$a[$row * $nb..($row + 1) * $nb];
+        let s = &$s[$row * $nb..($row + 1) * $nb];
+        for (o, d) in $out.iter_mut().enumerate() {
+            let mut r = [0f32; 1];
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { $($f)::+::<1>(&wb[o * nbw..(o + 1) * nbw], &[y], &[s], &mut r) };
+            *d = r[0];
+        }
+    }};
     ($($f:ident)::+, $B:ty, $w:expr, $a:expr, $nb:expr, $row:expr, $out:expr) => {{
         let wb = view::<$B>($w);
         let nbw = wb.len() / $out.len();
@@ -1119,10 +1206,23 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q6_K => rows1!(q6_k::avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx512), Acts::Q8_0 { blocks: a, .. }) => match ty {
-                GgmlType::Q8_0 => rows1!(q0::avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
-                GgmlType::Q5_0 => rows1!(q0::avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
-                GgmlType::Q4_0 => rows1!(q0::avx512::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+            (
+                Some(SimdLevel::Avx512),
+                Acts::Q8_0 {
+                    blocks: a,
+                    scales: sa,
+                    ..
+                },
+            ) => match ty {
+                GgmlType::Q8_0 => {
+                    rows1!(q0::avx512::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o; sa)
+                }
+                GgmlType::Q5_0 => {
+                    rows1!(q0::avx512::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o; sa)
+                }
+                GgmlType::Q4_0 => {
+                    rows1!(q0::avx512::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o; sa)
+                }
                 _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
@@ -1136,10 +1236,23 @@ pub(crate) fn matvec_rows(
                 GgmlType::Q2_K => rows1!(q2_k::avx2::dot_q2k, BlockQ2K, w, a, nbk, act_row, o),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
-            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
-                GgmlType::Q8_0 => rows1!(q0::avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o),
-                GgmlType::Q5_0 => rows1!(q0::avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o),
-                GgmlType::Q4_0 => rows1!(q0::avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o),
+            (
+                Some(SimdLevel::Avx2),
+                Acts::Q8_0 {
+                    blocks: a,
+                    scales: sa,
+                    ..
+                },
+            ) => match ty {
+                GgmlType::Q8_0 => {
+                    rows1!(q0::avx2::dot_q8_0, BlockQ8_0, w, a, nb0, act_row, o; sa)
+                }
+                GgmlType::Q5_0 => {
+                    rows1!(q0::avx2::dot_q5_0, BlockQ5_0, w, a, nb0, act_row, o; sa)
+                }
+                GgmlType::Q4_0 => {
+                    rows1!(q0::avx2::dot_q4_0, BlockQ4_0, w, a, nb0, act_row, o; sa)
+                }
                 GgmlType::IQ4_NL => {
                     rows1!(iq4_nl::avx2::dot_iq4nl, BlockIQ4NL, w, a, nb0, act_row, o)
                 }
