@@ -263,9 +263,8 @@ pub struct ExpertBiases {
 ///
 /// On a Gated DeltaNet layer ([`Layer::delta_net`] set) the attention projections
 /// `wq`, `wk`, `wv`, `wo` hold that layer's `attn_qkv`, `attn_qkv`, `attn_gate` and
-/// `ssm_out` so that every layer has them; no forward reads them there (the reference
-/// runs the DeltaNet, the device forward refuses such models:
-/// [`check_device_forward`]).
+/// `ssm_out` so that every layer has them; no forward reads them there (both forwards
+/// run the layer's [`DeltaNetLayer`], and the device stages only its tensors).
 #[derive(Clone, Debug)]
 pub struct Layer {
     /// `attn_norm`.
@@ -379,29 +378,6 @@ pub enum ModelError {
     /// cannot compute (a token outside the vocabulary, a position beyond the context).
     #[error("{0}")]
     Invalid(String),
-    /// The model is one the reference forward runs but the device forward does not yet.
-    #[error("{arch} models are not supported by the device forward yet: {reason}")]
-    NotOnDevice {
-        /// `general.architecture`.
-        arch: &'static str,
-        /// What the device forward lacks.
-        reason: &'static str,
-    },
-}
-
-/// Refuses a model the device forward (`flint run`, `flint serve`) cannot run yet:
-/// Gated DeltaNet layers ([`Mixer::DeltaNet`]) carry a recurrent state per sequence (the
-/// convolution window and the delta-rule state) that the KV manager does not hold yet.
-pub fn check_device_forward(spec: &ModelDesc) -> Result<(), ModelError> {
-    if spec.layers.iter().any(|l| l.mixer == Mixer::DeltaNet) {
-        return Err(ModelError::NotOnDevice {
-            arch: spec.arch.name(),
-            reason: "the recurrent state of its Gated DeltaNet layers (convolution window and \
-                     delta-rule state) is not held by the KV manager; only the reference \
-                     forward runs it",
-        });
-    }
-    Ok(())
 }
 
 impl ModelError {

@@ -65,10 +65,7 @@ pub fn load_on_device(
     let mapped = GgufFile::open(path).map_err(open_err)?;
     // The description before the tokenizer: a file with a feature Flint does not run is
     // refused by the key or tensor at fault, whatever else it lacks.
-    let desc = ModelDesc::from_gguf(&mapped)?;
-    // A model only the reference forward runs (Gated DeltaNet layers) is refused before
-    // its tokenizer is built.
-    super::check_device_forward(&desc)?;
+    ModelDesc::from_gguf(&mapped)?;
     let tokenizer = Tokenizer::from_gguf(&mapped).map_err(|source| ModelError::Tokenizer {
         path: path.to_path_buf(),
         source,

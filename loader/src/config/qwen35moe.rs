@@ -187,12 +187,14 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
                 ))
             }
         },
-        Some(_) => return Err(ConfigError::invalid(
-            &fe_key,
-            format!(
+        Some(_) => {
+            return Err(ConfigError::invalid(
+                &fe_key,
+                format!(
                 "differs between layers ({widths:?}): per-layer expert widths are not supported"
             ),
-        )),
+            ))
+        }
     };
     let fs_key = k("expert_shared_feed_forward_length");
     let fs = match (ks.opt_size("expert_shared_feed_forward_length")?, ff) {
