@@ -128,7 +128,7 @@ impl Qwen35MoeRecipe {
     /// Whether layer `il` is a Gated DeltaNet layer (llama.cpp's rule without
     /// `attention.recurrent_layers`).
     pub fn is_delta_net(&self, il: usize) -> bool {
-        (il + 1) % self.full_attention_interval != 0
+        !(il + 1).is_multiple_of(self.full_attention_interval)
     }
 
     /// `general.file_type`: 0 (all f32) or 15 (mostly Q4_K_M).
