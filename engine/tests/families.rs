@@ -1120,7 +1120,7 @@ fn qwen35moe_state_is_carried_and_each_gate_is_needed() {
 
 /// The device forward (`flint run`, `flint serve`) refuses a qwen35moe file by name,
 /// before anything runs: its Gated DeltaNet layers' recurrent state is not held by the
-/// KV manager yet.
+/// KV manager yet; `flint inspect` says it runs on the reference forward only.
 #[test]
 fn qwen35moe_is_refused_by_the_device_forward() {
     let case = "qwen35moe-tiny";
@@ -1156,5 +1156,18 @@ fn qwen35moe_is_refused_by_the_device_forward() {
         stderr.contains("qwen35moe models are not supported by the device forward yet")
             && stderr.contains("Gated DeltaNet"),
         "{stderr}"
+    );
+    // `flint inspect` says so too, with the layers' mixers.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .arg("inspect")
+        .arg(&p)
+        .output()
+        .expect("flint inspect runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("runs: on the reference forward only (qwen35moe model")
+            && stdout.contains("mixers: 3 Gated DeltaNet layers (2 key heads, 4 value heads of 64, convolution of 4), 1 attention layers (1 with an output gate)"),
+        "{stdout}"
     );
 }
