@@ -1117,3 +1117,38 @@ fn qwen35moe_state_is_carried_and_each_gate_is_needed() {
         show(&f)
     );
 }
+
+/// `flint run` and `flint inspect` on a qwen35moe file: the device forward runs it (its
+/// Gated DeltaNet layers' state in the KV manager's recurrent group), and inspect lists
+/// the layers' mixers.
+#[test]
+fn qwen35moe_runs_on_the_device_and_inspect_lists_its_mixers() {
+    let case = "qwen35moe-tiny";
+    let entry = &manifest(case)["models"]["q8_0"];
+    let p = committed(
+        case,
+        entry["file"].as_str().expect("file"),
+        entry["sha256"].as_str().expect("sha256"),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-m"])
+        .arg(&p)
+        .args(["-p", "hello", "-n", "4", "--temperature", "0"])
+        .output()
+        .expect("flint runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "flint run fails: {stderr}");
+    assert!(stderr.contains("generation 4 tok"), "{stderr}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .arg("inspect")
+        .arg(&p)
+        .output()
+        .expect("flint inspect runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("runs: yes (qwen35moe model")
+            && stdout.contains("mixers: 3 Gated DeltaNet layers (2 key heads, 4 value heads of 64, convolution of 4), 1 attention layers (1 with an output gate)"),
+        "{stdout}"
+    );
+}

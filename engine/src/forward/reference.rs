@@ -7,6 +7,11 @@
 //! after the Q/K/V and output matmuls, per-head QK norm, RoPE with the layer's
 //! parameters (`flint_core::math::rope`), a pre-scaled query or a scaled `q.k`,
 //! sinks and a window, post-norms, the activation, and final logit soft-capping.
+//! Qwen 3.5's Gated DeltaNet layers run through `flint_core::math::delta` token by token,
+//! each layer's recurrent state (convolution window and delta-rule state) carried from
+//! one position to the next as the KV of attention layers is; its attention layers
+//! multiply their output by the query projection's sigmoid gate, and its shared expert
+//! is scaled by its own sigmoid gate.
 //!
 //! **Matmuls** go through `flint_core::dot::matvec_f32_ggml_x86` on the weight rows as
 //! they are stored: like ggml, that quantizes the activation to the weight type's

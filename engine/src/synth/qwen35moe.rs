@@ -128,7 +128,7 @@ impl Qwen35MoeRecipe {
     /// Whether layer `il` is a Gated DeltaNet layer (llama.cpp's rule without
     /// `attention.recurrent_layers`).
     pub fn is_delta_net(&self, il: usize) -> bool {
-        (il + 1) % self.full_attention_interval != 0
+        !(il + 1).is_multiple_of(self.full_attention_interval)
     }
 
     /// `general.file_type`: 0 (all f32) or 15 (mostly Q4_K_M).
@@ -370,4 +370,44 @@ pub fn synth_qwen35moe(
         recipe.file_type(),
     )?;
     finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bench preset has the 35B-A3B per-layer shapes, every quantized row in whole
+    /// blocks of its type, and the tiny preset's layer kinds follow the interval.
+    #[test]
+    fn bench_has_the_35b_a3b_shapes_in_whole_blocks() {
+        let r = Qwen35MoeRecipe::of("bench").expect("bench");
+        let layout = r.layout(32_000);
+        let dims = |name: &str| {
+            layout
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .unwrap_or_else(|| panic!("{name} in the layout"))
+                .2
+                .clone()
+        };
+        assert_eq!(dims("blk.0.attn_qkv.weight"), vec![2048, 8192]);
+        assert_eq!(dims("blk.0.attn_gate.weight"), vec![2048, 4096]);
+        assert_eq!(dims("blk.0.ssm_conv1d.weight"), vec![4, 8192]);
+        assert_eq!(dims("blk.3.attn_q.weight"), vec![2048, 8192]);
+        assert_eq!(dims("blk.3.attn_k.weight"), vec![2048, 512]);
+        assert_eq!(dims("blk.3.ffn_gate_exps.weight"), vec![2048, 512, 256]);
+        assert_eq!(dims("blk.3.ffn_down_shexp.weight"), vec![512, 2048]);
+        for (name, ty, d) in &layout {
+            assert!(
+                ty.row_bytes(d[0]).is_some(),
+                "{name}: rows of {} in {ty}",
+                d[0]
+            );
+        }
+        assert!(layout.iter().any(|(_, ty, _)| *ty == GgmlType::Q4_K));
+        let tiny = Qwen35MoeRecipe::of("tiny").expect("tiny");
+        let kinds: Vec<bool> = (0..tiny.n_layers).map(|i| tiny.is_delta_net(i)).collect();
+        assert_eq!(kinds, [true, true, true, false]);
+        assert!(Qwen35MoeRecipe::of("huge").is_none());
+    }
 }

@@ -52,7 +52,7 @@ const FULL_ATTENTION_INTERVAL_DEFAULT: usize = 4;
 fn imrope_pair_takes_fourth(sections: [usize; 4], i: usize) -> bool {
     let total: usize = sections.iter().sum();
     let sector = i % total;
-    let first_three = (sector % 3 == 0 && sector < 3 * sections[0])
+    let first_three = (sector.is_multiple_of(3) && sector < 3 * sections[0])
         || (sector % 3 == 1 && sector < 3 * sections[1])
         || (sector % 3 == 2 && sector < 3 * sections[2]);
     !first_three
@@ -167,7 +167,7 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
             Some(v) => nonzero(&int_key, v)?,
             None => FULL_ATTENTION_INTERVAL_DEFAULT,
         };
-        (0..l).map(|i| (i + 1) % interval != 0).collect()
+        (0..l).map(|i| !(i + 1).is_multiple_of(interval)).collect()
     };
 
     // Experts: routed on every layer, one gated shared expert.
