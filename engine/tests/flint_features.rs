@@ -9,6 +9,7 @@
 mod flint_common;
 use flint_common::*;
 
+use flint_core::math::GgmlCpuBuild;
 use flint_engine::forward::reference::{
     attend_head, matvec, rms_norm, rope_neox, route, Reference,
 };
@@ -66,21 +67,48 @@ fn sinks() {
     // Hand case: scores [1, 0], sink 0.5: out = (v0 + e^-1 v1) / (1 + e^-1 + e^-0.5).
     let (k0, k1) = ([1.0f32, 0.0], [0.0f32, 1.0]);
     let keys: Vec<&[f32]> = vec![&k0, &k1];
-    let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, Some(0.5), None);
+    let o = attend_head(
+        GgmlCpuBuild::Avx512,
+        &[1.0, 0.0],
+        &keys,
+        &keys,
+        1,
+        1.0,
+        Some(0.5),
+        None,
+    );
     let den = 1.0 + (-1.0f32).exp() + (-0.5f32).exp();
     assert!(
         close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6),
         "{o:?}"
     );
     // A sink above every score: the maximum is the sink's, e^(sink - m) = 1.
-    let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, Some(3.0), None);
+    let o = attend_head(
+        GgmlCpuBuild::Avx512,
+        &[1.0, 0.0],
+        &keys,
+        &keys,
+        1,
+        1.0,
+        Some(3.0),
+        None,
+    );
     let den = (-2.0f32).exp() + (-3.0f32).exp() + 1.0;
     assert!(
         close(&o, &[(-2.0f32).exp() / den, (-3.0f32).exp() / den], 1e-6),
         "{o:?}"
     );
     // Without a sink: a plain softmax.
-    let o = attend_head(&[1.0, 0.0], &keys, &keys, 1, 1.0, None, None);
+    let o = attend_head(
+        GgmlCpuBuild::Avx512,
+        &[1.0, 0.0],
+        &keys,
+        &keys,
+        1,
+        1.0,
+        None,
+        None,
+    );
     let den = 1.0 + (-1.0f32).exp();
     assert!(
         close(&o, &[1.0 / den, (-1.0f32).exp() / den], 1e-6),
@@ -101,7 +129,16 @@ fn sliding_window() {
     // Hand case: 4 positions, window 2 at position 3 sees only positions 2 and 3.
     let rows: Vec<[f32; 2]> = vec![[5.0, 0.0], [4.0, 1.0], [0.0, 1.0], [1.0, 1.0]];
     let keys: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
-    let o = attend_head(&[1.0, 2.0], &keys, &keys, 3, 1.0, None, Some(2));
+    let o = attend_head(
+        GgmlCpuBuild::Avx512,
+        &[1.0, 2.0],
+        &keys,
+        &keys,
+        3,
+        1.0,
+        None,
+        Some(2),
+    );
     let (s2, s3) = (2.0f32, 3.0f32);
     let (p2, p3) = ((s2 - s3).exp(), 1.0);
     let want = [
@@ -109,7 +146,16 @@ fn sliding_window() {
         (p2 * 1.0 + p3 * 1.0) / (p2 + p3),
     ];
     assert!(close(&o, &want, 1e-6), "{o:?} vs {want:?}");
-    let full = attend_head(&[1.0, 2.0], &keys, &keys, 3, 1.0, None, None);
+    let full = attend_head(
+        GgmlCpuBuild::Avx512,
+        &[1.0, 2.0],
+        &keys,
+        &keys,
+        3,
+        1.0,
+        None,
+        None,
+    );
     assert!(!close(&o, &full, 1e-3));
 
     let m = tiny();

@@ -219,6 +219,7 @@ fn gemma_ops_against_llama_cpp() {
                 let q = &qs[(p * h + hq) * dk..(p * h + hq + 1) * dk];
                 if n_tok >= flint_core::math::GGML_FA_TILE_Q {
                     ours.extend(reference::attend_head(
+                        flint_core::math::GgmlCpuBuild::Avx512,
                         q,
                         &keys,
                         &vals,
@@ -230,6 +231,7 @@ fn gemma_ops_against_llama_cpp() {
                 } else {
                     let mut o = vec![0.0; dv];
                     flint_core::math::attend_ggml_one_chunk(
+                        flint_core::math::GgmlCpuBuild::Avx512,
                         q,
                         &keys[..=p],
                         &vals[..=p],

@@ -287,7 +287,16 @@ pub(crate) fn paged_attention(
             let ks: Vec<&[f32]> = (0..n).map(|i| &kbuf[i * dk..(i + 1) * dk]).collect();
             let vs: Vec<&[f32]> = (0..n).map(|i| &vbuf[i * dv..(i + 1) * dv]).collect();
             let sink = p.sinks.map(|s| s[h]);
-            math::attend_ggml_tiled(q, &ks, &vs, lo, p.scale, sink, o);
+            math::attend_ggml_tiled(
+                math::GgmlCpuBuild::Avx512,
+                q,
+                &ks,
+                &vs,
+                lo,
+                p.scale,
+                sink,
+                o,
+            );
         });
     if bad.into_inner() {
         return Err(HalError::invalid(

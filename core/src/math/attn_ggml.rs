@@ -1,7 +1,8 @@
 //! Attention computed the way llama.cpp's CPU backend computes it for a prompt batch
-//! (`ggml_compute_forward_flash_attn_ext_tiled` in `ggml-cpu/ops.cpp`, an AVX-512 build,
-//! which is what flash attention "auto" picks on CPU when at least 64 query rows are
-//! processed together), operation for operation in f32.
+//! (`ggml_compute_forward_flash_attn_ext_tiled` in `ggml-cpu/ops.cpp`, which is what
+//! flash attention "auto" picks on CPU when at least 64 query rows are processed
+//! together), operation for operation in f32, in the order of one of its x86 builds
+//! ([`GgmlCpuBuild`]).
 //!
 //! Why: Gemma 3's attention is sharp and its post-attention norms rescale small outputs,
 //! so one-ulp differences in a score or a softmax weight grow into logit differences of
@@ -11,15 +12,35 @@
 //! - keys are visited in tiles of 64 KV cells, aligned on absolute positions (cell `p` of
 //!   a single sequence is position `p`); cells outside the visible range are masked;
 //! - a score is one fused multiply-add chain over the head dimension, in order, from 0
-//!   (`simd_gemm` keeps one accumulator per output), then multiplied by `scale`;
+//!   (`simd_gemm` keeps one accumulator per output, in every build), then multiplied by
+//!   `scale`;
 //! - per tile: the running maximum grows to the tile's maximum (rescaling the output
 //!   and the denominator by `expf(old - new)` when it does), the weights are
-//!   [`expf_ggml_avx512`]`(s - max)`, summed 16 at a time as `_mm512_reduce_add_ps` does
-//!   and added to the denominator through an f64 sum;
+//!   `ggml_vec_soft_max_f32`'s ([`soft_max_ggml`]: the build's `ggml_v_expf` of
+//!   `s - max`, lane sums added to an f64 sum) and the tile's f64 sum is added to the
+//!   denominator;
 //! - the output accumulates `weight * v` as one fused multiply-add chain over the tile's
 //!   keys, in order;
 //! - a sink joins the denominator after the last tile; finally the output is multiplied
 //!   by `1 / denominator`.
+//!
+//! The builds differ in the softmax only: the AVX-512 build takes 16 lanes at a time
+//! ([`expf_ggml_avx512`], `_mm512_reduce_add_ps`), the AVX2 build 8 ([`expf_ggml_avx2`],
+//! a 128-bit fold and two horizontal adds), each lane sum added to the f64 sum. For
+//! fewer query rows ([`attend_ggml_one_chunk`]) they differ in the f16 dot product of
+//! the scores.
+
+/// The x86 build of llama.cpp's CPU backend whose float order a function follows: ggml
+/// picks its vector width at compile time, and its softmax, `exp` and f16 dot products
+/// sum their lanes in an order that depends on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GgmlCpuBuild {
+    /// Built with AVX2, FMA and F16C (no AVX-512): 8-lane vectors.
+    Avx2,
+    /// Built with AVX-512 F (and DQ): 16-lane vectors.
+    #[default]
+    Avx512,
+}
 
 /// Keys per tile (`GGML_FA_TILE_KV`).
 pub const GGML_FA_TILE: usize = 64;
@@ -51,6 +72,88 @@ pub fn expf_ggml_avx512(x: f32) -> f32 {
     libm::scalbnf(j, n as i32)
 }
 
+/// ggml's AVX2 `ggml_v_expf` for one lane (`ggml-cpu/vec.h`): the same reduction as
+/// [`expf_ggml_avx512`] and the same polynomial without its constant term, `j`, then
+/// `2^n + j * 2^n` in one fused multiply-add, `2^n` made by adding `n` to the exponent
+/// bits of 1.0. Where `|n| > 126` that `2^n` is not a normal float and the result is
+/// built from two factors instead (`2^n` split as `s1 * s2`); where `|n| > 192` it is 0
+/// or infinity (`s1 * s1`). Each lane's result depends on that lane alone.
+pub fn expf_ggml_avx2(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = libm::fmaf(x, c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = libm::fmaf(-n, c(0x35bf_be8e), libm::fmaf(-n, c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = c(e.wrapping_add(1.0f32.to_bits()));
+    let u = b * b;
+    let j = libm::fmaf(
+        libm::fmaf(
+            libm::fmaf(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            libm::fmaf(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        c(0x3f7f_fff6) * b,
+    );
+    if n.abs() <= 126.0 {
+        return libm::fmaf(j, k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = c(g.wrapping_add(0x7f00_0000));
+    if n.abs() > 192.0 {
+        return s1 * s1;
+    }
+    let s2 = c(e.wrapping_sub(g));
+    libm::fmaf(s2, j, s2) * s1
+}
+
+/// `ggml_vec_soft_max_f32(n, y, x, max)` in place on `x` (`ggml-cpu/vec.cpp`): each
+/// value becomes `exp(value - max)`, and the return value is their sum in f64, as the
+/// given build computes both. Full vectors (16 lanes for AVX-512, 8 for AVX2) go through
+/// the build's `ggml_v_expf`, their lanes summed in f32 ([`reduce_add_16`],
+/// [`reduce_add_8`]) and each vector's sum added to the f64 sum; the values after the
+/// last full vector through glibc's `expf`, one at a time.
+pub fn soft_max_ggml(build: GgmlCpuBuild, x: &mut [f32], max: f32) -> f64 {
+    let lanes = match build {
+        GgmlCpuBuild::Avx2 => 8,
+        GgmlCpuBuild::Avx512 => 16,
+    };
+    let full = x.len() - x.len() % lanes;
+    let (head, tail) = x.split_at_mut(full);
+    let mut sum = 0.0f64;
+    for chunk in head.chunks_exact_mut(lanes) {
+        let lane_sum = match build {
+            GgmlCpuBuild::Avx2 => {
+                for s in chunk.iter_mut() {
+                    *s = expf_ggml_avx2(*s - max);
+                }
+                reduce_add_8(chunk)
+            }
+            GgmlCpuBuild::Avx512 => {
+                for s in chunk.iter_mut() {
+                    *s = expf_ggml_avx512(*s - max);
+                }
+                reduce_add_16(chunk)
+            }
+        };
+        sum += lane_sum as f64;
+    }
+    for s in tail {
+        *s = super::libc::expf_libc(*s - max);
+        sum += *s as f64;
+    }
+    sum
+}
+
+/// The AVX2 softmax's sum of 8 lanes: the high four onto the low four
+/// (`_mm256_extractf128_ps`), lanes 2 and 3 onto 0 and 1 (`_mm_movehl_ps`), then lane 1
+/// onto lane 0 (`_mm_movehdup_ps`).
+fn reduce_add_8(v: &[f32]) -> f32 {
+    let t: [f32; 4] = core::array::from_fn(|i| v[i + 4] + v[i]);
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
 /// `_mm512_reduce_add_ps` of 16 lanes: halves added pairwise (8, 4, 2, 1).
 fn reduce_add_16(v: &[f32]) -> f32 {
     let mut t = [0.0f32; 8];
@@ -68,14 +171,16 @@ fn reduce_add_16(v: &[f32]) -> f32 {
 
 /// One query head attending over the keys and values of positions
 /// `first .. first + keys.len()` (`keys[i]`, `values[i]` for position `first + i`), with
-/// an optional sink logit, as llama.cpp's tiled CPU flash attention computes it (see the
-/// module docs). `out` (the value width) receives the result; with no key and no sink it
-/// is zeros.
+/// an optional sink logit, as llama.cpp's tiled CPU flash attention computes it in the
+/// given build (see the module docs). `out` (the value width) receives the result; with
+/// no key and no sink it is zeros.
 ///
 /// # Panics
 /// If `keys` and `values` differ in length, a key is not as long as `q`, or a value is
 /// not as long as `out`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_ggml_tiled(
+    build: GgmlCpuBuild,
     q: &[f32],
     keys: &[&[f32]],
     values: &[&[f32]],
@@ -125,13 +230,7 @@ pub fn attend_ggml_tiled(
             denom *= ms;
         }
         m = m_new;
-        let mut sum = 0.0f64;
-        for chunk in kq.chunks_exact_mut(16) {
-            for s in chunk.iter_mut() {
-                *s = expf_ggml_avx512(*s - m);
-            }
-            sum += reduce_add_16(chunk) as f64;
-        }
+        let sum = soft_max_ggml(build, &mut kq, m);
         denom = (denom as f64 + sum) as f32;
         // Masked cells carry weight 0, which leaves a fused multiply-add chain unchanged.
         for (d, o) in out.iter_mut().enumerate() {
@@ -177,27 +276,36 @@ pub fn f16_round(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// ggml's AVX-512 `ggml_vec_dot_f16` of two rows of f16 values (given widened to f32):
-/// four 16-lane accumulators over blocks of 64, fused multiply-adds, then accumulators
-/// (0 + 2) and (1 + 3), their sum, and `_mm512_reduce_add_ps`. A tail that is not a
-/// multiple of 64 is added in f64 one product at a time.
-fn dot_f16_avx512(x: &[f32], y: &[f32]) -> f32 {
+/// ggml's `ggml_vec_dot_f16` of two rows of f16 values (given widened to f32), as the
+/// given build computes it: four accumulators of 16 lanes (AVX-512) or 8 lanes (AVX2),
+/// fused multiply-adds over blocks of 64 or 32 values, then the accumulators added
+/// (0 + 2) + (1 + 3) per lane and the lanes summed (`_mm512_reduce_add_ps`; for AVX2
+/// `GGML_F32x8_REDUCE`, [`super::vec_dot_f32_ggml_avx2`]'s order). A tail that is not a
+/// multiple of the block is added in f64 one product at a time.
+fn dot_f16_ggml(build: GgmlCpuBuild, x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
-    let np = n - n % 64;
-    let mut acc = [[0.0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, v) in a.iter_mut().enumerate() {
-                let e = i + 16 * j + l;
-                *v = libm::fmaf(x[e], y[e], *v);
-            }
+    let (np, blocks) = match build {
+        GgmlCpuBuild::Avx2 => {
+            let np = n - n % 32;
+            (np, super::delta::vec_dot_f32_ggml_avx2(&x[..np], &y[..np]))
         }
-    }
-    let mut s = [0.0f32; 16];
-    for l in 0..16 {
-        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut sum = reduce_add_16(&s) as f64;
+        GgmlCpuBuild::Avx512 => {
+            let np = n - n % 64;
+            let mut acc = [[0.0f32; 16]; 4];
+            for i in (0..np).step_by(64) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    for (l, v) in a.iter_mut().enumerate() {
+                        let e = i + 16 * j + l;
+                        *v = libm::fmaf(x[e], y[e], *v);
+                    }
+                }
+            }
+            let s: [f32; 16] =
+                core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+            (np, reduce_add_16(&s))
+        }
+    };
+    let mut sum = blocks as f64;
     for e in np..n {
         sum += (x[e] * y[e]) as f64;
     }
@@ -205,9 +313,9 @@ fn dot_f16_avx512(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// One query head as llama.cpp's CPU flash attention computes it for calls of fewer than
-/// [`GGML_FA_TILE_Q`] query rows (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`,
-/// AVX-512 build, f16 K and V cache): the query rounded to f16; per key in order, the
-/// score `ggml_vec_dot_f16(k, q) * scale`; an online softmax with glibc's `expf`, one key
+/// [`GGML_FA_TILE_Q`] query rows (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`
+/// in the given build, f16 K and V cache): the query rounded to f16; per key in order,
+/// the score `ggml_vec_dot_f16(k, q) * scale` (the one step where the builds differ); an online softmax with glibc's `expf`, one key
 /// at a time; the output accumulated **in f16** (`ggml_vec_mad_f16`: `f16(fma(v, w,
 /// acc))`, a rescale `f16(acc * ms)` when the maximum grows); the sink after the last key;
 /// then `* (1 / S)` in f32. Keys and values are given as f16 values widened to f32.
@@ -215,6 +323,7 @@ fn dot_f16_avx512(x: &[f32], y: &[f32]) -> f32 {
 /// # Panics
 /// As [`attend_ggml_tiled`].
 pub fn attend_ggml_one_chunk(
+    build: GgmlCpuBuild,
     q: &[f32],
     keys: &[&[f32]],
     values: &[&[f32]],
@@ -239,7 +348,7 @@ pub fn attend_ggml_one_chunk(
     for (k, v) in keys.iter().zip(values) {
         assert_eq!(k.len(), q.len(), "attend_ggml_one_chunk: key length");
         assert_eq!(v.len(), out.len(), "attend_ggml_one_chunk: value length");
-        let s = dot_f16_avx512(k, q16) * scale;
+        let s = dot_f16_ggml(build, k, q16) * scale;
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > m {
             let m_old = m;
@@ -281,17 +390,20 @@ mod tests {
 
     #[test]
     fn expf_ggml_is_close_to_exp() {
-        for i in -2000..=800 {
-            let x = i as f32 * 0.05;
-            let want = libm::exp(x as f64);
-            let got = expf_ggml_avx512(x) as f64;
-            assert!(
-                (got - want).abs() <= 4e-7 * want + 1e-44, // subnormals: absolute
-                "x = {x}: {got} vs {want}"
-            );
+        for expf in [expf_ggml_avx512, expf_ggml_avx2] {
+            for i in -2000..=800 {
+                let x = i as f32 * 0.05;
+                let want = libm::exp(x as f64);
+                let got = expf(x) as f64;
+                assert!(
+                    (got - want).abs() <= 4e-7 * want + 1e-44, // subnormals: absolute
+                    "x = {x}: {got} vs {want}"
+                );
+            }
+            assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+            assert_eq!(expf(0.0), 1.0);
+            assert_eq!(expf(200.0), f32::INFINITY);
         }
-        assert_eq!(expf_ggml_avx512(f32::NEG_INFINITY), 0.0);
-        assert_eq!(expf_ggml_avx512(0.0), 1.0);
     }
 
     #[test]
@@ -304,7 +416,10 @@ mod tests {
             core::array::from_fn(|i| ((i * 31 + j * 7) as f32).cos() * 3.0)
         });
         let keys: [&[f32]; 150] = core::array::from_fn(|j| &kv[j][..]);
-        for sink in [None, Some(0.5f32), Some(40.0)] {
+        for (sink, build) in [None, Some(0.5f32), Some(40.0)]
+            .into_iter()
+            .flat_map(|s| [(s, GgmlCpuBuild::Avx2), (s, GgmlCpuBuild::Avx512)])
+        {
             let mut scores = [0.0f32; 150];
             for j in 0..n {
                 scores[j] = q.iter().zip(&kv[j]).map(|(a, b)| a * b).sum::<f32>() * 0.25;
@@ -316,7 +431,7 @@ mod tests {
             let mut want = [0.0f32; 8];
             crate::math::attend_two_pass(&scores, &vals, dk, sink, &mut want);
             let mut got = [0.0f32; 8];
-            attend_ggml_tiled(&q, &keys, &keys, 30, 0.25, sink, &mut got);
+            attend_ggml_tiled(build, &q, &keys, &keys, 30, 0.25, sink, &mut got);
             for (a, b) in got.iter().zip(&want) {
                 assert!(
                     (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
@@ -325,7 +440,7 @@ mod tests {
             }
         }
         let mut none = [1.0f32; 8];
-        attend_ggml_tiled(&q, &[], &[], 5, 0.25, None, &mut none);
+        attend_ggml_tiled(GgmlCpuBuild::Avx2, &q, &[], &[], 5, 0.25, None, &mut none);
         assert_eq!(none, [0.0; 8]);
     }
 
@@ -339,7 +454,10 @@ mod tests {
             core::array::from_fn(|i| f16v(((i * 13 + j * 5) as f32 * 0.1).cos()))
         });
         let keys: [&[f32]; 70] = core::array::from_fn(|j| &kv[j][..]);
-        for sink in [None, Some(-1.0f32), Some(30.0)] {
+        for (sink, build) in [None, Some(-1.0f32), Some(30.0)]
+            .into_iter()
+            .flat_map(|s| [(s, GgmlCpuBuild::Avx2), (s, GgmlCpuBuild::Avx512)])
+        {
             let mut scores = [0.0f32; 70];
             for j in 0..n {
                 let d: f32 = q.iter().zip(&kv[j]).map(|(a, b)| f16v(*a) * b).sum();
@@ -352,7 +470,7 @@ mod tests {
             let mut want = [0.0f32; 64];
             crate::math::attend_two_pass(&scores, &vals, dk, sink, &mut want);
             let mut got = [0.0f32; 64];
-            attend_ggml_one_chunk(&q, &keys, &keys, 0.125, sink, &mut got);
+            attend_ggml_one_chunk(build, &q, &keys, &keys, 0.125, sink, &mut got);
             for (a, b) in got.iter().zip(&want) {
                 // The running output is rounded to f16 after every key.
                 assert!((a - b).abs() <= 4e-3 * (1.0 + b.abs()), "{a} vs {b}");
@@ -369,6 +487,49 @@ mod tests {
         x[32] = -1e8;
         x[16] = 1.0;
         x[48] = 0.5;
-        assert_eq!(dot_f16_avx512(&x, &y), 1.5);
+        assert_eq!(dot_f16_ggml(GgmlCpuBuild::Avx512, &x, &y), 1.5);
+        // AVX2: blocks of 32, so 0 and 32 share lane 0 of accumulator 0 (cancelling
+        // first), 16 and 48 lane 0 of accumulator 2.
+        assert_eq!(dot_f16_ggml(GgmlCpuBuild::Avx2, &x, &y), 1.5);
+        // Across lanes (AVX2, two horizontal adds: lanes 0 and 1 meet before lane 2).
+        let mut x = [0.0f32; 32];
+        x[0] = 1e8;
+        x[1] = -1e8;
+        x[2] = 1.0;
+        assert_eq!(dot_f16_ggml(GgmlCpuBuild::Avx2, &x, &x.map(|_| 1.0)), 1.0);
+        x.swap(1, 2);
+        assert_eq!(dot_f16_ggml(GgmlCpuBuild::Avx2, &x, &x.map(|_| 1.0)), 0.0);
+        // A tail beyond the last block is added in f64.
+        let mut x = [0.0f32; 40];
+        x[32] = 1e8;
+        x[33] = 1.0;
+        x[34] = -1e8;
+        assert_eq!(dot_f16_ggml(GgmlCpuBuild::Avx2, &x, &x.map(|_| 1.0)), 1.0);
+    }
+
+    #[test]
+    fn soft_max_sums_lanes_per_build() {
+        // The softmax's 8-lane fold meets lanes 0 and 2 first (unlike the dot product's).
+        let mut w = [0.0f32; 8];
+        w[0] = 1e8;
+        w[1] = 1.0;
+        w[2] = -1e8;
+        assert_eq!(reduce_add_8(&w), 1.0);
+        // Masked lanes weigh 0, the maximum 1.
+        let mut x = [f32::NEG_INFINITY; 16];
+        x[0] = 0.0;
+        let mut a = x;
+        assert_eq!(soft_max_ggml(GgmlCpuBuild::Avx2, &mut a, 0.0), 1.0);
+        assert_eq!(a[0], 1.0);
+        assert!(a[1..].iter().all(|&w| w == 0.0));
+        // Values after the last full vector: glibc's expf.
+        let mut b = [0.5f32; 9];
+        let sum = soft_max_ggml(GgmlCpuBuild::Avx2, &mut b, 0.0);
+        assert_eq!(b[8], crate::math::expf_libc(0.5));
+        assert_eq!(b[0], expf_ggml_avx2(0.5));
+        assert_eq!(sum, (reduce_add_8(&b[..8]) as f64) + b[8] as f64);
+        let mut c = [0.5f32; 16];
+        let sum = soft_max_ggml(GgmlCpuBuild::Avx512, &mut c, 0.0);
+        assert_eq!(sum, reduce_add_16(&c) as f64);
     }
 }

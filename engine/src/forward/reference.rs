@@ -25,7 +25,8 @@
 //!
 //! More roundings of llama.cpp's CPU backend are kept for the same reason: the cache
 //! holds keys and values rounded to f16 (its default cache types), attention follows the
-//! order of operations of its CPU flash attention (`attend_head`), RoPE uses glibc's
+//! order of operations of its CPU flash attention (`attend_head`, in the x86 build
+//! given, AVX-512 by default), RoPE uses glibc's
 //! `sinf`/`cosf` and GCC's fused multiply-adds, and GELU goes through ggml's f16 table
 //! (`flint_core::math::gelu_tanh_ggml_f16`). Gemma 3's post-norms rescale tiny FFN
 //! outputs to large ones, so one-ulp differences grow into 0.1-nat logit differences;
@@ -38,7 +39,7 @@
 use rayon::prelude::*;
 
 use flint_core::dot::ggml_x86::BatchRow;
-use flint_core::math::{gelu_tanh_ggml_f16, sigmoid_ggml, silu, swiglu_oai};
+use flint_core::math::{gelu_tanh_ggml_f16, sigmoid_ggml, silu, swiglu_oai, GgmlCpuBuild};
 use flint_hal::Gating;
 
 use crate::model::{
@@ -104,10 +105,12 @@ pub fn rope_neox(x: &mut [f32], pos: u32, n_rot: usize, base: f32) {
 /// scores and the sink, over `j <= pos` and (windowed) `j > pos - W`, `s_j = scale q.k_j`.
 ///
 /// Computed with `flint_core::math::attend_ggml_tiled`, the order of operations of
-/// llama.cpp's CPU flash attention for a prompt batch: on Gemma 3 one-ulp differences in
-/// the scores or weights grow into 0.1-nat logit differences, so the oracle keeps the
-/// roundings of the engine it is checked against.
+/// llama.cpp's CPU flash attention for a prompt batch in the given build: on Gemma 3
+/// one-ulp differences in the scores or weights grow into 0.1-nat logit differences, so
+/// the oracle keeps the roundings of the engine it is checked against.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_head(
+    build: GgmlCpuBuild,
     q: &[f32],
     keys: &[&[f32]],
     values: &[&[f32]],
@@ -120,6 +123,7 @@ pub fn attend_head(
     let dv = values[pos].len();
     let mut out = vec![0.0f32; dv];
     flint_core::math::attend_ggml_tiled(
+        build,
         q,
         &keys[first..=pos],
         &values[first..=pos],
@@ -171,6 +175,9 @@ pub struct Reference<'m> {
     last_only: bool,
     /// Where the position being computed sits in llama.cpp's matmuls.
     cur_row: BatchRow,
+    /// The llama.cpp CPU build whose attention order is followed
+    /// ([`Reference::set_llamacpp_build`]).
+    build: GgmlCpuBuild,
 }
 
 impl<'m> Reference<'m> {
@@ -194,7 +201,15 @@ impl<'m> Reference<'m> {
             batch_len: None,
             last_only: false,
             cur_row: BatchRow::IN_BATCH,
+            build: GgmlCpuBuild::Avx512,
         }
+    }
+
+    /// Follows the attention order of the given build of llama.cpp's CPU backend (its
+    /// softmax and f16 dot products sum their lanes by the build's vector width; see
+    /// `flint_core::math::attend_ggml_tiled`). Without it, the AVX-512 build's.
+    pub fn set_llamacpp_build(&mut self, build: GgmlCpuBuild) {
+        self.build = build;
     }
 
     /// Follows llama.cpp's arithmetic for a prompt batch of `n` tokens starting at
@@ -481,13 +496,16 @@ impl<'m> Reference<'m> {
             let sink = layer.sinks.as_ref().map(|s| s[hq]);
             let qh = &q[hq * dk..(hq + 1) * dk];
             if self.cur_row.batch >= flint_core::math::GGML_FA_TILE_Q {
-                o.extend(attend_head(qh, &ks, &vs, pos, attn_scale, sink, window));
+                o.extend(attend_head(
+                    self.build, qh, &ks, &vs, pos, attn_scale, sink, window,
+                ));
             } else {
                 // A llama.cpp call of fewer query rows: its one-key-at-a-time path, the
                 // output accumulated in f16.
                 let first = flint_core::math::window_start(pos, window);
                 let mut out = vec![0.0f32; dv];
                 flint_core::math::attend_ggml_one_chunk(
+                    self.build,
                     qh,
                     &ks[first..=pos],
                     &vs[first..=pos],

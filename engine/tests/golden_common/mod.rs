@@ -9,6 +9,7 @@
 //!   ids only at a near-tie.
 #![allow(dead_code)]
 
+use flint_core::math::GgmlCpuBuild;
 use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::Model;
@@ -221,18 +222,31 @@ impl Stepper for OnDevice<'_> {
 /// its last token's logits, then one token per step (`Reference::set_prompt_batch`).
 pub struct OnReference<'m> {
     model: &'m Model,
+    build: GgmlCpuBuild,
     r: Option<Reference<'m>>,
 }
 
 impl<'m> OnReference<'m> {
+    /// The reference forward in the attention order of llama.cpp's AVX-512 build.
     pub fn new(model: &'m Model) -> Self {
-        Self { model, r: None }
+        Self {
+            model,
+            build: GgmlCpuBuild::Avx512,
+            r: None,
+        }
+    }
+
+    /// The same in the attention order of the given build
+    /// (`Reference::set_llamacpp_build`).
+    pub fn with_build(self, build: GgmlCpuBuild) -> Self {
+        Self { build, ..self }
     }
 }
 
 impl Stepper for OnReference<'_> {
     fn prefill(&mut self, prompt: &[u32], _steps: usize) -> Vec<f32> {
         let mut r = Reference::new(self.model);
+        r.set_llamacpp_build(self.build);
         r.set_prompt_batch(prompt.len());
         let mut logits = Vec::new();
         for &t in prompt {

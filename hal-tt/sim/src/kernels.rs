@@ -335,7 +335,16 @@ pub fn attend_head(
     sink: Option<f32>,
     out: &mut [f32],
 ) {
-    flint_core::math::attend_ggml_tiled(q, keys, values, first, scale, sink, out);
+    flint_core::math::attend_ggml_tiled(
+        flint_core::math::GgmlCpuBuild::Avx512,
+        q,
+        keys,
+        values,
+        first,
+        scale,
+        sink,
+        out,
+    );
 }
 
 #[cfg(test)]
