@@ -1,6 +1,7 @@
 //! The paged forward: a [`DeviceModel`] behind the [`StepModel`] interface of the
 //! [`LLMEngine`](crate::sched::LLMEngine), with one KV buffer per layer sized by its
-//! own group's pool, and the KV cache manager sized from a memory budget.
+//! own group's pool, the Gated DeltaNet layers' states (one slot per block of the
+//! recurrent group), and the KV cache manager sized from a memory budget.
 
 use flint_hal::KvBuffer;
 
