@@ -30,8 +30,8 @@ mod rope;
 mod route;
 
 pub use act::{
-    gelu_tanh, gelu_tanh_ggml_f16, sigmoid, silu, swiglu, swiglu_oai, SWIGLU_OAI_ALPHA,
-    SWIGLU_OAI_LIMIT,
+    gelu_tanh, gelu_tanh_ggml_f16, sigmoid, sigmoid_ggml, silu, swiglu, swiglu_oai,
+    SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
 };
 pub use attn::{
     attend_online, attend_two_pass, attention_ref, window_start, AttentionParams, OnlineSoftmax,

@@ -44,6 +44,7 @@ use flint_engine::model::{load_model, model_from_gguf, Model};
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
 use flint_engine::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use flint_engine::synth::qwen35moe::{synth_qwen35moe, Qwen35MoeRecipe};
 use flint_loader::gguf::GgufFile;
 use golden_common::{
     chains_from_jsonl, replay_greedy, replay_greedy_on, teacher_forced_figures, Figures,
@@ -71,7 +72,7 @@ const NEAR_TIE: f64 = 0.05;
 const NEAR_TIE_DEVICE: f64 = 0.5;
 
 /// The cases with a synthesised f32 file, in the order of [`F32`].
-const CASES: [&str; 15] = [
+const CASES: [&str; 16] = [
     "llama-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
@@ -87,6 +88,7 @@ const CASES: [&str; 15] = [
     "gpt-oss-tiny",
     "gemma4-tiny",
     "gemma4-tiny-e2b",
+    "qwen35moe-tiny",
 ];
 
 fn data(case: &str) -> PathBuf {
@@ -124,6 +126,7 @@ fn vocab_path(vocab: &str) -> PathBuf {
         "llama-bpe" => "ggml-vocab-llama-bpe.gguf",
         "qwen2" => "ggml-vocab-qwen2.gguf",
         "gemma-4" => "ggml-vocab-gemma-4.gguf",
+        "qwen35" => "ggml-vocab-qwen35.gguf",
         "gemma3" => {
             return flint_loader::fetch::default_model_path().unwrap_or_else(|e| {
                 panic!(
@@ -186,6 +189,10 @@ fn synthesise(case: &str) -> GgufFile {
     } else if arch == "gemma4" {
         let recipe = Gemma4Recipe::of(preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
         synth_gemma4(&recipe, seed, vocab, &|_, _| {})
+    } else if arch == "qwen35moe" {
+        let recipe =
+            Qwen35MoeRecipe::of(preset).unwrap_or_else(|| panic!("{case}: preset {preset}"));
+        synth_qwen35moe(&recipe, seed, vocab, &|_, _| {})
     } else {
         let family = MoeFamily::from_name(arch).unwrap_or_else(|| panic!("{case}: arch {arch}"));
         let recipe =
@@ -358,7 +365,7 @@ struct KnownGap {
     why: &'static str,
 }
 
-const KNOWN_GAPS: [KnownGap; 3] = [
+const KNOWN_GAPS: [KnownGap; 5] = [
     KnownGap {
         case: "qwen3moe-tiny-bias",
         ty: "q4_k_m",
@@ -393,6 +400,33 @@ const KNOWN_GAPS: [KnownGap; 3] = [
         reference_near_tie: NEAR_TIE,
         reference_kl: KL_TARGET,
         why: "reference teacher-forced top-1 62/64 (96.9%), mean KL 8.9e-4 (AVX2 attention order)",
+    },
+    // The qwen35moe comparisons that miss the targets by a measured margin. Traced with
+    // `tools/golden/dump_ops.sh` on the Q8_0 file: the reference's logits equal llama.cpp's
+    // to the golden's precision (5e-7) up to position 329 and leave them between 329 and
+    // 336, where a last-bit difference first flips a Q8_0 rounding of a matmul's
+    // activation. The last-bit differences, op by op against llama.cpp's own inputs: its
+    // AVX2 build's SiLU (`ggml_v_silu` with the AVX2 `ggml_v_expf`, 1 ulp off the AVX-512
+    // form the reference states on ~12% of the convolution outputs) and glibc's `logf` in
+    // the softplus of the DeltaNet gate (`libm`'s differs by 1 ulp on ~6% of them); the
+    // sigmoids, the L2 norms and the delta rule's inputs equal llama.cpp's bit for bit.
+    KnownGap {
+        case: "qwen35moe-tiny",
+        ty: "q8_0",
+        reference_top1: 0.95,
+        reference_near_tie: NEAR_TIE,
+        reference_kl: KL_TARGET,
+        why: "reference teacher-forced top-1 63/64 (98.4%; the miss at a 0.035-nat \
+              near-tie), mean KL 8.6e-5 (AVX2-made goldens: SiLU and logf last bits)",
+    },
+    KnownGap {
+        case: "qwen35moe-tiny",
+        ty: "q4_k_m",
+        reference_top1: 0.95,
+        reference_near_tie: NEAR_TIE,
+        reference_kl: KL_TARGET,
+        why: "reference teacher-forced top-1 63/64 (98.4%; the miss at a 0.027-nat \
+              near-tie), mean KL 7.4e-4 (AVX2-made goldens: SiLU and logf last bits)",
     },
 ];
 
@@ -942,4 +976,132 @@ fn dropping_shared_kv_or_per_layer_inputs_fails_gemma4_e2b() {
             l.per_layer = None;
         }
     });
+}
+
+#[test]
+fn qwen35moe_tiny_f32() {
+    compare("qwen35moe-tiny", "f32");
+}
+
+#[test]
+fn qwen35moe_tiny_q8_0() {
+    compare("qwen35moe-tiny", "q8_0");
+}
+
+#[test]
+fn qwen35moe_tiny_q4_k_m() {
+    compare("qwen35moe-tiny", "q4_k_m");
+}
+
+/// The reference forward's recurrent state is carried across calls and reset by
+/// `clear`: a prompt fed after another sequence was cleared gives a fresh reference's
+/// logits; and the shared-expert gate and the attention output gate are each needed to
+/// meet the targets (on the Q8_0 file, whose reference run is the quickest).
+#[test]
+fn qwen35moe_state_is_carried_and_each_gate_is_needed() {
+    let (case, ty) = ("qwen35moe-tiny", "q8_0");
+    let model = model(case, ty);
+    let ids = golden_ids(case);
+    let n = 24;
+    let mut fresh = Reference::new(&model);
+    let want: Vec<Vec<f32>> = ids[..n]
+        .iter()
+        .map(|&t| fresh.forward(t).expect("forward"))
+        .collect();
+    let mut reused = Reference::new(&model);
+    for &t in &ids[100..117] {
+        reused.forward(t).expect("forward");
+    }
+    reused.clear();
+    assert!(reused.is_empty());
+    for (p, &t) in ids[..n].iter().enumerate() {
+        assert_eq!(
+            reused.forward(t).expect("forward"),
+            want[p],
+            "position {p} after clear()"
+        );
+    }
+    let mut no_shared_gate = model.clone();
+    for l in &mut no_shared_gate.layers {
+        if let flint_engine::model::Ffn::Moe(moe) = &mut l.ffn {
+            assert!(
+                moe.shared_gate.take().is_some(),
+                "every layer gates its shared expert"
+            );
+        }
+    }
+    let f = reference_teacher_forced(case, ty, &no_shared_gate);
+    println!("{case} {ty} without the shared-expert gate: {}", show(&f));
+    assert!(
+        !meets(&f),
+        "dropping the shared-expert gate still meets the targets: {}",
+        show(&f)
+    );
+    // The attention layers' gate: their query projections keep only the query rows
+    // (whole rows of blocks, whatever the type).
+    let mut no_attn_gate = model.clone();
+    let (h, dk) = (model.spec.n_heads, model.spec.head_dim_k);
+    let mut gated = 0;
+    for (l, ld) in no_attn_gate
+        .layers
+        .iter_mut()
+        .zip(no_attn_gate.spec.layers.iter_mut())
+    {
+        if ld.attn_gate {
+            let rb = l.wq.row_bytes();
+            let kept: Vec<u8> = (0..h)
+                .flat_map(|hq| l.wq.bytes()[2 * hq * dk * rb..(2 * hq + 1) * dk * rb].to_vec())
+                .collect();
+            l.wq.dims = vec![l.wq.dims[0], h * dk];
+            l.wq.data = flint_hal::WeightSource::from_vec(kept);
+            ld.attn_gate = false;
+            gated += 1;
+        }
+    }
+    assert!(gated > 0, "{case} has gated attention layers");
+    let f = reference_teacher_forced(case, ty, &no_attn_gate);
+    println!(
+        "{case} {ty} without the attention output gate: {}",
+        show(&f)
+    );
+    assert!(
+        !meets(&f),
+        "dropping the attention gate still meets the targets: {}",
+        show(&f)
+    );
+}
+
+/// `flint run` and `flint inspect` on a qwen35moe file: the device forward runs it (its
+/// Gated DeltaNet layers' state in the KV manager's recurrent group), and inspect lists
+/// the layers' mixers.
+#[test]
+fn qwen35moe_runs_on_the_device_and_inspect_lists_its_mixers() {
+    let case = "qwen35moe-tiny";
+    let entry = &manifest(case)["models"]["q8_0"];
+    let p = committed(
+        case,
+        entry["file"].as_str().expect("file"),
+        entry["sha256"].as_str().expect("sha256"),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-m"])
+        .arg(&p)
+        .args(["-p", "hello", "-n", "4", "--temperature", "0"])
+        .output()
+        .expect("flint runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "flint run fails: {stderr}");
+    assert!(stderr.contains("generation 4 tok"), "{stderr}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flint"))
+        .arg("inspect")
+        .arg(&p)
+        .output()
+        .expect("flint inspect runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("runs: yes (qwen35moe model")
+            && stdout.contains("mixers: 3 Gated DeltaNet layers (2 key heads, 4 value heads of 64, convolution of 4), 1 attention layers (1 with an output gate)"),
+        "{stdout}"
+    );
 }

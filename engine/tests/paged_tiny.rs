@@ -12,7 +12,7 @@ use flint_common::*;
 
 use std::collections::HashMap;
 
-use flint_engine::forward::{Batch, BatchSeq, DeviceModel};
+use flint_engine::forward::{Batch, BatchSeq, DeviceModel, RecurrentStates};
 use flint_engine::kv::{GroupKind, KvCacheManager, RequestId};
 use flint_engine::kv::{KvSizing, PagedModel};
 use flint_engine::model::{Model, ModelError};
@@ -112,7 +112,9 @@ impl StepModel for Miswired {
                 all_logits: false,
             });
         }
-        let logits = self.model.forward(&mut self.kv, &batch)?;
+        let logits = self
+            .model
+            .forward(&mut self.kv, &mut RecurrentStates::default(), &batch)?;
         let vocab = self.vocab_size();
         Ok(seqs
             .iter()
@@ -163,7 +165,7 @@ fn sliding_group(kv: &KvCacheManager) -> (usize, usize) {
         .enumerate()
         .find_map(|(g, s)| match s.kind {
             GroupKind::Sliding { window } => Some((g, window)),
-            GroupKind::Full => None,
+            GroupKind::Full | GroupKind::Recurrent => None,
         })
         .expect("tiny has a sliding group")
 }

@@ -319,7 +319,7 @@ fn unsupported_features_are_refused_by_name() {
         .refused("tensor 'blk.2.attn_norm.weight' is not part of a qwen3 model");
     let mut s = spec("llama");
     s.keys[0].1 = Value::from("phi3");
-    let e = s.refused("'phi3' is not supported (supported: flint, gemma3, llama, qwen2, qwen3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4)");
+    let e = s.refused("'phi3' is not supported (supported: flint, gemma3, llama, qwen2, qwen3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4, qwen35moe)");
     assert!(matches!(e, ConfigError::UnsupportedArchitecture { .. }));
 }
 

@@ -905,3 +905,235 @@ fn gemma4_refusals_name_the_culprit() {
         .desc();
     assert_eq!(c.layers[4].kv_source, Some(1));
 }
+
+/// qwen35moe: block_count 5 with one MTP block (trunk of 4: DeltaNet x3, attention, by
+/// the default `full_attention_interval`), attention dk 8 with n_rot 4 and sections
+/// [1, 1, 0, 0], Hkv 2; DeltaNet 2 key heads, 4 value heads of 4, kernel 4; a gated
+/// shared expert of 24; untied output.
+fn qwen35moe() -> Spec {
+    let keys = keys(
+        "qwen35moe",
+        &[
+            ("context_length", Value::U32(64)),
+            ("embedding_length", Value::U32(D as u32)),
+            ("block_count", Value::U32(5)),
+            ("nextn_predict_layers", Value::U32(1)),
+            ("attention.head_count", Value::U32(H as u32)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("attention.key_length", Value::U32(8)),
+            ("attention.value_length", Value::U32(8)),
+            ("rope.freq_base", Value::F32(1e7)),
+            ("rope.dimension_count", Value::U32(4)),
+            (
+                "rope.dimension_sections",
+                Value::Array(Array::I32(vec![1, 1, 0, 0])),
+            ),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("expert_count", Value::U32(E as u32)),
+            ("expert_used_count", Value::U32(K as u32)),
+            ("expert_feed_forward_length", Value::U32(FE as u32)),
+            ("expert_shared_feed_forward_length", Value::U32(24)),
+            ("ssm.conv_kernel", Value::U32(4)),
+            ("ssm.state_size", Value::U32(4)),
+            ("ssm.group_count", Value::U32(2)),
+            ("ssm.time_step_rank", Value::U32(4)),
+            ("ssm.inner_size", Value::U32(16)),
+        ],
+    );
+    let (conv_dim, v_len) = (2 * 2 * 4 + 16, 16);
+    let mut t = Vec::new();
+    head(&mut t, true);
+    for i in 0..5 {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        t.push((n("attn_norm.weight"), vec![D]));
+        t.push((n("post_attention_norm.weight"), vec![D]));
+        if i < 3 {
+            t.push((n("attn_qkv.weight"), vec![D, conv_dim]));
+            t.push((n("attn_gate.weight"), vec![D, v_len]));
+            t.push((n("ssm_conv1d.weight"), vec![4, conv_dim]));
+            t.push((n("ssm_dt.bias"), vec![4]));
+            t.push((n("ssm_a"), vec![4]));
+            t.push((n("ssm_beta.weight"), vec![D, 4]));
+            t.push((n("ssm_alpha.weight"), vec![D, 4]));
+            t.push((n("ssm_norm.weight"), vec![4]));
+            t.push((n("ssm_out.weight"), vec![v_len, D]));
+        } else {
+            t.push((n("attn_q.weight"), vec![D, 2 * H * 8]));
+            t.push((n("attn_k.weight"), vec![D, 2 * 8]));
+            t.push((n("attn_v.weight"), vec![D, 2 * 8]));
+            t.push((n("attn_output.weight"), vec![H * 8, D]));
+            t.push((n("attn_q_norm.weight"), vec![8]));
+            t.push((n("attn_k_norm.weight"), vec![8]));
+        }
+        experts(&mut t, i);
+        t.push((n("ffn_gate_inp_shexp.weight"), vec![D]));
+        t.push((n("ffn_gate_shexp.weight"), vec![D, 24]));
+        t.push((n("ffn_up_shexp.weight"), vec![D, 24]));
+        t.push((n("ffn_down_shexp.weight"), vec![24, D]));
+        if i == 4 {
+            t.push((n("nextn.eh_proj.weight"), vec![2 * D, D]));
+            t.push((n("nextn.enorm.weight"), vec![D]));
+            t.push((n("nextn.hnorm.weight"), vec![D]));
+            t.push((n("nextn.shared_head_norm.weight"), vec![D]));
+        }
+    }
+    Spec {
+        arch: "qwen35moe",
+        keys,
+        tensors: t,
+    }
+}
+
+#[test]
+fn qwen35moe_reads_and_checks() {
+    use flint_loader::config::{DeltaNetShape, Mixer};
+    let c = qwen35moe().desc();
+    assert_eq!(c.arch, Arch::Qwen35Moe);
+    assert_eq!(Arch::from_name("qwen35moe"), Some(Arch::Qwen35Moe));
+    assert_eq!((c.d, c.n_heads, c.n_kv_heads), (D, H, 2));
+    assert_eq!((c.head_dim_k, c.head_dim_v, c.rope.n_rot), (8, 8, 4));
+    assert_eq!(c.rope.kind, RopeKind::Neox);
+    assert_eq!((c.vocab, c.tied_output), (V, false));
+    assert_eq!(c.skipped_layers, vec![4]);
+    assert_eq!(c.ffn_norm_tensor, "post_attention_norm");
+    let dn = c.delta_net.expect("delta net sizes");
+    assert_eq!(
+        dn.shape,
+        DeltaNetShape {
+            heads_k: 2,
+            heads_v: 4,
+            head_dim: 4
+        }
+    );
+    assert_eq!((dn.conv_kernel, dn.conv_dim()), (4, 32));
+    let m = c.moe.expect("moe");
+    assert_eq!((m.experts, m.used, m.expert_width), (E, K, FE));
+    assert_eq!(
+        (m.gating, m.normalize, m.scale),
+        (Gating::Softmax, true, 1.0)
+    );
+    assert_eq!(
+        (m.shared_count, m.shared_width, m.shared_gate),
+        (1, 24, true)
+    );
+    let mixers: Vec<Mixer> = c.layers.iter().map(|l| l.mixer).collect();
+    assert_eq!(
+        mixers,
+        [
+            Mixer::DeltaNet,
+            Mixer::DeltaNet,
+            Mixer::DeltaNet,
+            Mixer::Attention
+        ]
+    );
+    let l3 = &c.layers[3];
+    assert!(l3.attn_gate && l3.qk_norm && !l3.sliding);
+    assert_eq!(l3.rope_base, 1e7);
+    for l in &c.layers {
+        assert_eq!(
+            l.ffn,
+            FfnDesc::Moe {
+                selection_bias: false,
+                shared_expert: true,
+                parallel_dense: None,
+            }
+        );
+    }
+    // `attention.recurrent_layers` overrides the interval: layer 0 attention here.
+    let mut s = qwen35moe().key(
+        "attention.recurrent_layers",
+        Value::Array(Array::Bool(vec![false, true, true, true, false])),
+    );
+    for i in [0, 3] {
+        let n = |x: &str| format!("blk.{i}.{x}");
+        s = s.drop_prefix(&format!("blk.{i}."));
+        s = s
+            .tensor(&n("attn_norm.weight"), &[D])
+            .tensor(&n("post_attention_norm.weight"), &[D]);
+        if i == 0 {
+            s = s
+                .tensor(&n("attn_q.weight"), &[D, 2 * H * 8])
+                .tensor(&n("attn_k.weight"), &[D, 16])
+                .tensor(&n("attn_v.weight"), &[D, 16])
+                .tensor(&n("attn_output.weight"), &[H * 8, D])
+                .tensor(&n("attn_q_norm.weight"), &[8])
+                .tensor(&n("attn_k_norm.weight"), &[8]);
+        } else {
+            s = s
+                .tensor(&n("attn_qkv.weight"), &[D, 32])
+                .tensor(&n("attn_gate.weight"), &[D, 16])
+                .tensor(&n("ssm_conv1d.weight"), &[4, 32])
+                .tensor(&n("ssm_dt.bias"), &[4])
+                .tensor(&n("ssm_a"), &[4])
+                .tensor(&n("ssm_beta.weight"), &[D, 4])
+                .tensor(&n("ssm_alpha.weight"), &[D, 4])
+                .tensor(&n("ssm_norm.weight"), &[4])
+                .tensor(&n("ssm_out.weight"), &[16, D]);
+        }
+        s = s
+            .tensor(&n("ffn_gate_inp.weight"), &[D, E])
+            .tensor(&n("ffn_gate_exps.weight"), &[D, FE, E])
+            .tensor(&n("ffn_up_exps.weight"), &[D, FE, E])
+            .tensor(&n("ffn_down_exps.weight"), &[FE, D, E])
+            .tensor(&n("ffn_gate_inp_shexp.weight"), &[D])
+            .tensor(&n("ffn_gate_shexp.weight"), &[D, 24])
+            .tensor(&n("ffn_up_shexp.weight"), &[D, 24])
+            .tensor(&n("ffn_down_shexp.weight"), &[24, D]);
+    }
+    let c = s.desc();
+    let mixers: Vec<Mixer> = c.layers.iter().map(|l| l.mixer).collect();
+    assert_eq!(
+        mixers,
+        [
+            Mixer::Attention,
+            Mixer::DeltaNet,
+            Mixer::DeltaNet,
+            Mixer::DeltaNet
+        ]
+    );
+}
+
+#[test]
+fn qwen35moe_refusals_name_the_culprit() {
+    qwen35moe()
+        .key("ssm.inner_size", Value::U32(20))
+        .refused("'qwen35moe.ssm.inner_size': is 20, but time_step_rank 4 x state_size 4 = 16");
+    qwen35moe()
+        .key("ssm.group_count", Value::U32(3))
+        .refused("'qwen35moe.ssm.time_step_rank': is 4: it must be a multiple of group_count 3");
+    qwen35moe()
+        .drop_key("ssm.conv_kernel")
+        .refused("qwen35moe.ssm.conv_kernel");
+    qwen35moe()
+        .drop_key("rope.dimension_sections")
+        .refused("qwen35moe.rope.dimension_sections");
+    // Pair 1 (sector 1) needs sections[1] > 0 to take a position of the first three.
+    qwen35moe()
+        .key(
+            "rope.dimension_sections",
+            Value::Array(Array::I32(vec![2, 0, 0, 0])),
+        )
+        .refused("rotated pair 1 of 2 takes the fourth section's position");
+    qwen35moe()
+        .key("full_attention_interval", Value::U32(0))
+        .refused("qwen35moe.full_attention_interval");
+    qwen35moe()
+        .tensor("blk.0.attn_qkv.weight", &[D, 30])
+        .refused("tensor 'blk.0.attn_qkv.weight' has shape [32, 30], expected [32, 32]");
+    qwen35moe()
+        .tensor("blk.3.attn_q.weight", &[D, H * 8])
+        .refused("tensor 'blk.3.attn_q.weight' has shape [32, 32], expected [32, 64]");
+    qwen35moe()
+        .drop_tensor("blk.1.ssm_a")
+        .refused("tensor 'blk.1.ssm_a' is missing");
+    qwen35moe()
+        .drop_tensor("blk.2.ffn_gate_inp_shexp.weight")
+        .refused("tensor 'blk.2.ffn_gate_inp_shexp.weight' is missing");
+    qwen35moe()
+        .tensor("blk.0.ssm_conv1d.weight", &[3, 32])
+        .refused("tensor 'blk.0.ssm_conv1d.weight' has shape [3, 32], expected [4, 32]");
+    // A DeltaNet layer with attention tensors: refused by name.
+    qwen35moe()
+        .tensor("blk.1.attn_q.weight", &[D, 2 * H * 8])
+        .refused("tensor 'blk.1.attn_q.weight' is not part of a qwen35moe model");
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp goldens for the dense families (llama, qwen2, qwen3, gemma3) and the MoE families
-# (qwen3moe, glm4moe, mimo2, gpt-oss) on synthetic files.
+# (qwen3moe, glm4moe, mimo2, gpt-oss), gemma4 and qwen35moe on synthetic files.
 #
 # For each case (ARCH PRESET SEED VOCAB VOCAB_SIZE N_TOKENS, table below) it
 #   1. writes MODEL.f32.gguf with `flint synth --arch ARCH --preset PRESET --seed SEED
@@ -69,6 +69,7 @@ CASES=(
     "gpt-oss tiny       27   llama-bpe  2048       2048     q8_0,mxfp4_moe"
     "gemma4  tiny       31   gemma-4    2048       2048     q8_0,q4_k_m"
     "gemma4  tiny-e2b   32   gemma-4    2048       2048     q8_0,q4_k_m"
+    "qwen35moe tiny     41   qwen35     2048       2048     q8_0,q4_k_m"
 )
 SPLIT_CASE="llama-tiny"
 SPLIT_TENSORS=8
@@ -107,7 +108,7 @@ fi
 
 vocab_file() {
     case "$1" in
-        llama-bpe | qwen2 | gemma-4) echo "$src/models/ggml-vocab-$1.gguf" ;;
+        llama-bpe | qwen2 | gemma-4 | qwen35) echo "$src/models/ggml-vocab-$1.gguf" ;;
         gemma3) echo "${FLINT_GEMMA3_VOCAB:-${XDG_CACHE_HOME:-$HOME/.cache}/flint/gemma-3-270m-q4_k_m.gguf}" ;;
         builtin) echo builtin ;;
         *) die "unknown vocabulary '$1'" ;;

@@ -5,6 +5,13 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + libm::expf(-x))
 }
 
+/// [`sigmoid`] as ggml's `ggml_vec_sigmoid_f32` computes it (the `GGML_OP_SIGMOID` of
+/// Qwen 3.5's attention gate, shared-expert gate and `beta`): glibc's `expf`
+/// ([`super::expf_libc`]).
+pub fn sigmoid_ggml(x: f32) -> f32 {
+    1.0 / (1.0 + super::expf_libc(-x))
+}
+
 /// `silu(x) = x / (1 + exp(-x))`, as ggml's `ggml_v_silu` computes it in llama.cpp's
 /// AVX-512 build (`ggml_vec_swiglu_f32`): one division (not `x * sigmoid(x)`, which rounds
 /// twice), with ggml's AVX-512 `exp` ([`super::expf_ggml_avx512`]), so that the CPU

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use clap::Args;
 use flint_core::GgmlType;
 use flint_hal::{StagingPlan, Tier, WeightDesc, WeightKind, WeightSource};
-use flint_loader::config::{Activation, FfnDesc, ModelDesc, NormPlacement, RopeKind};
+use flint_loader::config::{Activation, FfnDesc, Mixer, ModelDesc, NormPlacement, RopeKind};
 use flint_loader::gguf::{Array, GgufFile, Value};
 use flint_loader::ConfigError;
 
@@ -303,6 +303,22 @@ fn describe(c: &ModelDesc) -> Vec<String> {
         if c.tied_output { " (tied output)" } else { "" },
         c.context_length
     )];
+    if let Some(dn) = c.delta_net {
+        let k = c
+            .layers
+            .iter()
+            .filter(|l| l.mixer == Mixer::DeltaNet)
+            .count();
+        let gated = c.layers.iter().filter(|l| l.attn_gate).count();
+        out.push(format!(
+            "mixers: {k} Gated DeltaNet layers ({} key heads, {} value heads of {}, convolution of {}), {} attention layers ({gated} with an output gate)",
+            dn.shape.heads_k,
+            dn.shape.heads_v,
+            dn.shape.head_dim,
+            dn.conv_kernel,
+            n - k
+        ));
+    }
     let mut attn = format!(
         "attention: scale {} {}",
         c.attn_scale,
@@ -444,6 +460,9 @@ fn describe(c: &ModelDesc) -> Vec<String> {
         );
         if m.router_input_scale {
             ffn.push_str(", the router on the normed residual times ffn_gate_inp.scale");
+        }
+        if m.shared_gate {
+            ffn.push_str(", the shared expert times sigmoid(ffn_gate_inp_shexp . x)");
         }
         if m.expert_out_scale {
             ffn.push_str(", per-expert output scale");

@@ -6,13 +6,14 @@ use super::CliError;
 use crate::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
 use crate::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use crate::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use crate::synth::qwen35moe::{synth_qwen35moe, Qwen35MoeRecipe};
 use crate::synth::{param_count, write_file, write_synth, Preset};
 
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
 pub struct SynthArgs {
-    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss
-    /// or gemma4.
+    /// Architecture: flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss,
+    /// gemma4 or qwen35moe.
     #[arg(long, default_value = "flint")]
     pub arch: String,
     /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b; glm4moe and mimo2
@@ -50,7 +51,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
     let params = if args.arch == "flint" {
         if args.vocab.is_some() {
             return Err(CliError::new(
-                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4), not flint",
+                "--vocab applies to the llama.cpp families (llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4, qwen35moe), not flint",
             ));
         }
         let preset = Preset::from_name(&args.preset).ok_or_else(|| {
@@ -66,6 +67,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             Dense(DenseRecipe),
             Moe(MoeRecipe),
             Gemma4(Gemma4Recipe),
+            Qwen35Moe(Qwen35MoeRecipe),
         }
         let unknown_preset = |presets: &[&str]| {
             CliError::new(format!(
@@ -90,9 +92,14 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
                 Gemma4Recipe::of(&args.preset)
                     .ok_or_else(|| unknown_preset(&Gemma4Recipe::PRESETS))?,
             )
+        } else if args.arch == "qwen35moe" {
+            Recipe::Qwen35Moe(
+                Qwen35MoeRecipe::of(&args.preset)
+                    .ok_or_else(|| unknown_preset(&Qwen35MoeRecipe::PRESETS))?,
+            )
         } else {
             return Err(CliError::new(format!(
-                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss and gemma4",
+                "unknown architecture '{}': flint synth writes flint, llama, qwen2, qwen3, gemma3, qwen3moe, glm4moe, mimo2, gpt-oss, gemma4 and qwen35moe",
                 args.arch
             )));
         };
@@ -114,6 +121,7 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             Recipe::Dense(r) => synth_dense(r, args.seed, source, &progress),
             Recipe::Moe(r) => synth_moe(r, args.seed, source, &progress),
             Recipe::Gemma4(r) => synth_gemma4(r, args.seed, source, &progress),
+            Recipe::Qwen35Moe(r) => synth_qwen35moe(r, args.seed, source, &progress),
         }
         .map_err(super::err)?;
         write_file(&w, &args.out).map_err(super::err)?;

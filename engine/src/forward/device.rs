@@ -3,26 +3,33 @@
 //!
 //! A step takes a [`Batch`]: for every sequence its new tokens, the position of the
 //! first one, and its block table in each KV group (the groups of
-//! [`groups_from_pattern`], in its order; each layer carries the index of its own
+//! [`groups_from_layers`], in its order; each layer carries the index of its own
 //! group). All tokens of all sequences go through every
 //! weight together as one `[n_tokens, d]` activation matrix; each layer writes its keys
 //! and values through its own group's slot mapping
 //! (`slot = table[pos / block_size] * block_size + pos % block_size`) and reads them back
 //! with one `paged_attention` call over all sequences.
 //!
+//! A Gated DeltaNet layer (Qwen 3.5) keeps no keys and values but one recurrent state
+//! per sequence ([`RecurrentStates`]): its KV group is the recurrent one, whose block
+//! table is `[state slot]`; the forward zeroes a sequence's state at its position 0 and
+//! carries it from step to step, sequence by sequence (`ssm_conv_silu`,
+//! `gated_delta_net`).
+//!
 //! [`Session`] wraps this for one sequence with a trivial block table (the CLI, the
 //! gates); the paged engine builds its batches itself.
 
+use flint_core::math::{delta_net_gate, l2_norm_heads, sigmoid_ggml};
 use flint_hal::{
-    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, PagedAttention, RopeParams, RoutingConfig,
-    WeightDesc, WeightHandle, WeightKind,
+    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams,
+    RoutingConfig, WeightDesc, WeightHandle, WeightKind,
 };
 
 use crate::forward::profile::timed;
-use crate::kv::{groups_from_pattern, KvGroupSpec};
+use crate::kv::{groups_from_layers, GroupKind, KvGroupSpec, LayerCache};
 use crate::model::{
-    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Mlp, Model, ModelDesc, ModelError,
-    TensorRef,
+    layer_rope, soft_cap, Activation, DeltaNetDesc, ExpertBiases, Ffn, Mixer, Mlp, Model,
+    ModelDesc, ModelError, TensorRef,
 };
 
 /// Gemma 4's dense MLP beside the experts, staged, with both branches' norms.
@@ -98,6 +105,20 @@ impl MlpBufs {
     }
 }
 
+/// A step's buffers of the attention (and of every norm done in place), kept across
+/// its layers.
+#[derive(Debug)]
+struct StepBufs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    /// Qwen 3.5's attention output gate, `sigmoid` of the query projection's gate half.
+    q_gate: Vec<f32>,
+    norm_src: Vec<f32>,
+    mlp: MlpBufs,
+}
+
 #[derive(Debug)]
 struct DevMlp {
     gate: WeightHandle,
@@ -123,15 +144,14 @@ enum DevFfn {
         router_norm: Option<Vec<f32>>,
         expert_scale: Option<Vec<f32>>,
         parallel: Option<DevParallel>,
+        /// Qwen 3.5's shared-expert gate `ffn_gate_inp_shexp` (one output row).
+        shared_gate: Option<WeightHandle>,
     },
 }
 
+/// A layer's attention, staged.
 #[derive(Debug)]
-struct DevLayer {
-    /// Index of this layer's KV group in [`DeviceModel::kv_groups`]: the block table its
-    /// keys and values are written and read through.
-    kv_group: usize,
-    attn_norm: Vec<f32>,
+struct DevAttn {
     wq: WeightHandle,
     wk: WeightHandle,
     wv: WeightHandle,
@@ -143,6 +163,38 @@ struct DevLayer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     sinks: Option<Vec<f32>>,
+}
+
+/// A Gated DeltaNet layer, staged (the tensors of `model::DeltaNetLayer`).
+#[derive(Debug)]
+struct DevDeltaNet {
+    qkv: WeightHandle,
+    gate: WeightHandle,
+    beta: WeightHandle,
+    alpha: WeightHandle,
+    out: WeightHandle,
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    a: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+/// What mixes a layer's tokens.
+// One per layer, built once: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum DevMixer {
+    Attention(DevAttn),
+    DeltaNet(DevDeltaNet),
+}
+
+#[derive(Debug)]
+struct DevLayer {
+    /// Index of this layer's KV group in [`DeviceModel::kv_groups`]: the block table its
+    /// keys and values (or, a Gated DeltaNet layer, its state slot) are reached through.
+    kv_group: usize,
+    attn_norm: Vec<f32>,
+    mixer: DevMixer,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     ffn: DevFfn,
@@ -222,6 +274,103 @@ fn stage_one(dev: &DeviceRef, t: &TensorRef, kind: WeightKind) -> Result<WeightH
         })
 }
 
+/// What each layer keeps between steps (the key of its KV group).
+pub fn layer_caches(spec: &ModelDesc) -> Vec<LayerCache> {
+    spec.layers
+        .iter()
+        .map(|l| match (l.mixer, l.sliding) {
+            (Mixer::DeltaNet, _) => LayerCache::Recurrent,
+            (Mixer::Attention, true) => LayerCache::Sliding,
+            (Mixer::Attention, false) => LayerCache::Full,
+        })
+        .collect()
+}
+
+/// The recurrent state of every Gated DeltaNet layer, `slots` sequences' worth: per
+/// layer and slot the convolution window (`conv_dim` rows of `conv_kernel - 1` inputs)
+/// then the delta-rule state (`heads_v` blocks of `head_dim^2`), as
+/// `Device::ssm_conv_silu` and `Device::gated_delta_net` carry them. A sequence's slot
+/// is its block in the recurrent KV group; the forward zeroes it at the sequence's
+/// position 0. Held in host memory (the device interface takes the state per call).
+#[derive(Debug, Default)]
+pub struct RecurrentStates {
+    conv_len: usize,
+    delta_len: usize,
+    slots: usize,
+    /// Per layer (empty for attention layers): `slots` states one after another.
+    layers: Vec<Vec<f32>>,
+}
+
+impl RecurrentStates {
+    /// Zeroed states of `slots` sequences for every Gated DeltaNet layer of `spec` (none
+    /// for a model without such layers).
+    pub fn new(spec: &ModelDesc, slots: usize) -> Self {
+        let Some(dn) = spec.delta_net else {
+            return Self::default();
+        };
+        let (conv_len, delta_len) = Self::lens(&dn);
+        let layers = spec
+            .layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::DeltaNet => vec![0.0; slots * (conv_len + delta_len)],
+                Mixer::Attention => Vec::new(),
+            })
+            .collect();
+        Self {
+            conv_len,
+            delta_len,
+            slots,
+            layers,
+        }
+    }
+
+    fn lens(dn: &DeltaNetDesc) -> (usize, usize) {
+        (
+            dn.conv_dim() * dn.conv_kernel.saturating_sub(1),
+            dn.shape.state_len(),
+        )
+    }
+
+    /// Bytes of one sequence's state over every Gated DeltaNet layer of `spec`.
+    pub fn bytes_per_slot(spec: &ModelDesc) -> u64 {
+        let Some(dn) = spec.delta_net else {
+            return 0;
+        };
+        let (c, d) = Self::lens(&dn);
+        let n = spec
+            .layers
+            .iter()
+            .filter(|l| l.mixer == Mixer::DeltaNet)
+            .count();
+        (n * (c + d) * std::mem::size_of::<f32>()) as u64
+    }
+
+    /// Slots held.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The convolution window and the delta-rule state of `slot` in layer `il`.
+    fn slot_mut(&mut self, il: usize, slot: u32) -> Result<(&mut [f32], &mut [f32]), ModelError> {
+        let len = self.conv_len + self.delta_len;
+        let slot = slot as usize;
+        let conv_len = self.conv_len;
+        let slots = self.slots;
+        let layer = self
+            .layers
+            .get_mut(il)
+            .filter(|l| !l.is_empty())
+            .ok_or_else(|| ModelError::new(format!("layer {il} has no recurrent state")))?;
+        let state = layer.get_mut(slot * len..(slot + 1) * len).ok_or_else(|| {
+            ModelError::new(format!(
+                "state slot {slot} is outside the {slots} slots of layer {il}"
+            ))
+        })?;
+        Ok(state.split_at_mut(conv_len))
+    }
+}
+
 /// Every weight [`DeviceModel::stage`] stages, in its order: what it hands to
 /// `Device::plan` first.
 pub fn weight_descs(model: &Model) -> Vec<WeightDesc> {
@@ -244,9 +393,18 @@ pub fn weight_descs(model: &Model) -> Vec<WeightDesc> {
                     mlp(&mut v, &p.mlp, WeightKind::Matrix);
                 }
                 v.push(desc(&moe.router, WeightKind::Matrix));
+                if let Some(g) = &moe.shared_gate {
+                    v.push(desc(g, WeightKind::Matrix));
+                }
             }
         }
-        v.extend([&l.wq, &l.wk, &l.wv, &l.wo].map(|t| desc(t, WeightKind::Matrix)));
+        match &l.delta_net {
+            Some(dn) => v.extend(
+                [&dn.qkv, &dn.gate, &dn.beta, &dn.alpha, &dn.out]
+                    .map(|t| desc(t, WeightKind::Matrix)),
+            ),
+            None => v.extend([&l.wq, &l.wk, &l.wv, &l.wo].map(|t| desc(t, WeightKind::Matrix))),
+        }
         if let Some(pl) = &l.per_layer {
             v.extend([&pl.inp_gate, &pl.proj].map(|t| desc(t, WeightKind::Matrix)));
         }
@@ -268,6 +426,25 @@ impl DeviceModel {
         dev: DeviceRef,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
+        if model.spec.delta_net.is_some() {
+            for (op, what) in [
+                (Op::SsmConvSilu, "ssm_conv_silu"),
+                (Op::GatedDeltaNet, "gated_delta_net"),
+            ] {
+                if !dev.supports(op, None) {
+                    return Err(ModelError::Device {
+                        context: format!(
+                            "staging a {} model on {}",
+                            model.spec.arch.name(),
+                            dev.name()
+                        ),
+                        source: flint_hal::HalError::unsupported(format!(
+                            "the device has no {what} (Gated DeltaNet layers)"
+                        )),
+                    });
+                }
+            }
+        }
         let tied = model.output.name == model.token_embd.name;
         if model.spec.activation == Activation::SwigluOai
             && !dev.supports(flint_hal::Op::SwigluOaiMul, None)
@@ -310,8 +487,7 @@ impl DeviceModel {
         } else {
             st(&model.output, WeightKind::Matrix)?
         };
-        let pattern: Vec<bool> = model.spec.layers.iter().map(|l| l.sliding).collect();
-        let kv_groups = groups_from_pattern(&pattern, model.spec.window);
+        let kv_groups = groups_from_layers(&layer_caches(&model.spec), model.spec.window);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (il, l) in model.layers.iter().enumerate() {
             let kv_group = kv_groups
@@ -357,23 +533,43 @@ impl DeviceModel {
                             .map(|s| s.iter().map(|&w| inv * w).collect()),
                         expert_scale: moe.expert_scale.clone(),
                         parallel,
+                        shared_gate: match &moe.shared_gate {
+                            Some(g) => Some(st(g, WeightKind::Matrix)?),
+                            None => None,
+                        },
                     }
                 }
+            };
+            let mixer = match &l.delta_net {
+                Some(dn) => DevMixer::DeltaNet(DevDeltaNet {
+                    qkv: st(&dn.qkv, WeightKind::Matrix)?,
+                    gate: st(&dn.gate, WeightKind::Matrix)?,
+                    beta: st(&dn.beta, WeightKind::Matrix)?,
+                    alpha: st(&dn.alpha, WeightKind::Matrix)?,
+                    out: st(&dn.out, WeightKind::Matrix)?,
+                    conv: dn.conv.clone(),
+                    dt_bias: dn.dt_bias.clone(),
+                    a: dn.a.clone(),
+                    norm: dn.norm.clone(),
+                }),
+                None => DevMixer::Attention(DevAttn {
+                    wq: st(&l.wq, WeightKind::Matrix)?,
+                    wk: st(&l.wk, WeightKind::Matrix)?,
+                    wv: st(&l.wv, WeightKind::Matrix)?,
+                    wo: st(&l.wo, WeightKind::Matrix)?,
+                    bq: l.bq.clone(),
+                    bk: l.bk.clone(),
+                    bv: l.bv.clone(),
+                    bo: l.bo.clone(),
+                    q_norm: l.q_norm.clone(),
+                    k_norm: l.k_norm.clone(),
+                    sinks: l.sinks.clone(),
+                }),
             };
             layers.push(DevLayer {
                 kv_group,
                 attn_norm: l.attn_norm.clone(),
-                wq: st(&l.wq, WeightKind::Matrix)?,
-                wk: st(&l.wk, WeightKind::Matrix)?,
-                wv: st(&l.wv, WeightKind::Matrix)?,
-                wo: st(&l.wo, WeightKind::Matrix)?,
-                bq: l.bq.clone(),
-                bk: l.bk.clone(),
-                bv: l.bv.clone(),
-                bo: l.bo.clone(),
-                q_norm: l.q_norm.clone(),
-                k_norm: l.k_norm.clone(),
-                sinks: l.sinks.clone(),
+                mixer,
                 post_attn_norm: l.post_attn_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
                 ffn,
@@ -421,12 +617,15 @@ impl DeviceModel {
     }
 
     /// The KV layout of layer `il` for a pool of `num_blocks` blocks of `block_size`,
-    /// with the layer's own KV heads and head sizes. A layer that reads another layer's
-    /// KV (gemma4's shared-KV layers) gets one block: a placeholder never written or read.
+    /// with the layer's own KV heads and head sizes. A layer that keeps no keys and
+    /// values of its own (gemma4's shared-KV layers, which read an earlier layer's; Gated
+    /// DeltaNet layers, whose state is in [`RecurrentStates`]) gets one block: a
+    /// placeholder never written or read.
     pub fn kv_layout(&self, il: usize, num_blocks: usize, block_size: usize) -> KvLayout {
         let l = &self.spec.layers[il];
+        let own = l.kv_source.is_none() && l.mixer == Mixer::Attention;
         KvLayout {
-            num_blocks: if l.kv_source.is_some() { 1 } else { num_blocks },
+            num_blocks: if own { num_blocks } else { 1 },
             block_size,
             n_kv_heads: l.n_kv_heads,
             head_dim_k: l.head_dim_k,
@@ -448,8 +647,8 @@ impl DeviceModel {
             .collect()
     }
 
-    /// The KV groups, as [`groups_from_pattern`] derives them from the layer pattern
-    /// (the full group first). A [`BatchSeq`] carries one block table per group, in
+    /// The KV groups, as [`groups_from_layers`] derives them from what each layer keeps
+    /// (the full group first, the recurrent one last). A [`BatchSeq`] carries one block table per group, in
     /// this order.
     pub fn kv_groups(&self) -> &[KvGroupSpec] {
         &self.kv_groups
@@ -466,18 +665,21 @@ impl DeviceModel {
     pub fn forward(
         &self,
         kv: &mut [Box<dyn KvBuffer>],
+        states: &mut RecurrentStates,
         batch: &Batch<'_>,
     ) -> Result<Vec<f32>, ModelError> {
         // One hand-off to the device's workers per step, not one per op.
         let mut result = None;
-        self.dev
-            .run_step(&mut || result = Some(timed!("step", self.forward_in_step(kv, batch))));
+        self.dev.run_step(&mut || {
+            result = Some(timed!("step", self.forward_in_step(kv, states, batch)))
+        });
         result.unwrap_or_else(|| Err(ModelError::new("the device did not run the step")))
     }
 
     fn forward_in_step(
         &self,
         kv: &mut [Box<dyn KvBuffer>],
+        states: &mut RecurrentStates,
         batch: &Batch<'_>,
     ) -> Result<Vec<f32>, ModelError> {
         let spec = &self.spec;
@@ -520,6 +722,10 @@ impl DeviceModel {
                 tokens.push(t);
                 positions.push(p);
                 for (g, slot) in slots.iter_mut().enumerate() {
+                    // A recurrent group's table is the sequence's state slot.
+                    if self.kv_groups[g].kind == GroupKind::Recurrent {
+                        continue;
+                    }
                     let table = s.block_tables[g];
                     let b = (p as usize) / bs;
                     let Some(&blk) = table.get(b) else {
@@ -611,144 +817,88 @@ impl DeviceModel {
             dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.rms_eps, d, &mut a)
         )?;
 
-        let mut q_buf = vec![0.0f32; n * h * dk_max];
-        let mut k = vec![0.0f32; n * hkv * dk_max];
-        let mut v = vec![0.0f32; n * hkv * dv_max];
-        let mut o = vec![0.0f32; n * h * dv_max];
         let mut tmp = vec![0.0f32; n * d];
         let mut f = vec![0.0f32; n * d];
         // Buffers reused by every layer: fresh multi-MiB vectors per op cost a prompt
         // batch page faults and zeroing (about 5% of a Gemma prefill).
-        let mut norm_src = vec![0.0f32; (n * h * dk_max).max(n * hkv * dk_max).max(n * d)];
-        let mut mlp_bufs = MlpBufs::default();
+        let mut bufs = StepBufs {
+            q: vec![0.0f32; n * h * dk_max],
+            k: vec![0.0f32; n * hkv * dk_max],
+            v: vec![0.0f32; n * hkv * dv_max],
+            o: vec![0.0f32; n * h * dv_max],
+            q_gate: Vec::new(),
+            norm_src: vec![0.0f32; (n * h * dk_max).max(n * hkv * dk_max).max(n * d)],
+            mlp: MlpBufs::default(),
+        };
         for (il, layer) in self.layers.iter().enumerate() {
             let g = self.layer_group(il);
-            let ld = &spec.layers[il];
-            // This layer's KV heads and head sizes (mimo2's KV heads and gemma4's head
-            // sizes differ per layer; the buffers hold the largest).
-            let (hkv_l, dk, dv) = (ld.n_kv_heads, ld.head_dim_k, ld.head_dim_v);
-            let own_kv = ld.kv_source.is_none();
-            let q = &mut q_buf[..n * h * dk];
-            let (k, v) = (&mut k[..n * hkv_l * dk], &mut v[..n * hkv_l * dv]);
-            if own_kv {
-                timed!(
-                    "qkv",
-                    dev.matmul_multi(
-                        &[&*layer.wq, &*layer.wk, &*layer.wv],
-                        &a,
-                        n,
-                        &mut [&mut *q, &mut *k, &mut *v],
-                    )
-                )?;
+            let last = il + 1 == self.layers.len() && n_out < n;
+            // The last layer goes on with the wanted rows only (see `wanted`).
+            let (rows, row_ids) = if last {
+                (n_out, &out_rows)
             } else {
-                // gemma4's shared-KV layers: queries only.
-                timed!("qkv", dev.matmul(&*layer.wq, &a, n, q))?;
-            }
-            for (t, b) in [
-                (&mut q[..], &layer.bq),
-                (&mut *k, &layer.bk),
-                (&mut *v, &layer.bv),
-            ] {
-                if t.is_empty() {
-                    continue;
-                }
-                if let Some(b) = b {
-                    timed!("add_bias", dev.add_bias(t, b))?;
-                }
-            }
-            if let Some(w) = &layer.q_norm {
-                self.norm_in_place(q, Some(w), dk, &mut norm_src)?;
-            }
-            if own_kv {
-                if let Some(w) = &layer.k_norm {
-                    self.norm_in_place(k, Some(w), dk, &mut norm_src)?;
-                }
-                if spec.v_norm {
-                    self.norm_in_place(v, None, dv, &mut norm_src)?;
-                }
-            }
-            let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
-            let rp = |n_heads| RopeParams {
-                n_heads,
-                head_dim: dk,
-                kind: rope.kind,
-                n_rot: rope.n_rot,
-                base: rope.base,
-                freq_scale: rope.freq_scale,
-                freq_factors: rope.freq_factors,
-                yarn: rope.yarn,
+                (n, &all_rows)
             };
-            timed!("rope", dev.rope(q, &positions, &rp(h)))?;
-            if own_kv {
-                timed!("rope", dev.rope(k, &positions, &rp(hkv_l)))?;
-                timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, &slots[g]))?;
-            }
-            // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
-            // queries, attention scale 1): the f16 rounding of the queries in its
-            // small-batch attention sees the scaled values, so the order matters to the
-            // bit.
-            let attn_scale = if spec.q_prescaled {
-                timed!("scale", dev.scale(q, spec.attn_scale))?;
-                1.0
-            } else {
-                spec.attn_scale
-            };
-            // The last layer goes on with the wanted rows only (see `wanted`): their
-            // queries and residuals moved to the front, in order.
-            let mut rows = n;
-            let mut seqs = &attn_seqs[g];
-            let mut row_ids = &all_rows;
-            if il + 1 == self.layers.len() && n_out < n {
-                row_ids = &out_rows;
-                let (qw, xw) = (h * dk, d);
-                let mut to = 0;
-                for r in &wanted {
-                    for from in r.clone() {
-                        q.copy_within(from * qw..(from + 1) * qw, to * qw);
-                        x.copy_within(from * xw..(from + 1) * xw, to * xw);
-                        to += 1;
+            match &layer.mixer {
+                DevMixer::Attention(at) => self.attention(
+                    il,
+                    at,
+                    kv,
+                    &slots[g],
+                    &positions,
+                    if last {
+                        &out_attn_seqs[g]
+                    } else {
+                        &attn_seqs[g]
+                    },
+                    last.then_some(&wanted[..]),
+                    &a[..n * d],
+                    &mut x,
+                    &mut tmp[..rows * d],
+                    &mut bufs,
+                )?,
+                DevMixer::DeltaNet(dn) => {
+                    let seqs: Vec<(usize, usize, bool, u32)> = batch
+                        .seqs
+                        .iter()
+                        .zip(&starts)
+                        .map(|(s, &st)| {
+                            let slot = s.block_tables[g].first().copied().unwrap_or(u32::MAX);
+                            (st, s.tokens.len(), s.start_pos == 0, slot)
+                        })
+                        .collect();
+                    self.delta_net(il, dn, &seqs, &a[..n * d], states, &mut tmp[..n * d])?;
+                    if last {
+                        // The wanted rows' outputs and residuals to the front, in order.
+                        let mut to = 0;
+                        for r in &wanted {
+                            for from in r.clone() {
+                                tmp.copy_within(from * d..(from + 1) * d, to * d);
+                                x.copy_within(from * d..(from + 1) * d, to * d);
+                                to += 1;
+                            }
+                        }
                     }
                 }
-                rows = n_out;
-                seqs = &out_attn_seqs[g];
             }
-            let (o, tmp, f, a, x) = (
-                &mut o[..rows * h * dv],
+            let (tmp, f, a, x) = (
                 &mut tmp[..rows * d],
                 &mut f[..rows * d],
                 &mut a[..rows * d],
                 &mut x[..rows * d],
             );
-            let pa = PagedAttention {
-                q: &q[..rows * h * dk],
-                seqs,
-                n_heads: h,
-                scale: attn_scale,
-                sinks: layer.sinks.as_deref(),
-                window: spec.layer_window(il),
-            };
-            timed!(
-                "attention",
-                dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o)
-            )?;
-            timed!("attn_out", dev.matmul(&*layer.wo, o, rows, tmp))?;
-            if let Some(b) = &layer.bo {
-                timed!("add_bias", dev.add_bias(tmp, b))?;
-            }
-            // mimo2's value scale, on the attention output after `attn_output`.
-            if spec.value_scale != 1.0 {
-                timed!("scale", dev.scale(tmp, spec.value_scale))?;
-            }
+            let mlp_bufs = &mut bufs.mlp;
+            let norm_src = &mut bufs.norm_src;
             if let Some(w) = &layer.post_attn_norm {
-                self.norm_in_place(tmp, Some(w), d, &mut norm_src)?;
+                self.norm_in_place(tmp, Some(w), d, norm_src)?;
             }
             timed!(
                 "add_rms_norm",
                 dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.rms_eps, d, f)
             )?;
-            self.ffn(layer, f, x, rows, tmp, &mut mlp_bufs)?;
+            self.ffn(layer, f, x, rows, tmp, mlp_bufs)?;
             if let Some(w) = &layer.post_ffn_norm {
-                self.norm_in_place(tmp, Some(w), d, &mut norm_src)?;
+                self.norm_in_place(tmp, Some(w), d, norm_src)?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
@@ -763,7 +913,7 @@ impl DeviceModel {
             }
             timed!("add", dev.add(x, tmp))?;
             if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
-                self.layer_input(li, il, inputs, row_ids, x, tmp, &mut mlp_bufs)?;
+                self.layer_input(li, il, inputs, row_ids, x, tmp, mlp_bufs)?;
                 timed!("add", dev.add(x, tmp))?;
             }
             if let Some(s) = layer.out_scale {
@@ -784,6 +934,287 @@ impl DeviceModel {
         )?;
         soft_cap(&mut logits, spec.logit_softcap);
         Ok(logits)
+    }
+
+    /// Layer `il`'s attention on the normed rows `a` (every token of the step): its keys
+    /// and values written through `slots`, the attention of the rows `seqs` describes
+    /// (all of them, or on the last layer the `wanted` ones, whose queries and residuals
+    /// in `x` move to the front, in order), through `attn_output` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        il: usize,
+        at: &DevAttn,
+        kv: &mut [Box<dyn KvBuffer>],
+        slots: &[u32],
+        positions: &[u32],
+        seqs: &[AttnSeq<'_>],
+        wanted: Option<&[std::ops::Range<usize>]>,
+        a: &[f32],
+        x: &mut [f32],
+        out: &mut [f32],
+        bufs: &mut StepBufs,
+    ) -> Result<(), ModelError> {
+        let spec = &self.spec;
+        let dev = &self.dev;
+        let (d, h, n) = (spec.d, spec.n_heads, positions.len());
+        let ld = &spec.layers[il];
+        // This layer's KV heads and head sizes (mimo2's KV heads and gemma4's head
+        // sizes differ per layer; the buffers hold the largest).
+        let (hkv_l, dk, dv) = (ld.n_kv_heads, ld.head_dim_k, ld.head_dim_v);
+        let own_kv = ld.kv_source.is_none();
+        let StepBufs {
+            q,
+            k,
+            v,
+            o,
+            q_gate,
+            norm_src,
+            ..
+        } = bufs;
+        let q = &mut q[..n * h * dk];
+        let (k, v) = (&mut k[..n * hkv_l * dk], &mut v[..n * hkv_l * dv]);
+        // Qwen 3.5's gated attention: the query projection gives per head `dk` query
+        // values then `dk` gate values; the gate's sigmoid multiplies the attention
+        // output (llama.cpp's `ggml_sigmoid` then `ggml_mul`).
+        let mut qg = if ld.attn_gate {
+            vec![0.0f32; n * 2 * h * dk]
+        } else {
+            Vec::new()
+        };
+        let q_out: &mut [f32] = if ld.attn_gate { &mut qg } else { &mut *q };
+        if own_kv {
+            timed!(
+                "qkv",
+                dev.matmul_multi(
+                    &[&*at.wq, &*at.wk, &*at.wv],
+                    a,
+                    n,
+                    &mut [&mut *q_out, &mut *k, &mut *v],
+                )
+            )?;
+        } else {
+            // gemma4's shared-KV layers: queries only.
+            timed!("qkv", dev.matmul(&*at.wq, a, n, q_out))?;
+        }
+        if ld.attn_gate {
+            let gate = grown(q_gate, n * h * dk);
+            for ((src, qd), gd) in qg
+                .chunks_exact(2 * dk)
+                .zip(q.chunks_exact_mut(dk))
+                .zip(gate.chunks_exact_mut(dk))
+            {
+                qd.copy_from_slice(&src[..dk]);
+                for (g, &s) in gd.iter_mut().zip(&src[dk..]) {
+                    *g = sigmoid_ggml(s);
+                }
+            }
+        }
+        for (t, b) in [(&mut q[..], &at.bq), (&mut *k, &at.bk), (&mut *v, &at.bv)] {
+            if t.is_empty() {
+                continue;
+            }
+            if let Some(b) = b {
+                timed!("add_bias", dev.add_bias(t, b))?;
+            }
+        }
+        if let Some(w) = &at.q_norm {
+            self.norm_in_place(q, Some(w), dk, norm_src)?;
+        }
+        if own_kv {
+            if let Some(w) = &at.k_norm {
+                self.norm_in_place(k, Some(w), dk, norm_src)?;
+            }
+            if spec.v_norm {
+                self.norm_in_place(v, None, dv, norm_src)?;
+            }
+        }
+        let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
+        let rp = |n_heads| RopeParams {
+            n_heads,
+            head_dim: dk,
+            kind: rope.kind,
+            n_rot: rope.n_rot,
+            base: rope.base,
+            freq_scale: rope.freq_scale,
+            freq_factors: rope.freq_factors,
+            yarn: rope.yarn,
+        };
+        timed!("rope", dev.rope(q, positions, &rp(h)))?;
+        if own_kv {
+            timed!("rope", dev.rope(k, positions, &rp(hkv_l)))?;
+            timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, slots))?;
+        }
+        // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
+        // queries, attention scale 1): the f16 rounding of the queries in its
+        // small-batch attention sees the scaled values, so the order matters to the
+        // bit.
+        let attn_scale = if spec.q_prescaled {
+            timed!("scale", dev.scale(q, spec.attn_scale))?;
+            1.0
+        } else {
+            spec.attn_scale
+        };
+        let mut rows = n;
+        if let Some(wanted) = wanted {
+            let qw = h * dk;
+            let mut to = 0;
+            for r in wanted {
+                for from in r.clone() {
+                    q.copy_within(from * qw..(from + 1) * qw, to * qw);
+                    x.copy_within(from * d..(from + 1) * d, to * d);
+                    if ld.attn_gate {
+                        q_gate.copy_within(from * qw..(from + 1) * qw, to * qw);
+                    }
+                    to += 1;
+                }
+            }
+            rows = to;
+        }
+        let o = &mut o[..rows * h * dv];
+        let pa = PagedAttention {
+            q: &q[..rows * h * dk],
+            seqs,
+            n_heads: h,
+            scale: attn_scale,
+            sinks: at.sinks.as_deref(),
+            window: spec.layer_window(il),
+        };
+        timed!(
+            "attention",
+            dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o)
+        )?;
+        if ld.attn_gate {
+            for (v, &g) in o.iter_mut().zip(&q_gate[..rows * h * dk]) {
+                *v *= g;
+            }
+        }
+        timed!("attn_out", dev.matmul(&*at.wo, o, rows, out))?;
+        if let Some(b) = &at.bo {
+            timed!("add_bias", dev.add_bias(out, b))?;
+        }
+        // mimo2's value scale, on the attention output after `attn_output`.
+        if spec.value_scale != 1.0 {
+            timed!("scale", dev.scale(out, spec.value_scale))?;
+        }
+        Ok(())
+    }
+
+    /// Layer `il`'s Gated DeltaNet on the normed rows `a` of the step into `out`, as
+    /// llama.cpp's `qwen35moe` graph computes it (`build_layer_attn_linear`; the math is
+    /// `flint_core::math::delta`'s): the projections of every row at once, then per
+    /// sequence (`seqs`: first row, row count, whether it starts at position 0, state
+    /// slot) the causal convolution with SiLU and the gated delta rule over its state,
+    /// then the per-head RMSNorm times `silu(z)` and `ssm_out`.
+    fn delta_net(
+        &self,
+        il: usize,
+        dn: &DevDeltaNet,
+        seqs: &[(usize, usize, bool, u32)],
+        a: &[f32],
+        states: &mut RecurrentStates,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let spec = &self.spec;
+        let dev = &self.dev;
+        let Some(desc) = spec.delta_net else {
+            return Err(ModelError::new(format!(
+                "layer {il} is a Gated DeltaNet layer in a model without DeltaNet sizes"
+            )));
+        };
+        let (shape, eps) = (desc.shape, spec.rms_eps);
+        let n = a.len() / spec.d;
+        let (cd, qk, vl, hv) = (
+            desc.conv_dim(),
+            shape.qk_len(),
+            shape.v_len(),
+            shape.heads_v,
+        );
+        let mut qkv = vec![0.0f32; n * cd];
+        let mut z = vec![0.0f32; n * vl];
+        let mut beta = vec![0.0f32; n * hv];
+        let mut alpha = vec![0.0f32; n * hv];
+        timed!(
+            "delta_in",
+            dev.matmul_multi(
+                &[&*dn.qkv, &*dn.gate, &*dn.beta, &*dn.alpha],
+                a,
+                n,
+                &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
+            )
+        )?;
+        for b in &mut beta {
+            *b = sigmoid_ggml(*b);
+        }
+        // The log decay of each row and head, in `alpha`'s place.
+        for row in alpha.chunks_exact_mut(hv) {
+            for ((al, &dt), &sa) in row.iter_mut().zip(&dn.dt_bias).zip(&dn.a) {
+                *al = delta_net_gate(*al, dt, sa);
+            }
+        }
+        let mut conv = vec![0.0f32; n * cd];
+        let (mut q, mut k, mut v) = (
+            vec![0.0f32; n * qk],
+            vec![0.0f32; n * qk],
+            vec![0.0f32; n * vl],
+        );
+        let mut o = vec![0.0f32; n * vl];
+        for &(r0, len, fresh, slot) in seqs {
+            if len == 0 {
+                continue;
+            }
+            let (conv_state, delta_state) = states.slot_mut(il, slot)?;
+            if fresh {
+                conv_state.fill(0.0);
+                delta_state.fill(0.0);
+            }
+            let rows = r0..r0 + len;
+            let c = &mut conv[rows.start * cd..rows.end * cd];
+            timed!(
+                "ssm_conv",
+                dev.ssm_conv_silu(
+                    &qkv[rows.start * cd..rows.end * cd],
+                    &dn.conv,
+                    desc.conv_kernel,
+                    conv_state,
+                    c,
+                )
+            )?;
+            // Each row's q, k and v apart, the heads of q and k L2-normed.
+            for (t, row) in rows.clone().zip(c.chunks_exact(cd)) {
+                q[t * qk..(t + 1) * qk].copy_from_slice(&row[..qk]);
+                k[t * qk..(t + 1) * qk].copy_from_slice(&row[qk..2 * qk]);
+                v[t * vl..(t + 1) * vl].copy_from_slice(&row[2 * qk..]);
+            }
+            let (qs, ks) = (
+                &mut q[rows.start * qk..rows.end * qk],
+                &mut k[rows.start * qk..rows.end * qk],
+            );
+            l2_norm_heads(qs, shape.head_dim, eps);
+            l2_norm_heads(ks, shape.head_dim, eps);
+            timed!(
+                "delta_rule",
+                dev.gated_delta_net(
+                    &shape,
+                    qs,
+                    ks,
+                    &v[rows.start * vl..rows.end * vl],
+                    &alpha[rows.start * hv..rows.end * hv],
+                    &beta[rows.start * hv..rows.end * hv],
+                    delta_state,
+                    &mut o[rows.start * vl..rows.end * vl],
+                )
+            )?;
+        }
+        // Per head: RMSNorm with `ssm_norm`, times `silu(z)`.
+        let mut normed = vec![0.0f32; n * vl];
+        timed!(
+            "rms_norm",
+            dev.rms_norm(&o, Some(&dn.norm), eps, shape.head_dim, &mut normed)
+        )?;
+        timed!("silu_mul", dev.silu_mul(&z, &normed, &mut o))?;
+        timed!("delta_out", dev.matmul(&*dn.out, &o, n, out))?;
+        Ok(())
     }
 
     /// `buf = rms_norm(buf) * w` (no weight when `w` is None) in chunks of `dim` (the
@@ -920,6 +1351,7 @@ impl DeviceModel {
                 router_norm,
                 expert_scale,
                 parallel,
+                shared_gate,
             } => {
                 let Some(ms) = self.spec.moe else {
                     return Err(ModelError::new("MoE layer in a model without MoE settings"));
@@ -1039,6 +1471,17 @@ impl DeviceModel {
                 if let Some(s) = shared {
                     let ys = grown(branch_out, n * d);
                     self.mlp(s, f, n, ys, bufs)?;
+                    // Qwen 3.5: the shared expert's output times `sigmoid(gate . f)`.
+                    if let Some(gw) = shared_gate {
+                        let mut gl = vec![0.0f32; n];
+                        timed!("shared_gate", dev.matmul(&**gw, f, n, &mut gl))?;
+                        for (row, &g) in ys.chunks_exact_mut(d).zip(&gl) {
+                            let g = sigmoid_ggml(g);
+                            for v in row {
+                                *v *= g;
+                            }
+                        }
+                    }
                     timed!("add", dev.add(out, ys))?;
                 }
                 if let Some(p) = parallel {
@@ -1063,6 +1506,7 @@ impl DeviceModel {
 pub struct Session<'m> {
     model: &'m DeviceModel,
     kv: Vec<Box<dyn KvBuffer>>,
+    states: RecurrentStates,
     table: Vec<u32>,
     block_size: usize,
     pos: usize,
@@ -1082,6 +1526,8 @@ impl<'m> Session<'m> {
         Ok(Self {
             model,
             kv,
+            // One sequence: state slot 0, the first entry of its table in every group.
+            states: RecurrentStates::new(&model.spec, 1),
             table: (0..nb as u32).collect(),
             block_size: bs,
             pos: 0,
@@ -1127,7 +1573,7 @@ impl<'m> Session<'m> {
             }],
             block_size: self.block_size,
         };
-        let logits = self.model.forward(&mut self.kv, &batch)?;
+        let logits = self.model.forward(&mut self.kv, &mut self.states, &batch)?;
         self.pos += tokens.len();
         Ok(logits)
     }

@@ -7,6 +7,11 @@
 //! after the Q/K/V and output matmuls, per-head QK norm, RoPE with the layer's
 //! parameters (`flint_core::math::rope`), a pre-scaled query or a scaled `q.k`,
 //! sinks and a window, post-norms, the activation, and final logit soft-capping.
+//! Qwen 3.5's Gated DeltaNet layers run through `flint_core::math::delta` token by token,
+//! each layer's recurrent state (convolution window and delta-rule state) carried from
+//! one position to the next as the KV of attention layers is; its attention layers
+//! multiply their output by the query projection's sigmoid gate, and its shared expert
+//! is scaled by its own sigmoid gate.
 //!
 //! **Matmuls** go through `flint_core::dot::matvec_f32_ggml_x86` on the weight rows as
 //! they are stored: like ggml, that quantizes the activation to the weight type's
@@ -34,12 +39,12 @@
 use rayon::prelude::*;
 
 use flint_core::dot::ggml_x86::BatchRow;
-use flint_core::math::{gelu_tanh_ggml_f16, silu, swiglu_oai, GgmlCpuBuild};
+use flint_core::math::{gelu_tanh_ggml_f16, sigmoid_ggml, silu, swiglu_oai, GgmlCpuBuild};
 use flint_hal::Gating;
 
 use crate::model::{
-    layer_rope, soft_cap, Activation, ExpertBiases, Ffn, Layer, Mlp, Model, ModelError,
-    PerLayerInputs, TensorRef,
+    layer_rope, soft_cap, Activation, DeltaNetLayer, ExpertBiases, Ffn, Layer, Mlp, Model,
+    ModelError, PerLayerInputs, TensorRef,
 };
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
@@ -157,6 +162,11 @@ pub struct Reference<'m> {
     keys: Vec<Vec<Vec<f32>>>,
     /// Per layer, per position: the value row `[Hkv * dv]`.
     values: Vec<Vec<Vec<f32>>>,
+    /// Per Gated DeltaNet layer (empty elsewhere): the recurrent state carried from one
+    /// position to the next.
+    recurrent: Vec<RecurrentState>,
+    /// Tokens fed so far.
+    pos: usize,
     /// The length of the llama.cpp prompt batch whose arithmetic is followed, if known
     /// ([`Reference::set_batch_len`]).
     batch_len: Option<usize>,
@@ -174,10 +184,20 @@ impl<'m> Reference<'m> {
     /// An empty sequence.
     pub fn new(model: &'m Model) -> Self {
         let n = model.layers.len();
+        let recurrent = model
+            .layers
+            .iter()
+            .map(|l| match (&l.delta_net, model.spec.delta_net) {
+                (Some(_), Some(dn)) => RecurrentState::new(&dn),
+                _ => RecurrentState::default(),
+            })
+            .collect();
         Self {
             model,
             keys: vec![Vec::new(); n],
             values: vec![Vec::new(); n],
+            recurrent,
+            pos: 0,
             batch_len: None,
             last_only: false,
             cur_row: BatchRow::IN_BATCH,
@@ -233,7 +253,7 @@ impl<'m> Reference<'m> {
 
     /// Tokens fed so far (= the position of the next token).
     pub fn len(&self) -> usize {
-        self.keys.first().map(Vec::len).unwrap_or(0)
+        self.pos
     }
 
     /// True before the first token.
@@ -249,6 +269,11 @@ impl<'m> Reference<'m> {
         for v in &mut self.values {
             v.clear();
         }
+        for r in &mut self.recurrent {
+            r.conv.fill(0.0);
+            r.delta.fill(0.0);
+        }
+        self.pos = 0;
     }
 
     /// Feeds `token` at the next position and returns the logits predicting the one
@@ -283,8 +308,12 @@ impl<'m> Reference<'m> {
             None => None,
         };
         let last = m.layers.len().saturating_sub(1);
+        self.pos += 1;
         for (il, layer) in m.layers.iter().enumerate() {
-            let attn = self.attention(il, layer, &x, pos)?;
+            let attn = match &layer.delta_net {
+                Some(dn) => self.delta_net(il, layer, dn, &x)?,
+                None => self.attention(il, layer, &x, pos)?,
+            };
             if il == last && self.last_only && self.batch_len.is_some_and(|n| pos < n) {
                 // llama.cpp keeps only the output row from here on (`inp_out_ids`).
                 self.cur_row = BatchRow::SINGLE;
@@ -376,6 +405,18 @@ impl<'m> Reference<'m> {
         let rope = layer_rope(spec, il, self.model.rope_freqs.as_deref());
         let a = rms_norm(x, Some(&layer.attn_norm), spec.rms_eps);
         let mut q = self.mv(&layer.wq, &a)?;
+        // Qwen 3.5's gated attention: per head, `dk` query values then `dk` gate values.
+        let gate = if ld.attn_gate {
+            let (mut qs, mut gs) = (Vec::with_capacity(h * dk), Vec::with_capacity(h * dk));
+            for head in q.chunks_exact(2 * dk) {
+                qs.extend_from_slice(&head[..dk]);
+                gs.extend(head[dk..].iter().map(|&g| sigmoid_ggml(g)));
+            }
+            q = qs;
+            Some(gs)
+        } else {
+            None
+        };
         // A layer reading another layer's KV (gemma4's shared-KV layers) computes only
         // its queries.
         let own_kv = ld.kv_source.is_none();
@@ -475,6 +516,11 @@ impl<'m> Reference<'m> {
                 o.extend(out);
             }
         }
+        if let Some(g) = gate {
+            for (v, g) in o.iter_mut().zip(&g) {
+                *v *= g;
+            }
+        }
         let mut out = self.mv(&layer.wo, &o)?;
         if let Some(b) = &layer.bo {
             add(&mut out, b);
@@ -485,6 +531,65 @@ impl<'m> Reference<'m> {
             }
         }
         Ok(out)
+    }
+
+    /// A Gated DeltaNet layer on the residual row `x` of the position being computed,
+    /// as llama.cpp's `qwen35moe` graph computes it (`build_layer_attn_linear`; the math
+    /// and float order are `flint_core::math::delta`'s): the projections, the causal
+    /// convolution with SiLU over the carried window, the L2-normed q and k, the gated
+    /// delta rule over the carried state, the per-head RMSNorm times `silu(z)`, `ssm_out`.
+    fn delta_net(
+        &mut self,
+        il: usize,
+        layer: &Layer,
+        dn: &DeltaNetLayer,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let spec = &self.model.spec;
+        let Some(desc) = spec.delta_net else {
+            return Err(ModelError::new(format!(
+                "layer {il} is a Gated DeltaNet layer in a model without DeltaNet sizes"
+            )));
+        };
+        let shape = desc.shape;
+        let eps = spec.rms_eps;
+        let a = rms_norm(x, Some(&layer.attn_norm), eps);
+        let qkv = self.mv(&dn.qkv, &a)?;
+        let z = self.mv(&dn.gate, &a)?;
+        let beta: Vec<f32> = self
+            .mv(&dn.beta, &a)?
+            .into_iter()
+            .map(sigmoid_ggml)
+            .collect();
+        let alpha = self.mv(&dn.alpha, &a)?;
+        let g: Vec<f32> = alpha
+            .iter()
+            .zip(dn.dt_bias.iter().zip(&dn.a))
+            .map(|(&al, (&dt, &sa))| flint_core::math::delta_net_gate(al, dt, sa))
+            .collect();
+        let st = &mut self.recurrent[il];
+        let mut conv = vec![0.0f32; qkv.len()];
+        flint_core::math::ssm_conv(&qkv, &dn.conv, desc.conv_kernel, &mut st.conv, &mut conv);
+        for v in &mut conv {
+            *v = silu(*v);
+        }
+        let qk = shape.qk_len();
+        let (q, rest) = conv.split_at_mut(qk);
+        let (k, v) = rest.split_at_mut(qk);
+        flint_core::math::l2_norm_heads(q, shape.head_dim, eps);
+        flint_core::math::l2_norm_heads(k, shape.head_dim, eps);
+        let mut o = vec![0.0f32; shape.v_len()];
+        flint_core::math::gated_delta_net(&shape, q, k, v, &g, &beta, &mut st.delta, &mut o);
+        for (oh, zh) in o
+            .chunks_exact_mut(shape.head_dim)
+            .zip(z.chunks_exact(shape.head_dim))
+        {
+            flint_core::math::rms_norm_in_place(oh, Some(&dn.norm), eps);
+            for (v, &zv) in oh.iter_mut().zip(zh) {
+                *v *= silu(zv);
+            }
+        }
+        self.mv(&dn.out, &o)
     }
 
     /// Layer `il`'s FFN on one normed row `f` (for tests of the MoE pieces; Gemma 4's
@@ -601,7 +706,14 @@ impl<'m> Reference<'m> {
                     }
                 }
                 if let Some(sh) = &moe.shared {
-                    add(&mut y, &self.mlp(sh, 0, f)?);
+                    let mut ys = self.mlp(sh, 0, f)?;
+                    if let Some(gw) = &moe.shared_gate {
+                        let g = sigmoid_ggml(self.mv(gw, f)?[0]);
+                        for v in &mut ys {
+                            *v *= g;
+                        }
+                    }
+                    add(&mut y, &ys);
                 }
                 if let Some(p) = &moe.parallel {
                     // The dense branch on the usual pre-FFN norm's output, then both
@@ -613,6 +725,25 @@ impl<'m> Reference<'m> {
                 }
                 Ok(y)
             }
+        }
+    }
+}
+
+/// The recurrent state of one Gated DeltaNet layer for one sequence (zeros at its
+/// start): the convolution window (`conv_dim` rows of `conv_kernel - 1` inputs, as
+/// `flint_core::math::ssm_conv` carries it) and the delta-rule state (`heads_v` blocks of
+/// `head_dim^2`, as `flint_core::math::gated_delta_net` carries it).
+#[derive(Clone, Debug, Default)]
+struct RecurrentState {
+    conv: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+impl RecurrentState {
+    fn new(desc: &crate::model::DeltaNetDesc) -> Self {
+        Self {
+            conv: vec![0.0; desc.conv_dim() * desc.conv_kernel.saturating_sub(1)],
+            delta: vec![0.0; desc.shape.state_len()],
         }
     }
 }

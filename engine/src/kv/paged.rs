@@ -1,10 +1,11 @@
 //! The paged forward: a [`DeviceModel`] behind the [`StepModel`] interface of the
 //! [`LLMEngine`](crate::sched::LLMEngine), with one KV buffer per layer sized by its
-//! own group's pool, and the KV cache manager sized from a memory budget.
+//! own group's pool, the Gated DeltaNet layers' states (one slot per block of the
+//! recurrent group), and the KV cache manager sized from a memory budget.
 
 use flint_hal::KvBuffer;
 
-use crate::forward::{Batch, BatchSeq, DeviceModel};
+use crate::forward::{Batch, BatchSeq, DeviceModel, RecurrentStates};
 use crate::kv::{GroupKind, KvCacheManager, KvGroupSpec};
 use crate::model::ModelError;
 use crate::sched::{StepModel, StepSeq};
@@ -30,6 +31,8 @@ pub struct KvSizing {
 pub struct PagedModel {
     model: DeviceModel,
     kv: Vec<Box<dyn KvBuffer>>,
+    /// The Gated DeltaNet layers' states, one slot per block of the recurrent group.
+    states: RecurrentStates,
     block_size: usize,
 }
 
@@ -38,8 +41,9 @@ impl PagedModel {
     /// device, and returns the model with the matching KV cache manager.
     ///
     /// The sliding group needs at most `ceil((W + chunk - 1) / bs) + 1` blocks per running
-    /// request, so its pool is capped at that times `max_num_seqs`; everything else of
-    /// the budget goes to the full-attention group.
+    /// request, so its pool is capped at that times `max_num_seqs`; the recurrent group
+    /// (Gated DeltaNet states) gets one slot per running request, `max_num_seqs`;
+    /// everything else of the budget goes to the full-attention group.
     pub fn new(
         model: DeviceModel,
         sizing: &KvSizing,
@@ -67,9 +71,24 @@ impl PagedModel {
         // the layers), then cap each sliding group at what its running requests can ever
         // hold and give what that frees to the full-attention groups.
         let all_layers: u64 = group_block.iter().sum();
-        let uniform = sizing.memory_bytes / all_layers.max(1);
         let mut budget = sizing.memory_bytes;
         let mut blocks = vec![0usize; groups.len()];
+        if let Some(g) = groups.iter().position(|g| g.kind == GroupKind::Recurrent) {
+            let slots = sizing.max_num_seqs.max(1);
+            let bytes = slots as u64 * RecurrentStates::bytes_per_slot(&spec);
+            if bytes >= budget {
+                return Err(ModelError::new(format!(
+                    "a KV cache of {} bytes is too small: the recurrent states of {slots} \
+                     sequences take {bytes} bytes ({} per sequence); raise --kv-memory or \
+                     lower --max-num-seqs",
+                    sizing.memory_bytes,
+                    RecurrentStates::bytes_per_slot(&spec)
+                )));
+            }
+            blocks[g] = slots;
+            budget -= bytes;
+        }
+        let uniform = budget / all_layers.max(1);
         for (g, spec_g) in groups.iter().enumerate() {
             if let GroupKind::Sliding { window } = spec_g.kind {
                 let per_seq = (window + sizing.max_num_batched_tokens).div_ceil(bs) + 1;
@@ -124,6 +143,10 @@ impl PagedModel {
         bs: usize,
         blocks: &[usize],
     ) -> Result<(Self, KvCacheManager), ModelError> {
+        let slots = groups
+            .iter()
+            .position(|g| g.kind == GroupKind::Recurrent)
+            .map_or(0, |g| blocks[g]);
         let manager = KvCacheManager::new(groups, bs, blocks);
         let n_layers = model.spec().layers.len();
         let mut kv = Vec::with_capacity(n_layers);
@@ -134,10 +157,12 @@ impl PagedModel {
             let layout = model.kv_layout(il, blocks[g], bs);
             kv.push(model.device().alloc_kv(&layout).map_err(ModelError::from)?);
         }
+        let states = RecurrentStates::new(model.spec(), slots);
         Ok((
             Self {
                 model,
                 kv,
+                states,
                 block_size: bs,
             },
             manager,
@@ -176,7 +201,7 @@ impl StepModel for PagedModel {
                 all_logits: false,
             });
         }
-        let logits = self.model.forward(&mut self.kv, &batch)?;
+        let logits = self.model.forward(&mut self.kv, &mut self.states, &batch)?;
         // One row per sequence; keep those of the sequences that sample.
         let vocab = self.vocab_size();
         if seqs.iter().all(|s| s.sample) {

@@ -8,8 +8,8 @@ use flint_hal::WeightSource;
 use flint_loader::gguf::{GgufFile, TensorInfo};
 
 use super::{
-    ExpertBiases, Ffn, FfnDesc, Layer, LayerInput, Mlp, Model, ModelDesc, ModelError, Moe,
-    NormPlacement, ParallelDense, PerLayerInputs, TensorRef,
+    DeltaNetLayer, ExpertBiases, Ffn, FfnDesc, Layer, LayerInput, Mixer, Mlp, Model, ModelDesc,
+    ModelError, Moe, NormPlacement, ParallelDense, PerLayerInputs, TensorRef,
 };
 
 /// Opens and assembles the model in `path`.
@@ -183,10 +183,63 @@ impl Tensors<'_> {
                             }),
                             None => None,
                         },
+                        shared_gate: if ms.shared_gate {
+                            // A `[d]` vector applied as a matrix of one output row.
+                            let mut t = self.get(&name("ffn_gate_inp_shexp.weight"), &[d])?;
+                            t.dims = vec![d, 1];
+                            Some(t)
+                        } else {
+                            None
+                        },
                     }))
                 }
             };
-            let wq = self.get(&name("attn_q.weight"), &[d, h * dk])?;
+            if ld.mixer == Mixer::DeltaNet {
+                let dn = spec.delta_net.ok_or_else(|| {
+                    ModelError::new(format!(
+                        "layer {il} is a Gated DeltaNet layer in a model without DeltaNet sizes"
+                    ))
+                })?;
+                let (conv_dim, v_len, hv) = (dn.conv_dim(), dn.shape.v_len(), dn.shape.heads_v);
+                let delta = DeltaNetLayer {
+                    qkv: self.get(&name("attn_qkv.weight"), &[d, conv_dim])?,
+                    gate: self.get(&name("attn_gate.weight"), &[d, v_len])?,
+                    conv: self
+                        .get(&name("ssm_conv1d.weight"), &[dn.conv_kernel, conv_dim])?
+                        .to_f32()?,
+                    dt_bias: self.vec(&name("ssm_dt.bias"), hv)?,
+                    a: self.vec(&name("ssm_a"), hv)?,
+                    beta: self.get(&name("ssm_beta.weight"), &[d, hv])?,
+                    alpha: self.get(&name("ssm_alpha.weight"), &[d, hv])?,
+                    norm: self.vec(&name("ssm_norm.weight"), dn.shape.head_dim)?,
+                    out: self.get(&name("ssm_out.weight"), &[v_len, d])?,
+                };
+                layers.push(Layer {
+                    attn_norm: self.vec(&name("attn_norm.weight"), d)?,
+                    wq: delta.qkv.clone(),
+                    wk: delta.qkv.clone(),
+                    wv: delta.gate.clone(),
+                    wo: delta.out.clone(),
+                    delta_net: Some(delta),
+                    bq: None,
+                    bk: None,
+                    bv: None,
+                    bo: None,
+                    q_norm: None,
+                    k_norm: None,
+                    sinks: None,
+                    post_attn_norm: opt_vec(post, "post_attention_norm.weight", d)?,
+                    ffn_norm: self.vec(&name(&format!("{}.weight", spec.ffn_norm_tensor)), d)?,
+                    ffn,
+                    post_ffn_norm: opt_vec(post, "post_ffw_norm.weight", d)?,
+                    per_layer: None,
+                    out_scale: None,
+                });
+                continue;
+            }
+            // Qwen 3.5's gated attention: the query projection holds a gate per head.
+            let q_rows = if ld.attn_gate { 2 * h * dk } else { h * dk };
+            let wq = self.get(&name("attn_q.weight"), &[d, q_rows])?;
             // A layer reading another layer's KV (gemma4) needs no K/V projection: any it
             // carries is kept, else the query's stands in (never read).
             let own_kv = ld.kv_source.is_none();
@@ -228,6 +281,7 @@ impl Tensors<'_> {
             };
             layers.push(Layer {
                 attn_norm: self.vec(&name("attn_norm.weight"), d)?,
+                delta_net: None,
                 wq,
                 wk,
                 wv,

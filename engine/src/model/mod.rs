@@ -45,8 +45,8 @@ use std::path::PathBuf;
 use flint_core::GgmlType;
 use flint_hal::{HalError, HalErrorKind, WeightSource};
 pub use flint_loader::config::{
-    Activation, Arch, AttnBiases, ConfigError, FfnDesc, LayerDesc, ModelDesc, MoeDesc,
-    NormPlacement, RopeDesc, RopeKind, Yarn,
+    Activation, Arch, AttnBiases, ConfigError, DeltaNetDesc, FfnDesc, LayerDesc, Mixer, ModelDesc,
+    MoeDesc, NormPlacement, RopeDesc, RopeKind, Yarn,
 };
 use flint_loader::fetch::FetchError;
 use flint_loader::gguf::GgufError;
@@ -177,6 +177,34 @@ pub struct Moe {
     pub expert_scale: Option<Vec<f32>>,
     /// Gemma 4's dense MLP beside the experts, with the norms of both branches.
     pub parallel: Option<ParallelDense>,
+    /// `ffn_gate_inp_shexp` (Qwen 3.5), held as a matrix of one output row `[d, 1]`:
+    /// the shared expert's output is multiplied by `sigmoid` of its product with the
+    /// FFN's input.
+    pub shared_gate: Option<TensorRef>,
+}
+
+/// A Gated DeltaNet layer's tensors (Qwen 3.5; [`Mixer::DeltaNet`], sizes in
+/// [`ModelDesc::delta_net`]).
+#[derive(Clone, Debug)]
+pub struct DeltaNetLayer {
+    /// `attn_qkv` `[d, conv_dim]`: q, k and v of every head, before the convolution.
+    pub qkv: TensorRef,
+    /// `attn_gate` `[d, heads_v * head_dim]`: the output gate `z`.
+    pub gate: TensorRef,
+    /// `ssm_conv1d` `[conv_kernel, conv_dim]`: one row of `conv_kernel` taps per channel.
+    pub conv: Vec<f32>,
+    /// `ssm_dt.bias` `[heads_v]`.
+    pub dt_bias: Vec<f32>,
+    /// `ssm_a` `[heads_v]` (`-exp(A_log)`).
+    pub a: Vec<f32>,
+    /// `ssm_beta` `[d, heads_v]`.
+    pub beta: TensorRef,
+    /// `ssm_alpha` `[d, heads_v]`.
+    pub alpha: TensorRef,
+    /// `ssm_norm` `[head_dim]`: the per-head RMSNorm of the output.
+    pub norm: Vec<f32>,
+    /// `ssm_out` `[heads_v * head_dim, d]`.
+    pub out: TensorRef,
 }
 
 /// Gemma 4's MoE layer beside its experts ([`FfnDesc::Moe`]'s `parallel_dense`): the
@@ -232,10 +260,17 @@ pub struct ExpertBiases {
 }
 
 /// One layer's tensors.
+///
+/// On a Gated DeltaNet layer ([`Layer::delta_net`] set) the attention projections
+/// `wq`, `wk`, `wv`, `wo` hold that layer's `attn_qkv`, `attn_qkv`, `attn_gate` and
+/// `ssm_out` so that every layer has them; no forward reads them there (both forwards
+/// run the layer's [`DeltaNetLayer`], and the device stages only its tensors).
 #[derive(Clone, Debug)]
 pub struct Layer {
     /// `attn_norm`.
     pub attn_norm: Vec<f32>,
+    /// The Gated DeltaNet mixer of a [`Mixer::DeltaNet`] layer (instead of attention).
+    pub delta_net: Option<DeltaNetLayer>,
     /// `attn_q`.
     pub wq: TensorRef,
     /// `attn_k`.

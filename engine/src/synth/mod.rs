@@ -8,6 +8,8 @@
 //! - [`moe`]: the mixture-of-experts families llama.cpp runs (`qwen3moe`, `glm4moe`,
 //!   `mimo2`, `gpt-oss`), written the same way.
 //! - [`gemma4`]: Gemma 4 (the 26B-A4B MoE and E2B layouts), written the same way.
+//! - [`qwen35moe`]: Qwen 3.5 MoE (Gated DeltaNet and gated attention layers), written the
+//!   same way.
 //!
 //! Both fill tensors the same way. Weights are random but scaled so activations stay in a
 //! realistic range: matrices `N(0, 1/in)` (unit-variance outputs for unit-variance
@@ -23,6 +25,7 @@ pub mod dense;
 pub mod flint;
 pub mod gemma4;
 pub mod moe;
+pub mod qwen35moe;
 pub mod vocab;
 
 use flint_core::GgmlType;

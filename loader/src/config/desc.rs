@@ -7,7 +7,7 @@
 //! (`src/llama-model.cpp` `load_hparams`, `src/models/{arch}.cpp` `load_arch_hparams`,
 //! `src/llama-context.cpp` for the RoPE scaling parameters).
 
-pub use flint_core::math::{Gating, RopeKind, Yarn};
+pub use flint_core::math::{DeltaNetShape, Gating, RopeKind, Yarn};
 
 /// The architectures Flint runs (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,11 +46,18 @@ pub enum Arch {
     /// token embeddings (E2B/E4B), a scale on each layer's output, and (26B-A4B) MoE
     /// layers that run a dense MLP beside the experts, each branch with its own norms.
     Gemma4,
+    /// `qwen35moe`: Qwen 3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): Gated DeltaNet layers
+    /// ([`Mixer::DeltaNet`]) interleaved with gated full-attention layers (a per-head
+    /// sigmoid gate from the query projection, [`LayerDesc::attn_gate`]), per-head QK
+    /// RMSNorm, partial NeoX RoPE, softmax routing renormalised, a shared expert behind a
+    /// sigmoid gate ([`MoeDesc::shared_gate`]), the pre-FFN norm named
+    /// `post_attention_norm`; MTP layers skipped.
+    Qwen35Moe,
 }
 
 impl Arch {
     /// Every architecture, in the order the error messages list them.
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Flint,
         Arch::Gemma3,
         Arch::Llama,
@@ -61,6 +68,7 @@ impl Arch {
         Arch::Mimo2,
         Arch::GptOss,
         Arch::Gemma4,
+        Arch::Qwen35Moe,
     ];
 
     /// The `general.architecture` value.
@@ -76,6 +84,7 @@ impl Arch {
             Arch::Mimo2 => "mimo2",
             Arch::GptOss => "gpt-oss",
             Arch::Gemma4 => "gemma4",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -206,6 +215,9 @@ pub struct MoeDesc {
     /// Each chosen expert's output is multiplied by its entry of `ffn_down_exps.scale`
     /// `[E]` (f32; Gemma 4's `per_expert_scale`) before its routing weight.
     pub expert_out_scale: bool,
+    /// The shared expert's output is multiplied by `sigmoid(ffn_gate_inp_shexp . x)`,
+    /// `x` the FFN's input and `ffn_gate_inp_shexp` `[d]` (f32; Qwen 3.5 MoE).
+    pub shared_gate: bool,
 }
 
 /// A layer's FFN.
@@ -233,9 +245,49 @@ pub enum FfnDesc {
     },
 }
 
+/// What mixes a layer's tokens: attention over the KV cache, or a Gated DeltaNet layer
+/// with a fixed-size recurrent state ([`ModelDesc::delta_net`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    /// Attention (`attn_q`, `attn_k`, `attn_v`, `attn_output`).
+    Attention,
+    /// Qwen 3.5's Gated DeltaNet (linear attention): `attn_qkv` `[d, conv_dim]` (q, k,
+    /// v), `attn_gate` `[d, heads_v * head_dim]` (z), `ssm_conv1d` `[conv_kernel,
+    /// conv_dim]`, `ssm_dt.bias` and `ssm_a` `[heads_v]`, `ssm_beta` and `ssm_alpha`
+    /// `[d, heads_v]`, `ssm_norm` `[head_dim]`, `ssm_out` `[heads_v * head_dim, d]`; the
+    /// math is `flint_core::math::delta`'s.
+    DeltaNet,
+}
+
+/// The Gated DeltaNet layers' sizes (`ssm.*` keys; Qwen 3.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetDesc {
+    /// Key heads (`ssm.group_count`), value heads (`ssm.time_step_rank`) and head size
+    /// (`ssm.state_size`, the same for keys and values: `ssm.inner_size` must be
+    /// `time_step_rank * state_size`).
+    pub shape: DeltaNetShape,
+    /// Width of the causal convolution (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetDesc {
+    /// Channels of the convolution: `2 * heads_k * head_dim + heads_v * head_dim` (all
+    /// of q, then k, then v).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.shape.qk_len() + self.shape.v_len()
+    }
+}
+
 /// Per-layer facts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerDesc {
+    /// What mixes the tokens. On a [`Mixer::DeltaNet`] layer the attention fields
+    /// below (heads, RoPE, window, norms, biases, sinks, KV source) describe nothing.
+    pub mixer: Mixer,
+    /// The query projection `attn_q` is `[d, 2 * H * dk]`: per head its query then a
+    /// gate, and the attention output (before `attn_output`) is multiplied by
+    /// `sigmoid(gate)` (Qwen 3.5).
+    pub attn_gate: bool,
     /// A sliding-window layer: attends to the [`ModelDesc::window`] newest positions.
     pub sliding: bool,
     /// RoPE base: `rope.freq_base` (default 10000; required for flint) on full layers,
@@ -351,6 +403,8 @@ pub struct ModelDesc {
     pub value_scale: f32,
     /// V is RMS-normed per head without a weight before it is cached (Gemma 4).
     pub v_norm: bool,
+    /// The Gated DeltaNet layers' sizes, when some layer is [`Mixer::DeltaNet`].
+    pub delta_net: Option<DeltaNetDesc>,
     /// Width of Gemma 4's per-layer token embeddings (`embedding_length_per_layer_input`;
     /// 0: none). When nonzero, `per_layer_token_embd` `[P * L, V]`,
     /// `per_layer_model_proj` `[d, P * L]` and `per_layer_proj_norm` `[P]` make a

@@ -24,8 +24,8 @@
 use flint_core::math::Gating;
 
 use super::desc::{
-    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
-    RopeKind,
+    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, Mixer, ModelDesc, MoeDesc, NormPlacement,
+    RopeDesc, RopeKind,
 };
 use super::moe::per_block;
 use super::parse::{check_len, read_scaling, Keys};
@@ -169,6 +169,7 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
                 expert_biases: false,
                 router_input_scale: true,
                 expert_out_scale: false,
+                shared_gate: false,
             })
         }
     };
@@ -176,6 +177,8 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
         .iter()
         .enumerate()
         .map(|(i, &sl)| LayerDesc {
+            mixer: Mixer::Attention,
+            attn_gate: false,
             sliding: sl,
             rope_base: if sl { rope_base_swa } else { rope_base },
             rope_freq_scale: if sl { 1.0 } else { scaling.freq_scale },
@@ -229,6 +232,7 @@ pub(crate) fn read(f: &GgufFile) -> Result<ModelDesc, ConfigError> {
         skipped_layers: Vec::new(),
         value_scale: 1.0,
         v_norm: true,
+        delta_net: None,
         per_layer_input,
         ffn_norm_tensor: "ffn_norm",
     })

@@ -4,7 +4,7 @@
 //! [`ModelDesc::from_gguf`] is the one entry point. It reads the keys of the
 //! architecture `general.architecture` names ([`Arch`]: flint, gemma3, llama, qwen2,
 //! qwen3, the MoE families qwen3moe, glm4moe, mimo2, gpt-oss in `moe.rs`, gemma4 in
-//! `gemma4.rs`) the way llama.cpp interprets them, then checks every tensor: required ones
+//! `gemma4.rs`, qwen35moe in `qwen35moe.rs`) the way llama.cpp interprets them, then checks every tensor: required ones
 //! present with the implied shapes, optional ones the architecture allows, and any other
 //! tensor refused by name. A key Flint does not implement (an unknown
 //! `rope.scaling.type`, a mixture-of-experts llama, per-layer head sizes) is refused by
@@ -15,11 +15,12 @@ mod error;
 mod gemma4;
 mod moe;
 mod parse;
+mod qwen35moe;
 mod tensors;
 
 pub use desc::{
-    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
-    RopeKind, Yarn,
+    Activation, Arch, AttnBiases, DeltaNetDesc, DeltaNetShape, FfnDesc, LayerDesc, Mixer,
+    ModelDesc, MoeDesc, NormPlacement, RopeDesc, RopeKind, Yarn,
 };
 pub use error::ConfigError;
 
@@ -35,6 +36,11 @@ impl ModelDesc {
         if arch == Arch::Gemma4 {
             let mut desc = gemma4::read(f)?;
             gemma4::check_tensors(&mut desc, f)?;
+            return Ok(desc);
+        }
+        if arch == Arch::Qwen35Moe {
+            let mut desc = qwen35moe::read(f)?;
+            qwen35moe::check_tensors(&mut desc, f)?;
             return Ok(desc);
         }
         if arch.is_moe_family() {

@@ -13,8 +13,8 @@
 use flint_core::math::Gating;
 
 use super::desc::{
-    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
-    RopeKind,
+    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, Mixer, ModelDesc, MoeDesc, NormPlacement,
+    RopeDesc, RopeKind,
 };
 use super::parse::{check_len, read_scaling, swa_pattern, Keys};
 use super::tensors::Claims;
@@ -30,8 +30,8 @@ const ROPE_BASE_SWA_DEFAULT: f32 = 10_000.0;
 /// 2)`: even layers slide, odd ones attend to everything).
 const GPT_OSS_SWA_PERIOD_DEFAULT: usize = 2;
 
-/// A per-block count: a scalar for every block, or (mimo2, gpt-oss, gemma4) an array of
-/// `n_all` entries.
+/// A per-block count: a scalar for every block, or (mimo2, gpt-oss, gemma4, qwen35moe) an
+/// array of `n_all` entries.
 pub(super) fn per_block(
     ks: &Keys<'_>,
     s: &str,
@@ -41,7 +41,12 @@ pub(super) fn per_block(
     let key = ks.k(s);
     match ks.f.get(&key) {
         None => Ok(vec![default; n_all]),
-        Some(Value::Array(_)) if matches!(ks.arch, Arch::Mimo2 | Arch::GptOss | Arch::Gemma4) => {
+        Some(Value::Array(_))
+            if matches!(
+                ks.arch,
+                Arch::Mimo2 | Arch::GptOss | Arch::Gemma4 | Arch::Qwen35Moe
+            ) =>
+        {
             let v = ks.f.get_u32_array(&key)?;
             check_len(&key, v.len(), n_all)?;
             v.iter().map(|&x| nonzero(&key, x as usize)).collect()
@@ -50,9 +55,14 @@ pub(super) fn per_block(
     }
 }
 
-/// mimo2's `attention.sliding_window_pattern`: one entry per block (bools, or the
-/// integers 0/1 the converter writes); true / nonzero = sliding.
-fn mimo2_pattern(f: &GgufFile, key: &str, n_all: usize) -> Result<Vec<bool>, ConfigError> {
+/// A per-block flag array (mimo2's `attention.sliding_window_pattern`, qwen35moe's
+/// `attention.recurrent_layers`): one entry per block, bools or the integers 0/1 a
+/// converter may write; true / nonzero = set.
+pub(super) fn flag_per_block(
+    f: &GgufFile,
+    key: &str,
+    n_all: usize,
+) -> Result<Vec<bool>, ConfigError> {
     let v: Vec<bool> = match f.get_array(key)? {
         Array::Bool(v) => v.clone(),
         _ => f.get_u32_array(key)?.iter().map(|&x| x != 0).collect(),
@@ -130,7 +140,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
     let (window, sliding, rope_base_swa) = match arch {
         Arch::Mimo2 => {
             let window = ks.size("attention.sliding_window")?;
-            let pattern = mimo2_pattern(f, &k("attention.sliding_window_pattern"), n_all)?;
+            let pattern = flag_per_block(f, &k("attention.sliding_window_pattern"), n_all)?;
             let base_swa = ks
                 .opt_positive("rope.freq_base_swa")?
                 .unwrap_or(ROPE_BASE_SWA_DEFAULT);
@@ -182,6 +192,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         .iter()
         .enumerate()
         .map(|(i, &sl)| LayerDesc {
+            mixer: Mixer::Attention,
+            attn_gate: false,
             sliding: sl,
             rope_base: if sl { rope_base_swa } else { rope_base },
             rope_freq_scale: if sl {
@@ -245,6 +257,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         skipped_layers: (l..n_all).collect(),
         value_scale,
         v_norm: false,
+        delta_net: None,
         per_layer_input: 0,
         ffn_norm_tensor: if matches!(arch, Arch::Glm4Moe | Arch::GptOss) {
             "post_attention_norm"
@@ -329,6 +342,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
                 expert_biases: false,
                 router_input_scale: false,
                 expert_out_scale: false,
+                shared_gate: false,
             })
         }
         Arch::GptOss => Ok(MoeDesc {
@@ -345,6 +359,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             expert_biases: true,
             router_input_scale: false,
             expert_out_scale: false,
+            shared_gate: false,
         }),
         _ => Ok(MoeDesc {
             experts: e,
@@ -364,6 +379,7 @@ fn read_routing(ks: &Keys<'_>, l: usize) -> Result<MoeDesc, ConfigError> {
             expert_biases: false,
             router_input_scale: false,
             expert_out_scale: false,
+            shared_gate: false,
         }),
     }
 }
@@ -413,13 +429,23 @@ fn nextn_extra(arch: Arch) -> &'static [&'static str] {
             "ffn_norm.weight",
             "layer_output_norm.weight",
         ],
+        Arch::Qwen35Moe => &[
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "post_attention_norm.weight",
+            "ffn_gate_inp_shexp.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_up_shexp.weight",
+            "ffn_down_shexp.weight",
+            "ffn_gate_up_exps.weight",
+        ],
         _ => &[],
     }
 }
 
 /// Whether llama.cpp may create `blk.N.{rest}` for a NextN/MTP block of `arch`.
-fn is_nextn_tensor(arch: Arch, rest: &str) -> bool {
-    matches!(arch, Arch::Glm4Moe | Arch::Mimo2)
+pub(super) fn is_nextn_tensor(arch: Arch, rest: &str) -> bool {
+    matches!(arch, Arch::Glm4Moe | Arch::Mimo2 | Arch::Qwen35Moe)
         && (NEXTN_COMMON.contains(&rest) || nextn_extra(arch).contains(&rest))
 }
 

@@ -7,8 +7,8 @@
 use flint_core::math::Gating;
 
 use super::desc::{
-    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, ModelDesc, MoeDesc, NormPlacement, RopeDesc,
-    RopeKind, Yarn,
+    Activation, Arch, AttnBiases, FfnDesc, LayerDesc, Mixer, ModelDesc, MoeDesc, NormPlacement,
+    RopeDesc, RopeKind, Yarn,
 };
 use super::util::{nonzero, positive};
 use super::ConfigError;
@@ -260,7 +260,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         | Arch::Glm4Moe
         | Arch::Mimo2
         | Arch::GptOss
-        | Arch::Gemma4 => (None, vec![false; l], rope_base),
+        | Arch::Gemma4
+        | Arch::Qwen35Moe => (None, vec![false; l], rope_base),
     };
 
     let (moe, dense_width) = match arch {
@@ -310,6 +311,8 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         .iter()
         .enumerate()
         .map(|(i, &sl)| LayerDesc {
+            mixer: Mixer::Attention,
+            attn_gate: false,
             sliding: sl,
             rope_base: if sl { rope_base_swa } else { rope_base },
             rope_freq_scale: if sl { 1.0 } else { scaling.freq_scale },
@@ -375,6 +378,7 @@ pub(crate) fn read(f: &GgufFile, arch: Arch) -> Result<ModelDesc, ConfigError> {
         skipped_layers: Vec::new(),
         value_scale: 1.0,
         v_norm: false,
+        delta_net: None,
         per_layer_input: 0,
         ffn_norm_tensor: "ffn_norm",
     })
@@ -534,5 +538,6 @@ fn read_moe(ks: &Keys<'_>, leading_dense: usize) -> Result<MoeDesc, ConfigError>
         expert_biases: false,
         router_input_scale: false,
         expert_out_scale: false,
+        shared_gate: false,
     })
 }
