@@ -451,10 +451,14 @@ fn serve_once<M: StepModel>(
                         t.first_token.get_or_insert(now);
                         t.last_token = Some(now);
                     }
+                    if finished {
+                        // Counted before the last event goes out: a client that has its
+                        // whole answer finds it counted.
+                        metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+                    }
                     let closed = t.events.send(Event::Output(o)).is_err();
                     if finished {
                         tracked.remove(&id);
-                        metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
                         ctx.over();
                     } else if closed {
                         engine.abort(id);
