@@ -14,7 +14,10 @@ use flint_hal::HalError;
 use rayon::prelude::*;
 
 /// `out = silu(ssm_conv(x))`, the window carried in `state` (see `Device::ssm_conv_silu`).
-/// The convolution is `d_conv` multiply-adds per output: one thread does it.
+/// The convolution is `d_conv` multiply-adds per output: one thread does it, token by
+/// token across the channels (rows of `x` and `out` are read and written whole, where
+/// `math::ssm_conv` walks each channel down the tokens), each output summed in the
+/// reference's order, so the bits are `math::ssm_conv`'s.
 pub(crate) fn ssm_conv_silu(
     x: &[f32],
     weight: &[f32],
@@ -22,9 +25,37 @@ pub(crate) fn ssm_conv_silu(
     state: &mut [f32],
     out: &mut [f32],
 ) {
-    math::ssm_conv(x, weight, d_conv, state, out);
-    for o in out.iter_mut() {
-        *o = math::silu(*o);
+    assert!(d_conv > 0, "ssm_conv: d_conv is 0");
+    let channels = weight.len() / d_conv;
+    assert_eq!(weight.len(), channels * d_conv, "ssm_conv: weight length");
+    let w = d_conv - 1;
+    assert_eq!(state.len(), channels * w, "ssm_conv: state length");
+    let n = x.len().checked_div(channels).unwrap_or(0);
+    assert_eq!(x.len(), n * channels, "ssm_conv: x length");
+    assert_eq!(out.len(), x.len(), "ssm_conv: out length");
+    // Entry `m` of channel `c`'s window `state ++ x[.., c]`.
+    let at = |state: &[f32], c: usize, m: usize| {
+        if m < w {
+            state[c * w + m]
+        } else {
+            x[(m - w) * channels + c]
+        }
+    };
+    for (t, row) in out.chunks_exact_mut(channels.max(1)).enumerate() {
+        for (c, (o, wc)) in row.iter_mut().zip(weight.chunks_exact(d_conv)).enumerate() {
+            let mut sum = 0.0f32;
+            for (i, &wi) in wc.iter().enumerate() {
+                sum += at(state, c, t + i) * wi;
+            }
+            *o = math::silu(sum);
+        }
+    }
+    // Entry `m` of the new window is entry `n + m` of the old one; `n + m > m`, so
+    // walking up reads every old entry before it is overwritten.
+    for c in 0..channels {
+        for m in 0..w {
+            state[c * w + m] = at(state, c, n + m);
+        }
     }
 }
 
