@@ -117,6 +117,23 @@ struct StepBufs {
     q_gate: Vec<f32>,
     norm_src: Vec<f32>,
     mlp: MlpBufs,
+    delta: DeltaBufs,
+}
+
+/// A step's buffers of the Gated DeltaNet layers, kept across its layers (every one is
+/// written whole before it is read).
+#[derive(Debug, Default)]
+struct DeltaBufs {
+    qkv: Vec<f32>,
+    z: Vec<f32>,
+    beta: Vec<f32>,
+    alpha: Vec<f32>,
+    conv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    normed: Vec<f32>,
 }
 
 #[derive(Debug)]
@@ -829,6 +846,7 @@ impl DeviceModel {
             q_gate: Vec::new(),
             norm_src: vec![0.0f32; (n * h * dk_max).max(n * hkv * dk_max).max(n * d)],
             mlp: MlpBufs::default(),
+            delta: DeltaBufs::default(),
         };
         for (il, layer) in self.layers.iter().enumerate() {
             let g = self.layer_group(il);
@@ -867,7 +885,15 @@ impl DeviceModel {
                             (st, s.tokens.len(), s.start_pos == 0, slot)
                         })
                         .collect();
-                    self.delta_net(il, dn, &seqs, &a[..n * d], states, &mut tmp[..n * d])?;
+                    self.delta_net(
+                        il,
+                        dn,
+                        &seqs,
+                        &a[..n * d],
+                        states,
+                        &mut tmp[..n * d],
+                        &mut bufs.delta,
+                    )?;
                     if last {
                         // The wanted rows' outputs and residuals to the front, in order.
                         let mut to = 0;
@@ -1114,6 +1140,7 @@ impl DeviceModel {
         a: &[f32],
         states: &mut RecurrentStates,
         out: &mut [f32],
+        bufs: &mut DeltaBufs,
     ) -> Result<(), ModelError> {
         let spec = &self.spec;
         let dev = &self.dev;
@@ -1130,20 +1157,34 @@ impl DeviceModel {
             shape.v_len(),
             shape.heads_v,
         );
-        let mut qkv = vec![0.0f32; n * cd];
-        let mut z = vec![0.0f32; n * vl];
-        let mut beta = vec![0.0f32; n * hv];
-        let mut alpha = vec![0.0f32; n * hv];
+        let DeltaBufs {
+            qkv,
+            z,
+            beta,
+            alpha,
+            conv,
+            q,
+            k,
+            v,
+            o,
+            normed,
+        } = bufs;
+        let (qkv, z, beta, alpha) = (
+            grown(qkv, n * cd),
+            grown(z, n * vl),
+            grown(beta, n * hv),
+            grown(alpha, n * hv),
+        );
         timed!(
             "delta_in",
             dev.matmul_multi(
                 &[&*dn.qkv, &*dn.gate, &*dn.beta, &*dn.alpha],
                 a,
                 n,
-                &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
+                &mut [&mut *qkv, &mut *z, &mut *beta, &mut *alpha],
             )
         )?;
-        for b in &mut beta {
+        for b in beta.iter_mut() {
             *b = sigmoid_ggml(*b);
         }
         // The log decay of each row and head, in `alpha`'s place.
@@ -1152,13 +1193,13 @@ impl DeviceModel {
                 *al = delta_net_gate(*al, dt, sa);
             }
         }
-        let mut conv = vec![0.0f32; n * cd];
-        let (mut q, mut k, mut v) = (
-            vec![0.0f32; n * qk],
-            vec![0.0f32; n * qk],
-            vec![0.0f32; n * vl],
+        let (conv, q, k, v, o) = (
+            grown(conv, n * cd),
+            grown(q, n * qk),
+            grown(k, n * qk),
+            grown(v, n * vl),
+            grown(o, n * vl),
         );
-        let mut o = vec![0.0f32; n * vl];
         for &(r0, len, fresh, slot) in seqs {
             if len == 0 {
                 continue;
@@ -1207,13 +1248,13 @@ impl DeviceModel {
             )?;
         }
         // Per head: RMSNorm with `ssm_norm`, times `silu(z)`.
-        let mut normed = vec![0.0f32; n * vl];
+        let normed = grown(normed, n * vl);
         timed!(
             "rms_norm",
-            dev.rms_norm(&o, Some(&dn.norm), eps, shape.head_dim, &mut normed)
+            dev.rms_norm(o, Some(&dn.norm), eps, shape.head_dim, normed)
         )?;
-        timed!("silu_mul", dev.silu_mul(&z, &normed, &mut o))?;
-        timed!("delta_out", dev.matmul(&*dn.out, &o, n, out))?;
+        timed!("silu_mul", dev.silu_mul(z, normed, o))?;
+        timed!("delta_out", dev.matmul(&*dn.out, o, n, out))?;
         Ok(())
     }
 
