@@ -28,7 +28,13 @@ fn flint(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn cli_tokenize_reproduces_golden() {
     let p = golden_path();
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}\n(the project's contracts live in `shared/` beside the repository; \
+             set FLINT_SHARED to its path when the checkout is elsewhere)",
+            p.display()
+        )
+    });
     let mut n = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line).expect("json");

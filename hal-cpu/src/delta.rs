@@ -13,12 +13,17 @@ use flint_core::math::{self, DeltaNetShape};
 use flint_hal::HalError;
 use rayon::prelude::*;
 
-/// `out = silu(ssm_conv(x))`, the window carried in `state` (see `Device::ssm_conv_silu`).
-/// The convolution is `d_conv` multiply-adds per output: one thread does it, token by
-/// token across the channels (rows of `x` and `out` are read and written whole, where
-/// `math::ssm_conv` walks each channel down the tokens), each output summed in the
-/// reference's order, so the bits are `math::ssm_conv`'s.
+/// `out = silu(ssm_conv(x))`, the window carried in `state` (see `Device::ssm_conv_silu`),
+/// with the bits of `math::ssm_conv` then `math::silu`. The window (the state's rows,
+/// then `x`'s) and the weights are laid out tap-major first, so each output row is
+/// `d_conv` passes of multiply-then-add over whole rows (each output summed in the
+/// reference's order from 0.0: no fused multiply-add, which would round once less),
+/// then SiLU over the row (ggml's AVX-512 `exp`, 16 lanes at a time, where `avx512`;
+/// else the scalar reference). Prompt rows are spread over the pool; the rows only read
+/// the window.
 pub(crate) fn ssm_conv_silu(
+    pool: &rayon::ThreadPool,
+    avx512: bool,
     x: &[f32],
     weight: &[f32],
     d_conv: usize,
@@ -33,29 +38,70 @@ pub(crate) fn ssm_conv_silu(
     let n = x.len().checked_div(channels).unwrap_or(0);
     assert_eq!(x.len(), n * channels, "ssm_conv: x length");
     assert_eq!(out.len(), x.len(), "ssm_conv: out length");
-    // Entry `m` of channel `c`'s window `state ++ x[.., c]`.
-    let at = |state: &[f32], c: usize, m: usize| {
-        if m < w {
-            state[c * w + m]
-        } else {
-            x[(m - w) * channels + c]
+    if channels == 0 {
+        return;
+    }
+    // Tap-major weights `wt[i][c]` and the state's window rows `sw[m][c]`.
+    let mut wt = vec![0f32; d_conv * channels];
+    let mut sw = vec![0f32; w * channels];
+    for c in 0..channels {
+        for i in 0..d_conv {
+            wt[i * channels + c] = weight[c * d_conv + i];
         }
-    };
-    for (t, row) in out.chunks_exact_mut(channels.max(1)).enumerate() {
-        for (c, (o, wc)) in row.iter_mut().zip(weight.chunks_exact(d_conv)).enumerate() {
-            let mut sum = 0.0f32;
-            for (i, &wi) in wc.iter().enumerate() {
-                sum += at(state, c, t + i) * wi;
-            }
-            *o = math::silu(sum);
+        for m in 0..w {
+            sw[m * channels + c] = state[c * w + m];
         }
     }
-    // Entry `m` of the new window is entry `n + m` of the old one; `n + m > m`, so
-    // walking up reads every old entry before it is overwritten.
-    for c in 0..channels {
-        for m in 0..w {
-            state[c * w + m] = at(state, c, n + m);
+    // Row `m` of the window `state ++ x`.
+    let row = |m: usize| {
+        if m < w {
+            &sw[m * channels..(m + 1) * channels]
+        } else {
+            &x[(m - w) * channels..(m - w + 1) * channels]
         }
+    };
+    let conv_rows = |t0: usize, o: &mut [f32]| {
+        for (dt, orow) in o.chunks_exact_mut(channels).enumerate() {
+            orow.fill(0.0);
+            for i in 0..d_conv {
+                let (src, wi) = (row(t0 + dt + i), &wt[i * channels..(i + 1) * channels]);
+                for ((o, &a), &b) in orow.iter_mut().zip(src).zip(wi) {
+                    *o += a * b;
+                }
+            }
+            silu_row(avx512, orow);
+        }
+    };
+    const ROWS_PER_TASK: usize = 8;
+    if n > ROWS_PER_TASK {
+        pool.install(|| {
+            out.par_chunks_mut(ROWS_PER_TASK * channels)
+                .enumerate()
+                .for_each(|(b, o)| conv_rows(b * ROWS_PER_TASK, o));
+        });
+    } else {
+        conv_rows(0, out);
+    }
+    // The new window: entry `m` is entry `n + m` of the old one.
+    for m in 0..w {
+        let src = row(n + m);
+        for (c, &v) in src.iter().enumerate() {
+            state[c * w + m] = v;
+        }
+    }
+}
+
+/// `v = silu(v)` element-wise, each element `math::silu`'s bits.
+fn silu_row(avx512: bool, v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512 {
+        // SAFETY: the caller checked AVX-512F against the CPU at device open.
+        unsafe { crate::kernels::elementwise::avx512::silu_in_place(v) };
+        return;
+    }
+    let _ = avx512;
+    for x in v {
+        *x = math::silu(*x);
     }
 }
 

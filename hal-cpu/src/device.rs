@@ -511,7 +511,8 @@ impl Device for CpuDevice {
         state: &mut [f32],
         out: &mut [f32],
     ) -> Result<(), HalError> {
-        delta::ssm_conv_silu(x, weight, d_conv, state, out);
+        let avx512 = self.level >= SimdLevel::Avx512;
+        delta::ssm_conv_silu(&self.pool, avx512, x, weight, d_conv, state, out);
         Ok(())
     }
 

@@ -1,6 +1,8 @@
 //! The Gated DeltaNet ops of the cpu device: the AVX2 delta rule against the scalar
 //! path (`flint_core::math::gated_delta_net`) bit for bit, on head sizes with and without
-//! a scalar tail, one token and a prompt, GQA; a shape the device refuses.
+//! a scalar tail, one token and a prompt, GQA; a shape the device refuses; the
+//! convolution with SiLU against `math::ssm_conv` then `math::silu` bit for bit, at every
+//! level, carried over calls.
 
 mod common;
 
@@ -82,4 +84,54 @@ fn value_heads_not_a_multiple_of_key_heads_are_refused() {
         )
         .expect_err("an invalid shape");
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
+}
+
+#[test]
+fn ssm_conv_silu_equals_the_core_reference_bit_for_bit() {
+    let levels: Vec<SimdLevel> = SimdLevel::ALL
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect();
+    let mut r = Rng(29);
+    // Channels with and without a 16-lane tail; one token, a few, and more than a task.
+    for (channels, d_conv) in [(37usize, 4usize), (64, 4), (48, 2), (5, 1)] {
+        let w = d_conv - 1;
+        let weight: Vec<f32> = (0..channels * d_conv).map(|_| r.f()).collect();
+        let state0: Vec<f32> = (0..channels * w).map(|_| 2.0 * r.f()).collect();
+        let calls: Vec<Vec<f32>> = [1usize, 3, 21]
+            .iter()
+            .map(|&n| (0..n * channels).map(|_| 4.0 * r.f()).collect())
+            .collect();
+        // The reference, the window carried from call to call.
+        let mut st = state0.clone();
+        let want: Vec<Vec<f32>> = calls
+            .iter()
+            .map(|x| {
+                let mut o = vec![0.0f32; x.len()];
+                flint_core::math::ssm_conv(x, &weight, d_conv, &mut st, &mut o);
+                o.iter().map(|&v| flint_core::math::silu(v)).collect()
+            })
+            .collect();
+        for &level in &levels {
+            let dev = device(level);
+            let mut st_dev = state0.clone();
+            for (c, (x, want)) in calls.iter().zip(&want).enumerate() {
+                let mut got = vec![f32::NAN; x.len()];
+                dev.ssm_conv_silu(x, &weight, d_conv, &mut st_dev, &mut got)
+                    .expect("ssm_conv_silu");
+                for (i, (g, e)) in got.iter().zip(want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{level:?} channels {channels} d_conv {d_conv} call {c} output {i}: {g} vs {e}"
+                    );
+                }
+            }
+            assert_eq!(
+                st_dev.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                st.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{level:?} channels {channels}: the carried window"
+            );
+        }
+    }
 }

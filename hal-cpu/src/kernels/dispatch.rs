@@ -392,8 +392,45 @@ pub(crate) fn dot_rows(
 /// Fewest activation rows for which a matmul takes the weight-tiled gemm (`gemm`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
-/// Most bytes of decoded weight panels [`gemm`] makes.
+/// Most bytes of decoded weight panels [`gemm`] keeps at once: a larger weight is
+/// decoded and applied in strips of rows ([`gemm_strip_rows`]).
 const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
+
+/// The weight rows per strip of the AVX-512 VNNI prompt-batch gemm of `ty` with rows of
+/// `k` elements (a weight with more rows is decoded and applied strip by strip); `None`
+/// for a type without that gemm.
+pub fn gemm_strip_rows(ty: GgmlType, k: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (panel_bytes, align) = match ty {
+            GgmlType::Q4_K | GgmlType::Q6_K => (
+                (k / 256) * std::mem::size_of::<kq_panel::KPanelBlock>(),
+                KQ_DECODE_PANELS,
+            ),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => (
+                (k / 32) * std::mem::size_of::<q0::panel::PanelBlock>(),
+                Q0_DECODE_PANELS,
+            ),
+            _ => return None,
+        };
+        panel::strips(usize::MAX, panel_bytes, GEMM_MAX_DECODED_BYTES, align)
+            .next()
+            .map(|(_, rows)| rows)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, k);
+        None
+    }
+}
+
+/// Panels per decoding task of the K-quant panels (32 rows).
+#[cfg(target_arch = "x86_64")]
+const KQ_DECODE_PANELS: usize = 2;
+
+/// Panels per decoding task of the legacy-quant panels (64 rows).
+#[cfg(target_arch = "x86_64")]
+const Q0_DECODE_PANELS: usize = 4;
 
 /// Scratch space of the weight-tiled gemm (decoded weight blocks), kept by the device
 /// between matmuls.
@@ -437,18 +474,7 @@ pub(crate) fn gemm(
     if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
         if let Acts::Q8K(a) = acts {
             if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-                let decoded = n.div_ceil(panel::PANEL_ROWS)
-                    * (k / 256)
-                    * std::mem::size_of::<kq_panel::KPanelBlock>();
-                if decoded <= GEMM_MAX_DECODED_BYTES {
-                    kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
-                } else {
-                    let per = rows_per_task.next_multiple_of(8);
-                    match w {
-                        WeightRows::File(w) => kq_gemm(ty, w, a, k, n, per, out),
-                        _ => kq_gemm(ty, &w.file_bytes(k), a, k, n, per, out),
-                    }
-                }
+                kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
                 return Ok(true);
             }
         }
@@ -466,13 +492,7 @@ pub(crate) fn gemm(
         ) {
             return Ok(false);
         }
-        if level == SimdLevel::Avx512Vnni
-            && m >= GEMM_MIN_ROWS
-            && n.div_ceil(panel::PANEL_ROWS)
-                * (k / 32)
-                * std::mem::size_of::<q0::panel::PanelBlock>()
-                <= GEMM_MAX_DECODED_BYTES
-        {
+        if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
             let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
             match (ty, w) {
                 (GgmlType::Q5_0, _) => {
@@ -493,9 +513,11 @@ pub(crate) fn gemm(
     Ok(false)
 }
 
-/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI with the weight decoded into panels of 16
-/// rows (`kq_panel`, in parallel), then the activation rows in chunks of
-/// `rows_per_task`; bit for bit [`kq_gemm`].
+/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, strip by strip of weight rows
+/// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (`kq_panel`, in
+/// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
+/// prompt-batch orders: bit for bit `q4_k::vnni::dot_q4k_gemm` and
+/// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn kq_panel_gemm(
@@ -513,149 +535,62 @@ fn kq_panel_gemm(
     if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
-    let panels = n.div_ceil(panel::PANEL_ROWS);
-    if scratch.kpanels.len() < panels * nb {
-        scratch.kpanels = vec![kq_panel::KPanelBlock::ZERO; panels * nb];
-    }
-    let dec = &mut scratch.kpanels[..panels * nb];
     let per = rows_per_task.max(1);
-    macro_rules! run {
-        ($B:ty) => {{
-            // 2 panels (32 rows) per decoding task.
-            match w {
-                // (A Q8_0 / Q5_0 layout never comes with a K-quant type; its file bytes
-                // would.)
-                WeightRows::File(_) | WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => {
-                    let bytes = w.file_bytes(k);
-                    let wb = view::<$B>(&bytes);
-                    dec.par_chunks_mut(2 * nb)
+    // The file's bytes once for every strip (borrowed unless the weight is packed in a
+    // layout the panels do not read directly).
+    let bytes = match w {
+        WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
+        _ => Some(w.file_bytes(k)),
+    };
+    let strip = gemm_strip_rows(ty, k).unwrap_or(n).max(1);
+    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
+        let panels = sn.div_ceil(panel::PANEL_ROWS);
+        if scratch.kpanels.len() < panels * nb {
+            scratch.kpanels = vec![kq_panel::KPanelBlock::ZERO; panels * nb];
+        }
+        let dec = &mut scratch.kpanels[..panels * nb];
+        let p0 = s0 / panel::PANEL_ROWS;
+        macro_rules! run {
+            ($B:ty) => {{
+                match (w, &bytes) {
+                    (WeightRows::Q4Kx16(g), _) => dec
+                        .par_chunks_mut(KQ_DECODE_PANELS * nb)
                         .enumerate()
-                        .for_each(|(c, d)| kq_panel::decode(&wb, nb, n, 2 * c, d));
-                }
-                WeightRows::Q4Kx16(g) => dec
-                    .par_chunks_mut(2 * nb)
-                    .enumerate()
-                    .for_each(|(c, d)| q4_k::panel::decode_x16(g, nb, 2 * c, d)),
-                WeightRows::Q6Kx16(g) => dec
-                    .par_chunks_mut(2 * nb)
-                    .enumerate()
-                    .for_each(|(c, d)| q6_k::panel::decode_q6k_x16(g, nb, 2 * c, d)),
-            }
-            let dec = &*dec;
-            out.par_chunks_mut(per * n)
-                .enumerate()
-                .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, n, a, c * per, o));
-        }};
-    }
-    match ty {
-        GgmlType::Q4_K => run!(BlockQ4K),
-        _ => run!(BlockQ6K),
-    }
-}
-
-/// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, in llama.cpp's prompt-batch orders (the
-/// kernels of [`dot_rows`], bit for bit): per task a chunk of activation rows, per
-/// 16 weight rows (which stay in L1) tiles of 8 activation rows (each weight block
-/// decoded once for the 8), the last `< 8` rows in tiles of up to 4.
-#[cfg(target_arch = "x86_64")]
-fn kq_gemm(
-    ty: GgmlType,
-    w: &[u8],
-    a: &[BlockQ8K],
-    k: usize,
-    n: usize,
-    per: usize,
-    out: &mut [f32],
-) {
-    use rayon::prelude::*;
-    let nb = k / 256;
-    if nb == 0 || n == 0 {
-        return;
-    }
-    let act = |i: usize| &a[i * nb..(i + 1) * nb];
-    macro_rules! run {
-        ($B:ty, $k8:path, $($k:ident)::+) => {{
-            let wb = view::<$B>(w);
-            let row = |r: usize| &wb[r * nb..(r + 1) * nb];
-            out.par_chunks_mut(per.max(1) * n)
-                .enumerate()
-                .for_each(|(c, o)| {
-                    let i0 = c * per;
-                    let rows = o.len() / n;
-                    for r0 in (0..n).step_by(16) {
-                        let re = (r0 + 16).min(n);
-                        let mut t0 = 0;
-                        while t0 < rows {
-                            let an = rows - t0;
-                            if an >= 8 {
-                                let ys: [&[BlockQ8K]; 8] =
-                                    std::array::from_fn(|t| act(i0 + t0 + t));
-                                for r in r0..re {
-                                    let mut q = [0f32; 8];
-                                    // SAFETY: the VNNI level was checked at device open.
-                                    unsafe { $k8(row(r), &ys, &mut q) };
-                                    for (t, &v) in q.iter().enumerate() {
-                                        o[(t0 + t) * n + r] = v;
-                                    }
-                                }
-                                t0 += 8;
-                                continue;
-                            }
-                            let take = an.min(4);
-                            let idx: [usize; 4] = std::array::from_fn(|t| t0 + t);
-                            for r in r0..re {
-                                let mut q = [0f32; 4];
-                                let rw = row(r);
-                                let ys = |t: usize| act(i0 + idx[t]);
-                                // SAFETY: the VNNI level was checked at device open.
-                                unsafe {
-                                    match take {
-                                        4 => {
-                                            $($k)::+::<4>(rw, &[ys(0), ys(1), ys(2), ys(3)], &mut q)
-                                        }
-                                        3 => {
-                                            let mut q3 = [0f32; 3];
-                                            $($k)::+::<3>(rw, &[ys(0), ys(1), ys(2)], &mut q3);
-                                            q[..3].copy_from_slice(&q3);
-                                        }
-                                        2 => {
-                                            let mut q2 = [0f32; 2];
-                                            $($k)::+::<2>(rw, &[ys(0), ys(1)], &mut q2);
-                                            q[..2].copy_from_slice(&q2);
-                                        }
-                                        _ => {
-                                            let mut q1 = [0f32; 1];
-                                            $($k)::+::<1>(rw, &[ys(0)], &mut q1);
-                                            q[0] = q1[0];
-                                        }
-                                    }
-                                }
-                                for (t, &v) in q.iter().enumerate().take(take) {
-                                    o[(t0 + t) * n + r] = v;
-                                }
-                            }
-                            t0 += take;
-                        }
+                        .for_each(|(c, d)| {
+                            q4_k::panel::decode_x16(g, nb, p0 + KQ_DECODE_PANELS * c, d)
+                        }),
+                    (WeightRows::Q6Kx16(g), _) => dec
+                        .par_chunks_mut(KQ_DECODE_PANELS * nb)
+                        .enumerate()
+                        .for_each(|(c, d)| {
+                            q6_k::panel::decode_q6k_x16(g, nb, p0 + KQ_DECODE_PANELS * c, d)
+                        }),
+                    (_, Some(bytes)) => {
+                        let wb = view::<$B>(bytes);
+                        dec.par_chunks_mut(KQ_DECODE_PANELS * nb)
+                            .enumerate()
+                            .for_each(|(c, d)| {
+                                kq_panel::decode(&wb, nb, n, p0 + KQ_DECODE_PANELS * c, d)
+                            });
                     }
-                });
-        }};
-    }
-    match ty {
-        GgmlType::Q4_K => run!(
-            BlockQ4K,
-            q4_k::vnni::dot_q4k_gemm8,
-            q4_k::vnni::dot_q4k_gemm
-        ),
-        _ => run!(
-            BlockQ6K,
-            q6_k::vnni::dot_q6k_tiled8,
-            q6_k::vnni::dot_q6k_tiled
-        ),
+                    (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+                }
+                let dec = &*dec;
+                let cols = panel::OutCols { stride: n, c0: s0 };
+                out.par_chunks_mut(per * n)
+                    .enumerate()
+                    .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, sn, a, c * per, o, cols));
+            }};
+        }
+        match ty {
+            GgmlType::Q4_K => run!(BlockQ4K),
+            _ => run!(BlockQ6K),
+        }
     }
 }
 
-/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI: the weight decoded into panels
-/// of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI, strip by strip of weight rows
+/// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
 /// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
 fn q0_gemm<B: q0::vnni::Q0Pair>(
@@ -672,29 +607,6 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
     if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
-    let panels = n.div_ceil(panel::PANEL_ROWS);
-    if scratch.panels.len() < panels * nb {
-        scratch.panels = vec![q0::panel::PanelBlock::ZERO; panels * nb];
-    }
-    let dec = &mut scratch.panels[..panels * nb];
-    // 4 panels (64 rows) per decoding task.
-    fn decode_packed<G: q0::x16::Q0Group>(g: &[G], nb: usize, dec: &mut [q0::panel::PanelBlock]) {
-        dec.par_chunks_mut(4 * nb)
-            .enumerate()
-            .for_each(|(c, d)| q0::panel::q0_decode_x16(g, nb, 4 * c, d));
-    }
-    match w {
-        WeightRows::Q8_0x16(g) => decode_packed(g, nb, dec),
-        WeightRows::Q5_0x16(g) => decode_packed(g, nb, dec),
-        _ => {
-            let bytes = w.file_bytes(k);
-            let wb = view::<B>(&bytes);
-            dec.par_chunks_mut(4 * nb)
-                .enumerate()
-                .for_each(|(c, d)| q0::panel::q0_decode(&wb, nb, n, 4 * c, d));
-        }
-    }
-    let dec = &*dec;
     let (blocks, scales, neg16_lanes) = a;
     // The kernel starts each lane from its activation lane sum times minus the weight's
     // offset (16 << SHIFT): the side data scaled once here, not once per tile.
@@ -713,9 +625,49 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
     };
     let per = rows_per_task.max(1);
-    out.par_chunks_mut(per * n)
-        .enumerate()
-        .for_each(|(c, o)| q0::panel::q0_gemm(dec, nb, n, &side, c * per, o));
+    fn decode_packed<G: q0::x16::Q0Group>(
+        g: &[G],
+        nb: usize,
+        p0: usize,
+        dec: &mut [q0::panel::PanelBlock],
+    ) {
+        dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
+            .enumerate()
+            .for_each(|(c, d)| q0::panel::q0_decode_x16(g, nb, p0 + Q0_DECODE_PANELS * c, d));
+    }
+    // The file's bytes once for every strip (borrowed for a file layout).
+    let bytes = match w {
+        WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => None,
+        _ => Some(w.file_bytes(k)),
+    };
+    // (The legacy types' panels are the same size whatever the type.)
+    let strip = gemm_strip_rows(GgmlType::Q8_0, k).unwrap_or(n).max(1);
+    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
+        let panels = sn.div_ceil(panel::PANEL_ROWS);
+        if scratch.panels.len() < panels * nb {
+            scratch.panels = vec![q0::panel::PanelBlock::ZERO; panels * nb];
+        }
+        let dec = &mut scratch.panels[..panels * nb];
+        let p0 = s0 / panel::PANEL_ROWS;
+        match (w, &bytes) {
+            (WeightRows::Q8_0x16(g), _) => decode_packed(g, nb, p0, dec),
+            (WeightRows::Q5_0x16(g), _) => decode_packed(g, nb, p0, dec),
+            (_, Some(bytes)) => {
+                let wb = view::<B>(bytes);
+                dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
+                    .enumerate()
+                    .for_each(|(c, d)| {
+                        q0::panel::q0_decode(&wb, nb, n, p0 + Q0_DECODE_PANELS * c, d)
+                    });
+            }
+            (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+        }
+        let dec = &*dec;
+        let cols = panel::OutCols { stride: n, c0: s0 };
+        out.par_chunks_mut(per * n)
+            .enumerate()
+            .for_each(|(c, o)| q0::panel::q0_gemm(dec, nb, sn, &side, c * per, o, cols));
+    }
 }
 
 /// Bytes ahead of each weight stream that the decode kernels prefetch: the hardware

@@ -1,7 +1,7 @@
 //! The prompt-batch gemm of Q4_K and Q6_K on AVX-512 VNNI: sixteen weight rows in the
 //! lanes of each register ("panels", as [`super::q0::panel::q0_gemm`] does for the legacy
 //! quants), in llama.cpp's float orders, bit for bit the same as
-//! `q4_k::vnni::dot_q4k_gemm8` (the repacked `q4_K_8x8` order) and `q6_k::vnni::dot_q6k_tiled8`
+//! `q4_k::vnni::dot_q4k_gemm` (the repacked `q4_K_8x8` order) and `q6_k::vnni::dot_q6k_tiled`
 //! (the tiled matmul's order).
 //!
 //! Each weight is decoded once per matmul into panel blocks: per 256-quant block of 16
@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::BlockQ8K;
 
-use crate::kernels::panel::{for_each_panel, put_row, PANEL_ROWS};
+use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
 use crate::kernels::x86::avx512::transpose16;
 
 /// Activation rows per tile.
@@ -231,11 +231,11 @@ pub(crate) trait KTile: KPanel {
     );
 }
 
-/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
-/// decoded in `dec` (panels of `nb` blocks, [`decode`]) and the `out.len() / n`
-/// activation rows from `i0` of `acts` (Q8_K, `nb` blocks per row), in llama.cpp's
-/// prompt-batch order for `B`. Per panel, tiles of [`COLS`] activation rows, the rest
-/// one at a time.
+/// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row i0 + t)` for
+/// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode`]) and the
+/// `out.len() / cols.stride` activation rows from `i0` of `acts` (Q8_K, `nb` blocks per
+/// row), in llama.cpp's prompt-batch order for `B`. Per panel, tiles of [`COLS`]
+/// activation rows, the rest one at a time.
 #[allow(private_bounds)]
 pub(crate) fn gemm<B: KTile>(
     dec: &[KPanelBlock],
@@ -244,11 +244,13 @@ pub(crate) fn gemm<B: KTile>(
     acts: &[BlockQ8K],
     i0: usize,
     out: &mut [f32],
+    cols: OutCols,
 ) {
     if n == 0 || nb == 0 {
         return;
     }
-    let m = out.len() / n;
+    assert!(cols.c0 + n <= cols.stride, "kq_panel::gemm: output columns");
+    let m = out.len() / cols.stride;
     let panels = n.div_ceil(PANEL_ROWS);
     assert!(dec.len() >= panels * nb, "kq_panel::gemm: decoded rows");
     assert!(
@@ -260,6 +262,7 @@ pub(crate) fn gemm<B: KTile>(
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL_ROWS;
         let live = PANEL_ROWS.min(n - r0);
+        let c = cols.c0 + r0;
         let mut t = 0;
         while t < m {
             let mut o = [[0f32; PANEL_ROWS]; COLS];
@@ -276,7 +279,8 @@ pub(crate) fn gemm<B: KTile>(
                 }
             }
             for (a, v) in o.iter().enumerate().take(take) {
-                put_row(&mut out[(t + a) * n + r0..(t + a) * n + r0 + live], v);
+                let at = (t + a) * cols.stride + c;
+                put_row(&mut out[at..at + live], v);
             }
             t += take;
         }

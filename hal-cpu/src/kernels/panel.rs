@@ -6,6 +6,28 @@
 /// 512-bit register.
 pub(crate) const PANEL_ROWS: usize = 16;
 
+/// Where the outputs of a strip of weight rows go: activation row `t`'s output for the
+/// strip's row `r` at `out[t * stride + c0 + r]` (`stride`: the whole weight's rows).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutCols {
+    pub(crate) stride: usize,
+    pub(crate) c0: usize,
+}
+
+/// The strips `(first row, rows)` that a gemm of `n` weight rows decodes one after the
+/// other so that at most `max_bytes` of decoded panels exist at once (each panel
+/// `panel_bytes`): whole multiples of `align` panels, one strip when everything fits.
+pub(crate) fn strips(
+    n: usize,
+    panel_bytes: usize,
+    max_bytes: usize,
+    align: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let per = (max_bytes / panel_bytes.max(1)) / align * align;
+    let rows = per.max(align) * PANEL_ROWS;
+    (0..n).step_by(rows).map(move |s0| (s0, rows.min(n - s0)))
+}
+
 /// For the panels `p0..p0 + dec.len() / nb` of the `n` weight rows of `w` (each `nb`
 /// blocks; panel `p` is rows `16p..16p + 16`, fewer at the end): `decode(rows, chunk)`
 /// with the panel's rows and its `nb` blocks of `dec`.

@@ -58,6 +58,31 @@ pub(crate) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `v = silu(v)` in place, exactly as `flint_core::math::silu` computes each element
+/// (the lanes of [`silu_mul`] without the product).
+///
+/// # Safety
+/// The CPU must have AVX-512F (checked at device open).
+#[target_feature(enable = "avx512f,fma")]
+pub(crate) unsafe fn silu_in_place(v: &mut [f32]) {
+    let full = v.len() / 16 * 16;
+    let one = _mm512_set1_ps(1.0);
+    for i in (0..full).step_by(16) {
+        // SAFETY: i + 16 <= full <= v.len(); loadu/storeu are unaligned.
+        unsafe {
+            let g = _mm512_loadu_ps(v.as_ptr().add(i));
+            let e = expf_ggml(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            _mm512_storeu_ps(
+                v.as_mut_ptr().add(i),
+                _mm512_div_ps(g, _mm512_add_ps(one, e)),
+            );
+        }
+    }
+    for x in &mut v[full..] {
+        *x = flint_core::math::silu(*x);
+    }
+}
+
 /// `out = gelu(gate) * up` through the f16-indexed GELU table (`table[f16 bits of x]`
 /// inside (-10, 10), 0 at or below -10, `x` at or above 10), sixteen lookups per gather:
 /// the same values as `avx2::gelu_mul_table`'s scalar lookups, bit for bit.

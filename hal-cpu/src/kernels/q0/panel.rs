@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::panel::{for_each_panel, put_row, PANEL_ROWS};
+use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
 use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 use crate::kernels::q0::x16::Q0Group;
 use crate::kernels::x86::avx2::f16c_to_f32;
@@ -167,9 +167,9 @@ fn q0_panel_tile<const A: usize>(
     }
 }
 
-/// `out[t * n + r] = dot(weight row r, activation row i0 + t)` for the `n` weight rows
-/// decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the `out.len() / n`
-/// activation rows from `i0` that `side` gives (their lane sums times minus the weight
+/// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row i0 + t)` for
+/// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the
+/// `out.len() / cols.stride` activation rows from `i0` that `side` gives (their lane sums times minus the weight
 /// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`](super::vnni::q5_0_rows) /
 /// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
 /// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
@@ -181,11 +181,13 @@ pub(crate) fn q0_gemm<'a>(
     side: &dyn Fn(usize) -> Q8_0Side<'a>,
     i0: usize,
     out: &mut [f32],
+    cols: OutCols,
 ) {
     if n == 0 || nb == 0 {
         return;
     }
-    let m = out.len() / n;
+    assert!(cols.c0 + n <= cols.stride, "q0_gemm: output columns");
+    let m = out.len() / cols.stride;
     let panels = n.div_ceil(PANEL_ROWS);
     assert!(dec.len() >= panels * nb, "q0_gemm: decoded rows");
     // The activation rows' side data once, not once per tile.
@@ -209,7 +211,8 @@ pub(crate) fn q0_gemm<'a>(
                 }
             }
             for (a, v) in o.iter().enumerate().take(take) {
-                put_row(&mut out[(t + a) * n + r0..(t + a) * n + r0 + live], v);
+                let at = (t + a) * cols.stride + cols.c0 + r0;
+                put_row(&mut out[at..at + live], v);
             }
             t += take;
         }

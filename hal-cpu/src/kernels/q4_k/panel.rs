@@ -1,6 +1,6 @@
 //! Q4_K's part of the K-quant prompt-batch panels (`kq_panel.rs`): its blocks (file
 //! layout and `q4_k/x16.rs`'s) decoded into panel blocks, and its tile in llama.cpp's
-//! repacked `q4_K_8x8` order (bit for bit `q4_k::vnni::dot_q4k_gemm8`).
+//! repacked `q4_K_8x8` order (bit for bit `q4_k::vnni::dot_q4k_gemm`).
 
 use std::arch::x86_64::*;
 
@@ -140,7 +140,7 @@ pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut
 }
 
 /// Q4_K: the sixteen rows of a panel (`panel`: its blocks) against `A` activation rows
-/// in the order of `vnni::dot_q4k_gemm8`: per block, per pair `j` of sub-blocks the
+/// in the order of `vnni::dot_q4k_gemm`: per block, per pair `j` of sub-blocks the
 /// exact integers `I_j = sc_2j·dot_2j + sc_2j+1·dot_2j+1` and
 /// `M_j = m_2j·bsum_2j + m_2j+1·bsum_2j+1`, then `acc = fma(I_j, d·d_a, acc)` and
 /// `mins = fma(M_j, dmin·d_a, mins)`; the result `acc - mins`. `out[a][r]`: panel row

@@ -26,8 +26,7 @@ use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{head16, k4_header, k4_mins_dup, load_bsums};
 use crate::kernels::x86::avx512::{
-    bcast32, fma1, hi256, hsum4, hsum_i32, load64, load8, nibble_shift, pair_idx, prefetch,
-    PREFETCH_BLOCKS,
+    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, pair_idx, prefetch, PREFETCH_BLOCKS,
 };
 
 /// Q4_K x Q8_K in the float order of llama.cpp's repacked `q4_K_8x8` kernels
@@ -195,100 +194,6 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     out: &mut [f32; R],
 ) {
     dot_q4k_llama::<R, true>(x, y, out)
-}
-
-/// `vpermt2d` indices of [`dot_q4k_gemm8`]'s mins (see there).
-const MINS_EVEN: [i32; 16] = [0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30];
-
-const MINS_ODD: [i32; 16] = [1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31];
-
-const MINS_J01: [i32; 16] = [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23];
-
-const MINS_J23: [i32; 16] = [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31];
-
-/// One Q4_K weight row against eight activation rows in the gemm order of
-/// [`dot_q4k_llama`] (bit for bit the same per row): each weight block decoded once for
-/// the eight rows, whose accumulators are the lanes of one vector (each lane its own
-/// row's chain, in order).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4k_gemm8(x: &[BlockQ4K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let shift = nibble_shift();
-    let idx = pair_idx();
-    let nb = x.len();
-    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
-    let mut acc8 = _mm256_setzero_ps();
-    let mut accm8 = _mm256_setzero_ps();
-    // Permutation indices for the mins below: lane 4j + r of `ev` / `od` takes sub-block
-    // 2j / 2j + 1 of row r of four rows held in two registers (row r at lanes 8r..);
-    // lane 8jj + r of `j01` / `j23` takes pair j = jj / 2 + jj of row r of eight rows
-    // held as two such sets (lane 4j + r, rows 4..8 in the second).
-    let ld = |v: &[i32; 16]| {
-        // SAFETY: 16 readable i32; loadu is unaligned.
-        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
-    };
-    let ev = ld(&MINS_EVEN);
-    let od = ld(&MINS_ODD);
-    let j01 = ld(&MINS_J01);
-    let j23 = ld(&MINS_J23);
-    for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
-        let (u, ddm) = k4_header(head16(b));
-        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
-        let mins = k4_mins_dup(u);
-        let (d, dmin) = (_mm_cvtss_f32(ddm), _mm_cvtss_f32(_mm_movehdup_ps(ddm)));
-        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
-        let (dd8, dm8) = (
-            _mm256_mul_ps(_mm256_set1_ps(d), yd8),
-            _mm256_mul_ps(_mm256_set1_ps(dmin), yd8),
-        );
-        for (j, ij) in idx.iter().enumerate() {
-            let qv = _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b.qs[32 * j..]), shift), m4);
-            let s = _mm512_permutexvar_epi16(*ij, sc);
-            // Plain loops rather than `array::from_fn` closures: a closure the compiler
-            // does not inline passes every vector through memory (2.3x slower).
-            let mut p = [_mm512_setzero_si512(); 8];
-            for (r, pr) in p.iter_mut().enumerate() {
-                let yv = load64(&ys[r][i].qs[64 * j..]);
-                *pr = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(qv, yv), s);
-            }
-            let lo = hsum4(p[0], p[1], p[2], p[3]);
-            let hi = hsum4(p[4], p[5], p[6], p[7]);
-            let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
-            acc8 = _mm256_fmadd_ps(isum, dd8, acc8);
-        }
-        // The mins terms, two rows per register: lanes 0..8 `m_s * bsum_s` of row 2k,
-        // lanes 8..16 those of row 2k + 1 (s the sub-block), then the pairs of
-        // sub-blocks added and the rows gathered per pair `j`, eight rows side by side.
-        // Exact integers, in the lanes the chains need.
-        let mins2 = _mm512_broadcast_i64x4(mins);
-        let mut z = [_mm512_setzero_si512(); 4];
-        for (k, zk) in z.iter_mut().enumerate() {
-            let b = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(load_bsums(&ys[2 * k][i])),
-                load_bsums(&ys[2 * k + 1][i]),
-            );
-            *zk = _mm512_madd_epi16(b, mins2);
-        }
-        let w03 = _mm512_add_epi32(
-            _mm512_permutex2var_epi32(z[0], ev, z[1]),
-            _mm512_permutex2var_epi32(z[0], od, z[1]),
-        );
-        let w47 = _mm512_add_epi32(
-            _mm512_permutex2var_epi32(z[2], ev, z[3]),
-            _mm512_permutex2var_epi32(z[2], od, z[3]),
-        );
-        let m01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j01, w47));
-        let m23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(w03, j23, w47));
-        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m01), dm8, accm8);
-        accm8 = _mm256_fmadd_ps(hi256(m01), dm8, accm8);
-        accm8 = _mm256_fmadd_ps(_mm512_castps512_ps256(m23), dm8, accm8);
-        accm8 = _mm256_fmadd_ps(hi256(m23), dm8, accm8);
-    }
-    // SAFETY: 8 writable f32; storeu is unaligned.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc8, accm8)) };
 }
 
 /// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the

@@ -1,6 +1,6 @@
 //! Q6_K's part of the K-quant prompt-batch panels (`kq_panel.rs`): its blocks (file
 //! layout and `q6_k/x16.rs`'s) decoded into panel blocks, and its tile in llama.cpp's
-//! tiled matmul's order (bit for bit `q6_k::vnni::dot_q6k_tiled8`).
+//! tiled matmul's order (bit for bit `q6_k::vnni::dot_q6k_tiled`).
 
 use std::arch::x86_64::*;
 
@@ -114,7 +114,7 @@ pub(crate) fn decode_q6k_x16(
 }
 
 /// Q6_K: the sixteen rows of a panel against `A` activation rows in the order of
-/// `vnni::dot_q6k_tiled8`: per block the exact integer
+/// `vnni::dot_q6k_tiled`: per block the exact integer
 /// `S = sum_s sc_s·dot_s - 32·sum_s sc_s·bsum_s` (the quants unsigned), then
 /// `acc = fma(S·d, d_a, acc)`.
 #[inline]

@@ -9,7 +9,7 @@ use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{f16c_to_f32, load_bsums};
 use crate::kernels::x86::avx512::{
-    bcast32, fma1, hsum4, hsum_i32, load64, load8, nibble_shift, prefetch, PREFETCH_BLOCKS,
+    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, prefetch, PREFETCH_BLOCKS,
 };
 
 /// `vpermw` indices that spread the 16 sub-block scales of a Q6_K block over the four
@@ -122,53 +122,6 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
         return;
     }
     *out = acc;
-}
-
-/// One Q6_K weight row against eight activation rows in the tiled order of
-/// [`dot_q6k_tiled`] (bit for bit the same per row), the eight rows' accumulators the
-/// lanes of one vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q6k_tiled8(x: &[BlockQ6K], y: &[&[BlockQ8K]; 8], out: &mut [f32; 8]) {
-    let shift = nibble_shift();
-    let idx = q6k_scale_idx();
-    let nb = x.len();
-    let ys: [&[BlockQ8K]; 8] = std::array::from_fn(|r| &y[r][..nb]);
-    let mut acc8 = _mm256_setzero_ps();
-    for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
-        let d = f16c_to_f32(b.d);
-        let (sc16, sc) = q6k_scales(b);
-        // Per row: the block's integer with the offset of the unsigned quants taken off,
-        // started from the offset (exact integer adds in any order).
-        let mut tot: [__m512i; 8] = std::array::from_fn(|r| {
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load_bsums(&ys[r][i])));
-            _mm512_sub_epi32(
-                _mm512_setzero_si512(),
-                _mm512_inserti64x4::<0>(_mm512_setzero_si512(), off),
-            )
-        });
-        for n in 0..2 {
-            let h = bcast32(&b.qh[32 * n..]);
-            let ql = load64(&b.ql[64 * n..]);
-            for g in 0..2 {
-                let qv = q6k_quants(ql, h, g, shift);
-                let s = _mm512_permutexvar_epi16(idx[2 * n + g], sc);
-                for (r, t) in tot.iter_mut().enumerate() {
-                    let yv = load64(&ys[r][i].qs[128 * n + 64 * g..]);
-                    *t = _mm512_dpwssd_epi32(*t, _mm512_maddubs_epi16(qv, yv), s);
-                }
-            }
-        }
-        let lo = hsum4(tot[0], tot[1], tot[2], tot[3]);
-        let hi = hsum4(tot[4], tot[5], tot[6], tot[7]);
-        let s8 = _mm256_cvtepi32_ps(_mm256_set_m128i(hi, lo));
-        let yd8 = load8(&std::array::from_fn(|r| ys[r][i].d));
-        acc8 = _mm256_fmadd_ps(_mm256_mul_ps(s8, _mm256_set1_ps(d)), yd8, acc8);
-    }
-    // SAFETY: 8 writable f32; storeu is unaligned.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc8) };
 }
 
 /// One Q6_K block against one Q8_K block (`bs`: its 16 block sums): the exact block

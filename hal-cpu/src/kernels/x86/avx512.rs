@@ -114,14 +114,6 @@ pub(crate) fn hi256(v: __m512) -> __m256 {
     _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
 }
 
-/// Loads 8 f32 (`v` must hold 8).
-#[inline]
-#[target_feature(enable = "avx")]
-pub(crate) fn load8(v: &[f32; 8]) -> __m256 {
-    // SAFETY: 8 readable f32; loadu is unaligned.
-    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-}
-
 /// `permutex2var` indices of one level of [`transpose16`]: with `a` and `b` the rows
 /// `i` and `i + s`, lane `p` of the new row `i` (`hi` = false) or `i + s` (true) takes,
 /// per chunk of `2s` lanes, the first (`hi`: second) `s` lanes of `a`, then those of `b`.
