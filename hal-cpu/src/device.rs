@@ -17,7 +17,7 @@ use crate::kernels::x16::X16_ROWS;
 use crate::kernels::{self, FloatKind};
 use crate::kv::CpuKv;
 use crate::simd::SimdLevel;
-use crate::stage::CpuWeight;
+use crate::stage::{CpuWeight, WeightLayout};
 use crate::worker::SessionState;
 use crate::{arena, delta, kv, ops};
 
@@ -40,6 +40,9 @@ pub struct CpuDevice {
     pub(crate) session: std::sync::Mutex<Option<Arc<SessionState>>>,
     /// Where the weights the device keeps (repacked or copied) live.
     pub(crate) arena: arena::PackArena,
+    /// How quantized weights are kept on AVX-512 VNNI, and why.
+    pub(crate) layout: WeightLayout,
+    pub(crate) layout_reason: &'static str,
 }
 
 /// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
@@ -93,6 +96,7 @@ impl CpuDevice {
             .thread_name(|i| format!("flint-cpu-{i}"))
             .build()
             .map_err(|e| HalError::runtime(format!("cpu: cannot start {threads} threads: {e}")))?;
+        let (layout, layout_reason) = WeightLayout::choose()?;
         Ok(Self {
             level,
             threads,
@@ -104,7 +108,22 @@ impl CpuDevice {
             rope_cache: std::sync::Mutex::new(Vec::new()),
             session: std::sync::Mutex::new(None),
             arena: arena::PackArena::default(),
+            layout,
+            layout_reason,
         })
+    }
+
+    /// The same device keeping its weights in `layout` (tests of each layout; the
+    /// default comes from [`WeightLayout::choose`]). Weights staged before keep theirs.
+    pub fn with_layout(mut self, layout: WeightLayout) -> Self {
+        self.layout = layout;
+        self.layout_reason = "set by the caller";
+        self
+    }
+
+    /// How quantized weights are kept (it matters on AVX-512 VNNI only).
+    pub fn layout(&self) -> WeightLayout {
+        self.layout
     }
 
     /// The SIMD level in use.
@@ -194,8 +213,20 @@ impl Device for CpuDevice {
     }
 
     fn description(&self) -> String {
+        let layout = match (self.level, self.layout) {
+            (SimdLevel::Avx512Vnni, WeightLayout::Packed) => {
+                format!(
+                    ", weights repacked in 16-row groups ({})",
+                    self.layout_reason
+                )
+            }
+            (SimdLevel::Avx512Vnni, WeightLayout::File) => {
+                format!(", weights in the file's layout ({})", self.layout_reason)
+            }
+            _ => String::new(),
+        };
         format!(
-            "host CPU, {} threads, SIMD {} (AMX not used, no NEON)",
+            "host CPU, {} threads, SIMD {}{layout} (AMX not used, no NEON)",
             self.threads, self.level
         )
     }

@@ -23,9 +23,11 @@
 //!   on AVX-512 VNNI is `kernels/q4_k/vnni.rs` (file layout) and `kernels/q4_k/x16.rs`
 //!   (repacked); `kernels/mod.rs` has the full map.
 //!
-//! Below AVX-512 VNNI weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
+//! Below AVX-512 VNNI, and on AVX-512 VNNI with the file layout ([`WeightLayout`]: the
+//! default on Intel CPUs), weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
-//! reads the GGUF blocks where they lie. On AVX-512 VNNI CPUs a Q4_K, Q6_K, Q8_0 or Q5_0
+//! reads the GGUF blocks where they lie. With the packed layout (the default on other
+//! AVX-512 VNNI CPUs) a Q4_K, Q6_K, Q8_0 or Q5_0
 //! weight whose rows per matrix are a multiple of 16 is repacked at staging into row
 //! groups (`kernels/q4_k/x16.rs`, `kernels/q6_k/x16.rs`, `kernels/q0/x16.rs`: sixteen rows of a
 //! block side by side, the same bytes in another order), which the decode kernels
@@ -35,8 +37,8 @@
 //! copied as it is. Both go into the device's huge-page arena (`arena.rs` says why), and
 //! the tensor's file pages are then handed back through the source's release hook, so
 //! the memory is not doubled.
-//! `FLINT_CPU_REPACK=0` keeps every weight in the file's layout and place (for
-//! comparisons; the results are the same bits either way).
+//! `FLINT_CPU_REPACK=1|0` chooses the layout whatever the CPU (the results are the same
+//! bits either way); [`WeightLayout::choose`] says which host measured faster with which.
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
@@ -96,7 +98,7 @@ use flint_hal::{BackendEntry, DeviceRef};
 pub use device::CpuDevice;
 pub use kv::CpuKv;
 pub use simd::SimdLevel;
-pub use stage::CpuWeight;
+pub use stage::{CpuWeight, WeightLayout};
 
 /// The backends this crate registers: `cpu`.
 pub fn backends() -> Vec<BackendEntry> {

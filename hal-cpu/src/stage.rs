@@ -198,10 +198,56 @@ impl CpuWeight {
     }
 }
 
-/// Whether `FLINT_CPU_REPACK` allows repacking weights at staging (default: yes; `0`
-/// keeps every weight in the file's layout, for comparisons).
-fn repack_enabled() -> bool {
-    std::env::var("FLINT_CPU_REPACK").map_or(true, |v| v.trim() != "0")
+/// How an AVX-512 VNNI device keeps its quantized weights, chosen at device open
+/// ([`WeightLayout::choose`]) and named by `flint devices`. Both give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// Q4_K, Q6_K, Q8_0 and Q5_0 weights repacked into 16-row groups
+    /// (`kernels/*/x16.rs`), every other weight copied as it is, both into the device's
+    /// huge-page arena.
+    Packed,
+    /// Every weight in the file's layout, where the loader put it.
+    File,
+}
+
+impl WeightLayout {
+    /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file) when set; else by the CPU's vendor,
+    /// as measured on one host of each (`docs/benchmarks.md`, "Weight layout by host"):
+    /// on Intel the file layout, whose decode kernels read four rows far apart per task
+    /// (Gemma 3 270M decode 1.3x, the qwen35moe bench preset 1.4x the packed groups';
+    /// prompts within a few percent); elsewhere the packed groups, measured faster on AMD
+    /// Zen 4. The second value says why, for `flint devices`.
+    pub fn choose() -> Result<(Self, &'static str), HalError> {
+        match std::env::var("FLINT_CPU_REPACK") {
+            Ok(v) => match v.trim() {
+                "1" => Ok((WeightLayout::Packed, "FLINT_CPU_REPACK=1")),
+                "0" => Ok((WeightLayout::File, "FLINT_CPU_REPACK=0")),
+                other => Err(HalError::invalid(format!(
+                    "FLINT_CPU_REPACK={other:?} is not 0 or 1"
+                ))),
+            },
+            Err(_) if cpu_is_intel() => Ok((WeightLayout::File, "Intel CPU")),
+            Err(_) => Ok((WeightLayout::Packed, "not an Intel CPU")),
+        }
+    }
+}
+
+/// Whether the CPU's vendor string is `GenuineIntel`.
+fn cpu_is_intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // `__cpuid` is a safe function in newer toolchains, unsafe in older ones.
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU and only reads registers.
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &v == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 impl CpuDevice {
@@ -249,7 +295,7 @@ impl CpuDevice {
             }
             && n.is_multiple_of(X16_ROWS)
             && n * e > 0
-            && repack_enabled();
+            && self.layout == WeightLayout::Packed;
         let x16 = if packable {
             Packed::pack(ty, &desc.data, k, &self.pool, &self.arena)
         } else {
@@ -266,7 +312,7 @@ impl CpuDevice {
         // the same way (Gemma 3: 85 MB of anonymous memory on small pages before).
         let copied = if x16.is_none()
             && self.level == SimdLevel::Avx512Vnni
-            && repack_enabled()
+            && self.layout == WeightLayout::Packed
             && desc.data.can_release()
             && desc.data.len() <= ARENA_COPY_MAX
         {

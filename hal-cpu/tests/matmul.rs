@@ -10,7 +10,7 @@ use common::*;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions, ExpertRow, HalErrorKind, Op, WeightKind, WeightSource};
 use flint_hal_cpu::kernels::native_kernel;
-use flint_hal_cpu::{CpuDevice, SimdLevel};
+use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
 const SIMD_TYPES: [GgmlType; 13] = [
     GgmlType::Q4_K,
@@ -36,12 +36,16 @@ fn simd_levels() -> Vec<SimdLevel> {
         .collect()
 }
 
+/// The device at `level`, weights repacked where the level repacks them (the file
+/// layout's kernels are checked in `tinyblas_order.rs`, both layouts).
 fn device(level: SimdLevel, threads: usize) -> CpuDevice {
     let opts = DeviceOptions {
         threads: Some(threads),
         keep_quant: true,
     };
-    CpuDevice::with_level(&opts, level).expect("open cpu device")
+    CpuDevice::with_level(&opts, level)
+        .expect("open cpu device")
+        .with_layout(WeightLayout::Packed)
 }
 
 fn run(

@@ -12,7 +12,7 @@ use common::*;
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
-use flint_hal_cpu::{CpuDevice, SimdLevel};
+use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
 #[test]
 fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
@@ -141,7 +141,8 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
     }
 }
 
-/// The cpu device at `level`, `W x` for the `m` rows of `x`, equals `want` bit for bit.
+/// The cpu device at `level`, `W x` for the `m` rows of `x`, equals `want` bit for bit,
+/// with the weight in either layout.
 #[allow(clippy::too_many_arguments)]
 fn assert_device_equals(
     level: SimdLevel,
@@ -157,20 +158,24 @@ fn assert_device_equals(
         threads: Some(2),
         keep_quant: true,
     };
-    let dev = CpuDevice::with_level(&opts, level).expect("device");
-    let h = dev
-        .stage(&desc("w", ty, &[k, n], w.to_vec()))
-        .expect("stage");
-    let mut got = vec![f32::NAN; m * n];
-    dev.matmul(&*h, x, m, &mut got).expect("matmul");
-    for (i, (g, e)) in got.iter().zip(want).enumerate() {
-        assert_eq!(
-            g.to_bits(),
-            e.to_bits(),
-            "{ty} {level:?} k {k} n {n} m {m}: row {}, output {}: {g} vs {e}",
-            i / n,
-            i % n
-        );
+    for layout in [WeightLayout::Packed, WeightLayout::File] {
+        let dev = CpuDevice::with_level(&opts, level)
+            .expect("device")
+            .with_layout(layout);
+        let h = dev
+            .stage(&desc("w", ty, &[k, n], w.to_vec()))
+            .expect("stage");
+        let mut got = vec![f32::NAN; m * n];
+        dev.matmul(&*h, x, m, &mut got).expect("matmul");
+        for (i, (g, e)) in got.iter().zip(want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                e.to_bits(),
+                "{ty} {level:?} {layout:?} k {k} n {n} m {m}: row {}, output {}: {g} vs {e}",
+                i / n,
+                i % n
+            );
+        }
     }
 }
 
