@@ -22,7 +22,9 @@ fn flint() -> Command {
 fn f32_file(dir: &Path) -> PathBuf {
     let p = dir.join("llama-tiny-f32.gguf");
     let out = flint()
-        .args(["synth", "--arch", "llama", "--preset", "tiny", "--seed", "3", "--out"])
+        .args([
+            "synth", "--arch", "llama", "--preset", "tiny", "--seed", "3", "--out",
+        ])
         .arg(&p)
         .output()
         .expect("flint runs");
@@ -31,11 +33,7 @@ fn f32_file(dir: &Path) -> PathBuf {
         "synth failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = flint()
-        .arg("inspect")
-        .arg(&p)
-        .output()
-        .expect("flint runs");
+    let out = flint().arg("inspect").arg(&p).output().expect("flint runs");
     let listing = String::from_utf8_lossy(&out.stdout);
     for q in ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "F16", "BF16"] {
         assert!(

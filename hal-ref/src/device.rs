@@ -119,7 +119,10 @@ impl Device for RefDevice {
         assert_eq!(out.len(), m * w.n, "matmul: out length");
         self.count(w.ty);
         let bytes = w.matrix(0);
-        for (xi, oi) in x.chunks_exact(w.k.max(1)).zip(out.chunks_exact_mut(w.n.max(1))) {
+        for (xi, oi) in x
+            .chunks_exact(w.k.max(1))
+            .zip(out.chunks_exact_mut(w.n.max(1)))
+        {
             flint_core::dot::matvec_f32(w.ty, bytes, xi, oi)
                 .map_err(|e| fmt_err(&format!("matmul of '{}'", w.info.name), e))?;
         }
@@ -383,7 +386,11 @@ impl Device for RefDevice {
                 shape.heads_v, shape.heads_k, shape.head_dim
             )));
         }
-        assert_eq!(state.len(), shape.state_len(), "gated_delta_net: state length");
+        assert_eq!(
+            state.len(),
+            shape.state_len(),
+            "gated_delta_net: state length"
+        );
         assert_eq!(out.len(), v.len(), "gated_delta_net: out length");
         math::gated_delta_net(shape, q, k, v, g, beta, state, out);
         Ok(())

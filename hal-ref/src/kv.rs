@@ -70,7 +70,12 @@ impl KvBuffer for RefKv {
 /// `Device::write_kv`: token `i`'s key row `k[i]` and value row `v[i]` are copied into
 /// slot `slots[i]`. A slot outside the cache is `InvalidInput` (nothing of that token
 /// is written).
-pub(crate) fn write_kv(kv: &mut RefKv, k: &[f32], v: &[f32], slots: &[u32]) -> Result<(), HalError> {
+pub(crate) fn write_kv(
+    kv: &mut RefKv,
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+) -> Result<(), HalError> {
     let (rk, rv) = (kv.key_row(), kv.value_row());
     assert_eq!(k.len(), slots.len() * rk, "write_kv: k length");
     assert_eq!(v.len(), slots.len() * rv, "write_kv: v length");
@@ -138,7 +143,10 @@ pub(crate) fn paged_attention(
     for (si, seq) in p.seqs.iter().enumerate() {
         for (t, &pos) in seq.positions.iter().enumerate() {
             let r = seq.q_start + t;
-            assert!(r < n_rows, "paged_attention: sequence {si} row {r} beyond q");
+            assert!(
+                r < n_rows,
+                "paged_attention: sequence {si} row {r} beyond q"
+            );
             assert!(!owned[r], "paged_attention: row {r} in two sequences");
             owned[r] = true;
             let pos = pos as usize;

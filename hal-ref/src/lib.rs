@@ -55,7 +55,8 @@ pub use weight::RefWeight;
 pub fn backends() -> Vec<BackendEntry> {
     vec![BackendEntry {
         name: "ref",
-        summary: "reference: the flint-core scalar kernels, one thread (slowest; the porting example)",
+        summary:
+            "reference: the flint-core scalar kernels, one thread (slowest; the porting example)",
         probe: || Ok(()),
         open: |o| Ok(Arc::new(RefDevice::new(o)) as DeviceRef),
     }]
