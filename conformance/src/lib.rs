@@ -35,17 +35,7 @@ pub use case::{all_cases, AttnSpec, Case, SeqSpec, Shape, Sinks};
 pub use exec::{run_case, Outcome};
 pub use suite::{run_suite, CaseResult, Counts, DeviceReport, SuiteOptions, DEFAULT_SEED};
 
-use flint_hal::Registry;
-
-/// The registry of this build: every backend it links (`cpu`, `tt`), registered here
-/// rather than through the engine so the suite depends on nothing above the HAL.
-pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    for e in flint_hal_cpu::backends() {
-        r.register(e);
-    }
-    for e in flint_hal_tt::backends() {
-        r.register(e);
-    }
-    r
-}
+/// The registry of this build, from [`flint_backends`]: every backend it links (`cpu`,
+/// `ref`, `tt`). The suite takes it from there, not from the engine, so that it depends
+/// on nothing above the HAL and the backends.
+pub use flint_backends::registry;

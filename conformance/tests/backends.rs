@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flint_conformance::{registry, run_suite, SuiteOptions};
+use flint_conformance::{registry, run_suite, Counts, SuiteOptions};
 use flint_hal::{DeviceOptions, DeviceRef};
 
-/// Runs the whole suite on `dev` and fails on any failed case.
-fn certify(dev: DeviceRef, what: &str) {
+/// Runs the whole suite on `dev` and fails on any failed case; the counts.
+fn certify(dev: DeviceRef, what: &str) -> Counts {
     let r = run_suite(dev.as_ref(), &SuiteOptions::default());
     println!("{}", r.table());
     println!("{what}: {} in {:.2} s", r.counts().line(), r.seconds);
@@ -19,6 +19,7 @@ fn certify(dev: DeviceRef, what: &str) {
         r.failure_details()
     );
     assert!(r.counts().passed > 0, "{what} passed nothing");
+    r.counts()
 }
 
 #[test]
@@ -29,6 +30,20 @@ fn cpu() {
     certify(dev, "cpu");
 }
 
+/// The reference backend: the `flint-core` scalar kernels behind the interface. Every op
+/// and every encoding core computes is claimed, so nothing may be skipped.
+#[test]
+fn reference() {
+    let dev = registry()
+        .open("ref", &DeviceOptions::default())
+        .expect("the ref backend is registered and opens in every build");
+    let counts = certify(dev, "ref");
+    assert_eq!(
+        counts.skipped, 0,
+        "ref skips cases although flint-core has the scalar math for all of them"
+    );
+}
+
 /// The cpu backend at every SIMD level this machine has, not only the one it picks:
 /// each level is its own set of kernels.
 #[test]
@@ -36,7 +51,9 @@ fn cpu_every_simd_level() {
     use flint_hal_cpu::{CpuDevice, SimdLevel};
     for level in SimdLevel::ALL {
         match CpuDevice::with_level(&DeviceOptions::default(), level) {
-            Ok(d) => certify(Arc::new(d), &format!("cpu ({level:?})")),
+            Ok(d) => {
+                certify(Arc::new(d), &format!("cpu ({level:?})"));
+            }
             Err(e) => eprintln!("cpu {level:?}: not on this machine ({e}); not run"),
         }
     }
@@ -102,7 +119,7 @@ fn tt_expanded() {
 fn every_registered_backend_has_a_test() {
     for name in registry().names() {
         assert!(
-            ["cpu", "tt"].contains(&name),
+            ["cpu", "ref", "tt"].contains(&name),
             "backend {name} has no test in conformance/tests/backends.rs"
         );
     }

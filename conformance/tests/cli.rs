@@ -53,6 +53,8 @@ fn all_runs_cpu_and_lists_or_runs_the_others() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("device cpu"), "{out}");
+    // ref runs in every build.
+    assert!(out.contains("device ref"), "{out}");
     // tt is either run or listed as unavailable with its reason, never failed.
     assert!(out.contains("device tt"), "{out}");
     let last = out.lines().last().unwrap_or_default();

@@ -1,18 +1,11 @@
-//! The device registry of this build: every backend the engine links.
+//! The devices of this build: the one registry of `flint-backends`, and opening a device
+//! by name or from the environment.
 
 use flint_hal::{DeviceOptions, DeviceRef, HalError, Registry};
 
-/// The registry with every backend this build links (`cpu`, `tt`).
-pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    for entry in flint_hal_cpu::backends() {
-        r.register(entry);
-    }
-    for entry in flint_hal_tt::backends() {
-        r.register(entry);
-    }
-    r
-}
+/// The registry with every backend this build links (`cpu`, `ref`, `tt`), from
+/// [`flint_backends`].
+pub use flint_backends::registry;
 
 /// Opens `name` (or `FLINT_DEVICE`, else `cpu`) with options from the environment.
 pub fn open(name: Option<&str>) -> Result<DeviceRef, HalError> {
