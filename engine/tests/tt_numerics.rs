@@ -112,6 +112,7 @@ fn tt_matches_cpu_on_tiny() {
     ];
     let n = 64;
     let mut tt_vs_cpu_asserted = 0;
+    let mut cpu_departs = 0;
     for (i, p) in prompts.iter().enumerate() {
         let t0 = Instant::now();
         let (want, margins, lc) = chain(&cpu, p, n);
@@ -159,6 +160,14 @@ fn tt_matches_cpu_on_tiny() {
             eprintln!("{name}: tt vs cpu not held (the cpu device is below AVX-512 VNNI)");
             continue;
         }
+        if cr > REL_RMS_MAX {
+            // The exception above: tt is held to the reference forward for this prompt.
+            eprintln!(
+                "{name}: tt vs cpu not held: cpu is {cr:.3e} from the reference forward here"
+            );
+            cpu_departs += 1;
+            continue;
+        }
         assert!(
             tc <= REL_RMS_MAX,
             "{name}: first-token logits rel-RMS tt vs cpu {tc:.3e} > {REL_RMS_MAX} \
@@ -176,7 +185,11 @@ fn tt_matches_cpu_on_tiny() {
     // The kept-block path is what was measured.
     assert!(c.block_dispatches > 0);
     if cpu_follows_llamacpp() {
-        assert_eq!(tt_vs_cpu_asserted, prompts.len());
+        assert_eq!(tt_vs_cpu_asserted + cpu_departs, prompts.len());
+        assert!(
+            tt_vs_cpu_asserted > 0,
+            "cpu departs from the reference on every prompt"
+        );
     }
 }
 

@@ -119,7 +119,7 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
         // 27 rows: the 4-row matvec kernel and a remainder of 3; two panels of the
         // prompt-batch gemm (16 rows, then 11). 48 rows: Q4_K repacked at staging
         // (`q4k_x16`: three row groups, split over the tasks).
-        for (k, n) in [(2048, 27), (512, 48)] {
+        for (k, n) in [(2048, 27), (512, 48), (256, 512), (256, 64)] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
             // 2..15 rows: the tile kernels of `dot_rows` (tiles of up to 4). From 16 rows: the
