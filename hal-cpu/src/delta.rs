@@ -41,6 +41,24 @@ pub(crate) fn ssm_conv_silu(
     if channels == 0 {
         return;
     }
+    if n == 1 {
+        // A decode step: each channel's window read where it lies (no transposes), the
+        // same sums; the window then moves up by one.
+        for (c, (o, wc)) in out.iter_mut().zip(weight.chunks_exact(d_conv)).enumerate() {
+            let st = &mut state[c * w..(c + 1) * w];
+            let mut sum = 0.0f32;
+            for (i, &wi) in wc.iter().enumerate() {
+                sum += if i < w { st[i] } else { x[c] } * wi;
+            }
+            *o = sum;
+            if w > 0 {
+                st.copy_within(1.., 0);
+                st[w - 1] = x[c];
+            }
+        }
+        silu_row(avx512, out);
+        return;
+    }
     // Tap-major weights `wt[i][c]` and the state's window rows `sw[m][c]`.
     let mut wt = vec![0f32; d_conv * channels];
     let mut sw = vec![0f32; w * channels];
