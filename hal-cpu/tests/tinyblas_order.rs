@@ -180,8 +180,9 @@ fn assert_device_equals(
 }
 
 /// A weight whose decoded panels exceed the gemm's scratch bound is decoded and applied
-/// strip by strip (`kernels::gemm_strip_rows`): every output column of every strip, the
-/// last strip partial, in the file layout (`strip + 37` rows) and repacked at staging
+/// strip by strip (`kernels::gemm_strip_rows`) for a prompt's rows, panel by panel
+/// (weight-stationary) for a few dozen: every output column of every strip, the last
+/// strip partial, in the file layout (`strip + 37` rows) and repacked at staging
 /// (`strip + 48`, a multiple of 16), equals the scalar statement bit for bit.
 #[test]
 fn weights_larger_than_one_strip_are_bit_exact() {
@@ -193,10 +194,10 @@ fn weights_larger_than_one_strip_are_bit_exact() {
     let k = 2048;
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         let strip = flint_hal_cpu::kernels::gemm_strip_rows(ty, k).expect("a strip size");
-        for n in [strip + 37, strip + 48] {
+        // 65 activation rows: the strips; 17: the weight-stationary gemm of a few rows.
+        for (n, m) in [(strip + 37, 65), (strip + 48, 65), (strip + 37, 17)] {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
-            let m = 17;
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {

@@ -513,6 +513,61 @@ pub(crate) fn gemm(
     Ok(false)
 }
 
+/// Activation rows below which [`gemm`] runs weight-stationary ([`fused_gemm`]): a
+/// decode batch of a few dozen sequences against a vocabulary-sized output matrix. With
+/// the activation rows split over the tasks, every task would stream the whole decoded
+/// weight (at 16 rows and 2 threads, eight times the weight's bytes from memory).
+#[cfg(target_arch = "x86_64")]
+const FUSED_MAX_ROWS: usize = 64;
+
+/// `out[t * n + r]` for the `n` weight rows and the `out.len() / n` activation rows,
+/// weight-stationary: the panels split over the tasks, each task decoding one panel at a
+/// time into its own buffer (`decode(panel, buffer)`, `nb` blocks) and applying every
+/// activation row to it while it is in L1 (`apply(buffer, live rows, results, columns)`),
+/// into a `[m][rows]` buffer of its own, copied into `out` after. The weight is read
+/// once; each output is computed by the same tile as in the activation-split gemm, so the
+/// bits are the same.
+#[cfg(target_arch = "x86_64")]
+fn fused_gemm<D: Copy + Send + Sync>(
+    n: usize,
+    nb: usize,
+    zero: D,
+    decode: impl Fn(usize, &mut [D]) + Sync,
+    apply: impl Fn(&[D], usize, &mut [f32], panel::OutCols) + Sync,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let m = out.len() / n;
+    let panels = n.div_ceil(panel::PANEL_ROWS);
+    // About four tasks per thread, whole panels each.
+    let per = panels
+        .div_ceil(rayon::current_num_threads().max(1) * 4)
+        .max(1);
+    let parts: Vec<(usize, Vec<f32>)> = (0..panels.div_ceil(per))
+        .into_par_iter()
+        .map(|c| {
+            let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
+            let r0 = p0 * panel::PANEL_ROWS;
+            let rows = (p1 * panel::PANEL_ROWS).min(n) - r0;
+            let mut part = vec![0f32; m * rows];
+            let mut dec = vec![zero; nb];
+            for p in p0..p1 {
+                decode(p, &mut dec);
+                let c0 = p * panel::PANEL_ROWS - r0;
+                let live = panel::PANEL_ROWS.min(rows - c0);
+                apply(&dec, live, &mut part, panel::OutCols { stride: rows, c0 });
+            }
+            (r0, part)
+        })
+        .collect();
+    out.par_chunks_mut(n).enumerate().for_each(|(t, o)| {
+        for (r0, part) in &parts {
+            let rows = part.len() / m;
+            o[*r0..*r0 + rows].copy_from_slice(&part[t * rows..(t + 1) * rows]);
+        }
+    });
+}
+
 /// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, strip by strip of weight rows
 /// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (`kq_panel`, in
 /// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
@@ -542,6 +597,28 @@ fn kq_panel_gemm(
         WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
         _ => Some(w.file_bytes(k)),
     };
+    if out.len() / n < FUSED_MAX_ROWS {
+        macro_rules! fused {
+            ($B:ty) => {{
+                let wb = bytes.as_ref().map(|b| view::<$B>(b));
+                let decode = |p: usize, d: &mut [kq_panel::KPanelBlock]| match (w, &wb) {
+                    (WeightRows::Q4Kx16(g), _) => q4_k::panel::decode_x16(g, nb, p, d),
+                    (WeightRows::Q6Kx16(g), _) => q6_k::panel::decode_q6k_x16(g, nb, p, d),
+                    (_, Some(wb)) => kq_panel::decode(wb, nb, n, p, d),
+                    (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+                };
+                let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols| {
+                    kq_panel::gemm::<$B>(d, nb, live, a, 0, o, cols)
+                };
+                fused_gemm(n, nb, kq_panel::KPanelBlock::ZERO, decode, apply, out);
+            }};
+        }
+        match ty {
+            GgmlType::Q4_K => fused!(BlockQ4K),
+            _ => fused!(BlockQ6K),
+        }
+        return;
+    }
     let strip = gemm_strip_rows(ty, k).unwrap_or(n).max(1);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(panel::PANEL_ROWS);
@@ -640,6 +717,20 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => None,
         _ => Some(w.file_bytes(k)),
     };
+    if out.len() / n < FUSED_MAX_ROWS {
+        let wb = bytes.as_ref().map(|b| view::<B>(b));
+        let decode = |p: usize, d: &mut [q0::panel::PanelBlock]| match (w, &wb) {
+            (WeightRows::Q8_0x16(g), _) => q0::panel::q0_decode_x16(g, nb, p, d),
+            (WeightRows::Q5_0x16(g), _) => q0::panel::q0_decode_x16(g, nb, p, d),
+            (_, Some(wb)) => q0::panel::q0_decode(wb, nb, n, p, d),
+            (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+        };
+        let apply = |d: &[q0::panel::PanelBlock], live, o: &mut [f32], cols| {
+            q0::panel::q0_gemm(d, nb, live, &side, 0, o, cols)
+        };
+        fused_gemm(n, nb, q0::panel::PanelBlock::ZERO, decode, apply, out);
+        return;
+    }
     // (The legacy types' panels are the same size whatever the type.)
     let strip = gemm_strip_rows(GgmlType::Q8_0, k).unwrap_or(n).max(1);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
