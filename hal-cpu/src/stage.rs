@@ -213,10 +213,9 @@ pub enum WeightLayout {
 impl WeightLayout {
     /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file) when set; else by the CPU's vendor,
     /// as measured on one host of each (`docs/benchmarks.md`, "Weight layout by host"):
-    /// on Intel the file layout, whose decode kernels read four rows far apart per task
-    /// (Gemma 3 270M decode 1.3x, the qwen35moe bench preset 1.4x the packed groups';
-    /// prompts within a few percent); elsewhere the packed groups, measured faster on AMD
-    /// Zen 4. The second value says why, for `flint devices`.
+    /// on Intel the file layout (Gemma 3 270M decode 1.3x, the qwen35moe bench preset
+    /// 1.4x the packed groups'; prompts within 12%); elsewhere the packed groups, measured
+    /// faster on AMD Zen 4. The second value says why, for `flint devices`.
     pub fn choose() -> Result<(Self, &'static str), HalError> {
         match std::env::var("FLINT_CPU_REPACK") {
             Ok(v) => match v.trim() {
