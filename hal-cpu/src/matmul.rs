@@ -367,7 +367,8 @@ impl CpuDevice {
     }
 
     /// `Device::expert_matmul_multi`: a gemm per expert with a prompt's worth of rows,
-    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest.
+    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest (and
+    /// for every row of a tower with its own expert order, `kernels::expert_gemv`).
     pub(crate) fn expert_matmuls(
         &self,
         ws: &[&dyn Weight],
@@ -426,11 +427,13 @@ impl CpuDevice {
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
         // each): the weight-tiled gemm of `matmul`, one expert and weight at a time, each
         // parallel inside (the bench preset's prefill: 32 tokens per expert). The rest:
-        // (weight, expert) pairs for the one parallel section below.
+        // (weight, expert) pairs for the one parallel section below, as are the towers
+        // with their own expert order (`kernels::expert_gemv`).
+        let own_order = ws.iter().all(|w| kernels::expert_gemv(level, w.ty));
         let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
         for (e, list) in &active {
             let m = list.len();
-            if m < kernels::GEMM_MIN_ROWS {
+            if m < kernels::GEMM_MIN_ROWS || own_order {
                 small.extend((0..ws.len()).map(|wi| (wi, *e, &list[..])));
                 continue;
             }
@@ -446,6 +449,12 @@ impl CpuDevice {
             for (wi, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
                 let (n, ty) = (w.n, w.ty);
                 if n == 0 {
+                    continue;
+                }
+                if kernels::expert_gemv(level, ty) {
+                    // Its own order (`kernels::expert_rows_gemv`), which the weight-tiled
+                    // gemm does not compute: with the rest below.
+                    small.push((wi, *e, &list[..]));
                     continue;
                 }
                 let mat = w.rows(e * n, n);
@@ -547,6 +556,14 @@ impl CpuDevice {
                 let m = list.len();
                 let rows_here = dst.len() / m;
                 let wr = w.rows(e * n + o0, rows_here);
+                if kernels::expert_gemv(level, ty) {
+                    // Q4_K towers in llama.cpp's `MUL_MAT_ID` order (the gemv kernel's) for
+                    // every row, in either layout.
+                    let inputs: Vec<usize> =
+                        list.iter().map(|&i| rows[i].input_row as usize).collect();
+                    return kernels::expert_rows_gemv(level, ty, wr, k, acts, &inputs, dst)
+                        .map_err(|e| fmt_err("expert matmul", e));
+                }
                 if wr.is_packed() {
                     let inputs: Vec<usize> =
                         list.iter().map(|&i| rows[i].input_row as usize).collect();

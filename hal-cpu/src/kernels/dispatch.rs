@@ -774,6 +774,20 @@ pub(crate) fn x16_rows(
     act_rows: &[usize],
     out_t: &mut [f32],
 ) -> Result<(), FormatError> {
+    x16_rows_in(w, k, acts, act_rows, out_t, false)
+}
+
+/// [`x16_rows`], Q4_K in the gemv order where `q4k_gemv` (expert towers,
+/// [`expert_rows_gemv`]).
+#[cfg(target_arch = "x86_64")]
+fn x16_rows_in(
+    w: WeightRows<'_>,
+    k: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+    q4k_gemv: bool,
+) -> Result<(), FormatError> {
     use x16::X16_ROWS;
     let nb = w.blocks_per_row(k);
     let m = act_rows.len();
@@ -833,7 +847,11 @@ pub(crate) fn x16_rows(
     match (w, acts) {
         (WeightRows::Q4Kx16(g), Acts::Q8K(a)) => {
             let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
-            run!(g, q4_k::x16::dot_group, y)
+            if q4k_gemv {
+                run!(g, q4_k::x16::dot_group_gemv, y)
+            } else {
+                run!(g, q4_k::x16::dot_group, y)
+            }
         }
         // Q6_K takes its activation rows in pairs inside each block (`q6_k::x16::dot_group`).
         (WeightRows::Q6Kx16(g), Acts::Q8K(a)) => {
@@ -861,6 +879,101 @@ pub(crate) fn x16_rows(
         _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
     }
     Ok(())
+}
+
+/// Whether the rows of an expert tower of `ty` take their own order at `level`
+/// ([`expert_rows_gemv`]): Q4_K on AVX-512 VNNI, where the device follows llama.cpp's
+/// orders and llama.cpp's `MUL_MAT_ID` computes every routed row of a repacked Q4_K
+/// tower with its gemv kernel (docs/parity.md), not the gemm of a dense matmul.
+pub(crate) fn expert_gemv(level: SimdLevel, ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512Vnni && ty == GgmlType::Q4_K
+}
+
+/// Weight rows `w` of a Q4_K expert tower (whole rows, or whole 16-row groups when
+/// repacked) against the activation rows `act_rows` of `acts`, into `out_t` as
+/// `[weight row][act_rows.len()]`, every output in llama.cpp's repacked gemv order
+/// (`q4_k::vnni::dot_q4k_gemv`; the same bits in either layout). Only where
+/// [`expert_gemv`] holds; `Unsupported` otherwise.
+pub(crate) fn expert_rows_gemv(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    k: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    if !expert_gemv(level, ty) {
+        return Err(FormatError::Unsupported(ty));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (WeightRows::File(wb), Acts::Q8K(a)) = (w, acts) else {
+            return x16_rows_in(w, k, acts, act_rows, out_t, true);
+        };
+        let nb = k / 256;
+        let m = act_rows.len();
+        let row_bytes = nb * std::mem::size_of::<BlockQ4K>();
+        assert_eq!(
+            out_t.len() * row_bytes,
+            wb.len() * m,
+            "expert_rows_gemv: out length"
+        );
+        let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+        for (wr, o) in wb.chunks_exact(row_bytes).zip(out_t.chunks_exact_mut(m)) {
+            let x = view::<BlockQ4K>(wr);
+            let mut t0 = 0;
+            // Up to four activation rows per pass over the weight row.
+            // SAFETY (each call): `expert_gemv` holds, so the level is AVX-512 VNNI, which
+            // was checked against the CPU's features at device open.
+            while t0 < m {
+                let c = (m - t0).min(4);
+                match c {
+                    4 => {
+                        let mut v = [0f32; 4];
+                        unsafe {
+                            q4_k::vnni::dot_q4k_gemv::<4>(
+                                &x,
+                                &[y(t0), y(t0 + 1), y(t0 + 2), y(t0 + 3)],
+                                &mut v,
+                            )
+                        };
+                        o[t0..t0 + 4].copy_from_slice(&v);
+                    }
+                    3 => {
+                        let mut v = [0f32; 3];
+                        unsafe {
+                            q4_k::vnni::dot_q4k_gemv::<3>(
+                                &x,
+                                &[y(t0), y(t0 + 1), y(t0 + 2)],
+                                &mut v,
+                            )
+                        };
+                        o[t0..t0 + 3].copy_from_slice(&v);
+                    }
+                    2 => {
+                        let mut v = [0f32; 2];
+                        unsafe {
+                            q4_k::vnni::dot_q4k_gemv::<2>(&x, &[y(t0), y(t0 + 1)], &mut v)
+                        };
+                        o[t0..t0 + 2].copy_from_slice(&v);
+                    }
+                    _ => {
+                        let mut v = [0f32; 1];
+                        unsafe { q4_k::vnni::dot_q4k_gemv::<1>(&x, &[y(t0)], &mut v) };
+                        o[t0] = v[0];
+                    }
+                }
+                t0 += c;
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, k, acts, act_rows, out_t);
+        Err(FormatError::Unsupported(ty))
+    }
 }
 
 /// [`x16_rows`] where there are no such kernels (weights are never packed there).

@@ -9,9 +9,10 @@
 //! row, whatever the batch: a row's result never depends on what else is in the step
 //! (batch invariance, which preemption and continuous batching rely on), where llama.cpp
 //! switches to other kernels for single rows, the last `n % 4` rows (Q4_K) and batches
-//! under 8 rows (Q6_K). Q5_K keeps Flint's own order (one 16-lane float accumulator per
-//! row). Integer sums are exact whatever the
-//! instruction order.
+//! under 8 rows (Q6_K). Q4_K expert towers take llama.cpp's `MUL_MAT_ID` order instead,
+//! the gemv order for every row (`dot_q4k_gemv`), again whatever the batch. Q5_K keeps
+//! Flint's own order (one 16-lane float accumulator per row). Integer sums are exact
+//! whatever the instruction order.
 //!
 //! Every kernel fuses each sub-block's scale multiply and the accumulation into one
 //! `vpdpwssd` (two accumulators per row: one chained accumulator would serialise the
@@ -194,6 +195,18 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     out: &mut [f32; R],
 ) {
     dot_q4k_llama::<R, true>(x, y, out)
+}
+
+/// [`dot_q4k_llama`] in the gemv order: llama.cpp's order for every row of a Q4_K expert
+/// tower (`MUL_MAT_ID`, docs/parity.md), whatever the number of rows routed to it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemv<const R: usize>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    dot_q4k_llama::<R, false>(x, y, out)
 }
 
 /// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the
