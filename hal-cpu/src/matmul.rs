@@ -139,7 +139,7 @@ impl CpuDevice {
             let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
             let mut gs =
                 std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
-            let done = kernels::gemm(level, ty, w, acts, k, n, m, per_rows, &mut gs, out)
+            let done = kernels::gemm(level, ty, w, acts, k, n, m, per_rows, false, &mut gs, out)
                 .map_err(|e| fmt_err("matmul", e))?;
             *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
             if done {
@@ -367,8 +367,7 @@ impl CpuDevice {
     }
 
     /// `Device::expert_matmul_multi`: a gemm per expert with a prompt's worth of rows,
-    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest (and
-    /// for every row of a tower with its own expert order, `kernels::expert_gemv`).
+    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest.
     pub(crate) fn expert_matmuls(
         &self,
         ws: &[&dyn Weight],
@@ -427,13 +426,12 @@ impl CpuDevice {
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
         // each): the weight-tiled gemm of `matmul`, one expert and weight at a time, each
         // parallel inside (the bench preset's prefill: 32 tokens per expert). The rest:
-        // (weight, expert) pairs for the one parallel section below, as are the towers
-        // with their own expert order (`kernels::expert_gemv`).
-        let own_order = ws.iter().all(|w| kernels::expert_gemv(level, w.ty));
+        // (weight, expert) pairs for the one parallel section below. Q4_K towers take
+        // llama.cpp's expert order in both (`kernels::expert_gemv`).
         let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
         for (e, list) in &active {
             let m = list.len();
-            if m < kernels::GEMM_MIN_ROWS || own_order {
+            if m < kernels::GEMM_MIN_ROWS {
                 small.extend((0..ws.len()).map(|wi| (wi, *e, &list[..])));
                 continue;
             }
@@ -449,12 +447,6 @@ impl CpuDevice {
             for (wi, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
                 let (n, ty) = (w.n, w.ty);
                 if n == 0 {
-                    continue;
-                }
-                if kernels::expert_gemv(level, ty) {
-                    // Its own order (`kernels::expert_rows_gemv`), which the weight-tiled
-                    // gemm does not compute: with the rest below.
-                    small.push((wi, *e, &list[..]));
                     continue;
                 }
                 let mat = w.rows(e * n, n);
@@ -476,9 +468,10 @@ impl CpuDevice {
                     let mut gs = std::mem::take(
                         &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
                     );
-                    let done =
-                        kernels::gemm(level, ty, mat, sub, k, n, m, per_rows, &mut gs, &mut tmp)
-                            .map_err(|e| fmt_err("expert matmul", e));
+                    let done = kernels::gemm(
+                        level, ty, mat, sub, k, n, m, per_rows, true, &mut gs, &mut tmp,
+                    )
+                    .map_err(|e| fmt_err("expert matmul", e));
                     *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
                     done
                 })?;

@@ -150,7 +150,9 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
 #[test]
 fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
     if SimdLevel::detect() < SimdLevel::Avx512Vnni {
-        eprintln!("no AVX-512 VNNI on this CPU: the llama.cpp-order expert kernels are not used here");
+        eprintln!(
+            "no AVX-512 VNNI on this CPU: the llama.cpp-order expert kernels are not used here"
+        );
         return;
     }
     let mut rng = Rng(17);

@@ -452,8 +452,10 @@ impl std::fmt::Debug for GemmScratch {
 /// and the `m` activation rows of `acts`, with a kernel that tiles weight rows as well as
 /// activation rows: the weight decoded once (in parallel), then the activation rows split
 /// over the threads in chunks of about `rows_per_task`, each task writing its own rows of
-/// `out`. The same results as [`dot_rows`] row by row, bit for bit. `Ok(false)` (nothing
-/// written) where `level` has no such kernel for `ty`. Runs inside the device's pool.
+/// `out`. The same results as [`dot_rows`] row by row, bit for bit, or for the matrix of
+/// one expert of a tower (`expert`) as [`expert_rows_gemv`] where [`expert_gemv`] holds.
+/// `Ok(false)` (nothing written) where `level` has no such kernel for `ty`. Runs inside
+/// the device's pool.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     level: SimdLevel,
@@ -464,6 +466,7 @@ pub(crate) fn gemm(
     n: usize,
     m: usize,
     rows_per_task: usize,
+    expert: bool,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) -> Result<bool, FormatError> {
@@ -474,7 +477,7 @@ pub(crate) fn gemm(
     if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
         if let Acts::Q8K(a) = acts {
             if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-                kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
+                kq_panel_gemm(ty, w, a, k, n, rows_per_task, expert, scratch, out);
                 return Ok(true);
             }
         }
@@ -509,7 +512,19 @@ pub(crate) fn gemm(
             return Ok(true);
         }
     }
-    let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
+    let _ = (
+        level,
+        ty,
+        w,
+        acts,
+        k,
+        n,
+        m,
+        rows_per_task,
+        expert,
+        scratch,
+        out,
+    );
     Ok(false)
 }
 
@@ -517,7 +532,9 @@ pub(crate) fn gemm(
 /// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (`kq_panel`, in
 /// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
 /// prompt-batch orders: bit for bit `q4_k::vnni::dot_q4k_gemm` and
-/// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row.
+/// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row; for an expert
+/// tower (`expert`), Q4_K in the gemv order (`q4_k::vnni::dot_q4k_gemv`, as
+/// [`expert_rows_gemv`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn kq_panel_gemm(
@@ -527,6 +544,7 @@ fn kq_panel_gemm(
     k: usize,
     n: usize,
     rows_per_task: usize,
+    expert: bool,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
@@ -577,9 +595,13 @@ fn kq_panel_gemm(
                 }
                 let dec = &*dec;
                 let cols = panel::OutCols { stride: n, c0: s0 };
-                out.par_chunks_mut(per * n)
-                    .enumerate()
-                    .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, sn, a, c * per, o, cols));
+                out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
+                    if expert {
+                        kq_panel::gemm::<$B, true>(dec, nb, sn, a, c * per, o, cols)
+                    } else {
+                        kq_panel::gemm::<$B, false>(dec, nb, sn, a, c * per, o, cols)
+                    }
+                });
             }};
         }
         match ty {
@@ -953,9 +975,7 @@ pub(crate) fn expert_rows_gemv(
                     }
                     2 => {
                         let mut v = [0f32; 2];
-                        unsafe {
-                            q4_k::vnni::dot_q4k_gemv::<2>(&x, &[y(t0), y(t0 + 1)], &mut v)
-                        };
+                        unsafe { q4_k::vnni::dot_q4k_gemv::<2>(&x, &[y(t0), y(t0 + 1)], &mut v) };
                         o[t0..t0 + 2].copy_from_slice(&v);
                     }
                     _ => {
