@@ -942,6 +942,18 @@ pub(crate) fn expert_rows_gemv(
             "expert_rows_gemv: out length"
         );
         let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+        if let [r] = act_rows {
+            // One token for the expert (a decode step's): four weight rows at a time, as
+            // `matvec_rows` goes.
+            rows4(
+                &view::<BlockQ4K>(wb),
+                &a[r * nb..(r + 1) * nb],
+                out_t,
+                q4_k::vnni::dot_q4k_rows4_gemv,
+                q4_k::vnni::dot_q4k_row_gemv,
+            );
+            return Ok(());
+        }
         for (wr, o) in wb.chunks_exact(row_bytes).zip(out_t.chunks_exact_mut(m)) {
             let x = view::<BlockQ4K>(wr);
             let mut t0 = 0;
