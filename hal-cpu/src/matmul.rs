@@ -139,7 +139,7 @@ impl CpuDevice {
             let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
             let mut gs =
                 std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
-            let done = kernels::gemm(level, ty, w, acts, k, n, m, per_rows, &mut gs, out)
+            let done = kernels::gemm(level, ty, w, acts, k, n, m, per_rows, false, &mut gs, out)
                 .map_err(|e| fmt_err("matmul", e))?;
             *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
             if done {
@@ -426,7 +426,8 @@ impl CpuDevice {
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
         // each): the weight-tiled gemm of `matmul`, one expert and weight at a time, each
         // parallel inside (the bench preset's prefill: 32 tokens per expert). The rest:
-        // (weight, expert) pairs for the one parallel section below.
+        // (weight, expert) pairs for the one parallel section below. Q4_K towers take
+        // llama.cpp's expert order in both (`kernels::expert_gemv`).
         let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
         for (e, list) in &active {
             let m = list.len();
@@ -467,9 +468,10 @@ impl CpuDevice {
                     let mut gs = std::mem::take(
                         &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
                     );
-                    let done =
-                        kernels::gemm(level, ty, mat, sub, k, n, m, per_rows, &mut gs, &mut tmp)
-                            .map_err(|e| fmt_err("expert matmul", e));
+                    let done = kernels::gemm(
+                        level, ty, mat, sub, k, n, m, per_rows, true, &mut gs, &mut tmp,
+                    )
+                    .map_err(|e| fmt_err("expert matmul", e));
                     *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
                     done
                 })?;
@@ -547,6 +549,14 @@ impl CpuDevice {
                 let m = list.len();
                 let rows_here = dst.len() / m;
                 let wr = w.rows(e * n + o0, rows_here);
+                if kernels::expert_gemv(level, ty) {
+                    // Q4_K towers in llama.cpp's `MUL_MAT_ID` order (the gemv kernel's) for
+                    // every row, in either layout.
+                    let inputs: Vec<usize> =
+                        list.iter().map(|&i| rows[i].input_row as usize).collect();
+                    return kernels::expert_rows_gemv(level, ty, wr, k, acts, &inputs, dst)
+                        .map_err(|e| fmt_err("expert matmul", e));
+                }
                 if wr.is_packed() {
                     let inputs: Vec<usize> =
                         list.iter().map(|&i| rows[i].input_row as usize).collect();

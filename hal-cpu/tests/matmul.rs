@@ -379,14 +379,15 @@ fn expert_matmul_matches_per_expert_matmul() {
                     &mag,
                     2e-5,
                 );
-                // Batch invariance: bit for bit what the device's own matmul gives for
-                // this token alone against this expert, however many tokens the expert
-                // had.
-                let alone = dev
-                    .stage(&desc("exp", ty, &[k, n], wi.to_vec()))
-                    .expect("stage expert");
+                // Batch invariance: bit for bit what the tower gives for this token
+                // alone, however many tokens the expert had.
+                let alone = [ExpertRow {
+                    input_row: 0,
+                    expert: r.expert,
+                }];
                 let mut one = vec![f32::NAN; n];
-                dev.matmul(&*alone, xi, 1, &mut one).expect("matmul");
+                dev.expert_matmul(&*tower, xi, &alone, &mut one)
+                    .expect("expert_matmul");
                 for (o, (g, e)) in out[t * n..(t + 1) * n].iter().zip(&one).enumerate() {
                     assert_eq!(
                         g.to_bits(),

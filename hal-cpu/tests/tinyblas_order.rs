@@ -4,14 +4,15 @@
 //! - Q8_0, Q5_0 and Q4_0 (tinyBLAS order), for single rows, tiles of activation rows
 //!   and the panel gemm's tiles of 16 weight rows x 2 activation rows;
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
-//!   Q6_K tiled from 8 rows).
+//!   Q6_K tiled from 8 rows);
+//! - Q4_K and Q6_K expert towers (`MUL_MAT_ID`: Q4_K in the gemv order for every row).
 
 mod common;
 
 use common::*;
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
-use flint_hal::{Device, DeviceOptions};
+use flint_hal::{Device, DeviceOptions, ExpertRow};
 use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
 #[test]
@@ -135,6 +136,102 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
                 }
                 for &level in &levels {
                     assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+                }
+            }
+        }
+    }
+}
+
+/// Expert towers on AVX-512 VNNI follow llama.cpp's `MUL_MAT_ID` orders
+/// (`BatchRow::expert`, docs/parity.md): Q4_K in the repacked gemv order for every
+/// routed row (not the gemm order of a dense matmul), Q6_K tiled, whatever the number of
+/// rows an expert gets (1, a few, a prompt's worth for the weight-tiled gemm), in either
+/// layout, through `expert_matmul` and `expert_matmul_multi`.
+#[test]
+fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
+    if SimdLevel::detect() < SimdLevel::Avx512Vnni {
+        eprintln!(
+            "no AVX-512 VNNI on this CPU: the llama.cpp-order expert kernels are not used here"
+        );
+        return;
+    }
+    let mut rng = Rng(17);
+    let (k, e) = (512, 4);
+    // Expert 0: 20 rows, expert 1: 1 row, expert 2: none, expert 3: 5 rows; 26 input rows,
+    // each routed to one or two experts.
+    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
+    pairs.push((7, 1));
+    pairs.extend((20..25).map(|i| (i, 3)));
+    pairs.rotate_left(9);
+    let n_in = 26;
+    let rows: Vec<ExpertRow> = pairs
+        .iter()
+        .map(|&(i, ex)| ExpertRow {
+            input_row: i,
+            expert: ex,
+        })
+        .collect();
+    let x = rng.vec(n_in * k);
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        // 32 rows per expert: repacked at staging in the packed layout; 40: never.
+        for n in [32usize, 40] {
+            let w = random_weight(&mut rng, ty, k, n * e);
+            let w2 = random_weight(&mut rng, ty, k, n * e);
+            let rb = ty.row_bytes(k).expect("row size") * n;
+            let want = |w: &[u8]| -> Vec<f32> {
+                let mut out = vec![0f32; rows.len() * n];
+                for (r, o) in rows.iter().zip(out.chunks_mut(n)) {
+                    let ex = r.expert as usize;
+                    let i = r.input_row as usize;
+                    flint_core::dot::matvec_f32_ggml_x86(
+                        ty,
+                        &w[ex * rb..(ex + 1) * rb],
+                        &x[i * k..(i + 1) * k],
+                        o,
+                        BatchRow::expert(64),
+                    )
+                    .expect("core");
+                }
+                out
+            };
+            let (want1, want2) = (want(&w), want(&w2));
+            for layout in [WeightLayout::Packed, WeightLayout::File] {
+                let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
+                    .expect("device")
+                    .with_layout(layout);
+                let t1 = dev
+                    .stage(&desc("exps", ty, &[k, n, e], w.clone()))
+                    .expect("stage");
+                let t2 = dev
+                    .stage(&desc("exps2", ty, &[k, n, e], w2.clone()))
+                    .expect("stage");
+                let mut one = vec![f32::NAN; rows.len() * n];
+                dev.expert_matmul(&*t1, &x, &rows, &mut one)
+                    .expect("expert_matmul");
+                let mut m1 = vec![f32::NAN; rows.len() * n];
+                let mut m2 = vec![f32::NAN; rows.len() * n];
+                dev.expert_matmul_multi(&[&*t1, &*t2], &x, &rows, &mut [&mut m1, &mut m2])
+                    .expect("expert_matmul_multi");
+                for (what, got, want) in [
+                    ("expert_matmul", &one, &want1),
+                    ("multi, first", &m1, &want1),
+                    ("multi, second", &m2, &want2),
+                ] {
+                    for (i, (g, e)) in got.iter().zip(want.iter()).enumerate() {
+                        let r = rows[i / n];
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{ty} {layout:?} n {n} {what}: row {} (expert {}), output {}: {g} vs {e}",
+                            i / n,
+                            r.expert,
+                            i % n
+                        );
+                    }
                 }
             }
         }

@@ -452,8 +452,10 @@ impl std::fmt::Debug for GemmScratch {
 /// and the `m` activation rows of `acts`, with a kernel that tiles weight rows as well as
 /// activation rows: the weight decoded once (in parallel), then the activation rows split
 /// over the threads in chunks of about `rows_per_task`, each task writing its own rows of
-/// `out`. The same results as [`dot_rows`] row by row, bit for bit. `Ok(false)` (nothing
-/// written) where `level` has no such kernel for `ty`. Runs inside the device's pool.
+/// `out`. The same results as [`dot_rows`] row by row, bit for bit, or for the matrix of
+/// one expert of a tower (`expert`) as [`expert_rows_gemv`] where [`expert_gemv`] holds.
+/// `Ok(false)` (nothing written) where `level` has no such kernel for `ty`. Runs inside
+/// the device's pool.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     level: SimdLevel,
@@ -464,6 +466,7 @@ pub(crate) fn gemm(
     n: usize,
     m: usize,
     rows_per_task: usize,
+    expert: bool,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) -> Result<bool, FormatError> {
@@ -474,7 +477,7 @@ pub(crate) fn gemm(
     if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
         if let Acts::Q8K(a) = acts {
             if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-                kq_panel_gemm(ty, w, a, k, n, rows_per_task, scratch, out);
+                kq_panel_gemm(ty, w, a, k, n, rows_per_task, expert, scratch, out);
                 return Ok(true);
             }
         }
@@ -509,7 +512,19 @@ pub(crate) fn gemm(
             return Ok(true);
         }
     }
-    let _ = (level, ty, w, acts, k, n, m, rows_per_task, scratch, out);
+    let _ = (
+        level,
+        ty,
+        w,
+        acts,
+        k,
+        n,
+        m,
+        rows_per_task,
+        expert,
+        scratch,
+        out,
+    );
     Ok(false)
 }
 
@@ -572,7 +587,9 @@ fn fused_gemm<D: Copy + Send + Sync>(
 /// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (`kq_panel`, in
 /// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
 /// prompt-batch orders: bit for bit `q4_k::vnni::dot_q4k_gemm` and
-/// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row.
+/// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row; for an expert
+/// tower (`expert`), Q4_K in the gemv order (`q4_k::vnni::dot_q4k_gemv`, as
+/// [`expert_rows_gemv`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn kq_panel_gemm(
@@ -582,6 +599,7 @@ fn kq_panel_gemm(
     k: usize,
     n: usize,
     rows_per_task: usize,
+    expert: bool,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
@@ -654,9 +672,13 @@ fn kq_panel_gemm(
                 }
                 let dec = &*dec;
                 let cols = panel::OutCols { stride: n, c0: s0 };
-                out.par_chunks_mut(per * n)
-                    .enumerate()
-                    .for_each(|(c, o)| kq_panel::gemm::<$B>(dec, nb, sn, a, c * per, o, cols));
+                out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
+                    if expert {
+                        kq_panel::gemm::<$B, true>(dec, nb, sn, a, c * per, o, cols)
+                    } else {
+                        kq_panel::gemm::<$B, false>(dec, nb, sn, a, c * per, o, cols)
+                    }
+                });
             }};
         }
         match ty {
@@ -865,6 +887,20 @@ pub(crate) fn x16_rows(
     act_rows: &[usize],
     out_t: &mut [f32],
 ) -> Result<(), FormatError> {
+    x16_rows_in(w, k, acts, act_rows, out_t, false)
+}
+
+/// [`x16_rows`], Q4_K in the gemv order where `q4k_gemv` (expert towers,
+/// [`expert_rows_gemv`]).
+#[cfg(target_arch = "x86_64")]
+fn x16_rows_in(
+    w: WeightRows<'_>,
+    k: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+    q4k_gemv: bool,
+) -> Result<(), FormatError> {
     use x16::X16_ROWS;
     let nb = w.blocks_per_row(k);
     let m = act_rows.len();
@@ -924,7 +960,11 @@ pub(crate) fn x16_rows(
     match (w, acts) {
         (WeightRows::Q4Kx16(g), Acts::Q8K(a)) => {
             let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
-            run!(g, q4_k::x16::dot_group, y)
+            if q4k_gemv {
+                run!(g, q4_k::x16::dot_group_gemv, y)
+            } else {
+                run!(g, q4_k::x16::dot_group, y)
+            }
         }
         // Q6_K takes its activation rows in pairs inside each block (`q6_k::x16::dot_group`).
         (WeightRows::Q6Kx16(g), Acts::Q8K(a)) => {
@@ -952,6 +992,111 @@ pub(crate) fn x16_rows(
         _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),
     }
     Ok(())
+}
+
+/// Whether the rows of an expert tower of `ty` take their own order at `level`
+/// ([`expert_rows_gemv`]): Q4_K on AVX-512 VNNI, where the device follows llama.cpp's
+/// orders and llama.cpp's `MUL_MAT_ID` computes every routed row of a repacked Q4_K
+/// tower with its gemv kernel (docs/parity.md), not the gemm of a dense matmul.
+pub(crate) fn expert_gemv(level: SimdLevel, ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64") && level == SimdLevel::Avx512Vnni && ty == GgmlType::Q4_K
+}
+
+/// Weight rows `w` of a Q4_K expert tower (whole rows, or whole 16-row groups when
+/// repacked) against the activation rows `act_rows` of `acts`, into `out_t` as
+/// `[weight row][act_rows.len()]`, every output in llama.cpp's repacked gemv order
+/// (`q4_k::vnni::dot_q4k_gemv`; the same bits in either layout). Only where
+/// [`expert_gemv`] holds; `Unsupported` otherwise.
+pub(crate) fn expert_rows_gemv(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    k: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    out_t: &mut [f32],
+) -> Result<(), FormatError> {
+    if !expert_gemv(level, ty) {
+        return Err(FormatError::Unsupported(ty));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (WeightRows::File(wb), Acts::Q8K(a)) = (w, acts) else {
+            return x16_rows_in(w, k, acts, act_rows, out_t, true);
+        };
+        let nb = k / 256;
+        let m = act_rows.len();
+        let row_bytes = nb * std::mem::size_of::<BlockQ4K>();
+        assert_eq!(
+            out_t.len() * row_bytes,
+            wb.len() * m,
+            "expert_rows_gemv: out length"
+        );
+        let y = |t: usize| &a[act_rows[t] * nb..(act_rows[t] + 1) * nb];
+        if let [r] = act_rows {
+            // One token for the expert (a decode step's): four weight rows at a time, as
+            // `matvec_rows` goes.
+            rows4(
+                &view::<BlockQ4K>(wb),
+                &a[r * nb..(r + 1) * nb],
+                out_t,
+                q4_k::vnni::dot_q4k_rows4_gemv,
+                q4_k::vnni::dot_q4k_row_gemv,
+            );
+            return Ok(());
+        }
+        for (wr, o) in wb.chunks_exact(row_bytes).zip(out_t.chunks_exact_mut(m)) {
+            let x = view::<BlockQ4K>(wr);
+            let mut t0 = 0;
+            // Up to four activation rows per pass over the weight row.
+            // SAFETY (each call): `expert_gemv` holds, so the level is AVX-512 VNNI, which
+            // was checked against the CPU's features at device open.
+            while t0 < m {
+                let c = (m - t0).min(4);
+                match c {
+                    4 => {
+                        let mut v = [0f32; 4];
+                        unsafe {
+                            q4_k::vnni::dot_q4k_gemv::<4>(
+                                &x,
+                                &[y(t0), y(t0 + 1), y(t0 + 2), y(t0 + 3)],
+                                &mut v,
+                            )
+                        };
+                        o[t0..t0 + 4].copy_from_slice(&v);
+                    }
+                    3 => {
+                        let mut v = [0f32; 3];
+                        unsafe {
+                            q4_k::vnni::dot_q4k_gemv::<3>(
+                                &x,
+                                &[y(t0), y(t0 + 1), y(t0 + 2)],
+                                &mut v,
+                            )
+                        };
+                        o[t0..t0 + 3].copy_from_slice(&v);
+                    }
+                    2 => {
+                        let mut v = [0f32; 2];
+                        unsafe { q4_k::vnni::dot_q4k_gemv::<2>(&x, &[y(t0), y(t0 + 1)], &mut v) };
+                        o[t0..t0 + 2].copy_from_slice(&v);
+                    }
+                    _ => {
+                        let mut v = [0f32; 1];
+                        unsafe { q4_k::vnni::dot_q4k_gemv::<1>(&x, &[y(t0)], &mut v) };
+                        o[t0] = v[0];
+                    }
+                }
+                t0 += c;
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, k, acts, act_rows, out_t);
+        Err(FormatError::Unsupported(ty))
+    }
 }
 
 /// [`x16_rows`] where there are no such kernels (weights are never packed there).

@@ -220,11 +220,13 @@ pub(crate) fn lanes_ps(v: &[f32; 16]) -> __m512 {
 
 /// The tile of one type.
 pub(crate) trait KTile: KPanel {
-    /// `q4_k::panel::q4k_tile` / `q6_k::panel::q6k_tile` for `A` activation rows.
+    /// `q4_k::panel::q4k_tile` / `q6_k::panel::q6k_tile` for `A` activation rows, in
+    /// the order of an expert tower's rows (llama.cpp's `MUL_MAT_ID`: Q4_K's gemv order,
+    /// Q6_K's tiled one as for a dense matmul) where `EXPERT`.
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and FMA.
-    unsafe fn tile<const A: usize>(
+    unsafe fn tile<const A: usize, const EXPERT: bool>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
@@ -234,10 +236,10 @@ pub(crate) trait KTile: KPanel {
 /// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row i0 + t)` for
 /// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode`]) and the
 /// `out.len() / cols.stride` activation rows from `i0` of `acts` (Q8_K, `nb` blocks per
-/// row), in llama.cpp's prompt-batch order for `B`. Per panel, tiles of [`COLS`]
-/// activation rows, the rest one at a time.
+/// row), in llama.cpp's prompt-batch order for `B` (its expert order where `EXPERT`,
+/// [`KTile::tile`]). Per panel, tiles of [`COLS`] activation rows, the rest one at a time.
 #[allow(private_bounds)]
-pub(crate) fn gemm<B: KTile>(
+pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
     dec: &[KPanelBlock],
     nb: usize,
     n: usize,
@@ -271,10 +273,10 @@ pub(crate) fn gemm<B: KTile>(
             unsafe {
                 if take == COLS {
                     let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
-                    B::tile::<COLS>(blocks, &y, &mut o);
+                    B::tile::<COLS, EXPERT>(blocks, &y, &mut o);
                 } else {
                     let mut o1 = [[0f32; PANEL_ROWS]; 1];
-                    B::tile::<1>(blocks, &[act(t)], &mut o1);
+                    B::tile::<1, EXPERT>(blocks, &[act(t)], &mut o1);
                     o[0] = o1[0];
                 }
             }

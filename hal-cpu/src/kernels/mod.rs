@@ -82,8 +82,8 @@ pub(crate) mod x86;
 
 pub(crate) use act_quant::Acts;
 pub(crate) use dispatch::{
-    core_vec_dot, dot_rows, gemm, has_small_batch_kernel, matvec_rows, rows_small_batch, view,
-    x16_rows, GemmScratch, WeightRows,
+    core_vec_dot, dot_rows, expert_gemv, expert_rows_gemv, gemm, has_small_batch_kernel,
+    matvec_rows, rows_small_batch, view, x16_rows, GemmScratch, WeightRows,
 };
 pub use dispatch::{gemm_strip_rows, native_kernel, GEMM_MIN_ROWS, TILE};
 pub(crate) use flint_core::dequant::f16_to_f32;

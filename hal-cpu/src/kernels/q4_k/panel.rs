@@ -144,10 +144,11 @@ pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut
 /// exact integers `I_j = sc_2j·dot_2j + sc_2j+1·dot_2j+1` and
 /// `M_j = m_2j·bsum_2j + m_2j+1·bsum_2j+1`, then `acc = fma(I_j, d·d_a, acc)` and
 /// `mins = fma(M_j, dmin·d_a, mins)`; the result `acc - mins`. `out[a][r]`: panel row
-/// `r` against activation row `a`.
+/// `r` against activation row `a`. Without `GEMM`, the gemv order
+/// (`vnni::dot_q4k_gemv`): one `fma` each per block, with the whole block's integers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-fn q4k_tile<const A: usize>(
+fn q4k_tile<const A: usize, const GEMM: bool>(
     panel: &[KPanelBlock],
     y: &[&[BlockQ8K]; A],
     out: &mut [[f32; PANEL_ROWS]; A],
@@ -165,6 +166,9 @@ fn q4k_tile<const A: usize>(
             dd[a] = _mm512_mul_ps(d, _mm512_set1_ps(yb[a].d));
             dm[a] = _mm512_mul_ps(dmin, _mm512_set1_ps(yb[a].d));
         }
+        // The gemv order's whole-block integers (exact sums of the pairs').
+        let mut iblock = [_mm512_setzero_si512(); A];
+        let mut mblock = [_mm512_setzero_si512(); A];
         for j in 0..4 {
             let lo = sub_block::<8, A>(b, 16 * j, &yb);
             let hi = sub_block::<8, A>(b, 16 * j + 8, &yb);
@@ -173,14 +177,25 @@ fn q4k_tile<const A: usize>(
             for a in 0..A {
                 let isum =
                     _mm512_add_epi32(_mm512_mullo_epi32(lo[a], s0), _mm512_mullo_epi32(hi[a], s1));
-                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd[a], acc[a]);
                 // bsums 4j, 4j + 1 belong to sub-block 2j; 4j + 2, 4j + 3 to 2j + 1.
                 let msum = _mm512_dpwssd_epi32(
                     _mm512_madd_epi16(m0, _mm512_set1_epi32(bsum_pair(yb[a], 2 * j))),
                     m1,
                     _mm512_set1_epi32(bsum_pair(yb[a], 2 * j + 1)),
                 );
-                accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm[a], accm[a]);
+                if GEMM {
+                    acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd[a], acc[a]);
+                    accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm[a], accm[a]);
+                } else {
+                    iblock[a] = _mm512_add_epi32(iblock[a], isum);
+                    mblock[a] = _mm512_add_epi32(mblock[a], msum);
+                }
+            }
+        }
+        if !GEMM {
+            for a in 0..A {
+                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblock[a]), dd[a], acc[a]);
+                accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mblock[a]), dm[a], accm[a]);
             }
         }
     }
@@ -191,12 +206,16 @@ fn q4k_tile<const A: usize>(
 }
 
 impl KTile for BlockQ4K {
-    unsafe fn tile<const A: usize>(
+    unsafe fn tile<const A: usize, const EXPERT: bool>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
     ) {
-        // SAFETY: the caller guarantees the features.
-        unsafe { q4k_tile::<A>(panel, y, out) }
+        // SAFETY (both): the caller guarantees the features.
+        if EXPERT {
+            unsafe { q4k_tile::<A, false>(panel, y, out) }
+        } else {
+            unsafe { q4k_tile::<A, true>(panel, y, out) }
+        }
     }
 }

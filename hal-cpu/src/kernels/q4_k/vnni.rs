@@ -9,9 +9,10 @@
 //! row, whatever the batch: a row's result never depends on what else is in the step
 //! (batch invariance, which preemption and continuous batching rely on), where llama.cpp
 //! switches to other kernels for single rows, the last `n % 4` rows (Q4_K) and batches
-//! under 8 rows (Q6_K). Q5_K keeps Flint's own order (one 16-lane float accumulator per
-//! row). Integer sums are exact whatever the
-//! instruction order.
+//! under 8 rows (Q6_K). Q4_K expert towers take llama.cpp's `MUL_MAT_ID` order instead,
+//! the gemv order for every row (`dot_q4k_gemv`), again whatever the batch. Q5_K keeps
+//! Flint's own order (one 16-lane float accumulator per row). Integer sums are exact
+//! whatever the instruction order.
 //!
 //! Every kernel fuses each sub-block's scale multiply and the accumulation into one
 //! `vpdpwssd` (two accumulators per row: one chained accumulator would serialise the
@@ -196,6 +197,18 @@ pub(crate) fn dot_q4k_gemm<const R: usize>(
     dot_q4k_llama::<R, true>(x, y, out)
 }
 
+/// [`dot_q4k_llama`] in the gemv order: llama.cpp's order for every row of a Q4_K expert
+/// tower (`MUL_MAT_ID`, docs/parity.md), whatever the number of rows routed to it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_gemv<const R: usize>(
+    x: &[BlockQ4K],
+    y: &[&[BlockQ8K]; R],
+    out: &mut [f32; R],
+) {
+    dot_q4k_llama::<R, false>(x, y, out)
+}
+
 /// [`dot_q4k_gemm`] for one activation row against `S` weight rows side by side (the
 /// M = 1 path): each row's arithmetic exactly that of `dot_q4k_gemm::<1>`, the rows'
 /// chains interleaved for the out-of-order core. The caller passes rows far apart
@@ -262,8 +275,32 @@ const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13
 /// rows are summed in one tree down to the 32 sub-block sums, and the scales are applied
 /// to the sums (`vpmulld`), not to every product. The caller passes rows far apart
 /// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    dot_q4k_rows4_llama::<true>(x, y, out)
+}
+
+/// [`dot_q4k_rows4`] in the gemv order (each row's arithmetic that of
+/// `dot_q4k_gemv::<1>`: the four pairs' integers summed, then one `fma` each per
+/// block): the decode rows of expert towers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows4_gemv(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    dot_q4k_rows4_llama::<false>(x, y, out)
+}
+
+/// `dot_q4k_gemv::<1>` in the form of `dot_q4k_rows::<1>` (the last rows of a
+/// chunk beside [`dot_q4k_rows4_gemv`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_row_gemv(x: [&[BlockQ4K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
+    dot_q4k_llama::<1, false>(x[0], &[y], out)
+}
+
+/// [`dot_q4k_rows4`] (`GEMM`) or [`dot_q4k_rows4_gemv`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q4k_rows4_llama<const GEMM: bool>(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let nb = y.len();
     for xs in &x {
         assert_eq!(xs.len(), nb, "dot_q4k_rows4: lengths");
@@ -333,7 +370,7 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32;
             _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(pf01, pf23)),
             _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(pf01, pf23)),
         );
-        let ifl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(out_idx, isum));
+        let iperm = _mm512_permutexvar_epi32(out_idx, isum);
         // Mins: lane t of each row m_t·bsum(t), then pairs summed the same way.
         let mins = |a: __m128i, b: __m128i| {
             _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b)), bs2)
@@ -346,13 +383,25 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32;
             _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(m01, m23)),
             _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(m01, m23)),
         );
-        let mfl = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(mins_idx, msum));
+        let mperm = _mm512_permutexvar_epi32(mins_idx, msum);
         // [d_r] and [dmin_r], times the activation scale: the f32 products d·d_a.
         let t01 = _mm_unpacklo_ps(heads[0].1, heads[1].1);
         let t23 = _mm_unpacklo_ps(heads[2].1, heads[3].1);
         let dy = _mm_set1_ps(yb.d);
         let dd = _mm_mul_ps(_mm_movelh_ps(t01, t23), dy);
         let dm = _mm_mul_ps(_mm_movehl_ps(t23, t01), dy);
+        if !GEMM {
+            // Per row the whole block's integers (lanes 4j + r summed over j, exact).
+            let fold = |v: __m512i| {
+                let h =
+                    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+                _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+            };
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(fold(iperm)), dd, acc);
+            accm = _mm_fmadd_ps(_mm_cvtepi32_ps(fold(mperm)), dm, accm);
+            continue;
+        }
+        let (ifl, mfl) = (_mm512_cvtepi32_ps(iperm), _mm512_cvtepi32_ps(mperm));
         acc = _mm_fmadd_ps(_mm512_castps512_ps128(ifl), dd, acc);
         accm = _mm_fmadd_ps(_mm512_castps512_ps128(mfl), dm, accm);
         acc = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(ifl), dd, acc);

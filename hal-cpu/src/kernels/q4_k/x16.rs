@@ -16,6 +16,8 @@
 //! integers `I_j = sc_2j·dot_2j + sc_2j+1·dot_2j+1` and `M_j = m_2j·bs_2j + m_2j+1·bs_2j+1`,
 //! then `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`, result
 //! `acc - mins`. So a repacked weight gives the same bits as the file's layout.
+//! [`dot_group_gemv`] does the same in the gemv order (`vnni::dot_q4k_gemv::<1>`: one
+//! `fma` each per block), for the rows of expert towers.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -200,8 +202,35 @@ fn sub_block_pair_sums(y: &BlockQ8K) -> [i32; 4] {
 /// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
 /// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
 /// Q8_K blocks each), in the float order of `vnni::dot_q4k_gemm::<1>` per output.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_group<const M: usize>(
+    x: &[BlockQ4Kx16],
+    y: [&[BlockQ8K]; M],
+    out: &mut [[f32; X16_ROWS]; M],
+) {
+    dot_group_llama::<M, true>(x, y, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+/// [`dot_group`] in the float order of llama.cpp's repacked gemv
+/// (`vnni::dot_q4k_gemv::<1>` per output: one `fma` each for `acc` and `mins` per block,
+/// with the whole block's integers), the order of its expert matmuls.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_group_gemv<const M: usize>(
+    x: &[BlockQ4Kx16],
+    y: [&[BlockQ8K]; M],
+    out: &mut [[f32; X16_ROWS]; M],
+) {
+    dot_group_llama::<M, false>(x, y, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+/// [`dot_group`] (`GEMM`: one `fma` per pair of sub-blocks) or [`dot_group_gemv`] (one
+/// per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn dot_group_llama<const M: usize, const GEMM: bool>(
     x: &[BlockQ4Kx16],
     y: [&[BlockQ8K]; M],
     out: &mut [[f32; X16_ROWS]; M],
@@ -221,6 +250,9 @@ pub(crate) fn dot_group<const M: usize>(
             *p = sub_block_pair_sums(&y[a][i]);
         }
         let dy: [__m512; M] = std::array::from_fn(|a| _mm512_set1_ps(y[a][i].d));
+        // The gemv order's whole-block integers (exact sums of the pairs').
+        let mut iblock = [_mm512_setzero_si512(); M];
+        let mut mblock = [_mm512_setzero_si512(); M];
         for j in 0..4 {
             // Two accumulators per sub-block and activation row (even and odd `l`), so
             // that the dependent `vpdpbusd` chains are half as long.
@@ -255,10 +287,29 @@ pub(crate) fn dot_group<const M: usize>(
                     _mm512_mullo_epi32(dot_hi, s.sc[2 * j + 1]),
                 );
                 let msum = _mm512_madd_epi16(s.mins[j], _mm512_set1_epi32(bpair[a][j]));
+                if !GEMM {
+                    iblock[a] = _mm512_add_epi32(iblock[a], isum);
+                    mblock[a] = _mm512_add_epi32(mblock[a], msum);
+                    continue;
+                }
                 acc[a] =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s.d, dy[a]), acc[a]);
                 accm[a] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(msum),
+                    _mm512_mul_ps(s.dmin, dy[a]),
+                    accm[a],
+                );
+            }
+        }
+        if !GEMM {
+            for a in 0..M {
+                acc[a] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(iblock[a]),
+                    _mm512_mul_ps(s.d, dy[a]),
+                    acc[a],
+                );
+                accm[a] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(mblock[a]),
                     _mm512_mul_ps(s.dmin, dy[a]),
                     accm[a],
                 );

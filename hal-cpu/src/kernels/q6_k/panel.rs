@@ -157,7 +157,8 @@ fn q6k_tile<const A: usize>(
 }
 
 impl KTile for BlockQ6K {
-    unsafe fn tile<const A: usize>(
+    /// The tiled order for dense and expert rows alike.
+    unsafe fn tile<const A: usize, const EXPERT: bool>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
