@@ -626,7 +626,11 @@ fn kq_panel_gemm(
                     (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
                 };
                 let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols| {
-                    kq_panel::gemm::<$B>(d, nb, live, a, 0, o, cols)
+                    if expert {
+                        kq_panel::gemm::<$B, true>(d, nb, live, a, 0, o, cols)
+                    } else {
+                        kq_panel::gemm::<$B, false>(d, nb, live, a, 0, o, cols)
+                    }
                 };
                 fused_gemm(n, nb, kq_panel::KPanelBlock::ZERO, decode, apply, out);
             }};
