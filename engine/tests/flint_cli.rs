@@ -262,3 +262,45 @@ fn bench_json_has_the_spec_keys_on_tiny() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `flint devices` opens the selected backend as a run would: its description (for cpu,
+/// the weight layout in use and why) on its own line, and a setting it refuses
+/// (`FLINT_CPU_REPACK=x`) shown as the reason it is unavailable; one line per backend.
+#[test]
+fn devices_describes_the_selected_backend_and_its_refusals() {
+    let lines = |repack: &str| {
+        let out = flint()
+            .arg("devices")
+            .env("FLINT_DEVICE", "cpu")
+            .env("FLINT_CPU_REPACK", repack)
+            .output()
+            .expect("flint runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for (repack, layout) in [("1", "16-row groups"), ("0", "file's layout")] {
+        let l = lines(repack);
+        let cpu = l.iter().find(|s| s.starts_with("* cpu")).expect("cpu line");
+        assert!(
+            cpu.contains("available    ") && cpu.contains("opened: host CPU"),
+            "{cpu}"
+        );
+        if cpu.contains("avx512vnni") {
+            assert!(cpu.contains(layout), "FLINT_CPU_REPACK={repack}: {cpu}");
+        }
+        assert!(l.iter().any(|s| s.contains(" ref ")), "{l:?}");
+    }
+    let l = lines("x");
+    let cpu = l.iter().find(|s| s.starts_with("* cpu")).expect("cpu line");
+    assert!(
+        cpu.contains("unavailable") && cpu.contains("FLINT_CPU_REPACK=\"x\" is not 0 or 1"),
+        "{cpu}"
+    );
+}

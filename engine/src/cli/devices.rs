@@ -19,16 +19,29 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
     reg.check_name(&selected)
         .map_err(|e| CliError::new(format!("FLINT_DEVICE={selected}: {e}")))?;
     let rows = reg.availability();
+    // The selected backend opened as a run would open it: its own description (the cpu
+    // device's SIMD level, threads and weight layout), or why it does not open.
+    let opened = rows
+        .iter()
+        .find(|a| a.name == selected && a.status.is_ok())
+        .map(|_| {
+            flint_hal::DeviceOptions::from_env()
+                .and_then(|opts| reg.open(&selected, &opts))
+                .map(|d| d.description())
+        });
     if args.json {
         let v: Vec<serde_json::Value> = rows
             .iter()
             .map(|a| {
+                let open = opened.as_ref().filter(|_| a.name == selected);
                 serde_json::json!({
                     "name": a.name,
                     "summary": a.summary,
-                    "available": a.status.is_ok(),
-                    "reason": a.status.as_ref().err().map(|e| e.to_string()),
+                    "available": a.status.is_ok() && !matches!(open, Some(Err(_))),
+                    "reason": a.status.as_ref().err().map(|e| e.to_string())
+                        .or_else(|| open.and_then(|o| o.as_ref().err()).map(|e| e.to_string())),
                     "selected": a.name == selected,
+                    "description": open.and_then(|o| o.as_ref().ok()),
                 })
             })
             .collect();
@@ -37,9 +50,17 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
     }
     for a in &rows {
         let mark = if a.name == selected { "*" } else { " " };
-        match &a.status {
-            Ok(()) => println!("{mark} {:<6} available    {}", a.name, a.summary),
-            Err(e) => println!("{mark} {:<6} unavailable  {e}", a.name),
+        let open = opened.as_ref().filter(|_| a.name == selected);
+        match (&a.status, open) {
+            (Ok(()), Some(Ok(desc))) => {
+                println!(
+                    "{mark} {:<6} available    {}; opened: {desc}",
+                    a.name, a.summary
+                )
+            }
+            (Ok(()), Some(Err(e))) => println!("{mark} {:<6} unavailable  {e}", a.name),
+            (Ok(()), None) => println!("{mark} {:<6} available    {}", a.name, a.summary),
+            (Err(e), _) => println!("{mark} {:<6} unavailable  {e}", a.name),
         }
     }
     Ok(())
