@@ -413,9 +413,11 @@ pub fn gemm_strip_rows(ty: GgmlType, k: usize) -> Option<usize> {
             ),
             _ => return None,
         };
-        panel::strips(usize::MAX, panel_bytes, GEMM_MAX_DECODED_BYTES, align)
-            .next()
-            .map(|(_, rows)| rows)
+        Some(panel::strip_rows(
+            panel_bytes,
+            GEMM_MAX_DECODED_BYTES,
+            align,
+        ))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

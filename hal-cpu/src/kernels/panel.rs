@@ -14,18 +14,11 @@ pub(crate) struct OutCols {
     pub(crate) c0: usize,
 }
 
-/// The strips `(first row, rows)` that a gemm of `n` weight rows decodes one after the
-/// other so that at most `max_bytes` of decoded panels exist at once (each panel
-/// `panel_bytes`): whole multiples of `align` panels, one strip when everything fits.
-pub(crate) fn strips(
-    n: usize,
-    panel_bytes: usize,
-    max_bytes: usize,
-    align: usize,
-) -> impl Iterator<Item = (usize, usize)> {
+/// Weight rows per strip of a gemm that keeps at most `max_bytes` of decoded panels at
+/// once (each panel `panel_bytes`): a whole multiple of `align` panels, at least one.
+pub(crate) fn strip_rows(panel_bytes: usize, max_bytes: usize, align: usize) -> usize {
     let per = (max_bytes / panel_bytes.max(1)) / align * align;
-    let rows = per.max(align) * PANEL_ROWS;
-    (0..n).step_by(rows).map(move |s0| (s0, rows.min(n - s0)))
+    per.max(align) * PANEL_ROWS
 }
 
 /// For the panels `p0..p0 + dec.len() / nb` of the `n` weight rows of `w` (each `nb`
