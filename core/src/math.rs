@@ -46,7 +46,10 @@ pub use delta::{
     delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv,
     vec_dot_f32_ggml_avx2, DeltaNetShape, DELTA_NET_CHUNK,
 };
-pub use libc::{cosf_glibc, expf_libc, sinf_glibc};
+pub use libc::{
+    cosf_glibc, expf_libc, sinf_glibc, EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,
+    EXPF_SPECIAL_ABSTOP,
+};
 pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};
 pub use rope::{
     rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,

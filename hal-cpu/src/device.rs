@@ -416,7 +416,21 @@ impl Device for CpuDevice {
             gate.len() == up.len() && up.len() == out.len(),
             "swiglu_oai_mul: lengths"
         );
-        // ggml computes it with C's scalar `expf` at every SIMD level; so does the core.
+        // ggml computes it with C's scalar `expf` at every SIMD level; so does the core,
+        // and the AVX-512 kernel lane for lane.
+        #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx512 {
+            self.pool.install(|| {
+                out.par_chunks_mut(4096)
+                    .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))
+                    .for_each(|(o, (g, u))| {
+                        // SAFETY: the level was checked against the CPU's features at
+                        // device open.
+                        unsafe { kernels::elementwise::avx512::swiglu_oai_mul(g, u, o) }
+                    });
+            });
+            return Ok(());
+        }
         self.pool.install(|| {
             out.par_chunks_mut(4096)
                 .zip(gate.par_chunks(4096).zip(up.par_chunks(4096)))

@@ -583,6 +583,70 @@ fn silu_mul_equals_core_bit_for_bit_at_every_level() {
     }
 }
 
+/// `swiglu_oai_mul` at every SIMD level this CPU has equals `math::swiglu_oai` bit for
+/// bit (a NaN for a NaN): gates and ups past the clamp on both sides, exponents that
+/// reach glibc `expf`'s special cases (overflow, underflow, infinities, NaN) inside a
+/// 16-lane body, and every entry of its 32-entry table (gates on a fine grid), with a
+/// length that leaves a scalar tail.
+#[test]
+fn swiglu_oai_mul_equals_core_bit_for_bit_at_every_level() {
+    let n = 16 * 300 + 9;
+    let mut rng = Rng(47);
+    let mut g: Vec<f32> = rng.vec(n).iter().map(|v| v * 40.0).collect();
+    // A fine grid over one period of the table (ln 2 / 32 apart at alpha = 1.702).
+    for (i, x) in g[1000..2000].iter_mut().enumerate() {
+        *x = -3.0 + i as f32 * 0.00613;
+    }
+    let specials = [
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        7.0,
+        7.000001,
+        -60.0,
+        -51.7,
+        -52.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN,
+        -1e-45,
+        1e-45,
+    ];
+    g[16..32].copy_from_slice(&specials);
+    let mut u: Vec<f32> = rng.vec(n).iter().map(|v| v * 20.0).collect();
+    u[32..48].copy_from_slice(&specials);
+    let want: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| math::swiglu_oai(g, u))
+        .collect();
+    for level in flint_hal_cpu::SimdLevel::ALL {
+        let opts = flint_hal::DeviceOptions {
+            threads: Some(2),
+            keep_quant: true,
+        };
+        let Ok(d) = CpuDevice::with_level(&opts, level) else {
+            eprintln!("level {level:?}: not on this CPU, skipped");
+            continue;
+        };
+        let mut o = vec![0f32; n];
+        d.swiglu_oai_mul(&g, &u, &mut o).expect("swiglu_oai_mul");
+        for i in 0..n {
+            assert!(
+                o[i].to_bits() == want[i].to_bits() || (o[i].is_nan() && want[i].is_nan()),
+                "level {level:?}, element {i}: swiglu_oai({}, {}) = {} vs {}",
+                g[i],
+                u[i],
+                o[i],
+                want[i]
+            );
+        }
+    }
+}
+
 /// Steps inside `run_session` (where `run_step` is a plain call on the session's worker
 /// and the other workers are sent back to wait for each step's work) compute what steps
 /// from the caller's thread compute; a nested session and a step outside any session

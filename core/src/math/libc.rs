@@ -152,8 +152,9 @@ pub fn cosf_glibc(x: f32) -> f32 {
     sincos(x, 1)
 }
 
-/// `2^(i/32)` as doubles, less `i << 47`, for `expf`.
-const EXP2F_TAB: [u64; 32] = [
+/// `2^(i/32)` as doubles, less `i << 47`, for `expf` (public for SIMD forms of
+/// [`expf_libc`], with [`EXPF_INV_LN2_N`], [`EXPF_SHIFT`] and [`EXPF_POLY`]).
+pub const EXP2F_TAB: [u64; 32] = [
     0x3ff0000000000000,
     0x3fefd9b0d3158574,
     0x3fefb5586cf9890f,
@@ -188,11 +189,25 @@ const EXP2F_TAB: [u64; 32] = [
     0x3fefd0765b6e4540,
 ];
 
+/// `32 / ln 2`: `x * EXPF_INV_LN2_N = k + r` in [`expf_libc`].
+pub const EXPF_INV_LN2_N: f64 = f(0x3ff7_1547_652b_82fe) * 32.0;
+/// `0x1.8p52`: added to round `x * 32 / ln 2` to an integer in the low mantissa bits.
+pub const EXPF_SHIFT: f64 = f(0x4338_0000_0000_0000);
+/// The polynomial `c0 r^3 + c1 r^2 + c2 r + 1` of [`expf_libc`]: `[c0, c1, c2]`.
+pub const EXPF_POLY: [f64; 3] = [
+    f(0x3fac_6af8_4b91_2394) / 32.0 / 32.0 / 32.0,
+    f(0x3fce_bfce_50fa_c4f3) / 32.0 / 32.0,
+    f(0x3fe6_2e42_ff0c_52d6) / 32.0,
+];
+/// `expf_libc` takes its special-case path (overflow, underflow, infinities, NaN) for
+/// `x` whose bits shifted right by 20, sign cleared, are at least this.
+pub const EXPF_SPECIAL_ABSTOP: u32 = 88.0f32.to_bits() >> 20;
+
 /// glibc's `expf` (x86-64, FMA build): `x * 32 / ln 2 = k + r`, then
 /// `2^(k/32) * (c0 r^3 + c1 r^2 + c2 r + 1)` in double, rounded to float once.
 pub fn expf_libc(x: f32) -> f32 {
     let abstop = (x.to_bits() >> 20) & 0x7ff;
-    if abstop >= (88.0f32.to_bits() >> 20) {
+    if abstop >= EXPF_SPECIAL_ABSTOP {
         if x == f32::NEG_INFINITY {
             return 0.0;
         }
@@ -206,14 +221,7 @@ pub fn expf_libc(x: f32) -> f32 {
             return 0.0;
         }
     }
-    const N: f64 = 32.0;
-    let inv_ln2_n = f(0x3ff7_1547_652b_82fe) * N;
-    let shift = f(0x4338_0000_0000_0000); // 0x1.8p52
-    let c = [
-        f(0x3fac_6af8_4b91_2394) / N / N / N,
-        f(0x3fce_bfce_50fa_c4f3) / N / N,
-        f(0x3fe6_2e42_ff0c_52d6) / N,
-    ];
+    let (inv_ln2_n, shift, c) = (EXPF_INV_LN2_N, EXPF_SHIFT, EXPF_POLY);
     let xd = x as f64;
     // GCC fuses the product x * N / ln 2 into both of its uses.
     let kd = libm::fma(inv_ln2_n, xd, shift);

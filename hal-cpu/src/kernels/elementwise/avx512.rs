@@ -117,3 +117,123 @@ pub(crate) unsafe fn gelu_mul_table(table: &[f32], gate: &[f32], up: &[f32], out
     }
     super::avx2::gelu_mul_table(table, &gate[full..], &up[full..], &mut out[full..]);
 }
+
+/// glibc's `expf` on sixteen lanes, bit for bit `flint_core::math::expf_libc`: each
+/// half widened to eight doubles, the same fused multiply-adds (`x * 32 / ln 2 = k + r`,
+/// the table entry `2^(k/32)` by two two-source permutes, the cubic in `r`), rounded to
+/// float once. Lanes that need `expf_libc`'s special cases (overflow, underflow,
+/// infinities, NaN) are recomputed by the scalar.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+pub(crate) fn expf_libc(x: __m512) -> __m512 {
+    use flint_core::math::{EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT};
+    // SAFETY (the four loads): `EXP2F_TAB` holds 32 u64, read 8 at a time, unaligned.
+    let tab: [__m512i; 4] = std::array::from_fn(|i| unsafe {
+        _mm512_loadu_si512(EXP2F_TAB.as_ptr().add(8 * i) as *const __m512i)
+    });
+    let (inv, shift) = (_mm512_set1_pd(EXPF_INV_LN2_N), _mm512_set1_pd(EXPF_SHIFT));
+    let c = EXPF_POLY.map(|v| _mm512_set1_pd(v));
+    let half = |xs: __m256| -> __m256 {
+        let xd = _mm512_cvtps_pd(xs);
+        let kd = _mm512_fmadd_pd(inv, xd, shift);
+        let ki = _mm512_castpd_si512(kd);
+        let kd = _mm512_sub_pd(kd, shift);
+        let r = _mm512_fmsub_pd(inv, xd, kd);
+        // Entry `ki % 32`: the permutes index by the low three bits and the source bit
+        // (bit 3), bit 4 picks the permute.
+        let lo = _mm512_permutex2var_epi64(tab[0], ki, tab[1]);
+        let hi = _mm512_permutex2var_epi64(tab[2], ki, tab[3]);
+        let upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+        let t = _mm512_mask_blend_epi64(upper, lo, hi);
+        let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+        let z = _mm512_fmadd_pd(c[0], r, c[1]);
+        let r2 = _mm512_mul_pd(r, r);
+        let y = _mm512_fmadd_pd(c[2], r, _mm512_set1_pd(1.0));
+        let y = _mm512_fmadd_pd(z, r2, y);
+        _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
+    };
+    let lo = half(_mm512_castps512_ps256(x));
+    let hi = half(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+        _mm512_castps_pd(x),
+    )));
+    let mut e = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+        _mm256_castps_pd(hi),
+    ));
+    let abstop = _mm512_and_si512(
+        _mm512_srli_epi32::<20>(_mm512_castps_si512(x)),
+        _mm512_set1_epi32(0x7ff),
+    );
+    let special = _mm512_cmpge_epu32_mask(
+        abstop,
+        _mm512_set1_epi32(flint_core::math::EXPF_SPECIAL_ABSTOP as i32),
+    );
+    if special != 0 {
+        let mut xs = [0f32; 16];
+        let mut es = [0f32; 16];
+        // SAFETY: 16 writable f32 each; storeu is unaligned.
+        unsafe {
+            _mm512_storeu_ps(xs.as_mut_ptr(), x);
+            _mm512_storeu_ps(es.as_mut_ptr(), e);
+        }
+        for l in 0..16 {
+            if special & (1 << l) != 0 {
+                es[l] = flint_core::math::expf_libc(xs[l]);
+            }
+        }
+        // SAFETY: 16 readable f32; loadu is unaligned.
+        e = unsafe { _mm512_loadu_ps(es.as_ptr()) };
+    }
+    e
+}
+
+/// `out = swiglu_oai(gate, up)` element by element, bit for bit
+/// `flint_core::math::swiglu_oai`: `x = min(gate, limit)` (a NaN gate kept),
+/// `y = clamp(up, -limit, limit)` (a NaN kept), `x / (1 + expf(alpha * -x)) * (y + 1)`
+/// with glibc's `expf` ([`expf_libc`]); the tail by the scalar.
+///
+/// # Safety
+/// The CPU must have AVX-512 F (checked at device open).
+#[target_feature(enable = "avx512f,fma")]
+pub(crate) unsafe fn swiglu_oai_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    use flint_core::math::{swiglu_oai, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT};
+    assert!(
+        gate.len() == out.len() && up.len() == out.len(),
+        "swiglu_oai_mul: lengths"
+    );
+    let limit = _mm512_set1_ps(SWIGLU_OAI_LIMIT);
+    let neg_limit = _mm512_set1_ps(-SWIGLU_OAI_LIMIT);
+    let alpha = _mm512_set1_ps(SWIGLU_OAI_ALPHA);
+    let one = _mm512_set1_ps(1.0);
+    let mut o = out.chunks_exact_mut(16);
+    let mut g = gate.chunks_exact(16);
+    let mut u = up.chunks_exact(16);
+    for ((o, g), u) in (&mut o).zip(&mut g).zip(&mut u) {
+        // SAFETY: 16 readable / writable f32 each; loadu and storeu are unaligned.
+        unsafe {
+            let gv = _mm512_loadu_ps(g.as_ptr());
+            let uv = _mm512_loadu_ps(u.as_ptr());
+            // `min` returns its second operand when either is NaN: `limit < gate ? limit
+            // : gate`, as the scalar.
+            let x = _mm512_min_ps(limit, gv);
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(uv, neg_limit);
+            let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(uv, limit);
+            let y = _mm512_mask_blend_ps(above, _mm512_mask_blend_ps(below, uv, neg_limit), limit);
+            let neg_x = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(x),
+                _mm512_set1_epi32(i32::MIN),
+            ));
+            let e = expf_libc(_mm512_mul_ps(alpha, neg_x));
+            let glu = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(glu, _mm512_add_ps(y, one)));
+        }
+    }
+    for ((o, &g), &u) in o
+        .into_remainder()
+        .iter_mut()
+        .zip(g.remainder())
+        .zip(u.remainder())
+    {
+        *o = swiglu_oai(g, u);
+    }
+}
