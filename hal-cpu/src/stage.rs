@@ -66,6 +66,7 @@ impl Packed {
             GgmlType::Q4_K => WeightRows::Q4Kx16(bytemuck::cast_slice(bytes)),
             GgmlType::Q8_0 => WeightRows::Q8_0x16(bytemuck::cast_slice(bytes)),
             GgmlType::Q5_0 => WeightRows::Q5_0x16(bytemuck::cast_slice(bytes)),
+            GgmlType::MXFP4 => WeightRows::Mxfp4x16(bytemuck::cast_slice(bytes)),
             _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
         }
     }
@@ -121,6 +122,14 @@ impl Packed {
                 pool,
                 &release,
                 kernels::q0::x16::pack_q5_0,
+            ),
+            GgmlType::MXFP4 => pack_groups(
+                bytes,
+                k / 32,
+                dst,
+                pool,
+                &release,
+                kernels::mxfp4::x16::pack,
             ),
             _ => return None,
         }
@@ -289,7 +298,7 @@ impl CpuDevice {
         let packable = self.level == SimdLevel::Avx512Vnni
             && match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
-                GgmlType::Q8_0 | GgmlType::Q5_0 => k.is_multiple_of(32),
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => k.is_multiple_of(32),
                 _ => false,
             }
             && n.is_multiple_of(X16_ROWS)

@@ -3,7 +3,7 @@
 //! `quantize_row_q8_0_act`), bit for bit: random blocks with realistic E8M0 exponents,
 //! every activation row count 1-35, several widths (one block, a few, whole chunks of
 //! eight with and without a remainder, gpt-oss's 2880), every SIMD level this CPU has
-//! and the scalar level; `matmul`, `matmul_multi`, `expert_matmul` and
+//! and the scalar level (AVX-512 VNNI in both weight layouts); `matmul`, `matmul_multi`, `expert_matmul` and
 //! `expert_matmul_multi`.
 
 mod common;
@@ -15,7 +15,7 @@ use flint_core::quant::quantize_row_q8_0_act;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions, ExpertRow};
 use flint_hal_cpu::kernels::native_kernel;
-use flint_hal_cpu::{CpuDevice, SimdLevel};
+use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
 const TY: GgmlType = GgmlType::MXFP4;
 
@@ -33,6 +33,26 @@ fn device(level: SimdLevel) -> CpuDevice {
         keep_quant: true,
     };
     CpuDevice::with_level(&opts, level).expect("open cpu device")
+}
+
+/// A device at every level this CPU has, and at AVX-512 VNNI one per weight layout (the
+/// file's rows and the repacked 16-row groups, `kernels/mxfp4/x16.rs`), whatever this
+/// CPU's default layout.
+fn devices() -> Vec<(String, CpuDevice)> {
+    let mut out = Vec::new();
+    for level in levels() {
+        if level == SimdLevel::Avx512Vnni {
+            for layout in [WeightLayout::File, WeightLayout::Packed] {
+                out.push((
+                    format!("{level:?} {layout:?}"),
+                    device(level).with_layout(layout),
+                ));
+            }
+        } else {
+            out.push((format!("{level:?}"), device(level)));
+        }
+    }
+    out
 }
 
 /// `rows` rows of `k` random MXFP4 values: random nibbles, E8M0 scales 2^-15..2^9 (codes
@@ -104,7 +124,7 @@ fn every_simd_level_has_an_mxfp4_kernel() {
 #[test]
 fn matmul_is_bit_exact_for_rows_1_to_35() {
     let mut rng = Rng(0x4d58);
-    let devs: Vec<(SimdLevel, CpuDevice)> = levels().into_iter().map(|l| (l, device(l))).collect();
+    let devs = devices();
     // Widths: 1 block, 3 blocks (no whole chunk of eight), 9 (a chunk and one), 25, and
     // gpt-oss's 2880 (90); weight rows below, at and above the 64-row cache blocks.
     for (k, n) in [(32, 7), (96, 33), (288, 16), (800, 70), (2880, 5)] {
@@ -116,10 +136,10 @@ fn matmul_is_bit_exact_for_rows_1_to_35() {
         for m in 1..=35 {
             let x = acts(&mut rng, m, k);
             let want = reference(&w, k, n, &x);
-            for ((level, dev), h) in devs.iter().zip(&staged) {
+            for ((name, dev), h) in devs.iter().zip(&staged) {
                 let mut got = vec![f32::NAN; m * n];
                 dev.matmul(&**h, &x, m, &mut got).expect("matmul");
-                assert_bits(&format!("{level:?} k {k} n {n} m {m}"), &got, &want, n);
+                assert_bits(&format!("{name} k {k} n {n} m {m}"), &got, &want, n);
             }
         }
     }
@@ -130,8 +150,7 @@ fn matmul_rounds_once_per_block_with_large_sums() {
     let mut rng = Rng(0x4d5b);
     let (k, n) = (288, 16);
     let w = large_weight(&mut rng, k, n);
-    for level in levels() {
-        let dev = device(level);
+    for (name, dev) in devices() {
         let h = dev
             .stage(&desc("w", TY, &[k, n], w.clone()))
             .expect("stage");
@@ -140,7 +159,7 @@ fn matmul_rounds_once_per_block_with_large_sums() {
             let want = reference(&w, k, n, &x);
             let mut got = vec![f32::NAN; m * n];
             dev.matmul(&*h, &x, m, &mut got).expect("matmul");
-            assert_bits(&format!("{level:?} large sums m {m}"), &got, &want, n);
+            assert_bits(&format!("{name} large sums m {m}"), &got, &want, n);
         }
     }
 }
@@ -152,8 +171,7 @@ fn matmul_multi_is_bit_exact_for_rows_1_to_35() {
     let (n0, n1) = (16, 9);
     let w0 = weight(&mut rng, k, n0);
     let w1 = weight(&mut rng, k, n1);
-    for level in levels() {
-        let dev = device(level);
+    for (name, dev) in devices() {
         let h0 = dev
             .stage(&desc("gate", TY, &[k, n0], w0.clone()))
             .expect("stage");
@@ -166,7 +184,7 @@ fn matmul_multi_is_bit_exact_for_rows_1_to_35() {
             let mut o1 = vec![f32::NAN; m * n1];
             dev.matmul_multi(&[&*h0, &*h1], &x, m, &mut [&mut o0, &mut o1])
                 .expect("matmul_multi");
-            let what = format!("{level:?} m {m}");
+            let what = format!("{name} m {m}");
             assert_bits(&format!("{what} gate"), &o0, &reference(&w0, k, n0, &x), n0);
             assert_bits(&format!("{what} up"), &o1, &reference(&w1, k, n1, &x), n1);
         }
@@ -176,13 +194,12 @@ fn matmul_multi_is_bit_exact_for_rows_1_to_35() {
 #[test]
 fn expert_matmuls_are_bit_exact_for_rows_1_to_35() {
     let mut rng = Rng(0x4d5a);
-    let (k, n, e) = (288, 12, 4);
+    let (k, n, e) = (288, 16, 4);
     let tower0 = weight(&mut rng, k, n * e);
     let tower1 = weight(&mut rng, k, n * e);
     let row_bytes = k / 32 * 17;
     let expert = |t: &[u8], ex: usize| t[ex * n * row_bytes..(ex + 1) * n * row_bytes].to_vec();
-    for level in levels() {
-        let dev = device(level);
+    for (name, dev) in devices() {
         let t0 = dev
             .stage(&desc("gate_exps", TY, &[k, n, e], tower0.clone()))
             .expect("stage");
@@ -212,7 +229,7 @@ fn expert_matmuls_are_bit_exact_for_rows_1_to_35() {
                     .collect()
             };
             let (want0, want1) = (want(&tower0), want(&tower1));
-            let what = format!("{level:?} tokens {n_in}");
+            let what = format!("{name} tokens {n_in}");
             let mut o = vec![f32::NAN; rows.len() * n];
             dev.expert_matmul(&*t0, &x, &rows, &mut o)
                 .expect("expert_matmul");

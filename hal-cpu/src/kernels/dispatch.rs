@@ -823,6 +823,8 @@ pub(crate) enum WeightRows<'a> {
     Q8_0x16(&'a [q0::x16::BlockQ8_0x16]),
     /// Whole 16-row groups of Q5_0 blocks, repacked.
     Q5_0x16(&'a [q0::x16::BlockQ5_0x16]),
+    /// Whole 16-row groups of MXFP4 blocks, repacked.
+    Mxfp4x16(&'a [mxfp4::x16::BlockMxfp4x16]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -836,7 +838,7 @@ impl<'a> WeightRows<'a> {
         match self {
             WeightRows::File(_) => 0,
             WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
-            WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => k / 32,
+            WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) | WeightRows::Mxfp4x16(_) => k / 32,
         }
     }
 
@@ -851,6 +853,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
             WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
             WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
+            WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
         }
     }
 
@@ -863,6 +866,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Mxfp4x16(g) => Some(x16::unpack_row_bytes(g, r)),
         }
     }
 
@@ -876,6 +880,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
         }
     }
 }
@@ -993,6 +998,20 @@ fn x16_rows_in(
             let y = |t: usize| acts.q8_0_side(act_rows[t], nb);
             run!(g, q0::x16::dot_group, y)
         }
+        // MXFP4 starts each block's sum from -12 times its activation quant sum (the
+        // code book's bias, `mxfp4::x16`).
+        (WeightRows::Mxfp4x16(g), Acts::Q8_0 { .. }) => {
+            let biases: Vec<Vec<i32>> = act_rows
+                .iter()
+                .map(|&r| mxfp4::x16::bias(acts.q8_0_side(r, nb).2))
+                .collect();
+            let y = |t: usize| {
+                let (q, s, _) = acts.q8_0_side(act_rows[t], nb);
+                (q, s, &biases[t][..])
+            };
+            run!(g, mxfp4::x16::dot_group, y)
+        }
+        (WeightRows::Mxfp4x16(_), _) => return Err(FormatError::Unsupported(GgmlType::MXFP4)),
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
         _ => return Err(FormatError::Unsupported(GgmlType::Q4_K)),

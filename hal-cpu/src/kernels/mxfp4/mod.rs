@@ -34,6 +34,8 @@ use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
 
 use crate::simd::SimdLevel;
 
+pub(crate) mod x16;
+
 /// Most activation rows one tile kernel call takes (each weight block decoded once for
 /// all of them).
 pub(crate) const TILE: usize = 4;
