@@ -98,6 +98,7 @@ pub(crate) fn dot_group<const M: usize>(
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M];
     for (i, blk) in x.iter().enumerate() {
+        crate::kernels::x16::prefetch_ahead(blk);
         // The sixteen rows' biased values: `w[j]` lane `r` holds elements `4j..4j + 4`
         // of row `r`.
         let mut w = [_mm512_setzero_si512(); 8];

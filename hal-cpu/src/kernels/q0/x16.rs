@@ -277,6 +277,10 @@ fn rows_over_blocks<G: Q0Group, const M: usize, const A0: usize, const N: usize>
     }
     for (di, b) in x.iter().enumerate() {
         let i = i0 + di;
+        if A0 == 0 {
+            // The first pass over a block asks for the stream ahead.
+            crate::kernels::x16::prefetch_ahead(b);
+        }
         // SAFETY: 32 readable bytes; loadu is unaligned.
         let dw = _mm512_cvtph_ps(unsafe {
             _mm256_loadu_si256(b.scale_bits().as_ptr() as *const __m256i)

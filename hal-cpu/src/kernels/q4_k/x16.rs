@@ -243,6 +243,7 @@ fn dot_group_llama<const M: usize, const GEMM: bool>(
     let mut acc = [_mm512_setzero_ps(); M];
     let mut accm = [_mm512_setzero_ps(); M];
     for (i, b) in x.iter().enumerate() {
+        crate::kernels::x16::prefetch_ahead(b);
         let s = scales(b);
         // Per activation row: the sums of sub-blocks (2j, 2j + 1) as i16 pairs.
         let mut bpair = [[0i32; 4]; M];

@@ -205,6 +205,7 @@ pub(crate) fn dot_group<const M: usize>(
     let mut acc = [_mm512_setzero_ps(); M];
     let m16 = _mm512_set1_epi32(0xFFFF);
     for (i, b) in x.iter().enumerate() {
+        crate::kernels::x16::prefetch_ahead(b);
         let d = d_lanes(b);
         // The offset of the unsigned quants: 32 * sum_s sc_s * bsum_s, by pairs of
         // sub-blocks (i16 scales against i16 block sums).
