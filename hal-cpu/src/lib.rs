@@ -27,9 +27,9 @@
 //! default on Intel CPUs), weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
 //! reads the GGUF blocks where they lie. With the packed layout (the default on other
-//! AVX-512 VNNI CPUs) a Q4_K, Q6_K, Q8_0 or Q5_0
+//! AVX-512 VNNI CPUs) a Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4
 //! weight whose rows per matrix are a multiple of 16 is repacked at staging into row
-//! groups (`kernels/q4_k/x16.rs`, `kernels/q6_k/x16.rs`, `kernels/q0/x16.rs`: sixteen rows of a
+//! groups (`kernels/{q4_k,q6_k,q0,mxfp4}/x16.rs`: sixteen rows of a
 //! block side by side, the same bytes in another order), which the decode kernels
 //! multiply without folding sums across lanes (one core, cache-resident: M = 1 about 2x
 //! the file layout's speed, M = 4 1.5-3x) and the prompt-batch panels read without

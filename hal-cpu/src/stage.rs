@@ -36,13 +36,13 @@ pub struct CpuWeight {
     pub(crate) e: usize,
     pub(crate) row_bytes: usize,
     /// The rows repacked for the decode kernels (`kernels::q4_k::x16`, `q6_k::x16`,
-    /// `q0::x16`), when the weight was staged so; the matmuls then read these, never
+    /// `q0::x16`, `mxfp4::x16`), when the weight was staged so; the matmuls then read these, never
     /// `src`.
     pub(crate) x16: Option<Packed>,
 }
 
-/// A Q4_K, Q6_K, Q8_0 or Q5_0 weight's rows repacked at staging (`kernels::q4_k::x16`,
-/// `kernels::q6_k::x16`, `kernels::q0::x16`), in the device's huge-page arena (`arena.rs`
+/// A Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4 weight's rows repacked at staging
+/// (`kernels::{q4_k, q6_k, q0, mxfp4}::x16`), in the device's huge-page arena (`arena.rs`
 /// says why).
 pub(crate) struct Packed {
     region: arena::Region,
@@ -71,7 +71,7 @@ impl Packed {
         }
     }
 
-    /// A Q4_K, Q6_K, Q8_0 or Q5_0 tensor's bytes (whole rows of `k` elements, a
+    /// A Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4 tensor's bytes (whole rows of `k` elements, a
     /// multiple of 16 rows) repacked into `arena`; `None` for another type or when the
     /// memory cannot be had (the weight then stays in the file's layout).
     ///
@@ -211,7 +211,7 @@ impl CpuWeight {
 /// ([`WeightLayout::choose`]) and named by `flint devices`. Both give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightLayout {
-    /// Q4_K, Q6_K, Q8_0 and Q5_0 weights repacked into 16-row groups
+    /// Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 weights repacked into 16-row groups
     /// (`kernels/*/x16.rs`), every other weight copied as it is, both into the device's
     /// huge-page arena.
     Packed,
@@ -293,7 +293,7 @@ impl CpuDevice {
         })?;
         let bytes = desc.data.len() as u64;
         let (n, e) = (desc.out_features(), desc.experts());
-        // Q4_K, Q6_K, Q8_0 and Q5_0 rows repacked sixteen at a time for the VNNI decode
+        // Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 rows repacked sixteen at a time for the VNNI decode
         // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
         let packable = self.level == SimdLevel::Avx512Vnni
             && match ty {

@@ -809,8 +809,8 @@ pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
         )
 }
 
-/// The rows of a weight as a kernel reads them: the file's bytes, or Q4_K / Q6_K / Q8_0
-/// / Q5_0 rows repacked at staging (`q4_k::x16`, `q6_k::x16`, `q0::x16`: whole 16-row groups).
+/// The rows of a weight as a kernel reads them: the file's bytes, or MXFP4 / Q4_K / Q6_K / Q8_0
+/// / Q5_0 rows repacked at staging (`{mxfp4, q4_k, q6_k, q0}::x16`: whole 16-row groups).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum WeightRows<'a> {
     /// Whole rows in the GGUF block layout.

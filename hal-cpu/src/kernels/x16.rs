@@ -1,4 +1,4 @@
-//! What the weights repacked at staging (`q4_k::x16`, `q6_k::x16`, `q0::x16`) have in common: sixteen
+//! What the weights repacked at staging (`q4_k::x16`, `q6_k::x16`, `q0::x16`, `mxfp4::x16`) have in common: sixteen
 //! rows of one block side by side, and the way back to the file's layout for the rare
 //! paths without a kernel for the packed one.
 
