@@ -688,6 +688,11 @@ fn every_field_is_used_harmless_or_refused_by_name() {
         json!({"user": "u1", "metadata": {"k": "v"}, "store": false, "service_tier": "auto"}),
         json!({"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}),
         json!({"parallel_tool_calls": true, "modalities": ["text"], "audio": null}),
+        // What vllm-router 0.1.17 adds to every chat request it forwards.
+        json!({"logprobs": false, "no_stop_trim": false, "ignore_eos": false,
+               "continue_final_message": false, "skip_special_tokens": true,
+               "separate_reasoning": true, "stream_reasoning": true,
+               "return_hidden_states": false, "include_reasoning": true}),
     ] {
         let (st, v) = post(&s, "/v1/chat/completions", &chat(extra.clone()).to_string());
         assert_eq!(st, 200, "{extra}: {v}");
@@ -697,6 +702,16 @@ fn every_field_is_used_harmless_or_refused_by_name() {
         "/v1/completions",
         &json!({"prompt": "a", "max_tokens": 2, "echo": false, "suffix": null, "best_of": 1,
                 "user": "u"})
+        .to_string(),
+    );
+    assert_eq!(st, 200, "{v}");
+    // What vllm-router 0.1.17 adds to every completion request it forwards.
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 2, "stream": false, "echo": false,
+                "no_stop_trim": false, "ignore_eos": false, "skip_special_tokens": true,
+                "return_hidden_states": false})
         .to_string(),
     );
     assert_eq!(st, 200, "{v}");
@@ -720,6 +735,17 @@ fn every_field_is_used_harmless_or_refused_by_name() {
         ),
         (json!({"n": 0}), "n"),
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"no_stop_trim": true}), "no_stop_trim"),
+        (json!({"skip_special_tokens": false}), "skip_special_tokens"),
+        (
+            json!({"continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (json!({"include_reasoning": false}), "include_reasoning"),
+        (
+            json!({"return_hidden_states": true}),
+            "return_hidden_states",
+        ),
     ] {
         assert_400(&s, "/v1/chat/completions", chat(extra), param);
     }
@@ -738,6 +764,14 @@ fn every_field_is_used_harmless_or_refused_by_name() {
     for (body, param) in [
         (json!({"prompt": "a", "suffix": "zz"}), "suffix"),
         (json!({"prompt": "a", "best_of": 3}), "best_of"),
+        (
+            json!({"prompt": "a", "skip_special_tokens": false}),
+            "skip_special_tokens",
+        ),
+        (
+            json!({"prompt": "a", "separate_reasoning": true}),
+            "separate_reasoning",
+        ),
         (json!({"prompt": "a", "top_logprobs": 2}), "top_logprobs"),
         (json!({"prompt": "a", "messages": []}), "messages"),
         (json!({"prompt": [0, 26]}), "prompt"),

@@ -51,6 +51,12 @@ pub struct ServeArgs {
     /// Every endpoint but /health wants `Authorization: Bearer KEY`.
     #[arg(long, env = "FLINT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Publish the prefix cache's changes (blocks stored and evicted) on this ZeroMQ
+    /// endpoint, `tcp://HOST:PORT` (`*`: every interface), in vLLM's KV event format, for
+    /// a router's KV-aware routing (`vllm-router --policy kv_aware --kv-event-source
+    /// URL=ENDPOINT`; see docs/deploy.md). Flint binds it; the router connects.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
 }
 
 /// Runs `flint serve` until SIGTERM or SIGINT (Ctrl-C): the first stops admitting and
@@ -80,7 +86,29 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "flint".into())
     });
-    let handle = crate::serve::spawn_engine(
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(format!("starting the async runtime: {e}")))?;
+    let kv_events = match &args.kv_events {
+        Some(endpoint) => {
+            if !engine.scheduler().kv().prefix_caching() {
+                return Err(CliError::new(format!(
+                    "--kv-events {endpoint}: the prefix cache is off (--no-prefix-cache, or \
+                     a model whose cache cannot be shared), so there is nothing to publish"
+                )));
+            }
+            let block_size = engine.scheduler().kv().block_size();
+            let (sink, bound) = rt
+                .block_on(crate::serve::kv_events::bind(endpoint, block_size))
+                .map_err(|e| CliError::new(e.to_string()))?;
+            eprintln!("flint serve: KV events on {bound} (block size {block_size})");
+            Some(sink)
+        }
+        None => None,
+    };
+    let handle = crate::serve::spawn_engine_with_events(
         engine,
         crate::serve::ServerConfig {
             model_name: name.clone(),
@@ -88,6 +116,7 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             max_queue: args.max_queue,
             api_key: args.api_key.clone().map(crate::serve::ApiKey),
         },
+        kv_events,
     );
     let app = crate::serve::router(
         handle.clone(),
@@ -108,11 +137,6 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
             addr.ip()
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::new(format!("starting the async runtime: {e}")))?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

@@ -41,6 +41,12 @@
 //! request frees its slot with its other blocks and recomputes from its first token like
 //! them. The state after a prefix is not kept per block, so a model with a recurrent
 //! group runs with prefix caching off ([`KvCacheManager::supports_prefix_caching`]).
+//!
+//! **Cache events.** With [`KvCacheManager::set_event_log`] on, the first group's pool
+//! records what enters and leaves its prefix cache as [`KvCacheEvent`]s (blocks stored,
+//! blocks evicted, everything cleared), in order, for a router that wants to know which
+//! prefixes this engine holds (`flint serve --kv-events`); [`KvCacheManager::take_events`]
+//! drains them. Off (the default), nothing is recorded and the hooks cost one branch.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -178,6 +184,46 @@ impl std::fmt::Debug for BlockHash {
     }
 }
 
+impl BlockHash {
+    /// The 32 bytes of the SHA-256 digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The digest's last 8 bytes as a big-endian integer: the form vLLM's KV events
+    /// give a block hash in (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, its default).
+    pub fn to_u64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[24..]);
+        u64::from_be_bytes(b)
+    }
+}
+
+/// A change to the prefix cache of the first KV-cache group, as
+/// [`KvCacheManager::take_events`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvCacheEvent {
+    /// Consecutive blocks of one sequence became findable: block `i` holds
+    /// `tokens[i * block_size..(i + 1) * block_size]` and has hash `hashes[i]`; the
+    /// first comes after the block whose hash is `parent` (`None`: it starts the
+    /// sequence).
+    Stored {
+        /// The blocks' chained hashes, in sequence order.
+        hashes: Vec<BlockHash>,
+        /// The hash of the block before the first (`None` at the sequence's start).
+        parent: Option<BlockHash>,
+        /// The blocks' tokens, `hashes.len() * block_size` of them.
+        tokens: Vec<u32>,
+    },
+    /// These blocks left the cache (handed out again for other contents).
+    Removed {
+        /// Their hashes.
+        hashes: Vec<BlockHash>,
+    },
+    /// Every block left the cache.
+    AllCleared,
+}
+
 /// The hash of a block holding `tokens`, after the block whose hash is `parent` (`None`
 /// for a sequence's first block). `extra` holds whatever else changes the block's keys
 /// and values (an adapter, an image's hash); every request passes nothing today.
@@ -236,6 +282,8 @@ pub struct BlockPool {
     cached: HashMap<BlockHash, u32>,
     /// Cached blocks handed out again (their contents forgotten) so far.
     evictions: u64,
+    /// What entered and left the cache since the last drain; `None`: not recorded.
+    events: Option<Vec<KvCacheEvent>>,
 }
 
 impl BlockPool {
@@ -252,6 +300,7 @@ impl BlockPool {
             freed_at: vec![0; n as usize],
             cached: HashMap::new(),
             evictions: 0,
+            events: None,
         }
     }
 
@@ -289,6 +338,7 @@ impl BlockPool {
                 let (_, id) = self.evictable.pop_first()?;
                 if let Some(h) = self.hash[id as usize].take() {
                     self.cached.remove(&h);
+                    self.record_removed(h);
                 }
                 self.evictions += 1;
                 id
@@ -326,17 +376,57 @@ impl BlockPool {
     }
 
     /// Makes the held block `id` findable by `h`, unless it already has a hash or another
-    /// block already holds the same contents (that one stays the one found).
-    fn cache(&mut self, id: u32, h: BlockHash) {
+    /// block already holds the same contents (that one stays the one found). True when
+    /// `h` was not findable before.
+    fn cache(&mut self, id: u32, h: BlockHash) -> bool {
         let i = id as usize;
         if self.hash[i].is_none() && !self.cached.contains_key(&h) {
             self.cached.insert(h, id);
             self.hash[i] = Some(h);
+            return true;
         }
+        false
+    }
+
+    /// Records that the block with hash `h` left the cache (when recording), in one
+    /// [`KvCacheEvent::Removed`] with the removals just before it.
+    fn record_removed(&mut self, h: BlockHash) {
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        match events.last_mut() {
+            Some(KvCacheEvent::Removed { hashes }) => hashes.push(h),
+            _ => events.push(KvCacheEvent::Removed { hashes: vec![h] }),
+        }
+    }
+
+    /// Records that blocks `run` of a sequence (`hashes`, `tokens`) became findable
+    /// (when recording).
+    fn record_stored(
+        &mut self,
+        hashes: &[BlockHash],
+        tokens: &[u32],
+        block_size: usize,
+        run: std::ops::Range<usize>,
+    ) {
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        let parent = run.start.checked_sub(1).map(|p| hashes[p]);
+        events.push(KvCacheEvent::Stored {
+            hashes: hashes[run.clone()].to_vec(),
+            parent,
+            tokens: tokens[run.start * block_size..run.end * block_size].to_vec(),
+        });
     }
 
     /// Forgets every hash: cached free blocks become plain free blocks.
     fn clear_cache(&mut self) {
+        if let Some(events) = &mut self.events {
+            // What came before no longer matters to a reader.
+            events.clear();
+            events.push(KvCacheEvent::AllCleared);
+        }
         self.cached.clear();
         for h in &mut self.hash {
             *h = None;
@@ -500,6 +590,24 @@ impl KvCacheManager {
     /// Whether prefix caching is on.
     pub fn prefix_caching(&self) -> bool {
         self.prefix_caching
+    }
+
+    /// Starts (or stops) recording the first group's cache events for
+    /// [`take_events`](Self::take_events). Stopping drops what was not taken.
+    pub fn set_event_log(&mut self, on: bool) {
+        if let Some(g) = self.groups.first_mut() {
+            g.pool.events = on.then(Vec::new);
+        }
+    }
+
+    /// The cache events recorded since the last call, oldest first (none when not
+    /// recording).
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.groups
+            .first_mut()
+            .and_then(|g| g.pool.events.as_mut())
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The prefix cache's counters.
@@ -834,11 +942,27 @@ impl KvCacheManager {
         extend_hashes(&mut r.hashes, tokens, bs, full);
         let full = full.min(r.hashes.len());
         for (g, group) in self.groups.iter_mut().enumerate() {
+            // The start of the run of newly findable blocks being recorded.
+            let mut run: Option<usize> = None;
             for i in r.num_offered..full {
-                match r.tables[g].get(i) {
+                let new = match r.tables[g].get(i) {
                     Some(&b) if b != NO_BLOCK => group.pool.cache(b, r.hashes[i]),
+                    _ => false,
+                };
+                if group.pool.events.is_none() {
+                    continue;
+                }
+                match (new, run) {
+                    (true, None) => run = Some(i),
+                    (false, Some(start)) => {
+                        group.pool.record_stored(&r.hashes, tokens, bs, start..i);
+                        run = None;
+                    }
                     _ => {}
                 }
+            }
+            if let Some(start) = run {
+                group.pool.record_stored(&r.hashes, tokens, bs, start..full);
             }
         }
         r.num_offered = full;
@@ -1281,5 +1405,147 @@ mod tests {
         m.free(2);
         assert_eq!(m.prefix_cache_stats().cached_blocks, 0);
         assert!(m.all_free());
+    }
+
+    /// The chained hashes of the full blocks of `tokens`, computed here with
+    /// [`hash_block`] alone (not through the manager).
+    fn chain(tokens: &[u32], bs: usize) -> Vec<BlockHash> {
+        let mut out: Vec<BlockHash> = Vec::new();
+        for block in tokens.chunks_exact(bs) {
+            let h = hash_block(out.last(), block, &[]);
+            out.push(h);
+        }
+        out
+    }
+
+    #[test]
+    fn no_events_are_recorded_unless_asked() {
+        let mut m = KvCacheManager::new(hybrid(), 4, &[8, 8]);
+        let a: Vec<u32> = (0..12).collect();
+        admit(&mut m, 1, &a, 12);
+        m.free(1);
+        m.reset_prefix_cache();
+        assert_eq!(m.take_events(), vec![]);
+    }
+
+    #[test]
+    fn stored_blocks_are_reported_once_with_their_parent_and_tokens() {
+        let mut m = KvCacheManager::new(hybrid(), 4, &[32, 32]);
+        m.set_event_log(true);
+        // 10 tokens in chunks of 6: block 0 after the first chunk, block 1 after the
+        // second (block 2 is not full).
+        let a: Vec<u32> = (10..20).collect();
+        admit(&mut m, 1, &a, 6);
+        let h = chain(&a, 4);
+        assert_eq!(
+            m.take_events(),
+            vec![
+                KvCacheEvent::Stored {
+                    hashes: vec![h[0]],
+                    parent: None,
+                    tokens: a[..4].to_vec(),
+                },
+                KvCacheEvent::Stored {
+                    hashes: vec![h[1]],
+                    parent: Some(h[0]),
+                    tokens: a[4..8].to_vec(),
+                },
+            ]
+        );
+        assert_eq!(m.take_events(), vec![], "drained");
+        // A second request with the same first 8 tokens hits them: nothing new is
+        // stored for them; its own third block is, after the second shared one.
+        let b: Vec<u32> = (10..18).chain([7, 7, 7, 7, 7]).collect();
+        assert_eq!(admit(&mut m, 2, &b, 16), 8);
+        let hb = chain(&b, 4);
+        assert_eq!(hb[..2], h[..2]);
+        assert_eq!(
+            m.take_events(),
+            vec![KvCacheEvent::Stored {
+                hashes: vec![hb[2]],
+                parent: Some(h[1]),
+                tokens: vec![7, 7, 7, 7],
+            }]
+        );
+        // Two requests computing the same blocks: only the first to finish them
+        // makes them findable, and only that is reported.
+        m.free(1);
+        m.free(2);
+        let c: Vec<u32> = (50..59).collect();
+        for req in [3, 4] {
+            m.allocate(req, 0, c.len()).unwrap();
+        }
+        m.cache_computed(3, &c, c.len());
+        m.cache_computed(4, &c, c.len());
+        let hc = chain(&c, 4);
+        assert_eq!(
+            m.take_events(),
+            vec![KvCacheEvent::Stored {
+                hashes: hc.clone(),
+                parent: None,
+                tokens: c[..8].to_vec(),
+            }]
+        );
+    }
+
+    #[test]
+    fn evicted_blocks_are_reported_removed_tail_first_and_a_reset_clears_all() {
+        // One full-attention group of 4 blocks of 4 tokens: one 16-token request fills it.
+        let full = vec![KvGroupSpec {
+            kind: GroupKind::Full,
+            layers: vec![0],
+        }];
+        let mut m = KvCacheManager::new(full, 4, &[4]);
+        m.set_event_log(true);
+        let a: Vec<u32> = (0..16).collect();
+        admit(&mut m, 1, &a, 16);
+        m.free(1);
+        let h = chain(&a, 4);
+        assert!(matches!(
+            m.take_events().as_slice(),
+            [KvCacheEvent::Stored { hashes, .. }] if *hashes == h
+        ));
+        // Two blocks for other tokens: the least recently freed cached blocks go,
+        // which are the tail of `a` (freed last to first).
+        let b: Vec<u32> = (100..108).collect();
+        assert_eq!(admit(&mut m, 2, &b, 8), 0);
+        let events = m.take_events();
+        assert_eq!(
+            events[0],
+            KvCacheEvent::Removed {
+                hashes: vec![h[3], h[2]]
+            }
+        );
+        assert_eq!(
+            events[1],
+            KvCacheEvent::Stored {
+                hashes: chain(&b, 4),
+                parent: None,
+                tokens: b.clone(),
+            }
+        );
+        assert_eq!(events.len(), 2);
+        // What the manager still finds agrees with what was reported.
+        assert_eq!(m.find_cached_prefix(&a).num_tokens, 8);
+        m.free(2);
+        m.reset_prefix_cache();
+        assert_eq!(m.take_events(), vec![KvCacheEvent::AllCleared]);
+        // Turning the log off drops what was recorded and records nothing more.
+        admit(&mut m, 3, &a, 16);
+        m.set_event_log(false);
+        m.free(3);
+        m.reset_prefix_cache();
+        assert_eq!(m.take_events(), vec![]);
+    }
+
+    #[test]
+    fn the_integer_form_of_a_hash_is_its_last_eight_bytes_big_endian() {
+        let h = hash_block(None, &[1, 2, 3, 4], &[]);
+        let b = h.as_bytes();
+        let want = b[24..]
+            .iter()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x));
+        assert_eq!(h.to_u64(), want);
+        assert_ne!(h.to_u64(), hash_block(None, &[1, 2, 3, 5], &[]).to_u64());
     }
 }

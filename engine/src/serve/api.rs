@@ -376,7 +376,9 @@ pub const NO_EFFECT: &[&str] = &[
     "parallel_tool_calls",
 ];
 
-/// Chat fields OpenAI defines that Flint does not implement.
+/// Chat fields OpenAI defines that Flint does not implement, then vLLM's and SGLang's
+/// extensions that `vllm-router` writes into every chat request it forwards (with their
+/// defaults, which are what Flint does).
 const CHAT_UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
@@ -384,10 +386,25 @@ const CHAT_UNSUPPORTED: &[&str] = &[
     "modalities",
     "prediction",
     "web_search_options",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "return_hidden_states",
+    "continue_final_message",
+    "separate_reasoning",
+    "stream_reasoning",
+    "include_reasoning",
 ];
 
-/// Completion fields OpenAI defines that Flint does not implement.
-const COMPLETION_UNSUPPORTED: &[&str] = &["echo", "suffix", "best_of"];
+/// Completion fields OpenAI defines that Flint does not implement, then the extensions
+/// `vllm-router` writes into every completion request it forwards.
+const COMPLETION_UNSUPPORTED: &[&str] = &[
+    "echo",
+    "suffix",
+    "best_of",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "return_hidden_states",
+];
 
 /// Message fields the chat template gets.
 const MESSAGE_FIELDS: &[&str] = &[
@@ -415,6 +432,13 @@ fn asks_for_nothing(field: &str, v: &Value, obj: &Map<String, Value>) -> bool {
         "echo" => *v == json!(false),
         "suffix" => *v == json!(""),
         "best_of" => v.as_u64() == Some(obj.get("n").and_then(Value::as_u64).unwrap_or(1)),
+        // The stop string is left out of the text; special tokens are not written
+        // (the tool-call and reasoning markers excepted: they are parsed); no hidden
+        // states are returned; a generation prompt is added after the last message.
+        "no_stop_trim" | "return_hidden_states" | "continue_final_message" => *v == json!(false),
+        "skip_special_tokens" => *v == json!(true),
+        // Reasoning is returned, apart from the content (`reasoning_content`), streamed.
+        "separate_reasoning" | "stream_reasoning" | "include_reasoning" => *v == json!(true),
         _ => false,
     }
 }

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub prefix_cache_hits: AtomicU64,
     /// KV blocks findable in the prefix cache over all groups (gauge).
     pub prefix_cache_blocks: AtomicUsize,
+    /// KV event batches dropped because the publisher lagged (`--kv-events`).
+    pub kv_event_batches_dropped: AtomicU64,
     /// Time to first token.
     pub ttft: Histogram,
     /// Time per output token after the first.
@@ -90,6 +92,9 @@ impl Metrics {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
         let gauge = |s: &mut String, name: &str, help: &str, v: usize| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let ratio = |s: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -136,30 +141,40 @@ impl Metrics {
             "Tokens generated.",
             l(&self.generation_tokens_total),
         );
-        gauge(
-            &mut s,
-            "flint_queue_depth",
-            "Requests waiting.",
-            g(&self.waiting),
-        );
-        gauge(
-            &mut s,
-            "flint_running_requests",
-            "Requests running.",
-            g(&self.running),
-        );
+        // The gauges a router or an autoscaler reads, each also under vLLM's name.
+        for name in ["flint_queue_depth", "vllm:num_requests_waiting"] {
+            gauge(&mut s, name, "Requests waiting.", g(&self.waiting));
+        }
+        for name in ["flint_running_requests", "vllm:num_requests_running"] {
+            gauge(&mut s, name, "Requests running.", g(&self.running));
+        }
+        let (in_use, total) = (g(&self.kv_blocks_in_use), g(&self.kv_blocks_total));
         gauge(
             &mut s,
             "flint_kv_blocks_in_use",
             "KV cache blocks in use.",
-            g(&self.kv_blocks_in_use),
+            in_use,
         );
         gauge(
             &mut s,
             "flint_kv_blocks_total",
             "KV cache blocks in all pools.",
-            g(&self.kv_blocks_total),
+            total,
         );
+        let usage = if total == 0 {
+            0.0
+        } else {
+            in_use as f64 / total as f64
+        };
+        for name in ["flint_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"] {
+            ratio(
+                &mut s,
+                name,
+                "Fraction of the KV cache blocks in use, 0 to 1 (cached blocks no request \
+                 holds count as free).",
+                usage,
+            );
+        }
         let (queries, hits) = (l(&self.prefix_cache_queries), l(&self.prefix_cache_hits));
         // Each under its own name and under vLLM's (both in tokens).
         for name in [
@@ -190,6 +205,12 @@ impl Metrics {
             "KV cache blocks findable in the prefix cache.",
             g(&self.prefix_cache_blocks),
         );
+        counter(
+            &mut s,
+            "flint_kv_event_batches_dropped_total",
+            "KV event batches (--kv-events) dropped because the publisher lagged.",
+            l(&self.kv_event_batches_dropped),
+        );
         self.ttft
             .render(&mut s, "flint_ttft_seconds", "Time to first token.");
         self.tpot.render(
@@ -198,5 +219,53 @@ impl Metrics {
             "Time per output token after the first.",
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the unlabelled sample `name` and its TYPE line's kind.
+    fn sample(text: &str, name: &str) -> (String, String) {
+        let kind = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# TYPE {name} ")))
+            .unwrap_or_else(|| panic!("no TYPE line for {name}"));
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no sample of {name}"));
+        (kind.to_string(), value.to_string())
+    }
+
+    #[test]
+    fn router_and_autoscaler_gauges_are_there_under_both_names() {
+        let m = Metrics::default();
+        m.waiting.store(3, Ordering::Relaxed);
+        m.running.store(5, Ordering::Relaxed);
+        m.kv_blocks_in_use.store(25, Ordering::Relaxed);
+        m.kv_blocks_total.store(100, Ordering::Relaxed);
+        m.prefix_cache_queries.store(40, Ordering::Relaxed);
+        m.prefix_cache_hits.store(30, Ordering::Relaxed);
+        let t = m.render();
+        let g = |v: &str| ("gauge".to_string(), v.to_string());
+        let c = |v: &str| ("counter".to_string(), v.to_string());
+        assert_eq!(sample(&t, "flint_queue_depth"), g("3"));
+        assert_eq!(sample(&t, "vllm:num_requests_waiting"), g("3"));
+        assert_eq!(sample(&t, "flint_running_requests"), g("5"));
+        assert_eq!(sample(&t, "vllm:num_requests_running"), g("5"));
+        assert_eq!(sample(&t, "flint_kv_cache_usage_ratio"), g("0.25"));
+        assert_eq!(sample(&t, "vllm:kv_cache_usage_perc"), g("0.25"));
+        assert_eq!(sample(&t, "flint_prefix_cache_queries_total"), c("40"));
+        assert_eq!(sample(&t, "vllm:prefix_cache_queries_total"), c("40"));
+        assert_eq!(sample(&t, "flint_prefix_cache_hits_total"), c("30"));
+        assert_eq!(sample(&t, "vllm:prefix_cache_hits_total"), c("30"));
+        assert_eq!(sample(&t, "flint_kv_event_batches_dropped_total"), c("0"));
+        // An empty pool is 0 % used, not NaN.
+        assert_eq!(
+            sample(&Metrics::default().render(), "vllm:kv_cache_usage_perc"),
+            g("0")
+        );
     }
 }

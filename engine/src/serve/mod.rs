@@ -13,10 +13,14 @@
 //! (`/health` answers 503 meanwhile), then serves; [`EngineHandle::drain`] stops
 //! admitting (503 with `Retry-After`) while the requests in flight finish, and
 //! [`serve_on`] returns once none is left.
+//!
+//! With a [`kv_events::KvEventSink`] ([`spawn_engine_with_events`]), the engine thread
+//! hands the prefix cache's changes to it after every step (`flint serve --kv-events`).
 
 mod api;
 pub mod engine;
 pub mod harmony;
+pub mod kv_events;
 mod metrics;
 pub mod tools;
 
@@ -218,9 +222,22 @@ pub(crate) enum SubmitError {
 /// Starts the engine thread over `engine`; returns the handle the HTTP side uses. The
 /// thread runs one warm-up request ([`warm_up`]) before it takes any other.
 pub fn spawn_engine<M: StepModel + Send + 'static>(
-    mut engine: LLMEngine<M>,
+    engine: LLMEngine<M>,
     config: ServerConfig,
 ) -> EngineHandle {
+    spawn_engine_with_events(engine, config, None)
+}
+
+/// [`spawn_engine`], and when `kv_events` is given, the prefix cache's changes go to it
+/// after every step (the first batch clears whatever a subscriber knew of this engine).
+pub fn spawn_engine_with_events<M: StepModel + Send + 'static>(
+    mut engine: LLMEngine<M>,
+    config: ServerConfig,
+    kv_events: Option<kv_events::KvEventSink>,
+) -> EngineHandle {
+    if kv_events.is_some() {
+        engine.scheduler_mut().kv_mut().set_event_log(true);
+    }
     let (ctx, crx) = std_mpsc::channel::<Command>();
     let waiting = Arc::new(AtomicUsize::new(0));
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -262,6 +279,7 @@ pub fn spawn_engine<M: StepModel + Send + 'static>(
                 waiting,
                 in_flight,
                 metrics,
+                kv_events,
             };
             engine_loop(engine, crx, &ctx)
         })
@@ -303,6 +321,7 @@ struct LoopCtx {
     waiting: Arc<AtomicUsize>,
     in_flight: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
+    kv_events: Option<kv_events::KvEventSink>,
 }
 
 impl LoopCtx {
@@ -431,6 +450,7 @@ fn serve_once<M: StepModel>(
         // Published before the step's events go out, so that a client that has
         // seen a token also sees the blocks its request holds.
         publish(engine, waiting, metrics);
+        send_kv_events(engine, ctx);
         match stepped {
             Ok(outputs) => {
                 let now = Instant::now();
@@ -483,7 +503,18 @@ fn serve_once<M: StepModel>(
     }
 
     publish(engine, waiting, metrics);
+    send_kv_events(engine, ctx);
     true
+}
+
+/// Hands the prefix cache's changes since the last call to the KV event sink, if any.
+fn send_kv_events<M: StepModel>(engine: &mut LLMEngine<M>, ctx: &LoopCtx) {
+    if let Some(sink) = &ctx.kv_events {
+        sink.send(engine.scheduler_mut().kv_mut().take_events());
+        ctx.metrics
+            .kv_event_batches_dropped
+            .store(sink.dropped(), Ordering::Relaxed);
+    }
 }
 
 /// Stores the scheduler's queue lengths and the KV blocks in use in the metrics.
