@@ -166,6 +166,8 @@ pub(crate) fn decode_groups<G>(
             block(b, o);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    crate::kernels::x16::prefetch_following(groups, p0 * nb + dec.len(), dec.len());
 }
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).

@@ -90,6 +90,7 @@ pub(crate) fn q0_decode_x16<G: Q0Group>(
     // SAFETY: the VNNI level (AVX-512 F/BW, F16C) was checked against the CPU at device
     // open.
     unsafe { decode_x16_blocks(&groups[p0 * nb..p0 * nb + dec.len()], dec) }
+    crate::kernels::x16::prefetch_following(groups, p0 * nb + dec.len(), dec.len());
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
