@@ -1,5 +1,5 @@
-//! Test helpers shared by the repacked-weight kernels (`q4_k::x16`, `q6_k::x16`): random
-//! activations and the check that every row group's outputs equal the file-layout
+//! Test helpers shared by the repacked-weight kernels (`q4_k::x16`, `q6_k::x16`,
+//! `q0::x16`, `mxfp4::x16`): random activations and the check that every row group's outputs equal the file-layout
 //! kernel's, bit for bit, for 1 to 4 activation rows.
 #![cfg_attr(
     not(target_arch = "x86_64"),
@@ -37,6 +37,26 @@ pub(crate) fn acts(nb: usize, seed: u64) -> Vec<BlockQ8K> {
             b
         })
         .collect()
+}
+
+/// Four activation rows of `k` values quantized to Q8_0 as the device quantizes them
+/// (AVX-512 VNNI level): values in [-1, 1], with row 0 holding one large negative value
+/// (its quant at -128) and row 1 one value far larger than the rest.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn q8_0_acts(k: usize) -> super::Acts {
+    let mut s = 99u64;
+    let mut x: Vec<f32> = (0..4 * k)
+        .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    x[3] = -7.5;
+    x[k + 11] = 300.0;
+    super::Acts::new(
+        crate::SimdLevel::Avx512Vnni,
+        flint_core::GgmlType::Q8_0,
+        &x,
+        k,
+    )
+    .expect("quantize")
 }
 
 /// `w` (whole rows of `nb` file blocks, a multiple of 16 rows) packed by `pack`.

@@ -178,8 +178,6 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_dot_equals_the_scalar_reference_bit_for_bit() {
-        use crate::kernels::Acts;
-        use crate::SimdLevel;
         if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")) {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
@@ -189,16 +187,7 @@ mod tests {
         let w = weights(rows, nb, 17);
         let mut p = vec![BlockMxfp4x16::zeroed(); rows / X16_ROWS * nb];
         pack(&w, nb, &mut p);
-        // Four activation rows, one with a large negative value and one with a value far
-        // larger than the rest.
-        let mut s = 99u64;
-        let mut x: Vec<f32> = (0..4 * k)
-            .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
-        x[3] = -7.5;
-        x[k + 11] = 300.0;
-        let acts =
-            Acts::new(SimdLevel::Avx512Vnni, flint_core::GgmlType::Q8_0, &x, k).expect("quantize");
+        let acts = crate::kernels::x16_check::q8_0_acts(k);
         let biases: Vec<Vec<i32>> = (0..4).map(|a| bias(acts.q8_0_side(a, nb).2)).collect();
         let side = |a: usize| {
             let (q, s, _) = acts.q8_0_side(a, nb);

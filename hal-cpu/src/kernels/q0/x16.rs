@@ -367,21 +367,11 @@ mod tests {
         nb: usize,
         pack: fn(&[B], usize, &mut [G]),
     ) {
-        use crate::kernels::{q0::vnni, Acts};
-        use crate::SimdLevel;
+        use crate::kernels::q0::vnni;
         let k = 32 * nb;
         let mut p = vec![G::zeroed(); rows / X16_ROWS * nb];
         pack(w, nb, &mut p);
-        // Four activation rows, one with a quant at -128 (its largest value negative)
-        // and one with a value far larger than the rest.
-        let mut s = 99u64;
-        let mut x: Vec<f32> = (0..4 * k)
-            .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
-        x[3] = -7.5;
-        x[k + 11] = 300.0;
-        let acts =
-            Acts::new(SimdLevel::Avx512Vnni, flint_core::GgmlType::Q8_0, &x, k).expect("quantize");
+        let acts = crate::kernels::x16_check::q8_0_acts(k);
         // The side data as the kernels take it: the `-16 x` lane sums shifted by the
         // type's `SHIFT` (Q8_0: `scaled_lanes`).
         let lanes: Vec<Vec<[i32; 8]>> = (0..4)
