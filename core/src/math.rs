@@ -38,7 +38,7 @@ pub use attn::{
 };
 pub use attn_ggml::{
     attend_ggml_one_chunk, attend_ggml_tiled, expf_ggml_avx2, expf_ggml_avx512, f16_round,
-    soft_max_ggml, GgmlCpuBuild, GGML_FA_TILE, GGML_FA_TILE_Q,
+    reduce_add_16, soft_max_ggml, GgmlCpuBuild, GGML_FA_TILE, GGML_FA_TILE_Q,
 };
 #[cfg(feature = "alloc")]
 pub use delta::gated_delta_net_chunked;

@@ -137,3 +137,64 @@ fn glibc_sin_cos_exp_are_within_half_an_ulp_or_so() {
     assert_eq!(cosf_glibc(0.0), 1.0);
     assert!(sinf_glibc(f32::NAN).is_nan());
 }
+
+/// tinyBLAS's F32 order (llama.cpp's F32 matmul on an AVX-512 build, e.g. a MoE router):
+/// sixteen lanes, lane `l` the FMA chain over elements `l (mod 16)`, then
+/// `_mm512_reduce_add_ps` (lanes `i + 8` onto `i`, `i + 4` onto `i`, then
+/// `(u0 + u2) + (u1 + u3)`). Values where that order decides the result: 2^24 in lane 0
+/// absorbs the 1 of element 16 (same lane, fused: 2^24 + 1 rounds to even) and, after
+/// the reduction adds lane 2's 1 to it (`u0 + u2`), lane 1's 1 (`u1`); an f64 sum keeps
+/// all three (2^24 + 3 rounds to 2^24 + 4).
+#[test]
+fn f32_tinyblas_order_is_sixteen_fma_lanes_reduced_pairwise() {
+    use flint_core::dot::ggml_x86::vec_dot_f32_tinyblas;
+    use flint_core::math::GgmlCpuBuild;
+    let mut w = vec![0.0f32; 40];
+    w[0] = 16_777_216.0;
+    w[1] = 1.0;
+    w[2] = 1.0;
+    w[16] = 1.0;
+    let x = vec![1.0f32; 40];
+    assert_eq!(
+        vec_dot_f32_tinyblas(GgmlCpuBuild::Avx512, &w, &x),
+        16_777_216.0
+    );
+    assert_eq!(flint_core::dot::vec_dot_f32(&w, &x), 16_777_220.0);
+    // The partial last vector (elements 32..40) goes into lanes 0..8: element 33 joins
+    // lane 1's chain, which then holds 2; `u0 + u2` still drops lane 2's 1, and
+    // `2^24 + u1` = 2^24 + 2 is exact.
+    w[33] = 1.0;
+    assert_eq!(
+        vec_dot_f32_tinyblas(GgmlCpuBuild::Avx512, &w, &x),
+        16_777_218.0
+    );
+    // Random rows: within rounding of the f64 sum, and the batch matvec takes this
+    // order for F32 weights, single rows and expert rows the generic one.
+    let mut rng = Rng(5);
+    for k in [16usize, 17, 256, 300] {
+        let w: Vec<f32> = (0..4 * k).map(|_| rng.sym()).collect();
+        let x: Vec<f32> = (0..k).map(|_| rng.sym()).collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let (mut batch, mut single, mut expert, mut generic) =
+            (vec![0f32; 4], vec![0f32; 4], vec![0f32; 4], vec![0f32; 4]);
+        matvec_f32_ggml_x86(GgmlType::F32, &bytes, &x, &mut batch, BatchRow::IN_BATCH)
+            .expect("batch");
+        matvec_f32_ggml_x86(GgmlType::F32, &bytes, &x, &mut single, BatchRow::SINGLE)
+            .expect("single");
+        matvec_f32_ggml_x86(GgmlType::F32, &bytes, &x, &mut expert, BatchRow::expert(64))
+            .expect("expert");
+        matvec_f32(GgmlType::F32, &bytes, &x, &mut generic).expect("generic");
+        for (o, wr) in w.chunks(k).enumerate() {
+            assert_eq!(
+                batch[o].to_bits(),
+                vec_dot_f32_tinyblas(GgmlCpuBuild::Avx512, wr, &x).to_bits()
+            );
+            assert!(
+                (batch[o] - generic[o]).abs() <= 1e-5,
+                "k {k}: {batch:?} vs {generic:?}"
+            );
+        }
+        assert_eq!(single, generic);
+        assert_eq!(expert, generic);
+    }
+}

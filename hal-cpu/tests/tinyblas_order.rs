@@ -5,7 +5,8 @@
 //!   and the panel gemm's tiles of 16 weight rows x 2 activation rows;
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
 //!   Q6_K tiled from 8 rows);
-//! - Q4_K and Q6_K expert towers (`MUL_MAT_ID`: Q4_K in the gemv order for every row).
+//! - Q4_K and Q6_K expert towers (`MUL_MAT_ID`: Q4_K in the gemv order for every row);
+//! - F32 (tinyBLAS's F32 order, a MoE router's) at every level, the scalar one included.
 
 mod common;
 
@@ -62,6 +63,33 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
                 for &level in &levels {
                     assert_device_equals(level, ty, &w, k, n, &x, m, &want);
                 }
+            }
+        }
+    }
+}
+
+/// F32 weights (a MoE router, an f32 file's projections) in tinyBLAS's AVX-512 order
+/// (`vec_dot_f32_tinyblas`: sixteen FMA lanes, `_mm512_reduce_add_ps`) at every level,
+/// for lengths with and without a partial last vector and any number of rows.
+#[test]
+fn f32_kernels_are_bit_exact_in_tinyblas_order() {
+    let levels: Vec<SimdLevel> = SimdLevel::ALL
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect();
+    let mut rng = Rng(23);
+    let ty = GgmlType::F32;
+    for (k, n) in [(256, 8), (40, 12), (300, 4), (16, 5), (2880, 8)] {
+        let w = random_weight(&mut rng, ty, k, n);
+        for m in [1usize, 2, 3, 4, 5, 9, 17] {
+            let x = rng.vec(m * k);
+            let mut want = vec![0f32; m * n];
+            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+                flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, BatchRow::IN_BATCH)
+                    .expect("core");
+            }
+            for &level in &levels {
+                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
             }
         }
     }

@@ -108,9 +108,11 @@ int main(int argc, char **argv) {
     llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (!model) return 1;
     auto cp = llama_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = 512;
-    cp.n_ubatch = 512;
+    // The context and the batch hold the whole id list (at least 512, as before).
+    const uint32_t n_ctx = ids.size() > 512 ? (uint32_t)ids.size() : 512;
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_ctx;
+    cp.n_ubatch = n_ctx;
     cp.n_threads = nt;
     cp.n_threads_batch = nt;
     cp.cb_eval = getenv("DUMP_OFF") ? nullptr : cb;

@@ -14,6 +14,12 @@
 //!   lane `l` takes, per 32-element block, the integer sum of elements `4l..4l+4`
 //!   (`updot`) and accumulates `fma(d_w * d_a, sum, lane)`; the lanes are added at the
 //!   end as `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` ([`hsum8`]).
+//! - **F32 weights** (two or more activation rows, a matrix of a multiple of 4 rows):
+//!   tinyBLAS's F32 kernel, sixteen lanes of FMA chains over the elements `l (mod 16)`,
+//!   added as `_mm512_reduce_add_ps` (eight lanes and [`hsum8`] on an AVX2 build,
+//!   [`BatchRow::build`]; [`vec_dot_f32_tinyblas`]). Other F32 matmuls
+//!   (one row, `MUL_MAT_ID`, other row counts) go through `ggml_vec_dot_f32`, not stated
+//!   here (the generic order).
 //! - **Q6_K weights, batches of 8 or more rows**: the tiled K-quant matmul
 //!   (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel). Per 256-element block one exact
 //!   integer `S = sum_g scale_g * (dot_g - 32 * bsum_g)` over the sixteen 16-element
@@ -63,6 +69,7 @@ use crate::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 use crate::types::QK_K;
 
 use crate::dequant::f16_to_f32;
+use crate::math::GgmlCpuBuild;
 
 /// Adds eight lanes as ggml's x86 `hsum_float_8` and tinyBLAS's `hsum` do: the high half
 /// onto the low half, then `movehl`, then `movehdup`.
@@ -83,6 +90,36 @@ fn tinyblas_block(w: &[i32; 32], a: &[i8; 32], d: f32, lanes: &mut [f32; 8]) {
             s += w[e] * a[e] as i32;
         }
         *lane = libm::fmaf(d, s as f32, *lane);
+    }
+}
+
+/// F32 weights · f32 activations in the order of llamafile's tinyBLAS in the given build
+/// (`tinyBLAS<16, __m512, ...>` on AVX-512, `tinyBLAS<8, __m256, ...>` on AVX2, in
+/// `ggml-cpu/llamafile/sgemm.cpp`), llama.cpp's F32 matmul for two or more activation
+/// rows and a matrix of a multiple of 4 rows (a MoE router, an f32 file's projections):
+/// sixteen (eight) lanes, lane `l` the FMA chain `lane = fma(w[e], x[e], lane)` over the
+/// elements `e = l (mod 16)` (`mod 8`) in order, a partial last vector loaded with zeros;
+/// the lanes added as `_mm512_reduce_add_ps` ([`crate::math::reduce_add_16`]) or as
+/// tinyBLAS's `hsum(__m256)` ([`hsum8`]). The tile shape does not change this.
+///
+/// # Panics
+/// If the rows differ in length.
+pub fn vec_dot_f32_tinyblas(build: GgmlCpuBuild, w: &[f32], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "vec_dot_f32_tinyblas: lengths");
+    let mut lanes = [0.0f32; 16];
+    let width = match build {
+        GgmlCpuBuild::Avx512 => 16,
+        GgmlCpuBuild::Avx2 => 8,
+    };
+    for (wc, xc) in w.chunks(width).zip(x.chunks(width)) {
+        for (l, lane) in lanes[..width].iter_mut().enumerate() {
+            let (a, b) = (wc.get(l).copied(), xc.get(l).copied());
+            *lane = libm::fmaf(a.unwrap_or(0.0), b.unwrap_or(0.0), *lane);
+        }
+    }
+    match build {
+        GgmlCpuBuild::Avx512 => crate::math::reduce_add_16(&lanes),
+        GgmlCpuBuild::Avx2 => hsum8(core::array::from_fn(|l| lanes[l])),
     }
 }
 
@@ -228,6 +265,9 @@ pub struct BatchRow {
     /// A row of an expert matmul (llama.cpp's `MUL_MAT_ID`), where a repacked Q4_K
     /// tower computes every row with its gemv kernel.
     pub expert: bool,
+    /// The llama.cpp build whose vector width sets the F32 order
+    /// ([`vec_dot_f32_tinyblas`]); AVX-512 unless set ([`BatchRow::in_build`]).
+    pub build: GgmlCpuBuild,
 }
 
 impl BatchRow {
@@ -243,7 +283,16 @@ impl BatchRow {
             batch,
             row,
             expert: false,
+            build: GgmlCpuBuild::Avx512,
         }
+    }
+
+    /// Whether an F32 matrix takes tinyBLAS's F32 kernel for this row
+    /// ([`vec_dot_f32_tinyblas`]): two or more activation rows, not an expert matmul.
+    /// `tinyBLAS::matmul` also declines matrices whose row count is not a multiple of 4;
+    /// a caller that knows the whole matrix passes [`BatchRow::SINGLE`] for those.
+    pub const fn f32_tinyblas(self) -> bool {
+        self.batch >= 2 && !self.expert
     }
 
     /// A row of an expert matmul that routes `rows` activation rows to the expert.
@@ -252,7 +301,14 @@ impl BatchRow {
             batch: rows,
             row: 0,
             expert: true,
+            build: GgmlCpuBuild::Avx512,
         }
+    }
+
+    /// This row in the given llama.cpp build (its F32 order; the quantized orders
+    /// stated here are the same in both builds, or AVX-512 VNNI's).
+    pub const fn in_build(self, build: GgmlCpuBuild) -> Self {
+        Self { build, ..self }
     }
 
     /// The repacked Q4_K kernel of this row: gemv for the last `batch % 4` rows of a

@@ -154,8 +154,11 @@ fn reduce_add_8(v: &[f32]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// `_mm512_reduce_add_ps` of 16 lanes: halves added pairwise (8, 4, 2, 1).
-fn reduce_add_16(v: &[f32]) -> f32 {
+/// `_mm512_reduce_add_ps` of 16 lanes (`v[..16]`) as GCC expands it: halves added
+/// pairwise (8, 4, 2, 1), i.e. `((u0 + u2) + (u1 + u3))` with `u_i = t_{i+4} + t_i`,
+/// `t_i = v_{i+8} + v_i`. ggml's AVX-512 reductions (flash attention, tinyBLAS's `hsum`)
+/// add their lanes so.
+pub fn reduce_add_16(v: &[f32]) -> f32 {
     let mut t = [0.0f32; 8];
     for i in 0..8 {
         t[i] = v[i + 8] + v[i];

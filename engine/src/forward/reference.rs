@@ -60,6 +60,13 @@ pub fn matvec_rows_in(
     at: BatchRow,
 ) -> Result<(), ModelError> {
     assert_eq!(x.len(), w.row_len(), "matvec on '{}': input length", w.name);
+    // llama.cpp's tinyBLAS takes F32 matrices of a multiple of 4 rows only; the others go
+    // through `ggml_vec_dot_f32`, as a single row does.
+    let at = if w.ty == flint_core::GgmlType::F32 && !w.dims[1].is_multiple_of(4) {
+        BatchRow::SINGLE.in_build(at.build)
+    } else {
+        at
+    };
     const ROWS: usize = 256;
     let rb = w.row_bytes();
     let bytes = &w.bytes()[row_offset * rb..(row_offset + out.len()) * rb];
@@ -205,9 +212,10 @@ impl<'m> Reference<'m> {
         }
     }
 
-    /// Follows the attention order of the given build of llama.cpp's CPU backend (its
-    /// softmax and f16 dot products sum their lanes by the build's vector width; see
-    /// `flint_core::math::attend_ggml_tiled`). Without it, the AVX-512 build's.
+    /// Follows the attention and F32 matmul orders of the given build of llama.cpp's CPU
+    /// backend (its softmax, f16 dot products and tinyBLAS's F32 kernel sum their lanes by
+    /// the build's vector width; see `flint_core::math::attend_ggml_tiled` and
+    /// `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`). Without it, the AVX-512 build's.
     pub fn set_llamacpp_build(&mut self, build: GgmlCpuBuild) {
         self.build = build;
     }
@@ -249,6 +257,7 @@ impl<'m> Reference<'m> {
             Some(_) => BatchRow::SINGLE,
             None => BatchRow::IN_BATCH,
         }
+        .in_build(self.build)
     }
 
     /// Tokens fed so far (= the position of the next token).
@@ -316,7 +325,7 @@ impl<'m> Reference<'m> {
             };
             if il == last && self.last_only && self.batch_len.is_some_and(|n| pos < n) {
                 // llama.cpp keeps only the output row from here on (`inp_out_ids`).
-                self.cur_row = BatchRow::SINGLE;
+                self.cur_row = BatchRow::SINGLE.in_build(self.build);
             }
             let attn = match &layer.post_attn_norm {
                 Some(w) => rms_norm(&attn, Some(w), spec.rms_eps),
@@ -606,7 +615,7 @@ impl<'m> Reference<'m> {
     /// for large batches (where every expert gets 8 or more).
     fn mlp_row(&self, mlp: &Mlp) -> BatchRow {
         if mlp.gate.dims.len() == 3 {
-            BatchRow::expert(self.cur_row.batch)
+            BatchRow::expert(self.cur_row.batch).in_build(self.build)
         } else {
             self.cur_row
         }

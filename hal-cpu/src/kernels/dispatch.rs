@@ -1506,7 +1506,9 @@ pub(crate) fn matvec_rows(
     }
 }
 
-/// The scalar path: `flint_core::dot::vec_dot` for block types, a plain loop for floats.
+/// The scalar path: `flint_core::dot::vec_dot` for block types; F32 in tinyBLAS's AVX-512
+/// order (`flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`, as the AVX2 kernel), F16 and BF16
+/// in a plain loop.
 pub(crate) fn scalar_rows(
     ty: GgmlType,
     w: &[u8],
@@ -1518,9 +1520,21 @@ pub(crate) fn scalar_rows(
     match acts {
         Acts::F32(a) => {
             let kind = FloatKind::of(ty).ok_or(FormatError::Unsupported(ty))?;
+            let mut wf = Vec::new();
             for (t, &i) in rows.iter().enumerate() {
                 let y = &a[i * k..(i + 1) * k];
-                out[t] = y.iter().enumerate().map(|(j, &v)| kind.get(w, j) * v).sum();
+                out[t] = if kind == FloatKind::F32 {
+                    if wf.is_empty() {
+                        wf = (0..k).map(|j| kind.get(w, j)).collect();
+                    }
+                    flint_core::dot::ggml_x86::vec_dot_f32_tinyblas(
+                        flint_core::math::GgmlCpuBuild::Avx512,
+                        &wf,
+                        y,
+                    )
+                } else {
+                    y.iter().enumerate().map(|(j, &v)| kind.get(w, j) * v).sum()
+                };
             }
         }
         // MXFP4 in llama.cpp's order at every level (`kernels/mxfp4/`).

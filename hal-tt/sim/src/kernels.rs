@@ -171,26 +171,17 @@ pub fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
     s as f32
 }
 
-/// An F32 weight row (little-endian bytes) against f32 activations, computed as
-/// `flint_core::vec_dot` computes F32 rows (each product in f32, the sum in f64) but with
-/// eight partial sums: f64 sums of f32 products are exact unless their magnitudes span
-/// more than 29 bits, so the result is the core's except in rare last-bit cases. The hot
-/// loop of weights expanded to F32.
+/// An F32 weight row (little-endian bytes) against f32 activations in llama.cpp's F32
+/// matmul order on an AVX-512 build (tinyBLAS: sixteen FMA lanes, then
+/// `_mm512_reduce_add_ps`; `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`), as the
+/// reference forward and the CPU backend compute F32 matrices. The hot loop of weights
+/// expanded to F32.
 pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
-    let mut acc = [0.0f64; 8];
-    let (wc, xc) = (w.chunks_exact(32), x.chunks_exact(8));
-    let (wr, xr) = (wc.remainder(), xc.remainder());
-    for (c, xs) in wc.zip(xc) {
-        for k in 0..8 {
-            let wv = f32::from_le_bytes([c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]]);
-            acc[k] += f64::from(wv * xs[k]);
-        }
-    }
-    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (c, &xv) in wr.chunks_exact(4).zip(xr) {
-        s += f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * xv);
-    }
-    s as f32
+    let wf: Vec<f32> = w
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    flint_core::dot::ggml_x86::vec_dot_f32_tinyblas(flint_core::math::GgmlCpuBuild::Avx512, &wf, x)
 }
 
 /// One weight row of `ty` against one encoded activation row of `n` values. Q4_K, Q6_K,

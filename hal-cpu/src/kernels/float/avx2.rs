@@ -1,6 +1,8 @@
-//! F32, F16 and BF16 weights · f32 activations with AVX2 and FMA: products in f32, sums
-//! in f64 as the core reference. The caller must have checked AVX2, FMA and F16C at
-//! device open.
+//! F32, F16 and BF16 weights · f32 activations with AVX2 and FMA. F32 in the order of
+//! llama.cpp's F32 matmul on an AVX-512 build (tinyBLAS: sixteen lanes of FMA chains,
+//! `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`), here as two 8-lane halves;
+//! F16 and BF16 with products in f32 and sums in f64 as the core reference. The caller
+//! must have checked AVX2, FMA and F16C at device open.
 
 use std::arch::x86_64::*;
 
@@ -32,7 +34,7 @@ pub(crate) fn dot_float<const R: usize>(
     out: &mut [f32; R],
 ) {
     match kind {
-        super::FloatKind::F32 => dot_float_k::<0, R>(w, y, out),
+        super::FloatKind::F32 => dot_f32_tinyblas::<R>(w, y, out),
         super::FloatKind::F16 => dot_float_k::<1, R>(w, y, out),
         super::FloatKind::BF16 => dot_float_k::<2, R>(w, y, out),
     }
@@ -75,5 +77,50 @@ fn dot_float_k<const KIND: u8, const R: usize>(w: &[u8], y: &[&[f32]; R], out: &
             s += (kind.get(w, t) * y[r][t]) as f64;
         }
         out[r] = s as f32;
+    }
+}
+
+/// F32 weights x f32 activations in tinyBLAS's AVX-512 order: lane `l` of sixteen is the
+/// FMA chain over the elements `l (mod 16)`, lanes 0-7 in one register and 8-15 in
+/// another; a partial last vector takes its elements into their lanes (the zeros
+/// tinyBLAS loads there add nothing), then the lanes are added as
+/// `_mm512_reduce_add_ps` (`flint_core::math::reduce_add_16`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32_tinyblas<const R: usize>(w: &[u8], y: &[&[f32]; R], out: &mut [f32; R]) {
+    let n = y[0].len();
+    for r in 0..R {
+        assert!(y[r].len() >= n);
+    }
+    let mut lo = [_mm256_setzero_ps(); R];
+    let mut hi = [_mm256_setzero_ps(); R];
+    let mut j = 0;
+    while j + 16 <= n {
+        let w0 = load_w8::<0>(w, j);
+        let w1 = load_w8::<0>(w, j + 8);
+        for r in 0..R {
+            // SAFETY: y[r] has at least n >= j + 16 values (asserted above).
+            let (y0, y1) = unsafe {
+                (
+                    _mm256_loadu_ps(y[r].as_ptr().add(j)),
+                    _mm256_loadu_ps(y[r].as_ptr().add(j + 8)),
+                )
+            };
+            lo[r] = _mm256_fmadd_ps(w0, y0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(w1, y1, hi[r]);
+        }
+        j += 16;
+    }
+    for r in 0..R {
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` is 16 writable f32; storeu is unaligned.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), lo[r]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[r]);
+        }
+        for t in j..n {
+            let l = t - j;
+            lanes[l] = super::FloatKind::F32.get(w, t).mul_add(y[r][t], lanes[l]);
+        }
+        out[r] = flint_core::math::reduce_add_16(&lanes);
     }
 }
