@@ -14,86 +14,11 @@
 //! `LAYER=n` limits the run to one layer; `GENERIC=1` computes the matmuls in ggml's
 //! generic-C order instead of llama.cpp's x86 one, to see what that order changes.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+mod ggml_dump;
 
 use flint_engine::forward::reference;
 use flint_engine::model::{load_model, Ffn, Model, TensorRef};
-
-struct Dump {
-    dir: PathBuf,
-    /// name -> (op, dims) in graph order.
-    order: Vec<(String, String, Vec<usize>)>,
-    index: HashMap<String, usize>,
-}
-
-impl Dump {
-    fn open() -> Option<Self> {
-        let dir = PathBuf::from(std::env::var_os("FLINT_GGML_DUMP")?);
-        let text = std::fs::read_to_string(dir.join("index.tsv")).expect("index.tsv");
-        let mut order = Vec::new();
-        let mut index = HashMap::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split('\t').collect();
-            if f.len() > 7 {
-                continue; // not dumped (non-contiguous view)
-            }
-            let dims = f[3..7].iter().map(|s| s.parse().expect("dim")).collect();
-            index.insert(f[0].to_string(), order.len());
-            order.push((f[0].to_string(), f[1].to_string(), dims));
-        }
-        Some(Self { dir, order, index })
-    }
-
-    fn get(&self, name: &str) -> Vec<f32> {
-        assert!(self.index.contains_key(name), "{name} is not in the dump");
-        let b = std::fs::read(self.dir.join(format!("{name}.bin"))).expect(name);
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    /// The name of the first tensor after `name` in graph order whose op is `op`.
-    fn next_op(&self, name: &str, op: &str) -> String {
-        let i = self.index[name];
-        self.order[i + 1..]
-            .iter()
-            .find(|e| e.1 == op)
-            .map(|e| e.0.clone())
-            .expect("op after")
-    }
-}
-
-/// Compares row by row (`row` values per position); prints max |diff|, how many rows are
-/// bit-identical and the first row that is not.
-fn cmp(name: &str, ours: &[f32], theirs: &[f32], row: usize) -> usize {
-    assert_eq!(ours.len(), theirs.len(), "{name}: lengths");
-    let mut max = 0.0f32;
-    let mut max_rel = 0.0f32;
-    let mut same = 0;
-    let mut first = None;
-    for (p, (a, b)) in ours.chunks(row).zip(theirs.chunks(row)).enumerate() {
-        let mut eq = true;
-        for (x, y) in a.iter().zip(b) {
-            if x.to_bits() != y.to_bits() {
-                eq = false;
-                max = max.max((x - y).abs());
-                max_rel = max_rel.max((x - y).abs() / y.abs().max(1e-30));
-            }
-        }
-        if eq {
-            same += 1;
-        } else if first.is_none() {
-            first = Some(p);
-        }
-    }
-    let n = ours.len() / row;
-    eprintln!(
-        "{name:>22}: {same:>3}/{n} rows bit-identical, first differing {:>4}, max |d| {max:.3e} (rel {max_rel:.2e})",
-        first.map(|p| p as i64).unwrap_or(-1)
-    );
-    n - same
-}
+use ggml_dump::{cmp, norm_rows, Dump};
 
 fn matvec_rows(w: &TensorRef, x: &[f32], n_in: usize) -> Vec<f32> {
     let n = x.len() / n_in;
@@ -112,12 +37,6 @@ fn matvec_rows(w: &TensorRef, x: &[f32], n_in: usize) -> Vec<f32> {
     out
 }
 
-fn norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    x.chunks(w.len())
-        .flat_map(|r| reference::rms_norm(r, Some(w), eps))
-        .collect()
-}
-
 fn model() -> Model {
     let path = flint_loader::fetch::default_model_path().expect("default model");
     load_model(&path).expect("loads")
@@ -134,7 +53,7 @@ fn gemma_ops_against_llama_cpp() {
     let s = &m.spec;
     let (dk, dv, h) = (s.head_dim_k, s.head_dim_v, s.n_heads);
     let only: Option<usize> = std::env::var("LAYER").ok().and_then(|v| v.parse().ok());
-    let n_tok = d.order[d.index["inp_scaled"]].2[1];
+    let n_tok = d.dims("inp_scaled")[1];
     for (il, layer) in m.layers.iter().enumerate() {
         if only.is_some_and(|l| l != il) {
             continue;
@@ -338,12 +257,12 @@ fn gemma_ops_against_llama_cpp() {
 fn reference_logits_against_dump() {
     let Some(d) = Dump::open() else { return };
     let m = model();
-    let ids: Vec<u32> = std::fs::read_to_string(d.dir.join("ids.txt"))
+    let ids: Vec<u32> = std::fs::read_to_string(d.dir().join("ids.txt"))
         .expect("ids.txt")
         .split_whitespace()
         .map(|t| t.parse().expect("id"))
         .collect();
-    let b = std::fs::read(d.dir.join("logits.bin")).expect("logits.bin");
+    let b = std::fs::read(d.dir().join("logits.bin")).expect("logits.bin");
     let want: Vec<f32> = b
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

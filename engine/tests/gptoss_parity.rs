@@ -20,81 +20,14 @@
 //!
 //! On both quantized files every op is bit-identical for all 256 rows (docs/parity.md).
 
-use std::collections::HashMap;
+mod ggml_dump;
+
 use std::path::PathBuf;
 
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_engine::forward::reference;
 use flint_engine::model::{layer_rope, load_model, Ffn, TensorRef};
-
-struct Dump {
-    dir: PathBuf,
-    order: Vec<(String, String, Vec<usize>)>,
-    index: HashMap<String, usize>,
-}
-
-impl Dump {
-    fn open() -> Option<Self> {
-        let dir = PathBuf::from(std::env::var_os("FLINT_GGML_DUMP")?);
-        let text = std::fs::read_to_string(dir.join("index.tsv")).expect("index.tsv");
-        let mut order = Vec::new();
-        let mut index = HashMap::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split('\t').collect();
-            if f.len() > 7 {
-                continue;
-            }
-            let dims = f[3..7].iter().map(|s| s.parse().expect("dim")).collect();
-            index.insert(f[0].to_string(), order.len());
-            order.push((f[0].to_string(), f[1].to_string(), dims));
-        }
-        Some(Self { dir, order, index })
-    }
-
-    fn get(&self, name: &str) -> Vec<f32> {
-        assert!(self.index.contains_key(name), "{name} is not in the dump");
-        let b = std::fs::read(self.dir.join(format!("{name}.bin"))).expect(name);
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    fn next_op(&self, name: &str, op: &str) -> String {
-        let i = self.index[name];
-        self.order[i + 1..]
-            .iter()
-            .find(|e| e.1 == op)
-            .map(|e| e.0.clone())
-            .expect("op after")
-    }
-}
-
-fn cmp(name: &str, ours: &[f32], theirs: &[f32], row: usize) -> usize {
-    assert_eq!(ours.len(), theirs.len(), "{name}: lengths");
-    let (mut max, mut max_rel, mut same, mut first, mut nd) = (0.0f32, 0.0f32, 0, None, 0usize);
-    for (p, (a, b)) in ours.chunks(row).zip(theirs.chunks(row)).enumerate() {
-        let mut eq = true;
-        for (x, y) in a.iter().zip(b) {
-            if x.to_bits() != y.to_bits() {
-                eq = false;
-                nd += 1;
-                max = max.max((x - y).abs());
-                max_rel = max_rel.max((x - y).abs() / y.abs().max(1e-30));
-            }
-        }
-        if eq {
-            same += 1;
-        } else if first.is_none() {
-            first = Some(p);
-        }
-    }
-    let n = ours.len() / row;
-    eprintln!(
-        "{name:>28}: {same:>4}/{n} rows bit-identical ({nd} values differ), first differing {:>4}, max |d| {max:.3e} (rel {max_rel:.2e})",
-        first.map(|p| p as i64).unwrap_or(-1)
-    );
-    n - same
-}
+use ggml_dump::{cmp, norm_rows, Dump};
 
 fn rows(w: &TensorRef, off: usize, n_out: usize, x: &[f32], at: BatchRow) -> Vec<f32> {
     let mut o = vec![0.0; n_out];
@@ -108,12 +41,6 @@ fn mm(w: &TensorRef, x: &[f32]) -> Vec<f32> {
     x.chunks(n_in)
         .enumerate()
         .flat_map(|(p, r)| rows(w, 0, w.dims[1], r, BatchRow::at(n, p)))
-        .collect()
-}
-
-fn norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    x.chunks(w.len())
-        .flat_map(|r| reference::rms_norm(r, Some(w), eps))
         .collect()
 }
 
@@ -136,7 +63,7 @@ fn gpt_oss_ops_against_llama_cpp() {
     .expect("loads");
     let s = &m.spec;
     let h = s.n_heads;
-    let n_tok = d.order[d.index["embd"]].2[1];
+    let n_tok = d.dims("embd")[1];
     for (il, layer) in m.layers.iter().enumerate() {
         eprintln!("--- layer {il}");
         let ld = &s.layers[il];
