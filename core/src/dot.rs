@@ -363,7 +363,8 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
 
 /// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
 /// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights, Q5_K in batches of 8 rows or more and F32
-/// where tinyBLAS computes it ([`ggml_x86::BatchRow::f32_tinyblas`]), for the activation row `at` of a llama.cpp
+/// (tinyBLAS's order where it computes the matmul, [`ggml_x86::BatchRow::f32_tinyblas`];
+/// `ggml_vec_dot_f32`'s elsewhere), for the activation row `at` of a llama.cpp
 /// matmul (its batch size and row pick the kernels); any other type exactly as
 /// [`matvec_f32`]. Q4_K and MXFP4 rows take llama.cpp's repacked orders, which it uses
 /// for matrices of a multiple of 8 rows.
@@ -380,14 +381,18 @@ pub fn matvec_f32_ggml_x86(
     at: ggml_x86::BatchRow,
 ) -> Result<(), FormatError> {
     use alloc::vec::Vec;
-    if ty == GgmlType::F32 && at.f32_tinyblas() {
+    if ty == GgmlType::F32 {
         let row = matvec_row_bytes(ty, w, x, out)?;
         let mut wr = alloc::vec![0.0f32; x.len()];
         for (o, wb) in out.iter_mut().zip(w.chunks_exact(row.max(1))) {
             for (v, c) in wr.iter_mut().zip(wb.chunks_exact(4)) {
                 *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
-            *o = ggml_x86::vec_dot_f32_tinyblas(at.build, &wr, x);
+            *o = if at.f32_tinyblas() {
+                ggml_x86::vec_dot_f32_tinyblas(at.build, &wr, x)
+            } else {
+                ggml_x86::vec_dot_f32_ggml(at.build, &wr, x)
+            };
         }
         return Ok(());
     }

@@ -43,8 +43,8 @@ pub use attn_ggml::{
 #[cfg(feature = "alloc")]
 pub use delta::gated_delta_net_chunked;
 pub use delta::{
-    delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv,
-    vec_dot_f32_ggml_avx2, DeltaNetShape, DELTA_NET_CHUNK,
+    delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv, DeltaNetShape,
+    DELTA_NET_CHUNK,
 };
 pub use libc::{
     cosf_glibc, expf_libc, sinf_glibc, EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,

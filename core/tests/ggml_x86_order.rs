@@ -147,7 +147,7 @@ fn glibc_sin_cos_exp_are_within_half_an_ulp_or_so() {
 /// all three (2^24 + 3 rounds to 2^24 + 4).
 #[test]
 fn f32_tinyblas_order_is_sixteen_fma_lanes_reduced_pairwise() {
-    use flint_core::dot::ggml_x86::vec_dot_f32_tinyblas;
+    use flint_core::dot::ggml_x86::{vec_dot_f32_ggml, vec_dot_f32_tinyblas};
     use flint_core::math::GgmlCpuBuild;
     let mut w = vec![0.0f32; 40];
     w[0] = 16_777_216.0;
@@ -169,7 +169,7 @@ fn f32_tinyblas_order_is_sixteen_fma_lanes_reduced_pairwise() {
         16_777_218.0
     );
     // Random rows: within rounding of the f64 sum, and the batch matvec takes this
-    // order for F32 weights, single rows and expert rows the generic one.
+    // order for F32 weights, single rows and expert rows `ggml_vec_dot_f32`'s.
     let mut rng = Rng(5);
     for k in [16usize, 17, 256, 300] {
         let w: Vec<f32> = (0..4 * k).map(|_| rng.sym()).collect();
@@ -194,7 +194,49 @@ fn f32_tinyblas_order_is_sixteen_fma_lanes_reduced_pairwise() {
                 "k {k}: {batch:?} vs {generic:?}"
             );
         }
-        assert_eq!(single, generic);
-        assert_eq!(expert, generic);
+        for (o, wr) in w.chunks(k).enumerate() {
+            let v = vec_dot_f32_ggml(GgmlCpuBuild::Avx512, wr, &x);
+            assert_eq!(single[o].to_bits(), v.to_bits(), "k {k} row {o}");
+            assert_eq!(expert[o].to_bits(), v.to_bits(), "k {k} row {o}");
+        }
     }
+}
+
+/// `ggml_vec_dot_f32`'s order (llama.cpp's F32 matmul for one activation row and for
+/// `MUL_MAT_ID`, e.g. a MoE router in a decode step): four accumulators of sixteen lanes
+/// over steps of 64 (element `e` in accumulator `(e mod 64) / 16`, lane `e mod 16`), the
+/// accumulators added per lane as `(0 + 2) + (1 + 3)`, the lanes as
+/// `_mm512_reduce_add_ps`, then the elements after the last step one by one. Values where
+/// that order decides: 2^24 in accumulator 0 lane 0 absorbs accumulator 2's 1 (2^24 + 1
+/// rounds to even), then takes accumulators 1 and 3 as one exact 2 (2^24 + 2); tinyBLAS
+/// chains all four in one lane (2^24); an f64 sum gives 2^24 + 3, rounded to 2^24 + 4.
+#[test]
+fn f32_vec_dot_order_is_four_accumulators_of_sixteen_lanes() {
+    use flint_core::dot::ggml_x86::{vec_dot_f32_ggml, vec_dot_f32_tinyblas};
+    use flint_core::math::GgmlCpuBuild;
+    let mut w = vec![0.0f32; 64];
+    w[0] = 16_777_216.0;
+    w[16] = 1.0;
+    w[32] = 1.0;
+    w[48] = 1.0;
+    let x = vec![1.0f32; 64];
+    assert_eq!(vec_dot_f32_ggml(GgmlCpuBuild::Avx512, &w, &x), 16_777_218.0);
+    assert_eq!(
+        vec_dot_f32_tinyblas(GgmlCpuBuild::Avx512, &w, &x),
+        16_777_216.0
+    );
+    assert_eq!(flint_core::dot::vec_dot_f32(&w, &x), 16_777_220.0);
+    // The AVX2 build (steps of 32, eight lanes) puts element 32 into 2^24's chain (lost
+    // to rounding) and elements 16 and 48 into accumulator 2 (an exact 2):
+    // `(0 + 2)` = 2^24 + 2.
+    assert_eq!(vec_dot_f32_ggml(GgmlCpuBuild::Avx2, &w, &x), 16_777_218.0);
+    // Past the last whole step each product is added to the running f32 sum: 2^24 + 2
+    // then + 1 is a tie, rounded to even (2^24 + 4); + 0.5 more is lost.
+    let mut w70 = w.clone();
+    w70.extend([1.0, 0.5, 0.0, 0.0, 0.0, 0.0]);
+    let x70 = vec![1.0f32; 70];
+    assert_eq!(
+        vec_dot_f32_ggml(GgmlCpuBuild::Avx512, &w70, &x70),
+        16_777_220.0
+    );
 }

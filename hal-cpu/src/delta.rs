@@ -202,7 +202,7 @@ pub(crate) mod avx2 {
 
     use flint_core::math::{self, DeltaNetShape};
 
-    /// `math::vec_dot_f32_ggml_avx2` with its four 8-lane accumulators in registers.
+    /// `flint_core::dot::ggml_x86::vec_dot_f32_ggml` (AVX2 build) with its four 8-lane accumulators in registers.
     #[target_feature(enable = "avx2,fma")]
     fn dot(x: &[f32], y: &[f32]) -> f32 {
         let np = x.len() & !31;

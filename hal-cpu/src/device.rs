@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::kernels::x16::X16_ROWS;
 use crate::kernels::{self, FloatKind};
-use crate::kv::CpuKv;
+use crate::kv::{CpuKv, FloatOrder};
 use crate::simd::SimdLevel;
 use crate::stage::{CpuWeight, WeightLayout};
 use crate::worker::SessionState;
@@ -43,6 +43,8 @@ pub struct CpuDevice {
     /// How quantized weights are kept on AVX-512 VNNI, and why.
     pub(crate) layout: WeightLayout,
     pub(crate) layout_reason: &'static str,
+    /// Batch-invariant float orders, or llama.cpp's for the call's size.
+    pub(crate) order: FloatOrder,
 }
 
 /// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
@@ -97,6 +99,7 @@ impl CpuDevice {
             .build()
             .map_err(|e| HalError::runtime(format!("cpu: cannot start {threads} threads: {e}")))?;
         let (layout, layout_reason) = WeightLayout::choose()?;
+        let order = FloatOrder::choose()?;
         Ok(Self {
             level,
             threads,
@@ -110,6 +113,7 @@ impl CpuDevice {
             arena: arena::PackArena::default(),
             layout,
             layout_reason,
+            order,
         })
     }
 
@@ -119,6 +123,18 @@ impl CpuDevice {
         self.layout = layout;
         self.layout_reason = "set by the caller";
         self
+    }
+
+    /// The same device computing in `order` (the default comes from
+    /// [`FloatOrder::choose`]).
+    pub fn with_float_order(mut self, order: FloatOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Batch-invariant float orders, or llama.cpp's for the call's size.
+    pub fn float_order(&self) -> FloatOrder {
+        self.order
     }
 
     /// How quantized weights are kept (it matters on AVX-512 VNNI only).
@@ -225,8 +241,12 @@ impl Device for CpuDevice {
             }
             _ => String::new(),
         };
+        let order = match self.order {
+            FloatOrder::BatchInvariant => "",
+            FloatOrder::LlamaCpp => ", llama.cpp's float orders for each call's size",
+        };
         format!(
-            "host CPU, {} threads, SIMD {}{layout} (AMX not used, no NEON)",
+            "host CPU, {} threads, SIMD {}{layout}{order} (AMX not used, no NEON)",
             self.threads, self.level
         )
     }
@@ -610,6 +630,14 @@ impl Device for CpuDevice {
             .downcast_ref::<CpuKv>()
             .expect("KV buffer was not allocated by the cpu device");
         #[cfg(target_arch = "x86_64")]
+        if self.level >= SimdLevel::Avx2 && self.order.one_chunk(p, kv.layout().head_dim_k) {
+            // SAFETY: the level was checked against the CPU's features at device open
+            // (AVX2 includes FMA and F16C here).
+            return self
+                .pool
+                .install(|| unsafe { kernels::attention::paged_attention_one_chunk(kv, p, out) });
+        }
+        #[cfg(target_arch = "x86_64")]
         if self.level >= SimdLevel::Avx512 {
             // SAFETY: the level was checked against the CPU's features at device open.
             return self
@@ -623,7 +651,8 @@ impl Device for CpuDevice {
                 .pool
                 .install(|| unsafe { kernels::attention::avx2::paged_attention(kv, p, out) });
         }
-        self.pool.install(|| kv::paged_attention(kv, p, out))
+        self.pool
+            .install(|| kv::paged_attention(kv, p, self.order, out))
     }
 
     fn run_step(&self, step: &mut (dyn FnMut() + Send)) {

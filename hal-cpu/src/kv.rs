@@ -236,10 +236,54 @@ pub(crate) fn query_owners(
     Ok(owner)
 }
 
-/// Paged attention, parallel over (query row, head).
+/// Where llama.cpp switches float orders with the size of a call, whether the cpu
+/// device follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatOrder {
+    /// One order per op whatever the call: llama.cpp's prompt-batch orders (tinyBLAS for
+    /// F32 matrices of a multiple of 4 rows, the tiled flash attention,
+    /// `flint_core::math::attend_ggml_tiled`), each row computed as if alone, so that a
+    /// request's numbers never depend on what else is in the step, nor on how its
+    /// prompt was chunked, nor on a recompute after preemption. The default.
+    BatchInvariant,
+    /// llama.cpp's orders for the call's size, as it computes a single sequence: one
+    /// activation row of an F32 matrix in `ggml_vec_dot_f32`'s order, attention calls of
+    /// fewer than 64 query rows (decode steps, short prompts) through its
+    /// one-key-at-a-time path (`flint_core::math::attend_ggml_one_chunk`, the output
+    /// held in f16). Decode steps then give llama.cpp's logits where the matmul orders
+    /// agree (`engine/tests/families.rs`), and a request's numbers depend on the step.
+    LlamaCpp,
+}
+
+impl FloatOrder {
+    /// `FLINT_CPU_ORDER` (`batch`: [`FloatOrder::BatchInvariant`], `llamacpp`:
+    /// [`FloatOrder::LlamaCpp`]) when set; else batch-invariant.
+    pub fn choose() -> Result<Self, HalError> {
+        match std::env::var("FLINT_CPU_ORDER") {
+            Ok(v) => match v.trim() {
+                "batch" => Ok(FloatOrder::BatchInvariant),
+                "llamacpp" => Ok(FloatOrder::LlamaCpp),
+                other => Err(HalError::invalid(format!(
+                    "FLINT_CPU_ORDER={other:?} is not batch or llamacpp"
+                ))),
+            },
+            Err(_) => Ok(FloatOrder::BatchInvariant),
+        }
+    }
+
+    /// Whether a call of `p`'s query rows takes the one-key-at-a-time path: in
+    /// llama.cpp's order, fewer than `flint_core::math::GGML_FA_TILE_Q` rows.
+    pub(crate) fn one_chunk(self, p: &PagedAttention<'_>, head_dim_k: usize) -> bool {
+        self == FloatOrder::LlamaCpp
+            && p.q.len() / (p.n_heads * head_dim_k).max(1) < flint_core::math::GGML_FA_TILE_Q
+    }
+}
+
+/// Paged attention in `order`'s attention order, parallel over (query row, head).
 pub(crate) fn paged_attention(
     kv: &CpuKv,
     p: &PagedAttention<'_>,
+    order: FloatOrder,
     out: &mut [f32],
 ) -> Result<(), HalError> {
     let l = kv.layout;
@@ -249,6 +293,7 @@ pub(crate) fn paged_attention(
     let group = nh / hkv;
     let rv = hkv * dv;
     let num_blocks = l.num_blocks;
+    let one_chunk = order.one_chunk(p, dk);
     let bad = std::sync::atomic::AtomicBool::new(false);
     out.par_chunks_mut(dv.max(1))
         .enumerate()
@@ -264,8 +309,9 @@ pub(crate) fn paged_attention(
             let pos = pos as usize;
             let lo = math::window_start(pos, p.window);
             // Gather the visible keys and values, then attend as llama.cpp's CPU flash
-            // attention does for a prompt batch (`attend_ggml_tiled`): Gemma 3 turns
-            // one-ulp differences there into visible logit differences.
+            // attention does (`attend_ggml_tiled`; in llama.cpp's order, below 64 rows,
+            // `attend_ggml_one_chunk`): Gemma 3 turns one-ulp differences there into
+            // visible logit differences.
             let n = pos + 1 - lo;
             let (mut kbits, mut vbits) = (Vec::with_capacity(n * dk), Vec::with_capacity(n * dv));
             for j in lo..=pos {
@@ -287,16 +333,28 @@ pub(crate) fn paged_attention(
             let ks: Vec<&[f32]> = (0..n).map(|i| &kbuf[i * dk..(i + 1) * dk]).collect();
             let vs: Vec<&[f32]> = (0..n).map(|i| &vbuf[i * dv..(i + 1) * dv]).collect();
             let sink = p.sinks.map(|s| s[h]);
-            math::attend_ggml_tiled(
-                math::GgmlCpuBuild::Avx512,
-                q,
-                &ks,
-                &vs,
-                lo,
-                p.scale,
-                sink,
-                o,
-            );
+            if one_chunk {
+                math::attend_ggml_one_chunk(
+                    math::GgmlCpuBuild::Avx512,
+                    q,
+                    &ks,
+                    &vs,
+                    p.scale,
+                    sink,
+                    o,
+                );
+            } else {
+                math::attend_ggml_tiled(
+                    math::GgmlCpuBuild::Avx512,
+                    q,
+                    &ks,
+                    &vs,
+                    lo,
+                    p.scale,
+                    sink,
+                    o,
+                );
+            }
         });
     if bad.into_inner() {
         return Err(HalError::invalid(

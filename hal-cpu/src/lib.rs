@@ -96,7 +96,7 @@ use std::sync::Arc;
 use flint_hal::{BackendEntry, DeviceRef};
 
 pub use device::CpuDevice;
-pub use kv::CpuKv;
+pub use kv::{CpuKv, FloatOrder};
 pub use simd::SimdLevel;
 pub use stage::{CpuWeight, WeightLayout};
 

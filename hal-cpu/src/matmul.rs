@@ -47,6 +47,14 @@ fn dot_rows_checked(
 }
 
 impl CpuDevice {
+    /// Whether a single activation row of an F32 matrix of a multiple of 4 rows takes
+    /// `ggml_vec_dot_f32`'s order (llama.cpp's for one row, `FloatOrder::LlamaCpp`)
+    /// rather than tinyBLAS's (its batches'). Other F32 matrices and expert towers take
+    /// `ggml_vec_dot_f32`'s for every row in either order, as llama.cpp does.
+    fn f32_row_vec_order(&self) -> bool {
+        self.order == crate::kv::FloatOrder::LlamaCpp
+    }
+
     /// `out[i][o] = W[o] . x[i]` for the `n` rows of `w_bytes` (one matrix), the
     /// activation rows `x` quantized for `ty` here, or already (`pre`).
     #[allow(clippy::too_many_arguments)]
@@ -114,6 +122,16 @@ impl CpuDevice {
                     dst,
                 )
             };
+            if m == 1 && ty == GgmlType::F32 && n.is_multiple_of(4) && !self.f32_row_vec_order() {
+                // An F32 matrix tinyBLAS would take: its order for the single row too
+                // (batch-invariant), one weight row at a time.
+                return out.par_chunks_mut(64).enumerate().try_for_each(|(c, dst)| {
+                    for (r, d) in dst.iter_mut().enumerate() {
+                        row_dot(c * 64 + r, &[0], std::slice::from_mut(d))?;
+                    }
+                    Ok(())
+                });
+            }
             if m == 1 {
                 // Four tasks per thread, not sixteen: each task's weight rows are a
                 // stream the hardware prefetcher has to pick up again, and a decode's
@@ -132,6 +150,15 @@ impl CpuDevice {
                         kernels::matvec_rows(level, ty, wb, acts, k, 0, dst)
                             .map_err(|e| fmt_err("matmul", e))
                     });
+            }
+            if ty == GgmlType::F32 && !n.is_multiple_of(4) {
+                // tinyBLAS takes F32 matrices of a multiple of 4 rows only; llama.cpp
+                // computes the others with `ggml_vec_dot_f32`: the M = 1 path per
+                // activation row.
+                return out.par_chunks_mut(n).enumerate().try_for_each(|(i, dst)| {
+                    kernels::matvec_rows(level, ty, w_bytes, acts, k, i, dst)
+                        .map_err(|e| fmt_err("matmul", e))
+                });
             }
             // Weight and activation rows tiled together, where there is such a kernel:
             // the weight decoded once, the activation rows split over the threads (a
@@ -572,6 +599,20 @@ impl CpuDevice {
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
+                if ty == GgmlType::F32 {
+                    // llama.cpp's `MUL_MAT_ID` takes `ggml_vec_dot_f32` for every routed
+                    // row of an F32 tower: the M = 1 path row by row.
+                    let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
+                    let mut tmp = vec![0f32; rows_here];
+                    for (t, &r) in inputs.iter().enumerate() {
+                        kernels::matvec_rows(level, ty, wb, acts, k, r, &mut tmp)
+                            .map_err(|e| fmt_err("expert matmul", e))?;
+                        for (o, &v) in tmp.iter().enumerate() {
+                            dst[o * m + t] = v;
+                        }
+                    }
+                    return Ok(());
+                }
                 if kernels::has_small_batch_kernel(level, ty) {
                     // The expert's few tokens gathered and quantized apart (row by row,
                     // as in the whole batch's `acts`: the same bytes), then each weight

@@ -1,23 +1,28 @@
-//! The SIMD paged attention (AVX2: queries of a GQA group in lanes; AVX-512: queries in
-//! lanes for prompt batches, keys in lanes for decode rows) against the scalar path
-//! (`flint_core::math::attend_ggml_tiled` per row and head), bit for bit: prompt batches
-//! longer than a 64-key tile and than 16 lanes, decode rows, sliding windows with the
-//! blocks below them freed, sinks above and below the score maximum, head sizes that are
-//! not a multiple of 16, cache blocks of 8 (no 16-key runs: queries in lanes only), 16
-//! and 32 slots.
+//! The SIMD paged attention against the scalar path (`kv::paged_attention`), bit for
+//! bit, in both attention orders of the device. Batch-invariant: llama.cpp's tiled order
+//! for every call (`flint_core::math::attend_ggml_tiled` per row and head; AVX2: queries
+//! of a GQA group in lanes; AVX-512: queries in lanes for prompt rows, keys in lanes for
+//! decode rows). llama.cpp's: the same from 64 query rows, its one-key-at-a-time order
+//! below (`attend_ggml_one_chunk`; keys in lanes for the scores, the output in f16).
+//! Cases: prompt batches longer than a 64-key tile and than 16 lanes, decode rows alone
+//! and beside a prompt, short prompt chunks, sliding windows with the blocks below them
+//! freed, sinks above and below the score maximum, head sizes that are not a multiple of
+//! 16 or 8, cache blocks of 8 (no 16-key runs), 16 and 32 slots.
 
 mod common;
 
 use common::Rng;
 use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention, NO_BLOCK};
-use flint_hal_cpu::{CpuDevice, SimdLevel};
+use flint_hal_cpu::{CpuDevice, FloatOrder, SimdLevel};
 
-fn device(level: SimdLevel) -> CpuDevice {
+fn device(level: SimdLevel, order: FloatOrder) -> CpuDevice {
     let opts = DeviceOptions {
         threads: Some(2),
         keep_quant: true,
     };
-    CpuDevice::with_level(&opts, level).expect("open cpu")
+    CpuDevice::with_level(&opts, level)
+        .expect("open cpu")
+        .with_float_order(order)
 }
 
 struct Case {
@@ -146,7 +151,7 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             n_heads: 3,
             hkv: 1,
             dk: 40,
-            dv: 24,
+            dv: 20,
             window: Some(64),
             sinks: true,
             seqs: vec![(100, (70..100).collect()), (129, vec![128])],
@@ -213,19 +218,21 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             seqs: vec![(101, vec![100])],
         },
     ];
-    for bs in [8, 16, 32] {
-        for (i, c) in cases.iter().enumerate() {
-            let seed = 100 + i as u64;
-            let want = run(&device(SimdLevel::Scalar), c, bs, seed);
-            for &level in &levels {
-                let got = run(&device(level), c, bs, seed);
-                assert_eq!(got.len(), want.len());
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        w.to_bits(),
-                        "{level}: case {i}, block size {bs}, value {j}: SIMD {g} vs scalar {w} (seed {seed})"
-                    );
+    for order in [FloatOrder::BatchInvariant, FloatOrder::LlamaCpp] {
+        for bs in [8, 16, 32] {
+            for (i, c) in cases.iter().enumerate() {
+                let seed = 100 + i as u64;
+                let want = run(&device(SimdLevel::Scalar, order), c, bs, seed);
+                for &level in &levels {
+                    let got = run(&device(level, order), c, bs, seed);
+                    assert_eq!(got.len(), want.len());
+                    for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "{level} {order:?}: case {i}, block size {bs}, value {j}: SIMD {g} vs scalar {w} (seed {seed})"
+                        );
+                    }
                 }
             }
         }

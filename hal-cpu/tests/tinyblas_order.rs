@@ -6,7 +6,9 @@
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
 //!   Q6_K tiled from 8 rows);
 //! - Q4_K and Q6_K expert towers (`MUL_MAT_ID`: Q4_K in the gemv order for every row);
-//! - F32 (tinyBLAS's F32 order, a MoE router's) at every level, the scalar one included.
+//! - F32 (tinyBLAS's order for batches, `ggml_vec_dot_f32`'s for other row counts and
+//!   expert towers, and for single rows in llama.cpp's order) at every level, the scalar
+//!   one included.
 
 mod common;
 
@@ -14,7 +16,7 @@ use common::*;
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions, ExpertRow};
-use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
+use flint_hal_cpu::{CpuDevice, FloatOrder, SimdLevel, WeightLayout};
 
 #[test]
 fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
@@ -68,28 +70,138 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
     }
 }
 
-/// F32 weights (a MoE router, an f32 file's projections) in tinyBLAS's AVX-512 order
-/// (`vec_dot_f32_tinyblas`: sixteen FMA lanes, `_mm512_reduce_add_ps`) at every level,
-/// for lengths with and without a partial last vector and any number of rows.
+/// F32 weights (a MoE router, an f32 file's projections) in llama.cpp's AVX-512 orders
+/// at every level, in both of the device's float orders, for lengths with and without a
+/// partial last vector or step and any number of rows: tinyBLAS's
+/// (`vec_dot_f32_tinyblas`: sixteen FMA lanes, `_mm512_reduce_add_ps`) for a matrix of a
+/// multiple of 4 rows, `ggml_vec_dot_f32`'s (`vec_dot_f32_ggml`: four accumulators of
+/// sixteen lanes) for other row counts; a single activation row takes the latter in
+/// llama.cpp's order (`FloatOrder::LlamaCpp`) and the former when batch-invariant.
 #[test]
-fn f32_kernels_are_bit_exact_in_tinyblas_order() {
+fn f32_kernels_are_bit_exact_in_llama_cpp_order() {
     let levels: Vec<SimdLevel> = SimdLevel::ALL
         .into_iter()
         .filter(|l| *l <= SimdLevel::detect())
         .collect();
     let mut rng = Rng(23);
     let ty = GgmlType::F32;
-    for (k, n) in [(256, 8), (40, 12), (300, 4), (16, 5), (2880, 8)] {
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    for (k, n) in [(256, 8), (40, 12), (300, 4), (16, 5), (2880, 8), (130, 6)] {
         let w = random_weight(&mut rng, ty, k, n);
         for m in [1usize, 2, 3, 4, 5, 9, 17] {
             let x = rng.vec(m * k);
-            let mut want = vec![0f32; m * n];
-            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-                flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, BatchRow::IN_BATCH)
-                    .expect("core");
+            for order in [FloatOrder::BatchInvariant, FloatOrder::LlamaCpp] {
+                let mut want = vec![0f32; m * n];
+                for (i, (xr, o)) in x.chunks(k).zip(want.chunks_mut(n)).enumerate() {
+                    let at = match (n % 4 == 0, order) {
+                        (false, _) => BatchRow::SINGLE,
+                        (true, FloatOrder::BatchInvariant) => BatchRow::IN_BATCH,
+                        (true, FloatOrder::LlamaCpp) => BatchRow::at(m, i),
+                    };
+                    flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, at).expect("core");
+                }
+                for &level in &levels {
+                    let dev = CpuDevice::with_level(&opts, level)
+                        .expect("device")
+                        .with_float_order(order);
+                    let h = dev
+                        .stage(&desc("w", ty, &[k, n], w.to_vec()))
+                        .expect("stage");
+                    let mut got = vec![f32::NAN; m * n];
+                    dev.matmul(&*h, &x, m, &mut got).expect("matmul");
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{level:?} {order:?} k {k} n {n} m {m}: row {}, output {}: {g} vs {e}",
+                            i / n,
+                            i % n
+                        );
+                    }
+                }
             }
-            for &level in &levels {
-                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+        }
+    }
+}
+
+/// F32 expert towers (gpt-oss's f32 files) in `ggml_vec_dot_f32`'s order for every
+/// routed row, as llama.cpp's `MUL_MAT_ID` computes them, at every level, through
+/// `expert_matmul` and `expert_matmul_multi`, an expert with 1, 5 or 20 rows.
+#[test]
+fn f32_expert_towers_are_bit_exact_in_vec_dot_order() {
+    let mut rng = Rng(29);
+    let ty = GgmlType::F32;
+    let (k, n, e) = (300, 12, 4);
+    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
+    pairs.push((7, 1));
+    pairs.extend((20..25).map(|i| (i, 3)));
+    pairs.rotate_left(9);
+    let rows: Vec<ExpertRow> = pairs
+        .iter()
+        .map(|&(i, ex)| ExpertRow {
+            input_row: i,
+            expert: ex,
+        })
+        .collect();
+    let x = rng.vec(26 * k);
+    let w = random_weight(&mut rng, ty, k, n * e);
+    let w2 = random_weight(&mut rng, ty, k, n * e);
+    let rb = 4 * k * n;
+    let want = |w: &[u8]| -> Vec<f32> {
+        let mut out = vec![0f32; rows.len() * n];
+        for (r, o) in rows.iter().zip(out.chunks_mut(n)) {
+            let (ex, i) = (r.expert as usize, r.input_row as usize);
+            flint_core::dot::matvec_f32_ggml_x86(
+                ty,
+                &w[ex * rb..(ex + 1) * rb],
+                &x[i * k..(i + 1) * k],
+                o,
+                BatchRow::expert(20),
+            )
+            .expect("core");
+        }
+        out
+    };
+    let (want1, want2) = (want(&w), want(&w2));
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    for level in SimdLevel::ALL
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+    {
+        let dev = CpuDevice::with_level(&opts, level).expect("device");
+        let t1 = dev
+            .stage(&desc("exps", ty, &[k, n, e], w.clone()))
+            .expect("stage");
+        let t2 = dev
+            .stage(&desc("exps2", ty, &[k, n, e], w2.clone()))
+            .expect("stage");
+        let mut one = vec![f32::NAN; rows.len() * n];
+        dev.expert_matmul(&*t1, &x, &rows, &mut one)
+            .expect("expert_matmul");
+        let mut m1 = vec![f32::NAN; rows.len() * n];
+        let mut m2 = vec![f32::NAN; rows.len() * n];
+        dev.expert_matmul_multi(&[&*t1, &*t2], &x, &rows, &mut [&mut m1, &mut m2])
+            .expect("expert_matmul_multi");
+        for (what, got, want) in [
+            ("expert_matmul", &one, &want1),
+            ("multi, first", &m1, &want1),
+            ("multi, second", &m2, &want2),
+        ] {
+            for (i, (g, e)) in got.iter().zip(want.iter()).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{level:?} {what}: row {} (expert {}), output {}: {g} vs {e}",
+                    i / n,
+                    rows[i / n].expert,
+                    i % n
+                );
             }
         }
     }

@@ -18,8 +18,8 @@
 //!   tinyBLAS's F32 kernel, sixteen lanes of FMA chains over the elements `l (mod 16)`,
 //!   added as `_mm512_reduce_add_ps` (eight lanes and [`hsum8`] on an AVX2 build,
 //!   [`BatchRow::build`]; [`vec_dot_f32_tinyblas`]). Other F32 matmuls
-//!   (one row, `MUL_MAT_ID`, other row counts) go through `ggml_vec_dot_f32`, not stated
-//!   here (the generic order).
+//!   (one row, `MUL_MAT_ID`, other row counts) go through `ggml_vec_dot_f32`
+//!   ([`vec_dot_f32_ggml`]: four accumulators of sixteen lanes over steps of 64).
 //! - **Q6_K weights, batches of 8 or more rows**: the tiled K-quant matmul
 //!   (`ggml-cpu/tiled`, AVX-512 VNNI micro-kernel). Per 256-element block one exact
 //!   integer `S = sum_g scale_g * (dot_g - 32 * bsum_g)` over the sixteen 16-element
@@ -121,6 +121,62 @@ pub fn vec_dot_f32_tinyblas(build: GgmlCpuBuild, w: &[f32], x: &[f32]) -> f32 {
         GgmlCpuBuild::Avx512 => crate::math::reduce_add_16(&lanes),
         GgmlCpuBuild::Avx2 => hsum8(core::array::from_fn(|l| lanes[l])),
     }
+}
+
+/// The vector part of ggml's `ggml_vec_dot_f32` (and of `ggml_vec_dot_f16`, on values
+/// widened from f16) in the given build: four accumulators of sixteen lanes (AVX-512,
+/// `GGML_F32_STEP` 64) or eight (AVX2, step 32), accumulator `j` lane `l` the FMA chain
+/// `acc = fma(x[e], y[e], acc)` over the elements `e = step + j * width + l` of the
+/// whole steps in order; then the accumulators added per lane as `GGML_F32_VEC_REDUCE`
+/// does, `(0 + 2) + (1 + 3)`, and the lanes as `_mm512_reduce_add_ps`
+/// ([`crate::math::reduce_add_16`]) or the AVX2 build's `_mm_hadd_ps` pair
+/// (`(l0 + l4 + (l1 + l5)) + (l2 + l6 + (l3 + l7))`). Returns how many leading elements
+/// the steps cover and their sum; the caller adds the rest as its function does.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_f32_ggml_steps(build: GgmlCpuBuild, x: &[f32], y: &[f32]) -> (usize, f32) {
+    assert_eq!(x.len(), y.len(), "vec_dot_f32_ggml: lengths differ");
+    let width = match build {
+        GgmlCpuBuild::Avx512 => 16,
+        GgmlCpuBuild::Avx2 => 8,
+    };
+    let step = 4 * width;
+    let np = x.len() - x.len() % step;
+    let mut acc = [[0.0f32; 16]; 4];
+    for (xs, ys) in x[..np].chunks_exact(step).zip(y[..np].chunks_exact(step)) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, v) in a[..width].iter_mut().enumerate() {
+                let e = j * width + l;
+                *v = libm::fmaf(xs[e], ys[e], *v);
+            }
+        }
+    }
+    let v: [f32; 16] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let sum = match build {
+        GgmlCpuBuild::Avx512 => crate::math::reduce_add_16(&v),
+        GgmlCpuBuild::Avx2 => {
+            let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+            (t[0] + t[1]) + (t[2] + t[3])
+        }
+    };
+    (np, sum)
+}
+
+/// ggml's `ggml_vec_dot_f32` in the given build, llama.cpp's F32 matmul wherever tinyBLAS
+/// declines it (one activation row, `MUL_MAT_ID`, a matrix whose row count is not a
+/// multiple of 4), and the dot products of its chunked delta rule: the steps of
+/// [`vec_dot_f32_ggml_steps`], then the elements after them added one by one in `f32`,
+/// each product rounded before the add (`sumf += x[i]*y[i]`, built without contraction).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_f32_ggml(build: GgmlCpuBuild, x: &[f32], y: &[f32]) -> f32 {
+    let (np, mut sum) = vec_dot_f32_ggml_steps(build, x, y);
+    for (a, b) in x[np..].iter().zip(&y[np..]) {
+        sum += a * b;
+    }
+    sum
 }
 
 /// Q8_0 weights · Q8_0 activations in tinyBLAS's order (prompt batches).

@@ -283,31 +283,11 @@ pub fn f16_round(x: f32) -> f32 {
 /// given build computes it: four accumulators of 16 lanes (AVX-512) or 8 lanes (AVX2),
 /// fused multiply-adds over blocks of 64 or 32 values, then the accumulators added
 /// (0 + 2) + (1 + 3) per lane and the lanes summed (`_mm512_reduce_add_ps`; for AVX2
-/// `GGML_F32x8_REDUCE`, [`super::vec_dot_f32_ggml_avx2`]'s order). A tail that is not a
+/// `GGML_F32x8_REDUCE`; [`crate::dot::ggml_x86::vec_dot_f32_ggml_steps`]). A tail that is not a
 /// multiple of the block is added in f64 one product at a time.
 fn dot_f16_ggml(build: GgmlCpuBuild, x: &[f32], y: &[f32]) -> f32 {
+    let (np, blocks) = crate::dot::ggml_x86::vec_dot_f32_ggml_steps(build, x, y);
     let n = x.len();
-    let (np, blocks) = match build {
-        GgmlCpuBuild::Avx2 => {
-            let np = n - n % 32;
-            (np, super::delta::vec_dot_f32_ggml_avx2(&x[..np], &y[..np]))
-        }
-        GgmlCpuBuild::Avx512 => {
-            let np = n - n % 64;
-            let mut acc = [[0.0f32; 16]; 4];
-            for i in (0..np).step_by(64) {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    for (l, v) in a.iter_mut().enumerate() {
-                        let e = i + 16 * j + l;
-                        *v = libm::fmaf(x[e], y[e], *v);
-                    }
-                }
-            }
-            let s: [f32; 16] =
-                core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-            (np, reduce_add_16(&s))
-        }
-    };
     let mut sum = blocks as f64;
     for e in np..n {
         sum += (x[e] * y[e]) as f64;

@@ -49,7 +49,7 @@
 //! build, which llama.cpp's CPU backend runs for prompts and decode steps alike
 //! (`fused_gdn_ar`, `fused_gdn_ch`): `exp(g)` is glibc's `expf` ([`super::expf_libc`]);
 //! the decay one multiply per element; both dot products `ggml_vec_dot_f32`
-//! ([`vec_dot_f32_ggml_avx2`]); the update a fused multiply-add per element
+//! ([`crate::dot::ggml_x86::vec_dot_f32_ggml`] of the AVX2 build); the update a fused multiply-add per element
 //! (`ggml_vec_mad_f32`, its scalar tail included); `o[j]` the dot product times
 //! `1 / sqrtf(d)` (q is not scaled first, unlike llama.cpp's unfused graphs).
 //! `tests/delta_net_ggml.rs` holds it to ggml bit for bit. An AVX-512 build of llama.cpp
@@ -77,6 +77,9 @@
 //! agree up to float rounding (tested: `tests/math_delta.rs`). Splitting a sequence at any
 //! token and carrying the state gives the recurrent form's bits exactly, and the chunked
 //! form's results within that rounding: what chunked prefill relies on.
+
+use super::GgmlCpuBuild;
+use crate::dot::ggml_x86::vec_dot_f32_ggml;
 
 /// The shape of one gated delta net layer: key heads (q and k), value heads (v, the
 /// state and the output; a multiple of `heads_k`) and the head dimension, the same for
@@ -174,41 +177,6 @@ pub fn l2_norm_heads(x: &mut [f32], head_dim: usize, eps: f32) {
 /// Chunk length of llama.cpp's chunked delta rule (`CS` in `build_delta_net_chunking`).
 pub const DELTA_NET_CHUNK: usize = 64;
 
-/// `ggml_vec_dot_f32` of an AVX2 build (`GGML_F32_STEP` 32, `GGML_F32_EPR` 8): four
-/// accumulators of eight lanes, each lane a fused multiply-add chain over the 32-element
-/// steps; the accumulators added as `GGML_F32x8_REDUCE` does (0 + 2, 1 + 3, then 0 + 1;
-/// the high four lanes onto the low four; two horizontal adds); the elements after the
-/// last full step added one by one, each product rounded before the add (ggml's scalar
-/// tail, as the golden shows GCC compiles it).
-///
-/// # Panics
-/// If the slices differ in length.
-pub fn vec_dot_f32_ggml_avx2(x: &[f32], y: &[f32]) -> f32 {
-    assert_eq!(x.len(), y.len(), "vec_dot_f32_ggml_avx2: lengths differ");
-    let np = x.len() & !31;
-    let mut acc = [[0.0f32; 8]; 4];
-    for (xs, ys) in x[..np].chunks_exact(32).zip(y[..np].chunks_exact(32)) {
-        for (a, (xv, yv)) in acc
-            .iter_mut()
-            .zip(xs.chunks_exact(8).zip(ys.chunks_exact(8)))
-        {
-            for l in 0..8 {
-                a[l] = libm::fmaf(xv[l], yv[l], a[l]);
-            }
-        }
-    }
-    let mut v = [0.0f32; 8];
-    for l in 0..8 {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
-    for i in np..x.len() {
-        sum += x[i] * y[i];
-    }
-    sum
-}
-
 /// The short causal depthwise convolution of one sequence (ggml's `ssm_conv`, see the
 /// module docs), carrying its window.
 ///
@@ -294,11 +262,11 @@ pub fn gated_delta_net_head(
             for s in row.iter_mut() {
                 *s *= decay;
             }
-            let delta = (vt[j] - vec_dot_f32_ggml_avx2(row, kt)) * b;
+            let delta = (vt[j] - vec_dot_f32_ggml(GgmlCpuBuild::Avx2, row, kt)) * b;
             for (s, &ki) in row.iter_mut().zip(kt) {
                 *s = libm::fmaf(ki, delta, *s);
             }
-            ot[j] = vec_dot_f32_ggml_avx2(row, qt) * scale;
+            ot[j] = vec_dot_f32_ggml(GgmlCpuBuild::Avx2, row, qt) * scale;
         }
     }
 }

@@ -1346,6 +1346,15 @@ pub(crate) fn matvec_rows(
     if out.is_empty() {
         return Ok(());
     }
+    if let (GgmlType::F32, Acts::F32(a)) = (ty, acts) {
+        // One activation row: `ggml_vec_dot_f32`'s order, llama.cpp's where tinyBLAS
+        // declines a single row (`kernels/float/`).
+        let y = &a[act_row * k..(act_row + 1) * k];
+        for (d, wr) in out.iter_mut().zip(w.chunks_exact(4 * k.max(1))) {
+            *d = dot_f32_vec(level, wr, y);
+        }
+        return Ok(());
+    }
     #[cfg(target_arch = "x86_64")]
     {
         let nbk = k / 256;
@@ -1504,6 +1513,20 @@ pub(crate) fn matvec_rows(
         }
         Ok(())
     }
+}
+
+/// One F32 weight row (bytes) · `y` in the order of `ggml_vec_dot_f32` on an AVX-512
+/// build (`flint_core::dot::ggml_x86::vec_dot_f32_ggml`), with the AVX2 kernel where
+/// the level has one.
+pub(crate) fn dot_f32_vec(level: SimdLevel, w: &[u8], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level != SimdLevel::Scalar {
+        // SAFETY: every SIMD level includes AVX2, FMA and F16C, checked at device open.
+        return unsafe { float::avx2::dot_f32_vec(w, y) };
+    }
+    let _ = level;
+    let wf: Vec<f32> = (0..y.len()).map(|j| FloatKind::F32.get(w, j)).collect();
+    flint_core::dot::ggml_x86::vec_dot_f32_ggml(flint_core::math::GgmlCpuBuild::Avx512, &wf, y)
 }
 
 /// The scalar path: `flint_core::dot::vec_dot` for block types; F32 in tinyBLAS's AVX-512

@@ -965,6 +965,10 @@ fn gemm(
         Vec::new()
     };
     let (bytes, ty, row_bytes) = (w.bytes(), w.ty, w.row_bytes);
+    // Where llama.cpp's tinyBLAS declines an F32 matmul whatever the batch (see
+    // `kernels::dot_f32`); a single row keeps tinyBLAS's order, batch-invariant as the
+    // cpu device's default.
+    let f32_vec_order = expert || out_f % 4 != 0;
     let n_thr = threads(rows.len() * in_f * out_f).min(out_f.max(1));
     let chunk = out_f.div_ceil(n_thr.max(1)).max(1);
     let work = |o0: usize, o1: usize| -> Result<Vec<f32>, String> {
@@ -979,7 +983,7 @@ fn gemm(
                 } else if ty == GgmlType::BF16 {
                     kernels::dot_bf16(wr, &sel[j * in_f..(j + 1) * in_f])
                 } else if ty == GgmlType::F32 {
-                    kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f])
+                    kernels::dot_f32(wr, &sel[j * in_f..(j + 1) * in_f], f32_vec_order)
                 } else {
                     kernels::vec_dot(ty, wr, &acts[j * arb..(j + 1) * arb], in_f, expert)?
                 };

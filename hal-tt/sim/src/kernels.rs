@@ -172,16 +172,23 @@ pub fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
 }
 
 /// An F32 weight row (little-endian bytes) against f32 activations in llama.cpp's F32
-/// matmul order on an AVX-512 build (tinyBLAS: sixteen FMA lanes, then
-/// `_mm512_reduce_add_ps`; `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`), as the
-/// reference forward and the CPU backend compute F32 matrices. The hot loop of weights
-/// expanded to F32.
-pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+/// matmul orders on an AVX-512 build, as the reference forward and the CPU backend
+/// compute F32 matrices: tinyBLAS's (sixteen FMA lanes, then `_mm512_reduce_add_ps`;
+/// `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`) for a batch, `ggml_vec_dot_f32`'s
+/// (`vec_dot_f32_ggml`, four accumulators of sixteen lanes) where tinyBLAS declines the
+/// matmul whatever the batch (`vec_order`: an expert tower, a row count that is not a
+/// multiple of 4). The hot loop of weights expanded to F32.
+pub fn dot_f32(w: &[u8], x: &[f32], vec_order: bool) -> f32 {
     let wf: Vec<f32> = w
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    flint_core::dot::ggml_x86::vec_dot_f32_tinyblas(flint_core::math::GgmlCpuBuild::Avx512, &wf, x)
+    let build = flint_core::math::GgmlCpuBuild::Avx512;
+    if vec_order {
+        flint_core::dot::ggml_x86::vec_dot_f32_ggml(build, &wf, x)
+    } else {
+        flint_core::dot::ggml_x86::vec_dot_f32_tinyblas(build, &wf, x)
+    }
 }
 
 /// One weight row of `ty` against one encoded activation row of `n` values. Q4_K, Q6_K,

@@ -13,6 +13,11 @@
 //!   decode rows.
 //! - `avx2.rs`: eight lanes, queries in lanes.
 //!
+//! In llama.cpp's order (`crate::kv::FloatOrder::LlamaCpp`), calls of fewer than 64
+//! query rows (decode steps, short prompts) take llama.cpp's other path instead,
+//! `flint_core::math::attend_ggml_one_chunk` (the output held in f16, one key at a
+//! time): `one_chunk.rs`.
+//!
 //! This file holds what they share: the lane groups, where a group's keys and values lie,
 //! the last step of each query, and the driver that splits a step into groups.
 
@@ -23,6 +28,7 @@ use crate::kv::CpuKv;
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod one_chunk;
 
 /// Keys per chunk of a tile: a 64-key tile is four chunks of 16, the run of slots a cache
 /// block of a multiple of 16 stores together.
@@ -199,4 +205,21 @@ pub(crate) fn paged_attention_in_groups(
         }
     }
     Ok(())
+}
+
+/// Paged attention of a call of fewer than 64 query rows in llama.cpp's order (`crate::kv::FloatOrder::one_chunk`) with
+/// `one_chunk.rs`, in groups of up to 16 queries that share a sequence and a KV head.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C (checked at device open).
+pub(crate) unsafe fn paged_attention_one_chunk(
+    kv: &CpuKv,
+    p: &PagedAttention<'_>,
+    out: &mut [f32],
+) -> Result<(), HalError> {
+    let run = |g: &LaneGroup<'_>, src: &KvSource<'_>, o: &mut [f32]| {
+        // SAFETY: the caller guarantees AVX2, FMA and F16C.
+        unsafe { one_chunk::attend_one_chunk(g, src, p.scale, o.len() / g.q.len(), o) }
+    };
+    paged_attention_in_groups(kv, p, out, 16, &run)
 }

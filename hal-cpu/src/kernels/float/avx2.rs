@@ -1,7 +1,9 @@
-//! F32, F16 and BF16 weights · f32 activations with AVX2 and FMA. F32 in the order of
-//! llama.cpp's F32 matmul on an AVX-512 build (tinyBLAS: sixteen lanes of FMA chains,
-//! `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`), here as two 8-lane halves;
-//! F16 and BF16 with products in f32 and sums in f64 as the core reference. The caller
+//! F32, F16 and BF16 weights · f32 activations with AVX2 and FMA. F32 in the orders of
+//! llama.cpp's F32 matmul on an AVX-512 build: tinyBLAS's for two or more activation
+//! rows (sixteen lanes of FMA chains, `flint_core::dot::ggml_x86::vec_dot_f32_tinyblas`,
+//! here as two 8-lane halves; [`dot_float`]) and `ggml_vec_dot_f32`'s for one row and
+//! expert matmuls (four accumulators of sixteen lanes,
+//! `flint_core::dot::ggml_x86::vec_dot_f32_ggml`; [`dot_f32_vec`]); F16 and BF16 with products in f32 and sums in f64 as the core reference. The caller
 //! must have checked AVX2, FMA and F16C at device open.
 
 use std::arch::x86_64::*;
@@ -123,4 +125,50 @@ fn dot_f32_tinyblas<const R: usize>(w: &[u8], y: &[&[f32]; R], out: &mut [f32; R
         }
         out[r] = flint_core::math::reduce_add_16(&lanes);
     }
+}
+
+/// One F32 weight row (bytes, unaligned) · f32 activations in the order of
+/// `ggml_vec_dot_f32` on an AVX-512 build (`flint_core::dot::ggml_x86::vec_dot_f32_ggml`):
+/// four accumulators of sixteen lanes, here as eight 8-lane registers (accumulator `j`'s
+/// lanes 0-7 in `lo[j]`, 8-15 in `hi[j]`), FMA chains over steps of 64 elements; the
+/// accumulators added per lane as `(0 + 2) + (1 + 3)`, the lanes as
+/// `_mm512_reduce_add_ps`, then the elements after the last whole step added one product
+/// at a time in `f32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f32_vec(w: &[u8], y: &[f32]) -> f32 {
+    let n = y.len();
+    assert!(w.len() >= 4 * n);
+    let np = n - n % 64;
+    let mut lo = [_mm256_setzero_ps(); 4];
+    let mut hi = [_mm256_setzero_ps(); 4];
+    let mut j = 0;
+    while j < np {
+        for a in 0..4 {
+            let e = j + 16 * a;
+            let (w0, w1) = (load_w8::<0>(w, e), load_w8::<0>(w, e + 8));
+            // SAFETY: e + 16 <= np <= n = y.len().
+            let (y0, y1) = unsafe {
+                (
+                    _mm256_loadu_ps(y.as_ptr().add(e)),
+                    _mm256_loadu_ps(y.as_ptr().add(e + 8)),
+                )
+            };
+            lo[a] = _mm256_fmadd_ps(w0, y0, lo[a]);
+            hi[a] = _mm256_fmadd_ps(w1, y1, hi[a]);
+        }
+        j += 64;
+    }
+    let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+    let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` is 16 writable f32; storeu is unaligned.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), l);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), h);
+    }
+    let mut sum = flint_core::math::reduce_add_16(&lanes);
+    for (t, &yv) in y.iter().enumerate().skip(np) {
+        sum += super::FloatKind::F32.get(w, t) * yv;
+    }
+    sum
 }
