@@ -11,7 +11,7 @@ use std::process::Command;
 use flint_core::math::Gating;
 use flint_core::GgmlType;
 use flint_engine::synth::dense::VocabSource;
-use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use flint_engine::synth::moe::{moe_file, synth_moe, MoeFamily, MoeRecipe};
 use flint_loader::config::{Arch, FfnDesc, ModelDesc};
 use flint_loader::gguf::GgufFile;
 
@@ -21,7 +21,7 @@ fn small_presets() -> Vec<(MoeFamily, &'static str)> {
         .flat_map(|f| {
             f.presets()
                 .iter()
-                .filter(|p| **p != "bench")
+                .filter(|p| !matches!(**p, "bench" | "full"))
                 .map(move |p| (f, *p))
         })
         .collect()
@@ -371,6 +371,68 @@ fn bench_presets_have_real_per_layer_shapes_in_a_quantizable_mix() {
     }
 }
 
+/// The qwen3moe `full` preset is Qwen3-30B-A3B shape for shape, with its parameter count
+/// (30,532,122,624, the released model's) and about 18 GB at the Q4_K_M-like mix; the
+/// built-in vocabulary reaches Qwen3's 151,936 tokens. The file itself is not written.
+#[test]
+fn qwen3moe_full_preset_is_qwen3_30b_a3b() {
+    let r = MoeRecipe::of(MoeFamily::Qwen3Moe, "full").unwrap();
+    assert!(MoeFamily::Qwen3Moe.presets().contains(&"full"));
+    let (d, v) = (2048, 151_936);
+    assert_eq!(r.builtin_vocab, v);
+    assert_eq!(
+        (
+            r.n_layers,
+            r.d,
+            r.n_heads,
+            r.n_kv_heads,
+            r.head_dim_k,
+            r.head_dim_v
+        ),
+        (48, d, 32, 4, 128, 128)
+    );
+    assert_eq!((r.experts, r.expert_ff, r.used), (128, 768, 8));
+    assert_eq!((r.context_length, r.ff), (40_960, 6144));
+    let layout = r.layout(v);
+    let dims = |name: &str| {
+        layout
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, d)| d.clone())
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(dims("token_embd.weight"), [d, v]);
+    assert_eq!(dims("output.weight"), [d, v]);
+    for il in [0, 47] {
+        let p = |s: &str| dims(&format!("blk.{il}.{s}"));
+        assert_eq!(p("attn_q.weight"), [d, 32 * 128]);
+        assert_eq!(p("attn_k.weight"), [d, 4 * 128]);
+        assert_eq!(p("attn_v.weight"), [d, 4 * 128]);
+        assert_eq!(p("attn_output.weight"), [32 * 128, d]);
+        assert_eq!(p("attn_q_norm.weight"), [128]);
+        assert_eq!(p("ffn_gate_inp.weight"), [d, 128]);
+        assert_eq!(p("ffn_gate_exps.weight"), [d, 768, 128]);
+        assert_eq!(p("ffn_up_exps.weight"), [d, 768, 128]);
+        assert_eq!(p("ffn_down_exps.weight"), [768, d, 128]);
+    }
+    assert!(!layout.iter().any(|(n, _, _)| n.starts_with("blk.48.")));
+    let per_layer = 2 * d * 4096 + 2 * d * 512 + 2 * 128 + 2 * d + d * 128 + 3 * d * 768 * 128;
+    let params = 48 * per_layer + 2 * v * d + d;
+    assert_eq!(params, 30_532_122_624);
+    assert_eq!(r.param_count(v), params);
+    let bytes: usize = layout
+        .iter()
+        .map(|(_, ty, dims)| {
+            ty.row_bytes(dims[0]).expect("whole blocks") * dims[1..].iter().product::<usize>()
+        })
+        .sum();
+    assert!(
+        (17_000_000_000..20_000_000_000).contains(&bytes),
+        "{bytes} bytes"
+    );
+    assert_eq!(flint_engine::synth::build_vocab(v, 0).tokens.len(), v);
+}
+
 #[test]
 fn seeds_differ_and_the_same_seed_gives_the_same_bytes() {
     let bytes = |seed| {
@@ -382,6 +444,32 @@ fn seeds_differ_and_the_same_seed_gives_the_same_bytes() {
     };
     assert_eq!(bytes(5), bytes(5));
     assert_ne!(bytes(5), bytes(6));
+}
+
+/// `SynthFile::write`, which `flint synth` uses, streams the bytes the in-memory writer
+/// makes.
+#[test]
+fn the_streamed_file_is_the_in_memory_one() {
+    let dir = std::env::temp_dir().join(format!("flint-synth-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (family, preset) in [
+        (MoeFamily::Qwen3Moe, "tiny"),
+        (MoeFamily::Mimo2, "tiny-nextn"),
+    ] {
+        let r = MoeRecipe::of(family, preset).unwrap();
+        let (w, params) = synth_moe(&r, 4, VocabSource::Builtin, &|_, _| {}).unwrap();
+        let path = dir.join(format!("{}-{preset}.gguf", family.arch()));
+        let file = moe_file(&r, 4, VocabSource::Builtin).unwrap();
+        let last = std::sync::Mutex::new((0, 0));
+        let streamed = file
+            .write(&path, &|done, total| *last.lock().unwrap() = (done, total))
+            .unwrap();
+        assert_eq!(streamed, params);
+        let (done, total) = *last.lock().unwrap();
+        assert_eq!((done, total), (file.tensor_bytes(), file.tensor_bytes()));
+        assert!(std::fs::read(&path).unwrap() == w.to_bytes(), "{preset}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn synth_cli(dir: &Path, arch: &str, preset: &str, threads: &str) -> PathBuf {

@@ -150,3 +150,62 @@ fn nested_array_values() {
     }
     assert_eq!(a.get(0), Some(Value::Array(Array::U32(vec![1, 2]))));
 }
+
+/// A file streamed tensor by tensor (`GgufWriter::stream_file`) is byte for byte the file
+/// the in-memory writer makes with the same tensors, whether some tensors were added
+/// before the stream started or none; the stream refuses a wrong size, a tensor too many
+/// and an early finish.
+#[test]
+fn streamed_file_equals_the_in_memory_one() {
+    let dir = std::env::temp_dir().join(format!("flint-gguf-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let full = sample_writer(5);
+    let want = full.to_bytes();
+    let tensors = sample_tensors();
+    let mut rng = Rng(5 | 1);
+    let datas: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, ty, dims)| {
+            let n: usize = dims.iter().product();
+            rng.bytes(n / ty.block_size() * ty.type_size())
+        })
+        .collect();
+    let declared: Vec<(String, GgmlType, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, ty, d)| (n.to_string(), *ty, d.clone()))
+        .collect();
+    let mut meta = GgufWriter::new();
+    for (k, v) in all_values() {
+        meta.add(k, v).expect("key");
+    }
+    for added in [0, 2] {
+        let mut w = meta.clone();
+        for ((name, ty, dims), data) in declared.iter().zip(&datas).take(added) {
+            w.add_tensor(name, *ty, dims, data.clone()).expect("add");
+        }
+        let path = dir.join(format!("s{added}.gguf"));
+        let mut s = w.stream_file(&path, &declared[added..]).expect("stream");
+        for ((name, _, _), data) in declared.iter().zip(&datas).skip(added) {
+            assert_eq!(s.next_tensor(), Some(name.as_str()));
+            s.put(data).expect("put");
+        }
+        assert_eq!(s.next_tensor(), None);
+        assert!(s.put(&[0u8; 4]).is_err(), "a tensor too many");
+        s.finish().expect("finish");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            want,
+            "{added} added first"
+        );
+    }
+    let path = dir.join("short.gguf");
+    let mut s = meta.stream_file(&path, &declared).expect("stream");
+    assert!(s.put(&datas[0][1..]).is_err(), "wrong size");
+    let mut s = meta.stream_file(&path, &declared).expect("stream");
+    s.put(&datas[0]).expect("put");
+    assert!(s.finish().is_err(), "tensors missing");
+    let mut dup = declared.clone();
+    dup.push(declared[0].clone());
+    assert!(meta.stream_file(&path, &dup).is_err(), "duplicate name");
+    std::fs::remove_dir_all(&dir).ok();
+}

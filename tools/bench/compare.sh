@@ -13,13 +13,17 @@
 #                        $CARGO_TARGET_DIR/release/flint when that is set)
 #   FLINT_BENCH_REPS     llama-bench repetitions and llama-batched-bench runs (default 5 / 3)
 #   FLINT_BENCH_ROUNDS   whole rounds (llama-bench, batched-bench, flint), alternating (default 1)
+#   FLINT_BENCH_NPL      llama-batched-bench batch sizes (default 1,4,8; 4 is the one compared)
 #   FLINT_BW_BYTES       bytes the read loop streams through (default 2 GiB)
 #   FLINT_BENCH_OUT      where raw outputs go (default: <llama.cpp cache>/results/<UTC time>)
 #   FLINT_LLAMACPP_DIR   llama.cpp cache directory (see build_llamacpp.sh)
 #
 # Runs, in this order:
 #   llama-bench -m MODEL -t T -p 512 -n 128 -o json
-#   llama-batched-bench -m MODEL -t T -npp 128 -ntg 32 -npl 1,4,8     (FLINT_BENCH_REPS times)
+#   llama-batched-bench -m MODEL -t T -c C -npp 128 -ntg 32 -npl 1,4,8 (FLINT_BENCH_REPS times;
+#                        C = 160 x the largest batch: the KV cells the largest batch fills, not
+#                        the model's whole context, whose KV cache alone would be 4 GB for
+#                        Qwen3-30B-A3B's 40,960 positions)
 #   FLINT_THREADS=T flint bench --json -m MODEL
 #   readbw (tools/bench/readbw.c, compiled here) over FLINT_BW_BYTES with T threads
 # then prints Flint / llama.cpp ratios for decode c=1 (vs tg128), prefill 512 (vs pp512)
@@ -60,11 +64,14 @@ llama_dir="${FLINT_LLAMACPP_DIR:-$cache_root/flint/llama.cpp-11434}"
 lb_reps="${FLINT_BENCH_REPS:-5}"
 bb_reps="${FLINT_BENCH_REPS:-3}"
 rounds="${FLINT_BENCH_ROUNDS:-1}"
+npl="${FLINT_BENCH_NPL:-1,4,8}"
 
 [[ -f "$model" ]] || die "model not found: $model (set FLINT_MODEL)"
 [[ "$threads" =~ ^[1-9][0-9]*$ ]] || die "FLINT_BENCH_THREADS must be a positive integer, got '$threads'"
 [[ "$lb_reps" =~ ^[1-9][0-9]*$ ]] || die "FLINT_BENCH_REPS must be a positive integer, got '$lb_reps'"
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "FLINT_BENCH_ROUNDS must be a positive integer, got '$rounds'"
+[[ "$npl" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "FLINT_BENCH_NPL must be batch sizes like 1,4,8, got '$npl'"
+bb_ctx=$((160 * $(tr ',' '\n' <<<"$npl" | sort -n | tail -n1)))
 command -v python3 >/dev/null || die "python3 not found"
 python3 -c 'import gguf' 2>/dev/null || die "python package 'gguf' missing (pip install -r tools/requirements.txt)"
 command -v cc >/dev/null || die "no C compiler 'cc' (needed for the read-bandwidth loop)"
@@ -114,8 +121,8 @@ for r in $(seq 1 "$rounds"); do
         die "llama-bench failed; see $out/llama-bench.$r.log"
 
     for i in $(seq 1 "$bb_reps"); do
-        note "round $r/$rounds: llama-batched-bench run $i/$bb_reps (npp 128, ntg 32, npl 1,4,8)"
-        "$bindir/llama-batched-bench" -m "$model" -t "$threads" -npp 128 -ntg 32 -npl 1,4,8 \
+        note "round $r/$rounds: llama-batched-bench run $i/$bb_reps (npp 128, ntg 32, npl $npl, c $bb_ctx)"
+        "$bindir/llama-batched-bench" -m "$model" -t "$threads" -c "$bb_ctx" -npp 128 -ntg 32 -npl "$npl" \
             >"$out/batched-bench.$r.$i.txt" 2>&1 ||
             die "llama-batched-bench failed; see $out/batched-bench.$r.$i.txt"
     done

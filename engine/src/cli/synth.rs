@@ -3,11 +3,11 @@
 use clap::Args;
 
 use super::CliError;
-use crate::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
-use crate::synth::gemma4::{synth_gemma4, Gemma4Recipe};
-use crate::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
-use crate::synth::qwen35moe::{synth_qwen35moe, Qwen35MoeRecipe};
-use crate::synth::{param_count, write_file, write_synth, Preset};
+use crate::synth::dense::{dense_file, DenseRecipe, Family, VocabSource};
+use crate::synth::gemma4::{gemma4_file, Gemma4Recipe};
+use crate::synth::moe::{moe_file, MoeFamily, MoeRecipe};
+use crate::synth::qwen35moe::{qwen35moe_file, Qwen35MoeRecipe};
+use crate::synth::{param_count, write_synth, Preset};
 
 /// Arguments of `flint synth`.
 #[derive(Debug, Clone, Args)]
@@ -17,7 +17,7 @@ pub struct SynthArgs {
     #[arg(long, default_value = "flint")]
     pub arch: String,
     /// Preset: tiny or bench (gemma3 also tiny-4b and tiny-27b; glm4moe and mimo2
-    /// tiny-nextn; qwen3moe tiny-bias; gemma4 tiny-e2b).
+    /// tiny-nextn; qwen3moe tiny-bias and full; gemma4 tiny-e2b).
     #[arg(long)]
     pub preset: String,
     /// Output file.
@@ -117,15 +117,39 @@ pub fn run(args: &SynthArgs) -> Result<(), CliError> {
             Some(f) => VocabSource::File(f, vocab_size),
             None => VocabSource::Builtin,
         };
-        let (w, params) = match &recipe {
-            Recipe::Dense(r) => synth_dense(r, args.seed, source, &progress),
-            Recipe::Moe(r) => synth_moe(r, args.seed, source, &progress),
-            Recipe::Gemma4(r) => synth_gemma4(r, args.seed, source, &progress),
-            Recipe::Qwen35Moe(r) => synth_qwen35moe(r, args.seed, source, &progress),
+        let file = match &recipe {
+            Recipe::Dense(r) => dense_file(r, args.seed, source),
+            Recipe::Moe(r) => moe_file(r, args.seed, source),
+            Recipe::Gemma4(r) => gemma4_file(r, args.seed, source),
+            Recipe::Qwen35Moe(r) => qwen35moe_file(r, args.seed, source),
         }
         .map_err(super::err)?;
-        write_file(&w, &args.out).map_err(super::err)?;
-        params
+        // Streamed to disk a few tensors at a time: the full-size presets are larger
+        // than memory. Progress in bytes: a bar on a terminal, else a line per 5%.
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} {wide_bar} {bytes}/{total_bytes} ({eta} left)",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("writing {}", args.out.display()));
+        let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let last_step = std::sync::atomic::AtomicU64::new(0);
+        let bytes_progress = |done: u64, total: u64| {
+            bar.set_length(total);
+            bar.set_position(done);
+            let step = (done * 20).checked_div(total).unwrap_or(0);
+            if !tty && step > last_step.swap(step, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!(
+                    "synth: {:.2} of {:.2} GB ({}%) in {:.0}s",
+                    done as f64 / 1e9,
+                    total as f64 / 1e9,
+                    step * 5,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        };
+        file.write(&args.out, &bytes_progress).map_err(super::err)?
     };
     bar.finish_and_clear();
     eprintln!(

@@ -42,7 +42,7 @@ use flint_loader::tokenizer::PreTokenizer;
 use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, writer_err, Fill,
-    Planned, SynthError,
+    Planned, SynthError, SynthFile,
 };
 
 /// Spread (standard deviation) of the logits the recipes aim for.
@@ -560,14 +560,13 @@ pub enum VocabSource<'a> {
     File(&'a GgufFile, usize),
 }
 
-/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
-/// `progress(done, total)` after each tensor.
-pub fn synth_dense(
+/// The checkpoint of `recipe`, described, to be generated in memory or streamed to disk
+/// ([`SynthFile`]).
+pub fn dense_file(
     recipe: &DenseRecipe,
     seed: u64,
     vocab: VocabSource<'_>,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<(GgufWriter, usize), SynthError> {
+) -> Result<SynthFile, SynthError> {
     let (tokenizer, n_vocab) = tokenizer_entries(
         vocab,
         recipe.builtin_vocab,
@@ -590,5 +589,16 @@ pub fn synth_dense(
         )
         .map_err(writer_err)?;
     }
-    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
+    finish_file(w, tokenizer, recipe.plan(n_vocab), seed)
+}
+
+/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
+/// `progress(done, total)` after each tensor.
+pub fn synth_dense(
+    recipe: &DenseRecipe,
+    seed: u64,
+    vocab: VocabSource<'_>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(GgufWriter, usize), SynthError> {
+    dense_file(recipe, seed, vocab)?.into_writer(progress)
 }

@@ -317,7 +317,7 @@ pub fn synth(
         w.add(&key, value).map_err(we)?;
     }
 
-    add_tensors(&mut w, &plan(&cfg), seed, progress)?;
+    add_tensors(&mut w, &plan(&cfg), seed, &Default::default(), progress)?;
     Ok(w)
 }
 

@@ -25,7 +25,7 @@ use super::dense::VocabSource;
 use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
-    SynthError,
+    SynthError, SynthFile,
 };
 
 /// The hyper-parameters of a `gemma4` preset.
@@ -427,13 +427,13 @@ impl Gemma4Recipe {
     }
 }
 
-/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
-pub fn synth_gemma4(
+/// The checkpoint of `recipe`, described, to be generated in memory or streamed to disk
+/// ([`SynthFile`]).
+pub fn gemma4_file(
     recipe: &Gemma4Recipe,
     seed: u64,
     vocab: VocabSource<'_>,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<(GgufWriter, usize), SynthError> {
+) -> Result<SynthFile, SynthError> {
     let (tokenizer, n_vocab) =
         tokenizer_entries(vocab, recipe.builtin_vocab, PreTokenizer::Default, seed)?;
     let w = begin_file(
@@ -442,5 +442,16 @@ pub fn synth_gemma4(
         recipe.hparams(),
         recipe.file_type(),
     )?;
-    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
+    finish_file(w, tokenizer, recipe.plan(n_vocab), seed)
+}
+
+/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
+/// `progress(done, total)` after each tensor.
+pub fn synth_gemma4(
+    recipe: &Gemma4Recipe,
+    seed: u64,
+    vocab: VocabSource<'_>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(GgufWriter, usize), SynthError> {
+    gemma4_file(recipe, seed, vocab)?.into_writer(progress)
 }

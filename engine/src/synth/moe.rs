@@ -46,6 +46,14 @@
 //!   2880, 64 heads of 64, 8 KV heads, window 128, 32 experts of 2880, top-4; 2 layers,
 //!   a sliding and a full one, 1.7B) with `llama-quantize`'s MXFP4_MOE mix instead: the
 //!   experts MXFP4, the other matrices Q8_0.
+//! - `full` (qwen3moe): Qwen3-30B-A3B whole, the `bench` layers 48 times, with Qwen3's
+//!   vocabulary size (151,936 built-in tokens, or `--vocab ggml-vocab-qwen2.gguf
+//!   --vocab-size 151936` for the real Qwen2/3 tokenizer and its chat template, also
+//!   151,936 tokens): 30,532,122,624 parameters, 19.8 GB (18.45 GiB) at the same mix.
+//!   Its quantized matrices are drawn block by block from pools of quantized random
+//!   blocks (`Fill::Pooled`, same spread), since quantizing 30 billion values one by one
+//!   takes hours on two cores; `flint synth` streams it to disk (`SynthFile::write`) in
+//!   about two minutes and half a gigabyte of memory.
 
 use flint_core::GgmlType;
 use flint_loader::gguf::{Array, GgufWriter, Value};
@@ -55,7 +63,7 @@ use super::dense::{VocabSource, OUTPUT_GAIN};
 use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
-    SynthError,
+    SynthError, SynthFile,
 };
 
 /// A MoE family.
@@ -98,7 +106,7 @@ impl MoeFamily {
     /// The presets of this family.
     pub fn presets(self) -> &'static [&'static str] {
         match self {
-            MoeFamily::Qwen3Moe => &["tiny", "tiny-bias", "bench"],
+            MoeFamily::Qwen3Moe => &["tiny", "tiny-bias", "bench", "full"],
             MoeFamily::GptOss => &["tiny", "bench"],
             _ => &["tiny", "tiny-nextn", "bench"],
         }
@@ -178,6 +186,9 @@ pub struct MoeRecipe {
     pub builtin_vocab: usize,
     /// Q4_K_M-like type mix; false: every tensor f32.
     pub quantized: bool,
+    /// Quantized matrices drawn block by block from pools of quantized blocks
+    /// (`Fill::Pooled`) instead of quantized value by value (the `full` preset).
+    pub pooled: bool,
 }
 
 impl MoeRecipe {
@@ -214,6 +225,7 @@ impl MoeRecipe {
             expert_gain: 1.0,
             builtin_vocab: 2048,
             quantized: false,
+            pooled: false,
         };
         let tiny = match family {
             MoeFamily::Qwen3Moe => Self {
@@ -277,6 +289,15 @@ impl MoeRecipe {
                 ..tiny
             },
             (_, "bench") => Self::bench(family, base),
+            // Qwen3-30B-A3B whole: the bench preset's layers, all 48 of them, and Qwen3's
+            // vocabulary size (the embedding and output rows of the real model).
+            (MoeFamily::Qwen3Moe, "full") => Self {
+                preset: "full",
+                n_layers: 48,
+                builtin_vocab: 151_936,
+                pooled: true,
+                ..Self::bench(family, base)
+            },
             _ => return None,
         };
         Some(r)
@@ -630,6 +651,13 @@ impl MoeRecipe {
             vec![d, n_vocab],
             Fill::matrix(d, OUTPUT_GAIN),
         );
+        if self.pooled {
+            for t in v.iter_mut().filter(|t| t.ty != GgmlType::F32) {
+                if let Fill::Normal { mean, std } = t.fill {
+                    t.fill = Fill::Pooled { mean, std };
+                }
+            }
+        }
         v
     }
 
@@ -708,13 +736,13 @@ impl MoeRecipe {
     }
 }
 
-/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
-pub fn synth_moe(
+/// The checkpoint of `recipe`, described, to be generated in memory or streamed to disk
+/// ([`SynthFile`]).
+pub fn moe_file(
     recipe: &MoeRecipe,
     seed: u64,
     vocab: VocabSource<'_>,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<(GgufWriter, usize), SynthError> {
+) -> Result<SynthFile, SynthError> {
     let (tokenizer, n_vocab) = tokenizer_entries(
         vocab,
         recipe.builtin_vocab,
@@ -728,5 +756,16 @@ pub fn synth_moe(
         recipe.hparams(),
         recipe.file_type(),
     )?;
-    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
+    finish_file(w, tokenizer, recipe.plan(n_vocab), seed)
+}
+
+/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
+/// `progress(done, total)` after each tensor.
+pub fn synth_moe(
+    recipe: &MoeRecipe,
+    seed: u64,
+    vocab: VocabSource<'_>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(GgufWriter, usize), SynthError> {
+    moe_file(recipe, seed, vocab)?.into_writer(progress)
 }

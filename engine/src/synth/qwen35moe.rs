@@ -22,7 +22,7 @@ use super::dense::{VocabSource, OUTPUT_GAIN};
 use super::vocab::tokenizer_entries;
 use super::{
     begin_file, file_type, finish_file, matrix_type, plan_layout, plan_params, Fill, Planned,
-    SynthError,
+    SynthError, SynthFile,
 };
 
 /// The hyper-parameters of a `qwen35moe` preset.
@@ -354,13 +354,13 @@ impl Qwen35MoeRecipe {
     }
 }
 
-/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
-pub fn synth_qwen35moe(
+/// The checkpoint of `recipe`, described, to be generated in memory or streamed to disk
+/// ([`SynthFile`]).
+pub fn qwen35moe_file(
     recipe: &Qwen35MoeRecipe,
     seed: u64,
     vocab: VocabSource<'_>,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<(GgufWriter, usize), SynthError> {
+) -> Result<SynthFile, SynthError> {
     let (tokenizer, n_vocab) =
         tokenizer_entries(vocab, recipe.builtin_vocab, PreTokenizer::Qwen2, seed)?;
     let w = begin_file(
@@ -369,7 +369,18 @@ pub fn synth_qwen35moe(
         recipe.hparams(),
         recipe.file_type(),
     )?;
-    finish_file(w, tokenizer, &recipe.plan(n_vocab), seed, progress)
+    finish_file(w, tokenizer, recipe.plan(n_vocab), seed)
+}
+
+/// Builds the checkpoint of `recipe` in memory; returns it with its parameter count.
+/// `progress(done, total)` after each tensor.
+pub fn synth_qwen35moe(
+    recipe: &Qwen35MoeRecipe,
+    seed: u64,
+    vocab: VocabSource<'_>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(GgufWriter, usize), SynthError> {
+    qwen35moe_file(recipe, seed, vocab)?.into_writer(progress)
 }
 
 #[cfg(test)]

@@ -18,4 +18,4 @@ pub use reader::{
 };
 pub use residence::{LoadMode, Residence};
 pub use value::{Array, Summary, Value, ValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufStream, GgufWriter};

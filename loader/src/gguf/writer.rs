@@ -136,30 +136,7 @@ impl GgufWriter {
         data: impl Into<Vec<u8>>,
     ) -> Result<&mut Self, GgufError> {
         let data = data.into();
-        if dims.len() > MAX_DIMS {
-            return Err(GgufError::Writer(format!(
-                "tensor '{name}' has {} dims (at most {MAX_DIMS})",
-                dims.len()
-            )));
-        }
-        let n = dims
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| {
-                GgufError::Writer(format!("tensor '{name}' shape {dims:?} overflows"))
-            })?;
-        let ne0 = dims.first().copied().unwrap_or(1);
-        if !ne0.is_multiple_of(ty.block_size()) {
-            return Err(GgufError::Writer(format!(
-                "tensor '{name}' of type {ty}: first dimension {ne0} is not a multiple of the block size {}",
-                ty.block_size()
-            )));
-        }
-        let expect = (n / ty.block_size())
-            .checked_mul(ty.type_size())
-            .ok_or_else(|| {
-                GgufError::Writer(format!("tensor '{name}' shape {dims:?} overflows"))
-            })?;
+        let expect = tensor_bytes(name, ty, dims)?;
         if data.len() != expect {
             return Err(GgufError::Writer(format!(
                 "tensor '{name}' of type {ty} and shape {dims:?} takes {expect} bytes, {} given",
@@ -214,11 +191,82 @@ impl GgufWriter {
         })
     }
 
+    /// Starts writing the file at `path` (created or truncated) with, after the tensors
+    /// added so far, the tensors `later` declares (name, type, dims in GGUF order), whose
+    /// bytes the returned [`GgufStream`] takes one at a time, in that order: a file far
+    /// larger than memory is written holding one tensor at a time. Writes the header and
+    /// the added tensors' bytes now; checks the declared tensors as
+    /// [`GgufWriter::add_tensor`] does.
+    pub fn stream_file(
+        &self,
+        path: impl AsRef<Path>,
+        later: &[(String, GgmlType, Vec<usize>)],
+    ) -> Result<GgufStream, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let mut names = self.names.clone();
+        let mut declared = Vec::with_capacity(later.len());
+        for (name, ty, dims) in later {
+            let bytes = tensor_bytes(name, *ty, dims)?;
+            if !names.insert(name.clone()) {
+                return Err(GgufError::Writer(format!("duplicate tensor name '{name}'")));
+            }
+            declared.push((name.as_str(), *ty, dims.as_slice(), bytes));
+        }
+        let align = self.alignment();
+        let mut head = Vec::new();
+        let added = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.ty, t.dims.as_slice(), t.data.len()));
+        self.write_header(&mut head, added.chain(declared.iter().copied()));
+        for t in &self.tensors {
+            head.extend_from_slice(&t.data);
+            pad(&mut head, align);
+        }
+        let io = |source| GgufError::WriteIo {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::File::create(&path).map_err(io)?;
+        let mut out = std::io::BufWriter::with_capacity(8 << 20, file);
+        out.write_all(&head).map_err(io)?;
+        let left = declared
+            .iter()
+            .rev()
+            .map(|&(name, _, _, bytes)| (name.to_string(), bytes))
+            .collect();
+        Ok(GgufStream {
+            out,
+            path,
+            align,
+            left,
+        })
+    }
+
     fn write_into(&self, out: &mut Vec<u8>) {
+        let align = self.alignment();
+        let infos = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.ty, t.dims.as_slice(), t.data.len()));
+        self.write_header(out, infos);
+        for t in &self.tensors {
+            out.extend_from_slice(&t.data);
+            pad(out, align);
+        }
+    }
+
+    /// The header: magic, version, counts, metadata, then the infos of `tensors` (name,
+    /// type, dims, bytes), padded to the alignment.
+    fn write_header<'a>(
+        &self,
+        out: &mut Vec<u8>,
+        tensors: impl Iterator<Item = (&'a str, GgmlType, &'a [usize], usize)> + Clone,
+    ) {
         let align = self.alignment();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(tensors.clone().count() as u64).to_le_bytes());
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
             put_str(out, k);
@@ -226,22 +274,103 @@ impl GgufWriter {
             put_value(out, v);
         }
         let mut offset = 0usize;
-        for t in &self.tensors {
-            put_str(out, &t.name);
-            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
-            for &d in &t.dims {
+        for (name, ty, dims, bytes) in tensors {
+            put_str(out, name);
+            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for &d in dims {
                 out.extend_from_slice(&(d as u64).to_le_bytes());
             }
-            out.extend_from_slice(&t.ty.id().to_le_bytes());
+            out.extend_from_slice(&ty.id().to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += t.data.len().div_ceil(align) * align;
+            offset += bytes.div_ceil(align) * align;
         }
         pad(out, align);
-        for t in &self.tensors {
-            out.extend_from_slice(&t.data);
-            pad(out, align);
-        }
     }
+}
+
+/// A GGUF file being written tensor by tensor ([`GgufWriter::stream_file`]).
+#[derive(Debug)]
+pub struct GgufStream {
+    out: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    align: usize,
+    /// The declared tensors still to come, the next one last: name and bytes.
+    left: Vec<(String, usize)>,
+}
+
+impl GgufStream {
+    /// The name of the tensor whose bytes come next, if any.
+    pub fn next_tensor(&self) -> Option<&str> {
+        self.left.last().map(|(n, _)| n.as_str())
+    }
+
+    /// Writes the bytes of the next declared tensor; refuses bytes of another size than
+    /// its shape takes, or any when every declared tensor has come.
+    pub fn put(&mut self, data: &[u8]) -> Result<(), GgufError> {
+        let Some((name, bytes)) = self.left.pop() else {
+            return Err(GgufError::Writer(format!(
+                "{}: every declared tensor is written already",
+                self.path.display()
+            )));
+        };
+        if data.len() != bytes {
+            return Err(GgufError::Writer(format!(
+                "tensor '{name}' takes {bytes} bytes, {} given",
+                data.len()
+            )));
+        }
+        let padding = data.len().div_ceil(self.align) * self.align - data.len();
+        self.out
+            .write_all(data)
+            .and_then(|()| self.out.write_all(&vec![0u8; padding]))
+            .map_err(|source| GgufError::WriteIo {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Flushes the file; refuses when a declared tensor has not come.
+    pub fn finish(mut self) -> Result<(), GgufError> {
+        if let Some((name, _)) = self.left.last() {
+            return Err(GgufError::Writer(format!(
+                "{}: tensor '{name}' and {} more were declared but not written",
+                self.path.display(),
+                self.left.len() - 1
+            )));
+        }
+        self.out
+            .flush()
+            .and_then(|()| self.out.get_ref().sync_all())
+            .map_err(|source| GgufError::WriteIo {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+/// The bytes a tensor of `ty` and `dims` (GGUF order) takes. Checks: at most 4 dims,
+/// `dims[0]` a multiple of the type's block size, no overflow.
+fn tensor_bytes(name: &str, ty: GgmlType, dims: &[usize]) -> Result<usize, GgufError> {
+    if dims.len() > MAX_DIMS {
+        return Err(GgufError::Writer(format!(
+            "tensor '{name}' has {} dims (at most {MAX_DIMS})",
+            dims.len()
+        )));
+    }
+    let n = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| GgufError::Writer(format!("tensor '{name}' shape {dims:?} overflows")))?;
+    let ne0 = dims.first().copied().unwrap_or(1);
+    if !ne0.is_multiple_of(ty.block_size()) {
+        return Err(GgufError::Writer(format!(
+            "tensor '{name}' of type {ty}: first dimension {ne0} is not a multiple of the block size {}",
+            ty.block_size()
+        )));
+    }
+    (n / ty.block_size())
+        .checked_mul(ty.type_size())
+        .ok_or_else(|| GgufError::Writer(format!("tensor '{name}' shape {dims:?} overflows")))
 }
 
 fn check_alignment(v: &Value) -> Result<(), GgufError> {
