@@ -398,8 +398,8 @@ fn make_tensor_in_chunks(
     }
     // Quantize a few hundred rows per task: rows are independent.
     let task_rows = 256;
-    let chunk_rows = (chunk_elems / row).max(1);
-    let mut vals = Vec::with_capacity(chunk_rows.min(n_rows) * row);
+    let chunk_rows = (chunk_elems / row).clamp(1, n_rows.max(1));
+    let mut vals = Vec::with_capacity(chunk_rows * row);
     for (c, dst) in out.chunks_mut(row_bytes * chunk_rows).enumerate() {
         let rows = dst.len() / row_bytes;
         let first = c * chunk_rows * row;
