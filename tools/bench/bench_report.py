@@ -236,7 +236,8 @@ def table(results_dir):
     if per_tok:
         print(
             f"weights per decoded token: {per_tok / 1e6:.1f} MB ({per_tok / 2**20:.1f} MiB)"
-            f" of {wt['tensor_bytes'] / 1e6:.1f} MB tensors; tied output "
+            f" of {wt['tensor_bytes'] / 1e6:.1f} MB tensors; "
+            f"{'tied output' if wt['tied_output'] else 'token embedding (one row read)'} "
             f"{wt['token_embd_bytes'] / 1e6:.1f} MB ({wt['token_embd_type']})"
         )
     if bw_gbs:
