@@ -135,17 +135,7 @@ fn f32_expert_towers_are_bit_exact_in_vec_dot_order() {
     let mut rng = Rng(29);
     let ty = GgmlType::F32;
     let (k, n, e) = (300, 12, 4);
-    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
-    pairs.push((7, 1));
-    pairs.extend((20..25).map(|i| (i, 3)));
-    pairs.rotate_left(9);
-    let rows: Vec<ExpertRow> = pairs
-        .iter()
-        .map(|&(i, ex)| ExpertRow {
-            input_row: i,
-            expert: ex,
-        })
-        .collect();
+    let rows = routed_rows();
     let x = rng.vec(26 * k);
     let w = random_weight(&mut rng, ty, k, n * e);
     let w2 = random_weight(&mut rng, ty, k, n * e);
@@ -175,35 +165,16 @@ fn f32_expert_towers_are_bit_exact_in_vec_dot_order() {
         .filter(|l| *l <= SimdLevel::detect())
     {
         let dev = CpuDevice::with_level(&opts, level).expect("device");
-        let t1 = dev
-            .stage(&desc("exps", ty, &[k, n, e], w.clone()))
-            .expect("stage");
-        let t2 = dev
-            .stage(&desc("exps2", ty, &[k, n, e], w2.clone()))
-            .expect("stage");
-        let mut one = vec![f32::NAN; rows.len() * n];
-        dev.expert_matmul(&*t1, &x, &rows, &mut one)
-            .expect("expert_matmul");
-        let mut m1 = vec![f32::NAN; rows.len() * n];
-        let mut m2 = vec![f32::NAN; rows.len() * n];
-        dev.expert_matmul_multi(&[&*t1, &*t2], &x, &rows, &mut [&mut m1, &mut m2])
-            .expect("expert_matmul_multi");
-        for (what, got, want) in [
-            ("expert_matmul", &one, &want1),
-            ("multi, first", &m1, &want1),
-            ("multi, second", &m2, &want2),
-        ] {
-            for (i, (g, e)) in got.iter().zip(want.iter()).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    e.to_bits(),
-                    "{level:?} {what}: row {} (expert {}), output {}: {g} vs {e}",
-                    i / n,
-                    rows[i / n].expert,
-                    i % n
-                );
-            }
-        }
+        assert_towers_equal(
+            &dev,
+            ty,
+            (k, n, e),
+            (&w, &w2),
+            &x,
+            &rows,
+            (&want1, &want2),
+            &format!("{level:?}"),
+        );
     }
 }
 
@@ -299,18 +270,8 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
     let (k, e) = (512, 4);
     // Expert 0: 20 rows, expert 1: 1 row, expert 2: none, expert 3: 5 rows; 26 input rows,
     // each routed to one or two experts.
-    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
-    pairs.push((7, 1));
-    pairs.extend((20..25).map(|i| (i, 3)));
-    pairs.rotate_left(9);
     let n_in = 26;
-    let rows: Vec<ExpertRow> = pairs
-        .iter()
-        .map(|&(i, ex)| ExpertRow {
-            input_row: i,
-            expert: ex,
-        })
-        .collect();
+    let rows = routed_rows();
     let x = rng.vec(n_in * k);
     let opts = DeviceOptions {
         threads: Some(2),
@@ -343,37 +304,77 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
                 let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
                     .expect("device")
                     .with_layout(layout);
-                let t1 = dev
-                    .stage(&desc("exps", ty, &[k, n, e], w.clone()))
-                    .expect("stage");
-                let t2 = dev
-                    .stage(&desc("exps2", ty, &[k, n, e], w2.clone()))
-                    .expect("stage");
-                let mut one = vec![f32::NAN; rows.len() * n];
-                dev.expert_matmul(&*t1, &x, &rows, &mut one)
-                    .expect("expert_matmul");
-                let mut m1 = vec![f32::NAN; rows.len() * n];
-                let mut m2 = vec![f32::NAN; rows.len() * n];
-                dev.expert_matmul_multi(&[&*t1, &*t2], &x, &rows, &mut [&mut m1, &mut m2])
-                    .expect("expert_matmul_multi");
-                for (what, got, want) in [
-                    ("expert_matmul", &one, &want1),
-                    ("multi, first", &m1, &want1),
-                    ("multi, second", &m2, &want2),
-                ] {
-                    for (i, (g, e)) in got.iter().zip(want.iter()).enumerate() {
-                        let r = rows[i / n];
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{ty} {layout:?} n {n} {what}: row {} (expert {}), output {}: {g} vs {e}",
-                            i / n,
-                            r.expert,
-                            i % n
-                        );
-                    }
-                }
+                assert_towers_equal(
+                    &dev,
+                    ty,
+                    (k, n, e),
+                    (&w, &w2),
+                    &x,
+                    &rows,
+                    (&want1, &want2),
+                    &format!("{ty} {layout:?} n {n}"),
+                );
             }
+        }
+    }
+}
+
+/// The routed rows of the expert tests: expert 0 gets 20 rows, expert 1 one row, expert
+/// 2 none, expert 3 five rows; 26 input rows, each routed to one or two experts.
+fn routed_rows() -> Vec<ExpertRow> {
+    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
+    pairs.push((7, 1));
+    pairs.extend((20..25).map(|i| (i, 3)));
+    pairs.rotate_left(9);
+    pairs
+        .iter()
+        .map(|&(i, ex)| ExpertRow {
+            input_row: i,
+            expert: ex,
+        })
+        .collect()
+}
+
+/// Two towers `w`, `w2` (`k` x `n` x `e`) staged on `dev`: `expert_matmul` of the first
+/// and `expert_matmul_multi` of both on `rows` equal `want` bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn assert_towers_equal(
+    dev: &CpuDevice,
+    ty: GgmlType,
+    (k, n, e): (usize, usize, usize),
+    (w, w2): (&[u8], &[u8]),
+    x: &[f32],
+    rows: &[ExpertRow],
+    (want1, want2): (&[f32], &[f32]),
+    label: &str,
+) {
+    let t1 = dev
+        .stage(&desc("exps", ty, &[k, n, e], w.to_vec()))
+        .expect("stage");
+    let t2 = dev
+        .stage(&desc("exps2", ty, &[k, n, e], w2.to_vec()))
+        .expect("stage");
+    let mut one = vec![f32::NAN; rows.len() * n];
+    dev.expert_matmul(&*t1, x, rows, &mut one)
+        .expect("expert_matmul");
+    let mut m1 = vec![f32::NAN; rows.len() * n];
+    let mut m2 = vec![f32::NAN; rows.len() * n];
+    dev.expert_matmul_multi(&[&*t1, &*t2], x, rows, &mut [&mut m1, &mut m2])
+        .expect("expert_matmul_multi");
+    for (what, got, want) in [
+        ("expert_matmul", &one[..], want1),
+        ("multi, first", &m1[..], want1),
+        ("multi, second", &m2[..], want2),
+    ] {
+        for (i, (g, e)) in got.iter().zip(want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                e.to_bits(),
+                "{label} {what}: row {} (expert {}), output {}: {g} vs {e}",
+                i / n,
+                rows[i / n].expert,
+                i % n
+            );
         }
     }
 }
