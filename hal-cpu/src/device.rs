@@ -663,6 +663,12 @@ impl Device for CpuDevice {
         self.session_on_workers(body)
     }
 
+    /// Batch-invariant order: yes. llama.cpp's order switches with the call's size (the
+    /// one-key attention below 64 query rows, single-row F32 dot products).
+    fn row_invariant(&self) -> bool {
+        self.order == FloatOrder::BatchInvariant
+    }
+
     fn counters(&self) -> DeviceCounters {
         DeviceCounters {
             block_dispatches: self.block_dispatches.load(Ordering::Relaxed),

@@ -287,6 +287,17 @@ pub trait Device: Send + Sync + fmt::Debug {
         out: &mut [f32],
     ) -> Result<(), HalError>;
 
+    /// Whether every op gives a row the same bits whatever other rows share its call.
+    /// The engine relies on it to leave rows out of a call early: a prompt's last layer
+    /// computes attention only for the rows whose logits are wanted. A device whose
+    /// arithmetic follows the size of each call, as llama.cpp's kernels do (the cpu
+    /// device in llama.cpp's float order), answers `false`, and the engine then keeps
+    /// llama.cpp's graph shape (the last layer's attention over every row, the rows
+    /// left out after it). The default is `true`.
+    fn row_invariant(&self) -> bool {
+        true
+    }
+
     /// Dispatch counters since the device was opened.
     fn counters(&self) -> DeviceCounters {
         DeviceCounters::default()

@@ -775,10 +775,11 @@ impl DeviceModel {
 
         // The rows whose logits are wanted (per sequence all its tokens or its last), in
         // order. After the last layer's keys and values are written, only these rows go
-        // on (llama.cpp's `inp_out_ids` does the same): every op is row by row and gives
-        // a row the same bits whatever else is in the batch, so their logits are
-        // unchanged, and a prompt skips the last layer's attention and MLP for all but
-        // one row.
+        // on: on a row-invariant device (`Device::row_invariant`) every op gives a row
+        // the same bits whatever else is in the batch, so their logits are unchanged and
+        // a prompt skips the last layer's attention and MLP for all but one row. On
+        // another device they go on after the last layer's attention, where llama.cpp's
+        // `inp_out_ids` leaves the other rows out.
         let wanted: Vec<std::ops::Range<usize>> = batch
             .seqs
             .iter()
@@ -848,6 +849,10 @@ impl DeviceModel {
             mlp: MlpBufs::default(),
             delta: DeltaBufs::default(),
         };
+        // A device whose results follow each call's size computes the last layer's
+        // attention over every row, as llama.cpp's graph does, and leaves the other
+        // rows out after it (`Device::row_invariant`).
+        let shrink_attention = dev.row_invariant();
         for (il, layer) in self.layers.iter().enumerate() {
             let g = self.layer_group(il);
             let last = il + 1 == self.layers.len() && n_out < n;
@@ -858,23 +863,37 @@ impl DeviceModel {
                 (n, &all_rows)
             };
             match &layer.mixer {
-                DevMixer::Attention(at) => self.attention(
+                DevMixer::Attention(at) if last && shrink_attention => self.attention(
                     il,
                     at,
                     kv,
                     &slots[g],
                     &positions,
-                    if last {
-                        &out_attn_seqs[g]
-                    } else {
-                        &attn_seqs[g]
-                    },
-                    last.then_some(&wanted[..]),
+                    &out_attn_seqs[g],
+                    Some(&wanted[..]),
                     &a[..n * d],
                     &mut x,
                     &mut tmp[..rows * d],
                     &mut bufs,
                 )?,
+                DevMixer::Attention(at) => {
+                    self.attention(
+                        il,
+                        at,
+                        kv,
+                        &slots[g],
+                        &positions,
+                        &attn_seqs[g],
+                        None,
+                        &a[..n * d],
+                        &mut x,
+                        &mut tmp[..n * d],
+                        &mut bufs,
+                    )?;
+                    if last {
+                        keep_rows(&wanted, d, &mut tmp, &mut x);
+                    }
+                }
                 DevMixer::DeltaNet(dn) => {
                     let seqs: Vec<(usize, usize, bool, u32)> = batch
                         .seqs
@@ -895,15 +914,7 @@ impl DeviceModel {
                         &mut bufs.delta,
                     )?;
                     if last {
-                        // The wanted rows' outputs and residuals to the front, in order.
-                        let mut to = 0;
-                        for r in &wanted {
-                            for from in r.clone() {
-                                tmp.copy_within(from * d..(from + 1) * d, to * d);
-                                x.copy_within(from * d..(from + 1) * d, to * d);
-                                to += 1;
-                            }
-                        }
+                        keep_rows(&wanted, d, &mut tmp, &mut x);
                     }
                 }
             }
@@ -1617,5 +1628,18 @@ impl<'m> Session<'m> {
         let logits = self.model.forward(&mut self.kv, &mut self.states, &batch)?;
         self.pos += tokens.len();
         Ok(logits)
+    }
+}
+
+/// Moves the `wanted` rows (of width `d`) of a layer's output `out` and of the residual
+/// stream `x` to the front, in order: the rows the last layer goes on with.
+fn keep_rows(wanted: &[std::ops::Range<usize>], d: usize, out: &mut [f32], x: &mut [f32]) {
+    let mut to = 0;
+    for r in wanted {
+        for from in r.clone() {
+            out.copy_within(from * d..(from + 1) * d, to * d);
+            x.copy_within(from * d..(from + 1) * d, to * d);
+            to += 1;
+        }
     }
 }
