@@ -55,4 +55,4 @@ pub use rope::{
     rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,
     RopeError, RopeKind, Yarn,
 };
-pub use route::{route_topk, Gating, RouteError, ROUTE_MAX_K};
+pub use route::{route_topk, route_topk_in, Gating, RouteError, ROUTE_MAX_K};

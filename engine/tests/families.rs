@@ -404,16 +404,7 @@ struct KnownGap {
     why: &'static str,
 }
 
-const KNOWN_GAPS: [KnownGap; 5] = [
-    KnownGap {
-        case: "qwen3moe-tiny-bias",
-        ty: "q4_k_m",
-        reference_top1: 0.95,
-        reference_near_tie: NEAR_TIE,
-        reference_kl: KL_TARGET,
-        why: "reference teacher-forced top-1 62/64 (96.9%), mean KL 1.3e-4 \
-              (qwen3moe-tiny without the biases: 64/64, KL 1.7e-8)",
-    },
+const KNOWN_GAPS: [KnownGap; 3] = [
     KnownGap {
         case: "mimo2-tiny-nextn",
         ty: "q4_k_m",
@@ -424,19 +415,6 @@ const KNOWN_GAPS: [KnownGap; 5] = [
               0.065 nats; for a short prompt the reference takes the batch's row count for \
               the rows llama.cpp routes to each Q6_K expert tower, which picks the tiled \
               order where llama.cpp's few routed rows take ggml_vec_dot",
-    },
-    // The reference follows the attention and F32 matmul orders of llama.cpp's AVX2 build
-    // on the gemma4 goldens (their `llamacpp_simd`) and equals llama.cpp to 3e-7 on every
-    // gemma4-tiny-e2b file; on gemma4-tiny's Q4_K_M file two positions of 64 still pick
-    // another top-1 (336 and 488, llama.cpp's margins 0.14 and 0.006 nats), and its Q8_0
-    // file keeps a mean KL of 1.3e-4 (top-1 64/64). Not traced further.
-    KnownGap {
-        case: "gemma4-tiny",
-        ty: "q4_k_m",
-        reference_top1: 0.95,
-        reference_near_tie: NEAR_TIE,
-        reference_kl: KL_TARGET,
-        why: "reference teacher-forced top-1 62/64 (96.9%), mean KL 5.2e-4 (AVX2 attention and F32 orders)",
     },
     // The qwen35moe comparisons that miss the targets by a measured margin. Traced with
     // `tools/golden/dump_ops.sh` on the Q8_0 file: the reference's logits equal llama.cpp's

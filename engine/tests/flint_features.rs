@@ -245,6 +245,7 @@ fn selection_bias() {
     let logits = [0.0f32, 1.0, 2.0, 3.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
     let r = route(
+        GgmlCpuBuild::Avx512,
         &logits,
         Some(&[5.0, 0.0, 0.0, 0.0]),
         2,
@@ -256,7 +257,16 @@ fn selection_bias() {
     let t = sig(0.0) + sig(3.0);
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 3]);
     assert!((r[0].1 - sig(0.0) / t).abs() < 1e-6 && (r[1].1 - sig(3.0) / t).abs() < 1e-6);
-    let r = route(&logits, None, 2, Gating::Sigmoid, true, 1.0).expect("test value");
+    let r = route(
+        GgmlCpuBuild::Avx512,
+        &logits,
+        None,
+        2,
+        Gating::Sigmoid,
+        true,
+        1.0,
+    )
+    .expect("test value");
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
 
     let m = tiny();
@@ -279,10 +289,28 @@ fn renormalisation() {
     // without, they are the raw sigmoid scores.
     let logits = [0.5f32, -1.0, 2.0, 0.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-    let r = route(&logits, None, 2, Gating::Sigmoid, true, 2.5).expect("test value");
+    let r = route(
+        GgmlCpuBuild::Avx512,
+        &logits,
+        None,
+        2,
+        Gating::Sigmoid,
+        true,
+        2.5,
+    )
+    .expect("test value");
     let s: f32 = r.iter().map(|x| x.1).sum();
     assert!((s - 2.5).abs() < 1e-5, "{r:?}");
-    let r = route(&logits, None, 2, Gating::Sigmoid, false, 1.0).expect("test value");
+    let r = route(
+        GgmlCpuBuild::Avx512,
+        &logits,
+        None,
+        2,
+        Gating::Sigmoid,
+        false,
+        1.0,
+    )
+    .expect("test value");
     assert!(
         (r[0].1 - sig(2.0)).abs() < 1e-6 && (r[1].1 - sig(0.5)).abs() < 1e-6,
         "{r:?}"

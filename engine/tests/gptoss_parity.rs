@@ -193,6 +193,7 @@ fn gpt_oss_ops_against_llama_cpp() {
         let mut ours_w = Vec::new();
         for row in pr.chunks(e) {
             let c = reference::route(
+                flint_core::math::GgmlCpuBuild::Avx512,
                 row,
                 moe.bias.as_deref(),
                 k,

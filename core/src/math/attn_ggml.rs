@@ -42,6 +42,33 @@ pub enum GgmlCpuBuild {
     Avx512,
 }
 
+impl GgmlCpuBuild {
+    /// The `f32` lanes of the build's vectors: 8 (AVX2) or 16 (AVX-512).
+    pub const fn f32_lanes(self) -> usize {
+        match self {
+            GgmlCpuBuild::Avx2 => 8,
+            GgmlCpuBuild::Avx512 => 16,
+        }
+    }
+}
+
+/// The build's `ggml_v_expf` for one lane ([`expf_ggml_avx2`], [`expf_ggml_avx512`]).
+pub fn expf_ggml(build: GgmlCpuBuild, x: f32) -> f32 {
+    match build {
+        GgmlCpuBuild::Avx2 => expf_ggml_avx2(x),
+        GgmlCpuBuild::Avx512 => expf_ggml_avx512(x),
+    }
+}
+
+/// One vector's lanes (`v`: [`GgmlCpuBuild::f32_lanes`] values) added as the build's
+/// softmax adds them ([`reduce_add_8`], [`reduce_add_16`]).
+pub fn reduce_add_lanes(build: GgmlCpuBuild, v: &[f32]) -> f32 {
+    match build {
+        GgmlCpuBuild::Avx2 => reduce_add_8(v),
+        GgmlCpuBuild::Avx512 => reduce_add_16(v),
+    }
+}
+
 /// Keys per tile (`GGML_FA_TILE_KV`).
 pub const GGML_FA_TILE: usize = 64;
 
@@ -115,29 +142,15 @@ pub fn expf_ggml_avx2(x: f32) -> f32 {
 /// [`reduce_add_8`]) and each vector's sum added to the f64 sum; the values after the
 /// last full vector through glibc's `expf`, one at a time.
 pub fn soft_max_ggml(build: GgmlCpuBuild, x: &mut [f32], max: f32) -> f64 {
-    let lanes = match build {
-        GgmlCpuBuild::Avx2 => 8,
-        GgmlCpuBuild::Avx512 => 16,
-    };
+    let lanes = build.f32_lanes();
     let full = x.len() - x.len() % lanes;
     let (head, tail) = x.split_at_mut(full);
     let mut sum = 0.0f64;
     for chunk in head.chunks_exact_mut(lanes) {
-        let lane_sum = match build {
-            GgmlCpuBuild::Avx2 => {
-                for s in chunk.iter_mut() {
-                    *s = expf_ggml_avx2(*s - max);
-                }
-                reduce_add_8(chunk)
-            }
-            GgmlCpuBuild::Avx512 => {
-                for s in chunk.iter_mut() {
-                    *s = expf_ggml_avx512(*s - max);
-                }
-                reduce_add_16(chunk)
-            }
-        };
-        sum += lane_sum as f64;
+        for s in chunk.iter_mut() {
+            *s = expf_ggml(build, *s - max);
+        }
+        sum += reduce_add_lanes(build, chunk) as f64;
     }
     for s in tail {
         *s = super::libc::expf_libc(*s - max);

@@ -2,7 +2,9 @@
 
 use core::fmt;
 
-use super::act::sigmoid;
+use super::act::sigmoid_ggml;
+use super::attn_ggml::{expf_ggml, reduce_add_lanes, soft_max_ggml, GgmlCpuBuild};
+use super::libc::expf_libc;
 
 /// The most experts [`route_topk`] chooses per token. The selection buffer is a
 /// fixed-capacity `heapless::Vec`, so this holds in `no_std` code without an allocator;
@@ -81,14 +83,46 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 /// 2. Selection: the `k` experts with the largest `s_e + bias[e]` (bias 0 without one);
 ///    ties go to the lower expert index. A NaN key is never preferred to a number.
 /// 3. Weights: the unbiased scores `s_e` of the chosen experts ([`Gating::SoftmaxWeight`]:
-///    their softmax, as ggml's `soft_max` computes a row shorter than a SIMD vector:
-///    `expf(s - max)`, summed in f64, times the f32 reciprocal of the sum); with
-///    `normalize`, divided by their sum (clamped below at 2^-14, as llama.cpp does); then
-///    multiplied by `scale`.
+///    their softmax); with `normalize`, divided by their sum (clamped below at 2^-14, as
+///    llama.cpp does); then multiplied by `scale`.
 ///
 /// `ids_out[i]` / `weights_out[i]` (both `k` long) receive the chosen experts in order of
 /// decreasing selection key.
+///
+/// Each step as llama.cpp's AVX-512 build computes it (the order the devices follow);
+/// [`route_topk_in`] takes the build.
+#[allow(clippy::too_many_arguments)]
 pub fn route_topk(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    gating: Gating,
+    normalize: bool,
+    scale: f32,
+    ids_out: &mut [u32],
+    weights_out: &mut [f32],
+) -> Result<(), RouteError> {
+    route_topk_in(
+        GgmlCpuBuild::Avx512,
+        logits,
+        bias,
+        k,
+        gating,
+        normalize,
+        scale,
+        ids_out,
+        weights_out,
+    )
+}
+
+/// [`route_topk`] as the given build of llama.cpp computes it: ggml's `sigmoid` (glibc's
+/// `expf`), its `soft_max` ([`soft_max_ggml`](super::soft_max_ggml): the build's
+/// `ggml_v_expf` over full vectors, glibc's `expf` after them, the sum in f64, every
+/// value times the f32 reciprocal of the sum), the weights' sum for renormalising in f64
+/// (`ggml_sum_rows`), then divided by it (`ggml_div`).
+#[allow(clippy::too_many_arguments)]
+pub fn route_topk_in(
+    build: GgmlCpuBuild,
     logits: &[f32],
     bias: Option<&[f32]>,
     k: usize,
@@ -130,22 +164,42 @@ pub fn route_topk(
     }
 
     // Softmax needs the maximum and the normaliser over all experts; scores are then
-    // computed on demand so that no buffer of E scores is needed.
-    let (smax, ssum) = match gating {
+    // computed on demand so that no buffer of E scores is needed. As ggml's `soft_max`
+    // computes a row in the given build ([`soft_max_ggml`]): the full vectors' values
+    // through its `ggml_v_expf`, their lanes summed in f32 and each vector's sum added
+    // in f64, the rest through glibc's `expf`; then every value times the f32
+    // reciprocal of the sum.
+    let lanes = build.f32_lanes();
+    let full = n - n % lanes;
+    let expf_at = |e: usize, m: f32| -> f32 {
+        if e < full {
+            expf_ggml(build, logits[e] - m)
+        } else {
+            expf_libc(logits[e] - m)
+        }
+    };
+    let (smax, inv) = match gating {
         Gating::Sigmoid | Gating::SoftmaxWeight => (0.0, 1.0),
         Gating::Softmax => {
             let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for &l in logits {
-                sum += libm::expf(l - m);
+            let mut sum = 0.0f64;
+            let mut v = [0.0f32; 16];
+            for c in (0..full).step_by(lanes) {
+                for (i, x) in v[..lanes].iter_mut().enumerate() {
+                    *x = expf_at(c + i, m);
+                }
+                sum += f64::from(reduce_add_lanes(build, &v[..lanes]));
             }
-            (m, sum)
+            for e in full..n {
+                sum += f64::from(expf_at(e, m));
+            }
+            (m, (1.0 / sum) as f32)
         }
     };
     let score = |e: usize| -> f32 {
         match gating {
-            Gating::Sigmoid => sigmoid(logits[e]),
-            Gating::Softmax => libm::expf(logits[e] - smax) / ssum,
+            Gating::Sigmoid => sigmoid_ggml(logits[e]),
+            Gating::Softmax => expf_at(e, smax) * inv,
             Gating::SoftmaxWeight => logits[e],
         }
     };
@@ -171,18 +225,22 @@ pub fn route_topk(
         let _ = top.insert(at, (key, e as u32));
     }
 
-    let mut sum = 0.0f32;
     for (i, &(_, e)) in top.iter().enumerate() {
-        let s = score(e as usize);
         ids_out[i] = e;
-        weights_out[i] = s;
-        sum += s;
+        weights_out[i] = score(e as usize);
     }
     if gating == Gating::SoftmaxWeight {
-        softmax_ggml_short(&mut weights_out[..top.len()]);
-        sum = weights_out[..top.len()].iter().sum();
+        let w = &mut weights_out[..top.len()];
+        let m = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let inv = (1.0 / soft_max_ggml(build, w, m)) as f32;
+        for v in w.iter_mut() {
+            *v *= inv;
+        }
     }
     if normalize {
+        let sum = weights_out[..top.len()]
+            .iter()
+            .fold(0.0f64, |a, &w| a + f64::from(w)) as f32;
         let d = sum.max(MIN_WEIGHT_SUM);
         for w in weights_out.iter_mut() {
             *w /= d;
@@ -192,20 +250,4 @@ pub fn route_topk(
         *w *= scale;
     }
     Ok(())
-}
-
-/// ggml's `soft_max` of a row shorter than its SIMD width (`ggml_vec_soft_max_f32`'s
-/// scalar tail): glibc's `expf(x - max)`, summed in f64, each then scaled by
-/// `(1 / sum) as f32`.
-fn softmax_ggml_short(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = super::expf_libc(*v - m);
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
 }

@@ -142,11 +142,13 @@ pub fn attend_head(
     out
 }
 
-/// MoE routing of one token (`flint_core::math::route_topk`): scores `gate(logits)`,
-/// the `k` experts with the largest `score + bias` (ties: lower index first), their
-/// weights the scores renormalised to sum 1 (when `normalize`) times `scale`. Returns
-/// `(expert, weight)` in selection order.
+/// MoE routing of one token as the given build of llama.cpp computes it
+/// (`flint_core::math::route_topk_in`): scores `gate(logits)`, the `k` experts with the
+/// largest `score + bias` (ties: lower index first), their weights the scores
+/// renormalised to sum 1 (when `normalize`) times `scale`. Returns `(expert, weight)` in
+/// selection order.
 pub fn route(
+    build: GgmlCpuBuild,
     logits: &[f32],
     bias: Option<&[f32]>,
     k: usize,
@@ -156,8 +158,10 @@ pub fn route(
 ) -> Result<Vec<(usize, f32)>, ModelError> {
     let mut ids = vec![0u32; k];
     let mut w = vec![0.0f32; k];
-    flint_core::math::route_topk(logits, bias, k, gating, normalize, scale, &mut ids, &mut w)
-        .map_err(|e| ModelError::new(e.to_string()))?;
+    flint_core::math::route_topk_in(
+        build, logits, bias, k, gating, normalize, scale, &mut ids, &mut w,
+    )
+    .map_err(|e| ModelError::new(e.to_string()))?;
     Ok(ids.into_iter().map(|e| e as usize).zip(w).collect())
 }
 
@@ -698,6 +702,7 @@ impl<'m> Reference<'m> {
                     add(&mut logits, rb);
                 }
                 let chosen = route(
+                    self.build,
                     &logits,
                     moe.bias.as_deref(),
                     ms.used,
