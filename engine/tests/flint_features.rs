@@ -239,34 +239,36 @@ fn shared_expert() {
     assert_feature_matters("shared expert", &m, &alt);
 }
 
+/// The top 2 of sigmoid-gated logits through the reference's routing (the devices'
+/// AVX-512 statement): `(expert, weight)` in selection order.
+fn top2_sigmoid(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    normalize: bool,
+    scale: f32,
+) -> Vec<(usize, f32)> {
+    route(
+        GgmlCpuBuild::Avx512,
+        logits,
+        bias,
+        2,
+        Gating::Sigmoid,
+        normalize,
+        scale,
+    )
+    .expect("test value")
+}
+
 #[test]
 fn selection_bias() {
     // Hand case: the bias chooses, the unbiased scores weigh.
     let logits = [0.0f32, 1.0, 2.0, 3.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-    let r = route(
-        GgmlCpuBuild::Avx512,
-        &logits,
-        Some(&[5.0, 0.0, 0.0, 0.0]),
-        2,
-        Gating::Sigmoid,
-        true,
-        1.0,
-    )
-    .expect("test value");
+    let r = top2_sigmoid(&logits, Some(&[5.0, 0.0, 0.0, 0.0]), true, 1.0);
     let t = sig(0.0) + sig(3.0);
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 3]);
     assert!((r[0].1 - sig(0.0) / t).abs() < 1e-6 && (r[1].1 - sig(3.0) / t).abs() < 1e-6);
-    let r = route(
-        GgmlCpuBuild::Avx512,
-        &logits,
-        None,
-        2,
-        Gating::Sigmoid,
-        true,
-        1.0,
-    )
-    .expect("test value");
+    let r = top2_sigmoid(&logits, None, true, 1.0);
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
 
     let m = tiny();
@@ -289,28 +291,10 @@ fn renormalisation() {
     // without, they are the raw sigmoid scores.
     let logits = [0.5f32, -1.0, 2.0, 0.0];
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-    let r = route(
-        GgmlCpuBuild::Avx512,
-        &logits,
-        None,
-        2,
-        Gating::Sigmoid,
-        true,
-        2.5,
-    )
-    .expect("test value");
+    let r = top2_sigmoid(&logits, None, true, 2.5);
     let s: f32 = r.iter().map(|x| x.1).sum();
     assert!((s - 2.5).abs() < 1e-5, "{r:?}");
-    let r = route(
-        GgmlCpuBuild::Avx512,
-        &logits,
-        None,
-        2,
-        Gating::Sigmoid,
-        false,
-        1.0,
-    )
-    .expect("test value");
+    let r = top2_sigmoid(&logits, None, false, 1.0);
     assert!(
         (r[0].1 - sig(2.0)).abs() < 1e-6 && (r[1].1 - sig(0.5)).abs() < 1e-6,
         "{r:?}"

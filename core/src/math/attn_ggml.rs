@@ -52,21 +52,45 @@ impl GgmlCpuBuild {
     }
 }
 
-/// The build's `ggml_v_expf` for one lane ([`expf_ggml_avx2`], [`expf_ggml_avx512`]).
-pub fn expf_ggml(build: GgmlCpuBuild, x: f32) -> f32 {
-    match build {
-        GgmlCpuBuild::Avx2 => expf_ggml_avx2(x),
-        GgmlCpuBuild::Avx512 => expf_ggml_avx512(x),
+/// `exp(x)` for the value at index `i` of a softmax row of `len` values, as the build's
+/// `ggml_vec_soft_max_f32` takes it: through `ggml_v_expf` ([`expf_ggml_avx2`],
+/// [`expf_ggml_avx512`]) inside the row's full vectors, through glibc's `expf` after
+/// them.
+pub fn soft_max_exp(build: GgmlCpuBuild, len: usize, i: usize, x: f32) -> f32 {
+    let lanes = build.f32_lanes();
+    if i < len - len % lanes {
+        match build {
+            GgmlCpuBuild::Avx2 => expf_ggml_avx2(x),
+            GgmlCpuBuild::Avx512 => expf_ggml_avx512(x),
+        }
+    } else {
+        super::libc::expf_libc(x)
     }
 }
 
-/// One vector's lanes (`v`: [`GgmlCpuBuild::f32_lanes`] values) added as the build's
-/// softmax adds them ([`reduce_add_8`], [`reduce_add_16`]).
-pub fn reduce_add_lanes(build: GgmlCpuBuild, v: &[f32]) -> f32 {
-    match build {
-        GgmlCpuBuild::Avx2 => reduce_add_8(v),
-        GgmlCpuBuild::Avx512 => reduce_add_16(v),
+/// The f64 sum `ggml_vec_soft_max_f32` forms in the build from a row's `len`
+/// exponentials (`e(i)`, [`soft_max_exp`]): each full vector's lanes added in f32
+/// ([`reduce_add_8`], [`reduce_add_16`]) and that sum added in f64, then the values
+/// after the last full vector one by one in f64.
+pub fn soft_max_sum(build: GgmlCpuBuild, len: usize, e: impl Fn(usize) -> f32) -> f64 {
+    let lanes = build.f32_lanes();
+    let full = len - len % lanes;
+    let mut sum = 0.0f64;
+    let mut v = [0.0f32; 16];
+    for c in (0..full).step_by(lanes) {
+        for (j, x) in v[..lanes].iter_mut().enumerate() {
+            *x = e(c + j);
+        }
+        let lane_sum = match build {
+            GgmlCpuBuild::Avx2 => reduce_add_8(&v[..8]),
+            GgmlCpuBuild::Avx512 => reduce_add_16(&v),
+        };
+        sum += lane_sum as f64;
     }
+    for i in full..len {
+        sum += e(i) as f64;
+    }
+    sum
 }
 
 /// Keys per tile (`GGML_FA_TILE_KV`).
@@ -142,21 +166,11 @@ pub fn expf_ggml_avx2(x: f32) -> f32 {
 /// [`reduce_add_8`]) and each vector's sum added to the f64 sum; the values after the
 /// last full vector through glibc's `expf`, one at a time.
 pub fn soft_max_ggml(build: GgmlCpuBuild, x: &mut [f32], max: f32) -> f64 {
-    let lanes = build.f32_lanes();
-    let full = x.len() - x.len() % lanes;
-    let (head, tail) = x.split_at_mut(full);
-    let mut sum = 0.0f64;
-    for chunk in head.chunks_exact_mut(lanes) {
-        for s in chunk.iter_mut() {
-            *s = expf_ggml(build, *s - max);
-        }
-        sum += reduce_add_lanes(build, chunk) as f64;
+    let len = x.len();
+    for (i, s) in x.iter_mut().enumerate() {
+        *s = soft_max_exp(build, len, i, *s - max);
     }
-    for s in tail {
-        *s = super::libc::expf_libc(*s - max);
-        sum += *s as f64;
-    }
-    sum
+    soft_max_sum(build, len, |i| x[i])
 }
 
 /// The AVX2 softmax's sum of 8 lanes: the high four onto the low four

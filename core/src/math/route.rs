@@ -3,8 +3,7 @@
 use core::fmt;
 
 use super::act::sigmoid_ggml;
-use super::attn_ggml::{expf_ggml, reduce_add_lanes, soft_max_ggml, GgmlCpuBuild};
-use super::libc::expf_libc;
+use super::attn_ggml::{soft_max_exp, soft_max_ggml, soft_max_sum, GgmlCpuBuild};
 
 /// The most experts [`route_topk`] chooses per token. The selection buffer is a
 /// fixed-capacity `heapless::Vec`, so this holds in `no_std` code without an allocator;
@@ -165,35 +164,14 @@ pub fn route_topk_in(
 
     // Softmax needs the maximum and the normaliser over all experts; scores are then
     // computed on demand so that no buffer of E scores is needed. As ggml's `soft_max`
-    // computes a row in the given build ([`soft_max_ggml`]): the full vectors' values
-    // through its `ggml_v_expf`, their lanes summed in f32 and each vector's sum added
-    // in f64, the rest through glibc's `expf`; then every value times the f32
-    // reciprocal of the sum.
-    let lanes = build.f32_lanes();
-    let full = n - n % lanes;
-    let expf_at = |e: usize, m: f32| -> f32 {
-        if e < full {
-            expf_ggml(build, logits[e] - m)
-        } else {
-            expf_libc(logits[e] - m)
-        }
-    };
+    // computes a row in the given build ([`soft_max_exp`], [`soft_max_sum`]), then every
+    // value times the f32 reciprocal of the sum.
+    let expf_at = |e: usize, m: f32| soft_max_exp(build, n, e, logits[e] - m);
     let (smax, inv) = match gating {
         Gating::Sigmoid | Gating::SoftmaxWeight => (0.0, 1.0),
         Gating::Softmax => {
             let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f64;
-            let mut v = [0.0f32; 16];
-            for c in (0..full).step_by(lanes) {
-                for (i, x) in v[..lanes].iter_mut().enumerate() {
-                    *x = expf_at(c + i, m);
-                }
-                sum += f64::from(reduce_add_lanes(build, &v[..lanes]));
-            }
-            for e in full..n {
-                sum += f64::from(expf_at(e, m));
-            }
-            (m, (1.0 / sum) as f32)
+            (m, (1.0 / soft_max_sum(build, n, |e| expf_at(e, m))) as f32)
         }
     };
     let score = |e: usize| -> f32 {

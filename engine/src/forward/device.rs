@@ -863,34 +863,29 @@ impl DeviceModel {
                 (n, &all_rows)
             };
             match &layer.mixer {
-                DevMixer::Attention(at) if last && shrink_attention => self.attention(
-                    il,
-                    at,
-                    kv,
-                    &slots[g],
-                    &positions,
-                    &out_attn_seqs[g],
-                    Some(&wanted[..]),
-                    &a[..n * d],
-                    &mut x,
-                    &mut tmp[..rows * d],
-                    &mut bufs,
-                )?,
                 DevMixer::Attention(at) => {
+                    // The last layer's attention for the wanted rows only, or over
+                    // every row with the others left out after it.
+                    let shrink = last && shrink_attention;
+                    let (seqs, out_rows) = if shrink {
+                        (&out_attn_seqs[g], rows)
+                    } else {
+                        (&attn_seqs[g], n)
+                    };
                     self.attention(
                         il,
                         at,
                         kv,
                         &slots[g],
                         &positions,
-                        &attn_seqs[g],
-                        None,
+                        seqs,
+                        shrink.then_some(&wanted[..]),
                         &a[..n * d],
                         &mut x,
-                        &mut tmp[..n * d],
+                        &mut tmp[..out_rows * d],
                         &mut bufs,
                     )?;
-                    if last {
+                    if last && !shrink {
                         keep_rows(&wanted, d, &mut tmp, &mut x);
                     }
                 }
