@@ -239,6 +239,17 @@ pub enum Shape {
         /// Tokens of the first call (0: one call).
         split: usize,
     },
+    /// A short chain of ops on device tensors, for the count of host-device transfers:
+    /// `rms_norm` of `rows` rows of `k`, `matmul` by an F32 weight `[k, n]`, `add`,
+    /// `scale`.
+    Chain {
+        /// Rows.
+        rows: usize,
+        /// Input features (the norm's `dim`).
+        k: usize,
+        /// Output features.
+        n: usize,
+    },
 }
 
 impl fmt::Display for Shape {
@@ -290,6 +301,7 @@ impl fmt::Display for Shape {
                 "tokens={tokens} Hk={} Hv={} d={} split={split}",
                 shape.heads_k, shape.heads_v, shape.head_dim
             ),
+            Shape::Chain { rows, k, n } => write!(f, "x[{rows},{k}] W[{k},{n}]"),
             Shape::Attn(a) => {
                 write!(
                     f,
@@ -349,8 +361,20 @@ impl Case {
         s
     }
 
+    /// The block type of the weight of `op` (an op that [takes one](Op::takes_weight))
+    /// in this case: the case's type; F32 for the transfer chain's matmul.
+    pub fn weight_type(&self) -> Option<GgmlType> {
+        match self.shape {
+            Shape::Chain { .. } => Some(GgmlType::F32),
+            _ => self.ty,
+        }
+    }
+
     /// The ops a device must support for this case to run.
     pub fn required_ops(&self) -> &'static [Op] {
+        if let Shape::Chain { .. } = self.shape {
+            return &[Op::RmsNorm, Op::Matmul, Op::Add, Op::Scale];
+        }
         match self.op {
             Op::WriteKv | Op::PagedAttention => &[Op::WriteKv, Op::PagedAttention],
             Op::Stage => &[Op::Stage],
@@ -373,6 +397,7 @@ impl Case {
             Op::RouteTopK => &[Op::RouteTopK],
             Op::SsmConvSilu => &[Op::SsmConvSilu],
             Op::GatedDeltaNet => &[Op::GatedDeltaNet],
+            Op::Copy => &[Op::Copy],
         }
     }
 
@@ -412,6 +437,8 @@ pub mod tol {
     pub const GATHER: f64 = 1e-5;
     /// norms, rope, activations, add, scale, scatter, routing weights.
     pub const ELEMENTWISE: f64 = 1e-5;
+    /// copy: exact.
+    pub const EXACT: f64 = 0.0;
     /// paged attention (ggml's flash-attention bound; KV may be held as BF16/F16).
     pub const ATTENTION: f64 = 5e-4;
     /// Gated DeltaNet convolution and delta rule, outputs and carried states: f32
@@ -987,6 +1014,27 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             s.seqs = vec![SeqSpec { ctx: 14, n_q: 2 }, SeqSpec { ctx: 9, n_q: 9 }];
         }),
         a,
+    );
+
+    // Device-side copies, checked bit for bit: a whole tensor; sub-ranges at offsets
+    // between two tensors; disjoint sub-ranges of one tensor, both ways, the second
+    // reading what the first wrote.
+    for label in ["whole", "between", "within"] {
+        push(Op::Copy, None, label, Shape::Flat { n: 1003 }, tol::EXACT);
+    }
+    // Host-device traffic: inputs uploaded once, a chain of ops on device tensors that
+    // moves nothing between host and device, the result downloaded once; each upload
+    // and download of n values one call of 4n bytes.
+    push(
+        Op::Copy,
+        None,
+        "transfers",
+        Shape::Chain {
+            rows: 3,
+            k: 64,
+            n: 40,
+        },
+        tol::MATMUL_FLOAT,
     );
     v
 }

@@ -1,5 +1,7 @@
 //! Comparisons: normalised MSE, non-finite values, and guard regions around outputs.
 
+use flint_hal::{Device, Tensor, View, ViewMut};
+
 /// Elements of sentinel on each side of a guarded output.
 pub const GUARD: usize = 67;
 
@@ -64,6 +66,56 @@ impl Guarded {
             ));
         }
         Ok(())
+    }
+}
+
+/// A [`Guarded`] output in a tensor of the device under test, as the engine's outputs
+/// are: [`alloc`](Device::alloc)ed with a guard region on each side and filled with the
+/// sentinel. The op gets [`body_mut`](Self::body_mut), a view at an offset inside the
+/// tensor (a device that ignores a view's offset or length writes into the guards);
+/// [`fetch`](Self::fetch) downloads the whole tensor, guards included, for
+/// [`Guarded::check`].
+#[derive(Debug)]
+pub struct DeviceGuarded {
+    t: Tensor,
+    len: usize,
+}
+
+impl DeviceGuarded {
+    /// A body of `len` elements on `dev`, all set to the sentinel.
+    pub fn new(dev: &dyn Device, len: usize) -> Result<Self, String> {
+        let mut t = dev
+            .alloc(len + 2 * GUARD)
+            .map_err(|e| format!("alloc: {e}"))?;
+        dev.upload(&Guarded::new(len).buf, t.view_mut())
+            .map_err(|e| format!("upload: {e}"))?;
+        Ok(Self { t, len })
+    }
+
+    /// A body holding `data` (for in-place ops), on `dev`.
+    pub fn from_slice(dev: &dyn Device, data: &[f32]) -> Result<Self, String> {
+        let t = dev
+            .upload_new(&Guarded::from_slice(data).buf)
+            .map_err(|e| format!("upload: {e}"))?;
+        Ok(Self { t, len: data.len() })
+    }
+
+    /// The part the device sees, to read.
+    pub fn body(&self) -> View<'_> {
+        self.t.slice(GUARD..GUARD + self.len)
+    }
+
+    /// The part the device sees, to write.
+    pub fn body_mut(&mut self) -> ViewMut<'_> {
+        self.t.slice_mut(GUARD..GUARD + self.len)
+    }
+
+    /// The whole tensor, guards included, downloaded.
+    pub fn fetch(&self, dev: &dyn Device) -> Result<Guarded, String> {
+        let mut g = Guarded::new(self.len);
+        dev.download(self.t.view(), &mut g.buf)
+            .map_err(|e| format!("download: {e}"))?;
+        Ok(g)
     }
 }
 

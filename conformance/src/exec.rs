@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use flint_hal::{
     AttnSeq, DeltaNetShape, Device, ExpertRow, HalError, HalErrorKind, KvLayout, Op,
-    PagedAttention, RoutingConfig, WeightDesc, WeightHandle, WeightKind, WeightSource, NO_BLOCK,
+    PagedAttention, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle, WeightKind,
+    WeightSource, NO_BLOCK,
 };
 
 use crate::case::{AttnSpec, Case, RopeSpec, Shape, Sinks};
-use crate::check::{compare, unchanged, Guarded};
+use crate::check::{compare, unchanged, DeviceGuarded, Guarded};
 use crate::data::random_weight;
 use crate::reference;
 use crate::rng::CaseRng;
@@ -70,11 +71,52 @@ fn dev_err(op: &str, e: HalError) -> Stop {
     }
 }
 
+/// An input in a new tensor of the device under test, as the engine stages its
+/// activations (`upload_new`).
+fn put(dev: &dyn Device, x: &[f32]) -> Res<Tensor> {
+    dev.upload_new(x)
+        .map_err(|e| Stop::Fail(format!("upload of {} values: {e}", x.len())))
+}
+
+/// A tensor's (or a view's) values, downloaded.
+fn get(dev: &dyn Device, v: View<'_>) -> Res<Vec<f32>> {
+    let mut h = vec![0f32; v.len()];
+    dev.download(v, &mut h)
+        .map_err(|e| Stop::Fail(format!("download of {} values: {e}", h.len())))?;
+    Ok(h)
+}
+
+/// A guarded output on the device under test.
+fn out_tensor(dev: &dyn Device, len: usize) -> Res<DeviceGuarded> {
+    Ok(DeviceGuarded::new(dev, len)?)
+}
+
+/// A guarded in-place operand on the device under test, holding `data`.
+fn inout_tensor(dev: &dyn Device, data: &[f32]) -> Res<DeviceGuarded> {
+    Ok(DeviceGuarded::from_slice(dev, data)?)
+}
+
+/// Downloads a guarded tensor and checks its guards.
+fn fetch(dev: &dyn Device, t: &DeviceGuarded, what: &str) -> Res<Guarded> {
+    let g = t.fetch(dev)?;
+    g.check(what)?;
+    Ok(g)
+}
+
+/// An input that the op must leave alone: still `want`, bit for bit.
+fn unchanged_on(dev: &dyn Device, what: &str, t: &Tensor, want: &[f32]) -> Res<()> {
+    Ok(unchanged(what, &get(dev, t.view())?, want)?)
+}
+
 /// Runs `case` on `dev`: skipped when `supports` says no, failed on a wrong result, an
 /// error, a non-finite value, an out-of-bounds write or a panic.
 pub fn run_case(dev: &dyn Device, case: &Case) -> Outcome {
     for &op in case.required_ops() {
-        let ty = if op.takes_weight() { case.ty } else { None };
+        let ty = if op.takes_weight() {
+            case.weight_type()
+        } else {
+            None
+        };
         if !dev.supports(op, ty) {
             let what = match ty {
                 Some(t) => format!("{op} on {t}"),
@@ -126,6 +168,10 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         }
         (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, &mut rng),
         (Shape::Bias { rows, dim }, Op::AddBias) => bias_case(dev, case, *rows, *dim, &mut rng),
+        (Shape::Flat { n }, Op::Copy) => copy_case(dev, case, *n, &mut rng),
+        (Shape::Chain { rows, k, n }, Op::Copy) => {
+            transfers_case(dev, case, *rows, *k, *n, &mut rng)
+        }
         (Shape::Flat { n }, op) => flat_case(dev, case, op, *n, &mut rng),
         (Shape::Scatter { dst, src, dim }, Op::ScatterAddWeighted) => {
             scatter_case(dev, case, *dst, *src, *dim, &mut rng)
@@ -178,7 +224,7 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
 
 fn desc(case: &Case, dims: Vec<usize>, kind: WeightKind, bytes: Vec<u8>) -> Res<WeightDesc> {
     let ty = case
-        .ty
+        .weight_type()
         .ok_or_else(|| Stop::Fail("suite bug: weight case without a type".into()))?;
     // As in a memory-mapped GGUF, the tensor lies inside a larger shared buffer, between
     // other bytes: a backend that reads the whole buffer, or ignores the range's start,
@@ -270,12 +316,12 @@ fn matmul_case(
     let h = stage(dev, &desc(case, vec![k, n], kind, bytes)?)?;
     let x = rng.vec(m * k, -1.0, 1.0);
     let want = reference::matmul_f32(&wf, k, &x, m);
-    let x_before = x.clone();
-    let mut out = Guarded::new(m * n);
-    dev.matmul(h.as_ref(), &x, m, out.body_mut())
+    let xt = put(dev, &x)?;
+    let mut out = out_tensor(dev, m * n)?;
+    dev.matmul(h.as_ref(), xt.view(), m, out.body_mut())
         .map_err(|e| dev_err("matmul", e))?;
-    out.check("out")?;
-    unchanged("x", &x, &x_before)?;
+    let out = fetch(dev, &out, "out")?;
+    unchanged_on(dev, "x", &xt, &x)?;
     Ok(compare("out", out.body(), &want, case.tolerance)?)
 }
 
@@ -303,18 +349,21 @@ fn matmul_multi_case(
         floats.push(wf);
     }
     let x = rng.vec(m * k, -1.0, 1.0);
-    let x_before = x.clone();
-    let mut outs: Vec<Guarded> = heights.iter().map(|&h| Guarded::new(m * h)).collect();
+    let xt = put(dev, &x)?;
+    let mut outs = heights
+        .iter()
+        .map(|&h| out_tensor(dev, m * h))
+        .collect::<Res<Vec<DeviceGuarded>>>()?;
     {
         let ws: Vec<&dyn flint_hal::Weight> = handles.iter().map(|h| h.as_ref()).collect();
-        let mut bodies: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.body_mut()).collect();
-        dev.matmul_multi(&ws, &x, m, &mut bodies)
+        let mut bodies: Vec<ViewMut<'_>> = outs.iter_mut().map(|o| o.body_mut()).collect();
+        dev.matmul_multi(&ws, xt.view(), m, &mut bodies)
             .map_err(|e| dev_err("matmul_multi", e))?;
     }
-    unchanged("x", &x, &x_before)?;
+    unchanged_on(dev, "x", &xt, &x)?;
     let mut worst = 0f64;
     for (i, ((h, out), wf)) in handles.iter().zip(&outs).zip(&floats).enumerate() {
-        out.check(&format!("out {i}"))?;
+        let out = fetch(dev, out, &format!("out {i}"))?;
         let want = reference::matmul_f32(wf, k, &x, m);
         worst = worst.max(compare(
             &format!("out {i}"),
@@ -322,9 +371,12 @@ fn matmul_multi_case(
             &want,
             case.tolerance,
         )?);
-        let mut alone = vec![0f32; m * heights[i]];
-        dev.matmul(h.as_ref(), &x, m, &mut alone)
+        let mut alone_t = dev
+            .alloc(m * heights[i])
+            .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+        dev.matmul(h.as_ref(), xt.view(), m, alone_t.view_mut())
             .map_err(|e| dev_err("matmul", e))?;
+        let alone = get(dev, alone_t.view())?;
         if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != out.body()[j].to_bits()) {
             return Err(Stop::Fail(format!(
                 "out {i}[{j}]: matmul_multi gave {} where matmul of the weight alone gives {}",
@@ -374,10 +426,12 @@ fn expert_case(
             1,
         ));
     }
-    let mut out = Guarded::new(routed * n);
-    dev.expert_matmul(h.as_ref(), &x, &rows, out.body_mut())
+    let xt = put(dev, &x)?;
+    let mut out_t = out_tensor(dev, routed * n)?;
+    dev.expert_matmul(h.as_ref(), xt.view(), &rows, out_t.body_mut())
         .map_err(|e| dev_err("expert_matmul", e))?;
-    out.check("out")?;
+    let out = fetch(dev, &out_t, "out")?;
+    unchanged_on(dev, "x", &xt, &x)?;
     let worst = compare("out", out.body(), &want, case.tolerance)?;
     // `expert_matmul_multi` with a second tower of the same shape on the same rows (a
     // layer's gate and up projections): each output bit for bit the tower's own
@@ -387,22 +441,23 @@ fn expert_case(
         dev,
         &desc(case, vec![k, n, experts], WeightKind::ExpertTower, bytes2)?,
     )?;
-    let mut alone2 = vec![0f32; routed * n];
-    dev.expert_matmul(h2.as_ref(), &x, &rows, &mut alone2)
+    let mut alone2_t = out_tensor(dev, routed * n)?;
+    dev.expert_matmul(h2.as_ref(), xt.view(), &rows, alone2_t.body_mut())
         .map_err(|e| dev_err("expert_matmul", e))?;
-    let mut outs = [Guarded::new(routed * n), Guarded::new(routed * n)];
+    let alone2 = fetch(dev, &alone2_t, "out")?;
+    let mut outs = [out_tensor(dev, routed * n)?, out_tensor(dev, routed * n)?];
     {
         let [o1, o2] = &mut outs;
         dev.expert_matmul_multi(
             &[h.as_ref(), h2.as_ref()],
-            &x,
+            xt.view(),
             &rows,
             &mut [o1.body_mut(), o2.body_mut()],
         )
         .map_err(|e| dev_err("expert_matmul_multi", e))?;
     }
-    for (i, (got, alone)) in outs.iter().zip([out.body(), &alone2[..]]).enumerate() {
-        got.check(&format!("multi out {i}"))?;
+    for (i, (got, alone)) in outs.iter().zip([out.body(), alone2.body()]).enumerate() {
+        let got = fetch(dev, got, &format!("multi out {i}"))?;
         if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != got.body()[j].to_bits()) {
             return Err(Stop::Fail(format!(
                 "multi out {i}[{j}]: expert_matmul_multi gave {} where expert_matmul of the \
@@ -439,13 +494,13 @@ fn get_rows_case(
     for &i in &ids {
         want.extend_from_slice(&wf[i as usize * d..(i as usize + 1) * d]);
     }
-    let mut out = Guarded::new(ids.len() * d);
-    dev.get_rows(h.as_ref(), &ids, out.body_mut())
+    let mut out_t = out_tensor(dev, ids.len() * d)?;
+    dev.get_rows(h.as_ref(), &ids, out_t.body_mut())
         .map_err(|e| dev_err("get_rows", e))?;
-    out.check("out")?;
+    let out = fetch(dev, &out_t, "out")?;
     let e = compare("out", out.body(), &want, case.tolerance)?;
     // An id past the table is InvalidInput, not a panic or a read out of bounds.
-    let mut out = Guarded::new(2 * d);
+    let mut out = out_tensor(dev, 2 * d)?;
     match dev.get_rows(h.as_ref(), &[0, vocab as u32], out.body_mut()) {
         Err(err) if err.kind == HalErrorKind::InvalidInput => {}
         Err(err) => {
@@ -459,7 +514,7 @@ fn get_rows_case(
             )))
         }
     }
-    out.check("out (bad id)")?;
+    fetch(dev, &out, "out (bad id)")?;
     Ok(e)
 }
 
@@ -486,12 +541,19 @@ fn rms_case(
     };
     let eps = 1e-6;
     let want = reference::rms_norm_rows(&x, weight.as_deref(), eps, dim);
-    let x_before = x.clone();
-    let mut out = Guarded::new(n);
-    dev.rms_norm(&x, weight.as_deref(), eps, dim, out.body_mut())
-        .map_err(|e| dev_err("rms_norm", e))?;
-    out.check("out")?;
-    unchanged("x", &x, &x_before)?;
+    let xt = put(dev, &x)?;
+    let wt = weight.as_deref().map(|w| put(dev, w)).transpose()?;
+    let mut out_t = out_tensor(dev, n)?;
+    dev.rms_norm(
+        xt.view(),
+        wt.as_ref().map(Tensor::view),
+        eps,
+        dim,
+        out_t.body_mut(),
+    )
+    .map_err(|e| dev_err("rms_norm", e))?;
+    let out = fetch(dev, &out_t, "out")?;
+    unchanged_on(dev, "x", &xt, &x)?;
     // Every chunk on its own, so that one bad head is not averaged away.
     let mut worst = 0.0f64;
     for (c, (g, w)) in out
@@ -524,12 +586,21 @@ fn add_rms_case(
     let eps = 1e-5;
     let want_res: Vec<f32> = residual0.iter().zip(&delta).map(|(a, b)| a + b).collect();
     let want_out = reference::rms_norm_rows(&want_res, Some(&weight), eps, dim);
-    let mut res = Guarded::from_slice(&residual0);
-    let mut out = Guarded::new(n);
-    dev.add_rms_norm(res.body_mut(), &delta, &weight, eps, dim, out.body_mut())
-        .map_err(|e| dev_err("add_rms_norm", e))?;
-    res.check("residual")?;
-    out.check("out")?;
+    let mut res_t = inout_tensor(dev, &residual0)?;
+    let (dt, wt) = (put(dev, &delta)?, put(dev, &weight)?);
+    let mut out_t = out_tensor(dev, n)?;
+    dev.add_rms_norm(
+        res_t.body_mut(),
+        dt.view(),
+        wt.view(),
+        eps,
+        dim,
+        out_t.body_mut(),
+    )
+    .map_err(|e| dev_err("add_rms_norm", e))?;
+    let res = fetch(dev, &res_t, "residual")?;
+    let out = fetch(dev, &out_t, "out")?;
+    unchanged_on(dev, "delta", &dt, &delta)?;
     // The residual is checked too: rmsnorm is scale-invariant, so a residual that got
     // the delta (or itself) twice can still give a correct-looking output.
     let a = compare(
@@ -583,14 +654,14 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         let x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
         let mut want = x0.clone();
         reference::rope(&mut want, &positions, head_dim, &p.config());
-        let mut x = Guarded::from_slice(&x0);
+        let mut xt = inout_tensor(dev, &x0)?;
         dev.rope(
-            x.body_mut(),
+            xt.body_mut(),
             &positions,
             &flint_hal::RopeParams { n_heads, ..p },
         )
         .map_err(|e| dev_err("rope", e))?;
-        x.check(what)?;
+        let x = fetch(dev, &xt, what)?;
         worst = worst.max(compare(what, x.body(), &want, case.tolerance)?);
     }
     Ok(worst)
@@ -608,31 +679,33 @@ fn bias_case(
     let x0 = rng.vec(rows * dim, -4.0, 4.0);
     let bias = rng.vec(dim, -1.0, 1.0);
     let want = reference::add_bias(&x0, &bias);
-    let mut x = Guarded::from_slice(&x0);
-    dev.add_bias(x.body_mut(), &bias)
+    let mut xt = inout_tensor(dev, &x0)?;
+    let bt = put(dev, &bias)?;
+    dev.add_bias(xt.body_mut(), bt.view())
         .map_err(|e| dev_err("add_bias", e))?;
-    x.check("x")?;
+    let x = fetch(dev, &xt, "x")?;
     let nmse = compare("x", x.body(), &want, case.tolerance)?;
     let long = rng.vec(rows * dim + 1, -1.0, 1.0);
-    let mut y = x0.clone();
-    match dev.add_bias(&mut y, &long) {
+    let long_t = put(dev, &long)?;
+    let mut yt = put(dev, &x0)?;
+    match dev.add_bias(yt.view_mut(), long_t.view()) {
         Err(e) if e.kind == HalErrorKind::InvalidInput => {}
         Err(e) => {
             return Err(Stop::Fail(format!(
                 "add_bias with a bias of {} values on x of {}: expected InvalidInput, got {e}",
                 long.len(),
-                y.len()
+                x0.len()
             )))
         }
         Ok(()) => {
             return Err(Stop::Fail(format!(
                 "add_bias accepted a bias of {} values on x of {}",
                 long.len(),
-                y.len()
+                x0.len()
             )))
         }
     }
-    if y != x0 {
+    if get(dev, yt.view())? != x0 {
         return Err(Stop::Fail(
             "add_bias changed x while refusing the call".into(),
         ));
@@ -656,30 +729,35 @@ fn flat_case(dev: &dyn Device, case: &Case, op: Op, n: usize, rng: &mut CaseRng)
                 Op::GeluMul => reference::gelu_mul(&a, &b),
                 _ => reference::swiglu_oai_mul(&a, &b),
             };
-            let mut out = Guarded::new(n);
+            let (at, bt) = (put(dev, &a)?, put(dev, &b)?);
+            let mut out_t = out_tensor(dev, n)?;
             let r = match op {
-                Op::SiluMul => dev.silu_mul(&a, &b, out.body_mut()),
-                Op::GeluMul => dev.gelu_mul(&a, &b, out.body_mut()),
-                _ => dev.swiglu_oai_mul(&a, &b, out.body_mut()),
+                Op::SiluMul => dev.silu_mul(at.view(), bt.view(), out_t.body_mut()),
+                Op::GeluMul => dev.gelu_mul(at.view(), bt.view(), out_t.body_mut()),
+                _ => dev.swiglu_oai_mul(at.view(), bt.view(), out_t.body_mut()),
             };
             r.map_err(|e| dev_err(op.name(), e))?;
-            out.check("out")?;
+            let out = fetch(dev, &out_t, "out")?;
+            unchanged_on(dev, "gate", &at, &a)?;
+            unchanged_on(dev, "up", &bt, &b)?;
             Ok(compare("out", out.body(), &want, case.tolerance)?)
         }
         Op::Add => {
             let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-            let mut acc = Guarded::from_slice(&a);
-            dev.add(acc.body_mut(), &b).map_err(|e| dev_err("add", e))?;
-            acc.check("acc")?;
+            let mut acc_t = inout_tensor(dev, &a)?;
+            let bt = put(dev, &b)?;
+            dev.add(acc_t.body_mut(), bt.view())
+                .map_err(|e| dev_err("add", e))?;
+            let acc = fetch(dev, &acc_t, "acc")?;
             Ok(compare("acc", acc.body(), &want, case.tolerance)?)
         }
         Op::Scale => {
             let s = -0.37f32;
             let want: Vec<f32> = a.iter().map(|x| x * s).collect();
-            let mut x = Guarded::from_slice(&a);
-            dev.scale(x.body_mut(), s)
+            let mut xt = inout_tensor(dev, &a)?;
+            dev.scale(xt.body_mut(), s)
                 .map_err(|e| dev_err("scale", e))?;
-            x.check("x")?;
+            let x = fetch(dev, &xt, "x")?;
             Ok(compare("x", x.body(), &want, case.tolerance)?)
         }
         other => Err(Stop::Fail(format!(
@@ -716,10 +794,11 @@ fn scatter_case(
             want[r * dim + c] += w * x[i * dim + c];
         }
     }
-    let mut acc = Guarded::from_slice(&acc0);
-    dev.scatter_add_weighted(acc.body_mut(), &x, &rows, &weights, dim)
+    let mut acc_t = inout_tensor(dev, &acc0)?;
+    let xt = put(dev, &x)?;
+    dev.scatter_add_weighted(acc_t.body_mut(), xt.view(), &rows, &weights, dim)
         .map_err(|e| dev_err("scatter_add_weighted", e))?;
-    acc.check("acc")?;
+    let acc = fetch(dev, &acc_t, "acc")?;
     Ok(compare("acc", acc.body(), &want, case.tolerance)?)
 }
 
@@ -752,10 +831,12 @@ fn route_case(
         reference::route_topk(&logits, experts, bias.as_deref(), cfg).map_err(Stop::Fail)?;
     let mut ids = vec![u32::MAX; rows * cfg.k];
     let mut w = Guarded::new(rows * cfg.k);
+    let lt = put(dev, &logits)?;
+    let bt = bias.as_deref().map(|b| put(dev, b)).transpose()?;
     dev.route_topk(
-        &logits,
+        lt.view(),
         experts,
-        bias.as_deref(),
+        bt.as_ref().map(Tensor::view),
         cfg,
         &mut ids,
         w.body_mut(),
@@ -791,21 +872,22 @@ fn conv_case(
     // A sequence already under way: a non-zero window.
     let state0 = rng.vec(channels * (d_conv - 1), -2.0, 2.0);
     let (want, want_state) = reference::ssm_conv_silu(&x, &weight, d_conv, &state0);
-    let mut out = Guarded::new(tokens * channels);
-    let mut state = Guarded::from_slice(&state0);
+    let mut out_t = out_tensor(dev, tokens * channels)?;
+    let mut state_t = inout_tensor(dev, &state0)?;
+    let (xt, wt) = (put(dev, &x)?, put(dev, &weight)?);
     for (a, b) in pieces(tokens, split) {
-        let piece = &mut out.body_mut()[a * channels..b * channels];
+        let piece = out_t.body_mut().into_slice(a * channels..b * channels);
         dev.ssm_conv_silu(
-            &x[a * channels..b * channels],
-            &weight,
+            xt.slice(a * channels..b * channels),
+            wt.view(),
             d_conv,
-            state.body_mut(),
+            state_t.body_mut(),
             piece,
         )
         .map_err(|e| dev_err("ssm_conv_silu", e))?;
     }
-    out.check("out")?;
-    state.check("state")?;
+    let out = fetch(dev, &out_t, "out")?;
+    let state = fetch(dev, &state_t, "state")?;
     let e = compare("out", out.body(), &want, case.tolerance)?;
     Ok(e.max(compare("state", state.body(), &want_state, case.tolerance)?))
 }
@@ -835,24 +917,26 @@ fn delta_case(
     let beta = rng.vec(tokens * hv, 0.01, 0.99);
     let state0 = rng.vec(shape.state_len(), -0.5, 0.5);
     let (want, want_state) = reference::gated_delta_net(shape, &q, &k, &v, &g, &beta, &state0);
-    let mut out = Guarded::new(tokens * vl);
-    let mut state = Guarded::from_slice(&state0);
+    let mut out_t = out_tensor(dev, tokens * vl)?;
+    let mut state_t = inout_tensor(dev, &state0)?;
+    let (qt, kt, vt) = (put(dev, &q)?, put(dev, &k)?, put(dev, &v)?);
+    let (gt, bt) = (put(dev, &g)?, put(dev, &beta)?);
     for (a, b) in pieces(tokens, split) {
-        let piece = &mut out.body_mut()[a * vl..b * vl];
+        let piece = out_t.body_mut().into_slice(a * vl..b * vl);
         dev.gated_delta_net(
             shape,
-            &q[a * ql..b * ql],
-            &k[a * ql..b * ql],
-            &v[a * vl..b * vl],
-            &g[a * hv..b * hv],
-            &beta[a * hv..b * hv],
-            state.body_mut(),
+            qt.slice(a * ql..b * ql),
+            kt.slice(a * ql..b * ql),
+            vt.slice(a * vl..b * vl),
+            gt.slice(a * hv..b * hv),
+            bt.slice(a * hv..b * hv),
+            state_t.body_mut(),
             piece,
         )
         .map_err(|e| dev_err("gated_delta_net", e))?;
     }
-    out.check("out")?;
-    state.check("state")?;
+    let out = fetch(dev, &out_t, "out")?;
+    let state = fetch(dev, &state_t, "state")?;
     let e = compare("out", out.body(), &want, case.tolerance)?;
     Ok(e.max(compare("state", state.body(), &want_state, case.tolerance)?))
 }
@@ -979,7 +1063,8 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
             let kj = rng.vec(junk.len() * hkv * dk, 5.0, 9.0);
             let vj = rng.vec(junk.len() * hkv * dv, 5.0, 9.0);
             let slots: Vec<u32> = junk.iter().map(|&t| slot(t)).collect();
-            dev.write_kv(kv.as_mut(), &kj, &vj, &slots)
+            let (kjt, vjt) = (put(dev, &kj)?, put(dev, &vj)?);
+            dev.write_kv(kv.as_mut(), kjt.view(), vjt.view(), &slots)
                 .map_err(|e| dev_err("write_kv", e))?;
         }
         let chunks = if s.overwrite { 3 } else { 1 };
@@ -993,13 +1078,14 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
                 vb.extend_from_slice(&seqs[si].v[p * hkv * dv..(p + 1) * hkv * dv]);
                 slots.push(slot((si, p)));
             }
-            dev.write_kv(kv.as_mut(), &kb, &vb, &slots)
+            let (kt, vt) = (put(dev, &kb)?, put(dev, &vb)?);
+            dev.write_kv(kv.as_mut(), kt.view(), vt.view(), &slots)
                 .map_err(|e| dev_err("write_kv", e))?;
         }
     }
 
     // Attend each group with its own tables and compare.
-    let q_before = q.clone();
+    let qt = put(dev, &q)?;
     for (g, (kv, seqs)) in groups.iter().enumerate() {
         let attn_seqs: Vec<AttnSeq<'_>> = s
             .seqs
@@ -1012,18 +1098,18 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
             })
             .collect();
         let p = PagedAttention {
-            q: &q,
+            q: qt.view(),
             seqs: &attn_seqs,
             n_heads: hq,
             scale,
             sinks: sinks.as_deref(),
             window: s.window,
         };
-        let mut out = Guarded::new(n_rows * hq * dv);
-        dev.paged_attention(kv.as_ref(), &p, out.body_mut())
+        let mut out_t = out_tensor(dev, n_rows * hq * dv)?;
+        dev.paged_attention(kv.as_ref(), &p, out_t.body_mut())
             .map_err(|e| dev_err("paged_attention", e))?;
-        out.check("out")?;
-        unchanged("q", &q, &q_before)?;
+        let out = fetch(dev, &out_t, "out")?;
+        unchanged_on(dev, "q", &qt, &q)?;
         for (i, sq) in s.seqs.iter().enumerate() {
             let rows = q_start[i]..q_start[i] + sq.n_q;
             let want = reference::attention(
@@ -1049,4 +1135,213 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
         }
     }
     Ok(worst)
+}
+
+/// `Err` naming the first value of `got` that is not `want`'s, bit for bit.
+fn exact(what: &str, got: &[f32], want: &[f32]) -> Res<()> {
+    if got.len() != want.len() {
+        return Err(Stop::Fail(format!(
+            "{what}: {} values, expected {}",
+            got.len(),
+            want.len()
+        )));
+    }
+    match (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        Some(i) => Err(Stop::Fail(format!(
+            "{what}[{i}]: {} where {} was copied",
+            got[i], want[i]
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `copy` on the device: a whole tensor into a new one; sub-ranges at offsets between
+/// two tensors; disjoint sub-ranges of one tensor, both ways. Every value is checked bit
+/// for bit, and nothing outside the destination range may change.
+fn copy_case(dev: &dyn Device, case: &Case, n: usize, rng: &mut CaseRng) -> Res<f64> {
+    let a = rng.vec(n, -100.0, 100.0);
+    let copy = |src: View<'_>, dst: ViewMut<'_>| dev.copy(src, dst).map_err(|e| dev_err("copy", e));
+    match case.label {
+        "whole" => {
+            let src = put(dev, &a)?;
+            let mut dst = dev
+                .alloc(n)
+                .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+            // `alloc` promises zeros.
+            if let Some(i) = get(dev, dst.view())?.iter().position(|v| v.to_bits() != 0) {
+                return Err(Stop::Fail(format!(
+                    "a new tensor of {n} values is not zeroed at index {i}"
+                )));
+            }
+            copy(src.view(), dst.view_mut())?;
+            exact("dst", &get(dev, dst.view())?, &a)?;
+            unchanged_on(dev, "src", &src, &a)?;
+        }
+        "between" => {
+            // Into a longer tensor, at offsets that differ from the source's; then one
+            // value from the source's last slot to the destination's first.
+            let m = n + 37;
+            let b = rng.vec(m, -100.0, 100.0);
+            let len = n / 2 + rng.below(n / 4);
+            let so = 1 + rng.below(n - len - 1);
+            let mut d_off = 1 + rng.below(m - len - 1);
+            if d_off == so {
+                d_off += 1;
+            }
+            let src = put(dev, &a)?;
+            let mut dst = inout_tensor(dev, &b)?;
+            copy(
+                src.slice(so..so + len),
+                dst.body_mut().into_slice(d_off..d_off + len),
+            )?;
+            copy(src.slice(n - 1..n), dst.body_mut().into_slice(0..1))?;
+            let mut want = b.clone();
+            want[d_off..d_off + len].copy_from_slice(&a[so..so + len]);
+            want[0] = a[n - 1];
+            let got = fetch(dev, &dst, "dst")?;
+            exact("dst", got.body(), &want)?;
+            unchanged_on(dev, "src", &src, &a)?;
+        }
+        "within" => {
+            // One tensor split in two: a range of the first part into the second, then a
+            // range of the second part, overlapping what the first copy wrote, back into
+            // the first.
+            let mid = n / 2 - 3;
+            let l1 = 100 + rng.below(100);
+            let (s1, d1) = (5 + rng.below(mid - l1 - 5), 7 + rng.below(n - mid - l1 - 7));
+            let l2 = 50 + rng.below(50);
+            let s2 = (d1 + l1 / 2).min(n - mid - l2);
+            let d2 = 1 + rng.below(mid - l2 - 1);
+            let mut t = inout_tensor(dev, &a)?;
+            {
+                let (mut lo, mut hi) = t.body_mut().split_at(mid);
+                copy(lo.as_view().slice(s1..s1 + l1), hi.slice_mut(d1..d1 + l1))?;
+                copy(hi.as_view().slice(s2..s2 + l2), lo.slice_mut(d2..d2 + l2))?;
+            }
+            let mut want = a.clone();
+            want.copy_within(s1..s1 + l1, mid + d1);
+            want.copy_within(mid + s2..mid + s2 + l2, d2);
+            let got = fetch(dev, &t, "tensor")?;
+            exact("tensor", got.body(), &want)?;
+        }
+        other => {
+            return Err(Stop::Fail(format!("suite bug: no copy case {other:?}")));
+        }
+    }
+    Ok(0.0)
+}
+
+/// Host-device traffic of what happened between `before` and now, checked against an
+/// expected number of uploads and downloads of `values` each.
+fn traffic(
+    dev: &dyn Device,
+    before: &flint_hal::Transfers,
+    what: &str,
+    uploads: u64,
+    downloads: u64,
+    values: usize,
+) -> Res<()> {
+    let d = dev.transfers().since(before);
+    let bytes = 4 * values as u64;
+    let want = (uploads, uploads * bytes, downloads, downloads * bytes);
+    let got = (d.uploads, d.upload_bytes, d.downloads, d.download_bytes);
+    if got != want {
+        return Err(Stop::Fail(format!(
+            "{what}: {} uploads of {} bytes and {} downloads of {} bytes counted, expected \
+             {} and {}, {} and {}",
+            got.0, got.1, got.2, got.3, want.0, want.1, want.2, want.3
+        )));
+    }
+    Ok(())
+}
+
+/// The count of host-device transfers: each upload and download of `n` values is one
+/// call of `4n` bytes, and a chain of ops on the device's tensors (`rms_norm`, `matmul`
+/// by a staged F32 weight, `add`, `scale`) moves nothing between the uploads of its
+/// inputs and the download of its result, which must still be right.
+fn transfers_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    k: usize,
+    n: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let (bytes, wf) = random_weight(flint_hal::GgmlType::F32, k, n, rng)?;
+    let h = stage(dev, &desc(case, vec![k, n], WeightKind::Matrix, bytes)?)?;
+    let x = rng.vec(rows * k, -1.0, 1.0);
+    let norm = rng.vec(k, 0.5, 1.5);
+    let r = rng.vec(rows * n, -1.0, 1.0);
+    let (eps, s) = (1e-6f32, -0.37f32);
+    let mut want = reference::matmul_f32(
+        &wf,
+        k,
+        &reference::rms_norm_rows(&x, Some(&norm), eps, k),
+        rows,
+    );
+    want.iter_mut().zip(&r).for_each(|(y, r)| *y = (*y + r) * s);
+
+    // Scratch first, as the engine allocates it ahead of its steps.
+    let alloc = |len| {
+        dev.alloc(len)
+            .map_err(|e| Stop::Fail(format!("alloc: {e}")))
+    };
+    let (mut normed, mut y) = (alloc(rows * k)?, alloc(rows * n)?);
+
+    let mut inputs = Vec::new();
+    for (what, v) in [("x", &x), ("norm weight", &norm), ("residual", &r)] {
+        let t0 = dev.transfers();
+        inputs.push(put(dev, v)?);
+        traffic(dev, &t0, &format!("upload_new of {what}"), 1, 0, v.len())?;
+    }
+    let [xt, nt, rt] = &inputs[..] else {
+        return Err(Stop::Fail("suite bug: three inputs".into()));
+    };
+
+    let t0 = dev.transfers();
+    dev.rms_norm(xt.view(), Some(nt.view()), eps, k, normed.view_mut())
+        .map_err(|e| dev_err("rms_norm", e))?;
+    dev.matmul(h.as_ref(), normed.view(), rows, y.view_mut())
+        .map_err(|e| dev_err("matmul", e))?;
+    dev.add(y.view_mut(), rt.view())
+        .map_err(|e| dev_err("add", e))?;
+    dev.scale(y.view_mut(), s)
+        .map_err(|e| dev_err("scale", e))?;
+    traffic(
+        dev,
+        &t0,
+        "rms_norm, matmul, add, scale on device tensors",
+        0,
+        0,
+        0,
+    )?;
+
+    let t0 = dev.transfers();
+    let mut got = vec![0f32; rows * n];
+    dev.download(y.view(), &mut got)
+        .map_err(|e| Stop::Fail(format!("download: {e}")))?;
+    traffic(dev, &t0, "download of the result", 0, 1, got.len())?;
+    let nmse = compare("result", &got, &want, case.tolerance)?;
+
+    // Sub-ranges: an upload into a range of a tensor, the download of a range.
+    let part = 1 + rng.below(k - 1);
+    let t0 = dev.transfers();
+    dev.upload(&r[..part], normed.slice_mut(3..3 + part))
+        .map_err(|e| Stop::Fail(format!("upload: {e}")))?;
+    traffic(dev, &t0, &format!("upload of {part} values"), 1, 0, part)?;
+    let t0 = dev.transfers();
+    let mut back = vec![0f32; part];
+    dev.download(normed.slice(3..3 + part), &mut back)
+        .map_err(|e| Stop::Fail(format!("download: {e}")))?;
+    traffic(dev, &t0, &format!("download of {part} values"), 0, 1, part)?;
+    exact("uploaded range", &back, &r[..part])?;
+
+    // `download_tensor` is one download too, whether or not the tensor is already host memory.
+    let t0 = dev.transfers();
+    let last = dev
+        .download_tensor(y)
+        .map_err(|e| Stop::Fail(format!("download_tensor: {e}")))?;
+    traffic(dev, &t0, "download_tensor of the result", 0, 1, last.len())?;
+    exact("download_tensor of the result", &last, &got)?;
+    Ok(nmse)
 }

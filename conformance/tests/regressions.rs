@@ -206,3 +206,24 @@ fn delta_state_not_carried_is_caught() {
         "gated_delta_net[split]",
     );
 }
+
+/// Copies are checked value by value, the last one of a range included.
+#[test]
+fn a_copy_one_value_short_is_caught() {
+    assert_caught(Defect::CopyOneShort, "copy", "copy[between]");
+    let r = run(Defect::CopyOneShort, "copy");
+    assert!(r.failed("copy[whole]"), "{}", r.table());
+    assert!(r.failed("copy[within]"), "{}", r.table());
+}
+
+/// Host-device traffic is counted exactly: an op that takes its tensor through the host,
+/// or an upload in two calls, fails the transfer case.
+#[test]
+fn host_round_trips_and_split_uploads_are_caught() {
+    assert_caught(Defect::ScaleOnHost, "copy", "copy[transfers]");
+    let m = message(&run(Defect::ScaleOnHost, "transfers"), "copy[transfers]");
+    assert!(m.contains("on device tensors"), "{m}");
+    assert_caught(Defect::UploadInHalves, "transfers", "copy[transfers]");
+    let m = message(&run(Defect::UploadInHalves, "transfers"), "copy[transfers]");
+    assert!(m.contains("upload_new of x"), "{m}");
+}

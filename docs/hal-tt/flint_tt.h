@@ -2,9 +2,12 @@
  * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
  * runtime adapter library (`libflint_tt.so`).
  *
- * ABI version 3. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
+ * ABI version 4. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
  * `flint_tt_rope_params` (normal or NeoX pairs, frequency scale and factors, YaRN) instead
- * of NeoX scalars, and `flint_tt_add_bias`. See README.md next to this file for how the
+ * of NeoX scalars, and `flint_tt_add_bias`. 4: buffer_copy (`flint_tt_buffer_copy`,
+ * device-side copies between buffer ranges), `flint_tt_route_topk` takes its bias as a
+ * buffer, and `flint_tt_counters` counts host-device traffic (buffer writes, reads and
+ * copies). See README.md next to this file for how the
  * library is found, what a real adapter over TT-Metalium must do, and the simulated
  * adapter (`flint-tt-sim`).
  *
@@ -13,7 +16,10 @@
  *   of `flint_tt_status`). On failure the adapter stores a message for the calling thread
  *   that `flint_tt_last_error()` returns; the message names what was at fault.
  * - Tensors that ops read and write are device buffers (`flint_tt_buffer`) of row-major
- *   `float` (f32) values; element counts are given explicitly. Small index lists
+ *   `float` (f32) values; element counts are given explicitly, so an op may be handed a
+ *   buffer longer than it needs (it uses the first values). The host keeps activations
+ *   in such buffers across ops (ABI 4): data crosses the bus only through
+ *   `flint_tt_buffer_write` / `flint_tt_buffer_read`. Small index lists
  *   (positions, slots, ids, block tables, expert rows) and per-op parameters are host
  *   arrays that the call reads before it returns (a real adapter passes them as kernel
  *   runtime arguments or uploads them itself).
@@ -36,7 +42,7 @@ extern "C" {
 
 /* The version this header describes. `flint_tt_abi_version()` must return it exactly;
  * the host refuses any other value. */
-#define FLINT_TT_ABI_VERSION 3u
+#define FLINT_TT_ABI_VERSION 4u
 
 /* Status codes. */
 typedef enum flint_tt_status {
@@ -123,6 +129,13 @@ int32_t flint_tt_buffer_write(flint_tt_device *dev, flint_tt_buffer buf, uint64_
 /* Copies `len` bytes at byte `offset` of the buffer to host `dst`. */
 int32_t flint_tt_buffer_read(flint_tt_device *dev, flint_tt_buffer buf, uint64_t offset,
                              void *dst, uint64_t len);
+/* Copies `bytes` bytes on the device, from buffer `src` at byte `src_offset` to buffer
+ * `dst` at byte `dst_offset` (ABI 4): nothing crosses the bus. The host uses it for views
+ * that start inside a tensor (into a scratch buffer, and back for outputs). Both ranges
+ * must lie inside their buffers, and two ranges of one buffer must not overlap: else
+ * FLINT_TT_ERR_INVALID. `bytes` = 0 does nothing. */
+int32_t flint_tt_buffer_copy(flint_tt_device *dev, flint_tt_buffer src, uint64_t src_offset,
+                             flint_tt_buffer dst, uint64_t dst_offset, uint64_t bytes);
 
 /* ---- Weights --------------------------------------------------------------------- */
 
@@ -264,11 +277,13 @@ int32_t flint_tt_scatter_add_weighted(flint_tt_device *dev, flint_tt_buffer acc,
 #define FLINT_TT_GATING_SOFTMAX_WEIGHT 2u
 
 /* Top-k routing of n_rows rows of n_experts logits: score = gate(logits); the k experts
- * with the largest score + bias (bias may be NULL) win, ties to the lower index, in
- * descending order; their weights are the scores (without bias), renormalised to sum 1
- * when `normalize`, times `scale`. Results go to host arrays ids/weights of n_rows * k. */
+ * with the largest score + bias (bias: a buffer of n_experts floats, 0 = none; ABI 4, a
+ * host pointer before) win, ties to the lower index, in descending order; their weights
+ * are the scores (without bias), renormalised to sum 1 when `normalize`, times `scale`.
+ * Results go to host arrays ids/weights of n_rows * k (the one thing a MoE layer reads
+ * back). */
 int32_t flint_tt_route_topk(flint_tt_device *dev, flint_tt_buffer logits, uint64_t n_rows,
-                            uint32_t n_experts, const float *bias, uint32_t k, uint32_t gating,
+                            uint32_t n_experts, flint_tt_buffer bias, uint32_t k, uint32_t gating,
                             uint32_t normalize, float scale, uint32_t *ids, float *weights);
 
 /* ---- KV cache and attention ------------------------------------------------------ */
@@ -329,6 +344,16 @@ typedef struct flint_tt_counters {
     uint64_t streamed_bytes;
     /* Device DRAM in use now (resident weights and buffers). */
     uint64_t dram_used_bytes;
+    /* ABI 4: host-device traffic. `flint_tt_buffer_write` calls and the bytes they moved
+     * from host to device; */
+    uint64_t host_writes;
+    uint64_t host_write_bytes;
+    /* `flint_tt_buffer_read` calls and the bytes they moved from device to host; */
+    uint64_t host_reads;
+    uint64_t host_read_bytes;
+    /* `flint_tt_buffer_copy` calls and the bytes they copied on the device. */
+    uint64_t device_copies;
+    uint64_t device_copy_bytes;
 } flint_tt_counters;
 
 /* Counters since the device was opened. */

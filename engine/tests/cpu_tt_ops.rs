@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use flint_engine::forward::{DeviceModel, Session};
 use flint_hal::{
     DeltaNetShape, Device, DeviceCounters, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight,
-    WeightDesc, WeightHandle,
+    KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Tensor,
+    TransferCounter, Transfers, View, ViewMut, Weight, WeightDesc, WeightHandle,
 };
 use flint_hal_tt::TtDevice;
 
@@ -22,11 +22,16 @@ use flint_hal_tt::TtDevice;
 /// wrote.
 type Log = Arc<Mutex<Vec<(String, Vec<Vec<f32>>)>>>;
 
-/// A device that forwards every op to `inner` and records it in `log`.
+/// A device that forwards every op to `inner` and records it in `log`. Tensors are
+/// `inner`'s (allocation, uploads, downloads and copies are forwarded); what it reads
+/// back to record device tensors it counts apart, in `reads`, and leaves out of
+/// [`transfers`](Device::transfers).
 #[derive(Debug)]
 struct Rec {
     inner: DeviceRef,
     log: Log,
+    /// This wrapper's own traffic: the downloads that record device tensors.
+    reads: TransferCounter,
 }
 
 impl Rec {
@@ -35,6 +40,19 @@ impl Rec {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((op.to_string(), v));
+    }
+
+    /// The values of a view, read back from `inner` when they live on it.
+    fn read(&self, v: View<'_>) -> Vec<f32> {
+        if let Some(h) = v.as_host() {
+            return h.to_vec();
+        }
+        self.reads.download(v.len());
+        let mut h = vec![0f32; v.len()];
+        self.inner
+            .download(v, &mut h)
+            .expect("reading a device tensor back to record it");
+        h
     }
 }
 
@@ -52,168 +70,227 @@ impl Device for Rec {
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
         self.inner.supports(op, ty)
     }
+    fn alloc(&self, len: usize) -> Result<Tensor, HalError> {
+        self.inner.alloc(len)
+    }
+    /// `inner`'s counter: the uploads and downloads are `inner`'s.
+    fn transfer_counter(&self) -> &TransferCounter {
+        self.inner.transfer_counter()
+    }
+    /// `inner`'s traffic less the recording's own downloads (which go through `inner`):
+    /// what the engine moved.
+    fn transfers(&self) -> Transfers {
+        self.inner.transfers().since(&self.reads.get())
+    }
+    fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
+        self.inner.upload(src, dst)
+    }
+    fn upload_new(&self, src: &[f32]) -> Result<Tensor, HalError> {
+        self.inner.upload_new(src)
+    }
+    fn download(&self, src: View<'_>, dst: &mut [f32]) -> Result<(), HalError> {
+        self.inner.download(src, dst)
+    }
+    fn download_tensor(&self, t: Tensor) -> Result<Vec<f32>, HalError> {
+        self.inner.download_tensor(t)
+    }
+    /// Not recorded: the engine moves data with `copy` where a tensor lives on a device
+    /// and in place where it is host memory (zeroing a buffer, say), so copies are not
+    /// the same on both; what they move is checked as the next op's input.
+    fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
+        self.inner.copy(src, dst)
+    }
     fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
         self.inner.plan(weights)
     }
     fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
         self.inner.stage(desc)
     }
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
-        let r = self.inner.matmul(w, x, m, out);
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        mut out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let r = self.inner.matmul(w, x, m, out.reborrow());
         self.push(
             &format!("matmul {} m={m}", w.info().name),
-            vec![x.to_vec(), out.to_vec()],
+            vec![self.read(x), self.read(out.as_view())],
         );
         r
     }
     fn matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         m: usize,
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         let r = self.inner.matmul_multi(ws, x, m, outs);
         let names: Vec<String> = ws.iter().map(|w| w.info().name.clone()).collect();
-        let mut v = vec![x.to_vec()];
-        v.extend(outs.iter().map(|o| o.to_vec()));
+        let mut v = vec![self.read(x)];
+        v.extend(outs.iter().map(|o| self.read(o.as_view())));
         self.push(&format!("matmul_multi {names:?} m={m}"), v);
         r
     }
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let r = self.inner.expert_matmul(w, x, rows, out);
+        let r = self.inner.expert_matmul(w, x, rows, out.reborrow());
         let ex: Vec<f32> = rows.iter().map(|r| r.expert as f32).collect();
         let ir: Vec<f32> = rows.iter().map(|r| r.input_row as f32).collect();
         self.push(
             &format!("expert_matmul {}", w.info().name),
-            vec![x.to_vec(), ex, ir, out.to_vec()],
+            vec![self.read(x), ex, ir, self.read(out.as_view())],
         );
         r
     }
     fn expert_matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         let r = self.inner.expert_matmul_multi(ws, x, rows, outs);
         let names: Vec<String> = ws.iter().map(|w| w.info().name.clone()).collect();
         let ex: Vec<f32> = rows.iter().map(|r| r.expert as f32).collect();
         let ir: Vec<f32> = rows.iter().map(|r| r.input_row as f32).collect();
-        let mut v = vec![x.to_vec(), ex, ir];
-        v.extend(outs.iter().map(|o| o.to_vec()));
+        let mut v = vec![self.read(x), ex, ir];
+        v.extend(outs.iter().map(|o| self.read(o.as_view())));
         self.push(&format!("expert_matmul_multi {names:?}"), v);
         r
     }
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
-        let r = self.inner.get_rows(w, ids, out);
-        self.push("get_rows", vec![ids_f(ids), out.to_vec()]);
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], mut out: ViewMut<'_>) -> Result<(), HalError> {
+        let r = self.inner.get_rows(w, ids, out.reborrow());
+        self.push("get_rows", vec![ids_f(ids), self.read(out.as_view())]);
         r
     }
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let r = self.inner.rms_norm(x, weight, eps, dim, out);
+        let r = self.inner.rms_norm(x, weight, eps, dim, out.reborrow());
         self.push(
             &format!("rms_norm dim={dim}"),
-            vec![x.to_vec(), out.to_vec()],
+            vec![self.read(x), self.read(out.as_view())],
         );
         r
     }
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        mut residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let before = residual.to_vec();
-        let r = self
-            .inner
-            .add_rms_norm(residual, delta, weight, eps, dim, out);
+        let before = self.read(residual.as_view());
+        let r =
+            self.inner
+                .add_rms_norm(residual.reborrow(), delta, weight, eps, dim, out.reborrow());
         self.push(
             &format!("add_rms_norm dim={dim}"),
-            vec![before, delta.to_vec(), residual.to_vec(), out.to_vec()],
+            vec![
+                before,
+                self.read(delta),
+                self.read(residual.as_view()),
+                self.read(out.as_view()),
+            ],
         );
         r
     }
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
-        let before = x.to_vec();
-        let r = self.inner.rope(x, positions, p);
-        self.push(&format!("rope {:?}", positions), vec![before, x.to_vec()]);
+    fn rope(
+        &self,
+        mut x: ViewMut<'_>,
+        positions: &[u32],
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
+        let before = self.read(x.as_view());
+        let r = self.inner.rope(x.reborrow(), positions, p);
+        self.push(
+            &format!("rope {:?}", positions),
+            vec![before, self.read(x.as_view())],
+        );
         r
     }
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
-        let r = self.inner.silu_mul(gate, up, out);
-        self.push("silu_mul", vec![gate.to_vec(), up.to_vec(), out.to_vec()]);
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, mut out: ViewMut<'_>) -> Result<(), HalError> {
+        let r = self.inner.silu_mul(gate, up, out.reborrow());
+        self.push(
+            "silu_mul",
+            vec![self.read(gate), self.read(up), self.read(out.as_view())],
+        );
         r
     }
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
-        let r = self.inner.gelu_mul(gate, up, out);
-        self.push("gelu_mul", vec![out.to_vec()]);
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, mut out: ViewMut<'_>) -> Result<(), HalError> {
+        let r = self.inner.gelu_mul(gate, up, out.reborrow());
+        self.push("gelu_mul", vec![self.read(out.as_view())]);
         r
     }
-    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
-        let r = self.inner.swiglu_oai_mul(gate, up, out);
-        self.push("swiglu", vec![out.to_vec()]);
+    fn swiglu_oai_mul(
+        &self,
+        gate: View<'_>,
+        up: View<'_>,
+        mut out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let r = self.inner.swiglu_oai_mul(gate, up, out.reborrow());
+        self.push("swiglu", vec![self.read(out.as_view())]);
         r
     }
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
-        let r = self.inner.add(acc, x);
-        self.push("add", vec![acc.to_vec()]);
+    fn add(&self, mut acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        let r = self.inner.add(acc.reborrow(), x);
+        self.push("add", vec![self.read(acc.as_view())]);
         r
     }
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
-        let r = self.inner.add_bias(x, bias);
-        self.push("add_bias", vec![x.to_vec()]);
+    fn add_bias(&self, mut x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError> {
+        let r = self.inner.add_bias(x.reborrow(), bias);
+        self.push("add_bias", vec![self.read(x.as_view())]);
         r
     }
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
-        let r = self.inner.scale(x, s);
-        self.push("scale", vec![x.to_vec()]);
+    fn scale(&self, mut x: ViewMut<'_>, s: f32) -> Result<(), HalError> {
+        let r = self.inner.scale(x.reborrow(), s);
+        self.push("scale", vec![self.read(x.as_view())]);
         r
     }
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        mut acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
     ) -> Result<(), HalError> {
-        let before = acc.to_vec();
-        let r = self.inner.scatter_add_weighted(acc, x, rows, weights, dim);
+        let before = self.read(acc.as_view());
+        let r = self
+            .inner
+            .scatter_add_weighted(acc.reborrow(), x, rows, weights, dim);
         self.push(
             "scatter_add_weighted",
             vec![
                 before,
-                x.to_vec(),
+                self.read(x),
                 ids_f(rows),
                 weights.to_vec(),
-                acc.to_vec(),
+                self.read(acc.as_view()),
             ],
         );
         r
     }
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
@@ -223,30 +300,30 @@ impl Device for Rec {
             .route_topk(logits, n_experts, bias, cfg, ids, weights);
         self.push(
             &format!("route_topk {cfg:?}"),
-            vec![logits.to_vec(), ids_f(ids), weights.to_vec()],
+            vec![self.read(logits), ids_f(ids), weights.to_vec()],
         );
         r
     }
     fn ssm_conv_silu(
         &self,
-        x: &[f32],
-        weight: &[f32],
+        x: View<'_>,
+        weight: View<'_>,
         d_conv: usize,
-        state: &mut [f32],
-        out: &mut [f32],
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         self.inner.ssm_conv_silu(x, weight, d_conv, state, out)
     }
     fn gated_delta_net(
         &self,
         shape: &DeltaNetShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        state: &mut [f32],
-        out: &mut [f32],
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         self.inner
             .gated_delta_net(shape, q, k, v, g, beta, state, out)
@@ -260,24 +337,24 @@ impl Device for Rec {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError> {
         let r = self.inner.write_kv(kv, k, v, slots);
-        self.push("write_kv", vec![k.to_vec(), v.to_vec(), ids_f(slots)]);
+        self.push("write_kv", vec![self.read(k), self.read(v), ids_f(slots)]);
         r
     }
     fn paged_attention(
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let r = self.inner.paged_attention(kv, p, out);
+        let r = self.inner.paged_attention(kv, p, out.reborrow());
         self.push(
             &format!("paged_attention h={} w={:?}", p.n_heads, p.window),
-            vec![p.q.to_vec(), out.to_vec()],
+            vec![self.read(p.q), self.read(out.as_view())],
         );
         r
     }
@@ -292,6 +369,7 @@ fn record(dev: DeviceRef, model: &flint_engine::model::Model, prompt: &[u32]) ->
     let rec: DeviceRef = Arc::new(Rec {
         inner: dev,
         log: log.clone(),
+        reads: TransferCounter::default(),
     });
     let dm = DeviceModel::stage(model, rec, &mut |_, _| {}).expect("the model stages");
     let mut s = Session::new(&dm, prompt.len() + 2).expect("session");
@@ -329,7 +407,6 @@ fn cpu_and_tt_agree_op_by_op_on_tiny() {
         let b = record(tt, &model, &p);
         let a = a.lock().unwrap_or_else(|e| e.into_inner());
         let b = b.lock().unwrap_or_else(|e| e.into_inner());
-        assert_eq!(a.len(), b.len(), "{len}-token prompt: op counts");
         for (i, ((na, va), (nb, vb))) in a.iter().zip(b.iter()).enumerate() {
             assert_eq!(na, nb, "{len}-token prompt, op {i}: different ops");
             for (j, (x, y)) in va.iter().zip(vb).enumerate() {
@@ -353,6 +430,8 @@ fn cpu_and_tt_agree_op_by_op_on_tiny() {
                 }
             }
         }
+        // After the common prefix, so that a missing or extra op is named above.
+        assert_eq!(a.len(), b.len(), "{len}-token prompt: op counts");
         eprintln!(
             "{len}-token prompt: {} ops, every one the same bits",
             a.len()

@@ -56,15 +56,18 @@ fn engine_stages_by_the_devices_plan() {
     let dm = DeviceModel::stage(&model, tt.clone(), &mut |_, _| {}).expect("tiny stages");
     let used = tt.tt_counters().expect("counters").dram_used_bytes;
     eprintln!(
-        "DRAM {dram}: plan resident {} + expert tier {} = {} bytes, streamed {}; staged: {used} bytes in DRAM",
+        "DRAM {dram}: plan resident {} + expert tier {} = {} bytes, streamed {}; vectors {}; staged: {used} bytes in DRAM",
         want.resident_bytes(),
         want.expert_tier_bytes(),
         want.resident_bytes() + want.expert_tier_bytes(),
-        want.streamed_bytes()
+        want.streamed_bytes(),
+        dm.vector_bytes()
     );
+    // Besides the planned weights, the norms' weights and the biases live in DRAM as
+    // device tensors.
     assert_eq!(
         used,
-        want.resident_bytes() + want.expert_tier_bytes(),
+        want.resident_bytes() + want.expert_tier_bytes() + dm.vector_bytes(),
         "the staged model does not follow the plan"
     );
     drop(dm);

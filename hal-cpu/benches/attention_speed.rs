@@ -66,7 +66,8 @@ fn main() {
             .map(|j| t[j / bs] * bs as u32 + (j % bs) as u32)
             .collect();
         let (k, v) = (rnd(ctx * hkv * hd), rnd(ctx * hkv * hd));
-        dev.write_kv(&mut *kv, &k, &v, &slots).expect("write kv");
+        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), &slots)
+            .expect("write kv");
     }
     let q = rnd(seqs * nh * hd);
     let pos = vec![ctx as u32 - 1];
@@ -80,7 +81,7 @@ fn main() {
         })
         .collect();
     let p = PagedAttention {
-        q: &q,
+        q: (&q).into(),
         seqs: &attn,
         n_heads: nh,
         scale: 1.0 / (hd as f32).sqrt(),
@@ -100,10 +101,12 @@ fn main() {
                     .sum();
                 std::hint::black_box(s);
             } else {
-                dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+                dev.paged_attention(&*kv, &p, (&mut out).into())
+                    .expect("attention");
             }
             let t = Instant::now();
-            dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+            dev.paged_attention(&*kv, &p, (&mut out).into())
+                .expect("attention");
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     };

@@ -88,11 +88,11 @@ fn main() {
                 let (mut b1, mut b4) = (f64::MAX, f64::MAX);
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    dev.matmul(&*w, black_box(&x[..k]), 1, &mut out[..n])
+                    dev.matmul(&*w, black_box(&x[..k]).into(), 1, (&mut out[..n]).into())
                         .expect("matmul");
                     b1 = b1.min(t.elapsed().as_secs_f64());
                     let t = Instant::now();
-                    dev.matmul(&*w, black_box(&x), mb, &mut out)
+                    dev.matmul(&*w, black_box(&x).into(), mb, (&mut out).into())
                         .expect("matmul");
                     b4 = b4.min(t.elapsed().as_secs_f64());
                 }

@@ -125,7 +125,10 @@ fn benches(c: &mut Criterion) {
         let (w, bytes) = stage(&dev, ty, k, n);
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_function(ty.name(), |b| {
-            b.iter(|| dev.matmul(&*w, black_box(&x), 1, &mut out).expect("matmul"))
+            b.iter(|| {
+                dev.matmul(&*w, black_box(&x).into(), 1, (&mut out).into())
+                    .expect("matmul")
+            })
         });
     }
     let buf = vec![1u64; GgmlType::Q4_K.row_bytes(k).expect("row") * n / 8];
@@ -147,7 +150,10 @@ fn benches(c: &mut Criterion) {
         // Elements = multiply-accumulates, so criterion's "elem/s" reads as MAC/s.
         g.throughput(Throughput::Elements((k * n * m) as u64));
         g.bench_function(ty.name(), |b| {
-            b.iter(|| dev.matmul(&*w, black_box(&x), m, &mut out).expect("matmul"))
+            b.iter(|| {
+                dev.matmul(&*w, black_box(&x).into(), m, (&mut out).into())
+                    .expect("matmul")
+            })
         });
     }
     g.finish();
@@ -184,7 +190,8 @@ fn summary(_: &mut Criterion) {
     let x = input(k);
     let mut out = vec![0f32; n];
     for _ in 0..5 {
-        dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
+        dev.matmul(&*w, (&x).into(), 1, (&mut out).into())
+            .expect("matmul");
         black_box(common::read_loop(&pool, &buf));
     }
     // Alternating blocks of 10 runs, with a pause between blocks so that the idle
@@ -196,7 +203,10 @@ fn summary(_: &mut Criterion) {
     for _ in 0..4 {
         pause();
         for _ in 0..10 {
-            tm.push(time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")));
+            tm.push(time(|| {
+                dev.matmul(&*w, (&x).into(), 1, (&mut out).into())
+                    .expect("matmul")
+            }));
         }
         pause();
         for _ in 0..10 {
@@ -245,13 +255,23 @@ fn summary(_: &mut Criterion) {
         for round in 0..3 {
             let outside = median(
                 (0..50)
-                    .map(|_| time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")))
+                    .map(|_| {
+                        time(|| {
+                            dev.matmul(&*w, (&x).into(), 1, (&mut out).into())
+                                .expect("matmul")
+                        })
+                    })
                     .collect(),
             );
             let inside = dev.install(|| {
                 median(
                     (0..50)
-                        .map(|_| time(|| dev.matmul(&*w, &x, 1, &mut out).expect("matmul")))
+                        .map(|_| {
+                            time(|| {
+                                dev.matmul(&*w, (&x).into(), 1, (&mut out).into())
+                                    .expect("matmul")
+                            })
+                        })
                         .collect(),
                 )
             });
@@ -267,10 +287,16 @@ fn summary(_: &mut Criterion) {
         let mut out = vec![0f32; m * n];
         for ty in TYPES {
             let (w, bytes) = stage(&dev, ty, k, n);
-            dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+            dev.matmul(&*w, (&x).into(), m, (&mut out).into())
+                .expect("matmul");
             let t = median(
                 (0..runs)
-                    .map(|_| time(|| dev.matmul(&*w, &x, m, &mut out).expect("matmul")))
+                    .map(|_| {
+                        time(|| {
+                            dev.matmul(&*w, (&x).into(), m, (&mut out).into())
+                                .expect("matmul")
+                        })
+                    })
                     .collect(),
             );
             let macs = (k * n * m) as f64;

@@ -88,7 +88,10 @@ fn benches(c: &mut Criterion) {
             let (w, bytes) = stage(dev, ty, N);
             g.throughput(Throughput::Bytes(bytes as u64));
             g.bench_function(ty.name(), |b| {
-                b.iter(|| dev.matmul(&*w, black_box(&x), 1, &mut out).expect("matmul"))
+                b.iter(|| {
+                    dev.matmul(&*w, black_box(&x).into(), 1, (&mut out).into())
+                        .expect("matmul")
+                })
             });
         }
         if group == "lowbit" {
@@ -141,10 +144,13 @@ fn summary(_: &mut Criterion) {
         let (mut ts, mut tr, mut tl) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             ts.push(time(3, || {
-                simd.matmul(&*ws, &x, 1, &mut out).expect("matmul");
+                simd.matmul(&*ws, (&x).into(), 1, (&mut out).into())
+                    .expect("matmul");
             }));
             tr.push(time(1, || {
-                scalar.matmul(&*wr, &x, 1, &mut out).expect("matmul");
+                scalar
+                    .matmul(&*wr, (&x).into(), 1, (&mut out).into())
+                    .expect("matmul");
             }));
             tl.push(time(3, || {
                 black_box(common::read_loop(&pool, &buf));

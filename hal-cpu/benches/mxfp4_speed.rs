@@ -117,9 +117,9 @@ fn main() {
                 let t = Instant::now();
                 dev.expert_matmul_multi(
                     &[&*gate, &*up],
-                    black_box(&x[..m * k]),
+                    black_box(&x[..m * k]).into(),
                     &rows,
-                    &mut [&mut g[..], &mut u[..]],
+                    &mut [(&mut g[..]).into(), (&mut u[..]).into()],
                 )
                 .expect("expert matmul");
                 times.push(t.elapsed().as_secs_f64());
@@ -134,7 +134,7 @@ fn main() {
             dev.run_step(&mut || {
                 let rows = route(c, 1);
                 let t = Instant::now();
-                dev.expert_matmul(&*gate, black_box(&x[..k]), &rows, &mut out)
+                dev.expert_matmul(&*gate, black_box(&x[..k]).into(), &rows, (&mut out).into())
                     .expect("expert matmul");
                 times.push(t.elapsed().as_secs_f64());
             });
@@ -146,8 +146,13 @@ fn main() {
         for c in 0..iters {
             dev.run_step(&mut || {
                 let t = Instant::now();
-                dev.matmul(&*mats[c % e], black_box(&x[..k]), 1, &mut out[..n])
-                    .expect("matmul");
+                dev.matmul(
+                    &*mats[c % e],
+                    black_box(&x[..k]).into(),
+                    1,
+                    (&mut out[..n]).into(),
+                )
+                .expect("matmul");
                 times.push(t.elapsed().as_secs_f64());
             });
         }

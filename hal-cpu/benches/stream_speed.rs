@@ -68,7 +68,7 @@ fn main() {
             dev.run_step(&mut || {
                 for w in &ws {
                     let t = Instant::now();
-                    dev.matmul(&**w, black_box(&x), m, &mut out)
+                    dev.matmul(&**w, black_box(&x).into(), m, (&mut out).into())
                         .expect("matmul");
                     times.push(t.elapsed().as_secs_f64());
                 }

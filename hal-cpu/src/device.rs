@@ -9,7 +9,8 @@ use std::sync::Arc;
 use flint_core::{FormatError, GgmlType};
 use flint_hal::{
     DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight, WeightDesc, WeightHandle,
+    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View, ViewMut,
+    Weight, WeightDesc, WeightHandle,
 };
 use rayon::prelude::*;
 
@@ -45,6 +46,10 @@ pub struct CpuDevice {
     pub(crate) layout_reason: &'static str,
     /// Batch-invariant float orders, or llama.cpp's for the call's size.
     pub(crate) order: FloatOrder,
+    /// Host-device traffic. The device's tensors are host memory (the trait's defaults
+    /// for `alloc`, `upload`, `download`, `download_tensor` and `copy`): only `upload`,
+    /// `download` and `download_tensor` count; ops read and write their views in place.
+    pub(crate) transfers: TransferCounter,
 }
 
 /// RoPE angle tables kept (a step of a model with two kinds of layers uses two).
@@ -114,6 +119,7 @@ impl CpuDevice {
             layout,
             layout_reason,
             order,
+            transfers: TransferCounter::default(),
         })
     }
 
@@ -271,8 +277,13 @@ impl Device for CpuDevice {
             | Op::WriteKv
             | Op::PagedAttention
             | Op::SsmConvSilu
-            | Op::GatedDeltaNet => true,
+            | Op::GatedDeltaNet
+            | Op::Copy => true,
         }
+    }
+
+    fn transfer_counter(&self) -> &TransferCounter {
+        &self.transfers
     }
 
     fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
@@ -283,7 +294,14 @@ impl Device for CpuDevice {
         self.stage_weight(desc)
     }
 
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let (x, out) = (x.host(), out.host());
         let w = self.weight(w);
         self.count(w.ty);
         self.matmul_bytes(w.ty, w.rows(0, w.n), w.k, w.n, w.row_bytes, x, None, m, out)
@@ -293,34 +311,37 @@ impl Device for CpuDevice {
     fn matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         m: usize,
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
-        self.matmul_shared(ws, x, m, outs)
+        let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.reborrow().host()).collect();
+        self.matmul_shared(ws, x.host(), m, &mut outs)
     }
 
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        self.expert_matmul_multi(&[w], x, rows, &mut [out])
+        self.expert_matmuls(&[w], x.host(), rows, &mut [out.host()])
     }
 
     fn expert_matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
-        self.expert_matmuls(ws, x, rows, outs)
+        let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.reborrow().host()).collect();
+        self.expert_matmuls(ws, x.host(), rows, &mut outs)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+        let out = out.host();
         let w = self.weight(w);
         let d = w.k;
         assert_eq!(out.len(), ids.len() * d, "get_rows: out length");
@@ -360,12 +381,13 @@ impl Device for CpuDevice {
 
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (x, weight, out) = (x.host(), weight.map(View::host), out.host());
         self.pool
             .install(|| ops::rms_norm(x, weight, eps, dim, out));
         Ok(())
@@ -373,19 +395,22 @@ impl Device for CpuDevice {
 
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (residual, delta) = (residual.host(), delta.host());
+        let (weight, out) = (weight.host(), out.host());
         self.pool
             .install(|| ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out));
         Ok(())
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+        let x = x.host();
         p.check()?;
         let cfg = p.config();
         // The q and k of every layer of a step share their positions (and, per kind of
@@ -414,7 +439,8 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         assert!(
             gate.len() == up.len() && up.len() == out.len(),
             "silu_mul: lengths"
@@ -431,7 +457,13 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn swiglu_oai_mul(
+        &self,
+        gate: View<'_>,
+        up: View<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         assert!(
             gate.len() == up.len() && up.len() == out.len(),
             "swiglu_oai_mul: lengths"
@@ -463,7 +495,8 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         assert!(
             gate.len() == up.len() && up.len() == out.len(),
             "gelu_mul: lengths"
@@ -510,7 +543,8 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+    fn add(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        let (acc, x) = (acc.host(), x.host());
         assert_eq!(acc.len(), x.len(), "add: lengths");
         for (a, &v) in acc.iter_mut().zip(x) {
             *a += v;
@@ -518,14 +552,15 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+    fn add_bias(&self, x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError> {
+        let (x, bias) = (x.host(), bias.host());
         flint_hal::bias_rows(x.len(), bias.len())?;
         ops::add_bias(x, bias);
         Ok(())
     }
 
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
-        for v in x.iter_mut() {
+    fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError> {
+        for v in x.host() {
             *v *= s;
         }
         Ok(())
@@ -533,12 +568,13 @@ impl Device for CpuDevice {
 
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
     ) -> Result<(), HalError> {
+        let (acc, x) = (acc.host(), x.host());
         assert!(
             x.len() == rows.len() * dim && rows.len() == weights.len(),
             "scatter_add_weighted: lengths"
@@ -558,24 +594,27 @@ impl Device for CpuDevice {
 
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
     ) -> Result<(), HalError> {
+        let (logits, bias) = (logits.host(), bias.map(View::host));
         ops::route_topk(logits, n_experts, bias, cfg, ids, weights)
     }
 
     fn ssm_conv_silu(
         &self,
-        x: &[f32],
-        weight: &[f32],
+        x: View<'_>,
+        weight: View<'_>,
         d_conv: usize,
-        state: &mut [f32],
-        out: &mut [f32],
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (x, weight) = (x.host(), weight.host());
+        let (state, out) = (state.host(), out.host());
         let avx512 = self.level >= SimdLevel::Avx512;
         delta::ssm_conv_silu(&self.pool, avx512, x, weight, d_conv, state, out);
         Ok(())
@@ -584,14 +623,17 @@ impl Device for CpuDevice {
     fn gated_delta_net(
         &self,
         shape: &DeltaNetShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        state: &mut [f32],
-        out: &mut [f32],
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (q, k, v) = (q.host(), k.host(), v.host());
+        let (g, beta) = (g.host(), beta.host());
+        let (state, out) = (state.host(), out.host());
         let avx2 = self.level >= SimdLevel::Avx2;
         delta::gated_delta_net(&self.pool, avx2, shape, q, k, v, g, beta, state, out)
     }
@@ -608,10 +650,11 @@ impl Device for CpuDevice {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError> {
+        let (k, v) = (k.host(), v.host());
         let kv = kv
             .as_any_mut()
             .downcast_mut::<CpuKv>()
@@ -623,8 +666,9 @@ impl Device for CpuDevice {
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let out = out.host();
         let kv = kv
             .as_any()
             .downcast_ref::<CpuKv>()

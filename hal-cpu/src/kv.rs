@@ -290,6 +290,7 @@ pub(crate) fn paged_attention(
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
     let owner = query_owners(&l, p, out.len())?;
+    let queries = p.q.host();
     let group = nh / hkv;
     let rv = hkv * dv;
     let num_blocks = l.num_blocks;
@@ -304,7 +305,7 @@ pub(crate) fn paged_attention(
                 return;
             };
             let seq = &p.seqs[si];
-            let q = &p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk];
+            let q = &queries[(r * nh + h) * dk..(r * nh + h + 1) * dk];
             let kvh = h / group;
             let pos = pos as usize;
             let lo = math::window_start(pos, p.window);

@@ -283,7 +283,7 @@ impl CpuDevice {
             !shared && one_form && m >= kernels::GEMM_MIN_ROWS && FloatKind::of(first.ty).is_none();
         if !shared && !batch {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul(*w, x, m, out)?;
+                self.matmul(*w, x.into(), m, (&mut **out).into())?;
             }
             return Ok(());
         }

@@ -66,7 +66,8 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
             .map(|x| x * 4.0)
             .collect();
         let v = rng.vec(len * c.hkv * c.dv);
-        dev.write_kv(&mut *kv, &k, &v, &slots).expect("write kv");
+        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), &slots)
+            .expect("write kv");
         // As the sliding group does: blocks wholly below every queried row's window are
         // handed back (their slots keep stale keys, which must not be read).
         if let Some(w) = c.window {
@@ -98,7 +99,7 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
         r += qp.len();
     }
     let p = PagedAttention {
-        q: &q,
+        q: (&q).into(),
         seqs: &attn,
         n_heads: c.n_heads,
         scale: 1.0 / (c.dk as f32).sqrt(),
@@ -106,7 +107,8 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
         window: c.window,
     };
     let mut out = vec![f32::NAN; n_rows * c.n_heads * c.dv];
-    dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+    dev.paged_attention(&*kv, &p, (&mut out).into())
+        .expect("attention");
     out
 }
 

@@ -33,8 +33,17 @@ fn run(dev: &CpuDevice, shape: &DeltaNetShape, n: usize, seed: u64) -> (Vec<f32>
     let beta = vec(n * shape.heads_v, 0.0, 1.0);
     let mut state = vec(shape.state_len(), -0.5, 0.5);
     let mut out = vec![0.0; n * shape.v_len()];
-    dev.gated_delta_net(shape, &q, &k, &v, &g, &beta, &mut state, &mut out)
-        .expect("gated_delta_net");
+    dev.gated_delta_net(
+        shape,
+        (&q).into(),
+        (&k).into(),
+        (&v).into(),
+        (&g).into(),
+        (&beta).into(),
+        (&mut state).into(),
+        (&mut out).into(),
+    )
+    .expect("gated_delta_net");
     (out, state)
 }
 
@@ -76,11 +85,19 @@ fn value_heads_not_a_multiple_of_key_heads_are_refused() {
         heads_v: 3,
         head_dim: 4,
     };
+    let (qk, v, gb) = (vec![0.0; 8], vec![0.0; 12], vec![0.0; 3]);
     let mut state = vec![0.0; s.state_len()];
     let mut out = vec![0.0; s.v_len()];
     let e = dev
         .gated_delta_net(
-            &s, &[0.0; 8], &[0.0; 8], &[0.0; 12], &[0.0; 3], &[0.0; 3], &mut state, &mut out,
+            &s,
+            (&qk).into(),
+            (&qk).into(),
+            (&v).into(),
+            (&gb).into(),
+            (&gb).into(),
+            (&mut state).into(),
+            (&mut out).into(),
         )
         .expect_err("an invalid shape");
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
@@ -117,8 +134,14 @@ fn ssm_conv_silu_equals_the_core_reference_bit_for_bit() {
             let mut st_dev = state0.clone();
             for (c, (x, want)) in calls.iter().zip(&want).enumerate() {
                 let mut got = vec![f32::NAN; x.len()];
-                dev.ssm_conv_silu(x, &weight, d_conv, &mut st_dev, &mut got)
-                    .expect("ssm_conv_silu");
+                dev.ssm_conv_silu(
+                    x.into(),
+                    (&weight).into(),
+                    d_conv,
+                    (&mut st_dev).into(),
+                    (&mut got).into(),
+                )
+                .expect("ssm_conv_silu");
                 for (i, (g, e)) in got.iter().zip(want).enumerate() {
                     assert_eq!(
                         g.to_bits(),

@@ -61,7 +61,8 @@ fn run(
         .stage(&desc("w", ty, &[k, n], w.to_vec()))
         .expect("stage");
     let mut out = vec![f32::NAN; m * n];
-    dev.matmul(&*h, x, m, &mut out).expect("matmul");
+    dev.matmul(&*h, x.into(), m, (&mut out).into())
+        .expect("matmul");
     out
 }
 
@@ -253,7 +254,8 @@ fn unaligned_source_bytes_take_the_copy_path() {
         let dev = device(SimdLevel::detect(), 2);
         let h = dev.stage(&d).expect("stage");
         let mut out = vec![0f32; m * n];
-        dev.matmul(&*h, &x, m, &mut out).expect("matmul");
+        dev.matmul(&*h, (&x).into(), m, (&mut out).into())
+            .expect("matmul");
         assert_close(&format!("{ty} unaligned"), &out, &want, &mag, 2e-5);
     }
 }
@@ -364,7 +366,7 @@ fn expert_matmul_matches_per_expert_matmul() {
                 })
                 .collect();
             let mut out = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul(&*tower, &x, &rows, &mut out)
+            dev.expert_matmul(&*tower, (&x).into(), &rows, (&mut out).into())
                 .expect("expert_matmul");
             let rb = ty.row_bytes(k).expect("row bytes") * n;
             for (t, r) in rows.iter().enumerate() {
@@ -386,7 +388,7 @@ fn expert_matmul_matches_per_expert_matmul() {
                     expert: r.expert,
                 }];
                 let mut one = vec![f32::NAN; n];
-                dev.expert_matmul(&*tower, xi, &alone, &mut one)
+                dev.expert_matmul(&*tower, xi.into(), &alone, (&mut one).into())
                     .expect("expert_matmul");
                 for (o, (g, e)) in out[t * n..(t + 1) * n].iter().zip(&one).enumerate() {
                     assert_eq!(
@@ -403,12 +405,17 @@ fn expert_matmul_matches_per_expert_matmul() {
                 .stage(&desc("exps2", ty, &[k, n, e], w2))
                 .expect("stage second tower");
             let mut out2 = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul(&*tower2, &x, &rows, &mut out2)
+            dev.expert_matmul(&*tower2, (&x).into(), &rows, (&mut out2).into())
                 .expect("expert_matmul");
             let mut m1 = vec![f32::NAN; rows.len() * n];
             let mut m2 = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul_multi(&[&*tower, &*tower2], &x, &rows, &mut [&mut m1, &mut m2])
-                .expect("expert_matmul_multi");
+            dev.expert_matmul_multi(
+                &[&*tower, &*tower2],
+                (&x).into(),
+                &rows,
+                &mut [(&mut m1).into(), (&mut m2).into()],
+            )
+            .expect("expert_matmul_multi");
             for (name, got, want) in [("first", &m1, &out), ("second", &m2, &out2)] {
                 let same = got
                     .iter()
@@ -426,7 +433,7 @@ fn expert_matmul_matches_per_expert_matmul() {
         }];
         let mut o = vec![0f32; n];
         let err = dev
-            .expert_matmul(&*tower, &rng.vec(k), &bad, &mut o)
+            .expert_matmul(&*tower, (&rng.vec(k)).into(), &bad, (&mut o).into())
             .expect_err("expert 4 of 4");
         assert_eq!(err.kind, HalErrorKind::InvalidInput);
     }
@@ -463,7 +470,8 @@ fn get_rows_dequantizes_embedding_rows() {
         let h = dev.stage(&de).expect("stage");
         let ids = [9u32, 0, 3, 3, v as u32 - 1, v as u32 / 2];
         let mut out = vec![0f32; ids.len() * d];
-        dev.get_rows(&*h, &ids, &mut out).expect("get_rows");
+        dev.get_rows(&*h, &ids, (&mut out).into())
+            .expect("get_rows");
         for (t, &id) in ids.iter().enumerate() {
             assert_eq!(
                 &out[t * d..(t + 1) * d],
@@ -472,7 +480,7 @@ fn get_rows_dequantizes_embedding_rows() {
             );
         }
         let e = dev
-            .get_rows(&*h, &[v as u32], &mut out[..d])
+            .get_rows(&*h, &[v as u32], (&mut out[..d]).into())
             .expect_err("id v of v");
         assert_eq!(e.kind, HalErrorKind::InvalidInput);
     }
@@ -560,7 +568,8 @@ fn every_weight_releases_its_file_bytes_repacked_or_copied() {
         // And the staged weight computes what a plain copy of the bytes does.
         let x = rng.vec(k);
         let mut got = vec![0f32; n];
-        dev.matmul(&*h, &x, 1, &mut got).expect("matmul");
+        dev.matmul(&*h, (&x).into(), 1, (&mut got).into())
+            .expect("matmul");
         assert_eq!(got, run(&dev, ty, &w, k, n, &x, 1), "{ty} n = {n}");
     }
 }

@@ -138,7 +138,8 @@ fn matmul_is_bit_exact_for_rows_1_to_35() {
             let want = reference(&w, k, n, &x);
             for ((name, dev), h) in devs.iter().zip(&staged) {
                 let mut got = vec![f32::NAN; m * n];
-                dev.matmul(&**h, &x, m, &mut got).expect("matmul");
+                dev.matmul(&**h, (&x).into(), m, (&mut got).into())
+                    .expect("matmul");
                 assert_bits(&format!("{name} k {k} n {n} m {m}"), &got, &want, n);
             }
         }
@@ -158,7 +159,8 @@ fn matmul_rounds_once_per_block_with_large_sums() {
             let x: Vec<f32> = acts(&mut rng, m, k).iter().map(|v| v.abs() + 0.5).collect();
             let want = reference(&w, k, n, &x);
             let mut got = vec![f32::NAN; m * n];
-            dev.matmul(&*h, &x, m, &mut got).expect("matmul");
+            dev.matmul(&*h, (&x).into(), m, (&mut got).into())
+                .expect("matmul");
             assert_bits(&format!("{name} large sums m {m}"), &got, &want, n);
         }
     }
@@ -182,8 +184,13 @@ fn matmul_multi_is_bit_exact_for_rows_1_to_35() {
             let x = acts(&mut rng, m, k);
             let mut o0 = vec![f32::NAN; m * n0];
             let mut o1 = vec![f32::NAN; m * n1];
-            dev.matmul_multi(&[&*h0, &*h1], &x, m, &mut [&mut o0, &mut o1])
-                .expect("matmul_multi");
+            dev.matmul_multi(
+                &[&*h0, &*h1],
+                (&x).into(),
+                m,
+                &mut [(&mut o0).into(), (&mut o1).into()],
+            )
+            .expect("matmul_multi");
             let what = format!("{name} m {m}");
             assert_bits(&format!("{what} gate"), &o0, &reference(&w0, k, n0, &x), n0);
             assert_bits(&format!("{what} up"), &o1, &reference(&w1, k, n1, &x), n1);
@@ -231,13 +238,18 @@ fn expert_matmuls_are_bit_exact_for_rows_1_to_35() {
             let (want0, want1) = (want(&tower0), want(&tower1));
             let what = format!("{name} tokens {n_in}");
             let mut o = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul(&*t0, &x, &rows, &mut o)
+            dev.expert_matmul(&*t0, (&x).into(), &rows, (&mut o).into())
                 .expect("expert_matmul");
             assert_bits(&format!("{what} expert_matmul"), &o, &want0, n);
             let mut o0 = vec![f32::NAN; rows.len() * n];
             let mut o1 = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul_multi(&[&*t0, &*t1], &x, &rows, &mut [&mut o0, &mut o1])
-                .expect("expert_matmul_multi");
+            dev.expert_matmul_multi(
+                &[&*t0, &*t1],
+                (&x).into(),
+                &rows,
+                &mut [(&mut o0).into(), (&mut o1).into()],
+            )
+            .expect("expert_matmul_multi");
             assert_bits(&format!("{what} multi gate"), &o0, &want0, n);
             assert_bits(&format!("{what} multi up"), &o1, &want1, n);
         }

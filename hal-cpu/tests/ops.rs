@@ -6,7 +6,7 @@ mod common;
 use common::Rng;
 use flint_core::math::{self, AttentionParams};
 use flint_hal::{
-    AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind,
+    AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, Op, PagedAttention, RopeKind,
     RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 use flint_hal_cpu::CpuDevice;
@@ -69,14 +69,16 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
     let all: Vec<u32> = (0..layout.num_slots() as u32).collect();
     let nan_k = vec![f32::NAN; all.len() * hkv * dk];
     let nan_v = vec![f32::NAN; all.len() * hkv * dv];
-    d.write_kv(&mut *kv, &nan_k, &nan_v, &all).expect("poison");
+    d.write_kv(&mut *kv, (&nan_k).into(), (&nan_v).into(), &all)
+        .expect("poison");
     for s in seqs.iter_mut() {
         s.k = rng.vec(s.len * hkv * dk);
         s.v = rng.vec(s.len * hkv * dv);
         let slots: Vec<u32> = (0..s.len)
             .map(|j| s.table[j / bs] * bs as u32 + (j % bs) as u32)
             .collect();
-        d.write_kv(&mut *kv, &s.k, &s.v, &slots).expect("write kv");
+        d.write_kv(&mut *kv, (&s.k).into(), (&s.v).into(), &slots)
+            .expect("write kv");
         // The cache keeps f16 keys and values (llama.cpp's default cache types): the
         // reference attends over the same rounded values.
         for k in s.k.iter_mut() {
@@ -94,8 +96,8 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         let slots: Vec<u32> = (0..bs as u32).map(|t| freed * bs as u32 + t).collect();
         d.write_kv(
             &mut *kv,
-            &vec![f32::NAN; bs * hkv * dk],
-            &vec![f32::NAN; bs * hkv * dv],
+            (&vec![f32::NAN; bs * hkv * dk]).into(),
+            (&vec![f32::NAN; bs * hkv * dv]).into(),
             &slots,
         )
         .expect("reuse");
@@ -119,7 +121,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         .collect();
     let scale = 1.0 / (dk as f32).sqrt();
     let p = PagedAttention {
-        q: &q,
+        q: (&q[..]).into(),
         seqs: &attn_seqs,
         n_heads,
         scale,
@@ -127,7 +129,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         window,
     };
     let mut out = vec![f32::NAN; n_rows * n_heads * dv];
-    d.paged_attention(&*kv, &p, &mut out)
+    d.paged_attention(&*kv, &p, (&mut out[..]).into())
         .expect("paged attention");
     let rp = AttentionParams {
         n_head: n_heads,
@@ -192,7 +194,7 @@ fn paged_attention_rejects_a_freed_block_in_view() {
     }];
     let q = [0.1f32; 4];
     let p = PagedAttention {
-        q: &q,
+        q: (&q[..]).into(),
         seqs: &seqs,
         n_heads: 1,
         scale: 0.5,
@@ -201,7 +203,7 @@ fn paged_attention_rejects_a_freed_block_in_view() {
     };
     let mut out = [0f32; 4];
     let e = d
-        .paged_attention(&*kv, &p, &mut out)
+        .paged_attention(&*kv, &p, (&mut out[..]).into())
         .expect_err("freed block in view");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);
 }
@@ -218,8 +220,15 @@ fn add_rms_norm_adds_the_residual_once() {
         let w = rng.vec(dim);
         let mut res = res0.clone();
         let mut out = vec![0f32; rows * dim];
-        d.add_rms_norm(&mut res, &delta, &w, 1e-6, dim, &mut out)
-            .expect("add_rms_norm");
+        d.add_rms_norm(
+            (&mut res).into(),
+            (&delta).into(),
+            (&w).into(),
+            1e-6,
+            dim,
+            (&mut out).into(),
+        )
+        .expect("add_rms_norm");
         let sum: Vec<f32> = res0.iter().zip(&delta).map(|(a, b)| a + b).collect();
         assert_eq!(res, sum, "{rows} rows");
         let mut want = vec![0f32; rows * dim];
@@ -229,7 +238,8 @@ fn add_rms_norm_adds_the_residual_once() {
         assert_eq!(out, want, "{rows} rows");
         // Per-head norm without weight.
         let mut o2 = vec![0f32; rows * dim];
-        d.rms_norm(&sum, None, 1e-6, 16, &mut o2).expect("rms_norm");
+        d.rms_norm((&sum).into(), None, 1e-6, 16, (&mut o2).into())
+            .expect("rms_norm");
         let mut w2 = vec![0f32; rows * dim];
         for (x, o) in sum.chunks(16).zip(w2.chunks_mut(16)) {
             math::rms_norm(x, None, 1e-6, o);
@@ -257,8 +267,14 @@ fn rms_norm_rows_match_core_bit_for_bit() {
         let w = rng.vec(dim);
         for weight in [Some(&w[..]), None] {
             let mut got = vec![0f32; rows * dim];
-            d.rms_norm(&x, weight, 1e-6, dim, &mut got)
-                .expect("rms_norm");
+            d.rms_norm(
+                (&x).into(),
+                weight.map(Into::into),
+                1e-6,
+                dim,
+                (&mut got).into(),
+            )
+            .expect("rms_norm");
             let mut want = vec![0f32; rows * dim];
             for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
                 math::rms_norm(xr, weight, 1e-6, o);
@@ -298,7 +314,7 @@ fn rope_matches_core_neox() {
         let p = RopeParams { base, n_rot, ..p };
         let x0 = rng.vec(ps.len() * 48);
         let mut x = x0.clone();
-        d.rope(&mut x, ps, &p).expect("rope");
+        d.rope((&mut x).into(), ps, &p).expect("rope");
         let mut want = x0;
         for (row, &pv) in want.chunks_mut(48).zip(ps.iter()) {
             math::rope_neox_heads(row, 16, pv, n_rot, base);
@@ -353,7 +369,7 @@ fn rope_variants_match_core() {
             };
             let x0 = rng.vec(pos.len() * n_heads * head_dim);
             let mut x = x0.clone();
-            d.rope(&mut x, &pos, &p).expect("rope");
+            d.rope((&mut x).into(), &pos, &p).expect("rope");
             let mut want = x0;
             for (row, &pv) in want.chunks_mut(n_heads * head_dim).zip(&pos) {
                 math::rope_heads(row, head_dim, pv, &p.config());
@@ -403,7 +419,7 @@ fn rope_refuses_bad_parameters() {
         ),
     ] {
         let mut x = vec![1.0f32; 16];
-        let e = d.rope(&mut x, &[0, 1], &p).expect_err(what);
+        let e = d.rope((&mut x).into(), &[0, 1], &p).expect_err(what);
         assert_eq!(e.kind, HalErrorKind::InvalidInput, "{what}: {e}");
         assert!(e.message.contains("rope"), "{what}: {e}");
     }
@@ -416,20 +432,22 @@ fn add_bias_adds_to_every_row() {
     let bias = rng.vec(6);
     let x0 = rng.vec(5 * 6);
     let mut x = x0.clone();
-    d.add_bias(&mut x, &bias).expect("add_bias");
+    d.add_bias((&mut x).into(), (&bias).into())
+        .expect("add_bias");
     for (i, (&got, &v)) in x.iter().zip(&x0).enumerate() {
         assert_eq!(got, v + bias[i % 6], "[{i}]");
     }
     for (len, blen) in [(30, 7), (30, 0), (4, 6)] {
         let mut x = vec![0.0f32; len];
         let e = d
-            .add_bias(&mut x, &vec![1.0; blen])
+            .add_bias((&mut x).into(), (&vec![1.0; blen]).into())
             .expect_err("bad bias length");
         assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
         assert!(e.message.contains("add_bias"), "{e}");
     }
     // An empty batch takes any bias.
-    d.add_bias(&mut [], &bias).expect("empty x");
+    d.add_bias((&mut [][..]).into(), (&bias).into())
+        .expect("empty x");
 }
 
 #[test]
@@ -439,18 +457,20 @@ fn elementwise_ops_match_core() {
     let g = rng.vec(100);
     let u = rng.vec(100);
     let mut o = vec![0f32; 100];
-    d.silu_mul(&g, &u, &mut o).expect("silu_mul");
+    d.silu_mul((&g).into(), (&u).into(), (&mut o).into())
+        .expect("silu_mul");
     for i in 0..100 {
         assert_eq!(o[i], math::silu(g[i]) * u[i]);
     }
-    d.gelu_mul(&g, &u, &mut o).expect("gelu_mul");
+    d.gelu_mul((&g).into(), (&u).into(), (&mut o).into())
+        .expect("gelu_mul");
     for i in 0..100 {
         // GELU through ggml's f16 table, as llama.cpp's CPU backend computes it.
         assert_eq!(o[i], math::gelu_tanh_ggml_f16(g[i]) * u[i]);
     }
     let mut a = g.clone();
-    d.add(&mut a, &u).expect("add");
-    d.scale(&mut a, 0.5).expect("scale");
+    d.add((&mut a).into(), (&u).into()).expect("add");
+    d.scale((&mut a).into(), 0.5).expect("scale");
     for i in 0..100 {
         assert_eq!(a[i], (g[i] + u[i]) * 0.5);
     }
@@ -458,8 +478,14 @@ fn elementwise_ops_match_core() {
     let dim = 4;
     let mut acc = vec![1f32; 3 * dim];
     let x = rng.vec(3 * dim);
-    d.scatter_add_weighted(&mut acc, &x, &[2, 0, 2], &[0.5, 2.0, -1.0], dim)
-        .expect("scatter");
+    d.scatter_add_weighted(
+        (&mut acc).into(),
+        (&x).into(),
+        &[2, 0, 2],
+        &[0.5, 2.0, -1.0],
+        dim,
+    )
+    .expect("scatter");
     for j in 0..dim {
         assert_eq!(acc[j], 1.0 + 2.0 * x[dim + j]);
         assert_eq!(acc[dim + j], 1.0);
@@ -486,8 +512,15 @@ fn route_topk_matches_core() {
         };
         let mut ids = vec![0u32; rows * k];
         let mut w = vec![0f32; rows * k];
-        d.route_topk(&logits, ne, Some(&bias), &cfg, &mut ids, &mut w)
-            .expect("route");
+        d.route_topk(
+            (&logits).into(),
+            ne,
+            Some((&bias).into()),
+            &cfg,
+            &mut ids,
+            &mut w,
+        )
+        .expect("route");
         for r in 0..rows {
             let mut wi = vec![0u32; k];
             let mut ww = vec![0f32; k];
@@ -520,7 +553,12 @@ fn write_kv_rejects_out_of_range_slot() {
     };
     let mut kv = d.alloc_kv(&layout).expect("alloc");
     let e = d
-        .write_kv(&mut *kv, &[0.0; 2], &[0.0; 2], &[4])
+        .write_kv(
+            &mut *kv,
+            (&[0.0; 2][..]).into(),
+            (&[0.0; 2][..]).into(),
+            &[4],
+        )
         .expect_err("slot 4 of 4");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);
 }
@@ -541,7 +579,8 @@ fn gelu_mul_table_equals_the_core_function() {
         .map(|i| 1.0 + (i % 7) as f32 * 0.25)
         .collect();
     let mut out = vec![f32::NAN; gate.len()];
-    d.gelu_mul(&gate, &up, &mut out).expect("gelu_mul");
+    d.gelu_mul((&gate).into(), (&up).into(), (&mut out).into())
+        .expect("gelu_mul");
     for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
         let want = math::gelu_tanh_ggml_f16(g) * u;
         assert_eq!(
@@ -577,7 +616,8 @@ fn silu_mul_equals_core_bit_for_bit_at_every_level() {
             continue;
         };
         let mut o = vec![0f32; n];
-        d.silu_mul(&g, &u, &mut o).expect("silu_mul");
+        d.silu_mul((&g).into(), (&u).into(), (&mut o).into())
+            .expect("silu_mul");
         let got: Vec<u32> = o.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "level {level:?}");
     }
@@ -633,7 +673,8 @@ fn swiglu_oai_mul_equals_core_bit_for_bit_at_every_level() {
             continue;
         };
         let mut o = vec![0f32; n];
-        d.swiglu_oai_mul(&g, &u, &mut o).expect("swiglu_oai_mul");
+        d.swiglu_oai_mul((&g).into(), (&u).into(), (&mut o).into())
+            .expect("swiglu_oai_mul");
         for i in 0..n {
             assert!(
                 o[i].to_bits() == want[i].to_bits() || (o[i].is_nan() && want[i].is_nan()),
@@ -669,7 +710,10 @@ fn steps_in_a_session_match_steps_outside() {
         .expect("stage");
     let step = |dev: &CpuDevice| {
         let mut out = vec![f32::NAN; m * n];
-        dev.run_step(&mut || dev.matmul(&*h, &x, m, &mut out).expect("matmul"));
+        dev.run_step(&mut || {
+            dev.matmul(&*h, (&x).into(), m, (&mut out).into())
+                .expect("matmul")
+        });
         out
     };
     let outside = step(&dev);
@@ -700,4 +744,46 @@ fn steps_in_a_session_match_steps_outside() {
     let mut again = Vec::new();
     dev.run_session(&mut || again.push(step(&dev)));
     assert_eq!(again, vec![outside]);
+}
+
+/// The cpu device's tensors are host memory: `alloc` hands out a zeroed host vector,
+/// `upload`, `download` and `download_tensor` count one call and their bytes each, and `copy`
+/// copies between ranges of tensors without counting anything.
+#[test]
+fn host_tensors_count_transfers_and_copy_ranges() {
+    let d = dev();
+    assert!(d.supports(Op::Copy, None));
+    let t = d.alloc(6).expect("alloc");
+    assert_eq!(t.as_host(), Some(&[0.0; 6][..]));
+
+    let before = d.transfers();
+    let src = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut t = d.upload_new(&src).expect("upload_new");
+    let up = d.transfers().since(&before);
+    assert_eq!((up.uploads, up.upload_bytes), (1, 24));
+    assert_eq!((up.downloads, up.download_bytes, up.arg_bytes), (0, 0, 0));
+
+    // Values 1..4 of `t` over values 2..5 of `dst`.
+    let mut dst = d.alloc(6).expect("alloc");
+    d.copy(t.slice(1..4), dst.slice_mut(2..5)).expect("copy");
+    assert_eq!(dst.as_host(), Some(&[0.0, 0.0, 2.0, 3.0, 4.0, 0.0][..]));
+    assert_eq!(d.transfers().since(&before), up, "copy moves nothing over");
+
+    let mut got = [0.0; 2];
+    d.download(dst.slice(3..5), &mut got).expect("download");
+    assert_eq!(got, [3.0, 4.0]);
+    let down = d.transfers().since(&before).since(&up);
+    assert_eq!(
+        (down.downloads, down.download_bytes, down.calls()),
+        (1, 8, 1)
+    );
+
+    d.upload(&[9.0, 8.0], t.slice_mut(4..6)).expect("upload");
+    assert_eq!(
+        d.download_tensor(t).expect("download_tensor"),
+        [1.0, 2.0, 3.0, 4.0, 9.0, 8.0]
+    );
+    let all = d.transfers().since(&before);
+    assert_eq!((all.uploads, all.upload_bytes), (2, 24 + 8));
+    assert_eq!((all.downloads, all.download_bytes), (2, 8 + 24));
 }

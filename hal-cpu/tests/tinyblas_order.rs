@@ -111,7 +111,8 @@ fn f32_kernels_are_bit_exact_in_llama_cpp_order() {
                         .stage(&desc("w", ty, &[k, n], w.to_vec()))
                         .expect("stage");
                     let mut got = vec![f32::NAN; m * n];
-                    dev.matmul(&*h, &x, m, &mut got).expect("matmul");
+                    dev.matmul(&*h, (&x).into(), m, (&mut got).into())
+                        .expect("matmul");
                     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                         assert_eq!(
                             g.to_bits(),
@@ -203,7 +204,7 @@ fn q4_0_panel_gemm_equals_the_tinyblas_row_kernel() {
                 .stage(&desc("w", ty, &[k, n], w.to_vec()))
                 .expect("stage");
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-                dev.matmul(&*h, xr, 1, o).expect("matmul");
+                dev.matmul(&*h, xr.into(), 1, o.into()).expect("matmul");
             }
             assert_device_equals(SimdLevel::Avx512Vnni, ty, &w, k, n, &x, m, &want);
         }
@@ -355,12 +356,17 @@ fn assert_towers_equal(
         .stage(&desc("exps2", ty, &[k, n, e], w2.to_vec()))
         .expect("stage");
     let mut one = vec![f32::NAN; rows.len() * n];
-    dev.expert_matmul(&*t1, x, rows, &mut one)
+    dev.expert_matmul(&*t1, x.into(), rows, (&mut one).into())
         .expect("expert_matmul");
     let mut m1 = vec![f32::NAN; rows.len() * n];
     let mut m2 = vec![f32::NAN; rows.len() * n];
-    dev.expert_matmul_multi(&[&*t1, &*t2], x, rows, &mut [&mut m1, &mut m2])
-        .expect("expert_matmul_multi");
+    dev.expert_matmul_multi(
+        &[&*t1, &*t2],
+        x.into(),
+        rows,
+        &mut [(&mut m1).into(), (&mut m2).into()],
+    )
+    .expect("expert_matmul_multi");
     for (what, got, want) in [
         ("expert_matmul", &one[..], want1),
         ("multi, first", &m1[..], want1),
@@ -404,7 +410,8 @@ fn assert_device_equals(
             .stage(&desc("w", ty, &[k, n], w.to_vec()))
             .expect("stage");
         let mut got = vec![f32::NAN; m * n];
-        dev.matmul(&*h, x, m, &mut got).expect("matmul");
+        dev.matmul(&*h, x.into(), m, (&mut got).into())
+            .expect("matmul");
         for (i, (g, e)) in got.iter().zip(want).enumerate() {
             assert_eq!(
                 g.to_bits(),

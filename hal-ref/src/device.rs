@@ -8,17 +8,21 @@ use flint_core::math;
 use flint_core::GgmlType;
 use flint_hal::{
     DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Weight, WeightDesc, WeightHandle,
+    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View, ViewMut,
+    Weight, WeightDesc, WeightHandle,
 };
 
 use crate::kv::{self, RefKv};
 use crate::weight::{self, fmt_err, RefWeight};
 
-/// The reference device: no state but its dispatch counters.
+/// The reference device: no state but its dispatch and transfer counters. Its tensors
+/// are host memory (the trait's defaults for `alloc`, `upload`, `download`, `download_tensor`
+/// and `copy`); ops read and write their views in place.
 #[derive(Debug, Default)]
 pub struct RefDevice {
     block_dispatches: AtomicU64,
     float_dispatches: AtomicU64,
+    transfers: TransferCounter,
 }
 
 impl RefDevice {
@@ -89,8 +93,13 @@ impl Device for RefDevice {
             | Op::WriteKv
             | Op::PagedAttention
             | Op::SsmConvSilu
-            | Op::GatedDeltaNet => true,
+            | Op::GatedDeltaNet
+            | Op::Copy => true,
         }
+    }
+
+    fn transfer_counter(&self) -> &TransferCounter {
+        &self.transfers
     }
 
     /// Everything resident, encodings kept; a weight core cannot compute is refused up
@@ -113,7 +122,14 @@ impl Device for RefDevice {
     /// `flint_core::dot::matvec_f32`: the activation row quantized once to the weight's
     /// `vec_dot_type`, then one scalar block dot product per weight row (float weights:
     /// f32 products summed in f64).
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let (x, out) = (x.host(), out.host());
         let w = self.weight(w);
         assert_eq!(x.len(), m * w.k, "matmul: x length");
         assert_eq!(out.len(), m * w.n, "matmul: out length");
@@ -135,10 +151,11 @@ impl Device for RefDevice {
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (x, out) = (x.host(), out.host());
         let w = self.weight(w);
         let k = w.k.max(1);
         assert_eq!(x.len() % k, 0, "expert_matmul: x length");
@@ -162,7 +179,8 @@ impl Device for RefDevice {
 
     /// `out[i] = dequant(row ids[i])` with `flint_core::dequant::dequantize` (rows are
     /// counted over all matrices of the weight). An id beyond them is `InvalidInput`.
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+        let out = out.host();
         let w = self.weight(w);
         let d = w.k;
         assert_eq!(out.len(), ids.len() * d, "get_rows: out length");
@@ -185,12 +203,13 @@ impl Device for RefDevice {
     /// `flint_core::math::rms_norm_rows` (sum of squares in f64, as ggml).
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (x, weight, out) = (x.host(), weight.map(View::host), out.host());
         math::rms_norm_rows(x, weight, dim, eps, out);
         Ok(())
     }
@@ -199,13 +218,15 @@ impl Device for RefDevice {
     /// `out = rms_norm_rows(residual) * weight` (`flint_core::math::rms_norm_rows`).
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (residual, delta) = (residual.host(), delta.host());
+        let (weight, out) = (weight.host(), out.host());
         assert_eq!(residual.len(), delta.len(), "add_rms_norm: delta length");
         for (r, &d) in residual.iter_mut().zip(delta) {
             *r += d;
@@ -217,7 +238,8 @@ impl Device for RefDevice {
     /// RoPE in place, row `i` at `positions[i]`: `flint_core::math::rope_heads` on each
     /// row's `n_heads` heads (ggml's `rope_ext`: NeoX or normal pairs, frequency factors,
     /// YaRN). Parameters `RopeParams::check` refuses are `InvalidInput`.
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+        let x = x.host();
         p.check()?;
         let row = p.n_heads * p.head_dim;
         assert_eq!(x.len(), positions.len() * row, "rope: x length");
@@ -229,7 +251,8 @@ impl Device for RefDevice {
     }
 
     /// `out = silu(gate) * up` with `flint_core::math::silu`.
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         same_len("silu_mul", gate, up, out);
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = math::silu(g) * u;
@@ -239,7 +262,8 @@ impl Device for RefDevice {
 
     /// `out = gelu_tanh(gate) * up` with `flint_core::math::gelu_tanh` (in f32; the cpu
     /// device rounds through f16 as ggml's CPU backend does).
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         same_len("gelu_mul", gate, up, out);
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = math::gelu_tanh(g) * u;
@@ -248,7 +272,13 @@ impl Device for RefDevice {
     }
 
     /// gpt-oss's clamped SwiGLU: `out = flint_core::math::swiglu_oai(gate, up)`.
-    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn swiglu_oai_mul(
+        &self,
+        gate: View<'_>,
+        up: View<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let (gate, up, out) = (gate.host(), up.host(), out.host());
         same_len("swiglu_oai_mul", gate, up, out);
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = math::swiglu_oai(g, u);
@@ -257,7 +287,8 @@ impl Device for RefDevice {
     }
 
     /// `acc += x` (plain f32 addition; core has no function for it).
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+    fn add(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        let (acc, x) = (acc.host(), x.host());
         assert_eq!(acc.len(), x.len(), "add: lengths");
         for (a, &v) in acc.iter_mut().zip(x) {
             *a += v;
@@ -267,7 +298,8 @@ impl Device for RefDevice {
 
     /// `x[r][j] += bias[j]` for every row `r`; a bias that does not fit the rows is
     /// `InvalidInput` (`flint_hal::bias_rows`).
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+    fn add_bias(&self, x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError> {
+        let (x, bias) = (x.host(), bias.host());
         flint_hal::bias_rows(x.len(), bias.len())?;
         for row in x.chunks_exact_mut(bias.len()) {
             for (v, &b) in row.iter_mut().zip(bias) {
@@ -278,8 +310,8 @@ impl Device for RefDevice {
     }
 
     /// `x *= s`.
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
-        for v in x.iter_mut() {
+    fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError> {
+        for v in x.host() {
             *v *= s;
         }
         Ok(())
@@ -288,12 +320,13 @@ impl Device for RefDevice {
     /// MoE combine: `acc[rows[i]] += weights[i] * x[i]`, rows of `dim`.
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
     ) -> Result<(), HalError> {
+        let (acc, x) = (acc.host(), x.host());
         assert!(
             x.len() == rows.len() * dim && rows.len() == weights.len(),
             "scatter_add_weighted: lengths"
@@ -317,13 +350,14 @@ impl Device for RefDevice {
     /// bias of another length) is `InvalidInput`.
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
     ) -> Result<(), HalError> {
+        let (logits, bias) = (logits.host(), bias.map(View::host));
         assert!(
             n_experts > 0 && logits.len().is_multiple_of(n_experts),
             "route_topk: logits length"
@@ -353,12 +387,14 @@ impl Device for RefDevice {
     /// window carried in `state`), then `flint_core::math::silu` on every output.
     fn ssm_conv_silu(
         &self,
-        x: &[f32],
-        weight: &[f32],
+        x: View<'_>,
+        weight: View<'_>,
         d_conv: usize,
-        state: &mut [f32],
-        out: &mut [f32],
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (x, weight) = (x.host(), weight.host());
+        let (state, out) = (state.host(), out.host());
         math::ssm_conv(x, weight, d_conv, state, out);
         for o in out.iter_mut() {
             *o = math::silu(*o);
@@ -371,14 +407,17 @@ impl Device for RefDevice {
     fn gated_delta_net(
         &self,
         shape: &DeltaNetShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        state: &mut [f32],
-        out: &mut [f32],
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let (q, k, v) = (q.host(), k.host(), v.host());
+        let (g, beta) = (g.host(), beta.host());
+        let (state, out) = (state.host(), out.host());
         if !shape.is_valid() {
             return Err(HalError::invalid(format!(
                 "ref: gated_delta_net: {} value heads on {} key heads of size {} (value heads \
@@ -405,10 +444,11 @@ impl Device for RefDevice {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError> {
+        let (k, v) = (k.host(), v.host());
         let kv = kv
             .as_any_mut()
             .downcast_mut::<RefKv>()
@@ -422,8 +462,9 @@ impl Device for RefDevice {
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let out = out.host();
         let kv = kv
             .as_any()
             .downcast_ref::<RefKv>()

@@ -121,9 +121,10 @@ pub(crate) fn paged_attention(
         hkv > 0 && nh.is_multiple_of(hkv),
         "paged_attention: {nh} heads over {hkv} KV heads"
     );
+    let q = p.q.host();
     let (q_row, o_row) = (nh * dk, nh * dv);
-    assert_eq!(p.q.len() % q_row.max(1), 0, "paged_attention: q length");
-    let n_rows = p.q.len() / q_row.max(1);
+    assert_eq!(q.len() % q_row.max(1), 0, "paged_attention: q length");
+    let n_rows = q.len() / q_row.max(1);
     assert_eq!(out.len(), n_rows * o_row, "paged_attention: out length");
     if let Some(s) = p.sinks {
         assert_eq!(s.len(), nh, "paged_attention: sinks length");
@@ -177,7 +178,7 @@ pub(crate) fn paged_attention(
             let last = (pos + 1 - lo).saturating_sub(1) as u32;
             math::attention_ref(
                 &params,
-                &p.q[r * q_row..(r + 1) * q_row],
+                &q[r * q_row..(r + 1) * q_row],
                 &[last],
                 &keys,
                 &values,

@@ -60,9 +60,12 @@ fn row_and_expert_ids_beyond_the_weight_are_invalid_input() {
         .stage(&f32_weight(&[4, 3], WeightKind::Embedding))
         .unwrap();
     let mut out = vec![0.0; 8];
-    d.get_rows(table.as_ref(), &[2, 1], &mut out).unwrap();
+    d.get_rows(table.as_ref(), &[2, 1], (&mut out).into())
+        .unwrap();
     assert_eq!(out, [8.0, 9.0, 10.0, 11.0, 4.0, 5.0, 6.0, 7.0]);
-    let e = d.get_rows(table.as_ref(), &[3, 0], &mut out).unwrap_err();
+    let e = d
+        .get_rows(table.as_ref(), &[3, 0], (&mut out).into())
+        .unwrap_err();
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
 
     let tower = d
@@ -74,12 +77,22 @@ fn row_and_expert_ids_beyond_the_weight_are_invalid_input() {
         input_row: 0,
         expert,
     };
-    d.expert_matmul(tower.as_ref(), &x, &[row(1)], &mut out)
-        .unwrap();
+    d.expert_matmul(
+        tower.as_ref(),
+        (&x[..]).into(),
+        &[row(1)],
+        (&mut out).into(),
+    )
+    .unwrap();
     // Expert 1's rows start at element 12: the first column of each is 12, 16, 20.
     assert_eq!(out, [12.0, 16.0, 20.0]);
     let e = d
-        .expert_matmul(tower.as_ref(), &x, &[row(2)], &mut out)
+        .expert_matmul(
+            tower.as_ref(),
+            (&x[..]).into(),
+            &[row(2)],
+            (&mut out).into(),
+        )
         .unwrap_err();
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
 }
@@ -89,12 +102,15 @@ fn kv_slots_and_blocks_outside_the_cache_are_invalid_input() {
     let d = dev();
     let mut kv = d.alloc_kv(&LAYOUT).unwrap();
     let (k, v) = ([1.0; 2], [2.0; 2]);
-    let e = d.write_kv(kv.as_mut(), &k, &v, &[8]).unwrap_err();
+    let e = d
+        .write_kv(kv.as_mut(), (&k[..]).into(), (&v[..]).into(), &[8])
+        .unwrap_err();
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
     // Positions 0..=3 in blocks 3 and 1.
     for (pos, slot) in [(0u32, 6u32), (1, 7), (2, 2), (3, 3)] {
         let val = [pos as f32; 2];
-        d.write_kv(kv.as_mut(), &val, &val, &[slot]).unwrap();
+        d.write_kv(kv.as_mut(), (&val[..]).into(), (&val[..]).into(), &[slot])
+            .unwrap();
     }
     let q = [0.0; 2];
     let mut out = [0.0; 2];
@@ -106,14 +122,14 @@ fn kv_slots_and_blocks_outside_the_cache_are_invalid_input() {
             block_table: table,
         }];
         let p = PagedAttention {
-            q: &q,
+            q: (&q[..]).into(),
             seqs: &seqs,
             n_heads: 1,
             scale: 1.0,
             sinks: None,
             window,
         };
-        d.paged_attention(kv.as_ref(), &p, out)
+        d.paged_attention(kv.as_ref(), &p, out.into())
     };
     // q = 0: equal scores, the mean of the visible values.
     attend(&[3, 1], 3, None, &mut out).unwrap();

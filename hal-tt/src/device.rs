@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use flint_core::GgmlType;
 use flint_hal::{
-    Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout, Op,
-    PagedAttention, RopeKind, RopeParams, RoutingConfig, StagedInfo, StagingPlan, Tier, Weight,
-    WeightDesc, WeightHandle, WeightKind, WeightSource, Yarn,
+    Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
+    Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, StagedInfo, StagingPlan, Tensor, Tier,
+    TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle, WeightKind, WeightSource,
+    Yarn,
 };
 
 use crate::ffi::{self, CAttnSeq, CCounters, CKvLayout, CWeightDesc, DevPtr, Runtime};
@@ -61,6 +62,63 @@ impl Inner {
         Ok(b)
     }
 
+    /// Writes `data` into buffer `h` from value `offset`.
+    fn write_at(&self, h: u64, offset: usize, data: &[f32]) -> Result<(), HalError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        // SAFETY: `bytes` is readable for its length; the buffer belongs to this device.
+        let st = unsafe {
+            (self.rt.api().buffer_write)(
+                self.dev.0,
+                h,
+                4 * offset as u64,
+                bytes.as_ptr(),
+                bytes.len() as u64,
+            )
+        };
+        self.check(st, "writing a buffer")
+    }
+
+    /// Reads `out.len()` values of buffer `h` from value `offset`.
+    fn read_at(&self, h: u64, offset: usize, out: &mut [f32]) -> Result<(), HalError> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        // SAFETY: `bytes` is writable for its length; the buffer belongs to this device.
+        let st = unsafe {
+            (self.rt.api().buffer_read)(
+                self.dev.0,
+                h,
+                4 * offset as u64,
+                bytes.as_mut_ptr(),
+                bytes.len() as u64,
+            )
+        };
+        self.check(st, "reading a buffer")
+    }
+
+    /// Copies `len` values on the device: buffer `src` from value `src_off` to buffer
+    /// `dst` from value `dst_off` (ranges that do not overlap).
+    fn copy(
+        &self,
+        src: u64,
+        src_off: usize,
+        dst: u64,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), HalError> {
+        // SAFETY: the device is open; both handles belong to it; the adapter checks the
+        // ranges.
+        let st = unsafe {
+            (self.rt.api().buffer_copy)(
+                self.dev.0,
+                src,
+                4 * src_off as u64,
+                dst,
+                4 * dst_off as u64,
+                4 * len as u64,
+            )
+        };
+        self.check(st, "copying between buffers on the device")
+    }
+
     fn counters(&self) -> Result<CCounters, HalError> {
         let mut c = CCounters::default();
         // SAFETY: the device is open; `c` is a valid output.
@@ -78,33 +136,7 @@ struct DevBuf<'a> {
 
 impl DevBuf<'_> {
     fn write(&self, data: &[f32]) -> Result<(), HalError> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        // SAFETY: `bytes` is readable for its length; the buffer belongs to this device.
-        let st = unsafe {
-            (self.inner.rt.api().buffer_write)(
-                self.inner.dev.0,
-                self.h,
-                0,
-                bytes.as_ptr(),
-                bytes.len() as u64,
-            )
-        };
-        self.inner.check(st, "writing a buffer")
-    }
-
-    fn read(&self, out: &mut [f32]) -> Result<(), HalError> {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        // SAFETY: `bytes` is writable for its length; the buffer belongs to this device.
-        let st = unsafe {
-            (self.inner.rt.api().buffer_read)(
-                self.inner.dev.0,
-                self.h,
-                0,
-                bytes.as_mut_ptr(),
-                bytes.len() as u64,
-            )
-        };
-        self.inner.check(st, "reading a buffer")
+        self.inner.write_at(self.h, 0, data)
     }
 }
 
@@ -112,6 +144,38 @@ impl Drop for DevBuf<'_> {
     fn drop(&mut self) {
         // SAFETY: the handle was allocated on this device and is freed once, here.
         unsafe { (self.inner.rt.api().buffer_free)(self.inner.dev.0, self.h) };
+    }
+}
+
+/// A tensor in the device's DRAM ([`Device::alloc`]): `len` f32 values behind an adapter
+/// buffer handle, freed on drop. It holds the device open until then.
+#[derive(Debug)]
+pub struct TtBuffer {
+    inner: Arc<Inner>,
+    h: u64,
+    len: usize,
+}
+
+impl TtBuffer {
+    /// The adapter's buffer handle.
+    pub fn handle(&self) -> u64 {
+        self.h
+    }
+}
+
+impl Drop for TtBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the handle was allocated on this device and is freed once, here.
+        unsafe { (self.inner.rt.api().buffer_free)(self.inner.dev.0, self.h) };
+    }
+}
+
+impl DeviceBuffer for TtBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -199,6 +263,18 @@ pub struct TtCounters {
     pub streamed_bytes: u64,
     /// Device DRAM in use now.
     pub dram_used_bytes: u64,
+    /// `flint_tt_buffer_write` calls (host to device), as the adapter counts them.
+    pub host_writes: u64,
+    /// Bytes they moved.
+    pub host_write_bytes: u64,
+    /// `flint_tt_buffer_read` calls (device to host), as the adapter counts them.
+    pub host_reads: u64,
+    /// Bytes they moved.
+    pub host_read_bytes: u64,
+    /// `flint_tt_buffer_copy` calls (on the device).
+    pub device_copies: u64,
+    /// Bytes they copied.
+    pub device_copy_bytes: u64,
 }
 
 /// The Tenstorrent device, through the runtime adapter.
@@ -211,6 +287,8 @@ pub struct TtDevice {
     expand_to: Option<GgmlType>,
     /// Tiers decided by the last [`Device::plan`], by tensor name; `stage` follows them.
     planned: Mutex<HashMap<String, Tier>>,
+    /// Host-device traffic (`Device::transfers`).
+    xfer: TransferCounter,
 }
 
 impl TtDevice {
@@ -247,6 +325,7 @@ impl TtDevice {
             opts: opts.clone(),
             expand_to: staging::expansion_from_env()?,
             planned: Mutex::new(HashMap::new()),
+            xfer: TransferCounter::default(),
         })
     }
 
@@ -297,6 +376,12 @@ impl TtDevice {
             float_dispatches: c.float_dispatches,
             streamed_bytes: c.streamed_bytes,
             dram_used_bytes: c.dram_used_bytes,
+            host_writes: c.host_writes,
+            host_write_bytes: c.host_write_bytes,
+            host_reads: c.host_reads,
+            host_read_bytes: c.host_read_bytes,
+            device_copies: c.device_copies,
+            device_copy_bytes: c.device_copy_bytes,
         })
     }
 
@@ -425,7 +510,7 @@ impl Device for TtDevice {
     }
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
-        // ABI 1 has no entry point for gpt-oss's activation nor for Gated DeltaNet's ops.
+        // The ABI has no entry point for gpt-oss's activation nor for Gated DeltaNet's ops.
         if matches!(op, Op::SwigluOaiMul | Op::SsmConvSilu | Op::GatedDeltaNet) {
             return false;
         }
@@ -524,7 +609,91 @@ impl Device for TtDevice {
         Ok(Arc::new(w))
     }
 
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+    fn alloc(&self, len: usize) -> Result<Tensor, HalError> {
+        let b = self.inner.alloc_f32(len)?;
+        let h = b.h;
+        // The TtBuffer takes over the handle and frees it on drop.
+        std::mem::forget(b);
+        Ok(Tensor::Device(Box::new(TtBuffer {
+            inner: self.inner.clone(),
+            h,
+            len,
+        })))
+    }
+
+    fn transfer_counter(&self) -> &TransferCounter {
+        &self.xfer
+    }
+
+    fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "upload: lengths differ");
+        self.xfer.upload(src.len());
+        match dst {
+            ViewMut::Host(d) => d.copy_from_slice(src),
+            ViewMut::Device { buf, offset, .. } => {
+                let t = self.buffer(buf);
+                self.inner.write_at(t.h, offset, src)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn download(&self, src: View<'_>, dst: &mut [f32]) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "download: lengths differ");
+        self.xfer.download(src.len());
+        match src {
+            View::Host(s) => dst.copy_from_slice(s),
+            View::Device { buf, offset, .. } => {
+                let t = self.buffer(buf);
+                self.inner.read_at(t.h, offset, dst)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "copy: lengths differ");
+        match (src, dst) {
+            (View::Host(s), ViewMut::Host(d)) => d.copy_from_slice(s),
+            (View::Host(s), d @ ViewMut::Device { .. }) => self.upload(s, d)?,
+            (s @ View::Device { .. }, ViewMut::Host(d)) => self.download(s, d)?,
+            (
+                View::Device {
+                    buf: sb,
+                    offset: so,
+                    len,
+                },
+                ViewMut::Device {
+                    buf: db,
+                    offset: doff,
+                    ..
+                },
+            ) => {
+                let (s, d) = (self.buffer(sb), self.buffer(db));
+                if len == 0 || (s.h == d.h && so == doff) {
+                    return Ok(());
+                }
+                if s.h == d.h && so < doff + len && doff < so + len {
+                    // Overlapping ranges of one buffer: through a scratch buffer (the ABI
+                    // refuses overlapping copies).
+                    let tmp = self.inner.alloc_f32(len)?;
+                    self.inner.copy(s.h, so, tmp.h, 0, len)?;
+                    self.inner.copy(tmp.h, 0, d.h, doff, len)?;
+                } else {
+                    self.inner.copy(s.h, so, d.h, doff, len)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         let w = self.weight(w);
         assert_eq!(
             w.handles.len(),
@@ -535,21 +704,22 @@ impl Device for TtDevice {
         assert_eq!(x.len(), m * w.in_f, "matmul: x is not m * in");
         assert_eq!(out.len(), m * w.out_f, "matmul: out is not m * out");
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
-        let ob = inner.alloc_f32(out.len())?;
+        let xa = self.input(x)?;
+        let o = self.output(out, false, &[xa.h()])?;
         // SAFETY: device open; all handles belong to it.
-        let st =
-            unsafe { (inner.rt.api().matmul)(inner.dev.0, w.handles[0], xb.h, m as u64, ob.h) };
+        let st = unsafe {
+            (inner.rt.api().matmul)(inner.dev.0, w.handles[0], xa.h(), m as u64, o.arg.h())
+        };
         inner.check(st, &format!("matmul with '{}'", w.info.name))?;
-        ob.read(out)
+        self.finish(o)
     }
 
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let w = self.weight(w);
         assert!(
@@ -573,27 +743,28 @@ impl Device for TtDevice {
             );
         }
         let pairs: Vec<u32> = rows.iter().flat_map(|r| [r.input_row, r.expert]).collect();
+        self.xfer.args(4 * pairs.len());
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
-        let ob = inner.alloc_f32(out.len())?;
+        let xa = self.input(x)?;
+        let o = self.output(out, false, &[xa.h()])?;
         // SAFETY: device open; `handles` and `pairs` are readable for the counts passed.
         let st = unsafe {
             (inner.rt.api().expert_matmul)(
                 inner.dev.0,
                 w.handles.as_ptr(),
                 w.handles.len() as u32,
-                xb.h,
+                xa.h(),
                 x_rows as u64,
                 pairs.as_ptr(),
                 rows.len() as u64,
-                ob.h,
+                o.arg.h(),
             )
         };
         inner.check(st, &format!("expert matmul with '{}'", w.info.name))?;
-        ob.read(out)
+        self.finish(o)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
         let w = self.weight(w);
         assert_eq!(
             w.handles.len(),
@@ -615,8 +786,9 @@ impl Device for TtDevice {
         if ids.is_empty() {
             return Ok(());
         }
+        self.xfer.args(4 * ids.len());
         let inner = &*self.inner;
-        let ob = inner.alloc_f32(out.len())?;
+        let o = self.output(out, false, &[])?;
         // SAFETY: device open; `ids` readable for its length.
         let st = unsafe {
             (inner.rt.api().get_rows)(
@@ -624,20 +796,20 @@ impl Device for TtDevice {
                 w.handles[0],
                 ids.as_ptr(),
                 ids.len() as u64,
-                ob.h,
+                o.arg.h(),
             )
         };
         inner.check(st, &format!("get_rows from '{}'", w.info.name))?;
-        ob.read(out)
+        self.finish(o)
     }
 
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         assert!(
             dim > 0 && x.len().is_multiple_of(dim),
@@ -647,34 +819,36 @@ impl Device for TtDevice {
         if let Some(w) = weight {
             assert_eq!(w.len(), dim, "rms_norm: weight is not dim long");
         }
+        let n = x.len();
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
-        let wb = weight.map(|w| inner.upload(w)).transpose()?;
-        let ob = inner.alloc_f32(out.len())?;
+        let xa = self.input(x)?;
+        let wa = weight.map(|w| self.input(w)).transpose()?;
+        let wh = wa.as_ref().map_or(0, Arg::h);
+        let o = self.output(out, false, &[xa.h(), wh])?;
         // SAFETY: device open; handles belong to it (0 = no weight).
         let st = unsafe {
             (inner.rt.api().rms_norm)(
                 inner.dev.0,
-                xb.h,
-                x.len() as u64,
-                wb.as_ref().map_or(0, |b| b.h),
+                xa.h(),
+                n as u64,
+                wh,
                 eps,
                 dim as u64,
-                ob.h,
+                o.arg.h(),
             )
         };
         inner.check(st, "rms_norm")?;
-        ob.read(out)
+        self.finish(o)
     }
 
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let n = residual.len();
         assert!(
@@ -684,29 +858,29 @@ impl Device for TtDevice {
         assert!(delta.len() == n && out.len() == n, "add_rms_norm: lengths");
         assert_eq!(weight.len(), dim, "add_rms_norm: weight is not dim long");
         let inner = &*self.inner;
-        let rb = inner.upload(residual)?;
-        let db = inner.upload(delta)?;
-        let wb = inner.upload(weight)?;
-        let ob = inner.alloc_f32(n)?;
+        let da = self.input(delta)?;
+        let wa = self.input(weight)?;
+        let r = self.output(residual, true, &[da.h(), wa.h()])?;
+        let o = self.output(out, false, &[da.h(), wa.h(), r.arg.h()])?;
         // SAFETY: device open; handles belong to it.
         let st = unsafe {
             (inner.rt.api().add_rms_norm)(
                 inner.dev.0,
-                rb.h,
-                db.h,
+                r.arg.h(),
+                da.h(),
                 n as u64,
-                wb.h,
+                wa.h(),
                 eps,
                 dim as u64,
-                ob.h,
+                o.arg.h(),
             )
         };
         inner.check(st, "add_rms_norm")?;
-        rb.read(residual)?;
-        ob.read(out)
+        self.finish(r)?;
+        self.finish(o)
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
         let row = p.n_heads * p.head_dim;
         assert_eq!(
             x.len(),
@@ -745,71 +919,76 @@ impl Device for TtDevice {
         if x.is_empty() {
             return Ok(());
         }
+        self.xfer
+            .args(4 * positions.len() + 4 * p.freq_factors.map_or(0, <[f32]>::len));
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
+        let xa = self.output(x, true, &[])?;
         // SAFETY: device open; `positions` readable for its length; `cp` and the factors
         // it points to (`n_rot / 2` values, checked above) live across the call.
         let st = unsafe {
             (inner.rt.api().rope)(
                 inner.dev.0,
-                xb.h,
+                xa.arg.h(),
                 positions.len() as u64,
                 positions.as_ptr(),
                 &cp,
             )
         };
         inner.check(st, "rope")?;
-        xb.read(x)
+        self.finish(xa)
     }
 
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
         self.act_mul(gate, up, out, false)
     }
 
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
         self.act_mul(gate, up, out, true)
     }
 
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+    fn add(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
         assert_eq!(acc.len(), x.len(), "add: lengths");
+        let n = acc.len();
         let inner = &*self.inner;
-        let ab = inner.upload(acc)?;
-        let xb = inner.upload(x)?;
+        let xa = self.input(x)?;
+        let a = self.output(acc, true, &[xa.h()])?;
         // SAFETY: device open; handles belong to it.
-        let st = unsafe { (inner.rt.api().add)(inner.dev.0, ab.h, xb.h, acc.len() as u64) };
+        let st = unsafe { (inner.rt.api().add)(inner.dev.0, a.arg.h(), xa.h(), n as u64) };
         inner.check(st, "add")?;
-        ab.read(acc)
+        self.finish(a)
     }
 
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+    fn add_bias(&self, x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError> {
         flint_hal::bias_rows(x.len(), bias.len())?;
         if x.is_empty() {
             return Ok(());
         }
+        let (n, bl) = (x.len(), bias.len());
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
-        let bb = inner.upload(bias)?;
+        let ba = self.input(bias)?;
+        let xa = self.output(x, true, &[ba.h()])?;
         // SAFETY: device open; handles belong to it.
         let st = unsafe {
-            (inner.rt.api().add_bias)(inner.dev.0, xb.h, x.len() as u64, bb.h, bias.len() as u64)
+            (inner.rt.api().add_bias)(inner.dev.0, xa.arg.h(), n as u64, ba.h(), bl as u64)
         };
         inner.check(st, "add_bias")?;
-        xb.read(x)
+        self.finish(xa)
     }
 
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
+    fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError> {
+        let n = x.len();
         let inner = &*self.inner;
-        let xb = inner.upload(x)?;
+        let xa = self.output(x, true, &[])?;
         // SAFETY: device open; the handle belongs to it.
-        let st = unsafe { (inner.rt.api().scale)(inner.dev.0, xb.h, x.len() as u64, s) };
+        let st = unsafe { (inner.rt.api().scale)(inner.dev.0, xa.arg.h(), n as u64, s) };
         inner.check(st, "scale")?;
-        xb.read(x)
+        self.finish(xa)
     }
 
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
@@ -830,16 +1009,17 @@ impl Device for TtDevice {
         if rows.is_empty() {
             return Ok(());
         }
+        self.xfer.args(4 * rows.len() + 4 * weights.len());
         let inner = &*self.inner;
-        let ab = inner.upload(acc)?;
-        let xb = inner.upload(x)?;
+        let xa = self.input(x)?;
+        let a = self.output(acc, true, &[xa.h()])?;
         // SAFETY: device open; `rows` and `weights` readable for `rows.len()` entries.
         let st = unsafe {
             (inner.rt.api().scatter_add_weighted)(
                 inner.dev.0,
-                ab.h,
+                a.arg.h(),
                 acc_rows as u64,
-                xb.h,
+                xa.h(),
                 rows.as_ptr(),
                 weights.as_ptr(),
                 rows.len() as u64,
@@ -847,14 +1027,14 @@ impl Device for TtDevice {
             )
         };
         inner.check(st, "scatter_add_weighted")?;
-        ab.read(acc)
+        self.finish(a)
     }
 
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
@@ -875,21 +1055,22 @@ impl Device for TtDevice {
             return Ok(());
         }
         let inner = &*self.inner;
-        let lb = inner.upload(logits)?;
+        let la = self.input(logits)?;
+        let ba = bias.map(|b| self.input(b)).transpose()?;
         let gating = match cfg.gating {
             flint_hal::Gating::Softmax => 0,
             flint_hal::Gating::Sigmoid => 1,
             flint_hal::Gating::SoftmaxWeight => 2,
         };
-        // SAFETY: device open; `bias` is NULL or `n_experts` floats; `ids`/`weights` hold
+        // SAFETY: device open; handles belong to it (bias 0 = none); `ids`/`weights` hold
         // `n_rows * k` writable entries each.
         let st = unsafe {
             (inner.rt.api().route_topk)(
                 inner.dev.0,
-                lb.h,
+                la.h(),
                 n_rows as u64,
                 n_experts as u32,
-                bias.map_or(std::ptr::null(), |b| b.as_ptr()),
+                ba.as_ref().map_or(0, Arg::h),
                 cfg.k as u32,
                 gating,
                 u32::from(cfg.normalize),
@@ -898,7 +1079,10 @@ impl Device for TtDevice {
                 weights.as_mut_ptr(),
             )
         };
-        inner.check(st, "route_topk")
+        inner.check(st, "route_topk")?;
+        // The routing comes back to the host: one download of ids and weights.
+        self.xfer.download(ids.len() + weights.len());
+        Ok(())
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
@@ -920,8 +1104,8 @@ impl Device for TtDevice {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError> {
         let kv = self.kv(kv);
@@ -943,9 +1127,10 @@ impl Device for TtDevice {
         if slots.is_empty() {
             return Ok(());
         }
+        self.xfer.args(4 * slots.len());
         let inner = &*self.inner;
-        let kb = inner.upload(k)?;
-        let vb = inner.upload(v)?;
+        let ka = self.input(k)?;
+        let va = self.input(v)?;
         let cl = kv_layout(&l);
         // SAFETY: device open; `cl` and `slots` readable.
         let st = unsafe {
@@ -954,8 +1139,8 @@ impl Device for TtDevice {
                 &cl,
                 kv.k,
                 kv.v,
-                kb.h,
-                vb.h,
+                ka.h(),
+                va.h(),
                 slots.as_ptr(),
                 slots.len() as u64,
             )
@@ -967,7 +1152,7 @@ impl Device for TtDevice {
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let kv = self.kv(kv);
         let l = kv.layout;
@@ -998,9 +1183,19 @@ impl Device for TtDevice {
         }
         if p.window == Some(0) {
             // A window of 0 sees no key: every output is 0 (the ABI's window 0 means
-            // "no window", so this case never reaches the adapter).
-            out.fill(0.0);
-            return Ok(());
+            // "no window", so this case never reaches the adapter). Zeros are written on
+            // the device's side for a device view.
+            return match out {
+                ViewMut::Host(o) => {
+                    o.fill(0.0);
+                    Ok(())
+                }
+                ViewMut::Device { buf, offset, len } => {
+                    let t = self.buffer(buf);
+                    let z = self.inner.alloc_f32(len)?;
+                    self.inner.copy(z.h, 0, t.h, offset, len)
+                }
+            };
         }
         let seqs: Vec<CAttnSeq> = p
             .seqs
@@ -1013,9 +1208,16 @@ impl Device for TtDevice {
                 n_blocks: s.block_table.len() as u64,
             })
             .collect();
+        self.xfer.args(
+            p.seqs
+                .iter()
+                .map(|s| 4 * (s.positions.len() + s.block_table.len()))
+                .sum::<usize>()
+                + 4 * p.sinks.map_or(0, <[f32]>::len),
+        );
         let inner = &*self.inner;
-        let qb = inner.upload(p.q)?;
-        let ob = inner.alloc_f32(out.len())?;
+        let qa = self.input(p.q)?;
+        let o = self.output(out, false, &[qa.h()])?;
         let cl = kv_layout(&l);
         // SAFETY: device open; `seqs` (and the slices its pointers come from, borrowed
         // from `p` for this call), `cl` and `sinks` are readable for the counts passed.
@@ -1025,7 +1227,7 @@ impl Device for TtDevice {
                 &cl,
                 kv.k,
                 kv.v,
-                qb.h,
+                qa.h(),
                 q_rows as u64,
                 seqs.as_ptr(),
                 seqs.len() as u64,
@@ -1033,11 +1235,11 @@ impl Device for TtDevice {
                 p.scale,
                 p.sinks.map_or(std::ptr::null(), |s| s.as_ptr()),
                 p.window.map_or(0, |w| w as u64),
-                ob.h,
+                o.arg.h(),
             )
         };
         inner.check(st, "paged_attention")?;
-        ob.read(out)
+        self.finish(o)
     }
 
     fn counters(&self) -> DeviceCounters {
@@ -1054,27 +1256,153 @@ impl Device for TtDevice {
 impl TtDevice {
     fn act_mul(
         &self,
-        gate: &[f32],
-        up: &[f32],
-        out: &mut [f32],
+        gate: View<'_>,
+        up: View<'_>,
+        out: ViewMut<'_>,
         gelu: bool,
     ) -> Result<(), HalError> {
         assert!(
             gate.len() == up.len() && up.len() == out.len(),
             "act_mul: lengths"
         );
+        let n = out.len();
         let inner = &*self.inner;
-        let gb = inner.upload(gate)?;
-        let ub = inner.upload(up)?;
-        let ob = inner.alloc_f32(out.len())?;
+        let ga = self.input(gate)?;
+        let ua = self.input(up)?;
+        let o = self.output(out, false, &[ga.h(), ua.h()])?;
         let f = if gelu {
             inner.rt.api().gelu_mul
         } else {
             inner.rt.api().silu_mul
         };
         // SAFETY: device open; handles belong to it.
-        let st = unsafe { f(inner.dev.0, gb.h, ub.h, out.len() as u64, ob.h) };
+        let st = unsafe { f(inner.dev.0, ga.h(), ua.h(), n as u64, o.arg.h()) };
         inner.check(st, if gelu { "gelu_mul" } else { "silu_mul" })?;
-        ob.read(out)
+        self.finish(o)
     }
+
+    /// The [`TtBuffer`] behind a device view. A buffer of another device is a caller bug
+    /// and panics, as weights and KV buffers of another device do.
+    fn buffer<'b>(&self, buf: &'b dyn DeviceBuffer) -> &'b TtBuffer {
+        match buf.as_any().downcast_ref::<TtBuffer>() {
+            Some(t) if Arc::ptr_eq(&t.inner, &self.inner) => t,
+            _ => panic!("a device buffer that was not allocated on this tt device"),
+        }
+    }
+
+    /// The buffer an op reads `v` from: a tensor's own handle when the view starts at its
+    /// first value (counts are explicit in the ABI, so a prefix is fine), else a scratch
+    /// copy made on the device; host values are uploaded into a scratch buffer (counted).
+    fn input(&self, v: View<'_>) -> Result<Arg<'_>, HalError> {
+        match v {
+            View::Host(s) => {
+                self.xfer.upload(s.len());
+                Ok(Arg::Scratch(self.inner.upload(s)?))
+            }
+            View::Device { buf, offset, len } => {
+                let t = self.buffer(buf);
+                if offset == 0 {
+                    Ok(Arg::Direct(t.h))
+                } else {
+                    let b = self.inner.alloc_f32(len)?;
+                    self.inner.copy(t.h, offset, b.h, 0, len)?;
+                    Ok(Arg::Scratch(b))
+                }
+            }
+        }
+    }
+
+    /// The buffer an op writes `v` through, and where its values go after the call
+    /// ([`finish`](Self::finish)). A device view at offset 0 is written in place unless
+    /// its buffer is also one of the op's inputs (`avoid`: the ABI refuses an output that
+    /// is an input); otherwise a scratch buffer, holding `v`'s values first when `init`
+    /// (ops that update in place), copied back on the device's side. Host values go
+    /// through a scratch buffer (an upload when `init`, and a download after).
+    fn output<'v>(
+        &self,
+        v: ViewMut<'v>,
+        init: bool,
+        avoid: &[u64],
+    ) -> Result<OutArg<'_, 'v>, HalError> {
+        match v {
+            ViewMut::Host(s) => {
+                let b = if init {
+                    self.xfer.upload(s.len());
+                    self.inner.upload(s)?
+                } else {
+                    self.inner.alloc_f32(s.len())?
+                };
+                Ok(OutArg {
+                    arg: Arg::Scratch(b),
+                    back: Back::Host(s),
+                })
+            }
+            ViewMut::Device { buf, offset, len } => {
+                let t = self.buffer(buf);
+                if offset == 0 && !avoid.contains(&t.h) {
+                    return Ok(OutArg {
+                        arg: Arg::Direct(t.h),
+                        back: Back::None,
+                    });
+                }
+                let b = self.inner.alloc_f32(len)?;
+                if init {
+                    self.inner.copy(t.h, offset, b.h, 0, len)?;
+                }
+                Ok(OutArg {
+                    arg: Arg::Scratch(b),
+                    back: Back::Device {
+                        h: t.h,
+                        offset,
+                        len,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Moves an output's values where they belong after the op: back to the host
+    /// (counted) or into the tensor's range on the device.
+    fn finish(&self, o: OutArg<'_, '_>) -> Result<(), HalError> {
+        match o.back {
+            Back::None => Ok(()),
+            Back::Host(s) => {
+                self.xfer.download(s.len());
+                self.inner.read_at(o.arg.h(), 0, s)
+            }
+            Back::Device { h, offset, len } => self.inner.copy(o.arg.h(), 0, h, offset, len),
+        }
+    }
+}
+
+/// A buffer handed to the adapter for one op: a tensor's own handle, or a scratch buffer
+/// freed after the op.
+enum Arg<'a> {
+    Direct(u64),
+    Scratch(DevBuf<'a>),
+}
+
+impl Arg<'_> {
+    fn h(&self) -> u64 {
+        match self {
+            Arg::Direct(h) => *h,
+            Arg::Scratch(b) => b.h,
+        }
+    }
+}
+
+/// Where an op's output goes after the call.
+enum Back<'v> {
+    /// Written in place.
+    None,
+    /// Copied on the device into `len` values of buffer `h` from `offset`.
+    Device { h: u64, offset: usize, len: usize },
+    /// Read back to host memory.
+    Host(&'v mut [f32]),
+}
+
+/// An op's output: the buffer it writes and where the values go after.
+struct OutArg<'a, 'v> {
+    arg: Arg<'a>,
+    back: Back<'v>,
 }

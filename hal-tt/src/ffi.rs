@@ -10,7 +10,7 @@ use flint_hal::{HalError, HalErrorKind};
 use libloading::Library;
 
 /// The ABI version this build speaks (`FLINT_TT_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// The environment variable naming the adapter library.
 pub const RUNTIME_ENV: &str = "FLINT_TT_RUNTIME";
@@ -113,7 +113,19 @@ pub struct CCounters {
     pub float_dispatches: u64,
     pub streamed_bytes: u64,
     pub dram_used_bytes: u64,
+    /// `flint_tt_buffer_write` calls and bytes (ABI 4).
+    pub host_writes: u64,
+    pub host_write_bytes: u64,
+    /// `flint_tt_buffer_read` calls and bytes (ABI 4).
+    pub host_reads: u64,
+    pub host_read_bytes: u64,
+    /// `flint_tt_buffer_copy` calls and bytes (ABI 4).
+    pub device_copies: u64,
+    pub device_copy_bytes: u64,
 }
+
+// The header's layout: ten u64.
+const _: () = assert!(std::mem::size_of::<CCounters>() == 80);
 
 type Dev = *mut c_void;
 
@@ -164,6 +176,7 @@ abi! {
     buffer_free = "flint_tt_buffer_free": fn(Dev, u64) -> i32;
     buffer_write = "flint_tt_buffer_write": fn(Dev, u64, u64, *const u8, u64) -> i32;
     buffer_read = "flint_tt_buffer_read": fn(Dev, u64, u64, *mut u8, u64) -> i32;
+    buffer_copy = "flint_tt_buffer_copy": fn(Dev, u64, u64, u64, u64, u64) -> i32;
     weight_stage = "flint_tt_weight_stage": fn(Dev, *const CWeightDesc, *mut u64) -> i32;
     weight_free = "flint_tt_weight_free": fn(Dev, u64) -> i32;
     matmul = "flint_tt_matmul": fn(Dev, u64, u64, u64, u64) -> i32;
@@ -181,7 +194,7 @@ abi! {
     scatter_add_weighted = "flint_tt_scatter_add_weighted":
         fn(Dev, u64, u64, u64, *const u32, *const f32, u64, u64) -> i32;
     route_topk = "flint_tt_route_topk":
-        fn(Dev, u64, u64, u32, *const f32, u32, u32, u32, f32, *mut u32, *mut f32) -> i32;
+        fn(Dev, u64, u64, u32, u64, u32, u32, u32, f32, *mut u32, *mut f32) -> i32;
     write_kv = "flint_tt_write_kv":
         fn(Dev, *const CKvLayout, u64, u64, u64, u64, *const u32, u64) -> i32;
     paged_attention = "flint_tt_paged_attention":

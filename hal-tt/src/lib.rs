@@ -19,6 +19,15 @@
 //! the registry's probe reports the same error, so `flint devices` and `FLINT_DEVICE=tt`
 //! say the same thing.
 //!
+//! **Tensors** (HAL v2): [`Device::alloc`](flint_hal::Device::alloc) returns
+//! [`TtBuffer`]s, adapter buffers freed on drop. Ops hand a device view that starts at
+//! its tensor's first value to the adapter as it is, copy one at an offset through a
+//! scratch buffer on the device (`flint_tt_buffer_copy`, ABI 4), and upload host views
+//! (and read host outputs back), counting each in
+//! [`Device::transfers`](flint_hal::Device::transfers): a forward on device tensors moves
+//! nothing over the bus but the MoE routing. Per-op index arguments are counted as
+//! `arg_bytes`; the adapter's own count is in [`TtCounters`].
+//!
 //! **Keep-quant staging** (on by default; `FLINT_KEEP_QUANT=0` selects the BF16 arm):
 //! block encodings the device admits ([`TtDevice::admits_kept`]) are staged verbatim;
 //! everything else that the host can decode is expanded on the host, without loss in the
@@ -36,7 +45,7 @@ mod device;
 mod ffi;
 pub mod staging;
 
-pub use device::{TtCounters, TtDevice, TtKv, TtWeight};
+pub use device::{TtBuffer, TtCounters, TtDevice, TtKv, TtWeight};
 pub use ffi::{search_list, Runtime, ABI_VERSION, RUNTIME_ENV, RUNTIME_FILE, SYMBOLS};
 pub use staging::{expandable, RESERVE_DIVISOR};
 

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{bf16_round, expert_bytes, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng};
+use common::{
+    bf16_round, expert_bytes, h, hm, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng,
+};
 use flint_core::GgmlType;
 use flint_hal::{Device, ExpertRow, HalErrorKind, KvLayout, Tier, WeightDesc, WeightKind};
 
@@ -100,7 +102,7 @@ fn census_streams_experts_only_in_the_bf16_arm() {
             },
         ];
         let mut out = vec![0.0; 2 * 64];
-        dev.expert_matmul(&**tower, &x, &rows, &mut out)
+        dev.expert_matmul(&**tower, h(&x), &rows, hm(&mut out))
             .expect("expert matmul");
         let per = 256 * 64;
         let mut want = Vec::new();

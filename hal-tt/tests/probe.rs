@@ -93,6 +93,15 @@ fn probe_reports_each_reason() {
     let m = unavailable_reason();
     assert!(m.contains("ABI version 2") && m.contains(&ours), "{m}");
     assert!(m.contains("rebuild the adapter"), "{m}");
+    // And one built for ABI 3: no `flint_tt_buffer_copy`, a `flint_tt_route_topk` that
+    // takes its bias from host memory and shorter counters. Refused naming both versions.
+    std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "3");
+    let m = unavailable_reason();
+    assert!(
+        m.contains("ABI version 3") && m.contains("needs version 4"),
+        "{m}"
+    );
+    assert_eq!(flint_hal_tt::ABI_VERSION, 4);
     std::env::remove_var("FLINT_TT_SIM_ABI_VERSION");
 
     // A device that fails to open.

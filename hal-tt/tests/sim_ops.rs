@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{bf16_round, expert_bytes, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng};
+use common::{
+    bf16_round, expert_bytes, h, hm, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng,
+};
 use flint_core::GgmlType;
 use flint_hal::{
     AttnSeq, Device, ExpertRow, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind,
@@ -30,7 +32,7 @@ fn matmul_q4k_kept_matches_reference_and_counts_block_dispatch() {
     let x = rng.vec(m * in_f);
     let mut out = vec![0.0; m * out_f];
     let before = dev.counters();
-    dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+    dev.matmul(&*w, h(&x), m, hm(&mut out)).expect("matmul");
     // The core oracle (Q8_K activations, as ggml pairs them with Q4_K) ...
     let want = matmul_core(GgmlType::Q4_K, desc.data.as_slice(), in_f, &x);
     let e = rel_rms(&out, &want);
@@ -62,7 +64,7 @@ fn bf16_arm_never_dispatches_blocks() {
     assert_eq!(w.info().resident_bytes, (in_f * out_f * 2) as u64);
     let x = rng.vec(m * in_f);
     let mut out = vec![0.0; m * out_f];
-    dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+    dev.matmul(&*w, h(&x), m, hm(&mut out)).expect("matmul");
     // Exactly the BF16-rounded weight, and close to the unrounded one.
     let e = rel_rms(&out, &matmul_ref(&bf16_round(&deq), in_f, &x));
     assert!(e < 1e-5, "vs bf16 weights: {e}");
@@ -101,7 +103,7 @@ fn arrangement_per_encoding() {
         assert_eq!(w.info().staged_ty, want_ty, "{ty}");
         let x = rng.vec(256);
         let mut out = vec![0.0; 4];
-        dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
+        dev.matmul(&*w, h(&x), 1, hm(&mut out)).expect("matmul");
         // Kept blocks and blocks expanded to F32 compute what the blocks compute
         // (activations rounded as ggml pairs them with the source encoding); float
         // tensors take f32 activations.
@@ -177,7 +179,7 @@ fn expert_case(keep_quant: bool) {
         })
         .collect();
     let mut out = vec![0.0; rows.len() * out_f];
-    dev.expert_matmul(&*w, &x, &rows, &mut out)
+    dev.expert_matmul(&*w, h(&x), &rows, hm(&mut out))
         .expect("expert matmul");
     let per = in_f * out_f;
     let mut want = Vec::new();
@@ -227,7 +229,7 @@ fn get_rows_and_elementwise_ops_match_core() {
     let w = dev.stage(&desc).expect("stage");
     let ids = [3u32, 9, 0, 3];
     let mut out = vec![0.0; ids.len() * d];
-    dev.get_rows(&*w, &ids, &mut out).expect("get_rows");
+    dev.get_rows(&*w, &ids, hm(&mut out)).expect("get_rows");
     for (i, &id) in ids.iter().enumerate() {
         assert_eq!(
             &out[i * d..(i + 1) * d],
@@ -235,7 +237,7 @@ fn get_rows_and_elementwise_ops_match_core() {
         );
     }
     let e = dev
-        .get_rows(&*w, &[10], &mut vec![0.0; d])
+        .get_rows(&*w, &[10], hm(&mut vec![0.0; d]))
         .expect_err("id out of range");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);
 
@@ -243,19 +245,19 @@ fn get_rows_and_elementwise_ops_match_core() {
     let x = rng.vec(3 * dim);
     let nw = rng.vec(dim);
     let mut got = vec![0.0; x.len()];
-    dev.rms_norm(&x, Some(&nw), 1e-6, dim, &mut got)
+    dev.rms_norm(h(&x), Some(h(&nw)), 1e-6, dim, hm(&mut got))
         .expect("rms_norm");
     let mut want = vec![0.0; x.len()];
     flint_core::math::rms_norm_rows(&x, Some(&nw), dim, 1e-6, &mut want);
     assert_eq!(got, want);
-    dev.rms_norm(&x, None, 1e-5, dim, &mut got)
+    dev.rms_norm(h(&x), None, 1e-5, dim, hm(&mut got))
         .expect("rms_norm");
     flint_core::math::rms_norm_rows(&x, None, dim, 1e-5, &mut want);
     assert_eq!(got, want);
 
     let mut res = x.clone();
     let delta = rng.vec(x.len());
-    dev.add_rms_norm(&mut res, &delta, &nw, 1e-6, dim, &mut got)
+    dev.add_rms_norm(hm(&mut res), h(&delta), h(&nw), 1e-6, dim, hm(&mut got))
         .expect("add_rms_norm");
     let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
     assert_eq!(res, sum);
@@ -289,7 +291,7 @@ fn get_rows_and_elementwise_ops_match_core() {
             };
             let mut xr = rng.vec(pos.len() * 48);
             let mut want = xr.clone();
-            dev.rope(&mut xr, &pos, &p).expect("rope");
+            dev.rope(hm(&mut xr), &pos, &p).expect("rope");
             for (row, &ps) in want.chunks_exact_mut(48).zip(&pos) {
                 flint_core::math::rope_heads(row, 16, ps, &p.config());
             }
@@ -300,7 +302,7 @@ fn get_rows_and_elementwise_ops_match_core() {
     let short = [1.0f32; 5];
     let e = dev
         .rope(
-            &mut [0.0; 48],
+            hm(&mut [0.0; 48]),
             &[3],
             &RopeParams {
                 freq_factors: Some(&short),
@@ -313,23 +315,23 @@ fn get_rows_and_elementwise_ops_match_core() {
     let bias = rng.vec(8);
     let x0 = rng.vec(5 * 8);
     let mut xb = x0.clone();
-    dev.add_bias(&mut xb, &bias).expect("add_bias");
+    dev.add_bias(hm(&mut xb), h(&bias)).expect("add_bias");
     for i in 0..40 {
         assert_eq!(xb[i], x0[i] + bias[i % 8], "add_bias [{i}]");
     }
     let e = dev
-        .add_bias(&mut xb, &bias[..7])
+        .add_bias(hm(&mut xb), h(&bias[..7]))
         .expect_err("a bias that does not divide x");
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
 
     let g = rng.vec(50);
     let u = rng.vec(50);
     let mut o = vec![0.0; 50];
-    dev.silu_mul(&g, &u, &mut o).expect("silu_mul");
+    dev.silu_mul(h(&g), h(&u), hm(&mut o)).expect("silu_mul");
     for i in 0..50 {
         assert_eq!(o[i], flint_core::math::silu(g[i]) * u[i]);
     }
-    dev.gelu_mul(&g, &u, &mut o).expect("gelu_mul");
+    dev.gelu_mul(h(&g), h(&u), hm(&mut o)).expect("gelu_mul");
     for i in 0..50 {
         // On fp16 operands, as the CPU backend and the reference forward compute it.
         assert_eq!(o[i], flint_core::math::gelu_tanh_ggml_f16(g[i]) * u[i]);
@@ -337,11 +339,11 @@ fn get_rows_and_elementwise_ops_match_core() {
         assert!((o[i] - exact).abs() <= 2e-3 * (1.0 + exact.abs()), "{i}");
     }
     let mut acc = g.clone();
-    dev.add(&mut acc, &u).expect("add");
+    dev.add(hm(&mut acc), h(&u)).expect("add");
     for i in 0..50 {
         assert_eq!(acc[i], g[i] + u[i]);
     }
-    dev.scale(&mut acc, 0.5).expect("scale");
+    dev.scale(hm(&mut acc), 0.5).expect("scale");
     for i in 0..50 {
         assert_eq!(acc[i], (g[i] + u[i]) * 0.5);
     }
@@ -352,7 +354,7 @@ fn get_rows_and_elementwise_ops_match_core() {
     let xs = rng.vec(4 * dim);
     let rows = [2u32, 0, 2, 1];
     let ws = [0.5f32, 0.25, 1.5, -1.0];
-    dev.scatter_add_weighted(&mut acc, &xs, &rows, &ws, dim)
+    dev.scatter_add_weighted(hm(&mut acc), h(&xs), &rows, &ws, dim)
         .expect("scatter");
     let mut want = start;
     for (i, &r) in rows.iter().enumerate() {
@@ -392,7 +394,7 @@ fn route_topk_matches_core() {
         };
         let mut ids = vec![0u32; rows * 4];
         let mut ws = vec![0.0f32; rows * 4];
-        dev.route_topk(&logits, n_exp, bias, &cfg, &mut ids, &mut ws)
+        dev.route_topk(h(&logits), n_exp, bias.map(h), &cfg, &mut ids, &mut ws)
             .expect("route");
         for r in 0..rows {
             let mut wi = [0u32; 4];
@@ -438,7 +440,8 @@ fn attention_case(sinks: bool, window: Option<usize>) {
         let slots: Vec<u32> = (0..*len)
             .map(|j| table[j / 4] * 4 + (j % 4) as u32)
             .collect();
-        dev.write_kv(&mut *kv, &k, &v, &slots).expect("write_kv");
+        dev.write_kv(&mut *kv, h(&k), h(&v), &slots)
+            .expect("write_kv");
         // The device keeps keys and values at fp16 precision.
         let k16: Vec<f32> = k.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
         let v16: Vec<f32> = v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
@@ -465,7 +468,7 @@ fn attention_case(sinks: bool, window: Option<usize>) {
         },
     ];
     let p = PagedAttention {
-        q: &q,
+        q: h(&q),
         seqs: &seqs,
         n_heads,
         scale,
@@ -473,7 +476,8 @@ fn attention_case(sinks: bool, window: Option<usize>) {
         window,
     };
     let mut out = vec![0.0; 4 * n_heads * 8];
-    dev.paged_attention(&*kv, &p, &mut out).expect("attention");
+    dev.paged_attention(&*kv, &p, hm(&mut out))
+        .expect("attention");
 
     let ap = flint_core::math::AttentionParams {
         n_head: n_heads,
@@ -528,7 +532,7 @@ fn weights_and_kv_of_another_device_are_refused() {
     let w = a.stage(&desc).expect("stage");
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut out = [0.0; 2];
-        let _ = b.matmul(&*w, &[0.0; 256], 1, &mut out);
+        let _ = b.matmul(&*w, h(&[0.0; 256]), 1, hm(&mut out));
     }));
     assert!(r.is_err(), "a weight from another device must panic");
 }
@@ -550,7 +554,7 @@ fn large_matmul_split_across_workers_matches_core() {
     let w = dev.stage(&desc).expect("stage");
     let x = rng.vec(m * in_f);
     let mut out = vec![0.0; m * out_f];
-    dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+    dev.matmul(&*w, h(&x), m, hm(&mut out)).expect("matmul");
     let want = matmul_core(GgmlType::Q5_K, desc.data.as_slice(), in_f, &x);
     assert!(rel_rms(&out, &want) < 1e-6);
 }
@@ -580,7 +584,7 @@ fn iq4_nl_is_kept_and_matches_core() {
     assert!(w.info().kept_quant);
     let x = rng.vec(in_f);
     let mut out = vec![0.0; out_f];
-    dev.matmul(&*w, &x, 1, &mut out).expect("matmul");
+    dev.matmul(&*w, h(&x), 1, hm(&mut out)).expect("matmul");
     assert!(rel_rms(&out, &matmul_core(GgmlType::IQ4_NL, &bytes, in_f, &x)) < 1e-6);
     assert_eq!(dev.counters().block_dispatches, 1);
 }
@@ -648,7 +652,7 @@ fn mxfp4_is_kept_and_matches_the_cpu_order() {
             .map(|i| (0.5 + rng.f().abs()) * if (i / 32) % 2 == 0 { 1.0 } else { -1.0 })
             .collect();
         let mut out = vec![0.0; m * out_f];
-        dev.matmul(&*w, &x, m, &mut out).expect("matmul");
+        dev.matmul(&*w, h(&x), m, hm(&mut out)).expect("matmul");
         let want = mxfp4_want(&bytes, in_f, &x);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&out), bits(&want), "m {m}");
@@ -670,7 +674,7 @@ fn mxfp4_is_kept_and_matches_the_cpu_order() {
         .collect();
     let mut out = vec![0.0; rows.len() * out_f];
     let before = dev.counters();
-    dev.expert_matmul(&*t, &x, &rows, &mut out)
+    dev.expert_matmul(&*t, h(&x), &rows, hm(&mut out))
         .expect("expert_matmul");
     for (j, r) in rows.iter().enumerate() {
         let i = r.input_row as usize;
@@ -708,7 +712,7 @@ fn concurrent_calls_on_one_device_agree() {
             s.spawn(move || {
                 for _ in 0..20 {
                     let mut out = vec![0.0; 32];
-                    dev.matmul(&*w, x, 1, &mut out).expect("matmul");
+                    dev.matmul(&*w, h(x), 1, hm(&mut out)).expect("matmul");
                     assert_eq!(out, matmul_core(GgmlType::Q4_K, bytes, 256, x));
                 }
             });
@@ -744,7 +748,7 @@ fn expansion_to_f16_and_f32() {
         assert!(!w.info().kept_quant);
         assert_eq!(w.info().resident_bytes, (256 * 8 * to.type_size()) as u64);
         let mut out = vec![0.0; 16];
-        dev.matmul(&*w, &x, 2, &mut out).expect("matmul");
+        dev.matmul(&*w, h(&x), 2, hm(&mut out)).expect("matmul");
         if to == GgmlType::F32 {
             // Lossless: the blocks' own arithmetic, bit for bit (`source_type`).
             assert_eq!(

@@ -6,6 +6,7 @@ use flint_core::GgmlType;
 use crate::ops::{
     DeltaNetShape, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
 };
+use crate::tensor::{Tensor, TransferCounter, Transfers, View, ViewMut};
 use crate::weights::{PlannedWeight, StagingPlan, Tier, WeightDesc, WeightHandle};
 use crate::{HalError, Weight};
 
@@ -24,8 +25,9 @@ pub struct DeviceCounters {
 
 /// The device interface. See the crate docs for the contract shared by all methods.
 ///
-/// Slices are row-major f32. Every method documents the lengths it expects; a call with
-/// other lengths is a caller bug and panics.
+/// Tensors are row-major f32 [views](View) of tensors the device allocated
+/// ([`alloc`](Device::alloc)), or of host memory. Every method documents the lengths it
+/// expects; a call with other lengths is a caller bug and panics.
 pub trait Device: Send + Sync + fmt::Debug {
     /// The registry name (`cpu`, `tt`, ...).
     fn name(&self) -> &str;
@@ -36,6 +38,72 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Whether this device implements `op` for weights encoded as `ty` (`ty` is
     /// ignored for ops that take no weight; pass `None`).
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool;
+
+    /// A tensor of `len` f32 values in this device's memory, zeroed. The default
+    /// allocates host memory (devices that compute on the host keep the default).
+    fn alloc(&self, len: usize) -> Result<Tensor, HalError> {
+        Ok(Tensor::Host(vec![0.0; len]))
+    }
+
+    /// The device's count of host-device traffic (see [`Transfers`]). Every device
+    /// keeps one; [`upload`](Device::upload), [`download`](Device::download) and ops
+    /// handed host views add to it.
+    fn transfer_counter(&self) -> &TransferCounter;
+
+    /// Host-device traffic since the device was opened.
+    fn transfers(&self) -> Transfers {
+        self.transfer_counter().get()
+    }
+
+    /// Copies host values into a tensor of this device: `dst = src`
+    /// (`src.len() == dst.len()`). Counted as one upload.
+    fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "upload: lengths differ");
+        self.transfer_counter().upload(src.len());
+        dst.host().copy_from_slice(src);
+        Ok(())
+    }
+
+    /// A new tensor holding `src` (an [`alloc`](Device::alloc) and an
+    /// [`upload`](Device::upload)).
+    fn upload_new(&self, src: &[f32]) -> Result<Tensor, HalError> {
+        let mut t = self.alloc(src.len())?;
+        self.upload(src, t.view_mut())?;
+        Ok(t)
+    }
+
+    /// Copies a tensor's values to host memory: `dst = src` (`src.len() == dst.len()`).
+    /// Counted as one download.
+    fn download(&self, src: View<'_>, dst: &mut [f32]) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "download: lengths differ");
+        self.transfer_counter().download(src.len());
+        dst.copy_from_slice(src.host());
+        Ok(())
+    }
+
+    /// A tensor's values as a host vector, consuming it: a host tensor is handed over
+    /// without a copy. Counted as one download either way.
+    fn download_tensor(&self, t: Tensor) -> Result<Vec<f32>, HalError> {
+        match t {
+            Tensor::Host(v) => {
+                self.transfer_counter().download(v.len());
+                Ok(v)
+            }
+            Tensor::Device(_) => {
+                let mut v = vec![0.0; t.len()];
+                self.download(t.view(), &mut v)?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// `dst = src` between two tensors of this device (`src.len() == dst.len()`), on
+    /// the device's side.
+    fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "copy: lengths differ");
+        dst.host().copy_from_slice(src.host());
+        Ok(())
+    }
 
     /// What staging each of `weights` would do, decided against the device's memory,
     /// without staging anything. The default: everything resident, kept as it is.
@@ -65,7 +133,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `out[i][o] = sum_k W[o][k] * x[i][k]` for a weight `[in, out]`.
     ///
     /// `x.len() == m * in`, `out.len() == m * out`; `m >= 1`.
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError>;
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError>;
 
     /// [`Device::matmul`] of several weights on the same input (a layer's query, key and
     /// value projections; an MLP's gate and up): `outs[i] = matmul(ws[i], x)`, each
@@ -75,13 +149,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         m: usize,
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per weight");
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.matmul(*w, x, m, out)?;
+            self.matmul(*w, x, m, out.reborrow())?;
         }
         Ok(())
     }
@@ -94,9 +168,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// [`expert_matmul`](Device::expert_matmul) of several towers (the gate and up
@@ -107,9 +181,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn expert_matmul_multi(
         &self,
         ws: &[&dyn Weight],
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        outs: &mut [&mut [f32]],
+        outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         assert_eq!(
             ws.len(),
@@ -117,55 +191,60 @@ pub trait Device: Send + Sync + fmt::Debug {
             "expert_matmul_multi: one output per weight"
         );
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.expert_matmul(*w, x, rows, out)?;
+            self.expert_matmul(*w, x, rows, out.reborrow())?;
         }
         Ok(())
     }
 
     /// Embedding gather: `out[i] = dequant(W row ids[i])` for a weight `[d, V]`.
     /// `out.len() == ids.len() * d`. An id `>= V` is `InvalidInput`.
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError>;
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError>;
 
     /// RMSNorm of every row of `dim` values: `out = x / sqrt(mean(x^2) + eps) * weight`
     /// (no multiplication when `weight` is `None`). Used per head with `dim = head_dim`.
     /// `x.len() == out.len()`, a multiple of `dim`; `weight.len() == dim`.
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// Fused residual add and RMSNorm: `residual += delta` (exactly once), then
     /// `out = rmsnorm(residual) * weight` row by row.
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]` (see
     /// [`RopeParams`]). Parameters that [`RopeParams::check`] refuses are `InvalidInput`.
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError>;
+    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError>;
 
     /// `out = silu(gate) * up`, element-wise.
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError>;
 
     /// `out = gelu_tanh(gate) * up`, element-wise.
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError>;
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError>;
 
     /// gpt-oss's clamped SwiGLU, element-wise: `out = swiglu_oai(gate, up)`
     /// (`flint_core::math::swiglu_oai`: the gate clamped above and the up branch on both
     /// sides at 7, `x * sigmoid(1.702 x) * (y + 1)`). A device without it says so in
     /// [`supports`](Self::supports) and returns `Unsupported` (the default): models with
     /// this activation then cannot be staged on it.
-    fn swiglu_oai_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn swiglu_oai_mul(
+        &self,
+        gate: View<'_>,
+        up: View<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         let _ = (gate, up, out);
         Err(HalError::unsupported(format!(
             "{}: swiglu_oai_mul (gpt-oss's activation)",
@@ -174,22 +253,22 @@ pub trait Device: Send + Sync + fmt::Debug {
     }
 
     /// `acc += x`, element-wise.
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError>;
+    fn add(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError>;
 
     /// `x[r * bias.len() + j] += bias[j]`: `bias` added to every row of `x` (a projection's
     /// bias on a batch of rows). `InvalidInput` when `bias` is empty or its length does
     /// not divide `x.len()` (a bias tensor that does not match its projection).
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError>;
+    fn add_bias(&self, x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError>;
 
     /// `x *= s`, element-wise.
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError>;
+    fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError>;
 
     /// MoE combine: `acc[rows[i]] += weights[i] * x[i]` for rows of `dim` values.
     /// `x.len() == rows.len() * dim == weights.len() * dim`.
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
@@ -200,9 +279,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// descending order of `score + bias`.
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
@@ -218,11 +297,11 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`supports`](Self::supports) and returns `Unsupported` (the default).
     fn ssm_conv_silu(
         &self,
-        x: &[f32],
-        weight: &[f32],
+        x: View<'_>,
+        weight: View<'_>,
         d_conv: usize,
-        state: &mut [f32],
-        out: &mut [f32],
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let _ = (x, weight, d_conv, state, out);
         Err(HalError::unsupported(format!(
@@ -243,13 +322,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn gated_delta_net(
         &self,
         shape: &DeltaNetShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        state: &mut [f32],
-        out: &mut [f32],
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let _ = (shape, q, k, v, g, beta, state, out);
         Err(HalError::unsupported(format!(
@@ -273,8 +352,8 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError>;
 
@@ -284,7 +363,7 @@ pub trait Device: Send + Sync + fmt::Debug {
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// Whether every op gives a row the same bits whatever other rows share its call.

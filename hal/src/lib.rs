@@ -4,10 +4,24 @@
 //!
 //! A backend is a type implementing [`Device`]. The engine only ever holds it as
 //! `Arc<dyn Device>` ([`DeviceRef`]), chosen at run time by name through a [`Registry`]
-//! (`FLINT_DEVICE`, default `cpu`). The trait is object-safe and synchronous: when a
-//! method returns, its outputs are written.
+//! (`FLINT_DEVICE`, default `cpu`). The trait is object-safe and synchronous from the
+//! caller's side: when a method returns, its outputs are what every later call on the
+//! device sees, and host memory it was handed (a host view, a `download`'s destination,
+//! routing outputs) is written. A device may queue work on its own tensors and finish it
+//! before the next host-visible result, so one that records a whole step and replays it
+//! (as CUDA graphs or Tenstorrent trace do) can do so inside [`Device::run_step`], which
+//! the engine calls once per forward step.
 //!
-//! **Data.** Activations are row-major `f32` host slices. Weights are *staged* once:
+//! **Data.** Activations, scratch and recurrent states are row-major `f32`
+//! [`Tensor`]s that the device allocates ([`Device::alloc`]): host memory on devices that
+//! compute on the host, device buffers behind a handle on accelerators. Ops take
+//! [`View`]s and [`ViewMut`]s of them; host memory is always a valid view, and an
+//! accelerator handed one moves it in and out itself. Data crosses between host and
+//! device only through [`Device::upload`] and [`Device::download`] (and such host
+//! views), and every device counts it ([`Transfers`]). Per step the engine hands over
+//! per-op index arguments (token ids, positions, slot mappings, block tables, expert
+//! rows; counted apart as `arg_bytes`) and downloads the logits rows it samples from
+//! (and, on MoE layers, the routing). Weights are *staged* once:
 //! [`Device::stage`] receives the raw GGUF bytes of a tensor ([`WeightDesc`]) and returns
 //! an opaque [`WeightHandle`]; the backend decides whether it keeps the block encoding
 //! as it is ("keep-quant") or expands it, and reports what it holds resident and what it
@@ -45,6 +59,7 @@ mod device;
 mod error;
 mod ops;
 mod registry;
+mod tensor;
 mod weights;
 
 pub use device::{Device, DeviceCounters, DeviceRef};
@@ -54,6 +69,7 @@ pub use ops::{
     RopeConfig, RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
+pub use tensor::{DeviceBuffer, Tensor, TransferCounter, Transfers, View, ViewMut};
 pub use weights::{
     PlannedWeight, ReleaseHook, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
     WeightHandle, WeightKind, WeightSource,

@@ -46,11 +46,13 @@ pub enum Op {
     SsmConvSilu,
     /// [`Device::gated_delta_net`](crate::Device::gated_delta_net).
     GatedDeltaNet,
+    /// [`Device::copy`](crate::Device::copy).
+    Copy,
 }
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -70,6 +72,7 @@ impl Op {
         Op::PagedAttention,
         Op::SsmConvSilu,
         Op::GatedDeltaNet,
+        Op::Copy,
     ];
 
     /// A short lower-case name (`matmul`, `paged_attention`, ...), used by
@@ -95,6 +98,7 @@ impl Op {
             Op::PagedAttention => "paged_attention",
             Op::SsmConvSilu => "ssm_conv_silu",
             Op::GatedDeltaNet => "gated_delta_net",
+            Op::Copy => "copy",
         }
     }
 
@@ -283,7 +287,7 @@ pub struct AttnSeq<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct PagedAttention<'a> {
     /// Queries, `[n_rows, n_heads * head_dim_k]`, already normed and rotated.
-    pub q: &'a [f32],
+    pub q: crate::View<'a>,
     /// The sequences; their query rows must not overlap.
     pub seqs: &'a [AttnSeq<'a>],
     /// Query heads; a multiple of the layout's `n_kv_heads` (GQA: head `h` reads KV head

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use flint_conformance::registry;
 use flint_hal::{
     AttnSeq, DeltaNetShape, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, Weight,
-    WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
+    KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, TransferCounter,
+    View, ViewMut, Weight, WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
 };
 
 /// The defect a [`Broken`] device injects.
@@ -53,14 +53,24 @@ pub enum Defect {
     /// `gated_delta_net` starts every call from a zero state instead of the carried one
     /// (a backend that keeps no state between the calls of a chunked prefill).
     DeltaStateNotCarried,
+    /// `scale` takes its tensor to the host and back (a device that computes an op on
+    /// the host): a download and an upload for each call.
+    ScaleOnHost,
+    /// `upload` moves its values in two calls of half each.
+    UploadInHalves,
+    /// `copy` leaves the last value of the destination unwritten.
+    CopyOneShort,
     /// Claims nothing at all.
     SupportsNothing,
 }
 
-/// A device that delegates to `inner` except for its one [`Defect`].
+/// A device that delegates to `inner` except for its one [`Defect`]. Its tensors are
+/// host memory (the trait's defaults), as the cpu device's are, so that the views it
+/// hands on are the inner device's own; it counts its own transfers.
 pub struct Broken {
     inner: DeviceRef,
     defect: Defect,
+    transfers: TransferCounter,
     /// `SharedSlotMapping`: the first mapping seen, per number of tokens.
     slots: Mutex<HashMap<usize, Vec<u32>>>,
     /// `SharedBlockTable`: the first tables seen, per sequence index.
@@ -88,6 +98,7 @@ impl Broken {
         Arc::new(Self {
             inner: cpu(),
             defect,
+            transfers: TransferCounter::default(),
             slots: Mutex::new(HashMap::new()),
             tables: Mutex::new(HashMap::new()),
             keys: Mutex::new(HashMap::new()),
@@ -110,6 +121,33 @@ impl Device for Broken {
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
         self.defect != Defect::SupportsNothing && self.inner.supports(op, ty)
+    }
+
+    fn transfer_counter(&self) -> &TransferCounter {
+        &self.transfers
+    }
+
+    fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
+        if self.defect == Defect::UploadInHalves && src.len() > 1 {
+            let h = src.len() / 2;
+            let (a, b) = dst.split_at(h);
+            self.transfers.upload(h);
+            self.transfers.upload(src.len() - h);
+            a.host().copy_from_slice(&src[..h]);
+            b.host().copy_from_slice(&src[h..]);
+            return Ok(());
+        }
+        self.transfers.upload(src.len());
+        dst.host().copy_from_slice(src);
+        Ok(())
+    }
+
+    fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
+        if self.defect == Defect::CopyOneShort && !src.is_empty() {
+            let n = src.len() - 1;
+            return self.inner.copy(src.slice(0..n), dst.into_slice(0..n));
+        }
+        self.inner.copy(src, dst)
     }
 
     fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
@@ -139,10 +177,17 @@ impl Device for Broken {
         self.inner.stage(desc)
     }
 
-    fn matmul(&self, w: &dyn Weight, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), HalError> {
+    fn matmul(
+        &self,
+        w: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         if self.defect == Defect::TileRemainder {
+            let out = out.host();
             let mut tmp = vec![0.0f32; out.len()];
-            self.inner.matmul(w, x, m, &mut tmp)?;
+            self.inner.matmul(w, x, m, (&mut tmp[..]).into())?;
             let n = out.len() / m;
             let whole = n - n % 4;
             for (o, t) in out.chunks_exact_mut(n).zip(tmp.chunks_exact(n)) {
@@ -156,33 +201,39 @@ impl Device for Broken {
     fn expert_matmul(
         &self,
         w: &dyn Weight,
-        x: &[f32],
+        x: View<'_>,
         rows: &[ExpertRow],
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         self.inner.expert_matmul(w, x, rows, out)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: &mut [f32]) -> Result<(), HalError> {
+    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
         self.inner.get_rows(w, ids, out)
     }
 
     fn rms_norm(
         &self,
-        x: &[f32],
-        weight: Option<&[f32]>,
+        x: View<'_>,
+        weight: Option<View<'_>>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         if self.defect == Defect::PerHeadNormView && x.len() > dim {
+            let (x, out) = (x.host(), out.host());
             out.copy_from_slice(x);
             for h in 0..x.len() / dim {
                 let start = h * dim;
                 let view = if h == 0 { 0 } else { start - 1 };
                 let input = out[view..view + dim].to_vec();
-                self.inner
-                    .rms_norm(&input, weight, eps, dim, &mut out[start..start + dim])?;
+                self.inner.rms_norm(
+                    (&input[..]).into(),
+                    weight,
+                    eps,
+                    dim,
+                    (&mut out[start..start + dim]).into(),
+                )?;
             }
             return Ok(());
         }
@@ -191,26 +242,26 @@ impl Device for Broken {
 
     fn add_rms_norm(
         &self,
-        residual: &mut [f32],
-        delta: &[f32],
-        weight: &[f32],
+        mut residual: ViewMut<'_>,
+        delta: View<'_>,
+        weight: View<'_>,
         eps: f32,
         dim: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         if self.defect == Defect::ResidualTwice {
-            let old = residual.to_vec();
+            let old = residual.as_view().host().to_vec();
             self.inner
-                .add_rms_norm(residual, delta, weight, eps, dim, out)?;
+                .add_rms_norm(residual.reborrow(), delta, weight, eps, dim, out)?;
             // The output is right (and rmsnorm would hide a doubled residual anyway);
             // only the live residual buffer shows the defect.
-            return self.inner.add(residual, &old);
+            return self.inner.add(residual, (&old[..]).into());
         }
         self.inner
             .add_rms_norm(residual, delta, weight, eps, dim, out)
     }
 
-    fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
         let mut q = *p;
         match self.defect {
             Defect::RopeAlwaysNeox => q.kind = RopeKind::Neox,
@@ -226,33 +277,37 @@ impl Device for Broken {
         self.inner.rope(x, positions, &q)
     }
 
-    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), HalError> {
+    fn add_bias(&self, x: ViewMut<'_>, bias: View<'_>) -> Result<(), HalError> {
         if self.defect == Defect::BiasFirstRowOnly && x.len() > bias.len() {
-            return self.inner.add_bias(&mut x[..bias.len()], bias);
+            return self.inner.add_bias(x.into_slice(0..bias.len()), bias);
         }
         self.inner.add_bias(x, bias)
     }
 
-    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
         self.inner.silu_mul(gate, up, out)
     }
 
-    fn gelu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), HalError> {
+    fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
         self.inner.gelu_mul(gate, up, out)
     }
 
-    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), HalError> {
+    fn add(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
         self.inner.add(acc, x)
     }
 
-    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), HalError> {
+    fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError> {
+        if self.defect == Defect::ScaleOnHost {
+            self.transfers.download(x.len());
+            self.transfers.upload(x.len());
+        }
         self.inner.scale(x, s)
     }
 
     fn scatter_add_weighted(
         &self,
-        acc: &mut [f32],
-        x: &[f32],
+        acc: ViewMut<'_>,
+        x: View<'_>,
         rows: &[u32],
         weights: &[f32],
         dim: usize,
@@ -262,9 +317,9 @@ impl Device for Broken {
 
     fn route_topk(
         &self,
-        logits: &[f32],
+        logits: View<'_>,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: Option<View<'_>>,
         cfg: &RoutingConfig,
         ids: &mut [u32],
         weights: &mut [f32],
@@ -275,11 +330,11 @@ impl Device for Broken {
 
     fn ssm_conv_silu(
         &self,
-        x: &[f32],
-        weight: &[f32],
+        x: View<'_>,
+        weight: View<'_>,
         d_conv: usize,
-        state: &mut [f32],
-        out: &mut [f32],
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         self.inner.ssm_conv_silu(x, weight, d_conv, state, out)
     }
@@ -287,16 +342,16 @@ impl Device for Broken {
     fn gated_delta_net(
         &self,
         shape: &DeltaNetShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        state: &mut [f32],
-        out: &mut [f32],
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        mut state: ViewMut<'_>,
+        out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         if self.defect == Defect::DeltaStateNotCarried {
-            state.fill(0.0);
+            state.reborrow().host().fill(0.0);
         }
         self.inner
             .gated_delta_net(shape, q, k, v, g, beta, state, out)
@@ -309,8 +364,8 @@ impl Device for Broken {
     fn write_kv(
         &self,
         kv: &mut dyn KvBuffer,
-        k: &[f32],
-        v: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         slots: &[u32],
     ) -> Result<(), HalError> {
         match self.defect {
@@ -333,7 +388,8 @@ impl Device for Broken {
                     .or_insert_with(|| vec![0.0; l.num_slots() * row]);
                 for (i, &s) in slots.iter().enumerate() {
                     let s = s as usize;
-                    shadow[s * row..(s + 1) * row].copy_from_slice(&k[i * row..(i + 1) * row]);
+                    shadow[s * row..(s + 1) * row]
+                        .copy_from_slice(&k.host()[i * row..(i + 1) * row]);
                 }
                 drop(keys);
                 self.inner.write_kv(kv, k, v, slots)
@@ -346,7 +402,7 @@ impl Device for Broken {
         &self,
         kv: &dyn KvBuffer,
         p: &PagedAttention<'_>,
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
         if self.defect == Defect::SharedBlockTable {
             let tables: Vec<Vec<u32>> = {
@@ -391,7 +447,8 @@ impl Device for Broken {
         for seq in p.seqs {
             for (r, &pos) in seq.positions.iter().enumerate() {
                 let row = seq.q_start + r;
-                let q = &p.q[row * hq * dk..(row + 1) * hq * dk];
+                let q = p.q.slice(row * hq * dk..(row + 1) * hq * dk);
+                let qs = q.host();
                 let lo = flint_core::math::window_start(pos as usize, p.window);
                 let mut m_final = sinks.to_vec();
                 for (h, m) in m_final.iter_mut().enumerate() {
@@ -403,7 +460,7 @@ impl Device for Broken {
                         }
                         let slot = block as usize * bs + j % bs;
                         let kj = &shadow[(slot * l.n_kv_heads + g) * dk..][..dk];
-                        let qh = &q[h * dk..(h + 1) * dk];
+                        let qh = &qs[h * dk..(h + 1) * dk];
                         let s: f32 = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * p.scale;
                         *m = m.max(s);
                     }
@@ -422,7 +479,7 @@ impl Device for Broken {
                 self.inner.paged_attention(
                     kv,
                     &single,
-                    &mut out[row * hq * dv..(row + 1) * hq * dv],
+                    out.slice_mut(row * hq * dv..(row + 1) * hq * dv),
                 )?;
             }
         }

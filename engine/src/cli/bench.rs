@@ -12,6 +12,7 @@ use crate::model::load_on_device;
 use crate::sample::{SamplerConfig, StopConditions};
 use crate::sched::{LLMEngine, RequestParams};
 use crate::serve::{build_engine, EngineSettings};
+use flint_hal::{DeviceRef, Transfers};
 use flint_loader::gguf::Residence;
 
 /// Arguments of `flint bench`.
@@ -77,6 +78,8 @@ struct Run {
     dec_tokens: usize,
     dec_time: f64,
     dec_steps: usize,
+    /// Host-device traffic of those decode steps.
+    dec_transfers: Transfers,
 }
 
 impl Run {
@@ -88,6 +91,18 @@ impl Run {
     fn tpot_ms(&self) -> f64 {
         1000.0 * self.dec_time / self.dec_steps.max(1) as f64
     }
+
+    /// Host-device traffic per decode step: copies, bytes they moved, bytes of per-op
+    /// arguments.
+    fn transfers_per_step(&self) -> (f64, f64, f64) {
+        let s = self.dec_steps.max(1) as f64;
+        let t = &self.dec_transfers;
+        (
+            t.calls() as f64 / s,
+            t.bytes() as f64 / s,
+            t.arg_bytes as f64 / s,
+        )
+    }
 }
 
 /// Runs `prompts` (each generating `max_tokens`) to the end with at most `running` of
@@ -96,17 +111,21 @@ impl Run {
 /// when `profile_prefill`, the others otherwise.
 fn drain(
     engine: &mut LLMEngine<PagedModel>,
+    dev: &DeviceRef,
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
     running: usize,
     profile_prefill: bool,
 ) -> Result<Run, CliError> {
     // The loop in one device session: steps start without a hand-off between threads.
-    engine.in_session(|engine| drain_steps(engine, prompts, max_tokens, running, profile_prefill))
+    engine.in_session(|engine| {
+        drain_steps(engine, dev, prompts, max_tokens, running, profile_prefill)
+    })
 }
 
 fn drain_steps(
     engine: &mut LLMEngine<PagedModel>,
+    dev: &DeviceRef,
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
     running: usize,
@@ -123,15 +142,23 @@ fn drain_steps(
         if !engine.has_unfinished() {
             break;
         }
+        let before = dev.transfers();
         let ts = Instant::now();
         engine.step()?;
         let dt = ts.elapsed().as_secs_f64();
+        let moved = dev.transfers().since(&before);
         let st = engine.last_step();
         profile::end_step(st.has_prefill == profile_prefill);
         if !st.has_prefill {
             run.dec_tokens += st.sampled;
             run.dec_time += dt;
             run.dec_steps += 1;
+            let t = &mut run.dec_transfers;
+            t.uploads += moved.uploads;
+            t.upload_bytes += moved.upload_bytes;
+            t.downloads += moved.downloads;
+            t.download_bytes += moved.download_bytes;
+            t.arg_bytes += moved.arg_bytes;
         }
     }
     run.wall = t0.elapsed().as_secs_f64();
@@ -149,7 +176,8 @@ fn print_profile(phase: &str) {
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let path = crate::cli::model_path::resolve(&args.model)?;
     let loaded = load_on_device(&path, args.device.as_deref(), !args.json)?;
-    let device = loaded.device_model.device().name().to_string();
+    let dev = loaded.device_model.device().clone();
+    let device = dev.name().to_string();
     let residence = loaded.residence;
     let vocab = loaded.device_model.spec().vocab;
     let threads = std::env::var("FLINT_THREADS")
@@ -166,26 +194,34 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let (mut engine, _tok, _) = build_engine(loaded, &settings)?;
 
     // Warm-up: touch every weight once (page-in of the mmap), not measured.
-    drain(&mut engine, vec![prompt(vocab, 8, 99)], 2, 1, true)?;
+    drain(&mut engine, &dev, vec![prompt(vocab, 8, 99)], 2, 1, true)?;
     let _ = profile::take_report("warm-up");
 
     // Prefill: 1 x 512 prompt tokens, one generated token (its logits end the prefill).
-    let prefill = drain(&mut engine, vec![prompt(vocab, 512, 1)], 1, 1, true)?;
+    let prefill = drain(&mut engine, &dev, vec![prompt(vocab, 512, 1)], 1, 1, true)?;
     print_profile("prefill 1 x 512");
     let prefill_tok_s = 512.0 / prefill.wall;
 
     // Decode: 1 x 8 prompt tokens, decode_tokens generated, c = 1.
     let n_gen = args.decode_tokens.max(2);
-    let decode = drain(&mut engine, vec![prompt(vocab, 8, 2)], n_gen, 1, false)?;
+    let decode = drain(
+        &mut engine,
+        &dev,
+        vec![prompt(vocab, 8, 2)],
+        n_gen,
+        1,
+        false,
+    )?;
     print_profile("decode c=1 (decode steps)");
     let decode_tok_s = decode.decode_tok_s();
     let tpot_ms = decode.tpot_ms();
+    let xfer = decode.transfers_per_step();
 
     // Aggregate: 8 requests x 128 prompt tokens / 32 generated (`--aggregate-tokens`),
     // at most 4 running.
     let agg_gen = args.aggregate_tokens.max(1);
     let prompts = (0..8).map(|i| prompt(vocab, 128, 10 + i)).collect();
-    let agg = drain(&mut engine, prompts, agg_gen, 4, false)?;
+    let agg = drain(&mut engine, &dev, prompts, agg_gen, 4, false)?;
     print_profile("aggregate c=4 (decode steps)");
     let wall = agg.wall;
     let output_tok_s = (8 * agg_gen) as f64 / wall;
@@ -200,7 +236,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     // without it the first level to reach new blocks pays for them in `write_kv`.
     if let Some(&c) = levels.iter().max() {
         let prompts = (0..c).map(|i| prompt(vocab, 128, 500 + i as u64)).collect();
-        drain(&mut engine, prompts, agg_gen, c, false)?;
+        drain(&mut engine, &dev, prompts, agg_gen, c, false)?;
         let _ = profile::take_report("warm-up");
     }
     let mut curve = Vec::with_capacity(levels.len());
@@ -208,7 +244,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         let prompts = (0..c)
             .map(|i| prompt(vocab, 128, 1000 * (k as u64 + 1) + i as u64))
             .collect();
-        let r = drain(&mut engine, prompts, agg_gen, c, false)?;
+        let r = drain(&mut engine, &dev, prompts, agg_gen, c, false)?;
         print_profile(&format!("concurrency c={c} (decode steps)"));
         curve.push((c, r));
     }
@@ -228,7 +264,9 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             },
             "prefill": {"prompt_tokens": 512, "tok_s": prefill_tok_s},
             "decode": {"prompt_tokens": 8, "generated": n_gen, "tok_s": decode_tok_s,
-                       "tpot_ms": tpot_ms},
+                       "tpot_ms": tpot_ms,
+                       "transfers_per_step": {"calls": xfer.0, "bytes": xfer.1,
+                                              "arg_bytes": xfer.2}},
             "aggregate": {"requests": 8, "concurrency": 4, "prompt_tokens": 128,
                           "generated": agg_gen, "output_tok_s": output_tok_s,
                           "decode_tok_s": agg_decode_tok_s, "wall_s": wall,
@@ -254,6 +292,10 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         println!("prefill    1 x 512 in            {prefill_tok_s:10.1} tok/s");
         println!(
             "decode     1 x 8 in, {n_gen} out, c=1 {decode_tok_s:10.1} tok/s   TPOT {tpot_ms:.2} ms"
+        );
+        println!(
+            "transfers  per decode step: {:.1} host-device copies, {:.0} bytes; {:.0} bytes of op arguments",
+            xfer.0, xfer.1, xfer.2
         );
         println!(
             "aggregate  8 x 128 in / {agg_gen} out, c=4 {output_tok_s:10.1} output tok/s   {agg_decode_tok_s:.1} decode tok/s ({decode_speedup:.2}x c=1)   wall {wall:.2} s"

@@ -19,10 +19,12 @@
 //! [`Session`] wraps this for one sequence with a trivial block table (the CLI, the
 //! gates); the paged engine builds its batches itself.
 
+use std::borrow::Cow;
+
 use flint_core::math::{delta_net_gate, l2_norm_heads, sigmoid_ggml};
 use flint_hal::{
-    AttnSeq, DeviceRef, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams,
-    RoutingConfig, WeightDesc, WeightHandle, WeightKind,
+    AttnSeq, Device, DeviceRef, ExpertRow, HalError, KvBuffer, KvLayout, Op, PagedAttention,
+    RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle, WeightKind,
 };
 
 use crate::forward::profile::timed;
@@ -36,9 +38,9 @@ use crate::model::{
 #[derive(Debug)]
 struct DevParallel {
     mlp: DevMlp,
-    post_norm_1: Vec<f32>,
-    pre_norm_2: Vec<f32>,
-    post_norm_2: Vec<f32>,
+    post_norm_1: Tensor,
+    pre_norm_2: Tensor,
+    post_norm_2: Tensor,
 }
 
 /// Gemma 4's per-layer token embeddings, the model's part, staged.
@@ -46,7 +48,7 @@ struct DevParallel {
 struct DevPerLayerInputs {
     token_embd: WeightHandle,
     model_proj: WeightHandle,
-    proj_norm: Vec<f32>,
+    proj_norm: Tensor,
 }
 
 /// Gemma 4's per-layer input, a layer's part, staged.
@@ -54,17 +56,17 @@ struct DevPerLayerInputs {
 struct DevLayerInput {
     inp_gate: WeightHandle,
     proj: WeightHandle,
-    post_norm: Vec<f32>,
+    post_norm: Tensor,
 }
 
 /// The gate, up and hidden activations of an MLP or of the routed experts, and the
 /// experts' outputs, kept across the layers of a step.
 #[derive(Debug, Default)]
 struct MlpBufs {
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    hidden: Vec<f32>,
-    expert_out: Vec<f32>,
+    gate: Buf,
+    up: Buf,
+    hidden: Buf,
+    expert_out: Buf,
     /// The routing and branch buffers of an MoE layer, and a per-layer input's.
     moe: MoeBufs,
 }
@@ -75,13 +77,56 @@ struct MlpBufs {
 /// of a step, grown when needed.
 #[derive(Debug, Default)]
 struct MoeBufs {
-    expert_in: Vec<f32>,
-    router_in: Vec<f32>,
-    logits: Vec<f32>,
+    expert_in: Buf,
+    router_in: Buf,
+    logits: Buf,
     ids: Vec<u32>,
     weights: Vec<f32>,
-    branch_out: Vec<f32>,
-    scratch: Vec<f32>,
+    branch_out: Buf,
+    scratch: Buf,
+    /// Zeros, for clearing a device buffer (see [`zero`]).
+    zeros: Buf,
+    /// The chosen experts' biases, a row per routed row.
+    bias_rows: Buf,
+}
+
+/// A device tensor kept across the layers of a step, grown when a layer needs more.
+#[derive(Debug, Default)]
+struct Buf(Option<Tensor>);
+
+impl Buf {
+    /// A buffer of `len` values from the device.
+    fn new(dev: &dyn Device, len: usize) -> Result<Self, HalError> {
+        Ok(Self(Some(dev.alloc(len)?)))
+    }
+
+    /// Its first `len` values, the tensor grown first when shorter (host memory keeps
+    /// its values; a device buffer is replaced by a zeroed one).
+    fn get(&mut self, dev: &dyn Device, len: usize) -> Result<ViewMut<'_>, HalError> {
+        if self.0.as_ref().is_none_or(|t| t.len() < len) {
+            match &mut self.0 {
+                Some(Tensor::Host(v)) => v.resize(len, 0.0),
+                t => *t = Some(dev.alloc(len)?),
+            }
+        }
+        Ok(self.tensor().slice_mut(0..len))
+    }
+
+    /// Its first `len` values, to read (allocated before by [`Buf::new`] or
+    /// [`Buf::get`]).
+    fn view(&self, len: usize) -> View<'_> {
+        self.0
+            .as_ref()
+            .expect("a step buffer read before it was allocated")
+            .slice(0..len)
+    }
+
+    /// The tensor (allocated by [`Buf::new`] or [`Buf::get`]).
+    fn tensor(&mut self) -> &mut Tensor {
+        self.0
+            .as_mut()
+            .expect("a step buffer used before it was allocated")
+    }
 }
 
 /// The first `len` values of `b`, grown (with zeros) when shorter.
@@ -95,13 +140,18 @@ fn grown<T: Copy + Default>(b: &mut Vec<T>, len: usize) -> &mut [T] {
 impl MlpBufs {
     /// The gate, up and hidden buffers, `len` values each, and the expert output
     /// buffer, `out_len` values (grown when needed).
-    fn take(&mut self, len: usize, out_len: usize) -> [&mut [f32]; 4] {
-        [
-            grown(&mut self.gate, len),
-            grown(&mut self.up, len),
-            grown(&mut self.hidden, len),
-            grown(&mut self.expert_out, out_len),
-        ]
+    fn take(
+        &mut self,
+        dev: &dyn Device,
+        len: usize,
+        out_len: usize,
+    ) -> Result<[ViewMut<'_>; 4], HalError> {
+        Ok([
+            self.gate.get(dev, len)?,
+            self.up.get(dev, len)?,
+            self.hidden.get(dev, len)?,
+            self.expert_out.get(dev, out_len)?,
+        ])
     }
 }
 
@@ -109,13 +159,15 @@ impl MlpBufs {
 /// its layers.
 #[derive(Debug)]
 struct StepBufs {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    o: Buf,
+    /// Qwen 3.5's query projection: per head the queries, then the gate's logits.
+    q_full: Buf,
     /// Qwen 3.5's attention output gate, `sigmoid` of the query projection's gate half.
-    q_gate: Vec<f32>,
-    norm_src: Vec<f32>,
+    q_gate: Buf,
+    norm_src: Buf,
     mlp: MlpBufs,
     delta: DeltaBufs,
 }
@@ -124,16 +176,16 @@ struct StepBufs {
 /// written whole before it is read).
 #[derive(Debug, Default)]
 struct DeltaBufs {
-    qkv: Vec<f32>,
-    z: Vec<f32>,
-    beta: Vec<f32>,
-    alpha: Vec<f32>,
-    conv: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
-    normed: Vec<f32>,
+    qkv: Buf,
+    z: Buf,
+    beta: Buf,
+    alpha: Buf,
+    conv: Buf,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    o: Buf,
+    normed: Buf,
 }
 
 #[derive(Debug)]
@@ -151,14 +203,14 @@ enum DevFfn {
     Dense(DevMlp),
     Moe {
         router: WeightHandle,
-        bias: Option<Vec<f32>>,
-        router_bias: Option<Vec<f32>>,
+        bias: Option<Tensor>,
+        router_bias: Option<Tensor>,
         experts: DevMlp,
         expert_biases: Option<ExpertBiases>,
         shared: Option<DevMlp>,
         /// Gemma 4's router input weight: `ffn_gate_inp.scale / sqrt(d)` (one product
         /// per element where llama.cpp scales, then multiplies: within an ulp).
-        router_norm: Option<Vec<f32>>,
+        router_norm: Option<Tensor>,
         expert_scale: Option<Vec<f32>>,
         parallel: Option<DevParallel>,
         /// Qwen 3.5's shared-expert gate `ffn_gate_inp_shexp` (one output row).
@@ -173,12 +225,13 @@ struct DevAttn {
     wk: WeightHandle,
     wv: WeightHandle,
     wo: WeightHandle,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    bo: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+    bq: Option<Tensor>,
+    bk: Option<Tensor>,
+    bv: Option<Tensor>,
+    bo: Option<Tensor>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    /// Per-head constants, passed to each call as host values.
     sinks: Option<Vec<f32>>,
 }
 
@@ -190,10 +243,11 @@ struct DevDeltaNet {
     beta: WeightHandle,
     alpha: WeightHandle,
     out: WeightHandle,
-    conv: Vec<f32>,
+    conv: Tensor,
+    /// Per-head constants of the decay, applied on the host.
     dt_bias: Vec<f32>,
     a: Vec<f32>,
-    norm: Vec<f32>,
+    norm: Tensor,
 }
 
 /// What mixes a layer's tokens.
@@ -210,12 +264,12 @@ struct DevLayer {
     /// Index of this layer's KV group in [`DeviceModel::kv_groups`]: the block table its
     /// keys and values (or, a Gated DeltaNet layer, its state slot) are reached through.
     kv_group: usize,
-    attn_norm: Vec<f32>,
+    attn_norm: Tensor,
     mixer: DevMixer,
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
+    post_attn_norm: Option<Tensor>,
+    ffn_norm: Tensor,
     ffn: DevFfn,
-    post_ffn_norm: Option<Vec<f32>>,
+    post_ffn_norm: Option<Tensor>,
     per_layer: Option<DevLayerInput>,
     out_scale: Option<f32>,
 }
@@ -228,7 +282,9 @@ pub struct DeviceModel {
     token_embd: WeightHandle,
     output: WeightHandle,
     rope_freqs: Option<Vec<f32>>,
-    output_norm: Vec<f32>,
+    output_norm: Tensor,
+    /// Bytes of the norm weights and biases uploaded at staging.
+    vector_bytes: u64,
     per_layer: Option<DevPerLayerInputs>,
     layers: Vec<DevLayer>,
     kv_groups: Vec<KvGroupSpec>,
@@ -308,7 +364,8 @@ pub fn layer_caches(spec: &ModelDesc) -> Vec<LayerCache> {
 /// then the delta-rule state (`heads_v` blocks of `head_dim^2`), as
 /// `Device::ssm_conv_silu` and `Device::gated_delta_net` carry them. A sequence's slot
 /// is its block in the recurrent KV group; the forward zeroes it at the sequence's
-/// position 0. Held in host memory (the device interface takes the state per call).
+/// position 0. Held in host memory and handed to the ops as host views (a device that
+/// computes elsewhere moves them in and out per call, and counts it).
 #[derive(Debug, Default)]
 pub struct RecurrentStates {
     conv_len: usize,
@@ -497,6 +554,16 @@ impl DeviceModel {
             progress(done, total);
             Ok(h)
         };
+        // The norms' weights and the biases: device tensors, uploaded once here.
+        let vector_bytes = std::cell::Cell::new(0u64);
+        let up = |v: &[f32]| -> Result<Tensor, ModelError> {
+            vector_bytes.set(vector_bytes.get() + 4 * v.len() as u64);
+            dev.upload_new(v).map_err(|source| ModelError::Device {
+                context: format!("uploading a norm or bias vector to {}", dev.name()),
+                source,
+            })
+        };
+        let up_opt = |v: &Option<Vec<f32>>| v.as_deref().map(up).transpose();
         let token_embd = st(&model.token_embd, WeightKind::Embedding)?;
         let output = if tied {
             // Tied: one staged copy serves get_rows and the output matmul.
@@ -530,24 +597,24 @@ impl DeviceModel {
                     let parallel = match &moe.parallel {
                         Some(p) => Some(DevParallel {
                             mlp: mlp(&p.mlp, WeightKind::Matrix)?,
-                            post_norm_1: p.post_norm_1.clone(),
-                            pre_norm_2: p.pre_norm_2.clone(),
-                            post_norm_2: p.post_norm_2.clone(),
+                            post_norm_1: up(&p.post_norm_1)?,
+                            pre_norm_2: up(&p.pre_norm_2)?,
+                            post_norm_2: up(&p.post_norm_2)?,
                         }),
                         None => None,
                     };
                     let inv = 1.0 / (model.spec.d as f32).sqrt();
                     DevFfn::Moe {
                         router: st(&moe.router, WeightKind::Matrix)?,
-                        bias: moe.bias.clone(),
-                        router_bias: moe.router_bias.clone(),
+                        bias: up_opt(&moe.bias)?,
+                        router_bias: up_opt(&moe.router_bias)?,
                         experts,
                         expert_biases: moe.expert_biases.clone(),
                         shared,
-                        router_norm: moe
-                            .router_scale
-                            .as_ref()
-                            .map(|s| s.iter().map(|&w| inv * w).collect()),
+                        router_norm: match &moe.router_scale {
+                            Some(s) => Some(up(&s.iter().map(|&w| inv * w).collect::<Vec<_>>())?),
+                            None => None,
+                        },
                         expert_scale: moe.expert_scale.clone(),
                         parallel,
                         shared_gate: match &moe.shared_gate {
@@ -564,38 +631,38 @@ impl DeviceModel {
                     beta: st(&dn.beta, WeightKind::Matrix)?,
                     alpha: st(&dn.alpha, WeightKind::Matrix)?,
                     out: st(&dn.out, WeightKind::Matrix)?,
-                    conv: dn.conv.clone(),
+                    conv: up(&dn.conv)?,
                     dt_bias: dn.dt_bias.clone(),
                     a: dn.a.clone(),
-                    norm: dn.norm.clone(),
+                    norm: up(&dn.norm)?,
                 }),
                 None => DevMixer::Attention(DevAttn {
                     wq: st(&l.wq, WeightKind::Matrix)?,
                     wk: st(&l.wk, WeightKind::Matrix)?,
                     wv: st(&l.wv, WeightKind::Matrix)?,
                     wo: st(&l.wo, WeightKind::Matrix)?,
-                    bq: l.bq.clone(),
-                    bk: l.bk.clone(),
-                    bv: l.bv.clone(),
-                    bo: l.bo.clone(),
-                    q_norm: l.q_norm.clone(),
-                    k_norm: l.k_norm.clone(),
+                    bq: up_opt(&l.bq)?,
+                    bk: up_opt(&l.bk)?,
+                    bv: up_opt(&l.bv)?,
+                    bo: up_opt(&l.bo)?,
+                    q_norm: up_opt(&l.q_norm)?,
+                    k_norm: up_opt(&l.k_norm)?,
                     sinks: l.sinks.clone(),
                 }),
             };
             layers.push(DevLayer {
                 kv_group,
-                attn_norm: l.attn_norm.clone(),
+                attn_norm: up(&l.attn_norm)?,
                 mixer,
-                post_attn_norm: l.post_attn_norm.clone(),
-                ffn_norm: l.ffn_norm.clone(),
+                post_attn_norm: up_opt(&l.post_attn_norm)?,
+                ffn_norm: up(&l.ffn_norm)?,
                 ffn,
-                post_ffn_norm: l.post_ffn_norm.clone(),
+                post_ffn_norm: up_opt(&l.post_ffn_norm)?,
                 per_layer: match &l.per_layer {
                     Some(pl) => Some(DevLayerInput {
                         inp_gate: st(&pl.inp_gate, WeightKind::Matrix)?,
                         proj: st(&pl.proj, WeightKind::Matrix)?,
-                        post_norm: pl.post_norm.clone(),
+                        post_norm: up(&pl.post_norm)?,
                     }),
                     None => None,
                 },
@@ -606,17 +673,20 @@ impl DeviceModel {
             Some(pl) => Some(DevPerLayerInputs {
                 token_embd: st(&pl.token_embd, WeightKind::Embedding)?,
                 model_proj: st(&pl.model_proj, WeightKind::Matrix)?,
-                proj_norm: pl.proj_norm.clone(),
+                proj_norm: up(&pl.proj_norm)?,
             }),
             None => None,
         };
+        let output_norm = up(&model.output_norm)?;
+        let vector_bytes = vector_bytes.get();
         Ok(Self {
+            vector_bytes,
             dev,
             spec: model.spec.clone(),
             token_embd,
             output,
             rope_freqs: model.rope_freqs.clone(),
-            output_norm: model.output_norm.clone(),
+            output_norm,
             per_layer,
             layers,
             kv_groups,
@@ -631,6 +701,12 @@ impl DeviceModel {
     /// The device.
     pub fn device(&self) -> &DeviceRef {
         &self.dev
+    }
+
+    /// Bytes of the vectors (norm weights, biases) staged as device tensors besides the
+    /// weights `Device::plan` saw.
+    pub fn vector_bytes(&self) -> u64 {
+        self.vector_bytes
     }
 
     /// The KV layout of layer `il` for a pool of `num_blocks` blocks of `block_size`,
@@ -817,35 +893,46 @@ impl DeviceModel {
             })
             .collect();
 
-        let mut x = vec![0.0f32; n * d];
-        timed!("embed", dev.get_rows(&*self.token_embd, &tokens, &mut x))?;
+        let dv_ = &**dev;
+        let mut x = dev.alloc(n * d)?;
+        timed!(
+            "embed",
+            dev.get_rows(&*self.token_embd, &tokens, x.view_mut())
+        )?;
         if spec.embed_scale != 1.0 {
-            timed!("scale", dev.scale(&mut x, spec.embed_scale))?;
+            timed!("scale", dev.scale(x.view_mut(), spec.embed_scale))?;
         }
         let per_layer_inputs = match &self.per_layer {
-            Some(pl) => Some(self.per_layer_inputs(pl, &tokens, &x)?),
+            Some(pl) => Some(self.per_layer_inputs(pl, &tokens, x.view())?),
             None => None,
         };
         // The rows each layer computes: all of them, then (last layer) the wanted ones.
         let all_rows: Vec<usize> = (0..n).collect();
         let out_rows: Vec<usize> = wanted.iter().flat_map(|r| r.clone()).collect();
-        let mut a = vec![0.0f32; n * d];
+        let mut a = dev.alloc(n * d)?;
         timed!(
             "rms_norm",
-            dev.rms_norm(&x, Some(&self.layers[0].attn_norm), spec.rms_eps, d, &mut a)
+            dev.rms_norm(
+                x.view(),
+                Some(self.layers[0].attn_norm.view()),
+                spec.rms_eps,
+                d,
+                a.view_mut()
+            )
         )?;
 
-        let mut tmp = vec![0.0f32; n * d];
-        let mut f = vec![0.0f32; n * d];
-        // Buffers reused by every layer: fresh multi-MiB vectors per op cost a prompt
+        let mut tmp = dev.alloc(n * d)?;
+        let mut f = dev.alloc(n * d)?;
+        // Buffers reused by every layer: fresh multi-MiB tensors per op cost a prompt
         // batch page faults and zeroing (about 5% of a Gemma prefill).
         let mut bufs = StepBufs {
-            q: vec![0.0f32; n * h * dk_max],
-            k: vec![0.0f32; n * hkv * dk_max],
-            v: vec![0.0f32; n * hkv * dv_max],
-            o: vec![0.0f32; n * h * dv_max],
-            q_gate: Vec::new(),
-            norm_src: vec![0.0f32; (n * h * dk_max).max(n * hkv * dk_max).max(n * d)],
+            q: Buf::new(dv_, n * h * dk_max)?,
+            k: Buf::new(dv_, n * hkv * dk_max)?,
+            v: Buf::new(dv_, n * hkv * dv_max)?,
+            o: Buf::new(dv_, n * h * dv_max)?,
+            q_full: Buf::default(),
+            q_gate: Buf::default(),
+            norm_src: Buf::new(dv_, (n * h * dk_max).max(n * hkv * dk_max).max(n * d))?,
             mlp: MlpBufs::default(),
             delta: DeltaBufs::default(),
         };
@@ -880,13 +967,13 @@ impl DeviceModel {
                         &positions,
                         seqs,
                         shrink.then_some(&wanted[..]),
-                        &a[..n * d],
+                        a.slice(0..n * d),
                         &mut x,
-                        &mut tmp[..out_rows * d],
+                        tmp.slice_mut(0..out_rows * d),
                         &mut bufs,
                     )?;
                     if last && !shrink {
-                        keep_rows(&wanted, d, &mut tmp, &mut x);
+                        keep_rows(dv_, &wanted, d, &mut tmp, &mut x)?;
                     }
                 }
                 DevMixer::DeltaNet(dn) => {
@@ -903,34 +990,48 @@ impl DeviceModel {
                         il,
                         dn,
                         &seqs,
-                        &a[..n * d],
+                        a.slice(0..n * d),
                         states,
-                        &mut tmp[..n * d],
+                        tmp.slice_mut(0..n * d),
                         &mut bufs.delta,
                     )?;
                     if last {
-                        keep_rows(&wanted, d, &mut tmp, &mut x);
+                        keep_rows(dv_, &wanted, d, &mut tmp, &mut x)?;
                     }
                 }
             }
-            let (tmp, f, a, x) = (
-                &mut tmp[..rows * d],
-                &mut f[..rows * d],
-                &mut a[..rows * d],
-                &mut x[..rows * d],
+            let (mut tmp, mut f, mut a, mut x) = (
+                tmp.slice_mut(0..rows * d),
+                f.slice_mut(0..rows * d),
+                a.slice_mut(0..rows * d),
+                x.slice_mut(0..rows * d),
             );
             let mlp_bufs = &mut bufs.mlp;
             let norm_src = &mut bufs.norm_src;
             if let Some(w) = &layer.post_attn_norm {
-                self.norm_in_place(tmp, Some(w), d, norm_src)?;
+                self.norm_in_place(tmp.reborrow(), Some(w.view()), d, norm_src)?;
             }
             timed!(
                 "add_rms_norm",
-                dev.add_rms_norm(x, tmp, &layer.ffn_norm, spec.rms_eps, d, f)
+                dev.add_rms_norm(
+                    x.reborrow(),
+                    tmp.as_view(),
+                    layer.ffn_norm.view(),
+                    spec.rms_eps,
+                    d,
+                    f.reborrow()
+                )
             )?;
-            self.ffn(layer, f, x, rows, tmp, mlp_bufs)?;
+            self.ffn(
+                layer,
+                f.as_view(),
+                x.as_view(),
+                rows,
+                tmp.reborrow(),
+                mlp_bufs,
+            )?;
             if let Some(w) = &layer.post_ffn_norm {
-                self.norm_in_place(tmp, Some(w), d, norm_src)?;
+                self.norm_in_place(tmp.reborrow(), Some(w.view()), d, norm_src)?;
             }
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
@@ -939,31 +1040,57 @@ impl DeviceModel {
             if layer.per_layer.is_none() && layer.out_scale.is_none() {
                 timed!(
                     "add_rms_norm",
-                    dev.add_rms_norm(x, tmp, next_norm, spec.rms_eps, d, a)
+                    dev.add_rms_norm(
+                        x.reborrow(),
+                        tmp.as_view(),
+                        next_norm.view(),
+                        spec.rms_eps,
+                        d,
+                        a.reborrow()
+                    )
                 )?;
                 continue;
             }
-            timed!("add", dev.add(x, tmp))?;
+            timed!("add", dev.add(x.reborrow(), tmp.as_view()))?;
             if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
-                self.layer_input(li, il, inputs, row_ids, x, tmp, mlp_bufs)?;
-                timed!("add", dev.add(x, tmp))?;
+                self.layer_input(
+                    li,
+                    il,
+                    inputs,
+                    row_ids,
+                    x.as_view(),
+                    tmp.reborrow(),
+                    mlp_bufs,
+                )?;
+                timed!("add", dev.add(x.reborrow(), tmp.as_view()))?;
             }
             if let Some(s) = layer.out_scale {
-                timed!("scale", dev.scale(x, s))?;
+                timed!("scale", dev.scale(x.reborrow(), s))?;
             }
             timed!(
                 "rms_norm",
-                dev.rms_norm(x, Some(next_norm), spec.rms_eps, d, a)
+                dev.rms_norm(
+                    x.as_view(),
+                    Some(next_norm.view()),
+                    spec.rms_eps,
+                    d,
+                    a.reborrow()
+                )
             )?;
         }
         // `a` now holds rmsnorm(x) * output_norm of the wanted rows, in order (the last
-        // layer kept only those).
-        let rows = &a[..n_out * d];
-        let mut logits = vec![0.0f32; n_out * spec.vocab];
+        // layer kept only those). Their logits are the one download of the step.
+        let mut logits = dev.alloc(n_out * spec.vocab)?;
         timed!(
             "output",
-            dev.matmul(&*self.output, rows, n_out, &mut logits)
+            dev.matmul(
+                &*self.output,
+                a.slice(0..n_out * d),
+                n_out,
+                logits.view_mut()
+            )
         )?;
+        let mut logits = dev.download_tensor(logits)?;
         soft_cap(&mut logits, spec.logit_softcap);
         Ok(logits)
     }
@@ -982,13 +1109,13 @@ impl DeviceModel {
         positions: &[u32],
         seqs: &[AttnSeq<'_>],
         wanted: Option<&[std::ops::Range<usize>]>,
-        a: &[f32],
-        x: &mut [f32],
-        out: &mut [f32],
+        a: View<'_>,
+        x: &mut Tensor,
+        mut out: ViewMut<'_>,
         bufs: &mut StepBufs,
     ) -> Result<(), ModelError> {
         let spec = &self.spec;
-        let dev = &self.dev;
+        let dev = &*self.dev;
         let (d, h, n) = (spec.d, spec.n_heads, positions.len());
         let ld = &spec.layers[il];
         // This layer's KV heads and head sizes (mimo2's KV heads and gemma4's head
@@ -1000,65 +1127,73 @@ impl DeviceModel {
             k,
             v,
             o,
+            q_full,
             q_gate,
             norm_src,
             ..
         } = bufs;
-        let q = &mut q[..n * h * dk];
-        let (k, v) = (&mut k[..n * hkv_l * dk], &mut v[..n * hkv_l * dv]);
+        let (qn, kn, vn) = (n * h * dk, n * hkv_l * dk, n * hkv_l * dv);
         // Qwen 3.5's gated attention: the query projection gives per head `dk` query
         // values then `dk` gate values; the gate's sigmoid multiplies the attention
         // output (llama.cpp's `ggml_sigmoid` then `ggml_mul`).
-        let mut qg = if ld.attn_gate {
-            vec![0.0f32; n * 2 * h * dk]
-        } else {
-            Vec::new()
-        };
-        let q_out: &mut [f32] = if ld.attn_gate { &mut qg } else { &mut *q };
-        if own_kv {
-            timed!(
-                "qkv",
-                dev.matmul_multi(
-                    &[&*at.wq, &*at.wk, &*at.wv],
-                    a,
-                    n,
-                    &mut [&mut *q_out, &mut *k, &mut *v],
-                )
-            )?;
-        } else {
-            // gemma4's shared-KV layers: queries only.
-            timed!("qkv", dev.matmul(&*at.wq, a, n, q_out))?;
-        }
-        if ld.attn_gate {
-            let gate = grown(q_gate, n * h * dk);
-            for ((src, qd), gd) in qg
-                .chunks_exact(2 * dk)
-                .zip(q.chunks_exact_mut(dk))
-                .zip(gate.chunks_exact_mut(dk))
-            {
-                qd.copy_from_slice(&src[..dk]);
-                for (g, &s) in gd.iter_mut().zip(&src[dk..]) {
-                    *g = sigmoid_ggml(s);
-                }
+        {
+            let q_out = if ld.attn_gate {
+                q_full.get(dev, 2 * qn)?
+            } else {
+                q.get(dev, qn)?
+            };
+            if own_kv {
+                timed!(
+                    "qkv",
+                    dev.matmul_multi(
+                        &[&*at.wq, &*at.wk, &*at.wv],
+                        a,
+                        n,
+                        &mut [q_out, k.get(dev, kn)?, v.get(dev, vn)?],
+                    )
+                )?;
+            } else {
+                // gemma4's shared-KV layers: queries only.
+                timed!("qkv", dev.matmul(&*at.wq, a, n, q_out))?;
             }
         }
-        for (t, b) in [(&mut q[..], &at.bq), (&mut *k, &at.bk), (&mut *v, &at.bv)] {
-            if t.is_empty() {
+        if ld.attn_gate {
+            let src = read_host(dev, q_full.view(2 * qn))?;
+            on_host(dev, q.get(dev, qn)?, false, |qd| {
+                for (s, qd) in src.chunks_exact(2 * dk).zip(qd.chunks_exact_mut(dk)) {
+                    qd.copy_from_slice(&s[..dk]);
+                }
+            })?;
+            on_host(dev, q_gate.get(dev, qn)?, false, |gd| {
+                for (s, gd) in src.chunks_exact(2 * dk).zip(gd.chunks_exact_mut(dk)) {
+                    for (g, &s) in gd.iter_mut().zip(&s[dk..]) {
+                        *g = sigmoid_ggml(s);
+                    }
+                }
+            })?;
+        }
+        // A shared-KV layer projects queries only.
+        for (t, len, b, computed) in [
+            (&mut *q, qn, &at.bq, true),
+            (&mut *k, kn, &at.bk, own_kv),
+            (&mut *v, vn, &at.bv, own_kv),
+        ] {
+            if len == 0 || !computed {
                 continue;
             }
             if let Some(b) = b {
-                timed!("add_bias", dev.add_bias(t, b))?;
+                timed!("add_bias", dev.add_bias(t.get(dev, len)?, b.view()))?;
             }
         }
         if let Some(w) = &at.q_norm {
-            self.norm_in_place(q, Some(w), dk, norm_src)?;
+            self.norm_in_place(q.get(dev, qn)?, Some(w.view()), dk, norm_src)?;
         }
         if own_kv {
             if let Some(w) = &at.k_norm {
-                self.norm_in_place(k, Some(w), dk, norm_src)?;
+                self.norm_in_place(k.get(dev, kn)?, Some(w.view()), dk, norm_src)?;
             }
             if spec.v_norm {
-                self.norm_in_place(v, None, dv, norm_src)?;
+                self.norm_in_place(v.get(dev, vn)?, None, dv, norm_src)?;
             }
         }
         let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
@@ -1072,17 +1207,20 @@ impl DeviceModel {
             freq_factors: rope.freq_factors,
             yarn: rope.yarn,
         };
-        timed!("rope", dev.rope(q, positions, &rp(h)))?;
+        timed!("rope", dev.rope(q.get(dev, qn)?, positions, &rp(h)))?;
         if own_kv {
-            timed!("rope", dev.rope(k, positions, &rp(hkv_l)))?;
-            timed!("write_kv", dev.write_kv(&mut *kv[il], k, v, slots))?;
+            timed!("rope", dev.rope(k.get(dev, kn)?, positions, &rp(hkv_l)))?;
+            timed!(
+                "write_kv",
+                dev.write_kv(&mut *kv[il], k.view(kn), v.view(vn), slots)
+            )?;
         }
         // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
         // queries, attention scale 1): the f16 rounding of the queries in its
         // small-batch attention sees the scaled values, so the order matters to the
         // bit.
         let attn_scale = if spec.q_prescaled {
-            timed!("scale", dev.scale(q, spec.attn_scale))?;
+            timed!("scale", dev.scale(q.get(dev, qn)?, spec.attn_scale))?;
             1.0
         } else {
             spec.attn_scale
@@ -1093,19 +1231,18 @@ impl DeviceModel {
             let mut to = 0;
             for r in wanted {
                 for from in r.clone() {
-                    q.copy_within(from * qw..(from + 1) * qw, to * qw);
-                    x.copy_within(from * d..(from + 1) * d, to * d);
+                    copy_within(dev, q.tensor(), from * qw, to * qw, qw)?;
+                    copy_within(dev, x, from * d, to * d, d)?;
                     if ld.attn_gate {
-                        q_gate.copy_within(from * qw..(from + 1) * qw, to * qw);
+                        copy_within(dev, q_gate.tensor(), from * qw, to * qw, qw)?;
                     }
                     to += 1;
                 }
             }
             rows = to;
         }
-        let o = &mut o[..rows * h * dv];
         let pa = PagedAttention {
-            q: &q[..rows * h * dk],
+            q: q.view(rows * h * dk),
             seqs,
             n_heads: h,
             scale: attn_scale,
@@ -1114,16 +1251,22 @@ impl DeviceModel {
         };
         timed!(
             "attention",
-            dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o)
+            dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o.get(dev, rows * h * dv)?)
         )?;
         if ld.attn_gate {
-            for (v, &g) in o.iter_mut().zip(&q_gate[..rows * h * dk]) {
-                *v *= g;
-            }
+            let gate = read_host(dev, q_gate.view(rows * h * dk))?;
+            on_host(dev, o.get(dev, rows * h * dv)?, true, |o| {
+                for (v, &g) in o.iter_mut().zip(gate.iter()) {
+                    *v *= g;
+                }
+            })?;
         }
-        timed!("attn_out", dev.matmul(&*at.wo, o, rows, out))?;
+        timed!(
+            "attn_out",
+            dev.matmul(&*at.wo, o.view(rows * h * dv), rows, out.reborrow())
+        )?;
         if let Some(b) = &at.bo {
-            timed!("add_bias", dev.add_bias(out, b))?;
+            timed!("add_bias", dev.add_bias(out.reborrow(), b.view()))?;
         }
         // mimo2's value scale, on the attention output after `attn_output`.
         if spec.value_scale != 1.0 {
@@ -1138,18 +1281,19 @@ impl DeviceModel {
     /// sequence (`seqs`: first row, row count, whether it starts at position 0, state
     /// slot) the causal convolution with SiLU and the gated delta rule over its state,
     /// then the per-head RMSNorm times `silu(z)` and `ssm_out`.
+    #[allow(clippy::too_many_arguments)]
     fn delta_net(
         &self,
         il: usize,
         dn: &DevDeltaNet,
         seqs: &[(usize, usize, bool, u32)],
-        a: &[f32],
+        a: View<'_>,
         states: &mut RecurrentStates,
-        out: &mut [f32],
+        out: ViewMut<'_>,
         bufs: &mut DeltaBufs,
     ) -> Result<(), ModelError> {
         let spec = &self.spec;
-        let dev = &self.dev;
+        let dev = &*self.dev;
         let Some(desc) = spec.delta_net else {
             return Err(ModelError::new(format!(
                 "layer {il} is a Gated DeltaNet layer in a model without DeltaNet sizes"
@@ -1175,37 +1319,38 @@ impl DeviceModel {
             o,
             normed,
         } = bufs;
-        let (qkv, z, beta, alpha) = (
-            grown(qkv, n * cd),
-            grown(z, n * vl),
-            grown(beta, n * hv),
-            grown(alpha, n * hv),
-        );
         timed!(
             "delta_in",
             dev.matmul_multi(
                 &[&*dn.qkv, &*dn.gate, &*dn.beta, &*dn.alpha],
                 a,
                 n,
-                &mut [&mut *qkv, &mut *z, &mut *beta, &mut *alpha],
+                &mut [
+                    qkv.get(dev, n * cd)?,
+                    z.get(dev, n * vl)?,
+                    beta.get(dev, n * hv)?,
+                    alpha.get(dev, n * hv)?
+                ],
             )
         )?;
-        for b in beta.iter_mut() {
-            *b = sigmoid_ggml(*b);
-        }
-        // The log decay of each row and head, in `alpha`'s place.
-        for row in alpha.chunks_exact_mut(hv) {
-            for ((al, &dt), &sa) in row.iter_mut().zip(&dn.dt_bias).zip(&dn.a) {
-                *al = delta_net_gate(*al, dt, sa);
+        on_host(dev, beta.get(dev, n * hv)?, true, |beta| {
+            for b in beta.iter_mut() {
+                *b = sigmoid_ggml(*b);
             }
-        }
-        let (conv, q, k, v, o) = (
-            grown(conv, n * cd),
-            grown(q, n * qk),
-            grown(k, n * qk),
-            grown(v, n * vl),
-            grown(o, n * vl),
-        );
+        })?;
+        // The log decay of each row and head, in `alpha`'s place.
+        on_host(dev, alpha.get(dev, n * hv)?, true, |alpha| {
+            for row in alpha.chunks_exact_mut(hv) {
+                for ((al, &dt), &sa) in row.iter_mut().zip(&dn.dt_bias).zip(&dn.a) {
+                    *al = delta_net_gate(*al, dt, sa);
+                }
+            }
+        })?;
+        conv.get(dev, n * cd)?;
+        q.get(dev, n * qk)?;
+        k.get(dev, n * qk)?;
+        v.get(dev, n * vl)?;
+        o.get(dev, n * vl)?;
         for &(r0, len, fresh, slot) in seqs {
             if len == 0 {
                 continue;
@@ -1216,69 +1361,88 @@ impl DeviceModel {
                 delta_state.fill(0.0);
             }
             let rows = r0..r0 + len;
-            let c = &mut conv[rows.start * cd..rows.end * cd];
             timed!(
                 "ssm_conv",
                 dev.ssm_conv_silu(
-                    &qkv[rows.start * cd..rows.end * cd],
-                    &dn.conv,
+                    qkv.view(n * cd).slice(rows.start * cd..rows.end * cd),
+                    dn.conv.view(),
                     desc.conv_kernel,
-                    conv_state,
-                    c,
+                    conv_state.into(),
+                    conv.tensor().slice_mut(rows.start * cd..rows.end * cd),
                 )
             )?;
             // Each row's q, k and v apart, the heads of q and k L2-normed.
-            for (t, row) in rows.clone().zip(c.chunks_exact(cd)) {
-                q[t * qk..(t + 1) * qk].copy_from_slice(&row[..qk]);
-                k[t * qk..(t + 1) * qk].copy_from_slice(&row[qk..2 * qk]);
-                v[t * vl..(t + 1) * vl].copy_from_slice(&row[2 * qk..]);
+            for t in rows.clone() {
+                let row = conv.view(n * cd).slice(t * cd..(t + 1) * cd);
+                dev.copy(row.slice(0..qk), q.tensor().slice_mut(t * qk..(t + 1) * qk))?;
+                dev.copy(
+                    row.slice(qk..2 * qk),
+                    k.tensor().slice_mut(t * qk..(t + 1) * qk),
+                )?;
+                dev.copy(
+                    row.slice(2 * qk..cd),
+                    v.tensor().slice_mut(t * vl..(t + 1) * vl),
+                )?;
             }
-            let (qs, ks) = (
-                &mut q[rows.start * qk..rows.end * qk],
-                &mut k[rows.start * qk..rows.end * qk],
+            let (qr, kr) = (
+                rows.start * qk..rows.end * qk,
+                rows.start * qk..rows.end * qk,
             );
-            l2_norm_heads(qs, shape.head_dim, eps);
-            l2_norm_heads(ks, shape.head_dim, eps);
+            on_host(dev, q.tensor().slice_mut(qr.clone()), true, |qs| {
+                l2_norm_heads(qs, shape.head_dim, eps)
+            })?;
+            on_host(dev, k.tensor().slice_mut(kr.clone()), true, |ks| {
+                l2_norm_heads(ks, shape.head_dim, eps)
+            })?;
             timed!(
                 "delta_rule",
                 dev.gated_delta_net(
                     &shape,
-                    qs,
-                    ks,
-                    &v[rows.start * vl..rows.end * vl],
-                    &alpha[rows.start * hv..rows.end * hv],
-                    &beta[rows.start * hv..rows.end * hv],
-                    delta_state,
-                    &mut o[rows.start * vl..rows.end * vl],
+                    q.view(n * qk).slice(qr),
+                    k.view(n * qk).slice(kr),
+                    v.view(n * vl).slice(rows.start * vl..rows.end * vl),
+                    alpha.view(n * hv).slice(rows.start * hv..rows.end * hv),
+                    beta.view(n * hv).slice(rows.start * hv..rows.end * hv),
+                    delta_state.into(),
+                    o.tensor().slice_mut(rows.start * vl..rows.end * vl),
                 )
             )?;
         }
         // Per head: RMSNorm with `ssm_norm`, times `silu(z)`.
-        let normed = grown(normed, n * vl);
         timed!(
             "rms_norm",
-            dev.rms_norm(o, Some(&dn.norm), eps, shape.head_dim, normed)
+            dev.rms_norm(
+                o.view(n * vl),
+                Some(dn.norm.view()),
+                eps,
+                shape.head_dim,
+                normed.get(dev, n * vl)?
+            )
         )?;
-        timed!("silu_mul", dev.silu_mul(z, normed, o))?;
-        timed!("delta_out", dev.matmul(&*dn.out, o, n, out))?;
+        timed!(
+            "silu_mul",
+            dev.silu_mul(z.view(n * vl), normed.view(n * vl), o.get(dev, n * vl)?)
+        )?;
+        timed!("delta_out", dev.matmul(&*dn.out, o.view(n * vl), n, out))?;
         Ok(())
     }
 
     /// `buf = rms_norm(buf) * w` (no weight when `w` is None) in chunks of `dim` (the
-    /// device op reads one buffer and writes another: `buf` is copied to `scratch`
+    /// device op reads one tensor and writes another: `buf` is copied to `scratch`
     /// first, grown when needed).
     fn norm_in_place(
         &self,
-        buf: &mut [f32],
-        w: Option<&[f32]>,
+        buf: ViewMut<'_>,
+        w: Option<View<'_>>,
         dim: usize,
-        scratch: &mut Vec<f32>,
+        scratch: &mut Buf,
     ) -> Result<(), ModelError> {
-        let src = grown(scratch, buf.len());
-        src.copy_from_slice(buf);
+        let dev = &*self.dev;
+        let len = buf.len();
+        dev.copy(buf.as_view(), scratch.get(dev, len)?)?;
         timed!(
             "rms_norm",
-            self.dev.rms_norm(src, w, self.spec.rms_eps, dim, buf)
+            dev.rms_norm(scratch.view(len), w, self.spec.rms_eps, dim, buf)
         )?;
         Ok(())
     }
@@ -1290,28 +1454,40 @@ impl DeviceModel {
         &self,
         pl: &DevPerLayerInputs,
         tokens: &[u32],
-        x: &[f32],
-    ) -> Result<Vec<f32>, ModelError> {
+        x: View<'_>,
+    ) -> Result<Tensor, ModelError> {
         let dev = &self.dev;
         let spec = &self.spec;
         let (p, n) = (spec.per_layer_input, tokens.len());
         let width = p * spec.n_layers();
-        let mut emb = vec![0.0f32; n * width];
-        timed!("embed", dev.get_rows(&*pl.token_embd, tokens, &mut emb))?;
-        timed!("scale", dev.scale(&mut emb, (p as f32).sqrt()))?;
-        let mut proj = vec![0.0f32; n * width];
+        let mut emb = dev.alloc(n * width)?;
+        timed!(
+            "embed",
+            dev.get_rows(&*pl.token_embd, tokens, emb.view_mut())
+        )?;
+        timed!("scale", dev.scale(emb.view_mut(), (p as f32).sqrt()))?;
+        let mut proj = dev.alloc(n * width)?;
         timed!(
             "per_layer_proj",
-            dev.matmul(&*pl.model_proj, x, n, &mut proj)
+            dev.matmul(&*pl.model_proj, x, n, proj.view_mut())
         )?;
-        timed!("scale", dev.scale(&mut proj, 1.0 / (spec.d as f32).sqrt()))?;
-        let mut out = vec![0.0f32; n * width];
+        timed!(
+            "scale",
+            dev.scale(proj.view_mut(), 1.0 / (spec.d as f32).sqrt())
+        )?;
+        let mut out = dev.alloc(n * width)?;
         timed!(
             "rms_norm",
-            dev.rms_norm(&proj, Some(&pl.proj_norm), spec.rms_eps, p, &mut out)
+            dev.rms_norm(
+                proj.view(),
+                Some(pl.proj_norm.view()),
+                spec.rms_eps,
+                p,
+                out.view_mut()
+            )
         )?;
-        timed!("add", dev.add(&mut out, &emb))?;
-        timed!("scale", dev.scale(&mut out, 1.0 / 2f32.sqrt()))?;
+        timed!("add", dev.add(out.view_mut(), emb.view()))?;
+        timed!("scale", dev.scale(out.view_mut(), 1.0 / 2f32.sqrt()))?;
         Ok(out)
     }
 
@@ -1322,48 +1498,68 @@ impl DeviceModel {
         &self,
         li: &DevLayerInput,
         il: usize,
-        inputs: &[f32],
+        inputs: &Tensor,
         row_ids: &[usize],
-        x: &[f32],
-        out: &mut [f32],
+        x: View<'_>,
+        mut out: ViewMut<'_>,
         bufs: &mut MlpBufs,
     ) -> Result<(), ModelError> {
-        let dev = &self.dev;
+        let dev = &*self.dev;
         let spec = &self.spec;
         let (p, rows) = (spec.per_layer_input, row_ids.len());
         let width = p * spec.n_layers();
-        let [gate, input, hidden, _] = bufs.take(rows * p, 0);
-        for (dst, &r) in input.chunks_exact_mut(p).zip(row_ids) {
-            dst.copy_from_slice(&inputs[r * width + il * p..r * width + (il + 1) * p]);
+        let [mut gate, mut input, mut hidden, _] = bufs.take(dev, rows * p, 0)?;
+        for (i, &r) in row_ids.iter().enumerate() {
+            let from = r * width + il * p;
+            dev.copy(
+                inputs.slice(from..from + p),
+                input.slice_mut(i * p..(i + 1) * p),
+            )?;
         }
-        timed!("per_layer_gate", dev.matmul(&*li.inp_gate, x, rows, gate))?;
-        timed!("gelu_mul", dev.gelu_mul(gate, input, hidden))?;
-        timed!("per_layer_proj", dev.matmul(&*li.proj, hidden, rows, out))?;
-        self.norm_in_place(out, Some(&li.post_norm), spec.d, &mut bufs.moe.scratch)?;
+        timed!(
+            "per_layer_gate",
+            dev.matmul(&*li.inp_gate, x, rows, gate.reborrow())
+        )?;
+        timed!(
+            "gelu_mul",
+            dev.gelu_mul(gate.as_view(), input.as_view(), hidden.reborrow())
+        )?;
+        timed!(
+            "per_layer_proj",
+            dev.matmul(&*li.proj, hidden.as_view(), rows, out.reborrow())
+        )?;
+        self.norm_in_place(
+            out,
+            Some(li.post_norm.view()),
+            spec.d,
+            &mut bufs.moe.scratch,
+        )?;
         Ok(())
     }
 
     fn mlp(
         &self,
         mlp: &DevMlp,
-        f: &[f32],
+        f: View<'_>,
         n: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
         bufs: &mut MlpBufs,
     ) -> Result<(), ModelError> {
-        let dev = &self.dev;
-        let [g, u, hdn, _] = bufs.take(n * mlp.width, 0);
+        let dev = &*self.dev;
+        let [g, u, mut hdn, _] = bufs.take(dev, n * mlp.width, 0)?;
+        let mut gu = [g, u];
         timed!(
             "gate_up",
-            dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut [g, u])
+            dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut gu)
         )?;
-        self.activation(g, u, hdn)?;
-        timed!("ffn_down", dev.matmul(&*mlp.down, hdn, n, out))?;
+        let [g, u] = gu;
+        self.activation(g.as_view(), u.as_view(), hdn.reborrow())?;
+        timed!("ffn_down", dev.matmul(&*mlp.down, hdn.as_view(), n, out))?;
         Ok(())
     }
 
     /// `hidden = act(gate, up)` with the model's activation.
-    fn activation(&self, g: &[f32], u: &[f32], hdn: &mut [f32]) -> Result<(), ModelError> {
+    fn activation(&self, g: View<'_>, u: View<'_>, hdn: ViewMut<'_>) -> Result<(), ModelError> {
         let dev = &self.dev;
         match self.spec.activation {
             Activation::Silu => timed!("silu_mul", dev.silu_mul(g, u, hdn))?,
@@ -1378,13 +1574,13 @@ impl DeviceModel {
     fn ffn(
         &self,
         layer: &DevLayer,
-        f: &[f32],
-        resid: &[f32],
+        f: View<'_>,
+        resid: View<'_>,
         n: usize,
-        out: &mut [f32],
+        mut out: ViewMut<'_>,
         bufs: &mut MlpBufs,
     ) -> Result<(), ModelError> {
-        let dev = &self.dev;
+        let dev = &*self.dev;
         let d = self.spec.d;
         match &layer.ffn {
             DevFfn::Dense(m) => self.mlp(m, f, n, out, bufs),
@@ -1417,31 +1613,53 @@ impl DeviceModel {
                     weights,
                     branch_out,
                     scratch,
+                    zeros,
+                    bias_rows,
                 } = &mut mb;
                 // Gemma 4: the experts read `pre_ffw_norm_2` of the residual stream, the
                 // router its weightless norm times `scale / sqrt(d)`.
                 let f_exp = match parallel {
                     Some(p) => {
-                        let b = grown(expert_in, n * d);
                         timed!(
                             "rms_norm",
-                            dev.rms_norm(resid, Some(&p.pre_norm_2), eps, d, b)
+                            dev.rms_norm(
+                                resid,
+                                Some(p.pre_norm_2.view()),
+                                eps,
+                                d,
+                                expert_in.get(dev, n * d)?
+                            )
                         )?;
-                        &*b
+                        expert_in.view(n * d)
                     }
                     None => f,
                 };
-                let logits = grown(logits, n * e);
                 match router_norm {
                     Some(w) => {
-                        let r = grown(router_in, n * d);
-                        timed!("rms_norm", dev.rms_norm(resid, Some(w), eps, d, r))?;
-                        timed!("router", dev.matmul(&**router, r, n, logits))?;
+                        timed!(
+                            "rms_norm",
+                            dev.rms_norm(resid, Some(w.view()), eps, d, router_in.get(dev, n * d)?)
+                        )?;
+                        timed!(
+                            "router",
+                            dev.matmul(
+                                &**router,
+                                router_in.view(n * d),
+                                n,
+                                logits.get(dev, n * e)?
+                            )
+                        )?;
                     }
-                    None => timed!("router", dev.matmul(&**router, f_exp, n, logits))?,
+                    None => timed!(
+                        "router",
+                        dev.matmul(&**router, f_exp, n, logits.get(dev, n * e)?)
+                    )?,
                 }
                 if let Some(rb) = router_bias {
-                    timed!("router_bias", dev.add_bias(logits, rb))?;
+                    timed!(
+                        "router_bias",
+                        dev.add_bias(logits.get(dev, n * e)?, rb.view())
+                    )?;
                 }
                 let ids = grown(ids, n * k);
                 let weights = grown(weights, n * k);
@@ -1453,7 +1671,14 @@ impl DeviceModel {
                 };
                 timed!(
                     "route",
-                    dev.route_topk(logits, e, bias.as_deref(), &cfg, ids, weights)
+                    dev.route_topk(
+                        logits.view(n * e),
+                        e,
+                        bias.as_ref().map(Tensor::view),
+                        &cfg,
+                        ids,
+                        weights
+                    )
                 )?;
                 // Gemma 4's per-expert output scale, folded into the routing weights.
                 if let Some(s) = expert_scale {
@@ -1470,30 +1695,28 @@ impl DeviceModel {
                     })
                     .collect();
                 let w = experts.width;
-                let [g, u, hdn, y] = bufs.take(n * k * w, n * k * d);
+                let [g, u, mut hdn, mut y] = bufs.take(dev, n * k * w, n * k * d)?;
+                let mut gu = [g, u];
                 timed!(
                     "expert_gate_up",
-                    dev.expert_matmul_multi(
-                        &[&*experts.gate, &*experts.up],
-                        f_exp,
-                        &rows,
-                        &mut [g, u]
-                    )
+                    dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f_exp, &rows, &mut gu)
                 )?;
+                let [mut g, mut u] = gu;
                 // Each chosen expert's biases, gathered into one matrix of its rows.
-                let gather = |table: &[f32], width: usize| -> Vec<f32> {
-                    let mut m = Vec::with_capacity(rows.len() * width);
-                    for r in &rows {
-                        let e = r.expert as usize;
-                        m.extend_from_slice(&table[e * width..(e + 1) * width]);
-                    }
-                    m
-                };
                 if let Some(b) = expert_biases {
-                    timed!("expert_bias", dev.add(g, &gather(&b.gate, w)))?;
-                    timed!("expert_bias", dev.add(u, &gather(&b.up, w)))?;
+                    timed!(
+                        "expert_bias",
+                        dev.add(
+                            g.reborrow(),
+                            gather_rows(dev, bias_rows, &rows, &b.gate, w)?
+                        )
+                    )?;
+                    timed!(
+                        "expert_bias",
+                        dev.add(u.reborrow(), gather_rows(dev, bias_rows, &rows, &b.up, w)?)
+                    )?;
                 }
-                self.activation(g, u, hdn)?;
+                self.activation(g.as_view(), u.as_view(), hdn.reborrow())?;
                 let down_rows: Vec<ExpertRow> = rows
                     .iter()
                     .enumerate()
@@ -1504,41 +1727,53 @@ impl DeviceModel {
                     .collect();
                 timed!(
                     "expert_down",
-                    dev.expert_matmul(&*experts.down, hdn, &down_rows, y)
+                    dev.expert_matmul(&*experts.down, hdn.as_view(), &down_rows, y.reborrow())
                 )?;
                 if let Some(b) = expert_biases {
-                    timed!("expert_bias", dev.add(y, &gather(&b.down, d)))?;
+                    timed!(
+                        "expert_bias",
+                        dev.add(
+                            y.reborrow(),
+                            gather_rows(dev, bias_rows, &rows, &b.down, d)?
+                        )
+                    )?;
                 }
-                out.fill(0.0);
+                zero(dev, out.reborrow(), zeros)?;
                 let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
                 timed!(
                     "scatter",
-                    dev.scatter_add_weighted(out, y, &token_rows, weights, d)
+                    dev.scatter_add_weighted(out.reborrow(), y.as_view(), &token_rows, weights, d)
                 )?;
                 if let Some(s) = shared {
-                    let ys = grown(branch_out, n * d);
-                    self.mlp(s, f, n, ys, bufs)?;
+                    self.mlp(s, f, n, branch_out.get(dev, n * d)?, bufs)?;
                     // Qwen 3.5: the shared expert's output times `sigmoid(gate . f)`.
                     if let Some(gw) = shared_gate {
-                        let mut gl = vec![0.0f32; n];
-                        timed!("shared_gate", dev.matmul(&**gw, f, n, &mut gl))?;
-                        for (row, &g) in ys.chunks_exact_mut(d).zip(&gl) {
-                            let g = sigmoid_ggml(g);
-                            for v in row {
-                                *v *= g;
+                        let mut gl = dev.alloc(n)?;
+                        timed!("shared_gate", dev.matmul(&**gw, f, n, gl.view_mut()))?;
+                        let gl = dev.download_tensor(gl)?;
+                        on_host(dev, branch_out.get(dev, n * d)?, true, |ys| {
+                            for (row, &g) in ys.chunks_exact_mut(d).zip(&gl) {
+                                let g = sigmoid_ggml(g);
+                                for v in row {
+                                    *v *= g;
+                                }
                             }
-                        }
+                        })?;
                     }
-                    timed!("add", dev.add(out, ys))?;
+                    timed!("add", dev.add(out.reborrow(), branch_out.view(n * d)))?;
                 }
                 if let Some(p) = parallel {
                     // Both branches' post-norms, then dense + experts.
-                    self.norm_in_place(out, Some(&p.post_norm_2), d, scratch)?;
-                    let yd = grown(branch_out, n * d);
-                    self.mlp(&p.mlp, f, n, yd, bufs)?;
-                    self.norm_in_place(yd, Some(&p.post_norm_1), d, scratch)?;
-                    timed!("add", dev.add(yd, out))?;
-                    out.copy_from_slice(yd);
+                    self.norm_in_place(out.reborrow(), Some(p.post_norm_2.view()), d, scratch)?;
+                    self.mlp(&p.mlp, f, n, branch_out.get(dev, n * d)?, bufs)?;
+                    self.norm_in_place(
+                        branch_out.get(dev, n * d)?,
+                        Some(p.post_norm_1.view()),
+                        d,
+                        scratch,
+                    )?;
+                    timed!("add", dev.add(branch_out.get(dev, n * d)?, out.as_view()))?;
+                    dev.copy(branch_out.view(n * d), out)?;
                 }
                 bufs.moe = mb;
                 Ok(())
@@ -1628,13 +1863,130 @@ impl<'m> Session<'m> {
 
 /// Moves the `wanted` rows (of width `d`) of a layer's output `out` and of the residual
 /// stream `x` to the front, in order: the rows the last layer goes on with.
-fn keep_rows(wanted: &[std::ops::Range<usize>], d: usize, out: &mut [f32], x: &mut [f32]) {
+fn keep_rows(
+    dev: &dyn Device,
+    wanted: &[std::ops::Range<usize>],
+    d: usize,
+    out: &mut Tensor,
+    x: &mut Tensor,
+) -> Result<(), HalError> {
     let mut to = 0;
     for r in wanted {
         for from in r.clone() {
-            out.copy_within(from * d..(from + 1) * d, to * d);
-            x.copy_within(from * d..(from + 1) * d, to * d);
+            copy_within(dev, out, from * d, to * d, d)?;
+            copy_within(dev, x, from * d, to * d, d)?;
             to += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `t[dst..dst + len] = t[src..src + len]` on the device; the ranges do not overlap
+/// (or are the same).
+fn copy_within(
+    dev: &dyn Device,
+    t: &mut Tensor,
+    src: usize,
+    dst: usize,
+    len: usize,
+) -> Result<(), HalError> {
+    if src == dst || len == 0 {
+        return Ok(());
+    }
+    match t {
+        Tensor::Host(v) => {
+            v.copy_within(src..src + len, dst);
+            Ok(())
+        }
+        Tensor::Device(b) => {
+            let buf = &**b;
+            dev.copy(
+                View::Device {
+                    buf,
+                    offset: src,
+                    len,
+                },
+                ViewMut::Device {
+                    buf,
+                    offset: dst,
+                    len,
+                },
+            )
+        }
+    }
+}
+
+/// The values of `v` in host memory: borrowed when they are there, downloaded (and
+/// counted) from a device buffer.
+fn read_host<'a>(dev: &dyn Device, v: View<'a>) -> Result<Cow<'a, [f32]>, HalError> {
+    match v {
+        View::Host(s) => Ok(Cow::Borrowed(s)),
+        v => {
+            let mut h = vec![0.0; v.len()];
+            dev.download(v, &mut h)?;
+            Ok(Cow::Owned(h))
+        }
+    }
+}
+
+/// Runs `f` on the values of `t` in host memory: in place when they are there, else
+/// on a host copy uploaded after (downloaded first when `f` reads them: `reads`; both
+/// counted). For the few element-wise steps the device interface has no op for (Qwen
+/// 3.5's gates, the delta rule's decay, the L2 norm of its heads, gathered expert
+/// biases).
+fn on_host(
+    dev: &dyn Device,
+    t: ViewMut<'_>,
+    reads: bool,
+    f: impl FnOnce(&mut [f32]),
+) -> Result<(), HalError> {
+    match t {
+        ViewMut::Host(s) => {
+            f(s);
+            Ok(())
+        }
+        t => {
+            let mut h = vec![0.0; t.len()];
+            if reads {
+                dev.download(t.as_view(), &mut h)?;
+            }
+            f(&mut h);
+            dev.upload(&h, t)
+        }
+    }
+}
+
+/// The rows of `table` (`width` values per expert) of each routed row's expert, one
+/// after another in `buf`: gathered on the host (for a device buffer, an upload).
+fn gather_rows<'b>(
+    dev: &dyn Device,
+    buf: &'b mut Buf,
+    rows: &[ExpertRow],
+    table: &[f32],
+    width: usize,
+) -> Result<View<'b>, HalError> {
+    let len = rows.len() * width;
+    on_host(dev, buf.get(dev, len)?, false, |m| {
+        for (dst, r) in m.chunks_exact_mut(width).zip(rows) {
+            let e = r.expert as usize;
+            dst.copy_from_slice(&table[e * width..(e + 1) * width]);
+        }
+    })?;
+    Ok(buf.view(len))
+}
+
+/// `t = 0`: in place in host memory, else a device-side copy from `zeros`, a tensor
+/// that is only ever grown (so all zeros).
+fn zero(dev: &dyn Device, t: ViewMut<'_>, zeros: &mut Buf) -> Result<(), HalError> {
+    match t {
+        ViewMut::Host(s) => {
+            s.fill(0.0);
+            Ok(())
+        }
+        t => {
+            let len = t.len();
+            zeros.get(dev, len)?;
+            dev.copy(zeros.view(len), t)
         }
     }
 }

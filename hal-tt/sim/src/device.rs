@@ -145,6 +145,15 @@ pub struct Counters {
     pub float_dispatches: u64,
     pub streamed_bytes: u64,
     pub dram_used_bytes: u64,
+    /// `flint_tt_buffer_write` calls and the bytes they moved (host to device).
+    pub host_writes: u64,
+    pub host_write_bytes: u64,
+    /// `flint_tt_buffer_read` calls and the bytes they moved (device to host).
+    pub host_reads: u64,
+    pub host_read_bytes: u64,
+    /// `flint_tt_buffer_copy` calls and the bytes they moved (device to device).
+    pub device_copies: u64,
+    pub device_copy_bytes: u64,
 }
 
 /// A staged weight as the ABI describes it.
@@ -309,11 +318,13 @@ impl State {
         };
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut b.data);
         bytes[offset as usize..end as usize].copy_from_slice(src);
+        self.counters.host_writes += 1;
+        self.counters.host_write_bytes += src.len() as u64;
         Ok(())
     }
 
     /// `flint_tt_buffer_read`.
-    pub fn read(&self, h: u64, offset: u64, dst: &mut [u8]) -> Result<(), SimError> {
+    pub fn read(&mut self, h: u64, offset: u64, dst: &mut [u8]) -> Result<(), SimError> {
         let b = self.buf(h)?;
         let end = offset
             .checked_add(dst.len() as u64)
@@ -327,6 +338,65 @@ impl State {
         };
         let bytes: &[u8] = bytemuck::cast_slice(&b.data);
         dst.copy_from_slice(&bytes[offset as usize..end as usize]);
+        self.counters.host_reads += 1;
+        self.counters.host_read_bytes += dst.len() as u64;
+        Ok(())
+    }
+
+    /// `flint_tt_buffer_copy`: `bytes` from `src` at `src_offset` to `dst` at
+    /// `dst_offset`, on the device. Overlapping ranges of one buffer are refused.
+    pub fn copy(
+        &mut self,
+        src: u64,
+        src_offset: u64,
+        dst: u64,
+        dst_offset: u64,
+        bytes: u64,
+    ) -> Result<(), SimError> {
+        let range = |h: u64, off: u64, this: &Self, what: &str| {
+            let b = this.buf(h)?;
+            match off.checked_add(bytes).filter(|&e| e <= b.bytes) {
+                Some(end) => Ok(off as usize..end as usize),
+                None => invalid(format!(
+                    "buffer_copy: {bytes} bytes at {off} outside {what} buffer {h} of {} bytes",
+                    b.bytes
+                )),
+            }
+        };
+        let s = range(src, src_offset, self, "source")?;
+        let d = range(dst, dst_offset, self, "destination")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if src == dst {
+            if s.start < d.end && d.start < s.end {
+                return invalid(format!(
+                    "buffer_copy: overlapping ranges {}..{} and {}..{} of buffer {src}",
+                    s.start, s.end, d.start, d.end
+                ));
+            }
+            let b = self.buffers.get_mut(&src).ok_or_else(|| SimError {
+                code: ERR_INVALID,
+                message: format!("no buffer {src}"),
+            })?;
+            let v: &mut [u8] = bytemuck::cast_slice_mut(&mut b.data);
+            v.copy_within(s, d.start);
+        } else {
+            let sb = self.take(src, 0, "buffer_copy")?;
+            let r = match self.buffers.get_mut(&dst) {
+                Some(db) => {
+                    let from: &[u8] = bytemuck::cast_slice(&sb.data);
+                    let to: &mut [u8] = bytemuck::cast_slice_mut(&mut db.data);
+                    to[d].copy_from_slice(&from[s]);
+                    Ok(())
+                }
+                None => invalid(format!("no buffer {dst}")),
+            };
+            self.put(src, sb);
+            r?;
+        }
+        self.counters.device_copies += 1;
+        self.counters.device_copy_bytes += bytes;
         Ok(())
     }
 
@@ -725,7 +795,7 @@ impl State {
         logits: u64,
         n_rows: usize,
         n_experts: usize,
-        bias: Option<&[f32]>,
+        bias: u64,
         k: usize,
         gating: flint_core::math::Gating,
         normalize: bool,
@@ -737,6 +807,11 @@ impl State {
             return invalid(format!("route_topk: k = {k} with {n_experts} experts"));
         }
         let l = self.floats(logits, n_rows * n_experts, "route_topk logits")?;
+        let bias = if bias == 0 {
+            None
+        } else {
+            Some(self.floats(bias, n_experts, "route_topk bias")?)
+        };
         for r in 0..n_rows {
             kernels::route_topk_row(
                 &l[r * n_experts..(r + 1) * n_experts],
@@ -1027,4 +1102,38 @@ fn check_rows(n: usize, dim: usize, what: &str) -> Result<(), SimError> {
         return invalid(format!("{what}: {n} values are not rows of {dim}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_copy_checks_ranges_and_counts() {
+        let mut st = State::new(1 << 20);
+        let a = st.alloc(64).expect("alloc");
+        let b = st.alloc(64).expect("alloc");
+        let vals: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        st.write(a, 0, bytemuck::cast_slice(&vals)).expect("write");
+        // 4 values from a[2] to b[5], then b[5..9] to b[12..16] (one buffer, apart).
+        st.copy(a, 8, b, 20, 16).expect("copy");
+        st.copy(b, 20, b, 48, 16).expect("copy within");
+        let mut out = vec![0.0f32; 16];
+        st.read(b, 0, bytemuck::cast_slice_mut(&mut out))
+            .expect("read");
+        assert_eq!(&out[5..9], &vals[2..6]);
+        assert_eq!(&out[12..16], &vals[2..6]);
+        assert_eq!(out[0], 0.0);
+        // Overlapping ranges of one buffer, and ranges outside a buffer, are refused.
+        let e = st.copy(a, 0, a, 8, 16).expect_err("overlap");
+        assert_eq!(e.code, ERR_INVALID);
+        assert!(e.message.contains("overlapping"), "{}", e.message);
+        let e = st.copy(a, 60, b, 0, 8).expect_err("outside");
+        assert_eq!(e.code, ERR_INVALID);
+        assert!(st.copy(a, 0, 999, 0, 4).is_err());
+        let c = st.counters();
+        assert_eq!((c.device_copies, c.device_copy_bytes), (2, 32));
+        assert_eq!((c.host_writes, c.host_write_bytes), (1, 64));
+        assert_eq!((c.host_reads, c.host_read_bytes), (1, 64));
+    }
 }

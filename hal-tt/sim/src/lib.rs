@@ -11,8 +11,10 @@
 //! - a V cache at fp16 precision (keys at f32), attention tiled over 64 keys with an
 //!   online softmax, GELU on fp16 operands: where the core offers the routine the CPU
 //!   backend and the reference forward use, the simulator uses it too;
-//! - dispatch counters (block and float matmuls) and the bytes streamed from host memory
-//!   for weights staged as streamed.
+//! - dispatch counters (block and float matmuls), the bytes streamed from host memory
+//!   for weights staged as streamed, and the host-device traffic through
+//!   `flint_tt_buffer_write` / `flint_tt_buffer_read` (calls and bytes) and the device-side
+//!   copies of `flint_tt_buffer_copy` (ABI 4), to cross-check the host's own count.
 //!
 //! Test knobs, read when a device is opened: `FLINT_TT_SIM_FAIL_OPEN=1` makes
 //! `flint_tt_device_open` fail (as a machine without a card would); read by
@@ -36,7 +38,7 @@ pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
 use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
 
 /// The ABI version this library implements.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// `FLINT_TT_OK`.
 const OK: i32 = 0;
@@ -314,6 +316,24 @@ pub unsafe extern "C" fn flint_tt_buffer_read(
         let d = unsafe { slice_mut(dst, len, "buffer_read destination") }?;
         st.read(buf, offset, d)
     })
+}
+
+/// `flint_tt_buffer_copy` (ABI 4): `bytes` from `src` at byte `src_offset` to `dst` at
+/// byte `dst_offset`, on the device. Overlapping ranges of one buffer are
+/// `FLINT_TT_ERR_INVALID`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_buffer_copy(
+    dev: *const SimDevice,
+    src: u64,
+    src_offset: u64,
+    dst: u64,
+    dst_offset: u64,
+    bytes: u64,
+) -> i32 {
+    call(dev, |st| st.copy(src, src_offset, dst, dst_offset, bytes))
 }
 
 /// `flint_tt_weight_desc` of the C header.
@@ -700,18 +720,18 @@ pub unsafe extern "C" fn flint_tt_scatter_add_weighted(
     })
 }
 
-/// `flint_tt_route_topk`.
+/// `flint_tt_route_topk`. ABI 4: `bias` is a device buffer of `n_experts` floats (0 =
+/// none).
 ///
 /// # Safety
-/// `dev` an open device; `bias` NULL or `n_experts` floats; `ids`, `weights`
-/// `n_rows * k` writable entries.
+/// `dev` an open device; `ids`, `weights` `n_rows * k` writable entries.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_route_topk(
     dev: *const SimDevice,
     logits: u64,
     n_rows: u64,
     n_experts: u32,
-    bias: *const f32,
+    bias: u64,
     k: u32,
     gating: u32,
     normalize: u32,
@@ -720,12 +740,6 @@ pub unsafe extern "C" fn flint_tt_route_topk(
     weights: *mut f32,
 ) -> i32 {
     call(dev, |st| {
-        let bias = if bias.is_null() {
-            None
-        } else {
-            // SAFETY: non-null `bias` holds `n_experts` floats (contract).
-            Some(unsafe { slice(bias, n_experts as u64, "bias") }?)
-        };
         let total = n_rows.saturating_mul(k as u64);
         // SAFETY: `ids` holds `n_rows * k` writable u32s (contract).
         let ids = unsafe { slice_mut(ids, total, "ids") }?;
@@ -907,7 +921,22 @@ pub struct CCounters {
     pub streamed_bytes: u64,
     /// DRAM in use.
     pub dram_used_bytes: u64,
+    /// `flint_tt_buffer_write` calls (ABI 4).
+    pub host_writes: u64,
+    /// Bytes they moved from host to device (ABI 4).
+    pub host_write_bytes: u64,
+    /// `flint_tt_buffer_read` calls (ABI 4).
+    pub host_reads: u64,
+    /// Bytes they moved from device to host (ABI 4).
+    pub host_read_bytes: u64,
+    /// `flint_tt_buffer_copy` calls (ABI 4).
+    pub device_copies: u64,
+    /// Bytes they copied on the device (ABI 4).
+    pub device_copy_bytes: u64,
 }
+
+// The header's layout: ten u64.
+const _: () = assert!(std::mem::size_of::<CCounters>() == 80);
 
 /// `flint_tt_counters_get`.
 ///
@@ -927,6 +956,12 @@ pub unsafe extern "C" fn flint_tt_counters_get(dev: *const SimDevice, out: *mut 
                 float_dispatches: c.float_dispatches,
                 streamed_bytes: c.streamed_bytes,
                 dram_used_bytes: c.dram_used_bytes,
+                host_writes: c.host_writes,
+                host_write_bytes: c.host_write_bytes,
+                host_reads: c.host_reads,
+                host_read_bytes: c.host_read_bytes,
+                device_copies: c.device_copies,
+                device_copy_bytes: c.device_copy_bytes,
             })
         };
         Ok(())

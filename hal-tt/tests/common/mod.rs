@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use flint_core::GgmlType;
-use flint_hal::{DeviceOptions, WeightDesc, WeightKind, WeightSource};
+use flint_hal::{DeviceOptions, View, ViewMut, WeightDesc, WeightKind, WeightSource};
 use flint_hal_tt::TtDevice;
 
 /// The simulated adapter `libflint_tt_sim.so`. `flint-tt-sim` is a dev-dependency, so
@@ -27,6 +27,16 @@ pub fn sim_path() -> PathBuf {
         "libflint_tt_sim.so not found next to {} (is flint-tt-sim built?)",
         exe.display()
     );
+}
+
+/// Host values as a read view.
+pub fn h(s: &[f32]) -> View<'_> {
+    View::Host(s)
+}
+
+/// Host values as a write view.
+pub fn hm(s: &mut [f32]) -> ViewMut<'_> {
+    ViewMut::Host(s)
 }
 
 /// Opens the simulated device with `keep_quant`.

@@ -136,6 +136,7 @@ pub(crate) fn paged_attention_in_groups(
     let (dk, dv, hkv, bs) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads, l.block_size);
     let nh = p.n_heads;
     crate::kv::query_owners(&l, p, out.len())?;
+    let queries = p.q.host();
     let group = nh / hkv;
     let rv = hkv * dv;
     // Work items: (sequence, KV head, up to `lanes` (row, head) queries).
@@ -168,7 +169,7 @@ pub(crate) fn paged_attention_in_groups(
             for &(r, h) in qs {
                 let pos = seq.positions[r - seq.q_start] as usize;
                 let lo = flint_core::math::window_start(pos, p.window);
-                g.q.push(&p.q[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
+                g.q.push(&queries[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
                 g.range.push((lo, pos));
                 g.sink.push(p.sinks.map(|s| s[h]));
             }
