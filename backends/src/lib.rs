@@ -11,7 +11,7 @@
 use flint_hal::Registry;
 
 /// The registry of this build: every backend it links, in the order `flint devices`
-/// lists them (`cpu`, `ref`, `tt`). Each backend crate says what it registers through
+/// lists them (`cpu`, `ref`, `tt`, `vk`). Each backend crate says what it registers through
 /// its `backends()` function.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -19,6 +19,7 @@ pub fn registry() -> Registry {
         flint_hal_cpu::backends(),
         flint_hal_ref::backends(),
         flint_hal_tt::backends(),
+        flint_hal_vk::backends(),
     ];
     for entry in all.into_iter().flatten() {
         r.register(entry);
@@ -34,6 +35,6 @@ mod tests {
     #[test]
     fn lists_every_linked_backend_once() {
         let names = registry().names();
-        assert_eq!(names, vec!["cpu", "ref", "tt"]);
+        assert_eq!(names, vec!["cpu", "ref", "tt", "vk"]);
     }
 }

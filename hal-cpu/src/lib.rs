@@ -105,7 +105,7 @@ pub fn backends() -> Vec<BackendEntry> {
     vec![BackendEntry {
         name: "cpu",
         summary: "host CPU: SIMD int8 kernels (AVX2/AVX-512) on the mmapped GGUF blocks, rayon",
-        probe: || Ok(()),
+        probe: || Ok(None),
         open: |o| Ok(Arc::new(CpuDevice::new(o)?) as DeviceRef),
     }]
 }

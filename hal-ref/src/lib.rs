@@ -57,7 +57,7 @@ pub fn backends() -> Vec<BackendEntry> {
         name: "ref",
         summary:
             "reference: the flint-core scalar kernels, one thread (slowest; the porting example)",
-        probe: || Ok(()),
+        probe: || Ok(None),
         open: |o| Ok(Arc::new(RefDevice::new(o)) as DeviceRef),
     }]
 }

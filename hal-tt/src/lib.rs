@@ -53,11 +53,11 @@ use flint_hal::{BackendEntry, DeviceOptions, DeviceRef, HalError};
 
 /// Checks that the adapter loads, speaks this ABI version and that device 0 opens (and
 /// closes it again). The error says why not.
-pub fn probe() -> Result<(), HalError> {
+pub fn probe() -> Result<Option<String>, HalError> {
     let rt = Runtime::load_from_env()?;
     let (dev, _) = rt.open_device(0)?;
     rt.close_device(dev);
-    Ok(())
+    Ok(None)
 }
 
 fn open(opts: &DeviceOptions) -> Result<DeviceRef, HalError> {

@@ -63,7 +63,8 @@ pub struct BackendEntry {
     /// One line for `flint devices`.
     pub summary: &'static str,
     /// Cheap check whether the backend can be opened here; the error says why not.
-    pub probe: fn() -> Result<(), HalError>,
+    /// `Ok(Some(..))` names what it found (a device, its memory) for `flint devices`.
+    pub probe: fn() -> Result<Option<String>, HalError>,
     /// Opens the device.
     pub open: fn(&DeviceOptions) -> Result<DeviceRef, HalError>,
 }
@@ -89,8 +90,9 @@ pub struct Availability {
     pub name: &'static str,
     /// Its one-line summary.
     pub summary: &'static str,
-    /// `Ok` when it can be opened, else why not.
-    pub status: Result<(), HalError>,
+    /// `Ok` when it can be opened (with what the probe found, if it says), else why
+    /// not.
+    pub status: Result<Option<String>, HalError>,
 }
 
 impl Registry {
@@ -167,7 +169,7 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn unavailable() -> Result<(), HalError> {
+    fn unavailable() -> Result<Option<String>, HalError> {
         Err(HalError::unavailable("no runtime library found"))
     }
 

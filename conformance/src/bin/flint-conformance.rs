@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     if name == "all" {
         for a in reg.availability() {
             match a.status {
-                Ok(()) => targets.push(a.name),
+                Ok(_) => targets.push(a.name),
                 Err(e) => unavailable.push((a.name, e.to_string())),
             }
         }

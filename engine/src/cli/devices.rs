@@ -38,6 +38,7 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
                     "name": a.name,
                     "summary": a.summary,
                     "available": a.status.is_ok() && !matches!(open, Some(Err(_))),
+                    "found": a.status.as_ref().ok().and_then(|f| f.clone()),
                     "reason": a.status.as_ref().err().map(|e| e.to_string())
                         .or_else(|| open.and_then(|o| o.as_ref().err()).map(|e| e.to_string())),
                     "selected": a.name == selected,
@@ -50,16 +51,20 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
     }
     for a in &rows {
         let mark = if a.name == selected { "*" } else { " " };
+        let found = match &a.status {
+            Ok(Some(f)) => format!(" (found: {f})"),
+            _ => String::new(),
+        };
         let open = opened.as_ref().filter(|_| a.name == selected);
         match (&a.status, open) {
-            (Ok(()), Some(Ok(desc))) => {
+            (Ok(_), Some(Ok(desc))) => {
                 println!(
-                    "{mark} {:<6} available    {}; opened: {desc}",
+                    "{mark} {:<6} available    {}{found}; opened: {desc}",
                     a.name, a.summary
                 )
             }
-            (Ok(()), Some(Err(e))) => println!("{mark} {:<6} unavailable  {e}", a.name),
-            (Ok(()), None) => println!("{mark} {:<6} available    {}", a.name, a.summary),
+            (Ok(_), Some(Err(e))) => println!("{mark} {:<6} unavailable  {e}", a.name),
+            (Ok(_), None) => println!("{mark} {:<6} available    {}{found}", a.name, a.summary),
             (Err(e), _) => println!("{mark} {:<6} unavailable  {e}", a.name),
         }
     }

@@ -1,0 +1,105 @@
+//! Compiles the WGSL compute shaders in `shaders/` to SPIR-V with naga (pure Rust: no
+//! external shader compiler is needed to build Flint).
+//!
+//! - `shaders/*.wgsl` other than the weight templates and the prelude: one shader each.
+//! - The weight templates (`matmul.wgsl`, `matmul_rows.wgsl`, `get_rows.wgsl`) are joined with
+//!   `prelude.wgsl` and each `blocks/<type>.wgsl` into `<template>_<type>`.
+//!
+//! The SPIR-V lands in `OUT_DIR`; `shaders.rs` there lists every shader by name
+//! (`include!`d by `src/shaders.rs`). A shader that does not parse or validate fails the
+//! build with naga's message, naming the file.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const TEMPLATES: [&str; 3] = ["matmul", "matmul_rows", "get_rows"];
+
+fn compile(name: &str, src: &str, out_dir: &Path) -> PathBuf {
+    let module = match naga::front::wgsl::parse_str(src) {
+        Ok(m) => m,
+        Err(e) => panic!("shader {name}: {}", e.emit_to_string(src)),
+    };
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("shader {name}: {}", e.emit_to_string(src)));
+    let options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        ..Default::default()
+    };
+    let words = naga::back::spv::write_vec(&module, &info, &options, None)
+        .unwrap_or_else(|e| panic!("shader {name}: SPIR-V output: {e}"));
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let path = out_dir.join(format!("{name}.spv"));
+    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+fn read(p: &Path) -> String {
+    println!("cargo:rerun-if-changed={}", p.display());
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn wgsl_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wgsl"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn main() {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let shaders = root.join("shaders");
+    println!("cargo:rerun-if-changed={}", shaders.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        shaders.join("blocks").display()
+    );
+    let prelude = read(&shaders.join("prelude.wgsl"));
+
+    let mut list = String::from("/// Every compiled shader: (name, SPIR-V bytes).\npub const SHADERS: &[(&str, &[u8])] = &[\n");
+    let mut add = |name: &str, path: &Path| {
+        writeln!(
+            list,
+            "    ({name:?}, include_bytes!({:?})),",
+            path.display().to_string()
+        )
+        .expect("write to a String");
+    };
+
+    for p in wgsl_files(&shaders) {
+        let stem = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("utf-8 name")
+            .to_string();
+        if stem == "prelude" || TEMPLATES.contains(&stem.as_str()) {
+            continue;
+        }
+        let path = compile(&stem, &read(&p), &out_dir);
+        add(&stem, &path);
+    }
+    for t in TEMPLATES {
+        let template = read(&shaders.join(format!("{t}.wgsl")));
+        for b in wgsl_files(&shaders.join("blocks")) {
+            let ty = b
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .expect("utf-8 name")
+                .to_string();
+            let src = format!("{prelude}\n{}\n{template}", read(&b));
+            let name = format!("{t}_{ty}");
+            let path = compile(&name, &src, &out_dir);
+            add(&name, &path);
+        }
+    }
+    list.push_str("];\n");
+    let gen = out_dir.join("shaders.rs");
+    std::fs::write(&gen, list).unwrap_or_else(|e| panic!("{}: {e}", gen.display()));
+}
