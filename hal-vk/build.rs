@@ -1,7 +1,9 @@
 //! Compiles the WGSL compute shaders in `shaders/` to SPIR-V with naga (pure Rust: no
 //! external shader compiler is needed to build Flint).
 //!
-//! - `shaders/*.wgsl` other than the weight templates and the prelude: one shader each.
+//! - `shaders/*.wgsl` other than the weight templates and the prelude: one shader each,
+//!   and for one that uses f64 a second, `<name>_f32`, with f32 in its place (for
+//!   devices without shaderFloat64).
 //! - The weight templates (`matmul.wgsl`, `matmul_rows.wgsl`, `get_rows.wgsl`) are joined with
 //!   `prelude.wgsl` and each `blocks/<type>.wgsl` into `<template>_<type>`.
 //!
@@ -82,8 +84,16 @@ fn main() {
         if stem == "prelude" || TEMPLATES.contains(&stem.as_str()) {
             continue;
         }
-        let path = compile(&stem, &read(&p), &out_dir);
+        let src = read(&p);
+        let path = compile(&stem, &src, &out_dir);
         add(&stem, &path);
+        // A shader that sums in f64 (as ggml's CPU code does) also gets an f32 variant,
+        // `<name>_f32`, for devices without shaderFloat64.
+        if src.contains("f64") {
+            let name = format!("{stem}_f32");
+            let path = compile(&name, &src.replace("f64", "f32"), &out_dir);
+            add(&name, &path);
+        }
     }
     for t in TEMPLATES {
         let template = read(&shaders.join(format!("{t}.wgsl")));

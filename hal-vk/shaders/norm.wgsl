@@ -23,7 +23,7 @@ var<immediate> pc: P;
 @group(0) @binding(2) var<storage, read> Wt: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> scale_sh: f32;
 
 @compute @workgroup_size(256)
 fn main(
@@ -34,27 +34,26 @@ fn main(
     let r = wid.x + wid.y * nwg.x;
     let valid = r < pc.rows;
     let xb = pc.x_off + r * pc.dim;
-    var sum = 0.0;
-    if (valid) {
+    if (valid && pc.mode == 1u) {
         for (var i = lid; i < pc.dim; i += WG) {
-            var v = X[xb + i];
-            if (pc.mode == 1u) {
-                v = v + D[pc.d_off + r * pc.dim + i];
-                X[xb + i] = v;
-            }
-            sum += v * v;
+            X[xb + i] = X[xb + i] + D[pc.d_off + r * pc.dim + i];
         }
     }
-    red[lid] = sum;
-    workgroupBarrier();
-    for (var h = WG / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red[lid] += red[lid + h];
+    storageBarrier();
+    // The scale as ggml's CPU rms_norm (and flint_core's `rms_scale`) computes it: the f32
+    // squares summed in f64 in order, the mean rounded to f32 before eps is added. One
+    // invocation sums the row: the order is the point, and a row is short.
+    if (valid && lid == 0u) {
+        var sum = f64(0.0);
+        for (var i = 0u; i < pc.dim; i++) {
+            let v = X[xb + i];
+            sum += f64(v * v);
         }
-        workgroupBarrier();
+        let mean = f32(sum / f64(pc.dim));
+        scale_sh = 1.0 / sqrt(mean + pc.eps);
     }
+    let scale = workgroupUniformLoad(&scale_sh);
     if (valid) {
-        let scale = 1.0 / sqrt(red[0] / f32(pc.dim) + pc.eps);
         let ob = pc.o_off + r * pc.dim;
         for (var i = lid; i < pc.dim; i += WG) {
             var y = X[xb + i] * scale;

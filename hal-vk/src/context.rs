@@ -55,6 +55,10 @@ pub struct Limits {
     /// Invocations per subgroup in compute shaders, where the device can broadcast
     /// within a subgroup there (the `matmul_rows` kernel needs 8); 0 otherwise.
     pub subgroup_broadcast: u32,
+    /// Whether shaders may use f64 (`shaderFloat64`, enabled when offered): the shaders
+    /// that follow ggml's f64 sums run as written; elsewhere their `_f32` variants
+    /// (f64 read as f32, `build.rs`) do.
+    pub float64: bool,
 }
 
 /// A compute pipeline and its layout (handles owned by [`Ctx`]).
@@ -212,7 +216,11 @@ impl Ctx {
         let qci = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&prio)];
-        let dci = vk::DeviceCreateInfo::default().queue_create_infos(&qci);
+        // Doubles where the device has them (`Limits::float64`).
+        let features = vk::PhysicalDeviceFeatures::default().shader_float64(limits.float64);
+        let dci = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&qci)
+            .enabled_features(&features);
         // SAFETY: valid create info for a device of this instance.
         let dev = unsafe { instance.create_device(pd, &dci, None) }
             .map_err(|e| HalError::unavailable(format!("vk: vkCreateDevice failed: {e}")))?;
@@ -295,8 +303,19 @@ impl Ctx {
     }
 
     /// The pipeline of shader `name` (a name from `shaders/`; a missing one is a bug),
-    /// built on first use.
+    /// built on first use; on a device without f64, its `_f32` variant where it has one.
     pub fn pipeline(&self, name: &str) -> Result<Pipeline, HalError> {
+        let variant;
+        let name = if self.limits.float64 {
+            name
+        } else {
+            variant = format!("{name}_f32");
+            if self.has_pipeline(&variant) {
+                variant.as_str()
+            } else {
+                name
+            }
+        };
         let mut map = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = map.get(name) {
             return Ok(*p);
@@ -452,6 +471,8 @@ fn choose(instance: &ash::Instance) -> Result<Choice, HalError> {
         offset_align: props.limits.min_storage_buffer_offset_alignment.max(4),
         max_groups: props.limits.max_compute_work_group_count[0].min(65535),
         subgroup_broadcast: if broadcast { sg.subgroup_size } else { 0 },
+        // SAFETY: `pd` comes from this instance.
+        float64: unsafe { instance.get_physical_device_features(pd) }.shader_float64 != 0,
     };
     if props.limits.max_push_constants_size < PUSH_BYTES {
         return Err(HalError::unavailable(format!(
