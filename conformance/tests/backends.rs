@@ -114,12 +114,29 @@ fn tt_expanded() {
     }
 }
 
+/// The Vulkan backend on whatever Vulkan device the machine has (lavapipe in CI). Without
+/// one it says so loudly and is not run, except in CI (`CI` set), where `.ci/run`
+/// installs lavapipe and a missing device fails the test.
+#[test]
+fn vk() {
+    match flint_hal_vk::VkDevice::open(&DeviceOptions::default()) {
+        Ok(d) => {
+            let what = format!("vk ({})", flint_hal::Device::description(&d));
+            certify(Arc::new(d), &what);
+        }
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("CI: the vk device must open (.ci/run installs lavapipe): {e}")
+        }
+        Err(e) => eprintln!("!!! vk: unavailable here ({e}); not run"),
+    }
+}
+
 /// A backend registered without a test here would never be certified by `cargo test`.
 #[test]
 fn every_registered_backend_has_a_test() {
     for name in registry().names() {
         assert!(
-            ["cpu", "ref", "tt"].contains(&name),
+            ["cpu", "ref", "tt", "vk"].contains(&name),
             "backend {name} has no test in conformance/tests/backends.rs"
         );
     }
