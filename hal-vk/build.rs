@@ -5,7 +5,12 @@
 //!   and for one that uses f64 a second, `<name>_f32`, with f32 in its place (for
 //!   devices without shaderFloat64).
 //! - The weight templates (`matmul.wgsl`, `matmul_rows.wgsl`, `get_rows.wgsl`) are joined with
-//!   `prelude.wgsl` and each `blocks/<type>.wgsl` into `<template>_<type>`.
+//!   `prelude.wgsl` and each `blocks/<type>.wgsl` into `<template>_<type>`;
+//!   `matmul_exact.wgsl` with each `exact/<type>.wgsl` (the types it computes in the cpu
+//!   device's order). The matmul templates also get `matmul_params.wgsl`, their push
+//!   constants. A joined shader that uses f64 gets an `_f32` variant as well.
+//! - A line `// #include lib/NAME.wgsl` in any of them is replaced by that file
+//!   (`shaders/lib/`: functions several shaders share).
 //!
 //! The SPIR-V lands in `OUT_DIR`; `shaders.rs` there lists every shader by name
 //! (`include!`d by `src/shaders.rs`). A shader that does not parse or validate fails the
@@ -14,7 +19,14 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const TEMPLATES: [&str; 3] = ["matmul", "matmul_rows", "get_rows"];
+/// (template, folder of the per-type files joined with it, whether it takes the matmul
+/// push constants).
+const TEMPLATES: [(&str, &str, bool); 4] = [
+    ("matmul", "blocks", true),
+    ("matmul_rows", "blocks", true),
+    ("get_rows", "blocks", false),
+    ("matmul_exact", "exact", true),
+];
 
 fn compile(name: &str, src: &str, out_dir: &Path) -> PathBuf {
     let module = match naga::front::wgsl::parse_str(src) {
@@ -44,6 +56,17 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
+/// `src` with each line `// #include lib/NAME.wgsl` replaced by that file of `shaders/`
+/// (WGSL has no includes; shared functions live once in `shaders/lib/`).
+fn includes(src: &str, shaders: &Path) -> String {
+    src.lines()
+        .map(|l| match l.trim().strip_prefix("// #include ") {
+            Some(f) => read(&shaders.join(f.trim())),
+            None => format!("{l}\n"),
+        })
+        .collect()
+}
+
 fn wgsl_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -59,11 +82,11 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let shaders = root.join("shaders");
     println!("cargo:rerun-if-changed={}", shaders.display());
-    println!(
-        "cargo:rerun-if-changed={}",
-        shaders.join("blocks").display()
-    );
+    for dir in ["blocks", "exact", "lib"] {
+        println!("cargo:rerun-if-changed={}", shaders.join(dir).display());
+    }
     let prelude = read(&shaders.join("prelude.wgsl"));
+    let params = read(&shaders.join("matmul_params.wgsl"));
 
     let mut list = String::from("/// Every compiled shader: (name, SPIR-V bytes).\npub const SHADERS: &[(&str, &[u8])] = &[\n");
     let mut add = |name: &str, path: &Path| {
@@ -81,10 +104,13 @@ fn main() {
             .and_then(|s| s.to_str())
             .expect("utf-8 name")
             .to_string();
-        if stem == "prelude" || TEMPLATES.contains(&stem.as_str()) {
+        if stem == "prelude"
+            || stem == "matmul_params"
+            || TEMPLATES.iter().any(|(t, _, _)| *t == stem)
+        {
             continue;
         }
-        let src = read(&p);
+        let src = includes(&read(&p), &shaders);
         let path = compile(&stem, &src, &out_dir);
         add(&stem, &path);
         // A shader that sums in f64 (as ggml's CPU code does) also gets an f32 variant,
@@ -95,18 +121,27 @@ fn main() {
             add(&name, &path);
         }
     }
-    for t in TEMPLATES {
+    for (t, dir, with_params) in TEMPLATES {
         let template = read(&shaders.join(format!("{t}.wgsl")));
-        for b in wgsl_files(&shaders.join("blocks")) {
+        let params = if with_params { params.as_str() } else { "" };
+        for b in wgsl_files(&shaders.join(dir)) {
             let ty = b
                 .file_stem()
                 .and_then(|s| s.to_str())
                 .expect("utf-8 name")
                 .to_string();
-            let src = format!("{prelude}\n{}\n{template}", read(&b));
+            let src = includes(
+                &format!("{prelude}\n{params}\n{}\n{template}", read(&b)),
+                &shaders,
+            );
             let name = format!("{t}_{ty}");
             let path = compile(&name, &src, &out_dir);
             add(&name, &path);
+            if src.contains("f64") {
+                let name = format!("{name}_f32");
+                let path = compile(&name, &src.replace("f64", "f32"), &out_dir);
+                add(&name, &path);
+            }
         }
     }
     list.push_str("];\n");

@@ -30,8 +30,8 @@ mod rope;
 mod route;
 
 pub use act::{
-    gelu_tanh, gelu_tanh_ggml_f16, sigmoid, sigmoid_ggml, silu, swiglu, swiglu_oai,
-    SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
+    gelu_f16_table_entry, gelu_tanh, gelu_tanh_ggml_f16, sigmoid, sigmoid_ggml, silu, swiglu,
+    swiglu_oai, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
 };
 pub use attn::{
     attend_online, attend_two_pass, attention_ref, window_start, AttentionParams, OnlineSoftmax,
@@ -55,4 +55,4 @@ pub use rope::{
     rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,
     RopeError, RopeKind, Yarn,
 };
-pub use route::{route_topk, route_topk_in, Gating, RouteError, ROUTE_MAX_K};
+pub use route::{check_route, route_topk, route_topk_in, Gating, RouteError, ROUTE_MAX_K};

@@ -210,21 +210,7 @@ fn gelu_f16_table() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
-            .map(|b| {
-                let x = half::f16::from_bits(b).to_f32();
-                if !x.is_finite() {
-                    return 0.0;
-                }
-                // An input strictly inside (-10, 10) rounds to +-10 at most; for those two
-                // entries ask the core function with an f32 just inside, which rounds
-                // to the same f16 (the cut-off itself is applied before the lookup).
-                let inside = if x.abs() >= 10.0 {
-                    f32::from_bits(x.to_bits() - 1)
-                } else {
-                    x
-                };
-                flint_core::math::gelu_tanh_ggml_f16(inside)
-            })
+            .map(flint_core::math::gelu_f16_table_entry)
             .collect()
     })
 }

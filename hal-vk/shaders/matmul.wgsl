@@ -1,5 +1,6 @@
 // Matmul on a weight kept in its own encoding (the block decoding `deq32` comes from
-// blocks/<type>.wgsl, the byte readers from prelude.wgsl; build.rs joins the three).
+// blocks/<type>.wgsl, the byte readers from prelude.wgsl, the push constants from
+// matmul_params.wgsl; build.rs joins them).
 //
 // Dense (mode 0): `O[out_off + r * out_stride + o_base + o] = sum_k W[o][k] * X[x_off + r * k + k']`
 // for the chunk's `n` weight rows and the `m` activation rows; one workgroup computes one
@@ -13,23 +14,6 @@
 
 const MT: u32 = 8u;
 const WG: u32 = 64u;
-
-struct P {
-    k: u32,
-    n: u32,
-    m: u32,
-    row_bytes: u32,
-    x_off: u32,
-    out_off: u32,
-    out_stride: u32,
-    o_base: u32,
-    mode: u32,
-    n_rows: u32,
-    expert_bytes: u32,
-    e_base: u32,
-    e_count: u32,
-}
-var<immediate> pc: P;
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<f32>;

@@ -7,23 +7,6 @@
 
 const MT: u32 = 8u;
 
-struct P {
-    k: u32,
-    n: u32,
-    m: u32,
-    row_bytes: u32,
-    x_off: u32,
-    out_off: u32,
-    out_stride: u32,
-    o_base: u32,
-    mode: u32,
-    n_rows: u32,
-    expert_bytes: u32,
-    e_base: u32,
-    e_count: u32,
-}
-var<immediate> pc: P;
-
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 // The activations as vec4s (one load gives a lane its 4 values; buffers are whole vec4s).
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;

@@ -4,6 +4,8 @@
 // far positions rotate by the reference's angles. kind 0 pairs (2i, 2i+1) (normal),
 // kind 1 pairs (i, i + n_rot/2) (NeoX).
 
+// #include lib/fma.wgsl
+
 struct P {
     rows: u32,
     heads: u32,
@@ -38,6 +40,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let s = CS[(r * half + i) * 2u + 1u];
     let x0 = X[base + j0];
     let x1 = X[base + j1];
-    X[base + j0] = fma(x0, c, -(x1 * s));
-    X[base + j1] = fma(x0, s, x1 * c);
+    X[base + j0] = fma_x(x0, c, -(x1 * s));
+    X[base + j1] = fma_x(x0, s, x1 * c);
 }
+

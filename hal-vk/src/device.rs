@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use flint_core::{math, GgmlType};
 use flint_hal::{
@@ -96,6 +96,7 @@ pub struct VkDevice {
     block_dispatches: AtomicU64,
     float_dispatches: AtomicU64,
     kernel: MatmulKernel,
+    gelu_table: OnceLock<Arc<RawBuf>>,
 }
 
 /// Which matmul shader the device dispatches (`FLINT_VK_MATMUL`).
@@ -105,39 +106,70 @@ pub enum MatmulKernel {
     /// (`matmul.wgsl`): GPUs.
     Groups,
     /// A thread per weight row, subgroups of 8 sharing the activations
-    /// (`matmul_rows.wgsl`): CPU implementations (lavapipe).
+    /// (`matmul_rows.wgsl`).
     Rows,
+    /// As `Rows`, with the weight types of [`exact_acts`] in the cpu device's float order
+    /// (`matmul_exact.wgsl`: integer dot products of weight and activation quants, each
+    /// multiply-add rounded once): CPU implementations (lavapipe).
+    Exact,
+}
+
+/// The weight types `matmul_exact.wgsl` computes (`shaders/exact/`), with their
+/// activation block (`quant_xi.wgsl` mode, values and words per block).
+fn exact_acts(ty: GgmlType) -> Option<(u32, usize, usize)> {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some((0, 256, 73)),
+        GgmlType::Q8_0 | GgmlType::Q5_0 => Some((1, 32, 9)),
+        _ => None,
+    }
 }
 
 impl MatmulKernel {
-    /// `FLINT_VK_MATMUL` (`groups` or `rows`), else `Rows` on a CPU implementation and
-    /// `Groups` on a GPU. `Rows` shares activations across subgroups of 8 invocations by
-    /// broadcast, so it needs that subgroup size (lavapipe on 256-bit vectors has it).
+    /// `FLINT_VK_MATMUL` (`groups`, `rows` or `exact`), else `Exact` on a CPU
+    /// implementation and `Groups` on a GPU. `Rows` and `Exact` share activations across
+    /// subgroups of 8 invocations by broadcast, so they need that subgroup size (lavapipe
+    /// on 256-bit vectors has it).
     fn choose(cpu: bool, limits: &Limits) -> Result<MatmulKernel, HalError> {
         let rows_ok = limits.subgroup_broadcast == 8;
-        match std::env::var("FLINT_VK_MATMUL").as_deref().map(str::trim) {
-            Ok("groups") => Ok(MatmulKernel::Groups),
-            Ok("rows") if rows_ok => Ok(MatmulKernel::Rows),
-            Ok("rows") => Err(HalError::unsupported(format!(
-                "FLINT_VK_MATMUL=rows needs subgroup broadcasts over 8 invocations in compute \
+        let var = std::env::var("FLINT_VK_MATMUL");
+        let kernel = match var.as_deref().map(str::trim) {
+            Ok("groups") => MatmulKernel::Groups,
+            Ok("rows") => MatmulKernel::Rows,
+            Ok("exact") => MatmulKernel::Exact,
+            Ok("") | Err(_) if cpu && rows_ok => MatmulKernel::Exact,
+            Ok("") | Err(_) => MatmulKernel::Groups,
+            Ok(other) => {
+                return Err(HalError::invalid(format!(
+                    "FLINT_VK_MATMUL={other:?} is not groups, rows or exact"
+                )))
+            }
+        };
+        if kernel != MatmulKernel::Groups && !rows_ok {
+            return Err(HalError::unsupported(format!(
+                "FLINT_VK_MATMUL={} needs subgroup broadcasts over 8 invocations in compute \
                  shaders; this device's subgroups: {} (0: no broadcast)",
+                kernel.label(),
                 limits.subgroup_broadcast
-            ))),
-            Ok("") | Err(_) => Ok(if cpu && rows_ok {
-                MatmulKernel::Rows
-            } else {
-                MatmulKernel::Groups
-            }),
-            Ok(other) => Err(HalError::invalid(format!(
-                "FLINT_VK_MATMUL={other:?} is not groups or rows"
-            ))),
+            )));
+        }
+        Ok(kernel)
+    }
+
+    /// The name `FLINT_VK_MATMUL` takes.
+    pub fn label(self) -> &'static str {
+        match self {
+            MatmulKernel::Groups => "groups",
+            MatmulKernel::Rows => "rows",
+            MatmulKernel::Exact => "exact",
         }
     }
 
-    fn template(self) -> &'static str {
+    /// The shader template for weights of `ty`.
+    fn template(self, ty: GgmlType) -> &'static str {
         match self {
             MatmulKernel::Groups => "matmul",
-            MatmulKernel::Rows => "matmul_rows",
+            MatmulKernel::Exact if exact_acts(ty).is_some() => "matmul_exact",
+            MatmulKernel::Rows | MatmulKernel::Exact => "matmul_rows",
         }
     }
 
@@ -154,7 +186,7 @@ impl MatmulKernel {
     ) -> Result<(), HalError> {
         match self {
             MatmulKernel::Groups => rec.dispatch(shader, binds, push, (n * tiles) as u64),
-            MatmulKernel::Rows => {
+            MatmulKernel::Rows | MatmulKernel::Exact => {
                 rec.dispatch_grid(shader, binds, push, n.div_ceil(64) as u64, tiles as u64)
             }
         }
@@ -196,12 +228,32 @@ impl VkDevice {
             block_dispatches: AtomicU64::new(0),
             float_dispatches: AtomicU64::new(0),
             kernel,
+            gelu_table: OnceLock::new(),
         })
+    }
+
+    /// ggml's GELU table (`gelu.wgsl`), uploaded on first use.
+    fn gelu_table(&self) -> Result<Arc<RawBuf>, HalError> {
+        if let Some(t) = self.gelu_table.get() {
+            return Ok(t.clone());
+        }
+        let vals: Vec<f32> = (0..=u16::MAX)
+            .map(flint_core::math::gelu_f16_table_entry)
+            .collect();
+        let raw = Arc::new(self.ctx.buffer(4 * vals.len() as u64, false)?);
+        self.fill_new(&raw, bytes_of(&vals))?;
+        Ok(self.gelu_table.get_or_init(|| raw).clone())
     }
 
     /// The matmul shader in use.
     pub fn matmul_kernel(&self) -> MatmulKernel {
         self.kernel
+    }
+
+    /// Whether the device has shaderFloat64, which the shaders that follow the cpu
+    /// device's order use for once-rounded multiply-adds and ggml's f64 sums.
+    pub fn has_f64(&self) -> bool {
+        self.ctx.limits.float64
     }
 
     /// The physical device in use.
@@ -325,6 +377,19 @@ impl VkDevice {
         (b, off): (Bind, u32),
         len: usize,
     ) -> Result<(Bind, u32), HalError> {
+        if self.kernel.template(w.ty) == "matmul_exact" {
+            let (mode, block, words) = exact_acts(w.ty).expect("an exact type");
+            let n_blocks = len / block;
+            let scratch = rec.scratch(4 * (n_blocks * words) as u64)?;
+            let push = [off32(n_blocks), mode, off];
+            rec.dispatch(
+                "quant_xi",
+                &[b, Bind::Whole(scratch.clone())],
+                &push,
+                n_blocks.div_ceil(64) as u64,
+            )?;
+            return Ok((Bind::Whole(scratch), 0));
+        }
         let (mode, block) = match w.info.source_ty.vec_dot_type() {
             GgmlType::Q8_K => (0, 256),
             GgmlType::Q8_0 | GgmlType::Q8_1 => (1, 32),
@@ -456,7 +521,7 @@ impl Device for VkDevice {
             } else {
                 "staging copies"
             },
-            self.kernel.template()
+            self.kernel.label()
         )
     }
 
@@ -662,7 +727,7 @@ impl Device for VkDevice {
             return Ok(());
         }
         self.count(w);
-        let shader = shader_name(self.kernel.template(), w.ty);
+        let shader = shader_name(self.kernel.template(w.ty), w.ty);
         let mut rec = self.lock();
         let x_len = x.len();
         let xi = self.input(&mut rec, x)?;
@@ -724,7 +789,7 @@ impl Device for VkDevice {
             return Ok(());
         }
         self.count(w);
-        let shader = shader_name(self.kernel.template(), w.ty);
+        let shader = shader_name(self.kernel.template(w.ty), w.ty);
         let pairs: Vec<u32> = rows.iter().flat_map(|r| [r.input_row, r.expert]).collect();
         let mut rec = self.lock();
         let x_len = x.len();
@@ -952,7 +1017,27 @@ impl Device for VkDevice {
     }
 
     fn gelu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError> {
-        self.act_mul(4, gate, up, out)
+        assert!(
+            gate.len() == up.len() && out.len() == gate.len(),
+            "vk: activation lengths differ"
+        );
+        if gate.is_empty() {
+            return Ok(());
+        }
+        let table = self.gelu_table()?;
+        let n = gate.len();
+        let mut rec = self.lock();
+        let a = self.input(&mut rec, gate)?;
+        let b = self.input(&mut rec, up)?;
+        let o = self.output(&mut rec, out, false)?;
+        let push = [off32(n), a.1, b.1, o.off];
+        rec.dispatch(
+            "gelu",
+            &[a.0, b.0, o.bind.clone(), Bind::Whole(table)],
+            &push,
+            n.div_ceil(256) as u64,
+        )?;
+        self.finish(&mut rec, vec![o])
     }
 
     fn swiglu_oai_mul(
@@ -1058,30 +1143,52 @@ impl Device for VkDevice {
             ids.len() == rows * k && weights.len() == rows * k,
             "route_topk: output lengths"
         );
-        // The choice is the host's to make (the engine needs the ids to plan the
-        // expert matmuls): the logits come back and are routed by the reference.
-        let mut l = vec![0.0f32; logits.len()];
-        self.download(logits, &mut l)?;
+        math::check_route(n_experts, k, bias.as_ref().map(View::len))
+            .map_err(|e| HalError::invalid(format!("vk: route_topk: {e}")))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // Routed on the device (shaders/route.wgsl); the ids and weights come back, as the
+        // engine plans the expert matmuls from them.
+        let gating = match cfg.gating {
+            math::Gating::Sigmoid => 0,
+            math::Gating::Softmax => 1,
+            math::Gating::SoftmaxWeight => 2,
+        };
+        let mut rec = self.lock();
+        let l = self.input(&mut rec, logits)?;
         let b = match bias {
-            Some(b) => {
-                let mut v = vec![0.0f32; b.len()];
-                self.download(b, &mut v)?;
-                Some(v)
-            }
+            Some(b) => Some(self.input(&mut rec, b)?),
             None => None,
         };
-        for r in 0..rows {
-            math::route_topk(
-                &l[r * n_experts..(r + 1) * n_experts],
-                b.as_deref(),
-                k,
-                cfg.gating,
-                cfg.normalize,
-                cfg.scale,
-                &mut ids[r * k..(r + 1) * k],
-                &mut weights[r * k..(r + 1) * k],
-            )
-            .map_err(|e| HalError::invalid(format!("vk: route_topk: {e}")))?;
+        let out = rec.arena_alloc(4 * (2 * rows * k) as u64)?;
+        let push = [
+            off32(rows),
+            off32(n_experts),
+            off32(k),
+            gating,
+            u32::from(cfg.normalize),
+            cfg.scale.to_bits(),
+            u32::from(b.is_some()),
+            l.1,
+            b.as_ref().map_or(0, |b| b.1),
+        ];
+        let bias_bind = b.map_or_else(|| l.0.clone(), |b| b.0);
+        rec.dispatch(
+            "route",
+            &[l.0, bias_bind, Bind::Slice(out.clone())],
+            &push,
+            rows.div_ceil(64) as u64,
+        )?;
+        rec.flush()?;
+        let mut res = vec![0u32; 2 * rows * k];
+        out.read(bytemuck::cast_slice_mut(&mut res));
+        self.transfers.download(res.len());
+        for (r, row) in res.chunks_exact(2 * k).enumerate() {
+            ids[r * k..(r + 1) * k].copy_from_slice(&row[..k]);
+            for (w, &bits) in weights[r * k..(r + 1) * k].iter_mut().zip(&row[k..]) {
+                *w = f32::from_bits(bits);
+            }
         }
         Ok(())
     }

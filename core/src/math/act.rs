@@ -63,6 +63,24 @@ pub fn gelu_tanh_ggml_f16(x: f32) -> f32 {
     }
 }
 
+/// Entry `bits` of a 64Ki-entry GELU table indexed by the f16 bits of the input, as
+/// ggml's `GGML_GELU_FP16` table is used: [`gelu_tanh_ggml_f16`] of that f16 value for
+/// inputs inside (-10, 10) (the two entries of +-10 itself hold the value just inside,
+/// which rounds to the same f16; callers apply the cut-offs before the lookup), 0 for
+/// infinities and NaNs.
+pub fn gelu_f16_table_entry(bits: u16) -> f32 {
+    let x = crate::dequant::f16_to_f32(bits);
+    if !x.is_finite() {
+        return 0.0;
+    }
+    let inside = if x.abs() >= 10.0 {
+        f32::from_bits(x.to_bits() - 1)
+    } else {
+        x
+    };
+    gelu_tanh_ggml_f16(inside)
+}
+
 /// SwiGLU: `out[i] = silu(gate[i]) * up[i]`, the dense and expert FFN inner product.
 ///
 /// # Panics

@@ -75,6 +75,28 @@ impl fmt::Display for RouteError {
 /// (the smallest normal f16), so that all-zero scores give zero weights rather than NaN.
 const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 
+/// Checks the arguments of a routing of `n` experts, `k` chosen, with a selection bias of
+/// `bias` entries: what [`route_topk`] refuses, for devices that route elsewhere.
+///
+/// # Errors
+/// `k` above [`ROUTE_MAX_K`], 0 or above `n`; a bias not `n` long.
+pub fn check_route(n: usize, k: usize, bias: Option<usize>) -> Result<(), RouteError> {
+    if k > ROUTE_MAX_K {
+        return Err(RouteError::TooManyChosen { k });
+    }
+    if k == 0 || k > n {
+        return Err(RouteError::BadK { k, experts: n });
+    }
+    match bias {
+        Some(found) if found != n => Err(RouteError::LengthMismatch {
+            what: "selection bias",
+            expected: n,
+            found,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Routes one token.
 ///
 /// 1. Scores: `s_e = sigmoid(logits[e])` ([`Gating::Sigmoid`]), `s = softmax(logits)`
@@ -132,21 +154,7 @@ pub fn route_topk_in(
     weights_out: &mut [f32],
 ) -> Result<(), RouteError> {
     let n = logits.len();
-    if k > ROUTE_MAX_K {
-        return Err(RouteError::TooManyChosen { k });
-    }
-    if k == 0 || k > n {
-        return Err(RouteError::BadK { k, experts: n });
-    }
-    if let Some(b) = bias {
-        if b.len() != n {
-            return Err(RouteError::LengthMismatch {
-                what: "selection bias",
-                expected: n,
-                found: b.len(),
-            });
-        }
-    }
+    check_route(n, k, bias.map(<[f32]>::len))?;
     if ids_out.len() != k {
         return Err(RouteError::LengthMismatch {
             what: "ids_out",

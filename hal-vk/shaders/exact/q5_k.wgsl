@@ -1,0 +1,43 @@
+// Q5_K weights x Q8_K activations in the order of ggml's tiled K-quant matmul with mins
+// (flint_core::dot::ggml_x86::vec_dot_q5_k_q8_k_tiled): per block the exact integers
+// s = sum sc_j * dot_j and m = sum mn_j * bsum_j, r = fma(-dmin_w, m, s * d_w), then
+// acc = fma(r, d_a, acc).
+
+const AW: u32 = 73u;
+const PARTS: u32 = 8u;
+
+fn iq32(row: u32, s: u32) -> array<i32, 32> {
+    var v: array<i32, 32>;
+    let b = row + (s / 8u) * 176u;
+    let p = s % 8u;
+    let sh = 4u * (p % 2u);
+    let qs = b + 48u + 32u * (p / 2u);
+    for (var i = 0u; i < 8u; i++) {
+        let w = rd32(qs + 4u * i);
+        let hw = rd32(b + 16u + 4u * i);
+        for (var t = 0u; t < 4u; t++) {
+            v[4u * i + t] = i32(((w >> (8u * t + sh)) & 0xfu) | (((hw >> (8u * t + p)) & 1u) << 4u));
+        }
+    }
+    return v;
+}
+
+fn step(st: St, row: u32, s: u32, lanes: array<i32, 8>, ab: u32) -> St {
+    var r = st;
+    let b = row + (s / 8u) * 176u;
+    let p = s % 8u;
+    let sm = k4_scale_min(b, p);
+    let bs = shalves(X[ab + 65u + p]);
+    r.i += vec2<i32>(i32(sm.x) * isum8(lanes), i32(sm.y) * (bs.x + bs.y));
+    if (p == 7u) {
+        let sd = f32(r.i.x) * half_at(b);
+        let m = fma_x(-half_at(b + 2u), f32(r.i.y), sd);
+        r.f[0] = fma_x(m, bitcast<f32>(X[ab + 64u]), r.f[0]);
+        r.i = vec2<i32>(0);
+    }
+    return r;
+}
+
+fn done(st: St) -> f32 {
+    return st.f[0];
+}

@@ -1,0 +1,48 @@
+// Q6_K weights x Q8_K activations in the order of ggml's tiled K-quant matmul
+// (flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_tiled): per block the exact integer
+// s = sum_g scale_g * (dot_g - 32 * bsum_g) over the sixteen 16-value groups of the
+// unsigned 6-bit values, then acc = fma(s * d_w, d_a, acc).
+
+const AW: u32 = 73u;
+const PARTS: u32 = 8u;
+
+fn iq32(row: u32, s: u32) -> array<i32, 32> {
+    var v: array<i32, 32>;
+    let b = row + (s / 8u) * 210u;
+    let p = s % 8u;
+    let hf = p / 4u;
+    let ql = b + 64u * hf + 32u * (p % 2u);
+    let lsh = 4u * ((p % 4u) / 2u);
+    let qh = b + 128u + 32u * hf;
+    let hsh = 2u * (p % 4u);
+    for (var i = 0u; i < 8u; i++) {
+        let lw = rd32(ql + 4u * i);
+        let hw = rd32(qh + 4u * i);
+        for (var t = 0u; t < 4u; t++) {
+            let lo = (lw >> (8u * t + lsh)) & 0xfu;
+            let hi = (hw >> (8u * t + hsh)) & 3u;
+            v[4u * i + t] = i32(lo | (hi << 4u));
+        }
+    }
+    return v;
+}
+
+fn step(st: St, row: u32, s: u32, lanes: array<i32, 8>, ab: u32) -> St {
+    var r = st;
+    let b = row + (s / 8u) * 210u;
+    let p = s % 8u;
+    let bs = shalves(X[ab + 65u + p]);
+    let g0 = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    let g1 = (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]);
+    r.i.x += rd8s(b + 192u + 2u * p) * (g0 - 32 * bs.x) + rd8s(b + 193u + 2u * p) * (g1 - 32 * bs.y);
+    if (p == 7u) {
+        let f = f32(r.i.x) * half_at(b + 208u);
+        r.f[0] = fma_x(f, bitcast<f32>(X[ab + 64u]), r.f[0]);
+        r.i = vec2<i32>(0);
+    }
+    return r;
+}
+
+fn done(st: St) -> f32 {
+    return st.f[0];
+}

@@ -1,0 +1,31 @@
+// Q8_0 weights x Q8_0 activations in tinyBLAS's order (flint_core::dot::ggml_x86::
+// vec_dot_q8_0_q8_0_tinyblas): eight lanes, lane l = fma(d_w * d_a, s_l, lane) per block,
+// s_l the integer dot of values 4l..4l+4; the lanes added by hsum8.
+
+const AW: u32 = 9u;
+const PARTS: u32 = 1u;
+
+fn iq32(row: u32, s: u32) -> array<i32, 32> {
+    var v: array<i32, 32>;
+    let b = row + s * 34u;
+    for (var i = 0u; i < 8u; i++) {
+        let w = rd32(b + 2u + 4u * i);
+        for (var t = 0u; t < 4u; t++) {
+            v[4u * i + t] = sbyte(w, t);
+        }
+    }
+    return v;
+}
+
+fn step(st: St, row: u32, s: u32, lanes: array<i32, 8>, ab: u32) -> St {
+    var r = st;
+    let d = half_at(row + s * 34u) * bitcast<f32>(X[ab + 8u]);
+    for (var l = 0u; l < 8u; l++) {
+        r.f[l] = fma_x(d, f32(lanes[l]), r.f[l]);
+    }
+    return r;
+}
+
+fn done(st: St) -> f32 {
+    return hsum8(st.f);
+}

@@ -1,0 +1,129 @@
+// Matmul in the cpu device's float order (llama.cpp's x86 prompt-batch kernels, stated in
+// flint_core::dot::ggml_x86): exact integer dot products of the weight quants with the
+// activation quants of quant_xi.wgsl, then the float steps of the weight type's kernel
+// (`step` and `done` in exact/<type>.wgsl), each multiply-add rounded once (`fma_x`, lib/fma.wgsl).
+// One thread per output, as matmul_rows.wgsl: a workgroup of 64 weight rows for one tile
+// of up to MT activation rows (dense) or one routed row (experts); the activation words
+// of a 32-value part are loaded once per subgroup of 8 and broadcast. Same bindings and
+// push constants as matmul_rows.wgsl; X holds quant_xi's blocks (AW words each, PARTS
+// parts of 32 values), starting at block x_off.
+
+const MT: u32 = 8u;
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<u32>;
+@group(0) @binding(2) var<storage, read_write> O: array<f32>;
+@group(0) @binding(3) var<storage, read> R: array<u32>;
+
+// A row's float state: up to eight f32 lanes and two integer partial sums.
+struct St {
+    f: array<f32, 8>,
+    i: vec2<i32>,
+}
+
+// #include lib/fma.wgsl
+
+// Byte t (0..3) of word w, sign-extended.
+fn sbyte(w: u32, t: u32) -> i32 {
+    return bitcast<i32>(w << (24u - 8u * t)) >> 24u;
+}
+
+// The signed halves of word w.
+fn shalves(w: u32) -> vec2<i32> {
+    return vec2<i32>(bitcast<i32>(w << 16u) >> 16u, bitcast<i32>(w) >> 16u);
+}
+
+// Eight lanes of 4-value integer dot products of `w` (a 32-value part) with the
+// activation quants whose word `l` lane l of the subgroup holds in `xw`.
+fn idot_lanes(w: array<i32, 32>, xw: u32) -> array<i32, 8> {
+    var v: array<u32, 8>;
+    v[0] = subgroupBroadcast(xw, 0u);
+    v[1] = subgroupBroadcast(xw, 1u);
+    v[2] = subgroupBroadcast(xw, 2u);
+    v[3] = subgroupBroadcast(xw, 3u);
+    v[4] = subgroupBroadcast(xw, 4u);
+    v[5] = subgroupBroadcast(xw, 5u);
+    v[6] = subgroupBroadcast(xw, 6u);
+    v[7] = subgroupBroadcast(xw, 7u);
+    var s: array<i32, 8>;
+    for (var l = 0u; l < 8u; l++) {
+        var a = 0;
+        for (var t = 0u; t < 4u; t++) {
+            a += w[4u * l + t] * sbyte(v[l], t);
+        }
+        s[l] = a;
+    }
+    return s;
+}
+
+// The sum of the eight lanes.
+fn isum8(s: array<i32, 8>) -> i32 {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// Eight f32 lanes added as ggml's x86 hsum_float_8 and tinyBLAS's hsum: the high half
+// onto the low half, then movehl, then movehdup (flint_core::dot::ggml_x86::hsum8).
+fn hsum8(v: array<f32, 8>) -> f32 {
+    let a0 = v[0] + v[4];
+    let a1 = v[1] + v[5];
+    let a2 = v[2] + v[6];
+    let a3 = v[3] + v[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let o_raw = wg.x * 64u + lid;
+    let live = o_raw < pc.n;
+    let o = min(o_raw, pc.n - 1u);
+    let t = wg.y + wg.z * nwg.y;
+    var row = 0u;
+    var rows = 0u;
+    var x0 = 0u;
+    var out0 = 0u;
+    if (pc.mode == 0u) {
+        let m0 = t * MT;
+        rows = min(MT, pc.m - m0);
+        row = o * pc.row_bytes;
+        x0 = m0;
+        out0 = m0;
+    } else {
+        let e = R[2u * t + 1u];
+        if (e >= pc.e_base && e < pc.e_base + pc.e_count) {
+            rows = 1u;
+        }
+        row = (e - pc.e_base) * pc.expert_bytes + o * pc.row_bytes;
+        x0 = R[2u * t];
+        out0 = t;
+    }
+    if (rows == 0u) {
+        return;
+    }
+    let parts = pc.k / 32u;
+    let nbx = parts / PARTS;
+    var st: array<St, MT>;
+    for (var s = 0u; s < parts; s++) {
+        let w = iq32(row, s);
+        let blk = s / PARTS;
+        let part = s % PARTS;
+        for (var r = 0u; r < MT; r++) {
+            if (r < rows) {
+                let ab = (pc.x_off + (x0 + r) * nbx + blk) * AW;
+                let lanes = idot_lanes(w, X[ab + 8u * part + lane]);
+                st[r] = step(st[r], row, s, lanes, ab);
+            }
+        }
+    }
+    if (live) {
+        for (var r = 0u; r < MT; r++) {
+            if (r < rows) {
+                O[pc.out_off + (out0 + r) * pc.out_stride + pc.o_base + o] = done(st[r]);
+            }
+        }
+    }
+}
