@@ -19,7 +19,7 @@
 
 const WG: u32 = 64u;
 
-// #include lib/fma.wgsl
+// #include lib/float.wgsl
 // #include lib/expf.wgsl
 
 struct P {

@@ -8,7 +8,7 @@
 // as flint_core::math::silu and swiglu_oai (gelu_mul: gelu.wgsl).
 // Offsets are in elements of each binding.
 
-// #include lib/fma.wgsl
+// #include lib/float.wgsl
 // #include lib/expf.wgsl
 
 struct P {

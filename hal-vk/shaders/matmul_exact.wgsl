@@ -1,27 +1,22 @@
-// Matmul in the cpu device's float order (llama.cpp's x86 prompt-batch kernels, stated in
-// flint_core::dot::ggml_x86): exact integer dot products of the weight quants with the
-// activation quants of quant_xi.wgsl, then the float steps of the weight type's kernel
-// (`step` and `done` in exact/<type>.wgsl), each multiply-add rounded once (`fma_x`, lib/fma.wgsl).
+// Matmul in the cpu device's float order (llama.cpp's x86 kernels as the cpu device runs
+// them, stated in flint_core::dot::ggml_x86), one exact/<type>.wgsl per weight type:
+// `wpart` decodes a 32-value part of a weight row, `act` places an activation row's block,
+// `step` takes one part into a row's state `St` (exact integer dot products with the
+// activation quants of quant_xi.wgsl, or f32 products for F32, then the float steps of
+// the type's kernel, each multiply-add rounded once: `fma_x`, lib/float.wgsl), `done`
+// gives the result.
 // One thread per output, as matmul_rows.wgsl: a workgroup of 64 weight rows for one tile
-// of up to MT activation rows (dense) or one routed row (experts); the activation words
-// of a 32-value part are loaded once per subgroup of 8 and broadcast. Same bindings and
-// push constants as matmul_rows.wgsl; X holds quant_xi's blocks (AW words each, PARTS
-// parts of 32 values), starting at block x_off.
-
-const MT: u32 = 8u;
+// of up to MT activation rows (dense; MT from the type's file) or one routed row
+// (experts); the activation words of a 32-value part are loaded once per subgroup of 8
+// and broadcast. Same bindings and push constants as matmul_rows.wgsl (x_off: the first
+// activation block, or value for F32).
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<u32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
 @group(0) @binding(3) var<storage, read> R: array<u32>;
 
-// A row's float state: up to eight f32 lanes and two integer partial sums.
-struct St {
-    f: array<f32, 8>,
-    i: vec2<i32>,
-}
-
-// #include lib/fma.wgsl
+// #include lib/float.wgsl
 
 // Byte t (0..3) of word w, sign-extended.
 fn sbyte(w: u32, t: u32) -> i32 {
@@ -61,16 +56,6 @@ fn isum8(s: array<i32, 8>) -> i32 {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-// Eight f32 lanes added as ggml's x86 hsum_float_8 and tinyBLAS's hsum: the high half
-// onto the low half, then movehl, then movehdup (flint_core::dot::ggml_x86::hsum8).
-fn hsum8(v: array<f32, 8>) -> f32 {
-    let a0 = v[0] + v[4];
-    let a1 = v[1] + v[5];
-    let a2 = v[2] + v[6];
-    let a3 = v[3] + v[7];
-    return (a0 + a2) + (a1 + a3);
-}
-
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -104,18 +89,12 @@ fn main(
     if (rows == 0u) {
         return;
     }
-    let parts = pc.k / 32u;
-    let nbx = parts / PARTS;
     var st: array<St, MT>;
-    for (var s = 0u; s < parts; s++) {
-        let w = iq32(row, s);
-        let blk = s / PARTS;
-        let part = s % PARTS;
+    for (var s = 0u; s < pc.k / 32u; s++) {
+        let w = wpart(row, s);
         for (var r = 0u; r < MT; r++) {
             if (r < rows) {
-                let ab = (pc.x_off + (x0 + r) * nbx + blk) * AW;
-                let lanes = idot_lanes(w, X[ab + 8u * part + lane]);
-                st[r] = step(st[r], row, s, lanes, ab);
+                st[r] = step(st[r], row, s, w, act(x0 + r, s), lane);
             }
         }
     }

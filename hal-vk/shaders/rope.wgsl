@@ -4,7 +4,7 @@
 // far positions rotate by the reference's angles. kind 0 pairs (2i, 2i+1) (normal),
 // kind 1 pairs (i, i + n_rot/2) (NeoX).
 
-// #include lib/fma.wgsl
+// #include lib/float.wgsl
 
 struct P {
     rows: u32,

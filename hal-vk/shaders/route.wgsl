@@ -8,7 +8,7 @@
 // (clamped below at 2^-14) when `normalize`, times `scale`. Row r writes its ids to
 // O[2kr..2kr + k] and its weights' bits to O[2kr + k..2k(r + 1)].
 
-// #include lib/fma.wgsl
+// #include lib/float.wgsl
 // #include lib/expf.wgsl
 
 const MAX_K: u32 = 64u;

@@ -108,9 +108,9 @@ pub enum MatmulKernel {
     /// A thread per weight row, subgroups of 8 sharing the activations
     /// (`matmul_rows.wgsl`).
     Rows,
-    /// As `Rows`, with the weight types of [`exact_acts`] in the cpu device's float order
-    /// (`matmul_exact.wgsl`: integer dot products of weight and activation quants, each
-    /// multiply-add rounded once): CPU implementations (lavapipe).
+    /// As `Rows`, with the weight types of [`exact_acts`] and F32 in the cpu device's
+    /// float order (`matmul_exact.wgsl`: integer dot products of weight and activation
+    /// quants, each multiply-add rounded once): CPU implementations (lavapipe).
     Exact,
 }
 
@@ -164,13 +164,31 @@ impl MatmulKernel {
         }
     }
 
-    /// The shader template for weights of `ty`.
-    fn template(self, ty: GgmlType) -> &'static str {
-        match self {
+    /// The matmul shader for `w`: `matmul_exact` where the kernel is `Exact` and it has
+    /// the type (F32: rows of a multiple of 64 values), else the kernel's own template.
+    fn shader(self, w: &VkWeight) -> String {
+        let t = match self {
             MatmulKernel::Groups => "matmul",
-            MatmulKernel::Exact if exact_acts(ty).is_some() => "matmul_exact",
+            MatmulKernel::Exact if self.exact(w) => "matmul_exact",
             MatmulKernel::Rows | MatmulKernel::Exact => "matmul_rows",
+        };
+        shader_name(t, w.ty)
+    }
+
+    /// Activation rows per dense tile of `w`'s shader (its `MT`): one for F32 in
+    /// `matmul_exact`, whose state per row is 64 floats; eight otherwise.
+    fn tile(self, w: &VkWeight) -> usize {
+        if w.ty == GgmlType::F32 && self.exact(w) {
+            1
+        } else {
+            8
         }
+    }
+
+    /// Whether `w` goes through `matmul_exact`.
+    fn exact(self, w: &VkWeight) -> bool {
+        self == MatmulKernel::Exact
+            && (exact_acts(w.ty).is_some() || (w.ty == GgmlType::F32 && w.k.is_multiple_of(64)))
     }
 
     /// Records the matmul dispatch over `n` weight rows by `tiles` activation tiles (dense)
@@ -377,8 +395,7 @@ impl VkDevice {
         (b, off): (Bind, u32),
         len: usize,
     ) -> Result<(Bind, u32), HalError> {
-        if self.kernel.template(w.ty) == "matmul_exact" {
-            let (mode, block, words) = exact_acts(w.ty).expect("an exact type");
+        if let Some((mode, block, words)) = exact_acts(w.ty).filter(|_| self.kernel.exact(w)) {
             let n_blocks = len / block;
             let scratch = rec.scratch(4 * (n_blocks * words) as u64)?;
             let push = [off32(n_blocks), mode, off];
@@ -727,7 +744,7 @@ impl Device for VkDevice {
             return Ok(());
         }
         self.count(w);
-        let shader = shader_name(self.kernel.template(w.ty), w.ty);
+        let shader = self.kernel.shader(w);
         let mut rec = self.lock();
         let x_len = x.len();
         let xi = self.input(&mut rec, x)?;
@@ -759,7 +776,7 @@ impl Device for VkDevice {
                     xb.clone(),
                 ],
                 &push,
-                (c.count, m.div_ceil(8)),
+                (c.count, m.div_ceil(self.kernel.tile(w))),
             )?;
         }
         self.finish(&mut rec, vec![o])
@@ -789,7 +806,7 @@ impl Device for VkDevice {
             return Ok(());
         }
         self.count(w);
-        let shader = shader_name(self.kernel.template(w.ty), w.ty);
+        let shader = self.kernel.shader(w);
         let pairs: Vec<u32> = rows.iter().flat_map(|r| [r.input_row, r.expert]).collect();
         let mut rec = self.lock();
         let x_len = x.len();

@@ -74,6 +74,9 @@ fn weight(rng: &mut Rng, ty: GgmlType, k: usize, rows: usize) -> Vec<u8> {
     let vals: Vec<f32> = (0..rows * k)
         .map(|i| rng.unit() * if i % 97 == 0 { 8.0 } else { 1.0 })
         .collect();
+    if ty == GgmlType::F32 {
+        return vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    }
     let mut bytes = vec![0u8; ty.row_bytes(k).expect("whole blocks") * rows];
     flint_core::quant::quantize(ty, &vals, &mut bytes).expect("quantize");
     bytes
@@ -113,12 +116,17 @@ fn first_difference(got: &[f32], want: &[f32], tol: f32) -> Option<(usize, f32, 
         .map(|(i, (g, w))| (i, *g, *w))
 }
 
-const TYPES: [GgmlType; 5] = [
-    GgmlType::Q8_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
+/// The types of `shaders/exact/` and their weight rows: F32 twice, as a matrix of a
+/// multiple of 4 rows takes tinyBLAS's order and one of other row counts
+/// `ggml_vec_dot_f32`'s.
+const CASES: [(GgmlType, usize); 7] = [
+    (GgmlType::Q8_0, 80),
+    (GgmlType::Q5_0, 80),
+    (GgmlType::Q4_K, 80),
+    (GgmlType::Q5_K, 80),
+    (GgmlType::Q6_K, 80),
+    (GgmlType::F32, 80),
+    (GgmlType::F32, 78),
 ];
 
 #[test]
@@ -135,8 +143,15 @@ fn exact_kernel_is_the_cpu_order_bit_for_bit() {
         println!("this device has no shaderFloat64: checked to 1e-5, not bit for bit");
     }
     let mut rng = Rng(seed | 1);
-    let (k, n, experts) = (512usize, 80usize, 3usize);
-    for ty in TYPES {
+    let (k, experts) = (512usize, 3usize);
+    for (ty, n) in CASES {
+        // The cpu device's order for a dense row: llama.cpp's prompt-batch kernels, F32
+        // matrices of other row counts as a single row.
+        let dense_at = if ty == GgmlType::F32 && n % 4 != 0 {
+            BatchRow::SINGLE
+        } else {
+            BatchRow::IN_BATCH
+        };
         // Dense: several tile shapes (MT = 8 rows a tile).
         let wb = weight(&mut rng, ty, k, n);
         let w = stage(&dev, ty, vec![k, n], WeightKind::Matrix, wb.clone());
@@ -155,7 +170,7 @@ fn exact_kernel_is_the_cpu_order_bit_for_bit() {
                     &wb,
                     &xs[r * k..(r + 1) * k],
                     &mut want[r * n..(r + 1) * n],
-                    BatchRow::IN_BATCH,
+                    dense_at,
                 )
                 .expect("reference");
             }
@@ -215,7 +230,7 @@ fn exact_kernel_is_the_cpu_order_bit_for_bit() {
                 i % n
             );
         }
-        println!("{ty}: dense m = 1, 3, 8, 9, 17 and 7 routed rows identical");
+        println!("{ty} ({n} rows): dense m = 1, 3, 8, 9, 17 and 7 routed rows identical");
     }
 }
 

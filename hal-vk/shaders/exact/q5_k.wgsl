@@ -3,10 +3,21 @@
 // s = sum sc_j * dot_j and m = sum mn_j * bsum_j, r = fma(-dmin_w, m, s * d_w), then
 // acc = fma(r, d_a, acc).
 
-const AW: u32 = 73u;
-const PARTS: u32 = 8u;
+// Activation rows a thread computes (the host tiles dense rows so).
+const MT: u32 = 8u;
 
-fn iq32(row: u32, s: u32) -> array<i32, 32> {
+struct St {
+    f: array<f32, 2>,
+    i: vec2<i32>,
+}
+
+// The activation block holding part `s` of activation row `x` (quant_xi.wgsl's Q8_K
+// blocks, 73 words each).
+fn act(x: u32, s: u32) -> u32 {
+    return (pc.x_off + x * (pc.k / 256u) + s / 8u) * 73u;
+}
+
+fn wpart(row: u32, s: u32) -> array<i32, 32> {
     var v: array<i32, 32>;
     let b = row + (s / 8u) * 176u;
     let p = s % 8u;
@@ -22,8 +33,9 @@ fn iq32(row: u32, s: u32) -> array<i32, 32> {
     return v;
 }
 
-fn step(st: St, row: u32, s: u32, lanes: array<i32, 8>, ab: u32) -> St {
+fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {
     var r = st;
+    let lanes = idot_lanes(w, X[ab + 8u * (s % 8u) + lane]);
     let b = row + (s / 8u) * 176u;
     let p = s % 8u;
     let sm = k4_scale_min(b, p);

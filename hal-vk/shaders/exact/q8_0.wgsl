@@ -2,10 +2,21 @@
 // vec_dot_q8_0_q8_0_tinyblas): eight lanes, lane l = fma(d_w * d_a, s_l, lane) per block,
 // s_l the integer dot of values 4l..4l+4; the lanes added by hsum8.
 
-const AW: u32 = 9u;
-const PARTS: u32 = 1u;
+// Activation rows a thread computes (the host tiles dense rows so).
+const MT: u32 = 8u;
 
-fn iq32(row: u32, s: u32) -> array<i32, 32> {
+struct St {
+    f: array<f32, 8>,
+    i: vec2<i32>,
+}
+
+// The activation block holding part `s` of activation row `x` (quant_xi.wgsl's Q8_0
+// blocks, 9 words each).
+fn act(x: u32, s: u32) -> u32 {
+    return (pc.x_off + x * (pc.k / 32u) + s / 1u) * 9u;
+}
+
+fn wpart(row: u32, s: u32) -> array<i32, 32> {
     var v: array<i32, 32>;
     let b = row + s * 34u;
     for (var i = 0u; i < 8u; i++) {
@@ -17,8 +28,9 @@ fn iq32(row: u32, s: u32) -> array<i32, 32> {
     return v;
 }
 
-fn step(st: St, row: u32, s: u32, lanes: array<i32, 8>, ab: u32) -> St {
+fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {
     var r = st;
+    let lanes = idot_lanes(w, X[ab + lane]);
     let d = half_at(row + s * 34u) * bitcast<f32>(X[ab + 8u]);
     for (var l = 0u; l < 8u; l++) {
         r.f[l] = fma_x(d, f32(lanes[l]), r.f[l]);

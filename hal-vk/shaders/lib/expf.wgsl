@@ -1,20 +1,6 @@
-// The two `expf`s of ggml's CPU backend and its 16-lane sum (included by build.rs where a
-// shader says `// #include lib/expf.wgsl`; needs lib/fma.wgsl): `expf_ggml`, its AVX-512
-// `ggml_v_expf` for one lane; `expf_libc`, glibc's scalar `expf`; `reduce_add_16`.
-
-// `_mm512_reduce_add_ps` of 16 lanes as GCC expands it (`flint_core::math::reduce_add_16`):
-// halves added pairwise, 8, 4, 2, 1.
-fn reduce_add_16(v: array<f32, 16>) -> f32 {
-    var t: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        t[i] = v[i + 8u] + v[i];
-    }
-    let u0 = t[4] + t[0];
-    let u1 = t[5] + t[1];
-    let u2 = t[6] + t[2];
-    let u3 = t[7] + t[3];
-    return (u0 + u2) + (u1 + u3);
-}
+// The two `expf`s of ggml's CPU backend (included by build.rs where a shader says
+// `// #include lib/expf.wgsl`; needs lib/float.wgsl): `expf_ggml`, its AVX-512
+// `ggml_v_expf` for one lane, and `expf_libc`, glibc's scalar `expf`.
 
 // glibc's InvLn2N (32 / ln 2) as a 29-bit head and the rest.
 const INV_LN2_N_HI = f64(46.16624128818512);
