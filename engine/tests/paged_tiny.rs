@@ -688,3 +688,60 @@ fn prompts_beyond_max_model_len_or_the_cache_are_refused_at_once() {
     assert_eq!(generated(&run, id), 4);
     assert!(e.scheduler().kv().all_free());
 }
+
+#[test]
+fn kv_pools_fit_the_devices_largest_buffer() {
+    // vk's buffers are capped by `maxStorageBufferRange` (128 MiB on lavapipe): a budget
+    // that would give a layer more than that gets pools whose every layer's keys and
+    // values each fit one buffer, and the cache allocates.
+    let dev = match flint_engine::model::devices::open(Some("vk")) {
+        Ok(d) => d,
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI: the vk device must be available (.ci/run installs lavapipe): {e}");
+            }
+            eprintln!("!!! SKIPPED: no Vulkan device here ({e})");
+            return;
+        }
+    };
+    let max = dev.max_buffer_bytes().expect("vk says its largest buffer");
+    let model = tiny();
+    let dm = DeviceModel::stage(&model, dev, &mut |_, _| {}).expect("stages on vk");
+    let spec = dm.spec().clone();
+    let per_value = dm.device().kv_bytes_per_value() as u64;
+    let layers = spec.layers.len() as u64;
+    // Twice what every layer's keys and values could hold in buffers of `max` bytes.
+    let budget = 4 * layers * max;
+    let (paged, kv) = PagedModel::new(
+        dm,
+        &KvSizing {
+            memory_bytes: budget,
+            block_size: BS,
+            max_num_seqs: 1,
+            max_num_batched_tokens: 16,
+        },
+    )
+    .expect("the pools are sized to the device's buffers");
+    for (g, s) in kv.group_specs().enumerate() {
+        // One block of the group's widest layer's keys or values.
+        let block = s
+            .layers
+            .iter()
+            .map(|&il| {
+                let l = &spec.layers[il];
+                (BS * l.n_kv_heads * l.head_dim_k.max(l.head_dim_v)) as u64 * per_value
+            })
+            .max()
+            .expect("a group has layers");
+        let bytes = kv.num_free(g) as u64 * block;
+        assert!(bytes <= max, "group {g}: {bytes} bytes > {max}");
+        if s.kind == GroupKind::Full {
+            // The cap is what bounds the full pool: one more block would not fit.
+            assert!(
+                bytes + block > max,
+                "group {g}: the pool is not capped by the buffer"
+            );
+        }
+    }
+    drop(paged);
+}

@@ -51,20 +51,13 @@ fn argmax(row: &[f32]) -> usize {
     flint_engine::sample::argmax(row)
 }
 
-/// Rows per prefill call: every row's logits of a 262144-token vocabulary in one tensor
-/// must fit the device's largest storage binding (128 MiB on lavapipe: 128 rows).
-const ROWS_PER_FEED: usize = 96;
-
-/// Every row's logits of a teacher-forced prefill of `ids` on `dm`, fed in parts of
-/// [`ROWS_PER_FEED`] tokens.
+/// Every row's logits of a teacher-forced prefill of `ids` on `dm`, in one step (on
+/// lavapipe, whose largest buffer holds 128 rows of a 262144-token vocabulary, the
+/// forward computes and downloads the logits in groups of rows).
 fn rows(dm: &DeviceModel, ids: &[u32], vocab: usize) -> Vec<Vec<f32>> {
     let mut s = Session::new(dm, ids.len()).expect("session");
-    let mut out = Vec::new();
-    for part in ids.chunks(ROWS_PER_FEED) {
-        let all = s.feed(part, true).expect("teacher-forced forward");
-        out.extend(all.chunks(vocab).map(<[f32]>::to_vec));
-    }
-    out
+    let all = s.feed(ids, true).expect("teacher-forced forward");
+    all.chunks(vocab).map(<[f32]>::to_vec).collect()
 }
 
 #[test]

@@ -1210,6 +1210,10 @@ impl Device for VkDevice {
         Ok(())
     }
 
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        Some(self.ctx.limits.max_range)
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
         let slots = layout.num_slots() * layout.n_kv_heads;
         let k = Arc::new(

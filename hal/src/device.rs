@@ -347,6 +347,14 @@ pub trait Device: Send + Sync + fmt::Debug {
         4
     }
 
+    /// The most bytes one buffer of this device may hold (a tensor, or the keys or the
+    /// values of one layer's KV cache), where that is less than its memory: Vulkan's
+    /// `maxStorageBufferRange`, for one. The engine sizes each layer's KV pool so that its
+    /// keys and its values each fit. `None` (the default): no limit beneath memory.
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Writes keys and values of `slots.len()` tokens: `k = [n, n_kv_heads * head_dim_k]`,
     /// `v = [n, n_kv_heads * head_dim_v]`; token `i` goes to slot `slots[i]`.
     fn write_kv(

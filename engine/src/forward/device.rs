@@ -1079,20 +1079,45 @@ impl DeviceModel {
             )?;
         }
         // `a` now holds rmsnorm(x) * output_norm of the wanted rows, in order (the last
-        // layer kept only those). Their logits are the one download of the step.
-        let mut logits = dev.alloc(n_out * spec.vocab)?;
-        timed!(
-            "output",
-            dev.matmul(
-                &*self.output,
-                a.slice(0..n_out * d),
-                n_out,
-                logits.view_mut()
-            )
-        )?;
-        let mut logits = dev.download_tensor(logits)?;
-        soft_cap(&mut logits, spec.logit_softcap);
-        Ok(logits)
+        // layer kept only those). Their logits are the one download of the step, or one
+        // download per group of rows where all of them would not fit one device buffer
+        // (every row's logits of a long prompt on Vulkan).
+        let rows_per = dev
+            .max_buffer_bytes()
+            .map_or(n_out, |max| (max / (4 * spec.vocab as u64)).max(1) as usize);
+        let mut out = if rows_per >= n_out {
+            let mut logits = dev.alloc(n_out * spec.vocab)?;
+            timed!(
+                "output",
+                dev.matmul(
+                    &*self.output,
+                    a.slice(0..n_out * d),
+                    n_out,
+                    logits.view_mut()
+                )
+            )?;
+            dev.download_tensor(logits)?
+        } else {
+            let mut host = vec![0.0f32; n_out * spec.vocab];
+            let mut part = dev.alloc(rows_per * spec.vocab)?;
+            for r0 in (0..n_out).step_by(rows_per) {
+                let rows = rows_per.min(n_out - r0);
+                let len = rows * spec.vocab;
+                timed!(
+                    "output",
+                    dev.matmul(
+                        &*self.output,
+                        a.slice(r0 * d..(r0 + rows) * d),
+                        rows,
+                        part.slice_mut(0..len)
+                    )
+                )?;
+                dev.download(part.slice(0..len), &mut host[r0 * spec.vocab..][..len])?;
+            }
+            host
+        };
+        soft_cap(&mut out, spec.logit_softcap);
+        Ok(out)
     }
 
     /// Layer `il`'s attention on the normed rows `a` (every token of the step): its keys

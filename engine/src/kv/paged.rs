@@ -104,6 +104,28 @@ impl PagedModel {
         for &g in &full {
             blocks[g] = (budget / full_block.max(1)) as usize;
         }
+        // A device whose buffers are smaller than its memory (Vulkan's largest storage
+        // binding) gets pools whose every layer's keys and values each fit one buffer; the
+        // rest of the budget stays unused.
+        if let Some(max) = model.device().max_buffer_bytes() {
+            for (g, spec_g) in groups.iter().enumerate() {
+                if spec_g.kind == GroupKind::Recurrent {
+                    continue;
+                }
+                let widest = spec_g
+                    .layers
+                    .iter()
+                    .map(|&il| {
+                        let l = &spec.layers[il];
+                        (bs * l.n_kv_heads * l.head_dim_k.max(l.head_dim_v) * per_value) as u64
+                    })
+                    .max()
+                    .unwrap_or(0);
+                if let Some(fit) = max.checked_div(widest) {
+                    blocks[g] = blocks[g].min(fit as usize);
+                }
+            }
+        }
         if let Some(g) = blocks.iter().position(|&b| b == 0) {
             return Err(ModelError::new(format!(
                 "a KV cache of {} bytes is too small: group {g} gets no block of {bs} tokens \
