@@ -147,25 +147,27 @@ fn logits_and_perplexity_on_tiny() {
             .len(),
         5
     );
-    let out = flint()
-        .arg("perplexity")
-        .arg("-m")
-        .arg(&m)
-        .arg("-f")
-        .arg(&text)
-        .args(["--ctx", "16"])
-        .output()
-        .expect("flint runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ppl: f64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a number");
-    assert!(ppl.is_finite() && ppl > 1.0, "perplexity {ppl}");
+    // One chunk per batch, and four chunks as sequences of one batch: the same figure.
+    let ppl = |batch: &str| -> (String, String) {
+        let out = flint()
+            .arg("perplexity")
+            .arg("-m")
+            .arg(&m)
+            .arg("-f")
+            .arg(&text)
+            .args(["--ctx", "16", "--batch", batch])
+            .output()
+            .expect("flint runs");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), err)
+    };
+    let (one, _) = ppl("16");
+    let (four, err) = ppl("64");
+    assert!(err.contains("4 per batch"), "{err}");
+    let p: f64 = one.parse().expect("a number");
+    assert!(p.is_finite() && p > 1.0, "perplexity {p}");
+    assert_eq!(one, four, "batching chunks changes the perplexity");
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -7,6 +7,7 @@
 #   bin/llama-bench, bin/llama-batched-bench      benchmarks (tools/bench/compare.sh)
 #   bin/llama-quantize, bin/llama-gguf-split      quantized and split test models
 #   bin/llama-tokenize                            tokenizer goldens
+#   bin/llama-perplexity                          the all-logits peer of flint perplexity
 #   bin/llama-server                              the OpenAI-compatible server flint serve is
 #                                                 compared with (tools/serve/load.py,
 #                                                 docs/serving.md); without its web UI
@@ -31,9 +32,9 @@ build="$dir/build"
 bindir="$build/bin"
 
 readonly TARGETS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
-    llama-server llama ggml ggml-base ggml-cpu)
+    llama-perplexity llama-server llama ggml ggml-base ggml-cpu)
 readonly BINS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
-    llama-server)
+    llama-perplexity llama-server)
 readonly LIBS=(src/libllama.a ggml/src/libggml.a ggml/src/libggml-base.a ggml/src/libggml-cpu.a)
 
 die() {
