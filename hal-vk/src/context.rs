@@ -151,6 +151,15 @@ fn force_staging() -> bool {
     )
 }
 
+/// Whether `FLINT_VK_F64=0` asks to run as a device without `shaderFloat64` would (the
+/// shaders' `_f32` variants; lets them be tested on lavapipe, which has doubles).
+fn no_float64() -> bool {
+    matches!(
+        std::env::var("FLINT_VK_F64").as_deref().map(str::trim),
+        Ok("0" | "false" | "off" | "no")
+    )
+}
+
 /// Checks that the loader opens and lists a device with a compute queue; returns the
 /// adapter `open` would choose, without creating a device.
 pub fn probe() -> Result<Adapter, HalError> {
@@ -305,25 +314,18 @@ impl Ctx {
     /// The pipeline of shader `name` (a name from `shaders/`; a missing one is a bug),
     /// built on first use; on a device without f64, its `_f32` variant where it has one.
     pub fn pipeline(&self, name: &str) -> Result<Pipeline, HalError> {
-        let variant;
-        let name = if self.limits.float64 {
-            name
-        } else {
-            variant = format!("{name}_f32");
-            if self.has_pipeline(&variant) {
-                variant.as_str()
-            } else {
-                name
-            }
-        };
         let mut map = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = map.get(name) {
             return Ok(*p);
         }
-        let &(key, spv) = SHADERS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .unwrap_or_else(|| panic!("vk: no shader named {name}"));
+        let find = |n: &str| SHADERS.iter().find(|(s, _)| *s == n);
+        let &(key, base) = find(name).unwrap_or_else(|| panic!("vk: no shader named {name}"));
+        // A device without shaderFloat64 runs the `_f32` variant where there is one; the
+        // pipeline is kept under the shader's own name, so the choice is made once.
+        let spv = match self.limits.float64 {
+            true => base,
+            false => find(&format!("{name}_f32")).map_or(base, |&(_, v)| v),
+        };
         let p = self.build_pipeline(key, spv)?;
         map.insert(key, p);
         Ok(p)
@@ -472,7 +474,8 @@ fn choose(instance: &ash::Instance) -> Result<Choice, HalError> {
         max_groups: props.limits.max_compute_work_group_count[0].min(65535),
         subgroup_broadcast: if broadcast { sg.subgroup_size } else { 0 },
         // SAFETY: `pd` comes from this instance.
-        float64: unsafe { instance.get_physical_device_features(pd) }.shader_float64 != 0,
+        float64: unsafe { instance.get_physical_device_features(pd) }.shader_float64 != 0
+            && !no_float64(),
     };
     if props.limits.max_push_constants_size < PUSH_BYTES {
         return Err(HalError::unavailable(format!(

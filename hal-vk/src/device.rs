@@ -525,7 +525,7 @@ impl Device for VkDevice {
     fn description(&self) -> String {
         let a = &self.ctx.adapter;
         format!(
-            "Vulkan {}.{}.{}: {} ({}), {}, {:.1} GiB device memory, {}, {} matmul",
+            "Vulkan {}.{}.{}: {} ({}), {}, {:.1} GiB device memory, {}, {} matmul, {}",
             a.api.0,
             a.api.1,
             a.api.2,
@@ -538,7 +538,12 @@ impl Device for VkDevice {
             } else {
                 "staging copies"
             },
-            self.kernel.label()
+            self.kernel.label(),
+            if self.ctx.limits.float64 {
+                "f64 sums"
+            } else {
+                "f32 sums (no shaderFloat64)"
+            }
         )
     }
 
