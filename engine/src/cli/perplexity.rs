@@ -45,7 +45,9 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         )));
     }
     let path = resolve_path(args.model.model.as_deref())?;
+    let t_load = std::time::Instant::now();
     let lm = load_on_device(&path, None, true)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let tok = &lm.tokenizer;
     let ids = tok.tokenize(&text, false, false);
     let ctx = args.ctx.min(lm.model.spec.context_length);
@@ -72,7 +74,8 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
     let slots: Vec<[u32; 1]> = (0..n_seq).map(|s| [s as u32]).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
-        "perplexity: {n_chunks} chunks of {ctx} tokens, {n_seq} per batch of {} tokens",
+        "perplexity: {n_chunks} chunks of {ctx} tokens, {n_seq} per batch of {} tokens \
+         (model loaded in {load_s:.2}s)",
         n_seq * ctx
     );
     let (mut nll, mut count) = (0.0f64, 0usize);
