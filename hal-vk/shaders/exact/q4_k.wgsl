@@ -4,19 +4,7 @@
 // dense rows) or a whole block (gemv, expert rows), then
 // acc = fma(I, d_w * d_a, acc), mins = fma(M, dmin_w * d_a, mins); the result acc - mins.
 
-// Activation rows a thread computes (the host tiles dense rows so).
-const MT: u32 = 8u;
-
-struct St {
-    f: array<f32, 2>,
-    i: vec2<i32>,
-}
-
-// The activation block holding part `s` of activation row `x` (quant_xi.wgsl's Q8_K
-// blocks, 73 words each).
-fn act(x: u32, s: u32) -> u32 {
-    return (pc.x_off + x * (pc.k / 256u) + s / 8u) * 73u;
-}
+// #include lib/exact_q8_k.wgsl
 
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
     var v: array<i32, 32>;

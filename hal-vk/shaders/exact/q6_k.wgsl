@@ -3,19 +3,7 @@
 // s = sum_g scale_g * (dot_g - 32 * bsum_g) over the sixteen 16-value groups of the
 // unsigned 6-bit values, then acc = fma(s * d_w, d_a, acc).
 
-// Activation rows a thread computes (the host tiles dense rows so).
-const MT: u32 = 8u;
-
-struct St {
-    f: array<f32, 2>,
-    i: vec2<i32>,
-}
-
-// The activation block holding part `s` of activation row `x` (quant_xi.wgsl's Q8_K
-// blocks, 73 words each).
-fn act(x: u32, s: u32) -> u32 {
-    return (pc.x_off + x * (pc.k / 256u) + s / 8u) * 73u;
-}
+// #include lib/exact_q8_k.wgsl
 
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
     var v: array<i32, 32>;

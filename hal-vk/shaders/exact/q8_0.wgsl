@@ -2,19 +2,7 @@
 // vec_dot_q8_0_q8_0_tinyblas): eight lanes, lane l = fma(d_w * d_a, s_l, lane) per block,
 // s_l the integer dot of values 4l..4l+4; the lanes added by hsum8.
 
-// Activation rows a thread computes (the host tiles dense rows so).
-const MT: u32 = 8u;
-
-struct St {
-    f: array<f32, 8>,
-    i: vec2<i32>,
-}
-
-// The activation block holding part `s` of activation row `x` (quant_xi.wgsl's Q8_0
-// blocks, 9 words each).
-fn act(x: u32, s: u32) -> u32 {
-    return (pc.x_off + x * (pc.k / 32u) + s / 1u) * 9u;
-}
+// #include lib/exact_q8_0.wgsl
 
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
     var v: array<i32, 32>;
