@@ -33,8 +33,8 @@ pub struct PerplexityArgs {
 /// As llama-perplexity, `--batch / --ctx` chunks run as sequences of one batch, and
 /// logits are computed only for the scored half: each group of chunks is two steps, the
 /// first halves without logits, then the second halves with every row's. Each token's
-/// negative log-likelihood is llama.cpp's `log_softmax` (f32 `expf` summed in f64), the
-/// rows scored on every core.
+/// negative log-likelihood is llama.cpp's `log_softmax` (f32 exponentials summed in f64;
+/// [`nll_of`]), the rows scored on every core.
 pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", args.file.display())))?;
@@ -158,11 +158,103 @@ fn score_rows<T: Sync>(items: &[T], threads: usize, f: impl Fn(&T) -> f64 + Sync
     })
 }
 
-/// The negative log-likelihood of `tok` under `row`'s softmax, as llama.cpp's
-/// `log_softmax` (tools/perplexity): the maximum subtracted, `expf` of each logit summed
-/// in f64.
+/// The negative log-likelihood of `tok` under `row`'s softmax: llama.cpp's
+/// `log_softmax` (tools/perplexity: the maximum subtracted, each logit's exponential
+/// summed in f64), with the exponentials of [`exp_lanes`] in place of `expf` calls.
 fn nll_of(row: &[f32], tok: usize) -> f64 {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&l| f64::from((l - m).exp())).sum();
+    const L: usize = 16;
+    let mut mx = [f32::NEG_INFINITY; L];
+    let mut chunks = row.chunks_exact(L);
+    for c in &mut chunks {
+        for (m, &v) in mx.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let m = chunks
+        .remainder()
+        .iter()
+        .chain(&mx)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut acc = [0.0f64; L];
+    let mut chunks = row.chunks_exact(L);
+    for c in &mut chunks {
+        let mut x = [0.0f32; L];
+        for (x, &v) in x.iter_mut().zip(c) {
+            *x = v - m;
+        }
+        for (a, e) in acc.iter_mut().zip(exp_lanes(x)) {
+            *a += f64::from(e);
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| f64::from((v - m).exp()))
+        .sum();
+    let sum = acc.iter().sum::<f64>() + tail;
     sum.ln() - f64::from(row[tok] - m)
+}
+
+/// `exp(x)` for 16 values at most 0 (logits less their maximum), in a form the compiler
+/// vectorizes: `x / ln 2 = n + f` with `n` an integer and `|f| <= 1/2`, `2^f` by its
+/// degree-6 Taylor polynomial in `f ln 2` (relative error below 2e-7, as `expf`'s last
+/// bit), `2^n` built in the exponent bits; below -87 (where `expf` is subnormal or 0)
+/// the result is 0.
+fn exp_lanes(x: [f32; 16]) -> [f32; 16] {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that `n * LN2_HI` is exact for |n| < 2^8.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let mut out = [0.0f32; 16];
+    for (o, &v) in out.iter_mut().zip(&x) {
+        let v = v.max(-87.0);
+        // Round to nearest by adding and taking away 1.5 * 2^23 (`round` is a libm call
+        // without SSE4.1, and would stop the vectorization).
+        let n = (v * LOG2E + 12_582_912.0) - 12_582_912.0;
+        let r = (v - n * LN2_HI) - n * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5
+                    + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        *o = if v > -87.0 { p * scale } else { 0.0 };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_lanes_is_expf_to_its_last_bits() {
+        let mut worst = 0.0f64;
+        for i in 0..=100_000u32 {
+            let x = -90.0 * i as f32 / 100_000.0;
+            let want = f64::from(x.exp());
+            let got = f64::from(exp_lanes([x; 16])[0]);
+            if x > -87.0 {
+                worst = worst.max(((got - want) / want).abs());
+            } else {
+                assert!(got == 0.0 && want < 2e-38, "{x}: {got} against {want}");
+            }
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+    }
+
+    #[test]
+    fn nll_is_llamacpps_log_softmax() {
+        // llama.cpp's formula with expf calls, in f64.
+        let row: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        for tok in [0, 17, 999] {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = row.iter().map(|&l| f64::from((l - m).exp())).sum();
+            let want = sum.ln() - f64::from(row[tok] - m);
+            let got = nll_of(&row, tok);
+            assert!((got - want).abs() < 1e-6, "{tok}: {got} against {want}");
+        }
+    }
 }
