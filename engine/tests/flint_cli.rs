@@ -202,6 +202,35 @@ fn load_modes_agree_and_a_bad_mode_is_refused() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// `flint bench --depth`: the prefill and decode tests continue a context that the
+/// prefix cache holds (the bench fails when the measured requests do not find it there).
+#[test]
+fn bench_at_depth_continues_a_cached_context() {
+    let d = tmpdir("bench-depth");
+    let model = tiny_file(&d);
+    let out = flint()
+        .args(["bench", "--json", "--depth", "100"])
+        .args(["--decode-tokens", "3", "--aggregate-tokens", "1", "-m"])
+        .arg(&model)
+        .env("FLINT_DEVICE", "cpu")
+        .output()
+        .expect("flint runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {err}");
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(str::to_owned)
+        .expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+    assert_eq!(v["depth"], 100, "{v}");
+    assert!(
+        v["decode"]["tok_s"].as_f64().is_some_and(|x| x > 0.0),
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// `flint bench --json` on the tiny checkpoint: the keys `shared/spec/CLI.md` promises,
 /// with the counts the flags asked for and positive rates.
 #[test]

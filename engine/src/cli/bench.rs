@@ -41,6 +41,12 @@ pub struct BenchArgs {
     /// as a running server does.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: Vec<u32>,
+    /// Tokens already in the context of the prefill and decode tests (llama-bench's
+    /// `-d`): a prompt of that many tokens runs first, untimed, and the measured requests
+    /// continue it through the prefix cache (the bench fails if the cache does not hold
+    /// it). The aggregate and curve tests start from an empty context.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
 }
 
 /// A deterministic prompt of `n` ordinary tokens (no control tokens).
@@ -80,6 +86,8 @@ struct Run {
     dec_steps: usize,
     /// Host-device traffic of those decode steps.
     dec_transfers: Transfers,
+    /// The most prompt tokens any request found in the prefix cache.
+    cached: usize,
 }
 
 impl Run {
@@ -144,8 +152,11 @@ fn drain_steps(
         }
         let before = dev.transfers();
         let ts = Instant::now();
-        engine.step()?;
+        let outputs = engine.step()?;
         let dt = ts.elapsed().as_secs_f64();
+        for o in &outputs {
+            run.cached = run.cached.max(o.cached_tokens);
+        }
         let moved = dev.transfers().since(&before);
         let st = engine.last_step();
         profile::end_step(st.has_prefill == profile_prefill);
@@ -197,8 +208,37 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     drain(&mut engine, &dev, vec![prompt(vocab, 8, 99)], 2, 1, true)?;
     let _ = profile::take_report("warm-up");
 
+    // `--depth`: the context the prefill and decode tests continue, computed once here
+    // and kept by the prefix cache; each test checks that its request found it there.
+    let depth = args.depth;
+    let context = prompt(vocab, depth, 7);
+    let at_depth = |p: Vec<u32>| -> Vec<u32> { context.iter().copied().chain(p).collect() };
+    let cached_depth = depth - depth % settings.block_size.max(1);
+    let check_depth = |run: &Run, test: &str| -> Result<(), CliError> {
+        if run.cached < cached_depth {
+            return Err(CliError::new(format!(
+                "--depth {depth}: the {test} request found {} of the context's {cached_depth} \
+                 block-aligned tokens in the prefix cache",
+                run.cached
+            )));
+        }
+        Ok(())
+    };
+    if depth > 0 {
+        drain(&mut engine, &dev, vec![context.clone()], 1, 1, true)?;
+        let _ = profile::take_report("context");
+    }
+
     // Prefill: 1 x 512 prompt tokens, one generated token (its logits end the prefill).
-    let prefill = drain(&mut engine, &dev, vec![prompt(vocab, 512, 1)], 1, 1, true)?;
+    let prefill = drain(
+        &mut engine,
+        &dev,
+        vec![at_depth(prompt(vocab, 512, 1))],
+        1,
+        1,
+        true,
+    )?;
+    check_depth(&prefill, "prefill")?;
     print_profile("prefill 1 x 512");
     let prefill_tok_s = 512.0 / prefill.wall;
 
@@ -207,11 +247,12 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let decode = drain(
         &mut engine,
         &dev,
-        vec![prompt(vocab, 8, 2)],
+        vec![at_depth(prompt(vocab, 8, 2))],
         n_gen,
         1,
         false,
     )?;
+    check_depth(&decode, "decode")?;
     print_profile("decode c=1 (decode steps)");
     let decode_tok_s = decode.decode_tok_s();
     let tpot_ms = decode.tpot_ms();
@@ -262,6 +303,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 Residence::HugePages => "huge_pages",
                 Residence::Mapped => "mapped",
             },
+            "depth": depth,
             "prefill": {"prompt_tokens": 512, "tok_s": prefill_tok_s},
             "decode": {"prompt_tokens": 8, "generated": n_gen, "tok_s": decode_tok_s,
                        "tpot_ms": tpot_ms,
@@ -289,6 +331,9 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         println!("model      {model}");
         println!("device     {device} ({threads} threads)");
         println!("weights    {} (FLINT_LOAD)", residence.describe());
+        if depth > 0 {
+            println!("depth      {depth} tokens of context before the prefill and decode tests");
+        }
         println!("prefill    1 x 512 in            {prefill_tok_s:10.1} tok/s");
         println!(
             "decode     1 x 8 in, {n_gen} out, c=1 {decode_tok_s:10.1} tok/s   TPOT {tpot_ms:.2} ms"
