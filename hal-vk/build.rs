@@ -9,8 +9,9 @@
 //!   `matmul_exact.wgsl` with each `exact/<type>.wgsl` (the types it computes in the cpu
 //!   device's order). The matmul templates also get `matmul_params.wgsl`, their push
 //!   constants. A joined shader that uses f64 gets an `_f32` variant as well.
-//! - A line `// #include lib/NAME.wgsl` in any of them is replaced by that file
-//!   (`shaders/lib/`: functions several shaders share).
+//! - A line `// #include PATH` in any of them is replaced by that file of `shaders/`
+//!   (`lib/`: functions several shaders share; an `exact/` file includes its type's
+//!   `blocks/` file for the integer decoder `ints32`).
 //!
 //! The SPIR-V lands in `OUT_DIR`; `shaders.rs` there lists every shader by name
 //! (`include!`d by `src/shaders.rs`). A shader that does not parse or validate fails the
@@ -56,7 +57,7 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// `src` with each line `// #include lib/NAME.wgsl` replaced by that file of `shaders/`
+/// `src` with each line `// #include PATH` replaced by that file of `shaders/`
 /// (WGSL has no includes; shared functions live once in `shaders/lib/`).
 fn includes(src: &str, shaders: &Path) -> String {
     src.lines()

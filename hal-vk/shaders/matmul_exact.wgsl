@@ -17,6 +17,7 @@
 @group(0) @binding(3) var<storage, read> R: array<u32>;
 
 // #include lib/float.wgsl
+// #include lib/tile.wgsl
 
 // Byte t (0..3) of word w, sign-extended.
 fn sbyte(w: u32, t: u32) -> i32 {
@@ -66,26 +67,11 @@ fn main(
     let o_raw = wg.x * 64u + lid;
     let live = o_raw < pc.n;
     let o = min(o_raw, pc.n - 1u);
-    let t = wg.y + wg.z * nwg.y;
-    var row = 0u;
-    var rows = 0u;
-    var x0 = 0u;
-    var out0 = 0u;
-    if (pc.mode == 0u) {
-        let m0 = t * MT;
-        rows = min(MT, pc.m - m0);
-        row = o * pc.row_bytes;
-        x0 = m0;
-        out0 = m0;
-    } else {
-        let e = R[2u * t + 1u];
-        if (e >= pc.e_base && e < pc.e_base + pc.e_count) {
-            rows = 1u;
-        }
-        row = (e - pc.e_base) * pc.expert_bytes + o * pc.row_bytes;
-        x0 = R[2u * t];
-        out0 = t;
-    }
+    let tl = tile(o, wg.y + wg.z * nwg.y, MT);
+    let row = tl.row;
+    let rows = tl.rows;
+    let x0 = tl.x0;
+    let out0 = tl.out0;
     if (rows == 0u) {
         return;
     }

@@ -13,6 +13,8 @@ const MT: u32 = 8u;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
 @group(0) @binding(3) var<storage, read> R: array<u32>;
 
+// #include lib/tile.wgsl
+
 // The activations of one row's 32-value part, spread over the 8 lanes of a subgroup
 // (lane l holds values 4l..4l+4), dotted with `w`: each lane loads 4 values, not 32, and
 // takes the others from its neighbours. lavapipe loads from a storage buffer lane by
@@ -55,26 +57,11 @@ fn main(
     let o_raw = wg.x * 64u + lid;
     let live = o_raw < pc.n;
     let o = min(o_raw, pc.n - 1u);
-    let t = wg.y + wg.z * nwg.y;
-    var row = 0u;
-    var rows = 0u;
-    var x0 = 0u;
-    var out0 = 0u;
-    if (pc.mode == 0u) {
-        let m0 = t * MT;
-        rows = min(MT, pc.m - m0);
-        row = o * pc.row_bytes;
-        x0 = m0;
-        out0 = m0;
-    } else {
-        let e = R[2u * t + 1u];
-        if (e >= pc.e_base && e < pc.e_base + pc.e_count) {
-            rows = 1u;
-        }
-        row = (e - pc.e_base) * pc.expert_bytes + o * pc.row_bytes;
-        x0 = R[2u * t];
-        out0 = t;
-    }
+    let tl = tile(o, wg.y + wg.z * nwg.y, MT);
+    let row = tl.row;
+    let rows = tl.rows;
+    let x0 = tl.x0;
+    let out0 = tl.out0;
     if (rows == 0u) {
         return;
     }

@@ -1,6 +1,7 @@
 //! `flint perplexity`.
 
 use clap::Args;
+use rayon::prelude::*;
 
 use super::CliError;
 use crate::forward::{profile, Batch, BatchSeq, RecurrentStates, Session};
@@ -72,7 +73,6 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         .map(|s| (s * per_seq..(s + 1) * per_seq).map(|b| b as u32).collect())
         .collect();
     let slots: Vec<[u32; 1]> = (0..n_seq).map(|s| [s as u32]).collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
         "perplexity: {n_chunks} chunks of {ctx} tokens, {n_seq} per batch of {} tokens \
          (model loaded in {load_s:.2}s)",
@@ -118,10 +118,13 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         let scored: Vec<(usize, usize)> = (0..k)
             .flat_map(|s| (0..rows - 1).map(move |j| (s, j)))
             .collect();
-        let per_row = score_rows(&scored, threads, |&(s, j)| {
-            let row = &logits[(s * rows + j) * vocab..][..vocab];
-            nll_of(row, chunks[s][first + j + 1] as usize)
-        });
+        let per_row: Vec<f64> = scored
+            .par_iter()
+            .map(|&(s, j)| {
+                let row = &logits[(s * rows + j) * vocab..][..vocab];
+                nll_of(row, chunks[s][first + j + 1] as usize)
+            })
+            .collect();
         nll += per_row.iter().sum::<f64>();
         count += per_row.len();
         eprintln!(
@@ -140,22 +143,6 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         eprint!("{t}");
     }
     Ok(())
-}
-
-/// `f(item)` for every item, on `threads` scoped threads over contiguous parts; the
-/// results in the items' order.
-fn score_rows<T: Sync>(items: &[T], threads: usize, f: impl Fn(&T) -> f64 + Sync) -> Vec<f64> {
-    let part = items.len().div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = items
-            .chunks(part)
-            .map(|c| sc.spawn(|| c.iter().map(&f).collect::<Vec<f64>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
 }
 
 /// The negative log-likelihood of `tok` under `row`'s softmax: llama.cpp's

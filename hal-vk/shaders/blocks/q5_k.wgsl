@@ -2,24 +2,32 @@
 // qh: [u8; 32] @16, qs: [u8; 128] @48 }: Q4_K plus a fifth bit. Value 32p + j is
 // `(d * sc) * q - (dmin * mn)`, q = the Q4_K nibble | (bit p of qh[j]) << 4.
 
-fn deq32(row: u32, s: u32, k: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
+// The 5-bit values q of part `s` (the exact kernel's integer operands).
+fn ints32(row: u32, s: u32) -> array<i32, 32> {
+    var v: array<i32, 32>;
     let b = row + (s / 8u) * 176u;
     let p = s % 8u;
-    let d = half_at(b);
-    let dmin = half_at(b + 2u);
-    let sm = k4_scale_min(b, p);
-    let dl = d * f32(sm.x);
-    let ml = dmin * f32(sm.y);
     let sh = 4u * (p % 2u);
     let qs = b + 48u + 32u * (p / 2u);
     for (var i = 0u; i < 8u; i++) {
         let w = rd32(qs + 4u * i);
         let hw = rd32(b + 16u + 4u * i);
         for (var t = 0u; t < 4u; t++) {
-            let q = ((w >> (8u * t + sh)) & 0xfu) | (((hw >> (8u * t + p)) & 1u) << 4u);
-            v[4u * i + t] = dl * f32(q) - ml;
+            v[4u * i + t] = i32(((w >> (8u * t + sh)) & 0xfu) | (((hw >> (8u * t + p)) & 1u) << 4u));
         }
+    }
+    return v;
+}
+
+fn deq32(row: u32, s: u32, k: u32) -> array<f32, 32> {
+    var v: array<f32, 32>;
+    let b = row + (s / 8u) * 176u;
+    let sm = k4_scale_min(b, s % 8u);
+    let dl = half_at(b) * f32(sm.x);
+    let ml = half_at(b + 2u) * f32(sm.y);
+    let q = ints32(row, s);
+    for (var j = 0u; j < 32u; j++) {
+        v[j] = dl * f32(q[j]) - ml;
     }
     return v;
 }

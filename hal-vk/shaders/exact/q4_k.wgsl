@@ -6,19 +6,10 @@
 
 // #include lib/exact_q8_k.wgsl
 
+// #include blocks/q4_k.wgsl
+
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
-    var v: array<i32, 32>;
-    let b = row + (s / 8u) * 144u;
-    let p = s % 8u;
-    let sh = 4u * (p % 2u);
-    let qs = b + 16u + 32u * (p / 2u);
-    for (var i = 0u; i < 8u; i++) {
-        let w = rd32(qs + 4u * i);
-        for (var t = 0u; t < 4u; t++) {
-            v[4u * i + t] = i32((w >> (8u * t + sh)) & 0xfu);
-        }
-    }
-    return v;
+    return ints32(row, s);
 }
 
 fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {

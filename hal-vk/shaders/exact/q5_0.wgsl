@@ -3,22 +3,10 @@
 
 // #include lib/exact_q8_0.wgsl
 
+// #include blocks/q5_0.wgsl
+
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
-    var v: array<i32, 32>;
-    let b = row + s * 22u;
-    let qh = rd32(b + 2u);
-    for (var i = 0u; i < 4u; i++) {
-        let w = rd32(b + 6u + 4u * i);
-        for (var t = 0u; t < 4u; t++) {
-            let q = w >> (8u * t);
-            let m = 4u * i + t;
-            let lo = (q & 0xfu) | (((qh >> m) & 1u) << 4u);
-            let hi = ((q >> 4u) & 0xfu) | (((qh >> (m + 16u)) & 1u) << 4u);
-            v[m] = i32(lo) - 16;
-            v[m + 16u] = i32(hi) - 16;
-        }
-    }
-    return v;
+    return ints32(row, s);
 }
 
 fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {

@@ -5,20 +5,10 @@
 
 // #include lib/exact_q8_k.wgsl
 
+// #include blocks/q5_k.wgsl
+
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
-    var v: array<i32, 32>;
-    let b = row + (s / 8u) * 176u;
-    let p = s % 8u;
-    let sh = 4u * (p % 2u);
-    let qs = b + 48u + 32u * (p / 2u);
-    for (var i = 0u; i < 8u; i++) {
-        let w = rd32(qs + 4u * i);
-        let hw = rd32(b + 16u + 4u * i);
-        for (var t = 0u; t < 4u; t++) {
-            v[4u * i + t] = i32(((w >> (8u * t + sh)) & 0xfu) | (((hw >> (8u * t + p)) & 1u) << 4u));
-        }
-    }
-    return v;
+    return ints32(row, s);
 }
 
 fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {

@@ -5,25 +5,10 @@
 
 // #include lib/exact_q8_k.wgsl
 
+// #include blocks/q6_k.wgsl
+
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
-    var v: array<i32, 32>;
-    let b = row + (s / 8u) * 210u;
-    let p = s % 8u;
-    let hf = p / 4u;
-    let ql = b + 64u * hf + 32u * (p % 2u);
-    let lsh = 4u * ((p % 4u) / 2u);
-    let qh = b + 128u + 32u * hf;
-    let hsh = 2u * (p % 4u);
-    for (var i = 0u; i < 8u; i++) {
-        let lw = rd32(ql + 4u * i);
-        let hw = rd32(qh + 4u * i);
-        for (var t = 0u; t < 4u; t++) {
-            let lo = (lw >> (8u * t + lsh)) & 0xfu;
-            let hi = (hw >> (8u * t + hsh)) & 3u;
-            v[4u * i + t] = i32(lo | (hi << 4u));
-        }
-    }
-    return v;
+    return ints32(row, s);
 }
 
 fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {

@@ -4,16 +4,10 @@
 
 // #include lib/exact_q8_0.wgsl
 
+// #include blocks/q8_0.wgsl
+
 fn wpart(row: u32, s: u32) -> array<i32, 32> {
-    var v: array<i32, 32>;
-    let b = row + s * 34u;
-    for (var i = 0u; i < 8u; i++) {
-        let w = rd32(b + 2u + 4u * i);
-        for (var t = 0u; t < 4u; t++) {
-            v[4u * i + t] = sbyte(w, t);
-        }
-    }
-    return v;
+    return ints32(row, s);
 }
 
 fn step(st: St, row: u32, s: u32, w: array<i32, 32>, ab: u32, lane: u32) -> St {
