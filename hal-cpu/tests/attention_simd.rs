@@ -7,7 +7,8 @@
 //! Cases: prompt batches longer than a 64-key tile and than 16 lanes, decode rows alone
 //! and beside a prompt, short prompt chunks, sliding windows with the blocks below them
 //! freed, sinks above and below the score maximum, head sizes that are not a multiple of
-//! 16 or 8, cache blocks of 8 (no 16-key runs), 16 and 32 slots.
+//! 16 or 8, cache blocks of 8 (no 16-key runs), 16 and 32 slots, decode contexts long
+//! enough that one group's work is split over the threads.
 
 mod common;
 
@@ -218,6 +219,28 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             window: Some(45),
             sinks: true,
             seqs: vec![(101, vec![100])],
+        },
+        // Long decode contexts (16+ tiles), where a group alone in its step spreads its
+        // scores over tiles and its output over columns on the pool's two threads: a
+        // Gemma 3 global layer, and two rows of one sequence (six queries) with a window
+        // that cuts a tile, sinks, and a value size that leaves a 16-column part.
+        Case {
+            n_heads: 4,
+            hkv: 1,
+            dk: 256,
+            dv: 256,
+            window: None,
+            sinks: false,
+            seqs: vec![(1500, vec![1499])],
+        },
+        Case {
+            n_heads: 3,
+            hkv: 1,
+            dk: 40,
+            dv: 80,
+            window: Some(1100),
+            sinks: true,
+            seqs: vec![(1250, vec![1248, 1249])],
         },
     ];
     for order in [FloatOrder::BatchInvariant, FloatOrder::LlamaCpp] {

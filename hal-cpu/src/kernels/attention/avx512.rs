@@ -8,7 +8,9 @@
 //!   the few heads of one GQA group (four on the bench preset and Gemma 3), which would
 //!   leave twelve of sixteen lanes empty; instead sixteen consecutive keys of one cache
 //!   block fill the lanes, read as one contiguous run per key element because the CPU
-//!   cache stores keys transposed inside each block (`CpuKv`).
+//!   cache stores keys transposed inside each block (`CpuKv`). A long context spreads
+//!   one group over the threads the step leaves it (`LaneGroup::spread`): scores by
+//!   tiles, the output by columns, the softmax bookkeeping in tile order between them.
 //!
 //! Both are bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head)
 //! alone (the scalar path in `kv.rs`), because every lane does exactly the scalar's
@@ -27,6 +29,8 @@ use flint_hal::{HalError, PagedAttention};
 use super::{finish_query, KvSource, LaneGroup, CHUNK};
 
 use crate::kernels::elementwise::avx512::expf_ggml;
+use rayon::prelude::*;
+
 use crate::kv::CpuKv;
 
 /// Queries attended together.
@@ -88,25 +92,35 @@ unsafe fn load16_f16(p: *const u16) -> __m512 {
 }
 
 impl KvSource<'_> {
-    /// Asks for the cache lines of the 16 slots from `p0` (a multiple of 16, `runs16`) to
-    /// be brought into L2: every key element's run and every value row. Unmapped
-    /// positions are skipped.
+    /// Asks for the cache lines of the keys of the 16 slots from `p0` (a multiple of 16,
+    /// `runs16`) to be brought into L2: every key element's run. An unmapped position is
+    /// skipped.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn prefetch_run(&self, p0: usize, dk: usize, dv: usize) {
-        let Some((kb, vb)) = (self.at)(p0) else {
+    fn prefetch_keys(&self, p0: usize, dk: usize) {
+        let Some((kb, _)) = (self.at)(p0) else {
             return;
         };
         // `wrapping_add` only computes addresses (a prefetch never faults).
-        let (kp, vp) = (self.k.as_ptr(), self.v.as_ptr());
+        let kp = self.k.as_ptr();
         for d in 0..dk {
             let a = kp.wrapping_add(kb + d * self.k_stride) as *const i8;
             _mm_prefetch::<_MM_HINT_T1>(a);
         }
-        for j in 0..CHUNK {
-            let row = vp.wrapping_add(vb + j * self.v_stride) as *const i8;
-            for off in (0..dv * 2).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off));
+    }
+
+    /// Asks for the columns `col0..col0 + width` of the values of `tile`'s live chunks to
+    /// be brought into L2.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn prefetch_values<const NQ: usize>(&self, tile: &KeyTile<NQ>, col0: usize, width: usize) {
+        let vp = self.v.as_ptr();
+        for &c in &tile.live[..tile.nl] {
+            for j in 0..CHUNK {
+                let row = vp.wrapping_add(tile.val_base[c] + j * self.v_stride + col0) as *const i8;
+                for off in (0..width * 2).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off));
+                }
             }
         }
     }
@@ -314,7 +328,7 @@ pub(crate) fn attend_group(
             // Lanes l .. l + lanes all see the same keys.
             let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
             let o = &mut out[l * dv..(l + lanes) * dv];
-            accumulate_lanes(lanes, o, dv, &mine[..nm], &vals, &wl, l);
+            accumulate_lanes(lanes, o, dv, 0, dv, &mine[..nm], &vals, &wl, l);
             l += lanes;
         }
         t0 += GGML_FA_TILE;
@@ -364,6 +378,17 @@ fn reduce_add_16(w: __m512) -> f32 {
 /// of 16 must give a run of 16 slots (`kv.runs16`). Errors if a visible position is not
 /// mapped.
 ///
+/// The work runs in three passes, so that a long context can use every thread the step
+/// leaves to this group (`g.spread`) without changing a single operation:
+///
+/// 1. scores, tile by tile ([`score_tiles`]): each score is its own chain, so the tiles
+///    can be split over threads;
+/// 2. the running maximum, the weights and the denominator ([`weigh_tiles`]), in tile
+///    order on one thread (a few vector operations per 16 keys);
+/// 3. the output ([`accumulate_tiles`]): per output element one chain over every tile's
+///    keys with the rescales between tiles, so the output elements can be split over
+///    threads (each thread reads its columns of every value).
+///
 /// # Safety
 /// The CPU must have AVX-512F (checked at device open).
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -383,6 +408,52 @@ pub(crate) fn attend_keys_in_lanes(
     }
 }
 
+/// Chunks of 16 keys in a 64-key tile.
+const TILE_CHUNKS: usize = GGML_FA_TILE / CHUNK;
+
+/// Tiles from which [`keys_in_lanes`] spreads a group over threads (1024 keys): below,
+/// the hand-offs cost about what the split saves.
+const SPREAD_TILES: usize = 16;
+
+/// One 64-key tile as [`keys_in_lanes`] walks it.
+#[derive(Clone, Copy)]
+struct KeyTile<const NQ: usize> {
+    /// Per query and chunk: bit `j` set where the query sees key `j` of the chunk.
+    vis: [[u16; TILE_CHUNKS]; NQ],
+    /// The chunks some query sees a key of (the first `nl`), in order.
+    live: [usize; TILE_CHUNKS],
+    nl: usize,
+    /// Per live chunk: where its keys' element 0 and its first value lie.
+    key_base: [usize; TILE_CHUNKS],
+    val_base: [usize; TILE_CHUNKS],
+    /// Per query: whether it sees a key of the tile, and the factor its output is
+    /// scaled by before the tile's keys are added (`None`: the maximum did not grow).
+    active: [bool; NQ],
+    rescale: [Option<f32>; NQ],
+}
+
+impl<const NQ: usize> KeyTile<NQ> {
+    const EMPTY: Self = KeyTile {
+        vis: [[0; TILE_CHUNKS]; NQ],
+        live: [0; TILE_CHUNKS],
+        nl: 0,
+        key_base: [0; TILE_CHUNKS],
+        val_base: [0; TILE_CHUNKS],
+        active: [false; NQ],
+        rescale: [None; NQ],
+    };
+}
+
+/// Tiles ahead whose values the output pass asks for (it spends less time per tile than
+/// the score pass, so it asks further ahead).
+const VALUES_AHEAD: usize = 4;
+
+/// Per tile: each query's 64 scores (`-inf` where it does not see the key; the rows of
+/// `NQ` beyond the group's queries are never read).
+type TileScores<const NQ: usize> = [[f32; GGML_FA_TILE]; NQ];
+/// Per tile: each key's weight for each query.
+type TileWeights<const NQ: usize> = [[f32; NQ]; GGML_FA_TILE];
+
 /// [`attend_keys_in_lanes`] for up to `NQ` queries (the rest of the `NQ` chains repeat
 /// the first query and are dropped).
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -393,70 +464,133 @@ fn keys_in_lanes<const NQ: usize>(
     dv: usize,
     out: &mut [f32],
 ) -> Result<(), ()> {
-    const CHUNKS: usize = GGML_FA_TILE / CHUNK;
     let n = g.q.len();
     assert!(n > 0 && n <= NQ && g.range.len() == n && g.sink.len() == n);
     assert!(kv.runs16, "attend_keys_in_lanes: keys not in runs of 16");
     assert_eq!(out.len(), n * dv, "attend_keys_in_lanes: out length");
-    let dk = g.q[0].len();
-    let qs: [&[f32]; NQ] = std::array::from_fn(|i| &g.q[i.min(n - 1)][..dk]);
     let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
     let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
+    let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
+    let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
+    let spread = if n_tiles >= SPREAD_TILES {
+        g.spread.max(1)
+    } else {
+        1
+    };
+    let mut tiles = vec![KeyTile::<NQ>::EMPTY; n_tiles];
+    // Zeroed memory comes from the allocator as fresh pages; `score_tiles` writes every
+    // score a query's maximum reads.
+    let mut scores = vec![[[0f32; GGML_FA_TILE]; NQ]; n_tiles];
+    if spread == 1 {
+        score_tiles(g, kv, scale, dv, t_first, &mut tiles, &mut scores)?;
+    } else {
+        // Twice as many parts as threads, so that a slow thread does not hold the rest.
+        let per = n_tiles.div_ceil(2 * spread);
+        tiles
+            .par_chunks_mut(per)
+            .zip(scores.par_chunks_mut(per))
+            .enumerate()
+            .try_for_each(|(part, (t, s))| {
+                // The closure inherits this function's target features; the caller's
+                // guarantee (AVX-512F on this CPU) holds on every thread of the pool.
+                score_tiles(g, kv, scale, dv, t_first + part * per * GGML_FA_TILE, t, s)
+            })?;
+    }
+    let mut weights = vec![[[0f32; NQ]; GGML_FA_TILE]; n_tiles];
+    let mut m = [f32::NEG_INFINITY; NQ];
+    let mut denom = [0f32; NQ];
+    weigh_tiles(n, &mut tiles, &scores, &mut weights, &mut m, &mut denom);
+    drop(scores);
+    out.fill(0.0);
+    if spread == 1 {
+        accumulate_tiles(n, &tiles, &weights, kv, dv, 0, dv, out);
+    } else {
+        // Column parts of a multiple of 16 values, twice as many as threads.
+        let width = dv.div_ceil(2 * spread).next_multiple_of(CHUNK);
+        let parts: Vec<Vec<f32>> = (0..dv.div_ceil(width))
+            .into_par_iter()
+            .map(|part| {
+                let col0 = part * width;
+                let w = width.min(dv - col0);
+                let mut o = vec![0f32; n * w];
+                // As the scores: the closure inherits this function's target features.
+                accumulate_tiles(n, &tiles, &weights, kv, dv, col0, w, &mut o);
+                o
+            })
+            .collect();
+        for (part, o) in parts.iter().enumerate() {
+            let col0 = part * width;
+            let w = o.len() / n;
+            for i in 0..n {
+                out[i * dv + col0..i * dv + col0 + w].copy_from_slice(&o[i * w..(i + 1) * w]);
+            }
+        }
+    }
+    for i in 0..n {
+        finish_query(&mut out[i * dv..(i + 1) * dv], m[i], denom[i], g.sink[i]);
+    }
+    Ok(())
+}
+
+/// The first pass of [`keys_in_lanes`] over the consecutive tiles from `t_first`: which
+/// keys each query sees, where they lie, and their scores. Errors if a visible position
+/// is not mapped.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn score_tiles<const NQ: usize>(
+    g: &LaneGroup<'_>,
+    kv: &KvSource<'_>,
+    scale: f32,
+    dv: usize,
+    t_first: usize,
+    tiles: &mut [KeyTile<NQ>],
+    scores: &mut [TileScores<NQ>],
+) -> Result<(), ()> {
+    let n = g.q.len();
+    let dk = g.q[0].len();
+    let qs: [&[f32]; NQ] = std::array::from_fn(|i| &g.q[i.min(n - 1)][..dk]);
+    let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
+    let end = (t_first + tiles.len() * GGML_FA_TILE).min(last + 1);
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let vscale = _mm512_set1_ps(scale);
     let (kp, k_stride) = (kv.k.as_ptr(), kv.k_stride);
-    let mut m = [f32::NEG_INFINITY; NQ];
-    let mut denom = [0f32; NQ];
-    out.fill(0.0);
-    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
-    let mut wl = [[0f32; LANES]; GGML_FA_TILE];
-    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     // The cache is cold in a decode step (the step's weights have passed through the
     // caches since the last one) and its blocks are scattered, so the hardware
-    // prefetchers see only short runs and the reads wait on latency. So the first two
-    // tiles are asked for now and the tile two ahead at each tile, into L2 (into L1, or
-    // one tile ahead, is too late to hide the latency; `attention_speed` measures it).
-    for c in 0..2 * CHUNKS {
-        let p0 = t0 + c * CHUNK;
-        if p0 <= last {
-            kv.prefetch_run(p0, dk, dv);
-        }
+    // prefetchers see only short runs and the reads wait on latency. So the keys of the
+    // first two tiles are asked for now and those two tiles ahead at each tile, into L2
+    // (into L1, or one tile ahead, is too late to hide the latency; `attention_speed`
+    // measures it).
+    for p0 in (t_first..end.min(t_first + 2 * GGML_FA_TILE)).step_by(CHUNK) {
+        kv.prefetch_keys(p0, dk);
     }
-    while t0 <= last {
-        // Which keys of each chunk each query sees, and where the live chunks lie.
-        let mut vis = [[0u16; CHUNKS]; NQ];
-        let mut key_base = [0usize; CHUNKS];
-        let mut live = [0usize; CHUNKS];
-        let mut nl = 0;
-        for c in 0..CHUNKS {
+    for (idx, (tile, s)) in tiles.iter_mut().zip(scores.iter_mut()).enumerate() {
+        let t0 = t_first + idx * GGML_FA_TILE;
+        for c in 0..TILE_CHUNKS {
             let p0 = t0 + c * CHUNK;
             let mut any = 0u16;
             for i in 0..n {
-                vis[i][c] = visible16(p0, g.range[i]);
-                any |= vis[i][c];
+                tile.vis[i][c] = visible16(p0, g.range[i]);
+                any |= tile.vis[i][c];
             }
             if any == 0 {
+                for row in s.iter_mut().take(n) {
+                    row[c * CHUNK..(c + 1) * CHUNK].fill(f32::NEG_INFINITY);
+                }
                 continue;
             }
             let (kb, vb) = kv.locate(p0, dk, dv, CHUNK).ok_or(())?;
-            key_base[c] = kb;
-            for (j, v) in vals[c * CHUNK..(c + 1) * CHUNK].iter_mut().enumerate() {
-                *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
-            }
-            live[nl] = c;
-            nl += 1;
+            tile.key_base[c] = kb;
+            tile.val_base[c] = vb;
+            tile.live[tile.nl] = c;
+            tile.nl += 1;
         }
-        for c in 0..CHUNKS {
-            let p0 = t0 + 2 * GGML_FA_TILE + c * CHUNK;
-            if p0 <= last {
-                kv.prefetch_run(p0, dk, dv);
-            }
+        let ahead = t0 + 2 * GGML_FA_TILE;
+        for p0 in (ahead..end.min(ahead + GGML_FA_TILE)).step_by(CHUNK) {
+            kv.prefetch_keys(p0, dk);
         }
-        // Scores, two chunks at a time: 2 * NQ independent chains.
-        let mut s = [[neg_inf; CHUNKS]; NQ];
-        for pair in live[..nl].chunks(2) {
+        // Two chunks at a time: 2 * NQ independent chains.
+        for pair in tile.live[..tile.nl].chunks(2) {
             let (c0, c1) = (pair[0], pair[pair.len() - 1]);
-            let (b0, b1) = (key_base[c0], key_base[c1]);
+            let (b0, b1) = (tile.key_base[c0], tile.key_base[c1]);
             let mut a0 = [_mm512_setzero_ps(); NQ];
             let mut a1 = [_mm512_setzero_ps(); NQ];
             for d in 0..dk {
@@ -474,32 +608,53 @@ fn keys_in_lanes<const NQ: usize>(
                 }
             }
             for i in 0..n {
-                s[i][c0] = _mm512_mask_blend_ps(vis[i][c0], neg_inf, _mm512_mul_ps(a0[i], vscale));
-                s[i][c1] = _mm512_mask_blend_ps(vis[i][c1], neg_inf, _mm512_mul_ps(a1[i], vscale));
+                for (c, a) in [(c0, a0[i]), (c1, a1[i])] {
+                    let v = _mm512_mask_blend_ps(tile.vis[i][c], neg_inf, _mm512_mul_ps(a, vscale));
+                    // SAFETY: 16 writable f32 at `c * CHUNK` of a 64-f32 row.
+                    unsafe { _mm512_storeu_ps(s[i].as_mut_ptr().add(c * CHUNK), v) };
+                }
             }
         }
-        // Per query: the running maximum, the weights and their sum, as the scalar.
-        let mut active = [false; NQ];
+    }
+    Ok(())
+}
+
+/// The second pass of [`keys_in_lanes`], tile by tile in order: per query the running
+/// maximum `m` (and the rescale it asks of the output so far), the weights of the
+/// tile's keys (ggml's AVX-512 `expf`) and the denominator `denom` (each chunk's 16
+/// weights summed pairwise, the tile's sum in f64), as the scalar.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn weigh_tiles<const NQ: usize>(
+    n: usize,
+    tiles: &mut [KeyTile<NQ>],
+    scores: &[TileScores<NQ>],
+    weights: &mut [TileWeights<NQ>],
+    m: &mut [f32; NQ],
+    denom: &mut [f32; NQ],
+) {
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    for ((tile, s), wl) in tiles.iter_mut().zip(scores).zip(weights.iter_mut()) {
         for i in 0..n {
+            // SAFETY: each of the four loads reads 16 f32 of a 64-f32 row.
+            let sv: [__m512; TILE_CHUNKS] =
+                std::array::from_fn(|c| unsafe { _mm512_loadu_ps(s[i].as_ptr().add(c * CHUNK)) });
             let tile_max =
-                _mm512_reduce_max_ps(s[i].iter().fold(neg_inf, |a, &b| _mm512_max_ps(a, b)));
+                _mm512_reduce_max_ps(sv.iter().fold(neg_inf, |a, &b| _mm512_max_ps(a, b)));
             if tile_max == f32::NEG_INFINITY {
                 continue;
             }
-            active[i] = true;
+            tile.active[i] = true;
             let m_new = m[i].max(tile_max);
             if m_new > m[i] {
                 let ms = flint_core::math::expf_libc(m[i] - m_new);
-                for o in &mut out[i * dv..(i + 1) * dv] {
-                    *o *= ms;
-                }
+                tile.rescale[i] = Some(ms);
                 denom[i] *= ms;
             }
             m[i] = m_new;
             let mv = _mm512_set1_ps(m_new);
             let mut sum = 0f64;
-            for &c in &live[..nl] {
-                let w = expf_ggml(_mm512_sub_ps(s[i][c], mv));
+            for &c in &tile.live[..tile.nl] {
+                let w = expf_ggml(_mm512_sub_ps(sv[c], mv));
                 sum += f64::from(reduce_add_16(w));
                 let mut a = [0f32; CHUNK];
                 // SAFETY: 16 writable f32; storeu is unaligned.
@@ -510,115 +665,205 @@ fn keys_in_lanes<const NQ: usize>(
             }
             denom[i] = (f64::from(denom[i]) + sum) as f32;
         }
-        // Output: queries that see the same keys (the heads of one decode row) go
-        // together, up to four, so that each value block loaded feeds all of them.
+    }
+}
+
+/// The third pass of [`keys_in_lanes`] for the output columns `col0..col0 + width` (of
+/// `dv`): `o` (`n` rows of `width`, zero at the start) accumulates every tile's weighted
+/// values, each tile's rescales first, as the scalar does for those columns.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn accumulate_tiles<const NQ: usize>(
+    n: usize,
+    tiles: &[KeyTile<NQ>],
+    weights: &[TileWeights<NQ>],
+    kv: &KvSource<'_>,
+    dv: usize,
+    col0: usize,
+    width: usize,
+    o: &mut [f32],
+) {
+    assert_eq!(o.len(), n * width, "accumulate_tiles: out length");
+    assert!(col0 + width <= dv, "accumulate_tiles: columns beyond dv");
+    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    // The values of the first tiles now, then `VALUES_AHEAD` tiles ahead (see
+    // `score_tiles`).
+    for tile in tiles.iter().take(VALUES_AHEAD) {
+        kv.prefetch_values(tile, col0, width);
+    }
+    for (idx, (tile, wl)) in tiles.iter().zip(weights).enumerate() {
+        if let Some(ahead) = tiles.get(idx + VALUES_AHEAD) {
+            kv.prefetch_values(ahead, col0, width);
+        }
+        for &c in &tile.live[..tile.nl] {
+            let vb = tile.val_base[c];
+            for (j, v) in vals[c * CHUNK..(c + 1) * CHUNK].iter_mut().enumerate() {
+                *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
+            }
+        }
+        for i in 0..n {
+            if let Some(ms) = tile.rescale[i] {
+                for x in &mut o[i * width..(i + 1) * width] {
+                    *x *= ms;
+                }
+            }
+        }
+        // Queries that see the same keys (the heads of one decode row) go together, up
+        // to four, so that each value block loaded feeds all of them.
         let mut i = 0;
         while i < n {
-            if !active[i] {
+            if !tile.active[i] {
                 i += 1;
                 continue;
             }
             let mut lanes = 1;
-            while lanes < 4 && i + lanes < n && active[i + lanes] && vis[i + lanes] == vis[i] {
+            while lanes < 4
+                && i + lanes < n
+                && tile.active[i + lanes]
+                && tile.vis[i + lanes] == tile.vis[i]
+            {
                 lanes += 1;
             }
             let mut mine = [0u8; GGML_FA_TILE];
             let mut nm = 0;
-            for &c in &live[..nl] {
-                let mut bits = vis[i][c];
+            for &c in &tile.live[..tile.nl] {
+                let mut bits = tile.vis[i][c];
                 while bits != 0 {
                     mine[nm] = (c * CHUNK) as u8 + bits.trailing_zeros() as u8;
                     nm += 1;
                     bits &= bits - 1;
                 }
             }
-            let o = &mut out[i * dv..(i + lanes) * dv];
-            accumulate_lanes(lanes, o, dv, &mine[..nm], &vals, &wl, i);
+            let out = &mut o[i * width..(i + lanes) * width];
+            accumulate_lanes(lanes, out, width, col0, width, &mine[..nm], &vals, wl, i);
             i += lanes;
         }
-        t0 += GGML_FA_TILE;
     }
-    for i in 0..n {
-        finish_query(&mut out[i * dv..(i + 1) * dv], m[i], denom[i], g.sink[i]);
-    }
-    Ok(())
 }
 
 /// [`accumulate`] for `lanes` (1 to 4) lanes from `l0`.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn accumulate_lanes(
+fn accumulate_lanes<const W: usize>(
     lanes: usize,
     o: &mut [f32],
-    dv: usize,
+    stride: usize,
+    col0: usize,
+    width: usize,
     mine: &[u8],
     vals: &[&[u16]; GGML_FA_TILE],
-    wl: &[[f32; LANES]; GGML_FA_TILE],
+    wl: &[[f32; W]; GGML_FA_TILE],
     l0: usize,
 ) {
+    let cols = Cols {
+        stride,
+        col0,
+        width,
+    };
     match lanes {
-        4 => accumulate::<4>(o, dv, mine, vals, wl, l0),
-        3 => accumulate::<3>(o, dv, mine, vals, wl, l0),
-        2 => accumulate::<2>(o, dv, mine, vals, wl, l0),
-        _ => accumulate::<1>(o, dv, mine, vals, wl, l0),
+        4 => accumulate::<4, W>(o, cols, mine, vals, wl, l0),
+        3 => accumulate::<3, W>(o, cols, mine, vals, wl, l0),
+        2 => accumulate::<2, W>(o, cols, mine, vals, wl, l0),
+        _ => accumulate::<1, W>(o, cols, mine, vals, wl, l0),
     }
 }
 
-/// `o` (the outputs of lanes `l0..l0 + L`, `dv` values each) += the weighted values of
-/// the keys `mine` (tile slots, in order): per lane and output element one fused
-/// multiply-add chain over the keys, as the reference. Four groups of 16 elements side by
-/// side (independent chains), each value block loaded once for the `L` lanes.
+/// Which output columns an [`accumulate`] call adds to: lane `k`'s column `col0 + d` (of
+/// the values) is `o[k * stride + d]`, for `d` in `0..width`.
+#[derive(Clone, Copy)]
+struct Cols {
+    stride: usize,
+    col0: usize,
+    width: usize,
+}
+
+/// `o` (the outputs of lanes `l0..l0 + L`, the columns `cols`) += the weighted values of
+/// the keys `mine` (tile slots, in order; `wl[t][l]` the weight of slot `t` for lane
+/// `l`): per lane and output element one fused multiply-add chain over the keys, as the
+/// reference. Groups of 16 elements side by side (independent chains), each value block
+/// loaded once for the `L` lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn accumulate<const L: usize>(
+fn accumulate<const L: usize, const W: usize>(
     o: &mut [f32],
-    dv: usize,
+    cols: Cols,
     mine: &[u8],
     vals: &[&[u16]; GGML_FA_TILE],
-    wl: &[[f32; LANES]; GGML_FA_TILE],
+    wl: &[[f32; W]; GGML_FA_TILE],
     l0: usize,
 ) {
-    const CHUNKS: usize = 4;
-    assert_eq!(o.len(), L * dv, "accumulate: output length");
-    let full = dv / (16 * CHUNKS) * (16 * CHUNKS);
-    for d0 in (0..full).step_by(16 * CHUNKS) {
-        let mut acc = [[_mm512_setzero_ps(); CHUNKS]; L];
-        for (k, ak) in acc.iter_mut().enumerate() {
-            for (c, a) in ak.iter_mut().enumerate() {
-                // SAFETY: k * dv + d0 + 16 * CHUNKS <= o.len(); loadu is unaligned.
-                *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(k * dv + d0 + 16 * c)) };
+    let Cols {
+        stride,
+        col0,
+        width,
+    } = cols;
+    assert!(
+        o.len() >= (L - 1) * stride + width,
+        "accumulate: output length"
+    );
+    let mut d0 = 0;
+    while d0 + 4 * 16 <= width {
+        accumulate_run::<L, 4, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
+        d0 += 4 * 16;
+    }
+    while d0 + 16 <= width {
+        accumulate_run::<L, 1, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
+        d0 += 16;
+    }
+    for k in 0..L {
+        for d in d0..width {
+            let mut acc = o[k * stride + d];
+            for &t in mine {
+                let v = half::f16::from_bits(vals[usize::from(t)][col0 + d]).to_f32();
+                acc = wl[usize::from(t)][l0 + k].mul_add(v, acc);
             }
+            o[k * stride + d] = acc;
         }
-        for &t in mine {
-            let t = usize::from(t);
-            let v = &vals[t][d0..d0 + 16 * CHUNKS];
-            let mut wt = [_mm512_setzero_ps(); L];
-            for (k, w) in wt.iter_mut().enumerate() {
-                *w = _mm512_set1_ps(wl[t][l0 + k]);
-            }
-            for c in 0..CHUNKS {
-                // SAFETY: `v` holds 16 * CHUNKS readable u16.
-                let vv = unsafe { load16_f16(v.as_ptr().add(16 * c)) };
-                for k in 0..L {
-                    acc[k][c] = _mm512_fmadd_ps(wt[k], vv, acc[k][c]);
-                }
-            }
+    }
+}
+
+/// [`accumulate`] for the `16 * C` output elements from `d0` (value columns from `c0`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn accumulate_run<const L: usize, const C: usize, const W: usize>(
+    o: &mut [f32],
+    stride: usize,
+    d0: usize,
+    c0: usize,
+    mine: &[u8],
+    vals: &[&[u16]; GGML_FA_TILE],
+    wl: &[[f32; W]; GGML_FA_TILE],
+    l0: usize,
+) {
+    assert!((L - 1) * stride + d0 + 16 * C <= o.len());
+    let mut acc = [[_mm512_setzero_ps(); C]; L];
+    for (k, ak) in acc.iter_mut().enumerate() {
+        for (c, a) in ak.iter_mut().enumerate() {
+            // SAFETY: k * stride + d0 + 16 * C <= o.len() (asserted); loadu is unaligned.
+            *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(k * stride + d0 + 16 * c)) };
         }
-        for (k, ak) in acc.iter().enumerate() {
-            for (c, a) in ak.iter().enumerate() {
-                // SAFETY: as the loads above; storeu is unaligned.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(k * dv + d0 + 16 * c), *a) };
+    }
+    for &t in mine {
+        let t = usize::from(t);
+        let v = &vals[t][c0..c0 + 16 * C];
+        let mut wt = [_mm512_setzero_ps(); L];
+        for (k, w) in wt.iter_mut().enumerate() {
+            *w = _mm512_set1_ps(wl[t][l0 + k]);
+        }
+        for c in 0..C {
+            // SAFETY: `v` holds 16 * C readable u16.
+            let vv = unsafe { load16_f16(v.as_ptr().add(16 * c)) };
+            for k in 0..L {
+                acc[k][c] = _mm512_fmadd_ps(wt[k], vv, acc[k][c]);
             }
         }
     }
-    for k in 0..L {
-        for d in full..dv {
-            let mut acc = o[k * dv + d];
-            for &t in mine {
-                let v = half::f16::from_bits(vals[usize::from(t)][d]).to_f32();
-                acc = wl[usize::from(t)][l0 + k].mul_add(v, acc);
-            }
-            o[k * dv + d] = acc;
+    for (k, ak) in acc.iter().enumerate() {
+        for (c, a) in ak.iter().enumerate() {
+            // SAFETY: as the loads above; storeu is unaligned.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(k * stride + d0 + 16 * c), *a) };
         }
     }
 }

@@ -42,6 +42,10 @@ pub(crate) struct LaneGroup<'a> {
     pub range: Vec<(usize, usize)>,
     /// Per query: its sink logit.
     pub sink: Vec<Option<f32>>,
+    /// How many of the pool's threads the group may use: the pool's threads over the
+    /// step's groups, at least 1. A kernel that splits a group's work over threads keeps
+    /// every operation (the group's result does not depend on it).
+    pub spread: usize,
 }
 
 /// Where the keys and values of one sequence and one KV head lie.
@@ -61,7 +65,7 @@ pub(crate) struct KvSource<'a> {
     pub runs16: bool,
     /// Position -> the index of its key's element 0 in `k` and of its value in `v`, or
     /// `None` if the position is not mapped to a live block.
-    pub at: &'a dyn Fn(usize) -> Option<(usize, usize)>,
+    pub at: &'a (dyn Fn(usize) -> Option<(usize, usize)> + Sync),
 }
 
 impl<'a> KvSource<'a> {
@@ -157,6 +161,7 @@ pub(crate) fn paged_attention_in_groups(
             }
         }
     }
+    let spread = (rayon::current_num_threads() / items.len().max(1)).max(1);
     let results: Vec<Result<Vec<f32>, ()>> = items
         .par_iter()
         .map(|(si, kvh, qs)| {
@@ -165,6 +170,7 @@ pub(crate) fn paged_attention_in_groups(
                 q: Vec::with_capacity(qs.len()),
                 range: Vec::with_capacity(qs.len()),
                 sink: Vec::with_capacity(qs.len()),
+                spread,
             };
             for &(r, h) in qs {
                 let pos = seq.positions[r - seq.q_start] as usize;
