@@ -6,7 +6,8 @@
 //! `cargo bench -p flint-hal-cpu --bench attention_speed` (`ATTN_CTX`, default 1000;
 //! `ATTN_SEQS`, default 1; `ATTN_HEADS` / `ATTN_KV_HEADS` / `ATTN_HEAD_DIM`, default
 //! 16 / 4 / 64; `ATTN_ROUNDS`, default 200; `ATTN_THREADS`, default 2; `ATTN_COLD=1`
-//! reads 64 MiB between calls, as a step's weights push the cache out of the CPU caches).
+//! reads 64 MiB between calls, as a step's weights push the cache out of the CPU caches;
+//! `FLINT_CPU_SIMD` picks the SIMD level, as it does for the device).
 //! Prints the median and the best call in microseconds, and the cache bytes read per
 //! microsecond at the median.
 
@@ -34,7 +35,8 @@ fn main() {
         threads: Some(env("ATTN_THREADS", 2)),
         keep_quant: true,
     };
-    let dev = CpuDevice::with_level(&opts, SimdLevel::detect()).expect("open cpu");
+    let level = SimdLevel::from_env().expect("FLINT_CPU_SIMD");
+    let dev = CpuDevice::with_level(&opts, level).expect("open cpu");
     let bs = 16;
     let per_seq = ctx.div_ceil(bs);
     let layout = KvLayout {

@@ -8,7 +8,7 @@
 //! and beside a prompt, short prompt chunks, sliding windows with the blocks below them
 //! freed, sinks above and below the score maximum, head sizes that are not a multiple of
 //! 16 or 8, cache blocks of 8 (no 16-key runs), 16 and 32 slots, decode contexts long
-//! enough that one group's work is split over the threads.
+//! enough that one group's work is split over the threads, or walked in windows of tiles.
 
 mod common;
 
@@ -241,6 +241,17 @@ fn simd_attention_equals_scalar_bit_for_bit() {
             window: Some(1100),
             sinks: true,
             seqs: vec![(1250, vec![1248, 1249])],
+        },
+        // Two long decoding sequences: each group keeps to one thread and walks its
+        // tiles in windows, carrying the maxima, sums and outputs across them.
+        Case {
+            n_heads: 4,
+            hkv: 1,
+            dk: 64,
+            dv: 64,
+            window: None,
+            sinks: true,
+            seqs: vec![(4200, vec![4199]), (4130, vec![4129])],
         },
     ];
     for order in [FloatOrder::BatchInvariant, FloatOrder::LlamaCpp] {

@@ -7,14 +7,19 @@
 //! (see the parent module): a lane does exactly the scalar's operations in the scalar's
 //! order. Scores run eight keys side by side (eight independent chains, each over the
 //! head dimension in order); the output of each query is one fused multiply-add chain per
-//! element over the tile's visible keys, eight elements per vector.
+//! element over the tile's visible keys, eight elements per vector. A long context spreads
+//! one group over the threads the step leaves it (`LaneGroup::spread`): scores by tiles,
+//! the output by columns, the softmax bookkeeping in tile order between them.
 
 use std::arch::x86_64::*;
 
 use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, PagedAttention};
 
-use super::{finish_query, KvSource, LaneGroup, CHUNK};
+use super::{
+    finish_query, over_column_parts, over_tile_parts, spread_over, KvSource, LaneGroup, CHUNK,
+    TILE_WINDOW,
+};
 use crate::kernels::elementwise::avx2::expf_ggml;
 use crate::kv::CpuKv;
 
@@ -80,6 +85,12 @@ fn bits_of(v: __m256) -> u8 {
 /// Attends the queries of `g` (queries in lanes) over the keys and values of `kv`,
 /// writing `dv` values per query to `out`. Errors if a visible position is not mapped.
 ///
+/// Three passes, so that a long context can use every thread the step leaves to this
+/// group (`g.spread`) without changing an operation: the scores tile by tile
+/// ([`score_tiles`], split by tiles), the running maximum, weights and denominators in
+/// tile order ([`weigh_tiles`]), then the output ([`accumulate_tiles`], split by
+/// columns: per element one chain over every tile's keys, the rescales between tiles).
+///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C (checked at device open).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -95,46 +106,120 @@ pub(crate) fn attend_group(
     assert_eq!(out.len(), n * dv, "attend_group: out length");
     let dk = g.q[0].len();
     // Queries transposed: qt[d] holds element d of every lane's query.
-    let qt: Vec<__m256> = (0..dk)
+    let qt: Vec<[f32; LANES]> = (0..dk)
         .map(|d| {
             let mut a = [0f32; LANES];
             for (l, q) in g.q.iter().enumerate() {
                 a[l] = q[d];
             }
-            // SAFETY: 8 readable f32.
-            unsafe { _mm256_loadu_ps(a.as_ptr()) }
+            a
         })
         .collect();
     let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
     let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
-    let all = ((1u16 << n) - 1) as u8;
-    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let vscale = _mm256_set1_ps(scale);
-    let mut m = neg_inf;
+    let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
+    let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
+    let spread = spread_over(g, n_tiles);
+    let win = if spread > 1 {
+        n_tiles
+    } else {
+        TILE_WINDOW.min(n_tiles)
+    };
+    let mut tiles = vec![Tile::EMPTY; win];
+    let mut weights = vec![[[0f32; LANES]; GGML_FA_TILE]; win];
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut denom = _mm256_setzero_ps();
     out.fill(0.0);
-    let mut s = [neg_inf; GGML_FA_TILE];
-    let mut vis = [0u8; GGML_FA_TILE];
-    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    for w0 in (0..n_tiles).step_by(win) {
+        let k = win.min(n_tiles - w0);
+        let tiles = &mut tiles[..k];
+        tiles.fill(Tile::EMPTY);
+        let t_win = t_first + w0 * GGML_FA_TILE;
+        // The closures inherit this function's target features; its caller's guarantee
+        // (AVX2, FMA and F16C on this CPU) holds on every thread of the pool.
+        over_tile_parts(spread, tiles, &mut weights[..k], |first, t, s| {
+            score_tiles(g, &qt, kv, scale, dv, t_win + first * GGML_FA_TILE, t, s)
+        })?;
+        weigh_tiles(n, tiles, &mut weights[..k], &mut m, &mut denom);
+        let (tiles, weights) = (&*tiles, &weights[..k]);
+        over_column_parts(spread, n, dv, out, |col0, width, o| {
+            accumulate_tiles(n, tiles, weights, kv, col0, width, o)
+        });
+    }
+    let (m, denom) = (lanes(m), lanes(denom));
+    for l in 0..n {
+        finish_query(&mut out[l * dv..(l + 1) * dv], m[l], denom[l], g.sink[l]);
+    }
+    Ok(())
+}
+
+/// One 64-key tile as [`attend_group`] walks it.
+#[derive(Clone, Copy)]
+struct Tile {
+    /// Per tile slot: bit `l` set where lane `l` sees the key.
+    vis: [u8; GGML_FA_TILE],
+    /// The slots some lane sees (the first `nl`), in order.
+    live: [u8; GGML_FA_TILE],
+    nl: usize,
+    /// Per live slot: where its value starts in the cache.
+    val: [usize; GGML_FA_TILE],
+    /// Bit `l`: lane `l` sees a key of the tile; `grow`: its maximum grew, its output
+    /// scaled by `ms[l]` before the tile's keys are added.
+    active: u8,
+    grow: u8,
+    ms: [f32; LANES],
+}
+
+impl Tile {
+    const EMPTY: Tile = Tile {
+        vis: [0; GGML_FA_TILE],
+        live: [0; GGML_FA_TILE],
+        nl: 0,
+        val: [0; GGML_FA_TILE],
+        active: 0,
+        grow: 0,
+        ms: [1.0; LANES],
+    };
+}
+
+/// Per tile slot: the lanes' scores, turned into their weights by [`weigh_tiles`].
+type TileLanes = [[f32; LANES]; GGML_FA_TILE];
+
+/// The first pass of [`attend_group`] over the consecutive tiles from `t_first`: which
+/// keys each lane sees, where the values lie, and the scores (`-inf` where a lane does
+/// not see the key). Errors if a visible position is not mapped.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn score_tiles(
+    g: &LaneGroup<'_>,
+    qt: &[[f32; LANES]],
+    kv: &KvSource<'_>,
+    scale: f32,
+    dv: usize,
+    t_first: usize,
+    tiles: &mut [Tile],
+    scores: &mut [TileLanes],
+) -> Result<(), ()> {
+    let dk = qt.len();
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let vscale = _mm256_set1_ps(scale);
     // The tile's visible keys widened to f32, transposed: element d of tile slot t at
     // `kt[d * GGML_FA_TILE + t]`.
     let mut kt = vec![0f32; GGML_FA_TILE * dk];
-    let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
-    while t0 <= last {
-        let mut live = [0u8; GGML_FA_TILE];
-        let mut nl = 0;
+    for (idx, (tile, s)) in tiles.iter_mut().zip(scores.iter_mut()).enumerate() {
+        let t0 = t_first + idx * GGML_FA_TILE;
         for t in 0..GGML_FA_TILE {
             let p = t0 + t;
             let mut b = 0u8;
             for (l, &(lo, hi)) in g.range.iter().enumerate() {
                 b |= u8::from(lo <= p && p <= hi) << l;
             }
-            vis[t] = b;
-            s[t] = neg_inf;
+            tile.vis[t] = b;
+            s[t] = [f32::NEG_INFINITY; LANES];
         }
         for c in 0..GGML_FA_TILE / CHUNK {
             let chunk = c * CHUNK..(c + 1) * CHUNK;
-            if vis[chunk.clone()].iter().all(|&v| v == 0) {
+            if tile.vis[chunk.clone()].iter().all(|&v| v == 0) {
                 continue;
             }
             if kv.runs16 {
@@ -156,13 +241,13 @@ pub(crate) fn attend_group(
                         }
                     }
                 }
-                for (j, v) in vals[chunk.clone()].iter_mut().enumerate() {
-                    *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
+                for (j, v) in tile.val[chunk.clone()].iter_mut().enumerate() {
+                    *v = vb + j * kv.v_stride;
                 }
             } else {
-                for t in chunk.clone().filter(|&t| vis[t] != 0) {
+                for t in chunk.clone().filter(|&t| tile.vis[t] != 0) {
                     let (kb, vb) = kv.locate(t0 + t, dk, dv, 1).ok_or(())?;
-                    vals[t] = &kv.v[vb..vb + dv];
+                    tile.val[t] = vb;
                     for d in 0..dk {
                         kt[d * GGML_FA_TILE + t] =
                             half::f16::from_bits(kv.k[kb + d * kv.k_stride]).to_f32();
@@ -171,52 +256,79 @@ pub(crate) fn attend_group(
             }
         }
         for t in 0..GGML_FA_TILE {
-            if vis[t] != 0 {
-                live[nl] = t as u8;
-                nl += 1;
+            if tile.vis[t] != 0 {
+                tile.live[tile.nl] = t as u8;
+                tile.nl += 1;
             }
         }
-        for c in live[..nl].chunks(KEYS) {
+        for c in tile.live[..tile.nl].chunks(KEYS) {
             let mut acc = [_mm256_setzero_ps(); KEYS];
             let ts: [usize; KEYS] = std::array::from_fn(|j| usize::from(c[j.min(c.len() - 1)]));
             for (d, row) in kt.chunks_exact(GGML_FA_TILE).enumerate() {
+                // SAFETY: 8 readable f32.
+                let q = unsafe { _mm256_loadu_ps(qt[d].as_ptr()) };
                 for j in 0..KEYS {
-                    acc[j] = _mm256_fmadd_ps(qt[d], _mm256_set1_ps(row[ts[j]]), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(q, _mm256_set1_ps(row[ts[j]]), acc[j]);
                 }
             }
             for (j, &t) in c.iter().enumerate() {
                 let t = usize::from(t);
-                s[t] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(acc[j], vscale), mask_of(vis[t]));
+                let v =
+                    _mm256_blendv_ps(neg_inf, _mm256_mul_ps(acc[j], vscale), mask_of(tile.vis[t]));
+                // SAFETY: 8 writable f32; storeu is unaligned.
+                unsafe { _mm256_storeu_ps(s[t].as_mut_ptr(), v) };
             }
         }
+    }
+    Ok(())
+}
+
+/// The second pass of [`attend_group`], tile by tile in order: per lane the running
+/// maximum (and the rescale it asks of the output so far), the weights of the tile's
+/// keys in place of their scores (ggml's `expf` on eight lanes) and the denominator
+/// (each 16 weights summed pairwise, the tile's sum in f64), as the scalar; `m` and
+/// `denom` carry the lanes' maxima and denominators from tile to tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weigh_tiles(
+    n: usize,
+    tiles: &mut [Tile],
+    scores: &mut [TileLanes],
+    m: &mut __m256,
+    denom: &mut __m256,
+) {
+    let all = ((1u16 << n) - 1) as u8;
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let (mut mv, mut den) = (*m, *denom);
+    for (tile, sw) in tiles.iter_mut().zip(scores.iter_mut()) {
+        // SAFETY: 8 readable f32 per slot.
+        let s: [__m256; GGML_FA_TILE] =
+            std::array::from_fn(|t| unsafe { _mm256_loadu_ps(sw[t].as_ptr()) });
         let tile_max = s.iter().fold(neg_inf, |a, &b| _mm256_max_ps(a, b));
         let active = bits_of(_mm256_cmp_ps::<_CMP_NEQ_OQ>(tile_max, neg_inf)) & all;
+        tile.active = active;
         if active == 0 {
-            t0 += GGML_FA_TILE;
             continue;
         }
-        let m_new = _mm256_max_ps(m, tile_max);
-        let grow = active & bits_of(_mm256_cmp_ps::<_CMP_GT_OQ>(m_new, m));
+        let m_new = _mm256_max_ps(mv, tile_max);
+        let grow = active & bits_of(_mm256_cmp_ps::<_CMP_GT_OQ>(m_new, mv));
+        tile.grow = grow;
         if grow != 0 {
-            let (ml, mn) = (lanes(m), lanes(m_new));
-            let mut dn = lanes(denom);
+            let (ml, mn) = (lanes(mv), lanes(m_new));
+            let mut dn = lanes(den);
             for l in (0..n).filter(|l| grow >> l & 1 == 1) {
-                let ms = flint_core::math::expf_libc(ml[l] - mn[l]);
-                for o in &mut out[l * dv..(l + 1) * dv] {
-                    *o *= ms;
-                }
-                dn[l] *= ms;
+                tile.ms[l] = flint_core::math::expf_libc(ml[l] - mn[l]);
+                dn[l] *= tile.ms[l];
             }
             // SAFETY: 8 readable f32.
-            denom = unsafe { _mm256_loadu_ps(dn.as_ptr()) };
+            den = unsafe { _mm256_loadu_ps(dn.as_ptr()) };
         }
         let act = mask_of(active);
-        m = _mm256_blendv_ps(m, m_new, act);
+        mv = _mm256_blendv_ps(mv, m_new, act);
         let mut w = [_mm256_setzero_ps(); GGML_FA_TILE];
         let mut sum = [_mm256_setzero_pd(); 2];
         for (wc, sc) in w.chunks_exact_mut(16).zip(s.chunks_exact(16)) {
             for (wt, &st) in wc.iter_mut().zip(sc) {
-                *wt = expf_ggml(_mm256_sub_ps(st, m));
+                *wt = expf_ggml(_mm256_sub_ps(st, mv));
             }
             let part = widen(reduce16(wc));
             sum = [
@@ -224,27 +336,55 @@ pub(crate) fn attend_group(
                 _mm256_add_pd(sum[1], part[1]),
             ];
         }
-        let d64 = widen(denom);
+        let d64 = widen(den);
         let nd = narrow([_mm256_add_pd(d64[0], sum[0]), _mm256_add_pd(d64[1], sum[1])]);
-        denom = _mm256_blendv_ps(denom, nd, act);
-        // Output: per lane, one fused multiply-add chain over its visible keys, in order,
-        // eight output elements at a time.
-        let wl: [[f32; LANES]; GGML_FA_TILE] = std::array::from_fn(|t| lanes(w[t]));
-        for l in (0..n).filter(|l| active >> l & 1 == 1) {
-            let o = &mut out[l * dv..(l + 1) * dv];
-            let mine = live[..nl]
+        den = _mm256_blendv_ps(den, nd, act);
+        for (a, v) in sw.iter_mut().zip(&w) {
+            *a = lanes(*v);
+        }
+    }
+    (*m, *denom) = (mv, den);
+}
+
+/// The third pass of [`attend_group`] for the output columns `col0..col0 + width`: `o`
+/// (`n` rows of `width`) accumulates every tile's weighted values,
+/// each tile's rescales first; per lane one fused multiply-add chain per element over
+/// its visible keys, in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn accumulate_tiles(
+    n: usize,
+    tiles: &[Tile],
+    weights: &[TileLanes],
+    kv: &KvSource<'_>,
+    col0: usize,
+    width: usize,
+    o: &mut [f32],
+) {
+    assert_eq!(o.len(), n * width, "accumulate_tiles: out length");
+    let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
+    for (tile, wl) in tiles.iter().zip(weights) {
+        if tile.active == 0 {
+            continue;
+        }
+        for &t in &tile.live[..tile.nl] {
+            let t = usize::from(t);
+            let v0 = tile.val[t] + col0;
+            vals[t] = &kv.v[v0..v0 + width];
+        }
+        for l in (0..n).filter(|l| tile.active >> l & 1 == 1) {
+            let o = &mut o[l * width..(l + 1) * width];
+            if tile.grow >> l & 1 == 1 {
+                for x in o.iter_mut() {
+                    *x *= tile.ms[l];
+                }
+            }
+            let mine = tile.live[..tile.nl]
                 .iter()
                 .map(|&t| usize::from(t))
-                .filter(|&t| vis[t] >> l & 1 == 1);
-            accumulate(o, mine, &vals, &wl, l);
+                .filter(|&t| tile.vis[t] >> l & 1 == 1);
+            accumulate(o, mine, &vals, wl, l);
         }
-        t0 += GGML_FA_TILE;
     }
-    let (ml, dl) = (lanes(m), lanes(denom));
-    for l in 0..n {
-        finish_query(&mut out[l * dv..(l + 1) * dv], ml[l], dl[l], g.sink[l]);
-    }
-    Ok(())
 }
 
 /// `o[e] = fma(w[t][lane], v_t[e], o[e])` over the keys `mine` in order, for every

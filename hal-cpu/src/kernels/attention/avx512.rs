@@ -26,11 +26,12 @@ use std::arch::x86_64::*;
 use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, PagedAttention};
 
-use super::{finish_query, KvSource, LaneGroup, CHUNK};
+use super::{
+    finish_query, over_column_parts, over_tile_parts, spread_over, KvSource, LaneGroup, CHUNK,
+    TILE_WINDOW,
+};
 
 use crate::kernels::elementwise::avx512::expf_ggml;
-use rayon::prelude::*;
-
 use crate::kv::CpuKv;
 
 /// Queries attended together.
@@ -411,10 +412,6 @@ pub(crate) fn attend_keys_in_lanes(
 /// Chunks of 16 keys in a 64-key tile.
 const TILE_CHUNKS: usize = GGML_FA_TILE / CHUNK;
 
-/// Tiles from which [`keys_in_lanes`] spreads a group over threads (1024 keys): below,
-/// the hand-offs cost about what the split saves.
-const SPREAD_TILES: usize = 16;
-
 /// One 64-key tile as [`keys_in_lanes`] walks it.
 #[derive(Clone, Copy)]
 struct KeyTile<const NQ: usize> {
@@ -472,59 +469,40 @@ fn keys_in_lanes<const NQ: usize>(
     let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
     let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
     let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
-    let spread = if n_tiles >= SPREAD_TILES {
-        g.spread.max(1)
+    let spread = spread_over(g, n_tiles);
+    let win = if spread > 1 {
+        n_tiles
     } else {
-        1
+        TILE_WINDOW.min(n_tiles)
     };
-    let mut tiles = vec![KeyTile::<NQ>::EMPTY; n_tiles];
-    // Zeroed memory comes from the allocator as fresh pages; `score_tiles` writes every
-    // score a query's maximum reads.
-    let mut scores = vec![[[0f32; GGML_FA_TILE]; NQ]; n_tiles];
-    if spread == 1 {
-        score_tiles(g, kv, scale, dv, t_first, &mut tiles, &mut scores)?;
-    } else {
-        // Twice as many parts as threads, so that a slow thread does not hold the rest.
-        let per = n_tiles.div_ceil(2 * spread);
-        tiles
-            .par_chunks_mut(per)
-            .zip(scores.par_chunks_mut(per))
-            .enumerate()
-            .try_for_each(|(part, (t, s))| {
-                // The closure inherits this function's target features; the caller's
-                // guarantee (AVX-512F on this CPU) holds on every thread of the pool.
-                score_tiles(g, kv, scale, dv, t_first + part * per * GGML_FA_TILE, t, s)
-            })?;
-    }
-    let mut weights = vec![[[0f32; NQ]; GGML_FA_TILE]; n_tiles];
+    let mut tiles = vec![KeyTile::<NQ>::EMPTY; win];
+    let mut scores = vec![[[0f32; GGML_FA_TILE]; NQ]; win];
+    let mut weights = vec![[[0f32; NQ]; GGML_FA_TILE]; win];
     let mut m = [f32::NEG_INFINITY; NQ];
     let mut denom = [0f32; NQ];
-    weigh_tiles(n, &mut tiles, &scores, &mut weights, &mut m, &mut denom);
-    drop(scores);
     out.fill(0.0);
-    if spread == 1 {
-        accumulate_tiles(n, &tiles, &weights, kv, dv, 0, dv, out);
-    } else {
-        // Column parts of a multiple of 16 values, twice as many as threads.
-        let width = dv.div_ceil(2 * spread).next_multiple_of(CHUNK);
-        let parts: Vec<Vec<f32>> = (0..dv.div_ceil(width))
-            .into_par_iter()
-            .map(|part| {
-                let col0 = part * width;
-                let w = width.min(dv - col0);
-                let mut o = vec![0f32; n * w];
-                // As the scores: the closure inherits this function's target features.
-                accumulate_tiles(n, &tiles, &weights, kv, dv, col0, w, &mut o);
-                o
-            })
-            .collect();
-        for (part, o) in parts.iter().enumerate() {
-            let col0 = part * width;
-            let w = o.len() / n;
-            for i in 0..n {
-                out[i * dv + col0..i * dv + col0 + w].copy_from_slice(&o[i * w..(i + 1) * w]);
-            }
-        }
+    for w0 in (0..n_tiles).step_by(win) {
+        let k = win.min(n_tiles - w0);
+        let tiles = &mut tiles[..k];
+        tiles.fill(KeyTile::EMPTY);
+        let t_win = t_first + w0 * GGML_FA_TILE;
+        // The closures inherit this function's target features; its caller's guarantee
+        // (AVX-512F on this CPU) holds on every thread of the pool.
+        over_tile_parts(spread, tiles, &mut scores[..k], |first, t, s| {
+            score_tiles(g, kv, scale, dv, t_win + first * GGML_FA_TILE, t, s)
+        })?;
+        weigh_tiles(
+            n,
+            tiles,
+            &scores[..k],
+            &mut weights[..k],
+            &mut m,
+            &mut denom,
+        );
+        let (tiles, weights) = (&*tiles, &weights[..k]);
+        over_column_parts(spread, n, dv, out, |col0, width, o| {
+            accumulate_tiles(n, tiles, weights, kv, dv, col0, width, o)
+        });
     }
     for i in 0..n {
         finish_query(&mut out[i * dv..(i + 1) * dv], m[i], denom[i], g.sink[i]);
@@ -549,7 +527,8 @@ fn score_tiles<const NQ: usize>(
     let dk = g.q[0].len();
     let qs: [&[f32]; NQ] = std::array::from_fn(|i| &g.q[i.min(n - 1)][..dk]);
     let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
-    let end = (t_first + tiles.len() * GGML_FA_TILE).min(last + 1);
+    // Prefetches run past this call's tiles into the next window's or part's.
+    let end = last + 1;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let vscale = _mm512_set1_ps(scale);
     let (kp, k_stride) = (kv.k.as_ptr(), kv.k_stride);
@@ -669,8 +648,8 @@ fn weigh_tiles<const NQ: usize>(
 }
 
 /// The third pass of [`keys_in_lanes`] for the output columns `col0..col0 + width` (of
-/// `dv`): `o` (`n` rows of `width`, zero at the start) accumulates every tile's weighted
-/// values, each tile's rescales first, as the scalar does for those columns.
+/// `dv`): `o` (`n` rows of `width`) accumulates every tile's weighted values, each
+/// tile's rescales first, as the scalar does for those columns.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn accumulate_tiles<const NQ: usize>(

@@ -118,6 +118,80 @@ pub(crate) fn finish_query(o: &mut [f32], m: f32, denom: f32, sink: Option<f32>)
     }
 }
 
+/// Tiles from which a kernel spreads one group over threads (1024 keys): below, the
+/// hand-offs cost about what the split saves.
+pub(crate) const SPREAD_TILES: usize = 16;
+
+/// Tiles a kernel scores, weighs and adds up at a time on one thread: the window's
+/// scores and weights stay in the core's caches between the passes. A spread group takes
+/// all its tiles at once.
+pub(crate) const TILE_WINDOW: usize = 64;
+
+/// How many threads a group whose keys span `n_tiles` tiles spreads over: its
+/// [`LaneGroup::spread`] from [`SPREAD_TILES`] tiles on, else 1.
+pub(crate) fn spread_over(g: &LaneGroup<'_>, n_tiles: usize) -> usize {
+    if n_tiles >= SPREAD_TILES {
+        g.spread.max(1)
+    } else {
+        1
+    }
+}
+
+/// Runs `f(first, tiles, scores)` over consecutive parts of a group's `tiles` and their
+/// `scores` (`first`: the index of the part's first tile): one part when `spread` is 1,
+/// else twice as many parts as threads (so that a slow thread does not hold the rest)
+/// on the pool.
+pub(crate) fn over_tile_parts<T: Send, S: Send>(
+    spread: usize,
+    tiles: &mut [T],
+    scores: &mut [S],
+    f: impl Fn(usize, &mut [T], &mut [S]) -> Result<(), ()> + Sync,
+) -> Result<(), ()> {
+    if spread <= 1 {
+        return f(0, tiles, scores);
+    }
+    let per = tiles.len().div_ceil(2 * spread).max(1);
+    tiles
+        .par_chunks_mut(per)
+        .zip(scores.par_chunks_mut(per))
+        .enumerate()
+        .try_for_each(|(part, (t, s))| f(part * per, t, s))
+}
+
+/// Runs `f(col0, width, o)` over the output columns of `n` queries of `dv` values
+/// (`out`): `o` holds the `n` rows' columns `col0..col0 + width` and `f` adds to it. One
+/// part, `out` itself, when `spread` is 1; else (`out` must hold zeros) parts of a
+/// multiple of 16 columns, twice as many as threads, each from zeros on the pool, copied
+/// into `out` after.
+pub(crate) fn over_column_parts(
+    spread: usize,
+    n: usize,
+    dv: usize,
+    out: &mut [f32],
+    f: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    if spread <= 1 {
+        return f(0, dv, out);
+    }
+    let width = dv.div_ceil(2 * spread).next_multiple_of(CHUNK).max(CHUNK);
+    let parts: Vec<Vec<f32>> = (0..dv.div_ceil(width))
+        .into_par_iter()
+        .map(|part| {
+            let col0 = part * width;
+            let w = width.min(dv - col0);
+            let mut o = vec![0f32; n * w];
+            f(col0, w, &mut o);
+            o
+        })
+        .collect();
+    for (part, o) in parts.iter().enumerate() {
+        let (col0, w) = (part * width, o.len() / n);
+        for i in 0..n {
+            out[i * dv + col0..i * dv + col0 + w].copy_from_slice(&o[i * w..(i + 1) * w]);
+        }
+    }
+}
+
 /// A kernel that attends one lane group: its queries, where their keys and values lie,
 /// and its output (`dv` values per query); `Err` when a visible position is not mapped.
 pub(crate) type GroupKernel<'k> =
