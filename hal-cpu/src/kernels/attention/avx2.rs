@@ -17,8 +17,7 @@ use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, PagedAttention};
 
 use super::{
-    finish_query, over_column_parts, over_tile_parts, spread_over, KvSource, LaneGroup, CHUNK,
-    TILE_WINDOW,
+    finish_query, over_column_parts, over_tile_parts, KvSource, LaneGroup, TilePlan, CHUNK,
 };
 use crate::kernels::elementwise::avx2::expf_ggml;
 use crate::kv::CpuKv;
@@ -115,26 +114,16 @@ pub(crate) fn attend_group(
             a
         })
         .collect();
-    let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
-    let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
-    let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
-    let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
-    let spread = spread_over(g, n_tiles);
-    let win = if spread > 1 {
-        n_tiles
-    } else {
-        TILE_WINDOW.min(n_tiles)
-    };
+    let plan = TilePlan::of(g);
+    let (spread, win) = (plan.spread, plan.win);
     let mut tiles = vec![Tile::EMPTY; win];
     let mut weights = vec![[[0f32; LANES]; GGML_FA_TILE]; win];
     let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut denom = _mm256_setzero_ps();
     out.fill(0.0);
-    for w0 in (0..n_tiles).step_by(win) {
-        let k = win.min(n_tiles - w0);
+    for (k, t_win) in plan.windows() {
         let tiles = &mut tiles[..k];
         tiles.fill(Tile::EMPTY);
-        let t_win = t_first + w0 * GGML_FA_TILE;
         // The closures inherit this function's target features; its caller's guarantee
         // (AVX2, FMA and F16C on this CPU) holds on every thread of the pool.
         over_tile_parts(spread, tiles, &mut weights[..k], |first, t, s| {

@@ -27,8 +27,7 @@ use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, PagedAttention};
 
 use super::{
-    finish_query, over_column_parts, over_tile_parts, spread_over, KvSource, LaneGroup, CHUNK,
-    TILE_WINDOW,
+    finish_query, over_column_parts, over_tile_parts, KvSource, LaneGroup, TilePlan, CHUNK,
 };
 
 use crate::kernels::elementwise::avx512::expf_ggml;
@@ -465,27 +464,17 @@ fn keys_in_lanes<const NQ: usize>(
     assert!(n > 0 && n <= NQ && g.range.len() == n && g.sink.len() == n);
     assert!(kv.runs16, "attend_keys_in_lanes: keys not in runs of 16");
     assert_eq!(out.len(), n * dv, "attend_keys_in_lanes: out length");
-    let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
-    let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
-    let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
-    let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
-    let spread = spread_over(g, n_tiles);
-    let win = if spread > 1 {
-        n_tiles
-    } else {
-        TILE_WINDOW.min(n_tiles)
-    };
+    let plan = TilePlan::of(g);
+    let (spread, win) = (plan.spread, plan.win);
     let mut tiles = vec![KeyTile::<NQ>::EMPTY; win];
     let mut scores = vec![[[0f32; GGML_FA_TILE]; NQ]; win];
     let mut weights = vec![[[0f32; NQ]; GGML_FA_TILE]; win];
     let mut m = [f32::NEG_INFINITY; NQ];
     let mut denom = [0f32; NQ];
     out.fill(0.0);
-    for w0 in (0..n_tiles).step_by(win) {
-        let k = win.min(n_tiles - w0);
+    for (k, t_win) in plan.windows() {
         let tiles = &mut tiles[..k];
         tiles.fill(KeyTile::EMPTY);
-        let t_win = t_first + w0 * GGML_FA_TILE;
         // The closures inherit this function's target features; its caller's guarantee
         // (AVX-512F on this CPU) holds on every thread of the pool.
         over_tile_parts(spread, tiles, &mut scores[..k], |first, t, s| {

@@ -21,6 +21,7 @@
 //! This file holds what they share: the lane groups, where a group's keys and values lie,
 //! the last step of each query, and the driver that splits a step into groups.
 
+use flint_core::math::GGML_FA_TILE;
 use flint_hal::{HalError, KvBuffer, PagedAttention, NO_BLOCK};
 use rayon::prelude::*;
 
@@ -127,13 +128,49 @@ pub(crate) const SPREAD_TILES: usize = 16;
 /// all its tiles at once.
 pub(crate) const TILE_WINDOW: usize = 64;
 
-/// How many threads a group whose keys span `n_tiles` tiles spreads over: its
-/// [`LaneGroup::spread`] from [`SPREAD_TILES`] tiles on, else 1.
-pub(crate) fn spread_over(g: &LaneGroup<'_>, n_tiles: usize) -> usize {
-    if n_tiles >= SPREAD_TILES {
-        g.spread.max(1)
-    } else {
-        1
+/// How a three-pass kernel walks a group's keys: the 64-key tiles (aligned on absolute
+/// positions) from the first any query sees to the last, spread over `spread` threads
+/// (from [`SPREAD_TILES`] tiles on, the group's [`LaneGroup::spread`]; else 1), in
+/// windows of `win` tiles (all of them when spread, else [`TILE_WINDOW`]).
+pub(crate) struct TilePlan {
+    pub t_first: usize,
+    pub n_tiles: usize,
+    pub spread: usize,
+    pub win: usize,
+}
+
+impl TilePlan {
+    pub(crate) fn of(g: &LaneGroup<'_>) -> Self {
+        let first = g.range.iter().map(|r| r.0).min().unwrap_or(0);
+        let last = g.range.iter().map(|r| r.1).max().unwrap_or(0);
+        let t_first = first / GGML_FA_TILE * GGML_FA_TILE;
+        let n_tiles = (last - t_first) / GGML_FA_TILE + 1;
+        let spread = if n_tiles >= SPREAD_TILES {
+            g.spread.max(1)
+        } else {
+            1
+        };
+        let win = if spread > 1 {
+            n_tiles
+        } else {
+            TILE_WINDOW.min(n_tiles)
+        };
+        TilePlan {
+            t_first,
+            n_tiles,
+            spread,
+            win,
+        }
+    }
+
+    /// Per window in order: its tile count and its first position.
+    pub(crate) fn windows(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.n_tiles).step_by(self.win).map(|w0| {
+            (
+                self.win.min(self.n_tiles - w0),
+                self.t_first + w0 * GGML_FA_TILE,
+            )
+        })
     }
 }
 
