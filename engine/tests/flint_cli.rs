@@ -217,12 +217,7 @@ fn bench_at_depth_continues_a_cached_context() {
         .expect("flint runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {err}");
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .map(str::to_owned)
-        .expect("a JSON line");
-    let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+    let v = bench_json(&out.stdout);
     assert_eq!(v["depth"], 100, "{v}");
     assert!(
         v["decode"]["tok_s"].as_f64().is_some_and(|x| x > 0.0),
@@ -256,12 +251,7 @@ fn bench_json_has_the_spec_keys_on_tiny() {
         "bench failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .map(str::to_owned)
-        .expect("a JSON line");
-    let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+    let v = bench_json(&out.stdout);
     for key in ["model", "device", "threads"] {
         assert!(v.get(key).is_some(), "no {key}: {v}");
     }
@@ -334,4 +324,14 @@ fn devices_describes_the_selected_backend_and_its_refusals() {
         cpu.contains("unavailable") && cpu.contains("FLINT_CPU_REPACK=\"x\" is not 0 or 1"),
         "{cpu}"
     );
+}
+
+/// The JSON line `flint bench --json` printed to `stdout`.
+fn bench_json(stdout: &[u8]) -> serde_json::Value {
+    let line = String::from_utf8_lossy(stdout)
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(str::to_owned)
+        .expect("a JSON line");
+    serde_json::from_str(&line).expect("json")
 }

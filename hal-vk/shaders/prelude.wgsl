@@ -47,3 +47,16 @@ fn k4_scale_min(b: u32, p: u32) -> vec2<u32> {
     let mn = (rd8(s + j + 8u) >> 4u) | ((rd8(s + j + 4u) >> 2u) & 0x30u);
     return vec2<u32>(sc, mn);
 }
+
+// Part `p` of a Q4_K or Q5_K block at byte `b` from its integer values `q`:
+// `(d * sc) * q - (dmin * mn)`, as `flint_core` dequantizes both.
+fn k4_deq32(b: u32, p: u32, q: array<i32, 32>) -> array<f32, 32> {
+    var v: array<f32, 32>;
+    let sm = k4_scale_min(b, p);
+    let dl = half_at(b) * f32(sm.x);
+    let ml = half_at(b + 2u) * f32(sm.y);
+    for (var j = 0u; j < 32u; j++) {
+        v[j] = dl * f32(q[j]) - ml;
+    }
+    return v;
+}

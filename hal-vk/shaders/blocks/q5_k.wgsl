@@ -20,14 +20,5 @@ fn ints32(row: u32, s: u32) -> array<i32, 32> {
 }
 
 fn deq32(row: u32, s: u32, k: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
-    let b = row + (s / 8u) * 176u;
-    let sm = k4_scale_min(b, s % 8u);
-    let dl = half_at(b) * f32(sm.x);
-    let ml = half_at(b + 2u) * f32(sm.y);
-    let q = ints32(row, s);
-    for (var j = 0u; j < 32u; j++) {
-        v[j] = dl * f32(q[j]) - ml;
-    }
-    return v;
+    return k4_deq32(row + (s / 8u) * 176u, s % 8u, ints32(row, s));
 }
