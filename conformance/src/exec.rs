@@ -4,9 +4,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use flint_hal::{
-    AttnSeq, DeltaNetShape, Device, ExpertRow, HalError, HalErrorKind, KvLayout, Op,
-    PagedAttention, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle, WeightKind,
-    WeightSource, NO_BLOCK,
+    AttnSeq, DeltaNetShape, Device, ExpertRow, HalError, HalErrorKind, IndexTensor, IndexView,
+    KvLayout, Op, PagedAttention, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
+    WeightKind, WeightSource, NO_BLOCK,
 };
 
 use crate::case::{AttnSpec, Case, RopeSpec, Shape, Sinks};
@@ -76,6 +76,13 @@ fn dev_err(op: &str, e: HalError) -> Stop {
 fn put(dev: &dyn Device, x: &[f32]) -> Res<Tensor> {
     dev.upload_new(x)
         .map_err(|e| Stop::Fail(format!("upload of {} values: {e}", x.len())))
+}
+
+/// Index lists (ids, positions, slots, block tables) as the device's index tensor, the
+/// way the engine hands them over each step.
+fn put_indices(dev: &dyn Device, ids: &[u32]) -> Res<IndexTensor> {
+    dev.upload_indices(ids.to_vec())
+        .map_err(|e| Stop::Fail(format!("upload of {} indices: {e}", ids.len())))
 }
 
 /// A tensor's (or a view's) values, downloaded.
@@ -494,14 +501,26 @@ fn get_rows_case(
     for &i in &ids {
         want.extend_from_slice(&wf[i as usize * d..(i as usize + 1) * d]);
     }
-    let mut out_t = out_tensor(dev, ids.len() * d)?;
-    dev.get_rows(h.as_ref(), &ids, out_t.body_mut())
-        .map_err(|e| dev_err("get_rows", e))?;
-    let out = fetch(dev, &out_t, "out")?;
-    let e = compare("out", out.body(), &want, case.tolerance)?;
+    // The ids from the device's index tensor (a range inside it, as a step's token ids
+    // are), then from host memory.
+    let mut packed = vec![7u32];
+    packed.extend_from_slice(&ids);
+    let idx = put_indices(dev, &packed)?;
+    let mut e = 0f64;
+    for (how, ids_v) in [
+        ("device ids", idx.slice(1..packed.len())),
+        ("host ids", IndexView::from(&ids)),
+    ] {
+        let mut out_t = out_tensor(dev, ids.len() * d)?;
+        dev.get_rows(h.as_ref(), ids_v, out_t.body_mut())
+            .map_err(|e| dev_err(&format!("get_rows ({how})"), e))?;
+        let out = fetch(dev, &out_t, "out")?;
+        e = e.max(compare(how, out.body(), &want, case.tolerance)?);
+    }
     // An id past the table is InvalidInput, not a panic or a read out of bounds.
     let mut out = out_tensor(dev, 2 * d)?;
-    match dev.get_rows(h.as_ref(), &[0, vocab as u32], out.body_mut()) {
+    let bad = put_indices(dev, &[0, vocab as u32])?;
+    match dev.get_rows(h.as_ref(), bad.view(), out.body_mut()) {
         Err(err) if err.kind == HalErrorKind::InvalidInput => {}
         Err(err) => {
             return Err(Stop::Fail(format!(
@@ -655,9 +674,10 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         let mut want = x0.clone();
         reference::rope(&mut want, &positions, head_dim, &p.config());
         let mut xt = inout_tensor(dev, &x0)?;
+        let pt = put_indices(dev, &positions)?;
         dev.rope(
             xt.body_mut(),
-            &positions,
+            pt.view(),
             &flint_hal::RopeParams { n_heads, ..p },
         )
         .map_err(|e| dev_err("rope", e))?;
@@ -1064,7 +1084,8 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
             let vj = rng.vec(junk.len() * hkv * dv, 5.0, 9.0);
             let slots: Vec<u32> = junk.iter().map(|&t| slot(t)).collect();
             let (kjt, vjt) = (put(dev, &kj)?, put(dev, &vj)?);
-            dev.write_kv(kv.as_mut(), kjt.view(), vjt.view(), &slots)
+            let st = put_indices(dev, &slots)?;
+            dev.write_kv(kv.as_mut(), kjt.view(), vjt.view(), st.view())
                 .map_err(|e| dev_err("write_kv", e))?;
         }
         let chunks = if s.overwrite { 3 } else { 1 };
@@ -1079,7 +1100,8 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
                 slots.push(slot((si, p)));
             }
             let (kt, vt) = (put(dev, &kb)?, put(dev, &vb)?);
-            dev.write_kv(kv.as_mut(), kt.view(), vt.view(), &slots)
+            let st = put_indices(dev, &slots)?;
+            dev.write_kv(kv.as_mut(), kt.view(), vt.view(), st.view())
                 .map_err(|e| dev_err("write_kv", e))?;
         }
     }
@@ -1087,14 +1109,22 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
     // Attend each group with its own tables and compare.
     let qt = put(dev, &q)?;
     for (g, (kv, seqs)) in groups.iter().enumerate() {
-        let attn_seqs: Vec<AttnSeq<'_>> = s
-            .seqs
-            .iter()
-            .enumerate()
-            .map(|(i, _)| AttnSeq {
+        // Every sequence's positions and block table in one index tensor, as a step
+        // packs them.
+        let mut packed = Vec::new();
+        let mut at = Vec::with_capacity(2 * s.seqs.len());
+        for (i, _) in s.seqs.iter().enumerate() {
+            for list in [&positions[i], &seqs[i].table] {
+                at.push(packed.len()..packed.len() + list.len());
+                packed.extend_from_slice(list);
+            }
+        }
+        let idx = put_indices(dev, &packed)?;
+        let attn_seqs: Vec<AttnSeq<'_>> = (0..s.seqs.len())
+            .map(|i| AttnSeq {
                 q_start: q_start[i],
-                positions: &positions[i],
-                block_table: &seqs[i].table,
+                positions: idx.slice(at[2 * i].clone()),
+                block_table: idx.slice(at[2 * i + 1].clone()),
             })
             .collect();
         let p = PagedAttention {
@@ -1256,9 +1286,11 @@ fn traffic(
 }
 
 /// The count of host-device transfers: each upload and download of `n` values is one
-/// call of `4n` bytes, and a chain of ops on the device's tensors (`rms_norm`, `matmul`
-/// by a staged F32 weight, `add`, `scale`) moves nothing between the uploads of its
-/// inputs and the download of its result, which must still be right.
+/// call of `4n` bytes (an index tensor's too), and a chain of ops on the device's
+/// tensors (`rms_norm`, `matmul` by a staged F32 weight, `add`, `scale`, `rope` at
+/// positions from the index tensor) moves nothing between the uploads of its inputs and
+/// the download of its result, which must still be right, and passes no host argument
+/// when the index tensor is in the device's memory.
 fn transfers_case(
     dev: &dyn Device,
     case: &Case,
@@ -1280,6 +1312,11 @@ fn transfers_case(
         rows,
     );
     want.iter_mut().zip(&r).for_each(|(y, r)| *y = (*y + r) * s);
+    // Then RoPE over heads of 8 (n is a multiple of 8), at positions far apart.
+    let hd = 8;
+    let positions: Vec<u32> = (0..rows).map(|i| (i * 37 + 5) as u32).collect();
+    let rope = flint_hal::RopeParams::neox(n / hd, hd, hd, 10000.0);
+    reference::rope(&mut want, &positions, hd, &rope.config());
 
     // Scratch first, as the engine allocates it ahead of its steps.
     let alloc = |len| {
@@ -1297,6 +1334,9 @@ fn transfers_case(
     let [xt, nt, rt] = &inputs[..] else {
         return Err(Stop::Fail("suite bug: three inputs".into()));
     };
+    let t0 = dev.transfers();
+    let pt = put_indices(dev, &positions)?;
+    traffic(dev, &t0, "upload_indices of the positions", 1, 0, rows)?;
 
     let t0 = dev.transfers();
     dev.rms_norm(xt.view(), Some(nt.view()), eps, k, normed.view_mut())
@@ -1307,14 +1347,27 @@ fn transfers_case(
         .map_err(|e| dev_err("add", e))?;
     dev.scale(y.view_mut(), s)
         .map_err(|e| dev_err("scale", e))?;
+    dev.rope(y.view_mut(), pt.view(), &rope)
+        .map_err(|e| dev_err("rope", e))?;
     traffic(
         dev,
         &t0,
-        "rms_norm, matmul, add, scale on device tensors",
+        "rms_norm, matmul, add, scale, rope on device tensors",
         0,
         0,
         0,
     )?;
+    // A device that took the index tensor into its own memory reads the positions
+    // there; one that keeps index lists on the host (host-memory devices, and devices
+    // that hand each kernel its lists as arguments, as `vk` does with RoPE's angles)
+    // may count them as arguments.
+    let args = dev.transfers().since(&t0).arg_bytes;
+    if matches!(pt, IndexTensor::Device(_)) && args != 0 {
+        return Err(Stop::Fail(format!(
+            "rms_norm, matmul, add, scale, rope on device tensors passed {args} bytes of \
+             host arguments (the positions are in the index tensor)"
+        )));
+    }
 
     let t0 = dev.transfers();
     let mut got = vec![0f32; rows * n];

@@ -10,14 +10,19 @@
 //! regions, [`check::Guarded`]) and for panics.
 //!
 //! Cases run the way the engine does: every input is uploaded into a tensor of the
-//! device under test ([`Device::upload_new`](flint_hal::Device::upload_new)), every
+//! device under test ([`Device::upload_new`](flint_hal::Device::upload_new)), index
+//! lists into its index tensors
+//! ([`Device::upload_indices`](flint_hal::Device::upload_indices); `get_rows` also
+//! from host ids), every
 //! output is a view inside a tensor it [allocated](flint_hal::Device::alloc) (between
 //! guard regions, [`check::DeviceGuarded`]), and results are downloaded to be checked.
 //! `copy[whole]`, `copy[between]` and `copy[within]` check device-side copies bit for
 //! bit (sub-ranges at offsets, between tensors and inside one); `copy[transfers]` checks
 //! the count of host-device traffic ([`Transfers`](flint_hal::Transfers)): each upload
-//! and download of n values one call of 4n bytes, and nothing moved by a chain of ops on
-//! device tensors (`rms_norm`, `matmul`, `add`, `scale`).
+//! and download of n values one call of 4n bytes (an index upload too), and nothing
+//! moved by a chain of ops on device tensors (`rms_norm`, `matmul`, `add`, `scale`,
+//! `rope` at positions from an index tensor), nor any host argument passed when the
+//! index tensor lives in the device's memory.
 //!
 //! Some cases are regressions for defects engines of this kind have shipped; each has
 //! a label and a test in `tests/regressions.rs` that breaks a working device in exactly

@@ -2,12 +2,15 @@
  * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
  * runtime adapter library (`libflint_tt.so`).
  *
- * ABI version 4. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
+ * ABI version 5. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
  * `flint_tt_rope_params` (normal or NeoX pairs, frequency scale and factors, YaRN) instead
  * of NeoX scalars, and `flint_tt_add_bias`. 4: buffer_copy (`flint_tt_buffer_copy`,
  * device-side copies between buffer ranges), `flint_tt_route_topk` takes its bias as a
  * buffer, and `flint_tt_counters` counts host-device traffic (buffer writes, reads and
- * copies). See README.md next to this file for how the
+ * copies). 5: index lists (ids, positions, slots, block tables) are read from device
+ * buffers of `uint32_t` (a buffer handle and an offset in indices) instead of host
+ * arrays, so that the host uploads a step's index lists once and every layer's ops read
+ * them on the device. See README.md next to this file for how the
  * library is found, what a real adapter over TT-Metalium must do, and the simulated
  * adapter (`flint-tt-sim`).
  *
@@ -19,10 +22,16 @@
  *   `float` (f32) values; element counts are given explicitly, so an op may be handed a
  *   buffer longer than it needs (it uses the first values). The host keeps activations
  *   in such buffers across ops (ABI 4): data crosses the bus only through
- *   `flint_tt_buffer_write` / `flint_tt_buffer_read`. Small index lists
- *   (positions, slots, ids, block tables, expert rows) and per-op parameters are host
- *   arrays that the call reads before it returns (a real adapter passes them as kernel
- *   runtime arguments or uploads them itself).
+ *   `flint_tt_buffer_write` / `flint_tt_buffer_read`.
+ * - Index lists (token ids, positions, slot mappings, block tables; ABI 5) are device
+ *   buffers of `uint32_t` values, named by a buffer handle and the list's first index in
+ *   it (`*_offset`, counted in indices, not bytes): the host packs a step's lists into
+ *   one buffer, writes it once, and every op of every layer reads its list from there.
+ *   A buffer holds 4-byte values; whether they are floats or indices is up to the op
+ *   that reads them. The routing lists of MoE layers (expert rows, scatter rows and
+ *   weights) and per-op parameters are host arrays that the call reads before it
+ *   returns (a real adapter passes them as kernel runtime arguments or uploads them
+ *   itself).
  * - All calls are synchronous from the caller's point of view: when a call that writes a
  *   buffer returns, a later `flint_tt_buffer_read` of that buffer sees the result (an
  *   adapter may queue work and complete it in `flint_tt_buffer_read` / `flint_tt_sync`).
@@ -42,7 +51,7 @@ extern "C" {
 
 /* The version this header describes. `flint_tt_abi_version()` must return it exactly;
  * the host refuses any other value. */
-#define FLINT_TT_ABI_VERSION 4u
+#define FLINT_TT_ABI_VERSION 5u
 
 /* Status codes. */
 typedef enum flint_tt_status {
@@ -195,10 +204,11 @@ int32_t flint_tt_expert_matmul(flint_tt_device *dev, const flint_tt_weight *expe
                                uint32_t n_experts, flint_tt_buffer x, uint64_t x_rows,
                                const uint32_t *rows, uint64_t n_rows, flint_tt_buffer out);
 
-/* Embedding gather: out[i] = dequant(row ids[i] of W), out = [n, in]. An id >= out_features
+/* Embedding gather: out[i] = dequant(row ids[i] of W), out = [n, in], with the n ids
+ * read from index buffer `ids` from index `ids_offset` (ABI 5). An id >= out_features
  * is FLINT_TT_ERR_INVALID. */
-int32_t flint_tt_get_rows(flint_tt_device *dev, flint_tt_weight w, const uint32_t *ids,
-                          uint64_t n, flint_tt_buffer out);
+int32_t flint_tt_get_rows(flint_tt_device *dev, flint_tt_weight w, flint_tt_buffer ids,
+                          uint64_t ids_offset, uint64_t n, flint_tt_buffer out);
 
 /* ---- Element-wise and normalisation ops (n = element count) ---------------------- */
 
@@ -245,10 +255,12 @@ typedef struct flint_tt_rope_params {
     uint32_t reserved;          /* 0 */
 } flint_tt_rope_params;
 
-/* RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i]. `params` and
- * its factors are read before the call returns. */
+/* RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i], the `rows`
+ * positions read from index buffer `positions` from index `positions_offset` (ABI 5).
+ * `params` and its factors are read before the call returns. */
 int32_t flint_tt_rope(flint_tt_device *dev, flint_tt_buffer x, uint64_t rows,
-                      const uint32_t *positions, const flint_tt_rope_params *params);
+                      flint_tt_buffer positions, uint64_t positions_offset,
+                      const flint_tt_rope_params *params);
 /* out = silu(gate) * up. */
 int32_t flint_tt_silu_mul(flint_tt_device *dev, flint_tt_buffer gate, flint_tt_buffer up,
                           uint64_t n, flint_tt_buffer out);
@@ -300,21 +312,25 @@ typedef struct flint_tt_kv_layout {
 } flint_tt_kv_layout;
 
 /* Writes n tokens: k = [n, n_kv_heads * head_dim_k], v = [n, n_kv_heads * head_dim_v];
- * token i goes to slot slots[i]. Keys and values may be kept at fp16 precision (rounded
+ * token i goes to slot slots[i], the n slots read from index buffer `slots` from index
+ * `slots_offset` (ABI 5); a slot outside the cache is FLINT_TT_ERR_INVALID. Keys and values may be kept at fp16 precision (rounded
  * to nearest even), as the CPU backend and llama.cpp's default K and V caches keep them;
  * the simulated adapter does so. */
 int32_t flint_tt_write_kv(flint_tt_device *dev, const flint_tt_kv_layout *layout,
                           flint_tt_buffer k_cache, flint_tt_buffer v_cache, flint_tt_buffer k,
-                          flint_tt_buffer v, const uint32_t *slots, uint64_t n);
+                          flint_tt_buffer v, flint_tt_buffer slots, uint64_t slots_offset,
+                          uint64_t n);
 
-/* One sequence of a paged attention call. */
+/* One sequence of a paged attention call. Its lists live in index buffers (ABI 5). */
 typedef struct flint_tt_attn_seq {
     uint64_t q_start;              /* first query row of this sequence */
-    const uint32_t *positions;     /* n_positions positions of its query rows */
+    flint_tt_buffer positions;     /* n_positions positions of its query rows, */
+    uint64_t positions_offset;     /*   from this index of that buffer */
     uint64_t n_positions;
-    const uint32_t *block_table;   /* position j lives in slot
+    flint_tt_buffer block_table;   /* position j lives in slot
                                       block_table[j / block_size] * block_size + j % block_size;
-                                      0xFFFFFFFF = no block (never read) */
+                                      0xFFFFFFFF = no block (never read); */
+    uint64_t block_table_offset;   /*   from this index of that buffer */
     uint64_t n_blocks;
 } flint_tt_attn_seq;
 

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use flint_engine::forward::{DeviceModel, Session};
 use flint_hal::{
     DeltaNetShape, Device, DeviceCounters, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, Tensor,
-    TransferCounter, Transfers, View, ViewMut, Weight, WeightDesc, WeightHandle,
+    IndexTensor, IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
+    StagingPlan, Tensor, TransferCounter, Transfers, View, ViewMut, Weight, WeightDesc,
+    WeightHandle,
 };
 use flint_hal_tt::TtDevice;
 
@@ -32,6 +33,9 @@ struct Rec {
     log: Log,
     /// This wrapper's own traffic: the downloads that record device tensors.
     reads: TransferCounter,
+    /// The host copy of the last index tensor uploaded (the forward uploads one per
+    /// step), to record the index lists ops read from it.
+    indices: Mutex<Vec<u32>>,
 }
 
 impl Rec {
@@ -56,8 +60,16 @@ impl Rec {
     }
 }
 
-fn ids_f(ids: &[u32]) -> Vec<f32> {
-    ids.iter().map(|&i| i as f32).collect()
+impl Rec {
+    /// An op's index list as floats, from the host copy of the step's index tensor.
+    fn ids_f(&self, ids: IndexView<'_>) -> Vec<f32> {
+        let all = self.indices.lock().unwrap_or_else(|e| e.into_inner());
+        let ids = match ids {
+            IndexView::Host(s) => s,
+            IndexView::Device { offset, len, .. } => &all[offset..offset + len],
+        };
+        ids.iter().map(|&i| i as f32).collect()
+    }
 }
 
 impl Device for Rec {
@@ -72,6 +84,10 @@ impl Device for Rec {
     }
     fn alloc(&self, len: usize) -> Result<Tensor, HalError> {
         self.inner.alloc(len)
+    }
+    fn upload_indices(&self, src: Vec<u32>) -> Result<IndexTensor, HalError> {
+        *self.indices.lock().unwrap_or_else(|e| e.into_inner()) = src.clone();
+        self.inner.upload_indices(src)
     }
     /// `inner`'s counter: the uploads and downloads are `inner`'s.
     fn transfer_counter(&self) -> &TransferCounter {
@@ -166,9 +182,14 @@ impl Device for Rec {
         self.push(&format!("expert_matmul_multi {names:?}"), v);
         r
     }
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], mut out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        mut out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         let r = self.inner.get_rows(w, ids, out.reborrow());
-        self.push("get_rows", vec![ids_f(ids), self.read(out.as_view())]);
+        self.push("get_rows", vec![self.ids_f(ids), self.read(out.as_view())]);
         r
     }
     fn rms_norm(
@@ -213,13 +234,13 @@ impl Device for Rec {
     fn rope(
         &self,
         mut x: ViewMut<'_>,
-        positions: &[u32],
+        positions: IndexView<'_>,
         p: &RopeParams<'_>,
     ) -> Result<(), HalError> {
         let before = self.read(x.as_view());
         let r = self.inner.rope(x.reborrow(), positions, p);
         self.push(
-            &format!("rope {:?}", positions),
+            &format!("rope {:?}", self.ids_f(positions)),
             vec![before, self.read(x.as_view())],
         );
         r
@@ -279,7 +300,7 @@ impl Device for Rec {
             vec![
                 before,
                 self.read(x),
-                ids_f(rows),
+                self.ids_f(rows.into()),
                 weights.to_vec(),
                 self.read(acc.as_view()),
             ],
@@ -300,7 +321,11 @@ impl Device for Rec {
             .route_topk(logits, n_experts, bias, cfg, ids, weights);
         self.push(
             &format!("route_topk {cfg:?}"),
-            vec![self.read(logits), ids_f(ids), weights.to_vec()],
+            vec![
+                self.read(logits),
+                self.ids_f((&*ids).into()),
+                weights.to_vec(),
+            ],
         );
         r
     }
@@ -339,10 +364,13 @@ impl Device for Rec {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
         let r = self.inner.write_kv(kv, k, v, slots);
-        self.push("write_kv", vec![self.read(k), self.read(v), ids_f(slots)]);
+        self.push(
+            "write_kv",
+            vec![self.read(k), self.read(v), self.ids_f(slots)],
+        );
         r
     }
     fn paged_attention(
@@ -370,6 +398,7 @@ fn record(dev: DeviceRef, model: &flint_engine::model::Model, prompt: &[u32]) ->
         inner: dev,
         log: log.clone(),
         reads: TransferCounter::default(),
+        indices: Mutex::default(),
     });
     let dm = DeviceModel::stage(model, rec, &mut |_, _| {}).expect("the model stages");
     let mut s = Session::new(&dm, prompt.len() + 2).expect("session");

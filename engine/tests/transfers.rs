@@ -1,8 +1,9 @@
 //! Host-device traffic of a decode step (the device interface's transfer counters): on
-//! every device the step downloads its logits row and nothing else crosses as a tensor,
-//! whatever the layer count. On `tt` (the simulated adapter) the activations stay in
-//! device buffers; per-op host arguments (positions, slot mappings, block tables, ids)
-//! are reported apart, as `arg_bytes`.
+//! every device the step uploads its index lists once (one packed index tensor: token,
+//! positions, slot mappings, block tables) and downloads its logits row, and nothing
+//! else crosses, whatever the layer count: no tensor, and no per-op host argument
+//! (`arg_bytes`). On `tt` (the simulated adapter) the activations and the index lists
+//! stay in device buffers.
 
 mod tt_common;
 
@@ -49,11 +50,18 @@ fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
     for n_layers in [2, 5] {
         let (steps, vocab) = decode_traffic(&gemma3(&dir, n_layers, quantized), open(), 3);
         for t in &steps {
-            // The logits row of the sampled token: one download, nothing uploaded.
+            // The step's index lists: one upload of a few indices (one token, its
+            // position twice, a slot and a one-block table per KV group). The logits
+            // row of the sampled token: one download. No per-op arguments.
             assert_eq!(
-                (t.uploads, t.upload_bytes, t.downloads, t.download_bytes),
-                (0, 0, 1, 4 * vocab as u64),
+                (t.uploads, t.downloads, t.download_bytes, t.arg_bytes),
+                (1, 1, 4 * vocab as u64, 0),
                 "{name}, {n_layers} layers: a decode step moved {t:?}"
+            );
+            assert!(
+                (12..=64).contains(&t.upload_bytes),
+                "{name}, {n_layers} layers: the index upload of a decode step is {} bytes",
+                t.upload_bytes
             );
         }
         eprintln!(
@@ -67,21 +75,29 @@ fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
-        (per_layers[0].calls(), per_layers[0].bytes()),
-        (per_layers[1].calls(), per_layers[1].bytes()),
+        (
+            per_layers[0].calls(),
+            per_layers[0].bytes(),
+            per_layers[0].arg_bytes
+        ),
+        (
+            per_layers[1].calls(),
+            per_layers[1].bytes(),
+            per_layers[1].arg_bytes
+        ),
         "{name}: the traffic of a decode step follows the layer count"
     );
 }
 
 #[test]
-fn cpu_decode_step_downloads_only_the_logits() {
+fn cpu_decode_step_moves_its_indices_and_logits_only() {
     let open = || flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     check("cpu", &open, false);
     check("cpu", &open, true);
 }
 
 #[test]
-fn ref_decode_step_downloads_only_the_logits() {
+fn ref_decode_step_moves_its_indices_and_logits_only() {
     let open = || flint_engine::model::devices::open(Some("ref")).expect("ref device opens");
     check("ref", &open, false);
 }

@@ -68,7 +68,7 @@ fn main() {
             .map(|j| t[j / bs] * bs as u32 + (j % bs) as u32)
             .collect();
         let (k, v) = (rnd(ctx * hkv * hd), rnd(ctx * hkv * hd));
-        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), &slots)
+        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), (&slots).into())
             .expect("write kv");
     }
     let q = rnd(seqs * nh * hd);
@@ -78,8 +78,8 @@ fn main() {
         .enumerate()
         .map(|(s, t)| AttnSeq {
             q_start: s,
-            positions: &pos,
-            block_table: t,
+            positions: (&pos).into(),
+            block_table: t.into(),
         })
         .collect();
     let p = PagedAttention {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use flint_core::{FormatError, GgmlType};
 use flint_hal::{
-    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View, ViewMut,
-    Weight, WeightDesc, WeightHandle,
+    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView, KvBuffer,
+    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View,
+    ViewMut, Weight, WeightDesc, WeightHandle,
 };
 use rayon::prelude::*;
 
@@ -326,7 +326,13 @@ impl Device for CpuDevice {
         self.expert_matmuls(ws, x.host(), rows, &mut outs)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let ids = ids.host();
         let out = out.host();
         let w = self.weight(w);
         let d = w.k;
@@ -395,7 +401,13 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
+        let positions = positions.host();
         let x = x.host();
         p.check()?;
         let cfg = p.config();
@@ -638,8 +650,9 @@ impl Device for CpuDevice {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
+        let slots = slots.host();
         let (k, v) = (k.host(), v.host());
         let kv = kv
             .as_any_mut()

@@ -213,7 +213,7 @@ pub(crate) fn query_owners(
     }
     let mut owner: Vec<Option<(usize, u32)>> = vec![None; n_rows];
     for (si, s) in p.seqs.iter().enumerate() {
-        for (t, &pos) in s.positions.iter().enumerate() {
+        for (t, &pos) in s.positions.host().iter().enumerate() {
             let r = s.q_start + t;
             assert!(
                 r < n_rows,
@@ -225,7 +225,7 @@ pub(crate) fn query_owners(
             );
             owner[r] = Some((si, pos));
             // Every position the query reads must be mapped to a real block.
-            if pos as usize / bs >= s.block_table.len() {
+            if pos as usize / bs >= s.block_table.host().len() {
                 return Err(HalError::invalid(format!(
                     "paged_attention: sequence {si} position {pos} beyond its block table of {}",
                     s.block_table.len()
@@ -316,7 +316,7 @@ pub(crate) fn paged_attention(
             let n = pos + 1 - lo;
             let (mut kbits, mut vbits) = (Vec::with_capacity(n * dk), Vec::with_capacity(n * dv));
             for j in lo..=pos {
-                let b = seq.block_table[j / bs];
+                let b = seq.block_table.host()[j / bs];
                 if b == NO_BLOCK || b as usize >= num_blocks {
                     // A freed block inside the visible range is a caller error; never read it.
                     bad.store(true, std::sync::atomic::Ordering::Relaxed);

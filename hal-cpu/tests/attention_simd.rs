@@ -67,7 +67,7 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
             .map(|x| x * 4.0)
             .collect();
         let v = rng.vec(len * c.hkv * c.dv);
-        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), &slots)
+        dev.write_kv(&mut *kv, (&k).into(), (&v).into(), (&slots).into())
             .expect("write kv");
         // As the sliding group does: blocks wholly below every queried row's window are
         // handed back (their slots keep stale keys, which must not be read).
@@ -94,8 +94,8 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
     for ((_, qp), t) in c.seqs.iter().zip(&tables) {
         attn.push(AttnSeq {
             q_start: r,
-            positions: qp,
-            block_table: t,
+            positions: qp.as_slice().into(),
+            block_table: t.into(),
         });
         r += qp.len();
     }

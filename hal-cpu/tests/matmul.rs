@@ -470,7 +470,7 @@ fn get_rows_dequantizes_embedding_rows() {
         let h = dev.stage(&de).expect("stage");
         let ids = [9u32, 0, 3, 3, v as u32 - 1, v as u32 / 2];
         let mut out = vec![0f32; ids.len() * d];
-        dev.get_rows(&*h, &ids, (&mut out).into())
+        dev.get_rows(&*h, (&ids).into(), (&mut out).into())
             .expect("get_rows");
         for (t, &id) in ids.iter().enumerate() {
             assert_eq!(
@@ -480,7 +480,7 @@ fn get_rows_dequantizes_embedding_rows() {
             );
         }
         let e = dev
-            .get_rows(&*h, &[v as u32], (&mut out[..d]).into())
+            .get_rows(&*h, (&[v as u32]).into(), (&mut out[..d]).into())
             .expect_err("id v of v");
         assert_eq!(e.kind, HalErrorKind::InvalidInput);
     }

@@ -69,7 +69,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
     let all: Vec<u32> = (0..layout.num_slots() as u32).collect();
     let nan_k = vec![f32::NAN; all.len() * hkv * dk];
     let nan_v = vec![f32::NAN; all.len() * hkv * dv];
-    d.write_kv(&mut *kv, (&nan_k).into(), (&nan_v).into(), &all)
+    d.write_kv(&mut *kv, (&nan_k).into(), (&nan_v).into(), (&all).into())
         .expect("poison");
     for s in seqs.iter_mut() {
         s.k = rng.vec(s.len * hkv * dk);
@@ -77,7 +77,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         let slots: Vec<u32> = (0..s.len)
             .map(|j| s.table[j / bs] * bs as u32 + (j % bs) as u32)
             .collect();
-        d.write_kv(&mut *kv, (&s.k).into(), (&s.v).into(), &slots)
+        d.write_kv(&mut *kv, (&s.k).into(), (&s.v).into(), (&slots).into())
             .expect("write kv");
         // The cache keeps f16 keys and values (llama.cpp's default cache types): the
         // reference attends over the same rounded values.
@@ -98,7 +98,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
             &mut *kv,
             (&vec![f32::NAN; bs * hkv * dk]).into(),
             (&vec![f32::NAN; bs * hkv * dv]).into(),
-            &slots,
+            (&slots).into(),
         )
         .expect("reuse");
     }
@@ -115,8 +115,8 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         .zip(&starts)
         .map(|(s, &q_start)| AttnSeq {
             q_start,
-            positions: &s.q_pos,
-            block_table: &s.table,
+            positions: (&s.q_pos).into(),
+            block_table: (&s.table).into(),
         })
         .collect();
     let scale = 1.0 / (dk as f32).sqrt();
@@ -189,8 +189,8 @@ fn paged_attention_rejects_a_freed_block_in_view() {
     let pos = [3u32];
     let seqs = [AttnSeq {
         q_start: 0,
-        positions: &pos,
-        block_table: &table,
+        positions: (&pos).into(),
+        block_table: (&table).into(),
     }];
     let q = [0.1f32; 4];
     let p = PagedAttention {
@@ -314,7 +314,7 @@ fn rope_matches_core_neox() {
         let p = RopeParams { base, n_rot, ..p };
         let x0 = rng.vec(ps.len() * 48);
         let mut x = x0.clone();
-        d.rope((&mut x).into(), ps, &p).expect("rope");
+        d.rope((&mut x).into(), ps.into(), &p).expect("rope");
         let mut want = x0;
         for (row, &pv) in want.chunks_mut(48).zip(ps.iter()) {
             math::rope_neox_heads(row, 16, pv, n_rot, base);
@@ -369,7 +369,7 @@ fn rope_variants_match_core() {
             };
             let x0 = rng.vec(pos.len() * n_heads * head_dim);
             let mut x = x0.clone();
-            d.rope((&mut x).into(), &pos, &p).expect("rope");
+            d.rope((&mut x).into(), (&pos).into(), &p).expect("rope");
             let mut want = x0;
             for (row, &pv) in want.chunks_mut(n_heads * head_dim).zip(&pos) {
                 math::rope_heads(row, head_dim, pv, &p.config());
@@ -419,7 +419,9 @@ fn rope_refuses_bad_parameters() {
         ),
     ] {
         let mut x = vec![1.0f32; 16];
-        let e = d.rope((&mut x).into(), &[0, 1], &p).expect_err(what);
+        let e = d
+            .rope((&mut x).into(), (&[0, 1]).into(), &p)
+            .expect_err(what);
         assert_eq!(e.kind, HalErrorKind::InvalidInput, "{what}: {e}");
         assert!(e.message.contains("rope"), "{what}: {e}");
     }
@@ -557,7 +559,7 @@ fn write_kv_rejects_out_of_range_slot() {
             &mut *kv,
             (&[0.0; 2][..]).into(),
             (&[0.0; 2][..]).into(),
-            &[4],
+            (&[4]).into(),
         )
         .expect_err("slot 4 of 4");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use flint_core::math;
 use flint_core::GgmlType;
 use flint_hal::{
-    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View, ViewMut,
-    Weight, WeightDesc, WeightHandle,
+    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView, KvBuffer,
+    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View,
+    ViewMut, Weight, WeightDesc, WeightHandle,
 };
 
 use crate::kv::{self, RefKv};
@@ -179,7 +179,13 @@ impl Device for RefDevice {
 
     /// `out[i] = dequant(row ids[i])` with `flint_core::dequant::dequantize` (rows are
     /// counted over all matrices of the weight). An id beyond them is `InvalidInput`.
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let ids = ids.host();
         let out = out.host();
         let w = self.weight(w);
         let d = w.k;
@@ -238,7 +244,13 @@ impl Device for RefDevice {
     /// RoPE in place, row `i` at `positions[i]`: `flint_core::math::rope_heads` on each
     /// row's `n_heads` heads (ggml's `rope_ext`: NeoX or normal pairs, frequency factors,
     /// YaRN). Parameters `RopeParams::check` refuses are `InvalidInput`.
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
+        let positions = positions.host();
         let x = x.host();
         p.check()?;
         let row = p.n_heads * p.head_dim;
@@ -446,8 +458,9 @@ impl Device for RefDevice {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
+        let slots = slots.host();
         let (k, v) = (k.host(), v.host());
         let kv = kv
             .as_any_mut()

@@ -142,7 +142,7 @@ pub(crate) fn paged_attention(
     let mut owned = vec![false; n_rows];
     let (mut keys, mut values) = (Vec::new(), Vec::new());
     for (si, seq) in p.seqs.iter().enumerate() {
-        for (t, &pos) in seq.positions.iter().enumerate() {
+        for (t, &pos) in seq.positions.host().iter().enumerate() {
             let r = seq.q_start + t;
             assert!(
                 r < n_rows,
@@ -151,7 +151,7 @@ pub(crate) fn paged_attention(
             assert!(!owned[r], "paged_attention: row {r} in two sequences");
             owned[r] = true;
             let pos = pos as usize;
-            if pos / bs >= seq.block_table.len() {
+            if pos / bs >= seq.block_table.host().len() {
                 return Err(HalError::invalid(format!(
                     "ref: paged_attention: sequence {si} position {pos} beyond its block table of {}",
                     seq.block_table.len()
@@ -162,7 +162,7 @@ pub(crate) fn paged_attention(
             keys.clear();
             values.clear();
             for j in lo..=pos {
-                let b = seq.block_table[j / bs];
+                let b = seq.block_table.host()[j / bs];
                 if b == NO_BLOCK || b as usize >= l.num_blocks {
                     return Err(HalError::invalid(format!(
                         "ref: paged_attention: sequence {si} position {j} maps to a freed \

@@ -60,11 +60,11 @@ fn row_and_expert_ids_beyond_the_weight_are_invalid_input() {
         .stage(&f32_weight(&[4, 3], WeightKind::Embedding))
         .unwrap();
     let mut out = vec![0.0; 8];
-    d.get_rows(table.as_ref(), &[2, 1], (&mut out).into())
+    d.get_rows(table.as_ref(), (&[2, 1]).into(), (&mut out).into())
         .unwrap();
     assert_eq!(out, [8.0, 9.0, 10.0, 11.0, 4.0, 5.0, 6.0, 7.0]);
     let e = d
-        .get_rows(table.as_ref(), &[3, 0], (&mut out).into())
+        .get_rows(table.as_ref(), (&[3, 0]).into(), (&mut out).into())
         .unwrap_err();
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
 
@@ -103,14 +103,19 @@ fn kv_slots_and_blocks_outside_the_cache_are_invalid_input() {
     let mut kv = d.alloc_kv(&LAYOUT).unwrap();
     let (k, v) = ([1.0; 2], [2.0; 2]);
     let e = d
-        .write_kv(kv.as_mut(), (&k[..]).into(), (&v[..]).into(), &[8])
+        .write_kv(kv.as_mut(), (&k[..]).into(), (&v[..]).into(), (&[8]).into())
         .unwrap_err();
     assert_eq!(e.kind, HalErrorKind::InvalidInput, "{e}");
     // Positions 0..=3 in blocks 3 and 1.
     for (pos, slot) in [(0u32, 6u32), (1, 7), (2, 2), (3, 3)] {
         let val = [pos as f32; 2];
-        d.write_kv(kv.as_mut(), (&val[..]).into(), (&val[..]).into(), &[slot])
-            .unwrap();
+        d.write_kv(
+            kv.as_mut(),
+            (&val[..]).into(),
+            (&val[..]).into(),
+            (&[slot]).into(),
+        )
+        .unwrap();
     }
     let q = [0.0; 2];
     let mut out = [0.0; 2];
@@ -118,8 +123,8 @@ fn kv_slots_and_blocks_outside_the_cache_are_invalid_input() {
         let positions = [pos];
         let seqs = [AttnSeq {
             q_start: 0,
-            positions: &positions,
-            block_table: table,
+            positions: (&positions).into(),
+            block_table: table.into(),
         }];
         let p = PagedAttention {
             q: (&q[..]).into(),

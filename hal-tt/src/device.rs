@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use flint_core::GgmlType;
 use flint_hal::{
-    Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, StagedInfo, StagingPlan, Tensor, Tier,
-    TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle, WeightKind, WeightSource,
-    Yarn,
+    Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexTensor,
+    IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
+    StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc,
+    WeightHandle, WeightKind, WeightSource, Yarn,
 };
 
 use crate::ffi::{self, CAttnSeq, CCounters, CKvLayout, CWeightDesc, DevPtr, Runtime};
@@ -64,7 +64,11 @@ impl Inner {
 
     /// Writes `data` into buffer `h` from value `offset`.
     fn write_at(&self, h: u64, offset: usize, data: &[f32]) -> Result<(), HalError> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.write_bytes(h, offset, bytemuck::cast_slice(data))
+    }
+
+    /// Writes `bytes` (4-byte values: f32 or u32) into buffer `h` from value `offset`.
+    fn write_bytes(&self, h: u64, offset: usize, bytes: &[u8]) -> Result<(), HalError> {
         // SAFETY: `bytes` is readable for its length; the buffer belongs to this device.
         let st = unsafe {
             (self.rt.api().buffer_write)(
@@ -625,6 +629,22 @@ impl Device for TtDevice {
         &self.xfer
     }
 
+    /// The step's index lists in one adapter buffer of `u32` values (ABI 5): one
+    /// upload, then every op names its lists by buffer and offset.
+    fn upload_indices(&self, src: Vec<u32>) -> Result<IndexTensor, HalError> {
+        self.xfer.upload(src.len());
+        let b = self.inner.alloc(4 * src.len().max(1))?;
+        self.inner.write_bytes(b.h, 0, bytemuck::cast_slice(&src))?;
+        let h = b.h;
+        // The TtBuffer takes over the handle and frees it on drop.
+        std::mem::forget(b);
+        Ok(IndexTensor::Device(Box::new(TtBuffer {
+            inner: self.inner.clone(),
+            h,
+            len: src.len(),
+        })))
+    }
+
     fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
         assert_eq!(src.len(), dst.len(), "upload: lengths differ");
         self.xfer.upload(src.len());
@@ -764,7 +784,12 @@ impl Device for TtDevice {
         self.finish(o)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         let w = self.weight(w);
         assert_eq!(
             w.handles.len(),
@@ -777,7 +802,11 @@ impl Device for TtDevice {
             ids.len() * w.in_f,
             "get_rows: out is not ids * d"
         );
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= w.out_f) {
+        // Host ids are checked here; ids in a device buffer by the adapter.
+        if let Some(&bad) = ids
+            .as_host()
+            .and_then(|ids| ids.iter().find(|&&i| i as usize >= w.out_f))
+        {
             return Err(HalError::invalid(format!(
                 "get_rows: id {bad} outside '{}' of {} rows",
                 w.info.name, w.out_f
@@ -786,15 +815,16 @@ impl Device for TtDevice {
         if ids.is_empty() {
             return Ok(());
         }
-        self.xfer.args(4 * ids.len());
         let inner = &*self.inner;
+        let ia = self.indices(ids)?;
         let o = self.output(out, false, &[])?;
-        // SAFETY: device open; `ids` readable for its length.
+        // SAFETY: device open; every handle is a live buffer of this device.
         let st = unsafe {
             (inner.rt.api().get_rows)(
                 inner.dev.0,
                 w.handles[0],
-                ids.as_ptr(),
+                ia.h,
+                ia.offset,
                 ids.len() as u64,
                 o.arg.h(),
             )
@@ -880,7 +910,12 @@ impl Device for TtDevice {
         self.finish(o)
     }
 
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
         let row = p.n_heads * p.head_dim;
         assert_eq!(
             x.len(),
@@ -919,18 +954,20 @@ impl Device for TtDevice {
         if x.is_empty() {
             return Ok(());
         }
-        self.xfer
-            .args(4 * positions.len() + 4 * p.freq_factors.map_or(0, <[f32]>::len));
+        self.xfer.args(4 * p.freq_factors.map_or(0, <[f32]>::len));
         let inner = &*self.inner;
+        let pa = self.indices(positions)?;
         let xa = self.output(x, true, &[])?;
-        // SAFETY: device open; `positions` readable for its length; `cp` and the factors
-        // it points to (`n_rot / 2` values, checked above) live across the call.
+        // SAFETY: device open; every handle is a live buffer of this device; `cp` and
+        // the factors it points to (`n_rot / 2` values, checked above) live across the
+        // call.
         let st = unsafe {
             (inner.rt.api().rope)(
                 inner.dev.0,
                 xa.arg.h(),
                 positions.len() as u64,
-                positions.as_ptr(),
+                pa.h,
+                pa.offset,
                 &cp,
             )
         };
@@ -1106,7 +1143,7 @@ impl Device for TtDevice {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
         let kv = self.kv(kv);
         let l = kv.layout;
@@ -1120,19 +1157,23 @@ impl Device for TtDevice {
             slots.len() * l.n_kv_heads * l.head_dim_v,
             "write_kv: v"
         );
+        // Host slots are checked here; slots in a device buffer by the adapter.
         assert!(
-            slots.iter().all(|&s| (s as usize) < l.num_slots()),
+            slots
+                .as_host()
+                .is_none_or(|s| s.iter().all(|&s| (s as usize) < l.num_slots())),
             "write_kv: slot outside the cache"
         );
         if slots.is_empty() {
             return Ok(());
         }
-        self.xfer.args(4 * slots.len());
         let inner = &*self.inner;
+        let sa = self.indices(slots)?;
         let ka = self.input(k)?;
         let va = self.input(v)?;
         let cl = kv_layout(&l);
-        // SAFETY: device open; `cl` and `slots` readable.
+        // SAFETY: device open; `cl` readable; every handle is a live buffer of this
+        // device.
         let st = unsafe {
             (inner.rt.api().write_kv)(
                 inner.dev.0,
@@ -1141,7 +1182,8 @@ impl Device for TtDevice {
                 kv.v,
                 ka.h(),
                 va.h(),
-                slots.as_ptr(),
+                sa.h,
+                sa.offset,
                 slots.len() as u64,
             )
         };
@@ -1197,30 +1239,34 @@ impl Device for TtDevice {
                 }
             };
         }
+        // Each sequence's lists: where they are in device buffers (host lists uploaded
+        // into scratch buffers that live until the call returns).
+        let mut lists = Vec::with_capacity(2 * p.seqs.len());
+        for s in p.seqs {
+            lists.push(self.indices(s.positions)?);
+            lists.push(self.indices(s.block_table)?);
+        }
         let seqs: Vec<CAttnSeq> = p
             .seqs
             .iter()
-            .map(|s| CAttnSeq {
+            .zip(lists.chunks_exact(2))
+            .map(|(s, l)| CAttnSeq {
                 q_start: s.q_start as u64,
-                positions: s.positions.as_ptr(),
+                positions: l[0].h,
+                positions_offset: l[0].offset,
                 n_positions: s.positions.len() as u64,
-                block_table: s.block_table.as_ptr(),
+                block_table: l[1].h,
+                block_table_offset: l[1].offset,
                 n_blocks: s.block_table.len() as u64,
             })
             .collect();
-        self.xfer.args(
-            p.seqs
-                .iter()
-                .map(|s| 4 * (s.positions.len() + s.block_table.len()))
-                .sum::<usize>()
-                + 4 * p.sinks.map_or(0, <[f32]>::len),
-        );
+        self.xfer.args(4 * p.sinks.map_or(0, <[f32]>::len));
         let inner = &*self.inner;
         let qa = self.input(p.q)?;
         let o = self.output(out, false, &[qa.h()])?;
         let cl = kv_layout(&l);
-        // SAFETY: device open; `seqs` (and the slices its pointers come from, borrowed
-        // from `p` for this call), `cl` and `sinks` are readable for the counts passed.
+        // SAFETY: device open; `seqs` (whose handles `lists` keeps alive), `cl` and
+        // `sinks` are readable for the counts passed.
         let st = unsafe {
             (inner.rt.api().paged_attention)(
                 inner.dev.0,
@@ -1287,6 +1333,28 @@ impl TtDevice {
         match buf.as_any().downcast_ref::<TtBuffer>() {
             Some(t) if Arc::ptr_eq(&t.inner, &self.inner) => t,
             _ => panic!("a device buffer that was not allocated on this tt device"),
+        }
+    }
+
+    /// Where an op reads an index list from: an index tensor's buffer and the list's
+    /// first index in it, or a scratch buffer the host list is uploaded into (counted).
+    fn indices(&self, v: IndexView<'_>) -> Result<IdxArg<'_>, HalError> {
+        match v {
+            IndexView::Host(s) => {
+                self.xfer.upload(s.len());
+                let b = self.inner.alloc(4 * s.len().max(1))?;
+                self.inner.write_bytes(b.h, 0, bytemuck::cast_slice(s))?;
+                Ok(IdxArg {
+                    h: b.h,
+                    offset: 0,
+                    _scratch: Some(b),
+                })
+            }
+            IndexView::Device { buf, offset, .. } => Ok(IdxArg {
+                h: self.buffer(buf).h,
+                offset: offset as u64,
+                _scratch: None,
+            }),
         }
     }
 
@@ -1389,6 +1457,14 @@ impl Arg<'_> {
             Arg::Scratch(b) => b.h,
         }
     }
+}
+
+/// An index list handed to the adapter: buffer `h` from index `offset`, and the scratch
+/// buffer (freed after the op) when the list came from the host.
+struct IdxArg<'a> {
+    h: u64,
+    offset: u64,
+    _scratch: Option<DevBuf<'a>>,
 }
 
 /// Where an op's output goes after the call.

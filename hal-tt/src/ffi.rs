@@ -10,7 +10,7 @@ use flint_hal::{HalError, HalErrorKind};
 use libloading::Library;
 
 /// The ABI version this build speaks (`FLINT_TT_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// The environment variable naming the adapter library.
 pub const RUNTIME_ENV: &str = "FLINT_TT_RUNTIME";
@@ -68,9 +68,11 @@ pub struct CKvLayout {
 #[derive(Debug)]
 pub struct CAttnSeq {
     pub q_start: u64,
-    pub positions: *const u32,
+    pub positions: u64,
+    pub positions_offset: u64,
     pub n_positions: u64,
-    pub block_table: *const u32,
+    pub block_table: u64,
+    pub block_table_offset: u64,
     pub n_blocks: u64,
 }
 
@@ -182,10 +184,10 @@ abi! {
     matmul = "flint_tt_matmul": fn(Dev, u64, u64, u64, u64) -> i32;
     expert_matmul = "flint_tt_expert_matmul":
         fn(Dev, *const u64, u32, u64, u64, *const u32, u64, u64) -> i32;
-    get_rows = "flint_tt_get_rows": fn(Dev, u64, *const u32, u64, u64) -> i32;
+    get_rows = "flint_tt_get_rows": fn(Dev, u64, u64, u64, u64, u64) -> i32;
     rms_norm = "flint_tt_rms_norm": fn(Dev, u64, u64, u64, f32, u64, u64) -> i32;
     add_rms_norm = "flint_tt_add_rms_norm": fn(Dev, u64, u64, u64, u64, f32, u64, u64) -> i32;
-    rope = "flint_tt_rope": fn(Dev, u64, u64, *const u32, *const CRopeParams) -> i32;
+    rope = "flint_tt_rope": fn(Dev, u64, u64, u64, u64, *const CRopeParams) -> i32;
     silu_mul = "flint_tt_silu_mul": fn(Dev, u64, u64, u64, u64) -> i32;
     gelu_mul = "flint_tt_gelu_mul": fn(Dev, u64, u64, u64, u64) -> i32;
     add = "flint_tt_add": fn(Dev, u64, u64, u64) -> i32;
@@ -196,7 +198,7 @@ abi! {
     route_topk = "flint_tt_route_topk":
         fn(Dev, u64, u64, u32, u64, u32, u32, u32, f32, *mut u32, *mut f32) -> i32;
     write_kv = "flint_tt_write_kv":
-        fn(Dev, *const CKvLayout, u64, u64, u64, u64, *const u32, u64) -> i32;
+        fn(Dev, *const CKvLayout, u64, u64, u64, u64, u64, u64, u64) -> i32;
     paged_attention = "flint_tt_paged_attention":
         fn(Dev, *const CKvLayout, u64, u64, u64, u64, *const CAttnSeq, u64, u32, f32,
            *const f32, u64, u64) -> i32;

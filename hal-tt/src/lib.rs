@@ -25,8 +25,14 @@
 //! scratch buffer on the device (`flint_tt_buffer_copy`, ABI 4), and upload host views
 //! (and read host outputs back), counting each in
 //! [`Device::transfers`](flint_hal::Device::transfers): a forward on device tensors moves
-//! nothing over the bus but the MoE routing. Per-op index arguments are counted as
+//! nothing over the bus but the step's index upload and the MoE routing. Index lists
+//! (ABI 5) live in adapter buffers too: [`Device::upload_indices`] writes a step's
+//! packed lists into one buffer, and ops pass the adapter that buffer's handle and each
+//! list's offset (a host index list is uploaded for the op, counted). The host arrays
+//! ops still pass (RoPE factors, sinks, MoE expert rows and weights) are counted as
 //! `arg_bytes`; the adapter's own count is in [`TtCounters`].
+//!
+//! [`Device::upload_indices`]: flint_hal::Device::upload_indices
 //!
 //! **Keep-quant staging** (on by default; `FLINT_KEEP_QUANT=0` selects the BF16 arm):
 //! block encodings the device admits ([`TtDevice::admits_kept`]) are staged verbatim;

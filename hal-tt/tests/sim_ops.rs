@@ -229,7 +229,8 @@ fn get_rows_and_elementwise_ops_match_core() {
     let w = dev.stage(&desc).expect("stage");
     let ids = [3u32, 9, 0, 3];
     let mut out = vec![0.0; ids.len() * d];
-    dev.get_rows(&*w, &ids, hm(&mut out)).expect("get_rows");
+    dev.get_rows(&*w, (&ids).into(), hm(&mut out))
+        .expect("get_rows");
     for (i, &id) in ids.iter().enumerate() {
         assert_eq!(
             &out[i * d..(i + 1) * d],
@@ -237,7 +238,7 @@ fn get_rows_and_elementwise_ops_match_core() {
         );
     }
     let e = dev
-        .get_rows(&*w, &[10], hm(&mut vec![0.0; d]))
+        .get_rows(&*w, (&[10]).into(), hm(&mut vec![0.0; d]))
         .expect_err("id out of range");
     assert_eq!(e.kind, HalErrorKind::InvalidInput);
 
@@ -291,7 +292,7 @@ fn get_rows_and_elementwise_ops_match_core() {
             };
             let mut xr = rng.vec(pos.len() * 48);
             let mut want = xr.clone();
-            dev.rope(hm(&mut xr), &pos, &p).expect("rope");
+            dev.rope(hm(&mut xr), (&pos).into(), &p).expect("rope");
             for (row, &ps) in want.chunks_exact_mut(48).zip(&pos) {
                 flint_core::math::rope_heads(row, 16, ps, &p.config());
             }
@@ -303,7 +304,7 @@ fn get_rows_and_elementwise_ops_match_core() {
     let e = dev
         .rope(
             hm(&mut [0.0; 48]),
-            &[3],
+            (&[3]).into(),
             &RopeParams {
                 freq_factors: Some(&short),
                 ..plain
@@ -440,7 +441,7 @@ fn attention_case(sinks: bool, window: Option<usize>) {
         let slots: Vec<u32> = (0..*len)
             .map(|j| table[j / 4] * 4 + (j % 4) as u32)
             .collect();
-        dev.write_kv(&mut *kv, h(&k), h(&v), &slots)
+        dev.write_kv(&mut *kv, h(&k), h(&v), (&slots).into())
             .expect("write_kv");
         // The device keeps keys and values at fp16 precision.
         let k16: Vec<f32> = k.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
@@ -458,13 +459,13 @@ fn attention_case(sinks: bool, window: Option<usize>) {
     let seqs = [
         AttnSeq {
             q_start: 0,
-            positions: &qa_pos,
-            block_table: &seqs_def[0].1,
+            positions: (&qa_pos).into(),
+            block_table: (&seqs_def[0].1).into(),
         },
         AttnSeq {
             q_start: 3,
-            positions: &qb_pos,
-            block_table: &seqs_def[1].1,
+            positions: (&qb_pos).into(),
+            block_table: (&seqs_def[1].1).into(),
         },
     ];
     let p = PagedAttention {

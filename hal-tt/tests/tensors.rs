@@ -7,8 +7,8 @@ mod common;
 use common::{h, hm, open_sim, weight, Rng};
 use flint_core::GgmlType;
 use flint_hal::{
-    AttnSeq, Device, ExpertRow, Gating, KvLayout, PagedAttention, RopeParams, RoutingConfig,
-    Tensor, View, ViewMut, WeightHandle, WeightKind,
+    AttnSeq, Device, ExpertRow, Gating, IndexTensor, KvLayout, PagedAttention, RopeParams,
+    RoutingConfig, Tensor, View, ViewMut, WeightHandle, WeightKind,
 };
 use flint_hal_tt::{TtCounters, TtDevice};
 
@@ -132,9 +132,22 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     let before = dev.transfers();
     let before_tt = dev.tt_counters().expect("counters");
 
-    let tokens = [3u32, 9, 0];
-    let pos = [0u32, 1, 2];
-    dev.get_rows(&*m.emb, &tokens, x.view_mut())
+    // The step's index lists, packed as the engine packs them: tokens, positions, slots,
+    // the block table. On the device they are one upload; otherwise host lists, which
+    // each op uploads itself.
+    let packed = vec![3u32, 9, 0, 0, 1, 2, 0, 1, 2, 1];
+    let idx = if on_device {
+        dev.upload_indices(packed).expect("indices")
+    } else {
+        IndexTensor::Host(packed)
+    };
+    let (tokens, pos, slots, table) = (
+        idx.slice(0..3),
+        idx.slice(3..6),
+        idx.slice(6..9),
+        idx.slice(9..10),
+    );
+    dev.get_rows(&*m.emb, tokens, x.view_mut())
         .expect("get_rows");
     dev.rms_norm(x.view(), Some(norm1.view()), 1e-6, D, xn.view_mut())
         .expect("rms_norm");
@@ -148,13 +161,13 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         .expect("add_bias");
     dev.rope(
         qkv.slice_mut(0..nq),
-        &pos,
+        pos,
         &RopeParams::neox(N_HEADS, HD, HD, 10000.0),
     )
     .expect("rope q");
     dev.rope(
         qkv.slice_mut(nq..nq + nk),
-        &pos,
+        pos,
         &RopeParams::neox(N_KV, HD, HD, 10000.0),
     )
     .expect("rope k");
@@ -162,13 +175,13 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         &mut *kv,
         qkv.slice(nq..nq + nk),
         qkv.slice(nq + nk..nq + 2 * nk),
-        &[0, 1, 2],
+        slots,
     )
     .expect("write_kv");
     let seqs = [AttnSeq {
         q_start: 0,
-        positions: &pos,
-        block_table: &[1],
+        positions: pos,
+        block_table: table,
     }];
     let p = PagedAttention {
         q: qkv.slice(0..nq),
@@ -238,14 +251,16 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     let d = dev.transfers().since(&before);
     let c = dev.tt_counters().expect("counters");
     if on_device {
-        // Nothing crossed but the routing (ids and weights, one download).
-        assert_eq!(d.uploads, 0, "{d:?}");
-        assert_eq!(d.upload_bytes, 0, "{d:?}");
+        // Nothing crossed but the step's index lists (one upload of 10 indices) and
+        // the routing (ids and weights, one download).
+        assert_eq!(d.uploads, 1, "{d:?}");
+        assert_eq!(d.upload_bytes, 40, "{d:?}");
         assert_eq!(d.downloads, 1, "{d:?}");
         assert_eq!(d.download_bytes, (8 * n_rows) as u64, "{d:?}");
-        // The adapter saw no buffer_write / buffer_read at all (the routing comes back
-        // through the call's host arrays).
-        assert_eq!(c.host_writes, before_tt.host_writes);
+        // The adapter saw that one buffer_write and no buffer_read (the routing comes
+        // back through the call's host arrays).
+        assert_eq!(c.host_writes, before_tt.host_writes + 1);
+        assert_eq!(c.host_write_bytes, before_tt.host_write_bytes + 40);
         assert_eq!(c.host_reads, before_tt.host_reads);
         // The k and v ranges (offsets) went through device-side copies.
         assert!(c.device_copies > before_tt.device_copies);
@@ -272,9 +287,9 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
             "host views need no copies"
         );
     }
-    // Per-op arguments: tokens, positions (two ropes), slots, the sequence's positions and
-    // block table; expert rows (three expert matmuls), scatter rows and weights.
-    let args = 4 * (3 + 3 + 3 + 3 + 3 + 1) + 3 * 8 * n_rows + 8 * n_rows;
+    // Per-op host arguments: expert rows (three expert matmuls), scatter rows and
+    // weights. Index lists are buffers in both modes (host ones uploaded per op).
+    let args = 3 * 8 * n_rows + 8 * n_rows;
     assert_eq!(d.arg_bytes, args as u64, "{d:?}");
 
     let mut g0 = vec![0.0; ROWS * D];
@@ -497,8 +512,8 @@ fn attention_with_a_window_of_zero_writes_zeros_on_the_device() {
     let out = dev.upload_new(&[7.0; 12]).expect("out");
     let seqs = [AttnSeq {
         q_start: 0,
-        positions: &[0],
-        block_table: &[0],
+        positions: (&[0]).into(),
+        block_table: (&[0]).into(),
     }];
     let p = PagedAttention {
         q: q.view(),

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use flint_core::{math, GgmlType};
 use flint_hal::{
-    bias_rows, Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, KvBuffer,
-    KvLayout, Op, PagedAttention, PlannedWeight, RopeKind, RopeParams, RoutingConfig, StagedInfo,
-    StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle,
-    WeightKind,
+    bias_rows, Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView,
+    KvBuffer, KvLayout, Op, PagedAttention, PlannedWeight, RopeKind, RopeParams, RoutingConfig,
+    StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc,
+    WeightHandle, WeightKind,
 };
 
 use crate::batch::{Bind, Recorder, Slice};
@@ -851,7 +851,13 @@ impl Device for VkDevice {
         self.finish(&mut rec, vec![o])
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let ids = ids.host();
         let w = self.weight(w);
         assert_eq!(out.len(), ids.len() * w.k, "get_rows: out length");
         let vocab = w.n * w.experts;
@@ -991,7 +997,13 @@ impl Device for VkDevice {
         self.finish(&mut rec, vec![r, o])
     }
 
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
+        let positions = positions.host();
         p.check()?;
         let row = p.n_heads * p.head_dim;
         assert_eq!(x.len(), positions.len() * row, "rope: x length");
@@ -1248,8 +1260,9 @@ impl Device for VkDevice {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
+        let slots = slots.host();
         let kv = self.kv(kv);
         let l = kv.layout;
         let (row_k, row_v) = (l.n_kv_heads * l.head_dim_k, l.n_kv_heads * l.head_dim_v);
@@ -1321,8 +1334,8 @@ impl Device for VkDevice {
         let base = 3 * n_entries;
         for s in p.seqs {
             let bt = off32(base + tables.len());
-            tables.extend_from_slice(s.block_table);
-            for (i, &pos) in s.positions.iter().enumerate() {
+            tables.extend_from_slice(s.block_table.host());
+            for (i, &pos) in s.positions.host().iter().enumerate() {
                 assert!(s.q_start + i < n_rows, "paged_attention: query row");
                 let need = pos as usize / l.block_size;
                 assert!(need < s.block_table.len(), "paged_attention: block table");

@@ -16,9 +16,10 @@
 //! **Tensors.** [`Device::alloc`](flint_hal::Device::alloc) returns [`VkBuffer`]s in
 //! device memory. Ops are recorded into one command buffer, with a barrier between them,
 //! and submitted when the host needs a result: a download, the MoE routing, an op handed
-//! host memory to write. Per-op index arguments (positions, slots, block tables, expert
-//! rows, RoPE's cosines and sines) travel in host-visible arena buffers and are counted as
-//! `arg_bytes`. Where device memory is host-visible (lavapipe, unified memory) buffers are
+//! host memory to write. The step's index tensor stays in host memory (the default
+//! [`Device::upload_indices`](flint_hal::Device::upload_indices)): each op's index lists
+//! (positions, slots, block tables, expert rows, RoPE's cosines and sines computed from
+//! the positions) travel in host-visible arena buffers and are counted as `arg_bytes`. Where device memory is host-visible (lavapipe, unified memory) buffers are
 //! mapped; otherwise uploads and downloads go through staging copies
 //! (`FLINT_VK_STAGING=1` forces that path).
 //!

@@ -6,7 +6,7 @@ use flint_core::GgmlType;
 use crate::ops::{
     DeltaNetShape, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
 };
-use crate::tensor::{Tensor, TransferCounter, Transfers, View, ViewMut};
+use crate::tensor::{IndexTensor, IndexView, Tensor, TransferCounter, Transfers, View, ViewMut};
 use crate::weights::{PlannedWeight, StagingPlan, Tier, WeightDesc, WeightHandle};
 use crate::{HalError, Weight};
 
@@ -95,6 +95,17 @@ pub trait Device: Send + Sync + fmt::Debug {
                 Ok(v)
             }
         }
+    }
+
+    /// A step's index lists (token ids, positions, slot mappings, block tables, packed
+    /// one after another by the caller) as one tensor of this device, which ops then
+    /// take [`IndexView`]s of. Counted as one upload of `4 * src.len()` bytes. The
+    /// default keeps them in host memory (the vector is moved in, not copied): devices
+    /// that compute on the host, and devices that pass index lists to each kernel as
+    /// arguments, keep it.
+    fn upload_indices(&self, src: Vec<u32>) -> Result<IndexTensor, HalError> {
+        self.transfer_counter().upload(src.len());
+        Ok(IndexTensor::Host(src))
     }
 
     /// `dst = src` between two tensors of this device (`src.len() == dst.len()`), on
@@ -198,7 +209,12 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Embedding gather: `out[i] = dequant(W row ids[i])` for a weight `[d, V]`.
     /// `out.len() == ids.len() * d`. An id `>= V` is `InvalidInput`.
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError>;
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError>;
 
     /// RMSNorm of every row of `dim` values: `out = x / sqrt(mean(x^2) + eps) * weight`
     /// (no multiplication when `weight` is `None`). Used per head with `dim = head_dim`.
@@ -226,7 +242,12 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]` (see
     /// [`RopeParams`]). Parameters that [`RopeParams::check`] refuses are `InvalidInput`.
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError>;
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError>;
 
     /// `out = silu(gate) * up`, element-wise.
     fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError>;
@@ -362,7 +383,7 @@ pub trait Device: Send + Sync + fmt::Debug {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError>;
 
     /// Paged attention for many sequences at once (see [`PagedAttention`]);

@@ -18,10 +18,11 @@
 //! [`View`]s and [`ViewMut`]s of them; host memory is always a valid view, and an
 //! accelerator handed one moves it in and out itself. Data crosses between host and
 //! device only through [`Device::upload`] and [`Device::download`] (and such host
-//! views), and every device counts it ([`Transfers`]). Per step the engine hands over
-//! per-op index arguments (token ids, positions, slot mappings, block tables, expert
-//! rows; counted apart as `arg_bytes`) and downloads the logits rows it samples from
-//! (and, on MoE layers, the routing). Weights are *staged* once:
+//! views), and every device counts it ([`Transfers`]). Per step the engine uploads the
+//! step's index lists (token ids, positions, slot mappings, block tables) once, as one
+//! [`IndexTensor`] ([`Device::upload_indices`]) that ops take [`IndexView`]s of, hands
+//! MoE layers their expert rows as host arguments (counted apart as `arg_bytes`), and
+//! downloads the logits rows it samples from (and, on MoE layers, the routing). Weights are *staged* once:
 //! [`Device::stage`] receives the raw GGUF bytes of a tensor ([`WeightDesc`]) and returns
 //! an opaque [`WeightHandle`]; the backend decides whether it keeps the block encoding
 //! as it is ("keep-quant") or expands it, and reports what it holds resident and what it
@@ -69,7 +70,9 @@ pub use ops::{
     RopeConfig, RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
-pub use tensor::{DeviceBuffer, Tensor, TransferCounter, Transfers, View, ViewMut};
+pub use tensor::{
+    DeviceBuffer, IndexTensor, IndexView, Tensor, TransferCounter, Transfers, View, ViewMut,
+};
 pub use weights::{
     PlannedWeight, ReleaseHook, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,
     WeightHandle, WeightKind, WeightSource,

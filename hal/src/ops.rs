@@ -277,10 +277,10 @@ pub struct AttnSeq<'a> {
     /// Positions of its query rows (`q_start..q_start + positions.len()`). A query at
     /// position `p` attends to keys at `j <= p` (and `j > p - window` when windowed),
     /// which must all have been written with [`Device::write_kv`](crate::Device::write_kv).
-    pub positions: &'a [u32],
+    pub positions: crate::IndexView<'a>,
     /// Its block table in the group this layer belongs to: position `j` lives in slot
     /// `block_table[j / block_size] * block_size + j % block_size`.
-    pub block_table: &'a [u32],
+    pub block_table: crate::IndexView<'a>,
 }
 
 /// A batched paged-attention call over many sequences (one layer).

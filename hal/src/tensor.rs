@@ -315,12 +315,144 @@ impl<'a> From<&'a mut Tensor> for ViewMut<'a> {
     }
 }
 
+/// A step's index lists (token ids, positions, slot mappings, block tables), as the
+/// device holds them: the engine packs them into one `u32` tensor per step
+/// ([`Device::upload_indices`](crate::Device::upload_indices)) and hands ops
+/// [`IndexView`]s of it, so that they cross to the device once per step, not once per
+/// op and layer.
+#[derive(Debug)]
+pub enum IndexTensor {
+    /// Host memory.
+    Host(Vec<u32>),
+    /// A buffer in the device's memory holding `len()` `u32` values (a
+    /// [`DeviceBuffer`] counts 4-byte values, whatever they hold).
+    Device(Box<dyn DeviceBuffer>),
+}
+
+impl IndexTensor {
+    /// Number of indices.
+    pub fn len(&self) -> usize {
+        match self {
+            IndexTensor::Host(v) => v.len(),
+            IndexTensor::Device(b) => b.len(),
+        }
+    }
+
+    /// Whether it holds no indices.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole tensor.
+    pub fn view(&self) -> IndexView<'_> {
+        match self {
+            IndexTensor::Host(v) => IndexView::Host(v),
+            IndexTensor::Device(b) => IndexView::Device {
+                buf: &**b,
+                offset: 0,
+                len: b.len(),
+            },
+        }
+    }
+
+    /// Indices `r`. Panics when `r` is out of range.
+    pub fn slice(&self, r: Range<usize>) -> IndexView<'_> {
+        self.view().slice(r)
+    }
+}
+
+/// An [`IndexTensor`] or a contiguous range of one, or host indices (always valid: a
+/// device handed host indices moves them itself and counts it).
+#[derive(Clone, Copy, Debug)]
+pub enum IndexView<'a> {
+    /// Host memory.
+    Host(&'a [u32]),
+    /// `len` indices of a device buffer from `offset`.
+    Device {
+        /// The buffer.
+        buf: &'a dyn DeviceBuffer,
+        /// First index.
+        offset: usize,
+        /// Number of indices.
+        len: usize,
+    },
+}
+
+impl<'a> IndexView<'a> {
+    /// Number of indices.
+    pub fn len(&self) -> usize {
+        match self {
+            IndexView::Host(s) => s.len(),
+            IndexView::Device { len, .. } => *len,
+        }
+    }
+
+    /// Whether it holds no indices.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Indices `r` of this view. Panics when `r` is out of range.
+    pub fn slice(self, r: Range<usize>) -> IndexView<'a> {
+        check_range(&r, self.len());
+        match self {
+            IndexView::Host(s) => IndexView::Host(&s[r]),
+            IndexView::Device { buf, offset, .. } => IndexView::Device {
+                buf,
+                offset: offset + r.start,
+                len: r.end - r.start,
+            },
+        }
+    }
+
+    /// The host indices, or `None` for a device buffer.
+    pub fn as_host(self) -> Option<&'a [u32]> {
+        match self {
+            IndexView::Host(s) => Some(s),
+            IndexView::Device { .. } => None,
+        }
+    }
+
+    /// The host indices. A device buffer here is a view handed to a host-memory device
+    /// by a caller that mixed devices: a caller bug, which panics.
+    pub fn host(self) -> &'a [u32] {
+        self.as_host()
+            .expect("a device index buffer passed to a device that computes in host memory")
+    }
+}
+
+impl<'a> From<&'a [u32]> for IndexView<'a> {
+    fn from(s: &'a [u32]) -> Self {
+        IndexView::Host(s)
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for IndexView<'a> {
+    fn from(s: &'a Vec<u32>) -> Self {
+        IndexView::Host(s)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for IndexView<'a> {
+    fn from(s: &'a [u32; N]) -> Self {
+        IndexView::Host(s)
+    }
+}
+
+impl<'a> From<&'a IndexTensor> for IndexView<'a> {
+    fn from(t: &'a IndexTensor) -> Self {
+        t.view()
+    }
+}
+
 /// Host-device traffic of a device since it was opened: what crossed between host memory
 /// and the device's memory, through [`Device::upload`](crate::Device::upload) and
 /// [`Device::download`](crate::Device::download) and through ops handed host views.
-/// Per-op arguments that are not tensors (positions, slot mappings, block tables, expert
-/// rows, ids, norms' and sinks' small constants) are counted apart, as `arg_bytes`: a
-/// real device passes them as kernel arguments.
+/// A step's index lists travel as one [`IndexTensor`] upload. Host arrays an op still
+/// takes (expert rows and routing weights of MoE layers, attention sinks, RoPE frequency
+/// factors) and index lists handed to it in host memory by a device that keeps them
+/// there are counted apart, as `arg_bytes`: a real device passes them as kernel
+/// arguments.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transfers {
     /// Host-to-device copies.
@@ -331,7 +463,7 @@ pub struct Transfers {
     pub downloads: u64,
     /// Bytes they moved.
     pub download_bytes: u64,
-    /// Bytes of per-op host arguments (index lists and small constants).
+    /// Bytes of per-op host arguments (host index lists and small constant arrays).
     pub arg_bytes: u64,
 }
 

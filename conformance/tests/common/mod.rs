@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use flint_conformance::registry;
 use flint_hal::{
     AttnSeq, DeltaNetShape, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig, TransferCounter,
-    View, ViewMut, Weight, WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
+    IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
+    TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
 };
 
 /// The defect a [`Broken`] device injects.
@@ -208,7 +208,12 @@ impl Device for Broken {
         self.inner.expert_matmul(w, x, rows, out)
     }
 
-    fn get_rows(&self, w: &dyn Weight, ids: &[u32], out: ViewMut<'_>) -> Result<(), HalError> {
+    fn get_rows(
+        &self,
+        w: &dyn Weight,
+        ids: IndexView<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
         self.inner.get_rows(w, ids, out)
     }
 
@@ -261,7 +266,12 @@ impl Device for Broken {
             .add_rms_norm(residual, delta, weight, eps, dim, out)
     }
 
-    fn rope(&self, x: ViewMut<'_>, positions: &[u32], p: &RopeParams<'_>) -> Result<(), HalError> {
+    fn rope(
+        &self,
+        x: ViewMut<'_>,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+    ) -> Result<(), HalError> {
         let mut q = *p;
         match self.defect {
             Defect::RopeAlwaysNeox => q.kind = RopeKind::Neox,
@@ -366,8 +376,9 @@ impl Device for Broken {
         kv: &mut dyn KvBuffer,
         k: View<'_>,
         v: View<'_>,
-        slots: &[u32],
+        slots: IndexView<'_>,
     ) -> Result<(), HalError> {
+        let slots = slots.host();
         match self.defect {
             Defect::SharedSlotMapping => {
                 let used = self
@@ -377,7 +388,7 @@ impl Device for Broken {
                     .entry(slots.len())
                     .or_insert_with(|| slots.to_vec())
                     .clone();
-                self.inner.write_kv(kv, k, v, &used)
+                self.inner.write_kv(kv, k, v, (&used).into())
             }
             Defect::SinkExp0 => {
                 let l = *kv.layout();
@@ -392,9 +403,9 @@ impl Device for Broken {
                         .copy_from_slice(&k.host()[i * row..(i + 1) * row]);
                 }
                 drop(keys);
-                self.inner.write_kv(kv, k, v, slots)
+                self.inner.write_kv(kv, k, v, slots.into())
             }
-            _ => self.inner.write_kv(kv, k, v, slots),
+            _ => self.inner.write_kv(kv, k, v, slots.into()),
         }
     }
 
@@ -413,7 +424,7 @@ impl Device for Broken {
                     .map(|(i, s)| {
                         cache
                             .entry(i)
-                            .or_insert_with(|| s.block_table.to_vec())
+                            .or_insert_with(|| s.block_table.host().to_vec())
                             .clone()
                     })
                     .collect()
@@ -423,7 +434,7 @@ impl Device for Broken {
                 .iter()
                 .zip(&tables)
                 .map(|(s, t)| AttnSeq {
-                    block_table: t,
+                    block_table: t.into(),
                     ..*s
                 })
                 .collect();
@@ -445,7 +456,7 @@ impl Device for Broken {
             .get(&buffer_id(kv))
             .ok_or_else(|| HalError::runtime("broken device: attention before any write"))?;
         for seq in p.seqs {
-            for (r, &pos) in seq.positions.iter().enumerate() {
+            for (r, &pos) in seq.positions.host().iter().enumerate() {
                 let row = seq.q_start + r;
                 let q = p.q.slice(row * hq * dk..(row + 1) * hq * dk);
                 let qs = q.host();
@@ -454,7 +465,7 @@ impl Device for Broken {
                 for (h, m) in m_final.iter_mut().enumerate() {
                     let g = h / group;
                     for j in lo..=pos as usize {
-                        let block = seq.block_table[j / bs];
+                        let block = seq.block_table.host()[j / bs];
                         if block == NO_BLOCK {
                             continue;
                         }
@@ -467,7 +478,7 @@ impl Device for Broken {
                 }
                 let one = [AttnSeq {
                     q_start: 0,
-                    positions: std::slice::from_ref(&seq.positions[r]),
+                    positions: std::slice::from_ref(&seq.positions.host()[r]).into(),
                     block_table: seq.block_table,
                 }];
                 let single = PagedAttention {

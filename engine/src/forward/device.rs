@@ -23,8 +23,9 @@ use std::borrow::Cow;
 
 use flint_core::math::{delta_net_gate, l2_norm_heads, sigmoid_ggml};
 use flint_hal::{
-    AttnSeq, Device, DeviceRef, ExpertRow, HalError, KvBuffer, KvLayout, Op, PagedAttention,
-    RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle, WeightKind,
+    AttnSeq, Device, DeviceRef, ExpertRow, HalError, IndexView, KvBuffer, KvLayout, Op,
+    PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
+    WeightKind,
 };
 
 use crate::forward::profile::timed;
@@ -834,20 +835,6 @@ impl DeviceModel {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
-            .map(|g| {
-                batch
-                    .seqs
-                    .iter()
-                    .zip(&starts)
-                    .map(|(s, &q_start)| AttnSeq {
-                        q_start,
-                        positions: &positions[q_start..q_start + s.tokens.len()],
-                        block_table: s.block_tables[g],
-                    })
-                    .collect()
-            })
-            .collect();
 
         // The rows whose logits are wanted (per sequence all its tokens or its last), in
         // order. After the last layer's keys and values are written, only these rows go
@@ -873,18 +860,65 @@ impl DeviceModel {
             .iter()
             .flat_map(|r| positions[r.clone()].iter().copied())
             .collect();
-        let out_attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
+
+        // The step's index lists cross to the device once, packed in one tensor: the
+        // tokens, their positions, the wanted rows' positions, each group's slots, then
+        // every sequence's block table of every group. Ops take views of it.
+        let mut packed = Vec::with_capacity(
+            3 * n
+                + n_groups * n
+                + batch
+                    .seqs
+                    .iter()
+                    .flat_map(|s| s.block_tables.iter().map(|t| t.len()))
+                    .sum::<usize>(),
+        );
+        packed.extend_from_slice(&tokens);
+        packed.extend_from_slice(&positions);
+        packed.extend_from_slice(&out_positions);
+        let mut slot_at = Vec::with_capacity(n_groups);
+        for s in &slots {
+            slot_at.push(packed.len()..packed.len() + s.len());
+            packed.extend_from_slice(s);
+        }
+        // `table_at[g][i]`: where sequence `i`'s block table of group `g` is.
+        let mut table_at = vec![Vec::with_capacity(batch.seqs.len()); n_groups];
+        for (g, at) in table_at.iter_mut().enumerate() {
+            for s in &batch.seqs {
+                at.push(packed.len()..packed.len() + s.block_tables[g].len());
+                packed.extend_from_slice(s.block_tables[g]);
+            }
+        }
+        let idx = dev.upload_indices(packed)?;
+        let tokens_v = idx.slice(0..n);
+        let positions_v = idx.slice(n..2 * n);
+        let out_positions_v = idx.slice(2 * n..2 * n + n_out);
+        let attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
             .map(|g| {
-                let mut q_start = 0;
                 batch
                     .seqs
                     .iter()
-                    .zip(&wanted)
-                    .map(|(s, r)| {
+                    .zip(&starts)
+                    .zip(&table_at[g])
+                    .map(|((s, &q_start), table)| AttnSeq {
+                        q_start,
+                        positions: positions_v.slice(q_start..q_start + s.tokens.len()),
+                        block_table: idx.slice(table.clone()),
+                    })
+                    .collect()
+            })
+            .collect();
+        let out_attn_seqs: Vec<Vec<AttnSeq<'_>>> = (0..n_groups)
+            .map(|g| {
+                let mut q_start = 0;
+                wanted
+                    .iter()
+                    .zip(&table_at[g])
+                    .map(|(r, table)| {
                         let seq = AttnSeq {
                             q_start,
-                            positions: &out_positions[q_start..q_start + r.len()],
-                            block_table: s.block_tables[g],
+                            positions: out_positions_v.slice(q_start..q_start + r.len()),
+                            block_table: idx.slice(table.clone()),
                         };
                         q_start += r.len();
                         seq
@@ -897,13 +931,13 @@ impl DeviceModel {
         let mut x = dev.alloc(n * d)?;
         timed!(
             "embed",
-            dev.get_rows(&*self.token_embd, &tokens, x.view_mut())
+            dev.get_rows(&*self.token_embd, tokens_v, x.view_mut())
         )?;
         if spec.embed_scale != 1.0 {
             timed!("scale", dev.scale(x.view_mut(), spec.embed_scale))?;
         }
         let per_layer_inputs = match &self.per_layer {
-            Some(pl) => Some(self.per_layer_inputs(pl, &tokens, x.view())?),
+            Some(pl) => Some(self.per_layer_inputs(pl, tokens_v, x.view())?),
             None => None,
         };
         // The rows each layer computes: all of them, then (last layer) the wanted ones.
@@ -963,8 +997,8 @@ impl DeviceModel {
                         il,
                         at,
                         kv,
-                        &slots[g],
-                        &positions,
+                        idx.slice(slot_at[g].clone()),
+                        positions_v,
                         seqs,
                         shrink.then_some(&wanted[..]),
                         a.slice(0..n * d),
@@ -1130,8 +1164,8 @@ impl DeviceModel {
         il: usize,
         at: &DevAttn,
         kv: &mut [Box<dyn KvBuffer>],
-        slots: &[u32],
-        positions: &[u32],
+        slots: IndexView<'_>,
+        positions: IndexView<'_>,
         seqs: &[AttnSeq<'_>],
         wanted: Option<&[std::ops::Range<usize>]>,
         a: View<'_>,
@@ -1478,7 +1512,7 @@ impl DeviceModel {
     fn per_layer_inputs(
         &self,
         pl: &DevPerLayerInputs,
-        tokens: &[u32],
+        tokens: IndexView<'_>,
         x: View<'_>,
     ) -> Result<Tensor, ModelError> {
         let dev = &self.dev;

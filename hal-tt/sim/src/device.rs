@@ -300,6 +300,25 @@ impl State {
         self.buffers.insert(h, b);
     }
 
+    /// `n` index values (`u32`, ABI 5) of buffer `h` from index `offset`: an op's index
+    /// list, read on the device's side.
+    pub fn indices(&self, h: u64, offset: u64, n: u64, what: &str) -> Result<Vec<u32>, SimError> {
+        let b = self.buf(h)?;
+        let end = offset
+            .checked_add(n)
+            .filter(|&e| e.saturating_mul(4) <= b.bytes);
+        let Some(end) = end else {
+            return invalid(format!(
+                "{what}: {n} indices at {offset} outside buffer {h} of {} bytes",
+                b.bytes
+            ));
+        };
+        Ok(b.data[offset as usize..end as usize]
+            .iter()
+            .map(|x| x.to_bits())
+            .collect())
+    }
+
     /// `flint_tt_buffer_write`.
     pub fn write(&mut self, h: u64, offset: u64, src: &[u8]) -> Result<(), SimError> {
         let b = self.buffers.get_mut(&h).ok_or_else(|| SimError {

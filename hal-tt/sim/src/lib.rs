@@ -38,7 +38,7 @@ pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
 use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
 
 /// The ABI version this library implements.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// `FLINT_TT_OK`.
 const OK: i32 = 0;
@@ -463,19 +463,19 @@ pub unsafe extern "C" fn flint_tt_expert_matmul(
 /// `flint_tt_get_rows`.
 ///
 /// # Safety
-/// `dev` an open device; `ids` `n` u32s.
+/// `dev` an open device.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_get_rows(
     dev: *const SimDevice,
     w: u64,
-    ids: *const u32,
+    ids: u64,
+    ids_offset: u64,
     n: u64,
     out: u64,
 ) -> i32 {
     call(dev, |st| {
-        // SAFETY: `ids` holds `n` u32s (contract).
-        let ids = unsafe { slice(ids, n, "ids") }?;
-        st.get_rows(w, ids, out)
+        let ids = st.indices(ids, ids_offset, n, "get_rows ids")?;
+        st.get_rows(w, &ids, out)
     })
 }
 
@@ -573,19 +573,19 @@ pub struct CRopeParams {
 /// `flint_tt_rope`.
 ///
 /// # Safety
-/// `dev` an open device; `positions` `rows` u32s; `params` a valid
-/// `flint_tt_rope_params` whose `freq_factors` is NULL or holds `n_rot / 2` floats.
+/// `dev` an open device; `params` a valid `flint_tt_rope_params` whose `freq_factors`
+/// is NULL or holds `n_rot / 2` floats.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_rope(
     dev: *const SimDevice,
     x: u64,
     rows: u64,
-    positions: *const u32,
+    positions: u64,
+    positions_offset: u64,
     params: *const CRopeParams,
 ) -> i32 {
     call(dev, |st| {
-        // SAFETY: `positions` holds `rows` u32s (contract).
-        let p = unsafe { slice(positions, rows, "positions") }?;
+        let p = st.indices(positions, positions_offset, rows, "rope positions")?;
         if params.is_null() {
             return device::invalid("rope: null params".to_string());
         }
@@ -618,7 +618,7 @@ pub unsafe extern "C" fn flint_tt_rope(
             freq_factors,
             yarn,
         };
-        st.rope(x, p, cp.n_heads as usize, cp.head_dim as usize, &cfg)
+        st.rope(x, &p, cp.n_heads as usize, cp.head_dim as usize, &cfg)
     })
 }
 
@@ -804,7 +804,7 @@ unsafe fn kv_layout(l: *const CKvLayout) -> Result<KvLayout, SimError> {
 /// `flint_tt_write_kv`.
 ///
 /// # Safety
-/// `dev` an open device; `layout` readable; `slots` `n` u32s.
+/// `dev` an open device; `layout` readable.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_write_kv(
     dev: *const SimDevice,
@@ -813,15 +813,15 @@ pub unsafe extern "C" fn flint_tt_write_kv(
     v_cache: u64,
     k: u64,
     v: u64,
-    slots: *const u32,
+    slots: u64,
+    slots_offset: u64,
     n: u64,
 ) -> i32 {
     call(dev, |st| {
         // SAFETY: `layout` readable (contract).
         let l = unsafe { kv_layout(layout) }?;
-        // SAFETY: `slots` holds `n` u32s (contract).
-        let s = unsafe { slice(slots, n, "slots") }?;
-        st.write_kv(&l, k_cache, v_cache, k, v, s)
+        let s = st.indices(slots, slots_offset, n, "write_kv slots")?;
+        st.write_kv(&l, k_cache, v_cache, k, v, &s)
     })
 }
 
@@ -831,12 +831,16 @@ pub unsafe extern "C" fn flint_tt_write_kv(
 pub struct CAttnSeq {
     /// First query row.
     pub q_start: u64,
-    /// Positions.
-    pub positions: *const u32,
+    /// The index buffer holding the positions (ABI 5).
+    pub positions: u64,
+    /// Their first index in it.
+    pub positions_offset: u64,
     /// Their count.
     pub n_positions: u64,
-    /// Block table.
-    pub block_table: *const u32,
+    /// The index buffer holding the block table (ABI 5).
+    pub block_table: u64,
+    /// Its first index in it.
+    pub block_table_offset: u64,
     /// Its length.
     pub n_blocks: u64,
 }
@@ -844,8 +848,8 @@ pub struct CAttnSeq {
 /// `flint_tt_paged_attention`.
 ///
 /// # Safety
-/// `dev` an open device; `layout` readable; `seqs` `n_seqs` entries whose arrays are
-/// readable; `sinks` NULL or `n_heads` floats.
+/// `dev` an open device; `layout` readable; `seqs` `n_seqs` entries; `sinks` NULL or
+/// `n_heads` floats.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_paged_attention(
     dev: *const SimDevice,
@@ -867,16 +871,27 @@ pub unsafe extern "C" fn flint_tt_paged_attention(
         let l = unsafe { kv_layout(layout) }?;
         // SAFETY: `seqs` holds `n_seqs` entries (contract).
         let cs = unsafe { slice(seqs, n_seqs, "sequences") }?;
-        let mut v = Vec::with_capacity(cs.len());
+        let mut lists = Vec::with_capacity(cs.len());
         for s in cs {
-            v.push(Seq {
-                q_start: usize_of(s.q_start, "q_start")?,
-                // SAFETY: each sequence's arrays hold the counts it gives (contract).
-                positions: unsafe { slice(s.positions, s.n_positions, "positions") }?,
-                // SAFETY: as above.
-                block_table: unsafe { slice(s.block_table, s.n_blocks, "block table") }?,
-            });
+            lists.push((
+                usize_of(s.q_start, "q_start")?,
+                st.indices(s.positions, s.positions_offset, s.n_positions, "positions")?,
+                st.indices(
+                    s.block_table,
+                    s.block_table_offset,
+                    s.n_blocks,
+                    "block table",
+                )?,
+            ));
         }
+        let v: Vec<Seq<'_>> = lists
+            .iter()
+            .map(|(q_start, positions, block_table)| Seq {
+                q_start: *q_start,
+                positions,
+                block_table,
+            })
+            .collect();
         let sinks = if sinks.is_null() {
             None
         } else {

@@ -284,14 +284,14 @@ pub(crate) fn paged_attention_in_groups(
                 spread,
             };
             for &(r, h) in qs {
-                let pos = seq.positions[r - seq.q_start] as usize;
+                let pos = seq.positions.host()[r - seq.q_start] as usize;
                 let lo = flint_core::math::window_start(pos, p.window);
                 g.q.push(&queries[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
                 g.range.push((lo, pos));
                 g.sink.push(p.sinks.map(|s| s[h]));
             }
             let at = |j: usize| {
-                let b = *seq.block_table.get(j / bs)?;
+                let b = *seq.block_table.host().get(j / bs)?;
                 if b == NO_BLOCK || b as usize >= l.num_blocks {
                     return None;
                 }
