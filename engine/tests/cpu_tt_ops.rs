@@ -116,8 +116,8 @@ impl Device for Rec {
     fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
         self.inner.copy(src, dst)
     }
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
-        self.inner.plan(weights)
+    fn plan(&self, weights: &[WeightDesc], other_bytes: u64) -> Result<StagingPlan, HalError> {
+        self.inner.plan(weights, other_bytes)
     }
     fn stage(&self, desc: &WeightDesc) -> Result<WeightHandle, HalError> {
         self.inner.stage(desc)

@@ -265,7 +265,15 @@ fn on_cpu(model: &Model) -> DeviceModel {
     let dev = flint_hal_cpu::CpuDevice::new(&opts)
         .expect("cpu device opens")
         .with_float_order(flint_hal_cpu::FloatOrder::LlamaCpp);
-    DeviceModel::stage(model, std::sync::Arc::new(dev), &mut |_, _| {}).expect("stages on cpu")
+    let dm =
+        DeviceModel::stage(model, std::sync::Arc::new(dev), &mut |_, _| {}).expect("stages on cpu");
+    // What the plan was told the vectors take is what staging uploaded.
+    assert_eq!(
+        flint_engine::forward::vector_bytes(model),
+        dm.vector_bytes(),
+        "forward::vector_bytes misses vectors that staging uploads"
+    );
+    dm
 }
 
 fn golden_ids(case: &str) -> Vec<u32> {

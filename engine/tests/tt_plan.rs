@@ -15,7 +15,7 @@ mod tt_common;
 
 use tt_common::sim_library;
 
-use flint_engine::forward::{weight_descs, DeviceModel};
+use flint_engine::forward::{vector_bytes, weight_descs, DeviceModel};
 use flint_hal::{Device, DeviceOptions, Tier, WeightKind};
 use flint_hal_tt::{TtDevice, RESERVE_DIVISOR};
 
@@ -28,22 +28,24 @@ fn engine_stages_by_the_devices_plan() {
 
     // Sizes from a plan with room for everything.
     let roomy = TtDevice::open_path(&lib, &opts).expect("tt opens");
-    let full = roomy.plan(&descs).expect("plan");
+    let vectors = vector_bytes(&model);
+    let full = roomy.plan(&descs, vectors).expect("plan");
     assert_eq!(full.streamed_bytes(), 0);
     let dense = full.resident_bytes();
     let experts = full.expert_tier_bytes();
     assert!(experts > 0, "tiny has expert towers");
     drop(roomy);
 
-    // A budget (DRAM less the reserve) for the dense weights and half the experts.
-    let budget = dense + experts / 2;
+    // A budget (DRAM less the reserve) for the norm and bias vectors, the dense weights
+    // and half the experts.
+    let budget = vectors + dense + experts / 2;
     let dram = (budget * RESERVE_DIVISOR).div_ceil(RESERVE_DIVISOR - 1);
     std::env::set_var("FLINT_TT_SIM_DRAM_BYTES", dram.to_string());
     // The plan, from a device of its own: the one the model is staged on must get its
     // plan from the engine.
     let planner = TtDevice::open_path(&lib, &opts).expect("tt opens");
     assert_eq!(planner.dram_bytes(), dram);
-    let want = planner.plan(&descs).expect("plan");
+    let want = planner.plan(&descs, vectors).expect("plan");
     drop(planner);
     // The plan keeps every dense weight resident and streams some experts.
     for (w, d) in want.weights.iter().zip(&descs) {
@@ -70,5 +72,23 @@ fn engine_stages_by_the_devices_plan() {
         want.resident_bytes() + want.expert_tier_bytes() + dm.vector_bytes(),
         "the staged model does not follow the plan"
     );
+    // And it stays within the budget: the plan left room for the vectors.
+    assert!(used <= budget, "staged {used} bytes, budget {budget}");
     drop(dm);
+    drop(tt);
+
+    // A budget that holds the dense weights only if the vectors are forgotten: the
+    // engine tells the plan what the vectors take, so a dense weight streams instead of
+    // the staged model overrunning the budget.
+    let budget = dense + vectors / 2;
+    let dram = (budget * RESERVE_DIVISOR).div_ceil(RESERVE_DIVISOR - 1);
+    std::env::set_var("FLINT_TT_SIM_DRAM_BYTES", dram.to_string());
+    let tt = std::sync::Arc::new(TtDevice::open_path(&lib, &opts).expect("tt opens"));
+    let dm = DeviceModel::stage(&model, tt.clone(), &mut |_, _| {}).expect("tiny stages");
+    let used = tt.tt_counters().expect("counters").dram_used_bytes;
+    eprintln!("DRAM {dram}, budget {budget}: staged {used} bytes in DRAM");
+    assert!(used <= budget, "staged {used} bytes, budget {budget}");
+    assert!(used < dense + vectors, "a dense weight streams");
+    drop(dm);
+    std::env::remove_var("FLINT_TT_SIM_DRAM_BYTES");
 }

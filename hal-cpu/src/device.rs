@@ -272,7 +272,7 @@ impl Device for CpuDevice {
         &self.transfers
     }
 
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+    fn plan(&self, weights: &[WeightDesc], _other_bytes: u64) -> Result<StagingPlan, HalError> {
         self.plan_weights(weights)
     }
 

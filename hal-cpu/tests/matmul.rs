@@ -291,11 +291,11 @@ fn staging_keeps_the_bytes_and_reports_them() {
     );
     assert!(!dev.supports(Op::Matmul, Some(GgmlType::I32)));
     let e = dev
-        .plan(&[desc("ints", GgmlType::I32, &[4, 2], vec![0; 32])])
+        .plan(&[desc("ints", GgmlType::I32, &[4, 2], vec![0; 32])], 0)
         .expect_err("plan of an I32 matrix");
     assert_eq!(e.kind, HalErrorKind::Unsupported);
     let plan = dev
-        .plan(&[desc("f", GgmlType::F32, &[4, 2], vec![0; 32])])
+        .plan(&[desc("f", GgmlType::F32, &[4, 2], vec![0; 32])], 0)
         .expect("plan");
     assert!(plan.weights[0].kept_quant);
     assert_eq!(plan.resident_bytes(), 32);

@@ -104,7 +104,7 @@ impl Device for RefDevice {
 
     /// Everything resident, encodings kept; a weight core cannot compute is refused up
     /// front, before anything is staged.
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+    fn plan(&self, weights: &[WeightDesc], _other_bytes: u64) -> Result<StagingPlan, HalError> {
         let mut plan = StagingPlan::default();
         for w in weights {
             weight::check_usable(w)?;

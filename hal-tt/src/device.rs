@@ -530,10 +530,11 @@ impl Device for TtDevice {
         }
     }
 
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+    fn plan(&self, weights: &[WeightDesc], other_bytes: u64) -> Result<StagingPlan, HalError> {
         let plan = staging::plan(
             weights,
             self.inner.dram_bytes,
+            other_bytes,
             self.opts.keep_quant,
             self.expand_to,
             |t| self.inner.admits(t),

@@ -42,7 +42,8 @@
 //! is neither is refused naming encoding and tensor. Expert towers
 //! `[in, out, E]` are staged as `E` matrices, each slice's geometry checked.
 //! [`Device::plan`](flint_hal::Device::plan) decides against the device's DRAM (less a
-//! 1/16 reserve for KV caches and activations) which weights stay resident (dense weights
+//! 1/16 reserve for KV caches and activations, and less the norm and bias vectors the
+//! caller says it will upload) which weights stay resident (dense weights
 //! first, then expert towers in the expert tier) and which stream from host memory on
 //! every use; [`Device::stage`](flint_hal::Device::stage) follows the last plan, or
 //! decides greedily when there was none.

@@ -208,15 +208,17 @@ pub fn staged_bytes(desc: &WeightDesc, arr: Arrangement) -> Result<u64, HalError
 /// The staging plan: non-expert weights resident in the order given while they fit, then
 /// expert towers in the expert tier while they fit; the rest streams from the host. The
 /// budget is `dram_bytes` less a reserve of `dram_bytes / RESERVE_DIVISOR` for KV caches
-/// and activations.
+/// and activations, less `other_bytes` (the norm weights and biases the engine uploads as
+/// tensors).
 pub fn plan(
     weights: &[WeightDesc],
     dram_bytes: u64,
+    other_bytes: u64,
     keep_quant: bool,
     expand_to: Option<GgmlType>,
     admits: impl Fn(GgmlType) -> bool,
 ) -> Result<StagingPlan, HalError> {
-    let mut left = dram_bytes - dram_bytes / RESERVE_DIVISOR;
+    let mut left = (dram_bytes - dram_bytes / RESERVE_DIVISOR).saturating_sub(other_bytes);
     let mut entries: Vec<Option<PlannedWeight>> = vec![None; weights.len()];
     let mut sized = Vec::with_capacity(weights.len());
     for w in weights {

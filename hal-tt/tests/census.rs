@@ -52,7 +52,7 @@ fn census_streams_experts_only_in_the_bf16_arm() {
     for keep in [false, true] {
         let dev = open_sim(keep);
         assert_eq!(dev.dram_bytes(), DRAM);
-        let plan = dev.plan(&descs).expect("plan");
+        let plan = dev.plan(&descs, 0).expect("plan");
         assert_eq!(plan.weights.len(), descs.len());
         for (pw, d) in plan.weights.iter().zip(&descs) {
             assert_eq!(pw.name, d.name);

@@ -99,14 +99,21 @@ fn plan_places_dense_first_then_experts() {
     ];
     // Budget (15/16 of DRAM) fits the dense weight and not the tower.
     let dram = (36864 + 100_000) * 16 / 15;
-    let p = plan(&ws, dram, true, None, admits).expect("plan");
+    let p = plan(&ws, dram, 0, true, None, admits).expect("plan");
     assert_eq!(p.weights[0].name, "exps");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::Streamed);
     assert_eq!(p.weights[1].tier, flint_hal::Tier::Resident);
     assert_eq!(p.streamed_bytes(), 147456);
     assert_eq!(p.resident_bytes(), 36864);
+    // Memory the caller takes besides the weights (its norm and bias vectors) comes off
+    // the budget first: 100001 bytes of vectors leave less than the dense weight.
+    let p = plan(&ws, dram, 100_001, true, None, admits).expect("plan");
+    assert_eq!(p.weights[1].tier, flint_hal::Tier::Streamed);
+    assert_eq!(p.resident_bytes(), 0);
+    let p = plan(&ws, dram, 100_000, true, None, admits).expect("plan");
+    assert_eq!(p.weights[1].tier, flint_hal::Tier::Resident);
     // With room for both, the tower goes to the expert tier.
-    let p = plan(&ws, 1 << 20, true, None, admits).expect("plan");
+    let p = plan(&ws, 1 << 20, 0, true, None, admits).expect("plan");
     assert_eq!(p.weights[0].tier, flint_hal::Tier::ExpertResident);
     assert_eq!(p.expert_tier_bytes(), 147456);
     assert_eq!(p.streamed_bytes(), 0);

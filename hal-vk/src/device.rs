@@ -643,7 +643,7 @@ impl Device for VkDevice {
         }
     }
 
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+    fn plan(&self, weights: &[WeightDesc], _other_bytes: u64) -> Result<StagingPlan, HalError> {
         let mut plan = StagingPlan::default();
         for desc in weights {
             let (ty, kept) = self.arrangement(desc)?;

@@ -117,8 +117,12 @@ pub trait Device: Send + Sync + fmt::Debug {
     }
 
     /// What staging each of `weights` would do, decided against the device's memory,
-    /// without staging anything. The default: everything resident, kept as it is.
-    fn plan(&self, weights: &[WeightDesc]) -> Result<StagingPlan, HalError> {
+    /// without staging anything. `other_bytes` is the memory the caller takes besides
+    /// these weights before its first step (the engine's norm weights and biases, uploaded
+    /// as tensors): a device that places weights against its memory leaves room for it.
+    /// The default: everything resident, kept as it is.
+    fn plan(&self, weights: &[WeightDesc], other_bytes: u64) -> Result<StagingPlan, HalError> {
+        let _ = other_bytes;
         Ok(StagingPlan {
             weights: weights
                 .iter()

@@ -680,6 +680,7 @@ fn staging_plan(f: &GgufFile, device: &str, keep_quant: bool) -> Result<StagingP
             data,
         });
     }
-    dev.plan(&descs)
+    // Every tensor of the file is a desc here, norms and biases included.
+    dev.plan(&descs, 0)
         .map_err(|e| CliError::new(format!("device '{device}' cannot plan this model: {e}")))
 }

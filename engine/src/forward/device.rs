@@ -446,6 +446,39 @@ impl RecurrentStates {
     }
 }
 
+/// Bytes of the norm weights and biases that [`DeviceModel::stage`] uploads as device
+/// tensors: the `other_bytes` it hands [`Device::plan`], so that a device placing weights
+/// against its memory leaves room for them. [`DeviceModel::vector_bytes`] is what staging
+/// uploaded; `tests/families.rs` checks that the two agree for every family.
+pub fn vector_bytes(model: &Model) -> u64 {
+    let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
+    let mut n = model.output_norm.len();
+    if let Some(pl) = &model.per_layer {
+        n += pl.proj_norm.len();
+    }
+    for l in &model.layers {
+        n += l.attn_norm.len() + l.ffn_norm.len();
+        n += opt(&l.post_attn_norm) + opt(&l.post_ffn_norm);
+        if let Some(pl) = &l.per_layer {
+            n += pl.post_norm.len();
+        }
+        n += match &l.delta_net {
+            Some(dn) => dn.conv.len() + dn.norm.len(),
+            None => [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm]
+                .into_iter()
+                .map(opt)
+                .sum(),
+        };
+        if let Ffn::Moe(moe) = &l.ffn {
+            n += opt(&moe.bias) + opt(&moe.router_bias) + opt(&moe.router_scale);
+            if let Some(p) = &moe.parallel {
+                n += p.post_norm_1.len() + p.pre_norm_2.len() + p.post_norm_2.len();
+            }
+        }
+    }
+    4 * n as u64
+}
+
 /// Every weight [`DeviceModel::stage`] stages, in its order: what it hands to
 /// `Device::plan` first.
 pub fn weight_descs(model: &Model) -> Vec<WeightDesc> {
@@ -536,10 +569,12 @@ impl DeviceModel {
             });
         }
         let descs = weight_descs(model);
-        let plan = dev.plan(&descs).map_err(|source| ModelError::Device {
-            context: format!("planning the weights on {}", dev.name()),
-            source,
-        })?;
+        let plan = dev
+            .plan(&descs, vector_bytes(model))
+            .map_err(|source| ModelError::Device {
+                context: format!("planning the weights on {}", dev.name()),
+                source,
+            })?;
         tracing::debug!(
             resident = plan.resident_bytes(),
             expert_tier = plan.expert_tier_bytes(),
