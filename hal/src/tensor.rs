@@ -584,6 +584,26 @@ mod tests {
     }
 
     #[test]
+    fn index_views_slice_on_the_host_and_carry_offsets_on_the_device() {
+        let t = IndexTensor::Host((0..10).collect());
+        assert_eq!(t.slice(2..8).slice(1..3).host(), &[3, 4]);
+        assert_eq!(IndexView::from(&[7u32, 8]).host(), &[7, 8]);
+        let t = IndexTensor::Device(Box::new(Buf(50)));
+        match t.slice(10..40).slice(5..10) {
+            IndexView::Device { offset, len, .. } => assert_eq!((offset, len), (15, 5)),
+            IndexView::Host(_) => panic!("a device index view"),
+        }
+        assert!(t.view().as_host().is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of a view")]
+    fn out_of_range_index_views_panic() {
+        let t = IndexTensor::Host(vec![0; 4]);
+        let _ = t.slice(2..5);
+    }
+
+    #[test]
     #[should_panic(expected = "out of a view")]
     fn out_of_range_views_panic() {
         let t = Tensor::Host(vec![0.0; 4]);
