@@ -152,7 +152,8 @@ pub enum Shape {
         /// Activation rows / ids.
         m: usize,
     },
-    /// An expert tower `[k, n, experts]`, `tokens` activation rows, `routed` output rows.
+    /// An expert tower `[k, n, experts]`, `tokens` activation rows, `routed` output rows
+    /// (a multiple of `tokens`: each token's row goes to `routed / tokens` experts).
     Tower {
         /// Input features.
         k: usize,
@@ -188,12 +189,23 @@ pub enum Shape {
         /// Row length (the bias's).
         dim: usize,
     },
-    /// MoE combine: `src` rows of `dim` into `dst` accumulator rows.
+    /// MoE combine: `src` rows of `dim` into `dst` accumulator rows (`src` a multiple of
+    /// `dst`: each token's routed rows one after another).
     Scatter {
         /// Accumulator rows.
         dst: usize,
         /// Source rows.
         src: usize,
+        /// Row length.
+        dim: usize,
+    },
+    /// `add_id`: `rows` rows of `dim`, each plus the row of a `table` of rows its id
+    /// names.
+    AddId {
+        /// Rows.
+        rows: usize,
+        /// Rows of the table (experts).
+        table: usize,
         /// Row length.
         dim: usize,
     },
@@ -213,6 +225,8 @@ pub enum Shape {
         normalize: bool,
         /// Multiplier.
         scale: f32,
+        /// With a per-expert output scale (Gemma 4).
+        expert_scale: bool,
     },
     /// KV write + paged attention.
     Attn(AttnSpec),
@@ -274,6 +288,9 @@ impl fmt::Display for Shape {
             Shape::Rope(r) => write!(f, "{r}"),
             Shape::Bias { rows, dim } => write!(f, "[{rows},{dim}] + bias[{dim}]"),
             Shape::Scatter { dst, src, dim } => write!(f, "acc[{dst},{dim}] x[{src},{dim}]"),
+            Shape::AddId { rows, table, dim } => {
+                write!(f, "x[{rows},{dim}] + table[{table},{dim}][ids]")
+            }
             Shape::Route {
                 rows,
                 experts,
@@ -282,10 +299,18 @@ impl fmt::Display for Shape {
                 bias,
                 normalize,
                 scale,
-            } => write!(
-                f,
-                "[{rows},{experts}] k={k} {gating:?} bias={bias} norm={normalize} scale={scale}"
-            ),
+                expert_scale,
+            } => {
+                write!(
+                    f,
+                    "[{rows},{experts}] k={k} {gating:?} bias={bias} norm={normalize} \
+                     scale={scale}"
+                )?;
+                if *expert_scale {
+                    write!(f, " expert-scale")?;
+                }
+                Ok(())
+            }
             Shape::Conv {
                 tokens,
                 channels,
@@ -393,6 +418,7 @@ impl Case {
             Op::Add => &[Op::Add],
             Op::AddBias => &[Op::AddBias],
             Op::Scale => &[Op::Scale],
+            Op::AddId => &[Op::AddId],
             Op::ScatterAddWeighted => &[Op::ScatterAddWeighted],
             Op::RouteTopK => &[Op::RouteTopK],
             Op::SsmConvSilu => &[Op::SsmConvSilu],
@@ -644,7 +670,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
                 n: 9,
                 experts: 4,
                 tokens: 3,
-                routed: 7,
+                routed: 6,
             },
             tol::matmul(ty),
         );
@@ -739,8 +765,32 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
         "",
         Shape::Scatter {
             dst: 5,
-            src: 11,
+            src: 15,
             dim: 72,
+        },
+        e,
+    );
+    // A decode step's combine: one token, its 8 experts.
+    push(
+        Op::ScatterAddWeighted,
+        None,
+        "decode",
+        Shape::Scatter {
+            dst: 1,
+            src: 8,
+            dim: 40,
+        },
+        e,
+    );
+    // gpt-oss's expert biases on a prefill's routed rows; an odd width.
+    push(
+        Op::AddId,
+        None,
+        "",
+        Shape::AddId {
+            rows: 12,
+            table: 5,
+            dim: 37,
         },
         e,
     );
@@ -756,6 +806,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             bias: true,
             normalize: true,
             scale: 2.5,
+            expert_scale: false,
         },
         e,
     );
@@ -771,6 +822,24 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             bias: false,
             normalize: false,
             scale: 1.0,
+            expert_scale: false,
+        },
+        e,
+    );
+    // Gemma 4: softmax routing, renormalised, each weight times its expert's scale.
+    push(
+        Op::RouteTopK,
+        None,
+        "expert-scale",
+        Shape::Route {
+            rows: 5,
+            experts: 16,
+            k: 4,
+            gating: Gating::Softmax,
+            bias: false,
+            normalize: true,
+            scale: 1.0,
+            expert_scale: true,
         },
         e,
     );
@@ -787,6 +856,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             bias: false,
             normalize: false,
             scale: 1.0,
+            expert_scale: false,
         },
         e,
     );
@@ -802,6 +872,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
             bias: false,
             normalize: true,
             scale: 1.0,
+            expert_scale: false,
         },
         e,
     );

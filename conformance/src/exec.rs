@@ -4,9 +4,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use flint_hal::{
-    AttnSeq, DeltaNetShape, Device, ExpertRow, HalError, HalErrorKind, IndexTensor, IndexView,
-    KvLayout, Op, PagedAttention, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
-    WeightKind, WeightSource, NO_BLOCK,
+    AttnSeq, DeltaNetShape, Device, HalError, HalErrorKind, IndexTensor, IndexView, KvLayout, Op,
+    PagedAttention, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle, WeightKind,
+    WeightSource, NO_BLOCK,
 };
 
 use crate::case::{AttnSpec, Case, RopeSpec, Shape, Sinks};
@@ -183,6 +183,9 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         (Shape::Scatter { dst, src, dim }, Op::ScatterAddWeighted) => {
             scatter_case(dev, case, *dst, *src, *dim, &mut rng)
         }
+        (Shape::AddId { rows, table, dim }, Op::AddId) => {
+            add_id_case(dev, case, *rows, *table, *dim, &mut rng)
+        }
         (
             Shape::Route {
                 rows,
@@ -192,6 +195,7 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
                 bias,
                 normalize,
                 scale,
+                expert_scale,
             },
             Op::RouteTopK,
         ) => {
@@ -201,7 +205,16 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
                 normalize: *normalize,
                 scale: *scale,
             };
-            route_case(dev, case, *rows, *experts, *bias, &cfg, &mut rng)
+            route_case(
+                dev,
+                case,
+                *rows,
+                *experts,
+                *bias,
+                *expert_scale,
+                &cfg,
+                &mut rng,
+            )
         }
         (Shape::Attn(spec), Op::WriteKv | Op::PagedAttention) => {
             attn_case(dev, case, spec, &mut rng)
@@ -413,19 +426,23 @@ fn expert_case(
         &desc(case, vec![k, n, experts], WeightKind::ExpertTower, bytes)?,
     )?;
     let x = rng.vec(tokens * k, -1.0, 1.0);
-    // Expert 0 stays unused; the last expert gets several rows from different tokens.
-    let mut rows: Vec<ExpertRow> = (0..routed)
-        .map(|i| ExpertRow {
-            input_row: (i % tokens) as u32,
-            expert: (1 + rng.below(experts - 1)) as u32,
-        })
+    // Each token goes to `routed / tokens` experts (routed row `i` reads token
+    // `i / fanout`). Expert 0 stays unused; the last expert gets several rows from
+    // different tokens.
+    if !routed.is_multiple_of(tokens) {
+        return Err(Stop::Fail(format!(
+            "case shape: {routed} routed rows is not a multiple of {tokens} tokens"
+        )));
+    }
+    let fanout = routed / tokens;
+    let mut ids: Vec<u32> = (0..routed)
+        .map(|_| (1 + rng.below(experts - 1)) as u32)
         .collect();
-    rows[0].expert = (experts - 1) as u32;
-    rows[routed - 1].expert = (experts - 1) as u32;
+    ids[0] = (experts - 1) as u32;
+    ids[routed - 1] = (experts - 1) as u32;
     let mut want = Vec::with_capacity(routed * n);
-    for r in &rows {
-        let e = r.expert as usize;
-        let t = r.input_row as usize;
+    for (i, &e) in ids.iter().enumerate() {
+        let (e, t) = (e as usize, i / fanout);
         want.extend(reference::matmul_f32(
             &wf[e * n * k..(e + 1) * n * k],
             k,
@@ -434,8 +451,11 @@ fn expert_case(
         ));
     }
     let xt = put(dev, &x)?;
+    // The ids as the engine hands them: an index tensor of the device.
+    let idt = put_indices(dev, &ids)?;
+    let rows = idt.view();
     let mut out_t = out_tensor(dev, routed * n)?;
-    dev.expert_matmul(h.as_ref(), xt.view(), &rows, out_t.body_mut())
+    dev.expert_matmul(h.as_ref(), xt.view(), rows, out_t.body_mut())
         .map_err(|e| dev_err("expert_matmul", e))?;
     let out = fetch(dev, &out_t, "out")?;
     unchanged_on(dev, "x", &xt, &x)?;
@@ -449,7 +469,7 @@ fn expert_case(
         &desc(case, vec![k, n, experts], WeightKind::ExpertTower, bytes2)?,
     )?;
     let mut alone2_t = out_tensor(dev, routed * n)?;
-    dev.expert_matmul(h2.as_ref(), xt.view(), &rows, alone2_t.body_mut())
+    dev.expert_matmul(h2.as_ref(), xt.view(), rows, alone2_t.body_mut())
         .map_err(|e| dev_err("expert_matmul", e))?;
     let alone2 = fetch(dev, &alone2_t, "out")?;
     let mut outs = [out_tensor(dev, routed * n)?, out_tensor(dev, routed * n)?];
@@ -458,7 +478,7 @@ fn expert_case(
         dev.expert_matmul_multi(
             &[h.as_ref(), h2.as_ref()],
             xt.view(),
-            &rows,
+            rows,
             &mut [o1.body_mut(), o2.body_mut()],
         )
         .map_err(|e| dev_err("expert_matmul_multi", e))?;
@@ -472,6 +492,25 @@ fn expert_case(
                 got.body()[j],
                 alone[j]
             )));
+        }
+    }
+    // An expert id beyond the tower, read from the device: an error, not a crash.
+    let mut bad = ids.clone();
+    bad[routed / 2] = experts as u32;
+    let badt = put_indices(dev, &bad)?;
+    let mut sink = out_tensor(dev, routed * n)?;
+    match dev.expert_matmul(h.as_ref(), xt.view(), badt.view(), sink.body_mut()) {
+        Err(e) if e.kind == HalErrorKind::InvalidInput => {}
+        Err(e) => {
+            return Err(Stop::Fail(format!(
+                "expert id {experts} of {experts} experts: {:?} error, want InvalidInput ({e})",
+                e.kind
+            )))
+        }
+        Ok(()) => {
+            return Err(Stop::Fail(format!(
+                "expert id {experts} of {experts} experts was accepted"
+            )))
         }
     }
     Ok(worst)
@@ -654,6 +693,8 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
     }
     positions.truncate(rows);
     let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
+    // The factors as the engine holds them: a tensor of the device.
+    let factors_t = factors.as_deref().map(|f| put(dev, f)).transpose()?;
     let p = flint_hal::RopeParams {
         n_heads: heads,
         head_dim,
@@ -661,7 +702,7 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         n_rot,
         base: spec.base,
         freq_scale: spec.freq_scale,
-        freq_factors: factors.as_deref(),
+        freq_factors: factors_t.as_ref().map(Tensor::view),
         yarn: spec.yarn,
     };
     // Queries, then (GQA) the keys of the same rows through a second call.
@@ -672,7 +713,11 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         }
         let x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
         let mut want = x0.clone();
-        reference::rope(&mut want, &positions, head_dim, &p.config());
+        let host = flint_hal::RopeParams {
+            freq_factors: factors.as_deref().map(View::from),
+            ..p
+        };
+        reference::rope(&mut want, &positions, head_dim, &host.config());
         let mut xt = inout_tensor(dev, &x0)?;
         let pt = put_indices(dev, &positions)?;
         dev.rope(
@@ -794,32 +839,77 @@ fn scatter_case(
     dim: usize,
     rng: &mut CaseRng,
 ) -> Res<f64> {
+    if !src.is_multiple_of(dst) {
+        return Err(Stop::Fail(format!(
+            "case shape: {src} routed rows is not a multiple of {dst} tokens"
+        )));
+    }
+    let fanout = src / dst;
     let acc0 = rng.vec(dst * dim, -1.0, 1.0);
     let x = rng.vec(src * dim, -1.0, 1.0);
-    // Row 0 gets several contributions, the last row none.
-    let rows: Vec<u32> = (0..src)
-        .map(|i| {
-            if i % 3 == 0 {
-                0
-            } else {
-                rng.below(dst - 1) as u32
-            }
-        })
-        .collect();
     let weights = rng.vec(src, -1.0, 1.0);
+    // In order of the routed rows, as the combine must add them.
     let mut want = acc0.clone();
-    for (i, (&r, &w)) in rows.iter().zip(&weights).enumerate() {
-        let r = r as usize;
+    for (i, &w) in weights.iter().enumerate() {
+        let r = i / fanout;
         for c in 0..dim {
             want[r * dim + c] += w * x[i * dim + c];
         }
     }
     let mut acc_t = inout_tensor(dev, &acc0)?;
-    let xt = put(dev, &x)?;
-    dev.scatter_add_weighted(acc_t.body_mut(), xt.view(), &rows, &weights, dim)
+    let (xt, wt) = (put(dev, &x)?, put(dev, &weights)?);
+    dev.scatter_add_weighted(acc_t.body_mut(), xt.view(), wt.view(), dim)
         .map_err(|e| dev_err("scatter_add_weighted", e))?;
     let acc = fetch(dev, &acc_t, "acc")?;
+    unchanged_on(dev, "weights", &wt, &weights)?;
     Ok(compare("acc", acc.body(), &want, case.tolerance)?)
+}
+
+fn add_id_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    table: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let x0 = rng.vec(rows * dim, -1.0, 1.0);
+    let tab = rng.vec(table * dim, -1.0, 1.0);
+    // Every row of the table but the first, the last one twice or more.
+    let mut ids: Vec<u32> = (0..rows)
+        .map(|_| (1 + rng.below(table - 1)) as u32)
+        .collect();
+    ids[0] = (table - 1) as u32;
+    ids[rows - 1] = (table - 1) as u32;
+    let mut want = x0.clone();
+    for (r, &e) in ids.iter().enumerate() {
+        let e = e as usize;
+        for c in 0..dim {
+            want[r * dim + c] += tab[e * dim + c];
+        }
+    }
+    let mut x_t = inout_tensor(dev, &x0)?;
+    let tt = put(dev, &tab)?;
+    let idt = put_indices(dev, &ids)?;
+    dev.add_id(x_t.body_mut(), tt.view(), idt.view(), dim)
+        .map_err(|e| dev_err("add_id", e))?;
+    let x = fetch(dev, &x_t, "x")?;
+    unchanged_on(dev, "table", &tt, &tab)?;
+    let worst = compare("x", x.body(), &want, case.tolerance)?;
+    // An id beyond the table: an error, not a crash.
+    let mut bad = ids;
+    bad[rows / 2] = table as u32;
+    let badt = put_indices(dev, &bad)?;
+    match dev.add_id(x_t.body_mut(), tt.view(), badt.view(), dim) {
+        Err(e) if e.kind == HalErrorKind::InvalidInput => Ok(worst),
+        Err(e) => Err(Stop::Fail(format!(
+            "id {table} of a {table}-row table: {:?} error, want InvalidInput ({e})",
+            e.kind
+        ))),
+        Ok(()) => Err(Stop::Fail(format!(
+            "id {table} of a {table}-row table was accepted"
+        ))),
+    }
 }
 
 fn route_case(
@@ -828,6 +918,7 @@ fn route_case(
     rows: usize,
     experts: usize,
     with_bias: bool,
+    with_scale: bool,
     cfg: &RoutingConfig,
     rng: &mut CaseRng,
 ) -> Res<f64> {
@@ -847,22 +938,32 @@ fn route_case(
                 .map(|&r| (r as f32 - experts as f32 / 2.0) * (4.0 / experts as f32)),
         );
     }
+    let scale = with_scale.then(|| rng.vec(experts, 0.25, 2.0));
     let (want_ids, want_w) =
-        reference::route_topk(&logits, experts, bias.as_deref(), cfg).map_err(Stop::Fail)?;
-    let mut ids = vec![u32::MAX; rows * cfg.k];
-    let mut w = Guarded::new(rows * cfg.k);
+        reference::route_topk(&logits, experts, bias.as_deref(), scale.as_deref(), cfg)
+            .map_err(Stop::Fail)?;
+    // Ids and weights into tensors of the device, as the engine keeps them.
+    let mut ids_t = dev
+        .alloc_indices(rows * cfg.k)
+        .map_err(|e| dev_err("alloc_indices", e))?;
+    let mut w_t = out_tensor(dev, rows * cfg.k)?;
     let lt = put(dev, &logits)?;
     let bt = bias.as_deref().map(|b| put(dev, b)).transpose()?;
+    let st = scale.as_deref().map(|s| put(dev, s)).transpose()?;
     dev.route_topk(
         lt.view(),
         experts,
         bt.as_ref().map(Tensor::view),
+        st.as_ref().map(Tensor::view),
         cfg,
-        &mut ids,
-        w.body_mut(),
+        ids_t.view_mut(),
+        w_t.body_mut(),
     )
     .map_err(|e| dev_err("route_topk", e))?;
-    w.check("weights")?;
+    let w = fetch(dev, &w_t, "weights")?;
+    let mut ids = vec![u32::MAX; rows * cfg.k];
+    dev.download_indices(ids_t.view(), &mut ids)
+        .map_err(|e| dev_err("download_indices", e))?;
     if ids != want_ids {
         return Err(Stop::Fail(format!("ids {ids:?}, reference {want_ids:?}")));
     }
@@ -1012,6 +1113,8 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
         Sinks::BelowMax => Some(rng.vec(hq, -1.5, 0.0)),
         Sinks::AboveMax => Some(rng.vec(hq, 8.0, 10.0)),
     };
+    // The sinks as the engine holds them: a tensor of the device.
+    let sinks_t = sinks.as_deref().map(|v| put(dev, v)).transpose()?;
 
     let mut worst = 0.0f64;
     let mut groups: Vec<(Box<dyn flint_hal::KvBuffer>, Vec<SeqData>)> = Vec::new();
@@ -1132,7 +1235,7 @@ fn attn_case(dev: &dyn Device, case: &Case, s: &AttnSpec, rng: &mut CaseRng) -> 
             seqs: &attn_seqs,
             n_heads: hq,
             scale,
-            sinks: sinks.as_deref(),
+            sinks: sinks_t.as_ref().map(Tensor::view),
             window: s.window,
         };
         let mut out_t = out_tensor(dev, n_rows * hq * dv)?;

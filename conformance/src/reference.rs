@@ -118,11 +118,13 @@ pub fn gated_delta_net(
     (out, st)
 }
 
-/// Top-k routing of every row: `(ids, weights)`, `k` per row.
+/// Top-k routing of every row: `(ids, weights)`, `k` per row; with `expert_scale`, each
+/// weight then times its expert's value.
 pub fn route_topk(
     logits: &[f32],
     n_experts: usize,
     bias: Option<&[f32]>,
+    expert_scale: Option<&[f32]>,
     cfg: &RoutingConfig,
 ) -> Result<(Vec<u32>, Vec<f32>), String> {
     let rows = logits.len() / n_experts;
@@ -140,6 +142,11 @@ pub fn route_topk(
             &mut w[r * cfg.k..(r + 1) * cfg.k],
         )
         .map_err(|e| format!("reference routing: {e}"))?;
+    }
+    if let Some(s) = expert_scale {
+        for (w, &e) in w.iter_mut().zip(&ids) {
+            *w *= s[e as usize];
+        }
     }
     Ok((ids, w))
 }

@@ -20,7 +20,7 @@ fn last_line_counts_and_exit_zero_when_nothing_failed() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     let last = out.lines().last().unwrap_or_default();
-    assert_eq!(last, "4 passed, 0 failed, 0 skipped", "{out}");
+    assert_eq!(last, "5 passed, 0 failed, 0 skipped", "{out}");
     assert!(out.contains("route_topk"), "{out}");
 }
 

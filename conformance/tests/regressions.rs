@@ -227,3 +227,30 @@ fn host_round_trips_and_split_uploads_are_caught() {
     let m = message(&run(Defect::UploadInHalves, "transfers"), "copy[transfers]");
     assert!(m.contains("upload_new of x"), "{m}");
 }
+
+#[test]
+fn moe_routing_defects_are_caught() {
+    // Gemma 4's per-expert scale, dropped: only the case with a scale sees it.
+    assert_caught(
+        Defect::ExpertScaleIgnored,
+        "route_topk",
+        "route_topk[expert-scale]",
+    );
+    let r = run(Defect::ExpertScaleIgnored, "route_topk[sigmoid+bias]");
+    assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
+    // Each token's routed rows one after another, not interleaved; a decode step's one
+    // token cannot tell them apart.
+    assert_caught(
+        Defect::ScatterInterleaved,
+        "scatter_add_weighted",
+        "scatter_add_weighted",
+    );
+    let r = run(Defect::ScatterInterleaved, "scatter_add_weighted[decode]");
+    assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
+    // Routed row `i` reads token `i / fanout`.
+    assert_caught(
+        Defect::ExpertFirstToken,
+        "expert_matmul/Q4_K",
+        "expert_matmul/Q4_K",
+    );
+}

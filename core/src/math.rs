@@ -55,4 +55,7 @@ pub use rope::{
     rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,
     RopeError, RopeKind, Yarn,
 };
-pub use route::{check_route, route_topk, route_topk_in, Gating, RouteError, ROUTE_MAX_K};
+pub use route::{
+    add_id, check_route, route_topk, route_topk_in, scale_by_expert, scatter_add_weighted, Gating,
+    RouteError, ROUTE_MAX_K,
+};

@@ -2,7 +2,7 @@
  * flint_tt.h: the C ABI between Flint's Tenstorrent backend (`flint-hal-tt`) and a
  * runtime adapter library (`libflint_tt.so`).
  *
- * ABI version 5. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
+ * ABI version 6. 2: `source_type` in `flint_tt_weight_desc`. 3: `flint_tt_rope` takes a
  * `flint_tt_rope_params` (normal or NeoX pairs, frequency scale and factors, YaRN) instead
  * of NeoX scalars, and `flint_tt_add_bias`. 4: buffer_copy (`flint_tt_buffer_copy`,
  * device-side copies between buffer ranges), `flint_tt_route_topk` takes its bias as a
@@ -10,7 +10,18 @@
  * copies). 5: index lists (ids, positions, slots, block tables) are read from device
  * buffers of `uint32_t` (a buffer handle and an offset in indices) instead of host
  * arrays, so that the host uploads a step's index lists once and every layer's ops read
- * them on the device. See README.md next to this file for how the
+ * them on the device. 6: MoE routing stays on the device: `flint_tt_route_topk` writes
+ * its expert ids into an index buffer and its weights into a float buffer (each at an
+ * offset) instead of host arrays, and takes an optional per-expert output scale
+ * (`expert_scale`, Gemma 4); `flint_tt_expert_matmul` reads one expert id per routed row
+ * from an index buffer (input row `i / fan-out`) instead of host (input row, expert)
+ * pairs; `flint_tt_scatter_add_weighted` reads its weights from a float buffer and adds
+ * routed row `i` into accumulator row `i / fan-out` instead of taking host rows and
+ * weights; and the per-op parameters that are tensors of the model are read from float
+ * buffers: `flint_tt_rope_params.freq_factors` is a buffer handle and an offset
+ * (`freq_factors_offset`, in floats) instead of a host pointer, and
+ * `flint_tt_paged_attention` takes its sinks as a buffer handle and offset
+ * (`sinks_offset`) instead of a host array. See README.md next to this file for how the
  * library is found, what a real adapter over TT-Metalium must do, and the simulated
  * adapter (`flint-tt-sim`).
  *
@@ -28,10 +39,26 @@
  *   it (`*_offset`, counted in indices, not bytes): the host packs a step's lists into
  *   one buffer, writes it once, and every op of every layer reads its list from there.
  *   A buffer holds 4-byte values; whether they are floats or indices is up to the op
- *   that reads them. The routing lists of MoE layers (expert rows, scatter rows and
- *   weights) and per-op parameters are host arrays that the call reads before it
- *   returns (a real adapter passes them as kernel runtime arguments or uploads them
- *   itself).
+ *   that reads them.
+ * - Nothing of an MoE layer crosses to the host (ABI 6): `flint_tt_route_topk` writes
+ *   the chosen expert ids into an index buffer and their weights into a float buffer,
+ *   and `flint_tt_expert_matmul` and `flint_tt_scatter_add_weighted` read them from
+ *   there. Routed rows are grouped by token: with `r` input rows and `n` routed rows
+ *   (`n` a multiple of `r`, the fan-out `f = n / r`: the `k` experts of each token for
+ *   the gate and up projections, 1 for the down projection), routed row `i` belongs to
+ *   input row `i / f`. Float buffers that hold routing weights (and, below, RoPE
+ *   factors and attention sinks) are named, like index lists, by a handle and an offset
+ *   (`*_offset`, counted in floats); every other float buffer is read from its first
+ *   value. A range an op writes must not overlap a range it only reads
+ *   (FLINT_TT_ERR_INVALID); an operand updated in place (`acc`, `residual`, the `x` of
+ *   `flint_tt_scale`) is both.
+ * - Per-op parameters that are tensors of the model (RoPE frequency factors, attention
+ *   sinks; ABI 6) live in float buffers, uploaded once with the weights, and are named by
+ *   a handle and an offset in floats (0 handle = none); the op reads them on the device,
+ *   range-checks them (FLINT_TT_ERR_INVALID outside the buffer) and they must not overlap
+ *   the range the op writes. The RoPE parameters struct itself (scalars and that handle)
+ *   is a host struct argument that the call reads before it returns (a real adapter
+ *   passes its scalars as kernel runtime arguments).
  * - All calls are synchronous from the caller's point of view: when a call that writes a
  *   buffer returns, a later `flint_tt_buffer_read` of that buffer sees the result (an
  *   adapter may queue work and complete it in `flint_tt_buffer_read` / `flint_tt_sync`).
@@ -51,7 +78,7 @@ extern "C" {
 
 /* The version this header describes. `flint_tt_abi_version()` must return it exactly;
  * the host refuses any other value. */
-#define FLINT_TT_ABI_VERSION 5u
+#define FLINT_TT_ABI_VERSION 6u
 
 /* Status codes. */
 typedef enum flint_tt_status {
@@ -196,13 +223,18 @@ int32_t flint_tt_weight_free(flint_tt_device *dev, flint_tt_weight w);
 int32_t flint_tt_matmul(flint_tt_device *dev, flint_tt_weight w, flint_tt_buffer x, uint64_t m,
                         flint_tt_buffer out);
 
-/* Grouped expert matmul. `experts` = the E per-expert weights of one tower (all of one
- * shape). `rows` = n_rows pairs (input_row, expert): out[i] = W[expert_i] x[input_row_i].
- * x = [x_rows, in], out = [n_rows, out]. Each expert's weight should be read once for all
- * its rows. */
+/* Grouped expert matmul (ABI 6). `experts` = the n_experts per-expert weights of one
+ * tower (all of one shape; the handle array is read before the call returns).
+ * x = [x_rows, in], out = [n_rows, out]; the n_rows expert ids are read from index
+ * buffer `ids` from index `ids_offset` (as `flint_tt_route_topk` writes them):
+ *   out[i] = W[ids[i]] x[i / (n_rows / x_rows)].
+ * n_rows must be a multiple of x_rows (x_rows = 0 only with n_rows = 0), else
+ * FLINT_TT_ERR_INVALID; an id >= n_experts is FLINT_TT_ERR_INVALID (nothing written).
+ * Each expert's weight should be read once for all its rows. */
 int32_t flint_tt_expert_matmul(flint_tt_device *dev, const flint_tt_weight *experts,
                                uint32_t n_experts, flint_tt_buffer x, uint64_t x_rows,
-                               const uint32_t *rows, uint64_t n_rows, flint_tt_buffer out);
+                               flint_tt_buffer ids, uint64_t ids_offset, uint64_t n_rows,
+                               flint_tt_buffer out);
 
 /* Embedding gather: out[i] = dequant(row ids[i] of W), out = [n, in], with the n ids
  * read from index buffer `ids` from index `ids_offset` (ABI 5). An id >= out_features
@@ -225,7 +257,7 @@ int32_t flint_tt_add_rms_norm(flint_tt_device *dev, flint_tt_buffer residual,
 
 /* RoPE parameters (ABI 3), as ggml's `rope_ext` takes them. For pair i < n_rot/2 of a
  * head at position p:
- *   theta_extrap = p * base^(-2i/n_rot) / freq_factors[i]   (factor 1 when NULL)
+ *   theta_extrap = p * base^(-2i/n_rot) / freq_factors[i]   (factor 1 when none)
  *   theta_interp = freq_scale * theta_extrap
  *   theta = theta_interp, or with ext_factor != 0 (YaRN):
  *     r = ramp(i) * ext_factor, theta = theta_interp * (1 - r) + theta_extrap * r,
@@ -238,7 +270,8 @@ int32_t flint_tt_add_rms_norm(flint_tt_device *dev, flint_tt_buffer residual,
  * with (x0, x1) paired as `kind` says; dims >= n_rot pass through. No YaRN is
  * ext_factor = 0 and attn_factor = 1. The reference, with every float operation in
  * ggml's order, is `flint_core::math::rope`. n_rot is even and at most head_dim; base,
- * freq_scale and the factors are finite and positive (else FLINT_TT_ERR_INVALID). */
+ * freq_scale and the factors are finite and positive (else FLINT_TT_ERR_INVALID; the
+ * adapter checks the factors it reads from their buffer). */
 typedef struct flint_tt_rope_params {
     uint32_t n_heads;
     uint32_t head_dim;
@@ -246,7 +279,10 @@ typedef struct flint_tt_rope_params {
     uint32_t kind;              /* FLINT_TT_ROPE_NORMAL or FLINT_TT_ROPE_NEOX */
     float base;
     float freq_scale;           /* 1, or 1 / factor for linear and YaRN scaling */
-    const float *freq_factors;  /* NULL, or n_rot / 2 per-pair divisors of the angle */
+    flint_tt_buffer freq_factors;  /* 0, or a float buffer holding n_rot / 2 per-pair
+                                      divisors of the angle (ABI 6; a host pointer
+                                      before) */
+    uint64_t freq_factors_offset;  /* the first factor in it, counted in floats */
     float ext_factor;           /* YaRN extrapolation mix; 0: none */
     float attn_factor;          /* magnitude of cos and sin; 1: none */
     float beta_fast;
@@ -257,7 +293,10 @@ typedef struct flint_tt_rope_params {
 
 /* RoPE in place on x = [rows, n_heads * head_dim]; row i at positions[i], the `rows`
  * positions read from index buffer `positions` from index `positions_offset` (ABI 5).
- * `params` and its factors are read before the call returns. */
+ * `params` is read before the call returns; its factors (ABI 6) are read from their
+ * buffer on the device: the n_rot / 2 floats from `freq_factors_offset` lie inside it and
+ * outside x's range, else FLINT_TT_ERR_INVALID, as is a factor that is not finite and
+ * positive (nothing written). */
 int32_t flint_tt_rope(flint_tt_device *dev, flint_tt_buffer x, uint64_t rows,
                       flint_tt_buffer positions, uint64_t positions_offset,
                       const flint_tt_rope_params *params);
@@ -275,11 +314,15 @@ int32_t flint_tt_add_bias(flint_tt_device *dev, flint_tt_buffer x, uint64_t n,
                           flint_tt_buffer bias, uint64_t bias_len);
 /* x *= s. */
 int32_t flint_tt_scale(flint_tt_device *dev, flint_tt_buffer x, uint64_t n, float s);
-/* acc[rows[i]] += weights[i] * x[i] for n rows of `dim`; acc = [acc_rows, dim]. */
+/* MoE combine (ABI 6): acc = [acc_rows, dim], x = [n, dim], the n weights read from float
+ * buffer `weights` from float `weights_offset`;
+ *   acc[i / (n / acc_rows)] += weights[i] * x[i]   (one f32 product, one f32 add)
+ * for i = 0, 1, ..., n - 1 in this order. n must be a multiple of acc_rows (acc_rows = 0
+ * only with n = 0), else FLINT_TT_ERR_INVALID. */
 int32_t flint_tt_scatter_add_weighted(flint_tt_device *dev, flint_tt_buffer acc,
                                       uint64_t acc_rows, flint_tt_buffer x,
-                                      const uint32_t *rows, const float *weights, uint64_t n,
-                                      uint64_t dim);
+                                      flint_tt_buffer weights, uint64_t weights_offset,
+                                      uint64_t n, uint64_t dim);
 
 /* Gating of flint_tt_route_topk. */
 #define FLINT_TT_GATING_SOFTMAX 0u
@@ -291,12 +334,21 @@ int32_t flint_tt_scatter_add_weighted(flint_tt_device *dev, flint_tt_buffer acc,
 /* Top-k routing of n_rows rows of n_experts logits: score = gate(logits); the k experts
  * with the largest score + bias (bias: a buffer of n_experts floats, 0 = none; ABI 4, a
  * host pointer before) win, ties to the lower index, in descending order; their weights
- * are the scores (without bias), renormalised to sum 1 when `normalize`, times `scale`.
- * Results go to host arrays ids/weights of n_rows * k (the one thing a MoE layer reads
- * back). */
+ * are the scores (without bias), renormalised to sum 1 when `normalize`, times `scale`;
+ * then, with `expert_scale` (a buffer of n_experts floats, 0 = none; ABI 6: Gemma 4's
+ * per-expert output scale), each weight times its expert's value (`w *= s[id]`, one f32
+ * product). 0 < k <= n_experts, else FLINT_TT_ERR_INVALID.
+ * Results (ABI 6) stay on the device: the n_rows * k ids (row r's at r * k, in the order
+ * above) go to index buffer `ids` from index `ids_offset`, the weights to float buffer
+ * `weights` from float `weights_offset`; nothing is read back. Both ranges lie inside
+ * their buffers and overlap neither each other nor the inputs, else
+ * FLINT_TT_ERR_INVALID. */
 int32_t flint_tt_route_topk(flint_tt_device *dev, flint_tt_buffer logits, uint64_t n_rows,
-                            uint32_t n_experts, flint_tt_buffer bias, uint32_t k, uint32_t gating,
-                            uint32_t normalize, float scale, uint32_t *ids, float *weights);
+                            uint32_t n_experts, flint_tt_buffer bias,
+                            flint_tt_buffer expert_scale, uint32_t k, uint32_t gating,
+                            uint32_t normalize, float scale, flint_tt_buffer ids,
+                            uint64_t ids_offset, flint_tt_buffer weights,
+                            uint64_t weights_offset);
 
 /* ---- KV cache and attention ------------------------------------------------------ */
 
@@ -338,13 +390,17 @@ typedef struct flint_tt_attn_seq {
  * out = [q_rows, n_heads * head_dim_v]. Query head h reads KV head h / (n_heads /
  * n_kv_heads). A query at position p attends to keys j <= p (and j > p - window when
  * window > 0), scores (q . k) * scale, softmax with the per-head sink logit sinks[h]
- * (sinks may be NULL) taking part in the denominator only. */
+ * taking part in the denominator only. The n_heads sink logits (ABI 6) are read from
+ * float buffer `sinks` from float `sinks_offset` (0 handle = no sinks); that range lies
+ * inside the buffer and outside out's range, else FLINT_TT_ERR_INVALID. The `seqs` array
+ * is read before the call returns. */
 int32_t flint_tt_paged_attention(flint_tt_device *dev, const flint_tt_kv_layout *layout,
                                  flint_tt_buffer k_cache, flint_tt_buffer v_cache,
                                  flint_tt_buffer q, uint64_t q_rows,
                                  const flint_tt_attn_seq *seqs, uint64_t n_seqs,
-                                 uint32_t n_heads, float scale, const float *sinks,
-                                 uint64_t window, flint_tt_buffer out);
+                                 uint32_t n_heads, float scale, flint_tt_buffer sinks,
+                                 uint64_t sinks_offset, uint64_t window,
+                                 flint_tt_buffer out);
 
 /* ---- Sync and counters ----------------------------------------------------------- */
 

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use flint_engine::forward::{DeviceModel, Session};
 use flint_hal::{
-    DeltaNetShape, Device, DeviceCounters, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    IndexTensor, IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
-    StagingPlan, Tensor, TransferCounter, Transfers, View, ViewMut, Weight, WeightDesc,
-    WeightHandle,
+    DeltaNetShape, Device, DeviceCounters, DeviceOptions, DeviceRef, GgmlType, HalError,
+    IndexTensor, IndexView, IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeParams,
+    RoutingConfig, StagingPlan, Tensor, TransferCounter, Transfers, View, ViewMut, Weight,
+    WeightDesc, WeightHandle,
 };
 use flint_hal_tt::TtDevice;
 
@@ -33,9 +33,6 @@ struct Rec {
     log: Log,
     /// This wrapper's own traffic: the downloads that record device tensors.
     reads: TransferCounter,
-    /// The host copy of the last index tensor uploaded (the forward uploads one per
-    /// step), to record the index lists ops read from it.
-    indices: Mutex<Vec<u32>>,
 }
 
 impl Rec {
@@ -61,14 +58,19 @@ impl Rec {
 }
 
 impl Rec {
-    /// An op's index list as floats, from the host copy of the step's index tensor.
+    /// An op's index list as floats, read back from `inner` when it lives there.
     fn ids_f(&self, ids: IndexView<'_>) -> Vec<f32> {
-        let all = self.indices.lock().unwrap_or_else(|e| e.into_inner());
-        let ids = match ids {
-            IndexView::Host(s) => s,
-            IndexView::Device { offset, len, .. } => &all[offset..offset + len],
-        };
-        ids.iter().map(|&i| i as f32).collect()
+        let mut h = vec![0u32; ids.len()];
+        match ids.as_host() {
+            Some(s) => h.copy_from_slice(s),
+            None => {
+                self.reads.download(ids.len());
+                self.inner
+                    .download_indices(ids, &mut h)
+                    .expect("reading a device index list back to record it");
+            }
+        }
+        h.iter().map(|&i| i as f32).collect()
     }
 }
 
@@ -86,8 +88,13 @@ impl Device for Rec {
         self.inner.alloc(len)
     }
     fn upload_indices(&self, src: Vec<u32>) -> Result<IndexTensor, HalError> {
-        *self.indices.lock().unwrap_or_else(|e| e.into_inner()) = src.clone();
         self.inner.upload_indices(src)
+    }
+    fn alloc_indices(&self, len: usize) -> Result<IndexTensor, HalError> {
+        self.inner.alloc_indices(len)
+    }
+    fn download_indices(&self, src: IndexView<'_>, dst: &mut [u32]) -> Result<(), HalError> {
+        self.inner.download_indices(src, dst)
     }
     /// `inner`'s counter: the uploads and downloads are `inner`'s.
     fn transfer_counter(&self) -> &TransferCounter {
@@ -154,15 +161,13 @@ impl Device for Rec {
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         mut out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let r = self.inner.expert_matmul(w, x, rows, out.reborrow());
-        let ex: Vec<f32> = rows.iter().map(|r| r.expert as f32).collect();
-        let ir: Vec<f32> = rows.iter().map(|r| r.input_row as f32).collect();
+        let r = self.inner.expert_matmul(w, x, ids, out.reborrow());
         self.push(
             &format!("expert_matmul {}", w.info().name),
-            vec![self.read(x), ex, ir, self.read(out.as_view())],
+            vec![self.read(x), self.ids_f(ids), self.read(out.as_view())],
         );
         r
     }
@@ -170,14 +175,12 @@ impl Device for Rec {
         &self,
         ws: &[&dyn Weight],
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
-        let r = self.inner.expert_matmul_multi(ws, x, rows, outs);
+        let r = self.inner.expert_matmul_multi(ws, x, ids, outs);
         let names: Vec<String> = ws.iter().map(|w| w.info().name.clone()).collect();
-        let ex: Vec<f32> = rows.iter().map(|r| r.expert as f32).collect();
-        let ir: Vec<f32> = rows.iter().map(|r| r.input_row as f32).collect();
-        let mut v = vec![self.read(x), ex, ir];
+        let mut v = vec![self.read(x), self.ids_f(ids)];
         v.extend(outs.iter().map(|o| self.read(o.as_view())));
         self.push(&format!("expert_matmul_multi {names:?}"), v);
         r
@@ -283,48 +286,74 @@ impl Device for Rec {
         self.push("scale", vec![self.read(x.as_view())]);
         r
     }
+    fn add_id(
+        &self,
+        mut x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        let before = self.read(x.as_view());
+        let r = self.inner.add_id(x.reborrow(), table, ids, dim);
+        self.push(
+            "add_id",
+            vec![
+                before,
+                self.read(table),
+                self.ids_f(ids),
+                self.read(x.as_view()),
+            ],
+        );
+        r
+    }
     fn scatter_add_weighted(
         &self,
         mut acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
         let before = self.read(acc.as_view());
         let r = self
             .inner
-            .scatter_add_weighted(acc.reborrow(), x, rows, weights, dim);
+            .scatter_add_weighted(acc.reborrow(), x, weights, dim);
         self.push(
             "scatter_add_weighted",
             vec![
                 before,
                 self.read(x),
-                self.ids_f(rows.into()),
-                weights.to_vec(),
+                self.read(weights),
                 self.read(acc.as_view()),
             ],
         );
         r
     }
+    #[allow(clippy::too_many_arguments)]
     fn route_topk(
         &self,
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        mut ids: IndexViewMut<'_>,
+        mut weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let r = self
-            .inner
-            .route_topk(logits, n_experts, bias, cfg, ids, weights);
+        let r = self.inner.route_topk(
+            logits,
+            n_experts,
+            bias,
+            expert_scale,
+            cfg,
+            ids.reborrow(),
+            weights.reborrow(),
+        );
         self.push(
             &format!("route_topk {cfg:?}"),
             vec![
                 self.read(logits),
-                self.ids_f((&*ids).into()),
-                weights.to_vec(),
+                self.ids_f(ids.as_view()),
+                self.read(weights.as_view()),
             ],
         );
         r
@@ -398,7 +427,6 @@ fn record(dev: DeviceRef, model: &flint_engine::model::Model, prompt: &[u32]) ->
         inner: dev,
         log: log.clone(),
         reads: TransferCounter::default(),
-        indices: Mutex::default(),
     });
     let dm = DeviceModel::stage(model, rec, &mut |_, _| {}).expect("the model stages");
     let mut s = Session::new(&dm, prompt.len() + 2).expect("session");

@@ -2,8 +2,8 @@
 //! every device the step uploads its index lists once (one packed index tensor: token,
 //! positions, slot mappings, block tables) and downloads its logits row, and nothing
 //! else crosses, whatever the layer count: no tensor, and no per-op host argument
-//! (`arg_bytes`). On `tt` (the simulated adapter) the activations and the index lists
-//! stay in device buffers.
+//! (`arg_bytes`). On `tt` (the simulated adapter) the activations, the index lists and
+//! the MoE layers' routing (the chosen experts and their weights) stay in device buffers.
 
 mod tt_common;
 
@@ -12,16 +12,46 @@ use std::sync::Arc;
 use flint_engine::forward::{DeviceModel, Session};
 use flint_engine::model::load_model;
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
+use flint_engine::synth::gemma4::{synth_gemma4, Gemma4Recipe};
+use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
 use flint_hal::{DeviceOptions, DeviceRef, Transfers};
 use flint_hal_tt::TtDevice;
 
-/// A Gemma 3 `tiny` file (f32 weights or the quantized mix) with `n_layers` layers.
-fn gemma3(dir: &std::path::Path, n_layers: usize, quantized: bool) -> std::path::PathBuf {
-    let mut r = DenseRecipe::of(Family::Gemma3, "tiny").expect("gemma3 tiny");
-    r.n_layers = n_layers;
+/// A `tiny` file of dense `family` (f32 weights or the quantized mix) with `n_layers`
+/// layers.
+fn dense(family: Family) -> impl Fn(&std::path::Path, usize, bool) -> std::path::PathBuf {
+    move |dir, n_layers, quantized| {
+        let mut r = DenseRecipe::of(family, "tiny").expect("tiny preset");
+        r.n_layers = n_layers;
+        r.quantized = quantized;
+        let (w, _) = synth_dense(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
+        let path = dir.join(format!("{}-{n_layers}-{quantized}.gguf", family.arch()));
+        std::fs::write(&path, w.to_bytes()).expect("write");
+        path
+    }
+}
+
+/// A `tiny` file of MoE `family` (f32 weights or the quantized mix) with `n_layers`
+/// trunk layers.
+fn moe(family: MoeFamily) -> impl Fn(&std::path::Path, usize, bool) -> std::path::PathBuf {
+    move |dir, n_layers, quantized| {
+        let mut r = MoeRecipe::of(family, "tiny").expect("tiny preset");
+        r.n_layers = n_layers;
+        r.quantized = quantized;
+        let (w, _) = synth_moe(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
+        let path = dir.join(format!("{}-{n_layers}-{quantized}.gguf", family.arch()));
+        std::fs::write(&path, w.to_bytes()).expect("write");
+        path
+    }
+}
+
+/// Gemma 4's MoE `tiny` (its expert scale and the dense branch beside the experts), with
+/// the preset's layers (`n_layers` is the preset's count, not varied).
+fn gemma4(dir: &std::path::Path, _n_layers: usize, quantized: bool) -> std::path::PathBuf {
+    let mut r = Gemma4Recipe::of("tiny").expect("tiny preset");
     r.quantized = quantized;
-    let (w, _) = synth_dense(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
-    let path = dir.join(format!("gemma3-{n_layers}-{quantized}.gguf"));
+    let (w, _) = synth_gemma4(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
+    let path = dir.join(format!("gemma4-{quantized}.gguf"));
     std::fs::write(&path, w.to_bytes()).expect("write");
     path
 }
@@ -43,12 +73,48 @@ fn decode_traffic(path: &std::path::Path, dev: DeviceRef, steps: usize) -> (Vec<
     (out, vocab)
 }
 
+/// A file maker: `(dir, n_layers, quantized) -> path`.
+type Maker<'a> = &'a dyn Fn(&std::path::Path, usize, bool) -> std::path::PathBuf;
+
 fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
-    let dir = std::env::temp_dir().join(format!("flint-transfers-{name}-{}", std::process::id()));
+    check_family(
+        name,
+        open,
+        quantized,
+        "gemma3",
+        &dense(Family::Gemma3),
+        &[2, 5],
+    );
+    // Llama 3's RoPE frequency factors, a tensor of the device like the norm weights.
+    check_family(
+        name,
+        open,
+        quantized,
+        "llama",
+        &dense(Family::Llama),
+        &[2, 5],
+    );
+}
+
+/// The traffic of a decode step of the files `make` writes with each of `layer_counts`
+/// layers: the index upload and the logits download, nothing else, the same for every
+/// layer count.
+fn check_family(
+    name: &str,
+    open: &dyn Fn() -> DeviceRef,
+    quantized: bool,
+    family: &str,
+    make: Maker<'_>,
+    layer_counts: &[usize],
+) {
+    let dir = std::env::temp_dir().join(format!(
+        "flint-transfers-{name}-{family}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut per_layers = Vec::new();
-    for n_layers in [2, 5] {
-        let (steps, vocab) = decode_traffic(&gemma3(&dir, n_layers, quantized), open(), 3);
+    for &n_layers in layer_counts {
+        let (steps, vocab) = decode_traffic(&make(&dir, n_layers, quantized), open(), 3);
         for t in &steps {
             // The step's index lists: one upload of a few indices (one token, its
             // position twice, a slot and a one-block table per KV group). The logits
@@ -56,16 +122,16 @@ fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
             assert_eq!(
                 (t.uploads, t.downloads, t.download_bytes, t.arg_bytes),
                 (1, 1, 4 * vocab as u64, 0),
-                "{name}, {n_layers} layers: a decode step moved {t:?}"
+                "{name}, {family}, {n_layers} layers: a decode step moved {t:?}"
             );
             assert!(
                 (12..=64).contains(&t.upload_bytes),
-                "{name}, {n_layers} layers: the index upload of a decode step is {} bytes",
+                "{name}, {family}, {n_layers} layers: the index upload of a decode step is {} bytes",
                 t.upload_bytes
             );
         }
         eprintln!(
-            "{name} ({}), {n_layers} layers: per decode step {} copies, {} bytes, {} bytes of op arguments",
+            "{name} {family} ({}), {n_layers} layers: per decode step {} copies, {} bytes, {} bytes of op arguments",
             if quantized { "quantized" } else { "f32" },
             steps[0].calls(),
             steps[0].bytes(),
@@ -74,6 +140,7 @@ fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
         per_layers.push(steps[0]);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let last = per_layers.len() - 1;
     assert_eq!(
         (
             per_layers[0].calls(),
@@ -81,12 +148,26 @@ fn check(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool) {
             per_layers[0].arg_bytes
         ),
         (
-            per_layers[1].calls(),
-            per_layers[1].bytes(),
-            per_layers[1].arg_bytes
+            per_layers[last].calls(),
+            per_layers[last].bytes(),
+            per_layers[last].arg_bytes
         ),
-        "{name}: the traffic of a decode step follows the layer count"
+        "{name}, {family}: the traffic of a decode step follows the layer count"
     );
+}
+
+/// The MoE families a device runs: routing, expert matmuls, biases and the combine on
+/// the device's tensors, nothing of them crossing to the host.
+fn check_moe(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool, gpt_oss: bool) {
+    for family in [MoeFamily::Qwen3Moe, MoeFamily::Glm4Moe, MoeFamily::Mimo2] {
+        check_family(name, open, quantized, family.arch(), &moe(family), &[2, 4]);
+    }
+    if gpt_oss {
+        let make = moe(MoeFamily::GptOss);
+        check_family(name, open, quantized, "gpt-oss", &make, &[2, 4]);
+    }
+    let layers = Gemma4Recipe::of("tiny").expect("tiny preset").pattern.len();
+    check_family(name, open, quantized, "gemma4", &gemma4, &[layers]);
 }
 
 #[test]
@@ -94,12 +175,14 @@ fn cpu_decode_step_moves_its_indices_and_logits_only() {
     let open = || flint_engine::model::devices::open(Some("cpu")).expect("cpu device opens");
     check("cpu", &open, false);
     check("cpu", &open, true);
+    check_moe("cpu", &open, true, true);
 }
 
 #[test]
 fn ref_decode_step_moves_its_indices_and_logits_only() {
     let open = || flint_engine::model::devices::open(Some("ref")).expect("ref device opens");
     check("ref", &open, false);
+    check_moe("ref", &open, false, true);
 }
 
 #[test]
@@ -116,4 +199,7 @@ fn tt_decode_step_keeps_activations_on_the_device() {
     };
     check("tt", &open, false);
     check("tt", &open, true);
+    // gpt-oss's clamped SwiGLU is not in tt's ABI: it cannot run there.
+    check_moe("tt", &open, false, false);
+    check_moe("tt", &open, true, false);
 }

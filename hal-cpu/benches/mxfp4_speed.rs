@@ -24,7 +24,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use flint_core::GgmlType;
-use flint_hal::{Device, ExpertRow, WeightDesc, WeightKind, WeightSource};
+use flint_hal::{Device, WeightDesc, WeightKind, WeightSource};
 
 fn main() {
     let env = common::env_usize;
@@ -72,20 +72,15 @@ fn main() {
     let x: Vec<f32> = (0..4 * k)
         .map(|i| ((i * 7919) % 29) as f32 * 0.03 - 0.4)
         .collect();
-    // The experts of call `c` for `m` input rows: rows `i` and `i + 1` share one.
-    let route = |c: usize, m: usize| -> Vec<ExpertRow> {
+    // The 4 experts of each of `m` input rows in call `c`: rows `i` and `i + 1` share one.
+    let route = |c: usize, m: usize| -> Vec<u32> {
         let base = c * (3 * m + 1);
         (0..m)
-            .flat_map(|i| {
-                (0..4).map(move |j| ExpertRow {
-                    input_row: i as u32,
-                    expert: ((base + 3 * i + j) % e) as u32,
-                })
-            })
+            .flat_map(|i| (0..4).map(move |j| ((base + 3 * i + j) % e) as u32))
             .collect()
     };
-    let distinct = |rows: &[ExpertRow]| {
-        let mut v: Vec<u32> = rows.iter().map(|r| r.expert).collect();
+    let distinct = |rows: &[u32]| {
+        let mut v: Vec<u32> = rows.to_vec();
         v.sort_unstable();
         v.dedup();
         v.len()
@@ -118,7 +113,7 @@ fn main() {
                 dev.expert_matmul_multi(
                     &[&*gate, &*up],
                     black_box(&x[..m * k]).into(),
-                    &rows,
+                    (&rows).into(),
                     &mut [(&mut g[..]).into(), (&mut u[..]).into()],
                 )
                 .expect("expert matmul");
@@ -134,8 +129,13 @@ fn main() {
             dev.run_step(&mut || {
                 let rows = route(c, 1);
                 let t = Instant::now();
-                dev.expert_matmul(&*gate, black_box(&x[..k]).into(), &rows, (&mut out).into())
-                    .expect("expert matmul");
+                dev.expert_matmul(
+                    &*gate,
+                    black_box(&x[..k]).into(),
+                    (&rows).into(),
+                    (&mut out).into(),
+                )
+                .expect("expert matmul");
                 times.push(t.elapsed().as_secs_f64());
             });
         }

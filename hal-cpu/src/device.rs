@@ -6,11 +6,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use flint_core::{FormatError, GgmlType};
+use flint_core::{math, FormatError, GgmlType};
 use flint_hal::{
-    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView, KvBuffer,
-    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View,
-    ViewMut, Weight, WeightDesc, WeightHandle,
+    DeltaNetShape, Device, DeviceCounters, DeviceOptions, HalError, IndexView, IndexViewMut,
+    KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan,
+    TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle,
 };
 use rayon::prelude::*;
 
@@ -258,6 +258,7 @@ impl Device for CpuDevice {
             | Op::Add
             | Op::AddBias
             | Op::Scale
+            | Op::AddId
             | Op::ScatterAddWeighted
             | Op::RouteTopK
             | Op::WriteKv
@@ -309,21 +310,21 @@ impl Device for CpuDevice {
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        self.expert_matmuls(&[w], x.host(), rows, &mut [out.host()])
+        self.expert_matmuls(&[w], x.host(), ids.host(), &mut [out.host()])
     }
 
     fn expert_matmul_multi(
         &self,
         ws: &[&dyn Weight],
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.reborrow().host()).collect();
-        self.expert_matmuls(ws, x.host(), rows, &mut outs)
+        self.expert_matmuls(ws, x.host(), ids.host(), &mut outs)
     }
 
     fn get_rows(
@@ -564,29 +565,25 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        math::add_id(x.host(), table.host(), ids.host(), dim)
+            .map_err(|e| HalError::invalid(format!("add_id: {e}")))
+    }
+
     fn scatter_add_weighted(
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
-        let (acc, x) = (acc.host(), x.host());
-        assert!(
-            x.len() == rows.len() * dim && rows.len() == weights.len(),
-            "scatter_add_weighted: lengths"
-        );
-        for ((&r, &wt), xr) in rows.iter().zip(weights).zip(x.chunks_exact(dim.max(1))) {
-            let r = r as usize;
-            assert!(
-                (r + 1) * dim <= acc.len(),
-                "scatter_add_weighted: row {r} beyond acc"
-            );
-            for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
-                *a += wt * v;
-            }
-        }
+        math::scatter_add_weighted(acc.host(), x.host(), weights.host(), dim);
         Ok(())
     }
 
@@ -595,12 +592,19 @@ impl Device for CpuDevice {
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let (logits, bias) = (logits.host(), bias.map(View::host));
-        ops::route_topk(logits, n_experts, bias, cfg, ids, weights)
+        let (ids, weights) = (ids.host(), weights.host());
+        ops::route_topk(logits, n_experts, bias, cfg, ids, weights)?;
+        if let Some(s) = expert_scale {
+            math::scale_by_expert(weights, ids, s.host())
+                .map_err(|e| HalError::invalid(format!("route_topk: expert scale: {e}")))?;
+        }
+        Ok(())
     }
 
     fn ssm_conv_silu(

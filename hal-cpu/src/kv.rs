@@ -333,7 +333,7 @@ pub(crate) fn paged_attention(
             f32_from_f16_bits(&mut vbuf, &vbits, false);
             let ks: Vec<&[f32]> = (0..n).map(|i| &kbuf[i * dk..(i + 1) * dk]).collect();
             let vs: Vec<&[f32]> = (0..n).map(|i| &vbuf[i * dv..(i + 1) * dv]).collect();
-            let sink = p.sinks.map(|s| s[h]);
+            let sink = p.sinks.map(|s| s.host()[h]);
             if one_chunk {
                 math::attend_ggml_one_chunk(
                     math::GgmlCpuBuild::Avx512,

@@ -3,7 +3,7 @@
 //! and which kernel entry (`kernels::dispatch`) each task calls.
 
 use flint_core::GgmlType;
-use flint_hal::{Device, ExpertRow, HalError, Weight};
+use flint_hal::{Device, HalError, Weight};
 use rayon::prelude::*;
 
 use crate::device::{fmt_err, CpuDevice};
@@ -395,11 +395,12 @@ impl CpuDevice {
 
     /// `Device::expert_matmul_multi`: a gemm per expert with a prompt's worth of rows,
     /// one parallel section of (weight, expert, chunk of rows) tasks for the rest.
+    /// Routed row `i` is expert `ids[i]` on input row `i / fanout` (`flint_hal::fanout`).
     pub(crate) fn expert_matmuls(
         &self,
         ws: &[&dyn Weight],
         x: &[f32],
-        rows: &[ExpertRow],
+        ids: &[u32],
         outs: &mut [&mut [f32]],
     ) -> Result<(), HalError> {
         assert_eq!(
@@ -416,17 +417,18 @@ impl CpuDevice {
             "expert_matmul: x length {} vs in {k}",
             x.len()
         );
-        let n_in = x.len() / k;
+        let fanout = flint_hal::fanout(x.len() / k, ids.len(), "expert_matmul");
+        let input_row = |i: usize| i / fanout;
         for (w, out) in ws.iter().zip(outs.iter()) {
             assert_eq!(w.k, k, "expert_matmul_multi: weights of different inputs");
-            assert_eq!(out.len(), rows.len() * w.n, "expert_matmul: out length");
+            assert_eq!(out.len(), ids.len() * w.n, "expert_matmul: out length");
             self.count(w.ty);
         }
         let n_experts = ws.iter().map(|w| w.e).min().unwrap_or(0);
         // Group rows by expert so each expert's blocks are read once for all its rows.
         let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
-        for (i, r) in rows.iter().enumerate() {
-            let e = r.expert as usize;
+        for (i, &e) in ids.iter().enumerate() {
+            let e = e as usize;
             if e >= n_experts {
                 let w = ws.iter().find(|w| e >= w.e).unwrap_or(&ws[0]);
                 return Err(HalError::invalid(format!(
@@ -434,11 +436,6 @@ impl CpuDevice {
                     w.info.name, w.e
                 )));
             }
-            assert!(
-                (r.input_row as usize) < n_in,
-                "expert_matmul: input row {} of {n_in}",
-                r.input_row
-            );
             by_expert[e].push(i);
         }
         let active: Vec<(usize, Vec<usize>)> = by_expert
@@ -465,7 +462,7 @@ impl CpuDevice {
             let gathered: Vec<f32> = list
                 .iter()
                 .flat_map(|&i| {
-                    let r = rows[i].input_row as usize;
+                    let r = input_row(i);
                     x[r * k..(r + 1) * k].iter().copied()
                 })
                 .collect();
@@ -579,26 +576,24 @@ impl CpuDevice {
                 if kernels::expert_gemv(level, ty) {
                     // Q4_K towers in llama.cpp's `MUL_MAT_ID` order (the gemv kernel's) for
                     // every row, in either layout.
-                    let inputs: Vec<usize> =
-                        list.iter().map(|&i| rows[i].input_row as usize).collect();
+                    let inputs: Vec<usize> = list.iter().map(|&i| input_row(i)).collect();
                     return kernels::expert_rows_gemv(level, ty, wr, k, acts, &inputs, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 if wr.is_packed() {
-                    let inputs: Vec<usize> =
-                        list.iter().map(|&i| rows[i].input_row as usize).collect();
+                    let inputs: Vec<usize> = list.iter().map(|&i| input_row(i)).collect();
                     return kernels::x16_rows(wr, k, acts, &inputs, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
                 let mat_bytes = n * row_bytes;
                 let mat = &w.bytes()[e * mat_bytes..(e + 1) * mat_bytes];
                 if m == 1 {
-                    let r = rows[list[0]].input_row as usize;
+                    let r = input_row(list[0]);
                     let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
                     return kernels::matvec_rows(level, ty, wb, acts, k, r, dst)
                         .map_err(|e| fmt_err("expert matmul", e));
                 }
-                let inputs: Vec<usize> = list.iter().map(|&i| rows[i].input_row as usize).collect();
+                let inputs: Vec<usize> = list.iter().map(|&i| input_row(i)).collect();
                 if ty == GgmlType::F32 {
                     // llama.cpp's `MUL_MAT_ID` takes `ggml_vec_dot_f32` for every routed
                     // row of an F32 tower: the M = 1 path row by row.

@@ -13,7 +13,7 @@
 mod common;
 
 use common::Rng;
-use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention, NO_BLOCK};
+use flint_hal::{AttnSeq, Device, DeviceOptions, KvLayout, PagedAttention, View, NO_BLOCK};
 use flint_hal_cpu::{CpuDevice, FloatOrder, SimdLevel};
 
 fn device(level: SimdLevel, order: FloatOrder) -> CpuDevice {
@@ -104,7 +104,7 @@ fn run(dev: &CpuDevice, c: &Case, bs: usize, seed: u64) -> Vec<f32> {
         seqs: &attn,
         n_heads: c.n_heads,
         scale: 1.0 / (c.dk as f32).sqrt(),
-        sinks: sinks.as_deref(),
+        sinks: sinks.as_deref().map(View::from),
         window: c.window,
     };
     let mut out = vec![f32::NAN; n_rows * c.n_heads * c.dv];

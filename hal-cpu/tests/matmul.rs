@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use flint_core::GgmlType;
-use flint_hal::{Device, DeviceOptions, ExpertRow, HalErrorKind, Op, WeightKind, WeightSource};
+use flint_hal::{Device, DeviceOptions, HalErrorKind, Op, WeightKind, WeightSource};
 use flint_hal_cpu::kernels::native_kernel;
 use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
@@ -329,50 +329,29 @@ fn expert_matmul_matches_per_expert_matmul() {
             .stage(&desc("exps", ty, &[k, n, e], w.clone()))
             .expect("stage tower");
         // Unordered, repeated experts (expert 3 has 5 rows: more than one tile), expert
-        // 2 unused, expert 1 with a single row (the matvec path); then a prompt's worth
-        // (experts 0 and 3 with 20 and 17 rows: the weight-tiled gemm, expert 1 with 3).
-        let few: Vec<(u32, u32)> = vec![
-            (0, 3),
-            (1, 0),
-            (2, 3),
-            (0, 1),
-            (2, 0),
-            (1, 3),
-            (0, 3),
-            (2, 3),
-        ];
-        let many: Vec<(u32, u32)> = (0..40u32)
-            .map(|i| {
-                (
-                    i,
-                    if i < 20 {
-                        0
-                    } else if i < 37 {
-                        3
-                    } else {
-                        1
-                    },
-                )
+        // 2 unused, expert 1 with a single row (the matvec path), two per input row (the
+        // gate and up projections' fan-out); then a prompt's worth, one per input row (the
+        // down projection's): experts 0 and 3 with 20 and 17 rows (the weight-tiled
+        // gemm), expert 1 with 3, in a scattered order.
+        let few: Vec<u32> = vec![3, 0, 3, 1, 0, 3, 3, 3];
+        let many: Vec<u32> = (0..40u32)
+            .map(|i| match (i * 7) % 40 {
+                0..20 => 0,
+                20..37 => 3,
+                _ => 1,
             })
-            .rev()
             .collect();
-        for (n_in, pairs) in [(3usize, few), (40, many)] {
+        for (n_in, rows) in [(4usize, few), (40, many)] {
             let x = rng.vec(n_in * k);
-            let rows: Vec<ExpertRow> = pairs
-                .iter()
-                .map(|&(i, ex)| ExpertRow {
-                    input_row: i,
-                    expert: ex,
-                })
-                .collect();
+            let f = rows.len() / n_in;
             let mut out = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul(&*tower, (&x).into(), &rows, (&mut out).into())
+            dev.expert_matmul(&*tower, (&x).into(), (&rows).into(), (&mut out).into())
                 .expect("expert_matmul");
             let rb = ty.row_bytes(k).expect("row bytes") * n;
-            for (t, r) in rows.iter().enumerate() {
-                let ex = r.expert as usize;
+            for (t, &ex) in rows.iter().enumerate() {
+                let ex = ex as usize;
                 let wi = &w[ex * rb..(ex + 1) * rb];
-                let xi = &x[r.input_row as usize * k..(r.input_row as usize + 1) * k];
+                let xi = &x[t / f * k..(t / f + 1) * k];
                 let (want, mag) = reference_matmul(ty, wi, k, n, xi, 1);
                 assert_close(
                     &format!("{ty} row {t}"),
@@ -383,12 +362,9 @@ fn expert_matmul_matches_per_expert_matmul() {
                 );
                 // Batch invariance: bit for bit what the tower gives for this token
                 // alone, however many tokens the expert had.
-                let alone = [ExpertRow {
-                    input_row: 0,
-                    expert: r.expert,
-                }];
+                let alone = [ex as u32];
                 let mut one = vec![f32::NAN; n];
-                dev.expert_matmul(&*tower, xi.into(), &alone, (&mut one).into())
+                dev.expert_matmul(&*tower, xi.into(), (&alone).into(), (&mut one).into())
                     .expect("expert_matmul");
                 for (o, (g, e)) in out[t * n..(t + 1) * n].iter().zip(&one).enumerate() {
                     assert_eq!(
@@ -405,14 +381,14 @@ fn expert_matmul_matches_per_expert_matmul() {
                 .stage(&desc("exps2", ty, &[k, n, e], w2))
                 .expect("stage second tower");
             let mut out2 = vec![f32::NAN; rows.len() * n];
-            dev.expert_matmul(&*tower2, (&x).into(), &rows, (&mut out2).into())
+            dev.expert_matmul(&*tower2, (&x).into(), (&rows).into(), (&mut out2).into())
                 .expect("expert_matmul");
             let mut m1 = vec![f32::NAN; rows.len() * n];
             let mut m2 = vec![f32::NAN; rows.len() * n];
             dev.expert_matmul_multi(
                 &[&*tower, &*tower2],
                 (&x).into(),
-                &rows,
+                (&rows).into(),
                 &mut [(&mut m1).into(), (&mut m2).into()],
             )
             .expect("expert_matmul_multi");
@@ -427,13 +403,15 @@ fn expert_matmul_matches_per_expert_matmul() {
                 );
             }
         }
-        let bad = [ExpertRow {
-            input_row: 0,
-            expert: 4,
-        }];
+        let bad = [4u32];
         let mut o = vec![0f32; n];
         let err = dev
-            .expert_matmul(&*tower, (&rng.vec(k)).into(), &bad, (&mut o).into())
+            .expert_matmul(
+                &*tower,
+                (&rng.vec(k)).into(),
+                (&bad).into(),
+                (&mut o).into(),
+            )
             .expect_err("expert 4 of 4");
         assert_eq!(err.kind, HalErrorKind::InvalidInput);
     }

@@ -7,7 +7,7 @@ use common::Rng;
 use flint_core::math::{self, AttentionParams};
 use flint_hal::{
     AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, Op, PagedAttention, RopeKind,
-    RopeParams, RoutingConfig, Yarn, NO_BLOCK,
+    RopeParams, RoutingConfig, View, Yarn, NO_BLOCK,
 };
 use flint_hal_cpu::CpuDevice;
 
@@ -125,7 +125,7 @@ fn check_attention(window: Option<usize>, sinks: Option<Vec<f32>>, free_first_bl
         seqs: &attn_seqs,
         n_heads,
         scale,
-        sinks: sinks.as_deref(),
+        sinks: sinks.as_deref().map(View::from),
         window,
     };
     let mut out = vec![f32::NAN; n_rows * n_heads * dv];
@@ -364,7 +364,7 @@ fn rope_variants_match_core() {
                 n_rot,
                 base: 150000.0,
                 freq_scale,
-                freq_factors,
+                freq_factors: freq_factors.map(View::from),
                 yarn,
             };
             let x0 = rng.vec(pos.len() * n_heads * head_dim);
@@ -406,14 +406,14 @@ fn rope_refuses_bad_parameters() {
         (
             "3 factors",
             RopeParams {
-                freq_factors: Some(&factors),
+                freq_factors: Some((&factors[..]).into()),
                 ..good
             },
         ),
         (
             "factor 0",
             RopeParams {
-                freq_factors: Some(&bad_factor),
+                freq_factors: Some((&bad_factor[..]).into()),
                 ..good
             },
         ),
@@ -476,23 +476,43 @@ fn elementwise_ops_match_core() {
     for i in 0..100 {
         assert_eq!(a[i], (g[i] + u[i]) * 0.5);
     }
-    // scatter_add_weighted: rows 2 and 0 of acc, row 2 twice.
+    // scatter_add_weighted: 2 tokens, 3 routed rows each, into rows 0 and 1 of acc.
     let dim = 4;
-    let mut acc = vec![1f32; 3 * dim];
-    let x = rng.vec(3 * dim);
-    d.scatter_add_weighted(
-        (&mut acc).into(),
-        (&x).into(),
-        &[2, 0, 2],
-        &[0.5, 2.0, -1.0],
+    let mut acc = vec![1f32; 2 * dim];
+    let x = rng.vec(6 * dim);
+    let w = [0.5, 2.0, -1.0, 0.25, 3.0, -0.5];
+    d.scatter_add_weighted((&mut acc).into(), (&x).into(), (&w[..]).into(), dim)
+        .expect("scatter");
+    for j in 0..dim {
+        let want =
+            |t: usize| (0..3).fold(1.0f32, |a, r| a + w[3 * t + r] * x[(3 * t + r) * dim + j]);
+        assert_eq!(acc[j].to_bits(), want(0).to_bits());
+        assert_eq!(acc[dim + j].to_bits(), want(1).to_bits());
+    }
+    // add_id: rows 2, 0, 2 of a 3-row table; an id beyond it is InvalidInput.
+    let table = rng.vec(3 * dim);
+    let mut xs = x[..3 * dim].to_vec();
+    d.add_id(
+        (&mut xs).into(),
+        (&table).into(),
+        (&[2u32, 0, 2]).into(),
         dim,
     )
-    .expect("scatter");
-    for j in 0..dim {
-        assert_eq!(acc[j], 1.0 + 2.0 * x[dim + j]);
-        assert_eq!(acc[dim + j], 1.0);
-        assert_eq!(acc[2 * dim + j], 1.0 + 0.5 * x[j] + -x[2 * dim + j]);
+    .expect("add_id");
+    for (r, e) in [2usize, 0, 2].into_iter().enumerate() {
+        for j in 0..dim {
+            assert_eq!(xs[r * dim + j], x[r * dim + j] + table[e * dim + j]);
+        }
     }
+    let err = d
+        .add_id(
+            (&mut xs[..dim]).into(),
+            (&table).into(),
+            (&[3u32]).into(),
+            dim,
+        )
+        .expect_err("id 3 of 3 rows");
+    assert_eq!(err.kind, flint_hal::HalErrorKind::InvalidInput);
 }
 
 #[test]
@@ -518,11 +538,29 @@ fn route_topk_matches_core() {
             (&logits).into(),
             ne,
             Some((&bias).into()),
+            None,
             &cfg,
-            &mut ids,
-            &mut w,
+            (&mut ids).into(),
+            (&mut w).into(),
         )
         .expect("route");
+        // With a per-expert scale: the same experts, each weight times its expert's.
+        let scale = rng.vec(ne);
+        let (mut ids_s, mut w_s) = (vec![0u32; rows * k], vec![0f32; rows * k]);
+        d.route_topk(
+            (&logits).into(),
+            ne,
+            Some((&bias).into()),
+            Some((&scale).into()),
+            &cfg,
+            (&mut ids_s).into(),
+            (&mut w_s).into(),
+        )
+        .expect("route with scale");
+        assert_eq!(ids_s, ids);
+        for ((&ws, &w), &e) in w_s.iter().zip(&w).zip(&ids) {
+            assert_eq!(ws.to_bits(), (w * scale[e as usize]).to_bits());
+        }
         for r in 0..rows {
             let mut wi = vec![0u32; k];
             let mut ww = vec![0f32; k];

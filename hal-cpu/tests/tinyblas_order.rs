@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
-use flint_hal::{Device, DeviceOptions, ExpertRow};
+use flint_hal::{Device, DeviceOptions};
 use flint_hal_cpu::{CpuDevice, FloatOrder, SimdLevel, WeightLayout};
 
 #[test]
@@ -143,8 +143,8 @@ fn f32_expert_towers_are_bit_exact_in_vec_dot_order() {
     let rb = 4 * k * n;
     let want = |w: &[u8]| -> Vec<f32> {
         let mut out = vec![0f32; rows.len() * n];
-        for (r, o) in rows.iter().zip(out.chunks_mut(n)) {
-            let (ex, i) = (r.expert as usize, r.input_row as usize);
+        for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
+            let ex = ex as usize;
             flint_core::dot::matvec_f32_ggml_x86(
                 ty,
                 &w[ex * rb..(ex + 1) * rb],
@@ -270,7 +270,7 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
     let mut rng = Rng(17);
     let (k, e) = (512, 4);
     // Expert 0: 20 rows, expert 1: 1 row, expert 2: none, expert 3: 5 rows; 26 input rows,
-    // each routed to one or two experts.
+    // one routed row each.
     let n_in = 26;
     let rows = routed_rows();
     let x = rng.vec(n_in * k);
@@ -286,9 +286,8 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
             let rb = ty.row_bytes(k).expect("row size") * n;
             let want = |w: &[u8]| -> Vec<f32> {
                 let mut out = vec![0f32; rows.len() * n];
-                for (r, o) in rows.iter().zip(out.chunks_mut(n)) {
-                    let ex = r.expert as usize;
-                    let i = r.input_row as usize;
+                for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
+                    let ex = ex as usize;
                     flint_core::dot::matvec_f32_ggml_x86(
                         ty,
                         &w[ex * rb..(ex + 1) * rb],
@@ -320,20 +319,15 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
     }
 }
 
-/// The routed rows of the expert tests: expert 0 gets 20 rows, expert 1 one row, expert
-/// 2 none, expert 3 five rows; 26 input rows, each routed to one or two experts.
-fn routed_rows() -> Vec<ExpertRow> {
-    let mut pairs: Vec<(u32, u32)> = (0..20).map(|i| (i, 0)).collect();
-    pairs.push((7, 1));
-    pairs.extend((20..25).map(|i| (i, 3)));
-    pairs.rotate_left(9);
-    pairs
-        .iter()
-        .map(|&(i, ex)| ExpertRow {
-            input_row: i,
-            expert: ex,
-        })
-        .collect()
+/// The expert ids of the expert tests' routed rows, one per input row (a fan-out of 1:
+/// routed row `i` reads input row `i`): expert 0 gets 20 rows, expert 1 one row, expert
+/// 2 none, expert 3 five rows, in a rotated order; 26 rows.
+fn routed_rows() -> Vec<u32> {
+    let mut ids: Vec<u32> = vec![0; 20];
+    ids.push(1);
+    ids.extend([3; 5]);
+    ids.rotate_left(9);
+    ids
 }
 
 /// Two towers `w`, `w2` (`k` x `n` x `e`) staged on `dev`: `expert_matmul` of the first
@@ -345,7 +339,7 @@ fn assert_towers_equal(
     (k, n, e): (usize, usize, usize),
     (w, w2): (&[u8], &[u8]),
     x: &[f32],
-    rows: &[ExpertRow],
+    rows: &[u32],
     (want1, want2): (&[f32], &[f32]),
     label: &str,
 ) {
@@ -356,14 +350,14 @@ fn assert_towers_equal(
         .stage(&desc("exps2", ty, &[k, n, e], w2.to_vec()))
         .expect("stage");
     let mut one = vec![f32::NAN; rows.len() * n];
-    dev.expert_matmul(&*t1, x.into(), rows, (&mut one).into())
+    dev.expert_matmul(&*t1, x.into(), rows.into(), (&mut one).into())
         .expect("expert_matmul");
     let mut m1 = vec![f32::NAN; rows.len() * n];
     let mut m2 = vec![f32::NAN; rows.len() * n];
     dev.expert_matmul_multi(
         &[&*t1, &*t2],
         x.into(),
-        rows,
+        rows.into(),
         &mut [(&mut m1).into(), (&mut m2).into()],
     )
     .expect("expert_matmul_multi");
@@ -378,7 +372,7 @@ fn assert_towers_equal(
                 e.to_bits(),
                 "{label} {what}: row {} (expert {}), output {}: {g} vs {e}",
                 i / n,
-                rows[i / n].expert,
+                rows[i / n],
                 i % n
             );
         }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use flint_core::math;
 use flint_core::GgmlType;
 use flint_hal::{
-    DeltaNetShape, Device, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView, KvBuffer,
-    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan, TransferCounter, View,
-    ViewMut, Weight, WeightDesc, WeightHandle,
+    fanout, DeltaNetShape, Device, DeviceCounters, DeviceOptions, HalError, IndexView,
+    IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, StagingPlan,
+    TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle,
 };
 
 use crate::kv::{self, RefKv};
@@ -88,6 +88,7 @@ impl Device for RefDevice {
             | Op::Add
             | Op::AddBias
             | Op::Scale
+            | Op::AddId
             | Op::ScatterAddWeighted
             | Op::RouteTopK
             | Op::WriteKv
@@ -145,32 +146,32 @@ impl Device for RefDevice {
         Ok(())
     }
 
-    /// `out[i] = W[rows[i].expert] * x[rows[i].input_row]` on a tower `[in, out, E]`:
-    /// [`matmul`](Device::matmul)'s `matvec_f32` on expert `e`'s matrix, one routed row
-    /// at a time. An expert beyond the tower is `InvalidInput`.
+    /// `out[i] = W[ids[i]] * x[i / f]` on a tower `[in, out, E]` (`f` the
+    /// [`fanout`](flint_hal::fanout)): [`matmul`](Device::matmul)'s `matvec_f32` on
+    /// expert `e`'s matrix, one routed row at a time. An expert beyond the tower is
+    /// `InvalidInput`.
     fn expert_matmul(
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let (x, out) = (x.host(), out.host());
+        let (x, ids, out) = (x.host(), ids.host(), out.host());
         let w = self.weight(w);
         let k = w.k.max(1);
         assert_eq!(x.len() % k, 0, "expert_matmul: x length");
-        assert_eq!(out.len(), rows.len() * w.n, "expert_matmul: out length");
+        assert_eq!(out.len(), ids.len() * w.n, "expert_matmul: out length");
         self.count(w.ty);
-        let n_in = x.len() / k;
-        for (r, oi) in rows.iter().zip(out.chunks_exact_mut(w.n.max(1))) {
-            let (e, i) = (r.expert as usize, r.input_row as usize);
+        let f = fanout(x.len() / k, ids.len(), "expert_matmul");
+        for (r, (&e, oi)) in ids.iter().zip(out.chunks_exact_mut(w.n.max(1))).enumerate() {
+            let (e, i) = (e as usize, r / f);
             if e >= w.e {
                 return Err(HalError::invalid(format!(
                     "ref: expert_matmul: expert {e} of tensor '{}' with {} experts",
                     w.info.name, w.e
                 )));
             }
-            assert!(i < n_in, "expert_matmul: input row {i} of {n_in}");
             flint_core::dot::matvec_f32(w.ty, w.matrix(e), &x[i * k..(i + 1) * k], oi)
                 .map_err(|err| fmt_err(&format!("expert_matmul of '{}'", w.info.name), err))?;
         }
@@ -329,47 +330,48 @@ impl Device for RefDevice {
         Ok(())
     }
 
-    /// MoE combine: `acc[rows[i]] += weights[i] * x[i]`, rows of `dim`.
+    /// `flint_core::math::add_id`; an id beyond the table is `InvalidInput`.
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        math::add_id(x.host(), table.host(), ids.host(), dim)
+            .map_err(|e| HalError::invalid(format!("ref: add_id: {e}")))
+    }
+
+    /// MoE combine, `flint_core::math::scatter_add_weighted`:
+    /// `acc[i / f] += weights[i] * x[i]`, rows of `dim`.
     fn scatter_add_weighted(
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
-        let (acc, x) = (acc.host(), x.host());
-        assert!(
-            x.len() == rows.len() * dim && rows.len() == weights.len(),
-            "scatter_add_weighted: lengths"
-        );
-        for ((&r, &wt), xr) in rows.iter().zip(weights).zip(x.chunks_exact(dim.max(1))) {
-            let r = r as usize;
-            assert!(
-                (r + 1) * dim <= acc.len(),
-                "scatter_add_weighted: row {r} beyond acc"
-            );
-            for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
-                *a += wt * v;
-            }
-        }
+        math::scatter_add_weighted(acc.host(), x.host(), weights.host(), dim);
         Ok(())
     }
 
     /// Top-k routing of each row of `n_experts` logits with
     /// `flint_core::math::route_topk` (gating, selection with the bias, weights without
-    /// it, renormalised and scaled). What core refuses (`k` of 0 or above the experts, a
-    /// bias of another length) is `InvalidInput`.
+    /// it, renormalised and scaled), then `flint_core::math::scale_by_expert` with an
+    /// expert scale. What core refuses (`k` of 0 or above the experts, a bias of another
+    /// length) is `InvalidInput`.
     fn route_topk(
         &self,
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let (logits, bias) = (logits.host(), bias.map(View::host));
+        let (ids, weights) = (ids.host(), weights.host());
         assert!(
             n_experts > 0 && logits.len().is_multiple_of(n_experts),
             "route_topk: logits length"
@@ -391,6 +393,10 @@ impl Device for RefDevice {
                 &mut weights[r * k..(r + 1) * k],
             )
             .map_err(|e| HalError::invalid(format!("ref: route_topk: {e}")))?;
+        }
+        if let Some(s) = expert_scale {
+            math::scale_by_expert(weights, ids, s.host())
+                .map_err(|e| HalError::invalid(format!("ref: route_topk: expert scale: {e}")))?;
         }
         Ok(())
     }

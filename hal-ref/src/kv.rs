@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use flint_core::math;
-use flint_hal::{HalError, KvBuffer, KvLayout, PagedAttention, NO_BLOCK};
+use flint_hal::{HalError, KvBuffer, KvLayout, PagedAttention, View, NO_BLOCK};
 
 /// One layer's KV cache: `num_blocks * block_size` slots, each one row of keys
 /// (`n_kv_heads * head_dim_k` f32) and one row of values (`n_kv_heads * head_dim_v`).
@@ -135,7 +135,7 @@ pub(crate) fn paged_attention(
         dk,
         dv,
         scale: p.scale,
-        sinks: p.sinks,
+        sinks: p.sinks.map(View::host),
         window: None,
     };
     let (rk, rv) = (kv.key_row(), kv.value_row());

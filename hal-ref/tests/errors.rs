@@ -2,8 +2,8 @@
 //! read: the inputs a caller cannot check for itself.
 
 use flint_hal::{
-    AttnSeq, Device, DeviceOptions, ExpertRow, GgmlType, HalErrorKind, KvLayout, Op,
-    PagedAttention, WeightDesc, WeightKind, WeightSource, NO_BLOCK,
+    AttnSeq, Device, DeviceOptions, GgmlType, HalErrorKind, KvLayout, Op, PagedAttention,
+    WeightDesc, WeightKind, WeightSource, NO_BLOCK,
 };
 use flint_hal_ref::RefDevice;
 
@@ -73,14 +73,10 @@ fn row_and_expert_ids_beyond_the_weight_are_invalid_input() {
         .unwrap();
     let x = [1.0, 0.0, 0.0, 0.0];
     let mut out = vec![0.0; 3];
-    let row = |expert| ExpertRow {
-        input_row: 0,
-        expert,
-    };
     d.expert_matmul(
         tower.as_ref(),
         (&x[..]).into(),
-        &[row(1)],
+        (&[1]).into(),
         (&mut out).into(),
     )
     .unwrap();
@@ -90,7 +86,7 @@ fn row_and_expert_ids_beyond_the_weight_are_invalid_input() {
         .expert_matmul(
             tower.as_ref(),
             (&x[..]).into(),
-            &[row(2)],
+            (&[2]).into(),
             (&mut out).into(),
         )
         .unwrap_err();

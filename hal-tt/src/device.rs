@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use flint_core::GgmlType;
 use flint_hal::{
-    Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexTensor,
-    IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
+    Device, DeviceBuffer, DeviceCounters, DeviceOptions, HalError, IndexTensor, IndexView,
+    IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
     StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc,
     WeightHandle, WeightKind, WeightSource, Yarn,
 };
@@ -84,7 +84,12 @@ impl Inner {
 
     /// Reads `out.len()` values of buffer `h` from value `offset`.
     fn read_at(&self, h: u64, offset: usize, out: &mut [f32]) -> Result<(), HalError> {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.read_bytes(h, offset, bytemuck::cast_slice_mut(out))
+    }
+
+    /// Reads `bytes.len()` bytes (4-byte values: f32 or u32) of buffer `h` from value
+    /// `offset`.
+    fn read_bytes(&self, h: u64, offset: usize, bytes: &mut [u8]) -> Result<(), HalError> {
         // SAFETY: `bytes` is writable for its length; the buffer belongs to this device.
         let st = unsafe {
             (self.rt.api().buffer_read)(
@@ -514,8 +519,12 @@ impl Device for TtDevice {
     }
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
-        // The ABI has no entry point for gpt-oss's activation nor for Gated DeltaNet's ops.
-        if matches!(op, Op::SwigluOaiMul | Op::SsmConvSilu | Op::GatedDeltaNet) {
+        // The ABI has no entry point for gpt-oss's activation and expert biases nor for
+        // Gated DeltaNet's ops.
+        if matches!(
+            op,
+            Op::SwigluOaiMul | Op::AddId | Op::SsmConvSilu | Op::GatedDeltaNet
+        ) {
             return false;
         }
         if !op.takes_weight() {
@@ -615,15 +624,7 @@ impl Device for TtDevice {
     }
 
     fn alloc(&self, len: usize) -> Result<Tensor, HalError> {
-        let b = self.inner.alloc_f32(len)?;
-        let h = b.h;
-        // The TtBuffer takes over the handle and frees it on drop.
-        std::mem::forget(b);
-        Ok(Tensor::Device(Box::new(TtBuffer {
-            inner: self.inner.clone(),
-            h,
-            len,
-        })))
+        Ok(Tensor::Device(self.keep(self.inner.alloc_f32(len)?, len)))
     }
 
     fn transfer_counter(&self) -> &TransferCounter {
@@ -636,14 +637,28 @@ impl Device for TtDevice {
         self.xfer.upload(src.len());
         let b = self.inner.alloc(4 * src.len().max(1))?;
         self.inner.write_bytes(b.h, 0, bytemuck::cast_slice(&src))?;
-        let h = b.h;
-        // The TtBuffer takes over the handle and frees it on drop.
-        std::mem::forget(b);
-        Ok(IndexTensor::Device(Box::new(TtBuffer {
-            inner: self.inner.clone(),
-            h,
-            len: src.len(),
-        })))
+        Ok(IndexTensor::Device(self.keep(b, src.len())))
+    }
+
+    /// An adapter buffer of `len` zero indices (the adapter zeroes new buffers), for
+    /// [`route_topk`](Device::route_topk) to write the experts it chooses into.
+    fn alloc_indices(&self, len: usize) -> Result<IndexTensor, HalError> {
+        let b = self.inner.alloc(4 * len.max(1))?;
+        Ok(IndexTensor::Device(self.keep(b, len)))
+    }
+
+    fn download_indices(&self, src: IndexView<'_>, dst: &mut [u32]) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "download_indices: lengths differ");
+        self.xfer.download(src.len());
+        match src {
+            IndexView::Host(s) => dst.copy_from_slice(s),
+            IndexView::Device { buf, offset, .. } => {
+                let t = self.buffer(buf);
+                self.inner
+                    .read_bytes(t.h, offset, bytemuck::cast_slice_mut(dst))?;
+            }
+        }
+        Ok(())
     }
 
     fn upload(&self, src: &[f32], dst: ViewMut<'_>) -> Result<(), HalError> {
@@ -739,50 +754,76 @@ impl Device for TtDevice {
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let w = self.weight(w);
+        self.expert_matmul_multi(&[w], x, ids, &mut [out])
+    }
+
+    /// The ids and `x` are handed to the adapter once (a host list or a view at an
+    /// offset would otherwise move or be copied per tower), then one
+    /// `flint_tt_expert_matmul` per tower.
+    fn expert_matmul_multi(
+        &self,
+        ws: &[&dyn Weight],
+        x: View<'_>,
+        ids: IndexView<'_>,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        assert_eq!(
+            ws.len(),
+            outs.len(),
+            "expert_matmul_multi: one output per weight"
+        );
+        let ws: Vec<&TtWeight> = ws.iter().map(|&w| self.weight(w)).collect();
+        let Some(in_f) = ws.first().map(|w| w.in_f) else {
+            return Ok(());
+        };
         assert!(
-            w.in_f > 0 && x.len().is_multiple_of(w.in_f),
+            in_f > 0 && x.len().is_multiple_of(in_f),
             "expert_matmul: x is not rows of in"
         );
-        assert_eq!(
-            out.len(),
-            rows.len() * w.out_f,
-            "expert_matmul: out is not rows * out"
-        );
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let x_rows = x.len() / w.in_f;
-        for r in rows {
-            assert!(
-                (r.input_row as usize) < x_rows && (r.expert as usize) < w.handles.len(),
-                "expert_matmul: row {r:?} outside {x_rows} rows / {} experts",
-                w.handles.len()
+        let x_rows = x.len() / in_f;
+        flint_hal::fanout(x_rows, ids.len(), "expert_matmul");
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            assert_eq!(
+                w.in_f, in_f,
+                "expert_matmul_multi: towers of different inputs"
+            );
+            assert_eq!(
+                out.len(),
+                ids.len() * w.out_f,
+                "expert_matmul: out is not ids * out"
             );
         }
-        let pairs: Vec<u32> = rows.iter().flat_map(|r| [r.input_row, r.expert]).collect();
-        self.xfer.args(4 * pairs.len());
+        if ids.is_empty() {
+            return Ok(());
+        }
+        // Expert ids are checked by the adapter, wherever they live.
         let inner = &*self.inner;
+        let ia = self.indices(ids)?;
         let xa = self.input(x)?;
-        let o = self.output(out, false, &[xa.h()])?;
-        // SAFETY: device open; `handles` and `pairs` are readable for the counts passed.
-        let st = unsafe {
-            (inner.rt.api().expert_matmul)(
-                inner.dev.0,
-                w.handles.as_ptr(),
-                w.handles.len() as u32,
-                xa.h(),
-                x_rows as u64,
-                pairs.as_ptr(),
-                rows.len() as u64,
-                o.arg.h(),
-            )
-        };
-        inner.check(st, &format!("expert matmul with '{}'", w.info.name))?;
-        self.finish(o)
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            let o = self.output(out.reborrow(), false, &[xa.h(), ia.h])?;
+            // SAFETY: device open; `handles` is readable for the count passed; every
+            // buffer handle is a live buffer of this device.
+            let st = unsafe {
+                (inner.rt.api().expert_matmul)(
+                    inner.dev.0,
+                    w.handles.as_ptr(),
+                    w.handles.len() as u32,
+                    xa.h(),
+                    x_rows as u64,
+                    ia.h,
+                    ia.offset,
+                    ids.len() as u64,
+                    o.arg.h(),
+                )
+            };
+            inner.check(st, &format!("expert matmul with '{}'", w.info.name))?;
+            self.finish(o)?;
+        }
+        Ok(())
     }
 
     fn get_rows(
@@ -934,7 +975,7 @@ impl Device for TtDevice {
             beta_slow: 0.0,
             n_ctx_orig: 0,
         });
-        let cp = ffi::CRopeParams {
+        let mut cp = ffi::CRopeParams {
             n_heads: to_u32(p.n_heads, "n_heads")?,
             head_dim: to_u32(p.head_dim, "head_dim")?,
             n_rot: to_u32(p.n_rot, "n_rot")?,
@@ -944,7 +985,8 @@ impl Device for TtDevice {
             },
             base: p.base,
             freq_scale: p.freq_scale,
-            freq_factors: p.freq_factors.map_or(std::ptr::null(), |f| f.as_ptr()),
+            freq_factors: 0,
+            freq_factors_offset: 0,
             ext_factor: yarn.ext_factor,
             attn_factor: yarn.attn_factor,
             beta_fast: yarn.beta_fast,
@@ -955,13 +997,19 @@ impl Device for TtDevice {
         if x.is_empty() {
             return Ok(());
         }
-        self.xfer.args(4 * p.freq_factors.map_or(0, <[f32]>::len));
         let inner = &*self.inner;
         let pa = self.indices(positions)?;
-        let xa = self.output(x, true, &[])?;
-        // SAFETY: device open; every handle is a live buffer of this device; `cp` and
-        // the factors it points to (`n_rot / 2` values, checked above) live across the
-        // call.
+        // The factors (a model tensor) are read on the device: a device view where it
+        // is, host values through a scratch buffer (an upload). Their count was checked
+        // above; the adapter checks their values.
+        let fa = p.freq_factors.map(|f| self.floats_at(f)).transpose()?;
+        if let Some(f) = &fa {
+            cp.freq_factors = f.h;
+            cp.freq_factors_offset = f.offset;
+        }
+        let xa = self.output(x, true, &[cp.freq_factors])?;
+        // SAFETY: device open; every handle is a live buffer of this device (0 = no
+        // factors); `cp` lives across the call.
         let st = unsafe {
             (inner.rt.api().rope)(
                 inner.dev.0,
@@ -1023,44 +1071,58 @@ impl Device for TtDevice {
         self.finish(xa)
     }
 
+    /// gpt-oss's expert biases: the ABI has no entry for them (nor for its activation,
+    /// so gpt-oss is refused on `tt` before this is reached).
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        let _ = (x, table, ids, dim);
+        Err(HalError::unsupported(format!(
+            "{}: add_id (gpt-oss's expert biases) has no entry in the tt adapter ABI",
+            self.name()
+        )))
+    }
+
     fn scatter_add_weighted(
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
         assert!(
             dim > 0 && acc.len().is_multiple_of(dim),
             "scatter_add_weighted: acc is not rows of dim"
         );
-        assert!(
-            x.len() == rows.len() * dim && weights.len() == rows.len(),
-            "scatter_add_weighted: lengths"
+        assert_eq!(
+            x.len(),
+            weights.len() * dim,
+            "scatter_add_weighted: x is not weights * dim"
         );
         let acc_rows = acc.len() / dim;
-        assert!(
-            rows.iter().all(|&r| (r as usize) < acc_rows),
-            "scatter_add_weighted: row outside acc"
-        );
-        if rows.is_empty() {
+        flint_hal::fanout(acc_rows, weights.len(), "scatter_add_weighted");
+        if weights.is_empty() {
             return Ok(());
         }
-        self.xfer.args(4 * rows.len() + 4 * weights.len());
+        let n = weights.len();
         let inner = &*self.inner;
         let xa = self.input(x)?;
-        let a = self.output(acc, true, &[xa.h()])?;
-        // SAFETY: device open; `rows` and `weights` readable for `rows.len()` entries.
+        let wa = self.floats_at(weights)?;
+        let a = self.output(acc, true, &[xa.h(), wa.h])?;
+        // SAFETY: device open; every handle is a live buffer of this device.
         let st = unsafe {
             (inner.rt.api().scatter_add_weighted)(
                 inner.dev.0,
                 a.arg.h(),
                 acc_rows as u64,
                 xa.h(),
-                rows.as_ptr(),
-                weights.as_ptr(),
-                rows.len() as u64,
+                wa.h,
+                wa.offset,
+                n as u64,
                 dim as u64,
             )
         };
@@ -1073,9 +1135,10 @@ impl Device for TtDevice {
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
         assert!(
             n_experts > 0 && logits.len().is_multiple_of(n_experts),
@@ -1089,19 +1152,43 @@ impl Device for TtDevice {
         if let Some(b) = bias {
             assert_eq!(b.len(), n_experts, "route_topk: bias is not n_experts long");
         }
+        if let Some(s) = expert_scale {
+            assert_eq!(
+                s.len(),
+                n_experts,
+                "route_topk: expert_scale is not n_experts long"
+            );
+        }
         if n_rows == 0 {
             return Ok(());
         }
         let inner = &*self.inner;
         let la = self.input(logits)?;
         let ba = bias.map(|b| self.input(b)).transpose()?;
+        let sa = expert_scale.map(|s| self.input(s)).transpose()?;
         let gating = match cfg.gating {
             flint_hal::Gating::Softmax => 0,
             flint_hal::Gating::Sigmoid => 1,
             flint_hal::Gating::SoftmaxWeight => 2,
         };
-        // SAFETY: device open; handles belong to it (bias 0 = none); `ids`/`weights` hold
-        // `n_rows * k` writable entries each.
+        // Where the results go: a device view in place, at its offset; host memory
+        // through a scratch buffer read back after the call.
+        let (ids_h, ids_off, ids_scratch, ids_host) = match ids {
+            IndexViewMut::Device { buf, offset, .. } => (self.buffer(buf).h, offset, None, None),
+            IndexViewMut::Host(s) => {
+                let b = inner.alloc(4 * s.len().max(1))?;
+                (b.h, 0, Some(b), Some(s))
+            }
+        };
+        let (w_h, w_off, w_scratch, w_host) = match weights {
+            ViewMut::Device { buf, offset, .. } => (self.buffer(buf).h, offset, None, None),
+            ViewMut::Host(s) => {
+                let b = inner.alloc_f32(s.len())?;
+                (b.h, 0, Some(b), Some(s))
+            }
+        };
+        // SAFETY: device open; every handle is a live buffer of this device (0 = none
+        // for the bias and the expert scale).
         let st = unsafe {
             (inner.rt.api().route_topk)(
                 inner.dev.0,
@@ -1109,17 +1196,27 @@ impl Device for TtDevice {
                 n_rows as u64,
                 n_experts as u32,
                 ba.as_ref().map_or(0, Arg::h),
+                sa.as_ref().map_or(0, Arg::h),
                 cfg.k as u32,
                 gating,
                 u32::from(cfg.normalize),
                 cfg.scale,
-                ids.as_mut_ptr(),
-                weights.as_mut_ptr(),
+                ids_h,
+                ids_off as u64,
+                w_h,
+                w_off as u64,
             )
         };
         inner.check(st, "route_topk")?;
-        // The routing comes back to the host: one download of ids and weights.
-        self.xfer.download(ids.len() + weights.len());
+        if let Some(s) = ids_host {
+            self.xfer.download(s.len());
+            inner.read_bytes(ids_h, 0, bytemuck::cast_slice_mut(s))?;
+        }
+        if let Some(s) = w_host {
+            self.xfer.download(s.len());
+            inner.read_at(w_h, 0, s)?;
+        }
+        drop((ids_scratch, w_scratch));
         Ok(())
     }
 
@@ -1261,13 +1358,17 @@ impl Device for TtDevice {
                 n_blocks: s.block_table.len() as u64,
             })
             .collect();
-        self.xfer.args(4 * p.sinks.map_or(0, <[f32]>::len));
         let inner = &*self.inner;
         let qa = self.input(p.q)?;
-        let o = self.output(out, false, &[qa.h()])?;
+        // The sinks (a model tensor) are read on the device: a device view where it is,
+        // host values through a scratch buffer (an upload).
+        let sa = p.sinks.map(|s| self.floats_at(s)).transpose()?;
+        let (sinks_h, sinks_off) = sa.as_ref().map_or((0, 0), |s| (s.h, s.offset));
+        let o = self.output(out, false, &[qa.h(), sinks_h])?;
         let cl = kv_layout(&l);
-        // SAFETY: device open; `seqs` (whose handles `lists` keeps alive), `cl` and
-        // `sinks` are readable for the counts passed.
+        // SAFETY: device open; `seqs` (whose handles `lists` keeps alive) and `cl` are
+        // readable for the counts passed; every handle is a live buffer of this device
+        // (0 = no sinks).
         let st = unsafe {
             (inner.rt.api().paged_attention)(
                 inner.dev.0,
@@ -1280,7 +1381,8 @@ impl Device for TtDevice {
                 seqs.len() as u64,
                 p.n_heads as u32,
                 p.scale,
-                p.sinks.map_or(std::ptr::null(), |s| s.as_ptr()),
+                sinks_h,
+                sinks_off,
                 p.window.map_or(0, |w| w as u64),
                 o.arg.h(),
             )
@@ -1328,6 +1430,18 @@ impl TtDevice {
         self.finish(o)
     }
 
+    /// A tensor of `len` values that takes over scratch buffer `b` (and frees it on
+    /// drop).
+    fn keep(&self, b: DevBuf<'_>, len: usize) -> Box<TtBuffer> {
+        let h = b.h;
+        std::mem::forget(b);
+        Box::new(TtBuffer {
+            inner: self.inner.clone(),
+            h,
+            len,
+        })
+    }
+
     /// The [`TtBuffer`] behind a device view. A buffer of another device is a caller bug
     /// and panics, as weights and KV buffers of another device do.
     fn buffer<'b>(&self, buf: &'b dyn DeviceBuffer) -> &'b TtBuffer {
@@ -1339,19 +1453,41 @@ impl TtDevice {
 
     /// Where an op reads an index list from: an index tensor's buffer and the list's
     /// first index in it, or a scratch buffer the host list is uploaded into (counted).
-    fn indices(&self, v: IndexView<'_>) -> Result<IdxArg<'_>, HalError> {
+    fn indices(&self, v: IndexView<'_>) -> Result<AtArg<'_>, HalError> {
         match v {
             IndexView::Host(s) => {
                 self.xfer.upload(s.len());
                 let b = self.inner.alloc(4 * s.len().max(1))?;
                 self.inner.write_bytes(b.h, 0, bytemuck::cast_slice(s))?;
-                Ok(IdxArg {
+                Ok(AtArg {
                     h: b.h,
                     offset: 0,
                     _scratch: Some(b),
                 })
             }
-            IndexView::Device { buf, offset, .. } => Ok(IdxArg {
+            IndexView::Device { buf, offset, .. } => Ok(AtArg {
+                h: self.buffer(buf).h,
+                offset: offset as u64,
+                _scratch: None,
+            }),
+        }
+    }
+
+    /// Where an op reads a float list given by buffer and offset (routing weights, RoPE
+    /// factors, attention sinks) from: a tensor's buffer and the view's first value in
+    /// it, or a scratch buffer the host values are uploaded into (counted as an upload).
+    fn floats_at(&self, v: View<'_>) -> Result<AtArg<'_>, HalError> {
+        match v {
+            View::Host(s) => {
+                self.xfer.upload(s.len());
+                let b = self.inner.upload(s)?;
+                Ok(AtArg {
+                    h: b.h,
+                    offset: 0,
+                    _scratch: Some(b),
+                })
+            }
+            View::Device { buf, offset, .. } => Ok(AtArg {
                 h: self.buffer(buf).h,
                 offset: offset as u64,
                 _scratch: None,
@@ -1460,9 +1596,10 @@ impl Arg<'_> {
     }
 }
 
-/// An index list handed to the adapter: buffer `h` from index `offset`, and the scratch
-/// buffer (freed after the op) when the list came from the host.
-struct IdxArg<'a> {
+/// A list handed to the adapter by buffer and offset (index lists, routing weights):
+/// buffer `h` from value `offset`, and the scratch buffer (freed after the op) when the
+/// list came from the host.
+struct AtArg<'a> {
     h: u64,
     offset: u64,
     _scratch: Option<DevBuf<'a>>,

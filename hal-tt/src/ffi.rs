@@ -10,7 +10,7 @@ use flint_hal::{HalError, HalErrorKind};
 use libloading::Library;
 
 /// The ABI version this build speaks (`FLINT_TT_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// The environment variable naming the adapter library.
 pub const RUNTIME_ENV: &str = "FLINT_TT_RUNTIME";
@@ -81,7 +81,7 @@ pub const ROPE_NORMAL: u32 = 0;
 /// `FLINT_TT_ROPE_NEOX`: pairs `(i, i + n_rot/2)`.
 pub const ROPE_NEOX: u32 = 1;
 
-/// `flint_tt_rope_params` (ABI 3).
+/// `flint_tt_rope_params` (ABI 3; its factors in a buffer since ABI 6).
 #[repr(C)]
 #[derive(Debug)]
 pub struct CRopeParams {
@@ -92,8 +92,11 @@ pub struct CRopeParams {
     pub kind: u32,
     pub base: f32,
     pub freq_scale: f32,
-    /// NULL, or `n_rot / 2` per-pair divisors of the angle.
-    pub freq_factors: *const f32,
+    /// 0, or the float buffer holding the `n_rot / 2` per-pair divisors of the angle
+    /// (ABI 6), read on the device.
+    pub freq_factors: u64,
+    /// The first factor in that buffer, counted in floats.
+    pub freq_factors_offset: u64,
     /// YaRN: `ext_factor` 0 and `attn_factor` 1 when there is none.
     pub ext_factor: f32,
     pub attn_factor: f32,
@@ -103,9 +106,10 @@ pub struct CRopeParams {
     pub reserved: u32,
 }
 
-// The header's layout on every 64-bit target: 6 * 4 + 8 + 6 * 4 bytes.
-#[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<CRopeParams>() == 56);
+// The header's layout: 6 * 4 + 2 * 8 + 6 * 4 bytes, no padding.
+const _: () = assert!(std::mem::size_of::<CRopeParams>() == 64);
+const _: () = assert!(std::mem::offset_of!(CRopeParams, freq_factors) == 24);
+const _: () = assert!(std::mem::offset_of!(CRopeParams, ext_factor) == 40);
 
 /// `flint_tt_counters`.
 #[repr(C)]
@@ -183,7 +187,7 @@ abi! {
     weight_free = "flint_tt_weight_free": fn(Dev, u64) -> i32;
     matmul = "flint_tt_matmul": fn(Dev, u64, u64, u64, u64) -> i32;
     expert_matmul = "flint_tt_expert_matmul":
-        fn(Dev, *const u64, u32, u64, u64, *const u32, u64, u64) -> i32;
+        fn(Dev, *const u64, u32, u64, u64, u64, u64, u64, u64) -> i32;
     get_rows = "flint_tt_get_rows": fn(Dev, u64, u64, u64, u64, u64) -> i32;
     rms_norm = "flint_tt_rms_norm": fn(Dev, u64, u64, u64, f32, u64, u64) -> i32;
     add_rms_norm = "flint_tt_add_rms_norm": fn(Dev, u64, u64, u64, u64, f32, u64, u64) -> i32;
@@ -194,14 +198,14 @@ abi! {
     add_bias = "flint_tt_add_bias": fn(Dev, u64, u64, u64, u64) -> i32;
     scale = "flint_tt_scale": fn(Dev, u64, u64, f32) -> i32;
     scatter_add_weighted = "flint_tt_scatter_add_weighted":
-        fn(Dev, u64, u64, u64, *const u32, *const f32, u64, u64) -> i32;
+        fn(Dev, u64, u64, u64, u64, u64, u64, u64) -> i32;
     route_topk = "flint_tt_route_topk":
-        fn(Dev, u64, u64, u32, u64, u32, u32, u32, f32, *mut u32, *mut f32) -> i32;
+        fn(Dev, u64, u64, u32, u64, u64, u32, u32, u32, f32, u64, u64, u64, u64) -> i32;
     write_kv = "flint_tt_write_kv":
         fn(Dev, *const CKvLayout, u64, u64, u64, u64, u64, u64, u64) -> i32;
     paged_attention = "flint_tt_paged_attention":
         fn(Dev, *const CKvLayout, u64, u64, u64, u64, *const CAttnSeq, u64, u32, f32,
-           *const f32, u64, u64) -> i32;
+           u64, u64, u64, u64) -> i32;
     sync = "flint_tt_sync": fn(Dev) -> i32;
     counters_get = "flint_tt_counters_get": fn(Dev, *mut CCounters) -> i32;
 }

@@ -25,14 +25,21 @@
 //! scratch buffer on the device (`flint_tt_buffer_copy`, ABI 4), and upload host views
 //! (and read host outputs back), counting each in
 //! [`Device::transfers`](flint_hal::Device::transfers): a forward on device tensors moves
-//! nothing over the bus but the step's index upload and the MoE routing. Index lists
-//! (ABI 5) live in adapter buffers too: [`Device::upload_indices`] writes a step's
-//! packed lists into one buffer, and ops pass the adapter that buffer's handle and each
-//! list's offset (a host index list is uploaded for the op, counted). The host arrays
-//! ops still pass (RoPE factors, sinks, MoE expert rows and weights) are counted as
-//! `arg_bytes`; the adapter's own count is in [`TtCounters`].
+//! nothing over the bus but the step's index upload. Index lists (ABI 5) live in adapter
+//! buffers too: [`Device::upload_indices`] writes a step's packed lists into one buffer,
+//! and ops pass the adapter that buffer's handle and each list's offset (a host index
+//! list is uploaded for the op, counted). MoE routing stays on the device (ABI 6):
+//! `route_topk` writes the expert ids into an index tensor ([`Device::alloc_indices`])
+//! and the weights into a tensor, which `expert_matmul` and `scatter_add_weighted` read
+//! there; host views for them go through scratch buffers, counted. RoPE frequency
+//! factors and attention sinks (tensors of the model) are read from adapter buffers as
+//! well (ABI 6): a device view is passed by handle and offset, a host view is uploaded
+//! into a scratch buffer for the op (counted as an upload), so `tt` counts no
+//! `arg_bytes`. `add_id` (gpt-oss's expert biases) has no entry in the ABI and is
+//! `Unsupported`. The adapter's own count of the traffic is in [`TtCounters`].
 //!
 //! [`Device::upload_indices`]: flint_hal::Device::upload_indices
+//! [`Device::alloc_indices`]: flint_hal::Device::alloc_indices
 //!
 //! **Keep-quant staging** (on by default; `FLINT_KEEP_QUANT=0` selects the BF16 arm):
 //! block encodings the device admits ([`TtDevice::admits_kept`]) are staged verbatim;

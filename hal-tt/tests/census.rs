@@ -9,7 +9,7 @@ use common::{
     bf16_round, expert_bytes, h, hm, matmul_core, matmul_ref, open_sim, rel_rms, weight, Rng,
 };
 use flint_core::GgmlType;
-use flint_hal::{Device, ExpertRow, HalErrorKind, KvLayout, Tier, WeightDesc, WeightKind};
+use flint_hal::{Device, HalErrorKind, KvLayout, Tier, WeightDesc, WeightKind};
 
 const DRAM: u64 = 400_000;
 
@@ -91,24 +91,15 @@ fn census_streams_experts_only_in_the_bf16_arm() {
 
         let (tower, deq) = (&staged[2], &model[2].1);
         let x = rng.vec(2 * 256);
-        let rows = [
-            ExpertRow {
-                input_row: 0,
-                expert: 7,
-            },
-            ExpertRow {
-                input_row: 1,
-                expert: 3,
-            },
-        ];
+        // One expert per input row: row 0 on expert 7, row 1 on expert 3.
+        let ids = [7u32, 3];
         let mut out = vec![0.0; 2 * 64];
-        dev.expert_matmul(&**tower, h(&x), &rows, hm(&mut out))
+        dev.expert_matmul(&**tower, h(&x), (&ids).into(), hm(&mut out))
             .expect("expert matmul");
         let per = 256 * 64;
         let mut want = Vec::new();
-        for r in &rows {
-            let e = r.expert as usize;
-            let i = r.input_row as usize;
+        for (i, &e) in ids.iter().enumerate() {
+            let e = e as usize;
             let xi = &x[i * 256..(i + 1) * 256];
             if keep {
                 let b = expert_bytes(GgmlType::Q4_K, descs[2].data.as_slice(), 256, 64, e);

@@ -98,7 +98,7 @@ fn probe_reports_each_reason() {
     std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "3");
     let m = unavailable_reason();
     assert!(
-        m.contains("ABI version 3") && m.contains("needs version 5"),
+        m.contains("ABI version 3") && m.contains("needs version 6"),
         "{m}"
     );
     // And one built for ABI 4, whose get_rows, rope, write_kv and paged attention take
@@ -107,10 +107,21 @@ fn probe_reports_each_reason() {
     std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "4");
     let m = unavailable_reason();
     assert!(
-        m.contains("ABI version 4") && m.contains("needs version 5"),
+        m.contains("ABI version 4") && m.contains("needs version 6"),
         "{m}"
     );
-    assert_eq!(flint_hal_tt::ABI_VERSION, 5);
+    // And one built for ABI 5, whose route_topk writes host arrays and whose expert
+    // matmul and scatter take host rows and weights: again the same symbols with other
+    // signatures.
+    std::env::set_var("FLINT_TT_SIM_ABI_VERSION", "5");
+    let m = unavailable_reason();
+    assert!(
+        m.contains("ABI version 5") && m.contains("needs version 6"),
+        "{m}"
+    );
+    assert!(m.contains("rebuild the adapter"), "{m}");
+    assert_eq!(flint_hal_tt::ABI_VERSION, 6);
+    assert_eq!(flint_tt_sim::ABI_VERSION, 6);
     std::env::remove_var("FLINT_TT_SIM_ABI_VERSION");
 
     // A device that fails to open.

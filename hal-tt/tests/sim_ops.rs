@@ -8,8 +8,8 @@ use common::{
 };
 use flint_core::GgmlType;
 use flint_hal::{
-    AttnSeq, Device, ExpertRow, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind,
-    RopeParams, RoutingConfig, Tier, WeightKind, Yarn,
+    AttnSeq, Device, Gating, HalErrorKind, KvLayout, PagedAttention, RopeKind, RopeParams,
+    RoutingConfig, Tier, WeightKind, Yarn,
 };
 
 #[test]
@@ -171,21 +171,16 @@ fn expert_case(keep_quant: bool) {
     assert_eq!(w.info().tier, Tier::ExpertResident);
     let x_rows = 3;
     let x = rng.vec(x_rows * in_f);
-    let rows: Vec<ExpertRow> = [(0, 4), (1, 0), (2, 4), (0, 2), (2, 2), (1, 4)]
-        .iter()
-        .map(|&(r, e)| ExpertRow {
-            input_row: r,
-            expert: e,
-        })
-        .collect();
-    let mut out = vec![0.0; rows.len() * out_f];
-    dev.expert_matmul(&*w, h(&x), &rows, hm(&mut out))
+    // Two experts per input row (a fan-out of 2): routed row i reads input row i / 2.
+    let ids = [4u32, 2, 0, 4, 4, 2];
+    let mut out = vec![0.0; ids.len() * out_f];
+    dev.expert_matmul(&*w, h(&x), (&ids).into(), hm(&mut out))
         .expect("expert matmul");
     let per = in_f * out_f;
     let mut want = Vec::new();
-    for r in &rows {
-        let e = r.expert as usize;
-        let xi = &x[r.input_row as usize * in_f..(r.input_row as usize + 1) * in_f];
+    for (i, &e) in ids.iter().enumerate() {
+        let e = e as usize;
+        let xi = &x[(i / 2) * in_f..(i / 2 + 1) * in_f];
         if keep_quant {
             let b = expert_bytes(GgmlType::Q4_K, desc.data.as_slice(), in_f, out_f, e);
             want.extend(matmul_core(GgmlType::Q4_K, b, in_f, xi));
@@ -280,8 +275,8 @@ fn get_rows_and_elementwise_ops_match_core() {
         for (freq_scale, freq_factors, yarn) in [
             (1.0, None, None),
             (0.25, None, None),
-            (1.0, Some(&factors[..]), None),
-            (0.125, Some(&factors[..]), yarn),
+            (1.0, Some((&factors[..]).into()), None),
+            (0.125, Some((&factors[..]).into()), yarn),
         ] {
             let p = RopeParams {
                 kind,
@@ -306,7 +301,7 @@ fn get_rows_and_elementwise_ops_match_core() {
             hm(&mut [0.0; 48]),
             (&[3]).into(),
             &RopeParams {
-                freq_factors: Some(&short),
+                freq_factors: Some((&short[..]).into()),
                 ..plain
             },
         )
@@ -349,21 +344,22 @@ fn get_rows_and_elementwise_ops_match_core() {
         assert_eq!(acc[i], (g[i] + u[i]) * 0.5);
     }
 
+    // Three accumulator rows, two routed rows each: x row i goes to acc row i / 2, in
+    // order of i, one f32 product and one f32 add each.
     let dim = 4;
     let mut acc = rng.vec(3 * dim);
     let start = acc.clone();
-    let xs = rng.vec(4 * dim);
-    let rows = [2u32, 0, 2, 1];
-    let ws = [0.5f32, 0.25, 1.5, -1.0];
-    dev.scatter_add_weighted(hm(&mut acc), h(&xs), &rows, &ws, dim)
+    let xs = rng.vec(6 * dim);
+    let ws = [0.5f32, 0.25, 1.5, -1.0, 3.0, -0.125];
+    dev.scatter_add_weighted(hm(&mut acc), h(&xs), h(&ws), dim)
         .expect("scatter");
     let mut want = start;
-    for (i, &r) in rows.iter().enumerate() {
+    for (i, &w) in ws.iter().enumerate() {
         for j in 0..dim {
-            want[r as usize * dim + j] += ws[i] * xs[i * dim + j];
+            want[(i / 2) * dim + j] += w * xs[i * dim + j];
         }
     }
-    assert!(rel_rms(&acc, &want) < 1e-6);
+    assert_eq!(acc, want);
 }
 
 #[test]
@@ -395,8 +391,35 @@ fn route_topk_matches_core() {
         };
         let mut ids = vec![0u32; rows * 4];
         let mut ws = vec![0.0f32; rows * 4];
-        dev.route_topk(h(&logits), n_exp, bias.map(h), &cfg, &mut ids, &mut ws)
-            .expect("route");
+        dev.route_topk(
+            h(&logits),
+            n_exp,
+            bias.map(h),
+            None,
+            &cfg,
+            (&mut ids).into(),
+            hm(&mut ws),
+        )
+        .expect("route");
+        // With a per-expert output scale: the same experts, each weight times its
+        // expert's value.
+        let es: Vec<f32> = (0..n_exp).map(|e| 0.5 + 0.125 * e as f32).collect();
+        let mut ids_s = vec![0u32; rows * 4];
+        let mut ws_s = vec![0.0f32; rows * 4];
+        dev.route_topk(
+            h(&logits),
+            n_exp,
+            bias.map(h),
+            Some(h(&es)),
+            &cfg,
+            (&mut ids_s).into(),
+            hm(&mut ws_s),
+        )
+        .expect("route with expert scale");
+        assert_eq!(ids_s, ids);
+        for (i, (&w, &e)) in ws.iter().zip(&ids).enumerate() {
+            assert_eq!(ws_s[i], w * es[e as usize], "[{i}]");
+        }
         for r in 0..rows {
             let mut wi = [0u32; 4];
             let mut ww = [0.0f32; 4];
@@ -473,7 +496,7 @@ fn attention_case(sinks: bool, window: Option<usize>) {
         seqs: &seqs,
         n_heads,
         scale,
-        sinks: sk,
+        sinks: sk.map(Into::into),
         window,
     };
     let mut out = vec![0.0; 4 * n_heads * 8];
@@ -669,18 +692,15 @@ fn mxfp4_is_kept_and_matches_the_cpu_order() {
     let t = dev.stage(&desc).expect("stage tower");
     assert!(t.info().kept_quant);
     let x = rng.vec(3 * in_f);
-    let rows: Vec<ExpertRow> = [(0u32, 3u32), (1, 0), (2, 3), (0, 1), (2, 2)]
-        .iter()
-        .map(|&(input_row, expert)| ExpertRow { input_row, expert })
-        .collect();
-    let mut out = vec![0.0; rows.len() * out_f];
+    let ids = [3u32, 1, 0, 3, 2, 3];
+    let mut out = vec![0.0; ids.len() * out_f];
     let before = dev.counters();
-    dev.expert_matmul(&*t, h(&x), &rows, hm(&mut out))
+    dev.expert_matmul(&*t, h(&x), (&ids).into(), hm(&mut out))
         .expect("expert_matmul");
-    for (j, r) in rows.iter().enumerate() {
-        let i = r.input_row as usize;
+    for (j, &e) in ids.iter().enumerate() {
+        let i = j / 2;
         let want = mxfp4_want(
-            expert_bytes(GgmlType::MXFP4, &tower, in_f, out_f, r.expert as usize),
+            expert_bytes(GgmlType::MXFP4, &tower, in_f, out_f, e as usize),
             in_f,
             &x[i * in_f..(i + 1) * in_f],
         );

@@ -7,8 +7,8 @@ mod common;
 use common::{h, hm, open_sim, weight, Rng};
 use flint_core::GgmlType;
 use flint_hal::{
-    AttnSeq, Device, ExpertRow, Gating, IndexTensor, KvLayout, PagedAttention, RopeParams,
-    RoutingConfig, Tensor, View, ViewMut, WeightHandle, WeightKind,
+    AttnSeq, Device, Gating, IndexTensor, KvLayout, PagedAttention, RopeParams, RoutingConfig,
+    Tensor, View, ViewMut, WeightHandle, WeightKind,
 };
 use flint_hal_tt::{TtCounters, TtDevice};
 
@@ -35,6 +35,10 @@ struct Model {
     norm2: Vec<f32>,
     bq: Vec<f32>,
     router_bias: Vec<f32>,
+    /// RoPE frequency factors (`HD / 2`, Llama 3's `rope_freqs`).
+    rope_freqs: Vec<f32>,
+    /// Attention sink logits (`N_HEADS`).
+    sinks: Vec<f32>,
 }
 
 fn model(dev: &TtDevice, rng: &mut Rng) -> Model {
@@ -66,6 +70,8 @@ fn model(dev: &TtDevice, rng: &mut Rng) -> Model {
         norm2: rng.vec(D),
         bq: rng.vec(N_HEADS * HD),
         router_bias: rng.vec(N_EXP),
+        rope_freqs: (0..HD / 2).map(|i| 1.0 + 0.5 * i as f32).collect(),
+        sinks: rng.vec(N_HEADS),
     }
 }
 
@@ -78,10 +84,11 @@ struct Outcome {
     weights: Vec<f32>,
 }
 
-/// One attention + MoE layer over `ROWS` tokens, every activation in a tensor that is host
-/// memory (`on_device` false: every op moves its inputs and outputs) or allocated by the
-/// device (`on_device` true). With `on_device`, asserts that the step itself moves nothing
-/// between host and device but the routing, on the host's count and on the adapter's.
+/// One attention + MoE layer over `ROWS` tokens, every activation (the expert ids and
+/// routing weights included) in a tensor that is host memory (`on_device` false: every op
+/// moves its inputs and outputs) or allocated by the device (`on_device` true). With
+/// `on_device`, asserts that the step itself moves nothing between host and device but
+/// its index lists, on the host's count and on the adapter's.
 fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     let t = |n: usize| -> Tensor {
         if on_device {
@@ -97,12 +104,14 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
             Tensor::Host(v.to_vec())
         }
     };
-    // Loaded once, before the step: norms and biases.
-    let (norm1, norm2, bq, rbias) = (
+    // Loaded once, before the step: norms, biases, RoPE factors and sinks.
+    let (norm1, norm2, bq, rbias, freqs, sinks) = (
         put(&m.norm1),
         put(&m.norm2),
         put(&m.bq),
         put(&m.router_bias),
+        put(&m.rope_freqs),
+        put(&m.sinks),
     );
     let layout = KvLayout {
         num_blocks: 2,
@@ -126,8 +135,12 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     let mut u = t(n_rows * FF);
     let mut act = t(n_rows * FF);
     let mut down = t(n_rows * D);
-    let mut ids = vec![0u32; n_rows];
-    let mut rw = vec![0.0f32; n_rows];
+    let mut ids = if on_device {
+        dev.alloc_indices(n_rows).expect("alloc_indices")
+    } else {
+        IndexTensor::Host(vec![0; n_rows])
+    };
+    let mut rw = t(n_rows);
 
     let before = dev.transfers();
     let before_tt = dev.tt_counters().expect("counters");
@@ -159,18 +172,14 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     }
     dev.add_bias(qkv.slice_mut(0..nq), bq.view())
         .expect("add_bias");
-    dev.rope(
-        qkv.slice_mut(0..nq),
-        pos,
-        &RopeParams::neox(N_HEADS, HD, HD, 10000.0),
-    )
-    .expect("rope q");
-    dev.rope(
-        qkv.slice_mut(nq..nq + nk),
-        pos,
-        &RopeParams::neox(N_KV, HD, HD, 10000.0),
-    )
-    .expect("rope k");
+    let rope = |n_heads| RopeParams {
+        freq_factors: Some(freqs.view()),
+        ..RopeParams::neox(n_heads, HD, HD, 10000.0)
+    };
+    dev.rope(qkv.slice_mut(0..nq), pos, &rope(N_HEADS))
+        .expect("rope q");
+    dev.rope(qkv.slice_mut(nq..nq + nk), pos, &rope(N_KV))
+        .expect("rope k");
     dev.write_kv(
         &mut *kv,
         qkv.slice(nq..nq + nk),
@@ -188,7 +197,7 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         seqs: &seqs,
         n_heads: N_HEADS,
         scale: 0.25,
-        sinks: None,
+        sinks: Some(sinks.view()),
         window: None,
     };
     dev.paged_attention(&*kv, &p, attn.view_mut())
@@ -216,32 +225,24 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         logits.view(),
         N_EXP,
         Some(rbias.view()),
+        None,
         &cfg,
-        &mut ids,
-        &mut rw,
+        ids.view_mut(),
+        rw.view_mut(),
     )
     .expect("route");
-    let rows: Vec<ExpertRow> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, &e)| ExpertRow {
-            input_row: (i / TOPK) as u32,
-            expert: e,
-        })
-        .collect();
     dev.expert_matmul_multi(
         &[&*m.gate, &*m.up],
         h2.view(),
-        &rows,
+        ids.view(),
         &mut [g.view_mut(), u.view_mut()],
     )
     .expect("gate/up");
     dev.silu_mul(g.view(), u.view(), act.view_mut())
         .expect("silu");
-    dev.expert_matmul(&*m.down, act.view(), &rows, down.view_mut())
+    dev.expert_matmul(&*m.down, act.view(), ids.view(), down.view_mut())
         .expect("down");
-    let acc_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
-    dev.scatter_add_weighted(x.view_mut(), down.view(), &acc_rows, &rw, D)
+    dev.scatter_add_weighted(x.view_mut(), down.view(), rw.view(), D)
         .expect("scatter");
     dev.scale(x.view_mut(), 0.5).expect("scale");
     dev.add(x.view_mut(), h2.view()).expect("add");
@@ -251,14 +252,13 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
     let d = dev.transfers().since(&before);
     let c = dev.tt_counters().expect("counters");
     if on_device {
-        // Nothing crossed but the step's index lists (one upload of 10 indices) and
-        // the routing (ids and weights, one download).
+        // Nothing crossed but the step's index lists (one upload of 10 indices): the
+        // routing stays on the device.
         assert_eq!(d.uploads, 1, "{d:?}");
         assert_eq!(d.upload_bytes, 40, "{d:?}");
-        assert_eq!(d.downloads, 1, "{d:?}");
-        assert_eq!(d.download_bytes, (8 * n_rows) as u64, "{d:?}");
-        // The adapter saw that one buffer_write and no buffer_read (the routing comes
-        // back through the call's host arrays).
+        assert_eq!(d.downloads, 0, "{d:?}");
+        assert_eq!(d.download_bytes, 0, "{d:?}");
+        // The adapter saw that one buffer_write and no buffer_read.
         assert_eq!(c.host_writes, before_tt.host_writes + 1);
         assert_eq!(c.host_write_bytes, before_tt.host_write_bytes + 40);
         assert_eq!(c.host_reads, before_tt.host_reads);
@@ -266,13 +266,16 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         assert!(c.device_copies > before_tt.device_copies);
     } else {
         assert!(d.uploads > 10 && d.downloads > 10, "{d:?}");
+        // Every host transfer is one buffer_write or buffer_read, the routing's too (two
+        // downloads: ids and weights; the ids uploaded for each expert op, the weights
+        // for the scatter).
         assert_eq!(
             (
                 c.host_writes - before_tt.host_writes,
                 c.host_reads - before_tt.host_reads
             ),
-            (d.uploads, d.downloads - 1),
-            "adapter and host agree (less the routing download)"
+            (d.uploads, d.downloads),
+            "adapter and host agree"
         );
         assert_eq!(
             c.host_write_bytes - before_tt.host_write_bytes,
@@ -280,26 +283,28 @@ fn step(dev: &TtDevice, m: &Model, on_device: bool) -> Outcome {
         );
         assert_eq!(
             c.host_read_bytes - before_tt.host_read_bytes,
-            d.download_bytes - (8 * n_rows) as u64
+            d.download_bytes
         );
         assert_eq!(
             c.device_copies, before_tt.device_copies,
             "host views need no copies"
         );
     }
-    // Per-op host arguments: expert rows (three expert matmuls), scatter rows and
-    // weights. Index lists are buffers in both modes (host ones uploaded per op).
-    let args = 3 * 8 * n_rows + 8 * n_rows;
-    assert_eq!(d.arg_bytes, args as u64, "{d:?}");
+    // No per-op host arguments: index lists, routing, RoPE factors and sinks are buffers
+    // in both modes (host ones uploaded per op).
+    assert_eq!(d.arg_bytes, 0, "{d:?}");
 
     let mut g0 = vec![0.0; ROWS * D];
     dev.download(g.slice(0..ROWS * D), &mut g0)
         .expect("download");
+    let mut ids_back = vec![0u32; n_rows];
+    dev.download_indices(ids.view(), &mut ids_back)
+        .expect("download_indices");
     Outcome {
         residual: dev.download_tensor(x).expect("x"),
         normed: g0,
-        ids,
-        weights: rw,
+        ids: ids_back,
+        weights: dev.download_tensor(rw).expect("weights"),
     }
 }
 

@@ -12,7 +12,7 @@
 //   (`reduce_add_16`) added in f64 and added to the f32 denominator in f64;
 // - each invocation owns output dims lid, lid + 64, ... (head_dim_v <= 512), one fused
 //   multiply-add chain over the tile's visible keys in order;
-// - a sink (F) joins the denominator after the last tile; the output is multiplied by
+// - a sink (F from sinks_off) joins the denominator after the last tile; the output is multiplied by
 //   1 / denominator.
 // Invocation 0 finds each tile's maximum and sum; every invocation keeps its own copy of
 // the running maximum and denominator (the same values).
@@ -36,6 +36,8 @@ struct P {
     n_entries: u32,
     q_stride: u32,
     o_stride: u32,
+    // First sink of F (F may be a model tensor at an offset).
+    sinks_off: u32,
 }
 var<immediate> pc: P;
 
@@ -186,7 +188,7 @@ fn main(
     }
     if (valid) {
         if (pc.has_sinks != 0u) {
-            let sink = F[h];
+            let sink = F[pc.sinks_off + h];
             var ms = 1.0;
             var vs = 1.0;
             if (!have_m || sink > m) {

@@ -5,8 +5,10 @@
 // every value times the f32 reciprocal of the sum; 2 softmax over the chosen logits),
 // the k largest score + bias (ties to the lower index, NaN never preferred), the chosen
 // unbiased scores as weights (gating 2: their softmax), renormalised by their f64 sum
-// (clamped below at 2^-14) when `normalize`, times `scale`. Row r writes its ids to
-// O[2kr..2kr + k] and its weights' bits to O[2kr + k..2k(r + 1)].
+// (clamped below at 2^-14) when `normalize`, times `scale`; with `has_es`, each then
+// times its expert's ES value (Gemma 4's per-expert scale, one f32 multiply as
+// flint_core::math::scale_by_expert). Row r writes its ids to IDS[kr..k(r + 1)] and its
+// weights to W[w_off + kr..w_off + k(r + 1)].
 
 // #include lib/float.wgsl
 // #include lib/expf.wgsl
@@ -23,12 +25,17 @@ struct P {
     has_bias: u32,
     l_off: u32,
     b_off: u32,
+    has_es: u32,
+    es_off: u32,
+    w_off: u32,
 }
 var<immediate> pc: P;
 
 @group(0) @binding(0) var<storage, read> L: array<f32>;
 @group(0) @binding(1) var<storage, read> BIAS: array<f32>;
-@group(0) @binding(2) var<storage, read_write> O: array<u32>;
+@group(0) @binding(2) var<storage, read> ES: array<f32>;
+@group(0) @binding(3) var<storage, read_write> IDS: array<u32>;
+@group(0) @binding(4) var<storage, read_write> W: array<f32>;
 
 // ggml's soft_max exponential of value i of a row of `len`: expf_ggml inside the whole
 // vectors of 16, glibc's expf after them (flint_core::math::soft_max_exp).
@@ -157,9 +164,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             w[i] = w[i] / d;
         }
     }
-    let o = 2u * k * r;
+    let o = k * r;
     for (var i = 0u; i < k; i++) {
-        O[o + i] = ids[i];
-        O[o + k + i] = bitcast<u32>(w[i] * pc.scale);
+        IDS[o + i] = ids[i];
+        var wv = w[i] * pc.scale;
+        if (pc.has_es != 0u) {
+            wv = wv * ES[pc.es_off + ids[i]];
+        }
+        W[pc.w_off + o + i] = wv;
     }
 }

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use flint_core::{math, GgmlType};
 use flint_hal::{
-    bias_rows, Device, DeviceBuffer, DeviceCounters, DeviceOptions, ExpertRow, HalError, IndexView,
-    KvBuffer, KvLayout, Op, PagedAttention, PlannedWeight, RopeKind, RopeParams, RoutingConfig,
-    StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc,
-    WeightHandle, WeightKind,
+    bias_rows, fanout, Device, DeviceBuffer, DeviceCounters, DeviceOptions, HalError, IndexView,
+    IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, PlannedWeight, RopeKind, RopeParams,
+    RoutingConfig, StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight,
+    WeightDesc, WeightHandle, WeightKind,
 };
 
 use crate::batch::{Bind, Recorder, Slice};
@@ -791,28 +791,35 @@ impl Device for VkDevice {
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let ids = ids.host();
         let w = self.weight(w);
         assert!(
             w.k > 0 && x.len().is_multiple_of(w.k),
             "expert_matmul: x length"
         );
-        assert_eq!(out.len(), rows.len() * w.n, "expert_matmul: out length");
-        let n_x = x.len() / w.k;
-        for r in rows {
-            assert!(
-                (r.expert as usize) < w.experts && (r.input_row as usize) < n_x,
-                "expert_matmul: row {r:?} out of range"
-            );
+        assert_eq!(out.len(), ids.len() * w.n, "expert_matmul: out length");
+        let f = fanout(x.len() / w.k, ids.len(), "expert_matmul");
+        if let Some(bad) = ids.iter().find(|&&e| e as usize >= w.experts) {
+            return Err(HalError::invalid(format!(
+                "expert_matmul: expert {bad} is outside '{}' ({} experts)",
+                w.info.name, w.experts
+            )));
         }
-        if rows.is_empty() || w.n == 0 {
+        if ids.is_empty() || w.n == 0 {
             return Ok(());
         }
         self.count(w);
         let shader = self.kernel.shader(w);
-        let pairs: Vec<u32> = rows.iter().flat_map(|r| [r.input_row, r.expert]).collect();
+        // The shaders' expert mode reads (input row, expert) pairs: routed row i is
+        // W[ids[i]] * x[i / f].
+        let pairs: Vec<u32> = ids
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &e)| [off32(i / f), e])
+            .collect();
         let mut rec = self.lock();
         let x_len = x.len();
         let xi = self.input(&mut rec, x)?;
@@ -830,7 +837,7 @@ impl Device for VkDevice {
                 off32(w.n),
                 0,
                 1,
-                off32(rows.len()),
+                off32(ids.len()),
                 off32(w.row_bytes * w.n),
                 off32(c.first),
                 off32(c.count),
@@ -845,7 +852,7 @@ impl Device for VkDevice {
                     Bind::Slice(r.clone()),
                 ],
                 &push,
-                (w.n, rows.len()),
+                (w.n, ids.len()),
             )?;
         }
         self.finish(&mut rec, vec![o])
@@ -1011,7 +1018,25 @@ impl Device for VkDevice {
         if positions.is_empty() || half == 0 {
             return Ok(());
         }
-        let cfg = p.config();
+        // The angles are computed here, on the host (the cpu device's sines and cosines
+        // bit for bit), so factors held in a device buffer are read back (counted).
+        let factors: Option<Vec<f32>> = match p.freq_factors {
+            Some(View::Device { .. }) => {
+                let f = p.freq_factors.expect("matched above");
+                let mut h = vec![0f32; f.len()];
+                self.download(f, &mut h)?;
+                Some(h)
+            }
+            _ => None,
+        };
+        let cfg = match &factors {
+            Some(f) => RopeParams {
+                freq_factors: Some(View::Host(f)),
+                ..*p
+            }
+            .config(),
+            None => p.config(),
+        };
         let mut pairs = vec![(0.0f32, 0.0f32); half];
         let mut cs = Vec::with_capacity(positions.len() * half * 2);
         for &pos in positions {
@@ -1120,39 +1145,77 @@ impl Device for VkDevice {
         self.finish(&mut rec, vec![a])
     }
 
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        let ids = ids.host();
+        assert!(
+            x.len() == ids.len() * dim && (dim == 0 || table.len().is_multiple_of(dim)),
+            "add_id: x is {} values for {} ids of {dim}, table {} values",
+            x.len(),
+            ids.len(),
+            table.len()
+        );
+        if dim == 0 {
+            return Ok(());
+        }
+        let rows = table.len() / dim;
+        if let Some(bad) = ids.iter().find(|&&e| e as usize >= rows) {
+            return Err(HalError::invalid(format!(
+                "add_id: id {bad} is outside the table ({rows} rows of {dim})"
+            )));
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let n = x.len();
+        let mut rec = self.lock();
+        let (tb, to) = self.input(&mut rec, table)?;
+        let r = self.args(&mut rec, u32s(ids))?;
+        let a = self.output(&mut rec, x, true)?;
+        let push = [off32(n), off32(dim), a.off, to];
+        rec.dispatch(
+            "add_id",
+            &[a.bind.clone(), tb, Bind::Slice(r)],
+            &push,
+            n.div_ceil(256) as u64,
+        )?;
+        self.finish(&mut rec, vec![a])
+    }
+
     fn scatter_add_weighted(
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
         assert!(
-            x.len() == rows.len() * dim && weights.len() == rows.len(),
-            "scatter_add_weighted: lengths"
-        );
-        assert!(
             dim > 0 && acc.len().is_multiple_of(dim),
-            "scatter_add_weighted: acc"
+            "scatter_add_weighted: acc is not whole rows of {dim}"
         );
-        let acc_rows = acc.len() / dim;
-        assert!(
-            rows.iter().all(|&r| (r as usize) < acc_rows),
-            "scatter_add_weighted: row out of range"
+        assert_eq!(
+            x.len(),
+            weights.len() * dim,
+            "scatter_add_weighted: x is not a row per weight"
         );
-        if rows.is_empty() {
+        let n = weights.len();
+        let f = fanout(acc.len() / dim, n, "scatter_add_weighted");
+        if n == 0 {
             return Ok(());
         }
         let mut rec = self.lock();
         let (xb, xo) = self.input(&mut rec, x)?;
-        let r = self.args(&mut rec, u32s(rows))?;
-        let wt = self.args(&mut rec, bytes_of(weights))?;
+        let (wb, wo) = self.input(&mut rec, weights)?;
         let a = self.output(&mut rec, acc, true)?;
-        let push = [off32(rows.len()), off32(dim), a.off, xo];
+        let push = [off32(n), off32(dim), a.off, xo, wo, off32(f)];
         rec.dispatch(
             "scatter",
-            &[a.bind.clone(), xb, Bind::Slice(r), Bind::Slice(wt)],
+            &[a.bind.clone(), xb, wb],
             &push,
             dim.div_ceil(256) as u64,
         )?;
@@ -1164,10 +1227,12 @@ impl Device for VkDevice {
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let ids = ids.host();
         assert!(
             n_experts > 0 && logits.len().is_multiple_of(n_experts),
             "route_topk: logits length"
@@ -1179,11 +1244,20 @@ impl Device for VkDevice {
         );
         math::check_route(n_experts, k, bias.as_ref().map(View::len))
             .map_err(|e| HalError::invalid(format!("vk: route_topk: {e}")))?;
+        if let Some(s) = &expert_scale {
+            if s.len() != n_experts {
+                return Err(HalError::invalid(format!(
+                    "vk: route_topk: expert scale of {} values for {n_experts} experts",
+                    s.len()
+                )));
+            }
+        }
         if rows == 0 {
             return Ok(());
         }
-        // Routed on the device (shaders/route.wgsl); the ids and weights come back, as the
-        // engine plans the expert matmuls from them.
+        // Routed on the device (shaders/route.wgsl): the weights stay where `weights` is,
+        // the ids come back to the host, where the expert ops build their kernels'
+        // arguments from them.
         let gating = match cfg.gating {
             math::Gating::Sigmoid => 0,
             math::Gating::Softmax => 1,
@@ -1195,7 +1269,12 @@ impl Device for VkDevice {
             Some(b) => Some(self.input(&mut rec, b)?),
             None => None,
         };
-        let out = rec.arena_alloc(4 * (2 * rows * k) as u64)?;
+        let es = match expert_scale {
+            Some(s) => Some(self.input(&mut rec, s)?),
+            None => None,
+        };
+        let id_out = rec.arena_alloc(4 * (rows * k) as u64)?;
+        let w = self.output(&mut rec, weights, false)?;
         let push = [
             off32(rows),
             off32(n_experts),
@@ -1206,25 +1285,28 @@ impl Device for VkDevice {
             u32::from(b.is_some()),
             l.1,
             b.as_ref().map_or(0, |b| b.1),
+            u32::from(es.is_some()),
+            es.as_ref().map_or(0, |s| s.1),
+            w.off,
         ];
         let bias_bind = b.map_or_else(|| l.0.clone(), |b| b.0);
+        let es_bind = es.map_or_else(|| l.0.clone(), |s| s.0);
         rec.dispatch(
             "route",
-            &[l.0, bias_bind, Bind::Slice(out.clone())],
+            &[
+                l.0,
+                bias_bind,
+                es_bind,
+                Bind::Slice(id_out.clone()),
+                w.bind.clone(),
+            ],
             &push,
             rows.div_ceil(64) as u64,
         )?;
         rec.flush()?;
-        let mut res = vec![0u32; 2 * rows * k];
-        out.read(bytemuck::cast_slice_mut(&mut res));
-        self.transfers.download(res.len());
-        for (r, row) in res.chunks_exact(2 * k).enumerate() {
-            ids[r * k..(r + 1) * k].copy_from_slice(&row[..k]);
-            for (w, &bits) in weights[r * k..(r + 1) * k].iter_mut().zip(&row[k..]) {
-                *w = f32::from_bits(bits);
-            }
-        }
-        Ok(())
+        id_out.read(bytemuck::cast_slice_mut(ids));
+        self.transfers.download(ids.len());
+        self.finish(&mut rec, vec![w])
     }
 
     fn max_buffer_bytes(&self) -> Option<u64> {
@@ -1347,9 +1429,10 @@ impl Device for VkDevice {
         let (qb, qo) = self.input(&mut rec, p.q)?;
         let args = self.args(&mut rec, u32s(&a))?;
         let sinks = match p.sinks {
-            Some(s) => self.args(&mut rec, bytes_of(s))?,
-            None => self.args(&mut rec, &[0u8; 4])?,
+            Some(s) => self.input(&mut rec, s)?,
+            None => (Bind::Slice(self.args(&mut rec, &[0u8; 4])?), 0),
         };
+        let (sinks, sinks_off) = sinks;
         let o = self.output(&mut rec, out, true)?;
         let push = [
             off32(p.n_heads),
@@ -1365,6 +1448,7 @@ impl Device for VkDevice {
             off32(n_entries),
             off32(q_stride),
             off32(o_stride),
+            sinks_off,
         ];
         rec.dispatch(
             "attention",
@@ -1374,7 +1458,7 @@ impl Device for VkDevice {
                 Bind::Whole(kv.v.clone()),
                 o.bind.clone(),
                 Bind::Slice(args),
-                Bind::Slice(sinks),
+                sinks,
             ],
             &push,
             (n_entries * p.n_heads) as u64,

@@ -10,16 +10,19 @@
 //! **Shaders.** WGSL compute shaders in `shaders/`, compiled to SPIR-V at build time by
 //! naga (`build.rs`): matmul and get_rows per block encoding (`shaders/blocks/`, the
 //! encoding's blocks read as they are in the file), RMSNorm, RoPE, the element-wise
-//! activations, paged attention with sinks and windows, KV writes through slot mappings
-//! and the MoE combine. `docs/hal-vk.md` says why WGSL, naga and ash.
+//! activations, paged attention with sinks and windows, KV writes through slot mappings,
+//! and the MoE ops (routing, the combine, `add_id`). `docs/hal-vk.md` says why WGSL, naga and ash.
 //!
 //! **Tensors.** [`Device::alloc`](flint_hal::Device::alloc) returns [`VkBuffer`]s in
 //! device memory. Ops are recorded into one command buffer, with a barrier between them,
 //! and submitted when the host needs a result: a download, the MoE routing, an op handed
-//! host memory to write. The step's index tensor stays in host memory (the default
-//! [`Device::upload_indices`](flint_hal::Device::upload_indices)): each op's index lists
-//! (positions, slots, block tables, expert rows, RoPE's cosines and sines computed from
-//! the positions) travel in host-visible arena buffers and are counted as `arg_bytes`. Where device memory is host-visible (lavapipe, unified memory) buffers are
+//! host memory to write. Index tensors stay in host memory (the default
+//! [`Device::upload_indices`](flint_hal::Device::upload_indices) and
+//! [`Device::alloc_indices`](flint_hal::Device::alloc_indices): the routing reads the
+//! chosen experts back into one): each op's index lists (positions, slots, block tables,
+//! expert ids as (input row, expert) pairs, RoPE's cosines and sines computed from the
+//! positions) travel in host-visible arena buffers and are counted as `arg_bytes`. Where
+//! device memory is host-visible (lavapipe, unified memory) buffers are
 //! mapped; otherwise uploads and downloads go through staging copies
 //! (`FLINT_VK_STAGING=1` forces that path).
 //!
@@ -30,8 +33,8 @@
 //! the device's largest storage binding is split into buffers of whole rows (whole experts
 //! for a tower).
 //!
-//! **Not here.** The Gated DeltaNet ops (Qwen 3.5) are not supported ([`Device::supports`]
-//! says so); the MoE routing is computed on the host from downloaded logits.
+//! **Not here.** The Gated DeltaNet ops (Qwen 3.5) are not supported
+//! ([`Device::supports`](flint_hal::Device::supports) says so).
 
 mod batch;
 mod context;

@@ -11,7 +11,7 @@
 
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::GgmlType;
-use flint_hal::{Device, ExpertRow, WeightDesc, WeightKind, WeightSource};
+use flint_hal::{Device, IndexView, WeightDesc, WeightKind, WeightSource};
 use flint_hal_vk::{MatmulKernel, VkDevice};
 
 struct Rng(u64);
@@ -194,43 +194,45 @@ fn exact_kernel_is_the_cpu_order_bit_for_bit() {
             WeightKind::ExpertTower,
             tower.clone(),
         );
-        let m = 5usize;
-        let xs = activations(&mut rng, m, k);
-        let rows: Vec<ExpertRow> = (0..7u32)
-            .map(|i| ExpertRow {
-                input_row: i % m as u32,
-                expert: (i * 2) % experts as u32,
-            })
-            .collect();
-        let x = dev.upload_new(&xs).expect("upload");
-        let mut out = dev.alloc(rows.len() * n).expect("alloc");
-        dev.expert_matmul(&*t, x.view(), &rows, out.view_mut())
-            .expect("expert_matmul");
-        let mut got = vec![0f32; rows.len() * n];
-        dev.download(out.view(), &mut got).expect("download");
+        // Routed rows: each of 5 tokens to 2 experts (the gate and up projections' fan-out),
+        // then 7 rows to one expert each (the down projection's).
         let eb = tower.len() / experts;
-        let mut want = vec![0f32; rows.len() * n];
-        for (i, r) in rows.iter().enumerate() {
-            let e = r.expert as usize;
-            let xr = &xs[r.input_row as usize * k..][..k];
-            flint_core::dot::matvec_f32_ggml_x86(
-                ty,
-                &tower[e * eb..(e + 1) * eb],
-                xr,
-                &mut want[i * n..(i + 1) * n],
-                BatchRow::expert(64),
-            )
-            .expect("reference");
+        for (m, f) in [(5usize, 2usize), (7, 1)] {
+            let xs = activations(&mut rng, m, k);
+            let ids: Vec<u32> = (0..(m * f) as u32)
+                .map(|i| (i * 2 + i / 3) % experts as u32)
+                .collect();
+            let x = dev.upload_new(&xs).expect("upload");
+            let mut out = dev.alloc(ids.len() * n).expect("alloc");
+            dev.expert_matmul(&*t, x.view(), IndexView::Host(&ids), out.view_mut())
+                .expect("expert_matmul");
+            let mut got = vec![0f32; ids.len() * n];
+            dev.download(out.view(), &mut got).expect("download");
+            let mut want = vec![0f32; ids.len() * n];
+            for (i, &id) in ids.iter().enumerate() {
+                let e = id as usize;
+                let xr = &xs[(i / f) * k..][..k];
+                flint_core::dot::matvec_f32_ggml_x86(
+                    ty,
+                    &tower[e * eb..(e + 1) * eb],
+                    xr,
+                    &mut want[i * n..(i + 1) * n],
+                    BatchRow::expert(64),
+                )
+                .expect("reference");
+            }
+            if let Some((i, g, wv)) = first_difference(&got, &want, tol) {
+                panic!(
+                    "{ty} experts (fan-out {f}): output (routed row {}, col {}) is {g:e}, \
+                     the cpu order gives {wv:e}; seed {seed}",
+                    i / n,
+                    i % n
+                );
+            }
         }
-        if let Some((i, g, wv)) = first_difference(&got, &want, tol) {
-            panic!(
-                "{ty} experts: output (routed row {}, col {}) is {g:e}, the cpu order gives \
-                 {wv:e}; seed {seed}",
-                i / n,
-                i % n
-            );
-        }
-        println!("{ty} ({n} rows): dense m = 1, 3, 8, 9, 17 and 7 routed rows identical");
+        println!(
+            "{ty} ({n} rows): dense m = 1, 3, 8, 9, 17 and routed rows (fan-out 2 and 1) identical"
+        );
     }
 }
 
@@ -298,22 +300,33 @@ fn activations_are_the_cpu_order_bit_for_bit() {
 
 #[test]
 fn routing_is_the_cpu_order_bit_for_bit() {
-    use flint_core::math::{route_topk, Gating};
-    use flint_hal::RoutingConfig;
+    use flint_core::math::{route_topk, scale_by_expert, Gating};
+    use flint_hal::{HalErrorKind, IndexViewMut, RoutingConfig, ViewMut};
     let Some(dev) = device() else { return };
     let tol = if dev.has_f64() { 0.0 } else { 1e-6 };
     let mut rng = Rng(0x000a_07e5);
-    // (experts, chosen, gating, bias, normalize, scale): Qwen3-MoE, gpt-oss, GLM-4.5 and
-    // DeepSeek-like shapes, and expert counts that leave a tail after the 16-lane vectors.
+    // (experts, chosen, gating, bias, normalize, scale, per-expert scale): Qwen3-MoE,
+    // gpt-oss, GLM-4.5, DeepSeek- and Gemma 4-like shapes, and expert counts that leave a
+    // tail after the 16-lane vectors.
     let cases = [
-        (128usize, 8usize, Gating::Softmax, false, true, 1.0f32),
-        (60, 6, Gating::Softmax, false, false, 1.0),
-        (32, 4, Gating::SoftmaxWeight, false, false, 1.0),
-        (128, 8, Gating::Sigmoid, true, true, 2.5),
-        (72, 16, Gating::Sigmoid, true, false, 1.0),
-        (16, 16, Gating::Softmax, true, true, 1.0),
+        (
+            128usize,
+            8usize,
+            Gating::Softmax,
+            false,
+            true,
+            1.0f32,
+            false,
+        ),
+        (60, 6, Gating::Softmax, false, false, 1.0, false),
+        (32, 4, Gating::SoftmaxWeight, false, false, 1.0, false),
+        (128, 8, Gating::Sigmoid, true, true, 2.5, false),
+        (72, 16, Gating::Sigmoid, true, false, 1.0, false),
+        (16, 16, Gating::Softmax, true, true, 1.0, false),
+        (128, 8, Gating::Softmax, false, true, 1.0, true),
+        (72, 6, Gating::Sigmoid, true, true, 2.5, true),
     ];
-    for (n, k, gating, with_bias, normalize, scale) in cases {
+    for (n, k, gating, with_bias, normalize, scale, with_es) in cases {
         let rows = 37usize;
         let mut logits: Vec<f32> = (0..rows * n).map(|_| rng.unit() * 6.0).collect();
         // Ties: row 1 repeats one value everywhere, row 2 has two equal maxima.
@@ -321,6 +334,7 @@ fn routing_is_the_cpu_order_bit_for_bit() {
         logits[2 * n + 3] = 9.0;
         logits[2 * n + 7] = 9.0;
         let bias: Vec<f32> = (0..n).map(|_| rng.unit() * 0.1).collect();
+        let es: Vec<f32> = (0..n).map(|_| 1.0 + rng.unit() * 0.75).collect();
         let cfg = RoutingConfig {
             k,
             gating,
@@ -329,16 +343,46 @@ fn routing_is_the_cpu_order_bit_for_bit() {
         };
         let l = dev.upload_new(&logits).expect("upload");
         let b = dev.upload_new(&bias).expect("upload");
-        let (mut ids, mut w) = (vec![0u32; rows * k], vec![0f32; rows * k]);
+        let s = dev.upload_new(&es).expect("upload");
+        // The weights into a device tensor, at an offset within it, and into host memory.
+        let at = 5usize;
+        let mut wt = dev.alloc(at + rows * k + 3).expect("alloc");
+        let (mut ids, mut ids_h) = (vec![0u32; rows * k], vec![0u32; rows * k]);
         dev.route_topk(
             l.view(),
             n,
             with_bias.then(|| b.view()),
+            with_es.then(|| s.view()),
             &cfg,
-            &mut ids,
-            &mut w,
+            IndexViewMut::Host(&mut ids),
+            wt.slice_mut(at..at + rows * k),
         )
         .expect("route_topk");
+        let mut w = vec![0f32; rows * k];
+        dev.download(wt.slice(at..at + rows * k), &mut w)
+            .expect("download");
+        let mut w_h = vec![0f32; rows * k];
+        dev.route_topk(
+            l.view(),
+            n,
+            with_bias.then(|| b.view()),
+            with_es.then(|| s.view()),
+            &cfg,
+            IndexViewMut::Host(&mut ids_h),
+            ViewMut::Host(&mut w_h),
+        )
+        .expect("route_topk into host memory");
+        assert_eq!(ids, ids_h, "{gating:?} n={n} k={k}: ids into host weights");
+        assert!(
+            w.iter().zip(&w_h).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{gating:?} n={n} k={k}: weights into host memory differ"
+        );
+        let mut edges = [1f32; 8];
+        dev.download(wt.slice(0..at), &mut edges[..at])
+            .expect("download");
+        dev.download(wt.slice(at + rows * k..at + rows * k + 3), &mut edges[at..])
+            .expect("download");
+        assert_eq!(edges, [0.0; 8], "route_topk wrote outside its weights view");
         for r in 0..rows {
             let (mut wi, mut ww) = (vec![0u32; k], vec![0f32; k]);
             route_topk(
@@ -352,16 +396,25 @@ fn routing_is_the_cpu_order_bit_for_bit() {
                 &mut ww,
             )
             .expect("reference routing");
+            if with_es {
+                scale_by_expert(&mut ww, &wi, &es).expect("reference expert scale");
+            }
             assert_eq!(
                 &ids[r * k..(r + 1) * k],
                 wi.as_slice(),
                 "{gating:?} n={n} k={k}: row {r} ids"
             );
             if let Some((i, g, v)) = first_difference(&w[r * k..(r + 1) * k], &ww, tol) {
-                panic!("{gating:?} n={n} k={k}: row {r} weight {i} is {g:e}, the cpu order gives {v:e}");
+                panic!(
+                    "{gating:?} n={n} k={k} expert scale {with_es}: row {r} weight {i} is \
+                     {g:e}, the cpu order gives {v:e}"
+                );
             }
         }
-        println!("route {gating:?} n={n} k={k}: {rows} rows identical");
+        println!(
+            "route {gating:?} n={n} k={k}{}: {rows} rows identical",
+            if with_es { " with expert scale" } else { "" }
+        );
     }
     // Bad arguments are refused by name, as on the cpu device.
     let l = dev.upload_new(&[0.0f32; 8]).expect("upload");
@@ -372,7 +425,29 @@ fn routing_is_the_cpu_order_bit_for_bit() {
         scale: 1.0,
     };
     let err = dev
-        .route_topk(l.view(), 2, None, &cfg, &mut [0; 12], &mut [0.0; 12])
+        .route_topk(
+            l.view(),
+            2,
+            None,
+            None,
+            &cfg,
+            IndexViewMut::Host(&mut [0; 12]),
+            ViewMut::Host(&mut [0.0; 12]),
+        )
         .expect_err("3 of 2 experts");
     assert!(err.to_string().contains("cannot choose 3 of 2"), "{err}");
+    // An expert scale of the wrong length.
+    let cfg = RoutingConfig { k: 2, ..cfg };
+    let err = dev
+        .route_topk(
+            l.view(),
+            4,
+            None,
+            Some(l.slice(0..3)),
+            &cfg,
+            IndexViewMut::Host(&mut [0; 4]),
+            ViewMut::Host(&mut [0.0; 4]),
+        )
+        .expect_err("3 scales for 4 experts");
+    assert_eq!(err.kind, HalErrorKind::InvalidInput, "{err}");
 }

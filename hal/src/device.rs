@@ -4,9 +4,11 @@ use std::sync::Arc;
 use flint_core::GgmlType;
 
 use crate::ops::{
-    DeltaNetShape, ExpertRow, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
+    DeltaNetShape, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
 };
-use crate::tensor::{IndexTensor, IndexView, Tensor, TransferCounter, Transfers, View, ViewMut};
+use crate::tensor::{
+    IndexTensor, IndexView, IndexViewMut, Tensor, TransferCounter, Transfers, View, ViewMut,
+};
 use crate::weights::{PlannedWeight, StagingPlan, Tier, WeightDesc, WeightHandle};
 use crate::{HalError, Weight};
 
@@ -108,6 +110,22 @@ pub trait Device: Send + Sync + fmt::Debug {
         Ok(IndexTensor::Host(src))
     }
 
+    /// An index tensor of `len` zeros in this device's memory, for an op to write (the
+    /// experts [`route_topk`](Device::route_topk) chooses). The default allocates host
+    /// memory.
+    fn alloc_indices(&self, len: usize) -> Result<IndexTensor, HalError> {
+        Ok(IndexTensor::Host(vec![0; len]))
+    }
+
+    /// Copies indices to host memory: `dst = src` (`src.len() == dst.len()`). Counted as
+    /// one download.
+    fn download_indices(&self, src: IndexView<'_>, dst: &mut [u32]) -> Result<(), HalError> {
+        assert_eq!(src.len(), dst.len(), "download_indices: lengths differ");
+        self.transfer_counter().download(src.len());
+        dst.copy_from_slice(src.host());
+        Ok(())
+    }
+
     /// `dst = src` between two tensors of this device (`src.len() == dst.len()`), on
     /// the device's side.
     fn copy(&self, src: View<'_>, dst: ViewMut<'_>) -> Result<(), HalError> {
@@ -175,29 +193,35 @@ pub trait Device: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Grouped expert matmul on a tower `[in, out, E]`: for each `rows[i]`,
-    /// `out[i] = W[rows[i].expert] * x[rows[i].input_row]`. One call per projection per
-    /// layer; a backend should read each expert's blocks once for all its rows.
+    /// Grouped expert matmul on a tower `[in, out, E]`. `x` holds `r` rows of `in`,
+    /// `ids` holds `r * f` expert ids (a [`fanout`](crate::fanout) `f`: the `k` experts
+    /// routed to each token for the gate and up projections, 1 for the down projection,
+    /// whose `x` already has a row per routed row): `out[i] = W[ids[i]] * x[i / f]`. One
+    /// call per projection per layer; a backend should read each expert's blocks once
+    /// for all its rows. The ids may live on the device
+    /// ([`route_topk`](Device::route_topk) writes them there); an id `>= E` is
+    /// `InvalidInput`.
     ///
-    /// `x.len() % in == 0`, `out.len() == rows.len() * out`.
+    /// `x.len() % in == 0`, `ids.len() % (x.len() / in) == 0`,
+    /// `out.len() == ids.len() * out`.
     fn expert_matmul(
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// [`expert_matmul`](Device::expert_matmul) of several towers (the gate and up
-    /// projections of a layer's experts) on the same `x` and `rows`, `outs[i]` of length
-    /// `rows.len() * out_i`. One call, so that a backend can prepare `x` once and spread
+    /// projections of a layer's experts) on the same `x` and `ids`, `outs[i]` of length
+    /// `ids.len() * out_i`. One call, so that a backend can prepare `x` once and spread
     /// all the towers over its workers in one go; the results must equal separate
     /// `expert_matmul` calls bit for bit. The default makes those calls.
     fn expert_matmul_multi(
         &self,
         ws: &[&dyn Weight],
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         outs: &mut [ViewMut<'_>],
     ) -> Result<(), HalError> {
         assert_eq!(
@@ -206,7 +230,7 @@ pub trait Device: Send + Sync + fmt::Debug {
             "expert_matmul_multi: one output per weight"
         );
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.expert_matmul(*w, x, rows, out.reborrow())?;
+            self.expert_matmul(*w, x, ids, out.reborrow())?;
         }
         Ok(())
     }
@@ -288,28 +312,49 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `x *= s`, element-wise.
     fn scale(&self, x: ViewMut<'_>, s: f32) -> Result<(), HalError>;
 
-    /// MoE combine: `acc[rows[i]] += weights[i] * x[i]` for rows of `dim` values.
-    /// `x.len() == rows.len() * dim == weights.len() * dim`.
+    /// ggml's `add_id`: `x[i] += table[ids[i]]` for rows of `dim` values, `table` holding
+    /// one row per id (gpt-oss adds each routed row its expert's bias this way). An id
+    /// beyond `table`'s rows is `InvalidInput`.
+    ///
+    /// `x.len() == ids.len() * dim`, `table.len() % dim == 0`.
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError>;
+
+    /// MoE combine: `acc[i / f] += weights[i] * x[i]` for rows of `dim` values, in
+    /// order of `i`, where `acc` holds `r` rows and `x` holds `r * f` (the
+    /// [`fanout`](crate::fanout): each token's `k` routed rows, one after another).
+    ///
+    /// `x.len() == weights.len() * dim`, `acc.len() % dim == 0`,
+    /// `weights.len() % (acc.len() / dim) == 0`.
     fn scatter_add_weighted(
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError>;
 
     /// Top-k routing of each row of `n_experts` router logits (see [`RoutingConfig`]).
     /// `bias.len() == n_experts`; `ids` and `weights` get `k` entries per row, in
-    /// descending order of `score + bias`.
+    /// descending order of `score + bias`. With `expert_scale` (`n_experts` values:
+    /// Gemma 4's per-expert output scale) each weight is then multiplied by its expert's
+    /// value. Ids and weights stay where the device put them: the expert ops read them
+    /// there.
+    #[allow(clippy::too_many_arguments)]
     fn route_topk(
         &self,
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
     /// Qwen 3.5's short causal convolution of one sequence, then SiLU on every output:

@@ -20,9 +20,12 @@
 //! device only through [`Device::upload`] and [`Device::download`] (and such host
 //! views), and every device counts it ([`Transfers`]). Per step the engine uploads the
 //! step's index lists (token ids, positions, slot mappings, block tables) once, as one
-//! [`IndexTensor`] ([`Device::upload_indices`]) that ops take [`IndexView`]s of, hands
-//! MoE layers their expert rows as host arguments (counted apart as `arg_bytes`), and
-//! downloads the logits rows it samples from (and, on MoE layers, the routing). Weights are *staged* once:
+//! [`IndexTensor`] ([`Device::upload_indices`]) that ops take [`IndexView`]s of, and
+//! downloads the logits rows it samples from. MoE layers route on the device: the
+//! chosen experts go into an index tensor of the device ([`Device::alloc_indices`]) and
+//! their weights into a tensor, which the expert ops read there. Model constants that
+//! ops take besides weights (norm weights, biases, attention sinks, RoPE frequency
+//! factors) are tensors uploaded once at staging. Weights are *staged* once:
 //! [`Device::stage`] receives the raw GGUF bytes of a tensor ([`WeightDesc`]) and returns
 //! an opaque [`WeightHandle`]; the backend decides whether it keeps the block encoding
 //! as it is ("keep-quant") or expands it, and reports what it holds resident and what it
@@ -66,12 +69,13 @@ mod weights;
 pub use device::{Device, DeviceCounters, DeviceRef};
 pub use error::{HalError, HalErrorKind};
 pub use ops::{
-    bias_rows, AttnSeq, DeltaNetShape, ExpertRow, Gating, KvBuffer, KvLayout, Op, PagedAttention,
+    bias_rows, fanout, AttnSeq, DeltaNetShape, Gating, KvBuffer, KvLayout, Op, PagedAttention,
     RopeConfig, RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};
 pub use tensor::{
-    DeviceBuffer, IndexTensor, IndexView, Tensor, TransferCounter, Transfers, View, ViewMut,
+    DeviceBuffer, IndexTensor, IndexView, IndexViewMut, Tensor, TransferCounter, Transfers, View,
+    ViewMut,
 };
 pub use weights::{
     PlannedWeight, ReleaseHook, SharedBytes, StagedInfo, StagingPlan, Tier, Weight, WeightDesc,

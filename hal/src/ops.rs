@@ -34,6 +34,8 @@ pub enum Op {
     AddBias,
     /// [`Device::scale`](crate::Device::scale).
     Scale,
+    /// [`Device::add_id`](crate::Device::add_id).
+    AddId,
     /// [`Device::scatter_add_weighted`](crate::Device::scatter_add_weighted).
     ScatterAddWeighted,
     /// [`Device::route_topk`](crate::Device::route_topk).
@@ -52,7 +54,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 21] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -66,6 +68,7 @@ impl Op {
         Op::Add,
         Op::AddBias,
         Op::Scale,
+        Op::AddId,
         Op::ScatterAddWeighted,
         Op::RouteTopK,
         Op::WriteKv,
@@ -92,6 +95,7 @@ impl Op {
             Op::Add => "add",
             Op::AddBias => "add_bias",
             Op::Scale => "scale",
+            Op::AddId => "add_id",
             Op::ScatterAddWeighted => "scatter_add_weighted",
             Op::RouteTopK => "route_topk",
             Op::WriteKv => "write_kv",
@@ -117,14 +121,23 @@ impl fmt::Display for Op {
     }
 }
 
-/// One routed row of a grouped expert matmul: output row `i` is
-/// `W[expert] * x[input_row]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ExpertRow {
-    /// Row of the activation matrix.
-    pub input_row: u32,
-    /// Expert index in `0..E`.
-    pub expert: u32,
+/// How many routed rows each input row has in a grouped expert op
+/// ([`Device::expert_matmul`](crate::Device::expert_matmul),
+/// [`Device::scatter_add_weighted`](crate::Device::scatter_add_weighted),
+/// [`Device::add_id`](crate::Device::add_id)): `routed / inputs`, routed row `i`
+/// belonging to input row `i / fanout`. A count of routed rows that is not a multiple of
+/// the input rows is a caller bug (`op` names the call), which panics; no rows at all is
+/// a fan-out of 1.
+pub fn fanout(inputs: usize, routed: usize, op: &str) -> usize {
+    if inputs == 0 {
+        assert_eq!(routed, 0, "{op}: {routed} routed rows for no input row");
+        return 1;
+    }
+    assert!(
+        routed.is_multiple_of(inputs),
+        "{op}: {routed} routed rows is not a multiple of {inputs} input rows"
+    );
+    routed / inputs
 }
 
 /// RoPE parameters, as ggml's `rope_ext` takes them: `n_rot` dims of each of the
@@ -141,8 +154,10 @@ pub struct ExpertRow {
 ///
 /// A device refuses parameters that [`RopeConfig::check`] refuses (odd `n_rot` or
 /// larger than `head_dim`, a base, scale or factor that is not a finite positive number,
-/// a factor count other than `n_rot / 2`) with `InvalidInput`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// a factor count other than `n_rot / 2`) with `InvalidInput`. The factors are a
+/// tensor of the model (uploaded once, like the norm weights): a device reads them where
+/// it keeps them.
+#[derive(Clone, Copy, Debug)]
 pub struct RopeParams<'a> {
     /// Heads per row.
     pub n_heads: usize,
@@ -157,7 +172,7 @@ pub struct RopeParams<'a> {
     /// Linear frequency scale (1, or `1 / factor` for linear and YaRN scaling).
     pub freq_scale: f32,
     /// Per-pair divisors of the angle, `n_rot / 2` values (Llama 3's `rope_freqs`).
-    pub freq_factors: Option<&'a [f32]>,
+    pub freq_factors: Option<crate::View<'a>>,
     /// YaRN; `None` is no extrapolation mix and magnitude 1.
     pub yarn: Option<Yarn>,
 }
@@ -177,24 +192,47 @@ impl<'a> RopeParams<'a> {
         }
     }
 
-    /// The rotation of one head, for [`flint_core::math::rope`] and its helpers.
+    /// The rotation of one head, for [`flint_core::math::rope`] and its helpers, on a
+    /// device that computes in host memory (factors in a device buffer are a caller bug
+    /// there, which panics).
     pub fn config(&self) -> RopeConfig<'a> {
+        RopeConfig {
+            freq_factors: self.freq_factors.map(crate::View::host),
+            ..self.config_without_factors()
+        }
+    }
+
+    fn config_without_factors(&self) -> RopeConfig<'a> {
         RopeConfig {
             kind: self.kind,
             n_rot: self.n_rot,
             base: self.base,
             freq_scale: self.freq_scale,
-            freq_factors: self.freq_factors,
+            freq_factors: None,
             yarn: self.yarn,
         }
     }
 
     /// `Ok` when a device can apply these parameters; otherwise the `InvalidInput`
-    /// error every device returns for them.
+    /// error every device returns for them. Factors in a device buffer are checked for
+    /// their count here; their values are the device's to check.
     pub fn check(&self) -> Result<(), HalError> {
-        self.config()
-            .check(self.head_dim)
-            .map_err(|e| HalError::invalid(e.to_string()))
+        let invalid = |e: flint_core::math::RopeError| HalError::invalid(e.to_string());
+        match self.freq_factors {
+            Some(crate::View::Device { len, .. }) => {
+                self.config_without_factors()
+                    .check(self.head_dim)
+                    .map_err(invalid)?;
+                if len != self.n_rot / 2 {
+                    return Err(HalError::invalid(format!(
+                        "rope: {len} frequency factors for {} rotated dims (want n_rot / 2)",
+                        self.n_rot
+                    )));
+                }
+                Ok(())
+            }
+            _ => self.config().check(self.head_dim).map_err(invalid),
+        }
     }
 }
 
@@ -295,9 +333,10 @@ pub struct PagedAttention<'a> {
     pub n_heads: usize,
     /// Multiplier of `q . k` (usually `1/sqrt(head_dim_k)`).
     pub scale: f32,
-    /// Per-head sink logits (`[n_heads]`): a term `exp(sink_h - m)` in the softmax
-    /// denominator that contributes nothing to the output.
-    pub sinks: Option<&'a [f32]>,
+    /// Per-head sink logits (`[n_heads]`, a tensor of the model): a term
+    /// `exp(sink_h - m)` in the softmax denominator that contributes nothing to the
+    /// output.
+    pub sinks: Option<crate::View<'a>>,
     /// Sliding window `W`: a query at `p` sees only `j > p - W`.
     pub window: Option<usize>,
 }

@@ -359,6 +359,24 @@ impl IndexTensor {
     pub fn slice(&self, r: Range<usize>) -> IndexView<'_> {
         self.view().slice(r)
     }
+
+    /// The whole tensor, to write (an op's output: the experts
+    /// [`Device::route_topk`](crate::Device::route_topk) chooses).
+    pub fn view_mut(&mut self) -> IndexViewMut<'_> {
+        match self {
+            IndexTensor::Host(v) => IndexViewMut::Host(v),
+            IndexTensor::Device(b) => IndexViewMut::Device {
+                buf: &**b,
+                offset: 0,
+                len: b.len(),
+            },
+        }
+    }
+
+    /// Indices `r`, to write. Panics when `r` is out of range.
+    pub fn slice_mut(&mut self, r: Range<usize>) -> IndexViewMut<'_> {
+        self.view_mut().into_slice(r)
+    }
 }
 
 /// An [`IndexTensor`] or a contiguous range of one, or host indices (always valid: a
@@ -445,14 +463,114 @@ impl<'a> From<&'a IndexTensor> for IndexView<'a> {
     }
 }
 
+/// An [`IndexTensor`] or a contiguous range of one, or host indices, to write.
+#[derive(Debug)]
+pub enum IndexViewMut<'a> {
+    /// Host memory.
+    Host(&'a mut [u32]),
+    /// `len` indices of a device buffer from `offset` (written on the device's side).
+    Device {
+        /// The buffer.
+        buf: &'a dyn DeviceBuffer,
+        /// First index.
+        offset: usize,
+        /// Number of indices.
+        len: usize,
+    },
+}
+
+impl<'a> IndexViewMut<'a> {
+    /// Number of indices.
+    pub fn len(&self) -> usize {
+        match self {
+            IndexViewMut::Host(s) => s.len(),
+            IndexViewMut::Device { len, .. } => *len,
+        }
+    }
+
+    /// Whether it holds no indices.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A shorter-lived view of the same indices, so that `self` can be used again after.
+    pub fn reborrow(&mut self) -> IndexViewMut<'_> {
+        match self {
+            IndexViewMut::Host(s) => IndexViewMut::Host(s),
+            IndexViewMut::Device { buf, offset, len } => IndexViewMut::Device {
+                buf: *buf,
+                offset: *offset,
+                len: *len,
+            },
+        }
+    }
+
+    /// The same indices, to read.
+    pub fn as_view(&self) -> IndexView<'_> {
+        match self {
+            IndexViewMut::Host(s) => IndexView::Host(s),
+            IndexViewMut::Device { buf, offset, len } => IndexView::Device {
+                buf: *buf,
+                offset: *offset,
+                len: *len,
+            },
+        }
+    }
+
+    /// Indices `r` of this view. Panics when `r` is out of range.
+    pub fn into_slice(self, r: Range<usize>) -> IndexViewMut<'a> {
+        check_range(&r, self.len());
+        match self {
+            IndexViewMut::Host(s) => IndexViewMut::Host(&mut s[r]),
+            IndexViewMut::Device { buf, offset, .. } => IndexViewMut::Device {
+                buf,
+                offset: offset + r.start,
+                len: r.end - r.start,
+            },
+        }
+    }
+
+    /// The host indices, or `None` for a device buffer.
+    pub fn as_host_mut(self) -> Option<&'a mut [u32]> {
+        match self {
+            IndexViewMut::Host(s) => Some(s),
+            IndexViewMut::Device { .. } => None,
+        }
+    }
+
+    /// The host indices. A device buffer here is a view handed to a host-memory device
+    /// by a caller that mixed devices: a caller bug, which panics.
+    pub fn host(self) -> &'a mut [u32] {
+        self.as_host_mut()
+            .expect("a device index buffer passed to a device that computes in host memory")
+    }
+}
+
+impl<'a> From<&'a mut [u32]> for IndexViewMut<'a> {
+    fn from(s: &'a mut [u32]) -> Self {
+        IndexViewMut::Host(s)
+    }
+}
+
+impl<'a> From<&'a mut Vec<u32>> for IndexViewMut<'a> {
+    fn from(s: &'a mut Vec<u32>) -> Self {
+        IndexViewMut::Host(s)
+    }
+}
+
+impl<'a> From<&'a mut IndexTensor> for IndexViewMut<'a> {
+    fn from(t: &'a mut IndexTensor) -> Self {
+        t.view_mut()
+    }
+}
+
 /// Host-device traffic of a device since it was opened: what crossed between host memory
 /// and the device's memory, through [`Device::upload`](crate::Device::upload) and
 /// [`Device::download`](crate::Device::download) and through ops handed host views.
 /// A step's index lists travel as one [`IndexTensor`] upload. Host arrays an op still
-/// takes (expert rows and routing weights of MoE layers, attention sinks, RoPE frequency
-/// factors) and index lists handed to it in host memory by a device that keeps them
-/// there are counted apart, as `arg_bytes`: a real device passes them as kernel
-/// arguments.
+/// takes (attention sinks, RoPE frequency factors) and index lists handed to it in host
+/// memory by a device that keeps them there are counted apart, as `arg_bytes`: a real
+/// device passes them as kernel arguments.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transfers {
     /// Host-to-device copies.

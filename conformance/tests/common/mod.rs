@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use flint_conformance::registry;
 use flint_hal::{
-    AttnSeq, DeltaNetShape, Device, DeviceOptions, DeviceRef, ExpertRow, GgmlType, HalError,
-    IndexView, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
+    AttnSeq, DeltaNetShape, Device, DeviceOptions, DeviceRef, GgmlType, HalError, IndexView,
+    IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
     TransferCounter, View, ViewMut, Weight, WeightDesc, WeightHandle, WeightSource, NO_BLOCK,
 };
 
@@ -60,6 +60,13 @@ pub enum Defect {
     UploadInHalves,
     /// `copy` leaves the last value of the destination unwritten.
     CopyOneShort,
+    /// `route_topk` drops the per-expert output scale.
+    ExpertScaleIgnored,
+    /// `scatter_add_weighted` sends routed row `i` to token `i % tokens` (interleaved)
+    /// instead of `i / fanout` (each token's rows one after another).
+    ScatterInterleaved,
+    /// `expert_matmul` reads every routed row from the first token's row.
+    ExpertFirstToken,
     /// Claims nothing at all.
     SupportsNothing,
 }
@@ -202,10 +209,26 @@ impl Device for Broken {
         &self,
         w: &dyn Weight,
         x: View<'_>,
-        rows: &[ExpertRow],
+        ids: IndexView<'_>,
         out: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        self.inner.expert_matmul(w, x, rows, out)
+        if self.defect == Defect::ExpertFirstToken {
+            // Every token's row replaced by the first token's.
+            let (x, k) = (x.host(), w.info().dims[0]);
+            let first: Vec<f32> = x[..k].repeat(x.len() / k);
+            return self.inner.expert_matmul(w, (&first[..]).into(), ids, out);
+        }
+        self.inner.expert_matmul(w, x, ids, out)
+    }
+
+    fn add_id(
+        &self,
+        x: ViewMut<'_>,
+        table: View<'_>,
+        ids: IndexView<'_>,
+        dim: usize,
+    ) -> Result<(), HalError> {
+        self.inner.add_id(x, table, ids, dim)
     }
 
     fn get_rows(
@@ -318,11 +341,21 @@ impl Device for Broken {
         &self,
         acc: ViewMut<'_>,
         x: View<'_>,
-        rows: &[u32],
-        weights: &[f32],
+        weights: View<'_>,
         dim: usize,
     ) -> Result<(), HalError> {
-        self.inner.scatter_add_weighted(acc, x, rows, weights, dim)
+        if self.defect == Defect::ScatterInterleaved {
+            let (acc, x, w) = (acc.host(), x.host(), weights.host());
+            let tokens = acc.len() / dim;
+            for (i, (&wt, xr)) in w.iter().zip(x.chunks_exact(dim)).enumerate() {
+                let r = i % tokens;
+                for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
+                    *a += wt * v;
+                }
+            }
+            return Ok(());
+        }
+        self.inner.scatter_add_weighted(acc, x, weights, dim)
     }
 
     fn route_topk(
@@ -330,12 +363,18 @@ impl Device for Broken {
         logits: View<'_>,
         n_experts: usize,
         bias: Option<View<'_>>,
+        expert_scale: Option<View<'_>>,
         cfg: &RoutingConfig,
-        ids: &mut [u32],
-        weights: &mut [f32],
+        ids: IndexViewMut<'_>,
+        weights: ViewMut<'_>,
     ) -> Result<(), HalError> {
+        let expert_scale = if self.defect == Defect::ExpertScaleIgnored {
+            None
+        } else {
+            expert_scale
+        };
         self.inner
-            .route_topk(logits, n_experts, bias, cfg, ids, weights)
+            .route_topk(logits, n_experts, bias, expert_scale, cfg, ids, weights)
     }
 
     fn ssm_conv_silu(
@@ -442,7 +481,7 @@ impl Device for Broken {
             return self.inner.paged_attention(kv, &q, out);
         }
         let sinks = match (self.defect, p.sinks) {
-            (Defect::SinkExp0, Some(s)) => s,
+            (Defect::SinkExp0, Some(s)) => s.host(),
             _ => return self.inner.paged_attention(kv, p, out),
         };
         // The defect: the sink term is exp(0) = 1 instead of exp(sink - m_final).
@@ -484,7 +523,7 @@ impl Device for Broken {
                 let single = PagedAttention {
                     q,
                     seqs: &one,
-                    sinks: Some(&m_final),
+                    sinks: Some((&m_final[..]).into()),
                     ..*p
                 };
                 self.inner.paged_attention(

@@ -38,6 +38,14 @@ pub enum RouteError {
         /// The number of experts (logits).
         experts: usize,
     },
+    /// An expert id that is not below the number of experts (or rows of a table
+    /// indexed by expert).
+    ExpertOutOfRange {
+        /// The id.
+        id: u32,
+        /// The number of experts.
+        experts: usize,
+    },
     /// The bias, `ids_out` or `weights_out` has the wrong length.
     LengthMismatch {
         /// Which argument.
@@ -58,6 +66,9 @@ impl fmt::Display for RouteError {
             ),
             RouteError::BadK { k, experts } => {
                 write!(f, "routing: cannot choose {k} of {experts} experts")
+            }
+            RouteError::ExpertOutOfRange { id, experts } => {
+                write!(f, "routing: expert id {id} out of {experts} experts")
             }
             RouteError::LengthMismatch {
                 what,
@@ -236,4 +247,89 @@ pub fn route_topk_in(
         *w *= scale;
     }
     Ok(())
+}
+
+/// Gemma 4's per-expert output scale on routed weights: `weights[i] *= scale[ids[i]]`
+/// (`ids.len() == weights.len()`; lengths are the caller's to match).
+///
+/// # Errors
+/// An id not below `scale.len()`; the weights before it are scaled.
+pub fn scale_by_expert(weights: &mut [f32], ids: &[u32], scale: &[f32]) -> Result<(), RouteError> {
+    for (w, &id) in weights.iter_mut().zip(ids) {
+        let s = scale.get(id as usize).ok_or(RouteError::ExpertOutOfRange {
+            id,
+            experts: scale.len(),
+        })?;
+        *w *= *s;
+    }
+    Ok(())
+}
+
+/// ggml's `add_id`: `x[i] += table[ids[i]]` for rows of `dim` values (gpt-oss's
+/// per-expert biases on routed rows). `x` has `ids.len()` rows, `table` one row per
+/// expert.
+///
+/// # Errors
+/// An id beyond `table`'s rows; the rows before it are added.
+///
+/// # Panics
+/// When `x` is not `ids.len()` rows of `dim`, or `table` not whole rows of it.
+pub fn add_id(x: &mut [f32], table: &[f32], ids: &[u32], dim: usize) -> Result<(), RouteError> {
+    assert!(
+        x.len() == ids.len() * dim && (dim == 0 || table.len().is_multiple_of(dim)),
+        "add_id: x is {} values for {} ids of {dim}, table {} values",
+        x.len(),
+        ids.len(),
+        table.len()
+    );
+    if dim == 0 {
+        return Ok(());
+    }
+    let rows = table.len() / dim;
+    for (row, &id) in x.chunks_exact_mut(dim).zip(ids) {
+        let e = id as usize;
+        if e >= rows {
+            return Err(RouteError::ExpertOutOfRange { id, experts: rows });
+        }
+        for (v, &b) in row.iter_mut().zip(&table[e * dim..(e + 1) * dim]) {
+            *v += b;
+        }
+    }
+    Ok(())
+}
+
+/// MoE combine: `acc[i / f] += weights[i] * x[i]` for rows of `dim` values, in order of
+/// `i`, where `acc` holds `r` rows and `x` holds `r * f` (each token's `f` routed rows one
+/// after another).
+///
+/// # Panics
+/// When the lengths do not fit that shape.
+pub fn scatter_add_weighted(acc: &mut [f32], x: &[f32], weights: &[f32], dim: usize) {
+    assert!(
+        dim > 0 && acc.len().is_multiple_of(dim) && x.len() == weights.len() * dim,
+        "scatter_add_weighted: acc {} values, x {} values, {} weights, rows of {dim}",
+        acc.len(),
+        x.len(),
+        weights.len()
+    );
+    let rows = acc.len() / dim;
+    if rows == 0 {
+        assert!(
+            weights.is_empty(),
+            "scatter_add_weighted: rows for no token"
+        );
+        return;
+    }
+    assert!(
+        weights.len().is_multiple_of(rows),
+        "scatter_add_weighted: {} routed rows for {rows} tokens",
+        weights.len()
+    );
+    let f = weights.len() / rows;
+    for (i, (&wt, xr)) in weights.iter().zip(x.chunks_exact(dim)).enumerate() {
+        let r = i / f;
+        for (a, &v) in acc[r * dim..(r + 1) * dim].iter_mut().zip(xr) {
+            *a += wt * v;
+        }
+    }
 }

@@ -23,16 +23,16 @@ use std::borrow::Cow;
 
 use flint_core::math::{delta_net_gate, l2_norm_heads, sigmoid_ggml};
 use flint_hal::{
-    AttnSeq, Device, DeviceRef, ExpertRow, HalError, IndexView, KvBuffer, KvLayout, Op,
-    PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
+    AttnSeq, Device, DeviceRef, HalError, IndexTensor, IndexView, IndexViewMut, KvBuffer, KvLayout,
+    Op, PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
     WeightKind,
 };
 
 use crate::forward::profile::timed;
 use crate::kv::{groups_from_layers, GroupKind, KvGroupSpec, LayerCache};
 use crate::model::{
-    layer_rope, soft_cap, Activation, DeltaNetDesc, ExpertBiases, Ffn, Mixer, Mlp, Model,
-    ModelDesc, ModelError, TensorRef,
+    layer_rope, soft_cap, Activation, DeltaNetDesc, Ffn, Mixer, Mlp, Model, ModelDesc, ModelError,
+    TensorRef,
 };
 
 /// Gemma 4's dense MLP beside the experts, staged, with both branches' norms.
@@ -81,14 +81,14 @@ struct MoeBufs {
     expert_in: Buf,
     router_in: Buf,
     logits: Buf,
-    ids: Vec<u32>,
-    weights: Vec<f32>,
+    /// The chosen experts (`route_topk` writes them, the expert ops read them: they stay
+    /// on the device).
+    ids: IdxBuf,
+    weights: Buf,
     branch_out: Buf,
     scratch: Buf,
     /// Zeros, for clearing a device buffer (see [`zero`]).
     zeros: Buf,
-    /// The chosen experts' biases, a row per routed row.
-    bias_rows: Buf,
 }
 
 /// A device tensor kept across the layers of a step, grown when a layer needs more.
@@ -130,12 +130,34 @@ impl Buf {
     }
 }
 
-/// The first `len` values of `b`, grown (with zeros) when shorter.
-fn grown<T: Copy + Default>(b: &mut Vec<T>, len: usize) -> &mut [T] {
-    if b.len() < len {
-        b.resize(len, T::default());
+/// A device index tensor kept across the layers of a step (the chosen experts), grown
+/// when a layer needs more.
+#[derive(Debug, Default)]
+struct IdxBuf(Option<IndexTensor>);
+
+impl IdxBuf {
+    /// Its first `len` indices, to write, the tensor grown first when shorter.
+    fn get(&mut self, dev: &dyn Device, len: usize) -> Result<IndexViewMut<'_>, HalError> {
+        if self.0.as_ref().is_none_or(|t| t.len() < len) {
+            match &mut self.0 {
+                Some(IndexTensor::Host(v)) => v.resize(len, 0),
+                t => *t = Some(dev.alloc_indices(len)?),
+            }
+        }
+        Ok(self
+            .0
+            .as_mut()
+            .expect("allocated just above")
+            .slice_mut(0..len))
     }
-    &mut b[..len]
+
+    /// Its first `len` indices, to read (written before through [`IdxBuf::get`]).
+    fn view(&self, len: usize) -> IndexView<'_> {
+        self.0
+            .as_ref()
+            .expect("an index buffer read before it was written")
+            .slice(0..len)
+    }
 }
 
 impl MlpBufs {
@@ -207,16 +229,27 @@ enum DevFfn {
         bias: Option<Tensor>,
         router_bias: Option<Tensor>,
         experts: DevMlp,
-        expert_biases: Option<ExpertBiases>,
+        /// gpt-oss's expert biases, one row per expert (`add_id` adds each routed row
+        /// its expert's).
+        expert_biases: Option<DevExpertBiases>,
         shared: Option<DevMlp>,
         /// Gemma 4's router input weight: `ffn_gate_inp.scale / sqrt(d)` (one product
         /// per element where llama.cpp scales, then multiplies: within an ulp).
         router_norm: Option<Tensor>,
-        expert_scale: Option<Vec<f32>>,
+        /// Gemma 4's per-expert output scale (`route_topk` folds it into the weights).
+        expert_scale: Option<Tensor>,
         parallel: Option<DevParallel>,
         /// Qwen 3.5's shared-expert gate `ffn_gate_inp_shexp` (one output row).
         shared_gate: Option<WeightHandle>,
     },
+}
+
+/// [`ExpertBiases`](crate::model::ExpertBiases) as device tensors.
+#[derive(Debug)]
+struct DevExpertBiases {
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
 }
 
 /// A layer's attention, staged.
@@ -232,8 +265,8 @@ struct DevAttn {
     bo: Option<Tensor>,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
-    /// Per-head constants, passed to each call as host values.
-    sinks: Option<Vec<f32>>,
+    /// gpt-oss's and mimo2's per-head sink logits.
+    sinks: Option<Tensor>,
 }
 
 /// A Gated DeltaNet layer, staged (the tensors of `model::DeltaNetLayer`).
@@ -282,7 +315,8 @@ pub struct DeviceModel {
     spec: ModelDesc,
     token_embd: WeightHandle,
     output: WeightHandle,
-    rope_freqs: Option<Vec<f32>>,
+    /// Llama 3's `rope_freqs` factors (the layers that take them pass this tensor).
+    rope_freqs: Option<Tensor>,
     output_norm: Tensor,
     /// Bytes of the norm weights and biases uploaded at staging.
     vector_bytes: u64,
@@ -452,7 +486,7 @@ impl RecurrentStates {
 /// uploaded; `tests/families.rs` checks that the two agree for every family.
 pub fn vector_bytes(model: &Model) -> u64 {
     let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
-    let mut n = model.output_norm.len();
+    let mut n = model.output_norm.len() + opt(&model.rope_freqs);
     if let Some(pl) = &model.per_layer {
         n += pl.proj_norm.len();
     }
@@ -464,13 +498,17 @@ pub fn vector_bytes(model: &Model) -> u64 {
         }
         n += match &l.delta_net {
             Some(dn) => dn.conv.len() + dn.norm.len(),
-            None => [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm]
+            None => [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.sinks]
                 .into_iter()
                 .map(opt)
                 .sum(),
         };
         if let Ffn::Moe(moe) = &l.ffn {
             n += opt(&moe.bias) + opt(&moe.router_bias) + opt(&moe.router_scale);
+            n += opt(&moe.expert_scale);
+            if let Some(b) = &moe.expert_biases {
+                n += b.gate.len() + b.up.len() + b.down.len();
+            }
             if let Some(p) = &moe.parallel {
                 n += p.post_norm_1.len() + p.pre_norm_2.len() + p.post_norm_2.len();
             }
@@ -645,13 +683,20 @@ impl DeviceModel {
                         bias: up_opt(&moe.bias)?,
                         router_bias: up_opt(&moe.router_bias)?,
                         experts,
-                        expert_biases: moe.expert_biases.clone(),
+                        expert_biases: match &moe.expert_biases {
+                            Some(b) => Some(DevExpertBiases {
+                                gate: up(&b.gate)?,
+                                up: up(&b.up)?,
+                                down: up(&b.down)?,
+                            }),
+                            None => None,
+                        },
                         shared,
                         router_norm: match &moe.router_scale {
                             Some(s) => Some(up(&s.iter().map(|&w| inv * w).collect::<Vec<_>>())?),
                             None => None,
                         },
-                        expert_scale: moe.expert_scale.clone(),
+                        expert_scale: up_opt(&moe.expert_scale)?,
                         parallel,
                         shared_gate: match &moe.shared_gate {
                             Some(g) => Some(st(g, WeightKind::Matrix)?),
@@ -683,7 +728,7 @@ impl DeviceModel {
                     bo: up_opt(&l.bo)?,
                     q_norm: up_opt(&l.q_norm)?,
                     k_norm: up_opt(&l.k_norm)?,
-                    sinks: l.sinks.clone(),
+                    sinks: up_opt(&l.sinks)?,
                 }),
             };
             layers.push(DevLayer {
@@ -714,6 +759,7 @@ impl DeviceModel {
             None => None,
         };
         let output_norm = up(&model.output_norm)?;
+        let rope_freqs = up_opt(&model.rope_freqs)?;
         let vector_bytes = vector_bytes.get();
         Ok(Self {
             vector_bytes,
@@ -721,7 +767,7 @@ impl DeviceModel {
             spec: model.spec.clone(),
             token_embd,
             output,
-            rope_freqs: model.rope_freqs.clone(),
+            rope_freqs,
             output_norm,
             per_layer,
             layers,
@@ -1290,7 +1336,8 @@ impl DeviceModel {
                 self.norm_in_place(v.get(dev, vn)?, None, dv, norm_src)?;
             }
         }
-        let rope = layer_rope(spec, il, self.rope_freqs.as_deref());
+        let rope = layer_rope(spec, il, None);
+        let factors = self.rope_freqs.as_ref().map(Tensor::view);
         let rp = |n_heads| RopeParams {
             n_heads,
             head_dim: dk,
@@ -1298,7 +1345,7 @@ impl DeviceModel {
             n_rot: rope.n_rot,
             base: rope.base,
             freq_scale: rope.freq_scale,
-            freq_factors: rope.freq_factors,
+            freq_factors: factors.filter(|_| spec.layers[il].rope_freq_factors),
             yarn: rope.yarn,
         };
         timed!("rope", dev.rope(q.get(dev, qn)?, positions, &rp(h)))?;
@@ -1340,7 +1387,7 @@ impl DeviceModel {
             seqs,
             n_heads: h,
             scale: attn_scale,
-            sinks: at.sinks.as_deref(),
+            sinks: at.sinks.as_ref().map(Tensor::view),
             window: spec.layer_window(il),
         };
         timed!(
@@ -1708,7 +1755,6 @@ impl DeviceModel {
                     branch_out,
                     scratch,
                     zeros,
-                    bias_rows,
                 } = &mut mb;
                 // Gemma 4: the experts read `pre_ffw_norm_2` of the residual stream, the
                 // router its weightless norm times `scale / sqrt(d)`.
@@ -1755,88 +1801,59 @@ impl DeviceModel {
                         dev.add_bias(logits.get(dev, n * e)?, rb.view())
                     )?;
                 }
-                let ids = grown(ids, n * k);
-                let weights = grown(weights, n * k);
                 let cfg = RoutingConfig {
                     k,
                     gating: ms.gating,
                     normalize: ms.normalize,
                     scale: ms.scale,
                 };
+                // The chosen experts and their weights stay on the device: the expert
+                // matmuls, the biases and the combine read them there.
                 timed!(
                     "route",
                     dev.route_topk(
                         logits.view(n * e),
                         e,
                         bias.as_ref().map(Tensor::view),
+                        expert_scale.as_ref().map(Tensor::view),
                         &cfg,
-                        ids,
-                        weights
+                        ids.get(dev, n * k)?,
+                        weights.get(dev, n * k)?
                     )
                 )?;
-                // Gemma 4's per-expert output scale, folded into the routing weights.
-                if let Some(s) = expert_scale {
-                    for (w, &ex) in weights.iter_mut().zip(ids.iter()) {
-                        *w *= s[ex as usize];
-                    }
-                }
-                let rows: Vec<ExpertRow> = ids
-                    .iter()
-                    .enumerate()
-                    .map(|(r, &ex)| ExpertRow {
-                        input_row: (r / k) as u32,
-                        expert: ex,
-                    })
-                    .collect();
+                let ids = ids.view(n * k);
                 let w = experts.width;
                 let [g, u, mut hdn, mut y] = bufs.take(dev, n * k * w, n * k * d)?;
                 let mut gu = [g, u];
+                // Gate and up: each token's row times its `k` experts (a fan-out of `k`).
                 timed!(
                     "expert_gate_up",
-                    dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f_exp, &rows, &mut gu)
+                    dev.expert_matmul_multi(&[&*experts.gate, &*experts.up], f_exp, ids, &mut gu)
                 )?;
                 let [mut g, mut u] = gu;
-                // Each chosen expert's biases, gathered into one matrix of its rows.
                 if let Some(b) = expert_biases {
                     timed!(
                         "expert_bias",
-                        dev.add(
-                            g.reborrow(),
-                            gather_rows(dev, bias_rows, &rows, &b.gate, w)?
-                        )
+                        dev.add_id(g.reborrow(), b.gate.view(), ids, w)
                     )?;
-                    timed!(
-                        "expert_bias",
-                        dev.add(u.reborrow(), gather_rows(dev, bias_rows, &rows, &b.up, w)?)
-                    )?;
+                    timed!("expert_bias", dev.add_id(u.reborrow(), b.up.view(), ids, w))?;
                 }
                 self.activation(g.as_view(), u.as_view(), hdn.reborrow())?;
-                let down_rows: Vec<ExpertRow> = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(r, row)| ExpertRow {
-                        input_row: r as u32,
-                        expert: row.expert,
-                    })
-                    .collect();
+                // Down: a row per routed row already (a fan-out of 1).
                 timed!(
                     "expert_down",
-                    dev.expert_matmul(&*experts.down, hdn.as_view(), &down_rows, y.reborrow())
+                    dev.expert_matmul(&*experts.down, hdn.as_view(), ids, y.reborrow())
                 )?;
                 if let Some(b) = expert_biases {
                     timed!(
                         "expert_bias",
-                        dev.add(
-                            y.reborrow(),
-                            gather_rows(dev, bias_rows, &rows, &b.down, d)?
-                        )
+                        dev.add_id(y.reborrow(), b.down.view(), ids, d)
                     )?;
                 }
                 zero(dev, out.reborrow(), zeros)?;
-                let token_rows: Vec<u32> = rows.iter().map(|r| r.input_row).collect();
                 timed!(
                     "scatter",
-                    dev.scatter_add_weighted(out.reborrow(), y.as_view(), &token_rows, weights, d)
+                    dev.scatter_add_weighted(out.reborrow(), y.as_view(), weights.view(n * k), d)
                 )?;
                 if let Some(s) = shared {
                     self.mlp(s, f, n, branch_out.get(dev, n * d)?, bufs)?;
@@ -2026,8 +2043,7 @@ fn read_host<'a>(dev: &dyn Device, v: View<'a>) -> Result<Cow<'a, [f32]>, HalErr
 /// Runs `f` on the values of `t` in host memory: in place when they are there, else
 /// on a host copy uploaded after (downloaded first when `f` reads them: `reads`; both
 /// counted). For the few element-wise steps the device interface has no op for (Qwen
-/// 3.5's gates, the delta rule's decay, the L2 norm of its heads, gathered expert
-/// biases).
+/// 3.5's gates, the delta rule's decay, the L2 norm of its heads).
 fn on_host(
     dev: &dyn Device,
     t: ViewMut<'_>,
@@ -2048,25 +2064,6 @@ fn on_host(
             dev.upload(&h, t)
         }
     }
-}
-
-/// The rows of `table` (`width` values per expert) of each routed row's expert, one
-/// after another in `buf`: gathered on the host (for a device buffer, an upload).
-fn gather_rows<'b>(
-    dev: &dyn Device,
-    buf: &'b mut Buf,
-    rows: &[ExpertRow],
-    table: &[f32],
-    width: usize,
-) -> Result<View<'b>, HalError> {
-    let len = rows.len() * width;
-    on_host(dev, buf.get(dev, len)?, false, |m| {
-        for (dst, r) in m.chunks_exact_mut(width).zip(rows) {
-            let e = r.expert as usize;
-            dst.copy_from_slice(&table[e * width..(e + 1) * width]);
-        }
-    })?;
-    Ok(buf.view(len))
 }
 
 /// `t = 0`: in place in host memory, else a device-side copy from `zeros`, a tensor

@@ -186,6 +186,51 @@ pub struct Seq<'a> {
     pub block_table: &'a [u32],
 }
 
+/// A range of 4-byte values of one buffer: `start .. end` of buffer `h`.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    h: u64,
+    start: u64,
+    end: u64,
+}
+
+impl Span {
+    /// Whether the two ranges share a value.
+    fn overlaps(&self, o: &Span) -> bool {
+        self.h == o.h && self.start < o.end && o.start < self.end
+    }
+}
+
+/// Refuses an op whose written range `out` overlaps one of the ranges it reads.
+fn disjoint(what: &str, out: (&str, Span), ins: &[(&str, Span)]) -> Result<(), SimError> {
+    for (name, s) in ins {
+        if out.1.overlaps(s) {
+            return invalid(format!(
+                "{what}: {} (buffer {}, values {}..{}) overlaps {name} (values {}..{})",
+                out.0, out.1.h, out.1.start, out.1.end, s.start, s.end
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The arguments of `flint_tt_route_topk` (ABI 6): buffers (0 = none for `bias` and
+/// `expert_scale`) and, for the two outputs, the buffer and the first value written.
+#[derive(Clone, Copy, Debug)]
+pub struct Routing {
+    pub logits: u64,
+    pub n_rows: usize,
+    pub n_experts: usize,
+    pub bias: u64,
+    pub expert_scale: u64,
+    pub k: usize,
+    pub gating: flint_core::math::Gating,
+    pub normalize: bool,
+    pub scale: f32,
+    pub ids: (u64, u64),
+    pub weights: (u64, u64),
+}
+
 /// The whole state of one opened device.
 #[derive(Debug)]
 pub struct State {
@@ -317,6 +362,47 @@ impl State {
             .iter()
             .map(|x| x.to_bits())
             .collect())
+    }
+
+    /// The 4-byte range `offset .. offset + n` of buffer `h`, checked to lie inside it.
+    fn span(&self, h: u64, offset: u64, n: u64, what: &str) -> Result<Span, SimError> {
+        let b = self.buffers.get(&h).ok_or_else(|| SimError {
+            code: ERR_INVALID,
+            message: format!("{what}: no buffer {h}"),
+        })?;
+        match offset
+            .checked_add(n)
+            .filter(|&e| e.saturating_mul(4) <= b.bytes)
+        {
+            Some(end) => Ok(Span {
+                h,
+                start: offset,
+                end,
+            }),
+            None => invalid(format!(
+                "{what}: {n} values at {offset} outside buffer {h} of {} bytes",
+                b.bytes
+            )),
+        }
+    }
+
+    /// `n` floats of buffer `h` from float `offset`.
+    fn floats_at(&self, h: u64, offset: u64, n: usize, what: &str) -> Result<&[f32], SimError> {
+        let s = self.span(h, offset, n as u64, what)?;
+        Ok(&self.buf(h)?.data[s.start as usize..s.end as usize])
+    }
+
+    /// Writes 4-byte values into a range checked by [`span`](Self::span) (on the
+    /// device's side: not host traffic).
+    fn write_span(&mut self, s: Span, vals: impl IntoIterator<Item = f32>) {
+        if let Some(b) = self.buffers.get_mut(&s.h) {
+            for (d, v) in b.data[s.start as usize..s.end as usize]
+                .iter_mut()
+                .zip(vals)
+            {
+                *d = v;
+            }
+        }
     }
 
     /// `flint_tt_buffer_write`.
@@ -527,17 +613,20 @@ impl State {
         Ok(())
     }
 
-    /// `flint_tt_expert_matmul`; `rows` are `(input_row, expert)` pairs.
+    /// `flint_tt_expert_matmul` (ABI 6): routed row `i` is expert `ids[i]` (read from
+    /// index buffer `ids` from `ids_offset`) on input row `i / (n_rows / x_rows)`.
     pub fn expert_matmul(
         &mut self,
         experts: &[u64],
         x: u64,
         x_rows: usize,
-        rows: &[(u32, u32)],
+        ids: u64,
+        ids_offset: u64,
+        n_rows: usize,
         out: u64,
     ) -> Result<(), SimError> {
         let Some(&first) = experts.first() else {
-            return invalid("expert matmul with no experts");
+            return invalid("expert_matmul: no experts");
         };
         let (in_f, out_f, block) = {
             let w = self.weight(first)?;
@@ -547,19 +636,35 @@ impl State {
             let w = self.weight(e)?;
             if (w.in_f, w.out_f, w.is_block()) != (in_f, out_f, block) {
                 return invalid(format!(
-                    "expert weights differ: {} [{}, {}] vs [{in_f}, {out_f}]",
+                    "expert_matmul: expert weights differ: {} [{}, {}] vs [{in_f}, {out_f}]",
                     w.ty, w.in_f, w.out_f
                 ));
             }
         }
-        for &(ir, e) in rows {
-            if ir as usize >= x_rows || e as usize >= experts.len() {
-                return invalid(format!(
-                    "expert row (input {ir}, expert {e}) outside {x_rows} rows / {} experts",
-                    experts.len()
-                ));
-            }
+        let fan = fanout(x_rows, n_rows, "expert_matmul")?;
+        let id_span = self.span(ids, ids_offset, n_rows as u64, "expert_matmul ids")?;
+        let out_span = self.span(out, 0, (n_rows * out_f) as u64, "expert_matmul output")?;
+        disjoint(
+            "expert_matmul",
+            ("the output", out_span),
+            &[("the ids", id_span)],
+        )?;
+        let ids = self.indices(ids, ids_offset, n_rows as u64, "expert_matmul ids")?;
+        if let Some((i, &bad)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &e)| e as usize >= experts.len())
+        {
+            return invalid(format!(
+                "expert_matmul: expert id {bad} (routed row {i}) outside {} experts",
+                experts.len()
+            ));
         }
+        let rows: Vec<(u32, u32)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| ((i / fan) as u32, e))
+            .collect();
         let mut ob = self.take(out, rows.len() * out_f, "expert matmul output")?;
         let r = (|| {
             if x == out {
@@ -701,24 +806,50 @@ impl State {
         )
     }
 
-    /// `flint_tt_rope`.
+    /// `flint_tt_rope`: `cfg` without factors; `factors` the buffer holding them and the
+    /// first one's index (ABI 6; handle 0 = none), read here on the device's side.
     pub fn rope(
         &mut self,
         x: u64,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
-        cfg: &RopeConfig<'_>,
+        cfg: RopeConfig<'_>,
+        factors: (u64, u64),
     ) -> Result<(), SimError> {
         if let Err(e) = cfg.check(head_dim) {
             return invalid(e.to_string());
         }
         let n = positions.len() * n_heads * head_dim;
+        let ff = match factors {
+            (0, _) => None,
+            (h, off) => {
+                let half = cfg.n_rot / 2;
+                let fs = self.span(h, off, half as u64, "rope frequency factors")?;
+                let xs = self.span(x, 0, n as u64, "rope x")?;
+                disjoint("rope", ("x", xs), &[("the frequency factors", fs)])?;
+                Some(
+                    self.floats_at(h, off, half, "rope frequency factors")?
+                        .to_vec(),
+                )
+            }
+        };
+        let cfg = RopeConfig {
+            freq_factors: ff.as_deref(),
+            ..cfg
+        };
+        // The factors' values (finite and positive), as they are in the buffer.
+        if let Err(e) = cfg.check(head_dim) {
+            return invalid(format!(
+                "{e} (factors in buffer {} from float {})",
+                factors.0, factors.1
+            ));
+        }
         if n == 0 {
             return Ok(());
         }
         self.with_out([], (x, n), "rope", |[], x| {
-            kernels::rope(x, positions, n_heads, head_dim, cfg);
+            kernels::rope(x, positions, n_heads, head_dim, &cfg);
             Ok(())
         })
     }
@@ -779,26 +910,43 @@ impl State {
         })
     }
 
-    /// `flint_tt_scatter_add_weighted`.
+    /// `flint_tt_scatter_add_weighted` (ABI 6): `acc[i / (n / acc_rows)] += weights[i] *
+    /// x[i]` in order of `i`, the weights read from float buffer `weights` from
+    /// `weights_offset`.
     pub fn scatter_add_weighted(
         &mut self,
         acc: u64,
         acc_rows: usize,
         x: u64,
-        rows: &[u32],
-        weights: &[f32],
+        weights: u64,
+        weights_offset: u64,
+        n: usize,
         dim: usize,
     ) -> Result<(), SimError> {
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= acc_rows) {
-            return invalid(format!("scatter row {bad} outside {acc_rows} rows"));
-        }
+        let fan = fanout(acc_rows, n, "scatter_add_weighted")?;
+        let w_span = self.span(
+            weights,
+            weights_offset,
+            n as u64,
+            "scatter_add_weighted weights",
+        )?;
+        let acc_span = self.span(acc, 0, (acc_rows * dim) as u64, "scatter_add_weighted acc")?;
+        disjoint(
+            "scatter_add_weighted",
+            ("acc", acc_span),
+            &[("the weights", w_span)],
+        )?;
+        let w = self
+            .floats_at(weights, weights_offset, n, "scatter_add_weighted weights")?
+            .to_vec();
         self.with_out(
-            [(x, rows.len() * dim)],
+            [(x, n * dim)],
             (acc, acc_rows * dim),
             "scatter_add_weighted",
             |[x], a| {
-                for (i, (&r, &w)) in rows.iter().zip(weights).enumerate() {
-                    let dst = &mut a[r as usize * dim..(r as usize + 1) * dim];
+                for (i, &w) in w.iter().enumerate() {
+                    let r = i / fan;
+                    let dst = &mut a[r * dim..(r + 1) * dim];
                     for (d, &v) in dst.iter_mut().zip(&x[i * dim..(i + 1) * dim]) {
                         *d += w * v;
                     }
@@ -808,45 +956,72 @@ impl State {
         )
     }
 
-    /// `flint_tt_route_topk`.
-    pub fn route_topk(
-        &self,
-        logits: u64,
-        n_rows: usize,
-        n_experts: usize,
-        bias: u64,
-        k: usize,
-        gating: flint_core::math::Gating,
-        normalize: bool,
-        scale: f32,
-        ids: &mut [u32],
-        weights: &mut [f32],
-    ) -> Result<(), SimError> {
+    /// `flint_tt_route_topk` (ABI 6): ids and weights written into device buffers.
+    pub fn route_topk(&mut self, r: &Routing) -> Result<(), SimError> {
+        let (n_rows, n_experts, k) = (r.n_rows, r.n_experts, r.k);
         if k == 0 || k > n_experts {
             return invalid(format!("route_topk: k = {k} with {n_experts} experts"));
         }
-        let l = self.floats(logits, n_rows * n_experts, "route_topk logits")?;
-        let bias = if bias == 0 {
-            None
-        } else {
-            Some(self.floats(bias, n_experts, "route_topk bias")?)
+        let total = (n_rows * k) as u64;
+        let mut ins = vec![(
+            "the logits",
+            self.span(
+                r.logits,
+                0,
+                (n_rows * n_experts) as u64,
+                "route_topk logits",
+            )?,
+        )];
+        for (h, name) in [(r.bias, "the bias"), (r.expert_scale, "the expert scale")] {
+            if h != 0 {
+                ins.push((name, self.span(h, 0, n_experts as u64, name)?));
+            }
+        }
+        let id_span = self.span(r.ids.0, r.ids.1, total, "route_topk ids")?;
+        let w_span = self.span(r.weights.0, r.weights.1, total, "route_topk weights")?;
+        disjoint("route_topk", ("the ids", id_span), &ins)?;
+        ins.push(("the ids", id_span));
+        disjoint("route_topk", ("the weights", w_span), &ins)?;
+
+        let l = self.floats(r.logits, n_rows * n_experts, "route_topk logits")?;
+        let bias = match r.bias {
+            0 => None,
+            h => Some(self.floats(h, n_experts, "route_topk bias")?),
         };
-        for r in 0..n_rows {
+        let es = match r.expert_scale {
+            0 => None,
+            h => Some(self.floats(h, n_experts, "route_topk expert scale")?),
+        };
+        let mut ids = vec![0u32; n_rows * k];
+        let mut ws = vec![0.0f32; n_rows * k];
+        for row in 0..n_rows {
+            let (ri, rw) = (
+                &mut ids[row * k..(row + 1) * k],
+                &mut ws[row * k..(row + 1) * k],
+            );
             kernels::route_topk_row(
-                &l[r * n_experts..(r + 1) * n_experts],
+                &l[row * n_experts..(row + 1) * n_experts],
                 bias,
                 k,
-                gating,
-                normalize,
-                scale,
-                &mut ids[r * k..(r + 1) * k],
-                &mut weights[r * k..(r + 1) * k],
+                r.gating,
+                r.normalize,
+                r.scale,
+                ri,
+                rw,
             )
             .map_err(|m| SimError {
                 code: ERR_INVALID,
-                message: m,
+                message: format!("route_topk: {m}"),
             })?;
+            if let Some(s) = es {
+                // Gemma 4's per-expert output scale, after the routing.
+                for (w, &id) in rw.iter_mut().zip(ri.iter()) {
+                    *w *= s[id as usize];
+                }
+            }
         }
+        self.write_span(id_span, ids.into_iter().map(f32::from_bits));
+        self.write_span(w_span, ws);
         Ok(())
     }
 
@@ -904,16 +1079,35 @@ impl State {
         seqs: &[Seq<'_>],
         n_heads: usize,
         scale: f32,
-        sinks: Option<&[f32]>,
+        sinks: (u64, u64),
         window: usize,
         out: u64,
     ) -> Result<(), SimError> {
         if l.n_kv_heads == 0 || !n_heads.is_multiple_of(l.n_kv_heads) {
             return invalid(format!(
-                "{n_heads} query heads is not a multiple of {} KV heads",
+                "paged_attention: {n_heads} query heads is not a multiple of {} KV heads",
                 l.n_kv_heads
             ));
         }
+        // The sink logits (ABI 6): `n_heads` floats of a float buffer (handle 0 = none),
+        // read on the device's side, outside the range the op writes.
+        let sinks = match sinks {
+            (0, _) => None,
+            (h, off) => {
+                let ss = self.span(h, off, n_heads as u64, "paged_attention sinks")?;
+                let os = self.span(
+                    out,
+                    0,
+                    (q_rows * n_heads * l.head_dim_v) as u64,
+                    "paged_attention out",
+                )?;
+                disjoint("paged_attention", ("out", os), &[("the sinks", ss)])?;
+                Some(
+                    self.floats_at(h, off, n_heads, "paged_attention sinks")?
+                        .to_vec(),
+                )
+            }
+        };
         let slots_n = l.num_blocks * l.block_size;
         let (dk, dv, hkv) = (l.head_dim_k, l.head_dim_v, l.n_kv_heads);
         let group = n_heads / hkv;
@@ -979,7 +1173,7 @@ impl State {
                                 &values,
                                 first,
                                 scale,
-                                sinks.map(|s| s[h]),
+                                sinks.as_ref().map(|s| s[h]),
                                 oh,
                             );
                         }
@@ -1116,6 +1310,24 @@ fn gemm(
     Ok(())
 }
 
+/// The fan-out of a grouped op: `routed / inputs`, refused when `routed` is not a
+/// multiple of `inputs` (no input rows only with no routed rows; its fan-out is 1).
+fn fanout(inputs: usize, routed: usize, what: &str) -> Result<usize, SimError> {
+    if inputs == 0 {
+        return if routed == 0 {
+            Ok(1)
+        } else {
+            invalid(format!("{what}: {routed} routed rows for no input row"))
+        };
+    }
+    if !routed.is_multiple_of(inputs) {
+        return invalid(format!(
+            "{what}: {routed} routed rows is not a multiple of {inputs} input rows"
+        ));
+    }
+    Ok(routed / inputs)
+}
+
 fn check_rows(n: usize, dim: usize, what: &str) -> Result<(), SimError> {
     if dim == 0 || !n.is_multiple_of(dim) {
         return invalid(format!("{what}: {n} values are not rows of {dim}"));
@@ -1154,5 +1366,281 @@ mod tests {
         assert_eq!((c.device_copies, c.device_copy_bytes), (2, 32));
         assert_eq!((c.host_writes, c.host_write_bytes), (1, 64));
         assert_eq!((c.host_reads, c.host_read_bytes), (1, 64));
+    }
+
+    fn put_f32(st: &mut State, v: &[f32]) -> u64 {
+        let h = st.alloc(4 * v.len() as u64).expect("alloc");
+        st.write(h, 0, bytemuck::cast_slice(v)).expect("write");
+        h
+    }
+
+    fn put_u32(st: &mut State, v: &[u32]) -> u64 {
+        let h = st.alloc(4 * v.len() as u64).expect("alloc");
+        st.write(h, 0, bytemuck::cast_slice(v)).expect("write");
+        h
+    }
+
+    fn routing(logits: u64, ids: (u64, u64), weights: (u64, u64)) -> Routing {
+        Routing {
+            logits,
+            n_rows: 2,
+            n_experts: 4,
+            bias: 0,
+            expert_scale: 0,
+            k: 2,
+            gating: flint_core::math::Gating::Softmax,
+            normalize: true,
+            scale: 1.0,
+            ids,
+            weights,
+        }
+    }
+
+    #[test]
+    fn route_topk_writes_device_buffers_at_offsets_and_checks_ranges() {
+        let mut st = State::new(1 << 20);
+        let logits = put_f32(&mut st, &[0.1, 2.0, -1.0, 1.0, 3.0, 0.0, 0.5, -2.0]);
+        let scale = put_f32(&mut st, &[1.0, 2.0, 4.0, 8.0]);
+        let out = st.alloc(4 * 10).expect("alloc");
+        // Ids at 1..5 and weights at 5..9 of one buffer.
+        let mut r = routing(logits, (out, 1), (out, 5));
+        r.expert_scale = scale;
+        st.route_topk(&r).expect("route");
+        let ids = st.indices(out, 0, 10, "ids").expect("read");
+        assert_eq!(&ids[..5], &[0, 1, 3, 0, 2]);
+        let w = st.floats_at(out, 5, 4, "w").expect("read");
+        let (mut ci, mut cw) = ([0u32; 2], [0.0f32; 2]);
+        flint_core::math::route_topk(
+            &[0.1, 2.0, -1.0, 1.0],
+            None,
+            2,
+            flint_core::math::Gating::Softmax,
+            true,
+            1.0,
+            &mut ci,
+            &mut cw,
+        )
+        .expect("core");
+        assert_eq!(ci, [1, 3]);
+        assert_eq!(w[0], cw[0] * 2.0);
+        assert_eq!(w[1], cw[1] * 8.0);
+        assert_eq!(st.indices(out, 9, 1, "tail").expect("read"), [0]);
+        // Nothing of it was host traffic.
+        assert_eq!(st.counters().host_reads, 0);
+
+        // Outputs past their buffer, overlapping each other or an input are refused.
+        for (ids, weights, what) in [
+            ((out, 7), (out, 0), "outside"),
+            ((out, 0), (out, 3), "overlaps"),
+            ((logits, 4), (out, 0), "overlaps the logits"),
+            ((out, 0), (scale, 0), "overlaps the expert scale"),
+        ] {
+            let mut r = routing(logits, ids, weights);
+            r.expert_scale = scale;
+            let e = st.route_topk(&r).expect_err(what);
+            assert_eq!(e.code, ERR_INVALID);
+            assert!(e.message.contains(what), "{}", e.message);
+        }
+        let mut r = routing(logits, (out, 0), (out, 4));
+        r.k = 0;
+        assert_eq!(st.route_topk(&r).expect_err("k 0").code, ERR_INVALID);
+    }
+
+    #[test]
+    fn expert_ops_read_ids_and_weights_from_buffers_and_check_them() {
+        let mut st = State::new(1 << 20);
+        // Two experts [in 32, out 1] of F32: expert 0 sums x, expert 1 sums 2 x.
+        let mut stage = |v: f32| {
+            let data: Vec<f32> = vec![v; 32];
+            let bytes: Vec<u8> = bytemuck::cast_slice(&data).to_vec();
+            let h = st
+                .stage(StageRequest {
+                    ty: GgmlType::F32,
+                    source_ty: GgmlType::F32,
+                    streamed: false,
+                    in_f: 32,
+                    out_f: 1,
+                    data: HostBytes {
+                        ptr: bytes.as_ptr(),
+                        len: bytes.len(),
+                    },
+                })
+                .expect("stage");
+            (h, bytes)
+        };
+        let (e0, _b0) = stage(1.0);
+        let (e1, _b1) = stage(2.0);
+        let mut x = vec![1.0f32; 32];
+        x.extend(vec![3.0f32; 32]);
+        let x = put_f32(&mut st, &x);
+        // Ids [_, 1, 0, 0, 1] read from 1: rows (x0, e1), (x0, e0), (x1, e0), (x1, e1).
+        let ids = put_u32(&mut st, &[9, 1, 0, 0, 1]);
+        let out = st.alloc(16).expect("alloc");
+        st.expert_matmul(&[e0, e1], x, 2, ids, 1, 4, out)
+            .expect("expert matmul");
+        assert_eq!(
+            st.floats(out, 4, "out").expect("out"),
+            &[64.0, 32.0, 96.0, 192.0]
+        );
+        // Bad ids, a count that is not a multiple of the input rows, ids outside their
+        // buffer.
+        let e = st
+            .expert_matmul(&[e0, e1], x, 2, ids, 0, 4, out)
+            .expect_err("id 9");
+        assert_eq!(e.code, ERR_INVALID);
+        assert!(
+            e.message.contains("expert_matmul") && e.message.contains("expert id 9"),
+            "{}",
+            e.message
+        );
+        let e = st
+            .expert_matmul(&[e0, e1], x, 2, ids, 1, 3, out)
+            .expect_err("fan-out");
+        assert!(e.message.contains("not a multiple"), "{}", e.message);
+        let e = st
+            .expert_matmul(&[e0, e1], x, 2, ids, 2, 4, out)
+            .expect_err("outside");
+        assert!(e.message.contains("outside buffer"), "{}", e.message);
+
+        // Scatter: acc row i / 2 += w[i] * x[i], the weights at an offset.
+        let acc = put_f32(&mut st, &[1.0, 1.0]);
+        let xs = put_f32(&mut st, &[1.0, 2.0, 3.0, 4.0]);
+        let w = put_f32(&mut st, &[7.0, 0.5, 0.25, 2.0, 1.0]);
+        st.scatter_add_weighted(acc, 2, xs, w, 1, 4, 1)
+            .expect("scatter");
+        assert_eq!(
+            st.floats(acc, 2, "acc").expect("acc"),
+            &[1.0 + 0.5 + 0.5, 1.0 + 6.0 + 4.0]
+        );
+        let e = st
+            .scatter_add_weighted(acc, 2, xs, w, 2, 4, 1)
+            .expect_err("weights outside");
+        assert!(e.message.contains("outside buffer"), "{}", e.message);
+        let e = st
+            .scatter_add_weighted(acc, 3, xs, w, 0, 4, 1)
+            .expect_err("fan-out");
+        assert!(e.message.contains("not a multiple"), "{}", e.message);
+        let e = st
+            .scatter_add_weighted(acc, 2, xs, acc, 0, 2, 1)
+            .expect_err("weights in acc");
+        assert!(e.message.contains("overlaps"), "{}", e.message);
+    }
+
+    fn rope_cfg(n_rot: usize) -> RopeConfig<'static> {
+        RopeConfig {
+            kind: flint_core::math::RopeKind::Neox,
+            n_rot,
+            base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
+        }
+    }
+
+    #[test]
+    fn rope_reads_factors_from_a_buffer_and_checks_them() {
+        let mut st = State::new(1 << 20);
+        // Two heads of 8, all 8 dims rotated: 4 factors, here at floats 2..6 of a buffer.
+        let x0: Vec<f32> = (0..16).map(|i| 0.1 * i as f32 - 0.7).collect();
+        let f = [1.0f32, 2.5, 4.0, 8.0];
+        let fb = put_f32(&mut st, &[-1.0, -1.0, f[0], f[1], f[2], f[3], -1.0]);
+        let x = put_f32(&mut st, &x0);
+        st.rope(x, &[37], 2, 8, rope_cfg(8), (fb, 2)).expect("rope");
+        let mut want = x0.clone();
+        let cfg = RopeConfig {
+            freq_factors: Some(&f),
+            ..rope_cfg(8)
+        };
+        flint_core::math::rope_heads(&mut want, 8, 37, &cfg);
+        assert_eq!(st.floats(x, 16, "x").expect("x"), &want[..]);
+        // Without factors: other values (the factors were read).
+        let x2 = put_f32(&mut st, &x0);
+        st.rope(x2, &[37], 2, 8, rope_cfg(8), (0, 0)).expect("rope");
+        assert_ne!(st.floats(x2, 16, "x").expect("x"), &want[..]);
+        // Reading on the device's side is no host traffic.
+        assert_eq!(st.counters().host_reads, 0);
+
+        // Factors outside their buffer, overlapping x, or not finite and positive are
+        // refused naming the op, and x is left as it was.
+        let x3 = put_f32(&mut st, &x0);
+        let bad = put_f32(&mut st, &[1.0, 0.0, 1.0, 1.0]);
+        let nan = put_f32(&mut st, &[1.0, 1.0, 1.0, f32::NAN]);
+        for (factors, what) in [
+            ((fb, 4), "outside buffer"),
+            ((x3, 12), "overlaps the frequency factors"),
+            ((bad, 0), "frequency factor 1 is 0"),
+            ((nan, 0), "frequency factor 3 is NaN"),
+            ((999, 0), "no buffer 999"),
+        ] {
+            let e = st
+                .rope(x3, &[5], 2, 8, rope_cfg(8), factors)
+                .expect_err(what);
+            assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+            assert!(
+                e.message.contains("rope") && e.message.contains(what),
+                "{what}: {}",
+                e.message
+            );
+            assert_eq!(st.floats(x3, 16, "x").expect("x"), &x0[..]);
+        }
+    }
+
+    #[test]
+    fn attention_reads_sinks_from_a_buffer_and_checks_them() {
+        let mut st = State::new(1 << 20);
+        let l = KvLayout {
+            num_blocks: 1,
+            block_size: 4,
+            n_kv_heads: 1,
+            head_dim_k: 4,
+            head_dim_v: 4,
+        };
+        let kc = put_f32(&mut st, &[0.5; 16]);
+        let vc = put_f32(&mut st, &(0..16).map(|i| i as f32).collect::<Vec<_>>());
+        let q = put_f32(&mut st, &[0.25; 8]);
+        let seqs = [Seq {
+            q_start: 0,
+            positions: &[2],
+            block_table: &[0],
+        }];
+        // Two heads; their sinks at floats 1..3 of a buffer.
+        let sinks = [0.75f32, -2.0];
+        let sb = put_f32(&mut st, &[9.0, sinks[0], sinks[1], 9.0]);
+        let out = st.alloc(4 * 8).expect("alloc");
+        st.paged_attention(&l, kc, vc, q, 1, &seqs, 2, 0.5, (sb, 1), 0, out)
+            .expect("attention");
+        let got = st.floats(out, 8, "out").expect("out").to_vec();
+        for (h, &sink) in sinks.iter().enumerate() {
+            let keys: Vec<&[f32]> = (0..3).map(|_| &[0.5f32; 4][..]).collect();
+            let vals: Vec<Vec<f32>> = (0..3)
+                .map(|j| (0..4).map(|d| (j * 4 + d) as f32).collect())
+                .collect();
+            let vals: Vec<&[f32]> = vals.iter().map(Vec::as_slice).collect();
+            let mut want = [0.0f32; 4];
+            kernels::attend_head(&[0.25; 4], &keys, &vals, 0, 0.5, Some(sink), &mut want);
+            assert_eq!(&got[h * 4..(h + 1) * 4], &want, "head {h}");
+        }
+        // The sinks change the output: a run without them differs.
+        let out2 = st.alloc(4 * 8).expect("alloc");
+        st.paged_attention(&l, kc, vc, q, 1, &seqs, 2, 0.5, (0, 0), 0, out2)
+            .expect("attention");
+        assert_ne!(st.floats(out2, 8, "out").expect("out"), &got[..]);
+
+        // Sinks outside their buffer or overlapping the output are refused naming the op.
+        for (sinks, what) in [
+            ((sb, 3), "outside buffer"),
+            ((out, 6), "overlaps the sinks"),
+            ((999, 0), "no buffer 999"),
+        ] {
+            let e = st
+                .paged_attention(&l, kc, vc, q, 1, &seqs, 2, 0.5, sinks, 0, out)
+                .expect_err(what);
+            assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+            assert!(
+                e.message.contains("paged_attention") && e.message.contains(what),
+                "{what}: {}",
+                e.message
+            );
+        }
     }
 }

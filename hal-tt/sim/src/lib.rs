@@ -38,7 +38,7 @@ pub use device::{admits_kept, P150_CORES, P150_DRAM_BYTES};
 use device::{HostBytes, KvLayout, Seq, SimError, State, ERR_INVALID, ERR_NO_DEVICE, ERR_RUNTIME};
 
 /// The ABI version this library implements.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// `FLINT_TT_OK`.
 const OK: i32 = 0;
@@ -435,10 +435,11 @@ pub unsafe extern "C" fn flint_tt_matmul(
     call(dev, |st| st.matmul(w, x, usize_of(m, "m")?, out))
 }
 
-/// `flint_tt_expert_matmul`.
+/// `flint_tt_expert_matmul` (ABI 6): `out[i] = W[ids[i]] x[i / (n_rows / x_rows)]`, the
+/// `n_rows` ids read from index buffer `ids` from index `ids_offset`.
 ///
 /// # Safety
-/// `dev` an open device; `experts` `n_experts` handles; `rows` `2 * n_rows` u32s.
+/// `dev` an open device; `experts` `n_experts` handles.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_expert_matmul(
     dev: *const SimDevice,
@@ -446,17 +447,23 @@ pub unsafe extern "C" fn flint_tt_expert_matmul(
     n_experts: u32,
     x: u64,
     x_rows: u64,
-    rows: *const u32,
+    ids: u64,
+    ids_offset: u64,
     n_rows: u64,
     out: u64,
 ) -> i32 {
     call(dev, |st| {
-        // SAFETY: sizes as the contract states.
+        // SAFETY: `experts` holds `n_experts` handles (contract).
         let e = unsafe { slice(experts, n_experts as u64, "experts") }?;
-        // SAFETY: `rows` holds `2 * n_rows` u32s (contract).
-        let r = unsafe { slice(rows, n_rows.saturating_mul(2), "expert rows") }?;
-        let pairs: Vec<(u32, u32)> = r.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-        st.expert_matmul(e, x, usize_of(x_rows, "x_rows")?, &pairs, out)
+        st.expert_matmul(
+            e,
+            x,
+            usize_of(x_rows, "x_rows")?,
+            ids,
+            ids_offset,
+            usize_of(n_rows, "n_rows")?,
+            out,
+        )
     })
 }
 
@@ -554,8 +561,11 @@ pub struct CRopeParams {
     pub base: f32,
     /// Linear frequency scale.
     pub freq_scale: f32,
-    /// NULL, or `n_rot / 2` per-pair divisors of the angle.
-    pub freq_factors: *const f32,
+    /// 0, or the float buffer holding the `n_rot / 2` per-pair divisors of the angle
+    /// (ABI 6).
+    pub freq_factors: u64,
+    /// The first factor in that buffer, counted in floats.
+    pub freq_factors_offset: u64,
     /// YaRN extrapolation mix (0: none).
     pub ext_factor: f32,
     /// YaRN magnitude (1: none).
@@ -573,8 +583,8 @@ pub struct CRopeParams {
 /// `flint_tt_rope`.
 ///
 /// # Safety
-/// `dev` an open device; `params` a valid `flint_tt_rope_params` whose `freq_factors`
-/// is NULL or holds `n_rot / 2` floats.
+/// `dev` an open device; `params` NULL or a valid `flint_tt_rope_params` (its factors are
+/// a buffer handle, checked on the device's side).
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_rope(
     dev: *const SimDevice,
@@ -596,13 +606,6 @@ pub unsafe extern "C" fn flint_tt_rope(
             ROPE_NEOX => RopeKind::Neox,
             k => return device::invalid(format!("rope: unknown kind {k}")),
         };
-        let n_rot = cp.n_rot as usize;
-        let freq_factors = if cp.freq_factors.is_null() {
-            None
-        } else {
-            // SAFETY: non-null factors hold `n_rot / 2` floats (contract).
-            Some(unsafe { slice(cp.freq_factors, (n_rot / 2) as u64, "freq_factors") }?)
-        };
         let yarn = (cp.ext_factor != 0.0 || cp.attn_factor != 1.0).then_some(Yarn {
             ext_factor: cp.ext_factor,
             attn_factor: cp.attn_factor,
@@ -610,15 +613,23 @@ pub unsafe extern "C" fn flint_tt_rope(
             beta_slow: cp.beta_slow,
             n_ctx_orig: cp.n_ctx_orig,
         });
+        // The factors are read from their buffer by `State::rope`.
         let cfg = RopeConfig {
             kind,
-            n_rot,
+            n_rot: cp.n_rot as usize,
             base: cp.base,
             freq_scale: cp.freq_scale,
-            freq_factors,
+            freq_factors: None,
             yarn,
         };
-        st.rope(x, &p, cp.n_heads as usize, cp.head_dim as usize, &cfg)
+        st.rope(
+            x,
+            &p,
+            cp.n_heads as usize,
+            cp.head_dim as usize,
+            cfg,
+            (cp.freq_factors, cp.freq_factors_offset),
+        )
     })
 }
 
@@ -689,42 +700,41 @@ pub unsafe extern "C" fn flint_tt_scale(dev: *const SimDevice, x: u64, n: u64, s
     call(dev, |st| st.scale(x, usize_of(n, "n")?, s))
 }
 
-/// `flint_tt_scatter_add_weighted`.
+/// `flint_tt_scatter_add_weighted` (ABI 6): `acc[i / (n / acc_rows)] += weights[i] * x[i]`,
+/// the `n` weights read from float buffer `weights` from float `weights_offset`.
 ///
 /// # Safety
-/// `dev` an open device; `rows` and `weights` `n` entries each.
+/// `dev` an open device.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_scatter_add_weighted(
     dev: *const SimDevice,
     acc: u64,
     acc_rows: u64,
     x: u64,
-    rows: *const u32,
-    weights: *const f32,
+    weights: u64,
+    weights_offset: u64,
     n: u64,
     dim: u64,
 ) -> i32 {
     call(dev, |st| {
-        // SAFETY: `rows` and `weights` hold `n` entries (contract).
-        let r = unsafe { slice(rows, n, "rows") }?;
-        // SAFETY: as above.
-        let w = unsafe { slice(weights, n, "weights") }?;
         st.scatter_add_weighted(
             acc,
             usize_of(acc_rows, "acc_rows")?,
             x,
-            r,
-            w,
+            weights,
+            weights_offset,
+            usize_of(n, "n")?,
             usize_of(dim, "dim")?,
         )
     })
 }
 
-/// `flint_tt_route_topk`. ABI 4: `bias` is a device buffer of `n_experts` floats (0 =
-/// none).
+/// `flint_tt_route_topk`. `bias` and `expert_scale` are device buffers of `n_experts`
+/// floats (0 = none); the ids and weights go to device buffers at the offsets given
+/// (ABI 6).
 ///
 /// # Safety
-/// `dev` an open device; `ids`, `weights` `n_rows * k` writable entries.
+/// `dev` an open device.
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_route_topk(
     dev: *const SimDevice,
@@ -732,37 +742,36 @@ pub unsafe extern "C" fn flint_tt_route_topk(
     n_rows: u64,
     n_experts: u32,
     bias: u64,
+    expert_scale: u64,
     k: u32,
     gating: u32,
     normalize: u32,
     scale: f32,
-    ids: *mut u32,
-    weights: *mut f32,
+    ids: u64,
+    ids_offset: u64,
+    weights: u64,
+    weights_offset: u64,
 ) -> i32 {
     call(dev, |st| {
-        let total = n_rows.saturating_mul(k as u64);
-        // SAFETY: `ids` holds `n_rows * k` writable u32s (contract).
-        let ids = unsafe { slice_mut(ids, total, "ids") }?;
-        // SAFETY: `weights` holds `n_rows * k` writable floats (contract).
-        let weights = unsafe { slice_mut(weights, total, "weights") }?;
         let gating = match gating {
             0 => flint_core::math::Gating::Softmax,
             1 => flint_core::math::Gating::Sigmoid,
             2 => flint_core::math::Gating::SoftmaxWeight,
-            other => return device::invalid(format!("unknown gating {other}")),
+            other => return device::invalid(format!("route_topk: unknown gating {other}")),
         };
-        st.route_topk(
+        st.route_topk(&device::Routing {
             logits,
-            usize_of(n_rows, "n_rows")?,
-            n_experts as usize,
+            n_rows: usize_of(n_rows, "n_rows")?,
+            n_experts: n_experts as usize,
             bias,
-            k as usize,
+            expert_scale,
+            k: k as usize,
             gating,
-            normalize != 0,
+            normalize: normalize != 0,
             scale,
-            ids,
-            weights,
-        )
+            ids: (ids, ids_offset),
+            weights: (weights, weights_offset),
+        })
     })
 }
 
@@ -848,8 +857,8 @@ pub struct CAttnSeq {
 /// `flint_tt_paged_attention`.
 ///
 /// # Safety
-/// `dev` an open device; `layout` readable; `seqs` `n_seqs` entries; `sinks` NULL or
-/// `n_heads` floats.
+/// `dev` an open device; `layout` readable; `seqs` `n_seqs` entries. `sinks` is a float
+/// buffer handle (0 = none), checked on the device's side (ABI 6).
 #[no_mangle]
 pub unsafe extern "C" fn flint_tt_paged_attention(
     dev: *const SimDevice,
@@ -862,7 +871,8 @@ pub unsafe extern "C" fn flint_tt_paged_attention(
     n_seqs: u64,
     n_heads: u32,
     scale: f32,
-    sinks: *const f32,
+    sinks: u64,
+    sinks_offset: u64,
     window: u64,
     out: u64,
 ) -> i32 {
@@ -892,12 +902,6 @@ pub unsafe extern "C" fn flint_tt_paged_attention(
                 block_table,
             })
             .collect();
-        let sinks = if sinks.is_null() {
-            None
-        } else {
-            // SAFETY: non-null `sinks` holds `n_heads` floats (contract).
-            Some(unsafe { slice(sinks, n_heads as u64, "sinks") }?)
-        };
         st.paged_attention(
             &l,
             k_cache,
@@ -907,7 +911,7 @@ pub unsafe extern "C" fn flint_tt_paged_attention(
             &v,
             n_heads as usize,
             scale,
-            sinks,
+            (sinks, sinks_offset),
             usize_of(window, "window")?,
             out,
         )

@@ -288,7 +288,7 @@ pub(crate) fn paged_attention_in_groups(
                 let lo = flint_core::math::window_start(pos, p.window);
                 g.q.push(&queries[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
                 g.range.push((lo, pos));
-                g.sink.push(p.sinks.map(|s| s[h]));
+                g.sink.push(p.sinks.map(|s| s.host()[h]));
             }
             let at = |j: usize| {
                 let b = *seq.block_table.host().get(j / bs)?;
