@@ -56,6 +56,6 @@ pub use rope::{
     RopeError, RopeKind, Yarn,
 };
 pub use route::{
-    add_id, check_route, route_topk, route_topk_in, scale_by_expert, scatter_add_weighted, Gating,
-    RouteError, ROUTE_MAX_K,
+    add_id, add_id_rows, check_route, route_topk, route_topk_in, scale_by_expert,
+    scatter_add_weighted, Gating, RouteError, ROUTE_MAX_K,
 };

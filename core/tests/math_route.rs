@@ -174,3 +174,33 @@ fn softmax_weight_chooses_on_logits_and_weights_the_chosen() {
     // softmax([3, 0.5]): 0.9241418199787566, 0.07585818002124355.
     assert!((w[0] - 0.924_141_8).abs() < 1e-6 && (w[1] - 0.075_858_18).abs() < 1e-6);
 }
+
+#[test]
+fn moe_combine_steps() {
+    use flint_core::math::{add_id, scale_by_expert, scatter_add_weighted};
+    // Each weight times its expert's scale; an id beyond the scale is refused.
+    let mut w = [0.5f32, 0.25, 2.0];
+    scale_by_expert(&mut w, &[2, 0, 1], &[3.0, 5.0, 7.0]).expect("in range");
+    assert_eq!(w, [3.5, 0.75, 10.0]);
+    assert_eq!(
+        scale_by_expert(&mut w, &[3], &[1.0; 3]),
+        Err(RouteError::ExpertOutOfRange { id: 3, experts: 3 })
+    );
+    // Rows of a table by id; an id beyond its rows is refused.
+    let mut x = [1.0f32, 2.0, 3.0, 4.0];
+    add_id(&mut x, &[10.0, 20.0, 30.0, 40.0], &[1, 0], 2).expect("in range");
+    assert_eq!(x, [31.0, 42.0, 13.0, 24.0]);
+    assert_eq!(
+        add_id(&mut x, &[0.0; 4], &[0, 2], 2),
+        Err(RouteError::ExpertOutOfRange { id: 2, experts: 2 })
+    );
+    // Two tokens, two routed rows each: token t gets rows 2t and 2t + 1.
+    let mut acc = [0.0f32; 2];
+    scatter_add_weighted(
+        &mut acc,
+        &[1.0, 2.0, 3.0, 4.0],
+        &[1.0, 10.0, 100.0, 1000.0],
+        1,
+    );
+    assert_eq!(acc, [21.0, 4300.0]);
+}

@@ -1153,17 +1153,10 @@ impl Device for VkDevice {
         dim: usize,
     ) -> Result<(), HalError> {
         let ids = ids.host();
-        assert!(
-            x.len() == ids.len() * dim && (dim == 0 || table.len().is_multiple_of(dim)),
-            "add_id: x is {} values for {} ids of {dim}, table {} values",
-            x.len(),
-            ids.len(),
-            table.len()
-        );
+        let rows = math::add_id_rows(x.len(), table.len(), ids.len(), dim);
         if dim == 0 {
             return Ok(());
         }
-        let rows = table.len() / dim;
         if let Some(bad) = ids.iter().find(|&&e| e as usize >= rows) {
             return Err(HalError::invalid(format!(
                 "add_id: id {bad} is outside the table ({rows} rows of {dim})"

@@ -265,6 +265,19 @@ pub fn scale_by_expert(weights: &mut [f32], ids: &[u32], scale: &[f32]) -> Resul
     Ok(())
 }
 
+/// The rows of the table of an [`add_id`] of `x_len` values by `n_ids` ids in rows of
+/// `dim` (0 when `dim` is 0).
+///
+/// # Panics
+/// When `x` is not `n_ids` rows of `dim`, or the table not whole rows of it.
+pub fn add_id_rows(x_len: usize, table_len: usize, n_ids: usize, dim: usize) -> usize {
+    assert!(
+        x_len == n_ids * dim && (dim == 0 || table_len.is_multiple_of(dim)),
+        "add_id: x is {x_len} values for {n_ids} ids of {dim}, table {table_len} values"
+    );
+    table_len.checked_div(dim).unwrap_or(0)
+}
+
 /// ggml's `add_id`: `x[i] += table[ids[i]]` for rows of `dim` values (gpt-oss's
 /// per-expert biases on routed rows). `x` has `ids.len()` rows, `table` one row per
 /// expert.
@@ -275,17 +288,10 @@ pub fn scale_by_expert(weights: &mut [f32], ids: &[u32], scale: &[f32]) -> Resul
 /// # Panics
 /// When `x` is not `ids.len()` rows of `dim`, or `table` not whole rows of it.
 pub fn add_id(x: &mut [f32], table: &[f32], ids: &[u32], dim: usize) -> Result<(), RouteError> {
-    assert!(
-        x.len() == ids.len() * dim && (dim == 0 || table.len().is_multiple_of(dim)),
-        "add_id: x is {} values for {} ids of {dim}, table {} values",
-        x.len(),
-        ids.len(),
-        table.len()
-    );
+    let rows = add_id_rows(x.len(), table.len(), ids.len(), dim);
     if dim == 0 {
         return Ok(());
     }
-    let rows = table.len() / dim;
     for (row, &id) in x.chunks_exact_mut(dim).zip(ids) {
         let e = id as usize;
         if e >= rows {
