@@ -253,6 +253,16 @@ pub enum Shape {
         /// Tokens of the first call (0: one call).
         split: usize,
     },
+    /// Qwen 3.5's element-wise steps (`sigmoid`, `mul`, `deinterleave`,
+    /// `delta_net_gate`, `l2_norm`) on `rows` rows of `heads` heads of `dim` values.
+    Heads {
+        /// Rows (tokens).
+        rows: usize,
+        /// Heads per row.
+        heads: usize,
+        /// Values per head.
+        dim: usize,
+    },
     /// A short chain of ops on device tensors, for the count of host-device transfers:
     /// `rms_norm` of `rows` rows of `k`, `matmul` by an F32 weight `[k, n]`, `add`,
     /// `scale`.
@@ -288,6 +298,7 @@ impl fmt::Display for Shape {
             Shape::Rope(r) => write!(f, "{r}"),
             Shape::Bias { rows, dim } => write!(f, "[{rows},{dim}] + bias[{dim}]"),
             Shape::Scatter { dst, src, dim } => write!(f, "acc[{dst},{dim}] x[{src},{dim}]"),
+            Shape::Heads { rows, heads, dim } => write!(f, "[{rows},{heads}x{dim}]"),
             Shape::AddId { rows, table, dim } => {
                 write!(f, "x[{rows},{dim}] + table[{table},{dim}][ids]")
             }
@@ -423,6 +434,11 @@ impl Case {
             Op::RouteTopK => &[Op::RouteTopK],
             Op::SsmConvSilu => &[Op::SsmConvSilu],
             Op::GatedDeltaNet => &[Op::GatedDeltaNet],
+            Op::Sigmoid => &[Op::Sigmoid],
+            Op::Mul => &[Op::Mul],
+            Op::Deinterleave => &[Op::Deinterleave],
+            Op::DeltaNetGate => &[Op::DeltaNetGate],
+            Op::L2Norm => &[Op::L2Norm],
             Op::Copy => &[Op::Copy],
         }
     }
@@ -877,6 +893,31 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
         e,
     );
 
+    // Qwen 3.5's gates and norms around the delta rule: a prompt's rows and one decode
+    // row; `mul` by a same-length tensor (the gated attention) and by one value per row
+    // (the shared expert's gate).
+    for (label, rows) in [("", 7), ("decode", 1)] {
+        let heads = Shape::Heads {
+            rows,
+            heads: 4,
+            dim: 24,
+        };
+        for op in [Op::Sigmoid, Op::Deinterleave, Op::DeltaNetGate, Op::L2Norm] {
+            push(op, None, label, heads.clone(), e);
+        }
+        push(Op::Mul, None, label, heads.clone(), e);
+    }
+    push(
+        Op::Mul,
+        None,
+        "per-row",
+        Shape::Heads {
+            rows: 5,
+            heads: 1,
+            dim: 40,
+        },
+        e,
+    );
     // Gated DeltaNet (Qwen 3.5): the convolution on a prompt, a decode step and a prompt
     // in two calls; the delta rule likewise, past one 64-token chunk, with two value
     // heads per key head, and a head size with a scalar tail.

@@ -183,6 +183,9 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         (Shape::Scatter { dst, src, dim }, Op::ScatterAddWeighted) => {
             scatter_case(dev, case, *dst, *src, *dim, &mut rng)
         }
+        (Shape::Heads { rows, heads, dim }, op) => {
+            heads_case(dev, case, op, *rows, *heads, *dim, &mut rng)
+        }
         (Shape::AddId { rows, table, dim }, Op::AddId) => {
             add_id_case(dev, case, *rows, *table, *dim, &mut rng)
         }
@@ -863,6 +866,116 @@ fn scatter_case(
     let acc = fetch(dev, &acc_t, "acc")?;
     unchanged_on(dev, "weights", &wt, &weights)?;
     Ok(compare("acc", acc.body(), &want, case.tolerance)?)
+}
+
+/// Qwen 3.5's element-wise steps against f64 loops written here.
+fn heads_case(
+    dev: &dyn Device,
+    case: &Case,
+    op: Op,
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let n = rows * heads * dim;
+    let sig = |x: f32| (1.0 / (1.0 + (-f64::from(x)).exp())) as f32;
+    match op {
+        Op::Sigmoid => {
+            let x0 = rng.vec(n, -8.0, 8.0);
+            let want: Vec<f32> = x0.iter().map(|&x| sig(x)).collect();
+            let mut xt = inout_tensor(dev, &x0)?;
+            dev.sigmoid(xt.body_mut())
+                .map_err(|e| dev_err("sigmoid", e))?;
+            let x = fetch(dev, &xt, "x")?;
+            Ok(compare("x", x.body(), &want, case.tolerance)?)
+        }
+        Op::Mul => {
+            // The gated attention: as long as `acc`; the shared expert's gate: one value
+            // per row.
+            let per_row = case.label == "per-row";
+            let acc0 = rng.vec(n, -2.0, 2.0);
+            let x = rng.vec(if per_row { rows } else { n }, -2.0, 2.0);
+            let per = n / x.len();
+            let want: Vec<f32> = acc0
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| a * x[i / per])
+                .collect();
+            let mut acc_t = inout_tensor(dev, &acc0)?;
+            let xt = put(dev, &x)?;
+            dev.mul(acc_t.body_mut(), xt.view())
+                .map_err(|e| dev_err("mul", e))?;
+            let acc = fetch(dev, &acc_t, "acc")?;
+            unchanged_on(dev, "x", &xt, &x)?;
+            Ok(compare("acc", acc.body(), &want, case.tolerance)?)
+        }
+        Op::Deinterleave => {
+            // Each head's `dim` queries, then its `dim` gate values.
+            let src = rng.vec(2 * n, -2.0, 2.0);
+            let (mut wq, mut wg) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for head in src.chunks_exact(2 * dim) {
+                wq.extend_from_slice(&head[..dim]);
+                wg.extend_from_slice(&head[dim..]);
+            }
+            let st = put(dev, &src)?;
+            let mut outs = [out_tensor(dev, n)?, out_tensor(dev, n)?];
+            {
+                let [a, b] = &mut outs;
+                dev.deinterleave(st.view(), dim, &mut [a.body_mut(), b.body_mut()])
+                    .map_err(|e| dev_err("deinterleave", e))?;
+            }
+            let q = fetch(dev, &outs[0], "queries")?;
+            let g = fetch(dev, &outs[1], "gate")?;
+            exact("queries", q.body(), &wq)?;
+            exact("gate", g.body(), &wg)?;
+            Ok(0.0)
+        }
+        Op::DeltaNetGate => {
+            let alpha0 = rng.vec(rows * heads, -4.0, 4.0);
+            let dt = rng.vec(heads, -1.0, 1.0);
+            // Negative decay rates, as the models' `ssm_a` (-exp(A_log)).
+            let a = rng.vec(heads, -3.0, -0.1);
+            let want: Vec<f32> = alpha0
+                .iter()
+                .enumerate()
+                .map(|(i, &al)| {
+                    let x = f64::from(al) + f64::from(dt[i % heads]);
+                    let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+                    (softplus * f64::from(a[i % heads])) as f32
+                })
+                .collect();
+            let mut at = inout_tensor(dev, &alpha0)?;
+            let (dtt, rt) = (put(dev, &dt)?, put(dev, &a)?);
+            dev.delta_net_gate(at.body_mut(), dtt.view(), rt.view())
+                .map_err(|e| dev_err("delta_net_gate", e))?;
+            let got = fetch(dev, &at, "alpha")?;
+            Ok(compare("alpha", got.body(), &want, case.tolerance)?)
+        }
+        Op::L2Norm => {
+            // Heads of very different sizes: each normalised by its own.
+            let mut x0 = rng.vec(n, -1.0, 1.0);
+            for (h, head) in x0.chunks_exact_mut(dim).enumerate() {
+                let m = [0.01f32, 1.0, 30.0][h % 3];
+                head.iter_mut().for_each(|v| *v *= m);
+            }
+            let eps = 1e-6f32;
+            let mut want = Vec::with_capacity(n);
+            for head in x0.chunks_exact(dim) {
+                let ss: f64 = head.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                let inv = 1.0 / (ss + f64::from(eps)).sqrt();
+                want.extend(head.iter().map(|&v| (f64::from(v) * inv) as f32));
+            }
+            let mut xt = inout_tensor(dev, &x0)?;
+            dev.l2_norm(xt.body_mut(), dim, eps)
+                .map_err(|e| dev_err("l2_norm", e))?;
+            let x = fetch(dev, &xt, "x")?;
+            Ok(compare("x", x.body(), &want, case.tolerance)?)
+        }
+        other => Err(Stop::Fail(format!(
+            "suite bug: {other} has no case of heads"
+        ))),
+    }
 }
 
 fn add_id_case(

@@ -254,3 +254,13 @@ fn moe_routing_defects_are_caught() {
         "expert_matmul/Q4_K",
     );
 }
+
+#[test]
+fn qwen35_gate_and_norm_defects_are_caught() {
+    // Each head by its own norm (heads of very different sizes).
+    assert_caught(Defect::L2NormWholeRow, "l2_norm", "l2_norm[decode]");
+    // The shared expert's gate: one value per row, not one per element.
+    assert_caught(Defect::MulNoBroadcast, "mul", "mul[per-row]");
+    let r = run(Defect::MulNoBroadcast, "mul[decode]");
+    assert_eq!(r.counts().failed, 0, "{}", r.failure_details());
+}

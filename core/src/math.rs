@@ -30,8 +30,9 @@ mod rope;
 mod route;
 
 pub use act::{
-    gelu_f16_table_entry, gelu_tanh, gelu_tanh_ggml_f16, sigmoid, sigmoid_ggml, silu, swiglu,
-    swiglu_oai, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
+    deinterleave, gelu_f16_table_entry, gelu_tanh, gelu_tanh_ggml_f16, mul_rows, sigmoid,
+    sigmoid_ggml, sigmoid_ggml_in_place, silu, swiglu, swiglu_oai, SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
 };
 pub use attn::{
     attend_online, attend_two_pass, attention_ref, window_start, AttentionParams, OnlineSoftmax,
@@ -43,8 +44,8 @@ pub use attn_ggml::{
 #[cfg(feature = "alloc")]
 pub use delta::gated_delta_net_chunked;
 pub use delta::{
-    delta_net_gate, gated_delta_net, gated_delta_net_head, l2_norm_heads, ssm_conv, DeltaNetShape,
-    DELTA_NET_CHUNK,
+    delta_net_gate, delta_net_gates, gated_delta_net, gated_delta_net_head, l2_norm_heads,
+    ssm_conv, DeltaNetShape, DELTA_NET_CHUNK,
 };
 pub use libc::{
     cosf_glibc, expf_libc, sinf_glibc, EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,

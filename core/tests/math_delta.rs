@@ -268,3 +268,37 @@ fn l2_norm_and_gate() {
     assert_eq!(delta_net_gate(30.0, 1.0, -0.5), -15.5);
     assert!(delta_net_gate(-40.0, 0.0, -1.0) <= 0.0);
 }
+
+#[test]
+fn qwen35_gates_split_and_broadcast() {
+    use flint_core::math::{
+        deinterleave, delta_net_gate, delta_net_gates, mul_rows, sigmoid_ggml,
+        sigmoid_ggml_in_place,
+    };
+    // Two heads of 2 queries then 2 gate values each.
+    let src = [1.0f32, 2.0, 10.0, 20.0, 3.0, 4.0, 30.0, 40.0];
+    let (mut q, mut g) = ([0.0f32; 4], [0.0f32; 4]);
+    deinterleave(&src, 2, &mut [&mut q, &mut g]);
+    assert_eq!((q, g), ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]));
+    // One value per row, then one per element.
+    let mut acc = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    mul_rows(&mut acc, &[2.0, -1.0]);
+    assert_eq!(acc, [2.0, 4.0, 6.0, -4.0, -5.0, -6.0]);
+    mul_rows(&mut acc, &[0.5; 6]);
+    assert_eq!(acc, [1.0, 2.0, 3.0, -2.0, -2.5, -3.0]);
+    let mut s = [-1.0f32, 0.0, 3.0];
+    sigmoid_ggml_in_place(&mut s);
+    assert_eq!(s, [sigmoid_ggml(-1.0), 0.5, sigmoid_ggml(3.0)]);
+    // Per head of each row, its own bias and rate.
+    let mut al = [0.1f32, 0.2, 0.3, 0.4];
+    delta_net_gates(&mut al, &[1.0, -1.0], &[-2.0, -0.5]);
+    assert_eq!(
+        al,
+        [
+            delta_net_gate(0.1, 1.0, -2.0),
+            delta_net_gate(0.2, -1.0, -0.5),
+            delta_net_gate(0.3, 1.0, -2.0),
+            delta_net_gate(0.4, -1.0, -0.5),
+        ]
+    );
+}

@@ -21,7 +21,14 @@
  * buffers: `flint_tt_rope_params.freq_factors` is a buffer handle and an offset
  * (`freq_factors_offset`, in floats) instead of a host pointer, and
  * `flint_tt_paged_attention` takes its sinks as a buffer handle and offset
- * (`sinks_offset`) instead of a host array. See README.md next to this file for how the
+ * (`sinks_offset`) instead of a host array; and Qwen 3.5's Gated DeltaNet layers run on
+ * the device: `flint_tt_ssm_conv_silu` (the short causal convolution, then SiLU) and
+ * `flint_tt_gated_delta_net` (the gated delta rule) read and update their recurrent
+ * states in place in float buffers named by a handle and an offset (`state_offset`),
+ * and `flint_tt_sigmoid`, `flint_tt_mul` (element-wise or one value per row),
+ * `flint_tt_deinterleave` (an array of output handles), `flint_tt_delta_net_gate` and
+ * `flint_tt_l2_norm` compute the gates, products, splits and norms around them. See
+ * README.md next to this file for how the
  * library is found, what a real adapter over TT-Metalium must do, and the simulated
  * adapter (`flint-tt-sim`).
  *
@@ -47,11 +54,11 @@
  *   (`n` a multiple of `r`, the fan-out `f = n / r`: the `k` experts of each token for
  *   the gate and up projections, 1 for the down projection), routed row `i` belongs to
  *   input row `i / f`. Float buffers that hold routing weights (and, below, RoPE
- *   factors and attention sinks) are named, like index lists, by a handle and an offset
- *   (`*_offset`, counted in floats); every other float buffer is read from its first
- *   value. A range an op writes must not overlap a range it only reads
- *   (FLINT_TT_ERR_INVALID); an operand updated in place (`acc`, `residual`, the `x` of
- *   `flint_tt_scale`) is both.
+ *   factors, attention sinks and Gated DeltaNet states) are named, like index lists, by
+ *   a handle and an offset (`*_offset`, counted in floats); every other float buffer is
+ *   read from its first value. A range an op writes must not overlap a range it only
+ *   reads (FLINT_TT_ERR_INVALID); an operand updated in place (`acc`, `residual`, the `x`
+ *   of `flint_tt_scale`, a state) is both.
  * - Per-op parameters that are tensors of the model (RoPE frequency factors, attention
  *   sinks; ABI 6) live in float buffers, uploaded once with the weights, and are named by
  *   a handle and an offset in floats (0 handle = none); the op reads them on the device,
@@ -349,6 +356,82 @@ int32_t flint_tt_route_topk(flint_tt_device *dev, flint_tt_buffer logits, uint64
                             uint32_t normalize, float scale, flint_tt_buffer ids,
                             uint64_t ids_offset, flint_tt_buffer weights,
                             uint64_t weights_offset);
+
+/* ---- Gated DeltaNet (Qwen 3.5's linear-attention layers; ABI 6) ------------------- */
+
+/* The ops of a Gated DeltaNet layer and of Qwen 3.5's gated attention and shared expert
+ * gate. Float buffers are named by handle and read from their first value, as elsewhere;
+ * the recurrent states (the convolution window, the delta rule's per-head matrices) are
+ * device buffers named by a handle and an offset in floats (`state_offset`), read and
+ * updated in place on the device (one state per sequence, the host keeping many in one
+ * buffer). A state range lies inside its buffer and overlaps no other range of the call,
+ * else FLINT_TT_ERR_INVALID. Shapes that do not fit (counts that are not whole rows, a
+ * zero size where the op divides by it) are FLINT_TT_ERR_INVALID with nothing written.
+ * The references, every float operation in their order, are the `flint_core::math`
+ * functions named. */
+
+/* x = sigmoid(x) for the n values of x (`sigmoid_ggml_in_place`: 1 / (1 + expf(-x)) with
+ * glibc's expf). */
+int32_t flint_tt_sigmoid(flint_tt_device *dev, flint_tt_buffer x, uint64_t n);
+
+/* acc[i] *= x[i / (n / x_len)] for i < n (`mul_rows`): x as long as acc (x_len = n), or
+ * one value per row of acc (x_len rows). n = 0 does nothing; otherwise x_len is non-zero
+ * and divides n, else FLINT_TT_ERR_INVALID. */
+int32_t flint_tt_mul(flint_tt_device *dev, flint_tt_buffer acc, uint64_t n, flint_tt_buffer x,
+                     uint64_t x_len);
+
+/* Splits src (n values: groups of n_outs chunks of `chunk` values) by chunk
+ * (`deinterleave`): chunk j of group g goes to outs[j] from value g * chunk; each output
+ * receives n / n_outs values. `outs` is an array of n_outs buffer handles, read before
+ * the call returns (one call for all parts, so that src is read once). chunk and n_outs
+ * are non-zero, n a multiple of chunk * n_outs, the outputs distinct from each other and
+ * from src, else FLINT_TT_ERR_INVALID. */
+int32_t flint_tt_deinterleave(flint_tt_device *dev, flint_tt_buffer src, uint64_t n,
+                              uint64_t chunk, const flint_tt_buffer *outs, uint32_t n_outs);
+
+/* The log decay of each row of `heads` values of alpha (n values), in place
+ * (`delta_net_gates`): alpha[r][h] = softplus(alpha[r][h] + dt_bias[h]) * a[h], with
+ * softplus(x) = x > 20 ? x : logf(1 + expf(x)). dt_bias and a hold `heads` values each;
+ * heads is non-zero and divides n, else FLINT_TT_ERR_INVALID. */
+int32_t flint_tt_delta_net_gate(flint_tt_device *dev, flint_tt_buffer alpha, uint64_t n,
+                                flint_tt_buffer dt_bias, flint_tt_buffer a, uint64_t heads);
+
+/* L2 norm in place of every row of `dim` values of x (n values), as llama.cpp normalises
+ * Gated DeltaNet's q and k heads (`l2_norm_heads`): rmsnorm with eps / dim, then times
+ * 1 / sqrtf(dim). dim is non-zero and divides n, else FLINT_TT_ERR_INVALID. */
+int32_t flint_tt_l2_norm(flint_tt_device *dev, flint_tt_buffer x, uint64_t n, uint64_t dim,
+                         float eps);
+
+/* The short causal depthwise convolution of one sequence, then SiLU on every output
+ * (`ssm_conv`, then `silu`): x = [n_rows, channels], weight = [channels, d_conv] (GGUF
+ * `ssm_conv1d`), out = [n_rows, channels]; the state is channels rows of d_conv - 1
+ * floats (the previous inputs of each channel, oldest first; zeros for a new sequence)
+ * in buffer `state` from float `state_offset`, updated in place to the last d_conv - 1
+ * inputs. Output t of channel c is silu(sum_{i < d_conv} u[t + i] * w[c][i]) over the
+ * window u = state ++ x[.., c], summed from i = 0 in f32 (no fused multiply-add), and
+ * silu(s) = s / (1 + exp(-s)) with ggml's AVX-512 exp (`silu`, as `flint_tt_silu_mul`).
+ * d_conv = 0 is FLINT_TT_ERR_INVALID; out must not be x, the weight or the state. */
+int32_t flint_tt_ssm_conv_silu(flint_tt_device *dev, flint_tt_buffer x, uint64_t n_rows,
+                               uint64_t channels, flint_tt_buffer weight, uint64_t d_conv,
+                               flint_tt_buffer state, uint64_t state_offset,
+                               flint_tt_buffer out);
+
+/* The gated delta rule of one sequence over its n_tokens tokens (`gated_delta_net`, the
+ * recurrent form, token by token): q, k = [n_tokens, heads_k * head_dim] (L2-normalised
+ * per head), v and out = [n_tokens, heads_v * head_dim], g (log decay) and beta =
+ * [n_tokens, heads_v]; value head h reads key head h % heads_k. The state is heads_v
+ * blocks of head_dim * head_dim floats (block h: state[h][j][i] = S_h[i][j]; zeros for a
+ * new sequence) in buffer `state` from float `state_offset`, updated in place. Per token
+ * and value head: S <- expf(g) S; delta = beta (v - S^T k); S <- S + k delta^T (a fused
+ * multiply-add per element); o = (S^T q) * (1 / sqrtf(head_dim)), each dot product in
+ * ggml's AVX2 `ggml_vec_dot_f32` order. heads_k, heads_v and head_dim non-zero and
+ * heads_v a multiple of heads_k, else FLINT_TT_ERR_INVALID; out must not be an input or
+ * the state. */
+int32_t flint_tt_gated_delta_net(flint_tt_device *dev, uint64_t heads_k, uint64_t heads_v,
+                                 uint64_t head_dim, uint64_t n_tokens, flint_tt_buffer q,
+                                 flint_tt_buffer k, flint_tt_buffer v, flint_tt_buffer g,
+                                 flint_tt_buffer beta, flint_tt_buffer state,
+                                 uint64_t state_offset, flint_tt_buffer out);
 
 /* ---- KV cache and attention ------------------------------------------------------ */
 

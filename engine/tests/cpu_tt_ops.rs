@@ -382,6 +382,31 @@ impl Device for Rec {
         self.inner
             .gated_delta_net(shape, q, k, v, g, beta, state, out)
     }
+    fn sigmoid(&self, x: ViewMut<'_>) -> Result<(), HalError> {
+        self.inner.sigmoid(x)
+    }
+    fn mul(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        self.inner.mul(acc, x)
+    }
+    fn deinterleave(
+        &self,
+        src: View<'_>,
+        chunk: usize,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        self.inner.deinterleave(src, chunk, outs)
+    }
+    fn delta_net_gate(
+        &self,
+        alpha: ViewMut<'_>,
+        dt_bias: View<'_>,
+        a: View<'_>,
+    ) -> Result<(), HalError> {
+        self.inner.delta_net_gate(alpha, dt_bias, a)
+    }
+    fn l2_norm(&self, x: ViewMut<'_>, dim: usize, eps: f32) -> Result<(), HalError> {
+        self.inner.l2_norm(x, dim, eps)
+    }
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
         self.inner.alloc_kv(layout)
     }

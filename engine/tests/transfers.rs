@@ -14,6 +14,7 @@ use flint_engine::model::load_model;
 use flint_engine::synth::dense::{synth_dense, DenseRecipe, Family, VocabSource};
 use flint_engine::synth::gemma4::{synth_gemma4, Gemma4Recipe};
 use flint_engine::synth::moe::{synth_moe, MoeFamily, MoeRecipe};
+use flint_engine::synth::qwen35moe::{synth_qwen35moe, Qwen35MoeRecipe};
 use flint_hal::{DeviceOptions, DeviceRef, Transfers};
 use flint_hal_tt::TtDevice;
 
@@ -52,6 +53,18 @@ fn gemma4(dir: &std::path::Path, _n_layers: usize, quantized: bool) -> std::path
     r.quantized = quantized;
     let (w, _) = synth_gemma4(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
     let path = dir.join(format!("gemma4-{quantized}.gguf"));
+    std::fs::write(&path, w.to_bytes()).expect("write");
+    path
+}
+
+/// Qwen 3.5 MoE `tiny` (Gated DeltaNet layers and their states, the gated attention, the
+/// shared expert's gate) with `n_layers` layers.
+fn qwen35moe(dir: &std::path::Path, n_layers: usize, quantized: bool) -> std::path::PathBuf {
+    let mut r = Qwen35MoeRecipe::of("tiny").expect("tiny preset");
+    r.n_layers = n_layers;
+    r.quantized = quantized;
+    let (w, _) = synth_qwen35moe(&r, 7, VocabSource::Builtin, &|_, _| {}).expect("synth");
+    let path = dir.join(format!("qwen35moe-{n_layers}-{quantized}.gguf"));
     std::fs::write(&path, w.to_bytes()).expect("write");
     path
 }
@@ -168,6 +181,8 @@ fn check_moe(name: &str, open: &dyn Fn() -> DeviceRef, quantized: bool, gpt_oss:
     }
     let layers = Gemma4Recipe::of("tiny").expect("tiny preset").pattern.len();
     check_family(name, open, quantized, "gemma4", &gemma4, &[layers]);
+    // Two and three periods of three Gated DeltaNet layers and a full-attention one.
+    check_family(name, open, quantized, "qwen35moe", &qwen35moe, &[8, 12]);
 }
 
 #[test]

@@ -95,6 +95,11 @@ impl Device for RefDevice {
             | Op::PagedAttention
             | Op::SsmConvSilu
             | Op::GatedDeltaNet
+            | Op::Sigmoid
+            | Op::Mul
+            | Op::Deinterleave
+            | Op::DeltaNetGate
+            | Op::L2Norm
             | Op::Copy => true,
         }
     }
@@ -454,6 +459,42 @@ impl Device for RefDevice {
     }
 
     /// A zeroed f32 cache in host memory (`kv.rs`).
+    fn sigmoid(&self, x: ViewMut<'_>) -> Result<(), HalError> {
+        math::sigmoid_ggml_in_place(x.host());
+        Ok(())
+    }
+
+    fn mul(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        math::mul_rows(acc.host(), x.host());
+        Ok(())
+    }
+
+    fn deinterleave(
+        &self,
+        src: View<'_>,
+        chunk: usize,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.reborrow().host()).collect();
+        math::deinterleave(src.host(), chunk, &mut outs);
+        Ok(())
+    }
+
+    fn delta_net_gate(
+        &self,
+        alpha: ViewMut<'_>,
+        dt_bias: View<'_>,
+        a: View<'_>,
+    ) -> Result<(), HalError> {
+        math::delta_net_gates(alpha.host(), dt_bias.host(), a.host());
+        Ok(())
+    }
+
+    fn l2_norm(&self, x: ViewMut<'_>, dim: usize, eps: f32) -> Result<(), HalError> {
+        math::l2_norm_heads(x.host(), dim, eps);
+        Ok(())
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
         Ok(Box::new(RefKv::new(layout)?))
     }

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use flint_core::GgmlType;
 use flint_hal::{
-    Device, DeviceBuffer, DeviceCounters, DeviceOptions, HalError, IndexTensor, IndexView,
-    IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams, RoutingConfig,
-    StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight, WeightDesc,
-    WeightHandle, WeightKind, WeightSource, Yarn,
+    DeltaNetShape, Device, DeviceBuffer, DeviceCounters, DeviceOptions, HalError, IndexTensor,
+    IndexView, IndexViewMut, KvBuffer, KvLayout, Op, PagedAttention, RopeKind, RopeParams,
+    RoutingConfig, StagedInfo, StagingPlan, Tensor, Tier, TransferCounter, View, ViewMut, Weight,
+    WeightDesc, WeightHandle, WeightKind, WeightSource, Yarn,
 };
 
 use crate::ffi::{self, CAttnSeq, CCounters, CKvLayout, CWeightDesc, DevPtr, Runtime};
@@ -519,12 +519,9 @@ impl Device for TtDevice {
     }
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
-        // The ABI has no entry point for gpt-oss's activation and expert biases nor for
-        // Gated DeltaNet's ops.
-        if matches!(
-            op,
-            Op::SwigluOaiMul | Op::AddId | Op::SsmConvSilu | Op::GatedDeltaNet
-        ) {
+        // The ABI has no entry point for gpt-oss's activation and expert biases (Gated
+        // DeltaNet's ops have theirs since ABI 6).
+        if matches!(op, Op::SwigluOaiMul | Op::AddId) {
             return false;
         }
         if !op.takes_weight() {
@@ -1220,6 +1217,274 @@ impl Device for TtDevice {
         Ok(())
     }
 
+    fn ssm_conv_silu(
+        &self,
+        x: View<'_>,
+        weight: View<'_>,
+        d_conv: usize,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        assert!(d_conv > 0, "ssm_conv_silu: d_conv is 0");
+        let channels = weight.len() / d_conv;
+        assert_eq!(
+            weight.len(),
+            channels * d_conv,
+            "ssm_conv_silu: weight is not channels * d_conv"
+        );
+        assert_eq!(
+            state.len(),
+            channels * (d_conv - 1),
+            "ssm_conv_silu: state is not channels * (d_conv - 1)"
+        );
+        let n = x.len().checked_div(channels).unwrap_or(0);
+        assert_eq!(
+            x.len(),
+            n * channels,
+            "ssm_conv_silu: x is not rows of channels"
+        );
+        assert_eq!(out.len(), x.len(), "ssm_conv_silu: out length");
+        if x.is_empty() {
+            // No input: the window stays as it is.
+            return Ok(());
+        }
+        let inner = &*self.inner;
+        let xa = self.input(x)?;
+        let wa = self.input(weight)?;
+        // The state is read and written in place at its offset (ABI 6).
+        let (sa, s_off) = self.in_place_at(state)?;
+        let o = self.output(out, false, &[xa.h(), wa.h(), sa.arg.h()])?;
+        // SAFETY: device open; every handle is a live buffer of this device.
+        let st = unsafe {
+            (inner.rt.api().ssm_conv_silu)(
+                inner.dev.0,
+                xa.h(),
+                n as u64,
+                channels as u64,
+                wa.h(),
+                d_conv as u64,
+                sa.arg.h(),
+                s_off,
+                o.arg.h(),
+            )
+        };
+        inner.check(st, "ssm_conv_silu")?;
+        self.finish(sa)?;
+        self.finish(o)
+    }
+
+    fn gated_delta_net(
+        &self,
+        shape: &DeltaNetShape,
+        q: View<'_>,
+        k: View<'_>,
+        v: View<'_>,
+        g: View<'_>,
+        beta: View<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        if !shape.is_valid() {
+            return Err(HalError::invalid(format!(
+                "gated_delta_net: {} value heads on {} key heads of size {} (value heads \
+                 must be a non-zero multiple of key heads, sizes non-zero)",
+                shape.heads_v, shape.heads_k, shape.head_dim
+            )));
+        }
+        let (ql, vl, hv) = (shape.qk_len(), shape.v_len(), shape.heads_v);
+        let n = q.len() / ql;
+        assert_eq!(q.len(), n * ql, "gated_delta_net: q length");
+        assert_eq!(k.len(), n * ql, "gated_delta_net: k length");
+        assert_eq!(v.len(), n * vl, "gated_delta_net: v length");
+        assert_eq!(g.len(), n * hv, "gated_delta_net: g length");
+        assert_eq!(beta.len(), n * hv, "gated_delta_net: beta length");
+        assert_eq!(
+            state.len(),
+            shape.state_len(),
+            "gated_delta_net: state length"
+        );
+        assert_eq!(out.len(), n * vl, "gated_delta_net: out length");
+        if n == 0 {
+            return Ok(());
+        }
+        let inner = &*self.inner;
+        let qa = self.input(q)?;
+        let ka = self.input(k)?;
+        let va = self.input(v)?;
+        let ga = self.input(g)?;
+        let ba = self.input(beta)?;
+        let (sa, s_off) = self.in_place_at(state)?;
+        let o = self.output(
+            out,
+            false,
+            &[qa.h(), ka.h(), va.h(), ga.h(), ba.h(), sa.arg.h()],
+        )?;
+        // SAFETY: device open; every handle is a live buffer of this device.
+        let st = unsafe {
+            (inner.rt.api().gated_delta_net)(
+                inner.dev.0,
+                shape.heads_k as u64,
+                shape.heads_v as u64,
+                shape.head_dim as u64,
+                n as u64,
+                qa.h(),
+                ka.h(),
+                va.h(),
+                ga.h(),
+                ba.h(),
+                sa.arg.h(),
+                s_off,
+                o.arg.h(),
+            )
+        };
+        inner.check(st, "gated_delta_net")?;
+        self.finish(sa)?;
+        self.finish(o)
+    }
+
+    fn sigmoid(&self, x: ViewMut<'_>) -> Result<(), HalError> {
+        if x.is_empty() {
+            return Ok(());
+        }
+        let n = x.len();
+        let inner = &*self.inner;
+        let xa = self.output(x, true, &[])?;
+        // SAFETY: device open; the handle belongs to it.
+        let st = unsafe { (inner.rt.api().sigmoid)(inner.dev.0, xa.arg.h(), n as u64) };
+        inner.check(st, "sigmoid")?;
+        self.finish(xa)
+    }
+
+    fn mul(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        if acc.is_empty() {
+            return Ok(());
+        }
+        assert!(
+            !x.is_empty() && acc.len().is_multiple_of(x.len()),
+            "mul: {} values by {} values",
+            acc.len(),
+            x.len()
+        );
+        let (n, xl) = (acc.len(), x.len());
+        let inner = &*self.inner;
+        let xa = self.input(x)?;
+        let a = self.output(acc, true, &[xa.h()])?;
+        // SAFETY: device open; handles belong to it.
+        let st =
+            unsafe { (inner.rt.api().mul)(inner.dev.0, a.arg.h(), n as u64, xa.h(), xl as u64) };
+        inner.check(st, "mul")?;
+        self.finish(a)
+    }
+
+    /// One `flint_tt_deinterleave` for all the parts (the adapter reads `src` once), the
+    /// output handles passed as an array.
+    fn deinterleave(
+        &self,
+        src: View<'_>,
+        chunk: usize,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        let parts = outs.len();
+        assert!(
+            chunk > 0 && parts > 0 && src.len().is_multiple_of(chunk * parts),
+            "deinterleave: {} values are not groups of {parts} chunks of {chunk}",
+            src.len()
+        );
+        let per = src.len() / parts;
+        for o in outs.iter() {
+            assert_eq!(o.len(), per, "deinterleave: output length");
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let n_outs = u32::try_from(parts)
+            .map_err(|_| HalError::invalid(format!("deinterleave: {parts} outputs")))?;
+        let inner = &*self.inner;
+        let sa = self.input(src)?;
+        // Distinct buffers for the outputs and the source (the ABI refuses others): a
+        // second view of one buffer goes through a scratch buffer.
+        let mut avoid = vec![sa.h()];
+        let mut os = Vec::with_capacity(parts);
+        for o in outs.iter_mut() {
+            let oa = self.output(o.reborrow(), false, &avoid)?;
+            avoid.push(oa.arg.h());
+            os.push(oa);
+        }
+        let hs: Vec<u64> = os.iter().map(|o| o.arg.h()).collect();
+        // SAFETY: device open; `hs` is readable for the count passed; every handle is a
+        // live buffer of this device.
+        let st = unsafe {
+            (inner.rt.api().deinterleave)(
+                inner.dev.0,
+                sa.h(),
+                (per * parts) as u64,
+                chunk as u64,
+                hs.as_ptr(),
+                n_outs,
+            )
+        };
+        inner.check(st, "deinterleave")?;
+        for o in os {
+            self.finish(o)?;
+        }
+        Ok(())
+    }
+
+    fn delta_net_gate(
+        &self,
+        alpha: ViewMut<'_>,
+        dt_bias: View<'_>,
+        a: View<'_>,
+    ) -> Result<(), HalError> {
+        let heads = dt_bias.len();
+        assert!(
+            heads > 0 && a.len() == heads && alpha.len().is_multiple_of(heads),
+            "delta_net_gate: {} values, {heads} dt biases, {} decay rates",
+            alpha.len(),
+            a.len()
+        );
+        if alpha.is_empty() {
+            return Ok(());
+        }
+        let n = alpha.len();
+        let inner = &*self.inner;
+        let da = self.input(dt_bias)?;
+        let aa = self.input(a)?;
+        let al = self.output(alpha, true, &[da.h(), aa.h()])?;
+        // SAFETY: device open; handles belong to it.
+        let st = unsafe {
+            (inner.rt.api().delta_net_gate)(
+                inner.dev.0,
+                al.arg.h(),
+                n as u64,
+                da.h(),
+                aa.h(),
+                heads as u64,
+            )
+        };
+        inner.check(st, "delta_net_gate")?;
+        self.finish(al)
+    }
+
+    fn l2_norm(&self, x: ViewMut<'_>, dim: usize, eps: f32) -> Result<(), HalError> {
+        assert!(
+            dim > 0 && x.len().is_multiple_of(dim),
+            "l2_norm: {} values are not rows of {dim}",
+            x.len()
+        );
+        if x.is_empty() {
+            return Ok(());
+        }
+        let n = x.len();
+        let inner = &*self.inner;
+        let xa = self.output(x, true, &[])?;
+        // SAFETY: device open; the handle belongs to it.
+        let st =
+            unsafe { (inner.rt.api().l2_norm)(inner.dev.0, xa.arg.h(), n as u64, dim as u64, eps) };
+        inner.check(st, "l2_norm")?;
+        self.finish(xa)
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
         let slots = layout.num_slots() * layout.n_kv_heads;
         let k = self.inner.alloc_f32(slots * layout.head_dim_k)?;
@@ -1492,6 +1757,23 @@ impl TtDevice {
                 offset: offset as u64,
                 _scratch: None,
             }),
+        }
+    }
+
+    /// Where an op reads and updates a state in place by buffer and offset (ABI 6: the
+    /// Gated DeltaNet states): a tensor's buffer and the view's first value in it, written
+    /// there by the op; host values through a scratch buffer (an upload, and a download
+    /// in [`finish`](Self::finish)). Returns the argument and the offset in floats.
+    fn in_place_at<'v>(&self, v: ViewMut<'v>) -> Result<(OutArg<'_, 'v>, u64), HalError> {
+        match v {
+            ViewMut::Device { buf, offset, .. } => Ok((
+                OutArg {
+                    arg: Arg::Direct(self.buffer(buf).h),
+                    back: Back::None,
+                },
+                offset as u64,
+            )),
+            host @ ViewMut::Host(_) => Ok((self.output(host, true, &[])?, 0)),
         }
     }
 

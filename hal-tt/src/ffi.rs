@@ -201,6 +201,15 @@ abi! {
         fn(Dev, u64, u64, u64, u64, u64, u64, u64) -> i32;
     route_topk = "flint_tt_route_topk":
         fn(Dev, u64, u64, u32, u64, u64, u32, u32, u32, f32, u64, u64, u64, u64) -> i32;
+    sigmoid = "flint_tt_sigmoid": fn(Dev, u64, u64) -> i32;
+    mul = "flint_tt_mul": fn(Dev, u64, u64, u64, u64) -> i32;
+    deinterleave = "flint_tt_deinterleave": fn(Dev, u64, u64, u64, *const u64, u32) -> i32;
+    delta_net_gate = "flint_tt_delta_net_gate": fn(Dev, u64, u64, u64, u64, u64) -> i32;
+    l2_norm = "flint_tt_l2_norm": fn(Dev, u64, u64, u64, f32) -> i32;
+    ssm_conv_silu = "flint_tt_ssm_conv_silu":
+        fn(Dev, u64, u64, u64, u64, u64, u64, u64, u64) -> i32;
+    gated_delta_net = "flint_tt_gated_delta_net":
+        fn(Dev, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64) -> i32;
     write_kv = "flint_tt_write_kv":
         fn(Dev, *const CKvLayout, u64, u64, u64, u64, u64, u64, u64) -> i32;
     paged_attention = "flint_tt_paged_attention":

@@ -35,8 +35,13 @@
 //! factors and attention sinks (tensors of the model) are read from adapter buffers as
 //! well (ABI 6): a device view is passed by handle and offset, a host view is uploaded
 //! into a scratch buffer for the op (counted as an upload), so `tt` counts no
-//! `arg_bytes`. `add_id` (gpt-oss's expert biases) has no entry in the ABI and is
-//! `Unsupported`. The adapter's own count of the traffic is in [`TtCounters`].
+//! `arg_bytes`. Qwen 3.5's Gated DeltaNet layers run on the device too (ABI 6):
+//! `ssm_conv_silu` and `gated_delta_net` pass their recurrent state (a device view) by
+//! buffer handle and offset, and the adapter updates it in place; `sigmoid`, `mul`,
+//! `deinterleave` (one call, its outputs as an array of handles), `delta_net_gate` and
+//! `l2_norm` take tensors as the other element-wise ops do. `add_id` (gpt-oss's expert
+//! biases) has no entry in the ABI and is `Unsupported`. The adapter's own count of the
+//! traffic is in [`TtCounters`].
 //!
 //! [`Device::upload_indices`]: flint_hal::Device::upload_indices
 //! [`Device::alloc_indices`]: flint_hal::Device::alloc_indices

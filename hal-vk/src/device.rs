@@ -553,7 +553,14 @@ impl Device for VkDevice {
                 Some(t) => self.native(t) || GgmlType::DEQUANTIZABLE.contains(&t),
                 None => true,
             },
-            Op::SsmConvSilu | Op::GatedDeltaNet => false,
+            // Qwen 3.5's Gated DeltaNet and its gates: no shaders yet.
+            Op::SsmConvSilu
+            | Op::GatedDeltaNet
+            | Op::Sigmoid
+            | Op::Mul
+            | Op::Deinterleave
+            | Op::DeltaNetGate
+            | Op::L2Norm => false,
             _ => true,
         }
     }

@@ -407,6 +407,74 @@ pub trait Device: Send + Sync + fmt::Debug {
         )))
     }
 
+    /// Qwen 3.5's gates: `x = sigmoid(x)` element by element
+    /// (`flint_core::math::sigmoid_ggml`). Optional, as [`ssm_conv_silu`]: a device
+    /// without it says so in [`supports`](Self::supports) and returns `Unsupported` (the
+    /// default).
+    ///
+    /// [`ssm_conv_silu`]: Self::ssm_conv_silu
+    fn sigmoid(&self, x: ViewMut<'_>) -> Result<(), HalError> {
+        let _ = x;
+        Err(HalError::unsupported(format!("{}: sigmoid", self.name())))
+    }
+
+    /// `acc[i] *= x[i / (acc.len() / x.len())]` (`flint_core::math::mul_rows`): `x` as
+    /// long as `acc`, or one value per row of `acc` (Qwen 3.5's gated attention output and
+    /// its shared expert's gate). Optional (see [`sigmoid`](Self::sigmoid)).
+    ///
+    /// `x` not empty (unless `acc` is), its length dividing `acc`'s.
+    fn mul(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        let _ = (acc, x);
+        Err(HalError::unsupported(format!("{}: mul", self.name())))
+    }
+
+    /// Splits `src`, groups of `outs.len()` chunks of `chunk` values, by chunk: chunk `j`
+    /// of group `g` to `outs[j][g * chunk..]` (`flint_core::math::deinterleave`; Qwen
+    /// 3.5's query projection gives each head its queries, then its gate). Optional (see
+    /// [`sigmoid`](Self::sigmoid)).
+    ///
+    /// `src.len()` a multiple of `chunk * outs.len()`, each output one chunk per group.
+    fn deinterleave(
+        &self,
+        src: View<'_>,
+        chunk: usize,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        let _ = (src, chunk, outs);
+        Err(HalError::unsupported(format!(
+            "{}: deinterleave",
+            self.name()
+        )))
+    }
+
+    /// The log decay of Gated DeltaNet, in place on rows of `dt_bias.len()` heads:
+    /// `alpha = softplus(alpha + dt_bias[h]) * a[h]`
+    /// (`flint_core::math::delta_net_gates`). Optional (see [`sigmoid`](Self::sigmoid)).
+    ///
+    /// `a.len() == dt_bias.len()`, `alpha` whole rows of it.
+    fn delta_net_gate(
+        &self,
+        alpha: ViewMut<'_>,
+        dt_bias: View<'_>,
+        a: View<'_>,
+    ) -> Result<(), HalError> {
+        let _ = (alpha, dt_bias, a);
+        Err(HalError::unsupported(format!(
+            "{}: delta_net_gate",
+            self.name()
+        )))
+    }
+
+    /// L2 norm of every row of `dim` values, in place, as llama.cpp's Gated DeltaNet
+    /// normalises its query and key heads (`flint_core::math::l2_norm_heads`). Optional
+    /// (see [`sigmoid`](Self::sigmoid)).
+    ///
+    /// `x.len()` a multiple of `dim > 0`.
+    fn l2_norm(&self, x: ViewMut<'_>, dim: usize, eps: f32) -> Result<(), HalError> {
+        let _ = (x, dim, eps);
+        Err(HalError::unsupported(format!("{}: l2_norm", self.name())))
+    }
+
     /// Allocates one layer's KV cache.
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError>;
 

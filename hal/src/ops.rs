@@ -48,13 +48,23 @@ pub enum Op {
     SsmConvSilu,
     /// [`Device::gated_delta_net`](crate::Device::gated_delta_net).
     GatedDeltaNet,
+    /// [`Device::sigmoid`](crate::Device::sigmoid).
+    Sigmoid,
+    /// [`Device::mul`](crate::Device::mul).
+    Mul,
+    /// [`Device::deinterleave`](crate::Device::deinterleave).
+    Deinterleave,
+    /// [`Device::delta_net_gate`](crate::Device::delta_net_gate).
+    DeltaNetGate,
+    /// [`Device::l2_norm`](crate::Device::l2_norm).
+    L2Norm,
     /// [`Device::copy`](crate::Device::copy).
     Copy,
 }
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 26] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -75,6 +85,11 @@ impl Op {
         Op::PagedAttention,
         Op::SsmConvSilu,
         Op::GatedDeltaNet,
+        Op::Sigmoid,
+        Op::Mul,
+        Op::Deinterleave,
+        Op::DeltaNetGate,
+        Op::L2Norm,
         Op::Copy,
     ];
 
@@ -102,6 +117,11 @@ impl Op {
             Op::PagedAttention => "paged_attention",
             Op::SsmConvSilu => "ssm_conv_silu",
             Op::GatedDeltaNet => "gated_delta_net",
+            Op::Sigmoid => "sigmoid",
+            Op::Mul => "mul",
+            Op::Deinterleave => "deinterleave",
+            Op::DeltaNetGate => "delta_net_gate",
+            Op::L2Norm => "l2_norm",
             Op::Copy => "copy",
         }
     }

@@ -67,6 +67,11 @@ pub enum Defect {
     ScatterInterleaved,
     /// `expert_matmul` reads every routed row from the first token's row.
     ExpertFirstToken,
+    /// `l2_norm` normalises each row of heads as one vector.
+    L2NormWholeRow,
+    /// `mul` multiplies element by element, reading a per-row `x` as if it were as long
+    /// as `acc` (wrapping around).
+    MulNoBroadcast,
     /// Claims nothing at all.
     SupportsNothing,
 }
@@ -406,6 +411,40 @@ impl Device for Broken {
             .gated_delta_net(shape, q, k, v, g, beta, state, out)
     }
 
+    fn sigmoid(&self, x: ViewMut<'_>) -> Result<(), HalError> {
+        self.inner.sigmoid(x)
+    }
+    fn mul(&self, acc: ViewMut<'_>, x: View<'_>) -> Result<(), HalError> {
+        if self.defect == Defect::MulNoBroadcast && x.len() < acc.len() {
+            let x = x.host();
+            let wrapped: Vec<f32> = (0..acc.len()).map(|i| x[i % x.len()]).collect();
+            return self.inner.mul(acc, (&wrapped[..]).into());
+        }
+        self.inner.mul(acc, x)
+    }
+    fn deinterleave(
+        &self,
+        src: View<'_>,
+        chunk: usize,
+        outs: &mut [ViewMut<'_>],
+    ) -> Result<(), HalError> {
+        self.inner.deinterleave(src, chunk, outs)
+    }
+    fn delta_net_gate(
+        &self,
+        alpha: ViewMut<'_>,
+        dt_bias: View<'_>,
+        a: View<'_>,
+    ) -> Result<(), HalError> {
+        self.inner.delta_net_gate(alpha, dt_bias, a)
+    }
+    fn l2_norm(&self, x: ViewMut<'_>, dim: usize, eps: f32) -> Result<(), HalError> {
+        if self.defect == Defect::L2NormWholeRow {
+            let len = x.len();
+            return self.inner.l2_norm(x, len, eps);
+        }
+        self.inner.l2_norm(x, dim, eps)
+    }
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Box<dyn KvBuffer>, HalError> {
         self.inner.alloc_kv(layout)
     }

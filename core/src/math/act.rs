@@ -113,3 +113,57 @@ pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
     let glu = x / (1.0 + super::expf_libc(SWIGLU_OAI_ALPHA * -x));
     glu * (y + 1.0)
 }
+
+/// `x = sigmoid(x)` ([`sigmoid_ggml`]) element by element: ggml's `sigmoid` op.
+pub fn sigmoid_ggml_in_place(x: &mut [f32]) {
+    for v in x {
+        *v = sigmoid_ggml(*v);
+    }
+}
+
+/// `acc[i] *= x[i / (acc.len() / x.len())]`: ggml's `mul` of `acc` by `x`, `x` either as
+/// long as `acc` or one value per row of `acc` (broadcast along the row).
+///
+/// # Panics
+/// When `x` is empty while `acc` is not, or its length does not divide `acc`'s.
+pub fn mul_rows(acc: &mut [f32], x: &[f32]) {
+    if acc.is_empty() {
+        return;
+    }
+    assert!(
+        !x.is_empty() && acc.len().is_multiple_of(x.len()),
+        "mul: {} values by {} values",
+        acc.len(),
+        x.len()
+    );
+    let per = acc.len() / x.len();
+    for (row, &m) in acc.chunks_exact_mut(per).zip(x) {
+        for v in row {
+            *v *= m;
+        }
+    }
+}
+
+/// Splits `src`, a run of groups of `outs.len()` chunks of `chunk` values each, by
+/// chunk: chunk `j` of group `g` goes to `outs[j][g * chunk..]` (Qwen 3.5's query
+/// projection gives each head its queries then its gate).
+///
+/// # Panics
+/// When `src` is not whole groups or an output is not one chunk per group long.
+pub fn deinterleave(src: &[f32], chunk: usize, outs: &mut [&mut [f32]]) {
+    let parts = outs.len();
+    assert!(
+        chunk > 0 && parts > 0 && src.len().is_multiple_of(chunk * parts),
+        "deinterleave: {} values are not groups of {parts} chunks of {chunk}",
+        src.len()
+    );
+    let groups = src.len() / (chunk * parts);
+    for o in outs.iter() {
+        assert_eq!(o.len(), groups * chunk, "deinterleave: output length");
+    }
+    for (g, group) in src.chunks_exact(chunk * parts).enumerate() {
+        for (j, c) in group.chunks_exact(chunk).enumerate() {
+            outs[j][g * chunk..(g + 1) * chunk].copy_from_slice(c);
+        }
+    }
+}

@@ -426,3 +426,23 @@ pub fn gated_delta_net_chunked(
         }
     }
 }
+
+/// [`delta_net_gate`] of every row of `alpha` (`dt_bias.len()` heads per row), in place:
+/// the log decay of each row and head.
+///
+/// # Panics
+/// When `dt_bias` and `a` differ in length or `alpha` is not whole rows of it.
+pub fn delta_net_gates(alpha: &mut [f32], dt_bias: &[f32], a: &[f32]) {
+    let h = dt_bias.len();
+    assert!(
+        h > 0 && a.len() == h && alpha.len().is_multiple_of(h),
+        "delta_net_gates: {} values, {h} dt biases, {} decay rates",
+        alpha.len(),
+        a.len()
+    );
+    for row in alpha.chunks_exact_mut(h) {
+        for ((al, &dt), &sa) in row.iter_mut().zip(dt_bias).zip(a) {
+            *al = delta_net_gate(*al, dt, sa);
+        }
+    }
+}

@@ -68,7 +68,7 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
     let bs = Session::BLOCK_SIZE;
     let per_seq = ctx.div_ceil(bs);
     let mut kv = dm.alloc_kv(n_seq * per_seq, bs)?;
-    let mut states = RecurrentStates::new(dm.spec(), n_seq);
+    let mut states = RecurrentStates::new(dm, n_seq)?;
     let tables: Vec<Vec<u32>> = (0..n_seq)
         .map(|s| (s * per_seq..(s + 1) * per_seq).map(|b| b as u32).collect())
         .collect();

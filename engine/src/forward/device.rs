@@ -19,9 +19,6 @@
 //! [`Session`] wraps this for one sequence with a trivial block table (the CLI, the
 //! gates); the paged engine builds its batches itself.
 
-use std::borrow::Cow;
-
-use flint_core::math::{delta_net_gate, l2_norm_heads, sigmoid_ggml};
 use flint_hal::{
     AttnSeq, Device, DeviceRef, HalError, IndexTensor, IndexView, IndexViewMut, KvBuffer, KvLayout,
     Op, PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
@@ -86,6 +83,8 @@ struct MoeBufs {
     ids: IdxBuf,
     weights: Buf,
     branch_out: Buf,
+    /// Qwen 3.5's shared-expert gate, one value per row.
+    shared_gate_out: Buf,
     scratch: Buf,
     /// Zeros, for clearing a device buffer (see [`zero`]).
     zeros: Buf,
@@ -278,9 +277,9 @@ struct DevDeltaNet {
     alpha: WeightHandle,
     out: WeightHandle,
     conv: Tensor,
-    /// Per-head constants of the decay, applied on the host.
-    dt_bias: Vec<f32>,
-    a: Vec<f32>,
+    /// Per-head constants of the decay (`Device::delta_net_gate`).
+    dt_bias: Tensor,
+    a: Tensor,
     norm: Tensor,
 }
 
@@ -399,39 +398,53 @@ pub fn layer_caches(spec: &ModelDesc) -> Vec<LayerCache> {
 /// then the delta-rule state (`heads_v` blocks of `head_dim^2`), as
 /// `Device::ssm_conv_silu` and `Device::gated_delta_net` carry them. A sequence's slot
 /// is its block in the recurrent KV group; the forward zeroes it at the sequence's
-/// position 0. Held in host memory and handed to the ops as host views (a device that
-/// computes elsewhere moves them in and out per call, and counts it).
+/// position 0. Tensors of the model's device, one per Gated DeltaNet layer: the ops
+/// update them where they are.
 #[derive(Debug, Default)]
 pub struct RecurrentStates {
     conv_len: usize,
     delta_len: usize,
     slots: usize,
-    /// Per layer (empty for attention layers): `slots` states one after another.
-    layers: Vec<Vec<f32>>,
+    /// Per layer (`None` for attention layers): `slots` states one after another.
+    layers: Vec<Option<Tensor>>,
+    /// Zeros, for clearing a slot on the device's side (see [`zero`]).
+    zeros: Buf,
 }
 
 impl RecurrentStates {
-    /// Zeroed states of `slots` sequences for every Gated DeltaNet layer of `spec` (none
-    /// for a model without such layers).
-    pub fn new(spec: &ModelDesc, slots: usize) -> Self {
+    /// Zeroed states of `slots` sequences for every Gated DeltaNet layer of `model` (none
+    /// for a model without such layers), on its device.
+    pub fn new(model: &DeviceModel, slots: usize) -> Result<Self, ModelError> {
+        let spec = &model.spec;
         let Some(dn) = spec.delta_net else {
-            return Self::default();
+            return Ok(Self::default());
         };
         let (conv_len, delta_len) = Self::lens(&dn);
         let layers = spec
             .layers
             .iter()
             .map(|l| match l.mixer {
-                Mixer::DeltaNet => vec![0.0; slots * (conv_len + delta_len)],
-                Mixer::Attention => Vec::new(),
+                Mixer::DeltaNet => model
+                    .dev
+                    .alloc(slots * (conv_len + delta_len))
+                    .map(Some)
+                    .map_err(|source| ModelError::Device {
+                        context: format!(
+                            "allocating the recurrent states of {slots} sequences on {}",
+                            model.dev.name()
+                        ),
+                        source,
+                    }),
+                Mixer::Attention => Ok(None),
             })
-            .collect();
-        Self {
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
             conv_len,
             delta_len,
             slots,
             layers,
-        }
+            zeros: Buf::default(),
+        })
     }
 
     fn lens(dn: &DeltaNetDesc) -> (usize, usize) {
@@ -460,23 +473,33 @@ impl RecurrentStates {
         self.slots
     }
 
-    /// The convolution window and the delta-rule state of `slot` in layer `il`.
-    fn slot_mut(&mut self, il: usize, slot: u32) -> Result<(&mut [f32], &mut [f32]), ModelError> {
+    /// The convolution window and the delta-rule state of `slot` in layer `il`, zeroed
+    /// first when `fresh` (a sequence at its position 0).
+    fn slot_mut(
+        &mut self,
+        dev: &dyn Device,
+        il: usize,
+        slot: u32,
+        fresh: bool,
+    ) -> Result<(ViewMut<'_>, ViewMut<'_>), ModelError> {
         let len = self.conv_len + self.delta_len;
         let slot = slot as usize;
-        let conv_len = self.conv_len;
-        let slots = self.slots;
+        let (conv_len, slots) = (self.conv_len, self.slots);
+        if slot >= slots {
+            return Err(ModelError::new(format!(
+                "state slot {slot} is outside the {slots} slots of layer {il}"
+            )));
+        }
         let layer = self
             .layers
             .get_mut(il)
-            .filter(|l| !l.is_empty())
+            .and_then(Option::as_mut)
             .ok_or_else(|| ModelError::new(format!("layer {il} has no recurrent state")))?;
-        let state = layer.get_mut(slot * len..(slot + 1) * len).ok_or_else(|| {
-            ModelError::new(format!(
-                "state slot {slot} is outside the {slots} slots of layer {il}"
-            ))
-        })?;
-        Ok(state.split_at_mut(conv_len))
+        let mut state = layer.slice_mut(slot * len..(slot + 1) * len);
+        if fresh {
+            zero(dev, state.reborrow(), &mut self.zeros)?;
+        }
+        Ok(state.split_at(conv_len))
     }
 }
 
@@ -497,7 +520,7 @@ pub fn vector_bytes(model: &Model) -> u64 {
             n += pl.post_norm.len();
         }
         n += match &l.delta_net {
-            Some(dn) => dn.conv.len() + dn.norm.len(),
+            Some(dn) => dn.conv.len() + dn.norm.len() + dn.dt_bias.len() + dn.a.len(),
             None => [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.sinks]
                 .into_iter()
                 .map(opt)
@@ -713,8 +736,8 @@ impl DeviceModel {
                     alpha: st(&dn.alpha, WeightKind::Matrix)?,
                     out: st(&dn.out, WeightKind::Matrix)?,
                     conv: up(&dn.conv)?,
-                    dt_bias: dn.dt_bias.clone(),
-                    a: dn.a.clone(),
+                    dt_bias: up(&dn.dt_bias)?,
+                    a: up(&dn.a)?,
                     norm: up(&dn.norm)?,
                 }),
                 None => DevMixer::Attention(DevAttn {
@@ -1298,19 +1321,16 @@ impl DeviceModel {
             }
         }
         if ld.attn_gate {
-            let src = read_host(dev, q_full.view(2 * qn))?;
-            on_host(dev, q.get(dev, qn)?, false, |qd| {
-                for (s, qd) in src.chunks_exact(2 * dk).zip(qd.chunks_exact_mut(dk)) {
-                    qd.copy_from_slice(&s[..dk]);
-                }
-            })?;
-            on_host(dev, q_gate.get(dev, qn)?, false, |gd| {
-                for (s, gd) in src.chunks_exact(2 * dk).zip(gd.chunks_exact_mut(dk)) {
-                    for (g, &s) in gd.iter_mut().zip(&s[dk..]) {
-                        *g = sigmoid_ggml(s);
-                    }
-                }
-            })?;
+            // Each head's queries, then its gate; the gate through the sigmoid.
+            timed!(
+                "attn_gate",
+                dev.deinterleave(
+                    q_full.view(2 * qn),
+                    dk,
+                    &mut [q.get(dev, qn)?, q_gate.get(dev, qn)?]
+                )
+            )?;
+            timed!("attn_gate", dev.sigmoid(q_gate.get(dev, qn)?))?;
         }
         // A shared-KV layer projects queries only.
         for (t, len, b, computed) in [
@@ -1395,12 +1415,10 @@ impl DeviceModel {
             dev.paged_attention(&*kv[spec.kv_layer(il)], &pa, o.get(dev, rows * h * dv)?)
         )?;
         if ld.attn_gate {
-            let gate = read_host(dev, q_gate.view(rows * h * dk))?;
-            on_host(dev, o.get(dev, rows * h * dv)?, true, |o| {
-                for (v, &g) in o.iter_mut().zip(gate.iter()) {
-                    *v *= g;
-                }
-            })?;
+            timed!(
+                "attn_gate",
+                dev.mul(o.get(dev, rows * h * dv)?, q_gate.view(rows * h * dk))
+            )?;
         }
         timed!(
             "attn_out",
@@ -1474,19 +1492,12 @@ impl DeviceModel {
                 ],
             )
         )?;
-        on_host(dev, beta.get(dev, n * hv)?, true, |beta| {
-            for b in beta.iter_mut() {
-                *b = sigmoid_ggml(*b);
-            }
-        })?;
+        timed!("delta_gates", dev.sigmoid(beta.get(dev, n * hv)?))?;
         // The log decay of each row and head, in `alpha`'s place.
-        on_host(dev, alpha.get(dev, n * hv)?, true, |alpha| {
-            for row in alpha.chunks_exact_mut(hv) {
-                for ((al, &dt), &sa) in row.iter_mut().zip(&dn.dt_bias).zip(&dn.a) {
-                    *al = delta_net_gate(*al, dt, sa);
-                }
-            }
-        })?;
+        timed!(
+            "delta_gates",
+            dev.delta_net_gate(alpha.get(dev, n * hv)?, dn.dt_bias.view(), dn.a.view())
+        )?;
         conv.get(dev, n * cd)?;
         q.get(dev, n * qk)?;
         k.get(dev, n * qk)?;
@@ -1496,11 +1507,7 @@ impl DeviceModel {
             if len == 0 {
                 continue;
             }
-            let (conv_state, delta_state) = states.slot_mut(il, slot)?;
-            if fresh {
-                conv_state.fill(0.0);
-                delta_state.fill(0.0);
-            }
+            let (conv_state, delta_state) = states.slot_mut(dev, il, slot, fresh)?;
             let rows = r0..r0 + len;
             timed!(
                 "ssm_conv",
@@ -1508,7 +1515,7 @@ impl DeviceModel {
                     qkv.view(n * cd).slice(rows.start * cd..rows.end * cd),
                     dn.conv.view(),
                     desc.conv_kernel,
-                    conv_state.into(),
+                    conv_state,
                     conv.tensor().slice_mut(rows.start * cd..rows.end * cd),
                 )
             )?;
@@ -1529,12 +1536,14 @@ impl DeviceModel {
                 rows.start * qk..rows.end * qk,
                 rows.start * qk..rows.end * qk,
             );
-            on_host(dev, q.tensor().slice_mut(qr.clone()), true, |qs| {
-                l2_norm_heads(qs, shape.head_dim, eps)
-            })?;
-            on_host(dev, k.tensor().slice_mut(kr.clone()), true, |ks| {
-                l2_norm_heads(ks, shape.head_dim, eps)
-            })?;
+            timed!(
+                "l2_norm",
+                dev.l2_norm(q.tensor().slice_mut(qr.clone()), shape.head_dim, eps)
+            )?;
+            timed!(
+                "l2_norm",
+                dev.l2_norm(k.tensor().slice_mut(kr.clone()), shape.head_dim, eps)
+            )?;
             timed!(
                 "delta_rule",
                 dev.gated_delta_net(
@@ -1544,7 +1553,7 @@ impl DeviceModel {
                     v.view(n * vl).slice(rows.start * vl..rows.end * vl),
                     alpha.view(n * hv).slice(rows.start * hv..rows.end * hv),
                     beta.view(n * hv).slice(rows.start * hv..rows.end * hv),
-                    delta_state.into(),
+                    delta_state,
                     o.tensor().slice_mut(rows.start * vl..rows.end * vl),
                 )
             )?;
@@ -1753,6 +1762,7 @@ impl DeviceModel {
                     ids,
                     weights,
                     branch_out,
+                    shared_gate_out,
                     scratch,
                     zeros,
                 } = &mut mb;
@@ -1859,17 +1869,15 @@ impl DeviceModel {
                     self.mlp(s, f, n, branch_out.get(dev, n * d)?, bufs)?;
                     // Qwen 3.5: the shared expert's output times `sigmoid(gate . f)`.
                     if let Some(gw) = shared_gate {
-                        let mut gl = dev.alloc(n)?;
-                        timed!("shared_gate", dev.matmul(&**gw, f, n, gl.view_mut()))?;
-                        let gl = dev.download_tensor(gl)?;
-                        on_host(dev, branch_out.get(dev, n * d)?, true, |ys| {
-                            for (row, &g) in ys.chunks_exact_mut(d).zip(&gl) {
-                                let g = sigmoid_ggml(g);
-                                for v in row {
-                                    *v *= g;
-                                }
-                            }
-                        })?;
+                        timed!(
+                            "shared_gate",
+                            dev.matmul(&**gw, f, n, shared_gate_out.get(dev, n)?)
+                        )?;
+                        timed!("shared_gate", dev.sigmoid(shared_gate_out.get(dev, n)?))?;
+                        timed!(
+                            "shared_gate",
+                            dev.mul(branch_out.get(dev, n * d)?, shared_gate_out.view(n))
+                        )?;
                     }
                     timed!("add", dev.add(out.reborrow(), branch_out.view(n * d)))?;
                 }
@@ -1920,7 +1928,7 @@ impl<'m> Session<'m> {
             model,
             kv,
             // One sequence: state slot 0, the first entry of its table in every group.
-            states: RecurrentStates::new(&model.spec, 1),
+            states: RecurrentStates::new(model, 1)?,
             table: (0..nb as u32).collect(),
             block_size: bs,
             pos: 0,
@@ -2023,45 +2031,6 @@ fn copy_within(
                     len,
                 },
             )
-        }
-    }
-}
-
-/// The values of `v` in host memory: borrowed when they are there, downloaded (and
-/// counted) from a device buffer.
-fn read_host<'a>(dev: &dyn Device, v: View<'a>) -> Result<Cow<'a, [f32]>, HalError> {
-    match v {
-        View::Host(s) => Ok(Cow::Borrowed(s)),
-        v => {
-            let mut h = vec![0.0; v.len()];
-            dev.download(v, &mut h)?;
-            Ok(Cow::Owned(h))
-        }
-    }
-}
-
-/// Runs `f` on the values of `t` in host memory: in place when they are there, else
-/// on a host copy uploaded after (downloaded first when `f` reads them: `reads`; both
-/// counted). For the few element-wise steps the device interface has no op for (Qwen
-/// 3.5's gates, the delta rule's decay, the L2 norm of its heads).
-fn on_host(
-    dev: &dyn Device,
-    t: ViewMut<'_>,
-    reads: bool,
-    f: impl FnOnce(&mut [f32]),
-) -> Result<(), HalError> {
-    match t {
-        ViewMut::Host(s) => {
-            f(s);
-            Ok(())
-        }
-        t => {
-            let mut h = vec![0.0; t.len()];
-            if reads {
-                dev.download(t.as_view(), &mut h)?;
-            }
-            f(&mut h);
-            dev.upload(&h, t)
         }
     }
 }

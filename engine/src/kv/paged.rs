@@ -179,7 +179,7 @@ impl PagedModel {
             let layout = model.kv_layout(il, blocks[g], bs);
             kv.push(model.device().alloc_kv(&layout).map_err(ModelError::from)?);
         }
-        let states = RecurrentStates::new(model.spec(), slots);
+        let states = RecurrentStates::new(&model, slots)?;
         Ok((
             Self {
                 model,

@@ -1025,6 +1025,244 @@ impl State {
         Ok(())
     }
 
+    /// `flint_tt_sigmoid`: `x = sigmoid(x)` for `n` values.
+    pub fn sigmoid(&mut self, x: u64, n: usize) -> Result<(), SimError> {
+        self.with_out([], (x, n), "sigmoid", |[], x| {
+            flint_core::math::sigmoid_ggml_in_place(x);
+            Ok(())
+        })
+    }
+
+    /// `flint_tt_mul`: `acc[i] *= x[i / (n / x_len)]`.
+    pub fn mul(&mut self, acc: u64, n: usize, x: u64, x_len: usize) -> Result<(), SimError> {
+        if n == 0 {
+            return Ok(());
+        }
+        if x_len == 0 || !n.is_multiple_of(x_len) {
+            return invalid(format!(
+                "mul: {x_len} values of x do not divide the {n} values of acc"
+            ));
+        }
+        self.with_out([(x, x_len)], (acc, n), "mul", |[x], a| {
+            flint_core::math::mul_rows(a, x);
+            Ok(())
+        })
+    }
+
+    /// `flint_tt_deinterleave`: `src` (`n` values, groups of `outs.len()` chunks of
+    /// `chunk`) split by chunk into `outs`, `n / outs.len()` values each. Everything is
+    /// checked before anything is written.
+    pub fn deinterleave(
+        &mut self,
+        src: u64,
+        n: usize,
+        chunk: usize,
+        outs: &[u64],
+    ) -> Result<(), SimError> {
+        let parts = outs.len();
+        if chunk == 0 || parts == 0 || !n.is_multiple_of(chunk * parts) {
+            return invalid(format!(
+                "deinterleave: {n} values are not groups of {parts} chunks of {chunk}"
+            ));
+        }
+        let per = n / parts;
+        self.span(src, 0, n as u64, "deinterleave source")?;
+        let mut spans = Vec::with_capacity(parts);
+        for (j, &o) in outs.iter().enumerate() {
+            let os = self.span(o, 0, per as u64, &format!("deinterleave output {j}"))?;
+            // Every range starts at its buffer's first value: distinct buffers.
+            if o == src {
+                return invalid(format!(
+                    "deinterleave: output {j} (buffer {o}) is also the source"
+                ));
+            }
+            if let Some(i) = outs[..j].iter().position(|&p| p == o) {
+                return invalid(format!(
+                    "deinterleave: output {j} (buffer {o}) is also output {i}"
+                ));
+            }
+            spans.push(os);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut parts_out: Vec<Vec<f32>> = vec![vec![0.0; per]; parts];
+        {
+            let s = self.floats(src, n, "deinterleave source")?;
+            let mut refs: Vec<&mut [f32]> = parts_out.iter_mut().map(Vec::as_mut_slice).collect();
+            flint_core::math::deinterleave(s, chunk, &mut refs);
+        }
+        for (os, vals) in spans.into_iter().zip(parts_out) {
+            self.write_span(os, vals);
+        }
+        Ok(())
+    }
+
+    /// `flint_tt_delta_net_gate`: the log decay of each row of `heads` values of
+    /// `alpha`, in place.
+    pub fn delta_net_gate(
+        &mut self,
+        alpha: u64,
+        n: usize,
+        dt_bias: u64,
+        a: u64,
+        heads: usize,
+    ) -> Result<(), SimError> {
+        if heads == 0 || !n.is_multiple_of(heads) {
+            return invalid(format!(
+                "delta_net_gate: {n} values are not rows of {heads} heads"
+            ));
+        }
+        self.with_out(
+            [(dt_bias, heads), (a, heads)],
+            (alpha, n),
+            "delta_net_gate",
+            |[dt, sa], al| {
+                flint_core::math::delta_net_gates(al, dt, sa);
+                Ok(())
+            },
+        )
+    }
+
+    /// `flint_tt_l2_norm`: every row of `dim` values of `x` L2-normalised in place.
+    pub fn l2_norm(&mut self, x: u64, n: usize, dim: usize, eps: f32) -> Result<(), SimError> {
+        check_rows(n, dim, "l2_norm")?;
+        self.with_out([], (x, n), "l2_norm", |[], x| {
+            flint_core::math::l2_norm_heads(x, dim, eps);
+            Ok(())
+        })
+    }
+
+    /// The `len` floats of a recurrent state at `state.1` of buffer `state.0`, checked to
+    /// lie inside it and to overlap none of `others` (the op's other ranges).
+    fn state_span(
+        &self,
+        what: &str,
+        state: (u64, u64),
+        len: usize,
+        others: &[(&str, Span)],
+    ) -> Result<Span, SimError> {
+        let ss = self.span(state.0, state.1, len as u64, &format!("{what} state"))?;
+        disjoint(what, ("the state", ss), others)?;
+        Ok(ss)
+    }
+
+    /// `flint_tt_ssm_conv_silu`: `out = silu(ssm_conv(x))` over `n_rows` rows of
+    /// `channels`, the window read from and written back to `state` (buffer, first
+    /// float) on the device's side.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ssm_conv_silu(
+        &mut self,
+        x: u64,
+        n_rows: usize,
+        channels: usize,
+        weight: u64,
+        d_conv: usize,
+        state: (u64, u64),
+        out: u64,
+    ) -> Result<(), SimError> {
+        const WHAT: &str = "ssm_conv_silu";
+        let too_big = || SimError {
+            code: ERR_INVALID,
+            message: format!(
+                "{WHAT}: {n_rows} rows of {channels} channels, kernel {d_conv}, are too many"
+            ),
+        };
+        if d_conv == 0 {
+            return invalid(format!("{WHAT}: d_conv is 0"));
+        }
+        let n = n_rows.checked_mul(channels).ok_or_else(too_big)?;
+        let wl = channels.checked_mul(d_conv).ok_or_else(too_big)?;
+        let sl = channels * (d_conv - 1);
+        let xs = self.span(x, 0, n as u64, "ssm_conv_silu x")?;
+        let ws = self.span(weight, 0, wl as u64, "ssm_conv_silu weight")?;
+        let os = self.span(out, 0, n as u64, "ssm_conv_silu out")?;
+        let ss = self.state_span(
+            WHAT,
+            state,
+            sl,
+            &[("x", xs), ("the weight", ws), ("out", os)],
+        )?;
+        let mut st = self
+            .floats_at(state.0, state.1, sl, "ssm_conv_silu state")?
+            .to_vec();
+        self.with_out([(x, n), (weight, wl)], (out, n), WHAT, |[x, w], o| {
+            kernels::ssm_conv_silu(x, w, d_conv, &mut st, o);
+            Ok(())
+        })?;
+        self.write_span(ss, st);
+        Ok(())
+    }
+
+    /// `flint_tt_gated_delta_net`: the gated delta rule of one sequence of `n_tokens`,
+    /// the per-head states read from and written back to `state` (buffer, first float) on
+    /// the device's side.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net(
+        &mut self,
+        shape: flint_core::math::DeltaNetShape,
+        n_tokens: usize,
+        q: u64,
+        k: u64,
+        v: u64,
+        g: u64,
+        beta: u64,
+        state: (u64, u64),
+        out: u64,
+    ) -> Result<(), SimError> {
+        const WHAT: &str = "gated_delta_net";
+        if !shape.is_valid() {
+            return invalid(format!(
+                "{WHAT}: {} value heads on {} key heads of size {} (value heads must be a \
+                 non-zero multiple of key heads, sizes non-zero)",
+                shape.heads_v, shape.heads_k, shape.head_dim
+            ));
+        }
+        let sizes = (|| {
+            let ql = n_tokens.checked_mul(shape.heads_k.checked_mul(shape.head_dim)?)?;
+            let vl = n_tokens.checked_mul(shape.heads_v.checked_mul(shape.head_dim)?)?;
+            let gl = n_tokens.checked_mul(shape.heads_v)?;
+            let sl = shape
+                .heads_v
+                .checked_mul(shape.head_dim.checked_mul(shape.head_dim)?)?;
+            Some((ql, vl, gl, sl))
+        })();
+        let Some((ql, vl, gl, sl)) = sizes else {
+            return invalid(format!(
+                "{WHAT}: {n_tokens} tokens of {shape:?} are too many values"
+            ));
+        };
+        let mut others = Vec::with_capacity(6);
+        for (h, len, name) in [
+            (q, ql, "q"),
+            (k, ql, "k"),
+            (v, vl, "v"),
+            (g, gl, "g"),
+            (beta, gl, "beta"),
+            (out, vl, "out"),
+        ] {
+            others.push((
+                name,
+                self.span(h, 0, len as u64, &format!("{WHAT} {name}"))?,
+            ));
+        }
+        let ss = self.state_span(WHAT, state, sl, &others)?;
+        let mut st = self
+            .floats_at(state.0, state.1, sl, "gated_delta_net state")?
+            .to_vec();
+        self.with_out(
+            [(q, ql), (k, ql), (v, vl), (g, gl), (beta, gl)],
+            (out, vl),
+            WHAT,
+            |[q, k, v, g, b], o| {
+                kernels::gated_delta_net(&shape, q, k, v, g, b, &mut st, o);
+                Ok(())
+            },
+        )?;
+        self.write_span(ss, st);
+        Ok(())
+    }
+
     /// `flint_tt_write_kv`.
     pub fn write_kv(
         &mut self,
@@ -1642,5 +1880,133 @@ mod tests {
                 e.message
             );
         }
+    }
+
+    /// Gated DeltaNet's ops read their states at an offset and write them back there,
+    /// with the core's bits; bad shapes and state ranges outside their buffer or
+    /// overlapping another operand are `FLINT_TT_ERR_INVALID`, with nothing written.
+    #[test]
+    fn delta_net_ops_update_states_at_offsets_and_check_them() {
+        use flint_core::math::{self, DeltaNetShape};
+        let mut st = State::new(1 << 22);
+        let vals = |n: usize, s: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| s * ((i * 37 % 23) as f32 / 11.0 - 1.0))
+                .collect()
+        };
+        // The convolution: 2 rows of 3 channels, kernel 3; the state at floats 4..10.
+        let (x0, w0, s0) = (vals(6, 1.5), vals(9, 0.7), vals(6, 2.0));
+        let x = put_f32(&mut st, &x0);
+        let w = put_f32(&mut st, &w0);
+        let mut sbuf = vec![-9.0f32; 4];
+        sbuf.extend(&s0);
+        sbuf.push(-9.0);
+        let sb = put_f32(&mut st, &sbuf);
+        let out = st.alloc(4 * 6).expect("alloc");
+        st.ssm_conv_silu(x, 2, 3, w, 3, (sb, 4), out).expect("conv");
+        let (mut ws, mut wo) = (s0.clone(), vec![0.0; 6]);
+        kernels::ssm_conv_silu(&x0, &w0, 3, &mut ws, &mut wo);
+        assert_eq!(st.floats(out, 6, "out").expect("out"), &wo[..]);
+        let got = st.floats(sb, 11, "state").expect("state").to_vec();
+        assert_eq!(&got[4..10], &ws[..]);
+        assert_eq!((got[..4].to_vec(), got[10]), (vec![-9.0; 4], -9.0));
+        assert_ne!(ws, s0, "the window moved");
+        for (state, what) in [
+            ((sb, 6), "outside buffer"),
+            ((x, 0), "overlaps x"),
+            ((out, 0), "overlaps out"),
+            ((999, 0), "no buffer 999"),
+        ] {
+            let before = st.floats(sb, 11, "state").expect("state").to_vec();
+            let e = st.ssm_conv_silu(x, 2, 3, w, 3, state, out).expect_err(what);
+            assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+            assert!(
+                e.message.contains("ssm_conv_silu") && e.message.contains(what),
+                "{what}: {}",
+                e.message
+            );
+            assert_eq!(st.floats(sb, 11, "state").expect("state"), &before[..]);
+        }
+        let e = st
+            .ssm_conv_silu(x, 2, 3, w, 0, (sb, 4), out)
+            .expect_err("d_conv 0");
+        assert!(e.message.contains("d_conv is 0"), "{}", e.message);
+        let e = st
+            .ssm_conv_silu(x, 2, 3, w, 3, (sb, 4), x)
+            .expect_err("out is x");
+        assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+
+        // The delta rule: one key head, two value heads of 4, 3 tokens; the state at
+        // floats 2..34 of its buffer.
+        let shape = DeltaNetShape {
+            heads_k: 1,
+            heads_v: 2,
+            head_dim: 4,
+        };
+        let (q0, k0, v0) = (vals(12, 0.5), vals(12, 0.4), vals(24, 1.0));
+        let g0: Vec<f32> = vals(6, 1.0).iter().map(|v| -v.abs()).collect();
+        let b0: Vec<f32> = vals(6, 0.5).iter().map(|v| 0.5 + v).collect();
+        let s0 = vals(32, 0.3);
+        let ins: Vec<u64> = [&q0, &k0, &v0, &g0, &b0]
+            .iter()
+            .map(|v| put_f32(&mut st, v))
+            .collect();
+        let mut sv = vec![0.0f32; 2];
+        sv.extend(&s0);
+        let sb = put_f32(&mut st, &sv);
+        let out = st.alloc(4 * 24).expect("alloc");
+        let run = |st: &mut State, shape, state, out| {
+            st.gated_delta_net(shape, 3, ins[0], ins[1], ins[2], ins[3], ins[4], state, out)
+        };
+        run(&mut st, shape, (sb, 2), out).expect("delta rule");
+        let (mut ws, mut wo) = (s0.clone(), vec![0.0; 24]);
+        math::gated_delta_net(&shape, &q0, &k0, &v0, &g0, &b0, &mut ws, &mut wo);
+        assert_eq!(st.floats(out, 24, "out").expect("out"), &wo[..]);
+        assert_eq!(st.floats_at(sb, 2, 32, "state").expect("state"), &ws[..]);
+        let before = st.floats(sb, 34, "state").expect("state").to_vec();
+        let big = st.alloc(4 * 64).expect("alloc");
+        for (shape, state, out, what) in [
+            (
+                DeltaNetShape {
+                    heads_k: 2,
+                    heads_v: 3,
+                    head_dim: 4,
+                },
+                (sb, 2),
+                out,
+                "3 value heads on 2 key heads",
+            ),
+            (shape, (sb, 3), out, "outside buffer"),
+            (shape, (big, 8), big, "overlaps out"),
+            (shape, (sb, 2), ins[2], "an input is also the output"),
+        ] {
+            let e = run(&mut st, shape, state, out).expect_err(what);
+            assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+            assert!(e.message.contains(what), "{what}: {}", e.message);
+            assert_eq!(st.floats(sb, 34, "state").expect("state"), &before[..]);
+        }
+
+        // The element-wise ops refuse shapes that do not fit.
+        let a = put_f32(&mut st, &vals(12, 1.0));
+        let b = put_f32(&mut st, &vals(12, 1.0));
+        let c = st.alloc(4 * 12).expect("alloc");
+        for (r, what) in [
+            (st.mul(a, 12, b, 5), "do not divide"),
+            (st.mul(a, 12, b, 0), "do not divide"),
+            (st.delta_net_gate(a, 12, b, b, 5), "not rows of 5 heads"),
+            (st.l2_norm(a, 12, 0, 1e-6), "not rows of 0"),
+            (st.deinterleave(a, 12, 5, &[b, c]), "not groups"),
+            (st.deinterleave(a, 12, 3, &[b, b]), "is also output 0"),
+            (st.deinterleave(a, 12, 3, &[b, a]), "is also the source"),
+            (st.deinterleave(a, 12, 3, &[]), "not groups"),
+        ] {
+            let e = r.expect_err(what);
+            assert_eq!(e.code, ERR_INVALID, "{}", e.message);
+            assert!(e.message.contains(what), "{what}: {}", e.message);
+        }
+        assert_eq!(st.floats(a, 12, "a").expect("a"), &vals(12, 1.0)[..]);
+        assert_eq!(st.floats(b, 12, "b").expect("b"), &vals(12, 1.0)[..]);
+        // Nothing of it was host traffic but the writes of the inputs.
+        assert_eq!(st.counters().host_reads, 0);
     }
 }

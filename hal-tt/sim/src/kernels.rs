@@ -303,6 +303,34 @@ pub fn gelu(x: f32) -> f32 {
     flint_core::math::gelu_tanh_ggml_f16(x)
 }
 
+/// Gated DeltaNet's short causal convolution of one sequence with the window carried in
+/// `state`, then SiLU on every output: `flint_core::math::ssm_conv`, then
+/// `flint_core::math::silu` (the references the CPU backend matches bit for bit).
+pub fn ssm_conv_silu(x: &[f32], weight: &[f32], d_conv: usize, state: &mut [f32], out: &mut [f32]) {
+    flint_core::math::ssm_conv(x, weight, d_conv, state, out);
+    for o in out.iter_mut() {
+        *o = silu(*o);
+    }
+}
+
+/// The gated delta rule of one sequence, token by token (the recurrent form,
+/// `flint_core::math::gated_delta_net`): what the CPU backend computes for prompts and
+/// decode steps alike (its AVX2 head loop has the reference's bits). The chunked form
+/// (`gated_delta_net_chunked`) agrees only within rounding, so it is not used.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net(
+    shape: &flint_core::math::DeltaNetShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    flint_core::math::gated_delta_net(shape, q, k, v, g, beta, state, out);
+}
+
 /// Top-k routing of one row of logits into `ids`/`weights` (`k` entries each), the
 /// core reference.
 pub fn route_topk_row(

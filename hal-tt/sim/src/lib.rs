@@ -15,6 +15,10 @@
 //!   for weights staged as streamed, and the host-device traffic through
 //!   `flint_tt_buffer_write` / `flint_tt_buffer_read` (calls and bytes) and the device-side
 //!   copies of `flint_tt_buffer_copy` (ABI 4), to cross-check the host's own count.
+//! - Qwen 3.5's Gated DeltaNet ops (ABI 6): the convolution with SiLU and the delta rule
+//!   with their states in device buffers at an offset, updated in place, and the gates,
+//!   products, splits and L2 norms around them, each with the `flint_core::math` reference
+//!   the CPU backend matches bit for bit.
 //!
 //! Test knobs, read when a device is opened: `FLINT_TT_SIM_FAIL_OPEN=1` makes
 //! `flint_tt_device_open` fail (as a machine without a card would); read by
@@ -772,6 +776,165 @@ pub unsafe extern "C" fn flint_tt_route_topk(
             ids: (ids, ids_offset),
             weights: (weights, weights_offset),
         })
+    })
+}
+
+/// `flint_tt_sigmoid` (ABI 6): `x = sigmoid(x)` for `n` values.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_sigmoid(dev: *const SimDevice, x: u64, n: u64) -> i32 {
+    call(dev, |st| st.sigmoid(x, usize_of(n, "n")?))
+}
+
+/// `flint_tt_mul` (ABI 6): `acc[i] *= x[i / (n / x_len)]`.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_mul(
+    dev: *const SimDevice,
+    acc: u64,
+    n: u64,
+    x: u64,
+    x_len: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.mul(acc, usize_of(n, "n")?, x, usize_of(x_len, "x_len")?)
+    })
+}
+
+/// `flint_tt_deinterleave` (ABI 6): `src` split by chunk into the `n_outs` buffers of
+/// `outs`.
+///
+/// # Safety
+/// `dev` an open device; `outs` `n_outs` handles.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_deinterleave(
+    dev: *const SimDevice,
+    src: u64,
+    n: u64,
+    chunk: u64,
+    outs: *const u64,
+    n_outs: u32,
+) -> i32 {
+    call(dev, |st| {
+        // SAFETY: `outs` holds `n_outs` handles (contract).
+        let o = unsafe { slice(outs, u64::from(n_outs), "deinterleave outputs") }?;
+        st.deinterleave(src, usize_of(n, "n")?, usize_of(chunk, "chunk")?, o)
+    })
+}
+
+/// `flint_tt_delta_net_gate` (ABI 6): the log decay of each row of `heads` values.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_delta_net_gate(
+    dev: *const SimDevice,
+    alpha: u64,
+    n: u64,
+    dt_bias: u64,
+    a: u64,
+    heads: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.delta_net_gate(
+            alpha,
+            usize_of(n, "n")?,
+            dt_bias,
+            a,
+            usize_of(heads, "heads")?,
+        )
+    })
+}
+
+/// `flint_tt_l2_norm` (ABI 6): every row of `dim` values L2-normalised in place.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_l2_norm(
+    dev: *const SimDevice,
+    x: u64,
+    n: u64,
+    dim: u64,
+    eps: f32,
+) -> i32 {
+    call(dev, |st| {
+        st.l2_norm(x, usize_of(n, "n")?, usize_of(dim, "dim")?, eps)
+    })
+}
+
+/// `flint_tt_ssm_conv_silu` (ABI 6): the causal convolution then SiLU, the window in
+/// float buffer `state` from float `state_offset`, updated in place.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_ssm_conv_silu(
+    dev: *const SimDevice,
+    x: u64,
+    n_rows: u64,
+    channels: u64,
+    weight: u64,
+    d_conv: u64,
+    state: u64,
+    state_offset: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        st.ssm_conv_silu(
+            x,
+            usize_of(n_rows, "n_rows")?,
+            usize_of(channels, "channels")?,
+            weight,
+            usize_of(d_conv, "d_conv")?,
+            (state, state_offset),
+            out,
+        )
+    })
+}
+
+/// `flint_tt_gated_delta_net` (ABI 6): the gated delta rule of one sequence, the
+/// per-head states in float buffer `state` from float `state_offset`, updated in place.
+///
+/// # Safety
+/// `dev` an open device.
+#[no_mangle]
+pub unsafe extern "C" fn flint_tt_gated_delta_net(
+    dev: *const SimDevice,
+    heads_k: u64,
+    heads_v: u64,
+    head_dim: u64,
+    n_tokens: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    beta: u64,
+    state: u64,
+    state_offset: u64,
+    out: u64,
+) -> i32 {
+    call(dev, |st| {
+        let shape = flint_core::math::DeltaNetShape {
+            heads_k: usize_of(heads_k, "heads_k")?,
+            heads_v: usize_of(heads_v, "heads_v")?,
+            head_dim: usize_of(head_dim, "head_dim")?,
+        };
+        st.gated_delta_net(
+            shape,
+            usize_of(n_tokens, "n_tokens")?,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            (state, state_offset),
+            out,
+        )
     })
 }
 
