@@ -314,7 +314,7 @@ fn meets(f: &Figures) -> bool {
 
 /// Whether the cpu device computes every matrix of `model` in llama.cpp's float order
 /// (docs/parity.md): F32, F16, Q8_0, Q5_0 and MXFP4 at every SIMD level; Q4_K and Q6_K
-/// only with the AVX-512 VNNI kernels; nothing for a mixture-of-experts file with K-quant
+/// at every SIMD level but the scalar one; nothing for a mixture-of-experts file with K-quant
 /// expert towers, which llama.cpp computes in its `MUL_MAT_ID` orders (gemv for a
 /// repacked Q4_K tower, the tiled matmul for Q5_K and Q6_K) that the device does not
 /// follow yet; nothing with Q5_K (the device's Q5_K order is its own); nothing for a
@@ -327,13 +327,13 @@ fn device_follows_llamacpp(case: &str, model: &Model) -> bool {
     if manifest(case)["llamacpp_simd"].as_str() == Some("avx2") {
         return false;
     }
-    let vnni = flint_hal_cpu::SimdLevel::from_env().expect("FLINT_CPU_SIMD")
-        == flint_hal_cpu::SimdLevel::Avx512Vnni;
+    let simd = flint_hal_cpu::SimdLevel::from_env().expect("FLINT_CPU_SIMD")
+        != flint_hal_cpu::SimdLevel::Scalar;
     let (types, expert_types) = matrix_types(model);
     types
         .iter()
         .chain(&expert_types)
-        .all(|&t| any_order(t) || (vnni && matches!(t, Q4_K | Q6_K)))
+        .all(|&t| any_order(t) || (simd && matches!(t, Q4_K | Q6_K)))
         && expert_types.iter().all(|&t| any_order(t))
 }
 

@@ -116,11 +116,13 @@ fn every_main_type_has_a_native_kernel() {
         }
         assert!(native_kernel(SimdLevel::Scalar, ty).is_none());
     }
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
-        assert_eq!(
-            native_kernel(SimdLevel::Avx512, ty),
-            Some(SimdLevel::Avx512)
-        );
+    assert_eq!(
+        native_kernel(SimdLevel::Avx512, GgmlType::Q8_0),
+        Some(SimdLevel::Avx512)
+    );
+    // The K-quants run the AVX2 kernels at the AVX-512 F/BW level (llama.cpp's orders).
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        assert_eq!(native_kernel(SimdLevel::Avx512, ty), Some(SimdLevel::Avx2));
     }
     for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
         assert_eq!(

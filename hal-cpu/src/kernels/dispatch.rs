@@ -62,8 +62,10 @@ pub fn native_kernel(level: SimdLevel, ty: GgmlType) -> Option<SimdLevel> {
             Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512Vnni),
             _ => native_kernel(SimdLevel::Avx512, ty),
         },
+        // The K-quants take the AVX2 kernels here: they compute llama.cpp's orders
+        // (`q4_k/avx2.rs`), as the AVX-512 VNNI ones do.
         SimdLevel::Avx512 => match ty {
-            Q4_K | Q5_K | Q6_K | Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512),
+            Q8_0 | Q5_0 | Q4_0 | MXFP4 => Some(SimdLevel::Avx512),
             _ => native_kernel(SimdLevel::Avx2, ty),
         },
     }
@@ -242,33 +244,6 @@ pub(crate) fn dot_rows(
                     sa
                 ),
                 _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
-            },
-            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => tiled!(
-                    q4_k::avx512::dot_q4k,
-                    view::<BlockQ4K>(w),
-                    a,
-                    nbk,
-                    rows,
-                    out
-                ),
-                GgmlType::Q5_K => tiled!(
-                    q5_k::avx512::dot_q5k,
-                    view::<BlockQ5K>(w),
-                    a,
-                    nbk,
-                    rows,
-                    out
-                ),
-                GgmlType::Q6_K => tiled!(
-                    q6_k::avx512::dot_q6k,
-                    view::<BlockQ6K>(w),
-                    a,
-                    nbk,
-                    rows,
-                    out
-                ),
-                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
             },
             (
                 Some(SimdLevel::Avx512),
@@ -1284,7 +1259,7 @@ fn rows4<B>(
     let q = n / 4;
     for t in 0..q {
         let mut r = [0f32; 4];
-        // SAFETY: the VNNI level was checked against the CPU's features at device open.
+        // SAFETY: the kernels' level was checked against the CPU's features at device open.
         unsafe {
             four(
                 [row(t), row(q + t), row(2 * q + t), row(3 * q + t)],
@@ -1422,12 +1397,6 @@ pub(crate) fn matvec_rows(
                     _ => unreachable!("no AVX-512 VNNI Q8_0 kernel for {ty}"),
                 }
             }
-            (Some(SimdLevel::Avx512), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => rows1!(q4_k::avx512::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
-                GgmlType::Q5_K => rows1!(q5_k::avx512::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
-                GgmlType::Q6_K => rows1!(q6_k::avx512::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
-                _ => unreachable!("no AVX-512 Q8_K kernel for {ty}"),
-            },
             (
                 Some(SimdLevel::Avx512),
                 Acts::Q8_0 {

@@ -1,21 +1,26 @@
 //! Q5_K weights · Q8_K activations on AVX2 (the tile shape and contract of
-//! `q4_k/avx2.rs`).
+//! `q4_k/avx2.rs`), in the order of llama.cpp's tiled K-quant matmul with mins (the
+//! AVX-512 VNNI kernels', `flint_core::dot::ggml_x86::vec_dot_q5_k_q8_k_tiled`): per block
+//! the exact integers `S = sum_j sc_j * dot_j` and `M = sum_j m_j * bsum_j`, then
+//! `r = fma(-dmin, M, S * d)` and `acc = fma(r, d_a, acc)`.
 
 use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ5K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{
-    bcast16, head16, hsum_ps, k4_header, k4_mins_dup, load32, load32i, load32u, load_bsums, scale2,
+    bcast16, head16, hsum8_i32, k4_header, k4_mins_dup, load32, load32i, load32u, load_bsums,
 };
 
 /// Q5_K x Q8_K.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
         let (u, ddm) = k4_header(head16(b));
+        let d = _mm_cvtss_f32(ddm);
+        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
         let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(u, u));
         let mins = k4_mins_dup(u);
         let hbits = load32(&b.qh);
@@ -38,15 +43,13 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
-            let (sd, sm) = scale2(ddm, yb.d);
-            acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(sm, _mm256_cvtepi32_ps(pm), acc[r]);
+            let s = hsum8_i32(sumi[r]);
+            let m = hsum8_i32(_mm256_madd_epi16(load_bsums(yb), mins));
+            let rb = (-dmin).mul_add(m as f32, s as f32 * d);
+            acc[r] = rb.mul_add(yb.d, acc[r]);
         }
     }
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
+    *out = acc;
 }
 
 /// The fifth bits of the 64 quants `64j .. 64j+64` of a Q5_K block as 0x10 bytes: bit 2j

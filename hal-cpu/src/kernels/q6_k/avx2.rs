@@ -1,11 +1,14 @@
 //! Q6_K weights · Q8_K activations on AVX2 (the tile shape and contract of
-//! `q4_k/avx2.rs`).
+//! `q4_k/avx2.rs`), in the order of llama.cpp's tiled K-quant matmul (the AVX-512 VNNI
+//! kernels', `flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_tiled`): per block the exact
+//! integer `S = sum_s sc_s * sum (q - 32) y` over the sixteen sub-blocks, then
+//! `acc = fma(S * d, d_a, acc)`.
 
 use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
-use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum_ps, load32i, load32u, load_bsums};
+use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum8_i32, load32i, load32u, load_bsums};
 
 /// Q6_K x Q8_K. Quants are used unsigned (0..63) and the offset of 32 is taken off
 /// through the activation block sums.
@@ -13,7 +16,7 @@ use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum_ps, load32i, load32u,
 pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
         let d = f16c_to_f32(b.d);
         // The 16 i8 scales as i16: all 16 (for the offset), and each half in both
@@ -69,11 +72,9 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
             let yb = &y[r][i];
             // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
             let off = _mm256_madd_epi16(sc16, load_bsums(yb));
-            let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yb.d), _mm256_cvtepi32_ps(s), acc[r]);
+            let s = hsum8_i32(_mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off)));
+            acc[r] = (s as f32 * d).mul_add(yb.d, acc[r]);
         }
     }
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
+    *out = acc;
 }

@@ -4,13 +4,6 @@
 
 use std::arch::x86_64::*;
 
-/// Two 256-bit halves as one 512-bit register (`lo` in the low half).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
 /// Blocks ahead of the current one that a K-quant kernel prefetches (4 x 144 bytes of
 /// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
 pub(crate) const PREFETCH_BLOCKS: usize = 4;
