@@ -335,3 +335,30 @@ fn bench_json(stdout: &[u8]) -> serde_json::Value {
         .expect("a JSON line");
     serde_json::from_str(&line).expect("json")
 }
+
+/// A reader that closes the pipe before `flint devices` writes (`flint devices | head -0`)
+/// ends the command quietly: exit 0, no panic message. The read end is closed before
+/// the child has started its output (opening the backends takes milliseconds); had the
+/// child written first, its output would sit in the pipe buffer and the test pass
+/// without the check.
+#[test]
+fn devices_into_a_closed_pipe_exits_quietly() {
+    for json in [false, true] {
+        let mut cmd = flint();
+        cmd.arg("devices")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd.spawn().expect("spawn flint devices");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "flint devices (json {json}) into a closed pipe: {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
+}

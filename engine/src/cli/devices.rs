@@ -46,9 +46,9 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
-        return Ok(());
+        return super::write_stdout(&format!("{}\n", serde_json::Value::Array(v)));
     }
+    let mut out = String::new();
     for a in &rows {
         let mark = if a.name == selected { "*" } else { " " };
         let found = match &a.status {
@@ -56,17 +56,15 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
             _ => String::new(),
         };
         let open = opened.as_ref().filter(|_| a.name == selected);
-        match (&a.status, open) {
-            (Ok(_), Some(Ok(desc))) => {
-                println!(
-                    "{mark} {:<6} available    {}{found}; opened: {desc}",
-                    a.name, a.summary
-                )
-            }
-            (Ok(_), Some(Err(e))) => println!("{mark} {:<6} unavailable  {e}", a.name),
-            (Ok(_), None) => println!("{mark} {:<6} available    {}{found}", a.name, a.summary),
-            (Err(e), _) => println!("{mark} {:<6} unavailable  {e}", a.name),
-        }
+        out += &match (&a.status, open) {
+            (Ok(_), Some(Ok(desc))) => format!(
+                "{mark} {:<6} available    {}{found}; opened: {desc}\n",
+                a.name, a.summary
+            ),
+            (Ok(_), Some(Err(e))) => format!("{mark} {:<6} unavailable  {e}\n", a.name),
+            (Ok(_), None) => format!("{mark} {:<6} available    {}{found}\n", a.name, a.summary),
+            (Err(e), _) => format!("{mark} {:<6} unavailable  {e}\n", a.name),
+        };
     }
-    Ok(())
+    super::write_stdout(&out)
 }

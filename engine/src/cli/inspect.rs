@@ -78,17 +78,7 @@ pub fn run(args: &InspectArgs) -> Result<(), CliError> {
     } else {
         text(&f, &args.model, &verdict, &plan)
     };
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(()),
-        // `flint inspect ... | head` closes the pipe early: not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(CliError::new(format!("cannot write to stdout: {e}"))),
-    }
+    super::write_stdout(&out)
 }
 
 /// Bytes and tensor counts per type, in type-id order.

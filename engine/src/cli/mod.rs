@@ -67,6 +67,21 @@ pub fn err(e: impl std::fmt::Display) -> CliError {
     CliError::new(e.to_string())
 }
 
+/// Writes a command's whole output to stdout. A reader that closes the pipe early
+/// (`flint devices | head -1`) is not an error; any other write failure is.
+pub fn write_stdout(out: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::new(format!("cannot write to stdout: {e}"))),
+    }
+}
+
 /// Flint: an LLM inference engine for quantized Mixture-of-Experts models in GGUF.
 #[derive(Debug, Parser)]
 #[command(name = "flint", version, about, long_about = None)]

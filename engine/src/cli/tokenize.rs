@@ -30,8 +30,7 @@ pub fn run(args: &TokenizeArgs) -> Result<(), CliError> {
     let tok = Tokenizer::from_gguf(&file)
         .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let ids = token_ids(&tok, &args.text, args.bos)?;
-    println!("{}", format_ids(&ids, args.json));
-    Ok(())
+    super::write_stdout(&format!("{}\n", format_ids(&ids, args.json)))
 }
 
 /// The ids `flint tokenize` prints: no special-token parsing, BOS first only if asked.
