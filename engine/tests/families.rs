@@ -313,14 +313,13 @@ fn meets(f: &Figures) -> bool {
 }
 
 /// Whether the cpu device computes every matrix of `model` in llama.cpp's float order
-/// (docs/parity.md): F32, F16, Q8_0, Q5_0 and MXFP4 at every SIMD level; Q4_K and Q6_K
-/// at every SIMD level but the scalar one; nothing for a mixture-of-experts file with K-quant
-/// expert towers, which llama.cpp computes in its `MUL_MAT_ID` orders (gemv for a
+/// (docs/parity.md): F32, F16, Q8_0, Q5_0 and MXFP4 at every SIMD level; Q4_K, Q5_K and
+/// Q6_K at every SIMD level but the scalar one; nothing for a mixture-of-experts file with
+/// K-quant expert towers, which llama.cpp computes in its `MUL_MAT_ID` orders (gemv for a
 /// repacked Q4_K tower, the tiled matmul for Q5_K and Q6_K) that the device does not
-/// follow yet; nothing with Q5_K (the device's Q5_K order is its own); nothing for a
-/// golden made by llama.cpp's AVX2 build.
+/// follow yet; nothing for a golden made by llama.cpp's AVX2 build.
 fn device_follows_llamacpp(case: &str, model: &Model) -> bool {
-    use flint_core::GgmlType::{Q4_K, Q6_K};
+    use flint_core::GgmlType::{Q4_K, Q5_K, Q6_K};
     // The orders the device follows are those of llama.cpp's AVX-512 build; a golden
     // made by its AVX2 build (`llamacpp_simd`, written by dense_goldens.sh; the older
     // manifests without it were made on AVX-512 hosts) sums in other orders.
@@ -333,7 +332,7 @@ fn device_follows_llamacpp(case: &str, model: &Model) -> bool {
     types
         .iter()
         .chain(&expert_types)
-        .all(|&t| any_order(t) || (simd && matches!(t, Q4_K | Q6_K)))
+        .all(|&t| any_order(t) || (simd && matches!(t, Q4_K | Q5_K | Q6_K)))
         && expert_types.iter().all(|&t| any_order(t))
 }
 

@@ -213,8 +213,8 @@ fn q4_0_panel_gemm_equals_the_tinyblas_row_kernel() {
 
 /// hal-cpu's Q4_K, Q5_K and Q6_K kernels compute every row in llama.cpp's prompt-batch
 /// orders (those of its AVX-512 VNNI build, which the golden data came from) at every SIMD
-/// level (Q5_K below AVX-512 VNNI): Q4_K in the repacked gemm order, Q5_K and Q6_K in the
-/// tiled matmul's order, whatever the number of rows (a row's result never depends on the batch; llama.cpp itself switches kernels
+/// level: Q4_K in the repacked gemm order, Q5_K and Q6_K in the tiled matmul's order,
+/// whatever the number of rows (a row's result never depends on the batch; llama.cpp itself switches kernels
 /// for single rows, tail rows and small batches).
 #[test]
 fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
@@ -244,11 +244,7 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
                     flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, at)
                         .expect("core");
                 }
-                // Q5_K's AVX-512 VNNI kernel keeps Flint's own order (docs/parity.md).
-                for &level in levels
-                    .iter()
-                    .filter(|l| ty != GgmlType::Q5_K || **l < SimdLevel::Avx512Vnni)
-                {
+                for &level in &levels {
                     assert_device_equals(level, ty, &w, k, n, &x, m, &want);
                 }
             }

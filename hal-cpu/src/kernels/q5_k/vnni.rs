@@ -1,13 +1,14 @@
-//! Q5_K weights · Q8_K activations on AVX-512 VNNI, in Flint's own order (one 16-lane
-//! float accumulator per row), with the tile shape and contract of `q4_k/vnni.rs`.
+//! Q5_K weights · Q8_K activations on AVX-512 VNNI, with the tile shape and contract of
+//! `q4_k/vnni.rs`, in the order of llama.cpp's tiled K-quant matmul with mins (as
+//! `q5_k/avx2.rs`, `flint_core::dot::ggml_x86::vec_dot_q5_k_q8_k_tiled`): per block the
+//! exact integers `S = sum_j sc_j * dot_j` and `M = sum_j m_j * bsum_j`, then
+//! `r = fma(-dmin, M, S * d)` and `acc = fma(r, d_a, acc)`.
 
 use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ5K, BlockQ8K};
 
-use crate::kernels::x86::avx2::{
-    head16, hsum_ps, k4_header, k4_mins_dup, load32, load_bsums, scale2,
-};
+use crate::kernels::x86::avx2::{head16, hsum8_i32, k4_header, k4_mins_dup, load32, load_bsums};
 use crate::kernels::x86::avx512::{
     bcast32, load64, nibble_shift, pair_idx, prefetch, PREFETCH_BLOCKS,
 };
@@ -19,13 +20,14 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     let one = _mm512_set1_epi8(1);
     let shift = nibble_shift();
     let idx = pair_idx();
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut accm = [_mm256_setzero_ps(); R];
+    let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
         if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
             prefetch(ahead);
         }
         let (u, ddm) = k4_header(head16(b));
+        let d = _mm_cvtss_f32(ddm);
+        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
         let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));
         let mins = k4_mins_dup(u);
         // Bit 2j of qh byte l is the fifth bit of quant l of sub-block 2j, bit 2j + 1
@@ -50,17 +52,11 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
         }
         for r in 0..R {
             let yb = &y[r][i];
-            let pm = _mm256_madd_epi16(load_bsums(yb), mins);
-            let (sd, sm) = scale2(ddm, yb.d);
-            acc[r] = _mm512_fmadd_ps(
-                _mm512_broadcastss_ps(_mm256_castps256_ps128(sd)),
-                _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[r][0], sumi[r][1])),
-                acc[r],
-            );
-            accm[r] = _mm256_fmadd_ps(sm, _mm256_cvtepi32_ps(pm), accm[r]);
+            let s = _mm512_reduce_add_epi32(_mm512_add_epi32(sumi[r][0], sumi[r][1]));
+            let m = hsum8_i32(_mm256_madd_epi16(load_bsums(yb), mins));
+            let rb = (-dmin).mul_add(m as f32, s as f32 * d);
+            acc[r] = rb.mul_add(yb.d, acc[r]);
         }
     }
-    for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]) - hsum_ps(accm[r]);
-    }
+    *out = acc;
 }

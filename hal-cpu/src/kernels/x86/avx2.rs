@@ -62,17 +62,6 @@ pub(crate) fn head16<B: bytemuck::Pod>(b: &B) -> &[u8; 16] {
         .expect("blocks are longer than 16 bytes")
 }
 
-/// `[a * y, b * y]` of `[a, b, _, _]` as two 8-lane broadcasts.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) fn scale2(ab: __m128, y: f32) -> (__m256, __m256) {
-    let p = _mm_mul_ps(ab, _mm_set1_ps(y));
-    (
-        _mm256_broadcastss_ps(p),
-        _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
-    )
-}
-
 /// Shuffle mask that broadcasts i16 lane `s` of a 128-bit lane to all 8 of its lanes.
 #[inline(always)]
 pub(crate) fn bcast16(s: usize) -> i16 {
