@@ -58,9 +58,9 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
             let bs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
             let msum = _mm_madd_epi16(mins, bs);
             let (fi, fm) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(msum));
-            // d·d_a and dmin·d_a: one f32 product each, broadcast.
-            let p = _mm_mul_ps(ddm, _mm_set1_ps(yb.d));
-            let (dd, dm) = (_mm_shuffle_ps::<0x00>(p, p), _mm_shuffle_ps::<0x55>(p, p));
+            // d·d_a and dmin·d_a: one f32 product each, in lane 0 (the lane `fma_ss` reads).
+            let dd = _mm_mul_ps(ddm, _mm_set1_ps(yb.d));
+            let dm = _mm_movehdup_ps(dd);
             // The chains in order j = 0..4, each a single-lane fma (lane 0 carries).
             acc[r] = _mm_fmadd_ss(fi, dd, acc[r]);
             accm[r] = _mm_fmadd_ss(fm, dm, accm[r]);

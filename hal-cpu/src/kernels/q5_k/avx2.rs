@@ -45,11 +45,18 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let yb = &y[r][i];
             let s = hsum8_i32(sumi[r]);
             let m = hsum8_i32(_mm256_madd_epi16(load_bsums(yb), mins));
-            let rb = (-dmin).mul_add(m as f32, s as f32 * d);
-            acc[r] = rb.mul_add(yb.d, acc[r]);
+            acc[r] = tiled_step(acc[r], s, m, d, dmin, yb.d);
         }
     }
     *out = acc;
+}
+
+/// One block of the tiled order with mins: `r = fma(-dmin, M, S * d)`, then
+/// `fma(r, d_a, acc)` (`flint_core::dot::ggml_x86::vec_dot_q5_k_q8_k_tiled`'s step), for
+/// the block's exact integers `s` and `m`. Shared by this level's kernel and `vnni.rs`.
+#[inline(always)]
+pub(crate) fn tiled_step(acc: f32, s: i32, m: i32, d: f32, dmin: f32, d_a: f32) -> f32 {
+    (-dmin).mul_add(m as f32, s as f32 * d).mul_add(d_a, acc)
 }
 
 /// The fifth bits of the 64 quants `64j .. 64j+64` of a Q5_K block as 0x10 bytes: bit 2j

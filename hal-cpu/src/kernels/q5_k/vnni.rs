@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ5K, BlockQ8K};
 
+use crate::kernels::q5_k::avx2::tiled_step;
 use crate::kernels::x86::avx2::{head16, hsum8_i32, k4_header, k4_mins_dup, load32, load_bsums};
 use crate::kernels::x86::avx512::{
     bcast32, load64, nibble_shift, pair_idx, prefetch, PREFETCH_BLOCKS,
@@ -54,8 +55,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
             let yb = &y[r][i];
             let s = _mm512_reduce_add_epi32(_mm512_add_epi32(sumi[r][0], sumi[r][1]));
             let m = hsum8_i32(_mm256_madd_epi16(load_bsums(yb), mins));
-            let rb = (-dmin).mul_add(m as f32, s as f32 * d);
-            acc[r] = rb.mul_add(yb.d, acc[r]);
+            acc[r] = tiled_step(acc[r], s, m, d, dmin, yb.d);
         }
     }
     *out = acc;
