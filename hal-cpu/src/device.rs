@@ -228,6 +228,12 @@ impl Device for CpuDevice {
                     self.layout_reason
                 )
             }
+            (SimdLevel::Avx512Vnni, WeightLayout::BySize) => format!(
+                ", weights repacked in 16-row groups but Q4_K/Q6_K tensors of {} MiB or more \
+                 in the file's layout ({})",
+                crate::stage::KQUANT_FILE_MIN_BYTES >> 20,
+                self.layout_reason
+            ),
             (SimdLevel::Avx512Vnni, WeightLayout::File) => {
                 format!(", weights in the file's layout ({})", self.layout_reason)
             }

@@ -17,11 +17,6 @@ use crate::kernels::x16::X16_ROWS;
 use crate::kernels::{self, WeightRows};
 use crate::simd::SimdLevel;
 
-/// The largest weight kept in the file's layout that the device copies into its arena
-/// (`CpuDevice::stage`): a tensor this large keeps huge pages inside the loader's copy
-/// anyway, and a tied embedding staged twice would be copied twice.
-const ARENA_COPY_MAX: usize = 64 << 20;
-
 /// A weight staged on the CPU: the file's bytes, kept where they lie.
 #[derive(Debug)]
 pub struct CpuWeight {
@@ -208,23 +203,38 @@ impl CpuWeight {
 }
 
 /// How an AVX-512 VNNI device keeps its quantized weights, chosen at device open
-/// ([`WeightLayout::choose`]) and named by `flint devices`. Both give the same bits.
+/// ([`WeightLayout::choose`]) and named by `flint devices`. All give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightLayout {
     /// Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 weights repacked into 16-row groups
     /// (`kernels/*/x16.rs`), every other weight copied as it is, both into the device's
     /// huge-page arena.
     Packed,
+    /// Per weight, by what streams faster from memory ([`WeightLayout::repacks`]): Q8_0,
+    /// Q5_0 and MXFP4 weights repacked, Q4_K and Q6_K ones only under
+    /// [`KQUANT_FILE_MIN_BYTES`]; the larger K-quant tensors (a MoE's expert towers, the
+    /// output matrix, big projections) kept in the file's layout, where the four-row
+    /// kernels read them.
+    BySize,
     /// Every weight in the file's layout, where the loader put it.
     File,
 }
+
+/// The size from which a Q4_K or Q6_K tensor stays in the file's layout under
+/// [`WeightLayout::BySize`]. Measured on an AMD EPYC (Zen 4) host, 2 threads, from
+/// memory (`stream_speed`, docs/benchmarks.md "The weight layout and MoE decode"): the
+/// repacked groups stream faster up to about a megabyte (Q4_K 368-590 KB: 35 against
+/// 24-28 GB/s), the file layout's four rows in four streams from a few megabytes (Q6_K
+/// 53.8 MB: 42-52 against 28-40 GB/s; Q4_K 4.7 MB alike); the qwen3moe bench preset
+/// decodes 1.19x faster with this split than with every K-quant repacked.
+pub const KQUANT_FILE_MIN_BYTES: usize = 2 << 20;
 
 impl WeightLayout {
     /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file) when set; else by the CPU's vendor,
     /// as measured on one host of each (`docs/benchmarks.md`, "Weight layout by host"):
     /// on Intel the file layout (Gemma 3 270M decode 1.3x, the qwen35moe bench preset
-    /// 1.4x the packed groups'; prompts within 12%); elsewhere the packed groups, measured
-    /// faster on AMD Zen 4. The second value says why, for `flint devices`.
+    /// 1.4x the packed groups'; prompts within 12%); elsewhere by size (measured on AMD
+    /// Zen 4). The second value says why, for `flint devices`.
     pub fn choose() -> Result<(Self, &'static str), HalError> {
         match std::env::var("FLINT_CPU_REPACK") {
             Ok(v) => match v.trim() {
@@ -235,7 +245,20 @@ impl WeightLayout {
                 ))),
             },
             Err(_) if cpu_is_intel() => Ok((WeightLayout::File, "Intel CPU")),
-            Err(_) => Ok((WeightLayout::Packed, "not an Intel CPU")),
+            Err(_) => Ok((WeightLayout::BySize, "not an Intel CPU")),
+        }
+    }
+
+    /// Whether a weight of `ty` taking `bytes` is repacked into 16-row groups (where
+    /// its shape allows) in this layout.
+    pub fn repacks(self, ty: GgmlType, bytes: usize) -> bool {
+        match self {
+            WeightLayout::Packed => true,
+            WeightLayout::File => false,
+            WeightLayout::BySize => match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K => bytes < KQUANT_FILE_MIN_BYTES,
+                _ => true,
+            },
         }
     }
 }
@@ -303,7 +326,7 @@ impl CpuDevice {
             }
             && n.is_multiple_of(X16_ROWS)
             && n * e > 0
-            && self.layout == WeightLayout::Packed;
+            && self.layout.repacks(ty, desc.data.len());
         let x16 = if packable {
             Packed::pack(ty, &desc.data, k, &self.pool, &self.arena)
         } else {
@@ -317,18 +340,31 @@ impl CpuDevice {
         // holes split the loader's huge-page copy: what lies between them (a Gemma 3
         // layer's Q5_0 and Q8_0 matrices, a MoE router) ends up on small pages. A weight
         // kept in the file's layout is copied into the arena too, its pages handed back
-        // the same way (Gemma 3: 85 MB of anonymous memory on small pages before).
+        // the same way (Gemma 3: 85 MB of anonymous memory on small pages before). So is
+        // a large one: from a mapped file (a model over half the memory) it would
+        // otherwise be read through small pages of the page cache. It is copied piece by
+        // piece, each piece's source handed back once copied, so the weight is never in
+        // memory twice.
         let copied = if x16.is_none()
             && self.level == SimdLevel::Avx512Vnni
-            && self.layout == WeightLayout::Packed
+            && self.layout != WeightLayout::File
             && desc.data.can_release()
-            && desc.data.len() <= ARENA_COPY_MAX
         {
             self.arena
                 .alloc(desc.data.len())
                 .ok()
                 .and_then(|mut region| {
-                    region.as_mut_slice().copy_from_slice(desc.data.as_slice());
+                    let src = desc.data.as_slice();
+                    let dst = region.as_mut_slice();
+                    for (i, (d, s)) in dst
+                        .chunks_mut(PACK_PIECE_BYTES)
+                        .zip(src.chunks(PACK_PIECE_BYTES))
+                        .enumerate()
+                    {
+                        d.copy_from_slice(s);
+                        let at = i * PACK_PIECE_BYTES;
+                        desc.data.release_resident_part(at..at + s.len());
+                    }
                     let len = desc.data.len();
                     let src =
                         WeightSource::new(Arc::new(arena::RegionBytes(region)), 0..len).ok()?;
@@ -357,5 +393,53 @@ impl CpuDevice {
             row_bytes,
             x16,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flint_hal::{Device, DeviceOptions, WeightKind};
+
+    /// A Q4_K/Q6_K tensor stays in the file's layout from `KQUANT_FILE_MIN_BYTES` under
+    /// `BySize` and is repacked below it; other types are repacked at any size; `Packed`
+    /// and `File` take every weight one way.
+    #[test]
+    fn by_size_keeps_large_k_quant_tensors_in_the_file_layout() {
+        let big = KQUANT_FILE_MIN_BYTES;
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            assert!(WeightLayout::BySize.repacks(ty, big - 1));
+            assert!(!WeightLayout::BySize.repacks(ty, big));
+            assert!(WeightLayout::Packed.repacks(ty, big));
+            assert!(!WeightLayout::File.repacks(ty, 1));
+        }
+        assert!(WeightLayout::BySize.repacks(GgmlType::Q8_0, 64 * big));
+        assert!(WeightLayout::BySize.repacks(GgmlType::MXFP4, 64 * big));
+
+        let opts = DeviceOptions {
+            threads: Some(2),
+            keep_quant: true,
+        };
+        let Ok(dev) = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni) else {
+            eprintln!("no AVX-512 VNNI on this CPU: nothing is repacked here");
+            return;
+        };
+        let dev = dev.with_layout(WeightLayout::BySize);
+        let k = 2048;
+        let row = GgmlType::Q4_K.row_bytes(k).expect("row bytes");
+        // 16 rows under the bound; the smallest multiple of 16 rows at or over it.
+        let large_rows = (big.div_ceil(row)).next_multiple_of(X16_ROWS);
+        for (rows, packed) in [(16, true), (large_rows, false)] {
+            let h = dev
+                .stage(&WeightDesc {
+                    name: format!("w{rows}"),
+                    ty: GgmlType::Q4_K,
+                    dims: vec![k, rows],
+                    kind: WeightKind::Matrix,
+                    data: WeightSource::from_vec(vec![0u8; rows * row]),
+                })
+                .expect("stage");
+            assert_eq!(dev.weight(&*h).x16.is_some(), packed, "{rows} rows");
+        }
     }
 }

@@ -82,13 +82,13 @@ pub(crate) trait KPanel: bytemuck::Pod + Sync {
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(crate) fn words16(live: usize, w: impl Fn(usize) -> __m512i) -> [__m512i; 16] {
-    transpose16(std::array::from_fn(|r| {
-        if r < live {
-            w(r)
-        } else {
-            _mm512_setzero_si512()
-        }
-    }))
+    // A loop, not `std::array::from_fn`: its closure would not inherit this function's
+    // target features and could stay an out-of-line call per row.
+    let mut rows = [_mm512_setzero_si512(); 16];
+    for (r, v) in rows.iter_mut().enumerate().take(live) {
+        *v = w(r);
+    }
+    transpose16(rows)
 }
 
 /// Sixteen rows' header word `f(row)` (a u32 per row, 0 past `live`) as lanes.

@@ -6,70 +6,63 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
-use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::{
-    bsum_pair, decode_groups, lanes, lanes_ps, put, put_ps, sub_block, words16, KPanel,
-    KPanelBlock, KTile,
+    bsum_pair, decode_groups, f16_lanes, header16, lanes, lanes_ps, put, put_ps, sub_block,
+    words16, KPanel, KPanelBlock, KTile,
 };
 use crate::kernels::panel::PANEL_ROWS;
-use crate::kernels::q6_k::x16::BlockQ6Kx16;
+use crate::kernels::q6_k::x16::{self, BlockQ6Kx16};
 use crate::kernels::x86::avx512::load64;
 
-/// Row `r`'s Q6_K block `b` into the panel block `o` (its quants into `q`, 256 bytes in
-/// element order, which [`KPanel::decode_block`] spreads over `o.u`).
-fn q6k_decode_row(b: &BlockQ6K, r: usize, q: &mut [u8; 256], o: &mut KPanelBlock) {
-    for n in 0..2 {
-        let (ql, qh) = (&b.ql[64 * n..64 * n + 64], &b.qh[32 * n..32 * n + 32]);
-        let e = 128 * n;
-        for l in 0..32 {
-            let h = qh[l];
-            q[e + l] = (ql[l] & 0x0F) | ((h & 3) << 4);
-            q[e + 32 + l] = (ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4);
-            q[e + 64 + l] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
-            q[e + 96 + l] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
-        }
-    }
-    for s in 0..16 {
-        o.sc[s][r] = i32::from(b.scales[s]);
-    }
-    for p in 0..8 {
-        let lo = (-32 * i32::from(b.scales[2 * p])) as u16;
-        let hi = (-32 * i32::from(b.scales[2 * p + 1])) as u16;
-        o.pairs[p][r] = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
-    }
-    o.d[r] = f16_to_f32(b.d);
-}
-
 impl KPanel for BlockQ6K {
-    /// Row by row into element order, then the sixteen rows' quant words transposed.
+    /// All sixteen rows at once: the `ql` and `qh` words transposed (three 16 x 16
+    /// transposes) into the lanes a repacked block holds (`q6_k::x16`), then the same
+    /// lane-wise steps as [`decode_q6k_x16_block`].
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanelBlock) {
-        assert!(rows.len() <= PANEL_ROWS, "decode_block: rows");
-        *o = KPanelBlock::ZERO;
-        let mut q = [[0u8; 256]; PANEL_ROWS];
-        for (r, row) in rows.iter().enumerate() {
-            q6k_decode_row(&row[i], r, &mut q[r], o);
-        }
-        // Words 16c..16c + 16 of the sixteen rows, transposed: `u[16c + j]` lane `r`
-        // is word `16c + j` of row `r`.
-        for c in 0..4 {
-            let t = words16(PANEL_ROWS, |r| load64(&q[r][64 * c..]));
-            for (j, v) in t.iter().enumerate() {
-                // SAFETY: 64 writable bytes, 64-byte aligned.
-                unsafe { _mm512_store_si512(o.u[16 * c + j].as_mut_ptr() as *mut __m512i, *v) };
-            }
-        }
+        let live = rows.len();
+        assert!(live <= PANEL_ROWS, "decode_block: rows");
+        let ql0 = words16(live, |r| load64(&rows[r][i].ql[..64]));
+        let ql1 = words16(live, |r| load64(&rows[r][i].ql[64..]));
+        let qh = words16(live, |r| load64(&rows[r][i].qh[..]));
+        let ql = |t: usize| if t < 16 { ql0[t] } else { ql1[t - 16] };
+        // The sixteen scales of each row as four words, transposed: lane `r` of
+        // `sw[w]` holds row `r`'s scales `4w..4w + 4`.
+        let sw = words16(live, |r| {
+            // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
+            _mm512_castsi128_si512(unsafe {
+                _mm_loadu_si128(rows[r][i].scales.as_ptr() as *const __m128i)
+            })
+        });
+        let d = header16(live, |r| u32::from(rows[r][i].d));
+        emit(
+            |n, l| x16::quants_of(ql(16 * n + l), ql(16 * n + 8 + l), qh[8 * n + l]),
+            // Byte `s % 4` of word `s / 4`, sign-extended.
+            |s| match s % 4 {
+                0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(sw[s / 4])),
+                1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(sw[s / 4])),
+                2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(sw[s / 4])),
+                _ => _mm512_srai_epi32::<24>(sw[s / 4]),
+            },
+            f16_lanes(d),
+            o,
+        );
     }
 }
 
-/// One 256-quant block of a Q6_K row group repacked at staging (`q6_k::x16`) into a panel
-/// block: the lanes [`KPanel::decode_block`] gives for its sixteen rows, with no
-/// transposes and no row-by-row decoding.
+/// A panel block from sixteen rows' unsigned quants (`quants(n, l)`, as
+/// `q6_k::x16::quants` gives them), sub-block scales as i32 lanes (`scale(s)`) and `d`.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
+fn emit(
+    quants: impl Fn(usize, usize) -> [__m512i; 4],
+    scale: impl Fn(usize) -> __m512i,
+    d: __m512,
+    o: &mut KPanelBlock,
+) {
     for n in 0..2 {
         for l in 0..8 {
-            let q = crate::kernels::q6_k::x16::quants(b, n, l);
+            let q = quants(n, l);
             for (j, v) in q.iter().enumerate() {
                 // SAFETY: 64 writable bytes, 64-byte aligned.
                 unsafe {
@@ -80,24 +73,33 @@ fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
     }
     let m16 = _mm512_set1_epi32(0xFFFF);
     for s in 0..16 {
-        put(&mut o.sc[s], crate::kernels::q6_k::x16::scale_lanes(b, s));
+        put(&mut o.sc[s], scale(s));
     }
     for p in 0..8 {
-        // (-32 sc_2p, -32 sc_2p+1) as i16, as `q6k_decode_row` puts them.
-        let neg = |s: usize| {
-            _mm512_sub_epi32(
-                _mm512_setzero_si512(),
-                _mm512_slli_epi32::<5>(crate::kernels::q6_k::x16::scale_lanes(b, s)),
-            )
-        };
+        // (-32 sc_2p, -32 sc_2p+1) as i16 (the offset of the unsigned quants).
+        let neg =
+            |s: usize| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(scale(s)));
         let pair = _mm512_or_si512(
             _mm512_and_si512(neg(2 * p), m16),
             _mm512_slli_epi32::<16>(neg(2 * p + 1)),
         );
         put(&mut o.pairs[p], pair);
     }
-    put_ps(&mut o.d, crate::kernels::q6_k::x16::d_lanes(b));
+    put_ps(&mut o.d, d);
     put_ps(&mut o.dmin, _mm512_setzero_ps());
+}
+
+/// One 256-quant block of a Q6_K row group repacked at staging (`q6_k::x16`) into a panel
+/// block: the lanes [`KPanel::decode_block`] gives for its sixteen rows, with no
+/// transposes and no row-by-row decoding.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_q6k_x16_block(b: &BlockQ6Kx16, o: &mut KPanelBlock) {
+    emit(
+        |n, l| x16::quants(b, n, l),
+        |s| x16::scale_lanes(b, s),
+        x16::d_lanes(b),
+        o,
+    );
 }
 
 /// [`decode`](crate::kernels::kq_panel::decode) for a Q6_K weight repacked at staging.

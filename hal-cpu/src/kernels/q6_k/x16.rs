@@ -110,6 +110,16 @@ pub(crate) fn quants(b: &BlockQ6Kx16, n: usize, l: usize) -> [__m512i; 4] {
             _mm512_loadu_si512(e[2].as_ptr() as *const __m512i),
         )
     };
+    quants_of(a, c, h)
+}
+
+/// [`quants`] from the three words of sixteen rows side by side: `a` (ql word
+/// `16n + l`), `c` (ql word `16n + 8 + l`), `h` (qh word `8n + l`), one row per lane
+/// (a file-layout panel decode transposes the rows' words into these).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn quants_of(a: __m512i, c: __m512i, h: __m512i) -> [__m512i; 4] {
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
     // (x & 0x0F) | hi, with hi already in bits 4..6: vpternlogd 0xEA = (A & B) | C.
