@@ -393,8 +393,8 @@ impl CpuDevice {
         Ok(())
     }
 
-    /// `Device::expert_matmul_multi`: a gemm per expert with a prompt's worth of rows,
-    /// one parallel section of (weight, expert, chunk of rows) tasks for the rest.
+    /// `Device::expert_matmul_multi`: a gemm for the experts with a prompt's worth of
+    /// rows, one parallel section of (weight, expert, chunk of rows) tasks for the rest.
     /// Routed row `i` is expert `ids[i]` on input row `i / fanout` (`flint_hal::fanout`).
     pub(crate) fn expert_matmuls(
         &self,
@@ -448,15 +448,25 @@ impl CpuDevice {
         }
         let level = self.level;
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
-        // each): the weight-tiled gemm of `matmul`, one expert and weight at a time, each
-        // parallel inside (the bench preset's prefill: 32 tokens per expert). The rest:
-        // (weight, expert) pairs for the one parallel section below. Q4_K towers take
-        // llama.cpp's expert order in both (`kernels::expert_gemv`).
+        // each; the bench preset's prefill: 32 tokens per expert): Q4_K/Q6_K towers on
+        // AVX-512 VNNI with a few dozen take panel tasks of every such expert and weight
+        // in one parallel section (`expert_panel_section`); otherwise the weight-tiled
+        // gemm of `matmul`, one expert and weight at a time, each parallel inside. The
+        // rest: (weight, expert) pairs for the one parallel section below. Q4_K towers
+        // take llama.cpp's expert order in all three (`kernels::expert_gemv`).
         let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
+        let mut panel_experts: Vec<(usize, &[usize])> = Vec::new();
         for (e, list) in &active {
             let m = list.len();
             if m < kernels::GEMM_MIN_ROWS {
                 small.extend((0..ws.len()).map(|wi| (wi, *e, &list[..])));
+                continue;
+            }
+            if ws
+                .iter()
+                .all(|w| kernels::expert_panels_apply(level, w.ty, m))
+            {
+                panel_experts.push((*e, &list[..]));
                 continue;
             }
             let gathered: Vec<f32> = list
@@ -507,6 +517,9 @@ impl CpuDevice {
                     out[i * n..(i + 1) * n].copy_from_slice(&tmp[t * n..(t + 1) * n]);
                 }
             }
+        }
+        if !panel_experts.is_empty() {
+            self.expert_panel_section(&ws, x, k, &panel_experts, fanout, ids.len(), outs)?;
         }
         small.retain(|&(wi, _, _)| ws[wi].n > 0);
         if small.is_empty() {
@@ -655,5 +668,113 @@ impl CpuDevice {
             off += m * n;
         }
         Ok(())
+    }
+
+    /// The experts of an `expert_matmuls` call with a prompt's few dozen routed rows each
+    /// (`experts`: (expert, its routed rows), every weight's type taking
+    /// `kernels::expert_panels`): one parallel section of (expert, weight, panels) tasks
+    /// for all of them, then one that puts each routed row's results in place. Per expert
+    /// and weight, a gemm of its own would hand off to the threads twice and leave them
+    /// idle at each end (the qwen3moe bench preset's prefill: 128 experts, 3 weights).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn expert_panel_section(
+        &self,
+        ws: &[&CpuWeight],
+        x: &[f32],
+        k: usize,
+        experts: &[(usize, &[usize])],
+        fanout: usize,
+        routed: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        use crate::kernels::panel::PANEL_ROWS;
+        // Panels per task: 128 weight rows, tens of microseconds of work at 32 rows.
+        const TASK_PANELS: usize = 8;
+        let level = self.level;
+        let ty = ws[0].ty;
+        self.pool.install(|| {
+            // Each expert's rows gathered and quantized once (Q4_K and Q6_K share Q8_K).
+            let acts: Vec<Acts> = experts
+                .par_iter()
+                .map(|(_, list)| {
+                    let gathered: Vec<f32> = list
+                        .iter()
+                        .flat_map(|&i| x[(i / fanout) * k..(i / fanout + 1) * k].iter().copied())
+                        .collect();
+                    Acts::new(level, ty, &gathered, k)
+                        .map_err(|e| fmt_err("quantizing activations", e))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut tasks = Vec::new();
+            for (xi, &(e, _)) in experts.iter().enumerate() {
+                for (wi, w) in ws.iter().enumerate() {
+                    let panels = w.n.div_ceil(PANEL_ROWS);
+                    for p0 in (0..panels).step_by(TASK_PANELS) {
+                        tasks.push((xi, e, wi, p0..(p0 + TASK_PANELS).min(panels)));
+                    }
+                }
+            }
+            let parts: Vec<Vec<f32>> = tasks
+                .par_iter()
+                .map_init(Vec::new, |dec, (xi, e, wi, panels)| {
+                    let (w, list) = (ws[*wi], experts[*xi].1);
+                    let Acts::Q8K(a) = &acts[*xi] else {
+                        return Err(HalError::runtime(
+                            "expert matmul: activations not quantized to Q8_K",
+                        ));
+                    };
+                    let r0 = panels.start * PANEL_ROWS;
+                    let rows = (panels.end * PANEL_ROWS).min(w.n) - r0;
+                    let mut part = vec![0f32; list.len() * rows];
+                    let wr = w.rows(e * w.n, w.n);
+                    kernels::expert_panels(w.ty, wr, a, k, w.n, panels.clone(), dec, &mut part);
+                    Ok(part)
+                })
+                .collect::<Result<_, _>>()?;
+            // Routed row i: its expert's place in `experts` and its row among the expert's.
+            let mut at: Vec<Option<(usize, usize)>> = vec![None; routed];
+            for (xi, (_, list)) in experts.iter().enumerate() {
+                for (t, &i) in list.iter().enumerate() {
+                    at[i] = Some((xi, t));
+                }
+            }
+            // The tasks of each (expert, weight), in panel order.
+            let mut of: Vec<Vec<usize>> = vec![Vec::new(); experts.len() * ws.len()];
+            for (ti, (xi, _, wi, _)) in tasks.iter().enumerate() {
+                of[xi * ws.len() + wi].push(ti);
+            }
+            for (wi, out) in outs.iter_mut().enumerate() {
+                let n = ws[wi].n;
+                if n == 0 {
+                    continue;
+                }
+                out.par_chunks_mut(n).enumerate().for_each(|(i, o)| {
+                    let Some((xi, t)) = at[i] else { return };
+                    for &ti in &of[xi * ws.len() + wi] {
+                        let r0 = tasks[ti].3.start * PANEL_ROWS;
+                        let part = &parts[ti];
+                        let rows = part.len() / experts[xi].1.len();
+                        o[r0..r0 + rows].copy_from_slice(&part[t * rows..(t + 1) * rows]);
+                    }
+                });
+            }
+            Ok(())
+        })
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(clippy::too_many_arguments)]
+    fn expert_panel_section(
+        &self,
+        _: &[&CpuWeight],
+        _: &[f32],
+        _: usize,
+        _: &[(usize, &[usize])],
+        _: usize,
+        _: usize,
+        _: &mut [&mut [f32]],
+    ) -> Result<(), HalError> {
+        unreachable!("kernels::expert_panels_apply holds on x86-64 only")
     }
 }

@@ -355,6 +355,7 @@ impl CpuDevice {
                 .ok()
                 .and_then(|mut region| {
                     let src = desc.data.as_slice();
+                    let len = src.len();
                     let dst = region.as_mut_slice();
                     for (i, (d, s)) in dst
                         .chunks_mut(PACK_PIECE_BYTES)
@@ -362,10 +363,13 @@ impl CpuDevice {
                         .enumerate()
                     {
                         d.copy_from_slice(s);
-                        let at = i * PACK_PIECE_BYTES;
-                        desc.data.release_resident_part(at..at + s.len());
+                        // Every piece but the last handed back now (as `pack_groups`
+                        // does); the whole range below.
+                        let (at, end) = (i * PACK_PIECE_BYTES, i * PACK_PIECE_BYTES + s.len());
+                        if end < len {
+                            desc.data.release_resident_part(at..end);
+                        }
                     }
-                    let len = desc.data.len();
                     let src =
                         WeightSource::new(Arc::new(arena::RegionBytes(region)), 0..len).ok()?;
                     desc.data.release_resident();

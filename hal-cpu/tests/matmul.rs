@@ -504,8 +504,9 @@ fn every_weight_releases_its_file_bytes_repacked_or_copied() {
     let k = 512;
     let dev = device(SimdLevel::Avx512Vnni, 2);
     // Repacked, kept in the file's layout (27 rows), repacked three times, another
-    // type; then a repacked weight larger than one piece of the packing (4 MiB), whose
-    // bytes go back piece by piece as they are packed, and then whole.
+    // type; then a repacked and a copied weight larger than one piece of the packing
+    // (4 MiB), whose bytes go back piece by piece as they are packed or copied, and
+    // then whole.
     for (ty, n) in [
         (GgmlType::Q4_K, 32),
         (GgmlType::Q4_K, 27),
@@ -514,6 +515,7 @@ fn every_weight_releases_its_file_bytes_repacked_or_copied() {
         (GgmlType::Q5_0, 32),
         (GgmlType::Q4_0, 32),
         (GgmlType::Q8_0, 18432),
+        (GgmlType::Q4_0, 32768),
     ] {
         let w = random_weight(&mut rng, ty, k, n);
         // The tensor in the middle of a larger buffer, as in a file.

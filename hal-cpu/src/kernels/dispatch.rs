@@ -560,6 +560,90 @@ fn fused_gemm<D: Copy + Send + Sync>(
     });
 }
 
+/// Panel `p` of the K-quant weight rows `w` (`n` rows of `nb` blocks) decoded into `d`:
+/// from its row group where the weight was repacked at staging, else from `file` (the
+/// rows' blocks in the file's layout).
+#[cfg(target_arch = "x86_64")]
+fn kq_decode_panel<B: kq_panel::KPanel>(
+    w: WeightRows<'_>,
+    file: Option<&[B]>,
+    nb: usize,
+    n: usize,
+    p: usize,
+    d: &mut [kq_panel::KPanelBlock],
+) {
+    match (w, file) {
+        (WeightRows::Q4Kx16(g), _) => q4_k::panel::decode_x16(g, nb, p, d),
+        (WeightRows::Q6Kx16(g), _) => q6_k::panel::decode_q6k_x16(g, nb, p, d),
+        (_, Some(wb)) => kq_panel::decode(wb, nb, n, p, d),
+        (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+    }
+}
+
+/// Whether an expert's `m` routed rows of a `ty` tower take [`expert_panels`] at `level`:
+/// Q4_K and Q6_K on AVX-512 VNNI for a prompt's few dozen rows an expert (from
+/// [`GEMM_MIN_ROWS`] to below [`FUSED_MAX_ROWS`]), which [`gemm`] would multiply
+/// weight-stationary, panel by panel.
+pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && level == SimdLevel::Avx512Vnni
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+        && (GEMM_MIN_ROWS..FUSED_MAX_ROWS).contains(&m)
+}
+
+/// One task of an expert matmul's weight-stationary gemm: panels `p0..p1` of one
+/// expert's weight rows `w` (`n` rows of `k`, Q4_K or Q6_K, either layout), each decoded
+/// into `dec` and applied to every row of `a` (the expert's routed rows, whole Q8_K rows)
+/// in the expert tower's order, as [`gemm`] does with `expert` set. `part` is
+/// `[routed row][the panels' weight rows]`. The caller runs every expert's panel tasks of
+/// a call in one parallel section instead of a section (and its hand-offs) per expert
+/// and weight.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn expert_panels(
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    panels: std::ops::Range<usize>,
+    dec: &mut Vec<kq_panel::KPanelBlock>,
+    part: &mut [f32],
+) {
+    let nb = k / 256;
+    if nb == 0 || panels.is_empty() {
+        return;
+    }
+    let r0 = panels.start * panel::PANEL_ROWS;
+    let rows = (panels.end * panel::PANEL_ROWS).min(n) - r0;
+    assert_eq!(
+        part.len(),
+        a.len() / nb * rows,
+        "expert_panels: part length"
+    );
+    dec.resize(nb, kq_panel::KPanelBlock::ZERO);
+    let bytes = match w {
+        WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
+        _ => Some(w.file_bytes(k)),
+    };
+    macro_rules! run {
+        ($B:ty) => {{
+            let wb = bytes.as_ref().map(|b| view::<$B>(b));
+            for p in panels.clone() {
+                kq_decode_panel(w, wb.as_deref(), nb, n, p, dec);
+                let c0 = p * panel::PANEL_ROWS - r0;
+                let live = panel::PANEL_ROWS.min(rows - c0);
+                let cols = panel::OutCols { stride: rows, c0 };
+                kq_panel::gemm::<$B, true>(dec, nb, live, a, 0, part, cols);
+            }
+        }};
+    }
+    match ty {
+        GgmlType::Q4_K => run!(BlockQ4K),
+        _ => run!(BlockQ6K),
+    }
+}
+
 /// [`gemm`] for Q4_K and Q6_K on AVX-512 VNNI, strip by strip of weight rows
 /// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (`kq_panel`, in
 /// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
@@ -596,11 +680,8 @@ fn kq_panel_gemm(
         macro_rules! fused {
             ($B:ty) => {{
                 let wb = bytes.as_ref().map(|b| view::<$B>(b));
-                let decode = |p: usize, d: &mut [kq_panel::KPanelBlock]| match (w, &wb) {
-                    (WeightRows::Q4Kx16(g), _) => q4_k::panel::decode_x16(g, nb, p, d),
-                    (WeightRows::Q6Kx16(g), _) => q6_k::panel::decode_q6k_x16(g, nb, p, d),
-                    (_, Some(wb)) => kq_panel::decode(wb, nb, n, p, d),
-                    (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+                let decode = |p: usize, d: &mut [kq_panel::KPanelBlock]| {
+                    kq_decode_panel(w, wb.as_deref(), nb, n, p, d)
                 };
                 let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols| {
                     if expert {
