@@ -229,9 +229,9 @@ impl Device for CpuDevice {
                 )
             }
             (SimdLevel::Avx512Vnni, WeightLayout::BySize) => format!(
-                ", weights repacked in 16-row groups but Q4_K/Q6_K tensors of {} MiB or more \
-                 in the file's layout ({})",
-                crate::stage::KQUANT_FILE_MIN_BYTES >> 20,
+                ", weights repacked in 16-row groups but Q6_K tensors of {} MiB or more in the \
+                 file's layout ({})",
+                crate::stage::Q6K_FILE_MIN_BYTES >> 20,
                 self.layout_reason
             ),
             (SimdLevel::Avx512Vnni, WeightLayout::File) => {

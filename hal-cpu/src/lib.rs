@@ -27,8 +27,8 @@
 //! default on Intel CPUs), weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
 //! reads the GGUF blocks where they lie. With the packed layout (`FLINT_CPU_REPACK=1`; by
-//! size, the default on other AVX-512 VNNI CPUs, repacks Q8_0, Q5_0, MXFP4 and only the
-//! Q4_K/Q6_K tensors under 2 MiB) a Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4
+//! size, the default on other AVX-512 VNNI CPUs, repacks all of these but the Q6_K
+//! tensors of 2 MiB or more) a Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4
 //! weight whose rows per matrix are a multiple of 16 is repacked at staging into row
 //! groups (`kernels/{q4_k,q6_k,q0,mxfp4}/x16.rs`: sixteen rows of a
 //! block side by side, the same bytes in another order), which the decode kernels
@@ -99,7 +99,7 @@ use flint_hal::{BackendEntry, DeviceRef};
 pub use device::CpuDevice;
 pub use kv::{CpuKv, FloatOrder};
 pub use simd::SimdLevel;
-pub use stage::{CpuWeight, WeightLayout, KQUANT_FILE_MIN_BYTES};
+pub use stage::{CpuWeight, WeightLayout, Q6K_FILE_MIN_BYTES};
 
 /// The backends this crate registers: `cpu`.
 pub fn backends() -> Vec<BackendEntry> {

@@ -210,24 +210,25 @@ pub enum WeightLayout {
     /// (`kernels/*/x16.rs`), every other weight copied as it is, both into the device's
     /// huge-page arena.
     Packed,
-    /// Per weight, by what streams faster from memory ([`WeightLayout::repacks`]): Q8_0,
-    /// Q5_0 and MXFP4 weights repacked, Q4_K and Q6_K ones only under
-    /// [`KQUANT_FILE_MIN_BYTES`]; the larger K-quant tensors (a MoE's expert towers, the
-    /// output matrix, big projections) kept in the file's layout, where the four-row
-    /// kernels read them.
+    /// Per weight, by what streams faster from memory ([`WeightLayout::repacks`]): every
+    /// weight the packed layout repacks but the Q6_K tensors of [`Q6K_FILE_MIN_BYTES`]
+    /// or more (a MoE's down-projection towers, a Q4_K_M file's output matrix), which stay
+    /// in the file's layout, where the four-row kernels read them.
     BySize,
     /// Every weight in the file's layout, where the loader put it.
     File,
 }
 
-/// The size from which a Q4_K or Q6_K tensor stays in the file's layout under
+/// The size from which a Q6_K tensor stays in the file's layout under
 /// [`WeightLayout::BySize`]. Measured on an AMD EPYC (Zen 4) host, 2 threads, from
 /// memory (`stream_speed`, docs/benchmarks.md "The weight layout and MoE decode"): the
-/// repacked groups stream faster up to about a megabyte (Q4_K 368-590 KB: 35 against
-/// 24-28 GB/s), the file layout's four rows in four streams from a few megabytes (Q6_K
-/// 53.8 MB: 42-52 against 28-40 GB/s; Q4_K 4.7 MB alike); the qwen3moe bench preset
-/// decodes 1.19x faster with this split than with every K-quant repacked.
-pub const KQUANT_FILE_MIN_BYTES: usize = 2 << 20;
+/// repacked groups stream as fast or faster up to about a megabyte, the file layout's
+/// four rows in four streams faster from a few megabytes (Q6_K 53.8 MB: 42-52 against
+/// 28-40 GB/s). Q4_K streams alike in both layouts from a few megabytes and its prompt
+/// panels decode faster from the groups, so it stays repacked. The qwen3moe bench
+/// preset decodes 1.18x faster with this split than with every K-quant repacked; the
+/// gemma4 bench preset is no slower.
+pub const Q6K_FILE_MIN_BYTES: usize = 2 << 20;
 
 impl WeightLayout {
     /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file) when set; else by the CPU's vendor,
@@ -255,10 +256,7 @@ impl WeightLayout {
         match self {
             WeightLayout::Packed => true,
             WeightLayout::File => false,
-            WeightLayout::BySize => match ty {
-                GgmlType::Q4_K | GgmlType::Q6_K => bytes < KQUANT_FILE_MIN_BYTES,
-                _ => true,
-            },
+            WeightLayout::BySize => ty != GgmlType::Q6_K || bytes < Q6K_FILE_MIN_BYTES,
         }
     }
 }
@@ -405,20 +403,19 @@ mod tests {
     use super::*;
     use flint_hal::{Device, DeviceOptions, WeightKind};
 
-    /// A Q4_K/Q6_K tensor stays in the file's layout from `KQUANT_FILE_MIN_BYTES` under
-    /// `BySize` and is repacked below it; other types are repacked at any size; `Packed`
-    /// and `File` take every weight one way.
+    /// A Q6_K tensor stays in the file's layout from `Q6K_FILE_MIN_BYTES` under `BySize`
+    /// and is repacked below it; other types are repacked at any size; `Packed` and
+    /// `File` take every weight one way.
     #[test]
-    fn by_size_keeps_large_k_quant_tensors_in_the_file_layout() {
-        let big = KQUANT_FILE_MIN_BYTES;
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-            assert!(WeightLayout::BySize.repacks(ty, big - 1));
-            assert!(!WeightLayout::BySize.repacks(ty, big));
-            assert!(WeightLayout::Packed.repacks(ty, big));
-            assert!(!WeightLayout::File.repacks(ty, 1));
+    fn by_size_keeps_large_q6_k_tensors_in_the_file_layout() {
+        let big = Q6K_FILE_MIN_BYTES;
+        assert!(WeightLayout::BySize.repacks(GgmlType::Q6_K, big - 1));
+        assert!(!WeightLayout::BySize.repacks(GgmlType::Q6_K, big));
+        for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4] {
+            assert!(WeightLayout::BySize.repacks(ty, 64 * big));
         }
-        assert!(WeightLayout::BySize.repacks(GgmlType::Q8_0, 64 * big));
-        assert!(WeightLayout::BySize.repacks(GgmlType::MXFP4, 64 * big));
+        assert!(WeightLayout::Packed.repacks(GgmlType::Q6_K, big));
+        assert!(!WeightLayout::File.repacks(GgmlType::Q4_K, 1));
 
         let opts = DeviceOptions {
             threads: Some(2),
@@ -430,20 +427,25 @@ mod tests {
         };
         let dev = dev.with_layout(WeightLayout::BySize);
         let k = 2048;
-        let row = GgmlType::Q4_K.row_bytes(k).expect("row bytes");
+        let row = GgmlType::Q6_K.row_bytes(k).expect("row bytes");
         // 16 rows under the bound; the smallest multiple of 16 rows at or over it.
         let large_rows = (big.div_ceil(row)).next_multiple_of(X16_ROWS);
-        for (rows, packed) in [(16, true), (large_rows, false)] {
+        for (ty, rows, packed) in [
+            (GgmlType::Q6_K, 16, true),
+            (GgmlType::Q6_K, large_rows, false),
+            (GgmlType::Q4_K, large_rows, true),
+        ] {
+            let bytes = ty.row_bytes(k).expect("row bytes") * rows;
             let h = dev
                 .stage(&WeightDesc {
                     name: format!("w{rows}"),
-                    ty: GgmlType::Q4_K,
+                    ty,
                     dims: vec![k, rows],
                     kind: WeightKind::Matrix,
-                    data: WeightSource::from_vec(vec![0u8; rows * row]),
+                    data: WeightSource::from_vec(vec![0u8; bytes]),
                 })
                 .expect("stage");
-            assert_eq!(dev.weight(&*h).x16.is_some(), packed, "{rows} rows");
+            assert_eq!(dev.weight(&*h).x16.is_some(), packed, "{ty} {rows} rows");
         }
     }
 }
