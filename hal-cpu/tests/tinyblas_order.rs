@@ -317,6 +317,68 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
     }
 }
 
+/// A prefill's expert towers: one expert with 70 routed rows (the strips of the
+/// weight-tiled gemm, 64 rows or more), one with 30 (the one-section panel tasks of a
+/// prompt's experts, `expert_panel_section`), one with 3 (the small-batch tasks), in
+/// llama.cpp's `MUL_MAT_ID` orders bit for bit, in either layout, with a partial last
+/// panel (40 rows an expert) and without (48).
+#[test]
+fn expert_towers_with_a_prompts_rows_are_bit_exact() {
+    if SimdLevel::detect() < SimdLevel::Avx512Vnni {
+        eprintln!(
+            "no AVX-512 VNNI on this CPU: the llama.cpp-order expert kernels are not used here"
+        );
+        return;
+    }
+    let mut rng = Rng(19);
+    let (k, e) = (512, 3);
+    let mut rows: Vec<u32> = [vec![0u32; 70], vec![2u32; 30], vec![1u32; 3]].concat();
+    rows.rotate_left(31);
+    let x = rng.vec(rows.len() * k);
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for n in [48usize, 40] {
+            let w = random_weight(&mut rng, ty, k, n * e);
+            let w2 = random_weight(&mut rng, ty, k, n * e);
+            let rb = ty.row_bytes(k).expect("row size") * n;
+            let want = |w: &[u8]| -> Vec<f32> {
+                let mut out = vec![0f32; rows.len() * n];
+                for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
+                    let ex = ex as usize;
+                    flint_core::dot::matvec_f32_ggml_x86(
+                        ty,
+                        &w[ex * rb..(ex + 1) * rb],
+                        &x[i * k..(i + 1) * k],
+                        o,
+                        BatchRow::expert(rows.len()),
+                    )
+                    .expect("core");
+                }
+                out
+            };
+            let (want1, want2) = (want(&w), want(&w2));
+            for layout in [WeightLayout::Packed, WeightLayout::File] {
+                let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
+                    .expect("device")
+                    .with_layout(layout);
+                assert_towers_equal(
+                    &dev,
+                    ty,
+                    (k, n, e),
+                    (&w, &w2),
+                    &x,
+                    &rows,
+                    (&want1, &want2),
+                    &format!("{ty} {layout:?} n {n}"),
+                );
+            }
+        }
+    }
+}
+
 /// The expert ids of the expert tests' routed rows, one per input row (a fan-out of 1:
 /// routed row `i` reads input row `i`): expert 0 gets 20 rows, expert 1 one row, expert
 /// 2 none, expert 3 five rows, in a rotated order; 26 rows.
