@@ -25,7 +25,8 @@
 #                        the model's whole context, whose KV cache alone would be 4 GB for
 #                        Qwen3-30B-A3B's 40,960 positions)
 #   FLINT_THREADS=T flint bench --json -m MODEL
-#   readbw (tools/bench/readbw.c, compiled here) over FLINT_BW_BYTES with T threads
+#   readbw (tools/bench/readbw.c, compiled here) over FLINT_BW_BYTES with T threads, at the
+#                        start of every round and once after the last
 # then prints Flint / llama.cpp ratios for decode c=1 (vs tg128), prefill 512 (vs pp512)
 # and aggregate decode at c=4 (vs S_TG at B=4), the read bandwidth and the decode roofline
 # (weight bytes per decoded token / bandwidth). Medians where a tool gives several runs.
@@ -111,10 +112,22 @@ for f in avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_int8; do
 done
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 
+readbw="$llama_dir/readbw"
+if [[ ! -x "$readbw" || "$here/readbw.c" -nt "$readbw" ]]; then
+    note "compiling the read loop"
+    cc -O3 -march=native -pthread -std=c11 "$here/readbw.c" -o "$readbw" 2>"$out/readbw-cc.log" ||
+        cc -O3 -pthread -std=c11 "$here/readbw.c" -o "$readbw" 2>>"$out/readbw-cc.log" ||
+        die "could not compile $here/readbw.c; see $out/readbw-cc.log"
+fi
+
 # Whole rounds, one engine after the other, so that a burst of load on a shared machine
-# hits both engines alike; the report takes medians over all rounds.
+# hits both engines alike; the report takes medians over all rounds. The read loop runs
+# in every round too (and once after the last): a host's memory bandwidth can move by half
+# within the hour, and the roofline is read against the rounds' median.
 flint_ok_rounds=0
 for r in $(seq 1 "$rounds"); do
+    note "round $r/$rounds: read loop ($bw_bytes bytes, $threads threads)"
+    "$readbw" "$bw_bytes" "$threads" 7 >"$out/readbw.$r.json" || die "read loop failed"
     note "round $r/$rounds: llama-bench (pp512, tg128, $lb_reps repetitions)"
     "$bindir/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r "$lb_reps" -o json \
         >"$out/llama-bench.$r.json" 2>"$out/llama-bench.$r.log" ||
@@ -166,13 +179,6 @@ if [[ "$flint_ok_rounds" -gt 0 ]]; then
 fi
 
 # --- bandwidth and roofline ---------------------------------------------------------------
-readbw="$llama_dir/readbw"
-if [[ ! -x "$readbw" || "$here/readbw.c" -nt "$readbw" ]]; then
-    note "compiling the read loop"
-    cc -O3 -march=native -pthread -std=c11 "$here/readbw.c" -o "$readbw" 2>"$out/readbw-cc.log" ||
-        cc -O3 -pthread -std=c11 "$here/readbw.c" -o "$readbw" 2>>"$out/readbw-cc.log" ||
-        die "could not compile $here/readbw.c; see $out/readbw-cc.log"
-fi
 note "read loop: $bw_bytes bytes, $threads threads"
 "$readbw" "$bw_bytes" "$threads" 7 >"$out/readbw.json" || die "read loop failed"
 python3 "$here/bench_report.py" weights "$model" >"$out/weights.json"
