@@ -265,56 +265,10 @@ fn expert_towers_are_bit_exact_in_mul_mat_id_order() {
         );
         return;
     }
-    let mut rng = Rng(17);
-    let (k, e) = (512, 4);
     // Expert 0: 20 rows, expert 1: 1 row, expert 2: none, expert 3: 5 rows; 26 input rows,
-    // one routed row each.
-    let n_in = 26;
-    let rows = routed_rows();
-    let x = rng.vec(n_in * k);
-    let opts = DeviceOptions {
-        threads: Some(2),
-        keep_quant: true,
-    };
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        // 32 rows per expert: repacked at staging in the packed layout; 40: never.
-        for n in [32usize, 40] {
-            let w = random_weight(&mut rng, ty, k, n * e);
-            let w2 = random_weight(&mut rng, ty, k, n * e);
-            let rb = ty.row_bytes(k).expect("row size") * n;
-            let want = |w: &[u8]| -> Vec<f32> {
-                let mut out = vec![0f32; rows.len() * n];
-                for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
-                    let ex = ex as usize;
-                    flint_core::dot::matvec_f32_ggml_x86(
-                        ty,
-                        &w[ex * rb..(ex + 1) * rb],
-                        &x[i * k..(i + 1) * k],
-                        o,
-                        BatchRow::expert(64),
-                    )
-                    .expect("core");
-                }
-                out
-            };
-            let (want1, want2) = (want(&w), want(&w2));
-            for layout in [WeightLayout::Packed, WeightLayout::File] {
-                let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
-                    .expect("device")
-                    .with_layout(layout);
-                assert_towers_equal(
-                    &dev,
-                    ty,
-                    (k, n, e),
-                    (&w, &w2),
-                    &x,
-                    &rows,
-                    (&want1, &want2),
-                    &format!("{ty} {layout:?} n {n}"),
-                );
-            }
-        }
-    }
+    // one routed row each. 32 rows per expert: repacked at staging in the packed layout;
+    // 40: never.
+    check_expert_towers(Rng(17), 4, &routed_rows(), [32, 40], BatchRow::expert(64));
 }
 
 /// A prefill's expert towers: one expert with 70 routed rows (the strips of the
@@ -330,17 +284,23 @@ fn expert_towers_with_a_prompts_rows_are_bit_exact() {
         );
         return;
     }
-    let mut rng = Rng(19);
-    let (k, e) = (512, 3);
     let mut rows: Vec<u32> = [vec![0u32; 70], vec![2u32; 30], vec![1u32; 3]].concat();
     rows.rotate_left(31);
+    check_expert_towers(Rng(19), 3, &rows, [48, 40], BatchRow::expert(rows.len()));
+}
+
+/// `assert_towers_equal` for Q4_K and Q6_K towers of `e` experts of 512 x `n` (each `n`
+/// of `ns`), the routed rows `rows` (one per input row), against the scalar statement
+/// with `at`, at AVX-512 VNNI in either layout.
+fn check_expert_towers(mut rng: Rng, e: usize, rows: &[u32], ns: [usize; 2], at: BatchRow) {
+    let k = 512;
     let x = rng.vec(rows.len() * k);
     let opts = DeviceOptions {
         threads: Some(2),
         keep_quant: true,
     };
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        for n in [48usize, 40] {
+        for n in ns {
             let w = random_weight(&mut rng, ty, k, n * e);
             let w2 = random_weight(&mut rng, ty, k, n * e);
             let rb = ty.row_bytes(k).expect("row size") * n;
@@ -353,7 +313,7 @@ fn expert_towers_with_a_prompts_rows_are_bit_exact() {
                         &w[ex * rb..(ex + 1) * rb],
                         &x[i * k..(i + 1) * k],
                         o,
-                        BatchRow::expert(rows.len()),
+                        at,
                     )
                     .expect("core");
                 }
@@ -370,7 +330,7 @@ fn expert_towers_with_a_prompts_rows_are_bit_exact() {
                     (k, n, e),
                     (&w, &w2),
                     &x,
-                    &rows,
+                    rows,
                     (&want1, &want2),
                     &format!("{ty} {layout:?} n {n}"),
                 );
