@@ -469,13 +469,7 @@ impl CpuDevice {
                 panel_experts.push((*e, &list[..]));
                 continue;
             }
-            let gathered: Vec<f32> = list
-                .iter()
-                .flat_map(|&i| {
-                    let r = input_row(i);
-                    x[r * k..(r + 1) * k].iter().copied()
-                })
-                .collect();
+            let gathered = gather_rows(x, k, list.iter().map(|&i| input_row(i)));
             // The expert's rows quantized once per activation form (gate and up: once).
             let mut subs: Vec<(GgmlType, Acts)> = Vec::new();
             for (wi, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
@@ -627,10 +621,7 @@ impl CpuDevice {
                     // block decoded once for all of them (`kernels::rows_small_batch`),
                     // not a dispatch per weight row: at c = 4 on the bench preset, about
                     // one expert in eight gets two tokens.
-                    let gathered: Vec<f32> = inputs
-                        .iter()
-                        .flat_map(|&r| x[r * k..(r + 1) * k].iter().copied())
-                        .collect();
+                    let gathered = gather_rows(x, k, inputs.iter().copied());
                     let sub = Acts::new(level, ty, &gathered, k)
                         .map_err(|e| fmt_err("quantizing activations", e))?;
                     let wb = &mat[o0 * row_bytes..(o0 + rows_here) * row_bytes];
@@ -698,10 +689,7 @@ impl CpuDevice {
             let acts: Vec<Acts> = experts
                 .par_iter()
                 .map(|(_, list)| {
-                    let gathered: Vec<f32> = list
-                        .iter()
-                        .flat_map(|&i| x[(i / fanout) * k..(i / fanout + 1) * k].iter().copied())
-                        .collect();
+                    let gathered = gather_rows(x, k, list.iter().map(|&i| i / fanout));
                     Acts::new(level, ty, &gathered, k)
                         .map_err(|e| fmt_err("quantizing activations", e))
                 })
@@ -777,4 +765,11 @@ impl CpuDevice {
     ) -> Result<(), HalError> {
         unreachable!("kernels::expert_panels_apply holds on x86-64 only")
     }
+}
+
+/// Rows `rows` of `x` (rows of `k` values) one after the other: an expert's routed input
+/// rows, to be quantized together.
+fn gather_rows(x: &[f32], k: usize, rows: impl Iterator<Item = usize>) -> Vec<f32> {
+    rows.flat_map(|r| x[r * k..(r + 1) * k].iter().copied())
+        .collect()
 }
