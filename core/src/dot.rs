@@ -362,7 +362,7 @@ fn quantize_act<A: ActBlock>(x: &[f32]) -> A {
 }
 
 /// [`matvec_f32`] in the float order of llama.cpp's x86 kernels ([`ggml_x86`]) for
-/// Q8_0, Q5_0, Q6_K, Q4_K and MXFP4 weights, Q5_K in batches of 8 rows or more and F32
+/// Q8_0, Q5_0, Q5_K, Q6_K, Q4_K, MXFP4 and F32 weights
 /// (tinyBLAS's order where it computes the matmul, [`ggml_x86::BatchRow::f32_tinyblas`];
 /// `ggml_vec_dot_f32`'s elsewhere), for the activation row `at` of a llama.cpp
 /// matmul (its batch size and row pick the kernels); any other type exactly as
@@ -404,8 +404,7 @@ pub fn matvec_f32_ggml_x86(
             | GgmlType::Q6_K
             | GgmlType::Q4_K
             | GgmlType::MXFP4
-    ) || (ty == GgmlType::Q5_K && !at.kq_tiled())
-    {
+    ) {
         return matvec_f32(ty, w, x, out);
     }
     let row = matvec_row_bytes(ty, w, x, out)?;
@@ -428,7 +427,10 @@ pub fn matvec_f32_ggml_x86(
     match ty {
         GgmlType::Q8_0 => rows!(BlockQ8_0, BlockQ8_0, ggml_x86::vec_dot_q8_0_q8_0_tinyblas),
         GgmlType::Q5_0 => rows!(BlockQ5_0, BlockQ8_0, ggml_x86::vec_dot_q5_0_q8_0_tinyblas),
-        GgmlType::Q5_K => rows!(BlockQ5K, BlockQ8K, ggml_x86::vec_dot_q5_k_q8_k_tiled),
+        GgmlType::Q5_K if at.kq_tiled() => {
+            rows!(BlockQ5K, BlockQ8K, ggml_x86::vec_dot_q5_k_q8_k_tiled)
+        }
+        GgmlType::Q5_K => rows!(BlockQ5K, BlockQ8K, ggml_x86::vec_dot_q5_k_q8_k_avx2),
         GgmlType::Q6_K if at.kq_tiled() => {
             rows!(BlockQ6K, BlockQ8K, ggml_x86::vec_dot_q6_k_q8_k_tiled)
         }

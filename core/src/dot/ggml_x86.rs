@@ -33,7 +33,9 @@
 //!   (`HAS_MIN`): per 256-element block the exact integers `S = sum_j sc_j * dot_j` and
 //!   `M = sum_j m_j * bsum_j` over the eight 32-element sub-blocks, the block's value
 //!   `r = fma(-dmin_w, M, S * d_w)` (the kernel's `fnmadd`), then `acc = fma(r, d_a, acc)`
-//!   ([`vec_dot_q5_k_q8_k_tiled`]). Fewer rows take the generic order.
+//!   ([`vec_dot_q5_k_q8_k_tiled`]). Fewer rows go through `ggml_vec_dot_q5_K_q8_K`'s AVX2
+//!   branch ([`vec_dot_q5_k_q8_k_avx2`]: eight `i32` lanes per block as for Q6_K, the
+//!   mins apart in one `f32` sum added after the lanes).
 //! - **Expert matmuls** (llama.cpp's `MUL_MAT_ID`, [`BatchRow::expert`]): a repacked Q4_K
 //!   tower computes every routed row with the gemv kernel (`forward_mul_mat_id` in
 //!   `repack.cpp` calls `gemv` row by row); Q5_K and Q6_K towers, which are not repacked,
@@ -274,6 +276,42 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         acc = libm::fmaf(f, a.d, acc);
     }
     acc
+}
+
+/// Q5_K weights · Q8_K activations in the order of ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`
+/// (llama.cpp's path for fewer than 8 activation rows; its x86 builds have no wider
+/// branch): per block, eight `i32` lanes, lane `l` the exact sum over the sub-blocks `j`
+/// of `sc_j * dot` over the elements `e` with `(e mod 32) / 4 == l`, then
+/// `acc_l = fma(d_a * d_w, lane, acc_l)`; the mins apart as the exact integer
+/// `m = sum_j min_j * bsum_j` and `summs = fma(-d_a * dmin_w, m, summs)` (GCC contracts
+/// `summs += dmin * m`); the result is [`hsum8`] of the lanes plus `summs`.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q5_k_q8_k_avx2(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q5_k_q8_k_avx2: block counts");
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let d = a.d * f16_to_f32(w.d);
+        let dmin = -a.d * f16_to_f32(w.dmin);
+        let (sc, mn) = super::kquants::scale_min_k4(&w.scales);
+        let mut m = 0i32;
+        let mut lanes = [0i32; 8];
+        for j in 0..8 {
+            m += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+            for l in 0..32 {
+                let lo = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+                let hi = (w.qh[l] >> j) & 1;
+                lanes[l / 4] += sc[j] * (lo | (hi << 4)) as i32 * a.qs[32 * j + l] as i32;
+            }
+        }
+        summs = libm::fmaf(dmin, m as f32, summs);
+        for (s, &lane) in acc.iter_mut().zip(&lanes) {
+            *s = libm::fmaf(d, lane as f32, *s);
+        }
+    }
+    hsum8(acc) + summs
 }
 
 /// Q5_K weights · Q8_K activations in the order of ggml's tiled K-quant matmul with mins

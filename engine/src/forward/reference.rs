@@ -36,6 +36,8 @@
 //! The building blocks (norms, RoPE, attention with sinks and a window, routing) are
 //! public so that tests can check each of them against a hand computation.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use flint_core::dot::ggml_x86::BatchRow;
@@ -46,6 +48,10 @@ use crate::model::{
     layer_rope, soft_cap, Activation, DeltaNetLayer, ExpertBiases, Ffn, Layer, Mlp, Model,
     ModelError, PerLayerInputs, TensorRef,
 };
+
+/// How many times [`Reference::prefill`] runs an MoE prompt at most before it gives up
+/// on the batch's routing settling.
+pub const PREFILL_PASSES: usize = 4;
 
 /// `out[o] = W[row_offset + o] . x` for `out.len()` rows of `w`, through
 /// `flint_core::dot::matvec_f32_ggml_x86`: the activation quantized once per call, each
@@ -189,6 +195,16 @@ pub struct Reference<'m> {
     /// The llama.cpp CPU build whose attention order is followed
     /// ([`Reference::set_llamacpp_build`]).
     build: GgmlCpuBuild,
+    /// The layer being computed.
+    cur_layer: usize,
+    /// Whether the current layer's FFN is a matmul over the whole prompt batch (not a
+    /// decode step, nor the last layer of a prompt that keeps only its output row).
+    batch_ffn: bool,
+    /// Per layer, per expert: how many rows of the prompt batch llama.cpp routes to the
+    /// expert, where known ([`Reference::prefill`]).
+    expert_rows: Option<Vec<Vec<usize>>>,
+    /// Per layer, per expert: the prompt rows routed so far (counted where `batch_ffn`).
+    routed: RefCell<Vec<Vec<usize>>>,
 }
 
 impl<'m> Reference<'m> {
@@ -213,6 +229,10 @@ impl<'m> Reference<'m> {
             last_only: false,
             cur_row: BatchRow::IN_BATCH,
             build: GgmlCpuBuild::Avx512,
+            cur_layer: 0,
+            batch_ffn: false,
+            expert_rows: None,
+            routed: RefCell::new(vec![Vec::new(); n]),
         }
     }
 
@@ -245,6 +265,63 @@ impl<'m> Reference<'m> {
     pub fn set_prompt_batch(&mut self, n: usize) {
         self.batch_len = Some(n);
         self.last_only = true;
+    }
+
+    /// Feeds `prompt` as one llama.cpp batch from position 0 ([`Self::set_prompt_batch`]
+    /// when `last_only`, else [`Self::set_batch_len`]) and returns the logits of every
+    /// position, or of the last one only when `last_only`.
+    ///
+    /// llama.cpp's expert matmul (`MUL_MAT_ID`) picks an expert's Q5_K / Q6_K kernel by
+    /// the number of the batch's rows routed to that expert, which the routing of the
+    /// whole batch decides, while this forward computes one position at a time. So a
+    /// prompt of an MoE model runs again with the per-expert counts the previous pass
+    /// routed, until the counts a pass assumed are the counts it routed (two passes
+    /// unless a last bit moved a routing choice); one that has not settled after
+    /// [`PREFILL_PASSES`] passes is an error.
+    pub fn prefill(
+        &mut self,
+        prompt: &[u32],
+        last_only: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if !self.is_empty() {
+            return Err(ModelError::new(format!(
+                "prefill needs an empty sequence, this one holds {} tokens",
+                self.len()
+            )));
+        }
+        let moe = self
+            .model
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, Ffn::Moe(_)));
+        let mut assumed: Option<Vec<Vec<usize>>> = None;
+        for _ in 0..PREFILL_PASSES {
+            self.clear();
+            if last_only {
+                self.set_prompt_batch(prompt.len());
+            } else {
+                self.set_batch_len(prompt.len());
+            }
+            self.expert_rows = assumed.clone();
+            for r in self.routed.get_mut().iter_mut() {
+                r.clear();
+            }
+            let mut out = Vec::with_capacity(if last_only { 1 } else { prompt.len() });
+            for (i, &t) in prompt.iter().enumerate() {
+                let logits = self.forward(t)?;
+                if !last_only || i + 1 == prompt.len() {
+                    out.push(logits);
+                }
+            }
+            let routed = self.routed.get_mut().clone();
+            if !moe || assumed.as_ref() == Some(&routed) {
+                return Ok(out);
+            }
+            assumed = Some(routed);
+        }
+        Err(ModelError::new(format!(
+            "the prompt's expert routing did not settle in {PREFILL_PASSES} passes"
+        )))
     }
 
     /// `W x` for the position being computed.
@@ -322,7 +399,10 @@ impl<'m> Reference<'m> {
         };
         let last = m.layers.len().saturating_sub(1);
         self.pos += 1;
+        let in_batch = self.batch_len.is_some_and(|n| pos < n);
         for (il, layer) in m.layers.iter().enumerate() {
+            self.cur_layer = il;
+            self.batch_ffn = in_batch;
             let attn = match &layer.delta_net {
                 Some(dn) => self.delta_net(il, layer, dn, &x)?,
                 None => self.attention(il, layer, &x, pos)?,
@@ -330,6 +410,7 @@ impl<'m> Reference<'m> {
             if il == last && self.last_only && self.batch_len.is_some_and(|n| pos < n) {
                 // llama.cpp keeps only the output row from here on (`inp_out_ids`).
                 self.cur_row = BatchRow::SINGLE.in_build(self.build);
+                self.batch_ffn = false;
             }
             let attn = match &layer.post_attn_norm {
                 Some(w) => rms_norm(&attn, Some(w), spec.rms_eps),
@@ -613,13 +694,16 @@ impl<'m> Reference<'m> {
 
     /// Where the position being computed sits in llama.cpp's matmuls of `mlp`: an expert
     /// tower (`[in, out, E]`) is a `MUL_MAT_ID`, whose rows take the expert kernels
-    /// ([`BatchRow::expert`]). The rows llama.cpp routes to one expert are not known
-    /// position by position; the batch's row count stands for them, which picks the
-    /// tiled Q5_K / Q6_K order exactly when llama.cpp does for batches below 8 rows and
-    /// for large batches (where every expert gets 8 or more).
-    fn mlp_row(&self, mlp: &Mlp) -> BatchRow {
+    /// ([`BatchRow::expert`]) by the number of the batch's rows routed to `expert`. A
+    /// prompt run by [`Self::prefill`] knows those counts; elsewhere the batch's row count
+    /// stands for them (exact for single rows).
+    fn mlp_row(&self, mlp: &Mlp, expert: usize) -> BatchRow {
         if mlp.gate.dims.len() == 3 {
-            BatchRow::expert(self.cur_row.batch).in_build(self.build)
+            let rows = match &self.expert_rows {
+                Some(counts) if self.batch_ffn => counts[self.cur_layer][expert],
+                _ => self.cur_row.batch,
+            };
+            BatchRow::expert(rows).in_build(self.build)
         } else {
             self.cur_row
         }
@@ -644,7 +728,7 @@ impl<'m> Reference<'m> {
         let d_out = mlp.down.dims[1];
         let mut g = vec![0.0; width];
         let mut u = vec![0.0; width];
-        let at = self.mlp_row(mlp);
+        let at = self.mlp_row(mlp, expert);
         matvec_rows_in(&mlp.gate, expert * width, f, &mut g, at)?;
         matvec_rows_in(&mlp.up, expert * width, f, &mut u, at)?;
         if let Some(b) = biases {
@@ -710,6 +794,14 @@ impl<'m> Reference<'m> {
                     ms.normalize,
                     ms.scale,
                 )?;
+                if self.batch_ffn {
+                    let mut routed = self.routed.borrow_mut();
+                    let counts = &mut routed[self.cur_layer];
+                    counts.resize(moe.experts.gate.dims[2], 0);
+                    for &(e, _) in &chosen {
+                        counts[e] += 1;
+                    }
+                }
                 let mut y = vec![0.0f32; f.len()];
                 for (e, w) in chosen {
                     let ye = self.mlp_biased(&moe.experts, moe.expert_biases.as_ref(), e, f)?;

@@ -247,13 +247,9 @@ impl Stepper for OnReference<'_> {
     fn prefill(&mut self, prompt: &[u32], _steps: usize) -> Vec<f32> {
         let mut r = Reference::new(self.model);
         r.set_llamacpp_build(self.build);
-        r.set_prompt_batch(prompt.len());
-        let mut logits = Vec::new();
-        for &t in prompt {
-            logits = r.forward(t).expect("reference prefill");
-        }
+        let mut rows = r.prefill(prompt, true).expect("reference prefill");
         self.r = Some(r);
-        logits
+        rows.pop().expect("the prompt's last logits")
     }
 
     fn step(&mut self, token: u32) -> Vec<f32> {
