@@ -1,13 +1,16 @@
 //! Q5_K x Q8_K and Q6_K x Q8_K in llama.cpp's x86 order for single activation rows
 //! (`flint_core::dot::ggml_x86::vec_dot_q5_k_q8_k_avx2`, `vec_dot_q6_k_q8_k_avx2`) against
-//! ggml itself: the constants are the output of `tools/golden/kquant_x86_ggml.sh`
+//! ggml itself: the constants are the output of `tools/golden/x86_ggml.sh kquant_x86_ggml`
 //! (`ggml_vec_dot_q5_K_q8_K` and `ggml_vec_dot_q6_K_q8_K` from the static libraries of an
 //! AVX-512 llama.cpp 11434 build, whose x86 kernels take their AVX2 branches) on the
 //! deterministic blocks of [`blocks`], eight blocks a row. llama.cpp computes a decode
 //! step's Q5_K and Q6_K matmuls, and an expert that fewer than 8 rows are routed to, so.
 
+mod lcg;
+
 use flint_core::blocks::{BlockQ5K, BlockQ6K, BlockQ8K};
 use flint_core::dot::ggml_x86::{vec_dot_q5_k_q8_k_avx2, vec_dot_q6_k_q8_k_avx2};
+use lcg::Lcg;
 
 const NB: usize = 8;
 const NW: usize = 6;
@@ -32,18 +35,27 @@ const Q6_K: [u32; NW * NA] = [
     0xcb8f894a, 0x43c42008, 0x45f7963d, 0x4d002e4e, 0x474a1b0d, 0xc9b52e38, 0xc8b4870c, 0x4980f398,
 ];
 
-/// The generator of `kquant_x86_ggml.c`: a 32-bit LCG, its top 16 bits.
-struct Lcg(u32);
-impl Lcg {
-    fn next16(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(1103515245).wrapping_add(12345);
-        self.0 >> 16
+/// A positive normal f16 between 2^-14 and 2^3 with a random mantissa
+/// (`kquant_x86_ggml.c`'s `scale16`).
+fn scale16(g: &mut Lcg) -> u16 {
+    let k = g.next16();
+    (((1 + k % 18) << 10) | (g.next16() & 0x3ff)) as u16
+}
+
+/// A Q5_K block with scales `d` and `dmin`, its scales, fifth bits and codes drawn from
+/// `g` in that order.
+fn q5k_block(g: &mut Lcg, d: u16, dmin: u16) -> BlockQ5K {
+    let mut x = BlockQ5K {
+        d,
+        dmin,
+        scales: [0; 12],
+        qh: [0; 32],
+        qs: [0; 128],
+    };
+    for v in x.scales.iter_mut().chain(&mut x.qh).chain(&mut x.qs) {
+        *v = g.next16() as u8;
     }
-    /// A positive normal f16 between 2^-14 and 2^3 with a random mantissa.
-    fn scale16(&mut self) -> u16 {
-        let k = self.next16();
-        (((1 + k % 18) << 10) | (self.next16() & 0x3ff)) as u16
-    }
+    x
 }
 
 /// The blocks of `kquant_x86_ggml.c`, in its order: Q5_K weights (random codes, scales,
@@ -65,19 +77,9 @@ fn blocks() -> Blocks {
         .map(|_| {
             (0..NB)
                 .map(|_| {
-                    let d = g.scale16();
-                    let dmin = g.scale16();
-                    let mut x = BlockQ5K {
-                        d,
-                        dmin,
-                        scales: [0; 12],
-                        qh: [0; 32],
-                        qs: [0; 128],
-                    };
-                    for v in x.scales.iter_mut().chain(&mut x.qh).chain(&mut x.qs) {
-                        *v = g.next16() as u8;
-                    }
-                    x
+                    let d = scale16(&mut g);
+                    let dmin = scale16(&mut g);
+                    q5k_block(&mut g, d, dmin)
                 })
                 .collect()
         })
@@ -98,7 +100,7 @@ fn blocks() -> Blocks {
                     for v in &mut x.scales {
                         *v = (g.next16() & 0xff) as u8 as i8;
                     }
-                    x.d = g.scale16();
+                    x.d = scale16(&mut g);
                     x
                 })
                 .collect()
@@ -110,17 +112,7 @@ fn blocks() -> Blocks {
                 .map(|_| {
                     let e = 16 + g.next16() % 4;
                     let dmin = ((e << 10) | (g.next16() & 0x3ff)) as u16;
-                    let mut x = BlockQ5K {
-                        d: 0x0400,
-                        dmin,
-                        scales: [0; 12],
-                        qh: [0; 32],
-                        qs: [0; 128],
-                    };
-                    for v in x.scales.iter_mut().chain(&mut x.qh).chain(&mut x.qs) {
-                        *v = g.next16() as u8;
-                    }
-                    x
+                    q5k_block(&mut g, 0x0400, dmin)
                 })
                 .collect()
         })

@@ -1,14 +1,17 @@
 //! MXFP4 x Q8_0 in llama.cpp's x86 orders (`flint_core::dot::ggml_x86`) against ggml
-//! itself: the constants are the output of `tools/golden/mxfp4_ggml.sh` (ggml's
+//! itself: the constants are the output of `tools/golden/x86_ggml.sh mxfp4_ggml` (ggml's
 //! `ggml_vec_dot_mxfp4_q8_0` and the repacked `mxfp4_8x8` gemv and gemm from the static
 //! libraries of an AVX-512 llama.cpp 11434 build) on the deterministic blocks of
 //! [`blocks`], five blocks a row (an odd count: the vec_dot's unpaired last block).
+
+mod lcg;
 
 use flint_core::blocks::{BlockMXFP4, BlockQ8_0};
 use flint_core::dot::ggml_x86::BatchRow;
 use flint_core::dot::ggml_x86::{vec_dot_mxfp4_q8_0_avx2, vec_dot_mxfp4_q8_0_repack};
 use flint_core::dot::{matvec_f32_ggml_x86, vec_dot_mxfp4_q8_0};
 use flint_core::GgmlType;
+use lcg::Lcg;
 
 const NB: usize = 5;
 const NW: usize = 8;
@@ -56,15 +59,6 @@ const GEMM_LARGE: [u32; NW * NA] = [
     0x4698700c, 0x46af6adb, 0x46a3164c, 0x46c4dff2, 0x460db821, 0x46127548, 0x4692bf19, 0x466acd80,
     0xc5cdfba0, 0xc523f3a0, 0x45885458, 0x45d042e7, 0x4604f250, 0x4630c12b, 0x46a0f7b8, 0x467ce554,
 ];
-
-/// The generator of `mxfp4_ggml.c`: a 32-bit LCG, its top 16 bits.
-struct Lcg(u32);
-impl Lcg {
-    fn next16(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(1103515245).wrapping_add(12345);
-        self.0 >> 16
-    }
-}
 
 type Blocks = (Vec<Vec<BlockMXFP4>>, Vec<Vec<BlockQ8_0>>);
 

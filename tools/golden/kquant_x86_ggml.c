@@ -4,7 +4,7 @@
 // and for an expert that fewer than 8 rows are routed to. Prints a "name" line followed
 // by the f32 bits of each result (weight row major, then activation row), one hex word
 // per line; core/tests/kquant_x86_ggml.rs holds the output. Built and run by
-// tools/golden/kquant_x86_ggml.sh.
+// `tools/golden/x86_ggml.sh kquant_x86_ggml OUTDIR`.
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>

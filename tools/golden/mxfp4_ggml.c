@@ -4,7 +4,7 @@
 // AVX-512 build, on two sets of blocks (random, and large block sums). Prints "name"
 // lines followed by the f32 bits of each result (weight row major, then activation row),
 // one hex word per line; core/tests/mxfp4_ggml.rs holds the output. Built and run by
-// tools/golden/mxfp4_ggml.sh.
+// `tools/golden/x86_ggml.sh mxfp4_ggml OUTDIR`.
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
