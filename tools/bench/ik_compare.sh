@@ -29,6 +29,7 @@ flint=${FLINT_BIN:-$root/target/release/flint}
 t=${FLINT_BENCH_THREADS:-2}
 die() { echo "ik_compare.sh: $*" >&2; exit 1; }
 [[ -f "$model" ]] || die "no model file $model"
+model=$(realpath "$model")
 for b in "$ik/llama-bench" "$ik/llama-batched-bench"; do
     [[ -x "$b" ]] || die "no $b (build ik_llama.cpp: docs/benchmarks.md, \"ik_llama.cpp\")"
 done
@@ -40,9 +41,13 @@ cc -O3 -march=native -pthread -std=c11 "$here/readbw.c" -o "$readbw" 2>/dev/null
 for r in $(seq 1 "$rounds"); do
     echo "ik_compare.sh: round $r/$rounds" >&2
     "$readbw" 2147483648 "$t" 7 >"$out/rb.$r.json"
-    "$ik/llama-bench" -m "$model" -t "$t" -p 512 -n 128 -r 3 -o json >"$out/ik.$r.json" 2>"$out/ik.$r.log"
-    "$ik/llama-bench" -m "$model" -t "$t" -p 512 -n 128 -r 3 -rtr 1 -o json >"$out/ikr.$r.json" 2>"$out/ikr.$r.log"
-    "$ik/llama-batched-bench" -m "$model" -t "$t" -c 640 -npp 128 -ntg 32 -npl 1,4 >"$out/ikb.$r.txt" 2>&1
+    # In the raw folder: ik's tools write a llama.log into the working directory.
+    (
+        cd "$out"
+        "$ik/llama-bench" -m "$model" -t "$t" -p 512 -n 128 -r 3 -o json >"ik.$r.json" 2>"ik.$r.log"
+        "$ik/llama-bench" -m "$model" -t "$t" -p 512 -n 128 -r 3 -rtr 1 -o json >"ikr.$r.json" 2>"ikr.$r.log"
+        "$ik/llama-batched-bench" -m "$model" -t "$t" -c 640 -npp 128 -ntg 32 -npl 1,4 >"ikb.$r.txt" 2>&1
+    )
     FLINT_THREADS=$t "$flint" bench -m "$model" --json 2>"$out/flint.$r.log" | tail -n1 >"$out/flint.$r.json"
 done
 "$readbw" 2147483648 "$t" 7 >"$out/rb.end.json"
