@@ -9,6 +9,8 @@
 // the graph computes, and OUTDIR/index.tsv with name, op, ne0..ne3 per file. Other types
 // (f16 cache views, quantized weights) are converted to f32 when ggml can; the index says
 // the source type. Also writes OUTDIR/logits.bin [n_tokens x n_vocab].
+// DECODE_FROM=n: the first n ids as a generation prefill, then one id per call, dumping
+// the last call only (a greedy chain's decode step); N_CTX=c sets the context size.
 //
 // Built against llama.cpp's static libraries (see dump_ops.sh); the context uses the same
 // settings as the golden files: one batch with all tokens, default cache types, default
@@ -27,6 +29,8 @@
 #include <vector>
 
 struct dump_state {
+    // Whether the call being computed is dumped (DECODE_FROM: only the last one).
+    bool on = true;
     std::string dir;
     FILE *index = nullptr;
     std::map<std::string, int> seen;
@@ -43,6 +47,7 @@ static std::string safe_name(const char *n) {
 static bool cb(struct ggml_tensor *t, bool ask, void *ud) {
     auto *st = (dump_state *)ud;
     if (ask) return true;  // we want every tensor
+    if (!st->on) return true;
     const int64_t n = ggml_nelements(t);
     std::vector<float> buf(n);
     std::vector<uint8_t> raw(ggml_nbytes(t));
@@ -109,7 +114,8 @@ int main(int argc, char **argv) {
     if (!model) return 1;
     auto cp = llama_context_default_params();
     // The context and the batch hold the whole id list (at least 512, as before).
-    const uint32_t n_ctx = ids.size() > 512 ? (uint32_t)ids.size() : 512;
+    uint32_t n_ctx = ids.size() > 512 ? (uint32_t)ids.size() : 512;
+    if (const char *c = getenv("N_CTX")) n_ctx = (uint32_t)atoi(c);
     cp.n_ctx = n_ctx;
     cp.n_batch = n_ctx;
     cp.n_ubatch = n_ctx;
@@ -119,6 +125,55 @@ int main(int argc, char **argv) {
     cp.cb_eval_user_data = &st;
     llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return 1;
+
+    // DECODE_FROM=n: the first n ids as one batch asking for its last logits (a generation
+    // prefill), then the others one token per call, as a greedy chain runs; only the last
+    // call is dumped and its logits written. The context then holds the chain's tokens
+    // (set N_CTX to the golden's context to reproduce a greedy golden's cache size).
+    if (const char *df = getenv("DECODE_FROM")) {
+        const size_t n0 = (size_t)atoi(df);
+        if (n0 == 0 || n0 >= ids.size()) {
+            fprintf(stderr, "DECODE_FROM=%s: needs 1 <= n < %zu ids\n", df, ids.size());
+            return 2;
+        }
+        llama_batch p = llama_batch_init((int)n0, 0, 1);
+        for (size_t i = 0; i < n0; i++) {
+            p.token[i] = ids[i];
+            p.pos[i] = (llama_pos)i;
+            p.n_seq_id[i] = 1;
+            p.seq_id[i][0] = 0;
+            p.logits[i] = i + 1 == n0;
+        }
+        p.n_tokens = (int)n0;
+        st.on = false;
+        if (llama_decode(ctx, p) != 0) {
+            fprintf(stderr, "decode failed (prompt)\n");
+            return 1;
+        }
+        for (size_t j = n0; j < ids.size(); j++) {
+            p.token[0] = ids[j];
+            p.pos[0] = (llama_pos)j;
+            p.n_seq_id[0] = 1;
+            p.seq_id[0][0] = 0;
+            p.logits[0] = 1;
+            p.n_tokens = 1;
+            st.on = j + 1 == ids.size();
+            if (llama_decode(ctx, p) != 0) {
+                fprintf(stderr, "decode failed at id %zu\n", j);
+                return 1;
+            }
+        }
+        const int nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
+        FILE *f = fopen((st.dir + "/logits.bin").c_str(), "wb");
+        fwrite(llama_get_logits_ith(ctx, 0), sizeof(float), nv, f);
+        fclose(f);
+        fclose(st.index);
+        llama_batch_free(p);
+        llama_free(ctx);
+        llama_model_free(model);
+        llama_backend_free();
+        return 0;
+    }
 
     llama_batch b = llama_batch_init((int)ids.size(), 0, 1);
     for (size_t i = 0; i < ids.size(); i++) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds dump_ops.cpp against an existing llama.cpp CPU build (static libraries) and
 # runs it on the teacher-forced golden paragraph (or, with IDS_JSON=FILE [N_IDS=n], on the
-# first n ids of another golden; FLINT_MODEL=GGUF picks the model).
+# first n ids of another golden; FLINT_MODEL=GGUF picks the model). DECODE_FROM=n dumps a
+# decode step instead: the first n ids as a generation prefill, then one id per call, the
+# last call dumped (N_CTX=c: the context size, e.g. a greedy golden's prompt + steps).
 # Usage: tools/golden/dump_ops.sh OUTDIR [LLAMA_SRC] [LLAMA_BUILD]
 set -euo pipefail
 out=${1:?usage: dump_ops.sh OUTDIR [LLAMA_SRC] [LLAMA_BUILD]}
