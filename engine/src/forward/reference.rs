@@ -699,10 +699,10 @@ impl<'m> Reference<'m> {
     /// stands for them (exact for single rows).
     fn mlp_row(&self, mlp: &Mlp, expert: usize) -> BatchRow {
         if mlp.gate.dims.len() == 3 {
-            let rows = match &self.expert_rows {
-                Some(counts) if self.batch_ffn => counts[self.cur_layer][expert],
-                _ => self.cur_row.batch,
-            };
+            let routed = self.expert_rows.as_ref().filter(|_| self.batch_ffn);
+            let rows = routed
+                .and_then(|c| c.get(self.cur_layer)?.get(expert).copied())
+                .unwrap_or(self.cur_row.batch);
             BatchRow::expert(rows).in_build(self.build)
         } else {
             self.cur_row
