@@ -9,7 +9,8 @@
 //! - `lowbit_scalar/<type>`: the same on the scalar path (`flint_core::dot::vec_dot`).
 //! - `lowbit/read_loop`: a plain read of as many bytes as the IQ4_XS weight, same threads.
 //! - A summary printed at the end, on a `K x SUMMARY_N` weight (44 to 75 MB: past a 32 MB
-//!   last-level cache, read from memory): per type, `ROUNDS` alternating rounds of (SIMD
+//!   last-level cache; a host with a larger one serves part of it from there, for the
+//!   read loop alike): per type, `ROUNDS` alternating rounds of (SIMD
 //!   matvec, scalar matvec, read loop over the weight's number of bytes), the SIMD and
 //!   read timings each the median of three calls, the scalar one a single call; the
 //!   medians over the rounds in GB/s, and SIMD over read loop. Q4_K's matvec (its own

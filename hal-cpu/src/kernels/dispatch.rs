@@ -1322,17 +1322,17 @@ fn q0_small_block<B: q0::vnni::Q0Pair>(
     }
 }
 
-/// A K-quant decode of a chunk of weight rows (`out.len()` of them, each `y.len()`
-/// blocks) against one activation row: four rows at a time, a quarter of the chunk apart
-/// (`four`: `q4_k::vnni::dot_q4k_rows4`, `q6_k::vnni::dot_q6k_rows4`), the last `n % 4` one by one
-/// (`one`).
+/// A decode of a chunk of weight rows (`out.len()` of them, each `y.len()` blocks)
+/// against one activation row: four rows at a time, a quarter of the chunk apart
+/// (`four`: `q4_k::vnni::dot_q4k_rows4`, `q6_k::vnni::dot_q6k_rows4`, the low-bit
+/// types' `vnni::dot_*_rows4`), the last `n % 4` one by one (`one`).
 #[cfg(target_arch = "x86_64")]
-fn rows4<B>(
+fn rows4<B, A>(
     w: &[B],
-    y: &[BlockQ8K],
+    y: &[A],
     out: &mut [f32],
-    four: unsafe fn([&[B]; 4], &[BlockQ8K], &mut [f32; 4]),
-    one: unsafe fn([&[B]; 1], &[BlockQ8K], &mut [f32; 1]),
+    four: unsafe fn([&[B]; 4], &[A], &mut [f32; 4]),
+    one: unsafe fn([&[B]; 1], &[A], &mut [f32; 1]),
 ) {
     let n = out.len();
     let nb = y.len();
@@ -1420,6 +1420,49 @@ pub(crate) fn matvec_rows(
             (Some(l), Acts::Q8_0 { .. }) if ty == GgmlType::MXFP4 => {
                 let act = a.mxfp4_act(nb0).ok_or(FormatError::Unsupported(ty))?;
                 mxfp4::matvec(l, &view(w), act, act_row, o);
+            }
+            // The low-bit types keep the AVX2 tiles at every level; a decode's matvec
+            // takes their VNNI four-row kernels (the same order) where the CPU has them.
+            (Some(SimdLevel::Avx2), Acts::Q8K(a))
+                if level == SimdLevel::Avx512Vnni
+                    && matches!(ty, GgmlType::IQ4_XS | GgmlType::Q3_K | GgmlType::Q2_K) =>
+            {
+                let y = &a[act_row * nbk..(act_row + 1) * nbk];
+                match ty {
+                    GgmlType::IQ4_XS => rows4(
+                        &view::<BlockIQ4XS>(w),
+                        y,
+                        o,
+                        iq4_xs::vnni::dot_iq4xs_rows4,
+                        iq4_xs::vnni::dot_iq4xs_row,
+                    ),
+                    GgmlType::Q3_K => rows4(
+                        &view::<BlockQ3K>(w),
+                        y,
+                        o,
+                        q3_k::vnni::dot_q3k_rows4,
+                        q3_k::vnni::dot_q3k_row,
+                    ),
+                    GgmlType::Q2_K => rows4(
+                        &view::<BlockQ2K>(w),
+                        y,
+                        o,
+                        q2_k::vnni::dot_q2k_rows4,
+                        q2_k::vnni::dot_q2k_row,
+                    ),
+                    _ => unreachable!("no AVX-512 VNNI matvec for {ty}"),
+                }
+            }
+            (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. })
+                if level == SimdLevel::Avx512Vnni && ty == GgmlType::IQ4_NL =>
+            {
+                rows4(
+                    &view::<BlockIQ4NL>(w),
+                    &a[act_row * nb0..(act_row + 1) * nb0],
+                    o,
+                    iq4_nl::vnni::dot_iq4nl_rows4,
+                    iq4_nl::vnni::dot_iq4nl_row,
+                )
             }
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
                 // Four rows side by side, a quarter of the chunk apart: adjacent rows side

@@ -10,8 +10,8 @@
 //! | Q5_0   | Q8_0       | yes          | yes            | yes  | core   |
 //! | Q4_0   | Q8_0       | yes (1-15 rows, gemm; tiles: AVX-512) | yes | yes | core |
 //! | MXFP4  | Q8_0       | yes          | yes            | yes  | core (llama.cpp's order) |
-//! | IQ4_NL | Q8_0       | (AVX2)       | (AVX2)         | yes  | core   |
-//! | IQ4_XS, Q3_K, Q2_K | Q8_K | (AVX2) | (AVX2)         | yes  | core   |
+//! | IQ4_NL | Q8_0       | matvec (tiles: AVX2) | (AVX2)  | yes  | core   |
+//! | IQ4_XS, Q3_K, Q2_K | Q8_K | matvec (tiles: AVX2) | (AVX2) | yes | core |
 //! | F32/F16/BF16 | f32  | (AVX2)       | (AVX2)         | FMA  | loop   |
 //! | others | vec_dot_type | core       | core           | core | core   |
 //!
@@ -34,8 +34,10 @@
 //!   `q0_gemm`), `x16.rs` (Q8_0 and Q5_0 repacked).
 //! - `mxfp4/`: MXFP4 · Q8_0 (gpt-oss's experts), every level and the scalar fallback.
 //! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
-//!   (the low-bit mixes' expert types): `avx2.rs` each, in the scalar reference's order
-//!   bit for bit (`order_check.rs`: their test helpers).
+//!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile
+//!   of activation rows, every level) and `vnni.rs` (a decode's matvec, four weight rows
+//!   against one activation row), all in the scalar reference's order bit for bit
+//!   (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `attention/`: paged attention with AVX-512 and AVX2, bit for bit the scalar path

@@ -1,5 +1,9 @@
-//! IQ4_NL weights · Q8_0 activations (`avx2.rs`; the scalar fallback is
-//! `flint_core::dot::vec_dot`, whose order every level here keeps).
+//! IQ4_NL weights · Q8_0 activations (`avx2.rs`: one weight row against several
+//! activation rows, every SIMD level; `vnni.rs`: four weight rows against one activation
+//! row, a decode's matvec; the scalar fallback is `flint_core::dot::vec_dot`, whose
+//! order every level here keeps).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vnni;

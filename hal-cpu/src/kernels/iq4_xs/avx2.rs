@@ -23,7 +23,7 @@ use crate::kernels::x86::avx2::{
 /// The eight 6-bit sub-block scales of a block, less 32, as f32 (exact).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn sub_scales(b: &BlockIQ4XS) -> __m256 {
+pub(crate) fn sub_scales(b: &BlockIQ4XS) -> __m256 {
     // Sub-block ib: bits 4ib..4ib+4 of the four `scales_l` bytes (little-endian), above
     // them bits 2ib..2ib+2 of `scales_h`.
     let low = _mm256_and_si256(

@@ -1,0 +1,466 @@
+//! Q3_K weights · Q8_K activations on AVX-512 VNNI: four weight rows against one
+//! activation row (the decode matvec), each activation block rearranged once for the
+//! four rows. The caller must have checked AVX-512 F/BW/VL/VNNI (and AVX2/FMA/F16C) at
+//! device open, and passes rows far apart
+//! ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why), each row's stream continued
+//! by the same slot of its next call: each row is prefetched a few blocks ahead, into the
+//! next row past its end ([`PREFETCH_AHEAD`]).
+//!
+//! Order: that of the scalar reference (`flint_core::dot::vec_dot`, ggml's generic
+//! `ggml_vec_dot_q3_K_q8_K`), bit for bit, as `avx2.rs`. Per row eight `f32` lane sums
+//! run across the blocks, lane `l` taking the elements `e` with `e mod 8 == l`: per
+//! 256-element block the exact integer `A_l = sum_{e mod 8 == l} sc_{e/16} * q_e * a_e`
+//! (`q_e` in -4..=3, the 6-bit scales less 32), then `lane_l = lane_l + d * A_l` with
+//! `d = f16(d_w) * d_a` (a product and an add, no `fma`); at the end
+//! `((0 + lane_0) + lane_1) + ... + lane_7`.
+//!
+//! The integers: a 512-bit register holds run `s` of 32 elements (`32s..32s + 32`, groups
+//! `2s` and `2s + 1`) in its low half and run `s + 4` in its high half, so that one shift
+//! by `2s` of the 64 packed low-bit bytes decodes the low bits of both runs, and one
+//! rotation of the hmask bytes (in both halves) their high bits (hmask bits `s` and
+//! `s + 4`). Each half is transposed as `avx2.rs`'s `lanes_of_8` (a dword permutation,
+//! then [`transpose`]: i32 lane `l` holds elements `l, l + 8` of the first group and
+//! `l, l + 8` of the second); the packed bytes are transposed before decoding (decoding
+//! is bytewise), the activations once per block for the four rows. The biased quants
+//! `u = q + 4 = low | hbit << 2` (0..=7, unsigned) go through `vpmaddubsw`, less the
+//! activation pairs times 4 (`vpmaddubsw` of 4, once per block): the exact signed pair
+//! sums; `vpdpwssds` weights them by their groups' scales and adds them into the row's
+//! i32 lanes (the saturating form, which never saturates here: `|A_l| < 2^20`).
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ3K, BlockQ8K};
+
+use crate::kernels::x86::avx512::load64;
+
+/// Blocks ahead of the current one that each row's stream is prefetched (12 x 110 bytes),
+/// past the row's end too: the caller's next call continues each stream with the next
+/// row, and a prefetch that stopped at the end left the first blocks of every row to the
+/// hardware prefetcher (about 10% slower on the 2-core Xeon this was tuned on).
+const PREFETCH_AHEAD: usize = 12;
+
+/// Hints the two cache lines from the start of block `i + PREFETCH_AHEAD` of `row`,
+/// wherever that is: a row advances 110 bytes a block, so two lines a block cover the
+/// stream.
+#[inline(always)]
+fn prefetch_ahead(row: &[BlockQ3K], i: usize) {
+    let p = row.as_ptr().wrapping_add(i + PREFETCH_AHEAD).cast::<i8>();
+    // SAFETY: a prefetch never faults and reads nothing architecturally, whatever the
+    // address (`wrapping_add`: no out-of-bounds pointer arithmetic either).
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(p);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+    }
+}
+
+/// `vpermd` indices of [`transpose`]'s first step: in each 256-bit half, dwords 0, 2, 4,
+/// 6 to the low 128-bit lane and 1, 3, 5, 7 to the high one (the packed low bits: runs
+/// 0..4 in `qs[..32]`, 4..8 in `qs[32..]`).
+const HALVES: [i32; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+
+/// The same from one 256-bit source into both halves (the hmask bytes, shared by the two
+/// runs of a register).
+const BOTH: [i32; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 0, 2, 4, 6, 1, 3, 5, 7];
+
+/// The same from two 256-bit sources, the first into the low half and the second (`+16`:
+/// `vpermt2d`'s second table) into the high one (the activation runs `s` and `s + 4`).
+const PAIR: [i32; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 16, 18, 20, 22, 17, 19, 21, 23];
+
+/// `vpshufb` indices of [`transpose`]'s second step: a 4 x 4 byte transposition in each
+/// 128-bit lane.
+const T4: [i8; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+
+/// `vpermw` indices picking the f16 `d` (word 7 of each row's 128-bit lane of the
+/// headers, see [`heads`]) of rows 0, 1, 2, 3, eight times each.
+const D_IDX: [i16; 32] = [
+    7, 7, 7, 7, 7, 7, 7, 7, 15, 15, 15, 15, 15, 15, 15, 15, 23, 23, 23, 23, 23, 23, 23, 23, 31, 31,
+    31, 31, 31, 31, 31, 31,
+];
+
+/// Loads 16 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn idx16(v: &[i32; 16]) -> __m512i {
+    // SAFETY: 16 readable i32; loadu is unaligned.
+    unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+}
+
+/// Loads 32 bytes into the low half of a register (the high half undefined).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn low256(p: &[u8]) -> __m512i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
+    _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) })
+}
+
+/// `v` (dwords already in [`transpose`]'s first-step order) with the bytes of each
+/// 128-bit lane transposed 4 x 4: in each 256-bit half, i32 lane `l` then holds the half's
+/// bytes `l, l + 8, l + 16, l + 24`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn transpose(v: __m512i, t4: __m512i) -> __m512i {
+    _mm512_shuffle_epi8(v, t4)
+}
+
+/// Bytes 94..110 of a block: `qs[62..64]`, the 12 scale bytes, `d`.
+#[inline]
+fn tail16(b: &BlockQ3K) -> __m128i {
+    let bytes = &bytemuck::bytes_of(b)[94..110];
+    // SAFETY: 16 readable bytes (the slice above); loadu is unaligned.
+    unsafe { _mm_loadu_si128(bytes.as_ptr() as *const __m128i) }
+}
+
+/// The headers of block `i` of the four rows (128-bit lane `r`: row `r`'s [`tail16`]).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn heads(x: &[&[BlockQ3K]; 4], i: usize) -> __m512i {
+    let z = _mm512_castsi128_si512(tail16(&x[0][i]));
+    let z = _mm512_inserti32x4::<1>(z, tail16(&x[1][i]));
+    let z = _mm512_inserti32x4::<2>(z, tail16(&x[2][i]));
+    _mm512_inserti32x4::<3>(z, tail16(&x[3][i]))
+}
+
+/// The sixteen 6-bit scales less 32 of each row of [`heads`] `z`, as bytes (128-bit lane
+/// `r`: row `r`'s scales 0..16; ggml's unpacking: scale `4g + j` takes the low (g = 0, 1)
+/// or high (g = 2, 3) nibble of byte `j` (g even) or `4 + j` (g odd), and bits `2g, 2g + 1`
+/// of byte `8 + j` above it).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn scales(z: __m512i, k: &Consts) -> __m512i {
+    let (ls, hs) = (k.low_src, k.high_src);
+    // Low nibbles in bytes 0..8, high nibbles in bytes 8..16 of each lane.
+    let nib = _mm512_and_si512(
+        _mm512_srlv_epi64(
+            _mm512_shuffle_epi8(z, ls),
+            _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4),
+        ),
+        _mm512_set1_epi8(0x0F),
+    );
+    // Dword g, byte j: bits 2g, 2g + 1 of scale byte 8 + j, moved to bits 4, 5.
+    let top = _mm512_slli_epi32::<4>(_mm512_srlv_epi32(
+        _mm512_shuffle_epi8(z, hs),
+        _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6),
+    ));
+    // nib | (top & 0x30), less 32.
+    let raw = _mm512_ternarylogic_epi32::<0xF8>(nib, top, _mm512_set1_epi8(0x30));
+    _mm512_sub_epi8(raw, _mm512_set1_epi8(32))
+}
+
+/// Run pair `s` of an activation block (run `s` in the low half, run `s + 4` in the high
+/// half), transposed.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn act_pair(yb: &BlockQ8K, s: usize, pair: __m512i, t4: __m512i) -> __m512i {
+    let lo: &[u8] = bytemuck::cast_slice(&yb.qs[32 * s..32 * s + 32]);
+    let hi: &[u8] = bytemuck::cast_slice(&yb.qs[128 + 32 * s..128 + 32 * s + 32]);
+    transpose(_mm512_permutex2var_epi32(low256(lo), pair, low256(hi)), t4)
+}
+
+/// A register with `lo` in every i32 lane of its low half and `hi` in its high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves_of(lo: i32, hi: i32) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi))
+}
+
+/// The constants of [`scales`] and [`row_block`].
+struct Consts {
+    /// `vpshufb` indices of each lane's scale bytes 0..8 twice (the header's scale byte
+    /// `k` is its byte `k + 2`).
+    low_src: __m512i,
+    /// Those of the scale bytes 8..12 in each dword.
+    high_src: __m512i,
+    halves: __m512i,
+    both: __m512i,
+    t4: __m512i,
+    m3: __m512i,
+    four: __m512i,
+    /// Per run pair `s`: `vprorvd` counts that bring hmask bit `s` (low half) and `s + 4`
+    /// (high half) of each byte to its bit 2.
+    rot: [__m512i; 4],
+    /// Per run pair `s`, even / odd row: `vpermd` indices of the row's scale pair
+    /// `(2s, 2s + 1)` in the low half and `(2s + 8, 2s + 9)` in the high half, from a
+    /// register holding the even row's 16 i16 scales in its low half and the odd row's in
+    /// its high half.
+    sc_idx: [[__m512i; 2]; 4],
+}
+
+/// One weight block's i32 lanes against the activation block (`ya`: [`act_pair`]s, `bias`:
+/// their `vpmaddubsw` of 4; `w`: the i16 scales of this row and its pair, `odd`: which
+/// half is this row's): in each half, lane `l` holds that half's part of `A_l`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn row_block(
+    b: &BlockQ3K,
+    k: &Consts,
+    ya: &[__m512i; 4],
+    bias: &[__m512i; 4],
+    w: __m512i,
+    odd: usize,
+) -> __m512i {
+    // Runs s (low half) and s + 4 (high half): low bits 2s of qs[l] and qs[32 + l], high
+    // bits s and s + 4 of hmask[l].
+    let q = transpose(_mm512_permutexvar_epi32(k.halves, load64(&b.qs)), k.t4);
+    let h = transpose(_mm512_permutexvar_epi32(k.both, low256(&b.hmask)), k.t4);
+    let low = [
+        q,
+        _mm512_srli_epi16::<2>(q),
+        _mm512_srli_epi16::<4>(q),
+        _mm512_srli_epi16::<6>(q),
+    ];
+    let mut acc = _mm512_setzero_si512();
+    for s in 0..4 {
+        // u = q + 4 = low | (hbit << 2): (low & 3) | (rotated hmask & 4).
+        let u = _mm512_ternarylogic_epi32::<0xF8>(
+            _mm512_and_si512(low[s], k.m3),
+            _mm512_rorv_epi32(h, k.rot[s]),
+            k.four,
+        );
+        let p = _mm512_sub_epi16(_mm512_maddubs_epi16(u, ya[s]), bias[s]);
+        let scs = _mm512_permutexvar_epi32(k.sc_idx[s][odd], w);
+        // Saturating form: LLVM splits a chain of plain `vpdpwssd` into `vpmaddwd` and
+        // `vpaddd` (two instructions), and no sum here comes near saturation.
+        acc = _mm512_dpwssds_epi32(acc, p, scs);
+    }
+    acc
+}
+
+/// Q3_K x Q8_K for four weight rows `x` against one activation row `y` (any i8 activation
+/// quants), each `out[r]` that of `flint_core::dot::vec_dot` for row `r` bit for bit.
+///
+/// # Panics
+/// If a weight row's length differs from the activation row's.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q3k_rows4: lengths");
+    }
+    let pair = idx16(&PAIR);
+    // SAFETY: 16 readable bytes / 32 readable i16; loadu is unaligned.
+    let (t4, d_idx) = unsafe {
+        (
+            _mm512_broadcast_i32x4(_mm_loadu_si128(T4.as_ptr() as *const __m128i)),
+            _mm512_loadu_si512(D_IDX.as_ptr() as *const __m512i),
+        )
+    };
+    let low_src: [i8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
+    let high_src: [i8; 16] = [
+        10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+    ];
+    // SAFETY: 16 readable bytes each; loadu is unaligned.
+    let (low_src, high_src) = unsafe {
+        (
+            _mm512_broadcast_i32x4(_mm_loadu_si128(low_src.as_ptr() as *const __m128i)),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(high_src.as_ptr() as *const __m128i)),
+        )
+    };
+    let k = Consts {
+        low_src,
+        high_src,
+        halves: idx16(&HALVES),
+        both: idx16(&BOTH),
+        t4,
+        m3: _mm512_set1_epi8(3),
+        four: _mm512_set1_epi8(4),
+        // Rotated right by c, bit 8j + 2 of a dword (bit 2 of byte j) takes its bit
+        // 8j + 2 + c (mod 32): c = s - 2 (mod 32) in the low half, s + 2 in the high half.
+        rot: [
+            halves_of(30, 2),
+            halves_of(31, 3),
+            halves_of(0, 4),
+            halves_of(1, 5),
+        ],
+        sc_idx: [
+            [halves_of(0, 4), halves_of(8, 12)],
+            [halves_of(1, 5), halves_of(9, 13)],
+            [halves_of(2, 6), halves_of(10, 14)],
+            [halves_of(3, 7), halves_of(11, 15)],
+        ],
+    };
+    // Opaque to the optimiser: with the indices known, LLVM lowers each scale `vpermd`
+    // (and a `vpshufb` of `scales`) to two shuffles.
+    let k = std::hint::black_box(k);
+    let four = k.four;
+    let mut lanes = [_mm512_setzero_ps(); 2];
+    for (i, yb) in y.iter().enumerate() {
+        for xs in &x {
+            prefetch_ahead(xs, i);
+        }
+        let ya = [
+            act_pair(yb, 0, pair, t4),
+            act_pair(yb, 1, pair, t4),
+            act_pair(yb, 2, pair, t4),
+            act_pair(yb, 3, pair, t4),
+        ];
+        // 4 (a_e + a_e') per i16 pair: what the bias of u = q + 4 adds.
+        let bias = [
+            _mm512_maddubs_epi16(four, ya[0]),
+            _mm512_maddubs_epi16(four, ya[1]),
+            _mm512_maddubs_epi16(four, ya[2]),
+            _mm512_maddubs_epi16(four, ya[3]),
+        ];
+        let z = heads(&x, i);
+        let sc = scales(z, &k);
+        // Rows (0, 1) and (2, 3): i16 scales, the even row's in the low half.
+        let w01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc));
+        let w23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(sc));
+        let a0 = row_block(&x[0][i], &k, &ya, &bias, w01, 0);
+        let a1 = row_block(&x[1][i], &k, &ya, &bias, w01, 1);
+        let a2 = row_block(&x[2][i], &k, &ya, &bias, w23, 0);
+        let a3 = row_block(&x[3][i], &k, &ya, &bias, w23, 1);
+        // Rows (0, 1) and (2, 3): a row's lane l = its two halves' dwords l added.
+        let ints = [
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0x44>(a0, a1),
+                _mm512_shuffle_i64x2::<0xEE>(a0, a1),
+            ),
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0x44>(a2, a3),
+                _mm512_shuffle_i64x2::<0xEE>(a2, a3),
+            ),
+        ];
+        // f16(d_w) * d_a of each row, eight times.
+        let dh = _mm512_permutexvar_epi16(d_idx, z);
+        let dy = _mm512_set1_ps(yb.d);
+        let d = [
+            _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dh)), dy),
+            _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(dh)), dy),
+        ];
+        for k in 0..2 {
+            lanes[k] = _mm512_add_ps(lanes[k], _mm512_mul_ps(d[k], _mm512_cvtepi32_ps(ints[k])));
+        }
+    }
+    let mut f = [0f32; 32];
+    // SAFETY: `f` is 32 writable f32; storeu is unaligned.
+    unsafe {
+        _mm512_storeu_ps(f.as_mut_ptr(), lanes[0]);
+        _mm512_storeu_ps(f.as_mut_ptr().add(16), lanes[1]);
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = f[8 * r..8 * r + 8].iter().fold(0.0f32, |s, &v| s + v);
+    }
+}
+
+/// One Q3_K row · one Q8_K row in the same order (`avx2::dot_q3k`): the rows of a chunk
+/// left over beside [`dot_q3k_rows4`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
+    super::avx2::dot_q3k::<1>(x[0], &[y], out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
+    use crate::kernels::x16_check::lcg;
+    use bytemuck::Zeroable;
+    use flint_core::GgmlType;
+
+    fn has_vnni() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ3K> {
+        (0..nb)
+            .map(|_| BlockQ3K {
+                hmask: std::array::from_fn(|_| lcg(s) as u8),
+                qs: std::array::from_fn(|_| lcg(s) as u8),
+                scales: std::array::from_fn(|_| lcg(s) as u8),
+                d: f16_scale(s),
+            })
+            .collect()
+    }
+
+    /// `dot_q3k_rows4` of the rows `w` against `y`, each output's bits equal to the
+    /// reference's.
+    fn check(w: &[Vec<BlockQ3K>; 4], y: &[BlockQ8K], what: &str) {
+        let nb = y.len();
+        let mut out = [0f32; 4];
+        // SAFETY: the caller checked AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+        unsafe { dot_q3k_rows4([&w[0], &w[1], &w[2], &w[3]], y, &mut out) };
+        for (r, g) in out.iter().enumerate() {
+            let want = flint_core::dot::vec_dot(
+                GgmlType::Q3_K,
+                bytemuck::cast_slice(&w[r]),
+                bytemuck::cast_slice(y),
+                nb * 256,
+            )
+            .expect("reference");
+            assert!(
+                g.to_bits() == want.to_bits(),
+                "{what} nb={nb} row {r}: {g:e} vs reference {want:e}"
+            );
+        }
+    }
+
+    /// Random rows and activations: every output equals the scalar reference bit for bit.
+    #[test]
+    fn rows4_equal_the_scalar_reference_bit_for_bit() {
+        if !has_vnni() {
+            eprintln!("no AVX-512 VNNI: Q3_K rows4 kernel not exercised");
+            return;
+        }
+        let mut s = seed("q3_k rows4");
+        for nb in [1, 2, 3, 5, 11, 16] {
+            for _ in 0..8 {
+                let w: [Vec<BlockQ3K>; 4] = std::array::from_fn(|_| weights(nb, &mut s));
+                let y = q8k_acts(nb, &mut s);
+                check(&w, &y, "random");
+            }
+        }
+    }
+
+    /// Quants all -4 or all +3, scales all -32 or all +31, activations all 127, all -127
+    /// or all -128 (the largest integer sums of either sign), mixed across the rows and
+    /// blocks.
+    #[test]
+    fn rows4_extremes_equal_the_scalar_reference() {
+        if !has_vnni() {
+            eprintln!("no AVX-512 VNNI: Q3_K rows4 kernel not exercised");
+            return;
+        }
+        // (qs, hmask): q = -4 (low bits 0, high bit clear) or +3 (3, set).
+        let quants = [(0x00u8, 0x00u8), (0xFF, 0xFF)];
+        // Scale bytes: all 6-bit scales 0 (-32) or 63 (+31).
+        let scale_bytes = [0x00u8, 0xFF];
+        // f16: 1.0, -65504 (the largest), 2^-14 (the smallest normal), -0.5.
+        let ds = [0x3C00u16, 0xFBFF, 0x0400, 0xB800];
+        let block = |c: usize, d: u16| {
+            let (qs, hm) = quants[c % 2];
+            BlockQ3K {
+                hmask: [hm; 32],
+                qs: [qs; 64],
+                scales: [scale_bytes[(c / 2) % 2]; 12],
+                d,
+            }
+        };
+        for nb in [1, 2, 3, 5] {
+            for combo in 0..24 {
+                let w: [Vec<BlockQ3K>; 4] = std::array::from_fn(|r| {
+                    (0..nb)
+                        .map(|i| block(combo + r + i, ds[(combo + 3 * r + i) % 4]))
+                        .collect()
+                });
+                let y: Vec<BlockQ8K> = (0..nb)
+                    .map(|i| {
+                        let mut b = BlockQ8K::zeroed();
+                        let a: i8 = [127, -127, -128][(combo / 4 + i) % 3];
+                        b.qs = [a; 256];
+                        b.bsums = [16 * a as i16; 16];
+                        b.d = if combo % 3 == 0 { 0.0123 } else { -3.5e-3 };
+                        b
+                    })
+                    .collect();
+                check(&w, &y, "extremes");
+            }
+        }
+    }
+}
