@@ -1232,9 +1232,9 @@ pub(crate) fn rows_small_batch(
             // four blocks: the dispatch cost as much as the row).
             let nbk = k / 256;
             macro_rules! rows_tiled {
-                ($($f:ident)::+, $B:ty) => {{
-                    let wb = view::<$B>(w);
-                    for (x, o) in wb.chunks_exact(nbk).zip(out_t.chunks_exact_mut(m)) {
+                ($($f:ident)::+, $B:ty, $w:expr, $out:expr) => {{
+                    let wb = view::<$B>($w);
+                    for (x, o) in wb.chunks_exact(nbk).zip($out.chunks_exact_mut(m)) {
                         let mut a0 = 0;
                         while a0 < m {
                             let len = (m - a0).min(TILE);
@@ -1247,9 +1247,47 @@ pub(crate) fn rows_small_batch(
                     }
                 }};
             }
+            let a = &a[..m * nbk];
             match ty {
-                GgmlType::Q4_K => rows_tiled!(q4_k::vnni::dot_q4k_gemm, BlockQ4K),
-                GgmlType::Q6_K => rows_tiled!(q6_k::vnni::dot_q6k_tiled, BlockQ6K),
+                GgmlType::Q4_K => {
+                    // Four weight rows a quarter of the chunk apart against up to four
+                    // activation rows at a time (each weight block decoded once for
+                    // them all), the last `n % 4` rows one by one: the same order.
+                    let wb = view::<BlockQ4K>(w);
+                    let done = rows4_tiles(
+                        &wb,
+                        nbk,
+                        a,
+                        m,
+                        out_t,
+                        (
+                            q4_k::vnni::dot_q4k_rows4_m::<1>,
+                            q4_k::vnni::dot_q4k_rows4_m::<2>,
+                            q4_k::vnni::dot_q4k_rows4_m::<3>,
+                            q4_k::vnni::dot_q4k_rows4_m::<4>,
+                        ),
+                    );
+                    let rest = &w[done * nbk * size_of::<BlockQ4K>()..];
+                    rows_tiled!(q4_k::vnni::dot_q4k_gemm, BlockQ4K, rest, out_t[done * m..])
+                }
+                GgmlType::Q6_K => {
+                    let wb = view::<BlockQ6K>(w);
+                    let done = rows4_tiles(
+                        &wb,
+                        nbk,
+                        a,
+                        m,
+                        out_t,
+                        (
+                            q6_k::vnni::dot_q6k_rows4_m::<1>,
+                            q6_k::vnni::dot_q6k_rows4_m::<2>,
+                            q6_k::vnni::dot_q6k_rows4_m::<3>,
+                            q6_k::vnni::dot_q6k_rows4_m::<4>,
+                        ),
+                    );
+                    let rest = &w[done * nbk * size_of::<BlockQ6K>()..];
+                    rows_tiled!(q6_k::vnni::dot_q6k_tiled, BlockQ6K, rest, out_t[done * m..])
+                }
                 _ => return false,
             }
             return true;
@@ -1257,6 +1295,72 @@ pub(crate) fn rows_small_batch(
     }
     let _ = (level, ty, w, acts, k, m, out_t);
     false
+}
+
+/// One of the four-weight-row kernels of `M` = 1..=4 activation rows
+/// (`dot_q4k_rows4_m`, `dot_q6k_rows4_m`), by `M - 1`.
+#[cfg(target_arch = "x86_64")]
+type Rows4M<B> = (
+    unsafe fn([&[B]; 4], [&[BlockQ8K]; 1], &mut [[f32; 4]; 1]),
+    unsafe fn([&[B]; 4], [&[BlockQ8K]; 2], &mut [[f32; 4]; 2]),
+    unsafe fn([&[B]; 4], [&[BlockQ8K]; 3], &mut [[f32; 4]; 3]),
+    unsafe fn([&[B]; 4], [&[BlockQ8K]; 4], &mut [[f32; 4]; 4]),
+);
+
+/// The first `4 * (n / 4)` weight rows of `w` (`n` rows of `nbk` blocks) against the `m`
+/// activation rows of `a` into `out_t` (weight-row major, `m` per row): rows `t`,
+/// `q + t`, `2q + t`, `3q + t` together (`q = n / 4`: far apart, as the decode kernels
+/// stream them), the activation rows four at a time. Returns the rows done.
+#[cfg(target_arch = "x86_64")]
+fn rows4_tiles<B>(
+    w: &[B],
+    nbk: usize,
+    a: &[BlockQ8K],
+    m: usize,
+    out_t: &mut [f32],
+    f: Rows4M<B>,
+) -> usize {
+    let q = w.len() / nbk / 4;
+    let row = |r: usize| &w[r * nbk..(r + 1) * nbk];
+    let act = |i: usize| &a[i * nbk..(i + 1) * nbk];
+    for t in 0..q {
+        let rows = [t, q + t, 2 * q + t, 3 * q + t];
+        let x = rows.map(row);
+        let mut a0 = 0;
+        while a0 < m {
+            let len = (m - a0).min(4);
+            let mut o = [[0f32; 4]; 4];
+            // SAFETY (each call): the VNNI level was checked against the CPU at device
+            // open.
+            unsafe {
+                match len {
+                    1 => {
+                        let mut r = [[0f32; 4]; 1];
+                        (f.0)(x, [act(a0)], &mut r);
+                        o[0] = r[0];
+                    }
+                    2 => {
+                        let mut r = [[0f32; 4]; 2];
+                        (f.1)(x, [act(a0), act(a0 + 1)], &mut r);
+                        o[..2].copy_from_slice(&r);
+                    }
+                    3 => {
+                        let mut r = [[0f32; 4]; 3];
+                        (f.2)(x, [act(a0), act(a0 + 1), act(a0 + 2)], &mut r);
+                        o[..3].copy_from_slice(&r);
+                    }
+                    _ => (f.3)(x, [act(a0), act(a0 + 1), act(a0 + 2), act(a0 + 3)], &mut o),
+                }
+            }
+            for (j, oj) in o[..len].iter().enumerate() {
+                for (s, &r) in rows.iter().enumerate() {
+                    out_t[r * m + a0 + j] = oj[s];
+                }
+            }
+            a0 += len;
+        }
+    }
+    4 * q
 }
 
 /// [`rows_small_batch`] for a legacy 32-quant type: activation rows four at a time; with

@@ -416,3 +416,390 @@ fn dot_q4k_rows4_llama<const GEMM: bool>(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], ou
     unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc, accm)) };
     *out = o;
 }
+
+/// `vpermw` indices per pair `j` of sub-blocks for [`dot_q4k_rows4_m`]: from the four
+/// rows' scales as i16 (lane `8r + t`: row `r`'s scale `t`) to the layout of the
+/// second level of its tree (lane `8k + 2r + e`: row `r`'s scale of sub-block
+/// `2j + k / 2`, the sub-block of 128-bit lane `k` of the pair's register).
+const Q4K_ROWS4M_SCALES: [[i16; 32]; 4] = {
+    let mut idx = [[0i16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 32 {
+            let (k, r) = (l / 8, (l % 8) / 2);
+            idx[j][l] = (8 * r + 2 * j + k / 2) as i16;
+            l += 1;
+        }
+        j += 1;
+    }
+    idx
+};
+
+/// `vpermd` indices per pair `j` for [`dot_q4k_rows4_m`] with two or more activation
+/// rows: from the four rows' mins as i16 (dword `4r + j`: row `r`'s `(m_2j, m_2j+1)`)
+/// to lane `4a + r`.
+const Q4K_ROWS4M_MINS: [[i32; 16]; 4] = {
+    let mut idx = [[0i32; 16]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 16 {
+            idx[j][l] = (4 * (l % 4) + j) as i32;
+            l += 1;
+        }
+        j += 1;
+    }
+    idx
+};
+
+/// `vpermd` indices per pair `j` for [`dot_q4k_rows4_m`] with two or more activation
+/// rows: from the activations' sub-block sums as i16 (the `vpackssdw` of two registers
+/// of rows `(0, 1)` and `(2, 3)`, each row's eight sums over two 128-bit lanes) to
+/// lane `4a + r`: activation row `a`'s `(bs_2j, bs_2j+1)`.
+const Q4K_ROWS4M_BSUMS: [[i32; 16]; 4] = {
+    let mut idx = [[0i32; 16]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 16 {
+            let a = l / 4;
+            let k = 2 * (a % 2) + j / 2;
+            idx[j][l] = (4 * k + 2 * (a / 2) + j % 2) as i32;
+            l += 1;
+        }
+        j += 1;
+    }
+    idx
+};
+
+/// The same for one activation row, to lane `4j + r` (mins: row `r`'s `(m_2j, m_2j+1)`;
+/// sums: `(bs_2j, bs_2j+1)` from the 256-bit `vpackssdw` of the row's eight sums with
+/// themselves).
+const Q4K_ROWS4M_MINS1: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+const Q4K_ROWS4M_BSUMS1: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5];
+
+/// Loads 64 bytes of `vpermd` / `vpermw` indices.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_idx<T: bytemuck::Pod>(t: &T) -> __m512i {
+    load64(std::slice::from_ref(t))
+}
+
+/// Per 128-bit lane `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` (i32), with the i16 pack
+/// and multiply-add: exact while every lane of `a` and `b` fits in i16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn fold_pack(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_madd_epi16(_mm512_packs_epi32(a, b), _mm512_set1_epi16(1))
+}
+
+/// [`fold_pack`] with two shuffles and an add (the same lanes; no range limit): the
+/// first level of [`dot_q4k_rows4_m`]'s tree takes both forms, to spread its
+/// instructions over the shuffle and multiply ports.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_shuf(a: __m512i, b: __m512i) -> __m512i {
+    let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+    _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(a, b)),
+        _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(a, b)),
+    )
+}
+
+/// 128-bit lanes `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` (i32 adds, lane by lane).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_lanes(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0x88>(a, b),
+        _mm512_shuffle_i32x4::<0xDD>(a, b),
+    )
+}
+
+/// [`dot_q4k_rows4`] for `M` (1 to 4) activation rows at once: `out[a][r]` is bit for
+/// bit `dot_q4k_rows4(x, y[a])[r]` (llama.cpp's repacked gemm order; per pair `j` in
+/// turn `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`).
+///
+/// What depends on the weights alone is formed once per block for all activation rows:
+/// the nibbles (pair `j` of a row: sub-block `2j` in the low half of a register, `2j + 1`
+/// in the high half, as the activation's own 64 bytes hold them, so that the activation
+/// is used as loaded), the headers, and the scales and mins in the layouts the tree
+/// and the chains meet them in. Per activation row and pair: one `vpdpbusd` per weight
+/// row (nibbles times quants, no scale), then a tree. Its first level sums adjacent
+/// lanes, half the registers with `vpackssdw` + `vpmaddwd` and half with two shuffles
+/// and an add (the multiply and shuffle ports share the work); its second level packs
+/// the sums to i16 (they fit: at most 8 products of 15·128) and sums adjacent lanes with
+/// `vpmaddwd` whose multipliers are the scales, so that the scales cost no instruction
+/// of their own. The last two levels sum the 128-bit lanes, and with two or more
+/// activation rows they do it across the rows, which leaves pair `j`'s integers of all
+/// rows in one register, lane `4a + r`: the chains then run 16 lanes wide, one `fma`
+/// per pair and block for all outputs. The mins terms take one `vpmaddwd` per pair
+/// (the activations' sub-block sums against the mins). Like [`dot_q4k_rows4`], no
+/// prefetch: the caller passes rows far apart.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows4_m<const M: usize>(
+    x: [&[BlockQ4K]; 4],
+    y: [&[BlockQ8K]; M],
+    out: &mut [[f32; 4]; M],
+) {
+    assert!(
+        (1..=4).contains(&M),
+        "dot_q4k_rows4_m: 1 to 4 activation rows"
+    );
+    let nb = x[0].len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q4k_rows4_m: lengths");
+    }
+    for ys in &y {
+        assert_eq!(ys.len(), nb, "dot_q4k_rows4_m: lengths");
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shift = nibble_shift();
+    let ones = _mm512_set1_epi16(1);
+    let sidx: [__m512i; 4] = std::array::from_fn(|j| load_idx(&Q4K_ROWS4M_SCALES[j]));
+    let midx: [__m512i; 4] = std::array::from_fn(|j| load_idx(&Q4K_ROWS4M_MINS[j]));
+    let bidx: [__m512i; 4] = std::array::from_fn(|j| load_idx(&Q4K_ROWS4M_BSUMS[j]));
+    let (midx1, bidx1) = (load_idx(&Q4K_ROWS4M_MINS1), load_idx(&Q4K_ROWS4M_BSUMS1));
+    // Lane 4a + r of the wide chains (M >= 2); lane r of the narrow ones (M = 1).
+    let (mut acc, mut accm) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (mut acc1, mut accm1) = (_mm_setzero_ps(), _mm_setzero_ps());
+    for i in 0..nb {
+        let b: [&BlockQ4K; 4] = std::array::from_fn(|r| &x[r][i]);
+        let yb: [&BlockQ8K; M] = std::array::from_fn(|a| &y[a][i]);
+        let h: [(__m128i, __m128); 4] = std::array::from_fn(|r| k4_header(head16(b[r])));
+        // The four rows' scales (`lo`) or mins as i16, lane 8r + t.
+        let six = |lo: bool| {
+            let (p, q) = if lo {
+                (
+                    _mm_unpacklo_epi64(h[0].0, h[1].0),
+                    _mm_unpacklo_epi64(h[2].0, h[3].0),
+                )
+            } else {
+                (
+                    _mm_unpackhi_epi64(h[0].0, h[1].0),
+                    _mm_unpackhi_epi64(h[2].0, h[3].0),
+                )
+            };
+            _mm512_cvtepu8_epi16(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(p), q))
+        };
+        let (sc16, mn16) = (six(true), six(false));
+        // [d_r] and [dmin_r].
+        let t01 = _mm_unpacklo_ps(h[0].1, h[1].1);
+        let t23 = _mm_unpacklo_ps(h[2].1, h[3].1);
+        let (d4, dm4) = (_mm_movelh_ps(t01, t23), _mm_movehl_ps(t23, t01));
+        let wide = M >= 2;
+        // Per activation row the sub-block sums bs_t = bsum_2t + bsum_2t+1 as i16.
+        let bs = if wide {
+            let z = |a0: usize, a1: usize| {
+                let v = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(load_bsums(yb[a0.min(M - 1)])),
+                    load_bsums(yb[a1.min(M - 1)]),
+                );
+                _mm512_madd_epi16(v, ones)
+            };
+            _mm512_packs_epi32(z(0, 1), z(2, 3))
+        } else {
+            let m = _mm256_madd_epi16(load_bsums(yb[0]), _mm256_set1_epi16(1));
+            _mm512_castsi256_si512(_mm256_packs_epi32(m, m))
+        };
+        let mut wj = [_mm512_setzero_si512(); 4];
+        let (dd, dm) = if wide {
+            let s = |a: usize| _mm512_set1_ps(yb[a.min(M - 1)].d);
+            let da = _mm512_mask_blend_ps(
+                0xFF00,
+                _mm512_mask_blend_ps(0x00F0, s(0), s(1)),
+                _mm512_mask_blend_ps(0xF000, s(2), s(3)),
+            );
+            (
+                _mm512_mul_ps(_mm512_broadcast_f32x4(d4), da),
+                _mm512_mul_ps(_mm512_broadcast_f32x4(dm4), da),
+            )
+        } else {
+            (_mm512_setzero_ps(), _mm512_setzero_ps())
+        };
+        for j in 0..4 {
+            let q: [__m512i; 4] = std::array::from_fn(|r| {
+                _mm512_and_si512(_mm512_srlv_epi16(bcast32(&b[r].qs[32 * j..]), shift), m4)
+            });
+            let s = _mm512_permutexvar_epi16(sidx[j], sc16);
+            // Per activation row, 128-bit lane k: [row r's sum of lane k of its
+            // products, times the scale of sub-block 2j + k / 2].
+            let w: [__m512i; M] = std::array::from_fn(|a| {
+                let ya = load64(&yb[a].qs[64 * j..]);
+                let z = _mm512_setzero_si512();
+                let d: [__m512i; 4] = std::array::from_fn(|r| _mm512_dpbusd_epi32(z, q[r], ya));
+                let (l01, l23) = (fold_pack(d[0], d[1]), fold_shuf(d[2], d[3]));
+                _mm512_madd_epi16(_mm512_packs_epi32(l01, l23), s)
+            });
+            if !wide {
+                wj[j] = w[0];
+                continue;
+            }
+            // 128-bit lane a: activation row a's I_j of the four weight rows.
+            let x01 = fold_lanes(w[0], w[1.min(M - 1)]);
+            let ij = if M == 2 {
+                fold_lanes(x01, x01)
+            } else {
+                fold_lanes(x01, fold_lanes(w[2.min(M - 1)], w[M - 1]))
+            };
+            let mj = _mm512_madd_epi16(
+                _mm512_permutexvar_epi32(bidx[j], bs),
+                _mm512_permutexvar_epi32(midx[j], mn16),
+            );
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ij), dd, acc);
+            accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mj), dm, accm);
+        }
+        if wide {
+            continue;
+        }
+        // One activation row: lane 4j + r holds row r's I_j (M_j).
+        let isum = fold_lanes(fold_lanes(wj[0], wj[1]), fold_lanes(wj[2], wj[3]));
+        let msum = _mm512_madd_epi16(
+            _mm512_permutexvar_epi32(bidx1, bs),
+            _mm512_permutexvar_epi32(midx1, mn16),
+        );
+        let dy = _mm_set1_ps(yb[0].d);
+        let (dd, dm) = (_mm_mul_ps(d4, dy), _mm_mul_ps(dm4, dy));
+        let (ifl, mfl) = (_mm512_cvtepi32_ps(isum), _mm512_cvtepi32_ps(msum));
+        acc1 = _mm_fmadd_ps(_mm512_castps512_ps128(ifl), dd, acc1);
+        accm1 = _mm_fmadd_ps(_mm512_castps512_ps128(mfl), dm, accm1);
+        acc1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(ifl), dd, acc1);
+        accm1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<1>(mfl), dm, accm1);
+        acc1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(ifl), dd, acc1);
+        accm1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<2>(mfl), dm, accm1);
+        acc1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(ifl), dd, acc1);
+        accm1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(mfl), dm, accm1);
+    }
+    let mut o = [0f32; 16];
+    if M >= 2 {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(acc, accm)) };
+    } else {
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc1, accm1)) };
+    }
+    for (a, row) in out.iter_mut().enumerate() {
+        row.copy_from_slice(&o[4 * a..4 * a + 4]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
+    use crate::kernels::x16_check::lcg;
+    use flint_core::dot::ggml_x86::{vec_dot_q4_k_q8_k_repack, Q4kPath};
+
+    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ4K> {
+        (0..nb)
+            .map(|_| BlockQ4K {
+                d: f16_scale(s),
+                dmin: f16_scale(s),
+                scales: std::array::from_fn(|_| lcg(s) as u8),
+                qs: std::array::from_fn(|_| lcg(s) as u8),
+            })
+            .collect()
+    }
+
+    fn vnni() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// `dot_q4k_rows4_m::<M>` against `dot_q4k_rows4`, `dot_q4k_gemm::<1>` and the scalar
+    /// statement, every output bit for bit.
+    fn check<const M: usize>(rows: &[Vec<BlockQ4K>; 4], ys: &[Vec<BlockQ8K>]) {
+        let x: [&[BlockQ4K]; 4] = std::array::from_fn(|r| &rows[r][..]);
+        let y: [&[BlockQ8K]; M] = std::array::from_fn(|a| &ys[a][..]);
+        let mut got = [[0f32; 4]; M];
+        // SAFETY: the caller checked the VNNI level's features.
+        unsafe { dot_q4k_rows4_m::<M>(x, y, &mut got) };
+        for (a, ya) in y.iter().enumerate() {
+            let mut four = [0f32; 4];
+            // SAFETY: as above.
+            unsafe { dot_q4k_rows4(x, ya, &mut four) };
+            for r in 0..4 {
+                let mut one = [0f32; 1];
+                // SAFETY: as above.
+                unsafe { dot_q4k_gemm::<1>(x[r], &[*ya], &mut one) };
+                let want = vec_dot_q4_k_q8_k_repack(x[r], ya, Q4kPath::Gemm);
+                let g = got[a][r];
+                let ctx = format!("M {M}, activation {a}, row {r}, {} blocks", ya.len());
+                assert_eq!(
+                    g.to_bits(),
+                    four[r].to_bits(),
+                    "{ctx}: {g:e} vs rows4 {:e}",
+                    four[r]
+                );
+                assert_eq!(
+                    g.to_bits(),
+                    one[0].to_bits(),
+                    "{ctx}: {g:e} vs gemm {:e}",
+                    one[0]
+                );
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{ctx}: {g:e} vs scalar {want:e}"
+                );
+            }
+        }
+    }
+
+    /// Four weight rows times 1 to 4 activation rows equal the one-row kernels and the
+    /// scalar statement of the repacked gemm order, bit for bit.
+    #[test]
+    fn rows4_m_equals_rows4_and_the_scalar_order_bit_for_bit() {
+        if !vnni() {
+            eprintln!("no AVX-512 VNNI: Q4_K rows4_m kernel not exercised");
+            return;
+        }
+        let mut s = seed("q4_k rows4_m");
+        for nb in [1, 2, 3, 8] {
+            for _ in 0..8 {
+                let rows = std::array::from_fn(|_| weights(nb, &mut s));
+                let ys: Vec<_> = (0..4).map(|_| q8k_acts(nb, &mut s)).collect();
+                check::<1>(&rows, &ys);
+                check::<2>(&rows, &ys);
+                check::<3>(&rows, &ys);
+                check::<4>(&rows, &ys);
+            }
+        }
+    }
+
+    /// The extremes of the partial sums the tree packs to i16: nibbles 15 against
+    /// activations -128 and 127, scales and mins 63.
+    #[test]
+    fn rows4_m_extremes_equal_rows4() {
+        if !vnni() {
+            eprintln!("no AVX-512 VNNI: Q4_K rows4_m kernel not exercised");
+            return;
+        }
+        let mut s = seed("q4_k rows4_m extremes");
+        for act in [127i8, -128, -127] {
+            let ys: Vec<_> = (0..4)
+                .map(|a| {
+                    let mut y = q8k_acts(3, &mut s);
+                    for b in &mut y {
+                        b.qs = [if a % 2 == 0 { act } else { -act.max(-127) }; 256];
+                        b.bsums = [16 * b.qs[0] as i16; 16];
+                    }
+                    y
+                })
+                .collect();
+            let rows = std::array::from_fn(|r| {
+                let mut w = weights(3, &mut s);
+                for b in &mut w {
+                    b.qs = [if r == 3 { 0 } else { 0xFF }; 128];
+                    b.scales = [if r == 2 { 0 } else { 0xFF }; 12];
+                }
+                w
+            });
+            check::<4>(&rows, &ys);
+            check::<3>(&rows, &ys);
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Q6_K weights · Q8_K activations on AVX-512 VNNI, in llama.cpp's tiled matmul's order
 //! for every row (`dot_q6k_tiled`; `q4_k/vnni.rs` says why), with its decode forms
-//! (`dot_q6k_rows`, `dot_q6k_rows4`). The caller must have checked AVX-512 F/BW/VNNI
+//! (`dot_q6k_rows`, `dot_q6k_rows4`, `dot_q6k_rows4_m`). The caller must have checked AVX-512 F/BW/VNNI
 //! (and AVX2/FMA/F16C) at device open.
 
 use std::arch::x86_64::*;
@@ -182,32 +182,182 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
     *out = acc;
 }
 
-/// [`dot_q6k_rows`] for four weight rows at once: each row's block integer as there, the
-/// four summed side by side ([`hsum4`]), and the rows' chains
+/// [`dot_q6k_rows`] for four weight rows at once: each row's block integer summed
+/// exactly, the four summed side by side ([`hsum4`]), and the rows' chains
 /// `acc = fma(S·d, d_a, acc)` in the lanes of one vector (the per-row arithmetic of
-/// `dot_q6k_tiled::<1>`, bit for bit). The caller passes rows far apart.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+/// `dot_q6k_tiled::<1>`, bit for bit); [`dot_q6k_rows4_m`] with one activation row,
+/// whose integer route is the faster one here too. The caller passes rows far apart.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
-    let nb = y.len();
+    let mut o = [[0f32; 4]; 1];
+    dot_q6k_rows4_m::<1>(x, [y], &mut o);
+    *out = o[0];
+}
+
+/// `vpermw` indices for the scales of [`dot_q6k_rows4_m`]'s packed products: pair `n`
+/// packs the 4-quant sums of groups `2n` and `2n + 1` (`vpackssdw`), so 128-bit lane `k`
+/// holds four words of sub-block `8n + k`, then four of sub-block `8n + 4 + k`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn q6k_pack_scale_idx() -> [__m512i; 2] {
+    let lane = |s: i16| _mm_set_epi16(s + 4, s + 4, s + 4, s + 4, s, s, s, s);
+    let pair = |n: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(lane(8 * n + 1), lane(8 * n))),
+            _mm256_set_m128i(lane(8 * n + 3), lane(8 * n + 2)),
+        )
+    };
+    [pair(0), pair(1)]
+}
+
+/// [`dot_q6k_rows4`] for `M` activation rows (1 to 4): `out[a][r]` is
+/// `dot_q6k_tiled::<1>` of weight row `r` with activation row `a`, bit for bit. Each
+/// weight block's quants, scales and scale permutes are decoded once for all `M` rows.
+/// Per activation row the block integer is summed exactly another way: `vpdpbusd` of
+/// the unsigned quants gives 4-quant sums (|sum| <= 4·63·128, an i16), two groups of
+/// them are packed to words and `vpdpwssd` applies the sub-block scales; the offset of
+/// the unsigned quants, `-32·Σ sc·bsum`, seeds the sum. The rows' integers are then
+/// reduced together ([`hsum4`]) and the chains `acc = fma(S·d, d_a, acc)` run in the
+/// lanes of one vector per activation row, as in [`dot_q6k_rows4`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_q6k_rows4_m<const M: usize>(
+    x: [&[BlockQ6K]; 4],
+    y: [&[BlockQ8K]; M],
+    out: &mut [[f32; 4]; M],
+) {
+    let nb = x[0].len();
     for xs in &x {
-        assert_eq!(xs.len(), nb, "dot_q6k_rows4: lengths");
+        assert_eq!(xs.len(), nb, "dot_q6k_rows4_m: lengths");
+    }
+    for ys in &y {
+        assert_eq!(ys.len(), nb, "dot_q6k_rows4_m: lengths");
     }
     let shift = nibble_shift();
-    let idx = q6k_scale_idx();
-    let mut acc = _mm_setzero_ps();
-    for (i, yb) in y.iter().enumerate() {
-        let bs = load_bsums(yb);
-        let mut t = [_mm512_setzero_si512(); 4];
-        for (s, ts) in t.iter_mut().enumerate() {
-            *ts = q6k_block_lanes(&x[s][i], yb, bs, shift, &idx);
+    let idx = q6k_pack_scale_idx();
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm_setzero_ps(); M];
+    for i in 0..nb {
+        // Per weight row, shared by every activation row: the quants of the four
+        // 64-quant groups, the scales of the two packed pairs, and -32·scales (for the
+        // offset; |32·sc| <= 4096 fits an i16).
+        let mut qv = [[zero; 4]; 4];
+        let mut sp = [[zero; 2]; 4];
+        let mut nsc = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            let b = &x[r][i];
+            let (sc16, sc) = q6k_scales(b);
+            nsc[r] = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
+            for n in 0..2 {
+                let h = bcast32(&b.qh[32 * n..]);
+                let ql = load64(&b.ql[64 * n..]);
+                for g in 0..2 {
+                    qv[r][2 * n + g] = q6k_quants(ql, h, g, shift);
+                }
+                sp[r][n] = _mm512_permutexvar_epi16(idx[n], sc);
+            }
         }
-        let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
-        let dh = |s: usize| x[s][i].d as i16;
+        let dh = |r: usize| x[r][i].d as i16;
         let d4 = _mm_cvtph_ps(_mm_setr_epi16(dh(0), dh(1), dh(2), dh(3), 0, 0, 0, 0));
-        acc = _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc);
+        for (a, ya) in y.iter().enumerate() {
+            let yb = &ya[i];
+            let bs = load_bsums(yb);
+            let yv: [__m512i; 4] = std::array::from_fn(|k| load64(&yb.qs[64 * k..]));
+            let t: [__m512i; 4] = std::array::from_fn(|r| {
+                let mut s = _mm512_zextsi256_si512(_mm256_madd_epi16(nsc[r], bs));
+                for n in 0..2 {
+                    let p0 = _mm512_dpbusd_epi32(zero, qv[r][2 * n], yv[2 * n]);
+                    let p1 = _mm512_dpbusd_epi32(zero, qv[r][2 * n + 1], yv[2 * n + 1]);
+                    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p0, p1), sp[r][n]);
+                }
+                s
+            });
+            let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
+            acc[a] = _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc[a]);
+        }
     }
-    let mut o = [0f32; 4];
-    // SAFETY: 4 writable f32; storeu is unaligned.
-    unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc) };
-    *out = o;
+    for (o, v) in out.iter_mut().zip(acc) {
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), v) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::order_check::{f16_scale, seed};
+    use crate::kernels::x16_check::{acts, lcg};
+    use bytemuck::Zeroable;
+
+    fn has_vnni() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// `nb` random Q6_K blocks (the extremes of the i8 scales included).
+    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ6K> {
+        (0..nb)
+            .map(|_| {
+                let mut b = BlockQ6K::zeroed();
+                b.ql.iter_mut().for_each(|v| *v = lcg(s) as u8);
+                b.qh.iter_mut().for_each(|v| *v = lcg(s) as u8);
+                b.scales.iter_mut().for_each(|v| *v = lcg(s) as u8 as i8);
+                b.d = f16_scale(s);
+                b
+            })
+            .collect()
+    }
+
+    /// `dot_q6k_rows4_m::<M>`: every output equals `dot_q6k_rows4` of its activation row
+    /// and `dot_q6k_tiled::<1>` of its weight and activation rows, bit for bit.
+    fn assert_rows4_m<const M: usize>(nb: usize, s: &mut u64) {
+        let w: [Vec<BlockQ6K>; 4] = std::array::from_fn(|_| weights(nb, s));
+        let ys: [Vec<BlockQ8K>; M] = std::array::from_fn(|_| acts(nb, lcg(s)));
+        let x: [&[BlockQ6K]; 4] = std::array::from_fn(|r| &w[r][..]);
+        let mut got = [[0f32; 4]; M];
+        // SAFETY: the caller checked the kernels' CPU features.
+        unsafe { dot_q6k_rows4_m::<M>(x, std::array::from_fn(|a| &ys[a][..]), &mut got) };
+        for (a, ya) in ys.iter().enumerate() {
+            let mut four = [0f32; 4];
+            // SAFETY: as above.
+            unsafe { dot_q6k_rows4(x, ya, &mut four) };
+            for r in 0..4 {
+                let mut one = [0f32; 1];
+                // SAFETY: as above.
+                unsafe { dot_q6k_tiled::<1>(x[r], &[ya], &mut one) };
+                let g = got[a][r];
+                for (what, want) in [("dot_q6k_rows4", four[r]), ("dot_q6k_tiled", one[0])] {
+                    assert!(
+                        g.to_bits() == want.to_bits(),
+                        "M={M} nb={nb} act {a} row {r}: {g:e} ({:#010x}) vs {what} {want:e} ({:#010x})",
+                        g.to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Random rows and activations (activation quants -128 and 127 included), 1 to 4
+    /// activation rows.
+    #[test]
+    fn rows4_m_equals_rows4_and_tiled_bit_for_bit() {
+        if !has_vnni() {
+            eprintln!("no AVX-512 VNNI: Q6_K rows4_m kernel not exercised");
+            return;
+        }
+        let mut s = seed("q6_k rows4_m");
+        for nb in [1, 2, 3, 8] {
+            for _ in 0..8 {
+                assert_rows4_m::<1>(nb, &mut s);
+                assert_rows4_m::<2>(nb, &mut s);
+                assert_rows4_m::<3>(nb, &mut s);
+                assert_rows4_m::<4>(nb, &mut s);
+            }
+        }
+    }
 }
