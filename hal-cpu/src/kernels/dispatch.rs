@@ -1248,46 +1248,39 @@ pub(crate) fn rows_small_batch(
                 }};
             }
             let a = &a[..m * nbk];
+            // Four weight rows a quarter of the chunk apart against up to four activation
+            // rows at a time (each weight block decoded once for them all), the last
+            // `n % 4` rows one by one: the same order.
+            macro_rules! small_batch {
+                ($B:ty, $($four:ident)::+, $($one:ident)::+) => {{
+                    let done = rows4_tiles(
+                        &view::<$B>(w),
+                        nbk,
+                        a,
+                        m,
+                        out_t,
+                        (
+                            $($four)::+::<1>,
+                            $($four)::+::<2>,
+                            $($four)::+::<3>,
+                            $($four)::+::<4>,
+                        ),
+                    );
+                    let rest = &w[done * nbk * size_of::<$B>()..];
+                    rows_tiled!($($one)::+, $B, rest, out_t[done * m..])
+                }};
+            }
             match ty {
-                GgmlType::Q4_K => {
-                    // Four weight rows a quarter of the chunk apart against up to four
-                    // activation rows at a time (each weight block decoded once for
-                    // them all), the last `n % 4` rows one by one: the same order.
-                    let wb = view::<BlockQ4K>(w);
-                    let done = rows4_tiles(
-                        &wb,
-                        nbk,
-                        a,
-                        m,
-                        out_t,
-                        (
-                            q4_k::vnni::dot_q4k_rows4_m::<1>,
-                            q4_k::vnni::dot_q4k_rows4_m::<2>,
-                            q4_k::vnni::dot_q4k_rows4_m::<3>,
-                            q4_k::vnni::dot_q4k_rows4_m::<4>,
-                        ),
-                    );
-                    let rest = &w[done * nbk * size_of::<BlockQ4K>()..];
-                    rows_tiled!(q4_k::vnni::dot_q4k_gemm, BlockQ4K, rest, out_t[done * m..])
-                }
-                GgmlType::Q6_K => {
-                    let wb = view::<BlockQ6K>(w);
-                    let done = rows4_tiles(
-                        &wb,
-                        nbk,
-                        a,
-                        m,
-                        out_t,
-                        (
-                            q6_k::vnni::dot_q6k_rows4_m::<1>,
-                            q6_k::vnni::dot_q6k_rows4_m::<2>,
-                            q6_k::vnni::dot_q6k_rows4_m::<3>,
-                            q6_k::vnni::dot_q6k_rows4_m::<4>,
-                        ),
-                    );
-                    let rest = &w[done * nbk * size_of::<BlockQ6K>()..];
-                    rows_tiled!(q6_k::vnni::dot_q6k_tiled, BlockQ6K, rest, out_t[done * m..])
-                }
+                GgmlType::Q4_K => small_batch!(
+                    BlockQ4K,
+                    q4_k::vnni::dot_q4k_rows4_m,
+                    q4_k::vnni::dot_q4k_gemm
+                ),
+                GgmlType::Q6_K => small_batch!(
+                    BlockQ6K,
+                    q6_k::vnni::dot_q6k_rows4_m,
+                    q6_k::vnni::dot_q6k_tiled
+                ),
                 _ => return false,
             }
             return true;

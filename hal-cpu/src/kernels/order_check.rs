@@ -7,7 +7,7 @@
 )]
 
 use bytemuck::Zeroable;
-use flint_core::blocks::{BlockQ8K, BlockQ8_0};
+use flint_core::blocks::{BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ8K, BlockQ8_0};
 
 use super::x16_check::lcg;
 
@@ -59,6 +59,65 @@ pub(crate) fn q8_0_acts(nb: usize, s: &mut u64) -> Vec<BlockQ8_0> {
         .map(|_| BlockQ8_0 {
             d: f16_scale(s),
             qs: std::array::from_fn(|_| quant(s)),
+        })
+        .collect()
+}
+
+/// Whether the CPU has what the AVX-512 VNNI kernels need (AVX-512 F/BW/VL/VNNI and
+/// AVX2/FMA/F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vnni_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// `nb` random IQ4_NL blocks (random bytes, normal f16 scales of either sign).
+pub(crate) fn iq4_nl_weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4NL> {
+    (0..nb)
+        .map(|_| BlockIQ4NL {
+            d: f16_scale(s),
+            qs: std::array::from_fn(|_| lcg(s) as u8),
+        })
+        .collect()
+}
+
+/// `nb` random IQ4_XS blocks (random bytes, normal f16 scales of either sign).
+pub(crate) fn iq4_xs_weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4XS> {
+    (0..nb)
+        .map(|_| BlockIQ4XS {
+            d: f16_scale(s),
+            scales_h: lcg(s) as u16,
+            scales_l: std::array::from_fn(|_| lcg(s) as u8),
+            qs: std::array::from_fn(|_| lcg(s) as u8),
+        })
+        .collect()
+}
+
+/// `nb` random Q3_K blocks (random bytes, normal f16 scales of either sign).
+pub(crate) fn q3_k_weights(nb: usize, s: &mut u64) -> Vec<BlockQ3K> {
+    (0..nb)
+        .map(|_| BlockQ3K {
+            hmask: std::array::from_fn(|_| lcg(s) as u8),
+            qs: std::array::from_fn(|_| lcg(s) as u8),
+            scales: std::array::from_fn(|_| lcg(s) as u8),
+            d: f16_scale(s),
+        })
+        .collect()
+}
+
+/// `nb` random Q2_K blocks (random bytes, normal f16 scales of either sign).
+pub(crate) fn q2_k_weights(nb: usize, s: &mut u64) -> Vec<BlockQ2K> {
+    (0..nb)
+        .map(|_| BlockQ2K {
+            scales: std::array::from_fn(|_| lcg(s) as u8),
+            qs: std::array::from_fn(|_| lcg(s) as u8),
+            d: f16_scale(s),
+            dmin: f16_scale(s),
         })
         .collect()
 }

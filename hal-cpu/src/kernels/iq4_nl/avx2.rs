@@ -69,18 +69,11 @@ pub(crate) fn dot_iq4nl<const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{assert_tiles_match_reference, f16_scale, q8_0_acts, seed};
-    use crate::kernels::x16_check::lcg;
-    use flint_core::GgmlType;
+    use crate::kernels::order_check::{
+        assert_tiles_match_reference, iq4_nl_weights, q8_0_acts, seed,
+    };
 
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4NL> {
-        (0..nb)
-            .map(|_| BlockIQ4NL {
-                d: f16_scale(s),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-            })
-            .collect()
-    }
+    use flint_core::GgmlType;
 
     /// Every tile size equals the scalar reference bit for bit, at lengths around the
     /// kernel's groups of eight blocks.
@@ -93,7 +86,7 @@ mod tests {
         let mut s = seed("iq4_nl");
         for nb in [1, 3, 7, 8, 9, 15, 17, 33] {
             for _ in 0..5 {
-                let w = weights(nb, &mut s);
+                let w = iq4_nl_weights(nb, &mut s);
                 let ys: Vec<Vec<BlockQ8_0>> = (0..4).map(|_| q8_0_acts(nb, &mut s)).collect();
                 assert_tiles_match_reference!(GgmlType::IQ4_NL, dot_iq4nl, &w, &ys, nb * 32);
             }

@@ -259,28 +259,9 @@ pub(crate) fn dot_iq4nl_row(x: [&[BlockIQ4NL]; 1], y: &[BlockQ8_0], out: &mut [f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8_0_acts, seed};
+    use crate::kernels::order_check::{f16_scale, iq4_nl_weights, q8_0_acts, seed, vnni_available};
     use crate::kernels::x16_check::lcg;
     use flint_core::GgmlType;
-
-    fn have_vnni() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4NL> {
-        (0..nb)
-            .map(|_| BlockIQ4NL {
-                d: f16_scale(s),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-            })
-            .collect()
-    }
 
     /// Each of the four outputs equals `flint_core::dot::vec_dot` of its row bit for bit.
     fn check(x: &[Vec<BlockIQ4NL>; 4], y: &[BlockQ8_0]) {
@@ -308,14 +289,14 @@ mod tests {
     /// blocks.
     #[test]
     fn rows4_equal_the_scalar_reference_bit_for_bit() {
-        if !have_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: IQ4_NL rows4 kernel not exercised");
             return;
         }
         let mut s = seed("iq4_nl rows4");
         for nb in [1, 2, 3, 7, 8, 9, 16, 17, 128] {
             for _ in 0..8 {
-                let x = std::array::from_fn(|_| weights(nb, &mut s));
+                let x = std::array::from_fn(|_| iq4_nl_weights(nb, &mut s));
                 let y = q8_0_acts(nb, &mut s);
                 check(&x, &y);
             }
@@ -326,7 +307,7 @@ mod tests {
     /// 127, all -127 and all -128: the largest integer sums of either sign.
     #[test]
     fn rows4_extremes_equal_the_scalar_reference() {
-        if !have_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: IQ4_NL rows4 kernel not exercised");
             return;
         }

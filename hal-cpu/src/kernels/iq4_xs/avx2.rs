@@ -81,20 +81,11 @@ pub(crate) fn dot_iq4xs<const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{assert_tiles_match_reference, f16_scale, q8k_acts, seed};
-    use crate::kernels::x16_check::lcg;
-    use flint_core::GgmlType;
+    use crate::kernels::order_check::{
+        assert_tiles_match_reference, iq4_xs_weights, q8k_acts, seed,
+    };
 
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4XS> {
-        (0..nb)
-            .map(|_| BlockIQ4XS {
-                d: f16_scale(s),
-                scales_h: lcg(s) as u16,
-                scales_l: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-            })
-            .collect()
-    }
+    use flint_core::GgmlType;
 
     /// Every tile size equals the scalar reference bit for bit.
     #[test]
@@ -106,7 +97,7 @@ mod tests {
         let mut s = seed("iq4_xs");
         for nb in [1, 2, 3, 5, 11] {
             for _ in 0..8 {
-                let w = weights(nb, &mut s);
+                let w = iq4_xs_weights(nb, &mut s);
                 let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|_| q8k_acts(nb, &mut s)).collect();
                 assert_tiles_match_reference!(GgmlType::IQ4_XS, dot_iq4xs, &w, &ys, nb * 256);
             }

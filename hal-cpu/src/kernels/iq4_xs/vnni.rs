@@ -150,27 +150,9 @@ pub(crate) fn dot_iq4xs_row(x: [&[BlockIQ4XS]; 1], y: &[BlockQ8K], out: &mut [f3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
-    use crate::kernels::x16_check::lcg;
+    use crate::kernels::order_check::{iq4_xs_weights, q8k_acts, seed, vnni_available};
+
     use flint_core::GgmlType;
-
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4XS> {
-        (0..nb)
-            .map(|_| BlockIQ4XS {
-                d: f16_scale(s),
-                scales_h: lcg(s) as u16,
-                scales_l: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-            })
-            .collect()
-    }
-
-    fn vnni() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
 
     fn check(rows: &[Vec<BlockIQ4XS>; 4], y: &[BlockQ8K]) {
         let mut got = [0f32; 4];
@@ -196,14 +178,14 @@ mod tests {
     /// Four rows at once equal the scalar reference row by row, bit for bit.
     #[test]
     fn rows4_equals_the_scalar_reference_bit_for_bit() {
-        if !vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: IQ4_XS rows4 kernel not exercised");
             return;
         }
         let mut s = seed("iq4_xs rows4");
         for nb in [1, 2, 3, 5, 11, 16] {
             for _ in 0..8 {
-                let rows = std::array::from_fn(|_| weights(nb, &mut s));
+                let rows = std::array::from_fn(|_| iq4_xs_weights(nb, &mut s));
                 check(&rows, &q8k_acts(nb, &mut s));
             }
         }
@@ -213,7 +195,7 @@ mod tests {
     /// correction at their largest).
     #[test]
     fn rows4_extremes_equal_the_scalar_reference() {
-        if !vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: IQ4_XS rows4 kernel not exercised");
             return;
         }
@@ -225,7 +207,7 @@ mod tests {
                 b.bsums = [16 * act as i16; 16];
             }
             let rows = std::array::from_fn(|r| {
-                let mut w = weights(3, &mut s);
+                let mut w = iq4_xs_weights(3, &mut s);
                 for b in &mut w {
                     b.qs = [code; 128];
                     b.scales_l = [if r % 2 == 0 { 0xFF } else { 0 }; 4];

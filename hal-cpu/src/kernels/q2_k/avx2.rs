@@ -80,20 +80,9 @@ pub(crate) fn dot_q2k<const R: usize>(x: &[BlockQ2K], y: &[&[BlockQ8K]; R], out:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{assert_tiles_match_reference, f16_scale, q8k_acts, seed};
-    use crate::kernels::x16_check::lcg;
-    use flint_core::GgmlType;
+    use crate::kernels::order_check::{assert_tiles_match_reference, q2_k_weights, q8k_acts, seed};
 
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ2K> {
-        (0..nb)
-            .map(|_| BlockQ2K {
-                scales: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-                d: f16_scale(s),
-                dmin: f16_scale(s),
-            })
-            .collect()
-    }
+    use flint_core::GgmlType;
 
     /// Every tile size equals the scalar reference bit for bit.
     #[test]
@@ -105,7 +94,7 @@ mod tests {
         let mut s = seed("q2_k");
         for nb in [1, 2, 3, 5, 11] {
             for _ in 0..8 {
-                let w = weights(nb, &mut s);
+                let w = q2_k_weights(nb, &mut s);
                 let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|_| q8k_acts(nb, &mut s)).collect();
                 assert_tiles_match_reference!(GgmlType::Q2_K, dot_q2k, &w, &ys, nb * 256);
             }

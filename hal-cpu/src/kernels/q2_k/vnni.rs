@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ2K, BlockQ8K};
 
-use crate::kernels::x86::avx2::load_bsums;
+use crate::kernels::x86::avx2::{load32i, load_bsums};
 use crate::kernels::x86::avx512::{load64, prefetch, PREFETCH_BLOCKS};
 
 /// The group of 128-bit lane `c` of plane `j`'s dot products.
@@ -94,15 +94,6 @@ fn load16(p: &[u8; 16]) -> __m128i {
     unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) }
 }
 
-/// Loads 32 i8.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load32(p: &[i8]) -> __m256i {
-    assert!(p.len() >= 32);
-    // SAFETY: at least 32 bytes are readable (checked above); loadu is unaligned.
-    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
-}
-
 /// A row's `d` and `dmin` half bits as one u32 (`d` low).
 #[inline(always)]
 fn d_dmin(b: &BlockQ2K) -> i32 {
@@ -155,8 +146,8 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32;
         }
         let a: [__m512i; 4] = std::array::from_fn(|j| {
             _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(load32(&yb.qs[32 * j..])),
-                load32(&yb.qs[128 + 32 * j..]),
+                _mm512_castsi256_si512(load32i(&yb.qs[32 * j..])),
+                load32i(&yb.qs[128 + 32 * j..]),
             )
         });
         let bs = load_bsums(yb);
@@ -242,31 +233,10 @@ pub(crate) fn dot_q2k_row(x: [&[BlockQ2K]; 1], y: &[BlockQ8K], out: &mut [f32; 1
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
-    use crate::kernels::x16_check::lcg;
+    use crate::kernels::order_check::{f16_scale, q2_k_weights, q8k_acts, seed, vnni_available};
+
     use bytemuck::Zeroable;
     use flint_core::GgmlType;
-
-    fn has_vnni() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ2K> {
-        (0..nb)
-            .map(|_| BlockQ2K {
-                scales: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-                d: f16_scale(s),
-                dmin: f16_scale(s),
-            })
-            .collect()
-    }
 
     /// Each of the four outputs equals the scalar reference of its row, bit for bit.
     fn assert_rows_match_reference(w: &[Vec<BlockQ2K>; 4], y: &[BlockQ8K]) {
@@ -294,14 +264,14 @@ mod tests {
     /// Random rows and activations: each output equals its row's scalar reference.
     #[test]
     fn rows4_equals_the_scalar_reference_bit_for_bit() {
-        if !has_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q2_K rows4 kernel not exercised");
             return;
         }
         let mut s = seed("q2_k rows4");
         for nb in [1, 2, 3, 5, 11, 16] {
             for _ in 0..16 {
-                let w: [Vec<BlockQ2K>; 4] = std::array::from_fn(|_| weights(nb, &mut s));
+                let w: [Vec<BlockQ2K>; 4] = std::array::from_fn(|_| q2_k_weights(nb, &mut s));
                 let y = q8k_acts(nb, &mut s);
                 assert_rows_match_reference(&w, &y);
             }
@@ -313,7 +283,7 @@ mod tests {
     /// rows alike.
     #[test]
     fn rows4_equals_the_scalar_reference_at_the_extremes() {
-        if !has_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q2_K rows4 kernel not exercised");
             return;
         }
@@ -335,7 +305,7 @@ mod tests {
                 for (qs, scales) in [(0xFF, 0xFF), (0xFF, 0x0F), (0xFF, 0xF0), (0x00, 0xFF)] {
                     let w: [Vec<BlockQ2K>; 4] = std::array::from_fn(|r| {
                         if r == 2 {
-                            weights(nb, &mut s)
+                            q2_k_weights(nb, &mut s)
                         } else {
                             (0..nb).map(|_| block(qs, scales, &mut s)).collect()
                         }

@@ -353,31 +353,10 @@ pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
-    use crate::kernels::x16_check::lcg;
+    use crate::kernels::order_check::{q3_k_weights, q8k_acts, seed, vnni_available};
+
     use bytemuck::Zeroable;
     use flint_core::GgmlType;
-
-    fn has_vnni() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ3K> {
-        (0..nb)
-            .map(|_| BlockQ3K {
-                hmask: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-                scales: std::array::from_fn(|_| lcg(s) as u8),
-                d: f16_scale(s),
-            })
-            .collect()
-    }
 
     /// `dot_q3k_rows4` of the rows `w` against `y`, each output's bits equal to the
     /// reference's.
@@ -404,14 +383,14 @@ mod tests {
     /// Random rows and activations: every output equals the scalar reference bit for bit.
     #[test]
     fn rows4_equal_the_scalar_reference_bit_for_bit() {
-        if !has_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q3_K rows4 kernel not exercised");
             return;
         }
         let mut s = seed("q3_k rows4");
         for nb in [1, 2, 3, 5, 11, 16] {
             for _ in 0..8 {
-                let w: [Vec<BlockQ3K>; 4] = std::array::from_fn(|_| weights(nb, &mut s));
+                let w: [Vec<BlockQ3K>; 4] = std::array::from_fn(|_| q3_k_weights(nb, &mut s));
                 let y = q8k_acts(nb, &mut s);
                 check(&w, &y, "random");
             }
@@ -423,7 +402,7 @@ mod tests {
     /// blocks.
     #[test]
     fn rows4_extremes_equal_the_scalar_reference() {
-        if !has_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q3_K rows4 kernel not exercised");
             return;
         }

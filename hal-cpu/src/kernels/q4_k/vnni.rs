@@ -687,7 +687,7 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8k_acts, seed};
+    use crate::kernels::order_check::{f16_scale, q8k_acts, seed, vnni_available};
     use crate::kernels::x16_check::lcg;
     use flint_core::dot::ggml_x86::{vec_dot_q4_k_q8_k_repack, Q4kPath};
 
@@ -700,13 +700,6 @@ mod tests {
                 qs: std::array::from_fn(|_| lcg(s) as u8),
             })
             .collect()
-    }
-
-    fn vnni() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
     }
 
     /// `dot_q4k_rows4_m::<M>` against `dot_q4k_rows4`, `dot_q4k_gemm::<1>` and the scalar
@@ -753,7 +746,7 @@ mod tests {
     /// scalar statement of the repacked gemm order, bit for bit.
     #[test]
     fn rows4_m_equals_rows4_and_the_scalar_order_bit_for_bit() {
-        if !vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q4_K rows4_m kernel not exercised");
             return;
         }
@@ -774,7 +767,7 @@ mod tests {
     /// activations -128 and 127, scales and mins 63.
     #[test]
     fn rows4_m_extremes_equal_rows4() {
-        if !vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q4_K rows4_m kernel not exercised");
             return;
         }

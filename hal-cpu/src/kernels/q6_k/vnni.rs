@@ -284,19 +284,9 @@ pub(crate) fn dot_q6k_rows4_m<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, seed};
+    use crate::kernels::order_check::{f16_scale, seed, vnni_available};
     use crate::kernels::x16_check::{acts, lcg};
     use bytemuck::Zeroable;
-
-    fn has_vnni() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
 
     /// `nb` random Q6_K blocks (the extremes of the i8 scales included).
     fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ6K> {
@@ -346,7 +336,7 @@ mod tests {
     /// activation rows.
     #[test]
     fn rows4_m_equals_rows4_and_tiled_bit_for_bit() {
-        if !has_vnni() {
+        if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q6_K rows4_m kernel not exercised");
             return;
         }
