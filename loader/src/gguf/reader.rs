@@ -17,7 +17,7 @@ use std::sync::Arc;
 use flint_core::GgmlType;
 
 use super::error::GgufError;
-use super::residence::{release_mapped, HugePageCopy, LoadMode, Residence};
+use super::residence::{advise_huge_pages, release_mapped, HugePageCopy, LoadMode, Residence};
 use super::value::{Array, Value, ValueType};
 
 /// Bytes shared between the reader and whoever builds weights from them (the same type
@@ -203,7 +203,9 @@ impl GgufFile {
                 // SAFETY: the map is read-only and private to this process; the file must
                 // not be truncated or rewritten by another process while it is mapped (the
                 // usual mmap contract, which model files in a cache directory satisfy).
-                let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
+                let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+                advise_huge_pages(&map);
+                let map = Arc::new(map);
                 let mut parsed = Self::parse_shared(map.clone())?;
                 parsed.release = Some(Arc::new(move |r| release_mapped(&map, r)));
                 parsed
