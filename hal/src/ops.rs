@@ -325,6 +325,13 @@ pub trait KvBuffer: Send + Sync + fmt::Debug {
     fn as_any(&self) -> &dyn Any;
     /// For the owning device to recover its concrete type.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Makes the buffer's memory resident now rather than at its first writes, so that no
+    /// step pays the first touch of its pages (the kernel zeroing a fresh huge page takes
+    /// longer than a decode step's writes to it, and a prefix-caching pool hands out its
+    /// never-used blocks before its cached ones). A paged engine calls it once on the pool
+    /// it allocates; a device whose allocations are resident from the start keeps this
+    /// default, which does nothing.
+    fn make_resident(&mut self) {}
 }
 
 /// One sequence in a [`PagedAttention`] call.

@@ -37,8 +37,9 @@ pub struct BenchArgs {
     /// Concurrency levels of the curve (`1,4,16,64`): at each, that many requests of
     /// 128 prompt tokens / `--aggregate-tokens` generated run together; prints the
     /// aggregate decode tok/s and TPOT of each level. The largest level runs once
-    /// untimed first, so that every level sees a warm KV cache (its pages faulted in),
-    /// as a running server does.
+    /// untimed first, so that every level meets its step's buffers already faulted in,
+    /// as in a running server (the KV pool is resident from the start, as `flint serve`
+    /// makes it).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: Vec<u32>,
     /// Tokens already in the context of the prefill and decode tests (llama-bench's
@@ -200,15 +201,17 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         // The aggregate test keeps 4 running itself; the curve needs its largest level.
         max_num_seqs: levels.iter().copied().max().unwrap_or(4).max(4),
         max_num_batched_tokens: 512,
+        // As `flint serve`: the timed steps meet a KV pool whose pages are in memory.
+        resident_kv: true,
         ..EngineSettings::default()
     };
     let (mut engine, _tok, _) = build_engine(loaded, &settings)?;
 
     // Warm-up, not measured, as llama-bench runs each of its tests once first: a prompt
     // of the prefill test's length and requests of the aggregate test's shape, so that
-    // the timed tests find every weight paged in and the activation buffers and KV pages
-    // their calls use already faulted in (a 2 MB huge page is zeroed on first touch),
-    // as a running server has long done. Other tokens than the timed tests', so the
+    // the timed tests find every weight paged in and the activation buffers their calls
+    // use already faulted in (a 2 MB huge page is zeroed on first touch; the KV pool is
+    // resident from the start, `resident_kv`), as a running server has long done. Other tokens than the timed tests', so the
     // prefix cache gives them nothing.
     drain(&mut engine, &dev, vec![prompt(vocab, 512, 99)], 2, 1, true)?;
     let warm_gen = args.aggregate_tokens.clamp(1, 4);
@@ -280,9 +283,10 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let decode_speedup = agg_decode_tok_s / decode_tok_s.max(1e-9);
 
     // The curve: at each level C, C requests of 128 prompt tokens run together, after
-    // one untimed run of the largest level: the KV cache's pages are faulted in on first
-    // use (a 2 MB huge page zeroed at a time), which a running server has long done;
-    // without it the first level to reach new blocks pays for them in `write_kv`.
+    // one untimed run of the largest level: the buffers a step of that many rows uses are
+    // faulted in on first use (a 2 MB huge page zeroed at a time), which a running server
+    // has long done. (The KV pool is resident already: with prefix caching the blocks a
+    // run frees stay cached, and the next run is handed never-used ones.)
     if let Some(&c) = levels.iter().max() {
         let prompts = (0..c).map(|i| prompt(vocab, 128, 500 + i as u64)).collect();
         drain(&mut engine, &dev, prompts, agg_gen, c, false)?;

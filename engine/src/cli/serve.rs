@@ -75,6 +75,9 @@ pub fn run(args: &ServeArgs) -> Result<(), CliError> {
         max_model_len: args.max_model_len,
         kv_memory: args.kv_memory.unwrap_or(DEFAULT_KV_MEMORY),
         prefix_caching: !args.no_prefix_cache,
+        // Part of being warm before reporting healthy: no request pays the first touch
+        // of the KV pool's pages.
+        resident_kv: true,
         ..EngineSettings::default()
     };
     let file =

@@ -191,6 +191,17 @@ impl PagedModel {
         ))
     }
 
+    /// Faults every layer's KV buffer in now ([`KvBuffer::make_resident`]), so that no
+    /// step pays the first touch of a block's pages: with prefix caching the pool hands
+    /// out its never-used blocks before its cached ones, and a fresh huge page costs the
+    /// kernel longer to zero than a decode step takes to write to it. What a server does
+    /// before it reports healthy; a one-shot tool leaves the pages to be touched as used.
+    pub fn make_kv_resident(&mut self) {
+        for buf in &mut self.kv {
+            buf.make_resident();
+        }
+    }
+
     /// The staged model.
     pub fn model(&self) -> &DeviceModel {
         &self.model

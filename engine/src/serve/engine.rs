@@ -34,6 +34,10 @@ pub struct EngineSettings {
     pub block_size: usize,
     /// Whether requests reuse the cached KV blocks of a common prefix.
     pub prefix_caching: bool,
+    /// Whether the KV pool's memory is faulted in when the engine is built
+    /// ([`PagedModel::make_kv_resident`]) rather than by the first steps to reach each
+    /// block: `flint serve` and `flint bench` do; the default (tests, one-shot tools) does not.
+    pub resident_kv: bool,
 }
 
 impl Default for EngineSettings {
@@ -45,6 +49,7 @@ impl Default for EngineSettings {
             kv_memory: DEFAULT_KV_MEMORY,
             block_size: DEFAULT_BLOCK_SIZE,
             prefix_caching: true,
+            resident_kv: false,
         }
     }
 }
@@ -84,7 +89,7 @@ pub fn build_engine(
     let context = loaded.device_model.spec().context_length;
     let max_model_len = settings.max_model_len.unwrap_or(context).min(context);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let (paged, mut kv) = PagedModel::new(
+    let (mut paged, mut kv) = PagedModel::new(
         loaded.device_model,
         &KvSizing {
             memory_bytes: settings.kv_memory,
@@ -93,6 +98,9 @@ pub fn build_engine(
             max_num_batched_tokens: settings.max_num_batched_tokens,
         },
     )?;
+    if settings.resident_kv {
+        paged.make_kv_resident();
+    }
     kv.set_prefix_caching(settings.prefix_caching);
     // A sequence can never grow past what the full-attention pool holds.
     let pool_tokens = (0..kv.num_groups())
