@@ -43,17 +43,26 @@ pub(crate) fn ssm_conv_silu(
     }
     if n == 1 {
         // A decode step: each channel's window read where it lies (no transposes), the
-        // same sums; the window then moves up by one.
-        for (c, (o, wc)) in out.iter_mut().zip(weight.chunks_exact(d_conv)).enumerate() {
+        // same sums; the window then moves up by one, element by element (a `memmove`
+        // call per channel of a few floats cost more than the channel's sums).
+        for (c, ((o, wc), &xc)) in out
+            .iter_mut()
+            .zip(weight.chunks_exact(d_conv))
+            .zip(x)
+            .enumerate()
+        {
             let st = &mut state[c * w..(c + 1) * w];
             let mut sum = 0.0f32;
-            for (i, &wi) in wc.iter().enumerate() {
-                sum += if i < w { st[i] } else { x[c] } * wi;
+            for (&s, &wi) in st.iter().zip(wc) {
+                sum += s * wi;
             }
+            sum += xc * wc[w];
             *o = sum;
-            if w > 0 {
-                st.copy_within(1.., 0);
-                st[w - 1] = x[c];
+            if let Some(last) = st.len().checked_sub(1) {
+                for i in 0..last {
+                    st[i] = st[i + 1];
+                }
+                st[last] = xc;
             }
         }
         silu_row(avx512, out);

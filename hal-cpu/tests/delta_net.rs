@@ -110,12 +110,13 @@ fn ssm_conv_silu_equals_the_core_reference_bit_for_bit() {
         .filter(|l| *l <= SimdLevel::detect())
         .collect();
     let mut r = Rng(29);
-    // Channels with and without a 16-lane tail; one token, a few, and more than a task.
+    // Channels with and without a 16-lane tail; one token (twice), a few, and more than a
+    // task.
     for (channels, d_conv) in [(37usize, 4usize), (64, 4), (48, 2), (5, 1)] {
         let w = d_conv - 1;
         let weight: Vec<f32> = (0..channels * d_conv).map(|_| r.f()).collect();
         let state0: Vec<f32> = (0..channels * w).map(|_| 2.0 * r.f()).collect();
-        let calls: Vec<Vec<f32>> = [1usize, 3, 21]
+        let calls: Vec<Vec<f32>> = [1usize, 1, 3, 21]
             .iter()
             .map(|&n| (0..n * channels).map(|_| 4.0 * r.f()).collect())
             .collect();
