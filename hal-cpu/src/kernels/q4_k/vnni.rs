@@ -254,7 +254,7 @@ pub(crate) fn dot_q4k_rows<const S: usize>(
     }
 }
 
-/// `vpermd` indices that turn the pair sums of [`dot_q4k_rows4`] (128-bit lane `k`:
+/// `vpermd` indices that turn the pair sums of [`dot_q4k_rows4_llama`] (128-bit lane `k`:
 /// rows `k / 2` and `k / 2 + 2`, pairs `[j, j + 2]` with `j = k % 2`) into `[j][row]`:
 /// lane `4j + r` holds row `r`'s pair `j`.
 const Q4K_ROWS4_OUT: [i32; 16] = [0, 8, 2, 10, 4, 12, 6, 14, 1, 9, 3, 11, 5, 13, 7, 15];
@@ -263,22 +263,20 @@ const Q4K_ROWS4_OUT: [i32; 16] = [0, 8, 2, 10, 4, 12, 6, 14, 1, 9, 3, 11, 5, 13,
 /// `[2(k % 2), 2(k % 2) + 1]`).
 const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13, 7, 15];
 
-/// [`dot_q4k_rows`] for four weight rows at once, the rows' chains in the lanes of one
-/// vector: each row's arithmetic exactly that of `dot_q4k_gemm::<1>` (the integers of a
-/// pair of sub-blocks are exact in any order; per pair `j` in turn
-/// `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`, one lane per row).
-///
-/// Against [`dot_q4k_rows`], which spends most of its time on the per-row horizontal
-/// sums and scalar chains: each sub-block's 32 products are taken with one `vpdpbusd`
-/// (nibbles times quants, no scale yet; two sub-blocks per register, the activation
-/// halves rearranged once per block for all four rows), the sixteen registers of the four
-/// rows are summed in one tree down to the 32 sub-block sums, and the scales are applied
-/// to the sums (`vpmulld`), not to every product. The caller passes rows far apart
+/// [`dot_q4k_rows`] for four weight rows at once: [`dot_q4k_rows4_m`] with one
+/// activation row, each row's arithmetic exactly that of `dot_q4k_gemm::<1>` (the
+/// integers of a pair of sub-blocks are exact in any order; per pair `j` in turn
+/// `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`). Its route (the
+/// scales applied to packed pair sums inside a `vpmaddwd`) decodes a cache-resident
+/// matrix 1.1-1.4x faster on one core than [`dot_q4k_rows4_llama`]'s, which leaves the
+/// memory more of each core's time on a decode. The caller passes rows far apart
 /// ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
-    dot_q4k_rows4_llama::<true>(x, y, out)
+    let mut o = [[0f32; 4]; 1];
+    dot_q4k_rows4_m::<1>(x, [y], &mut o);
+    *out = o[0];
 }
 
 /// [`dot_q4k_rows4`] in the gemv order (each row's arithmetic that of
@@ -298,7 +296,15 @@ pub(crate) fn dot_q4k_row_gemv(x: [&[BlockQ4K]; 1], y: &[BlockQ8K], out: &mut [f
     dot_q4k_llama::<1, false>(x[0], &[y], out)
 }
 
-/// [`dot_q4k_rows4`] (`GEMM`) or [`dot_q4k_rows4_gemv`].
+/// Four rows' chains in the lanes of one vector, in the gemv order
+/// ([`dot_q4k_rows4_gemv`]) or, with `GEMM`, the repacked gemm order (the tests' second
+/// route to [`dot_q4k_rows4`]'s results). Against [`dot_q4k_rows`], which spends most of
+/// its time on the per-row horizontal sums and scalar chains: each sub-block's 32
+/// products are taken with one `vpdpbusd` (nibbles times quants, no scale yet; two
+/// sub-blocks per register, the activation halves rearranged once per block for all four
+/// rows), the sixteen registers of the four rows are summed in one tree down to the 32
+/// sub-block sums, and the scales are applied to the sums (`vpmulld`), not to every
+/// product.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn dot_q4k_rows4_llama<const GEMM: bool>(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let nb = y.len();
@@ -517,8 +523,8 @@ fn fold_lanes(a: __m512i, b: __m512i) -> __m512i {
     )
 }
 
-/// [`dot_q4k_rows4`] for `M` (1 to 4) activation rows at once: `out[a][r]` is bit for
-/// bit `dot_q4k_rows4(x, y[a])[r]` (llama.cpp's repacked gemm order; per pair `j` in
+/// Four weight rows against `M` (1 to 4) activation rows at once: `out[a][r]` is bit for
+/// bit `dot_q4k_gemm::<1>(x[r], y[a])` (llama.cpp's repacked gemm order; per pair `j` in
 /// turn `acc = fma(I_j, d·d_a, acc)`, `mins = fma(M_j, dmin·d_a, mins)`).
 ///
 /// What depends on the weights alone is formed once per block for all activation rows:
@@ -702,8 +708,8 @@ mod tests {
             .collect()
     }
 
-    /// `dot_q4k_rows4_m::<M>` against `dot_q4k_rows4`, `dot_q4k_gemm::<1>` and the scalar
-    /// statement, every output bit for bit.
+    /// `dot_q4k_rows4_m::<M>` against `dot_q4k_rows4_llama::<true>` (the other four-row
+    /// route), `dot_q4k_gemm::<1>` and the scalar statement, every output bit for bit.
     fn check<const M: usize>(rows: &[Vec<BlockQ4K>; 4], ys: &[Vec<BlockQ8K>]) {
         let x: [&[BlockQ4K]; 4] = std::array::from_fn(|r| &rows[r][..]);
         let y: [&[BlockQ8K]; M] = std::array::from_fn(|a| &ys[a][..]);
@@ -713,7 +719,7 @@ mod tests {
         for (a, ya) in y.iter().enumerate() {
             let mut four = [0f32; 4];
             // SAFETY: as above.
-            unsafe { dot_q4k_rows4(x, ya, &mut four) };
+            unsafe { dot_q4k_rows4_llama::<true>(x, ya, &mut four) };
             for r in 0..4 {
                 let mut one = [0f32; 1];
                 // SAFETY: as above.

@@ -5,7 +5,7 @@
 //! outputs at once, with no horizontal sums and no per-call decoding.
 //!
 //! Why: the decode (M = 1 to a few rows) kernels on the file's layout
-//! ([`super::vnni::dot_q4k_rows4`]) spend most of their instructions folding each row's
+//! ([`super::vnni::dot_q4k_rows4`] and its gemv form) spend most of their instructions folding each row's
 //! partial sums across lanes, and run below the memory's share of each core. The prompt-batch panels (`kq_panel.rs`) avoid the
 //! folding by decoding sixteen rows into lanes once per matmul, which a decode step
 //! cannot afford. Repacking once at load does the same transposition for free at run
