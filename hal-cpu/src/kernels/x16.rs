@@ -77,6 +77,13 @@ pub(crate) fn prefetch_following<G>(groups: &[G], start: usize, count: usize) {
     }
 }
 
+/// Asks for the cache lines of `blocks` (contiguous, of any block type): the file-layout
+/// counterpart of [`prefetch_following`], for the rows of the panels decoded next.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn prefetch_slice<B>(blocks: &[B]) {
+    prefetch_lines(blocks.as_ptr() as *const i8, std::mem::size_of_val(blocks));
+}
+
 /// Asks for the cache lines of `len` bytes from `p`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -7,8 +7,7 @@ use std::arch::x86_64::*;
 use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
 use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 use crate::kernels::q0::x16::Q0Group;
-use crate::kernels::x86::avx2::f16c_to_f32;
-use crate::kernels::x86::avx512::transpose16;
+use crate::kernels::x86::avx512::transpose8_halves;
 
 /// One 32-quant block of sixteen weight rows (a panel), decoded once for every
 /// activation row of a batch ([`q0_gemm`]): `u[j]` holds quants `4j..4j + 4` of the
@@ -38,26 +37,29 @@ impl PanelBlock {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
     assert!(rows.len() <= PANEL_ROWS, "decode_panel: rows");
-    // The sixteen rows' quants (rows past the end stay zero), then transposed: `u[j]`
-    // lane `r` is dword `j` of row `r` (a 16 x 16 transpose of which the first eight
-    // columns are the quants).
-    let mut q = [[0u8; 64]; PANEL_ROWS];
+    const HALF: usize = PANEL_ROWS / 2;
+    let zero = _mm256_setzero_si256();
     for (i, o) in out.iter_mut().enumerate() {
-        o.d = [0.0; 16];
-        for (r, row) in rows.iter().enumerate() {
-            let b = &row[i];
-            // SAFETY: this function's features include what `unsigned` needs; `q[r]` is
-            // 64 writable bytes and storeu is unaligned.
-            unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, b.unsigned()) };
-            o.d[r] = f16c_to_f32(b.scale_bits());
-        }
-        let t = transpose16(std::array::from_fn(|r| {
-            // SAFETY: 64 readable bytes; loadu is unaligned.
-            unsafe { _mm512_loadu_si512(q[r].as_ptr() as *const __m512i) }
-        }));
-        for (u, v) in o.u.iter_mut().zip(&t) {
+        // Row `r`'s quants (eight dwords) in the low half of register `r`, row `r + 8`'s
+        // in its high half, rows past the end zero; the transpose in each half then puts
+        // dword `j` of row `r` in lane `r` of `u[j]`.
+        // SAFETY (`unsigned`): this function's features include what it needs.
+        let quants = |r: usize| rows.get(r).map_or(zero, |row| unsafe { row[i].unsigned() });
+        let z: [__m512i; HALF] = std::array::from_fn(|r| {
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(quants(r)), quants(r + HALF))
+        });
+        for (u, v) in o.u.iter_mut().zip(transpose8_halves(z)) {
             // SAFETY: 64 writable bytes, 64-byte aligned.
-            unsafe { _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, *v) };
+            unsafe { _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v) };
+        }
+        let mut bits = [0u16; PANEL_ROWS];
+        for (s, row) in bits.iter_mut().zip(rows) {
+            *s = row[i].scale_bits();
+        }
+        // SAFETY: 32 readable bytes in, 64 writable bytes out, 64-byte aligned.
+        unsafe {
+            let h = _mm256_loadu_si256(bits.as_ptr() as *const __m256i);
+            _mm512_store_ps(o.d.as_mut_ptr(), _mm512_cvtph_ps(h));
         }
     }
 }
@@ -76,6 +78,12 @@ pub(crate) fn q0_decode<B: Q0Pair>(
     for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
         decode_panel(rows, d)
     });
+    // The rows of as many panels after these, asked for while these are multiplied (as
+    // `q0_decode_x16` does for repacked rows): the file's rows lie one after the other.
+    let panels = dec.len() / nb.max(1);
+    let next = ((p0 + panels) * PANEL_ROWS).min(n);
+    let end = (next + panels * PANEL_ROWS).min(n);
+    crate::kernels::x16::prefetch_slice(&w[next * nb..end * nb]);
 }
 
 /// The panels `p0..p0 + dec.len() / nb` of Q8_0 or Q5_0 rows repacked at staging
