@@ -206,26 +206,40 @@ pub(crate) fn transpose8_halves(r: [__m512i; 8]) -> [__m512i; 8] {
 mod tests {
     use super::*;
 
-    #[test]
-    fn transpose8_halves_transposes_each_half() {
+    /// `f` applied to the rows `m` (`R` registers of 16 lanes), or `None` without
+    /// AVX-512F (said on stderr, naming `what`).
+    fn through<const R: usize>(
+        what: &str,
+        m: &[[i32; 16]; R],
+        f: impl Fn([__m512i; R]) -> [__m512i; R],
+    ) -> Option<[[i32; 16]; R]> {
         if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("no AVX-512F: transpose8_halves not exercised");
-            return;
+            eprintln!("no AVX-512F: {what} not exercised");
+            return None;
         }
-        // Row i, half h, lane j holds 1000 h + 100 i + j.
-        let m: Vec<[i32; 16]> = (0..8)
-            .map(|i| std::array::from_fn(|l| (1000 * (l / 8) + 100 * i + l % 8) as i32))
-            .collect();
         // SAFETY: AVX-512F was detected above; each row is 16 readable i32.
-        let t = unsafe {
-            let r: [__m512i; 8] =
-                std::array::from_fn(|i| _mm512_loadu_si512(m[i].as_ptr() as *const __m512i));
-            transpose8_halves(r)
-        };
-        for (j, v) in t.iter().enumerate() {
+        let r =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_si512(m[i].as_ptr() as *const __m512i) });
+        let t = f(r);
+        Some(std::array::from_fn(|j| {
             let mut out = [0i32; 16];
             // SAFETY: 16 writable i32.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *v) };
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, t[j]) };
+            out
+        }))
+    }
+
+    #[test]
+    fn transpose8_halves_transposes_each_half() {
+        // Row i, half h, lane j holds 1000 h + 100 i + j.
+        let m: [[i32; 16]; 8] = std::array::from_fn(|i| {
+            std::array::from_fn(|l| (1000 * (l / 8) + 100 * i + l % 8) as i32)
+        });
+        // SAFETY (the call): `through` checked AVX-512F.
+        let Some(t) = through("transpose8_halves", &m, |r| unsafe { transpose8_halves(r) }) else {
+            return;
+        };
+        for (j, out) in t.iter().enumerate() {
             for (l, &x) in out.iter().enumerate() {
                 let (h, i) = (l / 8, l % 8);
                 assert_eq!(
@@ -239,23 +253,13 @@ mod tests {
 
     #[test]
     fn transpose16_transposes() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("no AVX-512F: transpose16 not exercised");
+        let m: [[i32; 16]; 16] =
+            std::array::from_fn(|i| std::array::from_fn(|j| (100 * i + j) as i32));
+        // SAFETY (the call): `through` checked AVX-512F.
+        let Some(t) = through("transpose16", &m, |r| unsafe { transpose16(r) }) else {
             return;
-        }
-        let m: Vec<[i32; 16]> = (0..16)
-            .map(|i| std::array::from_fn(|j| (100 * i + j) as i32))
-            .collect();
-        // SAFETY: AVX-512F was detected above; each row is 16 readable i32.
-        let t = unsafe {
-            let r: [__m512i; 16] =
-                std::array::from_fn(|i| _mm512_loadu_si512(m[i].as_ptr() as *const __m512i));
-            transpose16(r)
         };
-        for (j, v) in t.iter().enumerate() {
-            let mut out = [0i32; 16];
-            // SAFETY: 16 writable i32.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *v) };
+        for (j, out) in t.iter().enumerate() {
             for (i, &x) in out.iter().enumerate() {
                 assert_eq!(x, (100 * i + j) as i32, "row {j} lane {i}");
             }
