@@ -7,7 +7,9 @@
 )]
 
 use bytemuck::Zeroable;
-use flint_core::blocks::{BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ8K, BlockQ8_0};
+use flint_core::blocks::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ6K, BlockQ8K, BlockQ8_0,
+};
 
 use super::x16_check::lcg;
 
@@ -94,6 +96,32 @@ pub(crate) fn iq4_xs_weights(nb: usize, s: &mut u64) -> Vec<BlockIQ4XS> {
             scales_h: lcg(s) as u16,
             scales_l: std::array::from_fn(|_| lcg(s) as u8),
             qs: std::array::from_fn(|_| lcg(s) as u8),
+        })
+        .collect()
+}
+
+/// `nb` random Q4_K blocks (random bytes, normal f16 scales of either sign).
+pub(crate) fn q4_k_weights(nb: usize, s: &mut u64) -> Vec<BlockQ4K> {
+    (0..nb)
+        .map(|_| BlockQ4K {
+            d: f16_scale(s),
+            dmin: f16_scale(s),
+            scales: std::array::from_fn(|_| lcg(s) as u8),
+            qs: std::array::from_fn(|_| lcg(s) as u8),
+        })
+        .collect()
+}
+
+/// `nb` random Q6_K blocks (the extremes of the i8 scales included).
+pub(crate) fn q6_k_weights(nb: usize, s: &mut u64) -> Vec<BlockQ6K> {
+    (0..nb)
+        .map(|_| {
+            let mut b = BlockQ6K::zeroed();
+            b.ql.iter_mut().for_each(|v| *v = lcg(s) as u8);
+            b.qh.iter_mut().for_each(|v| *v = lcg(s) as u8);
+            b.scales.iter_mut().for_each(|v| *v = lcg(s) as u8 as i8);
+            b.d = f16_scale(s);
+            b
         })
         .collect()
 }

@@ -693,20 +693,8 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q8k_acts, seed, vnni_available};
-    use crate::kernels::x16_check::lcg;
+    use crate::kernels::order_check::{q4_k_weights as weights, q8k_acts, seed, vnni_available};
     use flint_core::dot::ggml_x86::{vec_dot_q4_k_q8_k_repack, Q4kPath};
-
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ4K> {
-        (0..nb)
-            .map(|_| BlockQ4K {
-                d: f16_scale(s),
-                dmin: f16_scale(s),
-                scales: std::array::from_fn(|_| lcg(s) as u8),
-                qs: std::array::from_fn(|_| lcg(s) as u8),
-            })
-            .collect()
-    }
 
     /// `dot_q4k_rows4_m::<M>` against `dot_q4k_rows4_llama::<true>` (the other four-row
     /// route), `dot_q4k_gemm::<1>` and the scalar statement, every output bit for bit.

@@ -284,23 +284,8 @@ pub(crate) fn dot_q6k_rows4_m<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, seed, vnni_available};
+    use crate::kernels::order_check::{q6_k_weights as weights, seed, vnni_available};
     use crate::kernels::x16_check::{acts, lcg};
-    use bytemuck::Zeroable;
-
-    /// `nb` random Q6_K blocks (the extremes of the i8 scales included).
-    fn weights(nb: usize, s: &mut u64) -> Vec<BlockQ6K> {
-        (0..nb)
-            .map(|_| {
-                let mut b = BlockQ6K::zeroed();
-                b.ql.iter_mut().for_each(|v| *v = lcg(s) as u8);
-                b.qh.iter_mut().for_each(|v| *v = lcg(s) as u8);
-                b.scales.iter_mut().for_each(|v| *v = lcg(s) as u8 as i8);
-                b.d = f16_scale(s);
-                b
-            })
-            .collect()
-    }
 
     /// `dot_q6k_rows4_m::<M>`: every output equals `dot_q6k_rows4` of its activation row
     /// and `dot_q6k_tiled::<1>` of its weight and activation rows, bit for bit.
