@@ -18,6 +18,8 @@ use crate::simd::SimdLevel;
 
 use super::act_quant::Acts;
 use super::float::FloatKind;
+#[cfg(target_arch = "x86_64")]
+use super::x16::Ahead;
 use super::{float, iq4_nl, iq4_xs, kq_panel, mxfp4, panel, q0, q2_k, q3_k, q4_k, q5_k, q6_k, x16};
 
 /// Activation rows in a tile that share each decoded weight block.
@@ -515,8 +517,9 @@ const FUSED_MAX_ROWS: usize = 64;
 /// `out[t * n + r]` for the `n` weight rows and the `out.len() / n` activation rows,
 /// weight-stationary: the panels split over the tasks, each task decoding one panel at a
 /// time into its own buffer (`decode(panel, buffer)`, `nb` blocks) and applying every
-/// activation row to it while it is in L1 (`apply(buffer, live rows, results, columns)`),
-/// into a `[m][rows]` buffer of its own, copied into `out` after. The weight is read
+/// activation row to it while it is in L1 (`apply(buffer, live rows, results, columns)`)
+/// into a panel-wide buffer of its own, then copying each activation row's outputs to
+/// that row of `out` (each task holds its own columns of every row). The weight is read
 /// once; each output is computed by the same tile as in the activation-split gemm, so the
 /// bits are the same.
 #[cfg(target_arch = "x86_64")]
@@ -525,39 +528,47 @@ fn fused_gemm<D: Copy + Send + Sync>(
     nb: usize,
     zero: D,
     decode: impl Fn(usize, &mut [D]) + Sync,
-    apply: impl Fn(&[D], usize, &mut [f32], panel::OutCols) + Sync,
+    apply: impl Fn(&[D], usize, &mut [f32], panel::OutCols, usize) + Sync,
     out: &mut [f32],
 ) {
     use rayon::prelude::*;
+    const W: usize = panel::PANEL_ROWS;
     let m = out.len() / n;
-    let panels = n.div_ceil(panel::PANEL_ROWS);
+    let panels = n.div_ceil(W);
     // About four tasks per thread, whole panels each.
     let per = panels
         .div_ceil(rayon::current_num_threads().max(1) * 4)
         .max(1);
-    let parts: Vec<(usize, Vec<f32>)> = (0..panels.div_ceil(per))
+    let tasks = panels.div_ceil(per);
+    // Task `c`'s columns (weight rows `c * per * W..`) of every activation row.
+    let mut columns: Vec<Vec<&mut [f32]>> = (0..tasks).map(|_| Vec::with_capacity(m)).collect();
+    for row in out.chunks_mut(n) {
+        let mut rest = row;
+        for (c, cols) in columns.iter_mut().enumerate() {
+            let width = ((c + 1) * per * W).min(n) - c * per * W;
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(width);
+            cols.push(mine);
+            rest = after;
+        }
+    }
+    columns
         .into_par_iter()
-        .map(|c| {
+        .enumerate()
+        .for_each(|(c, mut rows)| {
             let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
-            let r0 = p0 * panel::PANEL_ROWS;
-            let rows = (p1 * panel::PANEL_ROWS).min(n) - r0;
-            let mut part = vec![0f32; m * rows];
             let mut dec = vec![zero; nb];
+            let mut buf = vec![0f32; m * W];
             for p in p0..p1 {
                 decode(p, &mut dec);
-                let c0 = p * panel::PANEL_ROWS - r0;
-                let live = panel::PANEL_ROWS.min(rows - c0);
-                apply(&dec, live, &mut part, panel::OutCols { stride: rows, c0 });
+                let live = W.min(n - p * W);
+                apply(&dec, live, &mut buf, panel::OutCols { stride: W, c0: 0 }, p);
+                let at = (p - p0) * W;
+                for (dst, src) in rows.iter_mut().zip(buf.chunks_exact(W)) {
+                    let src: &[f32; W] = src.try_into().expect("a panel-wide row");
+                    panel::put_row(&mut dst[at..at + live], src);
+                }
             }
-            (r0, part)
-        })
-        .collect();
-    out.par_chunks_mut(n).enumerate().for_each(|(t, o)| {
-        for (r0, part) in &parts {
-            let rows = part.len() / m;
-            o[*r0..*r0 + rows].copy_from_slice(&part[t * rows..(t + 1) * rows]);
-        }
-    });
+        });
 }
 
 /// Panel `p` of the K-quant weight rows `w` (`n` rows of `nb` blocks) decoded into `d`:
@@ -577,6 +588,30 @@ fn kq_decode_panel<B: kq_panel::KPanel>(
         (WeightRows::Q6Kx16(g), _) => q6_k::panel::decode_q6k_x16(g, nb, p, d),
         (_, Some(wb)) => kq_panel::decode(wb, nb, n, p, d),
         (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+    }
+}
+
+/// The source of panel `p` of the `n` weight rows `w` (`nb` blocks a row), for
+/// [`Ahead`]: its row group where the weight was repacked, else its sixteen rows of
+/// `file` (the rows' blocks in the file's layout, as the panels are decoded from); nothing
+/// past the last panel.
+#[cfg(target_arch = "x86_64")]
+fn panel_ahead<B>(w: WeightRows<'_>, file: Option<&[B]>, nb: usize, n: usize, p: usize) -> Ahead {
+    fn group<G>(g: &[G], nb: usize, p: usize) -> Ahead {
+        Ahead::of(g.get(p * nb..(p + 1) * nb).unwrap_or(&[]))
+    }
+    match (w, file) {
+        (WeightRows::Q4Kx16(g), _) => group(g, nb, p),
+        (WeightRows::Q6Kx16(g), _) => group(g, nb, p),
+        (WeightRows::Q8_0x16(g), _) => group(g, nb, p),
+        (WeightRows::Q5_0x16(g), _) => group(g, nb, p),
+        (WeightRows::Mxfp4x16(g), _) => group(g, nb, p),
+        (WeightRows::File(_), Some(wb)) => {
+            let r0 = (p * panel::PANEL_ROWS).min(n);
+            let r1 = (r0 + panel::PANEL_ROWS).min(n);
+            Ahead::of(&wb[r0 * nb..r1 * nb])
+        }
+        (WeightRows::File(_), None) => Ahead::NONE,
     }
 }
 
@@ -634,7 +669,10 @@ pub(crate) fn expert_panels(
                 let c0 = p * panel::PANEL_ROWS - r0;
                 let live = panel::PANEL_ROWS.min(rows - c0);
                 let cols = panel::OutCols { stride: rows, c0 };
-                kq_panel::gemm::<$B, true>(dec, nb, live, a, 0, part, cols);
+                // The next panel's rows (this task's or the next one's), asked for while
+                // this one is multiplied.
+                let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
+                kq_panel::gemm::<$B, true>(dec, nb, live, a, 0, part, cols, ahead);
             }
         }};
     }
@@ -683,11 +721,13 @@ fn kq_panel_gemm(
                 let decode = |p: usize, d: &mut [kq_panel::KPanelBlock]| {
                     kq_decode_panel(w, wb.as_deref(), nb, n, p, d)
                 };
-                let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols| {
+                // The rows of the panel after `p`, asked for while `p` is multiplied.
+                let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols, p: usize| {
+                    let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
                     if expert {
-                        kq_panel::gemm::<$B, true>(d, nb, live, a, 0, o, cols)
+                        kq_panel::gemm::<$B, true>(d, nb, live, a, 0, o, cols, ahead)
                     } else {
-                        kq_panel::gemm::<$B, false>(d, nb, live, a, 0, o, cols)
+                        kq_panel::gemm::<$B, false>(d, nb, live, a, 0, o, cols, ahead)
                     }
                 };
                 fused_gemm(n, nb, kq_panel::KPanelBlock::ZERO, decode, apply, out);
@@ -714,13 +754,19 @@ fn kq_panel_gemm(
                         .par_chunks_mut(KQ_DECODE_PANELS * nb)
                         .enumerate()
                         .for_each(|(c, d)| {
-                            q4_k::panel::decode_x16(g, nb, p0 + KQ_DECODE_PANELS * c, d)
+                            let q = p0 + KQ_DECODE_PANELS * c;
+                            q4_k::panel::decode_x16(g, nb, q, d);
+                            // As many panels after these, asked for while these are decoded on.
+                            x16::prefetch_following(g, q * nb + d.len(), d.len());
                         }),
                     (WeightRows::Q6Kx16(g), _) => dec
                         .par_chunks_mut(KQ_DECODE_PANELS * nb)
                         .enumerate()
                         .for_each(|(c, d)| {
-                            q6_k::panel::decode_q6k_x16(g, nb, p0 + KQ_DECODE_PANELS * c, d)
+                            let q = p0 + KQ_DECODE_PANELS * c;
+                            q6_k::panel::decode_q6k_x16(g, nb, q, d);
+                            // As many panels after these, asked for while these are decoded on.
+                            x16::prefetch_following(g, q * nb + d.len(), d.len());
                         }),
                     (_, Some(bytes)) => {
                         let wb = view::<$B>(bytes);
@@ -736,9 +782,9 @@ fn kq_panel_gemm(
                 let cols = panel::OutCols { stride: n, c0: s0 };
                 out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
                     if expert {
-                        kq_panel::gemm::<$B, true>(dec, nb, sn, a, c * per, o, cols)
+                        kq_panel::gemm::<$B, true>(dec, nb, sn, a, c * per, o, cols, Ahead::NONE)
                     } else {
-                        kq_panel::gemm::<$B, false>(dec, nb, sn, a, c * per, o, cols)
+                        kq_panel::gemm::<$B, false>(dec, nb, sn, a, c * per, o, cols, Ahead::NONE)
                     }
                 });
             }};
@@ -781,10 +827,13 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
             .collect();
         &scaled
     };
-    let side = |i: usize| {
-        let r = i * nb..(i + 1) * nb;
-        (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
-    };
+    let m = out.len() / n;
+    let sides: Vec<q0::vnni::Q8_0Side<'_>> = (0..m)
+        .map(|i| {
+            let r = i * nb..(i + 1) * nb;
+            (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
+        })
+        .collect();
     let per = rows_per_task.max(1);
     fn decode_packed<G: q0::x16::Q0Group>(
         g: &[G],
@@ -794,14 +843,19 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
     ) {
         dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
             .enumerate()
-            .for_each(|(c, d)| q0::panel::q0_decode_x16(g, nb, p0 + Q0_DECODE_PANELS * c, d));
+            .for_each(|(c, d)| {
+                let start = (p0 + Q0_DECODE_PANELS * c) * nb;
+                q0::panel::q0_decode_x16(g, nb, p0 + Q0_DECODE_PANELS * c, d);
+                // As many panels after these, asked for while these are decoded on.
+                x16::prefetch_following(g, start + d.len(), d.len());
+            });
     }
     // The file's bytes once for every strip (borrowed for a file layout).
     let bytes = match w {
         WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => None,
         _ => Some(w.file_bytes(k)),
     };
-    if out.len() / n < FUSED_MAX_ROWS {
+    if m < FUSED_MAX_ROWS {
         let wb = bytes.as_ref().map(|b| view::<B>(b));
         let decode = |p: usize, d: &mut [q0::panel::PanelBlock]| match (w, &wb) {
             (WeightRows::Q8_0x16(g), _) => q0::panel::q0_decode_x16(g, nb, p, d),
@@ -809,8 +863,10 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
             (_, Some(wb)) => q0::panel::q0_decode(wb, nb, n, p, d),
             (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
         };
-        let apply = |d: &[q0::panel::PanelBlock], live, o: &mut [f32], cols| {
-            q0::panel::q0_gemm(d, nb, live, &side, 0, o, cols)
+        // The rows of the panel after `p`, asked for while `p` is multiplied.
+        let apply = |d: &[q0::panel::PanelBlock], live, o: &mut [f32], cols, p: usize| {
+            let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
+            q0::panel::q0_gemm(d, nb, live, &sides, o, cols, ahead)
         };
         fused_gemm(n, nb, q0::panel::PanelBlock::ZERO, decode, apply, out);
         return;
@@ -832,16 +888,22 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
                 dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
                     .enumerate()
                     .for_each(|(c, d)| {
-                        q0::panel::q0_decode(&wb, nb, n, p0 + Q0_DECODE_PANELS * c, d)
+                        let q = p0 + Q0_DECODE_PANELS * c;
+                        q0::panel::q0_decode(&wb, nb, n, q, d);
+                        // The rows of as many panels after these, asked for while
+                        // these are decoded on: the file's rows lie one after another.
+                        let next = ((q + Q0_DECODE_PANELS) * panel::PANEL_ROWS).min(n);
+                        let end = (next + Q0_DECODE_PANELS * panel::PANEL_ROWS).min(n);
+                        x16::prefetch_slice(&wb[next * nb..end * nb]);
                     });
             }
             (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
         }
         let dec = &*dec;
         let cols = panel::OutCols { stride: n, c0: s0 };
-        out.par_chunks_mut(per * n)
-            .enumerate()
-            .for_each(|(c, o)| q0::panel::q0_gemm(dec, nb, sn, &side, c * per, o, cols));
+        out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
+            q0::panel::q0_gemm(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
+        });
     }
 }
 

@@ -27,6 +27,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::BlockQ8K;
 
 use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
+use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx512::transpose16;
 
 /// Activation rows per tile.
@@ -166,8 +167,6 @@ pub(crate) fn decode_groups<G>(
             block(b, o);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    crate::kernels::x16::prefetch_following(groups, p0 * nb + dec.len(), dec.len());
 }
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).
@@ -228,10 +227,12 @@ pub(crate) trait KTile: KPanel {
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and FMA.
+    /// The tile asks for the cache lines of `ahead` as it goes ([`Ahead::block`]).
     unsafe fn tile<const A: usize, const EXPERT: bool>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
     );
 }
 
@@ -239,7 +240,9 @@ pub(crate) trait KTile: KPanel {
 /// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode`]) and the
 /// `out.len() / cols.stride` activation rows from `i0` of `acts` (Q8_K, `nb` blocks per
 /// row), in llama.cpp's prompt-batch order for `B` (its expert order where `EXPERT`,
-/// [`KTile::tile`]). Per panel, tiles of [`COLS`] activation rows, the rest one at a time.
+/// [`KTile::tile`]). Per panel, tiles of [`COLS`] activation rows, the rest one at a time;
+/// the tiles ask for the cache lines of `ahead` (the weight rows decoded next, if any),
+/// spread over them.
 #[allow(private_bounds)]
 pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
     dec: &[KPanelBlock],
@@ -249,6 +252,7 @@ pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
     i0: usize,
     out: &mut [f32],
     cols: OutCols,
+    ahead: Ahead,
 ) {
     if n == 0 || nb == 0 {
         return;
@@ -271,14 +275,15 @@ pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
         while t < m {
             let mut o = [[0f32; PANEL_ROWS]; COLS];
             let take = if m - t >= COLS { COLS } else { 1 };
+            let mine = ahead.part(t / COLS, m.div_ceil(COLS));
             // SAFETY (each call): the VNNI level was checked at device open.
             unsafe {
                 if take == COLS {
                     let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
-                    B::tile::<COLS, EXPERT>(blocks, &y, &mut o);
+                    B::tile::<COLS, EXPERT>(blocks, &y, &mut o, mine);
                 } else {
                     let mut o1 = [[0f32; PANEL_ROWS]; 1];
-                    B::tile::<1, EXPERT>(blocks, &[act(t)], &mut o1);
+                    B::tile::<1, EXPERT>(blocks, &[act(t)], &mut o1, mine);
                     o[0] = o1[0];
                 }
             }

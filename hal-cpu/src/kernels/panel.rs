@@ -38,10 +38,17 @@ pub(crate) fn for_each_panel<B, D>(
     assert!(w.len() >= n * nb, "for_each_panel: weight rows");
     for (t, d) in dec.chunks_mut(nb).enumerate() {
         let r0 = PANEL_ROWS * (p0 + t);
-        let rows: Vec<&[B]> = (r0..(r0 + PANEL_ROWS).min(n))
-            .map(|r| &w[r * nb..(r + 1) * nb])
-            .collect();
-        decode(&rows, d);
+        let live = PANEL_ROWS.min(n.saturating_sub(r0));
+        // The panel's rows on the stack: this runs once per panel of every matmul.
+        let rows: [&[B]; PANEL_ROWS] = std::array::from_fn(|i| {
+            let r = r0 + i;
+            if r < n {
+                &w[r * nb..(r + 1) * nb]
+            } else {
+                &[]
+            }
+        });
+        decode(&rows[..live], d);
     }
 }
 

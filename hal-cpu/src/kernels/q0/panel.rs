@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
 use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 use crate::kernels::q0::x16::Q0Group;
+use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx512::transpose8_halves;
 
 /// One 32-quant block of sixteen weight rows (a panel), decoded once for every
@@ -78,12 +79,6 @@ pub(crate) fn q0_decode<B: Q0Pair>(
     for_each_panel(w, nb, n, p0, dec, |rows, d| unsafe {
         decode_panel(rows, d)
     });
-    // The rows of as many panels after these, asked for while these are multiplied (as
-    // `q0_decode_x16` does for repacked rows): the file's rows lie one after the other.
-    let panels = dec.len() / nb.max(1);
-    let next = ((p0 + panels) * PANEL_ROWS).min(n);
-    let end = (next + panels * PANEL_ROWS).min(n);
-    crate::kernels::x16::prefetch_slice(&w[next * nb..end * nb]);
 }
 
 /// The panels `p0..p0 + dec.len() / nb` of Q8_0 or Q5_0 rows repacked at staging
@@ -98,7 +93,6 @@ pub(crate) fn q0_decode_x16<G: Q0Group>(
     // SAFETY: the VNNI level (AVX-512 F/BW, F16C) was checked against the CPU at device
     // open.
     unsafe { decode_x16_blocks(&groups[p0 * nb..p0 * nb + dec.len()], dec) }
-    crate::kernels::x16::prefetch_following(groups, p0 * nb + dec.len(), dec.len());
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
@@ -134,6 +128,7 @@ fn q0_panel_tile<const A: usize>(
     panel: &[PanelBlock],
     y: &[Q8_0Side<'_>; A],
     out: &mut [[f32; PANEL_ROWS]; A],
+    ahead: Ahead,
 ) {
     let nb = panel.len();
     let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
@@ -142,6 +137,7 @@ fn q0_panel_tile<const A: usize>(
     });
     let mut acc = [[_mm512_setzero_ps(); 8]; A];
     for (i, b) in panel.iter().enumerate() {
+        ahead.block(i, nb);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..8 {
             // SAFETY: 64 readable bytes; the block is 64-byte aligned.
@@ -176,31 +172,32 @@ fn q0_panel_tile<const A: usize>(
     }
 }
 
-/// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row i0 + t)` for
-/// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the
-/// `out.len() / cols.stride` activation rows from `i0` that `side` gives (their lane sums times minus the weight
-/// type's offset), in tinyBLAS's order (the same results as [`q5_0_rows`](super::vnni::q5_0_rows) /
-/// `tinyblas::dot_q0` row by row). Per panel (which stays in L1), tiles of two
-/// activation rows ([`q0_panel_tile`], which keeps both multiply pipes busy), the last
-/// odd row alone.
-pub(crate) fn q0_gemm<'a>(
+/// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row t)` for the
+/// `n` weight rows decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the
+/// activation rows `sides` (each row's Q8_0 blocks, scales and lane sums times minus the
+/// weight type's offset; `out.len() / cols.stride` of them), in tinyBLAS's order (the
+/// same results as [`q5_0_rows`](super::vnni::q5_0_rows) / `tinyblas::dot_q0` row by
+/// row). Per panel (which stays in L1), tiles of two activation rows
+/// ([`q0_panel_tile`], which keeps both multiply pipes busy), the last odd row alone.
+/// The tiles ask for the cache lines of `ahead` (the weight rows decoded next, if any), a
+/// line per block, spread over the tiles (see [`Ahead`]).
+pub(crate) fn q0_gemm(
     dec: &[PanelBlock],
     nb: usize,
     n: usize,
-    side: &dyn Fn(usize) -> Q8_0Side<'a>,
-    i0: usize,
+    sides: &[Q8_0Side<'_>],
     out: &mut [f32],
     cols: OutCols,
+    ahead: Ahead,
 ) {
     if n == 0 || nb == 0 {
         return;
     }
     assert!(cols.c0 + n <= cols.stride, "q0_gemm: output columns");
     let m = out.len() / cols.stride;
+    assert!(sides.len() >= m, "q0_gemm: activation rows");
     let panels = n.div_ceil(PANEL_ROWS);
     assert!(dec.len() >= panels * nb, "q0_gemm: decoded rows");
-    // The activation rows' side data once, not once per tile.
-    let sides: Vec<Q8_0Side<'a>> = (0..m).map(|t| side(i0 + t)).collect();
     for p in 0..panels {
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL_ROWS;
@@ -209,13 +206,14 @@ pub(crate) fn q0_gemm<'a>(
         while t < m {
             let mut o = [[0f32; PANEL_ROWS]; 2];
             let take = (m - t).min(2);
+            let mine = ahead.part(t / 2, m.div_ceil(2));
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
                 if take == 2 {
-                    q0_panel_tile::<2>(blocks, &[sides[t], sides[t + 1]], &mut o);
+                    q0_panel_tile::<2>(blocks, &[sides[t], sides[t + 1]], &mut o, mine);
                 } else {
                     let mut o1 = [[0f32; PANEL_ROWS]; 1];
-                    q0_panel_tile::<1>(blocks, &[sides[t]], &mut o1);
+                    q0_panel_tile::<1>(blocks, &[sides[t]], &mut o1, mine);
                     o[0] = o1[0];
                 }
             }

@@ -12,6 +12,7 @@ use crate::kernels::kq_panel::{
 };
 use crate::kernels::panel::PANEL_ROWS;
 use crate::kernels::q4_k::x16::BlockQ4Kx16;
+use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx512::load64;
 
 impl KPanel for BlockQ4K {
@@ -152,12 +153,14 @@ fn q4k_tile<const A: usize, const GEMM: bool>(
     panel: &[KPanelBlock],
     y: &[&[BlockQ8K]; A],
     out: &mut [[f32; PANEL_ROWS]; A],
+    ahead: Ahead,
 ) {
     let nb = panel.len();
     let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
     let mut acc = [_mm512_setzero_ps(); A];
     let mut accm = [_mm512_setzero_ps(); A];
     for (i, b) in panel.iter().enumerate() {
+        ahead.block(i, nb);
         let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
         let (d, dmin) = (lanes_ps(&b.d), lanes_ps(&b.dmin));
         let mut dd = [_mm512_setzero_ps(); A];
@@ -210,12 +213,13 @@ impl KTile for BlockQ4K {
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
     ) {
         // SAFETY (both): the caller guarantees the features.
         if EXPERT {
-            unsafe { q4k_tile::<A, false>(panel, y, out) }
+            unsafe { q4k_tile::<A, false>(panel, y, out, ahead) }
         } else {
-            unsafe { q4k_tile::<A, true>(panel, y, out) }
+            unsafe { q4k_tile::<A, true>(panel, y, out, ahead) }
         }
     }
 }

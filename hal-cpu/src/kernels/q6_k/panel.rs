@@ -12,6 +12,7 @@ use crate::kernels::kq_panel::{
 };
 use crate::kernels::panel::PANEL_ROWS;
 use crate::kernels::q6_k::x16::{self, BlockQ6Kx16};
+use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx512::load64;
 
 impl KPanel for BlockQ6K {
@@ -125,11 +126,13 @@ fn q6k_tile<const A: usize>(
     panel: &[KPanelBlock],
     y: &[&[BlockQ8K]; A],
     out: &mut [[f32; PANEL_ROWS]; A],
+    ahead: Ahead,
 ) {
     let nb = panel.len();
     let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
     let mut acc = [_mm512_setzero_ps(); A];
     for (i, b) in panel.iter().enumerate() {
+        ahead.block(i, nb);
         let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
         // The offset first: S starts at -32·sum_s sc_s·bsum_s.
         let mut s = [_mm512_setzero_si512(); A];
@@ -164,8 +167,9 @@ impl KTile for BlockQ6K {
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
     ) {
         // SAFETY: the caller guarantees the features.
-        unsafe { q6k_tile::<A>(panel, y, out) }
+        unsafe { q6k_tile::<A>(panel, y, out, ahead) }
     }
 }
