@@ -53,15 +53,21 @@ fn decode_panel<B: Q0Pair>(rows: &[&[B]], out: &mut [PanelBlock]) {
             // SAFETY: 64 writable bytes, 64-byte aligned.
             unsafe { _mm512_store_si512(u.as_mut_ptr() as *mut __m512i, v) };
         }
-        let mut bits = [0u16; PANEL_ROWS];
-        for (s, row) in bits.iter_mut().zip(rows) {
-            *s = row[i].scale_bits();
+        // The rows' f16 scales, four to a 64-bit word in registers: written to memory as
+        // sixteen halves and read back as one vector, they would stall on store
+        // forwarding once per block.
+        let mut words = [0u64; PANEL_ROWS / 4];
+        for (r, row) in rows.iter().enumerate() {
+            words[r / 4] |= u64::from(row[i].scale_bits()) << (16 * (r % 4));
         }
-        // SAFETY: 32 readable bytes in, 64 writable bytes out, 64-byte aligned.
-        unsafe {
-            let h = _mm256_loadu_si256(bits.as_ptr() as *const __m256i);
-            _mm512_store_ps(o.d.as_mut_ptr(), _mm512_cvtph_ps(h));
-        }
+        let h = _mm256_set_epi64x(
+            words[3] as i64,
+            words[2] as i64,
+            words[1] as i64,
+            words[0] as i64,
+        );
+        // SAFETY: 64 writable bytes, 64-byte aligned.
+        unsafe { _mm512_store_ps(o.d.as_mut_ptr(), _mm512_cvtph_ps(h)) };
     }
 }
 
