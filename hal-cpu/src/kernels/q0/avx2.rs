@@ -7,7 +7,8 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 
 use crate::kernels::q0::tinyblas::dot_q0;
-use crate::kernels::x86::avx2::{load32i, nibbles};
+use crate::kernels::q0::vnni::Q8_0Side;
+use crate::kernels::x86::avx2::{f16_bcast, hsum_ps, load32i, nibbles};
 
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -86,4 +87,180 @@ pub(crate) fn dot_q5_0<const R: usize>(
 ) {
     // SAFETY: this function's target features are the ones `dot_q0` needs.
     unsafe { dot_q0(x, y, s, out, |b| q5_0_bytes(b), |b| b.d) }
+}
+
+/// A legacy 32-quant weight type as [`q0_rows`] takes it: its f16 scale, its quants
+/// decoded once per block, and tinyBLAS's eight i32 lane sums (quants `4l..4l + 4`) of
+/// the decoded block against an activation block.
+pub(crate) trait Avx2Q0: bytemuck::Pod + Sync {
+    /// The f16 scale bits.
+    fn scale_bits(&self) -> u16;
+    /// The block's quants as [`Avx2Q0::lane_sums`] takes them: for Q8_0 `|q|` and `q`
+    /// (whose signs go onto the activation), for the others the quants plus their offset
+    /// (unsigned) twice.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    unsafe fn quants(&self) -> (__m256i, __m256i);
+    /// The lane sums of the decoded block `q` against the activation quants `y`, whose
+    /// lane sums times -16 are `neg16`: exactly the integers tinyBLAS's `maddubs` /
+    /// `madd` of sign-adjusted bytes gives.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    unsafe fn lane_sums(q: (__m256i, __m256i), y: __m256i, neg16: __m256i) -> __m256i;
+}
+
+impl Avx2Q0 for BlockQ8_0 {
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> (__m256i, __m256i) {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            let q = q8_0_bytes(self);
+            (_mm256_sign_epi8(q, q), q)
+        }
+    }
+    #[inline(always)]
+    unsafe fn lane_sums(q: (__m256i, __m256i), y: __m256i, _neg16: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            // tinyBLAS's steps: |q| against y with q's signs (a pair of products stays
+            // within i16: |q| <= 128, |y| <= 127).
+            let p = _mm256_maddubs_epi16(q.0, _mm256_sign_epi8(y, q.1));
+            _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+        }
+    }
+}
+
+impl Avx2Q0 for BlockQ5_0 {
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> (__m256i, __m256i) {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            let bit5 = _mm256_and_si256(
+                bytes_from_bits(u32::from_le_bytes(self.qh)),
+                _mm256_set1_epi8(0x10),
+            );
+            let u = _mm256_or_si256(nibbles(&self.qs), bit5);
+            (u, u)
+        }
+    }
+    #[inline(always)]
+    unsafe fn lane_sums(q: (__m256i, __m256i), y: __m256i, neg16: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            // The quants plus 16 (0..=31) against y: a pair of products stays within i16
+            // (2 x 31 x 128), and -16 x the lane's activation sum takes the offset back
+            // out exactly.
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q.0, y), _mm256_set1_epi16(1));
+            _mm256_add_epi32(p, neg16)
+        }
+    }
+}
+
+impl Avx2Q0 for BlockQ4_0 {
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> (__m256i, __m256i) {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            let u = nibbles(&self.qs);
+            (u, u)
+        }
+    }
+    #[inline(always)]
+    unsafe fn lane_sums(q: (__m256i, __m256i), y: __m256i, neg16: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            // The quants plus 8 (the nibbles) against y; -8 x the lane's activation sum
+            // (half of `neg16`, exact: a multiple of 16) takes the offset back out.
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q.0, y), _mm256_set1_epi16(1));
+            _mm256_add_epi32(p, _mm256_srai_epi32::<1>(neg16))
+        }
+    }
+}
+
+/// Rows of a legacy 32-quant weight `w` (`nb` blocks each) against `A` Q8_0 activation
+/// rows `y` (decode: one, or a few sequences), in tinyBLAS's order as [`dot_q8_0`] /
+/// [`dot_q5_0`] / [`dot_q4_0`] (bit for bit): `out[r * stride + a]` is weight row `r`
+/// against `y[a]`. Each weight block is decoded once for the `A` rows; `S` weight rows go
+/// side by side, far apart (row `t` of each of `S` equal runs, as `vnni::q0_rows` takes
+/// them: separate streams for the prefetchers), `S x A` chains for the out-of-order core;
+/// `PF` bytes ahead of each weight stream asked for (0: none). The rows past `S` equal
+/// runs one at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q0_rows<B: Avx2Q0, const S: usize, const A: usize, const PF: usize>(
+    w: &[B],
+    nb: usize,
+    y: &[Q8_0Side<'_>; A],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = w.len() / nb.max(1);
+    assert!(
+        nb > 0
+            && A > 0
+            && w.len() == n * nb
+            && stride >= A
+            && out.len() >= (n.max(1) - 1) * stride + A,
+        "q0::avx2::q0_rows: lengths"
+    );
+    let ys: [Q8_0Side<'_>; A] =
+        std::array::from_fn(|a| (&y[a].0[..nb], &y[a].1[..nb], &y[a].2[..nb]));
+    let run = n / S;
+    for t in 0..run {
+        let xr: [&[B]; S] = std::array::from_fn(|s| &w[(s * run + t) * nb..][..nb]);
+        let mut acc = [[_mm256_setzero_ps(); A]; S];
+        for i in 0..nb {
+            // SAFETY: 32 quant bytes and 8 i32 are readable, loadu is unaligned; this
+            // function's features include what `quants` and `lane_sums` need.
+            unsafe {
+                let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); S];
+                let mut d = [_mm256_setzero_ps(); S];
+                for s in 0..S {
+                    let b = &xr[s][i];
+                    if PF > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>((b as *const B).cast::<i8>().wrapping_add(PF));
+                    }
+                    q[s] = b.quants();
+                    d[s] = f16_bcast(b.scale_bits());
+                }
+                for a in 0..A {
+                    let (yb, ysc, yl) = ys[a];
+                    let yv = _mm256_loadu_si256(yb[i].qs.as_ptr() as *const __m256i);
+                    let neg16 = _mm256_loadu_si256(yl[i].as_ptr() as *const __m256i);
+                    let dy = _mm256_set1_ps(ysc[i]);
+                    for s in 0..S {
+                        let sum = B::lane_sums(q[s], yv, neg16);
+                        let dd = _mm256_mul_ps(d[s], dy);
+                        acc[s][a] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), acc[s][a]);
+                    }
+                }
+            }
+        }
+        for s in 0..S {
+            for a in 0..A {
+                out[(s * run + t) * stride + a] = hsum_ps(acc[s][a]);
+            }
+        }
+    }
+    if S > 1 {
+        for r in S * run..n {
+            q0_rows::<B, 1, A, PF>(
+                &w[r * nb..(r + 1) * nb],
+                nb,
+                y,
+                &mut out[r * stride..],
+                stride,
+            );
+        }
+    }
 }
