@@ -1278,9 +1278,15 @@ pub(crate) fn rows_small_batch(
     if level == SimdLevel::Avx512Vnni && matches!(acts, Acts::Q8_0 { .. }) && k >= 32 {
         let nb = k / 32;
         match ty {
-            GgmlType::Q8_0 => q0_small_batch::<BlockQ8_0>(&view(w), nb, acts, m, out_t),
-            GgmlType::Q5_0 => q0_small_batch::<BlockQ5_0>(&view(w), nb, acts, m, out_t),
-            GgmlType::Q4_0 => q0_small_batch::<BlockQ4_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q8_0 => {
+                q0_small_batch(&view::<BlockQ8_0>(w), nb, acts, m, out_t, q0_small_block)
+            }
+            GgmlType::Q5_0 => {
+                q0_small_batch(&view::<BlockQ5_0>(w), nb, acts, m, out_t, q0_small_block)
+            }
+            GgmlType::Q4_0 => {
+                q0_small_batch(&view::<BlockQ4_0>(w), nb, acts, m, out_t, q0_small_block)
+            }
             _ => return false,
         }
         return true;
@@ -1295,9 +1301,30 @@ pub(crate) fn rows_small_batch(
     {
         let nb = k / 32;
         match ty {
-            GgmlType::Q8_0 => q0_small_batch_avx2::<BlockQ8_0>(&view(w), nb, acts, m, out_t),
-            GgmlType::Q5_0 => q0_small_batch_avx2::<BlockQ5_0>(&view(w), nb, acts, m, out_t),
-            GgmlType::Q4_0 => q0_small_batch_avx2::<BlockQ4_0>(&view(w), nb, acts, m, out_t),
+            GgmlType::Q8_0 => q0_small_batch(
+                &view::<BlockQ8_0>(w),
+                nb,
+                acts,
+                m,
+                out_t,
+                q0_small_block_avx2,
+            ),
+            GgmlType::Q5_0 => q0_small_batch(
+                &view::<BlockQ5_0>(w),
+                nb,
+                acts,
+                m,
+                out_t,
+                q0_small_block_avx2,
+            ),
+            GgmlType::Q4_0 => q0_small_batch(
+                &view::<BlockQ4_0>(w),
+                nb,
+                acts,
+                m,
+                out_t,
+                q0_small_block_avx2,
+            ),
             _ => return false,
         }
         return true;
@@ -1434,20 +1461,22 @@ fn rows4_tiles<B>(
     4 * q
 }
 
-/// [`rows_small_batch`] for a legacy 32-quant type: activation rows four at a time; with
-/// more than four, weight rows in blocks of 64 so that each block stays in cache while
-/// every group of activation rows passes over it.
+/// [`rows_small_batch`] for a legacy 32-quant type: `block` (activation rows four at a
+/// time: [`q0_small_block`], [`q0_small_block_avx2`]) over the weight rows, which with
+/// more than four activation rows go in blocks of 64 so that each block stays in cache
+/// while every group of activation rows passes over it.
 #[cfg(target_arch = "x86_64")]
-fn q0_small_batch<B: q0::vnni::Q0Pair>(
+fn q0_small_batch<B>(
     w: &[B],
     nb: usize,
     acts: &Acts,
     m: usize,
     out_t: &mut [f32],
+    block: fn(&[B], usize, &Acts, usize, &mut [f32]),
 ) {
     let rows = if m > 4 { 64 } else { (w.len() / nb).max(1) };
     for (wb, ob) in w.chunks(rows * nb).zip(out_t.chunks_mut(rows * m)) {
-        q0_small_block(wb, nb, acts, m, ob);
+        block(wb, nb, acts, m, ob);
     }
 }
 
@@ -1497,26 +1526,9 @@ fn q0_small_block<B: q0::vnni::Q0Pair>(
     }
 }
 
-/// [`q0_small_batch`] at the AVX2 level: two far-apart weight rows against up to four
-/// activation rows at a time (`q0::avx2::q0_rows`), each weight block decoded once for
-/// them.
-#[cfg(target_arch = "x86_64")]
-fn q0_small_batch_avx2<B: q0::avx2::Avx2Q0>(
-    w: &[B],
-    nb: usize,
-    acts: &Acts,
-    m: usize,
-    out_t: &mut [f32],
-) {
-    // More than four activation rows: blocks of 64 weight rows, which stay in cache while
-    // every group of four passes over them.
-    let rows = if m > 4 { 64 } else { (w.len() / nb).max(1) };
-    for (wb, ob) in w.chunks(rows * nb).zip(out_t.chunks_mut(rows * m)) {
-        q0_small_block_avx2(wb, nb, acts, m, ob);
-    }
-}
-
-/// [`q0_small_batch_avx2`] on one block of weight rows.
+/// [`q0_small_block`] at the AVX2 level: two far-apart weight rows against up to four
+/// activation rows at a time (`q0::avx2::q0_rows`; four weight rows against one), each
+/// weight block decoded once for them.
 #[cfg(target_arch = "x86_64")]
 fn q0_small_block_avx2<B: q0::avx2::Avx2Q0>(
     w: &[B],

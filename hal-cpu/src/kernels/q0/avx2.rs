@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 
 use crate::kernels::q0::tinyblas::dot_q0;
-use crate::kernels::q0::vnni::Q8_0Side;
+use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 use crate::kernels::x86::avx2::{f16_bcast, hsum_ps, load32i, nibbles};
 
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
@@ -89,12 +89,10 @@ pub(crate) fn dot_q5_0<const R: usize>(
     unsafe { dot_q0(x, y, s, out, |b| q5_0_bytes(b), |b| b.d) }
 }
 
-/// A legacy 32-quant weight type as [`q0_rows`] takes it: its f16 scale, its quants
-/// decoded once per block, and tinyBLAS's eight i32 lane sums (quants `4l..4l + 4`) of
-/// the decoded block against an activation block.
-pub(crate) trait Avx2Q0: bytemuck::Pod + Sync {
-    /// The f16 scale bits.
-    fn scale_bits(&self) -> u16;
+/// A legacy 32-quant weight type as [`q0_rows`] takes it: its quants decoded once per
+/// block, and tinyBLAS's eight i32 lane sums (quants `4l..4l + 4`) of the decoded block
+/// against an activation block (the f16 scale as the VNNI kernels take it).
+pub(crate) trait Avx2Q0: Q0Pair {
     /// The block's quants as [`Avx2Q0::lane_sums`] takes them: for Q8_0 `|q|` and `q`
     /// (whose signs go onto the activation), for the others the quants plus their offset
     /// (unsigned) twice.
@@ -112,9 +110,6 @@ pub(crate) trait Avx2Q0: bytemuck::Pod + Sync {
 }
 
 impl Avx2Q0 for BlockQ8_0 {
-    fn scale_bits(&self) -> u16 {
-        self.d
-    }
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
@@ -136,9 +131,6 @@ impl Avx2Q0 for BlockQ8_0 {
 }
 
 impl Avx2Q0 for BlockQ5_0 {
-    fn scale_bits(&self) -> u16 {
-        self.d
-    }
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
@@ -165,9 +157,6 @@ impl Avx2Q0 for BlockQ5_0 {
 }
 
 impl Avx2Q0 for BlockQ4_0 {
-    fn scale_bits(&self) -> u16 {
-        self.d
-    }
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
