@@ -1274,57 +1274,34 @@ pub(crate) fn rows_small_batch(
         mxfp4::small_batch(l, &view(w), act, m, out_t);
         return true;
     }
+    // Legacy quants on VNNI; on AVX2 up to a few dozen rows (decode batches), a prompt's
+    // rows taking the activation tiles of `dot_rows` there (faster for them: 422 against
+    // 350-375 prompt tok/s on Gemma 3 270M).
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni && matches!(acts, Acts::Q8_0 { .. }) && k >= 32 {
-        let nb = k / 32;
-        match ty {
-            GgmlType::Q8_0 => {
-                q0_small_batch(&view::<BlockQ8_0>(w), nb, acts, m, out_t, q0_small_block)
-            }
-            GgmlType::Q5_0 => {
-                q0_small_batch(&view::<BlockQ5_0>(w), nb, acts, m, out_t, q0_small_block)
-            }
-            GgmlType::Q4_0 => {
-                q0_small_batch(&view::<BlockQ4_0>(w), nb, acts, m, out_t, q0_small_block)
-            }
-            _ => return false,
-        }
-        return true;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // Up to a few dozen rows (decode batches); a prompt's rows take the activation tiles
-    // of `dot_rows` (faster there: 422 against 350-375 prompt tok/s on Gemma 3 270M).
-    if level == SimdLevel::Avx2
-        && matches!(acts, Acts::Q8_0 { .. })
+    if matches!(acts, Acts::Q8_0 { .. })
         && k >= 32
-        && m < FUSED_MAX_ROWS
+        && (level == SimdLevel::Avx512Vnni || (level == SimdLevel::Avx2 && m < FUSED_MAX_ROWS))
     {
         let nb = k / 32;
+        fn run<B: q0::avx2::Avx2Q0>(
+            level: SimdLevel,
+            w: &[B],
+            nb: usize,
+            acts: &Acts,
+            m: usize,
+            out_t: &mut [f32],
+        ) {
+            let k = if level == SimdLevel::Avx512Vnni {
+                q0_rows_vnni()
+            } else {
+                q0_rows_avx2()
+            };
+            q0_small_batch(w, nb, acts, m, out_t, k)
+        }
         match ty {
-            GgmlType::Q8_0 => q0_small_batch(
-                &view::<BlockQ8_0>(w),
-                nb,
-                acts,
-                m,
-                out_t,
-                q0_small_block_avx2,
-            ),
-            GgmlType::Q5_0 => q0_small_batch(
-                &view::<BlockQ5_0>(w),
-                nb,
-                acts,
-                m,
-                out_t,
-                q0_small_block_avx2,
-            ),
-            GgmlType::Q4_0 => q0_small_batch(
-                &view::<BlockQ4_0>(w),
-                nb,
-                acts,
-                m,
-                out_t,
-                q0_small_block_avx2,
-            ),
+            GgmlType::Q8_0 => run(level, &view::<BlockQ8_0>(w), nb, acts, m, out_t),
+            GgmlType::Q5_0 => run(level, &view::<BlockQ5_0>(w), nb, acts, m, out_t),
+            GgmlType::Q4_0 => run(level, &view::<BlockQ4_0>(w), nb, acts, m, out_t),
             _ => return false,
         }
         return true;
@@ -1461,108 +1438,68 @@ fn rows4_tiles<B>(
     4 * q
 }
 
-/// [`rows_small_batch`] for a legacy 32-quant type: `block` (activation rows four at a
-/// time: [`q0_small_block`], [`q0_small_block_avx2`]) over the weight rows, which with
-/// more than four activation rows go in blocks of 64 so that each block stays in cache
-/// while every group of activation rows passes over it.
+/// The row kernels of a legacy 32-quant type for `A` = 1..=4 activation rows, by `A - 1`
+/// (`q0::vnni::q0_rows` / `q0_rows_pairs`, `q0::avx2::q0_rows`): weight rows `w` of `nb`
+/// blocks against the rows' side data into `out[row * stride + a]`.
 #[cfg(target_arch = "x86_64")]
-fn q0_small_batch<B>(
-    w: &[B],
-    nb: usize,
-    acts: &Acts,
-    m: usize,
-    out_t: &mut [f32],
-    block: fn(&[B], usize, &Acts, usize, &mut [f32]),
-) {
+type Q0RowsA<B> = (
+    unsafe fn(&[B], usize, &[q0::vnni::Q8_0Side<'_>; 1], &mut [f32], usize),
+    unsafe fn(&[B], usize, &[q0::vnni::Q8_0Side<'_>; 2], &mut [f32], usize),
+    unsafe fn(&[B], usize, &[q0::vnni::Q8_0Side<'_>; 3], &mut [f32], usize),
+    unsafe fn(&[B], usize, &[q0::vnni::Q8_0Side<'_>; 4], &mut [f32], usize),
+);
+
+/// The VNNI level's [`Q0RowsA`]: from two activation rows, pairs of weight rows in the
+/// halves of 512-bit registers, three pairs per activation block (more independent
+/// chains per loaded activation); one row: 256-bit, where the 512-bit form gains nothing.
+#[cfg(target_arch = "x86_64")]
+fn q0_rows_vnni<B: q0::vnni::Q0Pair>() -> Q0RowsA<B> {
+    (
+        q0::vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>,
+        q0::vnni::q0_rows_pairs::<B, 3, 2, STREAM_PREFETCH>,
+        q0::vnni::q0_rows_pairs::<B, 3, 3, STREAM_PREFETCH>,
+        q0::vnni::q0_rows_pairs::<B, 3, 4, STREAM_PREFETCH>,
+    )
+}
+
+/// The AVX2 level's [`Q0RowsA`]: four far-apart weight rows against one activation row,
+/// two against two to four (the sixteen vector registers hold no more chains).
+#[cfg(target_arch = "x86_64")]
+fn q0_rows_avx2<B: q0::avx2::Avx2Q0>() -> Q0RowsA<B> {
+    (
+        q0::avx2::q0_rows::<B, 4, 1, STREAM_PREFETCH>,
+        q0::avx2::q0_rows::<B, 2, 2, STREAM_PREFETCH>,
+        q0::avx2::q0_rows::<B, 2, 3, STREAM_PREFETCH>,
+        q0::avx2::q0_rows::<B, 2, 4, STREAM_PREFETCH>,
+    )
+}
+
+/// [`rows_small_batch`] for a legacy 32-quant type: the row kernels `k` with the
+/// activation rows four at a time; with more than four activation rows, the weight rows
+/// in blocks of 64 so that each block stays in cache while every group passes over it.
+/// `k` must be one of the CPU's levels (checked at device open).
+#[cfg(target_arch = "x86_64")]
+fn q0_small_batch<B>(w: &[B], nb: usize, acts: &Acts, m: usize, out_t: &mut [f32], k: Q0RowsA<B>) {
+    let side = |i: usize| acts.q8_0_side(i, nb);
     let rows = if m > 4 { 64 } else { (w.len() / nb).max(1) };
     for (wb, ob) in w.chunks(rows * nb).zip(out_t.chunks_mut(rows * m)) {
-        block(wb, nb, acts, m, ob);
-    }
-}
-
-/// [`q0_small_batch`] on one block of weight rows.
-#[cfg(target_arch = "x86_64")]
-fn q0_small_block<B: q0::vnni::Q0Pair>(
-    w: &[B],
-    nb: usize,
-    acts: &Acts,
-    m: usize,
-    out_t: &mut [f32],
-) {
-    let side = |i: usize| acts.q8_0_side(i, nb);
-    let mut a0 = 0;
-    while a0 < m {
-        let o = &mut out_t[a0..];
-        // SAFETY (each call): the VNNI level was checked against the CPU at device open.
-        // Two or more activation rows: pairs of weight rows in the halves of 512-bit
-        // registers, three pairs per activation block (more independent chains per
-        // loaded activation); one row: 256-bit, where the 512-bit form gains nothing.
-        match m - a0 {
-            1 => unsafe { q0::vnni::q0_rows::<B, 2, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
-            2 => unsafe {
-                q0::vnni::q0_rows_pairs::<B, 3, 2, STREAM_PREFETCH>(
-                    w,
-                    nb,
-                    &[side(a0), side(a0 + 1)],
-                    o,
-                    m,
-                )
-            },
-            3 => unsafe {
-                q0::vnni::q0_rows_pairs::<B, 3, 3, STREAM_PREFETCH>(
-                    w,
-                    nb,
-                    &[side(a0), side(a0 + 1), side(a0 + 2)],
-                    o,
-                    m,
-                )
-            },
-            _ => unsafe {
-                let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
-                q0::vnni::q0_rows_pairs::<B, 3, 4, STREAM_PREFETCH>(w, nb, &ys, o, m)
-            },
+        let mut a0 = 0;
+        while a0 < m {
+            let o = &mut ob[a0..];
+            // SAFETY (each call): `k`'s level was checked against the CPU at device open.
+            unsafe {
+                match m - a0 {
+                    1 => k.0(wb, nb, &[side(a0)], o, m),
+                    2 => k.1(wb, nb, &[side(a0), side(a0 + 1)], o, m),
+                    3 => k.2(wb, nb, &[side(a0), side(a0 + 1), side(a0 + 2)], o, m),
+                    _ => {
+                        let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
+                        k.3(wb, nb, &ys, o, m)
+                    }
+                }
+            }
+            a0 += (m - a0).min(4);
         }
-        a0 += (m - a0).min(4);
-    }
-}
-
-/// [`q0_small_block`] at the AVX2 level: two far-apart weight rows against up to four
-/// activation rows at a time (`q0::avx2::q0_rows`; four weight rows against one), each
-/// weight block decoded once for them.
-#[cfg(target_arch = "x86_64")]
-fn q0_small_block_avx2<B: q0::avx2::Avx2Q0>(
-    w: &[B],
-    nb: usize,
-    acts: &Acts,
-    m: usize,
-    out_t: &mut [f32],
-) {
-    let side = |i: usize| acts.q8_0_side(i, nb);
-    let mut a0 = 0;
-    while a0 < m {
-        let o = &mut out_t[a0..];
-        // SAFETY (each call): the AVX2 level was checked against the CPU at device open.
-        match m - a0 {
-            1 => unsafe { q0::avx2::q0_rows::<B, 4, 1, STREAM_PREFETCH>(w, nb, &[side(a0)], o, m) },
-            2 => unsafe {
-                q0::avx2::q0_rows::<B, 2, 2, STREAM_PREFETCH>(
-                    w,
-                    nb,
-                    &[side(a0), side(a0 + 1)],
-                    o,
-                    m,
-                )
-            },
-            3 => unsafe {
-                let ys = [side(a0), side(a0 + 1), side(a0 + 2)];
-                q0::avx2::q0_rows::<B, 2, 3, STREAM_PREFETCH>(w, nb, &ys, o, m)
-            },
-            _ => unsafe {
-                let ys = [side(a0), side(a0 + 1), side(a0 + 2), side(a0 + 3)];
-                q0::avx2::q0_rows::<B, 2, 4, STREAM_PREFETCH>(w, nb, &ys, o, m)
-            },
-        }
-        a0 += (m - a0).min(4);
     }
 }
 
