@@ -591,28 +591,38 @@ fn kq_decode_panel<B: kq_panel::KPanel>(
     }
 }
 
-/// The source of panel `p` of the `n` weight rows `w` (`nb` blocks a row), for
-/// [`Ahead`]: its row group where the weight was repacked, else its sixteen rows of
-/// `file` (the rows' blocks in the file's layout, as the panels are decoded from); nothing
-/// past the last panel.
+/// The source of the panels `panels` of the `n` weight rows `w` (`nb` blocks a row), for
+/// [`Ahead`]: their row groups where the weight was repacked, else their rows of `file`
+/// (the rows' blocks in the file's layout, as the panels are decoded from); nothing past
+/// the last panel.
 #[cfg(target_arch = "x86_64")]
-fn panel_ahead<B>(w: WeightRows<'_>, file: Option<&[B]>, nb: usize, n: usize, p: usize) -> Ahead {
-    fn group<G>(g: &[G], nb: usize, p: usize) -> Ahead {
-        Ahead::of(g.get(p * nb..(p + 1) * nb).unwrap_or(&[]))
-    }
+fn panels_ahead<B>(
+    w: WeightRows<'_>,
+    file: Option<&[B]>,
+    nb: usize,
+    n: usize,
+    panels: std::ops::Range<usize>,
+) -> Ahead {
     match (w, file) {
-        (WeightRows::Q4Kx16(g), _) => group(g, nb, p),
-        (WeightRows::Q6Kx16(g), _) => group(g, nb, p),
-        (WeightRows::Q8_0x16(g), _) => group(g, nb, p),
-        (WeightRows::Q5_0x16(g), _) => group(g, nb, p),
-        (WeightRows::Mxfp4x16(g), _) => group(g, nb, p),
+        (WeightRows::Q4Kx16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q6Kx16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q8_0x16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q5_0x16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Mxfp4x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::File(_), Some(wb)) => {
-            let r0 = (p * panel::PANEL_ROWS).min(n);
-            let r1 = (r0 + panel::PANEL_ROWS).min(n);
+            let r0 = (panels.start * panel::PANEL_ROWS).min(n);
+            let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
             Ahead::of(&wb[r0 * nb..r1 * nb])
         }
         (WeightRows::File(_), None) => Ahead::NONE,
     }
+}
+
+/// [`panels_ahead`] for repacked row groups `g` (`nb` blocks a group).
+#[cfg(target_arch = "x86_64")]
+fn groups_ahead<G>(g: &[G], nb: usize, panels: std::ops::Range<usize>) -> Ahead {
+    let end = (panels.end * nb).min(g.len());
+    Ahead::of(&g[(panels.start * nb).min(end)..end])
 }
 
 /// Whether an expert's `m` routed rows of a `ty` tower take [`expert_panels`] at `level`:
@@ -671,7 +681,7 @@ pub(crate) fn expert_panels(
                 let cols = panel::OutCols { stride: rows, c0 };
                 // The next panel's rows (this task's or the next one's), asked for while
                 // this one is multiplied.
-                let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
+                let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
                 kq_panel::gemm::<$B, true>(dec, nb, live, a, 0, part, cols, ahead);
             }
         }};
@@ -723,7 +733,7 @@ fn kq_panel_gemm(
                 };
                 // The rows of the panel after `p`, asked for while `p` is multiplied.
                 let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols, p: usize| {
-                    let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
+                    let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
                     if expert {
                         kq_panel::gemm::<$B, true>(d, nb, live, a, 0, o, cols, ahead)
                     } else {
@@ -757,7 +767,8 @@ fn kq_panel_gemm(
                             let q = p0 + KQ_DECODE_PANELS * c;
                             q4_k::panel::decode_x16(g, nb, q, d);
                             // As many panels after these, asked for while these are decoded on.
-                            x16::prefetch_following(g, q * nb + d.len(), d.len());
+                            let after = q + d.len() / nb;
+                            groups_ahead(g, nb, after..after + d.len() / nb).all();
                         }),
                     (WeightRows::Q6Kx16(g), _) => dec
                         .par_chunks_mut(KQ_DECODE_PANELS * nb)
@@ -766,7 +777,8 @@ fn kq_panel_gemm(
                             let q = p0 + KQ_DECODE_PANELS * c;
                             q6_k::panel::decode_q6k_x16(g, nb, q, d);
                             // As many panels after these, asked for while these are decoded on.
-                            x16::prefetch_following(g, q * nb + d.len(), d.len());
+                            let after = q + d.len() / nb;
+                            groups_ahead(g, nb, after..after + d.len() / nb).all();
                         }),
                     (_, Some(bytes)) => {
                         let wb = view::<$B>(bytes);
@@ -844,10 +856,11 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
             .enumerate()
             .for_each(|(c, d)| {
-                let start = (p0 + Q0_DECODE_PANELS * c) * nb;
-                q0::panel::q0_decode_x16(g, nb, p0 + Q0_DECODE_PANELS * c, d);
+                let q = p0 + Q0_DECODE_PANELS * c;
+                q0::panel::q0_decode_x16(g, nb, q, d);
                 // As many panels after these, asked for while these are decoded on.
-                x16::prefetch_following(g, start + d.len(), d.len());
+                let after = q + d.len() / nb;
+                groups_ahead(g, nb, after..after + d.len() / nb).all();
             });
     }
     // The file's bytes once for every strip (borrowed for a file layout).
@@ -865,7 +878,7 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         };
         // The rows of the panel after `p`, asked for while `p` is multiplied.
         let apply = |d: &[q0::panel::PanelBlock], live, o: &mut [f32], cols, p: usize| {
-            let ahead = panel_ahead(w, wb.as_deref(), nb, n, p + 1);
+            let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
             q0::panel::q0_gemm(d, nb, live, &sides, o, cols, ahead)
         };
         fused_gemm(n, nb, q0::panel::PanelBlock::ZERO, decode, apply, out);
@@ -890,11 +903,10 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
                     .for_each(|(c, d)| {
                         let q = p0 + Q0_DECODE_PANELS * c;
                         q0::panel::q0_decode(&wb, nb, n, q, d);
-                        // The rows of as many panels after these, asked for while
-                        // these are decoded on: the file's rows lie one after another.
-                        let next = ((q + Q0_DECODE_PANELS) * panel::PANEL_ROWS).min(n);
-                        let end = (next + Q0_DECODE_PANELS * panel::PANEL_ROWS).min(n);
-                        x16::prefetch_slice(&wb[next * nb..end * nb]);
+                        // As many panels after these, asked for while these are decoded
+                        // on: the file's rows lie one after another.
+                        let after = q + d.len() / nb;
+                        panels_ahead(w, Some(&wb[..]), nb, n, after..after + d.len() / nb).all();
                     });
             }
             (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
