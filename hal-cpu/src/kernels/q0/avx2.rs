@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 
 use crate::kernels::q0::tinyblas::dot_q0;
-use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
+use crate::kernels::q0::vnni::{rows_checked, Q0Pair, Q8_0Side};
 use crate::kernels::x86::avx2::{f16_bcast, hsum_ps, load32i, nibbles};
 
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
@@ -193,15 +193,7 @@ pub(crate) fn q0_rows<B: Avx2Q0, const S: usize, const A: usize, const PF: usize
     out: &mut [f32],
     stride: usize,
 ) {
-    let n = w.len() / nb.max(1);
-    assert!(
-        nb > 0
-            && A > 0
-            && w.len() == n * nb
-            && stride >= A
-            && out.len() >= (n.max(1) - 1) * stride + A,
-        "q0::avx2::q0_rows: lengths"
-    );
+    let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0::avx2::q0_rows");
     let ys: [Q8_0Side<'_>; A] =
         std::array::from_fn(|a| (&y[a].0[..nb], &y[a].1[..nb], &y[a].2[..nb]));
     let run = n / S;

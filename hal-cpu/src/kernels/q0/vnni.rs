@@ -172,7 +172,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// The number of weight rows of `w_len` blocks in rows of `nb`, after checking the
 /// lengths a [`q0_rows`]-style kernel indexes without bounds checks: whole rows, every
 /// activation row at least `nb` blocks, room in `out` for `[row][stride]` results.
-fn rows_checked<const A: usize>(
+pub(crate) fn rows_checked<const A: usize>(
     w_len: usize,
     nb: usize,
     y: &[Q8_0Side<'_>; A],
