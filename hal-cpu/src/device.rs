@@ -46,6 +46,10 @@ pub struct CpuDevice {
     pub(crate) layout_reason: &'static str,
     /// Batch-invariant float orders, or llama.cpp's for the call's size.
     pub(crate) order: FloatOrder,
+    /// Whether Q8_0 matrices staged from now on are multiplied on AMX tiles
+    /// (`kernels::amx`), and why.
+    pub(crate) amx: bool,
+    pub(crate) amx_reason: &'static str,
     /// Host-device traffic. The device's tensors are host memory (the trait's defaults
     /// for `alloc`, `upload`, `download`, `download_tensor` and `copy`): only `upload`,
     /// `download` and `download_tensor` count; ops read and write their views in place.
@@ -105,6 +109,7 @@ impl CpuDevice {
             .map_err(|e| HalError::runtime(format!("cpu: cannot start {threads} threads: {e}")))?;
         let (layout, layout_reason) = WeightLayout::choose()?;
         let order = FloatOrder::choose()?;
+        let (amx, amx_reason) = amx_choose(level)?;
         Ok(Self {
             level,
             threads,
@@ -119,8 +124,29 @@ impl CpuDevice {
             layout,
             layout_reason,
             order,
+            amx,
+            amx_reason,
             transfers: TransferCounter::default(),
         })
+    }
+
+    /// The same device multiplying the Q8_0 matrices it stages from now on on AMX tiles
+    /// (`on`, where the CPU and the level allow: see [`CpuDevice::amx`]) or not.
+    pub fn with_amx(mut self, on: bool) -> Self {
+        self.amx = on && self.level == SimdLevel::Avx512Vnni && crate::kernels::amx::available();
+        self.amx_reason = "set by the caller";
+        self
+    }
+
+    /// Whether Q8_0 matrices are multiplied on AMX tiles, in the order of llama.cpp's AMX
+    /// kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`) for every number of
+    /// activation rows, and why: with `FLINT_CPU_AMX=1` (an error where the process
+    /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: a decode batch of
+    /// 16 rows runs about 1.9x faster on the tiles, but one row about 15% slower than the
+    /// VNNI row kernel (`docs/benchmarks.md`), and the golden files hold the non-AMX
+    /// (tinyBLAS) order.
+    pub fn amx(&self) -> (bool, &'static str) {
+        (self.amx, self.amx_reason)
     }
 
     /// The same device keeping its weights in `layout` (tests of each layout; the
@@ -768,5 +794,25 @@ impl Device for CpuDevice {
             block_dispatches: self.block_dispatches.load(Ordering::Relaxed),
             float_dispatches: self.float_dispatches.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// `FLINT_CPU_AMX` (`1`: on, an error where the process cannot run AMX-INT8
+/// ([`crate::kernels::amx::available`]) at the AVX-512 VNNI level; `0` or unset: off).
+fn amx_choose(level: SimdLevel) -> Result<(bool, &'static str), HalError> {
+    let usable = || level == SimdLevel::Avx512Vnni && crate::kernels::amx::available();
+    match std::env::var("FLINT_CPU_AMX") {
+        Ok(v) => match v.trim() {
+            "0" => Ok((false, "FLINT_CPU_AMX=0")),
+            "1" if usable() => Ok((true, "FLINT_CPU_AMX=1")),
+            "1" => Err(HalError::unavailable(format!(
+                "FLINT_CPU_AMX=1, but AMX-INT8 cannot run here (level {level:?}; the CPU, \
+                 the kernel or the hypervisor does not provide it)"
+            ))),
+            other => Err(HalError::invalid(format!(
+                "FLINT_CPU_AMX={other:?} is not 0 or 1"
+            ))),
+        },
+        Err(_) => Ok((false, "off unless FLINT_CPU_AMX=1")),
     }
 }

@@ -96,6 +96,12 @@ impl CpuDevice {
                     &owned
                 }
             };
+            #[cfg(target_arch = "x86_64")]
+            if let WeightRows::Q8_0Amx(wb) = w {
+                // Any number of activation rows, weight-stationary on the tiles.
+                kernels::amx_matmul(wb, k, n, acts, out);
+                return Ok(());
+            }
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
             // are ~2 us of work against ~0.2 us for a rayon task), and 16 tasks per
             // thread so that the others can take over a thread that stalls or is

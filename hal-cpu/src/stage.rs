@@ -34,6 +34,9 @@ pub struct CpuWeight {
     /// `q0::x16`, `mxfp4::x16`), when the weight was staged so; the matmuls then read these, never
     /// `src`.
     pub(crate) x16: Option<Packed>,
+    /// Whether the rows (the file's layout) are multiplied on AMX tiles
+    /// (`WeightRows::Q8_0Amx`).
+    pub(crate) amx: bool,
 }
 
 /// A Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4 weight's rows repacked at staging
@@ -195,6 +198,9 @@ impl CpuWeight {
                 debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
                 p.rows().packed_rows(self.k, row0, rows)
             }
+            None if self.amx => WeightRows::Q8_0Amx(bytemuck::cast_slice(
+                &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
+            )),
             None => WeightRows::File(
                 &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
             ),
@@ -316,7 +322,15 @@ impl CpuDevice {
         let (n, e) = (desc.out_features(), desc.experts());
         // Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 rows repacked sixteen at a time for the VNNI decode
         // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
-        let packable = self.level == SimdLevel::Avx512Vnni
+        // A Q8_0 matrix on AMX stays in the file's layout (`kernels::amx::q8_0`).
+        let amx = self.amx
+            && ty == GgmlType::Q8_0
+            && e == 1
+            && k.is_multiple_of(32)
+            && n.is_multiple_of(X16_ROWS)
+            && n > 0;
+        let packable = !amx
+            && self.level == SimdLevel::Avx512Vnni
             && match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
                 GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => k.is_multiple_of(32),
@@ -376,6 +390,11 @@ impl CpuDevice {
         } else {
             None
         };
+        let src = copied.unwrap_or_else(|| desc.data.clone());
+        // GGUF data and the arena are aligned for the blocks; anything else is not taken.
+        let amx = amx
+            && bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ8_0>(src.as_slice())
+                .is_ok();
         Ok(Arc::new(CpuWeight {
             info: StagedInfo {
                 name: desc.name.clone(),
@@ -387,7 +406,8 @@ impl CpuDevice {
                 resident_bytes: bytes,
                 streamed_bytes: 0,
             },
-            src: copied.unwrap_or_else(|| desc.data.clone()),
+            src,
+            amx,
             ty,
             k,
             n: desc.out_features(),

@@ -14,6 +14,11 @@
 //!   lane `l` takes, per 32-element block, the integer sum of elements `4l..4l+4`
 //!   (`updot`) and accumulates `fma(d_w * d_a, sum, lane)`; the lanes are added at the
 //!   end as `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` ([`hsum8`]).
+//! - **Q8_0 weights in llama.cpp's AMX buffers** (a build for a CPU with AMX-INT8, which
+//!   `GGML_NATIVE` makes on such a CPU: `ggml-cpu/amx/mmq.cpp`, the AMX tiles for two or
+//!   more activation rows and `tinygemm_kernel_vnni` for one, the same order): one `f32`
+//!   accumulator per output, per 32-element block the exact integer dot product `sum`,
+//!   then `acc = fma(sum, d_w * d_a, acc)` from zero ([`vec_dot_q8_0_q8_0_amx`]).
 //! - **F32 weights** (two or more activation rows, a matrix of a multiple of 4 rows):
 //!   tinyBLAS's F32 kernel, sixteen lanes of FMA chains over the elements `l (mod 16)`,
 //!   added as `_mm512_reduce_add_ps` (eight lanes and [`hsum8`] on an AVX2 build,
@@ -193,6 +198,27 @@ pub fn vec_dot_q8_0_q8_0_tinyblas(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         tinyblas_block(&q, &a.qs, f16_to_f32(w.d) * f16_to_f32(a.d), &mut lanes);
     }
     hsum8(lanes)
+}
+
+/// Q8_0 weights · Q8_0 activations in the order of llama.cpp's AMX kernels (`acc_C` and
+/// `tinygemm_kernel_vnni` for `block_q8_0` in `ggml-cpu/amx/mmq.cpp`): per block the
+/// exact integer dot product, then `acc = fma(sum, d_w * d_a, acc)`, whatever the number
+/// of activation rows.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q8_0_q8_0_amx(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q8_0_q8_0_amx: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let sum: i32 =
+            w.qs.iter()
+                .zip(&a.qs)
+                .map(|(&p, &q)| p as i32 * q as i32)
+                .sum();
+        acc = libm::fmaf(sum as f32, f16_to_f32(w.d) * f16_to_f32(a.d), acc);
+    }
+    acc
 }
 
 /// Q5_0 weights · Q8_0 activations in tinyBLAS's order (prompt batches).

@@ -17,6 +17,8 @@ use flint_core::{FormatError, GgmlType};
 use crate::simd::SimdLevel;
 
 use super::act_quant::Acts;
+#[cfg(target_arch = "x86_64")]
+use super::amx;
 use super::float::FloatKind;
 #[cfg(target_arch = "x86_64")]
 use super::x16::Ahead;
@@ -571,6 +573,35 @@ fn fused_gemm<D: Copy + Send + Sync>(
         });
 }
 
+/// `out[t * n + r]` = weight row `r` of `w` (Q8_0 rows in the file's layout, `n` a
+/// multiple of 16) · activation row `t` of `acts` (all `out.len() / n` of them), on AMX
+/// in llama.cpp's AMX order: the sixteen-row panels split over the tasks as in
+/// [`fused_gemm`], weight-stationary, each panel multiplied with every activation row
+/// while its next one is asked for. Runs inside the device's pool.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: &mut [f32]) {
+    let nb = k / 32;
+    let Acts::Q8_0 { blocks, scales, .. } = acts else {
+        unreachable!("Q8_0 weights take Q8_0 activations");
+    };
+    let m = out.len() / n.max(1);
+    let rows: Vec<usize> = (0..m).collect();
+    let a = amx::q8_0::AmxActs::new(blocks, scales, &rows, nb);
+    let apply = |_: &[()], live: usize, buf: &mut [f32], cols: panel::OutCols, p: usize| {
+        debug_assert_eq!(live, panel::PANEL_ROWS, "AMX weights have whole panels");
+        let r0 = p * panel::PANEL_ROWS;
+        let next = panels_ahead::<BlockQ8_0>(WeightRows::Q8_0Amx(w), None, nb, n, p + 1..p + 2);
+        let at = amx::q8_0::Strides {
+            t: cols.stride,
+            r: 1,
+        };
+        // SAFETY: weights are staged for AMX only where `amx::available()` and at the
+        // AVX-512 VNNI level, both checked at device open.
+        unsafe { amx::q8_0::rows16(&w[r0 * nb..], &a, &mut buf[cols.c0..], at, next) };
+    };
+    fused_gemm(n, 0, (), |_, _| {}, apply, out);
+}
+
 /// Panel `p` of the K-quant weight rows `w` (`n` rows of `nb` blocks) decoded into `d`:
 /// from its row group where the weight was repacked at staging, else from `file` (the
 /// rows' blocks in the file's layout).
@@ -609,6 +640,10 @@ fn panels_ahead<B>(
         (WeightRows::Q8_0x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q5_0x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Mxfp4x16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q8_0Amx(w), _) => {
+            let r = |p: usize| (p * panel::PANEL_ROWS * nb).min(w.len());
+            Ahead::of(&w[r(panels.start)..r(panels.end)])
+        }
         (WeightRows::File(_), Some(wb)) => {
             let r0 = (panels.start * panel::PANEL_ROWS).min(n);
             let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
@@ -954,6 +989,10 @@ pub(crate) enum WeightRows<'a> {
     Q5_0x16(&'a [q0::x16::BlockQ5_0x16]),
     /// Whole 16-row groups of MXFP4 blocks, repacked.
     Mxfp4x16(&'a [mxfp4::x16::BlockMxfp4x16]),
+    /// Whole rows of Q8_0 blocks in the file's layout, a multiple of 16 rows, multiplied
+    /// on AMX in llama.cpp's AMX order (`amx::q8_0`) whatever the number of activation
+    /// rows: the device took AMX for this weight at staging.
+    Q8_0Amx(&'a [BlockQ8_0]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -967,7 +1006,10 @@ impl<'a> WeightRows<'a> {
         match self {
             WeightRows::File(_) => 0,
             WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
-            WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) | WeightRows::Mxfp4x16(_) => k / 32,
+            WeightRows::Q8_0x16(_)
+            | WeightRows::Q5_0x16(_)
+            | WeightRows::Mxfp4x16(_)
+            | WeightRows::Q8_0Amx(_) => k / 32,
         }
     }
 
@@ -983,6 +1025,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
             WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
             WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
+            WeightRows::Q8_0Amx(w) => WeightRows::Q8_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
         }
     }
 
@@ -996,6 +1039,10 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Mxfp4x16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q8_0Amx(w) => {
+                let nb = w.len() / x16::X16_ROWS;
+                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
+            }
         }
     }
 
@@ -1010,6 +1057,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q8_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
         }
     }
 }
@@ -1140,6 +1188,16 @@ fn x16_rows_in(
             };
             run!(g, mxfp4::x16::dot_group, y)
         }
+        (WeightRows::Q8_0Amx(w), Acts::Q8_0 { blocks, scales, .. }) => {
+            let a = amx::q8_0::AmxActs::new(blocks, scales, act_rows, nb);
+            let at = amx::q8_0::Strides { t: 1, r: m };
+            for (g, o) in out_t.chunks_mut(X16_ROWS * m).enumerate() {
+                // SAFETY: weights are staged for AMX only where `amx::available()` and at
+                // the AVX-512 VNNI level, both checked at device open.
+                unsafe { amx::q8_0::rows16(&w[g * X16_ROWS * nb..], &a, o, at, Ahead::NONE) };
+            }
+        }
+        (WeightRows::Q8_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Mxfp4x16(_), _) => return Err(FormatError::Unsupported(GgmlType::MXFP4)),
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),

@@ -41,6 +41,9 @@
 //!   (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
+//! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them
+//!   (`available`) and Q8_0 · Q8_0 in llama.cpp's AMX order (`q8_0.rs`), for any number
+//!   of activation rows on the file's layout (`WeightRows::Q8_0Amx`).
 //! - `attention/`: paged attention with AVX-512 and AVX2, bit for bit the scalar path
 //!   (`crate::kv`); `mod.rs` holds the lane groups both use.
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.
@@ -57,6 +60,7 @@
 //! Q3_K and Q2_K in ggml's generic order (the scalar reference's) at every level.
 
 pub(crate) mod act_quant;
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod attention;
 mod dispatch;
@@ -86,7 +90,7 @@ pub(crate) mod x86;
 
 pub(crate) use act_quant::Acts;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dispatch::expert_panels;
+pub(crate) use dispatch::{amx_matmul, expert_panels};
 pub(crate) use dispatch::{
     core_vec_dot, dot_rows, expert_gemv, expert_panels_apply, expert_rows_gemv, gemm,
     has_small_batch_kernel, matvec_rows, rows_small_batch, view, x16_rows, GemmScratch, WeightRows,
