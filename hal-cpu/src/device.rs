@@ -141,10 +141,9 @@ impl CpuDevice {
     /// Whether Q8_0 matrices are multiplied on AMX tiles, in the order of llama.cpp's AMX
     /// kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`) for every number of
     /// activation rows, and why: with `FLINT_CPU_AMX=1` (an error where the process
-    /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: a decode batch of
-    /// 16 rows runs about 1.9x faster on the tiles, but one row about 15% slower than the
-    /// VNNI row kernel (`docs/benchmarks.md`), and the golden files hold the non-AMX
-    /// (tinyBLAS) order.
+    /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: the golden files
+    /// and the reference forward hold the non-AMX (tinyBLAS) order, which the device
+    /// then follows for every weight type (`docs/benchmarks.md` has what AMX gains).
     pub fn amx(&self) -> (bool, &'static str) {
         (self.amx, self.amx_reason)
     }

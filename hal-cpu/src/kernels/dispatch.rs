@@ -541,19 +541,7 @@ fn fused_gemm<D: Copy + Send + Sync>(
     let per = panels
         .div_ceil(rayon::current_num_threads().max(1) * 4)
         .max(1);
-    let tasks = panels.div_ceil(per);
-    // Task `c`'s columns (weight rows `c * per * W..`) of every activation row.
-    let mut columns: Vec<Vec<&mut [f32]>> = (0..tasks).map(|_| Vec::with_capacity(m)).collect();
-    for row in out.chunks_mut(n) {
-        let mut rest = row;
-        for (c, cols) in columns.iter_mut().enumerate() {
-            let width = ((c + 1) * per * W).min(n) - c * per * W;
-            let (mine, after) = std::mem::take(&mut rest).split_at_mut(width);
-            cols.push(mine);
-            rest = after;
-        }
-    }
-    columns
+    task_columns(out, n, per * W)
         .into_par_iter()
         .enumerate()
         .for_each(|(c, mut rows)| {
@@ -574,10 +562,12 @@ fn fused_gemm<D: Copy + Send + Sync>(
 }
 
 /// `out[t * n + r]` = weight row `r` of `w` (Q8_0 rows in the file's layout, `n` a
-/// multiple of 16) · activation row `t` of `acts` (all `out.len() / n` of them), on AMX
-/// in llama.cpp's AMX order: the sixteen-row panels split over the tasks as in
-/// [`fused_gemm`], weight-stationary, each panel multiplied with every activation row
-/// while its next one is asked for. Runs inside the device's pool.
+/// multiple of 16) · activation row `t` of `acts` (all `out.len() / n` of them), in
+/// llama.cpp's AMX order: up to [`AMX_VNNI_MAX_ROWS`] activation rows on AVX-512 VNNI
+/// (`amx::rows`: the rows split over the tasks, each task its columns of the output
+/// rows), more on the tiles, weight-stationary as [`fused_gemm`] (the sixteen-row
+/// panels split over the tasks, each multiplied with every activation row while the
+/// next one is asked for). Runs inside the device's pool.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: &mut [f32]) {
     let nb = k / 32;
@@ -586,6 +576,24 @@ pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: 
     };
     let m = out.len() / n.max(1);
     let rows: Vec<usize> = (0..m).collect();
+    if m <= AMX_VNNI_MAX_ROWS {
+        use rayon::prelude::*;
+        // Row chunks of whole groups of sixteen, four a thread, each task its columns of
+        // the activation rows.
+        let per = (n / panel::PANEL_ROWS)
+            .div_ceil(rayon::current_num_threads().max(1) * 4)
+            .max(1)
+            * panel::PANEL_ROWS;
+        task_columns(out, n, per)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(c, mut cols)| {
+                let rows_here = cols.first().map_or(0, |v| v.len());
+                let wr = &w[c * per * nb..(c * per + rows_here) * nb];
+                amx_vnni_rows(wr, nb, acts, &rows, |r, t, v| cols[t][r] = v);
+            });
+        return;
+    }
     let a = amx::q8_0::AmxActs::new(blocks, scales, &rows, nb);
     let apply = |_: &[()], live: usize, buf: &mut [f32], cols: panel::OutCols, p: usize| {
         debug_assert_eq!(live, panel::PANEL_ROWS, "AMX weights have whole panels");
@@ -601,6 +609,63 @@ pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: 
     };
     fused_gemm(n, 0, (), |_, _| {}, apply, out);
 }
+
+/// `out` (rows of `n` outputs) split into the tasks' columns: task `c` gets columns
+/// `c * width..(c + 1) * width` (fewer for the last) of every row, each task's slices
+/// in row order.
+#[cfg(target_arch = "x86_64")]
+fn task_columns(out: &mut [f32], n: usize, width: usize) -> Vec<Vec<&mut [f32]>> {
+    let tasks = n.div_ceil(width.max(1));
+    let m = out.len() / n.max(1);
+    let mut columns: Vec<Vec<&mut [f32]>> = (0..tasks).map(|_| Vec::with_capacity(m)).collect();
+    for row in out.chunks_mut(n) {
+        let mut rest = row;
+        for (c, cols) in columns.iter_mut().enumerate() {
+            let w = ((c + 1) * width).min(n) - c * width;
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(w);
+            cols.push(mine);
+            rest = after;
+        }
+    }
+    columns
+}
+
+/// Weight rows `w` (Q8_0 staged for AMX, `nb` blocks each, a multiple of 16 rows)
+/// against the activation rows `act_rows` of `acts`, at most [`AMX_VNNI_MAX_ROWS`], in
+/// llama.cpp's AMX order on AVX-512 VNNI (`amx::rows`): `put(row, t, value)` for
+/// `act_rows[t]`.
+#[cfg(target_arch = "x86_64")]
+fn amx_vnni_rows(
+    w: &[BlockQ8_0],
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    put: impl FnMut(usize, usize, f32),
+) {
+    let side = |t: usize| acts.q8_0_side(act_rows[t], nb);
+    // SAFETY (each call): weights are staged for AMX only at the AVX-512 VNNI level,
+    // checked against the CPU at device open.
+    unsafe {
+        match act_rows.len() {
+            1 => amx::rows::rows::<1, STREAM_PREFETCH>(w, nb, &[side(0)], put),
+            2 => amx::rows::rows::<2, STREAM_PREFETCH>(w, nb, &[side(0), side(1)], put),
+            3 => amx::rows::rows::<3, STREAM_PREFETCH>(w, nb, &[side(0), side(1), side(2)], put),
+            4 => amx::rows::rows::<4, STREAM_PREFETCH>(
+                w,
+                nb,
+                &[side(0), side(1), side(2), side(3)],
+                put,
+            ),
+            m => unreachable!("amx_vnni_rows: {m} activation rows"),
+        }
+    }
+}
+
+/// Activation rows up to which a Q8_0 weight staged for AMX takes the VNNI kernel of
+/// its order (`amx::rows`), which streams the weight as the decode row kernels do; the
+/// tiles from there on.
+#[cfg(target_arch = "x86_64")]
+const AMX_VNNI_MAX_ROWS: usize = 4;
 
 /// Panel `p` of the K-quant weight rows `w` (`n` rows of `nb` blocks) decoded into `d`:
 /// from its row group where the weight was repacked at staging, else from `file` (the
@@ -1189,6 +1254,10 @@ fn x16_rows_in(
             run!(g, mxfp4::x16::dot_group, y)
         }
         (WeightRows::Q8_0Amx(w), Acts::Q8_0 { blocks, scales, .. }) => {
+            if m <= AMX_VNNI_MAX_ROWS {
+                amx_vnni_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v);
+                return Ok(());
+            }
             let a = amx::q8_0::AmxActs::new(blocks, scales, act_rows, nb);
             let at = amx::q8_0::Strides { t: 1, r: m };
             for (g, o) in out_t.chunks_mut(X16_ROWS * m).enumerate() {

@@ -3,10 +3,13 @@
 //! into sixteen rows of sixteen i32 sums in one instruction (`tdpbssd`): 16384
 //! multiply-adds against the 64 of a 512-bit `vpdpbusd`.
 //!
-//! Flint uses them for Q8_0 matrices (`q8_0.rs`), in the float order of llama.cpp's AMX
-//! kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`: per block the exact
-//! integer sum, then one FMA), which need one scaling step per 32 products where
-//! tinyBLAS's order needs eight. The device takes this path with `FLINT_CPU_AMX=1`
+//! Flint uses them for Q8_0 matrices (`q8_0.rs`, five activation rows or more), in the
+//! float order of llama.cpp's AMX kernels
+//! (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`: per block the exact integer sum,
+//! then one FMA), which need one scaling step per 32 products where tinyBLAS's order
+//! needs eight; one to four activation rows take the same order on AVX-512 VNNI
+//! (`rows.rs`), which streams the weight from memory faster than the tiles do for so
+//! few rows. The device takes this path with `FLINT_CPU_AMX=1`
 //! where [`available`] (`CpuDevice::amx` says why it is off by default); its results
 //! then differ in the last bits from the non-AMX order the golden files were made with,
 //! and are the same for a row whatever else is in the call (one order for every number
@@ -18,6 +21,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q8_0;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod rows;
 
 /// Whether this process can run AMX-INT8: the CPU reports AMX-TILE and AMX-INT8, the
 /// kernel enabled the tile state (XCR0 bits 17 and 18), Linux granted this process the

@@ -34,11 +34,10 @@ struct TileConfig {
     rows: [u8; 16],
 }
 
-/// The tile shapes for `cols` activation rows per C tile: `tmm0` / `tmm3` the weights
-/// (16 rows x 32 bytes), `tmm1` / `tmm4` the activations (8 rows x `4 cols` bytes),
-/// `tmm2` / `tmm5` the sums (16 rows x `cols` i32); the first of each pair for even
-/// blocks, the second for odd ones.
-const fn config(cols: u16) -> TileConfig {
+/// The kernel's tiles: `tmm0` / `tmm3` the weights (16 rows x 32 bytes), `tmm1` / `tmm4`
+/// the activations (8 rows x 64 bytes), `tmm2` / `tmm5` the sums (16 rows x 16 i32);
+/// the first of each pair for even blocks, the second for odd ones.
+const CONFIG: TileConfig = {
     let mut c = TileConfig {
         palette: 1,
         start_row: 0,
@@ -51,38 +50,30 @@ const fn config(cols: u16) -> TileConfig {
         let t = 3 * set;
         c.colsb[t] = 32;
         c.rows[t] = 16;
-        c.colsb[t + 1] = 4 * cols;
+        c.colsb[t + 1] = 64;
         c.rows[t + 1] = 8;
-        c.colsb[t + 2] = 4 * cols;
+        c.colsb[t + 2] = 64;
         c.rows[t + 2] = 16;
         set += 1;
     }
     c
-}
-
-/// Sixteen activation rows per C tile ([`rows16`]).
-const BATCH: TileConfig = config(16);
-/// One activation row ([`row1`]): the C tile's sixteen sums are one vector.
-const SINGLE: TileConfig = config(1);
+};
 
 thread_local! {
-    /// The configuration this thread has loaded (`0`: none, `1`: [`BATCH`], `2`:
-    /// [`SINGLE`]). Nothing else in the process uses the tiles, so a thread keeps its
-    /// configuration until a kernel needs the other one (as llama.cpp's AMX backend
-    /// keeps its own).
-    static CONFIGURED: Cell<u8> = const { Cell::new(0) };
+    /// Whether this thread has loaded [`CONFIG`]. Nothing else in the process uses the
+    /// tiles, so a thread loads it once and keeps it (as llama.cpp's AMX backend does).
+    static CONFIGURED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Loads configuration `which` (see `CONFIGURED`) on this thread if it is not loaded.
+/// Loads [`CONFIG`] on this thread if it is not loaded yet.
 ///
 /// # Safety
 /// AMX must be usable by this process ([`super::available`]).
-unsafe fn configure(which: u8) {
-    if CONFIGURED.get() != which {
-        let cfg: &TileConfig = if which == 1 { &BATCH } else { &SINGLE };
+unsafe fn configure() {
+    if !CONFIGURED.get() {
         // SAFETY: the caller guarantees AMX; the operand is 64 readable bytes.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg as *const TileConfig, options(nostack)) };
-        CONFIGURED.set(which);
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) &CONFIG as *const TileConfig, options(nostack)) };
+        CONFIGURED.set(true);
     }
 }
 
@@ -167,17 +158,12 @@ pub(crate) unsafe fn rows16(
     if acts.m == 0 {
         return;
     }
-    if acts.m == 1 {
-        // SAFETY: as this function's.
-        unsafe { row1(w, acts, out, at, ahead) };
-        return;
-    }
     assert!(
         (acts.m - 1) * at.t + (ROWS - 1) * at.r < out.len(),
         "amx rows16: output length"
     );
     // SAFETY: the caller guarantees AMX.
-    unsafe { configure(1) };
+    unsafe { configure() };
     let stride = std::mem::size_of::<BlockQ8_0>() * nb;
     let mut c = [CTile([[0; ROWS]; ROWS]); 2];
     let cp = c.as_mut_ptr();
@@ -266,91 +252,6 @@ pub(crate) unsafe fn rows16(
     }
 }
 
-/// [`rows16`] for one activation row: the C tile is one column, stored as one vector of
-/// the sixteen weight rows' sums, scaled by the rows' scales (gathered) times the
-/// activation's: `acc = fma(sum, d_w * d_a, acc)`, sixteen outputs per FMA.
-///
-/// # Safety
-/// As [`rows16`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn row1(w: &[BlockQ8_0], acts: &AmxActs, out: &mut [f32], at: Strides, ahead: Ahead) {
-    let nb = acts.nb;
-    // SAFETY: the caller guarantees AMX.
-    unsafe { configure(2) };
-    let stride = std::mem::size_of::<BlockQ8_0>() * nb;
-    // Byte offsets of the sixteen rows' block 0 (their scales).
-    let rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(stride as i32),
-    );
-    let mut c = [[0i32; ROWS]; 2];
-    let cp = c.as_mut_ptr();
-    let mut acc = _mm512_setzero_ps();
-    let scale_add = |i: usize, acc: __m512| -> __m512 {
-        // SAFETY: the gather reads 4 bytes at each row's block `i` (its f16 scale and
-        // the first two quants), inside `w`; the C buffer's store has completed.
-        unsafe {
-            let d = _mm512_i32gather_epi32::<1>(rows, w[i..].as_ptr() as *const i32);
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
-            let s = _mm512_loadu_si512((*cp.add(i % 2)).as_ptr() as *const __m512i);
-            let sa = _mm512_set1_ps(acts.scales[i].0[0]);
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, sa), acc)
-        }
-    };
-    for i in 0..nb {
-        ahead.block(i, nb);
-        let a = w[i].qs.as_ptr();
-        let b = acts.tiles[i].0.as_ptr();
-        // SAFETY: AMX is configured (SINGLE); the A tile reads 32 bytes at
-        // `a + r * stride` for r < 16 (inside `w`), the B tile 8 rows of 4 bytes at a
-        // 64-byte stride (column 0 of the `BTile`), the store 16 rows of 4 bytes into
-        // `c[i % 2]`.
-        unsafe {
-            if i % 2 == 0 {
-                asm!(
-                    "tilezero tmm2",
-                    "tileloadd tmm0, [{a} + {s}*1]",
-                    "tileloadd tmm1, [{b} + {bs}*1]",
-                    "tdpbssd tmm2, tmm0, tmm1",
-                    "tilestored [{c} + {cs}*1], tmm2",
-                    a = in(reg) a,
-                    s = in(reg) stride,
-                    b = in(reg) b,
-                    bs = in(reg) 64usize,
-                    c = in(reg) cp,
-                    cs = in(reg) 4usize,
-                    options(nostack),
-                );
-            } else {
-                asm!(
-                    "tilezero tmm5",
-                    "tileloadd tmm3, [{a} + {s}*1]",
-                    "tileloadd tmm4, [{b} + {bs}*1]",
-                    "tdpbssd tmm5, tmm3, tmm4",
-                    "tilestored [{c} + {cs}*1], tmm5",
-                    a = in(reg) a,
-                    s = in(reg) stride,
-                    b = in(reg) b,
-                    bs = in(reg) 64usize,
-                    c = in(reg) cp.add(1),
-                    cs = in(reg) 4usize,
-                    options(nostack),
-                );
-            }
-        }
-        if i > 0 {
-            acc = scale_add(i - 1, acc);
-        }
-    }
-    acc = scale_add(nb - 1, acc);
-    let mut v = [0f32; ROWS];
-    // SAFETY: 64 writable bytes; storeu is unaligned.
-    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc) };
-    for (r, x) in v.iter().enumerate() {
-        out[r * at.r] = *x;
-    }
-}
-
 /// Adds block `i`'s sums `c` (weight row `r`'s sums against the sixteen activation rows
 /// in `c.0[r]`) to the accumulators: `acc[r] = fma(sum, d_w * d_a, acc[r])`, `d_a` the
 /// activation rows' scales `sa`.
@@ -386,7 +287,7 @@ pub(crate) unsafe fn self_test() -> bool {
     // SAFETY: the caller guarantees AMX; A reads 16 rows of 32 bytes of `a` (stride 32),
     // B 8 rows of 64 bytes of `b`, the store 1 KiB into `c`.
     unsafe {
-        configure(1);
+        configure();
         asm!(
             "tilezero tmm2",
             "tileloadd tmm0, [{a} + {s}*1]",
