@@ -46,7 +46,7 @@ pub struct CpuDevice {
     pub(crate) layout_reason: &'static str,
     /// Batch-invariant float orders, or llama.cpp's for the call's size.
     pub(crate) order: FloatOrder,
-    /// Whether Q8_0 matrices staged from now on are multiplied on AMX tiles
+    /// Whether Q8_0 and Q5_0 matrices staged from now on are multiplied in the AMX order
     /// (`kernels::amx`), and why.
     pub(crate) amx: bool,
     pub(crate) amx_reason: &'static str,
@@ -130,17 +130,19 @@ impl CpuDevice {
         })
     }
 
-    /// The same device multiplying the Q8_0 matrices it stages from now on on AMX tiles
-    /// (`on`, where the CPU and the level allow: see [`CpuDevice::amx`]) or not.
+    /// The same device multiplying the Q8_0 and Q5_0 matrices it stages from now on in
+    /// the AMX order (`on`, where the CPU and the level allow: see [`CpuDevice::amx`]) or
+    /// not.
     pub fn with_amx(mut self, on: bool) -> Self {
         self.amx = on && self.level == SimdLevel::Avx512Vnni && crate::kernels::amx::available();
         self.amx_reason = "set by the caller";
         self
     }
 
-    /// Whether Q8_0 matrices are multiplied on AMX tiles, in the order of llama.cpp's AMX
-    /// kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`) for every number of
-    /// activation rows, and why: with `FLINT_CPU_AMX=1` (an error where the process
+    /// Whether Q8_0 and Q5_0 matrices are multiplied in the AMX order (llama.cpp's AMX
+    /// kernels' for Q8_0, `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`, and the
+    /// same for Q5_0) for every number of activation rows (AMX tiles from five rows,
+    /// AVX-512 VNNI below: `kernels::amx`), and why: with `FLINT_CPU_AMX=1` (an error where the process
     /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: the golden files
     /// and the reference forward hold the non-AMX (tinyBLAS) order, which the device
     /// then follows for every weight type (`docs/benchmarks.md` has what AMX gains).
@@ -268,8 +270,16 @@ impl Device for CpuDevice {
             FloatOrder::BatchInvariant => "",
             FloatOrder::LlamaCpp => ", llama.cpp's float orders for each call's size",
         };
+        let amx = if self.amx {
+            format!(
+                ", Q8_0 and Q5_0 in the AMX order on AMX tiles ({})",
+                self.amx_reason
+            )
+        } else {
+            format!(" (AMX not used: {})", self.amx_reason)
+        };
         format!(
-            "host CPU, {} threads, SIMD {}{layout}{order} (AMX not used, no NEON)",
+            "host CPU, {} threads, SIMD {}{layout}{order}{amx}, no NEON",
             self.threads, self.level
         )
     }
@@ -804,10 +814,13 @@ fn amx_choose(level: SimdLevel) -> Result<(bool, &'static str), HalError> {
         Ok(v) => match v.trim() {
             "0" => Ok((false, "FLINT_CPU_AMX=0")),
             "1" if usable() => Ok((true, "FLINT_CPU_AMX=1")),
-            "1" => Err(HalError::unavailable(format!(
-                "FLINT_CPU_AMX=1, but AMX-INT8 cannot run here (level {level:?}; the CPU, \
-                 the kernel or the hypervisor does not provide it)"
+            "1" if level != SimdLevel::Avx512Vnni => Err(HalError::unavailable(format!(
+                "FLINT_CPU_AMX=1 needs the avx512vnni SIMD level, and the device runs at {level}"
             ))),
+            "1" => Err(HalError::unavailable(
+                "FLINT_CPU_AMX=1, but this process cannot run AMX-INT8 (the CPU, the kernel or \
+                 the hypervisor does not provide it)",
+            )),
             other => Err(HalError::invalid(format!(
                 "FLINT_CPU_AMX={other:?} is not 0 or 1"
             ))),

@@ -45,7 +45,7 @@
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has
 //! which level). Every other block type uses `flint_core::dot::vec_dot`, the scalar
 //! reference. The K-quants have AVX-512 VNNI kernels (`vpdpwssd`), the other block types
-//! AVX-512 F/BW ones. Q8_0 matrices can run on AMX tiles (`FLINT_CPU_AMX=1`,
+//! AVX-512 F/BW ones. Q8_0 and Q5_0 matrices can run on AMX tiles (`FLINT_CPU_AMX=1`,
 //! `kernels::amx`: llama.cpp's AMX order, the file's layout, probed in a child process
 //! first). No NEON kernels (no ARM machine or ARM toolchain here to test them on).
 //!

@@ -97,10 +97,16 @@ impl CpuDevice {
                 }
             };
             #[cfg(target_arch = "x86_64")]
-            if let WeightRows::Q8_0Amx(wb) = w {
-                // Any number of activation rows, weight-stationary on the tiles.
-                kernels::amx_matmul(wb, k, n, acts, out);
-                return Ok(());
+            match w {
+                WeightRows::Q8_0Amx(wb) => {
+                    kernels::amx_matmul(wb, k, n, acts, out);
+                    return Ok(());
+                }
+                WeightRows::Q5_0Amx(wb) => {
+                    kernels::amx_matmul(wb, k, n, acts, out);
+                    return Ok(());
+                }
+                _ => {}
             }
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
             // are ~2 us of work against ~0.2 us for a rayon task), and 16 tasks per

@@ -34,8 +34,8 @@ pub struct CpuWeight {
     /// `q0::x16`, `mxfp4::x16`), when the weight was staged so; the matmuls then read these, never
     /// `src`.
     pub(crate) x16: Option<Packed>,
-    /// Whether the rows (the file's layout) are multiplied on AMX tiles
-    /// (`WeightRows::Q8_0Amx`).
+    /// Whether the rows (Q8_0 or Q5_0, the file's layout) are multiplied in the AMX
+    /// order (`WeightRows::Q8_0Amx` / `Q5_0Amx`).
     pub(crate) amx: bool,
 }
 
@@ -198,9 +198,13 @@ impl CpuWeight {
                 debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
                 p.rows().packed_rows(self.k, row0, rows)
             }
-            None if self.amx => WeightRows::Q8_0Amx(bytemuck::cast_slice(
-                &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
-            )),
+            None if self.amx => {
+                let b = &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes];
+                match self.ty {
+                    GgmlType::Q8_0 => WeightRows::Q8_0Amx(bytemuck::cast_slice(b)),
+                    _ => WeightRows::Q5_0Amx(bytemuck::cast_slice(b)),
+                }
+            }
             None => WeightRows::File(
                 &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes],
             ),
@@ -322,9 +326,9 @@ impl CpuDevice {
         let (n, e) = (desc.out_features(), desc.experts());
         // Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 rows repacked sixteen at a time for the VNNI decode
         // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
-        // A Q8_0 matrix on AMX stays in the file's layout (`kernels::amx::q8_0`).
+        // A Q8_0 or Q5_0 matrix on AMX stays in the file's layout (`kernels::amx`).
         let amx = self.amx
-            && ty == GgmlType::Q8_0
+            && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
             && e == 1
             && k.is_multiple_of(32)
             && n.is_multiple_of(X16_ROWS)
@@ -393,8 +397,14 @@ impl CpuDevice {
         let src = copied.unwrap_or_else(|| desc.data.clone());
         // GGUF data and the arena are aligned for the blocks; anything else is not taken.
         let amx = amx
-            && bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ8_0>(src.as_slice())
-                .is_ok();
+            && match ty {
+                GgmlType::Q8_0 => {
+                    bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ8_0>(src.as_slice())
+                        .is_ok()
+                }
+                _ => bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ5_0>(src.as_slice())
+                    .is_ok(),
+            };
         Ok(Arc::new(CpuWeight {
             info: StagedInfo {
                 name: desc.name.clone(),

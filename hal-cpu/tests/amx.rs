@@ -1,16 +1,17 @@
-//! Q8_0 matrices on AMX tiles (`kernels::amx::q8_0`) against
-//! `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`, the scalar statement of llama.cpp's
-//! AMX order, bit for bit: any number of activation rows (one, a few, a decode batch of
-//! 16-63, a prompt), the same bits for a row whatever else is in the call, through every
-//! device path that reaches the weight (`matmul`, `matmul_multi`, a row lookup).
-//! On a CPU or a kernel without AMX-INT8 the tests say so and check that the device
-//! keeps the weight off the tiles.
+//! Q8_0 and Q5_0 matrices in the AMX order (`kernels::amx`: the tiles from five
+//! activation rows, AVX-512 VNNI below) against
+//! `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx` (the scalar statement of
+//! llama.cpp's AMX order) and `vec_dot_q5_0_q8_0_amx`, bit for bit: any number of
+//! activation rows (one, a few, a decode batch of 16-63, a prompt), the same bits for a
+//! row whatever else is in the call, through every device path that reaches the weight
+//! (`matmul`, `matmul_multi`, a row lookup). On a CPU or a kernel without AMX-INT8 the
+//! tests say so and check that the device keeps the weights off the tiles.
 
 mod common;
 
 use bytemuck::Zeroable;
 use common::*;
-use flint_core::blocks::BlockQ8_0;
+use flint_core::blocks::{BlockQ5_0, BlockQ8_0};
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
@@ -36,22 +37,29 @@ fn amx_device() -> Option<CpuDevice> {
     Some(dev)
 }
 
-/// `W x` for the `m` rows of `x` in llama.cpp's AMX order, row by row.
-fn amx_reference(w: &[u8], k: usize, n: usize, x: &[f32], m: usize) -> Vec<f32> {
-    let rb = GgmlType::Q8_0.row_bytes(k).expect("row size");
+/// `W x` for the `m` rows of `x` in the AMX order, row by row (`ty`: Q8_0 or Q5_0).
+fn amx_reference(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
+    let rb = ty.row_bytes(k).expect("row size");
     let nb = k / 32;
+    let m = x.len() / k;
     let mut want = vec![0f32; m * n];
     for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
         let mut a = vec![BlockQ8_0::zeroed(); nb];
         flint_core::quant::quantize_act(GgmlType::Q8_0, xr, bytemuck::cast_slice_mut(&mut a))
             .expect("quantize");
-        let mut wr = vec![BlockQ8_0::zeroed(); nb];
+        let mut w8 = vec![BlockQ8_0::zeroed(); nb];
+        let mut w5 = vec![BlockQ5_0::zeroed(); nb];
         for (r, v) in o.iter_mut().enumerate() {
-            bytemuck::cast_slice_mut(&mut wr).copy_from_slice(&w[r * rb..(r + 1) * rb]);
-            *v = flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx(&wr, &a);
+            let row = &w[r * rb..(r + 1) * rb];
+            *v = if ty == GgmlType::Q8_0 {
+                bytemuck::cast_slice_mut(&mut w8).copy_from_slice(row);
+                flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx(&w8, &a)
+            } else {
+                bytemuck::cast_slice_mut(&mut w5).copy_from_slice(row);
+                flint_core::dot::ggml_x86::vec_dot_q5_0_q8_0_amx(&w5, &a)
+            };
         }
     }
-    let _ = m;
     want
 }
 
@@ -68,52 +76,56 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32], n: usize) {
 }
 
 #[test]
-fn q8_0_on_amx_is_bit_exact_in_llama_cpp_amx_order() {
+fn q8_0_and_q5_0_in_the_amx_order_are_bit_exact() {
     let Some(dev) = amx_device() else { return };
     let mut rng = Rng(31);
-    // Row counts: one panel, a few (split over the tasks), a vocabulary-like many; k of
-    // one block, odd block counts, Gemma 3's 640 and 2048.
-    for (k, n) in [
-        (32, 16),
-        (96, 48),
-        (640, 16),
-        (640, 272),
-        (2048, 64),
-        (224, 1024),
-    ] {
-        let w = random_weight(&mut rng, GgmlType::Q8_0, k, n);
-        let h = dev
-            .stage(&desc("w", GgmlType::Q8_0, &[k, n], w.clone()))
-            .expect("stage");
-        for m in [1usize, 2, 5, 15, 16, 17, 33, 63, 64, 100] {
-            let x = rng.vec(m * k);
-            let want = amx_reference(&w, k, n, &x, m);
-            let mut got = vec![f32::NAN; m * n];
-            dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
-                .expect("matmul");
-            assert_bits(&format!("matmul k {k} n {n} m {m}"), &got, &want, n);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+        // Row counts: one panel, a few (split over the tasks), a vocabulary-like many; k
+        // of one block, odd block counts, Gemma 3's 640 and 2048.
+        for (k, n) in [
+            (32, 16),
+            (96, 48),
+            (640, 16),
+            (640, 272),
+            (2048, 64),
+            (224, 1024),
+        ] {
+            let w = random_weight(&mut rng, ty, k, n);
+            let h = dev
+                .stage(&desc("w", ty, &[k, n], w.clone()))
+                .expect("stage");
+            // 1-4 rows: the VNNI kernel; 5 and more: the tiles.
+            for m in [1usize, 2, 3, 4, 5, 15, 16, 17, 33, 63, 64, 100] {
+                let x = rng.vec(m * k);
+                let want = amx_reference(ty, &w, k, n, &x);
+                let mut got = vec![f32::NAN; m * n];
+                dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
+                    .expect("matmul");
+                assert_bits(&format!("{ty} matmul k {k} n {n} m {m}"), &got, &want, n);
+            }
         }
     }
 }
 
 #[test]
-fn q8_0_on_amx_in_a_shared_section_and_a_row_lookup() {
+fn the_amx_order_in_a_shared_section_and_a_row_lookup() {
     let Some(dev) = amx_device() else { return };
     let mut rng = Rng(37);
     let (k, n) = (640, 256);
-    // Gemma 3's q/k/v: Q5_0 beside a Q8_0 value matrix, one parallel section.
+    // Gemma 3's q/k/v: a Q5_0 query matrix beside a Q8_0 value matrix, one section.
     let wq = random_weight(&mut rng, GgmlType::Q5_0, k, 1024);
     let wv = random_weight(&mut rng, GgmlType::Q8_0, k, n);
     let hq = dev
-        .stage(&desc("q", GgmlType::Q5_0, &[k, 1024], wq))
+        .stage(&desc("q", GgmlType::Q5_0, &[k, 1024], wq.clone()))
         .expect("stage");
     let hv = dev
         .stage(&desc("v", GgmlType::Q8_0, &[k, n], wv.clone()))
         .expect("stage");
-    for m in [1usize, 3, 16, 40] {
+    for m in [1usize, 3, 5, 16, 40] {
         let x = rng.vec(m * k);
-        let want = amx_reference(&wv, k, n, &x, m);
-        let mut q = vec![0f32; m * 1024];
+        let want_q = amx_reference(GgmlType::Q5_0, &wq, k, 1024, &x);
+        let want_v = amx_reference(GgmlType::Q8_0, &wv, k, n, &x);
+        let mut q = vec![f32::NAN; m * 1024];
         let mut v = vec![f32::NAN; m * n];
         dev.matmul_multi(
             &[&*hq, &*hv],
@@ -122,17 +134,20 @@ fn q8_0_on_amx_in_a_shared_section_and_a_row_lookup() {
             &mut [(&mut q).into(), (&mut v).into()],
         )
         .expect("matmul_multi");
-        assert_bits(&format!("matmul_multi m {m}"), &v, &want, n);
+        assert_bits(&format!("matmul_multi Q5_0 m {m}"), &q, &want_q, 1024);
+        assert_bits(&format!("matmul_multi Q8_0 m {m}"), &v, &want_v, n);
     }
     // Rows read back as the file holds them (a tied embedding's lookup).
-    let rb = GgmlType::Q8_0.row_bytes(k).expect("row size");
-    for id in [0usize, 17, n - 1] {
-        let mut row = vec![0f32; k];
-        dev.get_rows(&*hv, (&[id as u32][..]).into(), (&mut row).into())
-            .expect("get_rows");
-        let mut want = vec![0f32; k];
-        flint_core::dequant::dequantize(GgmlType::Q8_0, &wv[id * rb..(id + 1) * rb], &mut want)
-            .expect("dequantize");
-        assert_bits(&format!("get_rows {id}"), &row, &want, k);
+    for (h, w, ty) in [(&hv, &wv, GgmlType::Q8_0), (&hq, &wq, GgmlType::Q5_0)] {
+        let rb = ty.row_bytes(k).expect("row size");
+        for id in [0usize, 17, n - 1] {
+            let mut row = vec![0f32; k];
+            dev.get_rows(&**h, (&[id as u32][..]).into(), (&mut row).into())
+                .expect("get_rows");
+            let mut want = vec![0f32; k];
+            flint_core::dequant::dequantize(ty, &w[id * rb..(id + 1) * rb], &mut want)
+                .expect("dequantize");
+            assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+        }
     }
 }

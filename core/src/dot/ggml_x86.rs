@@ -18,7 +18,9 @@
 //!   `GGML_NATIVE` makes on such a CPU: `ggml-cpu/amx/mmq.cpp`, the AMX tiles for two or
 //!   more activation rows and `tinygemm_kernel_vnni` for one, the same order): one `f32`
 //!   accumulator per output, per 32-element block the exact integer dot product `sum`,
-//!   then `acc = fma(sum, d_w * d_a, acc)` from zero ([`vec_dot_q8_0_q8_0_amx`]).
+//!   then `acc = fma(sum, d_w * d_a, acc)` from zero ([`vec_dot_q8_0_q8_0_amx`]). Flint
+//!   takes the same order for Q5_0 matrices on AMX ([`vec_dot_q5_0_q8_0_amx`]), for
+//!   which llama.cpp has no AMX kernel.
 //! - **F32 weights** (two or more activation rows, a matrix of a multiple of 4 rows):
 //!   tinyBLAS's F32 kernel, sixteen lanes of FMA chains over the elements `l (mod 16)`,
 //!   added as `_mm512_reduce_add_ps` (eight lanes and [`hsum8`] on an AVX2 build,
@@ -229,18 +231,44 @@ pub fn vec_dot_q5_0_q8_0_tinyblas(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_q5_0_q8_0_tinyblas: block counts");
     let mut lanes = [0.0f32; 8];
     for (w, a) in x.iter().zip(y) {
-        let qh = u32::from_le_bytes(w.qh);
-        let q: [i32; 32] = core::array::from_fn(|e| {
-            let nib = if e < 16 {
-                w.qs[e] & 0x0f
-            } else {
-                w.qs[e - 16] >> 4
-            };
-            ((nib as i32) | ((((qh >> e) & 1) as i32) << 4)) - 16
-        });
+        let q = q5_0_quants(w);
         tinyblas_block(&q, &a.qs, f16_to_f32(w.d) * f16_to_f32(a.d), &mut lanes);
     }
     hsum8(lanes)
+}
+
+/// A Q5_0 block's 32 quants, `-16..=15`.
+fn q5_0_quants(w: &BlockQ5_0) -> [i32; 32] {
+    let qh = u32::from_le_bytes(w.qh);
+    core::array::from_fn(|e| {
+        let nib = if e < 16 {
+            w.qs[e] & 0x0f
+        } else {
+            w.qs[e - 16] >> 4
+        };
+        ((nib as i32) | ((((qh >> e) & 1) as i32) << 4)) - 16
+    })
+}
+
+/// Q5_0 weights · Q8_0 activations in the order [`vec_dot_q8_0_q8_0_amx`] states for
+/// Q8_0 (per block the exact integer dot product, then `acc = fma(sum, d_w * d_a,
+/// acc)`): Flint's order for Q5_0 matrices on AMX tiles (llama.cpp has no AMX kernel
+/// for Q5_0).
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q5_0_q8_0_amx(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q5_0_q8_0_amx: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let sum: i32 = q5_0_quants(w)
+            .iter()
+            .zip(&a.qs)
+            .map(|(&p, &q)| p * q as i32)
+            .sum();
+        acc = libm::fmaf(sum as f32, f16_to_f32(w.d) * f16_to_f32(a.d), acc);
+    }
+    acc
 }
 
 /// The unsigned 6-bit value of element `e` of a Q6_K block.

@@ -569,21 +569,28 @@ fn fused_gemm<D: Copy + Send + Sync>(
 /// panels split over the tasks, each multiplied with every activation row while the
 /// next one is asked for). Runs inside the device's pool.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: &mut [f32]) {
+pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
+    w: &[B],
+    k: usize,
+    n: usize,
+    acts: &Acts,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    const R: usize = panel::PANEL_ROWS;
     let nb = k / 32;
     let Acts::Q8_0 { blocks, scales, .. } = acts else {
-        unreachable!("Q8_0 weights take Q8_0 activations");
+        unreachable!("Q8_0 and Q5_0 weights take Q8_0 activations");
     };
     let m = out.len() / n.max(1);
     let rows: Vec<usize> = (0..m).collect();
     if m <= AMX_VNNI_MAX_ROWS {
-        use rayon::prelude::*;
         // Row chunks of whole groups of sixteen, four a thread, each task its columns of
         // the activation rows.
-        let per = (n / panel::PANEL_ROWS)
+        let per = (n / R)
             .div_ceil(rayon::current_num_threads().max(1) * 4)
             .max(1)
-            * panel::PANEL_ROWS;
+            * R;
         task_columns(out, n, per)
             .into_par_iter()
             .enumerate()
@@ -595,19 +602,89 @@ pub(crate) fn amx_matmul(w: &[BlockQ8_0], k: usize, n: usize, acts: &Acts, out: 
         return;
     }
     let a = amx::q8_0::AmxActs::new(blocks, scales, &rows, nb);
-    let apply = |_: &[()], live: usize, buf: &mut [f32], cols: panel::OutCols, p: usize| {
-        debug_assert_eq!(live, panel::PANEL_ROWS, "AMX weights have whole panels");
-        let r0 = p * panel::PANEL_ROWS;
-        let next = panels_ahead::<BlockQ8_0>(WeightRows::Q8_0Amx(w), None, nb, n, p + 1..p + 2);
+    let direct = B::as_q8_0(w);
+    // Q5_0 panels widened to Q8_0 blocks, one at a time per task.
+    let dec_len = if direct.is_some() { 0 } else { R * nb };
+    let decode = |p: usize, d: &mut [BlockQ8_0]| {
+        if direct.is_none() {
+            // SAFETY: weights are staged for AMX only at the AVX-512 VNNI level, checked
+            // at device open.
+            unsafe { amx::q8_0::widen(&w[p * R * nb..(p + 1) * R * nb], d) };
+        }
+    };
+    let apply = |d: &[BlockQ8_0], live: usize, buf: &mut [f32], cols: panel::OutCols, p: usize| {
+        debug_assert_eq!(live, R, "AMX weights have whole panels");
+        let panel = match direct {
+            Some(q) => &q[p * R * nb..(p + 1) * R * nb],
+            None => d,
+        };
         let at = amx::q8_0::Strides {
             t: cols.stride,
             r: 1,
         };
+        let next = amx_panels_ahead(w, nb, p + 1..p + 2);
         // SAFETY: weights are staged for AMX only where `amx::available()` and at the
         // AVX-512 VNNI level, both checked at device open.
-        unsafe { amx::q8_0::rows16(&w[r0 * nb..], &a, &mut buf[cols.c0..], at, next) };
+        unsafe { amx::q8_0::rows16(panel, &a, &mut buf[cols.c0..], at, next) };
     };
-    fused_gemm(n, 0, (), |_, _| {}, apply, out);
+    fused_gemm(
+        n,
+        dec_len,
+        BlockQ8_0 { d: 0, qs: [0; 32] },
+        decode,
+        apply,
+        out,
+    );
+}
+
+/// The lines of the sixteen-row panels `panels` of AMX-staged rows `w` (`nb` blocks a
+/// row), for [`Ahead`]; nothing past the last panel.
+#[cfg(target_arch = "x86_64")]
+fn amx_panels_ahead<B>(w: &[B], nb: usize, panels: std::ops::Range<usize>) -> Ahead {
+    let r = |p: usize| (p * panel::PANEL_ROWS * nb).min(w.len());
+    Ahead::of(&w[r(panels.start)..r(panels.end)])
+}
+
+/// [`amx_matmul`] for a few groups of sixteen AMX-staged rows `w` against the
+/// activation rows `act_rows` (a task of `matmul_multi`): `put(row, t, value)`.
+#[cfg(target_arch = "x86_64")]
+fn amx_rows<B: amx::q8_0::AmxWeight>(
+    w: &[B],
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    const R: usize = panel::PANEL_ROWS;
+    let m = act_rows.len();
+    if m <= AMX_VNNI_MAX_ROWS {
+        amx_vnni_rows(w, nb, acts, act_rows, put);
+        return;
+    }
+    let Acts::Q8_0 { blocks, scales, .. } = acts else {
+        unreachable!("Q8_0 and Q5_0 weights take Q8_0 activations");
+    };
+    let a = amx::q8_0::AmxActs::new(blocks, scales, act_rows, nb);
+    let mut dec = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; R * nb];
+    let mut res = vec![0f32; m * R];
+    let at = amx::q8_0::Strides { t: R, r: 1 };
+    for (g, rows) in w.chunks_exact(R * nb).enumerate() {
+        let panel = match B::as_q8_0(rows) {
+            Some(q) => q,
+            None => {
+                // SAFETY: as in `amx_matmul`.
+                unsafe { amx::q8_0::widen(rows, &mut dec) };
+                &dec[..]
+            }
+        };
+        // SAFETY: as in `amx_matmul`.
+        unsafe { amx::q8_0::rows16(panel, &a, &mut res, at, Ahead::NONE) };
+        for (t, v) in res.chunks_exact(R).enumerate() {
+            for (r, &x) in v.iter().enumerate() {
+                put(g * R + r, t, x);
+            }
+        }
+    }
 }
 
 /// `out` (rows of `n` outputs) split into the tasks' columns: task `c` gets columns
@@ -635,8 +712,8 @@ fn task_columns(out: &mut [f32], n: usize, width: usize) -> Vec<Vec<&mut [f32]>>
 /// llama.cpp's AMX order on AVX-512 VNNI (`amx::rows`): `put(row, t, value)` for
 /// `act_rows[t]`.
 #[cfg(target_arch = "x86_64")]
-fn amx_vnni_rows(
-    w: &[BlockQ8_0],
+fn amx_vnni_rows<B: q0::vnni::Q0Pair>(
+    w: &[B],
     nb: usize,
     acts: &Acts,
     act_rows: &[usize],
@@ -647,10 +724,10 @@ fn amx_vnni_rows(
     // checked against the CPU at device open.
     unsafe {
         match act_rows.len() {
-            1 => amx::rows::rows::<1, STREAM_PREFETCH>(w, nb, &[side(0)], put),
-            2 => amx::rows::rows::<2, STREAM_PREFETCH>(w, nb, &[side(0), side(1)], put),
-            3 => amx::rows::rows::<3, STREAM_PREFETCH>(w, nb, &[side(0), side(1), side(2)], put),
-            4 => amx::rows::rows::<4, STREAM_PREFETCH>(
+            1 => amx::rows::rows::<B, 1, STREAM_PREFETCH>(w, nb, &[side(0)], put),
+            2 => amx::rows::rows::<B, 2, STREAM_PREFETCH>(w, nb, &[side(0), side(1)], put),
+            3 => amx::rows::rows::<B, 3, STREAM_PREFETCH>(w, nb, &[side(0), side(1), side(2)], put),
+            4 => amx::rows::rows::<B, 4, STREAM_PREFETCH>(
                 w,
                 nb,
                 &[side(0), side(1), side(2), side(3)],
@@ -705,10 +782,8 @@ fn panels_ahead<B>(
         (WeightRows::Q8_0x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q5_0x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Mxfp4x16(g), _) => groups_ahead(g, nb, panels),
-        (WeightRows::Q8_0Amx(w), _) => {
-            let r = |p: usize| (p * panel::PANEL_ROWS * nb).min(w.len());
-            Ahead::of(&w[r(panels.start)..r(panels.end)])
-        }
+        (WeightRows::Q8_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
+        (WeightRows::Q5_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
         (WeightRows::File(_), Some(wb)) => {
             let r0 = (panels.start * panel::PANEL_ROWS).min(n);
             let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
@@ -1058,6 +1133,9 @@ pub(crate) enum WeightRows<'a> {
     /// on AMX in llama.cpp's AMX order (`amx::q8_0`) whatever the number of activation
     /// rows: the device took AMX for this weight at staging.
     Q8_0Amx(&'a [BlockQ8_0]),
+    /// Whole rows of Q5_0 blocks in the file's layout, a multiple of 16 rows, in the same
+    /// order as [`WeightRows::Q8_0Amx`] (widened to Q8_0 blocks for the tiles).
+    Q5_0Amx(&'a [BlockQ5_0]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -1074,7 +1152,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(_)
             | WeightRows::Q5_0x16(_)
             | WeightRows::Mxfp4x16(_)
-            | WeightRows::Q8_0Amx(_) => k / 32,
+            | WeightRows::Q8_0Amx(_)
+            | WeightRows::Q5_0Amx(_) => k / 32,
         }
     }
 
@@ -1091,6 +1170,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
             WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
             WeightRows::Q8_0Amx(w) => WeightRows::Q8_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
+            WeightRows::Q5_0Amx(w) => WeightRows::Q5_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
         }
     }
 
@@ -1105,6 +1185,10 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Mxfp4x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0Amx(w) => {
+                let nb = w.len() / x16::X16_ROWS;
+                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
+            }
+            WeightRows::Q5_0Amx(w) => {
                 let nb = w.len() / x16::X16_ROWS;
                 Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
             }
@@ -1123,6 +1207,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q8_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
+            WeightRows::Q5_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
         }
     }
 }
@@ -1253,20 +1338,14 @@ fn x16_rows_in(
             };
             run!(g, mxfp4::x16::dot_group, y)
         }
-        (WeightRows::Q8_0Amx(w), Acts::Q8_0 { blocks, scales, .. }) => {
-            if m <= AMX_VNNI_MAX_ROWS {
-                amx_vnni_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v);
-                return Ok(());
-            }
-            let a = amx::q8_0::AmxActs::new(blocks, scales, act_rows, nb);
-            let at = amx::q8_0::Strides { t: 1, r: m };
-            for (g, o) in out_t.chunks_mut(X16_ROWS * m).enumerate() {
-                // SAFETY: weights are staged for AMX only where `amx::available()` and at
-                // the AVX-512 VNNI level, both checked at device open.
-                unsafe { amx::q8_0::rows16(&w[g * X16_ROWS * nb..], &a, o, at, Ahead::NONE) };
-            }
+        (WeightRows::Q8_0Amx(w), Acts::Q8_0 { .. }) => {
+            amx_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
+        }
+        (WeightRows::Q5_0Amx(w), Acts::Q8_0 { .. }) => {
+            amx_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
         }
         (WeightRows::Q8_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
+        (WeightRows::Q5_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
         (WeightRows::Mxfp4x16(_), _) => return Err(FormatError::Unsupported(GgmlType::MXFP4)),
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),

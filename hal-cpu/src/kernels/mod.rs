@@ -42,9 +42,9 @@
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them
-//!   (`available`) and Q8_0 · Q8_0 in llama.cpp's AMX order on the file's layout
-//!   (`WeightRows::Q8_0Amx`): on the tiles from five activation rows (`q8_0.rs`), on
-//!   AVX-512 VNNI below (`rows.rs`).
+//!   (`available`) and Q8_0 / Q5_0 · Q8_0 in llama.cpp's AMX order on the file's layout
+//!   (`WeightRows::Q8_0Amx` / `Q5_0Amx`): on the tiles from five activation rows
+//!   (`q8_0.rs`), on AVX-512 VNNI below (`rows.rs`).
 //! - `attention/`: paged attention with AVX-512 and AVX2, bit for bit the scalar path
 //!   (`crate::kv`); `mod.rs` holds the lane groups both use.
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.

@@ -3,21 +3,21 @@
 //! into sixteen rows of sixteen i32 sums in one instruction (`tdpbssd`): 16384
 //! multiply-adds against the 64 of a 512-bit `vpdpbusd`.
 //!
-//! Flint uses them for Q8_0 matrices (`q8_0.rs`, five activation rows or more), in the
-//! float order of llama.cpp's AMX kernels
-//! (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`: per block the exact integer sum,
-//! then one FMA), which need one scaling step per 32 products where tinyBLAS's order
-//! needs eight; one to four activation rows take the same order on AVX-512 VNNI
-//! (`rows.rs`), which streams the weight from memory faster than the tiles do for so
-//! few rows. The device takes this path with `FLINT_CPU_AMX=1`
-//! where [`available`] (`CpuDevice::amx` says why it is off by default); its results
-//! then differ in the last bits from the non-AMX order the golden files were made with,
-//! and are the same for a row whatever else is in the call (one order for every number
-//! of activation rows, as llama.cpp's AMX build).
+//! Flint uses them for Q8_0 and Q5_0 matrices (`q8_0.rs`, five activation rows or
+//! more; Q5_0 widened to Q8_0 blocks sixteen rows at a time), in the float order of
+//! llama.cpp's AMX kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`: per
+//! block the exact integer sum, then one FMA; `vec_dot_q5_0_q8_0_amx` the same for
+//! Q5_0, which llama.cpp's AMX backend does not take), which need one scaling step per
+//! 32 products where tinyBLAS's order needs eight; one to four activation rows take the
+//! same order on AVX-512 VNNI (`rows.rs`), which streams the weight from memory faster
+//! than the tiles do for so few rows. The device takes this path with
+//! `FLINT_CPU_AMX=1` where [`available`] (`CpuDevice::amx` says why it is off by
+//! default); its results then differ in the last bits from the non-AMX order the golden
+//! files were made with, and are the same for a row whatever else is in the call (one
+//! order for every number of activation rows, as llama.cpp's AMX build).
 //!
 //! The instructions are written as inline assembly (Rust's AMX intrinsics are not
-//! stable); each kernel loads the tile configuration it needs ([`Tiles`]) and releases
-//! the tiles when done.
+//! stable); a thread loads the tile configuration once and keeps it.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q8_0;

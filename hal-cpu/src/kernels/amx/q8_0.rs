@@ -16,9 +16,48 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use flint_core::blocks::BlockQ8_0;
+use flint_core::blocks::{BlockQ5_0, BlockQ8_0};
 
+use crate::kernels::q0::vnni::Q0Pair;
 use crate::kernels::x16::Ahead;
+
+/// A weight type the tiles take: Q8_0 as it lies in the file, Q5_0 widened to Q8_0
+/// blocks (its quants `-16..=15` as i8, the same scale) sixteen rows at a time
+/// ([`widen`]), which gives the same integer sums.
+pub(crate) trait AmxWeight: Q0Pair {
+    /// The rows as Q8_0 blocks, where they are ones.
+    fn as_q8_0(w: &[Self]) -> Option<&[BlockQ8_0]>;
+}
+
+impl AmxWeight for BlockQ8_0 {
+    fn as_q8_0(w: &[Self]) -> Option<&[BlockQ8_0]> {
+        Some(w)
+    }
+}
+
+impl AmxWeight for BlockQ5_0 {
+    fn as_q8_0(_: &[Self]) -> Option<&[BlockQ8_0]> {
+        None
+    }
+}
+
+/// `dst[j]` = `src[j]` as a Q8_0 block: its quants as i8, its scale.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX2.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(crate) unsafe fn widen<B: Q0Pair>(src: &[B], dst: &mut [BlockQ8_0]) {
+    let offset = _mm256_set1_epi8((16u32 << B::SHIFT) as u8 as i8);
+    for (d, b) in dst.iter_mut().zip(src) {
+        // SAFETY: this function's features include what `unsigned` needs; 32 writable
+        // bytes, storeu is unaligned.
+        unsafe {
+            let q = _mm256_sub_epi8(b.unsigned(), offset);
+            _mm256_storeu_si256(d.qs.as_mut_ptr() as *mut __m256i, q);
+        }
+        d.d = b.scale_bits();
+    }
+}
 
 /// Weight rows per call of [`rows16`] (the rows of an A tile and of a C tile).
 pub(crate) const ROWS: usize = 16;

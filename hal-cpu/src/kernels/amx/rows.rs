@@ -1,4 +1,4 @@
-//! Q8_0 weights staged for AMX against one to four activation rows (a decode of a few
+//! Q8_0 and Q5_0 weights staged for AMX against one to four activation rows (a decode of a few
 //! sequences), on AVX-512 VNNI in the same order as the tiles (`q8_0.rs`): per block
 //! the exact integer dot product, then `acc = fma(sum, d_w * d_a, acc)`. A tile's 16 x
 //! 32 multiply-adds need one or two activation rows to pay for its latency; a decode
@@ -8,16 +8,15 @@
 //!
 //! Sixteen weight rows at a time, a sixteenth of the rows apart, two to a register
 //! (rows `s` and `s + 8` in its halves); `vpdpbusd` of the quants taken unsigned
-//! (`q + 128`) against the activation block, from its lane sums times -128, gives each
+//! (`q + 128` for Q8_0, `q + 16` for Q5_0: [`Q0Pair`]) against the activation block,
+//! from its lane sums times minus that offset, gives each
 //! row's eight exact lane sums; a reduction tree adds each row's lanes, leaving the
 //! sixteen rows' block sums in one register (lane `l` for row [`ROW_OF_LANE`]`[l]`),
 //! which one conversion, one scale product and one FMA add to the sixteen outputs.
 
 use std::arch::x86_64::*;
 
-use flint_core::blocks::BlockQ8_0;
-
-use crate::kernels::q0::vnni::Q8_0Side;
+use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 
 /// Weight rows per step.
 const ROWS: usize = 16;
@@ -47,7 +46,7 @@ fn reduce8(v: [__m512i; 8]) -> __m512i {
     )
 }
 
-/// `put(r, a, weight row r · y[a])` for every row `r` of `w` (`nb` blocks each, a
+/// `put(r, a, weight row r · y[a])` for every row `r` of `w` (Q8_0 or Q5_0, `nb` blocks each, a
 /// multiple of sixteen rows) and the `A` activation rows `y` (each row's blocks, their
 /// scales as f32 and their `-16 x` lane sums), in llama.cpp's AMX order. `PF`: bytes
 /// ahead of each row's stream to prefetch.
@@ -55,8 +54,8 @@ fn reduce8(v: [__m512i; 8]) -> __m512i {
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn rows<const A: usize, const PF: usize>(
-    w: &[BlockQ8_0],
+pub(crate) unsafe fn rows<B: Q0Pair, const A: usize, const PF: usize>(
+    w: &[B],
     nb: usize,
     y: &[Q8_0Side<'_>; A],
     mut put: impl FnMut(usize, usize, f32),
@@ -73,7 +72,7 @@ pub(crate) unsafe fn rows<const A: usize, const PF: usize>(
         );
     }
     let run = n / ROWS;
-    let row_bytes = nb * std::mem::size_of::<BlockQ8_0>();
+    let row_bytes = nb * std::mem::size_of::<B>();
     for t in 0..run {
         // Row `t + s * run` for s < 16; the scales' byte offsets from the first, in the
         // reduction's lane order.
@@ -101,13 +100,10 @@ pub(crate) unsafe fn rows<const A: usize, const PF: usize>(
                         _mm_prefetch::<_MM_HINT_T0>(b0.cast::<i8>().wrapping_add(PF));
                         _mm_prefetch::<_MM_HINT_T0>(b1.cast::<i8>().wrapping_add(PF));
                     }
-                    let q = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(
-                            (*b0).qs.as_ptr() as *const __m256i
-                        )),
-                        _mm256_loadu_si256((*b1).qs.as_ptr() as *const __m256i),
+                    *u = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512((*b0).unsigned()),
+                        (*b1).unsigned(),
                     );
-                    *u = _mm512_xor_si512(q, _mm512_set1_epi8(0x80u8 as i8));
                 }
                 // The sixteen rows' f16 scales in lane order, widened.
                 let at = blk(0) as *const u8;
@@ -122,10 +118,14 @@ pub(crate) unsafe fn rows<const A: usize, const PF: usize>(
                     let yv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
                         yb.get_unchecked(i).qs.as_ptr() as *const __m256i,
                     ));
-                    // -128 x the lane sums: the unsigned quants' offset taken out.
-                    let init = _mm512_slli_epi32::<3>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        yl.get_unchecked(i).as_ptr() as *const __m256i,
-                    )));
+                    // Minus the offset times the lane sums: the unsigned quants' offset
+                    // taken out.
+                    let init = _mm512_sll_epi32(
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            yl.get_unchecked(i).as_ptr() as *const __m256i
+                        )),
+                        _mm_cvtsi32_si128(B::SHIFT as i32),
+                    );
                     let sums =
                         reduce8(std::array::from_fn(|p| _mm512_dpbusd_epi32(init, u[p], yv)));
                     let d = _mm512_mul_ps(dw, _mm512_set1_ps(*ys.get_unchecked(i)));
