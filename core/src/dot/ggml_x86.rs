@@ -630,4 +630,69 @@ mod tests {
             assert_ne!(got, 0.0);
         }
     }
+
+    /// The AMX order on hand-made blocks: per block the exact sum, one FMA each.
+    #[test]
+    fn amx_order_scales_each_block_sum_once() {
+        let one = 0x3C00; // f16 1.0
+        let half = 0x3800; // f16 0.5
+        let w = [
+            BlockQ8_0 {
+                d: one,
+                qs: [1; 32],
+            },
+            BlockQ8_0 {
+                d: half,
+                qs: [-3; 32],
+            },
+        ];
+        let a = [
+            BlockQ8_0 {
+                d: half,
+                qs: [2; 32],
+            },
+            BlockQ8_0 {
+                d: one,
+                qs: [1; 32],
+            },
+        ];
+        // Block 0: 64 * (1 * 0.5) = 32; block 1: -96 * (0.5 * 1) = -48.
+        assert_eq!(vec_dot_q8_0_q8_0_amx(&w, &a), -16.0);
+        // Q5_0: quants 17 - 16 = 1 (low nibble 1, high bit set) against 2s.
+        let w5 = [BlockQ5_0 {
+            d: one,
+            qh: [0xff; 4],
+            qs: [0x11; 16],
+        }];
+        assert_eq!(vec_dot_q5_0_q8_0_amx(&w5, &a[..1]), 32.0);
+    }
+
+    /// The AMX order and tinyBLAS's sum the same integers: they agree to float
+    /// rounding on random rows.
+    #[test]
+    fn amx_order_agrees_with_tinyblas_to_rounding() {
+        let n = 64 * 32;
+        let (x, y) = (values(n, 5), values(n, 9));
+        let mut w8 = alloc::vec![BlockQ8_0::zeroed(); n / 32];
+        let mut w5 = alloc::vec![BlockQ5_0::zeroed(); n / 32];
+        let mut a = alloc::vec![BlockQ8_0::zeroed(); n / 32];
+        crate::quant::quantize_row_q8_0(&x, &mut w8);
+        crate::quant::quantize_row_q5_0(&x, &mut w5);
+        crate::quant::quantize_row_q8_0_act(&y, &mut a);
+        for (amx, tiny) in [
+            (
+                vec_dot_q8_0_q8_0_amx(&w8, &a),
+                vec_dot_q8_0_q8_0_tinyblas(&w8, &a),
+            ),
+            (
+                vec_dot_q5_0_q8_0_amx(&w5, &a),
+                vec_dot_q5_0_q8_0_tinyblas(&w5, &a),
+            ),
+        ] {
+            assert!(
+                (amx - tiny).abs() <= 1e-4 * tiny.abs().max(1.0),
+                "{amx} vs {tiny}"
+            );
+        }
+    }
 }

@@ -1,16 +1,17 @@
-//! Q8_0 weights · Q8_0 activations on AMX, in the order of llama.cpp's AMX kernels
+//! Q8_0 weights (and Q5_0 widened to Q8_0 blocks) · Q8_0 activations on AMX tiles, five
+//! activation rows or more, in the order of llama.cpp's AMX kernels
 //! (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`): for each 32-quant block the
 //! exact integer dot product, then `acc = fma(sum, d_w * d_a, acc)`.
 //!
-//! The weight rows stay in the file's layout: sixteen rows of one block are an A tile of
-//! 16 rows x 32 bytes read straight from the rows (`tileloadd` with the row length as its
-//! stride), so nothing is decoded or repacked. The activation rows, sixteen at a time,
-//! are the B tile, in the layout `tdpbssd` takes (row `j` of the tile: quants
-//! `4j..4j + 4` of each activation row side by side), built once per matmul
-//! ([`AmxActs`]). One `tdpbssd` gives the 16 x 16 block sums; stored to memory, each
-//! weight row's sums (a vector over the activation rows) are converted and added to
-//! that row's accumulator with one FMA, the AMX step of the next block in flight
-//! meanwhile (two sets of tile registers, used by even and odd blocks).
+//! Q8_0 rows stay in the file's layout: sixteen rows of one block are an A tile of 16
+//! rows x 32 bytes read straight from the rows (`tileloadd` with the row length as its
+//! stride), so nothing is decoded or repacked; a Q5_0 panel is widened first
+//! ([`widen`]). The activation rows, sixteen at a time, are the B tile, in the layout
+//! `tdpbssd` takes (row `j` of the tile: quants `4j..4j + 4` of each activation row side
+//! by side), built once per matmul ([`AmxActs`]). One `tdpbssd` gives the 16 x 16 block
+//! sums; stored to memory, each weight row's sums (a vector over the activation rows) are
+//! converted and added to that row's accumulator with one FMA, the AMX step of the next
+//! block in flight meanwhile (two sets of tile registers, used by even and odd blocks).
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -114,6 +115,28 @@ unsafe fn configure() {
         unsafe { asm!("ldtilecfg [{0}]", in(reg) &CONFIG as *const TileConfig, options(nostack)) };
         CONFIGURED.set(true);
     }
+}
+
+/// One block's tile step: C tile `tmm{c}` zeroed, A tile `tmm{a}` loaded from `$w`
+/// (sixteen rows of 32 bytes, `$s` bytes apart), B tile `tmm{b}` from the `BTile` at
+/// `$x`, `tdpbssd`, and C stored into the `CTile` at `$p`. Unsafe: AMX configured on this
+/// thread ([`CONFIG`]) and the addresses valid for those reads and that write.
+macro_rules! tile_block {
+    ($a:literal, $b:literal, $c:literal, $w:expr, $s:expr, $x:expr, $p:expr) => {
+        asm!(
+            concat!("tilezero tmm", $c),
+            concat!("tileloadd tmm", $a, ", [{w} + {s}*1]"),
+            concat!("tileloadd tmm", $b, ", [{x} + {xs}*1]"),
+            concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+            concat!("tilestored [{p} + {xs}*1], tmm", $c),
+            w = in(reg) $w,
+            s = in(reg) $s,
+            x = in(reg) $x,
+            xs = in(reg) 64usize,
+            p = in(reg) $p,
+            options(nostack),
+        )
+    };
 }
 
 /// One block of sixteen activation rows as the B tile takes it: byte `64j + 4c + t` is
@@ -221,33 +244,9 @@ pub(crate) unsafe fn rows16(
             // 1 KiB `CTile` `c[i % 2]`.
             unsafe {
                 if i % 2 == 0 {
-                    asm!(
-                        "tilezero tmm2",
-                        "tileloadd tmm0, [{a} + {s}*1]",
-                        "tileloadd tmm1, [{b} + {bs}*1]",
-                        "tdpbssd tmm2, tmm0, tmm1",
-                        "tilestored [{c} + {bs}*1], tmm2",
-                        a = in(reg) a,
-                        s = in(reg) stride,
-                        b = in(reg) b,
-                        bs = in(reg) 64usize,
-                        c = in(reg) cp,
-                        options(nostack),
-                    );
+                    tile_block!(0, 1, 2, a, stride, b, cp);
                 } else {
-                    asm!(
-                        "tilezero tmm5",
-                        "tileloadd tmm3, [{a} + {s}*1]",
-                        "tileloadd tmm4, [{b} + {bs}*1]",
-                        "tdpbssd tmm5, tmm3, tmm4",
-                        "tilestored [{c} + {bs}*1], tmm5",
-                        a = in(reg) a,
-                        s = in(reg) stride,
-                        b = in(reg) b,
-                        bs = in(reg) 64usize,
-                        c = in(reg) cp.add(1),
-                        options(nostack),
-                    );
+                    tile_block!(3, 4, 5, a, stride, b, cp.add(1));
                 }
             }
             if i > 0 {
@@ -327,18 +326,14 @@ pub(crate) unsafe fn self_test() -> bool {
     // B 8 rows of 64 bytes of `b`, the store 1 KiB into `c`.
     unsafe {
         configure();
-        asm!(
-            "tilezero tmm2",
-            "tileloadd tmm0, [{a} + {s}*1]",
-            "tileloadd tmm1, [{b} + {bs}*1]",
-            "tdpbssd tmm2, tmm0, tmm1",
-            "tilestored [{c} + {bs}*1], tmm2",
-            a = in(reg) a.0.as_ptr(),
-            s = in(reg) 32usize,
-            b = in(reg) b.0.as_ptr(),
-            bs = in(reg) 64usize,
-            c = in(reg) c.0.as_mut_ptr(),
-            options(nostack),
+        tile_block!(
+            0,
+            1,
+            2,
+            a.0.as_ptr(),
+            32usize,
+            b.0.as_ptr(),
+            c.0.as_mut_ptr()
         );
     }
     c.0.iter().flatten().all(|&v| v == 64)

@@ -1,18 +1,18 @@
-//! Q8_0 and Q5_0 weights staged for AMX against one to four activation rows (a decode of a few
-//! sequences), on AVX-512 VNNI in the same order as the tiles (`q8_0.rs`): per block
-//! the exact integer dot product, then `acc = fma(sum, d_w * d_a, acc)`. A tile's 16 x
-//! 32 multiply-adds need one or two activation rows to pay for its latency; a decode
-//! row streams the weight from memory, which this kernel does as the tinyBLAS-order row
-//! kernels do (`q0::vnni::q0_rows_pairs`): rows far apart, each its own stream,
-//! prefetched ahead.
+//! Q8_0 and Q5_0 weights staged for AMX against one to four activation rows (a decode
+//! of a few sequences), on AVX-512 VNNI in the tiles' order (`q8_0.rs`): per block the
+//! exact integer dot product, then `acc = fma(sum, d_w * d_a, acc)`. For so few rows a
+//! matmul is bound by streaming the weight from memory, and the tiles, which read
+//! sixteen adjacent rows a block at a time, stream it slower (`docs/benchmarks.md`);
+//! this kernel reads its rows as the tinyBLAS-order row kernels do
+//! (`q0::vnni::q0_rows_pairs`): rows far apart, each its own stream, prefetched ahead.
 //!
 //! Sixteen weight rows at a time, a sixteenth of the rows apart, two to a register
 //! (rows `s` and `s + 8` in its halves); `vpdpbusd` of the quants taken unsigned
 //! (`q + 128` for Q8_0, `q + 16` for Q5_0: [`Q0Pair`]) against the activation block,
-//! from its lane sums times minus that offset, gives each
-//! row's eight exact lane sums; a reduction tree adds each row's lanes, leaving the
-//! sixteen rows' block sums in one register (lane `l` for row [`ROW_OF_LANE`]`[l]`),
-//! which one conversion, one scale product and one FMA add to the sixteen outputs.
+//! from its lane sums times minus that offset, gives each row's eight exact lane sums; a
+//! reduction tree adds each row's lanes, leaving the sixteen rows' block sums in one
+//! register (lane `l` for row [`ROW_OF_LANE`]`[l]`), which one conversion, one scale
+//! product and one FMA add to the sixteen outputs.
 
 use std::arch::x86_64::*;
 
