@@ -1,8 +1,9 @@
 //! The run-time dispatch: for a weight type, a SIMD level and a number of activation
 //! rows, which kernel of which format folder runs ([`dot_rows`]: a tile of up to four
 //! rows; [`matvec_rows`]: a decode; [`rows_small_batch`]: 2-15 rows; [`gemm`]: a prompt
-//! batch; [`x16_rows`]: any rows of a weight repacked at staging), and the drivers that
-//! split a matmul's rows into panels and tiles for them.
+//! batch; [`x16_rows`]: any rows of a weight repacked at staging; [`amx_matmul`]: any
+//! rows of a weight staged for AMX), and the drivers that split a matmul's rows into
+//! panels and tiles for them.
 
 use std::borrow::Cow;
 
@@ -561,8 +562,8 @@ fn fused_gemm<D: Copy + Send + Sync>(
         });
 }
 
-/// `out[t * n + r]` = weight row `r` of `w` (Q8_0 rows in the file's layout, `n` a
-/// multiple of 16) · activation row `t` of `acts` (all `out.len() / n` of them), in
+/// `out[t * n + r]` = weight row `r` of `w` (Q8_0 or Q5_0 rows in the file's layout, `n`
+/// a multiple of 16) · activation row `t` of `acts` (all `out.len() / n` of them), in
 /// llama.cpp's AMX order: up to [`AMX_VNNI_MAX_ROWS`] activation rows on AVX-512 VNNI
 /// (`amx::rows`: the rows split over the tasks, each task its columns of the output
 /// rows), more on the tiles, weight-stationary as [`fused_gemm`] (the sixteen-row
@@ -707,8 +708,8 @@ fn task_columns(out: &mut [f32], n: usize, width: usize) -> Vec<Vec<&mut [f32]>>
     columns
 }
 
-/// Weight rows `w` (Q8_0 staged for AMX, `nb` blocks each, a multiple of 16 rows)
-/// against the activation rows `act_rows` of `acts`, at most [`AMX_VNNI_MAX_ROWS`], in
+/// Weight rows `w` (Q8_0 or Q5_0 staged for AMX, `nb` blocks each, a multiple of 16
+/// rows) against the activation rows `act_rows` of `acts`, at most [`AMX_VNNI_MAX_ROWS`], in
 /// llama.cpp's AMX order on AVX-512 VNNI (`amx::rows`): `put(row, t, value)` for
 /// `act_rows[t]`.
 #[cfg(target_arch = "x86_64")]
@@ -738,7 +739,7 @@ fn amx_vnni_rows<B: q0::vnni::Q0Pair>(
     }
 }
 
-/// Activation rows up to which a Q8_0 weight staged for AMX takes the VNNI kernel of
+/// Activation rows up to which a weight staged for AMX takes the VNNI kernel of
 /// its order (`amx::rows`), which streams the weight as the decode row kernels do; the
 /// tiles from there on.
 #[cfg(target_arch = "x86_64")]
