@@ -6,15 +6,16 @@
 //! its first tokens. Where AMX cannot run the test says so and checks nothing else.
 //! Its own test binary: it sets `FLINT_CPU_AMX` for the whole process.
 
+mod flint_common;
 mod golden_common;
 
 use std::collections::HashMap;
 
-use flint_engine::forward::{DeviceModel, Session};
+use flint_common::device_chain;
 use flint_engine::kv::RequestId;
 use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use flint_engine::model::{load_on_device, resolve_path};
-use flint_engine::sample::{argmax, SamplerConfig, StopConditions};
+use flint_engine::sample::{SamplerConfig, StopConditions};
 use flint_engine::sched::{LLMEngine, RequestParams};
 use flint_engine::sched::{Scheduler, SchedulerConfig};
 use flint_hal_cpu::SimdLevel;
@@ -24,21 +25,6 @@ use golden_common::greedy_chains;
 const N_GEN: usize = 10;
 /// Requests decoded together.
 const REQUESTS: usize = 6;
-
-/// A greedy chain on the single-sequence device forward.
-fn session_chain(dm: &DeviceModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut s = Session::new(dm, prompt.len() + n + 1).expect("session");
-    let mut logits = s.feed(prompt, false).expect("prefill");
-    let mut toks = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        if i + 1 < n {
-            logits = s.feed(&[t], false).expect("decode");
-        }
-    }
-    toks
-}
 
 #[test]
 fn a_request_decodes_the_same_batched_and_alone_in_the_amx_order() {
@@ -95,7 +81,7 @@ fn a_request_decodes_the_same_batched_and_alone_in_the_amx_order() {
     }
     assert_eq!(max_batch, REQUESTS, "every request shared the decode steps");
     for (i, (id, p)) in ids.iter().zip(&prompts).enumerate() {
-        let alone = session_chain(e.model().model(), p, N_GEN);
+        let alone = device_chain(e.model().model(), p, N_GEN);
         assert_eq!(
             out[id], alone,
             "request {i}: the batched chain differs from the same request alone"

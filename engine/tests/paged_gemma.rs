@@ -4,15 +4,16 @@
 //! equal to the golden one or first diverging where llama.cpp's own top-2 margin is
 //! below 0.25 nats. The KV cache is sized from a memory budget as `flint serve` does.
 
+mod flint_common;
 mod golden_common;
 
 use std::collections::HashMap;
 
-use flint_engine::forward::{DeviceModel, Session};
+use flint_common::device_chain;
 use flint_engine::kv::RequestId;
 use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
 use flint_engine::model::{load_on_device, resolve_path};
-use flint_engine::sample::{argmax, SamplerConfig, StopConditions};
+use flint_engine::sample::{SamplerConfig, StopConditions};
 use flint_engine::sched::{LLMEngine, RequestParams};
 use flint_engine::sched::{Scheduler, SchedulerConfig};
 use golden_common::{greedy_chains, GreedyChain};
@@ -28,21 +29,6 @@ fn greedy(max_tokens: usize) -> RequestParams {
         // No EOG: each request generates exactly max_tokens, like the golden chains.
         stop: StopConditions::default(),
     }
-}
-
-/// A greedy chain on the single-sequence device forward.
-fn session_chain(dm: &DeviceModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut s = Session::new(dm, prompt.len() + n + 1).expect("session");
-    let mut logits = s.feed(prompt, false).expect("prefill");
-    let mut toks = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        if i + 1 < n {
-            logits = s.feed(&[t], false).expect("decode");
-        }
-    }
-    toks
 }
 
 #[test]
@@ -124,7 +110,7 @@ fn gemma_continuous_arrival_follows_the_golden_chains() {
         // Batching changes nothing: the same request alone on the single-sequence
         // device forward gives the same tokens (beyond the golden chain's first split,
         // this is what covers the rest of the chain).
-        let alone = session_chain(e.model().model(), &g.prompt, N_GEN);
+        let alone = device_chain(e.model().model(), &g.prompt, N_GEN);
         assert_eq!(
             got, &alone,
             "request {i}: the batched chain differs from the same request alone"

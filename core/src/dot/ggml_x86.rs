@@ -636,26 +636,9 @@ mod tests {
     fn amx_order_scales_each_block_sum_once() {
         let one = 0x3C00; // f16 1.0
         let half = 0x3800; // f16 0.5
-        let w = [
-            BlockQ8_0 {
-                d: one,
-                qs: [1; 32],
-            },
-            BlockQ8_0 {
-                d: half,
-                qs: [-3; 32],
-            },
-        ];
-        let a = [
-            BlockQ8_0 {
-                d: half,
-                qs: [2; 32],
-            },
-            BlockQ8_0 {
-                d: one,
-                qs: [1; 32],
-            },
-        ];
+        let q8 = |d: u16, q: i8| BlockQ8_0 { d, qs: [q; 32] };
+        let w = [q8(one, 1), q8(half, -3)];
+        let a = [q8(half, 2), q8(one, 1)];
         // Block 0: 64 * (1 * 0.5) = 32; block 1: -96 * (0.5 * 1) = -48.
         assert_eq!(vec_dot_q8_0_q8_0_amx(&w, &a), -16.0);
         // Q5_0: quants 17 - 16 = 1 (low nibble 1, high bit set) against 2s.
