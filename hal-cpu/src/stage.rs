@@ -331,7 +331,7 @@ impl CpuDevice {
             && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
             && e == 1
             && k.is_multiple_of(32)
-            && n.is_multiple_of(X16_ROWS)
+            && n.is_multiple_of(crate::kernels::amx::AMX_ROWS_MULTIPLE)
             && n > 0;
         let packable = !amx
             && self.level == SimdLevel::Avx512Vnni

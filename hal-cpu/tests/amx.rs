@@ -80,13 +80,14 @@ fn q8_0_and_q5_0_in_the_amx_order_are_bit_exact() {
     let Some(dev) = amx_device() else { return };
     let mut rng = Rng(31);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        // Row counts: one panel, a few (split over the tasks), a vocabulary-like many; k
-        // of one block, odd block counts, Gemma 3's 640 and 2048.
+        // Row counts (multiples of 32, as llama.cpp's AMX buffer takes): two panels, a
+        // few (split over the tasks), a vocabulary-like many; k of one block, odd block
+        // counts, Gemma 3's 640 and 2048.
         for (k, n) in [
-            (32, 16),
-            (96, 48),
-            (640, 16),
-            (640, 272),
+            (32, 32),
+            (96, 96),
+            (640, 32),
+            (640, 288),
             (2048, 64),
             (224, 1024),
         ] {
@@ -148,6 +149,50 @@ fn the_amx_order_in_a_shared_section_and_a_row_lookup() {
             flint_core::dequant::dequantize(ty, &w[id * rb..(id + 1) * rb], &mut want)
                 .expect("dequantize");
             assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+        }
+    }
+}
+
+/// A matrix whose row count is a multiple of 16 but not of 32 stays off AMX, as in
+/// llama.cpp's AMX build (its AMX buffer refuses it): the device gives the non-AMX
+/// device's bits for it.
+#[test]
+fn matrices_llamacpp_keeps_off_amx_keep_the_non_amx_order() {
+    let Some(dev) = amx_device() else { return };
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    let plain = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
+        .expect("device")
+        .with_amx(false);
+    let mut rng = Rng(41);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+        let (k, n) = (640, 48);
+        let w = random_weight(&mut rng, ty, k, n);
+        let h = dev
+            .stage(&desc("w", ty, &[k, n], w.clone()))
+            .expect("stage");
+        let hp = plain
+            .stage(&desc("w", ty, &[k, n], w.clone()))
+            .expect("stage");
+        for m in [1usize, 5, 16] {
+            let x = rng.vec(m * k);
+            let mut got = vec![f32::NAN; m * n];
+            let mut want = vec![f32::NAN; m * n];
+            dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
+                .expect("matmul");
+            plain
+                .matmul(&*hp, (&x[..]).into(), m, (&mut want).into())
+                .expect("matmul");
+            assert_bits(&format!("{ty} n {n} m {m} off AMX"), &got, &want, n);
+            let amx = amx_reference(ty, &w, k, n, &x);
+            assert!(
+                got.iter()
+                    .zip(&amx)
+                    .any(|(g, a)| g.to_bits() != a.to_bits()),
+                "{ty} n {n} m {m}: the AMX order's bits, so the check above shows nothing"
+            );
         }
     }
 }

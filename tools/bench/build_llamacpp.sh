@@ -18,9 +18,13 @@
 #   FLINT_LLAMACPP_DIR    cache directory (see above; shared with llamacpp_sdist.sh)
 #   FLINT_LLAMACPP_SDIST  use this local tarball instead of downloading (still sha256-checked)
 #   FLINT_BUILD_JOBS      parallel compile jobs (default 2: the bench machine has 2 shared cores)
-#   FLINT_LLAMACPP_SIMD   `native` (default): every x86 feature this CPU reports (AMX off);
+#   FLINT_LLAMACPP_SIMD   `native` (default): every x86 feature this CPU reports but AMX
+#                         (the build the goldens come from);
 #                         `avx2`: AVX2 / FMA / F16C at most, no AVX-512, built into build-avx2/
-#                         (the peer of Flint's AVX2 level, FLINT_CPU_SIMD=avx2, on an AVX-512 host)
+#                         (the peer of Flint's AVX2 level, FLINT_CPU_SIMD=avx2, on an AVX-512 host);
+#                         `amx`: `native` plus AMX-TILE/INT8, built into build-amx/ (llama.cpp's
+#                         AMX weight buffers for Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS matrices:
+#                         the peer of FLINT_CPU_AMX=1; an error where the CPU reports no AMX)
 #
 # Idempotent: when everything exists, it prints the bin directory and exits.
 # The last line of stdout is the bin directory, so callers can do
@@ -35,8 +39,9 @@ simd="${FLINT_LLAMACPP_SIMD:-native}"
 case "$simd" in
     native) build="$dir/build" ;;
     avx2) build="$dir/build-avx2" ;;
+    amx) build="$dir/build-amx" ;;
     *)
-        echo "build_llamacpp.sh: error: FLINT_LLAMACPP_SIMD must be native or avx2, got '$simd'" >&2
+        echo "build_llamacpp.sh: error: FLINT_LLAMACPP_SIMD must be native, avx2 or amx, got '$simd'" >&2
         exit 1
         ;;
 esac
@@ -84,14 +89,24 @@ llama_src="$("$here/../llamacpp_sdist.sh" | tail -n1)"
 
 # CPU features: AVX-512 (and VNNI/VBMI/BF16) only where this CPU reports them, so the
 # binaries run here. GGML_NATIVE is off because -march=native would switch AMX on where
-# the CPU advertises it, and the hypervisor on the bench machines raises SIGILL on AMX
-# instructions; AMX stays off explicitly.
+# the CPU advertises it: the golden files and the default comparison hold llama.cpp's
+# non-AMX orders (Flint's default), so AMX is on only in the `amx` build.
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
 has() {
     [[ "$simd" == avx2 && "$1" == avx512* ]] && return 1
     [[ " $flags " == *" $1 "* ]]
 }
 onoff() { if has "$1"; then echo ON; else echo OFF; fi; }
+amx=OFF
+amx_flags=()
+if [[ "$simd" == amx ]]; then
+    has amx_tile && has amx_int8 || die "FLINT_LLAMACPP_SIMD=amx, but this CPU reports no amx_tile/amx_int8"
+    amx=ON
+    # GCC's _tile_loadconfig tells the compiler it reads 8 of the configuration's 64
+    # bytes, so the tile shapes are never stored and the first tile load raises SIGILL;
+    # gcc-amx/amxtileintrin.h (first on the include path) gives it the whole 64 bytes.
+    amx_flags=(-DCMAKE_C_FLAGS="-isystem $here/gcc-amx" -DCMAKE_CXX_FLAGS="-isystem $here/gcc-amx")
+fi
 
 avx512=OFF
 if has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; then
@@ -115,8 +130,8 @@ cmake_args=(
     -DGGML_AVX512_VNNI="$([[ $avx512 == ON ]] && onoff avx512_vnni || echo OFF)"
     -DGGML_AVX512_VBMI="$([[ $avx512 == ON ]] && onoff avx512vbmi || echo OFF)"
     -DGGML_AVX512_BF16="$([[ $avx512 == ON ]] && onoff avx512_bf16 || echo OFF)"
-    -DGGML_AMX_TILE=OFF
-    -DGGML_AMX_INT8=OFF
+    -DGGML_AMX_TILE="$amx"
+    -DGGML_AMX_INT8="$amx"
     -DGGML_AMX_BF16=OFF
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_TESTS=OFF
@@ -126,6 +141,7 @@ cmake_args=(
     -DLLAMA_USE_PREBUILT_UI=OFF
     -DLLAMA_BUILD_APP=OFF
     -DLLAMA_BUILD_TOOLS=ON
+    "${amx_flags[@]}"
 )
 note "cmake ${cmake_args[*]}"
 mkdir -p "$build"

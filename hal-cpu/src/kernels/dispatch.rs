@@ -666,13 +666,15 @@ fn amx_rows<B: amx::q8_0::AmxWeight>(
         unreachable!("Q8_0 and Q5_0 weights take Q8_0 activations");
     };
     let a = amx::q8_0::AmxActs::new(blocks, scales, act_rows, nb);
-    let mut dec = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; R * nb];
+    // The Q5_0 panels' widening buffer (Q8_0 panels are read in place).
+    let mut dec = Vec::new();
     let mut res = vec![0f32; m * R];
     let at = amx::q8_0::Strides { t: R, r: 1 };
     for (g, rows) in w.chunks_exact(R * nb).enumerate() {
         let panel = match B::as_q8_0(rows) {
             Some(q) => q,
             None => {
+                dec.resize(R * nb, BlockQ8_0 { d: 0, qs: [0; 32] });
                 // SAFETY: as in `amx_matmul`.
                 unsafe { amx::q8_0::widen(rows, &mut dec) };
                 &dec[..]

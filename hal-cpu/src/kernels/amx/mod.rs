@@ -19,6 +19,12 @@
 //! The instructions are written as inline assembly (Rust's AMX intrinsics are not
 //! stable); a thread loads the tile configuration once and keeps it.
 
+/// The weight rows a matrix must have a multiple of to go on AMX: llama.cpp's AMX
+/// buffer takes a matrix only when its output count is a multiple of two tiles' width
+/// (`op->ne[0] % (TILE_N * 2)` in `ggml-cpu/amx/amx.cpp`); any other matrix keeps the
+/// non-AMX order there, and so here.
+pub const AMX_ROWS_MULTIPLE: usize = 32;
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q8_0;
 #[cfg(target_arch = "x86_64")]
