@@ -135,6 +135,16 @@ impl Ahead {
         prefetch_lines(self.at, 64 * self.lines);
     }
 
+    /// [`Ahead::block`] into the L2 cache only.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) fn block_l2(self, i: usize, blocks: usize) {
+        for l in self.lines_at(i, blocks) {
+            // SAFETY: as in `block`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.at.wrapping_add(64 * l)) };
+        }
+    }
+
     /// Asks for this share's lines `i, i + blocks, i + 2 blocks, ...`: called at each of a
     /// tile's `blocks` weight blocks, it asks for every line once.
     #[cfg(target_arch = "x86_64")]

@@ -202,7 +202,8 @@ struct CTile([[i32; ROWS]; ROWS]);
 /// `out[t * at.t + r * at.r]` = weight row `r` of `w` (sixteen rows of `acts`' block
 /// count, one after another as in the file) · activation row `t` of `acts`, in
 /// llama.cpp's AMX order, for every activation row. Asks for the lines of `ahead` (the
-/// weight rows multiplied next) a share per block.
+/// weight rows multiplied next) into L1 and those of `far` (the ones after) into L2, a
+/// share per block.
 ///
 /// # Safety
 /// AMX must be usable by this process ([`super::available`]) and the CPU must support
@@ -214,6 +215,7 @@ pub(crate) unsafe fn rows16(
     out: &mut [f32],
     at: Strides,
     ahead: Ahead,
+    far: Ahead,
 ) {
     let nb = acts.nb;
     assert!(w.len() >= ROWS * nb, "amx rows16: sixteen weight rows");
@@ -235,6 +237,7 @@ pub(crate) unsafe fn rows16(
         for i in 0..nb {
             if g == 0 {
                 ahead.block(i, nb);
+                far.block_l2(i, nb);
             }
             let a = w[i].qs.as_ptr();
             let b = acts.tiles[g * nb + i].0.as_ptr();
