@@ -1,5 +1,6 @@
-//! The default model with `FLINT_CPU_AMX=1` (its Q8_0 and Q5_0 matrices in the AMX
-//! order: AMX tiles from five activation rows, AVX-512 VNNI below): six requests decoded
+//! The default model with `FLINT_CPU_AMX=1` (its Q8_0, Q5_0, Q4_K and Q6_K matrices in
+//! the AMX orders: Q8_0/Q5_0 on AMX tiles from five activation rows, AVX-512 VNNI below
+//! and for the K-quants): six requests decoded
 //! together in the paged engine (every step's matmuls on the tiles) give each request
 //! the greedy chain it gets alone on the single-sequence forward (one row a step, the
 //! VNNI kernel), token for token, and a chain that follows llama.cpp's golden one for

@@ -31,8 +31,8 @@
 //! - **split files**: llama-tiny's Q8_0 in 4 shards (`llama-gguf-split`), opened from
 //!   its first shard, gives the single file's logits bit for bit;
 //! - the reference forward meets the same targets on llama-tiny f32 (its first 512 ids);
-//! - **llama.cpp's AMX build** (`tools/golden/amx_goldens.sh`): on the Q8_0 files of
-//!   llama-tiny, gemma3-tiny and qwen3-tiny, the device with the AMX path
+//! - **llama.cpp's AMX build** (`tools/golden/amx_goldens.sh`): on the Q8_0 and Q4_K_M
+//!   files of llama-tiny, gemma3-tiny and qwen3-tiny, the device with the AMX path
 //!   (`FLINT_CPU_AMX=1`'s) gives that build's teacher-forced and greedy logits to
 //!   [`DECODE_LOGIT_DIFF`] ([`compare_amx`]; where the process can run AMX).
 
@@ -1210,80 +1210,95 @@ fn golden_gap(a: &Value, b: &Value) -> f64 {
     worst
 }
 
-/// `FLINT_CPU_AMX=1` on a Q8_0 file against llama.cpp's AMX build
-/// (`tools/golden/amx_goldens.sh`: its Q8_0 matrices on AMX tiles for a batch, its VNNI
-/// kernel for one row, one order): the 2,048 ids teacher-forced in one batch (the tiles)
-/// and every greedy chain (one row a step) give llama.cpp's logits on its top 20 / top 5
-/// to [`DECODE_LOGIT_DIFF`], while the non-AMX golden of the same file lies further from
-/// it than that (so the comparison tells the two orders apart). Where AMX cannot run, the
-/// test says so and checks nothing.
-fn compare_amx(case: &str) {
+/// `FLINT_CPU_AMX=1` on a Q8_0 or Q4_K_M file (`ty`) against llama.cpp's AMX build
+/// (`tools/golden/amx_goldens.sh`: its Q8_0, Q4_K and Q6_K matrices on AMX tiles for a
+/// batch, its VNNI kernels for one row, one order for both): the 2,048 ids teacher-forced
+/// in one batch (the tiles) and every greedy chain (one row a step) give llama.cpp's
+/// logits on its top 20 / top 5 to [`DECODE_LOGIT_DIFF`], while the non-AMX golden of
+/// the same file lies further from it than that (so the comparison tells the two orders
+/// apart). Where AMX cannot run, the test says so and checks nothing else.
+fn compare_amx(case: &str, ty: &str) {
     let dir = data(case);
     let meta = read_json(&dir.join("amx.json"));
     assert_eq!(
-        meta["sha256"],
-        manifest(case)["models"]["q8_0"]["sha256"],
-        "{case}: amx.json was made from another model-q8_0.gguf (rerun tools/golden/amx_goldens.sh {case})"
+        meta["models"][ty]["sha256"],
+        manifest(case)["models"][ty]["sha256"],
+        "{case} {ty}: amx.json was made from another model file (rerun tools/golden/amx_goldens.sh {case})"
     );
-    let golden = read_json(&dir.join("logits-q8_0-amx.json"));
-    let plain = read_json(&dir.join("logits-q8_0.json"));
+    let golden = read_json(&dir.join(format!("logits-{ty}-amx.json")));
+    let plain = read_json(&dir.join(format!("logits-{ty}.json")));
     let gap = golden_gap(&golden, &plain);
     assert!(
         gap > DECODE_LOGIT_DIFF,
-        "{case}: llama.cpp's AMX and non-AMX goldens agree to {gap:.2e}: the comparison would not tell the orders apart"
+        "{case} {ty}: llama.cpp's AMX and non-AMX goldens agree to {gap:.2e}: the comparison would not tell the orders apart"
     );
     let level = flint_hal_cpu::SimdLevel::detect();
     if level < flint_hal_cpu::SimdLevel::Avx512Vnni || !flint_hal_cpu::kernels::amx::available() {
-        eprintln!("{case}: AMX-INT8 cannot run in this process: the AMX order is not checked here");
+        eprintln!(
+            "{case} {ty}: AMX-INT8 cannot run in this process: the AMX order is not checked here"
+        );
         return;
     }
-    let model = model(case, "q8_0");
+    let model = model(case, ty);
     let opts = flint_hal::DeviceOptions::from_env().expect("device options");
     let dev = flint_hal_cpu::CpuDevice::with_level(&opts, flint_hal_cpu::SimdLevel::Avx512Vnni)
         .expect("cpu device opens")
         .with_float_order(flint_hal_cpu::FloatOrder::LlamaCpp)
         .with_amx(true);
-    assert!(dev.amx().0, "{case}: the device takes the AMX path");
+    assert!(dev.amx().0, "{case} {ty}: the device takes the AMX path");
     let dm = DeviceModel::stage(&model, std::sync::Arc::new(dev), &mut |_, _| {})
         .expect("stages on cpu");
     let ids = golden_ids(case);
-    assert_eq!(ids_of(&golden["ids"]), ids, "{case}: the AMX golden's ids");
+    assert_eq!(
+        ids_of(&golden["ids"]),
+        ids,
+        "{case} {ty}: the AMX golden's ids"
+    );
     let mut s = Session::new(&dm, ids.len()).expect("session");
     let all = s.feed(&ids, true).expect("teacher-forced forward");
     let v = model.spec.vocab;
     let tf = max_top_diff(&golden, &|p| &all[p * v..(p + 1) * v]);
     let tf_plain = max_top_diff(&plain, &|p| &all[p * v..(p + 1) * v]);
-    let text = std::fs::read_to_string(dir.join("greedy-q8_0-amx.jsonl")).expect("greedy golden");
+    let text =
+        std::fs::read_to_string(dir.join(format!("greedy-{ty}-amx.jsonl"))).expect("greedy golden");
     let chains = chains_from_jsonl(&text);
-    assert_eq!(chains.len(), 3, "{case}: three greedy chains");
+    assert_eq!(chains.len(), 3, "{case} {ty}: three greedy chains");
     let greedy = replay_greedy(&dm, &chains, NEAR_TIE);
     println!(
-        "{case} q8_0 with FLINT_CPU_AMX=1: teacher-forced max logit diff on llama.cpp's top 20 {tf:.2e} from its AMX build ({tf_plain:.2e} from its non-AMX build; the two goldens {gap:.2e} apart); greedy {greedy:?}"
+        "{case} {ty} with FLINT_CPU_AMX=1: teacher-forced max logit diff on llama.cpp's top 20 {tf:.2e} from its AMX build ({tf_plain:.2e} from its non-AMX build; the two goldens {gap:.2e} apart); greedy {greedy:?}"
     );
     assert!(
         tf <= DECODE_LOGIT_DIFF,
-        "{case}: teacher-forced logits {tf:.2e} from llama.cpp's AMX build (bound {DECODE_LOGIT_DIFF:.0e})"
+        "{case} {ty}: teacher-forced logits {tf:.2e} from llama.cpp's AMX build (bound {DECODE_LOGIT_DIFF:.0e})"
     );
-    let g = greedy.unwrap_or_else(|e| panic!("{case}: {e}"));
-    assert_eq!(g.identical, g.chains, "{case}: every chain is llama.cpp's");
+    let g = greedy.unwrap_or_else(|e| panic!("{case} {ty}: {e}"));
+    assert_eq!(
+        g.identical, g.chains,
+        "{case} {ty}: every chain is llama.cpp's"
+    );
     assert!(
         g.max_diff <= DECODE_LOGIT_DIFF,
-        "{case}: greedy logits {:.2e} from llama.cpp's AMX build (bound {DECODE_LOGIT_DIFF:.0e})",
+        "{case} {ty}: greedy logits {:.2e} from llama.cpp's AMX build (bound {DECODE_LOGIT_DIFF:.0e})",
         g.max_diff
     );
 }
 
-#[test]
-fn llama_tiny_q8_0_amx() {
-    compare_amx("llama-tiny");
+macro_rules! amx_tests {
+    ($($name:ident: $case:literal $ty:literal;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                compare_amx($case, $ty);
+            }
+        )*
+    };
 }
 
-#[test]
-fn gemma3_tiny_q8_0_amx() {
-    compare_amx("gemma3-tiny");
-}
-
-#[test]
-fn qwen3_tiny_q8_0_amx() {
-    compare_amx("qwen3-tiny");
+amx_tests! {
+    llama_tiny_q8_0_amx: "llama-tiny" "q8_0";
+    llama_tiny_q4_k_m_amx: "llama-tiny" "q4_k_m";
+    gemma3_tiny_q8_0_amx: "gemma3-tiny" "q8_0";
+    gemma3_tiny_q4_k_m_amx: "gemma3-tiny" "q4_k_m";
+    qwen3_tiny_q8_0_amx: "qwen3-tiny" "q8_0";
+    qwen3_tiny_q4_k_m_amx: "qwen3-tiny" "q4_k_m";
 }

@@ -46,8 +46,8 @@ pub struct CpuDevice {
     pub(crate) layout_reason: &'static str,
     /// Batch-invariant float orders, or llama.cpp's for the call's size.
     pub(crate) order: FloatOrder,
-    /// Whether Q8_0 and Q5_0 matrices staged from now on are multiplied in the AMX order
-    /// (`kernels::amx`), and why.
+    /// Whether Q8_0, Q5_0, Q4_K and Q6_K matrices staged from now on are multiplied in
+    /// the AMX orders (`kernels::amx`), and why.
     pub(crate) amx: bool,
     pub(crate) amx_reason: &'static str,
     /// Host-device traffic. The device's tensors are host memory (the trait's defaults
@@ -139,10 +139,11 @@ impl CpuDevice {
         self
     }
 
-    /// Whether Q8_0 and Q5_0 matrices are multiplied in the AMX order (llama.cpp's AMX
-    /// kernels' for Q8_0, `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx`, and the
-    /// same for Q5_0) for every number of activation rows (AMX tiles from five rows,
-    /// AVX-512 VNNI below: `kernels::amx`), and why: with `FLINT_CPU_AMX=1` (an error where the process
+    /// Whether Q8_0, Q5_0, Q4_K and Q6_K matrices are multiplied in the AMX orders
+    /// (llama.cpp's AMX kernels' for Q8_0, Q4_K and Q6_K,
+    /// `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx` and its neighbours, and Q8_0's
+    /// for Q5_0) for every number of activation rows (Q8_0 and Q5_0 on AMX tiles from five
+    /// rows, AVX-512 VNNI below; the K-quants on AVX-512 VNNI: `kernels::amx`), and why: with `FLINT_CPU_AMX=1` (an error where the process
     /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: the golden files
     /// and the reference forward hold the non-AMX (tinyBLAS) order, which the device
     /// then follows for every weight type (`docs/benchmarks.md` has what AMX gains).
@@ -272,7 +273,7 @@ impl Device for CpuDevice {
         };
         let amx = if self.amx {
             format!(
-                ", Q8_0 and Q5_0 in the AMX order on AMX tiles ({})",
+                ", Q8_0/Q5_0/Q4_K/Q6_K in llama.cpp's AMX orders, Q8_0/Q5_0 on AMX tiles ({})",
                 self.amx_reason
             )
         } else {

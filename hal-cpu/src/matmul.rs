@@ -106,6 +106,15 @@ impl CpuDevice {
                     kernels::amx_matmul(wb, k, n, acts, out);
                     return Ok(());
                 }
+                WeightRows::Q4KAmx(_) | WeightRows::Q6KAmx(_) => {
+                    let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+                    let mut gs = std::mem::take(
+                        &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    kernels::amx_kq_matmul(ty, w, k, n, acts, per_rows, &mut gs, out);
+                    *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+                    return Ok(());
+                }
                 _ => {}
             }
             // Enough rows per task to amortise dispatch (16 rows of a 4096-wide Q4_K row
@@ -350,7 +359,13 @@ impl CpuDevice {
         // Four tasks per thread over all the matrices (see `matmul_bytes`); whole row
         // groups of packed weights.
         let per_task = total_rows.div_ceil(self.threads * 4).max(16);
-        let per_task = chunk_rows(per_task, ws.iter().any(|w| w.x16.is_some()), usize::MAX);
+        // Whole groups of sixteen rows where a weight is repacked or on AMX (whose kernels
+        // take sixteen rows at a time).
+        let per_task = chunk_rows(
+            per_task,
+            ws.iter().any(|w| w.x16.is_some() || w.amx),
+            usize::MAX,
+        );
         let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
         if small {
             for (i, t) in t_bufs.iter_mut().enumerate() {

@@ -34,8 +34,8 @@ pub struct CpuWeight {
     /// `q0::x16`, `mxfp4::x16`), when the weight was staged so; the matmuls then read these, never
     /// `src`.
     pub(crate) x16: Option<Packed>,
-    /// Whether the rows (Q8_0 or Q5_0, the file's layout) are multiplied in the AMX
-    /// order (`WeightRows::Q8_0Amx` / `Q5_0Amx`).
+    /// Whether the rows (Q8_0, Q5_0, Q4_K or Q6_K, the file's layout) are multiplied in
+    /// the AMX order (`WeightRows::Q8_0Amx`, `Q5_0Amx`, `Q4KAmx`, `Q6KAmx`).
     pub(crate) amx: bool,
 }
 
@@ -202,6 +202,8 @@ impl CpuWeight {
                 let b = &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes];
                 match self.ty {
                     GgmlType::Q8_0 => WeightRows::Q8_0Amx(bytemuck::cast_slice(b)),
+                    GgmlType::Q4_K => WeightRows::Q4KAmx(bytemuck::cast_slice(b)),
+                    GgmlType::Q6_K => WeightRows::Q6KAmx(bytemuck::cast_slice(b)),
                     _ => WeightRows::Q5_0Amx(bytemuck::cast_slice(b)),
                 }
             }
@@ -326,11 +328,15 @@ impl CpuDevice {
         let (n, e) = (desc.out_features(), desc.experts());
         // Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 rows repacked sixteen at a time for the VNNI decode
         // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
-        // A Q8_0 or Q5_0 matrix on AMX stays in the file's layout (`kernels::amx`).
+        // A Q8_0, Q5_0, Q4_K or Q6_K matrix on the AMX path stays in the file's layout
+        // (`kernels::amx`), as llama.cpp's AMX buffer takes it: rows a multiple of 32.
         let amx = self.amx
-            && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
+            && matches!(
+                ty,
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
+            )
             && e == 1
-            && k.is_multiple_of(32)
+            && k.is_multiple_of(ty.block_size())
             && n.is_multiple_of(crate::kernels::amx::AMX_ROWS_MULTIPLE)
             && n > 0;
         let packable = !amx
@@ -400,6 +406,14 @@ impl CpuDevice {
             && match ty {
                 GgmlType::Q8_0 => {
                     bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ8_0>(src.as_slice())
+                        .is_ok()
+                }
+                GgmlType::Q4_K => {
+                    bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ4K>(src.as_slice())
+                        .is_ok()
+                }
+                GgmlType::Q6_K => {
+                    bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ6K>(src.as_slice())
                         .is_ok()
                 }
                 _ => bytemuck::try_cast_slice::<u8, flint_core::blocks::BlockQ5_0>(src.as_slice())

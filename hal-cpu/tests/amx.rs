@@ -1,7 +1,8 @@
 //! Q8_0 and Q5_0 matrices in the AMX order (`kernels::amx`: the tiles from five
 //! activation rows, AVX-512 VNNI below) against
 //! `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx` (the scalar statement of
-//! llama.cpp's AMX order) and `vec_dot_q5_0_q8_0_amx`, bit for bit: any number of
+//! llama.cpp's AMX order) and `vec_dot_q5_0_q8_0_amx`, and Q4_K / Q6_K against
+//! `vec_dot_q4_k_q8_k_amx` / `vec_dot_q6_k_q8_k_amx`, bit for bit: any number of
 //! activation rows (one, a few, a decode batch of 16-63, a prompt), the same bits for a
 //! row whatever else is in the call, through every device path that reaches the weight
 //! (`matmul`, `matmul_multi`, a row lookup). On a CPU or a kernel without AMX-INT8 the
@@ -11,7 +12,7 @@ mod common;
 
 use bytemuck::Zeroable;
 use common::*;
-use flint_core::blocks::{BlockQ5_0, BlockQ8_0};
+use flint_core::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
@@ -37,8 +38,12 @@ fn amx_device() -> Option<CpuDevice> {
     Some(dev)
 }
 
-/// `W x` for the `m` rows of `x` in the AMX order, row by row (`ty`: Q8_0 or Q5_0).
+/// `W x` for the `m` rows of `x` in the AMX order, row by row (`ty`: Q8_0, Q5_0, Q4_K or
+/// Q6_K).
 fn amx_reference(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+        return amx_reference_k(ty, w, k, n, x);
+    }
     let rb = ty.row_bytes(k).expect("row size");
     let nb = k / 32;
     let m = x.len() / k;
@@ -57,6 +62,33 @@ fn amx_reference(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f
             } else {
                 bytemuck::cast_slice_mut(&mut w5).copy_from_slice(row);
                 flint_core::dot::ggml_x86::vec_dot_q5_0_q8_0_amx(&w5, &a)
+            };
+        }
+    }
+    want
+}
+
+/// [`amx_reference`] of the K-quants: Q8_K activations, the scalar statements of
+/// llama.cpp's AMX order for Q4_K and Q6_K.
+fn amx_reference_k(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
+    let rb = ty.row_bytes(k).expect("row size");
+    let nb = k / 256;
+    let m = x.len() / k;
+    let mut want = vec![0f32; m * n];
+    for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+        let mut a = vec![BlockQ8K::zeroed(); nb];
+        flint_core::quant::quantize_act(GgmlType::Q8_K, xr, bytemuck::cast_slice_mut(&mut a))
+            .expect("quantize");
+        for (r, v) in o.iter_mut().enumerate() {
+            let row = &w[r * rb..(r + 1) * rb];
+            *v = if ty == GgmlType::Q4_K {
+                let mut b = vec![BlockQ4K::zeroed(); nb];
+                bytemuck::cast_slice_mut(&mut b).copy_from_slice(row);
+                flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_amx(&b, &a)
+            } else {
+                let mut b = vec![BlockQ6K::zeroed(); nb];
+                bytemuck::cast_slice_mut(&mut b).copy_from_slice(row);
+                flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_amx(&b, &a)
             };
         }
     }
@@ -193,6 +225,70 @@ fn matrices_llamacpp_keeps_off_amx_keep_the_non_amx_order() {
                     .any(|(g, a)| g.to_bits() != a.to_bits()),
                 "{ty} n {n} m {m}: the AMX order's bits, so the check above shows nothing"
             );
+        }
+    }
+}
+
+/// Q4_K and Q6_K matrices on the AMX path against the scalar statements of llama.cpp's AMX
+/// order for them, bit for bit: one to four activation rows (AVX-512) and more (the
+/// tiles), several block counts, through `matmul`, `matmul_multi` beside a Q8_0 matrix,
+/// and a row lookup.
+#[test]
+fn q4_k_and_q6_k_in_the_amx_order_are_bit_exact() {
+    let Some(dev) = amx_device() else { return };
+    let mut rng = Rng(43);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (k, n) in [(256, 32), (768, 96), (1024, 640), (2048, 64)] {
+            let w = random_weight(&mut rng, ty, k, n);
+            let h = dev
+                .stage(&desc("w", ty, &[k, n], w.clone()))
+                .expect("stage");
+            for m in [1usize, 2, 3, 4, 5, 16, 17, 40] {
+                let x = rng.vec(m * k);
+                let want = amx_reference(ty, &w, k, n, &x);
+                let mut got = vec![f32::NAN; m * n];
+                dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
+                    .expect("matmul");
+                assert_bits(&format!("{ty} matmul k {k} n {n} m {m}"), &got, &want, n);
+            }
+        }
+        // A section of two matrices of the same activation type (Gemma 3's ffn_down
+        // beside another), and the rows read back.
+        let (k, n) = (512, 160);
+        let wa = random_weight(&mut rng, ty, k, n);
+        let wb = random_weight(&mut rng, ty, k, 2 * n);
+        let ha = dev
+            .stage(&desc("a", ty, &[k, n], wa.clone()))
+            .expect("stage");
+        let hb = dev
+            .stage(&desc("b", ty, &[k, 2 * n], wb.clone()))
+            .expect("stage");
+        for m in [1usize, 3, 5, 16] {
+            let x = rng.vec(m * k);
+            let (want_a, want_b) = (
+                amx_reference(ty, &wa, k, n, &x),
+                amx_reference(ty, &wb, k, 2 * n, &x),
+            );
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * 2 * n]);
+            dev.matmul_multi(
+                &[&*ha, &*hb],
+                (&x[..]).into(),
+                m,
+                &mut [(&mut a).into(), (&mut b).into()],
+            )
+            .expect("matmul_multi");
+            assert_bits(&format!("{ty} matmul_multi a m {m}"), &a, &want_a, n);
+            assert_bits(&format!("{ty} matmul_multi b m {m}"), &b, &want_b, 2 * n);
+        }
+        let rb = ty.row_bytes(k).expect("row size");
+        for id in [0usize, 33, n - 1] {
+            let mut row = vec![0f32; k];
+            dev.get_rows(&*ha, (&[id as u32][..]).into(), (&mut row).into())
+                .expect("get_rows");
+            let mut want = vec![0f32; k];
+            flint_core::dequant::dequantize(ty, &wa[id * rb..(id + 1) * rb], &mut want)
+                .expect("dequantize");
+            assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
         }
     }
 }

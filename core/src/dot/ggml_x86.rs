@@ -21,6 +21,10 @@
 //!   then `acc = fma(sum, d_w * d_a, acc)` from zero ([`vec_dot_q8_0_q8_0_amx`]). Flint
 //!   takes the same order for Q5_0 matrices on AMX ([`vec_dot_q5_0_q8_0_amx`]), for
 //!   which llama.cpp has no AMX kernel.
+//! - **Q4_K and Q6_K weights in llama.cpp's AMX buffers** (the same build, matrices of a
+//!   multiple of 32 rows): per 256-element block exact integer sums with the sub-block
+//!   scales (and Q4_K's mins) applied, then one FMA (Q6_K, [`vec_dot_q6_k_q8_k_amx`]) or
+//!   two (Q4_K: scales, then mins, [`vec_dot_q4_k_q8_k_amx`]) into one `f32` accumulator.
 //! - **F32 weights** (two or more activation rows, a matrix of a multiple of 4 rows):
 //!   tinyBLAS's F32 kernel, sixteen lanes of FMA chains over the elements `l (mod 16)`,
 //!   added as `_mm512_reduce_add_ps` (eight lanes and [`hsum8`] on an AVX2 build,
@@ -328,6 +332,62 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         }
         let f = s as f32 * f16_to_f32(w.d);
         acc = libm::fmaf(f, a.d, acc);
+    }
+    acc
+}
+
+/// Q6_K weights · Q8_K activations in the order of llama.cpp's AMX kernels (`acc_C` and
+/// `tinygemm_kernel_vnni` for `block_q6_K` in `ggml-cpu/amx/mmq.cpp`, the same for any
+/// number of activation rows): per 256-element block the exact integer
+/// `s = sum_g scale_g * (dot_g - 32 * bsum_g)` over the sixteen 16-element groups, then
+/// `acc = fma(s, d_w * d_a, acc)` from zero.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q6_k_q8_k_amx(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q6_k_q8_k_amx: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let mut s = 0i32;
+        for g in 0..16 {
+            let raw: i32 = (16 * g..16 * g + 16)
+                .map(|e| q6_value(w, e) * a.qs[e] as i32)
+                .sum();
+            s += w.scales[g] as i32 * (raw - 32 * a.bsums[g] as i32);
+        }
+        acc = libm::fmaf(s as f32, f16_to_f32(w.d) * a.d, acc);
+    }
+    acc
+}
+
+/// Q4_K weights · Q8_K activations in the order of llama.cpp's AMX kernels (`acc_C` and
+/// `tinygemm_kernel_vnni` for `block_q4_K` in `ggml-cpu/amx/mmq.cpp`, the same for any
+/// number of activation rows): per 256-element block the exact integers
+/// `s = sum_j sc_j * dot_j` and `m = sum_j min_j * (bsum_2j + bsum_2j+1)` over the eight
+/// 32-element sub-blocks, then `acc = fma(s, d_w * d_a, acc)` and
+/// `acc = fma(-m, dmin_w * d_a, acc)` (the kernels' `fnmadd`) from zero.
+///
+/// # Panics
+/// If the rows hold different numbers of blocks.
+pub fn vec_dot_q4_k_q8_k_amx(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(x.len(), y.len(), "vec_dot_q4_k_q8_k_amx: block counts");
+    let mut acc = 0.0f32;
+    for (w, a) in x.iter().zip(y) {
+        let (sc, mn) = super::kquants::scale_min_k4(&w.scales);
+        let (mut s, mut m) = (0i32, 0i32);
+        for j in 0..8 {
+            // Sub-block j: elements 32j..32j+32, nibble (j % 2) of qs[32(j/2)..].
+            let dot: i32 = (0..32)
+                .map(|l| {
+                    let q = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+                    q as i32 * a.qs[32 * j + l] as i32
+                })
+                .sum();
+            s += sc[j] * dot;
+            m += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+        }
+        acc = libm::fmaf(s as f32, f16_to_f32(w.d) * a.d, acc);
+        acc = libm::fmaf(-(m as f32), f16_to_f32(w.dmin) * a.d, acc);
     }
     acc
 }
@@ -677,5 +737,56 @@ mod tests {
                 "{amx} vs {tiny}"
             );
         }
+    }
+
+    /// The K-quants' AMX order sums the same integers as llama.cpp's other orders for
+    /// them (the repacked gemv order for Q4_K, the tiled order for Q6_K): the results
+    /// agree to rounding; and on hand-made blocks (every quant 1, every activation 1) the
+    /// integers are the block's scales and mins exactly.
+    #[test]
+    fn kquant_amx_order_agrees_with_the_other_orders_to_rounding() {
+        let n = 8 * 256;
+        let (x, y) = (values(n, 11), values(n, 13));
+        let mut w4 = alloc::vec![BlockQ4K::zeroed(); n / 256];
+        let mut w6 = alloc::vec![BlockQ6K::zeroed(); n / 256];
+        let mut a = alloc::vec![BlockQ8K::zeroed(); n / 256];
+        crate::quant::quantize_row_q4_k(&x, &mut w4);
+        crate::quant::quantize_row_q6_k(&x, &mut w6);
+        quantize_row_q8_k(&y, &mut a);
+        for (amx, other) in [
+            (
+                vec_dot_q4_k_q8_k_amx(&w4, &a),
+                vec_dot_q4_k_q8_k_repack(&w4, &a, Q4kPath::Gemv),
+            ),
+            (
+                vec_dot_q6_k_q8_k_amx(&w6, &a),
+                vec_dot_q6_k_q8_k_tiled(&w6, &a),
+            ),
+        ] {
+            assert!(
+                (amx - other).abs() <= 1e-4 * other.abs().max(1.0),
+                "{amx} vs {other}"
+            );
+        }
+        // Q6_K: quants 33 (value 1), scales 2, d = 1; activations 1 with d = 0.5: the
+        // block's integer is 256 x 2 = 512, times d x d_a.
+        let mut b6 = BlockQ6K::zeroed();
+        b6.ql = [0x11; 128];
+        b6.qh = [0xAA; 64];
+        b6.scales = [2; 16];
+        b6.d = 0x3c00;
+        let mut one = BlockQ8K::zeroed();
+        one.d = 0.5;
+        one.qs = [1; 256];
+        one.bsums = [16; 16];
+        assert_eq!(vec_dot_q6_k_q8_k_amx(&[b6], &[one]), 256.0);
+        // Q4_K: quants 1, scales 3 and mins 1 (sub-blocks 0-3 only: bytes 0-7 carry
+        // sub-blocks 0-3's; 4-7 stay 0), d = 1, dmin = 1: s = 4 x 32 x 3 = 384, m = 4 x 32.
+        let mut b4 = BlockQ4K::zeroed();
+        b4.qs = [0x11; 128];
+        b4.scales = [3, 3, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0];
+        b4.d = 0x3c00;
+        b4.dmin = 0x3c00;
+        assert_eq!(vec_dot_q4_k_q8_k_amx(&[b4], &[one]), 0.5 * (384.0 - 128.0));
     }
 }

@@ -459,7 +459,12 @@ pub(crate) fn gemm(
     if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
         if let Acts::Q8K(a) = acts {
             if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-                kq_panel_gemm(ty, w, a, k, n, rows_per_task, expert, scratch, out);
+                let order = if expert {
+                    kq_panel::EXPERT
+                } else {
+                    kq_panel::DENSE
+                };
+                kq_panel_gemm(ty, w, a, k, n, rows_per_task, order, scratch, out);
                 return Ok(true);
             }
         }
@@ -655,6 +660,173 @@ fn amx_panels_ahead<B>(w: &[B], nb: usize, panels: std::ops::Range<usize>) -> Ah
     Ahead::of(&w[r(panels.start)..r(panels.end)])
 }
 
+/// `out[t * n + r]` = weight row `r` of `w` (Q4_K or Q6_K rows in the file's layout
+/// staged for AMX, [`WeightRows::Q4KAmx`] / [`WeightRows::Q6KAmx`], `n` a multiple of 16)
+/// · activation row `t` of `acts` (Q8_K, all `out.len() / n` of them), in llama.cpp's
+/// AMX order: up to [`AMX_VNNI_MAX_ROWS`] activation rows with the four-row kernels
+/// ([`KAmx::ROWS4`]; the weight rows split over the tasks, each task its columns of the
+/// output rows), more with the prompt-batch panels of [`kq_panel_gemm`] in that order. Runs inside the
+/// device's pool.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn amx_kq_matmul(
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    k: usize,
+    n: usize,
+    acts: &Acts,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    const R: usize = panel::PANEL_ROWS;
+    let nb = k / 256;
+    let m = out.len() / n.max(1);
+    let Acts::Q8K(blocks) = acts else {
+        unreachable!("Q4_K and Q6_K weights take Q8_K activations");
+    };
+    if m > AMX_VNNI_MAX_ROWS {
+        kq_panel_gemm(
+            ty,
+            w,
+            blocks,
+            k,
+            n,
+            rows_per_task,
+            kq_panel::AMX,
+            scratch,
+            out,
+        );
+        return;
+    }
+    let rows: Vec<usize> = (0..m).collect();
+    let per = (n / R)
+        .div_ceil(rayon::current_num_threads().max(1) * 4)
+        .max(1)
+        * R;
+    task_columns(out, n, per)
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut cols)| {
+            let rows_here = cols.first().map_or(0, |v| v.len());
+            let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
+            match w {
+                WeightRows::Q4KAmx(wb) => amx_kq_rows(
+                    &wb[c * per * nb..(c * per + rows_here) * nb],
+                    nb,
+                    acts,
+                    &rows,
+                    put,
+                ),
+                WeightRows::Q6KAmx(wb) => amx_kq_rows(
+                    &wb[c * per * nb..(c * per + rows_here) * nb],
+                    nb,
+                    acts,
+                    &rows,
+                    put,
+                ),
+                _ => unreachable!("amx_kq_matmul: a weight not staged for AMX"),
+            }
+        });
+}
+
+/// A K-quant type the AMX path takes ([`WeightRows::Q4KAmx`], [`WeightRows::Q6KAmx`]):
+/// its four-row kernels in llama.cpp's AMX order (`dot_q4k_rows4_m` / `dot_q6k_rows4_m`
+/// with `AMX`); more activation rows take its prompt-batch panels in that order
+/// ([`kq_panel::AMX`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait KAmx: kq_panel::KTile {
+    /// The four-row kernels for one to four activation rows.
+    const ROWS4: Rows4M<Self>;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl KAmx for BlockQ4K {
+    const ROWS4: Rows4M<Self> = (
+        q4_k::vnni::dot_q4k_rows4_m::<1, true>,
+        q4_k::vnni::dot_q4k_rows4_m::<2, true>,
+        q4_k::vnni::dot_q4k_rows4_m::<3, true>,
+        q4_k::vnni::dot_q4k_rows4_m::<4, true>,
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+impl KAmx for BlockQ6K {
+    const ROWS4: Rows4M<Self> = (
+        q6_k::vnni::dot_q6k_rows4_m::<1, true>,
+        q6_k::vnni::dot_q6k_rows4_m::<2, true>,
+        q6_k::vnni::dot_q6k_rows4_m::<3, true>,
+        q6_k::vnni::dot_q6k_rows4_m::<4, true>,
+    );
+}
+
+/// AMX-staged Q4_K / Q6_K rows `w` (whole groups of sixteen) against the activation
+/// rows `act_rows` (consecutive, as every caller's are: a task's rows, or a task of
+/// `matmul_multi`), in llama.cpp's AMX order: `put(row, t, value)`. Up to
+/// [`AMX_VNNI_MAX_ROWS`] rows with the four-row kernels ([`KAmx::ROWS4`]: rows a
+/// quarter of the rows apart, as the decode kernels stream them), more through the
+/// prompt-batch panels.
+#[cfg(target_arch = "x86_64")]
+fn amx_kq_rows<B: KAmx>(
+    w: &[B],
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    const R: usize = panel::PANEL_ROWS;
+    let Acts::Q8K(blocks) = acts else {
+        unreachable!("Q4_K and Q6_K weights take Q8_K activations");
+    };
+    let m = act_rows.len();
+    let Some(&i0) = act_rows.first() else { return };
+    assert!(
+        act_rows.iter().enumerate().all(|(t, &r)| r == i0 + t),
+        "amx_kq_rows: activation rows not consecutive"
+    );
+    if m > AMX_VNNI_MAX_ROWS {
+        let mut dec = vec![kq_panel::KPanelBlock::ZERO; nb];
+        let mut res = vec![0f32; m * R];
+        let cols = panel::OutCols { stride: R, c0: 0 };
+        for (g, rows) in w.chunks_exact(R * nb).enumerate() {
+            kq_panel::decode(rows, nb, R, 0, &mut dec);
+            kq_panel::gemm::<B, { kq_panel::AMX }>(
+                &dec,
+                nb,
+                R,
+                blocks,
+                i0,
+                &mut res,
+                cols,
+                Ahead::NONE,
+            );
+            for (t, v) in res.chunks_exact(R).enumerate() {
+                for (r, &x) in v.iter().enumerate() {
+                    put(g * R + r, t, x);
+                }
+            }
+        }
+        return;
+    }
+    let n = w.len() / nb.max(1);
+    let mut out_t = vec![0f32; n * m];
+    let done = rows4_tiles(
+        w,
+        nb,
+        &blocks[i0 * nb..(i0 + m) * nb],
+        m,
+        &mut out_t,
+        B::ROWS4,
+    );
+    assert_eq!(done, n, "amx_kq_rows: whole groups of four rows");
+    for (r, v) in out_t.chunks_exact(m).enumerate() {
+        for (t, &x) in v.iter().enumerate() {
+            put(r, t, x);
+        }
+    }
+}
+
 /// [`amx_matmul`] for a few groups of sixteen AMX-staged rows `w` against the
 /// activation rows `act_rows` (a task of `matmul_multi`): `put(row, t, value)`.
 #[cfg(target_arch = "x86_64")]
@@ -796,6 +968,8 @@ fn panels_ahead<B>(
         (WeightRows::Mxfp4x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q8_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
         (WeightRows::Q5_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
+        (WeightRows::Q4KAmx(w), _) => amx_panels_ahead(w, nb, panels),
+        (WeightRows::Q6KAmx(w), _) => amx_panels_ahead(w, nb, panels),
         (WeightRows::File(_), Some(wb)) => {
             let r0 = (panels.start * panel::PANEL_ROWS).min(n);
             let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
@@ -869,7 +1043,7 @@ pub(crate) fn expert_panels(
                 // The next panel's rows (this task's or the next one's), asked for while
                 // this one is multiplied.
                 let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
-                kq_panel::gemm::<$B, true>(dec, nb, live, a, 0, part, cols, ahead);
+                kq_panel::gemm::<$B, { kq_panel::EXPERT }>(dec, nb, live, a, 0, part, cols, ahead);
             }
         }};
     }
@@ -884,8 +1058,9 @@ pub(crate) fn expert_panels(
 /// parallel), then the activation rows in chunks of `rows_per_task`. In llama.cpp's
 /// prompt-batch orders: bit for bit `q4_k::vnni::dot_q4k_gemm` and
 /// `q6_k::vnni::dot_q6k_tiled` (the kernels of [`dot_rows`]) row by row; for an expert
-/// tower (`expert`), Q4_K in the gemv order (`q4_k::vnni::dot_q4k_gemv`, as
-/// [`expert_rows_gemv`]).
+/// tower (`order` [`kq_panel::EXPERT`]), Q4_K in the gemv order
+/// (`q4_k::vnni::dot_q4k_gemv`, as [`expert_rows_gemv`]); for a weight on the AMX path
+/// ([`kq_panel::AMX`]), llama.cpp's AMX order.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn kq_panel_gemm(
@@ -895,7 +1070,7 @@ fn kq_panel_gemm(
     k: usize,
     n: usize,
     rows_per_task: usize,
-    expert: bool,
+    order: u8,
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
@@ -921,10 +1096,16 @@ fn kq_panel_gemm(
                 // The rows of the panel after `p`, asked for while `p` is multiplied.
                 let apply = |d: &[kq_panel::KPanelBlock], live, o: &mut [f32], cols, p: usize| {
                     let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
-                    if expert {
-                        kq_panel::gemm::<$B, true>(d, nb, live, a, 0, o, cols, ahead)
-                    } else {
-                        kq_panel::gemm::<$B, false>(d, nb, live, a, 0, o, cols, ahead)
+                    match order {
+                        kq_panel::EXPERT => kq_panel::gemm::<$B, { kq_panel::EXPERT }>(
+                            d, nb, live, a, 0, o, cols, ahead,
+                        ),
+                        kq_panel::AMX => kq_panel::gemm::<$B, { kq_panel::AMX }>(
+                            d, nb, live, a, 0, o, cols, ahead,
+                        ),
+                        _ => kq_panel::gemm::<$B, { kq_panel::DENSE }>(
+                            d, nb, live, a, 0, o, cols, ahead,
+                        ),
                     }
                 };
                 fused_gemm(n, nb, kq_panel::KPanelBlock::ZERO, decode, apply, out);
@@ -980,10 +1161,38 @@ fn kq_panel_gemm(
                 let dec = &*dec;
                 let cols = panel::OutCols { stride: n, c0: s0 };
                 out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
-                    if expert {
-                        kq_panel::gemm::<$B, true>(dec, nb, sn, a, c * per, o, cols, Ahead::NONE)
-                    } else {
-                        kq_panel::gemm::<$B, false>(dec, nb, sn, a, c * per, o, cols, Ahead::NONE)
+                    let i0 = c * per;
+                    match order {
+                        kq_panel::EXPERT => kq_panel::gemm::<$B, { kq_panel::EXPERT }>(
+                            dec,
+                            nb,
+                            sn,
+                            a,
+                            i0,
+                            o,
+                            cols,
+                            Ahead::NONE,
+                        ),
+                        kq_panel::AMX => kq_panel::gemm::<$B, { kq_panel::AMX }>(
+                            dec,
+                            nb,
+                            sn,
+                            a,
+                            i0,
+                            o,
+                            cols,
+                            Ahead::NONE,
+                        ),
+                        _ => kq_panel::gemm::<$B, { kq_panel::DENSE }>(
+                            dec,
+                            nb,
+                            sn,
+                            a,
+                            i0,
+                            o,
+                            cols,
+                            Ahead::NONE,
+                        ),
                     }
                 });
             }};
@@ -1148,6 +1357,12 @@ pub(crate) enum WeightRows<'a> {
     /// Whole rows of Q5_0 blocks in the file's layout, a multiple of 16 rows, in the same
     /// order as [`WeightRows::Q8_0Amx`] (widened to Q8_0 blocks for the tiles).
     Q5_0Amx(&'a [BlockQ5_0]),
+    /// Whole rows of Q4_K blocks in the file's layout, a multiple of 16 rows, in
+    /// llama.cpp's AMX order for Q4_K ([`KAmx`]) whatever the number of activation
+    /// rows.
+    Q4KAmx(&'a [BlockQ4K]),
+    /// The same for Q6_K.
+    Q6KAmx(&'a [BlockQ6K]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -1160,7 +1375,10 @@ impl<'a> WeightRows<'a> {
     pub(crate) fn blocks_per_row(self, k: usize) -> usize {
         match self {
             WeightRows::File(_) => 0,
-            WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => k / 256,
+            WeightRows::Q4Kx16(_)
+            | WeightRows::Q6Kx16(_)
+            | WeightRows::Q4KAmx(_)
+            | WeightRows::Q6KAmx(_) => k / 256,
             WeightRows::Q8_0x16(_)
             | WeightRows::Q5_0x16(_)
             | WeightRows::Mxfp4x16(_)
@@ -1183,6 +1401,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
             WeightRows::Q8_0Amx(w) => WeightRows::Q8_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
             WeightRows::Q5_0Amx(w) => WeightRows::Q5_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
+            WeightRows::Q4KAmx(w) => WeightRows::Q4KAmx(&w[o0 * nb..(o0 + rows) * nb]),
+            WeightRows::Q6KAmx(w) => WeightRows::Q6KAmx(&w[o0 * nb..(o0 + rows) * nb]),
         }
     }
 
@@ -1204,6 +1424,14 @@ impl<'a> WeightRows<'a> {
                 let nb = w.len() / x16::X16_ROWS;
                 Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
             }
+            WeightRows::Q4KAmx(w) => {
+                let nb = w.len() / x16::X16_ROWS;
+                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
+            }
+            WeightRows::Q6KAmx(w) => {
+                let nb = w.len() / x16::X16_ROWS;
+                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
+            }
         }
     }
 
@@ -1220,6 +1448,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q8_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
             WeightRows::Q5_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
+            WeightRows::Q4KAmx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
+            WeightRows::Q6KAmx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
         }
     }
 }
@@ -1356,6 +1586,13 @@ fn x16_rows_in(
         (WeightRows::Q5_0Amx(w), Acts::Q8_0 { .. }) => {
             amx_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
         }
+        (WeightRows::Q4KAmx(w), Acts::Q8K(_)) => {
+            amx_kq_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
+        }
+        (WeightRows::Q6KAmx(w), Acts::Q8K(_)) => {
+            amx_kq_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
+        }
+        (WeightRows::Q6KAmx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q6_K)),
         (WeightRows::Q8_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
         (WeightRows::Mxfp4x16(_), _) => return Err(FormatError::Unsupported(GgmlType::MXFP4)),
@@ -1572,10 +1809,10 @@ pub(crate) fn rows_small_batch(
                         m,
                         out_t,
                         (
-                            $($four)::+::<1>,
-                            $($four)::+::<2>,
-                            $($four)::+::<3>,
-                            $($four)::+::<4>,
+                            $($four)::+::<1, false>,
+                            $($four)::+::<2, false>,
+                            $($four)::+::<3, false>,
+                            $($four)::+::<4, false>,
                         ),
                     );
                     let rest = &w[done * nbk * size_of::<$B>()..];

@@ -219,16 +219,26 @@ pub(crate) fn lanes_ps(v: &[f32; 16]) -> __m512 {
     unsafe { _mm512_load_ps(v.as_ptr()) }
 }
 
+/// The float orders a K-quant tile computes in ([`KTile::tile`]'s `ORDER`): llama.cpp's
+/// for a dense matmul's batch, for an expert tower's rows (`MUL_MAT_ID`: Q4_K's gemv
+/// order, Q6_K's tiled one as for a dense matmul), and its AMX build's
+/// (`flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_amx` / `vec_dot_q6_k_q8_k_amx`: per
+/// block the whole block's integers, one FMA, Q4_K's mins a second into the same sum).
+pub(crate) const DENSE: u8 = 0;
+/// See [`DENSE`].
+pub(crate) const EXPERT: u8 = 1;
+/// See [`DENSE`].
+pub(crate) const AMX: u8 = 2;
+
 /// The tile of one type.
 pub(crate) trait KTile: KPanel {
     /// `q4_k::panel::q4k_tile` / `q6_k::panel::q6k_tile` for `A` activation rows, in
-    /// the order of an expert tower's rows (llama.cpp's `MUL_MAT_ID`: Q4_K's gemv order,
-    /// Q6_K's tiled one as for a dense matmul) where `EXPERT`.
+    /// the float order `ORDER` ([`DENSE`], [`EXPERT`], [`AMX`]).
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and FMA.
     /// The tile asks for the cache lines of `ahead` as it goes ([`Ahead::block`]).
-    unsafe fn tile<const A: usize, const EXPERT: bool>(
+    unsafe fn tile<const A: usize, const ORDER: u8>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
@@ -239,12 +249,12 @@ pub(crate) trait KTile: KPanel {
 /// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row i0 + t)` for
 /// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode`]) and the
 /// `out.len() / cols.stride` activation rows from `i0` of `acts` (Q8_K, `nb` blocks per
-/// row), in llama.cpp's prompt-batch order for `B` (its expert order where `EXPERT`,
-/// [`KTile::tile`]). Per panel, tiles of [`COLS`] activation rows, the rest one at a time;
+/// row), in the float order `ORDER` ([`KTile::tile`]: llama.cpp's prompt-batch order
+/// for `B`, its expert order, or its AMX build's). Per panel, tiles of [`COLS`] activation rows, the rest one at a time;
 /// the tiles ask for the cache lines of `ahead` (the weight rows decoded next, if any),
 /// spread over them.
 #[allow(private_bounds)]
-pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
+pub(crate) fn gemm<B: KTile, const ORDER: u8>(
     dec: &[KPanelBlock],
     nb: usize,
     n: usize,
@@ -280,10 +290,10 @@ pub(crate) fn gemm<B: KTile, const EXPERT: bool>(
             unsafe {
                 if take == COLS {
                     let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
-                    B::tile::<COLS, EXPERT>(blocks, &y, &mut o, mine);
+                    B::tile::<COLS, ORDER>(blocks, &y, &mut o, mine);
                 } else {
                     let mut o1 = [[0f32; PANEL_ROWS]; 1];
-                    B::tile::<1, EXPERT>(blocks, &[act(t)], &mut o1, mine);
+                    B::tile::<1, ORDER>(blocks, &[act(t)], &mut o1, mine);
                     o[0] = o1[0];
                 }
             }

@@ -10,11 +10,15 @@
 //! Q5_0, which llama.cpp's AMX backend does not take), which need one scaling step per
 //! 32 products where tinyBLAS's order needs eight; one to four activation rows take the
 //! same order on AVX-512 VNNI (`rows.rs`), which streams the weight from memory faster
-//! than the tiles do for so few rows. The device takes this path with
+//! than the tiles do for so few rows. Q4_K and Q6_K matrices take llama.cpp's AMX order
+//! for them (`vec_dot_q4_k_q8_k_amx` / `vec_dot_q6_k_q8_k_amx`) on AVX-512 VNNI, not on
+//! the tiles: the four-row decode kernels and the prompt-batch panels with that order's
+//! float steps (`kernels::dispatch::KAmx`). The device takes this path with
 //! `FLINT_CPU_AMX=1` where [`available`] (`CpuDevice::amx` says why it is off by
-//! default); its results then differ in the last bits from the non-AMX order the golden
-//! files were made with, and are the same for a row whatever else is in the call (one
-//! order for every number of activation rows, as llama.cpp's AMX build).
+//! default); its results then differ in the last bits from the non-AMX orders the golden
+//! files were made with, are llama.cpp's AMX build's (`engine/tests/families.rs`,
+//! `*_amx`: Q8_0 and Q4_K_M files), and are the same for a row whatever else is in the
+//! call (one order for every number of activation rows, as llama.cpp's AMX build).
 //!
 //! The instructions are written as inline assembly (Rust's AMX intrinsics are not
 //! stable); a thread loads the tile configuration once and keeps it.

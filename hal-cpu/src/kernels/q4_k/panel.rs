@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::kq_panel::{
-    bsum_pair, decode_groups, f16_lanes, header16, lanes, lanes_ps, put, put_ps, sub_block,
+    self, bsum_pair, decode_groups, f16_lanes, header16, lanes, lanes_ps, put, put_ps, sub_block,
     words16, KPanel, KPanelBlock, KTile,
 };
 use crate::kernels::panel::PANEL_ROWS;
@@ -147,9 +147,11 @@ pub(crate) fn decode_x16(groups: &[BlockQ4Kx16], nb: usize, p0: usize, dec: &mut
 /// `mins = fma(M_j, dmin·d_a, mins)`; the result `acc - mins`. `out[a][r]`: panel row
 /// `r` against activation row `a`. Without `GEMM`, the gemv order
 /// (`vnni::dot_q4k_gemv`): one `fma` each per block, with the whole block's integers.
+/// Where `AMX` (without `GEMM`), llama.cpp's AMX order: the same whole-block integers,
+/// `acc = fma(I, d·d_a, acc)` then `acc = fma(-M, dmin·d_a, acc)` into the one sum.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-fn q4k_tile<const A: usize, const GEMM: bool>(
+fn q4k_tile<const A: usize, const GEMM: bool, const AMX: bool>(
     panel: &[KPanelBlock],
     y: &[&[BlockQ8K]; A],
     out: &mut [[f32; PANEL_ROWS]; A],
@@ -195,7 +197,12 @@ fn q4k_tile<const A: usize, const GEMM: bool>(
                 }
             }
         }
-        if !GEMM {
+        if AMX {
+            for a in 0..A {
+                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblock[a]), dd[a], acc[a]);
+                acc[a] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mblock[a]), dm[a], acc[a]);
+            }
+        } else if !GEMM {
             for a in 0..A {
                 acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblock[a]), dd[a], acc[a]);
                 accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mblock[a]), dm[a], accm[a]);
@@ -209,17 +216,17 @@ fn q4k_tile<const A: usize, const GEMM: bool>(
 }
 
 impl KTile for BlockQ4K {
-    unsafe fn tile<const A: usize, const EXPERT: bool>(
+    unsafe fn tile<const A: usize, const ORDER: u8>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
         ahead: Ahead,
     ) {
-        // SAFETY (both): the caller guarantees the features.
-        if EXPERT {
-            unsafe { q4k_tile::<A, false>(panel, y, out, ahead) }
-        } else {
-            unsafe { q4k_tile::<A, true>(panel, y, out, ahead) }
+        // SAFETY (each): the caller guarantees the features.
+        match ORDER {
+            kq_panel::EXPERT => unsafe { q4k_tile::<A, false, false>(panel, y, out, ahead) },
+            kq_panel::AMX => unsafe { q4k_tile::<A, false, true>(panel, y, out, ahead) },
+            _ => unsafe { q4k_tile::<A, true, false>(panel, y, out, ahead) },
         }
     }
 }

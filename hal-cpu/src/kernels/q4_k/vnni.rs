@@ -275,7 +275,7 @@ const Q4K_ROWS4_MINS: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let mut o = [[0f32; 4]; 1];
-    dot_q4k_rows4_m::<1>(x, [y], &mut o);
+    dot_q4k_rows4_m::<1, false>(x, [y], &mut o);
     *out = o[0];
 }
 
@@ -542,9 +542,12 @@ fn fold_lanes(a: __m512i, b: __m512i) -> __m512i {
 /// rows in one register, lane `4a + r`: the chains then run 16 lanes wide, one `fma`
 /// per pair and block for all outputs. The mins terms take one `vpmaddwd` per pair
 /// (the activations' sub-block sums against the mins). Like [`dot_q4k_rows4`], no
-/// prefetch: the caller passes rows far apart.
+/// prefetch: the caller passes rows far apart. Where `AMX`, the chains are llama.cpp's
+/// AMX order instead (`flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_amx`): the whole
+/// block's integers `I` and `M` (the pairs' summed), `acc = fma(I, d·d_a, acc)`, then
+/// `acc = fma(-M, dmin·d_a, acc)` into the same chain.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4k_rows4_m<const M: usize>(
+pub(crate) fn dot_q4k_rows4_m<const M: usize, const AMX: bool>(
     x: [&[BlockQ4K]; 4],
     y: [&[BlockQ8K]; M],
     out: &mut [[f32; 4]; M],
@@ -610,6 +613,8 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
             _mm512_castsi256_si512(_mm256_packs_epi32(m, m))
         };
         let mut wj = [_mm512_setzero_si512(); 4];
+        // AMX: the block's integers, the pairs' summed (wide chains).
+        let (mut iblk, mut mblk) = (_mm512_setzero_si512(), _mm512_setzero_si512());
         let (dd, dm) = if wide {
             let s = |a: usize| _mm512_set1_ps(yb[a.min(M - 1)].d);
             let da = _mm512_mask_blend_ps(
@@ -653,10 +658,19 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
                 _mm512_permutexvar_epi32(bidx[j], bs),
                 _mm512_permutexvar_epi32(midx[j], mn16),
             );
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ij), dd, acc);
-            accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mj), dm, accm);
+            if AMX {
+                iblk = _mm512_add_epi32(iblk, ij);
+                mblk = _mm512_add_epi32(mblk, mj);
+            } else {
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ij), dd, acc);
+                accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mj), dm, accm);
+            }
         }
         if wide {
+            if AMX {
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblk), dd, acc);
+                acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mblk), dm, acc);
+            }
             continue;
         }
         // One activation row: lane 4j + r holds row r's I_j (M_j).
@@ -667,6 +681,17 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
         );
         let dy = _mm_set1_ps(yb[0].d);
         let (dd, dm) = (_mm_mul_ps(d4, dy), _mm_mul_ps(dm4, dy));
+        if AMX {
+            // Lane 4j + r: row r's pair j; the block's integers are the four pairs'.
+            let whole = |v: __m512i| {
+                let h =
+                    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+                _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+            };
+            acc1 = _mm_fmadd_ps(_mm_cvtepi32_ps(whole(isum)), dd, acc1);
+            acc1 = _mm_fnmadd_ps(_mm_cvtepi32_ps(whole(msum)), dm, acc1);
+            continue;
+        }
         let (ifl, mfl) = (_mm512_cvtepi32_ps(isum), _mm512_cvtepi32_ps(msum));
         acc1 = _mm_fmadd_ps(_mm512_castps512_ps128(ifl), dd, acc1);
         accm1 = _mm_fmadd_ps(_mm512_castps512_ps128(mfl), dm, accm1);
@@ -678,6 +703,7 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
         accm1 = _mm_fmadd_ps(_mm512_extractf32x4_ps::<3>(mfl), dm, accm1);
     }
     let mut o = [0f32; 16];
+    // AMX: the mins are in the one chain already (`accm` stays zero; `x - 0` is `x`).
     if M >= 2 {
         // SAFETY: 16 writable f32; storeu is unaligned.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(acc, accm)) };
@@ -703,7 +729,7 @@ mod tests {
         let y: [&[BlockQ8K]; M] = std::array::from_fn(|a| &ys[a][..]);
         let mut got = [[0f32; 4]; M];
         // SAFETY: the caller checked the VNNI level's features.
-        unsafe { dot_q4k_rows4_m::<M>(x, y, &mut got) };
+        unsafe { dot_q4k_rows4_m::<M, false>(x, y, &mut got) };
         for (a, ya) in y.iter().enumerate() {
             let mut four = [0f32; 4];
             // SAFETY: as above.

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 use crate::kernels::kq_panel::{
-    bsum_pair, decode_groups, f16_lanes, header16, lanes, lanes_ps, put, put_ps, sub_block,
+    self, bsum_pair, decode_groups, f16_lanes, header16, lanes, lanes_ps, put, put_ps, sub_block,
     words16, KPanel, KPanelBlock, KTile,
 };
 use crate::kernels::panel::PANEL_ROWS;
@@ -119,10 +119,11 @@ pub(crate) fn decode_q6k_x16(
 /// Q6_K: the sixteen rows of a panel against `A` activation rows in the order of
 /// `vnni::dot_q6k_tiled`: per block the exact integer
 /// `S = sum_s sc_s·dot_s - 32·sum_s sc_s·bsum_s` (the quants unsigned), then
-/// `acc = fma(S·d, d_a, acc)`.
+/// `acc = fma(S·d, d_a, acc)`; where `AMX`, llama.cpp's AMX order:
+/// `acc = fma(S, d·d_a, acc)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-fn q6k_tile<const A: usize>(
+fn q6k_tile<const A: usize, const AMX: bool>(
     panel: &[KPanelBlock],
     y: &[&[BlockQ8K]; A],
     out: &mut [[f32; PANEL_ROWS]; A],
@@ -151,8 +152,13 @@ fn q6k_tile<const A: usize>(
         }
         let d = lanes_ps(&b.d);
         for a in 0..A {
-            let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(s[a]), d);
-            acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(yb[a].d), acc[a]);
+            if AMX {
+                let dd = _mm512_mul_ps(d, _mm512_set1_ps(yb[a].d));
+                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[a]), dd, acc[a]);
+            } else {
+                let sd = _mm512_mul_ps(_mm512_cvtepi32_ps(s[a]), d);
+                acc[a] = _mm512_fmadd_ps(sd, _mm512_set1_ps(yb[a].d), acc[a]);
+            }
         }
     }
     for a in 0..A {
@@ -162,14 +168,20 @@ fn q6k_tile<const A: usize>(
 }
 
 impl KTile for BlockQ6K {
-    /// The tiled order for dense and expert rows alike.
-    unsafe fn tile<const A: usize, const EXPERT: bool>(
+    /// The tiled order for dense and expert rows alike; the AMX order apart.
+    unsafe fn tile<const A: usize, const ORDER: u8>(
         panel: &[KPanelBlock],
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL_ROWS]; A],
         ahead: Ahead,
     ) {
         // SAFETY: the caller guarantees the features.
-        unsafe { q6k_tile::<A>(panel, y, out, ahead) }
+        unsafe {
+            if ORDER == kq_panel::AMX {
+                q6k_tile::<A, true>(panel, y, out, ahead)
+            } else {
+                q6k_tile::<A, false>(panel, y, out, ahead)
+            }
+        }
     }
 }

@@ -190,7 +190,7 @@ pub(crate) fn dot_q6k_rows<const S: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
     let mut o = [[0f32; 4]; 1];
-    dot_q6k_rows4_m::<1>(x, [y], &mut o);
+    dot_q6k_rows4_m::<1, false>(x, [y], &mut o);
     *out = o[0];
 }
 
@@ -218,9 +218,11 @@ fn q6k_pack_scale_idx() -> [__m512i; 2] {
 /// them are packed to words and `vpdpwssd` applies the sub-block scales; the offset of
 /// the unsigned quants, `-32·Σ sc·bsum`, seeds the sum. The rows' integers are then
 /// reduced together ([`hsum4`]) and the chains `acc = fma(S·d, d_a, acc)` run in the
-/// lanes of one vector per activation row, as in [`dot_q6k_rows4`].
+/// lanes of one vector per activation row, as in [`dot_q6k_rows4`]. Where `AMX`, the
+/// chains are llama.cpp's AMX order instead (`acc = fma(S, d·d_a, acc)`,
+/// `flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_amx`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q6k_rows4_m<const M: usize>(
+pub(crate) fn dot_q6k_rows4_m<const M: usize, const AMX: bool>(
     x: [&[BlockQ6K]; 4],
     y: [&[BlockQ8K]; M],
     out: &mut [[f32; 4]; M],
@@ -272,7 +274,11 @@ pub(crate) fn dot_q6k_rows4_m<const M: usize>(
                 s
             });
             let s4 = _mm_cvtepi32_ps(hsum4(t[0], t[1], t[2], t[3]));
-            acc[a] = _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc[a]);
+            acc[a] = if AMX {
+                _mm_fmadd_ps(s4, _mm_mul_ps(d4, _mm_set1_ps(yb.d)), acc[a])
+            } else {
+                _mm_fmadd_ps(_mm_mul_ps(s4, d4), _mm_set1_ps(yb.d), acc[a])
+            };
         }
     }
     for (o, v) in out.iter_mut().zip(acc) {
@@ -295,7 +301,7 @@ mod tests {
         let x: [&[BlockQ6K]; 4] = std::array::from_fn(|r| &w[r][..]);
         let mut got = [[0f32; 4]; M];
         // SAFETY: the caller checked the kernels' CPU features.
-        unsafe { dot_q6k_rows4_m::<M>(x, std::array::from_fn(|a| &ys[a][..]), &mut got) };
+        unsafe { dot_q6k_rows4_m::<M, false>(x, std::array::from_fn(|a| &ys[a][..]), &mut got) };
         for (a, ya) in ys.iter().enumerate() {
             let mut four = [0f32; 4];
             // SAFETY: as above.
