@@ -12,7 +12,6 @@ mod common;
 
 use bytemuck::Zeroable;
 use common::*;
-use flint_core::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
 use flint_hal_cpu::{CpuDevice, SimdLevel};
@@ -39,56 +38,32 @@ fn amx_device() -> Option<CpuDevice> {
 }
 
 /// `W x` for the `m` rows of `x` in the AMX order, row by row (`ty`: Q8_0, Q5_0, Q4_K or
-/// Q6_K).
+/// Q6_K): the activations quantized to `ty`'s activation type, each output the scalar
+/// statement of the order (`flint_core::dot::ggml_x86::vec_dot_*_amx`).
 fn amx_reference(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
-    if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-        return amx_reference_k(ty, w, k, n, x);
+    use flint_core::dot::ggml_x86 as x86;
+    /// The blocks of a byte row (copied: the bytes need not be aligned for `B`).
+    fn blocks<B: bytemuck::Pod + Zeroable>(bytes: &[u8]) -> Vec<B> {
+        let mut b = vec![B::zeroed(); bytes.len() / std::mem::size_of::<B>()];
+        bytemuck::cast_slice_mut(&mut b).copy_from_slice(bytes);
+        b
     }
     let rb = ty.row_bytes(k).expect("row size");
-    let nb = k / 32;
+    let act_ty = ty.vec_dot_type();
+    let ab = act_ty.row_bytes(k).expect("activation row size");
     let m = x.len() / k;
     let mut want = vec![0f32; m * n];
     for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-        let mut a = vec![BlockQ8_0::zeroed(); nb];
-        flint_core::quant::quantize_act(GgmlType::Q8_0, xr, bytemuck::cast_slice_mut(&mut a))
-            .expect("quantize");
-        let mut w8 = vec![BlockQ8_0::zeroed(); nb];
-        let mut w5 = vec![BlockQ5_0::zeroed(); nb];
+        let mut a = vec![0u8; ab];
+        flint_core::quant::quantize_act(act_ty, xr, &mut a).expect("quantize");
         for (r, v) in o.iter_mut().enumerate() {
             let row = &w[r * rb..(r + 1) * rb];
-            *v = if ty == GgmlType::Q8_0 {
-                bytemuck::cast_slice_mut(&mut w8).copy_from_slice(row);
-                flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx(&w8, &a)
-            } else {
-                bytemuck::cast_slice_mut(&mut w5).copy_from_slice(row);
-                flint_core::dot::ggml_x86::vec_dot_q5_0_q8_0_amx(&w5, &a)
-            };
-        }
-    }
-    want
-}
-
-/// [`amx_reference`] of the K-quants: Q8_K activations, the scalar statements of
-/// llama.cpp's AMX order for Q4_K and Q6_K.
-fn amx_reference_k(ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
-    let rb = ty.row_bytes(k).expect("row size");
-    let nb = k / 256;
-    let m = x.len() / k;
-    let mut want = vec![0f32; m * n];
-    for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-        let mut a = vec![BlockQ8K::zeroed(); nb];
-        flint_core::quant::quantize_act(GgmlType::Q8_K, xr, bytemuck::cast_slice_mut(&mut a))
-            .expect("quantize");
-        for (r, v) in o.iter_mut().enumerate() {
-            let row = &w[r * rb..(r + 1) * rb];
-            *v = if ty == GgmlType::Q4_K {
-                let mut b = vec![BlockQ4K::zeroed(); nb];
-                bytemuck::cast_slice_mut(&mut b).copy_from_slice(row);
-                flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_amx(&b, &a)
-            } else {
-                let mut b = vec![BlockQ6K::zeroed(); nb];
-                bytemuck::cast_slice_mut(&mut b).copy_from_slice(row);
-                flint_core::dot::ggml_x86::vec_dot_q6_k_q8_k_amx(&b, &a)
+            *v = match ty {
+                GgmlType::Q8_0 => x86::vec_dot_q8_0_q8_0_amx(&blocks(row), &blocks(&a)),
+                GgmlType::Q5_0 => x86::vec_dot_q5_0_q8_0_amx(&blocks(row), &blocks(&a)),
+                GgmlType::Q4_K => x86::vec_dot_q4_k_q8_k_amx(&blocks(row), &blocks(&a)),
+                GgmlType::Q6_K => x86::vec_dot_q6_k_q8_k_amx(&blocks(row), &blocks(&a)),
+                other => panic!("no AMX order for {other}"),
             };
         }
     }
