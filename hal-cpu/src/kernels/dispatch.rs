@@ -665,8 +665,8 @@ fn amx_panels_ahead<B>(w: &[B], nb: usize, panels: std::ops::Range<usize>) -> Ah
 /// · activation row `t` of `acts` (Q8_K, all `out.len() / n` of them), in llama.cpp's
 /// AMX order: up to [`AMX_VNNI_MAX_ROWS`] activation rows with the four-row kernels
 /// ([`KAmx::ROWS4`]; the weight rows split over the tasks, each task its columns of the
-/// output rows), more with the prompt-batch panels of [`kq_panel_gemm`] in that order. Runs inside the
-/// device's pool.
+/// output rows), more with the prompt-batch panels of [`kq_panel_gemm`] in that order.
+/// Runs inside the device's pool.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn amx_kq_matmul(

@@ -250,9 +250,9 @@ pub(crate) trait KTile: KPanel {
 /// the `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode`]) and the
 /// `out.len() / cols.stride` activation rows from `i0` of `acts` (Q8_K, `nb` blocks per
 /// row), in the float order `ORDER` ([`KTile::tile`]: llama.cpp's prompt-batch order
-/// for `B`, its expert order, or its AMX build's). Per panel, tiles of [`COLS`] activation rows, the rest one at a time;
-/// the tiles ask for the cache lines of `ahead` (the weight rows decoded next, if any),
-/// spread over them.
+/// for `B`, its expert order, or its AMX build's). Per panel, tiles of [`COLS`]
+/// activation rows, the rest one at a time; the tiles ask for the cache lines of `ahead`
+/// (the weight rows decoded next, if any), spread over them.
 #[allow(private_bounds)]
 pub(crate) fn gemm<B: KTile, const ORDER: u8>(
     dec: &[KPanelBlock],
