@@ -14,11 +14,8 @@ use std::collections::HashMap;
 
 use flint_common::device_chain;
 use flint_engine::kv::RequestId;
-use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
-use flint_engine::model::{load_on_device, resolve_path};
 use flint_engine::sample::{SamplerConfig, StopConditions};
-use flint_engine::sched::{LLMEngine, RequestParams};
-use flint_engine::sched::{Scheduler, SchedulerConfig};
+use flint_engine::sched::RequestParams;
 use flint_hal_cpu::SimdLevel;
 use golden_common::greedy_chains;
 
@@ -35,28 +32,7 @@ fn a_request_decodes_the_same_batched_and_alone_in_the_amx_order() {
     }
     // Before the device is opened (this binary's only test).
     std::env::set_var("FLINT_CPU_AMX", "1");
-    let path = resolve_path(None).expect("the default model is needed by this test");
-    let loaded = load_on_device(&path, Some("cpu"), false).expect("the default model loads on cpu");
-    let ctx = loaded.device_model.spec().context_length;
-    let (paged, kv) = PagedModel::new(
-        loaded.device_model,
-        &KvSizing {
-            memory_bytes: 64 << 20,
-            block_size: DEFAULT_BLOCK_SIZE,
-            max_num_seqs: 8,
-            max_num_batched_tokens: 1024,
-        },
-    )
-    .expect("paged model");
-    let sched = Scheduler::new(
-        SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 1024,
-            max_model_len: ctx,
-        },
-        kv,
-    );
-    let mut e = LLMEngine::new(paged, sched, None);
+    let mut e = flint_common::gemma_engine(64 << 20, 8, 1024, true);
     let chains = greedy_chains();
     let prompts: Vec<Vec<u32>> = (0..REQUESTS)
         .map(|i| chains[i % chains.len()].prompt.clone())

@@ -10,12 +10,10 @@ mod golden_common;
 use std::collections::HashMap;
 
 use flint_common::device_chain;
+use flint_engine::kv::PagedModel;
 use flint_engine::kv::RequestId;
-use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
-use flint_engine::model::{load_on_device, resolve_path};
 use flint_engine::sample::{SamplerConfig, StopConditions};
 use flint_engine::sched::{LLMEngine, RequestParams};
-use flint_engine::sched::{Scheduler, SchedulerConfig};
 use golden_common::{greedy_chains, GreedyChain};
 
 const NEAR_TIE: f64 = 0.25;
@@ -33,29 +31,12 @@ fn greedy(max_tokens: usize) -> RequestParams {
 
 #[test]
 fn gemma_continuous_arrival_follows_the_golden_chains() {
-    let path = resolve_path(None).expect("the default model is needed by this test");
-    let loaded = load_on_device(&path, Some("cpu"), false).expect("the default model loads on cpu");
-    let ctx = loaded.device_model.spec().context_length;
-    let (paged, kv) = PagedModel::new(
-        loaded.device_model,
-        &KvSizing {
-            memory_bytes: 64 << 20,
-            block_size: DEFAULT_BLOCK_SIZE,
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-        },
-    )
-    .expect("paged model");
-    assert_eq!(kv.num_groups(), 2, "Gemma 3 has a full and a sliding group");
-    let sched = Scheduler::new(
-        SchedulerConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-            max_model_len: ctx,
-        },
-        kv,
+    let mut e = flint_common::gemma_engine(64 << 20, 4, 64, true);
+    assert_eq!(
+        e.scheduler().kv().num_groups(),
+        2,
+        "Gemma 3 has a full and a sliding group"
     );
-    let mut e = LLMEngine::new(paged, sched, None);
 
     // Chains 0, 2 and 3 (France, fibonacci, colours).
     let all = greedy_chains();

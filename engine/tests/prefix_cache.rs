@@ -11,8 +11,8 @@ use flint_common::*;
 
 use std::collections::HashMap;
 
-use flint_engine::kv::{KvSizing, PagedModel, RequestId, DEFAULT_BLOCK_SIZE};
-use flint_engine::model::{load_on_device, resolve_path, Model};
+use flint_engine::kv::{PagedModel, RequestId};
+use flint_engine::model::Model;
 use flint_engine::sample::{SamplerConfig, StopConditions};
 use flint_engine::sched::{LLMEngine, RequestParams, Scheduler, SchedulerConfig, StepModel};
 
@@ -184,38 +184,6 @@ fn tiny_eviction_under_a_small_pool_keeps_serving() {
         assert_eq!(got[id], want[i], "request {i}");
     }
     assert!(e.scheduler().kv().all_free());
-}
-
-/// An engine over the default model on the cpu, its KV cache sized as `flint serve` does.
-fn gemma_engine(
-    memory_bytes: u64,
-    max_num_seqs: usize,
-    budget: usize,
-    prefix_caching: bool,
-) -> LLMEngine<PagedModel> {
-    let path = resolve_path(None).expect("the default model is needed by this test");
-    let loaded = load_on_device(&path, Some("cpu"), false).expect("the default model loads");
-    let ctx = loaded.device_model.spec().context_length;
-    let (paged, mut kv) = PagedModel::new(
-        loaded.device_model,
-        &KvSizing {
-            memory_bytes,
-            block_size: DEFAULT_BLOCK_SIZE,
-            max_num_seqs,
-            max_num_batched_tokens: budget,
-        },
-    )
-    .expect("paged model");
-    kv.set_prefix_caching(prefix_caching);
-    let sched = Scheduler::new(
-        SchedulerConfig {
-            max_num_seqs,
-            max_num_batched_tokens: budget,
-            max_model_len: ctx,
-        },
-        kv,
-    );
-    LLMEngine::new(paged, sched, None)
 }
 
 #[test]

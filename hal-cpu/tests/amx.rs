@@ -82,6 +82,29 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32], n: usize) {
     }
 }
 
+/// A random `k x n` weight of `ty` staged on `dev`: `matmul` of each row count in `ms`
+/// gives [`amx_reference`]'s bits.
+fn matmul_matches(
+    dev: &CpuDevice,
+    rng: &mut Rng,
+    ty: GgmlType,
+    (k, n): (usize, usize),
+    ms: &[usize],
+) {
+    let w = random_weight(rng, ty, k, n);
+    let h = dev
+        .stage(&desc("w", ty, &[k, n], w.clone()))
+        .expect("stage");
+    for &m in ms {
+        let x = rng.vec(m * k);
+        let want = amx_reference(ty, &w, k, n, &x);
+        let mut got = vec![f32::NAN; m * n];
+        dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
+            .expect("matmul");
+        assert_bits(&format!("{ty} matmul k {k} n {n} m {m}"), &got, &want, n);
+    }
+}
+
 #[test]
 fn q8_0_and_q5_0_in_the_amx_order_are_bit_exact() {
     let Some(dev) = amx_device() else { return };
@@ -98,19 +121,14 @@ fn q8_0_and_q5_0_in_the_amx_order_are_bit_exact() {
             (2048, 64),
             (224, 1024),
         ] {
-            let w = random_weight(&mut rng, ty, k, n);
-            let h = dev
-                .stage(&desc("w", ty, &[k, n], w.clone()))
-                .expect("stage");
             // 1-4 rows: the VNNI kernel; 5 and more: the tiles.
-            for m in [1usize, 2, 3, 4, 5, 15, 16, 17, 33, 63, 64, 100] {
-                let x = rng.vec(m * k);
-                let want = amx_reference(ty, &w, k, n, &x);
-                let mut got = vec![f32::NAN; m * n];
-                dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
-                    .expect("matmul");
-                assert_bits(&format!("{ty} matmul k {k} n {n} m {m}"), &got, &want, n);
-            }
+            matmul_matches(
+                &dev,
+                &mut rng,
+                ty,
+                (k, n),
+                &[1, 2, 3, 4, 5, 15, 16, 17, 33, 63, 64, 100],
+            );
         }
     }
 }
@@ -214,18 +232,7 @@ fn q4_k_and_q6_k_in_the_amx_order_are_bit_exact() {
     let mut rng = Rng(43);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
         for (k, n) in [(256, 32), (768, 96), (1024, 640), (2048, 64)] {
-            let w = random_weight(&mut rng, ty, k, n);
-            let h = dev
-                .stage(&desc("w", ty, &[k, n], w.clone()))
-                .expect("stage");
-            for m in [1usize, 2, 3, 4, 5, 16, 17, 40] {
-                let x = rng.vec(m * k);
-                let want = amx_reference(ty, &w, k, n, &x);
-                let mut got = vec![f32::NAN; m * n];
-                dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
-                    .expect("matmul");
-                assert_bits(&format!("{ty} matmul k {k} n {n} m {m}"), &got, &want, n);
-            }
+            matmul_matches(&dev, &mut rng, ty, (k, n), &[1, 2, 3, 4, 5, 16, 17, 40]);
         }
         // A section of two matrices of the same activation type (Gemma 3's ffn_down
         // beside another), and the rows read back.

@@ -1,11 +1,13 @@
 //! Shared helpers of the Flint tests: the tiny checkpoint, greedy chains on both
-//! forwards, and the near-tie rule.
+//! forwards, the near-tie rule, and a paged engine over the default model.
 #![allow(dead_code)]
 
 use flint_engine::forward::reference::Reference;
 use flint_engine::forward::{DeviceModel, Session};
-use flint_engine::model::Model;
+use flint_engine::kv::{KvSizing, PagedModel, DEFAULT_BLOCK_SIZE};
+use flint_engine::model::{load_on_device, resolve_path, Model};
 use flint_engine::sample::argmax;
+use flint_engine::sched::{LLMEngine, Scheduler, SchedulerConfig};
 use flint_engine::synth::{synth_model, Preset};
 
 /// The tiny preset, seed 0.
@@ -148,4 +150,36 @@ pub fn check_chain(
         );
     }
     first
+}
+
+/// An engine over the default model on the cpu, its KV cache sized as `flint serve` does.
+pub fn gemma_engine(
+    memory_bytes: u64,
+    max_num_seqs: usize,
+    budget: usize,
+    prefix_caching: bool,
+) -> LLMEngine<PagedModel> {
+    let path = resolve_path(None).expect("the default model is needed by this test");
+    let loaded = load_on_device(&path, Some("cpu"), false).expect("the default model loads");
+    let ctx = loaded.device_model.spec().context_length;
+    let (paged, mut kv) = PagedModel::new(
+        loaded.device_model,
+        &KvSizing {
+            memory_bytes,
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_num_seqs,
+            max_num_batched_tokens: budget,
+        },
+    )
+    .expect("paged model");
+    kv.set_prefix_caching(prefix_caching);
+    let sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens: budget,
+            max_model_len: ctx,
+        },
+        kv,
+    );
+    LLMEngine::new(paged, sched, None)
 }
