@@ -1,10 +1,13 @@
-//! Decode attention speed: one paged-attention call for `ATTN_SEQS` sequences of
-//! `ATTN_CTX` cached tokens each (one query row per sequence, as a decode step), the
-//! bench preset's shape by default (16 query heads on 4 KV heads of 64, blocks of 16
-//! slots scattered over the pool), timed inside a device step as the engine calls it.
+//! Attention speed: one paged-attention call for `ATTN_SEQS` sequences of `ATTN_CTX`
+//! cached tokens each, with the last `ATTN_ROWS` positions of each as query rows (1, a
+//! decode step, by default; `ATTN_ROWS=ATTN_CTX` is a causal prompt), the bench
+//! preset's shape by default (16 query heads on 4 KV heads of 64, blocks of 16 slots
+//! scattered over the pool), timed inside a device step as the engine calls it. Gemma
+//! 3's prompt of 512: `ATTN_CTX=512 ATTN_ROWS=512 ATTN_HEADS=4 ATTN_KV_HEADS=1
+//! ATTN_HEAD_DIM=256`.
 //!
 //! `cargo bench -p flint-hal-cpu --bench attention_speed` (`ATTN_CTX`, default 1000;
-//! `ATTN_SEQS`, default 1; `ATTN_HEADS` / `ATTN_KV_HEADS` / `ATTN_HEAD_DIM`, default
+//! `ATTN_ROWS`, default 1; `ATTN_SEQS`, default 1; `ATTN_HEADS` / `ATTN_KV_HEADS` / `ATTN_HEAD_DIM`, default
 //! 16 / 4 / 64; `ATTN_ROUNDS`, default 200; `ATTN_THREADS`, default 2; `ATTN_COLD=1`
 //! reads 64 MiB between calls, as a step's weights push the cache out of the CPU caches;
 //! `FLINT_CPU_SIMD` picks the SIMD level, as it does for the device).
@@ -23,6 +26,7 @@ use flint_hal_cpu::{CpuDevice, SimdLevel};
 fn main() {
     let env = common::env_usize;
     let ctx = env("ATTN_CTX", 1000).max(1);
+    let rows = env("ATTN_ROWS", 1).clamp(1, ctx);
     let seqs = env("ATTN_SEQS", 1).max(1);
     let (nh, hkv, hd) = (
         env("ATTN_HEADS", 16),
@@ -71,13 +75,13 @@ fn main() {
         dev.write_kv(&mut *kv, (&k).into(), (&v).into(), (&slots).into())
             .expect("write kv");
     }
-    let q = rnd(seqs * nh * hd);
-    let pos = vec![ctx as u32 - 1];
+    let q = rnd(seqs * rows * nh * hd);
+    let pos: Vec<u32> = ((ctx - rows) as u32..ctx as u32).collect();
     let attn: Vec<AttnSeq<'_>> = tables
         .iter()
         .enumerate()
         .map(|(s, t)| AttnSeq {
-            q_start: s,
+            q_start: s * rows,
             positions: (&pos).into(),
             block_table: t.into(),
         })
@@ -90,7 +94,7 @@ fn main() {
         sinks: None,
         window: None,
     };
-    let mut out = vec![0f32; seqs * nh * hd];
+    let mut out = vec![0f32; seqs * rows * nh * hd];
     let junk = vec![1u8; 64 << 20];
     let mut times = Vec::with_capacity(rounds);
     let mut step = || {
@@ -117,11 +121,16 @@ fn main() {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let bytes = seqs * ctx * hkv * 2 * hd * dev.kv_bytes_per_value();
+    // Multiply-adds of the visible (query, key) pairs: scores and the weighted values.
+    let visible: usize = (ctx - rows + 1..=ctx).sum();
+    let macs = 2 * seqs * nh * hd * visible;
     println!(
-        "attention: {seqs} x {ctx} tokens, {nh} heads on {hkv} KV heads of {hd}, {}: \
-         median {median:.1} us, best {:.1} us, {:.1} GB/s of cache at the median",
+        "attention: {seqs} x {ctx} tokens ({rows} query rows each), {nh} heads on {hkv} KV \
+         heads of {hd}, {}: median {median:.1} us, best {:.1} us, {:.1} GB/s of cache, \
+         {:.1} GMAC/s of visible pairs at the median",
         if cold { "cold" } else { "warm" },
         times[0],
-        bytes as f64 / median / 1e3
+        bytes as f64 / median / 1e3,
+        macs as f64 / median / 1e3
     );
 }

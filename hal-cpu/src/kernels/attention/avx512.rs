@@ -143,17 +143,29 @@ pub(crate) fn attend_group(
     assert!(n > 0 && n <= LANES && g.range.len() == n && g.sink.len() == n);
     assert_eq!(out.len(), n * dv, "attend_group: out length");
     let dk = g.q[0].len();
-    // Queries transposed: qt[d] holds element d of every lane's query.
-    let qt: Vec<__m512> = (0..dk)
-        .map(|d| {
-            let mut a = [0f32; LANES];
-            for (l, q) in g.q.iter().enumerate() {
-                a[l] = q[d];
-            }
-            // SAFETY: 16 readable f32.
-            unsafe { _mm512_loadu_ps(a.as_ptr()) }
-        })
-        .collect();
+    assert!(
+        g.q.iter().all(|q| q.len() == dk),
+        "attend_group: query lengths"
+    );
+    // Queries transposed: qt[d] holds element d of every lane's query (0 in lanes
+    // without one), 16 elements at a time through `transpose16`.
+    let mut qt = vec![_mm512_setzero_ps(); dk];
+    let mut rows = [_mm512_setzero_ps(); LANES];
+    for d0 in (0..dk - dk % LANES).step_by(LANES) {
+        for (r, q) in rows.iter_mut().zip(&g.q) {
+            // SAFETY: d0 + 16 <= dk = q.len(); loadu is unaligned.
+            *r = unsafe { _mm512_loadu_ps(q.as_ptr().add(d0)) };
+        }
+        qt[d0..d0 + LANES].copy_from_slice(&transpose16(&rows));
+    }
+    for (d, v) in qt.iter_mut().enumerate().skip(dk - dk % LANES) {
+        let mut a = [0f32; LANES];
+        for (x, q) in a.iter_mut().zip(&g.q) {
+            *x = q[d];
+        }
+        // SAFETY: 16 readable f32.
+        *v = unsafe { _mm512_loadu_ps(a.as_ptr()) };
+    }
     let mut lo = [i32::MAX; LANES];
     let mut hi = [-1i32; LANES];
     for (l, &(a, b)) in g.range.iter().enumerate() {
@@ -176,9 +188,13 @@ pub(crate) fn attend_group(
     let mut s = [neg_inf; GGML_FA_TILE];
     let mut vis = [0u16; GGML_FA_TILE];
     let mut vals: [&[u16]; GGML_FA_TILE] = [&[]; GGML_FA_TILE];
-    // The tile's visible keys widened to f32, transposed: element d of tile slot t at
-    // `kt[d * GGML_FA_TILE + t]`.
-    let mut kt = vec![0f32; GGML_FA_TILE * dk];
+    // Without 16-key runs: the tile's visible keys widened to f32, transposed (element d
+    // of tile slot t at `kt[d * GGML_FA_TILE + t]`).
+    let mut kt = if kv.runs16 {
+        Vec::new()
+    } else {
+        vec![0f32; GGML_FA_TILE * dk]
+    };
     let mut t0 = first / GGML_FA_TILE * GGML_FA_TILE;
     while t0 <= last {
         // The tile's visible keys, then their scores KEYS at a time: each score is its
@@ -198,16 +214,28 @@ pub(crate) fn attend_group(
                 continue;
             }
             if kv.runs16 {
-                // Sixteen slots of one block: each key element of all of them widened
-                // with one instruction.
+                // Sixteen slots of one block, each key element of all of them one run:
+                // their scores are computed here, keys in lanes, and turned to queries
+                // in lanes.
                 let (kb, vb) = kv.locate(t0 + chunk.start, dk, dv, CHUNK).ok_or(())?;
-                for d in 0..dk {
-                    // SAFETY: `locate` checked that 16 keys' element d lie in `kv.k`;
-                    // `kt` holds dk rows of 64; storeu is unaligned.
-                    unsafe {
-                        let x = load16_f16(kv.k.as_ptr().add(kb + d * kv.k_stride));
-                        _mm512_storeu_ps(kt.as_mut_ptr().add(d * GGML_FA_TILE + chunk.start), x);
-                    }
+                // SAFETY: `locate` checked that the 16 keys' `dk` strided elements lie in
+                // `kv.k`; `qt` holds `dk` vectors of 16 queries.
+                let sc = unsafe {
+                    score_chunk(
+                        qt.as_ptr() as *const f32,
+                        dk,
+                        kv.k.as_ptr().add(kb),
+                        kv.k_stride,
+                    )
+                };
+                let mut sc = sc;
+                for a in sc.iter_mut() {
+                    *a = _mm512_mul_ps(*a, _mm512_set1_ps(scale));
+                }
+                let sc = transpose16(&sc);
+                for j in 0..CHUNK {
+                    let t = chunk.start + j;
+                    s[t] = _mm512_mask_blend_ps(vis[t], neg_inf, sc[j]);
                 }
                 for (j, v) in vals[chunk.clone()].iter_mut().enumerate() {
                     *v = &kv.v[vb + j * kv.v_stride..vb + j * kv.v_stride + dv];
@@ -231,7 +259,9 @@ pub(crate) fn attend_group(
             nl += 1;
         }
         const KEYS: usize = 4;
-        for c in live[..nl].chunks(KEYS) {
+        // Slots not in 16-key runs: the scores from the transposed keys, KEYS at a time.
+        let scattered = if kv.runs16 { 0 } else { nl };
+        for c in live[..scattered].chunks(KEYS) {
             let mut acc = [_mm512_setzero_ps(); KEYS];
             let ts: [usize; KEYS] = std::array::from_fn(|j| usize::from(c[j.min(c.len() - 1)]));
             for (d, row) in kt.chunks_exact(GGML_FA_TILE).enumerate() {
@@ -294,43 +324,24 @@ pub(crate) fn attend_group(
             // SAFETY: 16 writable f32.
             unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *v) };
         }
-        // Up to four lanes that see the same keys (the heads of one query row) go
-        // together, so that each value block loaded feeds all of them.
-        let mut l = 0;
-        while l < n {
-            if active >> l & 1 == 0 {
-                l += 1;
-                continue;
-            }
-            // The keys this lane sees, in order, and the lanes after it that see the same.
-            let mut mine = [0u8; GGML_FA_TILE];
-            let mut nm = 0;
-            // Bit k: lane l + k differs from lane l somewhere (or is not active).
-            let mut differ = 0u32;
-            for k in 1..4 {
-                if l + k >= n || active >> (l + k) & 1 == 0 {
-                    differ |= 1 << k;
-                }
-            }
-            for &t in &live[..nl] {
-                let vt = u32::from(vis[usize::from(t)]);
-                let own = vt >> l & 1;
-                for k in 1..4 {
-                    if (vt >> (l + k).min(15) & 1) != own {
-                        differ |= 1 << k;
-                    }
-                }
-                if own == 1 {
-                    mine[nm] = t;
-                    nm += 1;
-                }
-            }
-            // Lanes l .. l + lanes all see the same keys.
-            let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
-            let o = &mut out[l * dv..(l + lanes) * dv];
-            accumulate_lanes(lanes, o, dv, 0, dv, &mine[..nm], &vals, &wl, l);
-            l += lanes;
+        // Keys every query sees (the interval where all ranges meet; each lane's keys
+        // are an interval around it) go with all the lanes at once, so that each value
+        // is widened once for the whole group; the keys before and after them go by
+        // lanes that see the same keys. Each lane still adds its keys in order.
+        let live = &live[..nl];
+        let nmask = ((1u32 << n) - 1) as u16;
+        let (a, b) = match common_keys(g, t0) {
+            Some((ca, cb)) if active == nmask && (n == LANES || n == LANES / 2) => (
+                live.partition_point(|&t| t0 + usize::from(t) < ca),
+                live.partition_point(|&t| t0 + usize::from(t) <= cb),
+            ),
+            _ => (nl, nl),
+        };
+        accumulate_by_visibility(n, active, &live[..a], &vis, &vals, &wl, dv, out);
+        if a < b {
+            accumulate_lanes(n, out, dv, 0, dv, &live[a..b], &vals, &wl, 0);
         }
+        accumulate_by_visibility(n, active, &live[b..], &vis, &vals, &wl, dv, out);
         t0 += GGML_FA_TILE;
     }
     for l in 0..n {
@@ -342,6 +353,145 @@ pub(crate) fn attend_group(
         );
     }
     Ok(())
+}
+
+/// The unscaled scores of 16 queries against the 16 keys of a run, keys in lanes:
+/// `acc[l]` lane `j` is query `l`'s score of key `j`, one fused multiply-add chain over
+/// the head dimension from 0, as the reference computes each score. `qt` holds element
+/// `d` of query `l` at `qt[d * 16 + l]`; element `d` of key `j` is at `k[d * k_stride +
+/// j]` (f16 bits). Each key element is widened once for all 16 queries and each chain
+/// is independent, so the multiply-adds issue back to back.
+///
+/// # Safety
+/// `qt` must hold `16 * dk` readable f32 and `k` the 16 elements of every `d < dk` at
+/// `d * k_stride`; the CPU must have AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn score_chunk(qt: *const f32, dk: usize, k: *const u16, k_stride: usize) -> [__m512; 16] {
+    let mut acc = [_mm512_setzero_ps(); LANES];
+    for d in 0..dk {
+        // SAFETY: the caller guarantees the 16 key elements and the 16 query elements.
+        unsafe {
+            let kv = load16_f16(k.add(d * k_stride));
+            let q = qt.add(d * LANES);
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(l)), kv, *a);
+            }
+        }
+    }
+    acc
+}
+
+/// The transpose of a 16 x 16 block: lane `l` of vector `j` of the result is lane `j` of
+/// vector `l` of `a` (pure moves, every bit kept). Plain loops, not closures: a closure
+/// does not inherit the target features and would pass the vectors through memory.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(a: &[__m512; 16]) -> [__m512; 16] {
+    let z = _mm512_setzero_ps();
+    // Per 128-bit lane: pairs of rows interleaved, then groups of four rows gathered, so
+    // that c[4g + r] holds element r of each 128-bit lane of rows 4g..4g + 4.
+    let mut b = [z; 16];
+    for i in (0..16).step_by(2) {
+        b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+    }
+    let mut c = [z; 16];
+    for g in (0..16).step_by(4) {
+        c[g] = _mm512_shuffle_ps::<0x44>(b[g], b[g + 2]);
+        c[g + 1] = _mm512_shuffle_ps::<0xEE>(b[g], b[g + 2]);
+        c[g + 2] = _mm512_shuffle_ps::<0x44>(b[g + 1], b[g + 3]);
+        c[g + 3] = _mm512_shuffle_ps::<0xEE>(b[g + 1], b[g + 3]);
+    }
+    // 128-bit lanes: d[r] holds lanes 0 and 2 of rows 0..8 (element r of each), d[4 + r]
+    // lanes 1 and 3; d[8..16] the same of rows 8..16.
+    let mut d = [z; 16];
+    for half in [0, 8] {
+        for r in 0..4 {
+            d[half + r] = _mm512_shuffle_f32x4::<0x88>(c[half + r], c[half + 4 + r]);
+            d[half + 4 + r] = _mm512_shuffle_f32x4::<0xDD>(c[half + r], c[half + 4 + r]);
+        }
+    }
+    // Column 4h + r: lanes 0 and 2 (h = 0, 1) or 1 and 3 (h = 2, 3) of d[4 (h % 2) + r]
+    // and of d[8 + 4 (h % 2) + r].
+    let mut t = [z; 16];
+    for r in 0..4 {
+        t[r] = _mm512_shuffle_f32x4::<0x88>(d[r], d[8 + r]);
+        t[4 + r] = _mm512_shuffle_f32x4::<0x88>(d[4 + r], d[12 + r]);
+        t[8 + r] = _mm512_shuffle_f32x4::<0xDD>(d[r], d[8 + r]);
+        t[12 + r] = _mm512_shuffle_f32x4::<0xDD>(d[4 + r], d[12 + r]);
+    }
+    t
+}
+
+/// The positions every query of `g` sees (the meet of their ranges), if any lies in
+/// the 64-key tile from `t0`.
+fn common_keys(g: &LaneGroup<'_>, t0: usize) -> Option<(usize, usize)> {
+    let ca = g.range.iter().map(|r| r.0).max()?.max(t0);
+    let cb = g
+        .range
+        .iter()
+        .map(|r| r.1)
+        .min()?
+        .min(t0 + GGML_FA_TILE - 1);
+    (ca <= cb).then_some((ca, cb))
+}
+
+/// `out` (`n` queries of `dv` values) += the weighted values of the tile slots `keys`
+/// (in order), for the `active` lanes, each seeing the keys its `vis` bits give: up to
+/// four consecutive lanes that see the same keys (the heads of one query row) go
+/// together, so that each value loaded feeds all of them.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn accumulate_by_visibility(
+    n: usize,
+    active: u16,
+    keys: &[u8],
+    vis: &[u16; GGML_FA_TILE],
+    vals: &[&[u16]; GGML_FA_TILE],
+    wl: &[[f32; LANES]; GGML_FA_TILE],
+    dv: usize,
+    out: &mut [f32],
+) {
+    if keys.is_empty() {
+        return;
+    }
+    let mut l = 0;
+    while l < n {
+        if active >> l & 1 == 0 {
+            l += 1;
+            continue;
+        }
+        // The keys this lane sees, in order, and the lanes after it that see the same.
+        let mut mine = [0u8; GGML_FA_TILE];
+        let mut nm = 0;
+        // Bit k: lane l + k differs from lane l somewhere (or is not active).
+        let mut differ = 0u32;
+        for k in 1..4 {
+            if l + k >= n || active >> (l + k) & 1 == 0 {
+                differ |= 1 << k;
+            }
+        }
+        for &t in keys {
+            let vt = u32::from(vis[usize::from(t)]);
+            let own = vt >> l & 1;
+            for k in 1..4 {
+                if (vt >> (l + k).min(15) & 1) != own {
+                    differ |= 1 << k;
+                }
+            }
+            if own == 1 {
+                mine[nm] = t;
+                nm += 1;
+            }
+        }
+        // Lanes l .. l + lanes all see the same keys.
+        let lanes = ((differ | 1 << 4) >> 1).trailing_zeros() as usize + 1;
+        let o = &mut out[l * dv..(l + lanes) * dv];
+        accumulate_lanes(lanes, o, dv, 0, dv, &mine[..nm], vals, wl, l);
+        l += lanes;
+    }
 }
 
 /// Queries that [`attend_keys_in_lanes`] takes at once: a decode row's GQA group.
@@ -709,7 +859,7 @@ fn accumulate_tiles<const NQ: usize>(
     }
 }
 
-/// [`accumulate`] for `lanes` (1 to 4) lanes from `l0`.
+/// [`accumulate`] for `lanes` (1 to 4, 8 or 16) lanes from `l0`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -730,6 +880,8 @@ fn accumulate_lanes<const W: usize>(
         width,
     };
     match lanes {
+        16 => accumulate::<16, W>(o, cols, mine, vals, wl, l0),
+        8 => accumulate::<8, W>(o, cols, mine, vals, wl, l0),
         4 => accumulate::<4, W>(o, cols, mine, vals, wl, l0),
         3 => accumulate::<3, W>(o, cols, mine, vals, wl, l0),
         2 => accumulate::<2, W>(o, cols, mine, vals, wl, l0),
@@ -771,9 +923,18 @@ fn accumulate<const L: usize, const W: usize>(
         "accumulate: output length"
     );
     let mut d0 = 0;
-    while d0 + 4 * 16 <= width {
-        accumulate_run::<L, 4, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
-        d0 += 4 * 16;
+    // Sixteen accumulators at most: runs of 64 columns for up to four lanes, of 32 for
+    // eight, of 16 for sixteen.
+    if L <= 4 {
+        while d0 + 4 * 16 <= width {
+            accumulate_run::<L, 4, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
+            d0 += 4 * 16;
+        }
+    } else if L <= 8 {
+        while d0 + 2 * 16 <= width {
+            accumulate_run::<L, 2, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
+            d0 += 2 * 16;
+        }
     }
     while d0 + 16 <= width {
         accumulate_run::<L, 1, W>(o, stride, d0, col0 + d0, mine, vals, wl, l0);
