@@ -51,7 +51,7 @@ pub use libc::{
     cosf_glibc, expf_libc, sinf_glibc, EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,
     EXPF_SPECIAL_ABSTOP,
 };
-pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows};
+pub use norm::{rms_norm, rms_norm_in_place, rms_norm_rows, rms_scale_of_sum};
 pub use rope::{
     rope, rope_heads, rope_neox, rope_neox_heads, rope_rotate, yarn_corr_dims, RopeConfig,
     RopeError, RopeKind, Yarn,

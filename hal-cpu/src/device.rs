@@ -429,7 +429,7 @@ impl Device for CpuDevice {
     ) -> Result<(), HalError> {
         let (x, weight, out) = (x.host(), weight.map(View::host), out.host());
         self.pool
-            .install(|| ops::rms_norm(x, weight, eps, dim, out));
+            .install(|| ops::rms_norm(x, weight, eps, dim, out, self.level));
         Ok(())
     }
 
@@ -444,8 +444,9 @@ impl Device for CpuDevice {
     ) -> Result<(), HalError> {
         let (residual, delta) = (residual.host(), delta.host());
         let (weight, out) = (weight.host(), out.host());
-        self.pool
-            .install(|| ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out));
+        self.pool.install(|| {
+            ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out, self.level)
+        });
         Ok(())
     }
 

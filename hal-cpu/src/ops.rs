@@ -3,15 +3,27 @@
 
 use flint_core::math;
 use flint_hal::{HalError, RoutingConfig};
+
+use crate::SimdLevel;
 use rayon::prelude::*;
 
-/// RMSNorm of every row of `dim` values (core reference, row by row).
-pub(crate) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, out: &mut [f32]) {
+/// Rows a parallel task of [`rms_norm`] / [`add_rms_norm`] takes.
+const NORM_ROWS: usize = 16;
+
+/// RMSNorm of every row of `dim` values, each as `math::rms_norm` computes it, with the
+/// sums of squares of several rows at once at `level`.
+pub(crate) fn rms_norm(
+    x: &[f32],
+    weight: Option<&[f32]>,
+    eps: f32,
+    dim: usize,
+    out: &mut [f32],
+    level: SimdLevel,
+) {
     check_norm_shapes(x.len(), out.len(), weight, dim);
-    // Rows in parallel, 16 at a time, each computed as `math::rms_norm` computes it.
-    x.par_chunks(16 * dim)
-        .zip(out.par_chunks_mut(16 * dim))
-        .for_each(|(xs, os)| rms_rows(xs, weight, eps, dim, os));
+    x.par_chunks(NORM_ROWS * dim)
+        .zip(out.par_chunks_mut(NORM_ROWS * dim))
+        .for_each(|(xs, os)| rms_rows(xs, weight, eps, dim, os, level));
 }
 
 /// `residual += delta`, then the RMSNorm of every row of the sum into `out`: per chunk
@@ -24,18 +36,19 @@ pub(crate) fn add_rms_norm(
     eps: f32,
     dim: usize,
     out: &mut [f32],
+    level: SimdLevel,
 ) {
     assert_eq!(residual.len(), delta.len(), "add_rms_norm: delta length");
     check_norm_shapes(residual.len(), out.len(), weight, dim);
     residual
-        .par_chunks_mut(16 * dim)
-        .zip(delta.par_chunks(16 * dim))
-        .zip(out.par_chunks_mut(16 * dim))
+        .par_chunks_mut(NORM_ROWS * dim)
+        .zip(delta.par_chunks(NORM_ROWS * dim))
+        .zip(out.par_chunks_mut(NORM_ROWS * dim))
         .for_each(|((rs, ds), os)| {
             for (r, &d) in rs.iter_mut().zip(ds) {
                 *r += d;
             }
-            rms_rows(rs, weight, eps, dim, os);
+            rms_rows(rs, weight, eps, dim, os, level);
         });
 }
 
@@ -49,46 +62,85 @@ fn check_norm_shapes(x_len: usize, out_len: usize, weight: Option<&[f32]>, dim: 
     }
 }
 
-/// The rows of `xs` normalised into `os`, each as `math::rms_norm` computes it.
-fn rms_rows(xs: &[f32], weight: Option<&[f32]>, eps: f32, dim: usize, os: &mut [f32]) {
-    let mut xr = xs.chunks_exact(dim);
-    let mut or = os.chunks_exact_mut(dim);
-    // Eight rows at a time, then four, then two: their sums of squares are independent
-    // chains (each row's own chain in order), where one row alone waits on every add.
-    fn group<const N: usize>(
-        xr: &mut std::slice::ChunksExact<'_, f32>,
-        or: &mut std::slice::ChunksExactMut<'_, f32>,
-        weight: Option<&[f32]>,
-        eps: f32,
-    ) {
-        let xs: [&[f32]; N] = std::array::from_fn(|_| xr.next().unwrap_or(&[]));
-        let scales = rms_scales(&xs, eps);
-        for (xv, sc) in xs.iter().zip(scales) {
-            if let Some(o) = or.next() {
-                rms_apply(xv, sc, weight, o);
+/// The rows of `xs` (at most [`NORM_ROWS`]) normalised into `os`, each as
+/// `math::rms_norm` computes it.
+fn rms_rows(
+    xs: &[f32],
+    weight: Option<&[f32]>,
+    eps: f32,
+    dim: usize,
+    os: &mut [f32],
+    level: SimdLevel,
+) {
+    let n = xs.len() / dim;
+    assert!(n <= NORM_ROWS, "rms_rows: {n} rows");
+    let rows: [&[f32]; NORM_ROWS] = std::array::from_fn(|r| {
+        if r < n {
+            &xs[r * dim..(r + 1) * dim]
+        } else {
+            &[]
+        }
+    });
+    let mut sums = [0f64; NORM_ROWS];
+    let done = sum_squares(&rows[..n], dim, &mut sums[..n], level);
+    // The rows left: eight, four, then two at a time (independent chains, each row's
+    // own chain in order, where one row alone waits on every add), the last alone.
+    let mut r = done;
+    for g in [8, 4, 2, 1] {
+        while n - r >= g {
+            match g {
+                8 => sum_squares_scalar::<8>(&rows[r..r + 8], &mut sums[r..r + 8]),
+                4 => sum_squares_scalar::<4>(&rows[r..r + 4], &mut sums[r..r + 4]),
+                2 => sum_squares_scalar::<2>(&rows[r..r + 2], &mut sums[r..r + 2]),
+                _ => sum_squares_scalar::<1>(&rows[r..r + 1], &mut sums[r..r + 1]),
             }
+            r += g;
         }
     }
-    while xr.len() >= 8 {
-        group::<8>(&mut xr, &mut or, weight, eps);
-    }
-    if xr.len() >= 4 {
-        group::<4>(&mut xr, &mut or, weight, eps);
-    }
-    if xr.len() >= 2 {
-        group::<2>(&mut xr, &mut or, weight, eps);
-    }
-    for (xv, o) in xr.zip(or) {
-        math::rms_norm(xv, weight, eps, o);
+    for ((x, o), &s) in rows.iter().zip(os.chunks_exact_mut(dim)).zip(&sums) {
+        rms_apply(x, math::rms_scale_of_sum(s, dim, eps), weight, o);
     }
 }
 
-/// The RMSNorm scale of each of `N` rows of equal length, as `math::rms_norm` computes
-/// it: the f32 squares summed in f64 in order, the mean rounded to f32,
-/// `1 / sqrtf(mean + eps)`.
-fn rms_scales<const N: usize>(x: &[&[f32]; N], eps: f32) -> [f32; N] {
-    let n = x[0].len();
-    let rows: [&[f32]; N] = std::array::from_fn(|r| &x[r][..n]);
+/// The sums of squares of the leading rows of `rows` that `level`'s kernels take
+/// (groups of eight with AVX-512, of four with AVX2) into `sums`; returns how many.
+fn sum_squares(rows: &[&[f32]], dim: usize, sums: &mut [f64], level: SimdLevel) -> usize {
+    let mut r = 0;
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx512 {
+        use crate::kernels::elementwise::avx512::sum_squares as k;
+        while rows.len() - r >= 16 {
+            // SAFETY: AVX-512F and AVX2 were checked against the CPU at device open.
+            unsafe { k::<2>(&rows[r..r + 16], dim, &mut sums[r..r + 16]) };
+            r += 16;
+        }
+        if rows.len() - r >= 8 {
+            // SAFETY: as above.
+            unsafe { k::<1>(&rows[r..r + 8], dim, &mut sums[r..r + 8]) };
+            r += 8;
+        }
+    } else if level >= SimdLevel::Avx2 {
+        use crate::kernels::elementwise::avx2::sum_squares as k;
+        while rows.len() - r >= 16 {
+            // SAFETY: AVX2 was checked against the CPU at device open.
+            unsafe { k::<4>(&rows[r..r + 16], dim, &mut sums[r..r + 16]) };
+            r += 16;
+        }
+        while rows.len() - r >= 4 {
+            // SAFETY: as above.
+            unsafe { k::<1>(&rows[r..r + 4], dim, &mut sums[r..r + 4]) };
+            r += 4;
+        }
+    }
+    let _ = (dim, sums, level);
+    r
+}
+
+/// The sums of squares of `N` rows of equal length (`math::rms_norm`'s: the f32 squares
+/// summed in f64 in order), the rows' chains side by side.
+fn sum_squares_scalar<const N: usize>(rows: &[&[f32]], sums: &mut [f64]) {
+    let rows: [&[f32]; N] = std::array::from_fn(|r| rows[r]);
+    let n = rows[0].len();
     let mut sum = [0.0f64; N];
     for i in 0..n {
         for r in 0..N {
@@ -96,10 +148,7 @@ fn rms_scales<const N: usize>(x: &[&[f32]; N], eps: f32) -> [f32; N] {
             sum[r] += (v * v) as f64;
         }
     }
-    sum.map(|s| {
-        let mean = (s / n as f64) as f32;
-        1.0 / libm::sqrtf(mean + eps)
-    })
+    sums.copy_from_slice(&sum);
 }
 
 /// `out = x * scale * w` (or `x * scale`), in `math::rms_norm`'s order.
@@ -308,4 +357,44 @@ pub(crate) fn route_topk(
         .map_err(|e| HalError::invalid(format!("route_topk: {e}")))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sums of squares of every level's kernels are the scalar chain's, bit for bit:
+    /// the f64 sums themselves (the f32 scale rounds most order differences away, so the
+    /// norm's output alone would hardly tell a reordered sum). Magnitudes from 2^-20 to
+    /// 2^20 make every reordering round differently.
+    #[test]
+    fn sum_squares_keep_the_scalar_order() {
+        let levels: Vec<SimdLevel> = SimdLevel::ALL
+            .into_iter()
+            .filter(|&l| l <= SimdLevel::detect())
+            .collect();
+        let mut seed = 5u64;
+        for dim in [640usize, 643, 5] {
+            let x: Vec<f32> = (0..16 * dim)
+                .map(|i| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let u = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    u * 2f32.powi((i * 7919 % 41) as i32 - 20)
+                })
+                .collect();
+            let rows: Vec<&[f32]> = x.chunks(dim).collect();
+            let want: Vec<u64> = rows
+                .iter()
+                .map(|r| r.iter().fold(0f64, |s, &v| s + (v * v) as f64).to_bits())
+                .collect();
+            for &level in &levels {
+                for n in [16usize, 8, 4] {
+                    let mut sums = vec![0f64; n];
+                    let done = sum_squares(&rows[..n], dim, &mut sums, level);
+                    let got: Vec<u64> = sums[..done].iter().map(|s| s.to_bits()).collect();
+                    assert_eq!(got, want[..done], "{level:?}, dim {dim}, {n} rows");
+                }
+            }
+        }
+    }
 }

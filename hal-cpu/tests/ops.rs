@@ -9,7 +9,7 @@ use flint_hal::{
     AttnSeq, Device, DeviceOptions, Gating, HalErrorKind, KvLayout, Op, PagedAttention, RopeKind,
     RopeParams, RoutingConfig, View, Yarn, NO_BLOCK,
 };
-use flint_hal_cpu::CpuDevice;
+use flint_hal_cpu::{CpuDevice, SimdLevel};
 
 fn dev() -> CpuDevice {
     CpuDevice::new(&DeviceOptions {
@@ -248,43 +248,63 @@ fn add_rms_norm_adds_the_residual_once() {
     }
 }
 
-/// RMSNorm of any number of rows (16 per task; 8, 4 and 2 summed side by side, one
-/// alone) equals `math::rms_norm` row by row, bit for bit, with and without a weight.
+/// RMSNorm of any number of rows equals `math::rms_norm` row by row, bit for bit, with
+/// and without a weight, at every SIMD level this CPU has: 16 rows per task; AVX-512
+/// sums eight rows in one vector (sixteen side by side), AVX2 four; the rows left over
+/// go eight, four, two side by side and one alone; row lengths that are not a multiple
+/// of eight leave a tail per row.
 #[test]
 fn rms_norm_rows_match_core_bit_for_bit() {
-    let d = dev();
     let mut rng = Rng(21);
-    let dim = 640;
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    // 37 = 16 + 16 + 4 + 1; 7 = 4 + 2 + 1; 30 = 16 + 8 + 4 + 2.
-    for rows in [1usize, 2, 3, 4, 7, 30, 37] {
-        let x: Vec<f32> = rng
-            .vec(rows * dim)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v * (1 + (i / dim) % 7) as f32 * 3.0)
-            .collect();
-        let w = rng.vec(dim);
-        for weight in [Some(&w[..]), None] {
-            let mut got = vec![0f32; rows * dim];
-            d.rms_norm(
-                (&x).into(),
-                weight.map(Into::into),
-                1e-6,
-                dim,
-                (&mut got).into(),
-            )
-            .expect("rms_norm");
-            let mut want = vec![0f32; rows * dim];
-            for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
-                math::rms_norm(xr, weight, 1e-6, o);
+    let levels: Vec<SimdLevel> = SimdLevel::ALL
+        .into_iter()
+        .filter(|&l| l <= SimdLevel::detect())
+        .collect();
+    println!("levels: {levels:?}");
+    for level in levels {
+        let d = CpuDevice::with_level(
+            &DeviceOptions {
+                threads: Some(2),
+                keep_quant: true,
+            },
+            level,
+        )
+        .expect("open cpu");
+        for dim in [640usize, 256, 643, 5] {
+            // 37 = 16 + 16 + 4 + 1; 7 = 4 + 2 + 1; 30 = 16 + 8 + 4 + 2; 13 = 8 + 4 + 1.
+            for rows in [1usize, 2, 3, 4, 7, 8, 13, 30, 37] {
+                // Magnitudes from 2^-20 to 2^20, so that the f64 sum of the squares
+                // rounds and a different order of adds gives different bits.
+                let x: Vec<f32> = rng
+                    .vec(rows * dim)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * 2f32.powi((i * 7919 % 41) as i32 - 20))
+                    .collect();
+                let w = rng.vec(dim);
+                for weight in [Some(&w[..]), None] {
+                    let mut got = vec![0f32; rows * dim];
+                    d.rms_norm(
+                        (&x).into(),
+                        weight.map(Into::into),
+                        1e-6,
+                        dim,
+                        (&mut got).into(),
+                    )
+                    .expect("rms_norm");
+                    let mut want = vec![0f32; rows * dim];
+                    for (xr, o) in x.chunks(dim).zip(want.chunks_mut(dim)) {
+                        math::rms_norm(xr, weight, 1e-6, o);
+                    }
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{level:?}, dim {dim}, rows {rows}, weight: {}",
+                        weight.is_some()
+                    );
+                }
             }
-            assert_eq!(
-                bits(&got),
-                bits(&want),
-                "rows {rows}, weight: {}",
-                weight.is_some()
-            );
         }
     }
 }

@@ -10,7 +10,15 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     for &v in x {
         sum += (v * v) as f64;
     }
-    let mean = (sum / x.len() as f64) as f32;
+    rms_scale_of_sum(sum, x.len(), eps)
+}
+
+/// The scale `1 / sqrt(mean + eps)` of a row of `n` values whose squares (each rounded
+/// to `f32`, then widened) add up to `sum` in `f64`: the mean rounded to `f32` before
+/// `eps` is added, as ggml does. Kernels that form the sums of several rows at once
+/// finish each row with this.
+pub fn rms_scale_of_sum(sum: f64, n: usize, eps: f32) -> f32 {
+    let mean = (sum / n as f64) as f32;
     1.0 / libm::sqrtf(mean + eps)
 }
 

@@ -143,6 +143,58 @@ pub(crate) fn expf_ggml(x: __m256) -> __m256 {
     _mm256_blendv_ps(res, sat, big)
 }
 
+/// The sums of squares of `rows.len()` rows (`4 * G`, each at least `n` long) as
+/// `flint_core::math::rms_norm` forms each one (every value squared in f32, widened to
+/// f64, added in order from 0): four rows in the lanes of one f64 vector, four values of
+/// each squared and widened together and the block transposed; `G` chains side by side.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn sum_squares<const G: usize>(rows: &[&[f32]], n: usize, out: &mut [f64]) {
+    assert!(
+        rows.len() == 4 * G && out.len() == 4 * G,
+        "sum_squares: rows"
+    );
+    assert!(rows.iter().all(|r| r.len() >= n), "sum_squares: short row");
+    let full = n - n % 4;
+    let mut acc = [_mm256_setzero_pd(); G];
+    for i in (0..full).step_by(4) {
+        for (g, a) in acc.iter_mut().enumerate() {
+            let mut v = [_mm256_setzero_pd(); 4];
+            for (r, x) in v.iter_mut().enumerate() {
+                // SAFETY: i + 4 <= n <= the row's length (asserted); loadu is unaligned.
+                let y = unsafe { _mm_loadu_ps(rows[4 * g + r].as_ptr().add(i)) };
+                *x = _mm256_cvtps_pd(_mm_mul_ps(y, y));
+            }
+            // Rows 0, 1 interleaved (elements 0 and 2, then 1 and 3), rows 2, 3 the same;
+            // then the halves gathered: element c of the four rows in t[c].
+            let lo01 = _mm256_unpacklo_pd(v[0], v[1]);
+            let hi01 = _mm256_unpackhi_pd(v[0], v[1]);
+            let lo23 = _mm256_unpacklo_pd(v[2], v[3]);
+            let hi23 = _mm256_unpackhi_pd(v[2], v[3]);
+            let t = [
+                _mm256_permute2f128_pd::<0x20>(lo01, lo23),
+                _mm256_permute2f128_pd::<0x20>(hi01, hi23),
+                _mm256_permute2f128_pd::<0x31>(lo01, lo23),
+                _mm256_permute2f128_pd::<0x31>(hi01, hi23),
+            ];
+            for c in t {
+                *a = _mm256_add_pd(*a, c);
+            }
+        }
+    }
+    for (g, a) in acc.iter().enumerate() {
+        // SAFETY: 4 writable f64 (asserted length); storeu is unaligned.
+        unsafe { _mm256_storeu_pd(out.as_mut_ptr().add(4 * g), *a) };
+    }
+    for (s, row) in out.iter_mut().zip(rows) {
+        for &v in &row[full..n] {
+            *s += (v * v) as f64;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// F16C's widening against `half`'s on every f16.

@@ -237,3 +237,77 @@ pub(crate) unsafe fn swiglu_oai_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         *o = swiglu_oai(g, u);
     }
 }
+
+/// The sums of squares of `rows.len()` rows (`8 * G`, each at least `n` long) as
+/// `flint_core::math::rms_norm` forms each one: every value squared in f32, widened to
+/// f64 and added in order from 0. Eight rows share the lanes of one f64 vector: eight
+/// values of each row are squared and widened together and the block is transposed, so
+/// that each add serves eight rows; `G` such chains run side by side.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX2.
+#[target_feature(enable = "avx512f,avx2")]
+pub(crate) unsafe fn sum_squares<const G: usize>(rows: &[&[f32]], n: usize, out: &mut [f64]) {
+    assert!(
+        rows.len() == 8 * G && out.len() == 8 * G,
+        "sum_squares: rows"
+    );
+    assert!(rows.iter().all(|r| r.len() >= n), "sum_squares: short row");
+    let full = n - n % 8;
+    let mut acc = [_mm512_setzero_pd(); G];
+    for i in (0..full).step_by(8) {
+        for (g, a) in acc.iter_mut().enumerate() {
+            let mut v = [_mm512_setzero_pd(); 8];
+            for (r, x) in v.iter_mut().enumerate() {
+                // SAFETY: i + 8 <= n <= the row's length (asserted); loadu is unaligned.
+                let y = unsafe { _mm256_loadu_ps(rows[8 * g + r].as_ptr().add(i)) };
+                *x = _mm512_cvtps_pd(_mm256_mul_ps(y, y));
+            }
+            for c in transpose8_pd(&v) {
+                *a = _mm512_add_pd(*a, c);
+            }
+        }
+    }
+    for (g, a) in acc.iter().enumerate() {
+        // SAFETY: 8 writable f64 (asserted length); storeu is unaligned.
+        unsafe { _mm512_storeu_pd(out.as_mut_ptr().add(8 * g), *a) };
+    }
+    for (s, row) in out.iter_mut().zip(rows) {
+        for &v in &row[full..n] {
+            *s += (v * v) as f64;
+        }
+    }
+}
+
+/// The transpose of an 8 x 8 block of f64: lane `l` of vector `j` of the result is lane
+/// `j` of vector `l` of `r` (moves only).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose8_pd(r: &[__m512d; 8]) -> [__m512d; 8] {
+    let z = _mm512_setzero_pd();
+    // a[2p] holds elements 0, 2, 4, 6 of rows 2p and 2p + 1 (one 128-bit lane each), a[2p
+    // + 1] elements 1, 3, 5, 7.
+    let mut a = [z; 8];
+    for p in (0..8).step_by(2) {
+        a[p] = _mm512_unpacklo_pd(r[p], r[p + 1]);
+        a[p + 1] = _mm512_unpackhi_pd(r[p], r[p + 1]);
+    }
+    // b[h + 2o + e] (h = 0, 4; o, e = 0, 1): rows h..h + 4, elements o + 2e and o + 2e + 4.
+    let mut b = [z; 8];
+    for h in [0, 4] {
+        for o in 0..2 {
+            b[h + 2 * o] = _mm512_shuffle_f64x2::<0x88>(a[h + o], a[h + o + 2]);
+            b[h + 2 * o + 1] = _mm512_shuffle_f64x2::<0xDD>(a[h + o], a[h + o + 2]);
+        }
+    }
+    // Element c = o + 2e (+ 4): rows 0..4 from b[2o + e], rows 4..8 from b[4 + 2o + e].
+    let mut t = [z; 8];
+    for o in 0..2 {
+        for e in 0..2 {
+            let (x, y) = (b[2 * o + e], b[4 + 2 * o + e]);
+            t[o + 2 * e] = _mm512_shuffle_f64x2::<0x88>(x, y);
+            t[o + 2 * e + 4] = _mm512_shuffle_f64x2::<0xDD>(x, y);
+        }
+    }
+    t
+}
