@@ -20,6 +20,7 @@ use super::{
     finish_query, over_column_parts, over_tile_parts, KvSource, LaneGroup, TilePlan, CHUNK,
 };
 use crate::kernels::elementwise::avx2::expf_ggml;
+use crate::kernels::x86::avx2::transpose8;
 use crate::kv::CpuKv;
 
 /// Queries attended together.
@@ -192,9 +193,13 @@ fn score_tiles(
     let dk = qt.len();
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let vscale = _mm256_set1_ps(scale);
-    // The tile's visible keys widened to f32, transposed: element d of tile slot t at
-    // `kt[d * GGML_FA_TILE + t]`.
-    let mut kt = vec![0f32; GGML_FA_TILE * dk];
+    // Without 16-key runs: the tile's visible keys widened to f32, transposed (element d
+    // of tile slot t at `kt[d * GGML_FA_TILE + t]`).
+    let mut kt = if kv.runs16 {
+        Vec::new()
+    } else {
+        vec![0f32; GGML_FA_TILE * dk]
+    };
     for (idx, (tile, s)) in tiles.iter_mut().zip(scores.iter_mut()).enumerate() {
         let t0 = t_first + idx * GGML_FA_TILE;
         for t in 0..GGML_FA_TILE {
@@ -212,22 +217,30 @@ fn score_tiles(
                 continue;
             }
             if kv.runs16 {
-                // Sixteen slots of one block: each key element of all of them widened
-                // eight at a time.
+                // Sixteen slots of one block, each key element of all of them one run:
+                // their scores here, eight keys in lanes, turned to queries in lanes.
                 let (kb, vb) = kv.locate(t0 + chunk.start, dk, dv, CHUNK).ok_or(())?;
-                for d in 0..dk {
-                    for half in [0, 8] {
-                        // SAFETY: `locate` checked that 16 keys' element d lie in `kv.k`;
-                        // `kt` holds dk rows of 64; loadu/storeu are unaligned.
-                        unsafe {
-                            let h =
-                                _mm_loadu_si128(kv.k.as_ptr().add(kb + d * kv.k_stride + half)
-                                    as *const __m128i);
-                            _mm256_storeu_ps(
-                                kt.as_mut_ptr().add(d * GGML_FA_TILE + chunk.start + half),
-                                _mm256_cvtph_ps(h),
-                            );
-                        }
+                for half in [0, 8] {
+                    // SAFETY: `locate` checked that the 16 keys' `dk` strided elements
+                    // lie in `kv.k`; `qt` holds `dk` rows of 8 queries.
+                    let sc = unsafe {
+                        score8(
+                            qt.as_ptr() as *const f32,
+                            dk,
+                            kv.k.as_ptr().add(kb + half),
+                            kv.k_stride,
+                        )
+                    };
+                    let mut r = [_mm256_setzero_si256(); LANES];
+                    for (d, a) in r.iter_mut().zip(sc) {
+                        *d = _mm256_castps_si256(_mm256_mul_ps(a, vscale));
+                    }
+                    for (j, v) in transpose8(r).into_iter().enumerate() {
+                        let t = chunk.start + half + j;
+                        let v =
+                            _mm256_blendv_ps(neg_inf, _mm256_castsi256_ps(v), mask_of(tile.vis[t]));
+                        // SAFETY: 8 writable f32; storeu is unaligned.
+                        unsafe { _mm256_storeu_ps(s[t].as_mut_ptr(), v) };
                     }
                 }
                 for (j, v) in tile.val[chunk.clone()].iter_mut().enumerate() {
@@ -250,7 +263,9 @@ fn score_tiles(
                 tile.nl += 1;
             }
         }
-        for c in tile.live[..tile.nl].chunks(KEYS) {
+        // Slots not in 16-key runs: the scores from the transposed keys, KEYS at a time.
+        let scattered = if kv.runs16 { 0 } else { tile.nl };
+        for c in tile.live[..scattered].chunks(KEYS) {
             let mut acc = [_mm256_setzero_ps(); KEYS];
             let ts: [usize; KEYS] = std::array::from_fn(|j| usize::from(c[j.min(c.len() - 1)]));
             for (d, row) in kt.chunks_exact(GGML_FA_TILE).enumerate() {
@@ -270,6 +285,32 @@ fn score_tiles(
         }
     }
     Ok(())
+}
+
+/// The unscaled scores of 8 queries against 8 keys of a run, keys in lanes: `acc[l]`
+/// lane `j` is query `l`'s score of key `j`, one fused multiply-add chain over the head
+/// dimension from 0, as the reference computes each score. `qt` holds element `d` of
+/// query `l` at `qt[d * 8 + l]`; element `d` of key `j` is at `k[d * k_stride + j]` (f16
+/// bits). Each key element is widened once for the 8 queries; the chains are independent.
+///
+/// # Safety
+/// `qt` must hold `8 * dk` readable f32 and `k` the 8 elements of every `d < dk` at
+/// `d * k_stride`; the CPU must have AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score8(qt: *const f32, dk: usize, k: *const u16, k_stride: usize) -> [__m256; 8] {
+    let mut acc = [_mm256_setzero_ps(); LANES];
+    for d in 0..dk {
+        // SAFETY: the caller guarantees the 8 key elements and the 8 query elements.
+        unsafe {
+            let kv = _mm256_cvtph_ps(_mm_loadu_si128(k.add(d * k_stride) as *const __m128i));
+            let q = qt.add(d * LANES);
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(*q.add(l)), kv, *a);
+            }
+        }
+    }
+    acc
 }
 
 /// The second pass of [`attend_group`], tile by tile in order: per lane the running
@@ -360,18 +401,106 @@ fn accumulate_tiles(
             let v0 = tile.val[t] + col0;
             vals[t] = &kv.v[v0..v0 + width];
         }
-        for l in (0..n).filter(|l| tile.active >> l & 1 == 1) {
-            let o = &mut o[l * width..(l + 1) * width];
-            if tile.grow >> l & 1 == 1 {
-                for x in o.iter_mut() {
-                    *x *= tile.ms[l];
+        for l in (0..n).filter(|l| tile.grow >> l & 1 == 1) {
+            for x in &mut o[l * width..(l + 1) * width] {
+                *x *= tile.ms[l];
+            }
+        }
+        // The longest run of keys that all eight lanes see goes with all of them at once
+        // (each value widened once for the eight); the keys before and after it lane by
+        // lane. Each lane still adds its keys in order.
+        let live = &tile.live[..tile.nl];
+        let (a, b) = if n == LANES {
+            all_lanes_run(live, &tile.vis)
+        } else {
+            (tile.nl, tile.nl)
+        };
+        let by_lane = |o: &mut [f32], keys: &[u8]| {
+            for l in (0..n).filter(|l| tile.active >> l & 1 == 1) {
+                let mine = keys
+                    .iter()
+                    .map(|&t| usize::from(t))
+                    .filter(|&t| tile.vis[t] >> l & 1 == 1);
+                accumulate(&mut o[l * width..(l + 1) * width], mine, &vals, wl, l);
+            }
+        };
+        by_lane(o, &live[..a]);
+        if a < b {
+            accumulate_all(o, width, &live[a..b], &vals, wl);
+        }
+        by_lane(o, &live[b..]);
+    }
+}
+
+/// The longest run `live[a..b]` of slots whose keys all eight lanes see (`(len, len)`
+/// if none).
+fn all_lanes_run(live: &[u8], vis: &[u8; GGML_FA_TILE]) -> (usize, usize) {
+    let (mut best, mut start) = ((live.len(), live.len()), None);
+    for (i, &t) in live.iter().enumerate().chain([(live.len(), &0)]) {
+        let all = i < live.len() && vis[usize::from(t)] == u8::MAX;
+        match (all, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                if best.0 == live.len() || i - s > best.1 - best.0 {
+                    best = (s, i);
+                }
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    best
+}
+
+/// `o` (the eight lanes' outputs, `width` columns each) += the weighted values of the
+/// slots `keys` (in order), which every lane sees: per lane and column one fused
+/// multiply-add chain over the keys, as [`accumulate`]; each value widened once for the
+/// eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn accumulate_all(
+    o: &mut [f32],
+    width: usize,
+    keys: &[u8],
+    vals: &[&[u16]; GGML_FA_TILE],
+    wl: &[[f32; LANES]; GGML_FA_TILE],
+) {
+    assert_eq!(o.len(), LANES * width, "accumulate_all: out length");
+    for &t in keys {
+        assert!(
+            vals[usize::from(t)].len() >= width,
+            "accumulate_all: value length"
+        );
+    }
+    let mut e = 0;
+    while e + 8 <= width {
+        // SAFETY: e + 8 <= width <= every value row's length (asserted) and each of `o`'s
+        // eight rows; loadu/storeu are unaligned.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); LANES];
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.as_ptr().add(l * width + e));
+            }
+            for &t in keys {
+                let t = usize::from(t);
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(vals[t].as_ptr().add(e) as *const __m128i));
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(wl[t][l]), x, *a);
                 }
             }
-            let mine = tile.live[..tile.nl]
-                .iter()
-                .map(|&t| usize::from(t))
-                .filter(|&t| tile.vis[t] >> l & 1 == 1);
-            accumulate(o, mine, &vals, wl, l);
+            for (l, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(l * width + e), *a);
+            }
+        }
+        e += 8;
+    }
+    for l in 0..LANES {
+        for i in e..width {
+            let mut acc = o[l * width + i];
+            for &t in keys {
+                let t = usize::from(t);
+                acc = wl[t][l].mul_add(half::f16::from_bits(vals[t][i]).to_f32(), acc);
+            }
+            o[l * width + i] = acc;
         }
     }
 }

@@ -382,44 +382,21 @@ unsafe fn score_chunk(qt: *const f32, dk: usize, k: *const u16, k_stride: usize)
     acc
 }
 
-/// The transpose of a 16 x 16 block: lane `l` of vector `j` of the result is lane `j` of
-/// vector `l` of `a` (pure moves, every bit kept). Plain loops, not closures: a closure
-/// does not inherit the target features and would pass the vectors through memory.
+/// The transpose of a 16 x 16 block of f32: lane `l` of vector `j` of the result is
+/// lane `j` of vector `l` of `a` (moves only, every bit kept).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn transpose16(a: &[__m512; 16]) -> [__m512; 16] {
-    let z = _mm512_setzero_ps();
-    // Per 128-bit lane: pairs of rows interleaved, then groups of four rows gathered, so
-    // that c[4g + r] holds element r of each 128-bit lane of rows 4g..4g + 4.
-    let mut b = [z; 16];
-    for i in (0..16).step_by(2) {
-        b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
-        b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+    // Loops, not closures: a closure does not inherit the target features and would
+    // pass the vectors through memory.
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (d, v) in r.iter_mut().zip(a) {
+        *d = _mm512_castps_si512(*v);
     }
-    let mut c = [z; 16];
-    for g in (0..16).step_by(4) {
-        c[g] = _mm512_shuffle_ps::<0x44>(b[g], b[g + 2]);
-        c[g + 1] = _mm512_shuffle_ps::<0xEE>(b[g], b[g + 2]);
-        c[g + 2] = _mm512_shuffle_ps::<0x44>(b[g + 1], b[g + 3]);
-        c[g + 3] = _mm512_shuffle_ps::<0xEE>(b[g + 1], b[g + 3]);
-    }
-    // 128-bit lanes: d[r] holds lanes 0 and 2 of rows 0..8 (element r of each), d[4 + r]
-    // lanes 1 and 3; d[8..16] the same of rows 8..16.
-    let mut d = [z; 16];
-    for half in [0, 8] {
-        for r in 0..4 {
-            d[half + r] = _mm512_shuffle_f32x4::<0x88>(c[half + r], c[half + 4 + r]);
-            d[half + 4 + r] = _mm512_shuffle_f32x4::<0xDD>(c[half + r], c[half + 4 + r]);
-        }
-    }
-    // Column 4h + r: lanes 0 and 2 (h = 0, 1) or 1 and 3 (h = 2, 3) of d[4 (h % 2) + r]
-    // and of d[8 + 4 (h % 2) + r].
-    let mut t = [z; 16];
-    for r in 0..4 {
-        t[r] = _mm512_shuffle_f32x4::<0x88>(d[r], d[8 + r]);
-        t[4 + r] = _mm512_shuffle_f32x4::<0x88>(d[4 + r], d[12 + r]);
-        t[8 + r] = _mm512_shuffle_f32x4::<0xDD>(d[r], d[8 + r]);
-        t[12 + r] = _mm512_shuffle_f32x4::<0xDD>(d[4 + r], d[12 + r]);
+    let r = crate::kernels::x86::avx512::transpose16(r);
+    let mut t = [_mm512_setzero_ps(); 16];
+    for (d, v) in t.iter_mut().zip(r) {
+        *d = _mm512_castsi512_ps(v);
     }
     t
 }

@@ -201,3 +201,30 @@ pub(crate) fn add_in_order(p: __m256, acc: &mut f32) {
         *acc += v;
     }
 }
+/// The 8 x 8 transpose of 32-bit lanes: lane `r` of result `j` is lane `j` of `a[r]`
+/// (24 shuffles; the AVX2 panel decoders and the attention's scores).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn transpose8(a: [__m256i; 8]) -> [__m256i; 8] {
+    // Pairs of rows interleaved by dwords, then pairs of pairs by quadwords, then the
+    // 128-bit halves put in place.
+    let mut b = [_mm256_setzero_si256(); 8];
+    for p in (0..8).step_by(2) {
+        b[p] = _mm256_unpacklo_epi32(a[p], a[p + 1]);
+        b[p + 1] = _mm256_unpackhi_epi32(a[p], a[p + 1]);
+    }
+    // c[g + e] (g = 0, 4): rows g..g + 4, dword e in the low half and e + 4 in the high.
+    let mut c = [_mm256_setzero_si256(); 8];
+    for g in [0, 4] {
+        c[g] = _mm256_unpacklo_epi64(b[g], b[g + 2]);
+        c[g + 1] = _mm256_unpackhi_epi64(b[g], b[g + 2]);
+        c[g + 2] = _mm256_unpacklo_epi64(b[g + 1], b[g + 3]);
+        c[g + 3] = _mm256_unpackhi_epi64(b[g + 1], b[g + 3]);
+    }
+    let mut t = [_mm256_setzero_si256(); 8];
+    for e in 0..4 {
+        t[e] = _mm256_permute2x128_si256::<0x20>(c[e], c[4 + e]);
+        t[4 + e] = _mm256_permute2x128_si256::<0x31>(c[e], c[4 + e]);
+    }
+    t
+}
