@@ -1,8 +1,9 @@
 //! The matmul kernels against `flint_core::dot::matvec_f32_ggml_x86`, the scalar
 //! statement of llama.cpp's x86 float orders (docs/parity.md), bit for bit, at every
 //! SIMD level this CPU has:
-//! - Q8_0, Q5_0 and Q4_0 (tinyBLAS order), for single rows, tiles of activation rows
-//!   and the panel gemm's tiles of 16 weight rows x 2 activation rows;
+//! - Q8_0, Q5_0 and Q4_0 (tinyBLAS order), for single rows, tiles of activation rows,
+//!   the VNNI panel gemm's tiles of 16 weight rows x 2 activation rows and the AVX2
+//!   panels of 8 weight rows (from 64 activation rows);
 //! - Q4_K and Q6_K in a prompt batch (the AVX-512 VNNI kernels: Q4_K gemm / gemv rows,
 //!   Q6_K tiled from 8 rows);
 //! - Q4_K and Q6_K expert towers (`MUL_MAT_ID`: Q4_K in the gemv order for every row);
@@ -49,7 +50,8 @@ fn q8_0_and_q5_0_kernels_are_bit_exact_in_tinyblas_order() {
             let w = random_weight(&mut rng, ty, k, n);
             let rb = ty.row_bytes(k).expect("row size");
             // 16 rows and more: the weight-tiled gemm, in tasks of a multiple of 4 rows.
-            for m in [1usize, 2, 3, 4, 5, 9, 13, 16, 19, 30, 35] {
+            // 64 and more without VNNI: the eight-row panels (`q0_gemm_avx2`).
+            for m in [1usize, 2, 3, 4, 5, 9, 13, 16, 19, 30, 35, 64, 67] {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
@@ -179,34 +181,41 @@ fn f32_expert_towers_are_bit_exact_in_vec_dot_order() {
     }
 }
 
-/// Q4_0 has no scalar statement of tinyBLAS's order in core: the VNNI panel gemm (batches)
-/// must equal the AVX-512 tinyBLAS-order row kernel (`tinyblas::dot_q0`, one activation
-/// row at a time) bit for bit.
+/// Q4_0 has no scalar statement of tinyBLAS's order in core: the panel gemms (batches:
+/// VNNI's from 16 rows, the eight-row panels of the AVX2 and AVX-512 F levels from 64)
+/// must equal the AVX2 tinyBLAS-order row kernel (`tinyblas::dot_q0`, one activation row
+/// at a time) bit for bit, at every level this CPU has.
 #[test]
 fn q4_0_panel_gemm_equals_the_tinyblas_row_kernel() {
-    if SimdLevel::detect() < SimdLevel::Avx512Vnni {
-        eprintln!("no AVX-512 VNNI on this CPU: the panel gemm is not used here");
+    let levels: Vec<SimdLevel> = SimdLevel::ALL
+        .into_iter()
+        .filter(|l| *l >= SimdLevel::Avx2 && *l <= SimdLevel::detect())
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no AVX2 on this CPU: SIMD kernels not exercised");
         return;
     }
     let mut rng = Rng(9);
     let ty = GgmlType::Q4_0;
     for (k, n) in [(640, 9), (160, 35), (32, 37)] {
         let w = random_weight(&mut rng, ty, k, n);
-        for m in [2usize, 3, 5, 13, 16, 21, 34] {
+        for m in [2usize, 3, 5, 13, 16, 21, 34, 64, 67] {
             let x = rng.vec(m * k);
             let mut want = vec![0f32; m * n];
             let opts = DeviceOptions {
                 threads: Some(1),
                 keep_quant: true,
             };
-            let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512).expect("device");
+            let dev = CpuDevice::with_level(&opts, SimdLevel::Avx2).expect("device");
             let h = dev
                 .stage(&desc("w", ty, &[k, n], w.to_vec()))
                 .expect("stage");
             for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
                 dev.matmul(&*h, xr.into(), 1, o.into()).expect("matmul");
             }
-            assert_device_equals(SimdLevel::Avx512Vnni, ty, &w, k, n, &x, m, &want);
+            for &level in &levels {
+                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+            }
         }
     }
 }

@@ -421,6 +421,8 @@ pub(crate) struct GemmScratch {
     #[cfg(target_arch = "x86_64")]
     panels: Vec<q0::panel::PanelBlock>,
     #[cfg(target_arch = "x86_64")]
+    panels8: Vec<q0::panel_avx2::Panel8Block>,
+    #[cfg(target_arch = "x86_64")]
     kpanels: Vec<kq_panel::KPanelBlock>,
 }
 
@@ -482,8 +484,27 @@ pub(crate) fn gemm(
         ) {
             return Ok(false);
         }
+        let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
+        if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512)
+            && m >= AVX2_GEMM_MIN_ROWS
+            && matches!(w, WeightRows::File(_))
+        {
+            let bytes = w.file_bytes(k);
+            match ty {
+                GgmlType::Q5_0 => {
+                    q0_gemm_avx2::<BlockQ5_0>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q8_0 => {
+                    q0_gemm_avx2::<BlockQ8_0>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q4_0 => {
+                    q0_gemm_avx2::<BlockQ4_0>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                _ => return Ok(false),
+            }
+            return Ok(true);
+        }
         if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
-            let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
             match (ty, w) {
                 (GgmlType::Q5_0, _) => {
                     q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out)
@@ -1312,6 +1333,66 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
             q0::panel::q0_gemm(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
         });
+    }
+}
+
+/// Activation rows from which [`gemm`] decodes a legacy 32-quant weight into eight-row
+/// panels without VNNI ([`q0_gemm_avx2`]): a prompt batch. Decode batches keep the row
+/// kernels, which read each weight block once for up to four activation rows.
+#[cfg(target_arch = "x86_64")]
+const AVX2_GEMM_MIN_ROWS: usize = 64;
+
+/// Panels per decoding task of the eight-row panels (64 rows).
+#[cfg(target_arch = "x86_64")]
+const Q0_DECODE_PANELS8: usize = 8;
+
+/// [`gemm`] for a legacy 32-quant type without VNNI (the AVX2 and AVX-512 F levels),
+/// strip by strip of weight rows: the strip (the file's rows `w`) decoded into panels of
+/// eight rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
+/// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
+#[cfg(target_arch = "x86_64")]
+fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
+    w: &[u8],
+    a: q0::vnni::Q8_0Side<'_>,
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use q0::panel_avx2::{q0_decode8, q0_gemm8, Panel8Block, PANEL8_ROWS};
+    use rayon::prelude::*;
+    let nb = k / 32;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let wb = view::<B>(w);
+    let (blocks, scales, lanes) = a;
+    let m = out.len() / n;
+    let sides: Vec<q0::vnni::Q8_0Side<'_>> = (0..m)
+        .map(|i| {
+            let r = i * nb..(i + 1) * nb;
+            (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
+        })
+        .collect();
+    let per = rows_per_task.max(1);
+    let panel_bytes = nb * std::mem::size_of::<Panel8Block>();
+    let strip = (GEMM_MAX_DECODED_BYTES / panel_bytes).max(1) * PANEL8_ROWS;
+    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
+        let panels = sn.div_ceil(PANEL8_ROWS);
+        if scratch.panels8.len() < panels * nb {
+            scratch.panels8 = vec![Panel8Block::ZERO; panels * nb];
+        }
+        let dec = &mut scratch.panels8[..panels * nb];
+        let p0 = s0 / PANEL8_ROWS;
+        dec.par_chunks_mut(Q0_DECODE_PANELS8 * nb)
+            .enumerate()
+            .for_each(|(c, d)| q0_decode8(&wb, nb, n, p0 + Q0_DECODE_PANELS8 * c, d));
+        let dec = &*dec;
+        let cols = panel::OutCols { stride: n, c0: s0 };
+        out.par_chunks_mut(per * n)
+            .enumerate()
+            .for_each(|(c, o)| q0_gemm8::<B>(dec, nb, sn, &sides[c * per..], o, cols));
     }
 }
 

@@ -32,7 +32,8 @@
 //! - `q0/`: the legacy 32-quant blocks Q8_0, Q5_0 and Q4_0 · Q8_0, which share their
 //!   kernels: `tinyblas.rs` (llama.cpp's tinyBLAS order, every level), `avx2.rs`,
 //!   `avx512.rs`, `vnni.rs` (a decode's matvec `q0_rows`), `panel.rs` (a prompt batch's
-//!   `q0_gemm`), `x16.rs` (Q8_0 and Q5_0 repacked).
+//!   `q0_gemm` with VNNI), `panel_avx2.rs` (the same without VNNI, `q0_gemm8`), `x16.rs`
+//!   (Q8_0 and Q5_0 repacked).
 //! - `mxfp4/`: MXFP4 · Q8_0 (gpt-oss's experts), every level and the scalar fallback.
 //! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
 //!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile

@@ -93,6 +93,9 @@ pub(crate) fn dot_q5_0<const R: usize>(
 /// block, and tinyBLAS's eight i32 lane sums (quants `4l..4l + 4`) of the decoded block
 /// against an activation block (the f16 scale as the VNNI kernels take it).
 pub(crate) trait Avx2Q0: Q0Pair {
+    /// Whether [`Avx2Q0::lane_sums`] reads the second register of [`Avx2Q0::quants`]
+    /// (Q8_0's signed quants); for the others it is a copy of the first.
+    const SIGNS: bool;
     /// The block's quants as [`Avx2Q0::lane_sums`] takes them: for Q8_0 `|q|` and `q`
     /// (whose signs go onto the activation), for the others the quants plus their offset
     /// (unsigned) twice.
@@ -110,6 +113,7 @@ pub(crate) trait Avx2Q0: Q0Pair {
 }
 
 impl Avx2Q0 for BlockQ8_0 {
+    const SIGNS: bool = true;
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
@@ -131,6 +135,7 @@ impl Avx2Q0 for BlockQ8_0 {
 }
 
 impl Avx2Q0 for BlockQ5_0 {
+    const SIGNS: bool = false;
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
@@ -157,6 +162,7 @@ impl Avx2Q0 for BlockQ5_0 {
 }
 
 impl Avx2Q0 for BlockQ4_0 {
+    const SIGNS: bool = false;
     #[inline(always)]
     unsafe fn quants(&self) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2.
