@@ -1225,6 +1225,19 @@ fn kq_panel_gemm(
     }
 }
 
+/// The first `m` activation rows of `a` (each `nb` blocks: Q8_0 blocks, f32 scales, lane
+/// sums) as the panel gemms take them, row by row.
+#[cfg(target_arch = "x86_64")]
+fn row_sides<'a>(a: q0::vnni::Q8_0Side<'a>, nb: usize, m: usize) -> Vec<q0::vnni::Q8_0Side<'a>> {
+    let (blocks, scales, lanes) = a;
+    (0..m)
+        .map(|i| {
+            let r = i * nb..(i + 1) * nb;
+            (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
+        })
+        .collect()
+}
+
 /// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI, strip by strip of weight rows
 /// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
 /// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
@@ -1257,12 +1270,7 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         &scaled
     };
     let m = out.len() / n;
-    let sides: Vec<q0::vnni::Q8_0Side<'_>> = (0..m)
-        .map(|i| {
-            let r = i * nb..(i + 1) * nb;
-            (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
-        })
-        .collect();
+    let sides = row_sides((blocks, scales, lanes), nb, m);
     let per = rows_per_task.max(1);
     fn decode_packed<G: q0::x16::Q0Group>(
         g: &[G],
@@ -1367,14 +1375,8 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
         return;
     }
     let wb = view::<B>(w);
-    let (blocks, scales, lanes) = a;
     let m = out.len() / n;
-    let sides: Vec<q0::vnni::Q8_0Side<'_>> = (0..m)
-        .map(|i| {
-            let r = i * nb..(i + 1) * nb;
-            (&blocks[r.clone()], &scales[r.clone()], &lanes[r])
-        })
-        .collect();
+    let sides = row_sides(a, nb, m);
     let per = rows_per_task.max(1);
     let panel_bytes = nb * std::mem::size_of::<Panel8Block>();
     let strip = (GEMM_MAX_DECODED_BYTES / panel_bytes).max(1) * PANEL8_ROWS;

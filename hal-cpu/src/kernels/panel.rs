@@ -30,6 +30,18 @@ pub(crate) fn for_each_panel<B, D>(
     n: usize,
     p0: usize,
     dec: &mut [D],
+    decode: impl FnMut(&[&[B]], &mut [D]),
+) {
+    for_each_panel_of::<PANEL_ROWS, B, D>(w, nb, n, p0, dec, decode)
+}
+
+/// [`for_each_panel`] with panels of `R` rows (the AVX2 panels: 8).
+pub(crate) fn for_each_panel_of<const R: usize, B, D>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [D],
     mut decode: impl FnMut(&[&[B]], &mut [D]),
 ) {
     if nb == 0 {
@@ -37,10 +49,10 @@ pub(crate) fn for_each_panel<B, D>(
     }
     assert!(w.len() >= n * nb, "for_each_panel: weight rows");
     for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let r0 = PANEL_ROWS * (p0 + t);
-        let live = PANEL_ROWS.min(n.saturating_sub(r0));
+        let r0 = R * (p0 + t);
+        let live = R.min(n.saturating_sub(r0));
         // The panel's rows on the stack: this runs once per panel of every matmul.
-        let rows: [&[B]; PANEL_ROWS] = std::array::from_fn(|i| {
+        let rows: [&[B]; R] = std::array::from_fn(|i| {
             let r = r0 + i;
             if r < n {
                 &w[r * nb..(r + 1) * nb]

@@ -6,8 +6,11 @@
 //! Bit-identical to `flint_core::math::attend_ggml_tiled` run on each (row, head) alone
 //! (see the parent module): a lane does exactly the scalar's operations in the scalar's
 //! order. Scores run eight keys side by side (eight independent chains, each over the
-//! head dimension in order); the output of each query is one fused multiply-add chain per
-//! element over the tile's visible keys, eight elements per vector. A long context spreads
+//! head dimension in order): keys in lanes where a cache block's 16 slots are one run
+//! (each key element widened once, then the block of scores transposed), else from a
+//! transposed copy of the tile's keys. The output of each query is one fused multiply-add
+//! chain per element over the tile's visible keys, eight elements per vector; the keys
+//! that all eight lanes see go for the eight at once (each value widened once). A long context spreads
 //! one group over the threads the step leaves it (`LaneGroup::spread`): scores by tiles,
 //! the output by columns, the softmax bookkeeping in tile order between them.
 

@@ -2,8 +2,12 @@
 //!
 //! - **Queries in lanes** ([`attend_group`], prompt batches): up to 16 query heads that
 //!   read the same KV head of the same sequence (the heads of a GQA group, for every query
-//!   row of the sequence in the step) attend together, one query per lane; each key
-//!   element is loaded once and broadcast to all of them.
+//!   row of the sequence in the step) attend together, one query per lane. Where a cache
+//!   block's 16 slots are one run, the scores of its 16 keys are computed keys in lanes
+//!   (each key element widened once, each query element broadcast: sixteen independent
+//!   chains) and transposed; the weighted values of the keys every query sees are added
+//!   for all 16 lanes at once (each value widened once), the others by groups of lanes
+//!   that see the same keys.
 //! - **Keys in lanes** ([`attend_keys_in_lanes`], decode steps): a decode row brings only
 //!   the few heads of one GQA group (four on the bench preset and Gemma 3), which would
 //!   leave twelve of sixteen lanes empty; instead sixteen consecutive keys of one cache

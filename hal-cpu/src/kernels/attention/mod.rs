@@ -9,9 +9,9 @@
 //! several queries (or several keys) side by side, never a reordered sum, so the results
 //! are equal bit for bit (`tests/attention_simd.rs`).
 //!
-//! - `avx512.rs`: sixteen lanes; queries in lanes for prompt batches, keys in lanes for
-//!   decode rows.
-//! - `avx2.rs`: eight lanes, queries in lanes.
+//! - `avx512.rs`: sixteen lanes; queries in lanes for prompt batches (their scores
+//!   computed keys in lanes and transposed), keys in lanes for decode rows.
+//! - `avx2.rs`: eight lanes, queries in lanes (scores as in `avx512.rs`).
 //!
 //! In llama.cpp's order (`crate::kv::FloatOrder::LlamaCpp`), calls of fewer than 64
 //! query rows (decode steps, short prompts) take llama.cpp's other path instead,

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::panel::OutCols;
+use crate::kernels::panel::{for_each_panel_of, OutCols};
 use crate::kernels::q0::avx2::Avx2Q0;
 use crate::kernels::q0::vnni::Q8_0Side;
 use crate::kernels::x86::avx2::transpose8;
@@ -88,25 +88,11 @@ pub(crate) fn q0_decode8<B: Avx2Q0>(
     p0: usize,
     dec: &mut [Panel8Block],
 ) {
-    if nb == 0 {
-        return;
-    }
-    assert!(w.len() >= n * nb, "q0_decode8: weight rows");
-    for (t, d) in dec.chunks_mut(nb).enumerate() {
-        let r0 = PANEL8_ROWS * (p0 + t);
-        let live = PANEL8_ROWS.min(n.saturating_sub(r0));
-        let rows: [&[B]; PANEL8_ROWS] = std::array::from_fn(|i| {
-            let r = r0 + i;
-            if r < n {
-                &w[r * nb..(r + 1) * nb]
-            } else {
-                &[]
-            }
-        });
-        // SAFETY: the AVX2 level (AVX2, FMA, F16C) was checked against the CPU at device
-        // open.
-        unsafe { decode_panel(&rows[..live], d) };
-    }
+    // SAFETY: the AVX2 level (AVX2, FMA, F16C) was checked against the CPU at device
+    // open.
+    for_each_panel_of::<PANEL8_ROWS, _, _>(w, nb, n, p0, dec, |rows, d| unsafe {
+        decode_panel(rows, d)
+    });
 }
 
 /// The eight rows of a panel (`panel`: its blocks) against one activation row `y`, in
