@@ -1,7 +1,10 @@
 //! Activation rows quantized once per call to the weight type's `vec_dot_type` (Q8_K for
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them; float weights keep
-//! f32), with AVX-512 quantizers (`avx512.rs`) where the CPU has them.
+//! f32), with AVX-512 (`avx512.rs`) or AVX2 (`avx2.rs`) quantizers where the device's
+//! level has them.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 
@@ -73,9 +76,19 @@ impl Acts {
                     .for_each(|(o, xr)| unsafe { avx512::quantize_q8_k_row(xr, o) });
                 Ok(Acts::Q8K(v))
             }
+            #[cfg(target_arch = "x86_64")]
+            GgmlType::Q8_K if level >= SimdLevel::Avx2 && k.is_multiple_of(256) && k > 0 => {
+                let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
+                v.par_chunks_mut(k / 256)
+                    .zip(x.par_chunks(k))
+                    .with_min_len(min_rows_per_task(k))
+                    // SAFETY: AVX2, FMA and F16C were checked at device open (`level`).
+                    .for_each(|(o, xr)| unsafe { avx2::quantize_q8_k_row(xr, o) });
+                Ok(Acts::Q8K(v))
+            }
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
             #[cfg(target_arch = "x86_64")]
-            GgmlType::Q8_0 if level >= SimdLevel::Avx512 && k.is_multiple_of(32) && k > 0 => {
+            GgmlType::Q8_0 if level >= SimdLevel::Avx2 && k.is_multiple_of(32) && k > 0 => {
                 // Blocks, scales and side data in one pass per row.
                 let nb = k / 32;
                 let n = x.len() / 32;
@@ -89,9 +102,15 @@ impl Acts {
                     .zip(x.par_chunks(k))
                     .with_min_len(min_rows_per_task(k))
                     .for_each(|(((b, s), l), xr)| {
-                        // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device
-                        // open (`level`).
-                        unsafe { avx512::quantize_q8_0_act_row(xr, b, s, l) }
+                        // SAFETY: the level's features (AVX-512 F/BW for the first,
+                        // AVX2, FMA and F16C for both) were checked at device open.
+                        unsafe {
+                            if level >= SimdLevel::Avx512 {
+                                avx512::quantize_q8_0_act_row(xr, b, s, l)
+                            } else {
+                                avx2::quantize_q8_0_act_row(xr, b, s, l)
+                            }
+                        }
                     });
                 Ok(Acts::Q8_0 {
                     blocks,
@@ -178,15 +197,20 @@ mod tests {
             .collect()
     }
 
-    /// The AVX-512 Q8_K activation quantizer equals `quantize_row_q8_k` bit for bit:
-    /// ordinary blocks, a tie of magnitudes of opposite signs (the first one sets the
+    /// The SIMD levels this CPU has that quantize activations with their own kernels.
+    fn quantizer_levels() -> Vec<SimdLevel> {
+        [SimdLevel::Avx2, SimdLevel::Avx512]
+            .into_iter()
+            .filter(|&l| l <= SimdLevel::detect())
+            .collect()
+    }
+
+    /// The AVX2 and AVX-512 Q8_K activation quantizers equal `quantize_row_q8_k` bit for
+    /// bit: ordinary blocks, a tie of magnitudes of opposite signs (the first one sets the
     /// sign of the scale), exact rounding ties, a zero block, tiny and huge values, NaN
     /// and infinities.
     #[test]
     fn q8_k_activation_quantizer_equals_core() {
-        if SimdLevel::detect() < SimdLevel::Avx512 {
-            return;
-        }
         let k = 256 * 3;
         let mut x = values(0x0fed_cba9_8765_4321, 4 * k);
         x[10] = -3.0;
@@ -207,30 +231,28 @@ mod tests {
         x[1900] = -0.0;
         x[2000] = -5.0;
         x[2001] = 5.0;
-        let Acts::Q8K(got) = Acts::new(SimdLevel::Avx512, GgmlType::Q4_K, &x, k).expect("acts")
-        else {
-            panic!("not Q8_K");
-        };
         let mut want = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
         for (xr, o) in x.chunks(k).zip(want.chunks_mut(k / 256)) {
             quantize_row_q8_k(xr, o);
         }
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {i} d");
-            assert_eq!(g.qs, w.qs, "block {i} qs");
-            assert_eq!(g.bsums, w.bsums, "block {i} bsums");
+        for level in quantizer_levels() {
+            let Acts::Q8K(got) = Acts::new(level, GgmlType::Q4_K, &x, k).expect("acts") else {
+                panic!("not Q8_K");
+            };
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.d.to_bits(), w.d.to_bits(), "{level:?} block {i} d");
+                assert_eq!(g.qs, w.qs, "{level:?} block {i} qs");
+                assert_eq!(g.bsums, w.bsums, "{level:?} block {i} bsums");
+            }
         }
     }
 
-    /// The AVX-512 Q8_0 activation quantizer equals `quantize_row_q8_0_act` (blocks,
-    /// f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of the
-    /// rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
+    /// The AVX2 and AVX-512 Q8_0 activation quantizers equal `quantize_row_q8_0_act`
+    /// (blocks, f32 scales, `-16 x` lane sums) bit for bit: ordinary values, exact ties of
+    /// the rounding, zero blocks, scales that are f16 subnormals or overflow, NaN and
     /// infinities.
     #[test]
     fn q8_0_activation_quantizer_equals_core() {
-        if SimdLevel::detect() < SimdLevel::Avx512 {
-            return;
-        }
         let k = 32 * 9;
         let mut x = values(0x1234_5678_9abc_def0, 3 * k);
         // Block 1: amax 127, so the multiplier is 1 and x.5 values are ties.
@@ -250,29 +272,31 @@ mod tests {
         x[200] = f32::INFINITY;
         x[230] = f32::NEG_INFINITY;
         x[300] = -0.0;
-        let acts = Acts::new(SimdLevel::Avx512, GgmlType::Q8_0, &x, k).expect("acts");
-        let Acts::Q8_0 {
-            blocks,
-            scales,
-            neg16_lanes,
-        } = acts
-        else {
-            panic!("not Q8_0");
-        };
         let mut want = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); x.len() / 32];
         for (xr, o) in x.chunks(k).zip(want.chunks_mut(k / 32)) {
             quantize_row_q8_0_act(xr, o);
         }
-        for (i, (g, w)) in blocks.iter().zip(&want).enumerate() {
-            assert_eq!((g.d, g.qs), (w.d, w.qs), "block {i}");
-            assert_eq!(scales[i].to_bits(), f16_to_f32(w.d).to_bits(), "scale {i}");
-            let lanes: [i32; 8] = std::array::from_fn(|l| {
-                -16 * w.qs[4 * l..4 * l + 4]
-                    .iter()
-                    .map(|&v| i32::from(v))
-                    .sum::<i32>()
-            });
-            assert_eq!(neg16_lanes[i], lanes, "lanes {i}");
+        for level in quantizer_levels() {
+            let acts = Acts::new(level, GgmlType::Q8_0, &x, k).expect("acts");
+            let Acts::Q8_0 {
+                blocks,
+                scales,
+                neg16_lanes,
+            } = acts
+            else {
+                panic!("not Q8_0");
+            };
+            for (i, (g, w)) in blocks.iter().zip(&want).enumerate() {
+                assert_eq!((g.d, g.qs), (w.d, w.qs), "{level:?} block {i}");
+                assert_eq!(scales[i].to_bits(), f16_to_f32(w.d).to_bits(), "scale {i}");
+                let lanes: [i32; 8] = std::array::from_fn(|l| {
+                    -16 * w.qs[4 * l..4 * l + 4]
+                        .iter()
+                        .map(|&v| i32::from(v))
+                        .sum::<i32>()
+                });
+                assert_eq!(neg16_lanes[i], lanes, "{level:?} lanes {i}");
+            }
         }
     }
 }
