@@ -16,12 +16,15 @@ use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{bcast16, head16, k4_header, load32i, load32u, load_bsums};
 
-/// Q4_K x Q8_K.
+/// Q4_K x Q8_K, for at most four activation rows (`R`): each row's float chains in
+/// its own lane of one 128-bit vector.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
+    assert!(R <= 4, "dot_q4k: at most four activation rows");
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm_setzero_ps(); R];
-    let mut accm = [_mm_setzero_ps(); R];
+    // Lane r: activation row r's sums (lanes past R carry zeros).
+    let mut acc = _mm_setzero_ps();
+    let mut accm = _mm_setzero_ps();
     for (i, b) in x.iter().enumerate() {
         let (u, ddm) = k4_header(head16(b));
         // The eight scales as i16 in both 128-bit lanes (for the per-sub-block shuffles),
@@ -45,34 +48,57 @@ pub(crate) fn dot_q4k<const R: usize>(x: &[BlockQ4K], y: &[&[BlockQ8K]; R], out:
                 v[r][j] = _mm256_add_epi32(pa, pb);
             }
         }
+        // Per row: [I_0, I_1, I_2, I_3] and [M_0, M_1, M_2, M_3] as floats (exact
+        // integers), then transposed so that vector j holds I_j (M_j) of every row.
+        let mut fi = [_mm_setzero_ps(); 4];
+        let mut fm = [_mm_setzero_ps(); 4];
+        let mut da = [0f32; 4];
         for r in 0..R {
             let yb = &y[r][i];
-            // [I_0, I_1, I_2, I_3]: the four pairs' lanes summed (exact integers).
+            // The four pairs' lanes summed (exact integers).
             let t01 = _mm256_hadd_epi32(v[r][0], v[r][1]);
             let t23 = _mm256_hadd_epi32(v[r][2], v[r][3]);
             let t = _mm256_hadd_epi32(t01, t23);
             let isum = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
             // bs_s = bsums[2s] + bsums[2s+1] (at most 4096 in magnitude: an i16), then
-            // [M_0, M_1, M_2, M_3] = the pairs of m_s·bs_s in one multiply-add.
+            // the pairs of m_s·bs_s in one multiply-add.
             let b = load_bsums(yb);
             let bs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
             let msum = _mm_madd_epi16(mins, bs);
-            let (fi, fm) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(msum));
-            // d·d_a and dmin·d_a: one f32 product each, in lane 0 (the lane `fma_ss` reads).
-            let dd = _mm_mul_ps(ddm, _mm_set1_ps(yb.d));
-            let dm = _mm_movehdup_ps(dd);
-            // The chains in order j = 0..4, each a single-lane fma (lane 0 carries).
-            acc[r] = _mm_fmadd_ss(fi, dd, acc[r]);
-            accm[r] = _mm_fmadd_ss(fm, dm, accm[r]);
-            acc[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0x55>(fi, fi), dd, acc[r]);
-            accm[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0x55>(fm, fm), dm, accm[r]);
-            acc[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0xAA>(fi, fi), dd, acc[r]);
-            accm[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0xAA>(fm, fm), dm, accm[r]);
-            acc[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0xFF>(fi, fi), dd, acc[r]);
-            accm[r] = _mm_fmadd_ss(_mm_shuffle_ps::<0xFF>(fm, fm), dm, accm[r]);
+            (fi[r], fm[r]) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(msum));
+            da[r] = yb.d;
+        }
+        let fi = transpose4(fi);
+        let fm = transpose4(fm);
+        // d·d_a and dmin·d_a: one f32 product per row.
+        // SAFETY: 4 readable f32; loadu is unaligned.
+        let dav = unsafe { _mm_loadu_ps(da.as_ptr()) };
+        let dd = _mm_mul_ps(_mm_shuffle_ps::<0x00>(ddm, ddm), dav);
+        let dm = _mm_mul_ps(_mm_shuffle_ps::<0x55>(ddm, ddm), dav);
+        // The chains in order j = 0..4, one fma per row and pair (each row in its lane).
+        for j in 0..4 {
+            acc = _mm_fmadd_ps(fi[j], dd, acc);
+            accm = _mm_fmadd_ps(fm[j], dm, accm);
         }
     }
-    for r in 0..R {
-        out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], accm[r]));
-    }
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc, accm)) };
+    out.copy_from_slice(&o[..R]);
+}
+
+/// The 4 x 4 transpose of f32 lanes: lane `r` of result `j` is lane `j` of `a[r]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose4(a: [__m128; 4]) -> [__m128; 4] {
+    let t0 = _mm_unpacklo_ps(a[0], a[1]);
+    let t1 = _mm_unpacklo_ps(a[2], a[3]);
+    let t2 = _mm_unpackhi_ps(a[0], a[1]);
+    let t3 = _mm_unpackhi_ps(a[2], a[3]);
+    [
+        _mm_movelh_ps(t0, t1),
+        _mm_movehl_ps(t1, t0),
+        _mm_movelh_ps(t2, t3),
+        _mm_movehl_ps(t3, t2),
+    ]
 }
