@@ -43,6 +43,27 @@ unsafe fn store_i8x32(q: [__m256i; 4], dst: *mut i8) {
     unsafe { _mm256_storeu_si256(dst as *mut __m256i, b) };
 }
 
+/// A quantized Q8_0 block's side data: its scale widened to f32 (`s`) and `-16 x` the
+/// sums of its four-quant lanes (`l`), as `kernels::Acts::Q8_0` keeps them.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn side_data(y: &BlockQ8_0, s: &mut f32, l: &mut [i32; 8]) {
+    *s = f16c_to_f32(y.d);
+    // SAFETY: 32 readable quant bytes, 8 writable i32; loadu/storeu are unaligned.
+    unsafe {
+        let q = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+        let sums = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+            _mm256_set1_epi16(1),
+        );
+        let v = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<4>(sums));
+        _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, v);
+    }
+}
+
 /// Quantizes one activation row to Q8_0 exactly as `flint_core::quant::quantize_row_q8_0_act`
 /// (per block: `amax` the largest magnitude, `d = amax / 127` stored as f16,
 /// `q = nearest_int(x * (127 / amax))` saturated to i8, round half to even), and writes
@@ -101,17 +122,8 @@ pub(crate) fn quantize_q8_0_act_row(
             y.d = _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d)))
                 as u16;
         }
-        *s = f16c_to_f32(y.d);
-        // SAFETY: 32 readable quant bytes, 8 writable i32; loadu/storeu are unaligned.
-        unsafe {
-            let q = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-            let sums = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
-                _mm256_set1_epi16(1),
-            );
-            let v = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<4>(sums));
-            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, v);
-        }
+        // SAFETY: the caller's features include AVX2 and F16C.
+        unsafe { side_data(y, s, l) };
     }
 }
 

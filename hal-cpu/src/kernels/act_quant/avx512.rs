@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ8K, BlockQ8_0};
 
-use crate::kernels::x86::avx2::f16c_to_f32;
+use super::avx2::side_data;
 
 /// Quantizes one activation row to Q8_0 exactly as `flint_core::quant::quantize_row_q8_0_act`
 /// (per block: `amax` the largest magnitude, `d = amax / 127` stored as f16,
@@ -67,17 +67,8 @@ pub(crate) fn quantize_q8_0_act_row(
             y.d = _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d)))
                 as u16;
         }
-        *s = f16c_to_f32(y.d);
-        // SAFETY: 32 readable quant bytes, 8 writable i32; loadu/storeu are unaligned.
-        unsafe {
-            let q = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-            let sums = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
-                _mm256_set1_epi16(1),
-            );
-            let v = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<4>(sums));
-            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, v);
-        }
+        // SAFETY: the caller's features include AVX2 and F16C.
+        unsafe { side_data(y, s, l) };
     }
 }
 
