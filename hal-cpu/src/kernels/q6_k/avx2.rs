@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
-use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum8_i32, load32i, load32u, load_bsums};
+use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, load32i, load32u, load_bsums};
 
 /// Q6_K x Q8_K. Quants are used unsigned (0..63) and the offset of 32 is taken off
 /// through the activation block sums.
@@ -16,7 +16,9 @@ use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, hsum8_i32, load32i, load32
 pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out: &mut [f32; R]) {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = [0f32; R];
+    assert!(R <= 4, "dot_q6k: at most four activation rows");
+    // Lane r: activation row r's sum (lanes past R carry zeros).
+    let mut acc = _mm_setzero_ps();
     for (i, b) in x.iter().enumerate() {
         let d = f16c_to_f32(b.d);
         // The 16 i8 scales as i16: all 16 (for the offset), and each half in both
@@ -68,13 +70,26 @@ pub(crate) fn dot_q6k<const R: usize>(x: &[BlockQ6K], y: &[&[BlockQ8K]; R], out:
                 }
             }
         }
+        // Per row the block's integer sum (32 * sum_k scale_k * bsum_k, the offset of the
+        // unsigned quants, taken off), the four rows' sums reduced together into the
+        // lanes of one vector (exact integers).
+        let mut t = [_mm256_setzero_si256(); 4];
+        let mut da = [0f32; 4];
         for r in 0..R {
             let yb = &y[r][i];
-            // 32 * sum_k scale_k * bsum_k: the offset of the unsigned quants.
             let off = _mm256_madd_epi16(sc16, load_bsums(yb));
-            let s = hsum8_i32(_mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off)));
-            acc[r] = (s as f32 * d).mul_add(yb.d, acc[r]);
+            t[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off));
+            da[r] = yb.d;
         }
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+        let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        // (s as f32 * d).mul_add(d_a, acc) per row, each in its lane.
+        let fs = _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_set1_ps(d));
+        // SAFETY: 4 readable f32; loadu is unaligned.
+        acc = _mm_fmadd_ps(fs, unsafe { _mm_loadu_ps(da.as_ptr()) }, acc);
     }
-    *out = acc;
+    let mut o = [0f32; 4];
+    // SAFETY: 4 writable f32; storeu is unaligned.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), acc) };
+    out.copy_from_slice(&o[..R]);
 }
