@@ -54,10 +54,20 @@ BLOCK = 16
 PREFIX = 4 * BLOCK
 
 
+# Ports handed out so far: a port is free when asked for but taken only when its process
+# binds it, so the kernel can hand the same one out twice in a row.
+_GIVEN: set = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on 127.0.0.1 that no earlier call of this run returned."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def shell(cmd) -> str:
