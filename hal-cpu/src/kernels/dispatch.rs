@@ -1379,7 +1379,8 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
     let sides = row_sides(a, nb, m);
     let per = rows_per_task.max(1);
     let panel_bytes = nb * std::mem::size_of::<Panel8Block>();
-    let strip = (GEMM_MAX_DECODED_BYTES / panel_bytes).max(1) * PANEL8_ROWS;
+    let strip =
+        panel::strip_rows_of::<PANEL8_ROWS>(panel_bytes, GEMM_MAX_DECODED_BYTES, Q0_DECODE_PANELS8);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(PANEL8_ROWS);
         if scratch.panels8.len() < panels * nb {

@@ -15,10 +15,20 @@ pub(crate) struct OutCols {
 }
 
 /// Weight rows per strip of a gemm that keeps at most `max_bytes` of decoded panels at
-/// once (each panel `panel_bytes`): a whole multiple of `align` panels, at least one.
-pub(crate) fn strip_rows(panel_bytes: usize, max_bytes: usize, align: usize) -> usize {
+/// once (each panel `panel_bytes`, of `R` rows): a whole multiple of `align` panels, at
+/// least one.
+pub(crate) fn strip_rows_of<const R: usize>(
+    panel_bytes: usize,
+    max_bytes: usize,
+    align: usize,
+) -> usize {
     let per = (max_bytes / panel_bytes.max(1)) / align * align;
-    per.max(align) * PANEL_ROWS
+    per.max(align) * R
+}
+
+/// [`strip_rows_of`] for panels of [`PANEL_ROWS`] rows.
+pub(crate) fn strip_rows(panel_bytes: usize, max_bytes: usize, align: usize) -> usize {
+    strip_rows_of::<PANEL_ROWS>(panel_bytes, max_bytes, align)
 }
 
 /// For the panels `p0..p0 + dec.len() / nb` of the `n` weight rows of `w` (each `nb`

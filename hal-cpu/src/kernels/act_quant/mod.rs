@@ -66,24 +66,20 @@ impl Acts {
         }
         match ty.vec_dot_type() {
             #[cfg(target_arch = "x86_64")]
-            GgmlType::Q8_K if level >= SimdLevel::Avx512 && k.is_multiple_of(256) && k > 0 => {
-                let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
-                v.par_chunks_mut(k / 256)
-                    .zip(x.par_chunks(k))
-                    .with_min_len(min_rows_per_task(k))
-                    // SAFETY: AVX-512 F/BW, AVX2, FMA and F16C were checked at device open
-                    // (`level`).
-                    .for_each(|(o, xr)| unsafe { avx512::quantize_q8_k_row(xr, o) });
-                Ok(Acts::Q8K(v))
-            }
-            #[cfg(target_arch = "x86_64")]
             GgmlType::Q8_K if level >= SimdLevel::Avx2 && k.is_multiple_of(256) && k > 0 => {
                 let mut v = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); x.len() / 256];
                 v.par_chunks_mut(k / 256)
                     .zip(x.par_chunks(k))
                     .with_min_len(min_rows_per_task(k))
-                    // SAFETY: AVX2, FMA and F16C were checked at device open (`level`).
-                    .for_each(|(o, xr)| unsafe { avx2::quantize_q8_k_row(xr, o) });
+                    // SAFETY: the level's features (AVX-512 F/BW for the first, AVX2, FMA
+                    // and F16C for both) were checked at device open.
+                    .for_each(|(o, xr)| unsafe {
+                        if level >= SimdLevel::Avx512 {
+                            avx512::quantize_q8_k_row(xr, o)
+                        } else {
+                            avx2::quantize_q8_k_row(xr, o)
+                        }
+                    });
                 Ok(Acts::Q8K(v))
             }
             GgmlType::Q8_K => Ok(Acts::Q8K(q(x, k, 256, quantize_row_q8_k))),
