@@ -245,7 +245,9 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
             // 2..15 rows: the tile kernels of `dot_rows` (tiles of up to 4). From 16 rows: the
             // panel gemm (`kq_panel`), tasks of activation rows in tiles of 4, their last rows
             // one at a time.
-            for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 13, 16, 22, 31, 177] {
+            // From 64 rows without VNNI: the eight-row panels (`kq_panel_avx2`), tiles of
+            // 3 activation rows and a last one alone (64, 67) or none (177).
+            for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 13, 16, 22, 31, 64, 67, 177] {
                 let x = rng.vec(m * k);
                 let mut want = vec![0f32; m * n];
                 for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
@@ -257,6 +259,60 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
                     assert_device_equals(level, ty, &w, k, n, &x, m, &want);
                 }
             }
+        }
+    }
+}
+
+/// The K-quant panels add a few `vpmaddubsw` products as i16 before widening them
+/// (`kq_panel_avx2::sum16`): with every quant at its largest magnitude (Q4_K nibbles 15,
+/// Q6_K quants 63, the scales and mins at their extremes) against activations that
+/// quantize to -127 or 127 throughout, the sums must still equal the scalar statement
+/// bit for bit at every level (an overflow would wrap).
+#[test]
+fn k_quant_panels_hold_the_largest_quants() {
+    let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Avx512Vnni]
+        .into_iter()
+        .filter(|l| *l <= SimdLevel::detect())
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no AVX2 on this CPU: the K-quant panels are not used here");
+        return;
+    }
+    let (k, n, m) = (512, 11, 67);
+    let one = 0x3C00u16.to_le_bytes();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let mut block = Vec::new();
+        if ty == GgmlType::Q4_K {
+            // d, dmin, twelve scale bytes (every 6-bit scale and min 63), the nibbles.
+            block.extend(one);
+            block.extend(one);
+            block.extend([0xFF; 12]);
+            block.extend([0xFF; 128]);
+        } else {
+            // ql, qh (every quant 63), scales (the two extremes), d.
+            block.extend([0xFF; 128]);
+            block.extend([0xFF; 64]);
+            block.extend((0..16).map(|s| if s % 2 == 0 { 0x80u8 } else { 0x7F }));
+            block.extend(one);
+        }
+        let w: Vec<u8> = block
+            .iter()
+            .copied()
+            .cycle()
+            .take(block.len() * (k / 256) * n)
+            .collect();
+        let rb = ty.row_bytes(k).expect("row size");
+        assert_eq!(w.len(), rb * n, "{ty}: block layout");
+        // Rows of one value: every quant -127 (negative rows) or 127.
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| if (i / k) % 2 == 0 { -3.5 } else { 2.25 })
+            .collect();
+        let mut want = vec![0f32; m * n];
+        for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+            flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, BatchRow::IN_BATCH).expect("core");
+        }
+        for &level in &levels {
+            assert_device_equals(level, ty, &w, k, n, &x, m, &want);
         }
     }
 }

@@ -23,7 +23,10 @@ use super::amx;
 use super::float::FloatKind;
 #[cfg(target_arch = "x86_64")]
 use super::x16::Ahead;
-use super::{float, iq4_nl, iq4_xs, kq_panel, mxfp4, panel, q0, q2_k, q3_k, q4_k, q5_k, q6_k, x16};
+use super::{
+    float, iq4_nl, iq4_xs, kq_panel, kq_panel_avx2, mxfp4, panel, q0, q2_k, q3_k, q4_k, q5_k, q6_k,
+    x16,
+};
 
 /// Activation rows in a tile that share each decoded weight block.
 pub const TILE: usize = 4;
@@ -424,6 +427,8 @@ pub(crate) struct GemmScratch {
     panels8: Vec<q0::panel_avx2::Panel8Block>,
     #[cfg(target_arch = "x86_64")]
     kpanels: Vec<kq_panel::KPanelBlock>,
+    #[cfg(target_arch = "x86_64")]
+    kpanels8: Vec<kq_panel_avx2::KPanel8Block>,
 }
 
 impl std::fmt::Debug for GemmScratch {
@@ -469,6 +474,22 @@ pub(crate) fn gemm(
                 kq_panel_gemm(ty, w, a, k, n, rows_per_task, order, scratch, out);
                 return Ok(true);
             }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) && m >= AVX2_GEMM_MIN_ROWS && !expert {
+        if let (Acts::Q8K(a), WeightRows::File(_)) = (acts, w) {
+            let bytes = w.file_bytes(k);
+            match ty {
+                GgmlType::Q4_K => {
+                    kq_gemm_avx2::<BlockQ4K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q6_K => {
+                    kq_gemm_avx2::<BlockQ6K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                _ => return Ok(false),
+            }
+            return Ok(true);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -1396,6 +1417,50 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
         out.par_chunks_mut(per * n)
             .enumerate()
             .for_each(|(c, o)| q0_gemm8::<B>(dec, nb, sn, &sides[c * per..], o, cols));
+    }
+}
+
+/// [`gemm`] for Q4_K and Q6_K without VNNI (the AVX2 and AVX-512 F levels; a dense
+/// matmul's orders), strip by strip of weight rows as [`q0_gemm_avx2`]: the strip (the
+/// file's rows `w`) decoded into panels of eight rows (in parallel), then the activation
+/// rows (`a`: every row's Q8_K blocks) in chunks of `rows_per_task`.
+#[cfg(target_arch = "x86_64")]
+fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
+    w: &[u8],
+    a: &[BlockQ8K],
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    use kq_panel_avx2::{decode8, gemm8, KPanel8Block};
+    use q0::panel_avx2::PANEL8_ROWS;
+    use rayon::prelude::*;
+    let nb = k / 256;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let wb = view::<B>(w);
+    let per = rows_per_task.max(1);
+    let panel_bytes = nb * std::mem::size_of::<KPanel8Block>();
+    let strip =
+        panel::strip_rows_of::<PANEL8_ROWS>(panel_bytes, GEMM_MAX_DECODED_BYTES, Q0_DECODE_PANELS8);
+    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
+        let panels = sn.div_ceil(PANEL8_ROWS);
+        if scratch.kpanels8.len() < panels * nb {
+            scratch.kpanels8 = vec![KPanel8Block::ZERO; panels * nb];
+        }
+        let dec = &mut scratch.kpanels8[..panels * nb];
+        let p0 = s0 / PANEL8_ROWS;
+        dec.par_chunks_mut(Q0_DECODE_PANELS8 * nb)
+            .enumerate()
+            .for_each(|(c, d)| decode8(&wb, nb, n, p0 + Q0_DECODE_PANELS8 * c, d));
+        let dec = &*dec;
+        let cols = panel::OutCols { stride: n, c0: s0 };
+        out.par_chunks_mut(per * n)
+            .enumerate()
+            .for_each(|(c, o)| gemm8::<B>(dec, nb, sn, &a[c * per * nb..], o, cols));
     }
 }
 

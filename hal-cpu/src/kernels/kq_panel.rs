@@ -171,7 +171,7 @@ pub(crate) fn decode_groups<G>(
 
 /// Four activation quants `4t..4t + 4` of `y` as one i32 (for a broadcast operand).
 #[inline(always)]
-fn quad(y: &BlockQ8K, t: usize) -> i32 {
+pub(crate) fn quad(y: &BlockQ8K, t: usize) -> i32 {
     let q = &y.qs[4 * t..4 * t + 4];
     i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
 }

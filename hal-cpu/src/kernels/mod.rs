@@ -53,7 +53,9 @@
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.
 //! - `dispatch.rs`: which kernel runs for a type, a level and a number of rows, and the
 //!   drivers that split a matmul into panels and tiles.
-//! - `kq_panel.rs`: the prompt-batch panels and gemm shared by Q4_K and Q6_K;
+//! - `kq_panel.rs`: the prompt-batch panels and gemm shared by Q4_K and Q6_K on
+//!   AVX-512 VNNI, `kq_panel_avx2.rs` their eight-row counterpart without VNNI (the AVX2
+//!   and AVX-512 F levels; each format's part in `q4_k/`, `q6_k/` `panel_avx2.rs`);
 //!   `panel.rs`: what those and `q0/panel.rs` share.
 //! - `x16.rs`: what every repacked layout shares (`x16_check.rs`: its test helpers).
 //! - `x86/`: SIMD helpers shared by several formats (`avx2.rs`, `avx512.rs`).
@@ -75,6 +77,8 @@ pub(crate) mod iq4_nl;
 pub(crate) mod iq4_xs;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kq_panel;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kq_panel_avx2;
 pub(crate) mod mxfp4;
 #[cfg(test)]
 mod order_check;

@@ -6,5 +6,7 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod panel;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod panel_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni;
 pub(crate) mod x16;

@@ -1,0 +1,217 @@
+//! The prompt-batch gemm of Q4_K and Q6_K on AVX2 (no `vpdpbusd`): eight weight rows in
+//! the lanes of each register (the AVX2 counterpart of [`super::kq_panel`], and the
+//! K-quant counterpart of `q0/panel_avx2.rs`), in the float orders of this level's row
+//! kernels (`q4_k/avx2.rs`, `q6_k/avx2.rs`), bit for bit.
+//!
+//! Each weight is decoded once per matmul into panel blocks ([`KPanel8Block`]): per
+//! 256-quant block of eight rows, the quants as unsigned bytes in element order with
+//! dword `t` of the eight rows side by side, and the rows' scales, mins and `d`s widened
+//! to lanes. Per activation row, one `vpmaddubsw` of a dword register against the row's
+//! four quants broadcast gives each weight row's two pair sums as i16; a few such
+//! products are added as i16 while they cannot overflow ([`sum16`]), then one
+//! `vpmaddwd` with the rows' sub-block scales gives `sc·dot` per row as an i32. The
+//! integers are exact in any order, so only the float steps (one or two FMAs per block
+//! or pair of sub-blocks, eight outputs each) fix the result, and they are the row
+//! kernels'. The row kernels spend horizontal sums per activation row and decode every
+//! block once per four activation rows; here the sums stay in lanes and each block is
+//! decoded once per matmul.
+//!
+//! What the two formats share is here (the panel block, the trait, the driver); each
+//! format's decode and tile is in `q4_k/panel_avx2.rs` and `q6_k/panel_avx2.rs`.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::BlockQ8K;
+
+use crate::kernels::kq_panel::quad;
+use crate::kernels::panel::{for_each_panel_of, OutCols};
+use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
+
+/// Activation rows per tile: three share each weight register (two or four are
+/// slower on the Intel Xeon host, `kernel_speed` at M = 512).
+const COLS: usize = 3;
+
+/// One 256-quant block of eight weight rows, decoded ([`KPanel8::decode_block`]); rows
+/// past the end of the weight are zero.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct KPanel8Block {
+    /// Quants `4t..4t + 4` of the eight rows (row `r` in bytes `4r..4r + 4`), unsigned:
+    /// Q4_K's nibbles as they are, Q6_K's six bits with their offset of 32.
+    pub(crate) u: [[u8; 32]; 64],
+    /// Per sub-block (Q4_K: 8 of 32 quants; Q6_K: 16 of 16) the rows' scales twice as
+    /// i16 (for `vpmaddwd` against a row's two pair sums).
+    pub(crate) sc: [[i32; 8]; 16],
+    /// Q4_K: per sub-block `s` the rows' mins `m_s` twice as i16 (for `vpmaddwd`
+    /// against two `bsums`). Q6_K: per pair `p` of sub-blocks the rows'
+    /// `(-32 sc_2p, -32 sc_2p+1)` as i16 (the offset of the unsigned quants, taken off
+    /// against the pair's two `bsums`).
+    pub(crate) pairs: [[i32; 8]; 8],
+    /// The rows' `d`.
+    pub(crate) d: [f32; 8],
+    /// The rows' `dmin` (Q4_K).
+    pub(crate) dmin: [f32; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<KPanel8Block>() == 2880);
+
+impl KPanel8Block {
+    /// A zeroed block (scratch space).
+    pub(crate) const ZERO: Self = Self {
+        u: [[0; 32]; 64],
+        sc: [[0; 8]; 16],
+        pairs: [[0; 8]; 8],
+        d: [0.0; 8],
+        dmin: [0.0; 8],
+    };
+}
+
+/// A K-quant weight type of the eight-row panels.
+pub(crate) trait KPanel8: bytemuck::Pod + Sync {
+    /// Block `i` of the weight rows `rows` (at most [`PANEL8_ROWS`]) into the panel
+    /// block `o`; lanes past `rows.len()` zero.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanel8Block);
+
+    /// The eight rows of a panel (`panel`: its blocks) against `A` activation rows, in
+    /// the type's float order. `out[a][r]`: panel row `r` against activation row `a`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    unsafe fn tile<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    );
+}
+
+/// An i16 pair `(lo, hi)` as one i32 lane (for `vpmaddwd`).
+#[inline(always)]
+pub(crate) fn i16_pair(lo: i32, hi: i32) -> i32 {
+    (u32::from(lo as i16 as u16) | (u32::from(hi as i16 as u16) << 16)) as i32
+}
+
+/// Per activation row, `sum over t in t0..t0 + T of vpmaddubsw(u[t], quants 4t..4t + 4
+/// broadcast)`: each weight row's two pair sums of those dwords, added as i16. The
+/// caller keeps `T` small enough that they cannot overflow.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn sum16<const T: usize, const A: usize>(
+    b: &KPanel8Block,
+    t0: usize,
+    ys: &[&BlockQ8K; A],
+) -> [__m256i; A] {
+    let mut s = [_mm256_setzero_si256(); A];
+    for t in t0..t0 + T {
+        // SAFETY: 32 readable bytes, 32-byte aligned.
+        let w = unsafe { _mm256_load_si256(b.u[t].as_ptr() as *const __m256i) };
+        for a in 0..A {
+            let p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(quad(ys[a], t)));
+            s[a] = _mm256_add_epi16(s[a], p);
+        }
+    }
+    s
+}
+
+/// Loads eight i32 lanes of a panel block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn lanes8(v: &[i32; 8]) -> __m256i {
+    // SAFETY: 32 readable bytes, 32-byte aligned.
+    unsafe { _mm256_load_si256(v.as_ptr() as *const __m256i) }
+}
+
+/// Loads eight f32 of a panel block.
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn lanes8_ps(v: &[f32; 8]) -> __m256 {
+    // SAFETY: 32 readable bytes, 32-byte aligned.
+    unsafe { _mm256_load_ps(v.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_panel<B: KPanel8>(rows: &[&[B]], out: &mut [KPanel8Block]) {
+    assert!(rows.len() <= PANEL8_ROWS, "decode_panel: rows");
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: this function's features are what `decode_block` needs.
+        unsafe { B::decode_block(rows, i, o) };
+    }
+}
+
+/// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
+/// `8p..8p + 8`) at `dec[(p - p0) * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
+pub(crate) fn decode8<B: KPanel8>(
+    w: &[B],
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [KPanel8Block],
+) {
+    // SAFETY: the AVX2 level (AVX2, FMA, F16C) was checked against the CPU at device
+    // open.
+    for_each_panel_of::<PANEL8_ROWS, _, _>(w, nb, n, p0, dec, |rows, d| unsafe {
+        decode_panel(rows, d)
+    });
+}
+
+/// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row t)` for the
+/// `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode8`]) and the
+/// `out.len() / cols.stride` activation rows `acts` (Q8_K, `nb` blocks each), in `B`'s
+/// float order (the row kernels' results, bit for bit): per panel (which stays in L1)
+/// tiles of [`COLS`] activation rows, the rest one at a time.
+pub(crate) fn gemm8<B: KPanel8>(
+    dec: &[KPanel8Block],
+    nb: usize,
+    n: usize,
+    acts: &[BlockQ8K],
+    out: &mut [f32],
+    cols: OutCols,
+) {
+    if n == 0 || nb == 0 {
+        return;
+    }
+    assert!(
+        cols.c0 + n <= cols.stride,
+        "kq_panel_avx2::gemm8: output columns"
+    );
+    let m = out.len() / cols.stride;
+    assert!(
+        acts.len() >= m * nb,
+        "kq_panel_avx2::gemm8: activation rows"
+    );
+    let panels = n.div_ceil(PANEL8_ROWS);
+    assert!(
+        dec.len() >= panels * nb,
+        "kq_panel_avx2::gemm8: decoded rows"
+    );
+    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    for p in 0..panels {
+        let blocks = &dec[p * nb..(p + 1) * nb];
+        let r0 = p * PANEL8_ROWS;
+        let live = PANEL8_ROWS.min(n - r0);
+        let mut t = 0;
+        while t < m {
+            let take = if m - t >= COLS { COLS } else { 1 };
+            let mut o = [[0f32; PANEL8_ROWS]; COLS];
+            // SAFETY (each call): the AVX2 level was checked against the CPU at device
+            // open.
+            unsafe {
+                if take == COLS {
+                    let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
+                    B::tile::<COLS>(blocks, &y, &mut o);
+                } else {
+                    let mut o1 = [[0f32; PANEL8_ROWS]; 1];
+                    B::tile::<1>(blocks, &[act(t)], &mut o1);
+                    o[0] = o1[0];
+                }
+            }
+            for (a, v) in o.iter().enumerate().take(take) {
+                let at = (t + a) * cols.stride + cols.c0 + r0;
+                out[at..at + live].copy_from_slice(&v[..live]);
+            }
+            t += take;
+        }
+    }
+}
