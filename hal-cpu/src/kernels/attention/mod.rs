@@ -273,9 +273,27 @@ pub(crate) fn paged_attention_in_groups(
         }
     }
     let spread = (rayon::current_num_threads() / items.len().max(1)).max(1);
-    let results: Vec<Result<Vec<f32>, ()>> = items
-        .par_iter()
-        .map(|(si, kvh, qs)| {
+    // Each work item owns the output rows of its queries: the tasks write them in
+    // parallel (no result buffers gathered and copied on one thread afterwards).
+    let mut rows: Vec<Option<&mut [f32]>> = out.chunks_mut(dv).map(Some).collect();
+    let mut work: Vec<(&WorkItem, Vec<&mut [f32]>)> = Vec::with_capacity(items.len());
+    for item in &items {
+        let mut mine = Vec::with_capacity(item.2.len());
+        for &(r, h) in &item.2 {
+            let row = rows
+                .get_mut(r * nh + h)
+                .and_then(Option::take)
+                .ok_or_else(|| HalError::invalid("paged_attention: a query row owned twice"))?;
+            mine.push(row);
+        }
+        work.push((item, mine));
+    }
+    // Rows no query owns stay zero, as every owned one is written.
+    for row in rows.into_iter().flatten() {
+        row.fill(0.0);
+    }
+    work.into_par_iter()
+        .try_for_each(|((si, kvh, qs), mut dst)| {
             let seq = &p.seqs[*si];
             let mut g = LaneGroup {
                 q: Vec::with_capacity(qs.len()),
@@ -308,20 +326,16 @@ pub(crate) fn paged_attention_in_groups(
             };
             let mut o = vec![0f32; qs.len() * dv];
             run(&g, &src, &mut o)?;
-            Ok(o)
+            for (d, v) in dst.iter_mut().zip(o.chunks_exact(dv)) {
+                d.copy_from_slice(v);
+            }
+            Ok(())
         })
-        .collect();
-    out.fill(0.0);
-    for ((_, _, qs), res) in items.iter().zip(results) {
-        let o = res.map_err(|()| {
+        .map_err(|()| {
             HalError::invalid(
                 "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
             )
         })?;
-        for (i, &(r, h)) in qs.iter().enumerate() {
-            out[(r * nh + h) * dv..(r * nh + h + 1) * dv].copy_from_slice(&o[i * dv..(i + 1) * dv]);
-        }
-    }
     Ok(())
 }
 
