@@ -1389,35 +1389,23 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
-    use q0::panel_avx2::{q0_decode8, q0_gemm8, Panel8Block, PANEL8_ROWS};
-    use rayon::prelude::*;
+    use q0::panel_avx2::{q0_decode8, q0_gemm8, Panel8Block};
     let nb = k / 32;
     if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
     let wb = view::<B>(w);
-    let m = out.len() / n;
-    let sides = row_sides(a, nb, m);
-    let per = rows_per_task.max(1);
-    let panel_bytes = nb * std::mem::size_of::<Panel8Block>();
-    let strip =
-        panel::strip_rows_of::<PANEL8_ROWS>(panel_bytes, GEMM_MAX_DECODED_BYTES, Q0_DECODE_PANELS8);
-    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
-        let panels = sn.div_ceil(PANEL8_ROWS);
-        if scratch.panels8.len() < panels * nb {
-            scratch.panels8 = vec![Panel8Block::ZERO; panels * nb];
-        }
-        let dec = &mut scratch.panels8[..panels * nb];
-        let p0 = s0 / PANEL8_ROWS;
-        dec.par_chunks_mut(Q0_DECODE_PANELS8 * nb)
-            .enumerate()
-            .for_each(|(c, d)| q0_decode8(&wb, nb, n, p0 + Q0_DECODE_PANELS8 * c, d));
-        let dec = &*dec;
-        let cols = panel::OutCols { stride: n, c0: s0 };
-        out.par_chunks_mut(per * n)
-            .enumerate()
-            .for_each(|(c, o)| q0_gemm8::<B>(dec, nb, sn, &sides[c * per..], o, cols));
-    }
+    let sides = row_sides(a, nb, out.len() / n);
+    panel8_strips(
+        n,
+        nb,
+        rows_per_task,
+        &mut scratch.panels8,
+        Panel8Block::ZERO,
+        |p, d| q0_decode8(&wb, nb, n, p, d),
+        |dec, sn, t0, o, cols| q0_gemm8::<B>(dec, nb, sn, &sides[t0..], o, cols),
+        out,
+    );
 }
 
 /// [`gemm`] for Q4_K and Q6_K without VNNI (the AVX2 and AVX-512 F levels; a dense
@@ -1435,32 +1423,62 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
     out: &mut [f32],
 ) {
     use kq_panel_avx2::{decode8, gemm8, KPanel8Block};
-    use q0::panel_avx2::PANEL8_ROWS;
-    use rayon::prelude::*;
     let nb = k / 256;
     if nb == 0 || n == 0 || out.is_empty() {
         return;
     }
     let wb = view::<B>(w);
+    panel8_strips(
+        n,
+        nb,
+        rows_per_task,
+        &mut scratch.kpanels8,
+        KPanel8Block::ZERO,
+        |p, d| decode8(&wb, nb, n, p, d),
+        |dec, sn, t0, o, cols| gemm8::<B>(dec, nb, sn, &a[t0 * nb..], o, cols),
+        out,
+    );
+}
+
+/// The strips of an eight-row panel gemm without VNNI ([`q0_gemm_avx2`],
+/// [`kq_gemm_avx2`]): per strip of the `n` weight rows (at most
+/// `GEMM_MAX_DECODED_BYTES` of panels of `nb` blocks, held in `scratch`), its panels
+/// decoded in parallel (`decode(first panel, blocks)`, eight panels a task), then the
+/// activation rows in chunks of `rows_per_task` in parallel (`apply(the strip's panels,
+/// its rows, the chunk's first activation row, the chunk's output rows, their columns)`).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn panel8_strips<D: Copy + Send + Sync>(
+    n: usize,
+    nb: usize,
+    rows_per_task: usize,
+    scratch: &mut Vec<D>,
+    zero: D,
+    decode: impl Fn(usize, &mut [D]) + Sync,
+    apply: impl Fn(&[D], usize, usize, &mut [f32], panel::OutCols) + Sync,
+    out: &mut [f32],
+) {
+    use q0::panel_avx2::PANEL8_ROWS;
+    use rayon::prelude::*;
     let per = rows_per_task.max(1);
-    let panel_bytes = nb * std::mem::size_of::<KPanel8Block>();
+    let panel_bytes = nb * std::mem::size_of::<D>();
     let strip =
         panel::strip_rows_of::<PANEL8_ROWS>(panel_bytes, GEMM_MAX_DECODED_BYTES, Q0_DECODE_PANELS8);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(PANEL8_ROWS);
-        if scratch.kpanels8.len() < panels * nb {
-            scratch.kpanels8 = vec![KPanel8Block::ZERO; panels * nb];
+        if scratch.len() < panels * nb {
+            *scratch = vec![zero; panels * nb];
         }
-        let dec = &mut scratch.kpanels8[..panels * nb];
+        let dec = &mut scratch[..panels * nb];
         let p0 = s0 / PANEL8_ROWS;
         dec.par_chunks_mut(Q0_DECODE_PANELS8 * nb)
             .enumerate()
-            .for_each(|(c, d)| decode8(&wb, nb, n, p0 + Q0_DECODE_PANELS8 * c, d));
+            .for_each(|(c, d)| decode(p0 + Q0_DECODE_PANELS8 * c, d));
         let dec = &*dec;
         let cols = panel::OutCols { stride: n, c0: s0 };
         out.par_chunks_mut(per * n)
             .enumerate()
-            .for_each(|(c, o)| gemm8::<B>(dec, nb, sn, &a[c * per * nb..], o, cols));
+            .for_each(|(c, o)| apply(dec, sn, c * per, o, cols));
     }
 }
 
