@@ -503,6 +503,33 @@ fn assert_device_equals(
     }
 }
 
+/// The eight-row panel gemms without VNNI (the AVX2 and AVX-512 F levels) strip by strip
+/// too: a weight of `strip + 13` rows (the last strip partial, a partial last panel) and
+/// 64 activation rows, Q4_K and Q8_0, equal the scalar statement bit for bit.
+#[test]
+fn avx2_panel_gemms_over_several_strips_are_bit_exact() {
+    if SimdLevel::detect() < SimdLevel::Avx2 {
+        eprintln!("no AVX2 on this CPU: the eight-row panel gemms are not used here");
+        return;
+    }
+    let mut rng = Rng(17);
+    let (k, m) = (512, 64);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+        let strip =
+            flint_hal_cpu::kernels::gemm_strip_rows(SimdLevel::Avx2, ty, k).expect("a strip size");
+        let n = strip + 13;
+        let w = random_weight(&mut rng, ty, k, n);
+        let rb = ty.row_bytes(k).expect("row size");
+        let x = rng.vec(m * k);
+        let mut want = vec![0f32; m * n];
+        for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+            flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, BatchRow::IN_BATCH)
+                .expect("core");
+        }
+        assert_device_equals(SimdLevel::Avx2, ty, &w, k, n, &x, m, &want);
+    }
+}
+
 /// A weight whose decoded panels exceed the gemm's scratch bound is decoded and applied
 /// strip by strip (`kernels::gemm_strip_rows`) for a prompt's rows, panel by panel
 /// (weight-stationary) for a few dozen: every output column of every strip, the last
@@ -517,7 +544,8 @@ fn weights_larger_than_one_strip_are_bit_exact() {
     let mut rng = Rng(13);
     let k = 2048;
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
-        let strip = flint_hal_cpu::kernels::gemm_strip_rows(ty, k).expect("a strip size");
+        let strip = flint_hal_cpu::kernels::gemm_strip_rows(SimdLevel::Avx512Vnni, ty, k)
+            .expect("a strip size");
         // 65 activation rows: the strips; 17: the weight-stationary gemm of a few rows.
         for (n, m) in [(strip + 37, 65), (strip + 48, 65), (strip + 37, 17)] {
             let w = random_weight(&mut rng, ty, k, n);

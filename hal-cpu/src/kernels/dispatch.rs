@@ -379,32 +379,44 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// decoded and applied in strips of rows ([`gemm_strip_rows`]).
 const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 
-/// The weight rows per strip of the AVX-512 VNNI prompt-batch gemm of `ty` with rows of
-/// `k` elements (a weight with more rows is decoded and applied strip by strip); `None`
-/// for a type without that gemm.
-pub fn gemm_strip_rows(ty: GgmlType, k: usize) -> Option<usize> {
+/// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
+/// at `level` (a weight with more rows is decoded and applied strip by strip): the
+/// sixteen-row panels of AVX-512 VNNI, the eight-row panels of the AVX2 and AVX-512 F
+/// levels; `None` for a type or level without such a gemm.
+pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (panel_bytes, align) = match ty {
-            GgmlType::Q4_K | GgmlType::Q6_K => (
-                (k / 256) * std::mem::size_of::<kq_panel::KPanelBlock>(),
+        use q0::panel_avx2::PANEL8_ROWS;
+        let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+        let q0 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0);
+        let size = std::mem::size_of::<kq_panel::KPanelBlock>;
+        match level {
+            SimdLevel::Avx512Vnni if kq => Some(panel::strip_rows(
+                (k / 256) * size(),
+                GEMM_MAX_DECODED_BYTES,
                 KQ_DECODE_PANELS,
-            ),
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => (
+            )),
+            SimdLevel::Avx512Vnni if q0 => Some(panel::strip_rows(
                 (k / 32) * std::mem::size_of::<q0::panel::PanelBlock>(),
+                GEMM_MAX_DECODED_BYTES,
                 Q0_DECODE_PANELS,
-            ),
-            _ => return None,
-        };
-        Some(panel::strip_rows(
-            panel_bytes,
-            GEMM_MAX_DECODED_BYTES,
-            align,
-        ))
+            )),
+            SimdLevel::Avx2 | SimdLevel::Avx512 if kq => Some(panel::strip_rows_of::<PANEL8_ROWS>(
+                (k / 256) * std::mem::size_of::<kq_panel_avx2::KPanel8Block>(),
+                GEMM_MAX_DECODED_BYTES,
+                Q0_DECODE_PANELS8,
+            )),
+            SimdLevel::Avx2 | SimdLevel::Avx512 if q0 => Some(panel::strip_rows_of::<PANEL8_ROWS>(
+                (k / 32) * std::mem::size_of::<q0::panel_avx2::Panel8Block>(),
+                GEMM_MAX_DECODED_BYTES,
+                Q0_DECODE_PANELS8,
+            )),
+            _ => None,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, k);
+        let _ = (level, ty, k);
         None
     }
 }
@@ -1159,7 +1171,9 @@ fn kq_panel_gemm(
         }
         return;
     }
-    let strip = gemm_strip_rows(ty, k).unwrap_or(n).max(1);
+    let strip = gemm_strip_rows(SimdLevel::Avx512Vnni, ty, k)
+        .unwrap_or(n)
+        .max(1);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(panel::PANEL_ROWS);
         if scratch.kpanels.len() < panels * nb {
@@ -1331,7 +1345,9 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         return;
     }
     // (The legacy types' panels are the same size whatever the type.)
-    let strip = gemm_strip_rows(GgmlType::Q8_0, k).unwrap_or(n).max(1);
+    let strip = gemm_strip_rows(SimdLevel::Avx512Vnni, GgmlType::Q8_0, k)
+        .unwrap_or(n)
+        .max(1);
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(panel::PANEL_ROWS);
         if scratch.panels.len() < panels * nb {
@@ -1380,7 +1396,7 @@ const Q0_DECODE_PANELS8: usize = 8;
 /// eight rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
 /// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
-fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
+fn q0_gemm_avx2<B: q0::avx2::Avx2Q0 + flint_core::DequantBlock>(
     w: &[u8],
     a: q0::vnni::Q8_0Side<'_>,
     k: usize,
@@ -1396,9 +1412,11 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
     }
     let wb = view::<B>(w);
     let sides = row_sides(a, nb, out.len() / n);
+    let strip = gemm_strip_rows(SimdLevel::Avx2, B::TYPE, k).unwrap_or(n);
     panel8_strips(
         n,
         nb,
+        strip,
         rows_per_task,
         &mut scratch.panels8,
         Panel8Block::ZERO,
@@ -1413,7 +1431,7 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0>(
 /// file's rows `w`) decoded into panels of eight rows (in parallel), then the activation
 /// rows (`a`: every row's Q8_K blocks) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
-fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
+fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
     w: &[u8],
     a: &[BlockQ8K],
     k: usize,
@@ -1428,9 +1446,11 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
         return;
     }
     let wb = view::<B>(w);
+    let strip = gemm_strip_rows(SimdLevel::Avx2, B::TYPE, k).unwrap_or(n);
     panel8_strips(
         n,
         nb,
+        strip,
         rows_per_task,
         &mut scratch.kpanels8,
         KPanel8Block::ZERO,
@@ -1441,8 +1461,8 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
 }
 
 /// The strips of an eight-row panel gemm without VNNI ([`q0_gemm_avx2`],
-/// [`kq_gemm_avx2`]): per strip of the `n` weight rows (at most
-/// `GEMM_MAX_DECODED_BYTES` of panels of `nb` blocks, held in `scratch`), its panels
+/// [`kq_gemm_avx2`]): per strip of `strip` of the `n` weight rows ([`gemm_strip_rows`];
+/// its panels of `nb` blocks held in `scratch`), its panels
 /// decoded in parallel (`decode(first panel, blocks)`, eight panels a task), then the
 /// activation rows in chunks of `rows_per_task` in parallel (`apply(the strip's panels,
 /// its rows, the chunk's first activation row, the chunk's output rows, their columns)`).
@@ -1451,6 +1471,7 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8>(
 fn panel8_strips<D: Copy + Send + Sync>(
     n: usize,
     nb: usize,
+    strip: usize,
     rows_per_task: usize,
     scratch: &mut Vec<D>,
     zero: D,
@@ -1461,9 +1482,11 @@ fn panel8_strips<D: Copy + Send + Sync>(
     use q0::panel_avx2::PANEL8_ROWS;
     use rayon::prelude::*;
     let per = rows_per_task.max(1);
-    let panel_bytes = nb * std::mem::size_of::<D>();
-    let strip =
-        panel::strip_rows_of::<PANEL8_ROWS>(panel_bytes, GEMM_MAX_DECODED_BYTES, Q0_DECODE_PANELS8);
+    let strip = strip.max(PANEL8_ROWS);
+    assert!(
+        strip.is_multiple_of(PANEL8_ROWS),
+        "panel8_strips: strip of whole panels"
+    );
     for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
         let panels = sn.div_ceil(PANEL8_ROWS);
         if scratch.len() < panels * nb {
