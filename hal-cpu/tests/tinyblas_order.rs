@@ -517,17 +517,29 @@ fn avx2_panel_gemms_over_several_strips_are_bit_exact() {
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
         let strip =
             flint_hal_cpu::kernels::gemm_strip_rows(SimdLevel::Avx2, ty, k).expect("a strip size");
-        let n = strip + 13;
-        let w = random_weight(&mut rng, ty, k, n);
-        let rb = ty.row_bytes(k).expect("row size");
-        let x = rng.vec(m * k);
-        let mut want = vec![0f32; m * n];
-        for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-            flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, BatchRow::IN_BATCH)
-                .expect("core");
-        }
-        assert_device_equals(SimdLevel::Avx2, ty, &w, k, n, &x, m, &want);
+        assert_random_batch_exact(&mut rng, SimdLevel::Avx2, ty, k, strip + 13, m);
     }
+}
+
+/// A random `k x n` weight of `ty` times `m` random activation rows on the cpu device at
+/// `level` equals the scalar statement of llama.cpp's prompt-batch order bit for bit.
+fn assert_random_batch_exact(
+    rng: &mut Rng,
+    level: SimdLevel,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    m: usize,
+) {
+    let w = random_weight(rng, ty, k, n);
+    let rb = ty.row_bytes(k).expect("row size");
+    let x = rng.vec(m * k);
+    let mut want = vec![0f32; m * n];
+    for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+        flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, BatchRow::IN_BATCH)
+            .expect("core");
+    }
+    assert_device_equals(level, ty, &w, k, n, &x, m, &want);
 }
 
 /// A weight whose decoded panels exceed the gemm's scratch bound is decoded and applied
@@ -548,15 +560,7 @@ fn weights_larger_than_one_strip_are_bit_exact() {
             .expect("a strip size");
         // 65 activation rows: the strips; 17: the weight-stationary gemm of a few rows.
         for (n, m) in [(strip + 37, 65), (strip + 48, 65), (strip + 37, 17)] {
-            let w = random_weight(&mut rng, ty, k, n);
-            let rb = ty.row_bytes(k).expect("row size");
-            let x = rng.vec(m * k);
-            let mut want = vec![0f32; m * n];
-            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-                flint_core::dot::matvec_f32_ggml_x86(ty, &w[..n * rb], xr, o, BatchRow::IN_BATCH)
-                    .expect("core");
-            }
-            assert_device_equals(SimdLevel::Avx512Vnni, ty, &w, k, n, &x, m, &want);
+            assert_random_batch_exact(&mut rng, SimdLevel::Avx512Vnni, ty, k, n, m);
         }
     }
 }
