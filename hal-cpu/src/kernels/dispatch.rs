@@ -389,10 +389,9 @@ pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize
         use q0::panel_avx2::PANEL8_ROWS;
         let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
         let q0 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0);
-        let size = std::mem::size_of::<kq_panel::KPanelBlock>;
         match level {
             SimdLevel::Avx512Vnni if kq => Some(panel::strip_rows(
-                (k / 256) * size(),
+                (k / 256) * std::mem::size_of::<kq_panel::KPanelBlock>(),
                 GEMM_MAX_DECODED_BYTES,
                 KQ_DECODE_PANELS,
             )),
