@@ -1146,14 +1146,12 @@ impl DeviceModel {
             );
             let mlp_bufs = &mut bufs.mlp;
             let norm_src = &mut bufs.norm_src;
-            if let Some(w) = &layer.post_attn_norm {
-                self.norm_in_place(tmp.reborrow(), Some(w.view()), d, norm_src)?;
-            }
+            let delta = self.post_norm(&layer.post_attn_norm, tmp.as_view(), norm_src)?;
             timed!(
                 "add_rms_norm",
                 dev.add_rms_norm(
                     x.reborrow(),
-                    tmp.as_view(),
+                    delta,
                     layer.ffn_norm.view(),
                     spec.rms_eps,
                     d,
@@ -1168,9 +1166,7 @@ impl DeviceModel {
                 tmp.reborrow(),
                 mlp_bufs,
             )?;
-            if let Some(w) = &layer.post_ffn_norm {
-                self.norm_in_place(tmp.reborrow(), Some(w.view()), d, norm_src)?;
-            }
+            let delta = self.post_norm(&layer.post_ffn_norm, tmp.as_view(), norm_src)?;
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
                 None => &self.output_norm,
@@ -1180,7 +1176,7 @@ impl DeviceModel {
                     "add_rms_norm",
                     dev.add_rms_norm(
                         x.reborrow(),
-                        tmp.as_view(),
+                        delta,
                         next_norm.view(),
                         spec.rms_eps,
                         d,
@@ -1189,7 +1185,7 @@ impl DeviceModel {
                 )?;
                 continue;
             }
-            timed!("add", dev.add(x.reborrow(), tmp.as_view()))?;
+            timed!("add", dev.add(x.reborrow(), delta))?;
             if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
                 self.layer_input(
                     li,
@@ -1346,14 +1342,14 @@ impl DeviceModel {
             }
         }
         if let Some(w) = &at.q_norm {
-            self.norm_in_place(q.get(dev, qn)?, Some(w.view()), dk, norm_src)?;
+            self.norm_swap(q, qn, Some(w.view()), dk, norm_src)?;
         }
         if own_kv {
             if let Some(w) = &at.k_norm {
-                self.norm_in_place(k.get(dev, kn)?, Some(w.view()), dk, norm_src)?;
+                self.norm_swap(k, kn, Some(w.view()), dk, norm_src)?;
             }
             if spec.v_norm {
-                self.norm_in_place(v.get(dev, vn)?, None, dv, norm_src)?;
+                self.norm_swap(v, vn, None, dv, norm_src)?;
             }
         }
         let rope = layer_rope(spec, il, None);
@@ -1575,6 +1571,49 @@ impl DeviceModel {
         )?;
         timed!("delta_out", dev.matmul(&*dn.out, o.view(n * vl), n, out))?;
         Ok(())
+    }
+
+    /// The first `len` values of `buf` normed (`rms_norm(buf) * w`, no weight when `w`
+    /// is None, in chunks of `dim`) into `scratch`, then the two buffers swapped: `buf`
+    /// holds the normed values, with no copy (the device op reads one tensor and writes
+    /// another).
+    fn norm_swap(
+        &self,
+        buf: &mut Buf,
+        len: usize,
+        w: Option<View<'_>>,
+        dim: usize,
+        scratch: &mut Buf,
+    ) -> Result<(), ModelError> {
+        let dev = &*self.dev;
+        let out = scratch.get(dev, len)?;
+        timed!(
+            "rms_norm",
+            dev.rms_norm(buf.view(len), w, self.spec.rms_eps, dim, out)
+        )?;
+        std::mem::swap(buf, scratch);
+        Ok(())
+    }
+
+    /// A sublayer's output `t` (rows of `d`) as the residual stream takes it: through
+    /// the post-norm `w` into `scratch` where the model has one, else `t` itself.
+    fn post_norm<'s>(
+        &self,
+        w: &Option<Tensor>,
+        t: View<'s>,
+        scratch: &'s mut Buf,
+    ) -> Result<View<'s>, ModelError> {
+        let Some(w) = w else {
+            return Ok(t);
+        };
+        let dev = &*self.dev;
+        let len = t.len();
+        let out = scratch.get(dev, len)?;
+        timed!(
+            "rms_norm",
+            dev.rms_norm(t, Some(w.view()), self.spec.rms_eps, self.spec.d, out)
+        )?;
+        Ok(scratch.view(len))
     }
 
     /// `buf = rms_norm(buf) * w` (no weight when `w` is None) in chunks of `dim` (the
