@@ -179,9 +179,11 @@ fn q4k_tile<const A: usize, const GEMM: bool, const AMX: bool>(
             let hi = sub_block::<8, A>(b, 16 * j + 8, &yb);
             let (s0, s1) = (lanes(&b.sc[2 * j]), lanes(&b.sc[2 * j + 1]));
             let (m0, m1) = (lanes(&b.pairs[2 * j]), lanes(&b.pairs[2 * j + 1]));
+            // The gemm's `I_j` in floats, exactly: `|dot| <= 32 * 15 * 128`, scales
+            // below 64, so each product and their sum stay below 2^24 (integer
+            // multiplies are two uops on the port `vpdpbusd` needs).
+            let (f0, f1) = (_mm512_cvtepi32_ps(s0), _mm512_cvtepi32_ps(s1));
             for a in 0..A {
-                let isum =
-                    _mm512_add_epi32(_mm512_mullo_epi32(lo[a], s0), _mm512_mullo_epi32(hi[a], s1));
                 // bsums 4j, 4j + 1 belong to sub-block 2j; 4j + 2, 4j + 3 to 2j + 1.
                 let msum = _mm512_dpwssd_epi32(
                     _mm512_madd_epi16(m0, _mm512_set1_epi32(bsum_pair(yb[a], 2 * j))),
@@ -189,9 +191,18 @@ fn q4k_tile<const A: usize, const GEMM: bool, const AMX: bool>(
                     _mm512_set1_epi32(bsum_pair(yb[a], 2 * j + 1)),
                 );
                 if GEMM {
-                    acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd[a], acc[a]);
+                    let isum = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(lo[a]),
+                        f0,
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(hi[a]), f1),
+                    );
+                    acc[a] = _mm512_fmadd_ps(isum, dd[a], acc[a]);
                     accm[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm[a], accm[a]);
                 } else {
+                    let isum = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo[a], s0),
+                        _mm512_mullo_epi32(hi[a], s1),
+                    );
                     iblock[a] = _mm512_add_epi32(iblock[a], isum);
                     mblock[a] = _mm512_add_epi32(mblock[a], msum);
                 }
