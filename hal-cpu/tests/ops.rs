@@ -624,10 +624,10 @@ fn write_kv_rejects_out_of_range_slot() {
 }
 
 /// `gelu_mul` goes through a table indexed by the f16 input: every f16 value, and f32
-/// values between them and beyond +-10, against `gelu_tanh_ggml_f16` bit for bit.
+/// values between them and beyond +-10, against `gelu_tanh_ggml_f16` bit for bit, at
+/// every SIMD level this CPU has.
 #[test]
 fn gelu_mul_table_equals_the_core_function() {
-    let d = dev();
     let mut gate: Vec<f32> = (0..=u16::MAX)
         .map(|b| half::f16::from_bits(b).to_f32())
         .filter(|x| x.is_finite())
@@ -638,16 +638,26 @@ fn gelu_mul_table_equals_the_core_function() {
     let up: Vec<f32> = (0..gate.len())
         .map(|i| 1.0 + (i % 7) as f32 * 0.25)
         .collect();
-    let mut out = vec![f32::NAN; gate.len()];
-    d.gelu_mul((&gate).into(), (&up).into(), (&mut out).into())
-        .expect("gelu_mul");
-    for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
-        let want = math::gelu_tanh_ggml_f16(g) * u;
-        assert_eq!(
-            o.to_bits(),
-            want.to_bits(),
-            "gelu({g}) * {u}: {o} vs {want}"
-        );
+    for level in flint_hal_cpu::SimdLevel::ALL {
+        let opts = flint_hal::DeviceOptions {
+            threads: Some(1),
+            keep_quant: true,
+        };
+        let Ok(d) = CpuDevice::with_level(&opts, level) else {
+            eprintln!("level {level:?}: not on this CPU, skipped");
+            continue;
+        };
+        let mut out = vec![f32::NAN; gate.len()];
+        d.gelu_mul((&gate).into(), (&up).into(), (&mut out).into())
+            .expect("gelu_mul");
+        for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
+            let want = math::gelu_tanh_ggml_f16(g) * u;
+            assert_eq!(
+                o.to_bits(),
+                want.to_bits(),
+                "{level:?}: gelu({g}) * {u}: {o} vs {want}"
+            );
+        }
     }
 }
 
