@@ -273,6 +273,81 @@ pub(crate) fn paged_attention_in_groups(
         }
     }
     let spread = (rayon::current_num_threads() / items.len().max(1)).max(1);
+    let attend = |(si, kvh, qs): &WorkItem, o: &mut [f32]| -> Result<(), ()> {
+        let seq = &p.seqs[*si];
+        let mut g = LaneGroup {
+            q: Vec::with_capacity(qs.len()),
+            range: Vec::with_capacity(qs.len()),
+            sink: Vec::with_capacity(qs.len()),
+            spread,
+        };
+        for &(r, h) in qs {
+            let pos = seq.positions.host()[r - seq.q_start] as usize;
+            let lo = flint_core::math::window_start(pos, p.window);
+            g.q.push(&queries[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
+            g.range.push((lo, pos));
+            g.sink.push(p.sinks.map(|s| s.host()[h]));
+        }
+        let at = |j: usize| {
+            let b = *seq.block_table.host().get(j / bs)?;
+            if b == NO_BLOCK || b as usize >= l.num_blocks {
+                return None;
+            }
+            let slot = b as usize * bs + j % bs;
+            Some((kv.key_base(slot, *kvh), slot * rv + kvh * dv))
+        };
+        let src = KvSource {
+            k: &kv.k,
+            k_stride: bs,
+            v: &kv.v,
+            v_stride: rv,
+            runs16: bs.is_multiple_of(CHUNK),
+            at: &at,
+        };
+        run(&g, &src, o)
+    };
+    let freed = || {
+        HalError::invalid(
+            "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
+        )
+    };
+    // Output row of each query: `r * nh + h`. Where every work item's rows are one
+    // ascending run (one KV head, or one row per item), the items attend straight into
+    // their part of `out`; else each into its own buffer, copied to its rows after.
+    let first_row = |item: &WorkItem| item.2.first().map_or(0, |&(r, h)| r * nh + h);
+    let runs = items.iter().all(|item| {
+        item.2
+            .windows(2)
+            .all(|w| w[1].0 * nh + w[1].1 == w[0].0 * nh + w[0].1 + 1)
+    });
+    if runs {
+        let mut order: Vec<&WorkItem> = items.iter().collect();
+        order.sort_by_key(|item| first_row(item));
+        let total = out.len() / dv;
+        let mut parts: Vec<(&WorkItem, &mut [f32])> = Vec::with_capacity(order.len());
+        let mut rest = &mut out[..];
+        let mut at = 0;
+        for item in order {
+            let (r0, len) = (first_row(item), item.2.len());
+            if r0 < at || r0 + len > total {
+                return Err(HalError::invalid(
+                    "paged_attention: a query row owned twice",
+                ));
+            }
+            let (gap, tail) = std::mem::take(&mut rest).split_at_mut((r0 - at) * dv);
+            // Rows no query owns stay zero, as every owned one is written.
+            gap.fill(0.0);
+            let (mine, tail) = tail.split_at_mut(len * dv);
+            parts.push((item, mine));
+            rest = tail;
+            at = r0 + len;
+        }
+        rest.fill(0.0);
+        return parts
+            .into_par_iter()
+            .try_for_each(|(item, o)| attend(item, o))
+            .map_err(|()| freed());
+    }
     // Each work item owns the output rows of its queries: the tasks write them in
     // parallel (no result buffers gathered and copied on one thread afterwards).
     let mut rows: Vec<Option<&mut [f32]>> = out.chunks_mut(dv).map(Some).collect();
@@ -293,49 +368,15 @@ pub(crate) fn paged_attention_in_groups(
         row.fill(0.0);
     }
     work.into_par_iter()
-        .try_for_each(|((si, kvh, qs), mut dst)| {
-            let seq = &p.seqs[*si];
-            let mut g = LaneGroup {
-                q: Vec::with_capacity(qs.len()),
-                range: Vec::with_capacity(qs.len()),
-                sink: Vec::with_capacity(qs.len()),
-                spread,
-            };
-            for &(r, h) in qs {
-                let pos = seq.positions.host()[r - seq.q_start] as usize;
-                let lo = flint_core::math::window_start(pos, p.window);
-                g.q.push(&queries[(r * nh + h) * dk..(r * nh + h + 1) * dk]);
-                g.range.push((lo, pos));
-                g.sink.push(p.sinks.map(|s| s.host()[h]));
-            }
-            let at = |j: usize| {
-                let b = *seq.block_table.host().get(j / bs)?;
-                if b == NO_BLOCK || b as usize >= l.num_blocks {
-                    return None;
-                }
-                let slot = b as usize * bs + j % bs;
-                Some((kv.key_base(slot, *kvh), slot * rv + kvh * dv))
-            };
-            let src = KvSource {
-                k: &kv.k,
-                k_stride: bs,
-                v: &kv.v,
-                v_stride: rv,
-                runs16: bs.is_multiple_of(CHUNK),
-                at: &at,
-            };
-            let mut o = vec![0f32; qs.len() * dv];
-            run(&g, &src, &mut o)?;
+        .try_for_each(|(item, mut dst)| {
+            let mut o = vec![0f32; item.2.len() * dv];
+            attend(item, &mut o)?;
             for (d, v) in dst.iter_mut().zip(o.chunks_exact(dv)) {
                 d.copy_from_slice(v);
             }
             Ok(())
         })
-        .map_err(|()| {
-            HalError::invalid(
-                "paged_attention: a visible position maps to a freed (NO_BLOCK) or out-of-range block",
-            )
-        })?;
+        .map_err(|()| freed())?;
     Ok(())
 }
 
