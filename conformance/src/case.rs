@@ -423,6 +423,7 @@ impl Case {
             Op::RmsNorm => &[Op::RmsNorm],
             Op::AddRmsNorm => &[Op::AddRmsNorm],
             Op::Rope => &[Op::Rope],
+            Op::NormRope => &[Op::NormRope],
             Op::SiluMul => &[Op::SiluMul],
             Op::GeluMul => &[Op::GeluMul],
             Op::SwigluOaiMul => &[Op::SwigluOaiMul],
@@ -753,6 +754,7 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
     );
     for (label, spec) in rope_specs() {
         push(Op::Rope, None, label, Shape::Rope(spec), e);
+        push(Op::NormRope, None, label, Shape::Rope(spec), e);
     }
     push(Op::SiluMul, None, "", Shape::Flat { n: 1003 }, e);
     push(Op::GeluMul, None, "", Shape::Flat { n: 1003 }, e);

@@ -174,6 +174,7 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
             add_rms_case(dev, case, *rows, *dim, &mut rng)
         }
         (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, &mut rng),
+        (Shape::Rope(spec), Op::NormRope) => norm_rope_case(dev, case, spec, &mut rng),
         (Shape::Bias { rows, dim }, Op::AddBias) => bias_case(dev, case, *rows, *dim, &mut rng),
         (Shape::Flat { n }, Op::Copy) => copy_case(dev, case, *n, &mut rng),
         (Shape::Chain { rows, k, n }, Op::Copy) => {
@@ -674,6 +675,86 @@ fn add_rms_case(
     Ok(a.max(b))
 }
 
+/// The positions of a RoPE case's rows: up to a few thousand, or (`far`) up to 131071,
+/// always with 0 and the edges of a 4096-token context.
+fn rope_positions(spec: &RopeSpec, rng: &mut CaseRng) -> Vec<u32> {
+    let (fixed, bound): (&[u32], usize) = if spec.far {
+        (&[0, 1, 4095, 4096, 32768, 70000, 131071], 131_072)
+    } else {
+        (&[0, 1, 4095, 17, 2900], 5000)
+    };
+    let mut positions = fixed.to_vec();
+    while positions.len() < spec.rows {
+        positions.push(rng.below(bound) as u32);
+    }
+    positions.truncate(spec.rows);
+    positions
+}
+
+/// `norm_rope` on queries (with a pre-scale) and keys: against the reference's head
+/// norm, rotation and scale, one after another.
+fn norm_rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) -> Res<f64> {
+    let &RopeSpec {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        n_rot,
+        ..
+    } = spec;
+    let positions = rope_positions(spec, rng);
+    let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
+    let factors_t = factors.as_deref().map(|f| put(dev, f)).transpose()?;
+    let p = flint_hal::RopeParams {
+        n_heads: heads,
+        head_dim,
+        kind: spec.kind,
+        n_rot,
+        base: spec.base,
+        freq_scale: spec.freq_scale,
+        freq_factors: factors_t.as_ref().map(Tensor::view),
+        yarn: spec.yarn,
+    };
+    let eps = 1e-6;
+    let mut worst = 0.0f64;
+    for (what, n_heads, scale) in [("q", heads, 0.0625f32), ("k", kv_heads, 1.0)] {
+        if n_heads == 0 {
+            continue;
+        }
+        let mut x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
+        // Heads of very different magnitudes: a head normed with another's statistics
+        // is far off.
+        for (c, chunk) in x0.chunks_exact_mut(head_dim).enumerate() {
+            let mag = 4f32.powi((c % 8) as i32 - 3);
+            chunk.iter_mut().for_each(|v| *v *= mag);
+        }
+        let w = rng.vec(head_dim, 0.5, 1.5);
+        let mut want = reference::rms_norm_rows(&x0, Some(&w), eps, head_dim);
+        let host = flint_hal::RopeParams {
+            n_heads,
+            freq_factors: factors.as_deref().map(View::from),
+            ..p
+        };
+        reference::rope(&mut want, &positions, head_dim, &host.config());
+        want.iter_mut().for_each(|v| *v *= scale);
+        let mut xt = inout_tensor(dev, &x0)?;
+        let wt = put(dev, &w)?;
+        let pt = put_indices(dev, &positions)?;
+        dev.norm_rope(
+            xt.body_mut(),
+            wt.view(),
+            eps,
+            pt.view(),
+            &flint_hal::RopeParams { n_heads, ..p },
+            scale,
+        )
+        .map_err(|e| dev_err("norm_rope", e))?;
+        let x = fetch(dev, &xt, what)?;
+        worst = worst.max(compare(what, x.body(), &want, case.tolerance)?);
+    }
+    Ok(worst)
+}
+
 fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) -> Res<f64> {
     let &RopeSpec {
         rows,
@@ -683,18 +764,7 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         n_rot,
         ..
     } = spec;
-    // Positions up to a few thousand, or (`far`) up to 131071, always with 0 and the
-    // edges of a 4096-token context.
-    let (fixed, bound): (&[u32], usize) = if spec.far {
-        (&[0, 1, 4095, 4096, 32768, 70000, 131071], 131_072)
-    } else {
-        (&[0, 1, 4095, 17, 2900], 5000)
-    };
-    let mut positions = fixed.to_vec();
-    while positions.len() < rows {
-        positions.push(rng.below(bound) as u32);
-    }
-    positions.truncate(rows);
+    let positions = rope_positions(spec, rng);
     let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
     // The factors as the engine holds them: a tensor of the device.
     let factors_t = factors.as_deref().map(|f| put(dev, f)).transpose()?;

@@ -243,6 +243,34 @@ fn gelu_f16_table() -> &'static [f32] {
     })
 }
 
+impl CpuDevice {
+    /// The rotation table of `positions` under `cfg`: the q and k of every layer of a
+    /// step share their positions (and, per kind of layer, their parameters), so the
+    /// angles are computed once and kept for the next calls.
+    fn rope_table(
+        &self,
+        positions: &[u32],
+        cfg: &flint_hal::RopeConfig<'_>,
+    ) -> Arc<ops::RopeTable> {
+        let cached = {
+            let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+            cache.iter().find(|t| t.matches(positions, cfg)).cloned()
+        };
+        match cached {
+            Some(t) => t,
+            None => {
+                let t = Arc::new(self.pool.install(|| ops::RopeTable::new(positions, cfg)));
+                let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= ROPE_TABLES {
+                    cache.remove(0);
+                }
+                cache.push(Arc::clone(&t));
+                t
+            }
+        }
+    }
+}
+
 impl Device for CpuDevice {
     fn name(&self) -> &str {
         "cpu"
@@ -294,6 +322,7 @@ impl Device for CpuDevice {
             Op::RmsNorm
             | Op::AddRmsNorm
             | Op::Rope
+            | Op::NormRope
             | Op::SiluMul
             | Op::GeluMul
             | Op::SwigluOaiMul
@@ -459,30 +488,34 @@ impl Device for CpuDevice {
         let positions = positions.host();
         let x = x.host();
         p.check()?;
-        let cfg = p.config();
-        // The q and k of every layer of a step share their positions (and, per kind of
-        // layer, their parameters): the angles are computed once and kept for the next
-        // calls.
-        let cached = {
-            let cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
-            cache.iter().find(|t| t.matches(positions, &cfg)).cloned()
-        };
-        let table = match cached {
-            Some(t) => t,
-            None => {
-                let t = Arc::new(self.pool.install(|| ops::RopeTable::new(positions, &cfg)));
-                let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= ROPE_TABLES {
-                    cache.remove(0);
-                }
-                cache.push(Arc::clone(&t));
-                t
-            }
-        };
+        let table = self.rope_table(positions, &p.config());
         // FMA comes with every SIMD level.
         let fma = self.level >= SimdLevel::Avx2;
         self.pool
             .install(|| ops::rope(x, &table, p.kind, p.n_heads, p.head_dim, fma));
+        Ok(())
+    }
+
+    fn norm_rope(
+        &self,
+        x: ViewMut<'_>,
+        weight: View<'_>,
+        eps: f32,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+        scale: f32,
+    ) -> Result<(), HalError> {
+        let (x, weight, positions) = (x.host(), weight.host(), positions.host());
+        p.check()?;
+        let table = self.rope_table(positions, &p.config());
+        let fma = self.level >= SimdLevel::Avx2;
+        let heads = ops::Heads {
+            n_heads: p.n_heads,
+            head_dim: p.head_dim,
+            kind: p.kind,
+        };
+        self.pool
+            .install(|| ops::norm_rope(x, weight, eps, &table, heads, scale, self.level, fma));
         Ok(())
     }
 

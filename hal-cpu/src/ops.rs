@@ -292,6 +292,93 @@ pub(crate) fn rope(
         });
 }
 
+/// The heads of a row that [`norm_rope`] takes through its steps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heads {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub kind: math::RopeKind,
+}
+
+/// [`rms_norm`] of every head of `x` (`dim = head_dim`, times `weight`), then [`rope`]
+/// by `table`, then times `scale` (where not 1), row by row: each row goes through the
+/// three steps while it is in the core's caches, with the same arithmetic as the three
+/// ops one after another (each head's norm is its own chain, whichever heads
+/// [`rms_rows`] takes together).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_rope(
+    x: &mut [f32],
+    weight: &[f32],
+    eps: f32,
+    table: &RopeTable,
+    heads: Heads,
+    scale: f32,
+    level: SimdLevel,
+    fma: bool,
+) {
+    let _ = fma;
+    let Heads {
+        n_heads,
+        head_dim,
+        kind,
+    } = heads;
+    let n_rot = table.key.n_rot;
+    let row = n_heads * head_dim;
+    assert!(row > 0, "norm_rope: empty rows");
+    assert_eq!(x.len(), table.positions.len() * row, "norm_rope: x length");
+    assert_eq!(weight.len(), head_dim, "norm_rope: weight length");
+    assert!(
+        n_rot.is_multiple_of(2) && n_rot <= head_dim,
+        "norm_rope: n_rot {n_rot}, head size {head_dim}"
+    );
+    let half = n_rot / 2;
+    let rows_per_task = 8;
+    let chunk = |(xs, css): (&mut [f32], &[(f32, f32)])| {
+        // The task's heads normed together ([`NORM_ROWS`] at a time, as `rms_norm` takes
+        // them), then each row rotated, scaled and written back.
+        let mut normed = vec![0f32; xs.len()];
+        for (hs, os) in xs
+            .chunks(NORM_ROWS * head_dim)
+            .zip(normed.chunks_mut(NORM_ROWS * head_dim))
+        {
+            rms_rows(hs, Some(weight), eps, head_dim, os, level);
+        }
+        for (r, (xr, normed)) in xs
+            .chunks_exact_mut(row)
+            .zip(normed.chunks_exact_mut(row))
+            .enumerate()
+        {
+            if half > 0 {
+                let cs = &css[r * half..(r + 1) * half];
+                for h in normed.chunks_exact_mut(head_dim) {
+                    #[cfg(target_arch = "x86_64")]
+                    if fma {
+                        // SAFETY: the caller checked FMA (the device's SIMD level).
+                        unsafe { crate::kernels::elementwise::avx2::rope_rotate(h, kind, cs) };
+                        continue;
+                    }
+                    rope_rotate(h, kind, cs);
+                }
+            }
+            if scale == 1.0 {
+                xr.copy_from_slice(normed);
+            } else {
+                for (o, &v) in xr.iter_mut().zip(normed.iter()) {
+                    *o = v * scale;
+                }
+            }
+        }
+    };
+    if half == 0 {
+        x.par_chunks_mut(row * rows_per_task)
+            .for_each(|xs| chunk((xs, &[])));
+    } else {
+        x.par_chunks_mut(row * rows_per_task)
+            .zip(table.cs.par_chunks(half * rows_per_task))
+            .for_each(chunk);
+    }
+}
+
 /// One head's rotation by `cs` as `math::rope_rotate` computes it (ggml's
 /// `rotate_pairs` as GCC contracts it), with `f32::mul_add` for the fused
 /// multiply-adds; inlined into the FMA kernel of `kernels::elementwise::avx2`.

@@ -857,3 +857,76 @@ fn host_tensors_count_transfers_and_copy_ranges() {
     assert_eq!((all.uploads, all.upload_bytes), (2, 24 + 8));
     assert_eq!((all.downloads, all.download_bytes), (2, 8 + 24));
 }
+
+/// `norm_rope` equals `rms_norm` (per head), `rope` and `scale` one after another bit for
+/// bit, at every SIMD level this CPU has: Gemma 3's queries (four heads of 256, a
+/// pre-scale) and keys (one head), Qwen 3's (heads of 128), more heads in a row than
+/// the norm takes at once, adjacent pairs, a partial rotation, and row counts that
+/// leave a short last task.
+#[test]
+fn norm_rope_equals_its_three_ops() {
+    use flint_hal::RopeKind;
+    let mut rng = Rng(77);
+    let cases: [(usize, usize, usize, RopeKind, usize, f32); 6] = [
+        // (rows, heads, head_dim, kind, n_rot, scale)
+        (19, 4, 256, RopeKind::Neox, 256, 0.0625),
+        (19, 1, 256, RopeKind::Neox, 256, 1.0),
+        (11, 8, 128, RopeKind::Neox, 128, 1.0),
+        (5, 20, 64, RopeKind::Normal, 64, 0.125),
+        (9, 3, 48, RopeKind::Neox, 32, 1.0),
+        (1, 2, 64, RopeKind::Normal, 0, 0.5),
+    ];
+    for level in SimdLevel::ALL {
+        let opts = DeviceOptions {
+            threads: Some(2),
+            keep_quant: true,
+        };
+        let Ok(d) = CpuDevice::with_level(&opts, level) else {
+            eprintln!("level {level:?}: not on this CPU, skipped");
+            continue;
+        };
+        for &(rows, n_heads, head_dim, kind, n_rot, scale) in &cases {
+            let p = RopeParams {
+                kind,
+                n_rot,
+                ..RopeParams::neox(n_heads, head_dim, head_dim, 1e6)
+            };
+            let pos: Vec<u32> = (0..rows as u32).map(|i| 5 * i + 3).collect();
+            let x0: Vec<f32> = rng
+                .vec(rows * n_heads * head_dim)
+                .iter()
+                .map(|v| v * 3.0)
+                .collect();
+            let w: Vec<f32> = rng.vec(head_dim).iter().map(|v| 1.0 + v).collect();
+            let mut want = vec![0f32; x0.len()];
+            d.rms_norm(
+                (&x0).into(),
+                Some((&w).into()),
+                1e-6,
+                head_dim,
+                (&mut want).into(),
+            )
+            .expect("rms_norm");
+            d.rope((&mut want).into(), (&pos).into(), &p).expect("rope");
+            if scale != 1.0 {
+                d.scale((&mut want).into(), scale).expect("scale");
+            }
+            let mut got = x0.clone();
+            d.norm_rope(
+                (&mut got).into(),
+                (&w).into(),
+                1e-6,
+                (&pos).into(),
+                &p,
+                scale,
+            )
+            .expect("norm_rope");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{level:?}: {rows} rows of {n_heads} x {head_dim}, {kind:?}, n_rot {n_rot}, scale {scale}"
+            );
+        }
+    }
+}

@@ -82,6 +82,7 @@ impl Device for RefDevice {
             Op::RmsNorm
             | Op::AddRmsNorm
             | Op::Rope
+            | Op::NormRope
             | Op::SiluMul
             | Op::GeluMul
             | Op::SwigluOaiMul

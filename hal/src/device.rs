@@ -277,6 +277,34 @@ pub trait Device: Send + Sync + fmt::Debug {
         p: &RopeParams<'_>,
     ) -> Result<(), HalError>;
 
+    /// A layer's query or key heads from their projection to the attention: in place on
+    /// `x = [rows, n_heads * head_dim]`, per head the RMSNorm times `weight` (`head_dim`
+    /// values), then RoPE at the row's position (`p`, as [`rope`](Device::rope)), then
+    /// times `scale`: the results of [`rms_norm`](Device::rms_norm) (`dim = head_dim`),
+    /// [`rope`](Device::rope) and [`scale`](Device::scale) one after another, bit for
+    /// bit (Qwen 3's and Gemma 3's query and key norms, Gemma 3's pre-scaled queries).
+    /// One call, so that a backend can take each row through the three steps while it
+    /// is in its caches. The default makes the three calls, the norm through a copy.
+    fn norm_rope(
+        &self,
+        x: ViewMut<'_>,
+        weight: View<'_>,
+        eps: f32,
+        positions: IndexView<'_>,
+        p: &RopeParams<'_>,
+        scale: f32,
+    ) -> Result<(), HalError> {
+        let mut x = x;
+        let mut src = self.alloc(x.len())?;
+        self.copy(x.as_view(), src.view_mut())?;
+        self.rms_norm(src.view(), Some(weight), eps, p.head_dim, x.reborrow())?;
+        self.rope(x.reborrow(), positions, p)?;
+        if scale != 1.0 {
+            self.scale(x, scale)?;
+        }
+        Ok(())
+    }
+
     /// `out = silu(gate) * up`, element-wise.
     fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) -> Result<(), HalError>;
 

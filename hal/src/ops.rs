@@ -22,6 +22,8 @@ pub enum Op {
     AddRmsNorm,
     /// [`Device::rope`](crate::Device::rope).
     Rope,
+    /// [`Device::norm_rope`](crate::Device::norm_rope).
+    NormRope,
     /// [`Device::silu_mul`](crate::Device::silu_mul).
     SiluMul,
     /// [`Device::gelu_mul`](crate::Device::gelu_mul).
@@ -64,7 +66,7 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
@@ -72,6 +74,7 @@ impl Op {
         Op::RmsNorm,
         Op::AddRmsNorm,
         Op::Rope,
+        Op::NormRope,
         Op::SiluMul,
         Op::GeluMul,
         Op::SwigluOaiMul,
@@ -104,6 +107,7 @@ impl Op {
             Op::RmsNorm => "rms_norm",
             Op::AddRmsNorm => "add_rms_norm",
             Op::Rope => "rope",
+            Op::NormRope => "norm_rope",
             Op::SiluMul => "silu_mul",
             Op::GeluMul => "gelu_mul",
             Op::SwigluOaiMul => "swiglu_oai_mul",

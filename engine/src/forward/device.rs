@@ -1341,17 +1341,6 @@ impl DeviceModel {
                 timed!("add_bias", dev.add_bias(t.get(dev, len)?, b.view()))?;
             }
         }
-        if let Some(w) = &at.q_norm {
-            self.norm_swap(q, qn, Some(w.view()), dk, norm_src)?;
-        }
-        if own_kv {
-            if let Some(w) = &at.k_norm {
-                self.norm_swap(k, kn, Some(w.view()), dk, norm_src)?;
-            }
-            if spec.v_norm {
-                self.norm_swap(v, vn, None, dv, norm_src)?;
-            }
-        }
         let rope = layer_rope(spec, il, None);
         let factors = self.rope_freqs.as_ref().map(Tensor::view);
         let rp = |n_heads| RopeParams {
@@ -1364,24 +1353,46 @@ impl DeviceModel {
             freq_factors: factors.filter(|_| spec.layers[il].rope_freq_factors),
             yarn: rope.yarn,
         };
-        timed!("rope", dev.rope(q.get(dev, qn)?, positions, &rp(h)))?;
+        // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
+        // queries, attention scale 1): the f16 rounding of the queries in its
+        // small-batch attention sees the scaled values, so the order matters to the
+        // bit.
+        let (q_scale, attn_scale) = if spec.q_prescaled {
+            (spec.attn_scale, 1.0)
+        } else {
+            (1.0, spec.attn_scale)
+        };
+        let eps = spec.rms_eps;
+        // Queries and keys: the head norm, the rotation and the pre-scale in one op
+        // where the model norms them.
+        match &at.q_norm {
+            Some(w) => timed!(
+                "norm_rope",
+                dev.norm_rope(q.get(dev, qn)?, w.view(), eps, positions, &rp(h), q_scale)
+            )?,
+            None => {
+                timed!("rope", dev.rope(q.get(dev, qn)?, positions, &rp(h)))?;
+                if q_scale != 1.0 {
+                    timed!("scale", dev.scale(q.get(dev, qn)?, q_scale))?;
+                }
+            }
+        }
         if own_kv {
-            timed!("rope", dev.rope(k.get(dev, kn)?, positions, &rp(hkv_l)))?;
+            match &at.k_norm {
+                Some(w) => timed!(
+                    "norm_rope",
+                    dev.norm_rope(k.get(dev, kn)?, w.view(), eps, positions, &rp(hkv_l), 1.0)
+                )?,
+                None => timed!("rope", dev.rope(k.get(dev, kn)?, positions, &rp(hkv_l)))?,
+            }
+            if spec.v_norm {
+                self.norm_swap(v, vn, None, dv, norm_src)?;
+            }
             timed!(
                 "write_kv",
                 dev.write_kv(&mut *kv[il], k.view(kn), v.view(vn), slots)
             )?;
         }
-        // A pre-scaled query (Gemma 3 in llama.cpp: `ggml_scale` on the rotated
-        // queries, attention scale 1): the f16 rounding of the queries in its
-        // small-batch attention sees the scaled values, so the order matters to the
-        // bit.
-        let attn_scale = if spec.q_prescaled {
-            timed!("scale", dev.scale(q.get(dev, qn)?, spec.attn_scale))?;
-            1.0
-        } else {
-            spec.attn_scale
-        };
         let mut rows = n;
         if let Some(wanted) = wanted {
             let qw = h * dk;
