@@ -422,6 +422,7 @@ impl Case {
             Op::GetRows => &[Op::GetRows],
             Op::RmsNorm => &[Op::RmsNorm],
             Op::AddRmsNorm => &[Op::AddRmsNorm],
+            Op::PostNormAddRmsNorm => &[Op::PostNormAddRmsNorm],
             Op::Rope => &[Op::Rope],
             Op::NormRope => &[Op::NormRope],
             Op::SiluMul => &[Op::SiluMul],
@@ -748,6 +749,19 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
         Shape::Rows {
             rows: 4,
             dim: 128,
+            heads: 1,
+        },
+        e,
+    );
+    // Gemma's sandwich norms: more rows than a task takes, a width that is not a
+    // multiple of 16.
+    push(
+        Op::PostNormAddRmsNorm,
+        None,
+        "residual",
+        Shape::Rows {
+            rows: 37,
+            dim: 120,
             heads: 1,
         },
         e,

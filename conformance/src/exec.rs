@@ -173,6 +173,9 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
         (Shape::Rows { rows, dim, .. }, Op::AddRmsNorm) => {
             add_rms_case(dev, case, *rows, *dim, &mut rng)
         }
+        (Shape::Rows { rows, dim, .. }, Op::PostNormAddRmsNorm) => {
+            post_norm_add_case(dev, case, *rows, *dim, &mut rng)
+        }
         (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, &mut rng),
         (Shape::Rope(spec), Op::NormRope) => norm_rope_case(dev, case, spec, &mut rng),
         (Shape::Bias { rows, dim }, Op::AddBias) => bias_case(dev, case, *rows, *dim, &mut rng),
@@ -665,6 +668,57 @@ fn add_rms_case(
     unchanged_on(dev, "delta", &dt, &delta)?;
     // The residual is checked too: rmsnorm is scale-invariant, so a residual that got
     // the delta (or itself) twice can still give a correct-looking output.
+    let a = compare(
+        "residual after the call",
+        res.body(),
+        &want_res,
+        case.tolerance,
+    )?;
+    let b = compare("out", out.body(), &want_out, case.tolerance)?;
+    Ok(a.max(b))
+}
+
+/// `post_norm_add_rms_norm`: the residual (it must get the normed delta exactly once)
+/// and the output against the reference's norm, add and norm.
+fn post_norm_add_case(
+    dev: &dyn Device,
+    case: &Case,
+    rows: usize,
+    dim: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let n = rows * dim;
+    let residual0 = rng.vec(n, -1.0, 1.0);
+    // Rows of very different magnitudes: a row normed with another's statistics is far
+    // off.
+    let mut delta = rng.vec(n, -0.5, 0.5);
+    for (r, row) in delta.chunks_exact_mut(dim).enumerate() {
+        let mag = 4f32.powi((r % 8) as i32 - 3);
+        row.iter_mut().for_each(|v| *v *= mag);
+    }
+    let (dw, weight) = (rng.vec(dim, 0.5, 1.5), rng.vec(dim, 0.5, 1.5));
+    let eps = 1e-6;
+    let normed = reference::rms_norm_rows(&delta, Some(&dw), eps, dim);
+    let want_res: Vec<f32> = residual0.iter().zip(&normed).map(|(a, b)| a + b).collect();
+    let want_out = reference::rms_norm_rows(&want_res, Some(&weight), eps, dim);
+    let mut res_t = inout_tensor(dev, &residual0)?;
+    let (dt, dwt, wt) = (put(dev, &delta)?, put(dev, &dw)?, put(dev, &weight)?);
+    let mut scratch = out_tensor(dev, n)?;
+    let mut out_t = out_tensor(dev, n)?;
+    dev.post_norm_add_rms_norm(
+        res_t.body_mut(),
+        dt.view(),
+        dwt.view(),
+        wt.view(),
+        eps,
+        dim,
+        scratch.body_mut(),
+        out_t.body_mut(),
+    )
+    .map_err(|e| dev_err("post_norm_add_rms_norm", e))?;
+    let res = fetch(dev, &res_t, "residual")?;
+    let out = fetch(dev, &out_t, "out")?;
+    unchanged_on(dev, "delta", &dt, &delta)?;
     let a = compare(
         "residual after the call",
         res.body(),

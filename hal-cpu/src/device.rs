@@ -321,6 +321,7 @@ impl Device for CpuDevice {
             Op::GetRows => ty.is_some_and(dequant_supports),
             Op::RmsNorm
             | Op::AddRmsNorm
+            | Op::PostNormAddRmsNorm
             | Op::Rope
             | Op::NormRope
             | Op::SiluMul
@@ -475,6 +476,34 @@ impl Device for CpuDevice {
         let (weight, out) = (weight.host(), out.host());
         self.pool.install(|| {
             ops::add_rms_norm(residual, delta, Some(weight), eps, dim, out, self.level)
+        });
+        Ok(())
+    }
+
+    fn post_norm_add_rms_norm(
+        &self,
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        delta_weight: View<'_>,
+        weight: View<'_>,
+        eps: f32,
+        dim: usize,
+        _scratch: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let (residual, delta, out) = (residual.host(), delta.host(), out.host());
+        let (delta_weight, weight) = (delta_weight.host(), weight.host());
+        self.pool.install(|| {
+            ops::post_norm_add_rms_norm(
+                residual,
+                delta,
+                delta_weight,
+                weight,
+                eps,
+                dim,
+                out,
+                self.level,
+            )
         });
         Ok(())
     }

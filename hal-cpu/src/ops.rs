@@ -52,6 +52,42 @@ pub(crate) fn add_rms_norm(
         });
 }
 
+/// `residual += rmsnorm(delta) * delta_weight`, then the RMSNorm of every row of the sum
+/// times `weight` into `out`: per chunk of rows, in parallel, the chunk's normed delta
+/// kept in the task (the same arithmetic as [`rms_norm`] into a buffer, then
+/// [`add_rms_norm`] from it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_norm_add_rms_norm(
+    residual: &mut [f32],
+    delta: &[f32],
+    delta_weight: &[f32],
+    weight: &[f32],
+    eps: f32,
+    dim: usize,
+    out: &mut [f32],
+    level: SimdLevel,
+) {
+    assert_eq!(
+        residual.len(),
+        delta.len(),
+        "post_norm_add_rms_norm: delta length"
+    );
+    check_norm_shapes(residual.len(), out.len(), Some(weight), dim);
+    check_norm_shapes(delta.len(), residual.len(), Some(delta_weight), dim);
+    residual
+        .par_chunks_mut(NORM_ROWS * dim)
+        .zip(delta.par_chunks(NORM_ROWS * dim))
+        .zip(out.par_chunks_mut(NORM_ROWS * dim))
+        .for_each(|((rs, ds), os)| {
+            let mut normed = vec![0f32; ds.len()];
+            rms_rows(ds, Some(delta_weight), eps, dim, &mut normed, level);
+            for (r, &d) in rs.iter_mut().zip(normed.iter()) {
+                *r += d;
+            }
+            rms_rows(rs, Some(weight), eps, dim, os, level);
+        });
+}
+
 fn check_norm_shapes(x_len: usize, out_len: usize, weight: Option<&[f32]>, dim: usize) {
     assert!(
         dim > 0 && x_len == out_len && x_len.is_multiple_of(dim),

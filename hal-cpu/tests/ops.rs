@@ -930,3 +930,70 @@ fn norm_rope_equals_its_three_ops() {
         }
     }
 }
+
+/// `post_norm_add_rms_norm` equals `rms_norm` into a buffer then `add_rms_norm` from it
+/// bit for bit, residual and output, at every SIMD level this CPU has (Gemma 3 270M's
+/// width, a width that is not a multiple of 16, row counts that leave a short chunk).
+#[test]
+fn post_norm_add_rms_norm_equals_its_two_ops() {
+    let mut rng = Rng(91);
+    for level in SimdLevel::ALL {
+        let opts = DeviceOptions {
+            threads: Some(2),
+            keep_quant: true,
+        };
+        let Ok(d) = CpuDevice::with_level(&opts, level) else {
+            eprintln!("level {level:?}: not on this CPU, skipped");
+            continue;
+        };
+        for (rows, dim) in [(37, 640), (5, 120), (16, 64)] {
+            let n = rows * dim;
+            let r0: Vec<f32> = rng.vec(n).iter().map(|v| v * 4.0).collect();
+            let delta = rng.vec(n);
+            let dw: Vec<f32> = rng.vec(dim).iter().map(|v| 1.0 + v).collect();
+            let w: Vec<f32> = rng.vec(dim).iter().map(|v| 1.0 + v * 0.5).collect();
+            let (mut want_res, mut want_out, mut normed) =
+                (r0.clone(), vec![0f32; n], vec![0f32; n]);
+            d.rms_norm(
+                (&delta).into(),
+                Some((&dw).into()),
+                1e-6,
+                dim,
+                (&mut normed).into(),
+            )
+            .expect("rms_norm");
+            d.add_rms_norm(
+                (&mut want_res).into(),
+                (&normed).into(),
+                (&w).into(),
+                1e-6,
+                dim,
+                (&mut want_out).into(),
+            )
+            .expect("add_rms_norm");
+            let (mut res, mut out, mut scratch) = (r0.clone(), vec![0f32; n], vec![0f32; n]);
+            d.post_norm_add_rms_norm(
+                (&mut res).into(),
+                (&delta).into(),
+                (&dw).into(),
+                (&w).into(),
+                1e-6,
+                dim,
+                (&mut scratch).into(),
+                (&mut out).into(),
+            )
+            .expect("post_norm_add_rms_norm");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&res),
+                bits(&want_res),
+                "{level:?}: residual, {rows} x {dim}"
+            );
+            assert_eq!(
+                bits(&out),
+                bits(&want_out),
+                "{level:?}: out, {rows} x {dim}"
+            );
+        }
+    }
+}

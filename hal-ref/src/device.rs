@@ -81,6 +81,7 @@ impl Device for RefDevice {
             Op::GetRows => ty.is_some_and(weight::dequant_supports),
             Op::RmsNorm
             | Op::AddRmsNorm
+            | Op::PostNormAddRmsNorm
             | Op::Rope
             | Op::NormRope
             | Op::SiluMul

@@ -268,6 +268,30 @@ pub trait Device: Send + Sync + fmt::Debug {
         out: ViewMut<'_>,
     ) -> Result<(), HalError>;
 
+    /// A sublayer's output through its post-norm into the residual stream, then the next
+    /// norm (Gemma's sandwich norms): `residual += rmsnorm(delta) * delta_weight`
+    /// (exactly once), then `out = rmsnorm(residual) * weight`, row by row: the results
+    /// of [`rms_norm`](Device::rms_norm) into `scratch` (`delta`'s length) and
+    /// [`add_rms_norm`](Device::add_rms_norm) from it, bit for bit. One call, so that a
+    /// backend can take each row through the steps while it is in its caches. The
+    /// default makes the two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn post_norm_add_rms_norm(
+        &self,
+        residual: ViewMut<'_>,
+        delta: View<'_>,
+        delta_weight: View<'_>,
+        weight: View<'_>,
+        eps: f32,
+        dim: usize,
+        scratch: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let mut scratch = scratch;
+        self.rms_norm(delta, Some(delta_weight), eps, dim, scratch.reborrow())?;
+        self.add_rms_norm(residual, scratch.as_view(), weight, eps, dim, out)
+    }
+
     /// RoPE in place on `x = [rows, n_heads * head_dim]`, row `i` at `positions[i]` (see
     /// [`RopeParams`]). Parameters that [`RopeParams::check`] refuses are `InvalidInput`.
     fn rope(

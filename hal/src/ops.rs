@@ -20,6 +20,8 @@ pub enum Op {
     RmsNorm,
     /// [`Device::add_rms_norm`](crate::Device::add_rms_norm).
     AddRmsNorm,
+    /// [`Device::post_norm_add_rms_norm`](crate::Device::post_norm_add_rms_norm).
+    PostNormAddRmsNorm,
     /// [`Device::rope`](crate::Device::rope).
     Rope,
     /// [`Device::norm_rope`](crate::Device::norm_rope).
@@ -66,13 +68,14 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 28] = [
         Op::Stage,
         Op::Matmul,
         Op::ExpertMatmul,
         Op::GetRows,
         Op::RmsNorm,
         Op::AddRmsNorm,
+        Op::PostNormAddRmsNorm,
         Op::Rope,
         Op::NormRope,
         Op::SiluMul,
@@ -106,6 +109,7 @@ impl Op {
             Op::GetRows => "get_rows",
             Op::RmsNorm => "rms_norm",
             Op::AddRmsNorm => "add_rms_norm",
+            Op::PostNormAddRmsNorm => "post_norm_add_rms_norm",
             Op::Rope => "rope",
             Op::NormRope => "norm_rope",
             Op::SiluMul => "silu_mul",

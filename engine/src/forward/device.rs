@@ -1146,17 +1146,13 @@ impl DeviceModel {
             );
             let mlp_bufs = &mut bufs.mlp;
             let norm_src = &mut bufs.norm_src;
-            let delta = self.post_norm(&layer.post_attn_norm, tmp.as_view(), norm_src)?;
-            timed!(
-                "add_rms_norm",
-                dev.add_rms_norm(
-                    x.reborrow(),
-                    delta,
-                    layer.ffn_norm.view(),
-                    spec.rms_eps,
-                    d,
-                    f.reborrow()
-                )
+            self.residual_norm(
+                &layer.post_attn_norm,
+                tmp.as_view(),
+                x.reborrow(),
+                layer.ffn_norm.view(),
+                f.reborrow(),
+                norm_src,
             )?;
             self.ffn(
                 layer,
@@ -1166,25 +1162,22 @@ impl DeviceModel {
                 tmp.reborrow(),
                 mlp_bufs,
             )?;
-            let delta = self.post_norm(&layer.post_ffn_norm, tmp.as_view(), norm_src)?;
             let next_norm = match self.layers.get(il + 1) {
                 Some(next) => &next.attn_norm,
                 None => &self.output_norm,
             };
             if layer.per_layer.is_none() && layer.out_scale.is_none() {
-                timed!(
-                    "add_rms_norm",
-                    dev.add_rms_norm(
-                        x.reborrow(),
-                        delta,
-                        next_norm.view(),
-                        spec.rms_eps,
-                        d,
-                        a.reborrow()
-                    )
+                self.residual_norm(
+                    &layer.post_ffn_norm,
+                    tmp.as_view(),
+                    x.reborrow(),
+                    next_norm.view(),
+                    a.reborrow(),
+                    norm_src,
                 )?;
                 continue;
             }
+            let delta = self.post_norm(&layer.post_ffn_norm, tmp.as_view(), norm_src)?;
             timed!("add", dev.add(x.reborrow(), delta))?;
             if let (Some(li), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
                 self.layer_input(
@@ -1603,6 +1596,33 @@ impl DeviceModel {
             dev.rms_norm(buf.view(len), w, self.spec.rms_eps, dim, out)
         )?;
         std::mem::swap(buf, scratch);
+        Ok(())
+    }
+
+    /// A sublayer's output `t` (rows of `d`) into the residual stream `x` (through the
+    /// post-norm `post` where the model has one), then `out = rmsnorm(x) * next`: one op
+    /// either way (`scratch` holds the normed output where the device needs it).
+    fn residual_norm(
+        &self,
+        post: &Option<Tensor>,
+        t: View<'_>,
+        x: ViewMut<'_>,
+        next: View<'_>,
+        out: ViewMut<'_>,
+        scratch: &mut Buf,
+    ) -> Result<(), ModelError> {
+        let dev = &*self.dev;
+        let (eps, d) = (self.spec.rms_eps, self.spec.d);
+        match post {
+            Some(w) => {
+                let s = scratch.get(dev, t.len())?;
+                timed!(
+                    "post_norm_add_rms_norm",
+                    dev.post_norm_add_rms_norm(x, t, w.view(), next, eps, d, s, out)
+                )?;
+            }
+            None => timed!("add_rms_norm", dev.add_rms_norm(x, t, next, eps, d, out))?,
+        }
         Ok(())
     }
 
