@@ -418,6 +418,7 @@ impl Case {
             // stage the weights they take (of that kind), whatever `supports(Stage)`
             // says about plain matrices.
             Op::Matmul => &[Op::Matmul],
+            Op::MatmulGlu => &[Op::MatmulGlu],
             Op::ExpertMatmul => &[Op::ExpertMatmul],
             Op::GetRows => &[Op::GetRows],
             Op::RmsNorm => &[Op::RmsNorm],
@@ -675,6 +676,17 @@ pub fn all_cases(master_seed: u64) -> Vec<Case> {
                 Op::Matmul,
                 Some(ty),
                 "multi",
+                Shape::Weight { k: 3 * u, n: 37, m },
+                tol::matmul(ty),
+            );
+        }
+        // A gated MLP's first half (`matmul_glu`): a few rows, and a prompt batch (the
+        // CPU backend's fused gemm from 64 rows).
+        for m in [3, 70] {
+            push(
+                Op::MatmulGlu,
+                Some(ty),
+                "",
                 Shape::Weight { k: 3 * u, n: 37, m },
                 tol::matmul(ty),
             );

@@ -156,6 +156,9 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
     match (&case.shape, case.op) {
         (Shape::Weight { k, n, .. }, Op::Stage) => stage_case(dev, case, *k, *n, &mut rng),
         (Shape::Weight { k, n, m }, Op::Matmul) => matmul_case(dev, case, *k, *n, *m, &mut rng),
+        (Shape::Weight { k, n, m }, Op::MatmulGlu) => {
+            matmul_glu_case(dev, case, *k, *n, *m, &mut rng)
+        }
         (Shape::Weight { k, n, m }, Op::GetRows) => get_rows_case(dev, case, *k, *n, *m, &mut rng),
         (
             Shape::Tower {
@@ -411,6 +414,85 @@ fn matmul_multi_case(
                 alone[j]
             )));
         }
+    }
+    Ok(worst)
+}
+
+/// `matmul_glu` (SiLU for a few rows, GELU for a batch): against the reference's two
+/// matmuls and activation, and bit for bit against the device's own `matmul_multi` and
+/// activation op (the contract: one call instead of several, the same numbers).
+fn matmul_glu_case(
+    dev: &dyn Device,
+    case: &Case,
+    k: usize,
+    n: usize,
+    m: usize,
+    rng: &mut CaseRng,
+) -> Res<f64> {
+    let ty = weight_ty(case)?;
+    let glu = if m < 16 {
+        flint_hal::Glu::Silu
+    } else {
+        flint_hal::Glu::GeluTanh
+    };
+    let (gb, gf) = random_weight(ty, k, n, rng)?;
+    let (ub, uf) = random_weight(ty, k, n, rng)?;
+    let g = stage(dev, &desc(case, vec![k, n], WeightKind::Matrix, gb)?)?;
+    let u = stage(dev, &desc(case, vec![k, n], WeightKind::Matrix, ub)?)?;
+    let x = rng.vec(m * k, -1.0, 1.0);
+    let (gw, uw) = (
+        reference::matmul_f32(&gf, k, &x, m),
+        reference::matmul_f32(&uf, k, &x, m),
+    );
+    let want = match glu {
+        flint_hal::Glu::Silu => reference::silu_mul(&gw, &uw),
+        _ => reference::gelu_mul(&gw, &uw),
+    };
+    let xt = put(dev, &x)?;
+    let (mut s0, mut s1) = (out_tensor(dev, m * n)?, out_tensor(dev, m * n)?);
+    let mut out = out_tensor(dev, m * n)?;
+    dev.matmul_glu(
+        g.as_ref(),
+        u.as_ref(),
+        xt.view(),
+        m,
+        glu,
+        [s0.body_mut(), s1.body_mut()],
+        out.body_mut(),
+    )
+    .map_err(|e| dev_err("matmul_glu", e))?;
+    let got = fetch(dev, &out, "out")?;
+    unchanged_on(dev, "x", &xt, &x)?;
+    let worst = compare("out", got.body(), &want, case.tolerance)?;
+    // The device's own ops, one after another.
+    let mut gp = dev
+        .alloc(m * n)
+        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+    let mut up = dev
+        .alloc(m * n)
+        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+    let mut apart = dev
+        .alloc(m * n)
+        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+    dev.matmul_multi(
+        &[g.as_ref(), u.as_ref()],
+        xt.view(),
+        m,
+        &mut [gp.view_mut(), up.view_mut()],
+    )
+    .map_err(|e| dev_err("matmul_multi", e))?;
+    match glu {
+        flint_hal::Glu::Silu => dev.silu_mul(gp.view(), up.view(), apart.view_mut()),
+        _ => dev.gelu_mul(gp.view(), up.view(), apart.view_mut()),
+    }
+    .map_err(|e| dev_err("activation", e))?;
+    let apart = get(dev, apart.view())?;
+    if let Some(j) = (0..apart.len()).find(|&j| apart[j].to_bits() != got.body()[j].to_bits()) {
+        return Err(Stop::Fail(format!(
+            "out[{j}]: matmul_glu gave {} where matmul_multi and the activation give {}",
+            got.body()[j],
+            apart[j]
+        )));
     }
     Ok(worst)
 }

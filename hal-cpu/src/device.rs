@@ -234,7 +234,7 @@ impl CpuDevice {
 }
 
 /// `gelu_tanh_ggml_f16` of every f16 value (by its bits), built once (65536 entries).
-fn gelu_f16_table() -> &'static [f32] {
+pub(crate) fn gelu_f16_table() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
@@ -315,7 +315,7 @@ impl Device for CpuDevice {
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
         match op {
-            Op::Stage | Op::Matmul | Op::ExpertMatmul => {
+            Op::Stage | Op::Matmul | Op::MatmulGlu | Op::ExpertMatmul => {
                 ty.is_some_and(|t| self.matmul_supports(t))
             }
             Op::GetRows => ty.is_some_and(dequant_supports),
@@ -381,6 +381,23 @@ impl Device for CpuDevice {
     ) -> Result<(), HalError> {
         let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.reborrow().host()).collect();
         self.matmul_shared(ws, x.host(), m, &mut outs)
+    }
+
+    fn matmul_glu(
+        &self,
+        gate: &dyn Weight,
+        up: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        glu: flint_hal::Glu,
+        scratch: [ViewMut<'_>; 2],
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        let mut out = out;
+        if self.matmul_glu_fused(gate, up, x.host(), m, glu, out.reborrow().host())? {
+            return Ok(());
+        }
+        flint_hal::matmul_glu_composed(self, gate, up, x, m, glu, scratch, out)
     }
 
     fn expert_matmul(

@@ -47,6 +47,100 @@ fn dot_rows_checked(
 }
 
 impl CpuDevice {
+    /// [`Device::matmul_glu`] in one pass where a kernel takes it: a prompt batch
+    /// ([`kernels::GLU_MIN_ROWS`] rows or more) on AVX-512 VNNI of two Q8_0, Q5_0 or (the
+    /// file's layout) Q4_0 weights of one type and shape, with SiLU or GELU
+    /// ([`kernels::q0_glu_gemm`]). `Ok(false)`, nothing written, otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_glu_fused(
+        &self,
+        gate: &dyn Weight,
+        up: &dyn Weight,
+        x: &[f32],
+        m: usize,
+        glu: flint_hal::Glu,
+        out: &mut [f32],
+    ) -> Result<bool, HalError> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
+            let (g, u) = (self.weight(gate), self.weight(up));
+            let (ty, k, n) = (g.ty, g.k, g.n);
+            let q0 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0);
+            if self.level != SimdLevel::Avx512Vnni
+                || m < kernels::GLU_MIN_ROWS
+                || !q0
+                || (u.ty, u.k, u.n, u.e, g.e) != (ty, k, n, 1, 1)
+                || g.amx
+                || u.amx
+                || (ty == GgmlType::Q4_0 && (g.x16.is_some() || u.x16.is_some()))
+                || matches!(glu, flint_hal::Glu::SwigluOai)
+            {
+                return Ok(false);
+            }
+            assert_eq!(
+                x.len(),
+                m * k,
+                "matmul_glu: x has {} values, expected {m} x {k}",
+                x.len()
+            );
+            assert_eq!(
+                out.len(),
+                m * n,
+                "matmul_glu: out has {} values, expected {m} x {n}",
+                out.len()
+            );
+            let level = self.level;
+            let table = crate::device::gelu_f16_table();
+            let act: &kernels::GluAct<'_> = match glu {
+                // SAFETY (both): AVX-512F, AVX2 and F16C come with the VNNI level,
+                // checked against the CPU at device open.
+                flint_hal::Glu::GeluTanh => &|g, u, o| unsafe {
+                    kernels::elementwise::avx512::gelu_mul_table(table, g, u, o)
+                },
+                _ => &|g, u, o| unsafe { kernels::elementwise::avx512::silu_mul(g, u, o) },
+            };
+            self.count(ty);
+            self.count(ty);
+            let ws = [g.rows(0, n), u.rows(0, n)];
+            let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+            let mut gs =
+                std::mem::take(&mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let res = self.pool.install(|| {
+                let acts =
+                    Acts::new(level, ty, x, k).map_err(|e| fmt_err("quantizing activations", e))?;
+                let Acts::Q8_0 {
+                    blocks,
+                    scales,
+                    neg16_lanes,
+                } = &acts
+                else {
+                    return Ok(false);
+                };
+                let a = (&blocks[..], &scales[..], &neg16_lanes[..]);
+                match ty {
+                    GgmlType::Q5_0 => {
+                        kernels::q0_glu_gemm::<BlockQ5_0>(ws, a, k, n, per_rows, &mut gs, act, out)
+                    }
+                    GgmlType::Q8_0 => {
+                        kernels::q0_glu_gemm::<BlockQ8_0>(ws, a, k, n, per_rows, &mut gs, act, out)
+                    }
+                    _ => {
+                        kernels::q0_glu_gemm::<BlockQ4_0>(ws, a, k, n, per_rows, &mut gs, act, out)
+                    }
+                }
+                Ok(true)
+            });
+            *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
+            res
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (gate, up, x, m, glu, out);
+            Ok(false)
+        }
+    }
+
     /// Whether a single activation row of an F32 matrix of a multiple of 4 rows takes
     /// `ggml_vec_dot_f32`'s order (llama.cpp's for one row, `FloatOrder::LlamaCpp`)
     /// rather than tinyBLAS's (its batches'). Other F32 matrices and expert towers take

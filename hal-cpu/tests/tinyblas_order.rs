@@ -564,3 +564,86 @@ fn weights_larger_than_one_strip_are_bit_exact() {
         }
     }
 }
+
+/// `matmul_glu` of two legacy-type weights on a prompt batch (the fused gemm that
+/// applies the activation to each task's tiles) equals `matmul_multi` and the
+/// activation op bit for bit: Q5_0, Q8_0 and Q4_0, GELU and SiLU, both layouts, a
+/// weight wider than the fused gemm's strip of two weights (the last strip and the last
+/// panel partial), row counts at and above its threshold, and a few rows (the two
+/// matmuls).
+#[test]
+fn fused_glu_equals_its_matmuls_and_activation() {
+    use flint_hal::Glu;
+    let mut rng = Rng(23);
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    let k = 640;
+    let strip = flint_hal_cpu::kernels::gemm_strip_rows(SimdLevel::Avx512Vnni, GgmlType::Q8_0, k)
+        .expect("a strip size");
+    let n = strip / 2 + 37;
+    for level in [SimdLevel::Avx512Vnni, SimdLevel::Avx2] {
+        if SimdLevel::detect() < level {
+            eprintln!("{level:?}: not on this CPU, skipped");
+            continue;
+        }
+        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0] {
+            let (wg, wu) = (
+                random_weight(&mut rng, ty, k, n),
+                random_weight(&mut rng, ty, k, n),
+            );
+            for layout in [WeightLayout::Packed, WeightLayout::File] {
+                let dev = CpuDevice::with_level(&opts, level)
+                    .expect("device")
+                    .with_layout(layout);
+                let g = dev
+                    .stage(&desc("g", ty, &[k, n], wg.clone()))
+                    .expect("stage");
+                let u = dev
+                    .stage(&desc("u", ty, &[k, n], wu.clone()))
+                    .expect("stage");
+                for (m, glu) in [(64, Glu::GeluTanh), (131, Glu::Silu), (20, Glu::GeluTanh)] {
+                    let x = rng.vec(m * k);
+                    let (mut gp, mut up) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    dev.matmul_multi(
+                        &[&*g, &*u],
+                        (&x).into(),
+                        m,
+                        &mut [(&mut gp).into(), (&mut up).into()],
+                    )
+                    .expect("matmul_multi");
+                    let mut want = vec![0f32; m * n];
+                    match glu {
+                        Glu::GeluTanh => {
+                            dev.gelu_mul((&gp).into(), (&up).into(), (&mut want).into())
+                        }
+                        _ => dev.silu_mul((&gp).into(), (&up).into(), (&mut want).into()),
+                    }
+                    .expect("activation");
+                    let (mut s0, mut s1) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    let mut got = vec![f32::NAN; m * n];
+                    dev.matmul_glu(
+                        &*g,
+                        &*u,
+                        (&x).into(),
+                        m,
+                        glu,
+                        [(&mut s0).into(), (&mut s1).into()],
+                        (&mut got).into(),
+                    )
+                    .expect("matmul_glu");
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{ty} {level:?} {layout:?} {glu:?} m {m}: row {}, column {}: {a} vs {b}",
+                            i / n,
+                            i % n
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -77,7 +77,9 @@ impl Device for RefDevice {
     /// core's dot product (matmuls, staging) or dequantization (`get_rows`) computes.
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
         match op {
-            Op::Stage | Op::Matmul | Op::ExpertMatmul => ty.is_some_and(weight::dot_supports),
+            Op::Stage | Op::Matmul | Op::MatmulGlu | Op::ExpertMatmul => {
+                ty.is_some_and(weight::dot_supports)
+            }
             Op::GetRows => ty.is_some_and(weight::dequant_supports),
             Op::RmsNorm
             | Op::AddRmsNorm

@@ -549,7 +549,7 @@ impl Device for VkDevice {
 
     fn supports(&self, op: Op, ty: Option<GgmlType>) -> bool {
         match op {
-            Op::Stage | Op::Matmul | Op::ExpertMatmul | Op::GetRows => match ty {
+            Op::Stage | Op::Matmul | Op::MatmulGlu | Op::ExpertMatmul | Op::GetRows => match ty {
                 Some(t) => self.native(t) || GgmlType::DEQUANTIZABLE.contains(&t),
                 None => true,
             },

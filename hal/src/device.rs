@@ -4,7 +4,7 @@ use std::sync::Arc;
 use flint_core::GgmlType;
 
 use crate::ops::{
-    DeltaNetShape, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
+    DeltaNetShape, Glu, KvBuffer, KvLayout, Op, PagedAttention, RopeParams, RoutingConfig,
 };
 use crate::tensor::{
     IndexTensor, IndexView, IndexViewMut, Tensor, TransferCounter, Transfers, View, ViewMut,
@@ -191,6 +191,27 @@ pub trait Device: Send + Sync + fmt::Debug {
             self.matmul(*w, x, m, out.reborrow())?;
         }
         Ok(())
+    }
+
+    /// A gated MLP's first half: `out = act(matmul(gate, x), matmul(up, x))` with `act`
+    /// the element-wise op `glu` names: the results of
+    /// [`matmul_multi`](Device::matmul_multi) of the two weights into `scratch` (two
+    /// tensors of `m` rows of gate's output width) and of that op from them, bit for bit.
+    /// One call, so that a backend can apply the activation to each tile of the two
+    /// products while it is in its caches. The default makes those calls
+    /// ([`matmul_glu_composed`]).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu(
+        &self,
+        gate: &dyn Weight,
+        up: &dyn Weight,
+        x: View<'_>,
+        m: usize,
+        glu: Glu,
+        scratch: [ViewMut<'_>; 2],
+        out: ViewMut<'_>,
+    ) -> Result<(), HalError> {
+        matmul_glu_composed(self, gate, up, x, m, glu, scratch, out)
     }
 
     /// Grouped expert matmul on a tower `[in, out, E]`. `x` holds `r` rows of `in`,
@@ -597,5 +618,28 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// default calls `body` on the caller's thread.
     fn run_session(&self, body: &mut (dyn FnMut() + Send)) {
         body()
+    }
+}
+
+/// [`Device::matmul_glu`] as separate ops: [`Device::matmul_multi`] of `gate` and `up`
+/// into `scratch`, then the element-wise op `glu` names into `out` (the trait's default;
+/// a backend that fuses some cases calls it for the others).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_glu_composed<D: Device + ?Sized>(
+    dev: &D,
+    gate: &dyn Weight,
+    up: &dyn Weight,
+    x: View<'_>,
+    m: usize,
+    glu: Glu,
+    scratch: [ViewMut<'_>; 2],
+    out: ViewMut<'_>,
+) -> Result<(), HalError> {
+    let [mut g, mut u] = scratch;
+    dev.matmul_multi(&[gate, up], x, m, &mut [g.reborrow(), u.reborrow()])?;
+    match glu {
+        Glu::Silu => dev.silu_mul(g.as_view(), u.as_view(), out),
+        Glu::GeluTanh => dev.gelu_mul(g.as_view(), u.as_view(), out),
+        Glu::SwigluOai => dev.swiglu_oai_mul(g.as_view(), u.as_view(), out),
     }
 }

@@ -66,10 +66,10 @@ mod registry;
 mod tensor;
 mod weights;
 
-pub use device::{Device, DeviceCounters, DeviceRef};
+pub use device::{matmul_glu_composed, Device, DeviceCounters, DeviceRef};
 pub use error::{HalError, HalErrorKind};
 pub use ops::{
-    bias_rows, fanout, AttnSeq, DeltaNetShape, Gating, KvBuffer, KvLayout, Op, PagedAttention,
+    bias_rows, fanout, AttnSeq, DeltaNetShape, Gating, Glu, KvBuffer, KvLayout, Op, PagedAttention,
     RopeConfig, RopeKind, RopeParams, RoutingConfig, Yarn, NO_BLOCK,
 };
 pub use registry::{Availability, BackendEntry, DeviceOptions, Registry};

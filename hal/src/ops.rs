@@ -12,6 +12,8 @@ pub enum Op {
     Stage,
     /// [`Device::matmul`](crate::Device::matmul).
     Matmul,
+    /// [`Device::matmul_glu`](crate::Device::matmul_glu).
+    MatmulGlu,
     /// [`Device::expert_matmul`](crate::Device::expert_matmul).
     ExpertMatmul,
     /// [`Device::get_rows`](crate::Device::get_rows).
@@ -68,9 +70,10 @@ pub enum Op {
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 28] = [
+    pub const ALL: [Op; 29] = [
         Op::Stage,
         Op::Matmul,
+        Op::MatmulGlu,
         Op::ExpertMatmul,
         Op::GetRows,
         Op::RmsNorm,
@@ -105,6 +108,7 @@ impl Op {
         match self {
             Op::Stage => "stage",
             Op::Matmul => "matmul",
+            Op::MatmulGlu => "matmul_glu",
             Op::ExpertMatmul => "expert_matmul",
             Op::GetRows => "get_rows",
             Op::RmsNorm => "rms_norm",
@@ -138,9 +142,21 @@ impl Op {
     pub fn takes_weight(self) -> bool {
         matches!(
             self,
-            Op::Stage | Op::Matmul | Op::ExpertMatmul | Op::GetRows
+            Op::Stage | Op::Matmul | Op::MatmulGlu | Op::ExpertMatmul | Op::GetRows
         )
     }
+}
+
+/// The activation of a gated MLP ([`Device::matmul_glu`](crate::Device::matmul_glu)):
+/// which of the element-wise ops combines the gate and up products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Glu {
+    /// [`Device::silu_mul`](crate::Device::silu_mul).
+    Silu,
+    /// [`Device::gelu_mul`](crate::Device::gelu_mul).
+    GeluTanh,
+    /// [`Device::swiglu_oai_mul`](crate::Device::swiglu_oai_mul).
+    SwigluOai,
 }
 
 impl fmt::Display for Op {

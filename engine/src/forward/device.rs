@@ -20,9 +20,9 @@
 //! gates); the paged engine builds its batches itself.
 
 use flint_hal::{
-    AttnSeq, Device, DeviceRef, HalError, IndexTensor, IndexView, IndexViewMut, KvBuffer, KvLayout,
-    Op, PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc, WeightHandle,
-    WeightKind,
+    AttnSeq, Device, DeviceRef, Glu, HalError, IndexTensor, IndexView, IndexViewMut, KvBuffer,
+    KvLayout, Op, PagedAttention, RopeParams, RoutingConfig, Tensor, View, ViewMut, WeightDesc,
+    WeightHandle, WeightKind,
 };
 
 use crate::forward::profile::timed;
@@ -1767,13 +1767,17 @@ impl DeviceModel {
     ) -> Result<(), ModelError> {
         let dev = &*self.dev;
         let [g, u, mut hdn, _] = bufs.take(dev, n * mlp.width, 0)?;
-        let mut gu = [g, u];
+        let glu = match self.spec.activation {
+            Activation::Silu => Glu::Silu,
+            Activation::GeluTanh => Glu::GeluTanh,
+            Activation::SwigluOai => Glu::SwigluOai,
+        };
+        // Gate, up and the activation in one op (`g` and `u` hold the two products where
+        // the device computes them apart).
         timed!(
-            "gate_up",
-            dev.matmul_multi(&[&*mlp.gate, &*mlp.up], f, n, &mut gu)
+            "gate_up_act",
+            dev.matmul_glu(&*mlp.gate, &*mlp.up, f, n, glu, [g, u], hdn.reborrow())
         )?;
-        let [g, u] = gu;
-        self.activation(g.as_view(), u.as_view(), hdn.reborrow())?;
         timed!("ffn_down", dev.matmul(&*mlp.down, hdn.as_view(), n, out))?;
         Ok(())
     }

@@ -434,6 +434,9 @@ const Q0_DECODE_PANELS: usize = 4;
 pub(crate) struct GemmScratch {
     #[cfg(target_arch = "x86_64")]
     panels: Vec<q0::panel::PanelBlock>,
+    /// The up projection's panels of [`q0_glu_gemm`] (the gate's in `panels`).
+    #[cfg(target_arch = "x86_64")]
+    panels_up: Vec<q0::panel::PanelBlock>,
     #[cfg(target_arch = "x86_64")]
     panels8: Vec<q0::panel_avx2::Panel8Block>,
     #[cfg(target_arch = "x86_64")]
@@ -1291,37 +1294,10 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         return;
     }
     let (blocks, scales, neg16_lanes) = a;
-    // The kernel starts each lane from its activation lane sum times minus the weight's
-    // offset (16 << SHIFT): the side data scaled once here, not once per tile.
-    let scaled: Vec<[i32; 8]>;
-    let lanes: &[[i32; 8]] = if B::SHIFT == 0 {
-        neg16_lanes
-    } else {
-        scaled = neg16_lanes
-            .par_iter()
-            .map(|l| l.map(|v| v << B::SHIFT))
-            .collect();
-        &scaled
-    };
+    let lanes = q0_scaled_lanes::<B>(neg16_lanes);
     let m = out.len() / n;
-    let sides = row_sides((blocks, scales, lanes), nb, m);
+    let sides = row_sides((blocks, scales, &lanes), nb, m);
     let per = rows_per_task.max(1);
-    fn decode_packed<G: q0::x16::Q0Group>(
-        g: &[G],
-        nb: usize,
-        p0: usize,
-        dec: &mut [q0::panel::PanelBlock],
-    ) {
-        dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
-            .enumerate()
-            .for_each(|(c, d)| {
-                let q = p0 + Q0_DECODE_PANELS * c;
-                q0::panel::q0_decode_x16(g, nb, q, d);
-                // As many panels after these, asked for while these are decoded on.
-                let after = q + d.len() / nb;
-                groups_ahead(g, nb, after..after + d.len() / nb).all();
-            });
-    }
     // The file's bytes once for every strip (borrowed for a file layout).
     let bytes = match w {
         WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => None,
@@ -1353,29 +1329,174 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
             scratch.panels = vec![q0::panel::PanelBlock::ZERO; panels * nb];
         }
         let dec = &mut scratch.panels[..panels * nb];
-        let p0 = s0 / panel::PANEL_ROWS;
-        match (w, &bytes) {
-            (WeightRows::Q8_0x16(g), _) => decode_packed(g, nb, p0, dec),
-            (WeightRows::Q5_0x16(g), _) => decode_packed(g, nb, p0, dec),
-            (_, Some(bytes)) => {
-                let wb = view::<B>(bytes);
-                dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
-                    .enumerate()
-                    .for_each(|(c, d)| {
-                        let q = p0 + Q0_DECODE_PANELS * c;
-                        q0::panel::q0_decode(&wb, nb, n, q, d);
-                        // As many panels after these, asked for while these are decoded
-                        // on: the file's rows lie one after another.
-                        let after = q + d.len() / nb;
-                        panels_ahead(w, Some(&wb[..]), nb, n, after..after + d.len() / nb).all();
-                    });
-            }
-            (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
-        }
+        q0_decode_strip::<B>(w, bytes.as_deref(), nb, n, s0 / panel::PANEL_ROWS, dec);
         let dec = &*dec;
         let cols = panel::OutCols { stride: n, c0: s0 };
         out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
             q0::panel::q0_gemm(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
+        });
+    }
+}
+
+/// The activation lane sums (`-16 x`) as a legacy type's panel tiles start their lanes:
+/// times the weight's offset over 16 (`1 << SHIFT`), scaled once per matmul, not once
+/// per tile.
+#[cfg(target_arch = "x86_64")]
+fn q0_scaled_lanes<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [[i32; 8]]> {
+    use rayon::prelude::*;
+    if B::SHIFT == 0 {
+        return Cow::Borrowed(neg16_lanes);
+    }
+    Cow::Owned(
+        neg16_lanes
+            .par_iter()
+            .map(|l| l.map(|v| v << B::SHIFT))
+            .collect(),
+    )
+}
+
+/// The panels `p0..p0 + dec.len() / nb` of a legacy type's weight `w` (`n` rows of `nb`
+/// blocks; `bytes`: its file bytes, for every layout but the 16-row groups) decoded on
+/// the pool, the panels after them asked for while these are decoded.
+#[cfg(target_arch = "x86_64")]
+fn q0_decode_strip<B: q0::vnni::Q0Pair>(
+    w: WeightRows<'_>,
+    bytes: Option<&[u8]>,
+    nb: usize,
+    n: usize,
+    p0: usize,
+    dec: &mut [q0::panel::PanelBlock],
+) {
+    use rayon::prelude::*;
+    fn decode_packed<G: q0::x16::Q0Group>(
+        g: &[G],
+        nb: usize,
+        p0: usize,
+        dec: &mut [q0::panel::PanelBlock],
+    ) {
+        dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
+            .enumerate()
+            .for_each(|(c, d)| {
+                let q = p0 + Q0_DECODE_PANELS * c;
+                q0::panel::q0_decode_x16(g, nb, q, d);
+                // As many panels after these, asked for while these are decoded on.
+                let after = q + d.len() / nb;
+                groups_ahead(g, nb, after..after + d.len() / nb).all();
+            });
+    }
+    match (w, bytes) {
+        (WeightRows::Q8_0x16(g), _) => decode_packed(g, nb, p0, dec),
+        (WeightRows::Q5_0x16(g), _) => decode_packed(g, nb, p0, dec),
+        (_, Some(bytes)) => {
+            let wb = view::<B>(bytes);
+            dec.par_chunks_mut(Q0_DECODE_PANELS * nb)
+                .enumerate()
+                .for_each(|(c, d)| {
+                    let q = p0 + Q0_DECODE_PANELS * c;
+                    q0::panel::q0_decode(&wb, nb, n, q, d);
+                    // As many panels after these, asked for while these are decoded on:
+                    // the file's rows lie one after another.
+                    let after = q + d.len() / nb;
+                    panels_ahead(w, Some(&wb[..]), nb, n, after..after + d.len() / nb).all();
+                });
+        }
+        (_, None) => unreachable!("file bytes are taken for every unpacked layout"),
+    }
+}
+
+/// A gated MLP's activation on one activation row's columns of the gate and up
+/// products: `act(gate, up, out)` (`silu_mul` or `gelu_mul` on a row's slices).
+pub(crate) type GluAct<'a> = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync + 'a;
+
+/// Fewest activation rows for which [`q0_glu_gemm`] serves a gated MLP (the strips of
+/// [`q0_gemm`]'s prompt batches; fewer rows take the two matmuls and the activation op).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const GLU_MIN_ROWS: usize = FUSED_MAX_ROWS;
+
+/// Panels of each weight a task of [`q0_glu_gemm`] multiplies before it applies the
+/// activation to them (256 columns: both products of 64 activation rows, 128 KiB, stay
+/// in the core's L2).
+#[cfg(target_arch = "x86_64")]
+const GLU_GROUP_PANELS: usize = 16;
+
+/// `out = act(gate · x, up · x)` for two legacy-type weights of the same type and shape
+/// (`ws`: gate, up; `n` rows of `k`) on AVX-512 VNNI, for a prompt batch (the
+/// activation rows `a`, [`FUSED_MAX_ROWS`] or more): [`q0_gemm`]'s strips, tiles and
+/// order, both weights decoded strip by strip, and each task applying `act` to its
+/// rows' products [`GLU_GROUP_PANELS`] panels at a time while they are in its caches (not
+/// the two whole products written to memory and read back). The same bits as the two
+/// matmuls and the activation op.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn q0_glu_gemm<B: q0::vnni::Q0Pair>(
+    ws: [WeightRows<'_>; 2],
+    a: q0::vnni::Q8_0Side<'_>,
+    k: usize,
+    n: usize,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    act: &GluAct<'_>,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let nb = k / 32;
+    if nb == 0 || n == 0 || out.is_empty() {
+        return;
+    }
+    let (blocks, scales, neg16_lanes) = a;
+    let lanes = q0_scaled_lanes::<B>(neg16_lanes);
+    let m = out.len() / n;
+    let sides = row_sides((blocks, scales, &lanes), nb, m);
+    let per = rows_per_task.max(1);
+    let bytes = ws.map(|w| match w {
+        WeightRows::Q8_0x16(_) | WeightRows::Q5_0x16(_) => None,
+        _ => Some(w.file_bytes(k)),
+    });
+    // Two weights' panels at once: half the strip of one.
+    let strip = (gemm_strip_rows(SimdLevel::Avx512Vnni, GgmlType::Q8_0, k).unwrap_or(n) / 2)
+        .next_multiple_of(Q0_DECODE_PANELS * panel::PANEL_ROWS)
+        .max(1);
+    let group = GLU_GROUP_PANELS * panel::PANEL_ROWS;
+    for (s0, sn) in (0..n).step_by(strip).map(|s0| (s0, strip.min(n - s0))) {
+        let panels = sn.div_ceil(panel::PANEL_ROWS);
+        for buf in [&mut scratch.panels, &mut scratch.panels_up] {
+            if buf.len() < panels * nb {
+                *buf = vec![q0::panel::PanelBlock::ZERO; panels * nb];
+            }
+        }
+        let p0 = s0 / panel::PANEL_ROWS;
+        let dec_g = &mut scratch.panels[..panels * nb];
+        q0_decode_strip::<B>(ws[0], bytes[0].as_deref(), nb, n, p0, dec_g);
+        let dec_u = &mut scratch.panels_up[..panels * nb];
+        q0_decode_strip::<B>(ws[1], bytes[1].as_deref(), nb, n, p0, dec_u);
+        let (dec_g, dec_u) = (
+            &scratch.panels[..panels * nb],
+            &scratch.panels_up[..panels * nb],
+        );
+        out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
+            let rows = o.len() / n;
+            let mine = &sides[c * per..];
+            let mut g = vec![0f32; rows * group];
+            let mut u = vec![0f32; rows * group];
+            for c0 in (0..sn).step_by(group) {
+                let live = group.min(sn - c0);
+                let q = c0 / panel::PANEL_ROWS * nb..(c0 + live).div_ceil(panel::PANEL_ROWS) * nb;
+                let cols = panel::OutCols {
+                    stride: live,
+                    c0: 0,
+                };
+                let (g, u) = (&mut g[..rows * live], &mut u[..rows * live]);
+                q0::panel::q0_gemm(&dec_g[q.clone()], nb, live, mine, g, cols, Ahead::NONE);
+                q0::panel::q0_gemm(&dec_u[q], nb, live, mine, u, cols, Ahead::NONE);
+                for r in 0..rows {
+                    let at = r * n + s0 + c0;
+                    act(
+                        &g[r * live..(r + 1) * live],
+                        &u[r * live..(r + 1) * live],
+                        &mut o[at..at + live],
+                    );
+                }
+            }
         });
     }
 }
