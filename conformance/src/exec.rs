@@ -174,13 +174,13 @@ fn execute(dev: &dyn Device, case: &Case) -> Res<f64> {
             rms_case(dev, case, *rows, *dim, *heads, &mut rng)
         }
         (Shape::Rows { rows, dim, .. }, Op::AddRmsNorm) => {
-            add_rms_case(dev, case, *rows, *dim, &mut rng)
+            add_rms_case(dev, case, *rows, *dim, false, &mut rng)
         }
         (Shape::Rows { rows, dim, .. }, Op::PostNormAddRmsNorm) => {
-            post_norm_add_case(dev, case, *rows, *dim, &mut rng)
+            add_rms_case(dev, case, *rows, *dim, true, &mut rng)
         }
-        (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, &mut rng),
-        (Shape::Rope(spec), Op::NormRope) => norm_rope_case(dev, case, spec, &mut rng),
+        (Shape::Rope(spec), Op::Rope) => rope_case(dev, case, spec, false, &mut rng),
+        (Shape::Rope(spec), Op::NormRope) => rope_case(dev, case, spec, true, &mut rng),
         (Shape::Bias { rows, dim }, Op::AddBias) => bias_case(dev, case, *rows, *dim, &mut rng),
         (Shape::Flat { n }, Op::Copy) => copy_case(dev, case, *n, &mut rng),
         (Shape::Chain { rows, k, n }, Op::Copy) => {
@@ -719,32 +719,68 @@ fn rms_case(
     Ok(worst)
 }
 
+/// `add_rms_norm`, or with `post` `post_norm_add_rms_norm` (the delta normed by its own
+/// weight first): the residual and the output against the reference.
 fn add_rms_case(
     dev: &dyn Device,
     case: &Case,
     rows: usize,
     dim: usize,
+    post: bool,
     rng: &mut CaseRng,
 ) -> Res<f64> {
     let n = rows * dim;
     let residual0 = rng.vec(n, -1.0, 1.0);
-    let delta = rng.vec(n, -0.5, 0.5);
+    let mut delta = rng.vec(n, -0.5, 0.5);
     let weight = rng.vec(dim, 0.5, 1.5);
     let eps = 1e-5;
-    let want_res: Vec<f32> = residual0.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    let delta_weight = if post {
+        // Rows of very different magnitudes: a row normed with another's statistics is
+        // far off.
+        for (r, row) in delta.chunks_exact_mut(dim).enumerate() {
+            let mag = 4f32.powi((r % 8) as i32 - 3);
+            row.iter_mut().for_each(|v| *v *= mag);
+        }
+        Some(rng.vec(dim, 0.5, 1.5))
+    } else {
+        None
+    };
+    let added = match &delta_weight {
+        Some(w) => reference::rms_norm_rows(&delta, Some(w), eps, dim),
+        None => delta.clone(),
+    };
+    let want_res: Vec<f32> = residual0.iter().zip(&added).map(|(a, b)| a + b).collect();
     let want_out = reference::rms_norm_rows(&want_res, Some(&weight), eps, dim);
     let mut res_t = inout_tensor(dev, &residual0)?;
     let (dt, wt) = (put(dev, &delta)?, put(dev, &weight)?);
     let mut out_t = out_tensor(dev, n)?;
-    dev.add_rms_norm(
-        res_t.body_mut(),
-        dt.view(),
-        wt.view(),
-        eps,
-        dim,
-        out_t.body_mut(),
-    )
-    .map_err(|e| dev_err("add_rms_norm", e))?;
+    match &delta_weight {
+        None => dev
+            .add_rms_norm(
+                res_t.body_mut(),
+                dt.view(),
+                wt.view(),
+                eps,
+                dim,
+                out_t.body_mut(),
+            )
+            .map_err(|e| dev_err("add_rms_norm", e))?,
+        Some(w) => {
+            let dwt = put(dev, w)?;
+            let mut scratch = out_tensor(dev, n)?;
+            dev.post_norm_add_rms_norm(
+                res_t.body_mut(),
+                dt.view(),
+                dwt.view(),
+                wt.view(),
+                eps,
+                dim,
+                scratch.body_mut(),
+                out_t.body_mut(),
+            )
+            .map_err(|e| dev_err("post_norm_add_rms_norm", e))?
+        }
+    }
     let res = fetch(dev, &res_t, "residual")?;
     let out = fetch(dev, &out_t, "out")?;
     unchanged_on(dev, "delta", &dt, &delta)?;
@@ -760,147 +796,35 @@ fn add_rms_case(
     Ok(a.max(b))
 }
 
-/// `post_norm_add_rms_norm`: the residual (it must get the normed delta exactly once)
-/// and the output against the reference's norm, add and norm.
-fn post_norm_add_case(
+/// `rope` on queries and (GQA) keys, or with `fused` `norm_rope` (a head norm first, a
+/// pre-scale on the queries): against the reference's ops one after another.
+fn rope_case(
     dev: &dyn Device,
     case: &Case,
-    rows: usize,
-    dim: usize,
+    spec: &RopeSpec,
+    fused: bool,
     rng: &mut CaseRng,
 ) -> Res<f64> {
-    let n = rows * dim;
-    let residual0 = rng.vec(n, -1.0, 1.0);
-    // Rows of very different magnitudes: a row normed with another's statistics is far
-    // off.
-    let mut delta = rng.vec(n, -0.5, 0.5);
-    for (r, row) in delta.chunks_exact_mut(dim).enumerate() {
-        let mag = 4f32.powi((r % 8) as i32 - 3);
-        row.iter_mut().for_each(|v| *v *= mag);
-    }
-    let (dw, weight) = (rng.vec(dim, 0.5, 1.5), rng.vec(dim, 0.5, 1.5));
-    let eps = 1e-6;
-    let normed = reference::rms_norm_rows(&delta, Some(&dw), eps, dim);
-    let want_res: Vec<f32> = residual0.iter().zip(&normed).map(|(a, b)| a + b).collect();
-    let want_out = reference::rms_norm_rows(&want_res, Some(&weight), eps, dim);
-    let mut res_t = inout_tensor(dev, &residual0)?;
-    let (dt, dwt, wt) = (put(dev, &delta)?, put(dev, &dw)?, put(dev, &weight)?);
-    let mut scratch = out_tensor(dev, n)?;
-    let mut out_t = out_tensor(dev, n)?;
-    dev.post_norm_add_rms_norm(
-        res_t.body_mut(),
-        dt.view(),
-        dwt.view(),
-        wt.view(),
-        eps,
-        dim,
-        scratch.body_mut(),
-        out_t.body_mut(),
-    )
-    .map_err(|e| dev_err("post_norm_add_rms_norm", e))?;
-    let res = fetch(dev, &res_t, "residual")?;
-    let out = fetch(dev, &out_t, "out")?;
-    unchanged_on(dev, "delta", &dt, &delta)?;
-    let a = compare(
-        "residual after the call",
-        res.body(),
-        &want_res,
-        case.tolerance,
-    )?;
-    let b = compare("out", out.body(), &want_out, case.tolerance)?;
-    Ok(a.max(b))
-}
-
-/// The positions of a RoPE case's rows: up to a few thousand, or (`far`) up to 131071,
-/// always with 0 and the edges of a 4096-token context.
-fn rope_positions(spec: &RopeSpec, rng: &mut CaseRng) -> Vec<u32> {
+    let &RopeSpec {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        n_rot,
+        ..
+    } = spec;
+    // Positions up to a few thousand, or (`far`) up to 131071, always with 0 and the
+    // edges of a 4096-token context.
     let (fixed, bound): (&[u32], usize) = if spec.far {
         (&[0, 1, 4095, 4096, 32768, 70000, 131071], 131_072)
     } else {
         (&[0, 1, 4095, 17, 2900], 5000)
     };
     let mut positions = fixed.to_vec();
-    while positions.len() < spec.rows {
+    while positions.len() < rows {
         positions.push(rng.below(bound) as u32);
     }
-    positions.truncate(spec.rows);
-    positions
-}
-
-/// `norm_rope` on queries (with a pre-scale) and keys: against the reference's head
-/// norm, rotation and scale, one after another.
-fn norm_rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) -> Res<f64> {
-    let &RopeSpec {
-        rows,
-        heads,
-        kv_heads,
-        head_dim,
-        n_rot,
-        ..
-    } = spec;
-    let positions = rope_positions(spec, rng);
-    let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
-    let factors_t = factors.as_deref().map(|f| put(dev, f)).transpose()?;
-    let p = flint_hal::RopeParams {
-        n_heads: heads,
-        head_dim,
-        kind: spec.kind,
-        n_rot,
-        base: spec.base,
-        freq_scale: spec.freq_scale,
-        freq_factors: factors_t.as_ref().map(Tensor::view),
-        yarn: spec.yarn,
-    };
-    let eps = 1e-6;
-    let mut worst = 0.0f64;
-    for (what, n_heads, scale) in [("q", heads, 0.0625f32), ("k", kv_heads, 1.0)] {
-        if n_heads == 0 {
-            continue;
-        }
-        let mut x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
-        // Heads of very different magnitudes: a head normed with another's statistics
-        // is far off.
-        for (c, chunk) in x0.chunks_exact_mut(head_dim).enumerate() {
-            let mag = 4f32.powi((c % 8) as i32 - 3);
-            chunk.iter_mut().for_each(|v| *v *= mag);
-        }
-        let w = rng.vec(head_dim, 0.5, 1.5);
-        let mut want = reference::rms_norm_rows(&x0, Some(&w), eps, head_dim);
-        let host = flint_hal::RopeParams {
-            n_heads,
-            freq_factors: factors.as_deref().map(View::from),
-            ..p
-        };
-        reference::rope(&mut want, &positions, head_dim, &host.config());
-        want.iter_mut().for_each(|v| *v *= scale);
-        let mut xt = inout_tensor(dev, &x0)?;
-        let wt = put(dev, &w)?;
-        let pt = put_indices(dev, &positions)?;
-        dev.norm_rope(
-            xt.body_mut(),
-            wt.view(),
-            eps,
-            pt.view(),
-            &flint_hal::RopeParams { n_heads, ..p },
-            scale,
-        )
-        .map_err(|e| dev_err("norm_rope", e))?;
-        let x = fetch(dev, &xt, what)?;
-        worst = worst.max(compare(what, x.body(), &want, case.tolerance)?);
-    }
-    Ok(worst)
-}
-
-fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) -> Res<f64> {
-    let &RopeSpec {
-        rows,
-        heads,
-        kv_heads,
-        head_dim,
-        n_rot,
-        ..
-    } = spec;
-    let positions = rope_positions(spec, rng);
+    positions.truncate(rows);
     let factors: Option<Vec<f32>> = spec.factors.then(|| rng.vec(n_rot / 2, 1.0, 8.0));
     // The factors as the engine holds them: a tensor of the device.
     let factors_t = factors.as_deref().map(|f| put(dev, f)).transpose()?;
@@ -914,27 +838,44 @@ fn rope_case(dev: &dyn Device, case: &Case, spec: &RopeSpec, rng: &mut CaseRng) 
         freq_factors: factors_t.as_ref().map(Tensor::view),
         yarn: spec.yarn,
     };
+    let eps = 1e-6;
     // Queries, then (GQA) the keys of the same rows through a second call.
     let mut worst = 0.0f64;
-    for (what, n_heads) in [("q", heads), ("k", kv_heads)] {
+    for (what, n_heads, scale) in [("q", heads, 0.0625f32), ("k", kv_heads, 1.0)] {
         if n_heads == 0 {
             continue;
         }
-        let x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
-        let mut want = x0.clone();
+        let mut x0 = rng.vec(rows * n_heads * head_dim, -1.0, 1.0);
+        let w = rng.vec(head_dim, 0.5, 1.5);
+        let mut want = if fused {
+            // Heads of very different magnitudes: a head normed with another's
+            // statistics is far off.
+            for (c, chunk) in x0.chunks_exact_mut(head_dim).enumerate() {
+                let mag = 4f32.powi((c % 8) as i32 - 3);
+                chunk.iter_mut().for_each(|v| *v *= mag);
+            }
+            reference::rms_norm_rows(&x0, Some(&w), eps, head_dim)
+        } else {
+            x0.clone()
+        };
         let host = flint_hal::RopeParams {
+            n_heads,
             freq_factors: factors.as_deref().map(View::from),
             ..p
         };
         reference::rope(&mut want, &positions, head_dim, &host.config());
         let mut xt = inout_tensor(dev, &x0)?;
         let pt = put_indices(dev, &positions)?;
-        dev.rope(
-            xt.body_mut(),
-            pt.view(),
-            &flint_hal::RopeParams { n_heads, ..p },
-        )
-        .map_err(|e| dev_err("rope", e))?;
+        let pd = flint_hal::RopeParams { n_heads, ..p };
+        if fused {
+            want.iter_mut().for_each(|v| *v *= scale);
+            let wt = put(dev, &w)?;
+            dev.norm_rope(xt.body_mut(), wt.view(), eps, pt.view(), &pd, scale)
+                .map_err(|e| dev_err("norm_rope", e))?;
+        } else {
+            dev.rope(xt.body_mut(), pt.view(), &pd)
+                .map_err(|e| dev_err("rope", e))?;
+        }
         let x = fetch(dev, &xt, what)?;
         worst = worst.max(compare(what, x.body(), &want, case.tolerance)?);
     }

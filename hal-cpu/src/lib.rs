@@ -7,12 +7,13 @@
 //! - `stage.rs`: staging ([`CpuWeight`]): a weight kept where it lies, repacked into
 //!   16-row groups, or copied into the arena.
 //! - `matmul.rs`: task scheduling of the matmuls (`matmul`, `matmul_multi`,
-//!   `expert_matmul`): how rows split into tasks on the pool, which kernel entry each
-//!   task calls.
+//!   `matmul_glu`, `expert_matmul`): how rows split into tasks on the pool, which kernel
+//!   entry each task calls.
 //! - `worker.rs`: the worker loop of `run_step` and `run_session`.
 //! - `arena.rs`: huge-page memory for the weights the device keeps.
 //! - `delta.rs`: Qwen 3.5's Gated DeltaNet ops (convolution, delta rule).
-//! - `ops.rs`: norms, RoPE, bias, routing; `kv.rs`: the KV cache ([`CpuKv`]), its
+//! - `ops.rs`: norms, RoPE (and a projection's head norm, RoPE and pre-scale in one
+//!   pass), bias, routing; `kv.rs`: the KV cache ([`CpuKv`]), its
 //!   writes and scalar paged attention.
 //! - `simd.rs`: [`SimdLevel`], the run-time choice of instruction set.
 //! - `kernels/`: the SIMD kernels, one folder per block format (`q4_k/`, `q5_k/`,
