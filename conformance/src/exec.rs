@@ -870,8 +870,17 @@ fn rope_case(
         if fused {
             want.iter_mut().for_each(|v| *v *= scale);
             let wt = put(dev, &w)?;
-            dev.norm_rope(xt.body_mut(), wt.view(), eps, pt.view(), &pd, scale)
-                .map_err(|e| dev_err("norm_rope", e))?;
+            let mut scratch = out_tensor(dev, x0.len())?;
+            dev.norm_rope(
+                xt.body_mut(),
+                wt.view(),
+                eps,
+                pt.view(),
+                &pd,
+                scale,
+                scratch.body_mut(),
+            )
+            .map_err(|e| dev_err("norm_rope", e))?;
         } else {
             dev.rope(xt.body_mut(), pt.view(), &pd)
                 .map_err(|e| dev_err("rope", e))?;

@@ -550,6 +550,7 @@ impl Device for CpuDevice {
         positions: IndexView<'_>,
         p: &RopeParams<'_>,
         scale: f32,
+        _scratch: ViewMut<'_>,
     ) -> Result<(), HalError> {
         let (x, weight, positions) = (x.host(), weight.host(), positions.host());
         p.check()?;

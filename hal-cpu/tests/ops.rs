@@ -911,7 +911,7 @@ fn norm_rope_equals_its_three_ops() {
             if scale != 1.0 {
                 d.scale((&mut want).into(), scale).expect("scale");
             }
-            let mut got = x0.clone();
+            let (mut got, mut scratch) = (x0.clone(), vec![0f32; x0.len()]);
             d.norm_rope(
                 (&mut got).into(),
                 (&w).into(),
@@ -919,6 +919,7 @@ fn norm_rope_equals_its_three_ops() {
                 (&pos).into(),
                 &p,
                 scale,
+                (&mut scratch).into(),
             )
             .expect("norm_rope");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

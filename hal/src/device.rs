@@ -329,7 +329,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`rope`](Device::rope) and [`scale`](Device::scale) one after another, bit for
     /// bit (Qwen 3's and Gemma 3's query and key norms, Gemma 3's pre-scaled queries).
     /// One call, so that a backend can take each row through the three steps while it
-    /// is in its caches. The default makes the three calls, the norm through a copy.
+    /// is in its caches. The default makes the three calls, the norm from a copy of `x`
+    /// in `scratch` (`x`'s length).
+    #[allow(clippy::too_many_arguments)]
     fn norm_rope(
         &self,
         x: ViewMut<'_>,
@@ -338,11 +340,11 @@ pub trait Device: Send + Sync + fmt::Debug {
         positions: IndexView<'_>,
         p: &RopeParams<'_>,
         scale: f32,
+        scratch: ViewMut<'_>,
     ) -> Result<(), HalError> {
-        let mut x = x;
-        let mut src = self.alloc(x.len())?;
-        self.copy(x.as_view(), src.view_mut())?;
-        self.rms_norm(src.view(), Some(weight), eps, p.head_dim, x.reborrow())?;
+        let (mut x, mut src) = (x, scratch);
+        self.copy(x.as_view(), src.reborrow())?;
+        self.rms_norm(src.as_view(), Some(weight), eps, p.head_dim, x.reborrow())?;
         self.rope(x.reborrow(), positions, p)?;
         if scale != 1.0 {
             self.scale(x, scale)?;

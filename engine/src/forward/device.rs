@@ -1361,7 +1361,15 @@ impl DeviceModel {
         match &at.q_norm {
             Some(w) => timed!(
                 "norm_rope",
-                dev.norm_rope(q.get(dev, qn)?, w.view(), eps, positions, &rp(h), q_scale)
+                dev.norm_rope(
+                    q.get(dev, qn)?,
+                    w.view(),
+                    eps,
+                    positions,
+                    &rp(h),
+                    q_scale,
+                    norm_src.get(dev, qn)?
+                )
             )?,
             None => {
                 timed!("rope", dev.rope(q.get(dev, qn)?, positions, &rp(h)))?;
@@ -1374,7 +1382,15 @@ impl DeviceModel {
             match &at.k_norm {
                 Some(w) => timed!(
                     "norm_rope",
-                    dev.norm_rope(k.get(dev, kn)?, w.view(), eps, positions, &rp(hkv_l), 1.0)
+                    dev.norm_rope(
+                        k.get(dev, kn)?,
+                        w.view(),
+                        eps,
+                        positions,
+                        &rp(hkv_l),
+                        1.0,
+                        norm_src.get(dev, kn)?
+                    )
                 )?,
                 None => timed!("rope", dev.rope(k.get(dev, kn)?, positions, &rp(hkv_l)))?,
             }
