@@ -98,6 +98,20 @@ fn out_tensor(dev: &dyn Device, len: usize) -> Res<DeviceGuarded> {
     Ok(DeviceGuarded::new(dev, len)?)
 }
 
+/// A plain tensor of `len` values on the device under test (not guarded: a result the
+/// case compares with another of the device's own).
+fn alloc(dev: &dyn Device, len: usize) -> Res<Tensor> {
+    dev.alloc(len)
+        .map_err(|e| Stop::Fail(format!("alloc: {e}")))
+}
+
+/// The first index where `a` and `b` differ in their bits (`b` at least as long).
+fn first_bit_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
 /// A guarded in-place operand on the device under test, holding `data`.
 fn inout_tensor(dev: &dyn Device, data: &[f32]) -> Res<DeviceGuarded> {
     Ok(DeviceGuarded::from_slice(dev, data)?)
@@ -401,13 +415,11 @@ fn matmul_multi_case(
             &want,
             case.tolerance,
         )?);
-        let mut alone_t = dev
-            .alloc(m * heights[i])
-            .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+        let mut alone_t = alloc(dev, m * heights[i])?;
         dev.matmul(h.as_ref(), xt.view(), m, alone_t.view_mut())
             .map_err(|e| dev_err("matmul", e))?;
         let alone = get(dev, alone_t.view())?;
-        if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != out.body()[j].to_bits()) {
+        if let Some(j) = first_bit_difference(&alone, out.body()) {
             return Err(Stop::Fail(format!(
                 "out {i}[{j}]: matmul_multi gave {} where matmul of the weight alone gives {}",
                 out.body()[j],
@@ -465,15 +477,7 @@ fn matmul_glu_case(
     unchanged_on(dev, "x", &xt, &x)?;
     let worst = compare("out", got.body(), &want, case.tolerance)?;
     // The device's own ops, one after another.
-    let mut gp = dev
-        .alloc(m * n)
-        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
-    let mut up = dev
-        .alloc(m * n)
-        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
-    let mut apart = dev
-        .alloc(m * n)
-        .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+    let (mut gp, mut up, mut apart) = (alloc(dev, m * n)?, alloc(dev, m * n)?, alloc(dev, m * n)?);
     dev.matmul_multi(
         &[g.as_ref(), u.as_ref()],
         xt.view(),
@@ -487,7 +491,7 @@ fn matmul_glu_case(
     }
     .map_err(|e| dev_err("activation", e))?;
     let apart = get(dev, apart.view())?;
-    if let Some(j) = (0..apart.len()).find(|&j| apart[j].to_bits() != got.body()[j].to_bits()) {
+    if let Some(j) = first_bit_difference(&apart, got.body()) {
         return Err(Stop::Fail(format!(
             "out[{j}]: matmul_glu gave {} where matmul_multi and the activation give {}",
             got.body()[j],
@@ -574,7 +578,7 @@ fn expert_case(
     }
     for (i, (got, alone)) in outs.iter().zip([out.body(), alone2.body()]).enumerate() {
         let got = fetch(dev, got, &format!("multi out {i}"))?;
-        if let Some(j) = (0..alone.len()).find(|&j| alone[j].to_bits() != got.body()[j].to_bits()) {
+        if let Some(j) = first_bit_difference(alone, got.body()) {
             return Err(Stop::Fail(format!(
                 "multi out {i}[{j}]: expert_matmul_multi gave {} where expert_matmul of the \
                  tower alone gives {}",
@@ -1548,7 +1552,7 @@ fn exact(what: &str, got: &[f32], want: &[f32]) -> Res<()> {
             want.len()
         )));
     }
-    match (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+    match first_bit_difference(got, want) {
         Some(i) => Err(Stop::Fail(format!(
             "{what}[{i}]: {} where {} was copied",
             got[i], want[i]
@@ -1566,9 +1570,7 @@ fn copy_case(dev: &dyn Device, case: &Case, n: usize, rng: &mut CaseRng) -> Res<
     match case.label {
         "whole" => {
             let src = put(dev, &a)?;
-            let mut dst = dev
-                .alloc(n)
-                .map_err(|e| Stop::Fail(format!("alloc: {e}")))?;
+            let mut dst = alloc(dev, n)?;
             // `alloc` promises zeros.
             if let Some(i) = get(dev, dst.view())?.iter().position(|v| v.to_bits() != 0) {
                 return Err(Stop::Fail(format!(
@@ -1691,11 +1693,7 @@ fn transfers_case(
     reference::rope(&mut want, &positions, hd, &rope.config());
 
     // Scratch first, as the engine allocates it ahead of its steps.
-    let alloc = |len| {
-        dev.alloc(len)
-            .map_err(|e| Stop::Fail(format!("alloc: {e}")))
-    };
-    let (mut normed, mut y) = (alloc(rows * k)?, alloc(rows * n)?);
+    let (mut normed, mut y) = (alloc(dev, rows * k)?, alloc(dev, rows * n)?);
 
     let mut inputs = Vec::new();
     for (what, v) in [("x", &x), ("norm weight", &norm), ("residual", &r)] {
