@@ -8,13 +8,14 @@
 //!   `FLINT_CPU_SIMD`); throughput in weight bytes.
 //! - `lowbit_scalar/<type>`: the same on the scalar path (`flint_core::dot::vec_dot`).
 //! - `lowbit/read_loop`: a plain read of as many bytes as the IQ4_XS weight, same threads.
-//! - A summary printed at the end, on a `K x SUMMARY_N` weight (44 to 75 MB: past a 32 MB
-//!   last-level cache; a host with a larger one serves part of it from there, for the
-//!   read loop alike): per type, `ROUNDS` alternating rounds of (SIMD
-//!   matvec, scalar matvec, read loop over the weight's number of bytes), the SIMD and
-//!   read timings each the median of three calls, the scalar one a single call; the
-//!   medians over the rounds in GB/s, and SIMD over read loop. Q4_K's matvec (its own
-//!   kernels) is printed with them as a yardstick.
+//! - A summary printed at the end, on a `K`-wide weight of about `LOWBIT_MB` MiB (1024:
+//!   twice the last-level cache of the host it was written on, so both the weight and the
+//!   read loop's buffer come from memory): per type, `PAIRS` pairs of one SIMD matvec and
+//!   one read loop over the weight's number of bytes, each timed alone, which of the two
+//!   goes first alternating from pair to pair; the medians (and quartiles) of each in GB/s
+//!   and of the pairs' ratios. A pair spans tens of milliseconds, so a host whose memory
+//!   bandwidth drifts from minute to minute moves both halves of a ratio together. Q4_K's
+//!   matvec (its own kernels) is printed with them as a yardstick.
 
 mod common;
 
@@ -37,11 +38,13 @@ const TYPES: [GgmlType; 4] = [
 const K: usize = 4096;
 const N: usize = 4096;
 
-/// Rows of the summary's weight.
-const SUMMARY_N: usize = 32768;
+/// The summary's weight size in MiB (`LOWBIT_MB`): twice the 480 MiB last-level cache
+/// the Intel Xeon VM reports, so neither the weight nor the read loop's buffer is served
+/// from it.
+const SUMMARY_MB: usize = 1024;
 
-/// Alternating rounds of the summary.
-const ROUNDS: usize = 7;
+/// Pairs of (matvec, read loop) in the summary.
+const PAIRS: usize = 15;
 
 fn opts() -> DeviceOptions {
     DeviceOptions::from_env().expect("FLINT_THREADS / FLINT_KEEP_QUANT")
@@ -107,64 +110,67 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-/// The median of `t`.
-fn median(mut t: Vec<f64>) -> f64 {
+/// The median and the quartiles of `t`.
+fn quartiles(mut t: Vec<f64>) -> [f64; 3] {
     t.sort_by(|a, b| a.total_cmp(b));
-    t[t.len() / 2]
+    let at = |q: usize| t[(t.len() - 1) * q / 4];
+    [at(1), at(2), at(3)]
 }
 
-/// The median seconds of `calls` calls of `f` (after one untimed call).
-fn time<F: FnMut()>(calls: usize, mut f: F) -> f64 {
+/// The seconds one call of `f` takes.
+fn time<F: FnMut()>(mut f: F) -> f64 {
+    let t = Instant::now();
     f();
-    median(
-        (0..calls)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    t.elapsed().as_secs_f64()
 }
 
 fn summary(_: &mut Criterion) {
     let simd = CpuDevice::new(&opts()).expect("open cpu");
-    let scalar = CpuDevice::with_level(&opts(), SimdLevel::Scalar).expect("open scalar cpu");
     let pool = pool(&simd);
     let x = input();
-    let mut out = vec![0f32; SUMMARY_N];
+    let target = common::env_usize("LOWBIT_MB", SUMMARY_MB) << 20;
     println!(
-        "\n== low-bit matvec {K}x{SUMMARY_N} ({}; {} threads; {ROUNDS} alternating rounds, medians) ==",
+        "\n== low-bit matvec, {K} wide, ~{} MB a weight ({}; {} threads; {PAIRS} pairs of \
+         one matvec and one read loop over as many bytes, alternating which goes first) ==",
+        target >> 20,
         simd.description(),
         simd.threads()
     );
     for ty in TYPES.into_iter().chain([GgmlType::Q4_K]) {
-        let (ws, bytes) = stage(&simd, ty, SUMMARY_N);
-        let (wr, _) = stage(&scalar, ty, SUMMARY_N);
+        let rows = (target / ty.row_bytes(K).expect("whole blocks")).next_multiple_of(256);
+        let (ws, bytes) = stage(&simd, ty, rows);
         let buf = vec![1u64; bytes / 8];
-        let (mut ts, mut tr, mut tl) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
-            ts.push(time(3, || {
-                simd.matmul(&*ws, (&x).into(), 1, (&mut out).into())
-                    .expect("matmul");
-            }));
-            tr.push(time(1, || {
-                scalar
-                    .matmul(&*wr, (&x).into(), 1, (&mut out).into())
-                    .expect("matmul");
-            }));
-            tl.push(time(3, || {
-                black_box(common::read_loop(&pool, &buf));
-            }));
+        let mut out = vec![0f32; rows];
+        let mut matvec = || {
+            simd.matmul(&*ws, (&x).into(), 1, (&mut out).into())
+                .expect("matmul");
+        };
+        let read = || {
+            black_box(common::read_loop(&pool, &buf));
+        };
+        // First touches (page faults) and the pool's threads, untimed.
+        matvec();
+        read();
+        let (mut ts, mut tl, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for p in 0..PAIRS {
+            let (s, l) = if p % 2 == 0 {
+                let s = time(&mut matvec);
+                (s, time(read))
+            } else {
+                let l = time(read);
+                (time(&mut matvec), l)
+            };
+            ts.push(bytes as f64 / s / 1e9);
+            tl.push(bytes as f64 / l / 1e9);
+            ratio.push(l / s);
         }
-        let gbs = |t: Vec<f64>| bytes as f64 / median(t) / 1e9;
-        let (s, r, l) = (gbs(ts), gbs(tr), gbs(tl));
+        let ([s0, s, s1], [l0, l, l1], [r0, r, r1]) =
+            (quartiles(ts), quartiles(tl), quartiles(ratio));
         println!(
-            "{:>6} ({:.1} MB): SIMD {s:6.2} GB/s, scalar {r:6.2} GB/s ({:.1}x), read loop {l:6.2} GB/s, SIMD / read {:.2}",
+            "{:>6} ({:.0} MB): SIMD {s:5.1} GB/s ({s0:.1}-{s1:.1}), read loop {l:5.1} GB/s \
+             ({l0:.1}-{l1:.1}), SIMD / read loop {r:.2} ({r0:.2}-{r1:.2})",
             ty.name(),
             bytes as f64 / 1e6,
-            s / r,
-            s / l
         );
     }
 }

@@ -13,17 +13,19 @@ use flint_core::math::{self, DeltaNetShape};
 use flint_hal::HalError;
 use rayon::prelude::*;
 
+use crate::simd::SimdLevel;
+
 /// `out = silu(ssm_conv(x))`, the window carried in `state` (see `Device::ssm_conv_silu`),
 /// with the bits of `math::ssm_conv` then `math::silu`. The window (the state's rows,
 /// then `x`'s) and the weights are laid out tap-major first, so each output row is
 /// `d_conv` passes of multiply-then-add over whole rows (each output summed in the
 /// reference's order from 0.0: no fused multiply-add, which would round once less),
-/// then SiLU over the row (ggml's AVX-512 `exp`, 16 lanes at a time, where `avx512`;
-/// else the scalar reference). Prompt rows are spread over the pool; the rows only read
+/// then SiLU over the row (ggml's AVX-512 `exp` on 16 or 8 lanes at a time at the AVX-512
+/// and AVX2 levels, else the scalar reference). Prompt rows are spread over the pool; the rows only read
 /// the window.
 pub(crate) fn ssm_conv_silu(
     pool: &rayon::ThreadPool,
-    avx512: bool,
+    level: SimdLevel,
     x: &[f32],
     weight: &[f32],
     d_conv: usize,
@@ -65,7 +67,7 @@ pub(crate) fn ssm_conv_silu(
                 st[last] = xc;
             }
         }
-        silu_row(avx512, out);
+        silu_row(level, out);
         return;
     }
     // Tap-major weights `wt[i][c]` and the state's window rows `sw[m][c]`.
@@ -96,7 +98,7 @@ pub(crate) fn ssm_conv_silu(
                     *o += a * b;
                 }
             }
-            silu_row(avx512, orow);
+            silu_row(level, orow);
         }
     };
     const ROWS_PER_TASK: usize = 8;
@@ -119,14 +121,21 @@ pub(crate) fn ssm_conv_silu(
 }
 
 /// `v = silu(v)` element-wise, each element `math::silu`'s bits.
-fn silu_row(avx512: bool, v: &mut [f32]) {
+fn silu_row(level: SimdLevel, v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: the caller checked AVX-512F against the CPU at device open.
-        unsafe { crate::kernels::elementwise::avx512::silu_in_place(v) };
-        return;
+    {
+        if level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU at device open.
+            unsafe { crate::kernels::elementwise::avx512::silu_in_place(v) };
+            return;
+        }
+        if level == SimdLevel::Avx2 {
+            // SAFETY: the level was checked against the CPU at device open.
+            unsafe { crate::kernels::elementwise::avx2::silu_in_place(v) };
+            return;
+        }
     }
-    let _ = avx512;
+    let _ = level;
     for x in v {
         *x = math::silu(*x);
     }

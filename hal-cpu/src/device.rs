@@ -572,15 +572,13 @@ impl Device for CpuDevice {
             gate.len() == up.len() && up.len() == out.len(),
             "silu_mul: lengths"
         );
-        #[cfg(target_arch = "x86_64")]
-        if self.level >= SimdLevel::Avx512 {
-            // SAFETY: the level was checked against the CPU's features at device open.
-            unsafe { kernels::elementwise::avx512::silu_mul(gate, up, out) };
-            return Ok(());
-        }
-        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-            *o = flint_core::math::silu(g) * u;
-        }
+        // Element-wise, so the chunks over the threads change no bit (a prompt's MoE
+        // layer: 512 tokens x 8 experts x 768 values).
+        self.pool.install(|| {
+            out.par_chunks_mut(SILU_CHUNK)
+                .zip(gate.par_chunks(SILU_CHUNK).zip(up.par_chunks(SILU_CHUNK)))
+                .for_each(|(o, (g, u))| silu_mul_at(self.level, g, u, o));
+        });
         Ok(())
     }
 
@@ -745,8 +743,7 @@ impl Device for CpuDevice {
     ) -> Result<(), HalError> {
         let (x, weight) = (x.host(), weight.host());
         let (state, out) = (state.host(), out.host());
-        let avx512 = self.level >= SimdLevel::Avx512;
-        delta::ssm_conv_silu(&self.pool, avx512, x, weight, d_conv, state, out);
+        delta::ssm_conv_silu(&self.pool, self.level, x, weight, d_conv, state, out);
         Ok(())
     }
 
@@ -908,5 +905,30 @@ fn amx_choose(level: SimdLevel) -> Result<(bool, &'static str), HalError> {
             ))),
         },
         Err(_) => Ok((false, "off unless FLINT_CPU_AMX=1")),
+    }
+}
+
+/// Values per task of `silu_mul` (a decode's few thousand stay on one thread).
+const SILU_CHUNK: usize = 16 << 10;
+
+/// `out = silu(gate) * up` with the kernel of `level`, each element bit for bit
+/// `flint_core::math::silu(g) * u`.
+pub(crate) fn silu_mul_at(level: SimdLevel, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= SimdLevel::Avx512 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { kernels::elementwise::avx512::silu_mul(gate, up, out) };
+            return;
+        }
+        if level == SimdLevel::Avx2 {
+            // SAFETY: the level was checked against the CPU's features at device open.
+            unsafe { kernels::elementwise::avx2::silu_mul(gate, up, out) };
+            return;
+        }
+    }
+    let _ = level;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = flint_core::math::silu(g) * u;
     }
 }

@@ -569,10 +569,11 @@ impl CpuDevice {
         }
         let level = self.level;
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
-        // each; the bench preset's prefill: 32 tokens per expert): Q4_K/Q6_K towers on
-        // AVX-512 VNNI with a few dozen take panel tasks of every such expert and weight
-        // in one parallel section (`expert_panel_section`); otherwise the weight-tiled
-        // gemm of `matmul`, one expert and weight at a time, each parallel inside. The
+        // each; the bench preset's prefill: 32 tokens per expert): Q4_K/Q6_K towers with
+        // a few dozen on AVX-512 VNNI, and with 16 or more on the AVX2 and AVX-512 F
+        // levels, take panel tasks of every such expert and weight in one parallel
+        // section (`expert_panel_section`); otherwise the weight-tiled gemm of `matmul`,
+        // one expert and weight at a time, each parallel inside. The
         // rest: (weight, expert) pairs for the one parallel section below. Q4_K towers
         // take llama.cpp's expert order in all three (`kernels::expert_gemv`).
         let mut small: Vec<(usize, usize, &[usize])> = Vec::new();
@@ -800,10 +801,11 @@ impl CpuDevice {
         routed: usize,
         outs: &mut [&mut [f32]],
     ) -> Result<(), HalError> {
-        use crate::kernels::panel::PANEL_ROWS;
-        // Panels per task: 128 weight rows, tens of microseconds of work at 32 rows.
-        const TASK_PANELS: usize = 8;
+        // Weight rows per task: tens of microseconds of work at 32 routed rows.
+        const TASK_ROWS: usize = 128;
         let level = self.level;
+        let prows = kernels::expert_panel_rows(level);
+        let task_panels = TASK_ROWS / prows;
         let ty = ws[0].ty;
         self.pool.install(|| {
             // Each expert's rows gathered and quantized once (Q4_K and Q6_K share Q8_K).
@@ -818,28 +820,41 @@ impl CpuDevice {
             let mut tasks = Vec::new();
             for (xi, &(e, _)) in experts.iter().enumerate() {
                 for (wi, w) in ws.iter().enumerate() {
-                    let panels = w.n.div_ceil(PANEL_ROWS);
-                    for p0 in (0..panels).step_by(TASK_PANELS) {
-                        tasks.push((xi, e, wi, p0..(p0 + TASK_PANELS).min(panels)));
+                    let panels = w.n.div_ceil(prows);
+                    for p0 in (0..panels).step_by(task_panels) {
+                        tasks.push((xi, e, wi, p0..(p0 + task_panels).min(panels)));
                     }
                 }
             }
             let parts: Vec<Vec<f32>> = tasks
                 .par_iter()
-                .map_init(Vec::new, |dec, (xi, e, wi, panels)| {
-                    let (w, list) = (ws[*wi], experts[*xi].1);
-                    let Acts::Q8K(a) = &acts[*xi] else {
-                        return Err(HalError::runtime(
-                            "expert matmul: activations not quantized to Q8_K",
-                        ));
-                    };
-                    let r0 = panels.start * PANEL_ROWS;
-                    let rows = (panels.end * PANEL_ROWS).min(w.n) - r0;
-                    let mut part = vec![0f32; list.len() * rows];
-                    let wr = w.rows(e * w.n, w.n);
-                    kernels::expert_panels(w.ty, wr, a, k, w.n, panels.clone(), dec, &mut part);
-                    Ok(part)
-                })
+                .map_init(
+                    kernels::ExpertPanelScratch::default,
+                    |dec, (xi, e, wi, panels)| {
+                        let (w, list) = (ws[*wi], experts[*xi].1);
+                        let Acts::Q8K(a) = &acts[*xi] else {
+                            return Err(HalError::runtime(
+                                "expert matmul: activations not quantized to Q8_K",
+                            ));
+                        };
+                        let r0 = panels.start * prows;
+                        let rows = (panels.end * prows).min(w.n) - r0;
+                        let mut part = vec![0f32; list.len() * rows];
+                        let wr = w.rows(e * w.n, w.n);
+                        kernels::expert_panels(
+                            level,
+                            w.ty,
+                            wr,
+                            a,
+                            k,
+                            w.n,
+                            panels.clone(),
+                            dec,
+                            &mut part,
+                        );
+                        Ok(part)
+                    },
+                )
                 .collect::<Result<_, _>>()?;
             // Routed row i: its expert's place in `experts` and its row among the expert's.
             let mut at: Vec<Option<(usize, usize)>> = vec![None; routed];
@@ -861,7 +876,7 @@ impl CpuDevice {
                 out.par_chunks_mut(n).enumerate().for_each(|(i, o)| {
                     let Some((xi, t)) = at[i] else { return };
                     for &ti in &of[xi * ws.len() + wi] {
-                        let r0 = tasks[ti].3.start * PANEL_ROWS;
+                        let r0 = tasks[ti].3.start * prows;
                         let part = &parts[ti];
                         let rows = part.len() / experts[xi].1.len();
                         o[r0..r0 + rows].copy_from_slice(&part[t * rows..(t + 1) * rows]);

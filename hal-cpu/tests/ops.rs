@@ -662,14 +662,19 @@ fn gelu_mul_table_equals_the_core_function() {
 }
 
 /// `silu_mul` at every SIMD level this CPU has equals `math::silu(g) * u` bit for bit,
-/// over a range that reaches the exponential's saturation on both sides, with a length
-/// that leaves a scalar tail after the 16-lane body.
+/// over a range that reaches the exponential's saturation on both sides, through a fine
+/// grid of gates whose `exp(-g)` is subnormal (where the 8-lane kernel builds `2^n` in
+/// two steps), with a length that leaves a scalar tail after the 16- and 8-lane bodies.
 #[test]
 fn silu_mul_equals_core_bit_for_bit_at_every_level() {
-    let n = 16 * 40 + 7;
+    let grid = 2400;
+    let n = 16 * 40 + 7 + grid;
     let mut rng = Rng(31);
     let mut g: Vec<f32> = rng.vec(n).iter().map(|v| v * 120.0).collect();
     g[..6].copy_from_slice(&[0.0, -0.0, 1e-30, -1e-30, 88.5, -104.0]);
+    for (i, v) in g[6..6 + grid].iter_mut().enumerate() {
+        *v = 84.0 + i as f32 * 0.01;
+    }
     let u = rng.vec(n);
     let want: Vec<u32> = g
         .iter()

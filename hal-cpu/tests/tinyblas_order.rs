@@ -354,6 +354,76 @@ fn expert_towers_with_a_prompts_rows_are_bit_exact() {
     check_expert_towers(Rng(19), 3, &rows, [48, 40], BatchRow::expert(rows.len()));
 }
 
+/// At the AVX2 and AVX-512 F levels the expert towers take the dense order (the row
+/// kernels': Q4_K's repacked gemm order, Q6_K tiled) for any number of routed rows: an
+/// expert with 70 rows and one with 30 (the one-section tasks of eight-row panels,
+/// `expert_panel_section`), one with 3 and one with 1 (the small-batch tasks), with a
+/// partial last panel (44 rows an expert) and without (48).
+#[test]
+fn expert_towers_at_the_avx2_levels_are_bit_exact() {
+    let mut rows: Vec<u32> =
+        [vec![0u32; 70], vec![2u32; 30], vec![1u32; 3], vec![3u32; 1]].concat();
+    rows.rotate_left(29);
+    let k = 512;
+    let mut rng = Rng(23);
+    let x = rng.vec(rows.len() * k);
+    let opts = DeviceOptions {
+        threads: Some(2),
+        keep_quant: true,
+    };
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for n in [48, 44] {
+            let e = 4;
+            let w = random_weight(&mut rng, ty, k, n * e);
+            let w2 = random_weight(&mut rng, ty, k, n * e);
+            let want1 = towers_want(ty, &w, &x, &rows, (k, n), BatchRow::IN_BATCH);
+            let want2 = towers_want(ty, &w2, &x, &rows, (k, n), BatchRow::IN_BATCH);
+            for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+                let Ok(dev) = CpuDevice::with_level(&opts, level) else {
+                    eprintln!("{level:?}: not on this CPU, skipped");
+                    continue;
+                };
+                assert_towers_equal(
+                    &dev,
+                    ty,
+                    (k, n, e),
+                    (&w, &w2),
+                    &x,
+                    &rows,
+                    (&want1, &want2),
+                    &format!("{ty} {level:?} n {n}"),
+                );
+            }
+        }
+    }
+}
+
+/// The scalar statement of a tower `w` (`k` x `n` per expert) on the routed rows `rows`
+/// (routed row `i` reads input row `i` of `x`), each row in the order `at` names.
+fn towers_want(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    rows: &[u32],
+    (k, n): (usize, usize),
+    at: BatchRow,
+) -> Vec<f32> {
+    let rb = ty.row_bytes(k).expect("row size") * n;
+    let mut out = vec![0f32; rows.len() * n];
+    for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
+        let ex = ex as usize;
+        flint_core::dot::matvec_f32_ggml_x86(
+            ty,
+            &w[ex * rb..(ex + 1) * rb],
+            &x[i * k..(i + 1) * k],
+            o,
+            at,
+        )
+        .expect("core");
+    }
+    out
+}
+
 /// `assert_towers_equal` for Q4_K and Q6_K towers of `e` experts of 512 x `n` (each `n`
 /// of `ns`), the routed rows `rows` (one per input row), against the scalar statement
 /// with `at`, at AVX-512 VNNI in either layout.
@@ -368,23 +438,8 @@ fn check_expert_towers(mut rng: Rng, e: usize, rows: &[u32], ns: [usize; 2], at:
         for n in ns {
             let w = random_weight(&mut rng, ty, k, n * e);
             let w2 = random_weight(&mut rng, ty, k, n * e);
-            let rb = ty.row_bytes(k).expect("row size") * n;
-            let want = |w: &[u8]| -> Vec<f32> {
-                let mut out = vec![0f32; rows.len() * n];
-                for (i, (&ex, o)) in rows.iter().zip(out.chunks_mut(n)).enumerate() {
-                    let ex = ex as usize;
-                    flint_core::dot::matvec_f32_ggml_x86(
-                        ty,
-                        &w[ex * rb..(ex + 1) * rb],
-                        &x[i * k..(i + 1) * k],
-                        o,
-                        at,
-                    )
-                    .expect("core");
-                }
-                out
-            };
-            let (want1, want2) = (want(&w), want(&w2));
+            let want1 = towers_want(ty, &w, &x, rows, (k, n), at);
+            let want2 = towers_want(ty, &w2, &x, rows, (k, n), at);
             for layout in [WeightLayout::Packed, WeightLayout::File] {
                 let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
                     .expect("device")

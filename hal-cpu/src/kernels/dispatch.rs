@@ -1043,19 +1043,44 @@ fn groups_ahead<G>(g: &[G], nb: usize, panels: std::ops::Range<usize>) -> Ahead 
 }
 
 /// Whether an expert's `m` routed rows of a `ty` tower take [`expert_panels`] at `level`:
-/// Q4_K and Q6_K on AVX-512 VNNI for a prompt's few dozen rows an expert (from
-/// [`GEMM_MIN_ROWS`] to below [`FUSED_MAX_ROWS`]), which [`gemm`] would multiply
-/// weight-stationary, panel by panel.
+/// Q4_K and Q6_K for a prompt's few dozen rows an expert (from [`GEMM_MIN_ROWS`]) on
+/// AVX-512 VNNI (below [`FUSED_MAX_ROWS`], where [`gemm`] would multiply
+/// weight-stationary, panel by panel), and on the AVX2 and AVX-512 F levels, whose
+/// eight-row panels give the row kernels' bits for any number of rows (the expert towers
+/// take the dense order there).
 pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && level == SimdLevel::Avx512Vnni
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
-        && (GEMM_MIN_ROWS..FUSED_MAX_ROWS).contains(&m)
+        && match level {
+            SimdLevel::Avx512Vnni => (GEMM_MIN_ROWS..FUSED_MAX_ROWS).contains(&m),
+            SimdLevel::Avx2 | SimdLevel::Avx512 => m >= GEMM_MIN_ROWS && !expert_gemv(level, ty),
+            SimdLevel::Scalar => false,
+        }
 }
 
-/// One task of an expert matmul's weight-stationary gemm: panels `p0..p1` of one
-/// expert's weight rows `w` (`n` rows of `k`, Q4_K or Q6_K, either layout), each decoded
-/// into `dec` and applied to every row of `a` (the expert's routed rows, whole Q8_K rows)
+/// The weight rows of one panel of [`expert_panels`] at `level`: sixteen with VNNI, else
+/// eight.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn expert_panel_rows(level: SimdLevel) -> usize {
+    if level == SimdLevel::Avx512Vnni {
+        panel::PANEL_ROWS
+    } else {
+        q0::panel_avx2::PANEL8_ROWS
+    }
+}
+
+/// The decoded panel blocks an [`expert_panels`] task keeps between its panels.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+pub(crate) struct ExpertPanelScratch {
+    dec16: Vec<kq_panel::KPanelBlock>,
+    dec8: Vec<kq_panel_avx2::KPanel8Block>,
+}
+
+/// One task of an expert matmul's weight-stationary gemm: panels `p0..p1` (of
+/// [`expert_panel_rows`] rows) of one expert's weight rows `w` (`n` rows of `k`, Q4_K or
+/// Q6_K, either layout with VNNI, the file's on the other levels), each decoded into
+/// `scratch` and applied to every row of `a` (the expert's routed rows, whole Q8_K rows)
 /// in the expert tower's order, as [`gemm`] does with `expert` set. `part` is
 /// `[routed row][the panels' weight rows]`. The caller runs every expert's panel tasks of
 /// a call in one parallel section instead of a section (and its hand-offs) per expert
@@ -1063,38 +1088,65 @@ pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> b
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn expert_panels(
+    level: SimdLevel,
     ty: GgmlType,
     w: WeightRows<'_>,
     a: &[BlockQ8K],
     k: usize,
     n: usize,
     panels: std::ops::Range<usize>,
-    dec: &mut Vec<kq_panel::KPanelBlock>,
+    scratch: &mut ExpertPanelScratch,
     part: &mut [f32],
 ) {
     let nb = k / 256;
     if nb == 0 || panels.is_empty() {
         return;
     }
-    let r0 = panels.start * panel::PANEL_ROWS;
-    let rows = (panels.end * panel::PANEL_ROWS).min(n) - r0;
+    let prows = expert_panel_rows(level);
+    let r0 = panels.start * prows;
+    let rows = (panels.end * prows).min(n) - r0;
     assert_eq!(
         part.len(),
         a.len() / nb * rows,
         "expert_panels: part length"
     );
-    dec.resize(nb, kq_panel::KPanelBlock::ZERO);
     let bytes = match w {
         WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
         _ => Some(w.file_bytes(k)),
     };
+    if level != SimdLevel::Avx512Vnni {
+        let Some(bytes) = bytes else {
+            unreachable!("the AVX2 and AVX-512 F levels keep the file's layout")
+        };
+        let dec = &mut scratch.dec8;
+        dec.resize(nb, kq_panel_avx2::KPanel8Block::ZERO);
+        macro_rules! run8 {
+            ($B:ty) => {{
+                let wb = view::<$B>(&bytes);
+                for p in panels.clone() {
+                    kq_panel_avx2::decode8(&wb, nb, n, p, dec);
+                    let c0 = p * prows - r0;
+                    let live = prows.min(rows - c0);
+                    let cols = panel::OutCols { stride: rows, c0 };
+                    kq_panel_avx2::gemm8::<$B>(dec, nb, live, a, part, cols);
+                }
+            }};
+        }
+        match ty {
+            GgmlType::Q4_K => run8!(BlockQ4K),
+            _ => run8!(BlockQ6K),
+        }
+        return;
+    }
+    let dec = &mut scratch.dec16;
+    dec.resize(nb, kq_panel::KPanelBlock::ZERO);
     macro_rules! run {
         ($B:ty) => {{
             let wb = bytes.as_ref().map(|b| view::<$B>(b));
             for p in panels.clone() {
                 kq_decode_panel(w, wb.as_deref(), nb, n, p, dec);
-                let c0 = p * panel::PANEL_ROWS - r0;
-                let live = panel::PANEL_ROWS.min(rows - c0);
+                let c0 = p * prows - r0;
+                let live = prows.min(rows - c0);
                 let cols = panel::OutCols { stride: rows, c0 };
                 // The next panel's rows (this task's or the next one's), asked for while
                 // this one is multiplied.

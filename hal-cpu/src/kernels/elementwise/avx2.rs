@@ -1,4 +1,4 @@
-//! Element-wise ops with AVX2: GELU through its f16 table, RoPE rotation, and the f16
+//! Element-wise ops with AVX2: GELU through its f16 table, SiLU, RoPE rotation, and the f16
 //! conversions of the KV cache. The caller must have checked AVX2, FMA and F16C at
 //! device open.
 
@@ -141,6 +141,60 @@ pub(crate) fn expf_ggml(x: __m256) -> __m256 {
     let non_pos = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
     let sat = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), non_pos);
     _mm256_blendv_ps(res, sat, big)
+}
+
+/// `out = silu(gate) * up` on eight lanes at a time, bit for bit
+/// `flint_core::math::silu(g) * u` (one division by `1 + exp(-g)` with [`expf_ggml`]), as
+/// the AVX-512 kernel computes it.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (checked at device open).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && up.len() == out.len(),
+        "silu_mul: lengths"
+    );
+    let full = out.len() / 8 * 8;
+    let (one, sign) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
+    for i in (0..full).step_by(8) {
+        // SAFETY: i + 8 <= full <= every slice's length; loadu/storeu are unaligned.
+        unsafe {
+            let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm256_loadu_ps(up.as_ptr().add(i));
+            let e = expf_ggml(_mm256_xor_ps(g, sign));
+            let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+        }
+    }
+    for ((o, &g), &u) in out[full..].iter_mut().zip(&gate[full..]).zip(&up[full..]) {
+        *o = flint_core::math::silu(g) * u;
+    }
+}
+
+/// `v = silu(v)` in place, bit for bit `flint_core::math::silu` (the lanes of
+/// [`silu_mul`] without the product).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (checked at device open).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn silu_in_place(v: &mut [f32]) {
+    let full = v.len() / 8 * 8;
+    let (one, sign) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
+    for i in (0..full).step_by(8) {
+        // SAFETY: i + 8 <= full <= v.len(); loadu/storeu are unaligned.
+        unsafe {
+            let g = _mm256_loadu_ps(v.as_ptr().add(i));
+            let e = expf_ggml(_mm256_xor_ps(g, sign));
+            _mm256_storeu_ps(
+                v.as_mut_ptr().add(i),
+                _mm256_div_ps(g, _mm256_add_ps(one, e)),
+            );
+        }
+    }
+    for x in &mut v[full..] {
+        *x = flint_core::math::silu(*x);
+    }
 }
 
 /// The sums of squares of `rows.len()` rows (`4 * G`, each at least `n` long) as
