@@ -2551,7 +2551,19 @@ pub(crate) fn matvec_rows(
                 _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => rows1!(q4_k::avx2::dot_q4k, BlockQ4K, w, a, nbk, act_row, o),
+                GgmlType::Q4_K => {
+                    // Four rows a quarter of the chunk apart, the activation row arranged
+                    // once for them (`q4_k::avx2::dot_q4k_rows4`).
+                    let mut y = Vec::with_capacity(nbk);
+                    q4_k::avx2::Q8KPairs::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
+                    rows4(
+                        &view::<BlockQ4K>(w),
+                        &y,
+                        o,
+                        q4_k::avx2::dot_q4k_rows4,
+                        q4_k::avx2::dot_q4k_row,
+                    )
+                }
                 GgmlType::Q5_K => rows1!(q5_k::avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
                 GgmlType::Q6_K => rows1!(q6_k::avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
                 GgmlType::IQ4_XS => {
