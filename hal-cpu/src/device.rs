@@ -572,6 +572,10 @@ impl Device for CpuDevice {
             gate.len() == up.len() && up.len() == out.len(),
             "silu_mul: lengths"
         );
+        if out.len() <= SILU_CHUNK {
+            silu_mul_at(self.level, gate, up, out);
+            return Ok(());
+        }
         // Element-wise, so the chunks over the threads change no bit (a prompt's MoE
         // layer: 512 tokens x 8 experts x 768 values).
         self.pool.install(|| {

@@ -263,8 +263,9 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
     }
 }
 
-/// The K-quant panels add a few `vpmaddubsw` products as i16 before widening them
-/// (`kq_panel_avx2::sum16`): with every quant at its largest magnitude (Q4_K nibbles 15,
+/// The K-quant panels and the AVX2 Q4_K decode kernels add a few `vpmaddubsw` products
+/// as i16 before widening them (`kq_panel_avx2::sum16`, `q4_k::avx2::dot_q4k_rows4_m`):
+/// with every quant at its largest magnitude (Q4_K nibbles 15,
 /// Q6_K quants 63, the scales and mins at their extremes) against activations that
 /// quantize to -127 or 127 throughout, the sums must still equal the scalar statement
 /// bit for bit at every level (an overflow would wrap).
@@ -278,7 +279,7 @@ fn k_quant_panels_hold_the_largest_quants() {
         eprintln!("no AVX2 on this CPU: the K-quant panels are not used here");
         return;
     }
-    let (k, n, m) = (512, 11, 67);
+    let (k, n) = (512, 11);
     let one = 0x3C00u16.to_le_bytes();
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
         let mut block = Vec::new();
@@ -303,16 +304,20 @@ fn k_quant_panels_hold_the_largest_quants() {
             .collect();
         let rb = ty.row_bytes(k).expect("row size");
         assert_eq!(w.len(), rb * n, "{ty}: block layout");
-        // Rows of one value: every quant -127 (negative rows) or 127.
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| if (i / k) % 2 == 0 { -3.5 } else { 2.25 })
-            .collect();
-        let mut want = vec![0f32; m * n];
-        for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
-            flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, BatchRow::IN_BATCH).expect("core");
-        }
-        for &level in &levels {
-            assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+        // The decode kernels (one row, a small batch) and the panels.
+        for m in [1, 3, 67] {
+            // Rows of one value: every quant -127 (negative rows) or 127.
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| if (i / k) % 2 == 0 { -3.5 } else { 2.25 })
+                .collect();
+            let mut want = vec![0f32; m * n];
+            for (xr, o) in x.chunks(k).zip(want.chunks_mut(n)) {
+                flint_core::dot::matvec_f32_ggml_x86(ty, &w, xr, o, BatchRow::IN_BATCH)
+                    .expect("core");
+            }
+            for &level in &levels {
+                assert_device_equals(level, ty, &w, k, n, &x, m, &want);
+            }
         }
     }
 }

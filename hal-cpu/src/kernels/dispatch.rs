@@ -1693,7 +1693,8 @@ pub(crate) fn has_small_batch_kernel(level: SimdLevel, ty: GgmlType) -> bool {
     cfg!(target_arch = "x86_64")
         && ((level == SimdLevel::Avx512Vnni
             && (legacy || matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)))
-            || (level == SimdLevel::Avx2 && legacy))
+            || (level == SimdLevel::Avx2 && legacy)
+            || (native_kernel(level, ty) == Some(SimdLevel::Avx2) && ty == GgmlType::Q4_K))
 }
 
 /// The rows of a weight as a kernel reads them: the file's bytes, or MXFP4 / Q4_K / Q6_K / Q8_0
@@ -2136,6 +2137,15 @@ pub(crate) fn rows_small_batch(
         return true;
     }
     #[cfg(target_arch = "x86_64")]
+    if let (Some(SimdLevel::Avx2), Acts::Q8K(a), GgmlType::Q4_K) =
+        (native_kernel(level, ty), acts, ty)
+    {
+        if k >= 256 {
+            q4k_small_batch_avx2(&view::<BlockQ4K>(w), k / 256, &a[..m * (k / 256)], m, out_t);
+            return true;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if let (SimdLevel::Avx512Vnni, Acts::Q8K(a)) = (level, acts) {
         if k >= 256 {
             // The tile kernels of `dot_rows`, called here for every row of the chunk
@@ -2199,6 +2209,66 @@ pub(crate) fn rows_small_batch(
     }
     let _ = (level, ty, w, acts, k, m, out_t);
     false
+}
+
+/// [`rows_small_batch`] for Q4_K without VNNI: the `m` activation rows `a` arranged once
+/// ([`q4_k::avx2::Q8KPairs`]), then four weight rows a quarter of the chunk apart against
+/// up to four activation rows at a time (`q4_k::avx2::dot_q4k_rows4_m`, the order of
+/// every other Q4_K kernel of this level), the last `n % 4` rows one by one.
+#[cfg(target_arch = "x86_64")]
+fn q4k_small_batch_avx2(w: &[BlockQ4K], nbk: usize, a: &[BlockQ8K], m: usize, out_t: &mut [f32]) {
+    use q4_k::avx2::{dot_q4k_rows4_m, Q8KPairs};
+    let mut y = Vec::with_capacity(a.len());
+    Q8KPairs::arrange(a, &mut y);
+    let act = |i: usize| &y[i * nbk..(i + 1) * nbk];
+    let row = |r: usize| &w[r * nbk..(r + 1) * nbk];
+    let n = w.len() / nbk;
+    let q = n / 4;
+    // (The weight rows of one call, their places in `out_t`.)
+    let quads = (0..q)
+        .map(|t| [t, q + t, 2 * q + t, 3 * q + t])
+        .chain((4 * q..n).map(|t| [t; 4]));
+    for rows in quads {
+        let x = rows.map(row);
+        let lanes = if rows[0] == rows[1] { 1 } else { 4 };
+        let mut a0 = 0;
+        while a0 < m {
+            let len = (m - a0).min(4);
+            let mut o = [[0f32; 4]; 4];
+            // SAFETY (each call): the AVX2 level was checked against the CPU at device
+            // open.
+            unsafe {
+                match len {
+                    1 => {
+                        let mut r = [[0f32; 4]; 1];
+                        dot_q4k_rows4_m::<1>(x, [act(a0)], &mut r);
+                        o[0] = r[0];
+                    }
+                    2 => {
+                        let mut r = [[0f32; 4]; 2];
+                        dot_q4k_rows4_m::<2>(x, [act(a0), act(a0 + 1)], &mut r);
+                        o[..2].copy_from_slice(&r);
+                    }
+                    3 => {
+                        let mut r = [[0f32; 4]; 3];
+                        dot_q4k_rows4_m::<3>(x, [act(a0), act(a0 + 1), act(a0 + 2)], &mut r);
+                        o[..3].copy_from_slice(&r);
+                    }
+                    _ => dot_q4k_rows4_m::<4>(
+                        x,
+                        [act(a0), act(a0 + 1), act(a0 + 2), act(a0 + 3)],
+                        &mut o,
+                    ),
+                }
+            }
+            for (j, oj) in o[..len].iter().enumerate() {
+                for (s, &r) in rows.iter().enumerate().take(lanes) {
+                    out_t[r * m + a0 + j] = oj[s];
+                }
+            }
+            a0 += len;
+        }
+    }
 }
 
 /// One of the four-weight-row kernels of `M` = 1..=4 activation rows
@@ -2565,7 +2635,13 @@ pub(crate) fn matvec_rows(
                     )
                 }
                 GgmlType::Q5_K => rows1!(q5_k::avx2::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
-                GgmlType::Q6_K => rows1!(q6_k::avx2::dot_q6k, BlockQ6K, w, a, nbk, act_row, o),
+                GgmlType::Q6_K => rows4(
+                    &view::<BlockQ6K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q6_k::avx2::dot_q6k_rows4,
+                    q6_k::avx2::dot_q6k_row,
+                ),
                 GgmlType::IQ4_XS => {
                     rows1!(iq4_xs::avx2::dot_iq4xs, BlockIQ4XS, w, a, nbk, act_row, o)
                 }

@@ -171,9 +171,27 @@ const Q4K_PAIR_SCALES: [[i8; 32]; 4] = {
 /// once ([`Q8KPairs`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[Q8KPairs], out: &mut [f32; 4]) {
-    let nb = y.len();
+    let mut o = [[0f32; 4]; 1];
+    dot_q4k_rows4_m::<1>(x, [y], &mut o);
+    *out = o[0];
+}
+
+/// [`dot_q4k_rows4`] against `M` activation rows (1 to 4, each arranged): each weight
+/// block's scales and nibbles decoded once for them all, each (weight row, activation
+/// row) pair's arithmetic exactly that of [`dot_q4k`] (the small batches of a c = 4
+/// decode step).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q4k_rows4_m<const M: usize>(
+    x: [&[BlockQ4K]; 4],
+    y: [&[Q8KPairs]; M],
+    out: &mut [[f32; 4]; M],
+) {
+    let nb = y.first().map_or(0, |y| y.len());
     for xs in &x {
         assert_eq!(xs.len(), nb, "dot_q4k_rows4: lengths");
+    }
+    for ys in &y {
+        assert_eq!(ys.len(), nb, "dot_q4k_rows4: activation lengths");
     }
     let m4 = _mm256_set1_epi8(0x0F);
     let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
@@ -186,11 +204,13 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[Q8KPairs], out: &mut [f32;
     );
     // [d_0..d_3 | dmin_0..dmin_3] from [d_0, dmin_0, d_1, dmin_1, ...].
     let dd_idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    let mut acc = _mm256_setzero_ps();
-    for (i, ya) in y.iter().enumerate() {
-        // SAFETY: 8 readable i16; loadu is unaligned.
-        let bs = unsafe { _mm_loadu_si128(ya.bs.as_ptr() as *const __m128i) };
-        let mut z = [_mm256_setzero_si256(); 4];
+    let mut acc = [_mm256_setzero_ps(); M];
+    for i in 0..nb {
+        // SAFETY: 8 readable i16 each; loadu is unaligned.
+        let bs: [__m128i; M] = std::array::from_fn(|a| unsafe {
+            _mm_loadu_si128(y[a][i].bs.as_ptr() as *const __m128i)
+        });
+        let mut z = [[_mm256_setzero_si256(); 4]; M];
         let mut hdr = [0i32; 4];
         for r in 0..4 {
             let b = &x[r][i];
@@ -201,9 +221,11 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[Q8KPairs], out: &mut [f32;
             hdr[r] = i32::from_le_bytes([h[0], h[1], h[2], h[3]]);
             let (u, _) = k4_header(h);
             let u2 = _mm256_broadcastsi128_si256(u);
-            // Per pair j: eight i32 lanes that sum to I_j.
-            let mut v = [_mm256_setzero_si256(); 4];
-            for (j, vj) in v.iter_mut().enumerate() {
+            let mins = _mm_shuffle_epi8(u, mins_idx);
+            // Per pair j: the chunk's two halves (low nibbles in the low 128-bit lane,
+            // high in the high) and the pair's scale vector.
+            let mut qs = [[_mm256_setzero_si256(); 2]; 4];
+            for (j, qj) in qs.iter_mut().enumerate() {
                 // SAFETY: 16 readable bytes each at `qs[32j..]` and `qs[32j + 16..]`.
                 let (qa, qb) = unsafe {
                     (
@@ -215,51 +237,73 @@ pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[Q8KPairs], out: &mut [f32;
                         )),
                     )
                 };
-                let qa = _mm256_and_si256(_mm256_srlv_epi32(qa, shift), m4);
-                let qb = _mm256_and_si256(_mm256_srlv_epi32(qb, shift), m4);
-                // SAFETY: 32 readable bytes each, 32-byte aligned.
-                let (ya0, ya1) = unsafe {
-                    (
-                        _mm256_load_si256(ya.qs[2 * j].as_ptr() as *const __m256i),
-                        _mm256_load_si256(ya.qs[2 * j + 1].as_ptr() as *const __m256i),
-                    )
-                };
-                // Four products a lane (at most 4 * 15 * 128): no overflow in i16.
-                let p =
-                    _mm256_add_epi16(_mm256_maddubs_epi16(qa, ya0), _mm256_maddubs_epi16(qb, ya1));
-                *vj = _mm256_madd_epi16(p, _mm256_shuffle_epi8(u2, pair_sc[j]));
+                *qj = [
+                    _mm256_and_si256(_mm256_srlv_epi32(qa, shift), m4),
+                    _mm256_and_si256(_mm256_srlv_epi32(qb, shift), m4),
+                ];
             }
-            // Per 128-bit lane: the sums of v0..v3's four lanes there.
-            let q = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-            // [I_0..I_3 | M_0..M_3].
-            let msum = _mm_madd_epi16(_mm_shuffle_epi8(u, mins_idx), bs);
-            z[r] = _mm256_add_epi32(
-                _mm256_blend_epi32::<0xF0>(q, _mm256_setzero_si256()),
-                _mm256_permute2x128_si256::<0x21>(q, _mm256_castsi128_si256(msum)),
-            );
+            let sc: [__m256i; 4] = std::array::from_fn(|j| _mm256_shuffle_epi8(u2, pair_sc[j]));
+            for a in 0..M {
+                let ya = &y[a][i];
+                // Per pair j: eight i32 lanes that sum to I_j.
+                let v: [__m256i; 4] = std::array::from_fn(|j| {
+                    // SAFETY: 32 readable bytes each, 32-byte aligned.
+                    let (y0, y1) = unsafe {
+                        (
+                            _mm256_load_si256(ya.qs[2 * j].as_ptr() as *const __m256i),
+                            _mm256_load_si256(ya.qs[2 * j + 1].as_ptr() as *const __m256i),
+                        )
+                    };
+                    // Four products a lane (at most 4 * 15 * 128): no overflow in i16.
+                    let p = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(qs[j][0], y0),
+                        _mm256_maddubs_epi16(qs[j][1], y1),
+                    );
+                    _mm256_madd_epi16(p, sc[j])
+                });
+                // Per 128-bit lane: the sums of v0..v3's four lanes there.
+                let q =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                // [I_0..I_3 | M_0..M_3].
+                let msum = _mm_madd_epi16(mins, bs[a]);
+                z[a][r] = _mm256_add_epi32(
+                    _mm256_blend_epi32::<0xF0>(q, _mm256_setzero_si256()),
+                    _mm256_permute2x128_si256::<0x21>(q, _mm256_castsi128_si256(msum)),
+                );
+            }
         }
-        // f[j] = [I_j of rows 0..4 | M_j of rows 0..4].
-        let a = _mm256_unpacklo_epi32(z[0], z[1]);
-        let b = _mm256_unpacklo_epi32(z[2], z[3]);
-        let c = _mm256_unpackhi_epi32(z[0], z[1]);
-        let d = _mm256_unpackhi_epi32(z[2], z[3]);
-        let f = [
-            _mm256_unpacklo_epi64(a, b),
-            _mm256_unpackhi_epi64(a, b),
-            _mm256_unpacklo_epi64(c, d),
-            _mm256_unpackhi_epi64(c, d),
-        ];
-        // [d_r·d_a | dmin_r·d_a]: one f32 product per row.
+        // [d_r | dmin_r] of the four rows.
         let h = _mm_setr_epi32(hdr[0], hdr[1], hdr[2], hdr[3]);
-        let dd = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), dd_idx);
-        let dd = _mm256_mul_ps(dd, _mm256_set1_ps(ya.d));
-        for fj in f {
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fj), dd, acc);
+        let dw = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), dd_idx);
+        for a in 0..M {
+            let z = &z[a];
+            // f[j] = [I_j of rows 0..4 | M_j of rows 0..4].
+            let (lo01, lo23) = (
+                _mm256_unpacklo_epi32(z[0], z[1]),
+                _mm256_unpacklo_epi32(z[2], z[3]),
+            );
+            let (hi01, hi23) = (
+                _mm256_unpackhi_epi32(z[0], z[1]),
+                _mm256_unpackhi_epi32(z[2], z[3]),
+            );
+            let f = [
+                _mm256_unpacklo_epi64(lo01, lo23),
+                _mm256_unpackhi_epi64(lo01, lo23),
+                _mm256_unpacklo_epi64(hi01, hi23),
+                _mm256_unpackhi_epi64(hi01, hi23),
+            ];
+            // [d_r·d_a | dmin_r·d_a]: one f32 product per row.
+            let dd = _mm256_mul_ps(dw, _mm256_set1_ps(y[a][i].d));
+            for fj in f {
+                acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fj), dd, acc[a]);
+            }
         }
     }
-    let r = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    // SAFETY: 4 writable f32; storeu is unaligned.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), r) };
+    for (o, acc) in out.iter_mut().zip(acc) {
+        let r = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        // SAFETY: 4 writable f32; storeu is unaligned.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+    }
 }
 
 /// [`dot_q4k_rows4`] for a single row (the last rows of a chunk).
