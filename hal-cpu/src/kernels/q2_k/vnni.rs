@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ2K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{load32i, load_bsums};
-use crate::kernels::x86::avx512::{load64, prefetch, PREFETCH_BLOCKS};
+use crate::kernels::x86::avx512::{load64, prefetch_stream, PREFETCH_BLOCKS};
 
 /// The group of 128-bit lane `c` of plane `j`'s dot products.
 const fn group(c: usize, j: usize) -> usize {
@@ -140,9 +140,7 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32;
     for (i, yb) in y.iter().enumerate() {
         let b: [&BlockQ2K; 4] = std::array::from_fn(|r| &x[r][i]);
         for xs in &x {
-            if let Some(ahead) = xs.get(i + PREFETCH_BLOCKS) {
-                prefetch(ahead);
-            }
+            prefetch_stream(xs, i + PREFETCH_BLOCKS);
         }
         let a: [__m512i; 4] = std::array::from_fn(|j| {
             _mm512_inserti64x4::<1>(

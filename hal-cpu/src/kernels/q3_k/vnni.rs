@@ -31,27 +31,13 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ3K, BlockQ8K};
 
-use crate::kernels::x86::avx512::load64;
+use crate::kernels::x86::avx512::{load64, prefetch_stream};
 
 /// Blocks ahead of the current one that each row's stream is prefetched (12 x 110 bytes),
 /// past the row's end too: the caller's next call continues each stream with the next
 /// row, and a prefetch that stopped at the end left the first blocks of every row to the
 /// hardware prefetcher (about 10% slower on the 2-core Xeon this was tuned on).
 const PREFETCH_AHEAD: usize = 12;
-
-/// Hints the two cache lines from the start of block `i + PREFETCH_AHEAD` of `row`,
-/// wherever that is: a row advances 110 bytes a block, so two lines a block cover the
-/// stream.
-#[inline(always)]
-fn prefetch_ahead(row: &[BlockQ3K], i: usize) {
-    let p = row.as_ptr().wrapping_add(i + PREFETCH_AHEAD).cast::<i8>();
-    // SAFETY: a prefetch never faults and reads nothing architecturally, whatever the
-    // address (`wrapping_add`: no out-of-bounds pointer arithmetic either).
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T0>(p);
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-    }
-}
 
 /// `vpermd` indices of [`transpose`]'s first step: in each 256-bit half, dwords 0, 2, 4,
 /// 6 to the low 128-bit lane and 1, 3, 5, 7 to the high one (the packed low bits: runs
@@ -286,7 +272,7 @@ pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32;
     let mut lanes = [_mm512_setzero_ps(); 2];
     for (i, yb) in y.iter().enumerate() {
         for xs in &x {
-            prefetch_ahead(xs, i);
+            prefetch_stream(xs, i + PREFETCH_AHEAD);
         }
         let ya = [
             act_pair(yb, 0, pair, t4),

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{bcast16, head16, k4_header, load32i, load32u, load_bsums};
-use crate::kernels::x86::avx512::{prefetch, PREFETCH_BLOCKS};
+use crate::kernels::x86::avx512::{prefetch_stream, PREFETCH_BLOCKS};
 
 /// Q4_K x Q8_K, for at most four activation rows (`R`): each row's float chains in
 /// its own lane of one 128-bit vector.
@@ -214,9 +214,7 @@ pub(crate) fn dot_q4k_rows4_m<const M: usize>(
         let mut hdr = [0i32; 4];
         for r in 0..4 {
             let b = &x[r][i];
-            if let Some(ahead) = x[r].get(i + PREFETCH_BLOCKS) {
-                prefetch(ahead);
-            }
+            prefetch_stream(x[r], i + PREFETCH_BLOCKS);
             let h = head16(b);
             hdr[r] = i32::from_le_bytes([h[0], h[1], h[2], h[3]]);
             let (u, _) = k4_header(h);

@@ -11,7 +11,7 @@ use flint_core::blocks::{BlockQ5K, BlockQ8K};
 use crate::kernels::q5_k::avx2::tiled_step;
 use crate::kernels::x86::avx2::{head16, hsum8_i32, k4_header, k4_mins_dup, load32, load_bsums};
 use crate::kernels::x86::avx512::{
-    bcast32, load64, nibble_shift, pair_idx, prefetch, PREFETCH_BLOCKS,
+    bcast32, load64, nibble_shift, pair_idx, prefetch_stream, PREFETCH_BLOCKS,
 };
 
 /// Q5_K x Q8_K: as Q4_K with the fifth bit of every quant from `qh`.
@@ -23,9 +23,7 @@ pub(crate) fn dot_q5k<const R: usize>(x: &[BlockQ5K], y: &[&[BlockQ8K]; R], out:
     let idx = pair_idx();
     let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
+        prefetch_stream(x, i + PREFETCH_BLOCKS);
         let (u, ddm) = k4_header(head16(b));
         let d = _mm_cvtss_f32(ddm);
         let dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));

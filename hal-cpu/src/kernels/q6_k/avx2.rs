@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{bcast16, f16c_to_f32, load32i, load32u, load_bsums};
-use crate::kernels::x86::avx512::{prefetch, PREFETCH_BLOCKS};
+use crate::kernels::x86::avx512::{prefetch_stream, PREFETCH_BLOCKS};
 
 /// Q6_K x Q8_K. Quants are used unsigned (0..63) and the offset of 32 is taken off
 /// through the activation block sums.
@@ -117,9 +117,7 @@ pub(crate) fn dot_q6k_rows4(x: [&[BlockQ6K]; 4], y: &[BlockQ8K], out: &mut [f32;
         let mut d = [0u16; 4];
         for r in 0..4 {
             let b = &x[r][i];
-            if let Some(ahead) = x[r].get(i + PREFETCH_BLOCKS) {
-                prefetch(ahead);
-            }
+            prefetch_stream(x[r], i + PREFETCH_BLOCKS);
             d[r] = b.d;
             // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
             let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };

@@ -9,7 +9,7 @@ use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{f16c_to_f32, load_bsums};
 use crate::kernels::x86::avx512::{
-    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, prefetch, PREFETCH_BLOCKS,
+    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, prefetch_stream, PREFETCH_BLOCKS,
 };
 
 /// `vpermw` indices that spread the 16 sub-block scales of a Q6_K block over the four
@@ -72,9 +72,7 @@ pub(crate) fn dot_q6k_tiled<const R: usize>(
     let mut acc4 = _mm_setzero_ps();
     let mut acc = [0f32; R];
     for (i, b) in x.iter().enumerate() {
-        if let Some(ahead) = x.get(i + PREFETCH_BLOCKS) {
-            prefetch(ahead);
-        }
+        prefetch_stream(x, i + PREFETCH_BLOCKS);
         let d = f16c_to_f32(b.d);
         let (sc16, sc) = q6k_scales(b);
         let mut sumi = [[_mm512_setzero_si512(); 2]; R];
@@ -247,6 +245,7 @@ pub(crate) fn dot_q6k_rows4_m<const M: usize, const AMX: bool>(
         let mut nsc = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
             let b = &x[r][i];
+            prefetch_stream(x[r], i + PREFETCH_BLOCKS);
             let (sc16, sc) = q6k_scales(b);
             nsc[r] = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
             for n in 0..2 {
