@@ -27,7 +27,8 @@ use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{head16, k4_header, k4_mins_dup, load_bsums};
 use crate::kernels::x86::avx512::{
-    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, pair_idx, prefetch_stream, PREFETCH_BLOCKS,
+    bcast32, fma1, hsum4, hsum_i32, load64, nibble_shift, pair_idx, prefetch_stream,
+    PREFETCH_BLOCKS,
 };
 
 /// Q4_K x Q8_K in the float order of llama.cpp's repacked `q4_K_8x8` kernels
