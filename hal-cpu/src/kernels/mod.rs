@@ -20,15 +20,18 @@
 //! Where things live (each format folder: one file per ISA level, `x16.rs` for its
 //! layout repacked at staging, `panel.rs` for its prompt-batch panels):
 //!
-//! - `q4_k/`: Q4_K · Q8_K. `avx2.rs` (`dot_q4k`, llama.cpp's order, also the AVX-512
-//!   F/BW level's), `vnni.rs` (llama.cpp's order: `dot_q4k_gemm`; the decode forms `dot_q4k_rows4`,
+//! - `q4_k/`: Q4_K · Q8_K. `avx2.rs` (llama.cpp's order, also the AVX-512 F/BW level's:
+//!   `dot_q4k`, one weight row against a tile of activation rows; the decode forms
+//!   `dot_q4k_rows4` and `dot_q4k_rows4_m`, four weight rows against one to four
+//!   activation rows arranged as `Q8KPairs`), `vnni.rs` (llama.cpp's order: `dot_q4k_gemm`; the decode forms `dot_q4k_rows4`,
 //!   four rows in the lanes of a vector, and `dot_q4k_rows`; `dot_q4k_rows4_m`, four
 //!   weight rows against up to four activation rows, a small batch's), `panel.rs` (the
 //!   prompt-batch tile `q4k_tile`, sixteen rows in the lanes), `x16.rs` (the repacked
 //!   layout and its decode kernel `dot_group`).
 //! - `q5_k/`: Q5_K · Q8_K, `avx2.rs`, `avx512.rs`, `vnni.rs`.
-//! - `q6_k/`: Q6_K · Q8_K, as `q4_k/` (`avx2.rs` at the AVX2 and AVX-512 F/BW levels;
-//!   `vnni.rs`: `dot_q6k_tiled`, `dot_q6k_rows4`, `dot_q6k_rows4_m`).
+//! - `q6_k/`: Q6_K · Q8_K, as `q4_k/` (`avx2.rs` at the AVX2 and AVX-512 F/BW levels:
+//!   `dot_q6k`, the decode form `dot_q6k_rows4`; `vnni.rs`: `dot_q6k_tiled`,
+//!   `dot_q6k_rows4`, `dot_q6k_rows4_m`).
 //! - `q0/`: the legacy 32-quant blocks Q8_0, Q5_0 and Q4_0 · Q8_0, which share their
 //!   kernels: `tinyblas.rs` (llama.cpp's tinyBLAS order, every level), `avx2.rs`,
 //!   `avx512.rs`, `vnni.rs` (a decode's matvec `q0_rows`), `panel.rs` (a prompt batch's
