@@ -2213,60 +2213,27 @@ pub(crate) fn rows_small_batch(
 
 /// [`rows_small_batch`] for Q4_K without VNNI: the `m` activation rows `a` arranged once
 /// ([`q4_k::avx2::Q8KPairs`]), then four weight rows a quarter of the chunk apart against
-/// up to four activation rows at a time (`q4_k::avx2::dot_q4k_rows4_m`, the order of
-/// every other Q4_K kernel of this level), the last `n % 4` rows one by one.
+/// up to four activation rows at a time (`q4_k::avx2::dot_q4k_rows4_m`, [`rows4_tiles`]),
+/// the last `n % 4` rows with the single-row tiles (`dot_q4k`): one order throughout.
 #[cfg(target_arch = "x86_64")]
 fn q4k_small_batch_avx2(w: &[BlockQ4K], nbk: usize, a: &[BlockQ8K], m: usize, out_t: &mut [f32]) {
     use q4_k::avx2::{dot_q4k_rows4_m, Q8KPairs};
     let mut y = Vec::with_capacity(a.len());
     Q8KPairs::arrange(a, &mut y);
-    let act = |i: usize| &y[i * nbk..(i + 1) * nbk];
-    let row = |r: usize| &w[r * nbk..(r + 1) * nbk];
-    let n = w.len() / nbk;
-    let q = n / 4;
-    // (The weight rows of one call, their places in `out_t`.)
-    let quads = (0..q)
-        .map(|t| [t, q + t, 2 * q + t, 3 * q + t])
-        .chain((4 * q..n).map(|t| [t; 4]));
-    for rows in quads {
-        let x = rows.map(row);
-        let lanes = if rows[0] == rows[1] { 1 } else { 4 };
-        let mut a0 = 0;
-        while a0 < m {
-            let len = (m - a0).min(4);
-            let mut o = [[0f32; 4]; 4];
-            // SAFETY (each call): the AVX2 level was checked against the CPU at device
-            // open.
-            unsafe {
-                match len {
-                    1 => {
-                        let mut r = [[0f32; 4]; 1];
-                        dot_q4k_rows4_m::<1>(x, [act(a0)], &mut r);
-                        o[0] = r[0];
-                    }
-                    2 => {
-                        let mut r = [[0f32; 4]; 2];
-                        dot_q4k_rows4_m::<2>(x, [act(a0), act(a0 + 1)], &mut r);
-                        o[..2].copy_from_slice(&r);
-                    }
-                    3 => {
-                        let mut r = [[0f32; 4]; 3];
-                        dot_q4k_rows4_m::<3>(x, [act(a0), act(a0 + 1), act(a0 + 2)], &mut r);
-                        o[..3].copy_from_slice(&r);
-                    }
-                    _ => dot_q4k_rows4_m::<4>(
-                        x,
-                        [act(a0), act(a0 + 1), act(a0 + 2), act(a0 + 3)],
-                        &mut o,
-                    ),
-                }
-            }
-            for (j, oj) in o[..len].iter().enumerate() {
-                for (s, &r) in rows.iter().enumerate().take(lanes) {
-                    out_t[r * m + a0 + j] = oj[s];
-                }
-            }
-            a0 += len;
+    let f: Rows4M<BlockQ4K, Q8KPairs> = (
+        dot_q4k_rows4_m::<1>,
+        dot_q4k_rows4_m::<2>,
+        dot_q4k_rows4_m::<3>,
+        dot_q4k_rows4_m::<4>,
+    );
+    let done = rows4_tiles(w, nbk, &y, m, out_t, f);
+    let all: Vec<usize> = (0..m).collect();
+    for (x, o) in w[done * nbk..]
+        .chunks_exact(nbk)
+        .zip(out_t[done * m..].chunks_exact_mut(m))
+    {
+        for (rows, dst) in all.chunks(TILE).zip(o.chunks_mut(TILE)) {
+            tiled!(q4_k::avx2::dot_q4k, x, a, nbk, rows, dst);
         }
     }
 }
@@ -2274,11 +2241,11 @@ fn q4k_small_batch_avx2(w: &[BlockQ4K], nbk: usize, a: &[BlockQ8K], m: usize, ou
 /// One of the four-weight-row kernels of `M` = 1..=4 activation rows
 /// (`dot_q4k_rows4_m`, `dot_q6k_rows4_m`), by `M - 1`.
 #[cfg(target_arch = "x86_64")]
-type Rows4M<B> = (
-    unsafe fn([&[B]; 4], [&[BlockQ8K]; 1], &mut [[f32; 4]; 1]),
-    unsafe fn([&[B]; 4], [&[BlockQ8K]; 2], &mut [[f32; 4]; 2]),
-    unsafe fn([&[B]; 4], [&[BlockQ8K]; 3], &mut [[f32; 4]; 3]),
-    unsafe fn([&[B]; 4], [&[BlockQ8K]; 4], &mut [[f32; 4]; 4]),
+type Rows4M<B, A = BlockQ8K> = (
+    unsafe fn([&[B]; 4], [&[A]; 1], &mut [[f32; 4]; 1]),
+    unsafe fn([&[B]; 4], [&[A]; 2], &mut [[f32; 4]; 2]),
+    unsafe fn([&[B]; 4], [&[A]; 3], &mut [[f32; 4]; 3]),
+    unsafe fn([&[B]; 4], [&[A]; 4], &mut [[f32; 4]; 4]),
 );
 
 /// The first `4 * (n / 4)` weight rows of `w` (`n` rows of `nbk` blocks) against the `m`
@@ -2286,13 +2253,13 @@ type Rows4M<B> = (
 /// `q + t`, `2q + t`, `3q + t` together (`q = n / 4`: far apart, as the decode kernels
 /// stream them), the activation rows four at a time. Returns the rows done.
 #[cfg(target_arch = "x86_64")]
-fn rows4_tiles<B>(
+fn rows4_tiles<B, A>(
     w: &[B],
     nbk: usize,
-    a: &[BlockQ8K],
+    a: &[A],
     m: usize,
     out_t: &mut [f32],
-    f: Rows4M<B>,
+    f: Rows4M<B, A>,
 ) -> usize {
     let q = w.len() / nbk / 4;
     let row = |r: usize| &w[r * nbk..(r + 1) * nbk];
@@ -2304,8 +2271,8 @@ fn rows4_tiles<B>(
         while a0 < m {
             let len = (m - a0).min(4);
             let mut o = [[0f32; 4]; 4];
-            // SAFETY (each call): the VNNI level was checked against the CPU at device
-            // open.
+            // SAFETY (each call): the kernels' level was checked against the CPU at
+            // device open.
             unsafe {
                 match len {
                     1 => {
