@@ -8,19 +8,6 @@ use std::arch::x86_64::*;
 /// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
 pub(crate) const PREFETCH_BLOCKS: usize = 4;
 
-/// Hints the cache lines of `b` (at most 3 lines: every K-quant block is <= 210 bytes).
-#[inline(always)]
-pub(crate) fn prefetch<B>(b: &B) {
-    let p = (b as *const B).cast::<i8>();
-    // SAFETY: a prefetch never faults and reads nothing architecturally; the pointer
-    // comes from a reference.
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T0>(p);
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
-    }
-}
-
 /// Hints the cache lines of block `i` of the stream that `row` starts (`i` may run past
 /// the row: a matvec's rows of one stream lie one after the other, and a row of a few
 /// blocks would otherwise never ask for the next one; stopping at the row's end cost
@@ -29,9 +16,16 @@ pub(crate) fn prefetch<B>(b: &B) {
 /// the AVX2 kernels use it too.
 #[inline(always)]
 pub(crate) fn prefetch_stream<B>(row: &[B], i: usize) {
+    prefetch_stream_bytes(row, i, std::mem::size_of::<B>());
+}
+
+/// [`prefetch_stream`] for the `bytes` bytes from the start of block `i` (a kernel that
+/// consumes several small blocks at a time).
+#[inline(always)]
+pub(crate) fn prefetch_stream_bytes<B>(row: &[B], i: usize, bytes: usize) {
     let p = row.as_ptr().wrapping_add(i).cast::<i8>();
     let mut off = 0;
-    while off < std::mem::size_of::<B>() {
+    while off < bytes {
         // SAFETY: a prefetch never faults and reads nothing architecturally.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
         off += 64;
