@@ -1,6 +1,8 @@
-//! Q4_K weights · Q8_K activations on AVX2: `R` dot products of one weight row with `R`
-//! activation rows, decoding every weight block once for all `R` rows (the batched tile
-//! of M > 1). The caller must have checked AVX2, FMA and F16C at device open.
+//! Q4_K weights · Q8_K activations on AVX2: `dot_q4k`, `R` dot products of one weight
+//! row with `R` activation rows, decoding every weight block once for all `R` rows (the
+//! batched tile of M > 1), and the decode forms `dot_q4k_rows4` / `dot_q4k_rows4_m`, four
+//! weight rows against one to four activation rows. The caller must have checked AVX2,
+//! FMA and F16C at device open.
 //!
 //! The float steps are those of llama.cpp's repacked Q4_K gemm (`q4_K_8x8`, the AVX-512
 //! VNNI kernels' order, `flint_core::dot::ggml_x86::vec_dot_q4_k_q8_k_repack` with
@@ -167,8 +169,8 @@ const Q4K_PAIR_SCALES: [[i8; 32]; 4] = {
 /// beside `M_j`) are transposed together so that both float chains of all four rows run
 /// in the lanes of one vector (`flint_hal::ab_test` on the qwen3moe bench preset's
 /// decode at this level: steps 0.86x the single-row kernel's). The caller passes rows
-/// far apart (each is prefetched a few blocks ahead) and the activation row arranged
-/// once ([`Q8KPairs`]).
+/// far apart (each stream is prefetched a few blocks ahead, past the row's end) and the
+/// activation row arranged once ([`Q8KPairs`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_q4k_rows4(x: [&[BlockQ4K]; 4], y: &[Q8KPairs], out: &mut [f32; 4]) {
     let mut o = [[0f32; 4]; 1];
