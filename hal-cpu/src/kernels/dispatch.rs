@@ -2481,21 +2481,21 @@ pub(crate) fn matvec_rows(
                         y,
                         o,
                         iq4_xs::vnni::dot_iq4xs_rows4,
-                        iq4_xs::vnni::dot_iq4xs_row,
+                        iq4_xs::avx2::dot_iq4xs_row,
                     ),
                     GgmlType::Q3_K => rows4(
                         &view::<BlockQ3K>(w),
                         y,
                         o,
                         q3_k::vnni::dot_q3k_rows4,
-                        q3_k::vnni::dot_q3k_row,
+                        q3_k::avx2::dot_q3k_row,
                     ),
                     GgmlType::Q2_K => rows4(
                         &view::<BlockQ2K>(w),
                         y,
                         o,
                         q2_k::vnni::dot_q2k_rows4,
-                        q2_k::vnni::dot_q2k_row,
+                        q2_k::avx2::dot_q2k_row,
                     ),
                     _ => unreachable!("no AVX-512 VNNI matvec for {ty}"),
                 }
@@ -2508,7 +2508,7 @@ pub(crate) fn matvec_rows(
                     &a[act_row * nb0..(act_row + 1) * nb0],
                     o,
                     iq4_nl::vnni::dot_iq4nl_rows4,
-                    iq4_nl::vnni::dot_iq4nl_row,
+                    iq4_nl::avx2::dot_iq4nl_row,
                 )
             }
             (Some(SimdLevel::Avx512Vnni), Acts::Q8K(a)) => match ty {
@@ -2609,11 +2609,27 @@ pub(crate) fn matvec_rows(
                     q6_k::avx2::dot_q6k_rows4,
                     q6_k::avx2::dot_q6k_row,
                 ),
-                GgmlType::IQ4_XS => {
-                    rows1!(iq4_xs::avx2::dot_iq4xs, BlockIQ4XS, w, a, nbk, act_row, o)
-                }
-                GgmlType::Q3_K => rows1!(q3_k::avx2::dot_q3k, BlockQ3K, w, a, nbk, act_row, o),
-                GgmlType::Q2_K => rows1!(q2_k::avx2::dot_q2k, BlockQ2K, w, a, nbk, act_row, o),
+                GgmlType::IQ4_XS => rows4(
+                    &view::<BlockIQ4XS>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    iq4_xs::avx2::dot_iq4xs_rows4,
+                    iq4_xs::avx2::dot_iq4xs_row,
+                ),
+                GgmlType::Q3_K => rows4(
+                    &view::<BlockQ3K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q3_k::avx2::dot_q3k_rows4,
+                    q3_k::avx2::dot_q3k_row,
+                ),
+                GgmlType::Q2_K => rows4(
+                    &view::<BlockQ2K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q2_k::avx2::dot_q2k_rows4,
+                    q2_k::avx2::dot_q2k_row,
+                ),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {
@@ -2657,9 +2673,13 @@ pub(crate) fn matvec_rows(
                         )
                     }
                 }
-                GgmlType::IQ4_NL => {
-                    rows1!(iq4_nl::avx2::dot_iq4nl, BlockIQ4NL, w, a, nb0, act_row, o)
-                }
+                GgmlType::IQ4_NL => rows4(
+                    &view::<BlockIQ4NL>(w),
+                    &a[act_row * nb0..(act_row + 1) * nb0],
+                    o,
+                    iq4_nl::avx2::dot_iq4nl_rows4,
+                    iq4_nl::avx2::dot_iq4nl_row,
+                ),
                 _ => unreachable!("no AVX2 Q8_0 kernel for {ty}"),
             },
             _ => {

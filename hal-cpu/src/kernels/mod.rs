@@ -40,9 +40,9 @@
 //! - `mxfp4/`: MXFP4 · Q8_0 (gpt-oss's experts), every level and the scalar fallback.
 //! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
 //!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile
-//!   of activation rows, every level) and `vnni.rs` (a decode's matvec, four weight rows
-//!   against one activation row), all in the scalar reference's order bit for bit
-//!   (`order_check.rs`: their test helpers).
+//!   of activation rows, every level; the AVX2 level's decode matvec, four weight rows
+//!   against one activation row) and `vnni.rs` (the same matvec on AVX-512 VNNI), all
+//!   in the scalar reference's order bit for bit (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them

@@ -203,3 +203,36 @@ macro_rules! assert_tiles_match_reference {
     }};
 }
 pub(crate) use assert_tiles_match_reference;
+
+/// The four-row decode kernel `f` (four weight rows `w`, one activation row `y` of `n`
+/// elements) gives each row's `flint_core::dot::vec_dot` of type `ty` bit for bit.
+pub(crate) fn assert_rows4_match_reference<B: bytemuck::Pod, A: bytemuck::Pod>(
+    ty: flint_core::GgmlType,
+    f: unsafe fn([&[B]; 4], &[A], &mut [f32; 4]),
+    w: &[Vec<B>; 4],
+    y: &[A],
+    n: usize,
+) {
+    let mut got = [0f32; 4];
+    // SAFETY: the caller checked the kernel's CPU features.
+    unsafe { f(std::array::from_fn(|r| &w[r][..]), y, &mut got) };
+    for (r, g) in got.iter().enumerate() {
+        let want =
+            flint_core::dot::vec_dot(ty, bytemuck::cast_slice(&w[r]), bytemuck::cast_slice(y), n)
+                .expect("reference");
+        assert!(
+            g.to_bits() == want.to_bits(),
+            "{ty} n={n} row {r}: {g:e} ({:#010x}) vs reference {want:e} ({:#010x})",
+            g.to_bits(),
+            want.to_bits()
+        );
+    }
+}
+
+/// Whether the CPU has what the AVX2 kernels need (AVX2, FMA, F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}

@@ -1,7 +1,7 @@
 //! IQ4_NL weights · Q8_0 activations (`avx2.rs`: one weight row against several
-//! activation rows, every SIMD level; `vnni.rs`: four weight rows against one activation
-//! row, a decode's matvec; the scalar fallback is `flint_core::dot::vec_dot`, whose
-//! order every level here keeps).
+//! activation rows, every SIMD level, and four weight rows against one activation row,
+//! the AVX2 level's decode matvec; `vnni.rs`: that matvec on AVX-512 VNNI; the scalar
+//! fallback is `flint_core::dot::vec_dot`, whose order every level here keeps).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;

@@ -253,13 +253,6 @@ fn sums4(p0: __m512i, p1: __m512i, p2: __m512i, p3: __m512i) -> __m512i {
     _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c))
 }
 
-/// One IQ4_NL row · one Q8_0 row in the same order (`avx2::dot_iq4nl`): the rows of a
-/// chunk left over beside [`dot_iq4nl_rows4`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_iq4nl_row(x: [&[BlockIQ4NL]; 1], y: &[BlockQ8_0], out: &mut [f32; 1]) {
-    super::avx2::dot_iq4nl::<1>(x[0], &[y], out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

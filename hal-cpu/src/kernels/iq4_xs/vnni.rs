@@ -143,13 +143,6 @@ pub(crate) fn dot_iq4xs_rows4(x: [&[BlockIQ4XS]; 4], y: &[BlockQ8K], out: &mut [
     *out = acc;
 }
 
-/// One IQ4_XS row · one Q8_K row in the same order (`avx2::dot_iq4xs`): the rows of a
-/// chunk left over beside [`dot_iq4xs_rows4`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_iq4xs_row(x: [&[BlockIQ4XS]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
-    super::avx2::dot_iq4xs::<1>(x[0], &[y], out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

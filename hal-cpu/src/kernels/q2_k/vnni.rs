@@ -226,13 +226,6 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32;
     *out = [o[0], o[2], o[4], o[6]];
 }
 
-/// One Q2_K row · one Q8_K row in the same order (`avx2::dot_q2k`): the rows of a chunk
-/// left over beside [`dot_q2k_rows4`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q2k_row(x: [&[BlockQ2K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
-    super::avx2::dot_q2k::<1>(x[0], &[y], out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

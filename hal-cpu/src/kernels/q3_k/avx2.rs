@@ -1,6 +1,8 @@
 //! Q3_K weights · Q8_K activations on AVX2: `R` dot products of one weight row with `R`
-//! activation rows, each weight block decoded once for all of them. The caller must have
-//! checked AVX2, FMA and F16C at device open.
+//! activation rows, each weight block decoded once for all of them (`dot_q3k`, the tiles of
+//! a batch), and four weight rows against one activation row (`dot_q3k_rows4`, the
+//! decode matvec of this level). The caller must have checked AVX2, FMA and F16C at
+//! device open.
 //!
 //! Order: that of the scalar reference (`flint_core::dot::vec_dot`, ggml's generic
 //! `ggml_vec_dot_q3_K_q8_K`), bit for bit. Eight `f32` lane sums run across the blocks,
@@ -22,33 +24,69 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ3K, BlockQ8K};
 
 use crate::kernels::x86::avx2::{f16c_to_f32, load32i, load32u};
+use crate::kernels::x86::avx512::prefetch_stream;
 
 /// The 32 bytes `v` reordered so that i32 lane `l` holds bytes `l, l + 8, l + 16,
 /// l + 24`: dwords 0, 2, 4, 6 (bytes 0..4, 8..12, 16..20, 24..28) to the low 128-bit half
-/// and 1, 3, 5, 7 to the high one, then a 4x4 byte transposition within each half.
+/// and 1, 3, 5, 7 to the high one (`t.halves`), then a 4x4 byte transposition within each
+/// half (`t.bytes`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lanes_of_8(v: __m256i) -> __m256i {
-    let d = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    let t = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm256_shuffle_epi8(d, _mm256_broadcastsi128_si256(t))
+fn lanes_of_8(v: __m256i, t: Lanes8) -> __m256i {
+    _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(v, t.halves), t.bytes)
+}
+
+/// The controls of [`lanes_of_8`], made once per kernel call. The dword permutation's
+/// indices pass through `black_box`: with both controls known, LLVM rewrites the pair
+/// into a lane swap, two byte shuffles and an OR (four shuffle-port operations where
+/// these are two; the four-row kernel ran 15% slower so).
+#[derive(Clone, Copy)]
+struct Lanes8 {
+    halves: __m256i,
+    bytes: __m256i,
+}
+
+impl Lanes8 {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new() -> Self {
+        let t = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        Lanes8 {
+            halves: std::hint::black_box(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)),
+            bytes: _mm256_broadcastsi128_si256(t),
+        }
+    }
 }
 
 /// The sixteen 6-bit scales of a block less 32, as i16 (ggml's unpacking of the 12
-/// bytes: low nibbles from bytes 0..8, two high bits from bytes 8..12).
+/// bytes: scale `i`'s low four bits are the low (`i < 8`) or high nibble of byte
+/// `i % 8`, its two high bits bits `2 (i / 4)` of byte `8 + i % 4`), all in vector
+/// registers: the sixteen nibbles side by side, the high-bit bytes repeated per dword
+/// and shifted by `2k` in dword `k`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn scales16(s: &[u8; 12]) -> __m256i {
-    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
-    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
-    let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
-    let v = _mm_setr_epi32(
-        ((a0 & k2) | ((a2 & k1) << 4)) as i32,
-        ((a1 & k2) | (((a2 >> 2) & k1) << 4)) as i32,
-        (((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4)) as i32,
-        (((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4)) as i32,
+fn scales16(b: &BlockQ3K) -> __m256i {
+    // The 16 bytes that end with the scales (the last four quant bytes first), shifted
+    // down: a load inside the block.
+    let bytes: &[u8] = bytemuck::bytes_of(b);
+    // SAFETY: bytes 92..108 of the 110-byte block are readable; loadu is unaligned.
+    let x = unsafe { _mm_loadu_si128(bytes[92..108].as_ptr() as *const __m128i) };
+    let x = _mm_srli_si128::<4>(x);
+    let m4 = _mm_set1_epi8(0x0F);
+    let nib = _mm_unpacklo_epi64(
+        _mm_and_si128(x, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(x), m4),
     );
+    let hb = _mm_shuffle_epi8(
+        x,
+        _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11),
+    );
+    let hb = _mm_and_si128(
+        _mm_srlv_epi32(hb, _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3),
+    );
+    // Each high pair at most 3: times 16 stays in its byte.
+    let v = _mm_or_si128(nib, _mm_slli_epi16::<4>(hb));
     _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), _mm256_set1_epi16(32))
 }
 
@@ -62,16 +100,17 @@ pub(crate) fn dot_q3k<const R: usize>(x: &[BlockQ3K], y: &[&[BlockQ8K]; R], out:
     for yr in y {
         assert!(yr.len() >= nb, "q3_k: short activation row");
     }
+    let t = Lanes8::new();
     let m3 = _mm256_set1_epi8(3);
     let one = _mm256_set1_epi8(1);
     let four = _mm256_set1_epi8(4);
     let mut lanes = [_mm256_setzero_ps(); R];
     for (i, b) in x.iter().enumerate() {
-        let sc = scales16(&b.scales);
-        let h = lanes_of_8(load32u(&b.hmask));
+        let sc = scales16(b);
+        let h = lanes_of_8(load32u(&b.hmask), t);
         let qs = [
-            lanes_of_8(load32u(&b.qs[..32])),
-            lanes_of_8(load32u(&b.qs[32..])),
+            lanes_of_8(load32u(&b.qs[..32]), t),
+            lanes_of_8(load32u(&b.qs[32..]), t),
         ];
         // Run m = 4j + s of 32 elements (128j + 32s + l): low bits 2s of qs[32j + l],
         // high bit 4j + s of hmask[l] (clear: less 4); groups 2m and 2m + 1.
@@ -96,7 +135,7 @@ pub(crate) fn dot_q3k<const R: usize>(x: &[BlockQ3K], y: &[&[BlockQ8K]; R], out:
             let yb = &y[r][i];
             let mut sumi = _mm256_setzero_si256();
             for m in 0..8 {
-                let a = _mm256_sign_epi8(lanes_of_8(load32i(&yb.qs[32 * m..])), w[m]);
+                let a = _mm256_sign_epi8(lanes_of_8(load32i(&yb.qs[32 * m..]), t), w[m]);
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[m], a), s[m]);
                 sumi = _mm256_add_epi32(sumi, p);
             }
@@ -112,10 +151,120 @@ pub(crate) fn dot_q3k<const R: usize>(x: &[BlockQ3K], y: &[&[BlockQ8K]; R], out:
     }
 }
 
+/// Blocks ahead of the current one that [`dot_q3k_rows4`] prefetches each weight row's
+/// stream (110-byte blocks), past the row's end (as the AVX-512 VNNI kernel).
+const PREFETCH_AHEAD: usize = 12;
+
+/// Bit `m` of every byte of `h` moved to bit 2 (the rest cleared): run `m`'s high bits
+/// as `4 hbit`. The 16-bit shifts move no bit of interest across a byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hbit4(h: __m256i, m: usize) -> __m256i {
+    let v = match m {
+        0 => _mm256_slli_epi16::<2>(h),
+        1 => _mm256_slli_epi16::<1>(h),
+        2 => h,
+        3 => _mm256_srli_epi16::<1>(h),
+        4 => _mm256_srli_epi16::<2>(h),
+        5 => _mm256_srli_epi16::<3>(h),
+        6 => _mm256_srli_epi16::<4>(h),
+        _ => _mm256_srli_epi16::<5>(h),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(4))
+}
+
+/// Bits `2s, 2s + 1` of every byte of `q` moved to bits 0, 1 (the rest cleared).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn low2(q: __m256i, s: usize) -> __m256i {
+    let v = match s {
+        0 => q,
+        1 => _mm256_srli_epi16::<2>(q),
+        2 => _mm256_srli_epi16::<4>(q),
+        _ => _mm256_srli_epi16::<6>(q),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
+}
+
+/// Four Q3_K weight rows (`x`, each `y.len()` blocks) · one Q8_K activation row: `out[r]`
+/// is row `r`'s dot product, bit for bit [`dot_q3k`]`::<1>` of that row (and so the
+/// scalar reference's), the decode kernel of this level.
+///
+/// Per block the activation runs are transposed once for the four rows ([`lanes_of_8`]),
+/// with their pair sums times 4 (`vpmaddubsw` of 4). Per row the biased quants
+/// `u = q + 4 = low | hbit << 2` (0..=7, unsigned) go through `vpmaddubsw` against the
+/// transposed activations, less those pair sums (the exact signed pair sums), then
+/// `vpmaddwd` by their groups' scales into the row's eight i32 lanes `A_l`; the row's
+/// eight float lanes take `d * A_l` as in [`dot_q3k`]. The caller passes rows far apart
+/// (each stream is prefetched [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
+///
+/// # Panics
+/// If a weight row's length differs from the activation row's.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+    let nb = y.len();
+    for xs in &x {
+        assert_eq!(xs.len(), nb, "dot_q3k_rows4: lengths");
+    }
+    let t = Lanes8::new();
+    let four = _mm256_set1_epi8(4);
+    let mut lanes = [_mm256_setzero_ps(); 4];
+    for (i, yb) in y.iter().enumerate() {
+        for xs in &x {
+            prefetch_stream(xs, i + PREFETCH_AHEAD);
+        }
+        let a: [__m256i; 8] = std::array::from_fn(|m| lanes_of_8(load32i(&yb.qs[32 * m..]), t));
+        let a4: [__m256i; 8] = std::array::from_fn(|m| _mm256_maddubs_epi16(four, a[m]));
+        for r in 0..4 {
+            let b = &x[r][i];
+            // The scale pairs as dwords, each broadcast from memory below (a load, where
+            // a permute would take the shuffle port the transpositions need).
+            let mut sc = [0i32; 8];
+            // SAFETY: `sc` is 32 writable bytes; storeu is unaligned.
+            unsafe { _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, scales16(b)) };
+            // Kept in memory (LLVM would otherwise shuffle each pair out of the register).
+            let sc = std::hint::black_box(&sc);
+            let h = lanes_of_8(load32u(&b.hmask), t);
+            let qs = [
+                lanes_of_8(load32u(&b.qs[..32]), t),
+                lanes_of_8(load32u(&b.qs[32..]), t),
+            ];
+            let mut sumi = _mm256_setzero_si256();
+            for m in 0..8 {
+                let u = _mm256_or_si256(low2(qs[m / 4], m % 4), hbit4(h, m));
+                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a[m]), a4[m]);
+                // Scales 2m and 2m + 1 in every dword.
+                let s = _mm256_set1_epi32(sc[m]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+            let d = _mm256_set1_ps(f16c_to_f32(b.d) * yb.d);
+            lanes[r] = _mm256_add_ps(lanes[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        let mut f = [0f32; 8];
+        // SAFETY: `f` is 8 writable f32; storeu is unaligned.
+        unsafe { _mm256_storeu_ps(f.as_mut_ptr(), l) };
+        *o = f.iter().fold(0.0f32, |s, &v| s + v);
+    }
+}
+
+/// One Q3_K row · one Q8_K row in the same order: the rows of a chunk left over beside
+/// [`dot_q3k_rows4`] (and the AVX-512 VNNI four-row kernel).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
+    dot_q3k::<1>(x[0], &[y], out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{assert_tiles_match_reference, q3_k_weights, q8k_acts, seed};
+    use crate::kernels::order_check::{
+        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available, f16_scale,
+        q3_k_weights, q8k_acts, seed,
+    };
+
+    use bytemuck::Zeroable;
 
     use flint_core::GgmlType;
 
@@ -132,6 +281,61 @@ mod tests {
                 let w = q3_k_weights(nb, &mut s);
                 let ys: Vec<Vec<BlockQ8K>> = (0..4).map(|_| q8k_acts(nb, &mut s)).collect();
                 assert_tiles_match_reference!(GgmlType::Q3_K, dot_q3k, &w, &ys, nb * 256);
+            }
+        }
+    }
+
+    /// The four-row kernel: four random rows against one activation row.
+    #[test]
+    fn rows4_equal_the_scalar_reference_bit_for_bit() {
+        if !avx2_available() {
+            eprintln!("no AVX2: Q3_K rows4 kernel not exercised");
+            return;
+        }
+        let mut s = seed("q3_k avx2 rows4");
+        for nb in [1, 2, 3, 5, 11, 16] {
+            for _ in 0..16 {
+                let x = std::array::from_fn(|_| q3_k_weights(nb, &mut s));
+                let y = q8k_acts(nb, &mut s);
+                assert_rows4_match_reference(GgmlType::Q3_K, dot_q3k_rows4, &x, &y, nb * 256);
+            }
+        }
+    }
+
+    /// The four-row kernel at the extremes: quants all -4 or all 3 (every high bit clear
+    /// or set), scales all -32 or all 31, activations all 127, -127 or -128.
+    #[test]
+    fn rows4_equal_the_scalar_reference_at_the_extremes() {
+        if !avx2_available() {
+            eprintln!("no AVX2: Q3_K rows4 kernel not exercised");
+            return;
+        }
+        let mut s = seed("q3_k avx2 rows4 extremes");
+        // Scale bytes giving every 6-bit scale 0 (-32 after the bias) or 63 (31).
+        let block = |q: u8, sc: u8, s: &mut u64| BlockQ3K {
+            hmask: [if q == 0 { 0x00 } else { 0xFF }; 32],
+            qs: [q; 64],
+            scales: [sc; 12],
+            d: f16_scale(s),
+        };
+        for nb in [1, 3, 16] {
+            for a in [127i8, -127, -128] {
+                let mut y = vec![BlockQ8K::zeroed(); nb];
+                for yb in &mut y {
+                    yb.d = if a > 0 { 0.0123 } else { -0.0456 };
+                    yb.qs = [a; 256];
+                    yb.bsums = [16 * i16::from(a); 16];
+                }
+                for (q, sc) in [(0x00, 0x00), (0xFF, 0xFF), (0x00, 0xFF), (0xFF, 0x00)] {
+                    let x: [Vec<BlockQ3K>; 4] = std::array::from_fn(|r| {
+                        if r == 1 {
+                            q3_k_weights(nb, &mut s)
+                        } else {
+                            (0..nb).map(|_| block(q, sc, &mut s)).collect()
+                        }
+                    });
+                    assert_rows4_match_reference(GgmlType::Q3_K, dot_q3k_rows4, &x, &y, nb * 256);
+                }
             }
         }
     }

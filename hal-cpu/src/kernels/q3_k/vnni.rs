@@ -329,13 +329,6 @@ pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32;
     }
 }
 
-/// One Q3_K row · one Q8_K row in the same order (`avx2::dot_q3k`): the rows of a chunk
-/// left over beside [`dot_q3k_rows4`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
-    super::avx2::dot_q3k::<1>(x[0], &[y], out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
