@@ -584,10 +584,12 @@ impl CpuDevice {
                 small.extend((0..ws.len()).map(|wi| (wi, *e, &list[..])));
                 continue;
             }
-            if ws
-                .iter()
-                .all(|w| kernels::expert_panels_apply(level, w.ty, m))
-            {
+            // One panel height for the section (`expert_panel_section`).
+            if ws.iter().all(|w| {
+                kernels::expert_panels_apply(level, w.ty, m)
+                    && kernels::expert_panel_rows(level, w.ty)
+                        == kernels::expert_panel_rows(level, ws[0].ty)
+            }) {
                 panel_experts.push((*e, &list[..]));
                 continue;
             }
@@ -804,9 +806,9 @@ impl CpuDevice {
         // Weight rows per task: tens of microseconds of work at 32 routed rows.
         const TASK_ROWS: usize = 128;
         let level = self.level;
-        let prows = kernels::expert_panel_rows(level);
-        let task_panels = TASK_ROWS / prows;
         let ty = ws[0].ty;
+        let prows = kernels::expert_panel_rows(level, ty);
+        let task_panels = TASK_ROWS / prows;
         self.pool.install(|| {
             // Each expert's rows gathered and quantized once (Q4_K and Q6_K share Q8_K).
             let acts: Vec<Acts> = experts

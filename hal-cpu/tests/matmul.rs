@@ -187,7 +187,8 @@ fn fallback_types_use_the_scalar_reference() {
 
 /// The types whose SIMD kernels keep the scalar reference's order (`kernels/iq4_nl`,
 /// `iq4_xs`, `q3_k`, `q2_k`) give the scalar device's results bit for bit at every level,
-/// for odd row counts and lengths, one decode row and batches.
+/// for odd row counts and lengths, one decode row, small batches and prompt batches
+/// (the eight-row panels from 64 rows).
 #[test]
 fn reference_order_types_equal_the_scalar_path_bit_for_bit() {
     let scalar = device(SimdLevel::Scalar, 2);
@@ -199,9 +200,10 @@ fn reference_order_types_equal_the_scalar_path_bit_for_bit() {
         GgmlType::Q2_K,
     ] {
         let bs = ty.block_size();
-        for (k, n) in [(bs, 7), (3 * bs, 5), (9 * bs, 3), (17 * bs, 9)] {
+        // n = 21: a partial last panel of the prompt-batch gemm (m = 64 and 70).
+        for (k, n) in [(bs, 7), (3 * bs, 5), (9 * bs, 3), (17 * bs, 9), (2 * bs, 21)] {
             let w = random_weight(&mut rng, ty, k, n);
-            for m in [1, 3, 5, 17] {
+            for m in [1, 3, 5, 17, 64, 70] {
                 let x = rng.vec(m * k);
                 let want = run(&scalar, ty, &w, k, n, &x, m);
                 for level in simd_levels() {
@@ -324,6 +326,8 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::Q5_0, 32),
         (GgmlType::Q6_K, 40),
         (GgmlType::Q5_0, 40),
+        // The low-bit types' eight-row panels (experts 0 and 3 below), every level.
+        (GgmlType::Q2_K, 40),
     ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);

@@ -379,6 +379,14 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// decoded and applied in strips of rows ([`gemm_strip_rows`]).
 const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 
+/// Whether `ty` takes the eight-row panels of `kq_panel_avx2` for prompt batches at
+/// `level`: the low-bit types held to the scalar reference's order, whose panels give
+/// the row kernels' bits at every level from AVX2 up (their decode matvecs differ by
+/// level, their order does not), for dense matmuls and expert towers alike.
+pub(crate) fn low_bit_panels(level: SimdLevel, ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64") && level != SimdLevel::Scalar && matches!(ty, GgmlType::Q2_K)
+}
+
 /// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
 /// at `level` (a weight with more rows is decoded and applied strip by strip): the
 /// sixteen-row panels of AVX-512 VNNI, the eight-row panels of the AVX2 and AVX-512 F
@@ -389,6 +397,13 @@ pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize
         use q0::panel_avx2::PANEL8_ROWS;
         let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
         let q0 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0);
+        if low_bit_panels(level, ty) {
+            return Some(panel::strip_rows_of::<PANEL8_ROWS>(
+                (k / 256) * std::mem::size_of::<kq_panel_avx2::KPanel8Block>(),
+                GEMM_MAX_DECODED_BYTES,
+                Q0_DECODE_PANELS8,
+            ));
+        }
         match level {
             SimdLevel::Avx512Vnni if kq => Some(panel::strip_rows(
                 (k / 256) * std::mem::size_of::<kq_panel::KPanelBlock>(),
@@ -491,7 +506,10 @@ pub(crate) fn gemm(
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) && m >= AVX2_GEMM_MIN_ROWS && !expert {
+    if m >= AVX2_GEMM_MIN_ROWS
+        && (matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) && !expert
+            || low_bit_panels(level, ty))
+    {
         if let (Acts::Q8K(a), WeightRows::File(_)) = (acts, w) {
             let bytes = w.file_bytes(k);
             match ty {
@@ -500,6 +518,9 @@ pub(crate) fn gemm(
                 }
                 GgmlType::Q6_K => {
                     kq_gemm_avx2::<BlockQ6K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q2_K => {
+                    kq_gemm_avx2::<BlockQ2K>(&bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -1049,6 +1070,9 @@ fn groups_ahead<G>(g: &[G], nb: usize, panels: std::ops::Range<usize>) -> Ahead 
 /// eight-row panels give the row kernels' bits for any number of rows (the expert towers
 /// take the dense order there).
 pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> bool {
+    if low_bit_panels(level, ty) {
+        return m >= GEMM_MIN_ROWS;
+    }
     cfg!(target_arch = "x86_64")
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
         && match level {
@@ -1058,14 +1082,22 @@ pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> b
         }
 }
 
-/// The weight rows of one panel of [`expert_panels`] at `level`: sixteen with VNNI, else
-/// eight.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn expert_panel_rows(level: SimdLevel) -> usize {
-    if level == SimdLevel::Avx512Vnni {
-        panel::PANEL_ROWS
-    } else {
-        q0::panel_avx2::PANEL8_ROWS
+/// The weight rows of one panel of [`expert_panels`] of `ty` at `level`: sixteen for
+/// the K-quants with VNNI, else eight (no panels off x86-64: [`expert_panels_apply`]
+/// never holds there).
+pub(crate) fn expert_panel_rows(level: SimdLevel, ty: GgmlType) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level == SimdLevel::Avx512Vnni && !low_bit_panels(level, ty) {
+            panel::PANEL_ROWS
+        } else {
+            q0::panel_avx2::PANEL8_ROWS
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, ty);
+        0
     }
 }
 
@@ -1102,7 +1134,7 @@ pub(crate) fn expert_panels(
     if nb == 0 || panels.is_empty() {
         return;
     }
-    let prows = expert_panel_rows(level);
+    let prows = expert_panel_rows(level, ty);
     let r0 = panels.start * prows;
     let rows = (panels.end * prows).min(n) - r0;
     assert_eq!(
@@ -1114,9 +1146,9 @@ pub(crate) fn expert_panels(
         WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
         _ => Some(w.file_bytes(k)),
     };
-    if level != SimdLevel::Avx512Vnni {
+    if prows == q0::panel_avx2::PANEL8_ROWS {
         let Some(bytes) = bytes else {
-            unreachable!("the AVX2 and AVX-512 F levels keep the file's layout")
+            unreachable!("the eight-row panels' types keep the file's layout")
         };
         let dec = &mut scratch.dec8;
         dec.resize(nb, kq_panel_avx2::KPanel8Block::ZERO);
@@ -1134,7 +1166,9 @@ pub(crate) fn expert_panels(
         }
         match ty {
             GgmlType::Q4_K => run8!(BlockQ4K),
-            _ => run8!(BlockQ6K),
+            GgmlType::Q6_K => run8!(BlockQ6K),
+            GgmlType::Q2_K => run8!(BlockQ2K),
+            _ => unreachable!("no eight-row panels for {ty}"),
         }
         return;
     }

@@ -103,12 +103,12 @@ pub(crate) use act_quant::Acts;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dispatch::{amx_kq_matmul, amx_matmul, q0_glu_gemm, GLU_MIN_ROWS};
 pub(crate) use dispatch::{
-    core_vec_dot, dot_rows, expert_gemv, expert_panels_apply, expert_rows_gemv, gemm,
-    has_small_batch_kernel, matvec_rows, rows_small_batch, view, x16_rows, GemmScratch, GluAct,
-    WeightRows,
+    core_vec_dot, dot_rows, expert_gemv, expert_panel_rows, expert_panels_apply, expert_rows_gemv,
+    gemm, has_small_batch_kernel, matvec_rows, rows_small_batch, view, x16_rows, GemmScratch,
+    GluAct, WeightRows,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dispatch::{expert_panel_rows, expert_panels, ExpertPanelScratch};
+pub(crate) use dispatch::{expert_panels, ExpertPanelScratch};
 pub use dispatch::{gemm_strip_rows, native_kernel, GEMM_MIN_ROWS, TILE};
 pub(crate) use flint_core::dequant::f16_to_f32;
 pub(crate) use float::FloatKind;
