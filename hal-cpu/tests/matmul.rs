@@ -201,7 +201,13 @@ fn reference_order_types_equal_the_scalar_path_bit_for_bit() {
     ] {
         let bs = ty.block_size();
         // n = 21: a partial last panel of the prompt-batch gemm (m = 64 and 70).
-        for (k, n) in [(bs, 7), (3 * bs, 5), (9 * bs, 3), (17 * bs, 9), (2 * bs, 21)] {
+        for (k, n) in [
+            (bs, 7),
+            (3 * bs, 5),
+            (9 * bs, 3),
+            (17 * bs, 9),
+            (2 * bs, 21),
+        ] {
             let w = random_weight(&mut rng, ty, k, n);
             for m in [1, 3, 5, 17, 64, 70] {
                 let x = rng.vec(m * k);
@@ -328,6 +334,7 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::Q5_0, 40),
         // The low-bit types' eight-row panels (experts 0 and 3 below), every level.
         (GgmlType::Q2_K, 40),
+        (GgmlType::Q3_K, 40),
     ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);

@@ -309,7 +309,7 @@ impl DequantBlock for BlockQ2K {
 }
 
 /// The sixteen 6-bit scales of Q3_K, unpacked (still offset by 32).
-fn q3k_scales(s: &[u8; 12]) -> [u8; 16] {
+pub fn q3k_scales(s: &[u8; 12]) -> [u8; 16] {
     core::array::from_fn(|i| {
         let low = (s[i % 8] >> (4 * (i / 8))) & 0x0f;
         let high = (s[8 + i % 4] >> (2 * (i / 4))) & 0x03;

@@ -384,7 +384,9 @@ const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 /// the row kernels' bits at every level from AVX2 up (their decode matvecs differ by
 /// level, their order does not), for dense matmuls and expert towers alike.
 pub(crate) fn low_bit_panels(level: SimdLevel, ty: GgmlType) -> bool {
-    cfg!(target_arch = "x86_64") && level != SimdLevel::Scalar && matches!(ty, GgmlType::Q2_K)
+    cfg!(target_arch = "x86_64")
+        && level != SimdLevel::Scalar
+        && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K)
 }
 
 /// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
@@ -521,6 +523,9 @@ pub(crate) fn gemm(
                 }
                 GgmlType::Q2_K => {
                     kq_gemm_avx2::<BlockQ2K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q3_K => {
+                    kq_gemm_avx2::<BlockQ3K>(&bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -1168,6 +1173,7 @@ pub(crate) fn expert_panels(
             GgmlType::Q4_K => run8!(BlockQ4K),
             GgmlType::Q6_K => run8!(BlockQ6K),
             GgmlType::Q2_K => run8!(BlockQ2K),
+            GgmlType::Q3_K => run8!(BlockQ3K),
             _ => unreachable!("no eight-row panels for {ty}"),
         }
         return;

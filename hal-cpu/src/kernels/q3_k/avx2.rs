@@ -32,7 +32,7 @@ use crate::kernels::x86::avx512::prefetch_stream;
 /// half (`t.bytes`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lanes_of_8(v: __m256i, t: Lanes8) -> __m256i {
+pub(crate) fn lanes_of_8(v: __m256i, t: Lanes8) -> __m256i {
     _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(v, t.halves), t.bytes)
 }
 
@@ -41,7 +41,7 @@ fn lanes_of_8(v: __m256i, t: Lanes8) -> __m256i {
 /// into a lane swap, two byte shuffles and an OR (four shuffle-port operations where
 /// these are two; the four-row kernel ran 15% slower so).
 #[derive(Clone, Copy)]
-struct Lanes8 {
+pub(crate) struct Lanes8 {
     halves: __m256i,
     bytes: __m256i,
 }
@@ -49,7 +49,7 @@ struct Lanes8 {
 impl Lanes8 {
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let t = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         Lanes8 {
             halves: std::hint::black_box(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)),
@@ -159,7 +159,7 @@ const PREFETCH_AHEAD: usize = 12;
 /// as `4 hbit`. The 16-bit shifts move no bit of interest across a byte.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hbit4(h: __m256i, m: usize) -> __m256i {
+pub(crate) fn hbit4(h: __m256i, m: usize) -> __m256i {
     let v = match m {
         0 => _mm256_slli_epi16::<2>(h),
         1 => _mm256_slli_epi16::<1>(h),
@@ -176,7 +176,7 @@ fn hbit4(h: __m256i, m: usize) -> __m256i {
 /// Bits `2s, 2s + 1` of every byte of `q` moved to bits 0, 1 (the rest cleared).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn low2(q: __m256i, s: usize) -> __m256i {
+pub(crate) fn low2(q: __m256i, s: usize) -> __m256i {
     let v = match s {
         0 => q,
         1 => _mm256_srli_epi16::<2>(q),

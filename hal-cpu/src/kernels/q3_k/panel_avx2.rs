@@ -1,0 +1,126 @@
+//! Q3_K's part of the eight-row prompt-batch panels (`kq_panel_avx2.rs`; every x86 level
+//! from AVX2 up): its blocks decoded into panel blocks, and its tile in the scalar
+//! reference's order (bit for bit [`super::avx2::dot_q3k`], the row kernels of every
+//! level).
+//!
+//! The order keeps eight float lanes per output, lane `l` taking the elements `e` with
+//! `e mod 8 == l`, so a panel dword holds four elements of one lane: dword `8m + l`
+//! holds bytes `l, l + 8, l + 16, l + 24` of run `m` (elements `32m..32m + 32`, groups
+//! `2m` and `2m + 1`: [`lanes_of_8`]'s arrangement), the activation runs arranged alike
+//! per tile. The quants are stored biased (`u = q + 4`, 0..=7), the activation's pair
+//! sums times 4 taken off after `vpmaddubsw`.
+
+use std::arch::x86_64::*;
+
+use flint_core::blocks::{BlockQ3K, BlockQ8K};
+use flint_core::dequant::q3k_scales;
+
+use crate::kernels::f16_to_f32;
+use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, KPanel8, KPanel8Block};
+use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
+use crate::kernels::x86::avx2::{load32i, load32u, transpose8};
+
+use super::avx2::{hbit4, lanes_of_8, low2, Lanes8};
+
+impl KPanel8 for BlockQ3K {
+    /// Per row and run `m = 4j + s` the biased quants `low | hbit << 2` (low bits `2s` of
+    /// `qs[32j + l]`, high bit `m` of `hmask[l]`) in [`lanes_of_8`]'s arrangement, then
+    /// each dword `l` transposed across the rows; per run the rows' scale pair
+    /// `(sc_2m - 32, sc_2m+1 - 32)` as i16; `d`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
+        let t = Lanes8::new();
+        let zero = _mm256_setzero_si256();
+        let h: [__m256i; PANEL8_ROWS] =
+            std::array::from_fn(|r| rows.get(r).map_or(zero, |row| load32u(&row[i].hmask)));
+        let qs: [[__m256i; 2]; PANEL8_ROWS] = std::array::from_fn(|r| {
+            rows.get(r).map_or([zero; 2], |row| {
+                [load32u(&row[i].qs[..32]), load32u(&row[i].qs[32..])]
+            })
+        });
+        for m in 0..8 {
+            let runs: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
+                let u = _mm256_or_si256(low2(qs[r][m / 4], m % 4), hbit4(h[r], m));
+                lanes_of_8(u, t)
+            });
+            for (l, v) in transpose8(runs).into_iter().enumerate() {
+                // SAFETY: 32 writable bytes, 32-byte aligned.
+                unsafe { _mm256_store_si256(o.u[8 * m + l].as_mut_ptr() as *mut __m256i, v) };
+            }
+        }
+        let mut sc = [[0i32; PANEL8_ROWS]; 16];
+        let mut d = [0f32; PANEL8_ROWS];
+        for (r, row) in rows.iter().enumerate() {
+            let b = &row[i];
+            let s = q3k_scales(&b.scales);
+            for m in 0..8 {
+                sc[m][r] = i16_pair(i32::from(s[2 * m]) - 32, i32::from(s[2 * m + 1]) - 32);
+            }
+            d[r] = f16_to_f32(b.d);
+        }
+        (o.sc, o.d) = (sc, d);
+    }
+
+    /// Per block and lane `l` the exact integer `A_l` of the eight rows (per run: the
+    /// biased quants against the arranged activation, less its pair sums times 4, by
+    /// the run's scale pair), then `lane_l = lane_l + d·A_l` with `d = d_w·d_a`; at the
+    /// end `((0 + lane_0) + lane_1) + ... + lane_7`. One activation row at a time: its
+    /// eight lanes of eight rows fill the registers.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    ) {
+        for a in 0..A {
+            tile1(panel, &y[a][..panel.len()], &mut out[a]);
+        }
+    }
+}
+
+/// [`KPanel8::tile`] of Q3_K for one activation row.
+#[target_feature(enable = "avx2,fma")]
+fn tile1(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
+    let t = Lanes8::new();
+    let four = _mm256_set1_epi8(4);
+    let mut lanes = [_mm256_setzero_ps(); 8];
+    for (b, yb) in panel.iter().zip(y) {
+        // The block's activation runs in the panel's arrangement, and their pair sums
+        // times 4, as dwords to broadcast (kept in memory: `black_box`, or LLVM would
+        // shuffle each dword out of a register).
+        let mut aq = [[0i32; 8]; 8];
+        let mut c4 = [[0i32; 8]; 8];
+        for m in 0..8 {
+            let v = lanes_of_8(load32i(&yb.qs[32 * m..]), t);
+            // SAFETY: 32 writable bytes each; storeu is unaligned.
+            unsafe {
+                _mm256_storeu_si256(aq[m].as_mut_ptr() as *mut __m256i, v);
+                _mm256_storeu_si256(
+                    c4[m].as_mut_ptr() as *mut __m256i,
+                    _mm256_maddubs_epi16(four, v),
+                );
+            }
+        }
+        let (aq, c4) = std::hint::black_box((&aq, &c4));
+        let d = _mm256_mul_ps(lanes8_ps(&b.d), _mm256_set1_ps(yb.d));
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let mut acc = _mm256_setzero_si256();
+            for m in 0..8 {
+                // SAFETY: 32 readable bytes, 32-byte aligned.
+                let u = unsafe { _mm256_load_si256(b.u[8 * m + l].as_ptr() as *const __m256i) };
+                let p = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(u, _mm256_set1_epi32(aq[m][l])),
+                    _mm256_set1_epi32(c4[m][l]),
+                );
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, lanes8(&b.sc[m])));
+            }
+            *lane = _mm256_add_ps(*lane, _mm256_mul_ps(d, _mm256_cvtepi32_ps(acc)));
+        }
+    }
+    let mut s = _mm256_setzero_ps();
+    for lane in lanes {
+        s = _mm256_add_ps(s, lane);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+}
