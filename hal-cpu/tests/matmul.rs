@@ -335,6 +335,7 @@ fn expert_matmul_matches_per_expert_matmul() {
         // The low-bit types' eight-row panels (experts 0 and 3 below), every level.
         (GgmlType::Q2_K, 40),
         (GgmlType::Q3_K, 40),
+        (GgmlType::IQ4_XS, 40),
     ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);

@@ -386,7 +386,7 @@ const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 pub(crate) fn low_bit_panels(level: SimdLevel, ty: GgmlType) -> bool {
     cfg!(target_arch = "x86_64")
         && level != SimdLevel::Scalar
-        && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K)
+        && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS)
 }
 
 /// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
@@ -526,6 +526,9 @@ pub(crate) fn gemm(
                 }
                 GgmlType::Q3_K => {
                     kq_gemm_avx2::<BlockQ3K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::IQ4_XS => {
+                    kq_gemm_avx2::<BlockIQ4XS>(&bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -1174,6 +1177,7 @@ pub(crate) fn expert_panels(
             GgmlType::Q6_K => run8!(BlockQ6K),
             GgmlType::Q2_K => run8!(BlockQ2K),
             GgmlType::Q3_K => run8!(BlockQ3K),
+            GgmlType::IQ4_XS => run8!(BlockIQ4XS),
             _ => unreachable!("no eight-row panels for {ty}"),
         }
         return;

@@ -6,4 +6,6 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod panel_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni;
