@@ -53,8 +53,9 @@
 //! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool. A
 //! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an
 //! AVX-512 VNNI CPU, or (64 rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights (a dense
-//! matmul's) at the AVX2 and AVX-512 F levels, goes through a gemm that tiles weight rows and activation rows
-//! together (`kernels::dispatch::gemm`: the weight decoded once into panels, the activation
+//! matmul's) at the AVX2 and AVX-512 F levels, or (64 rows or more; an expert's 16 or
+//! more) of Q2_K/Q3_K/IQ4_XS weights at any of these levels, goes through a gemm that
+//! tiles weight rows and activation rows together (`kernels::dispatch::gemm`: the weight decoded once into panels, the activation
 //! rows split over the threads, each task writing its own rows of the result). One activation row (a decode) splits the output
 //! rows into 4 chunks per thread, each chunk read as two streams half a chunk apart
 //! (`kernels::q0::vnni::q0_rows` says why); 2-15 rows (a decode of a few sequences) into 16

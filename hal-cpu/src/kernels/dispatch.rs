@@ -516,19 +516,19 @@ pub(crate) fn gemm(
             let bytes = w.file_bytes(k);
             match ty {
                 GgmlType::Q4_K => {
-                    kq_gemm_avx2::<BlockQ4K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                    kq_gemm_avx2::<BlockQ4K>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 GgmlType::Q6_K => {
-                    kq_gemm_avx2::<BlockQ6K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                    kq_gemm_avx2::<BlockQ6K>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 GgmlType::Q2_K => {
-                    kq_gemm_avx2::<BlockQ2K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                    kq_gemm_avx2::<BlockQ2K>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 GgmlType::Q3_K => {
-                    kq_gemm_avx2::<BlockQ3K>(&bytes, a, k, n, rows_per_task, scratch, out)
+                    kq_gemm_avx2::<BlockQ3K>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 GgmlType::IQ4_XS => {
-                    kq_gemm_avx2::<BlockIQ4XS>(&bytes, a, k, n, rows_per_task, scratch, out)
+                    kq_gemm_avx2::<BlockIQ4XS>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -1076,7 +1076,8 @@ fn groups_ahead<G>(g: &[G], nb: usize, panels: std::ops::Range<usize>) -> Ahead 
 /// AVX-512 VNNI (below [`FUSED_MAX_ROWS`], where [`gemm`] would multiply
 /// weight-stationary, panel by panel), and on the AVX2 and AVX-512 F levels, whose
 /// eight-row panels give the row kernels' bits for any number of rows (the expert towers
-/// take the dense order there).
+/// take the dense order there); Q2_K, Q3_K and IQ4_XS from [`GEMM_MIN_ROWS`] at every
+/// level ([`low_bit_panels`]).
 pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> bool {
     if low_bit_panels(level, ty) {
         return m >= GEMM_MIN_ROWS;
@@ -1164,11 +1165,11 @@ pub(crate) fn expert_panels(
             ($B:ty) => {{
                 let wb = view::<$B>(&bytes);
                 for p in panels.clone() {
-                    kq_panel_avx2::decode8(&wb, nb, n, p, dec);
+                    kq_panel_avx2::decode8(level, &wb, nb, n, p, dec);
                     let c0 = p * prows - r0;
                     let live = prows.min(rows - c0);
                     let cols = panel::OutCols { stride: rows, c0 };
-                    kq_panel_avx2::gemm8::<$B>(dec, nb, live, a, part, cols);
+                    kq_panel_avx2::gemm8::<$B>(level, dec, nb, live, a, part, cols);
                 }
             }};
         }
@@ -1647,7 +1648,9 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0 + flint_core::DequantBlock>(
 /// file's rows `w`) decoded into panels of eight rows (in parallel), then the activation
 /// rows (`a`: every row's Q8_K blocks) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
+    level: SimdLevel,
     w: &[u8],
     a: &[BlockQ8K],
     k: usize,
@@ -1670,8 +1673,8 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
         rows_per_task,
         &mut scratch.kpanels8,
         KPanel8Block::ZERO,
-        |p, d| decode8(&wb, nb, n, p, d),
-        |dec, sn, t0, o, cols| gemm8::<B>(dec, nb, sn, &a[t0 * nb..], o, cols),
+        |p, d| decode8(level, &wb, nb, n, p, d),
+        |dec, sn, t0, o, cols| gemm8::<B>(level, dec, nb, sn, &a[t0 * nb..], o, cols),
         out,
     );
 }

@@ -1,7 +1,10 @@
-//! The prompt-batch gemm of Q4_K and Q6_K on AVX2 (no `vpdpbusd`): eight weight rows in
-//! the lanes of each register (the AVX2 counterpart of [`super::kq_panel`], and the
-//! K-quant counterpart of `q0/panel_avx2.rs`), in the float orders of this level's row
-//! kernels (`q4_k/avx2.rs`, `q6_k/avx2.rs`), bit for bit.
+//! The prompt-batch gemm of the 256-quant block types on AVX2 (no `vpdpbusd`): eight
+//! weight rows in the lanes of each register (the AVX2 counterpart of
+//! [`super::kq_panel`], and the K-quant counterpart of `q0/panel_avx2.rs`), in the float
+//! orders of the row kernels, bit for bit: Q4_K and Q6_K at the AVX2 and AVX-512 F
+//! levels (`q4_k/avx2.rs`, `q6_k/avx2.rs`), and Q2_K, Q3_K and IQ4_XS at every level
+//! from AVX2 up, whose row kernels keep the scalar reference's order everywhere
+//! (`kernels::dispatch::low_bit_panels`).
 //!
 //! Each weight is decoded once per matmul into panel blocks ([`KPanel8Block`]): per
 //! 256-quant block of eight rows, the quants as unsigned bytes in element order with
@@ -16,8 +19,9 @@
 //! block once per four activation rows; here the sums stay in lanes and each block is
 //! decoded once per matmul.
 //!
-//! What the two formats share is here (the panel block, the trait, the driver); each
-//! format's decode and tile is in `q4_k/panel_avx2.rs` and `q6_k/panel_avx2.rs`.
+//! What the formats share is here (the panel block, the trait, the driver); each
+//! format's decode and tile is in its folder's `panel_avx2.rs` (`q4_k`, `q6_k`, `q2_k`,
+//! `q3_k`, `iq4_xs`).
 
 use std::arch::x86_64::*;
 
@@ -26,6 +30,7 @@ use flint_core::blocks::BlockQ8K;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::panel::{for_each_panel_of, OutCols};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
+use crate::simd::SimdLevel;
 
 /// Activation rows per tile: three share each weight register (two or four are
 /// slower on the Intel Xeon host, `kernel_speed` at M = 512).
@@ -36,20 +41,25 @@ const COLS: usize = 3;
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub(crate) struct KPanel8Block {
-    /// Quants `4t..4t + 4` of the eight rows (row `r` in bytes `4r..4r + 4`), unsigned:
-    /// Q4_K's nibbles as they are, Q6_K's six bits with their offset of 32.
+    /// Quants `4t..4t + 4` of the eight rows (row `r` in bytes `4r..4r + 4`): Q4_K's
+    /// nibbles as they are, Q6_K's six bits with their offset of 32, Q2_K's two bits;
+    /// Q3_K's three bits plus 4, four elements of one float lane per dword
+    /// (`q3_k/panel_avx2.rs`); IQ4_XS's code-book values as signed bytes.
     pub(crate) u: [[u8; 32]; 64],
-    /// Per sub-block (Q4_K: 8 of 32 quants; Q6_K: 16 of 16) the rows' scales twice as
-    /// i16 (for `vpmaddwd` against a row's two pair sums).
+    /// Per sub-block (Q4_K: 8 of 32 quants; Q6_K and Q2_K: 16 of 16) the rows' scales
+    /// twice as i16 (for `vpmaddwd` against a row's two pair sums); Q3_K: per run of 32
+    /// the rows' two group scales less 32 as an i16 pair; IQ4_XS: per sub-block of 32 the
+    /// rows' `ls - 32` as plain i32.
     pub(crate) sc: [[i32; 8]; 16],
     /// Q4_K: per sub-block `s` the rows' mins `m_s` twice as i16 (for `vpmaddwd`
     /// against two `bsums`). Q6_K: per pair `p` of sub-blocks the rows'
     /// `(-32 sc_2p, -32 sc_2p+1)` as i16 (the offset of the unsigned quants, taken off
-    /// against the pair's two `bsums`).
+    /// against the pair's two `bsums`). Q2_K: per pair `p` of groups the rows' mins
+    /// `(m_2p, m_2p+1)` as i16.
     pub(crate) pairs: [[i32; 8]; 8],
     /// The rows' `d`.
     pub(crate) d: [f32; 8],
-    /// The rows' `dmin` (Q4_K).
+    /// The rows' `dmin` (Q4_K, Q2_K).
     pub(crate) dmin: [f32; 8],
 }
 
@@ -85,6 +95,33 @@ pub(crate) trait KPanel8: bytemuck::Pod + Sync {
         y: &[&[BlockQ8K]; A],
         out: &mut [[f32; PANEL8_ROWS]; A],
     );
+
+    /// Whether the type has a tile of its own on AVX-512 VNNI ([`Self::tile_vnni`],
+    /// with its own decode [`Self::decode_block_vnni`]); without one that level runs the
+    /// AVX2 pair.
+    const VNNI: bool = false;
+
+    /// [`Self::decode_block`] for [`Self::tile_vnni`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/VL/VNNI, AVX2, FMA and F16C.
+    unsafe fn decode_block_vnni(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
+        // SAFETY: the caller's features include this one's.
+        unsafe { Self::decode_block(rows, i, o) }
+    }
+
+    /// [`Self::tile`] on AVX-512 VNNI, in the same float order (the same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/VL/VNNI, AVX2 and FMA.
+    unsafe fn tile_vnni<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    ) {
+        // SAFETY: the caller's features include this one's.
+        unsafe { Self::tile::<A>(panel, y, out) }
+    }
 }
 
 /// An i16 pair `(lo, hi)` as one i32 lane (for `vpmaddwd`).
@@ -140,17 +177,40 @@ fn decode_panel<B: KPanel8>(rows: &[&[B]], out: &mut [KPanel8Block]) {
     }
 }
 
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn decode_panel_vnni<B: KPanel8>(rows: &[&[B]], out: &mut [KPanel8Block]) {
+    assert!(rows.len() <= PANEL8_ROWS, "decode_panel: rows");
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: this function's features are what `decode_block_vnni` needs.
+        unsafe { B::decode_block_vnni(rows, i, o) };
+    }
+}
+
+/// Whether [`decode8`] and [`gemm8`] take `B`'s AVX-512 VNNI pair at `level`.
+pub(crate) fn vnni_tiles<B: KPanel8>(level: SimdLevel) -> bool {
+    B::VNNI && level == SimdLevel::Avx512Vnni
+}
+
 /// Decodes the `n` weight rows of `w` (each `nb` blocks) into panels: panel `p` (rows
-/// `8p..8p + 8`) at `dec[(p - p0) * nb..]`, for the panels `p0..p0 + dec.len() / nb`.
+/// `8p..8p + 8`) at `dec[(p - p0) * nb..]`, for the panels `p0..p0 + dec.len() / nb`,
+/// for the tile [`gemm8`] takes at `level`.
 pub(crate) fn decode8<B: KPanel8>(
+    level: SimdLevel,
     w: &[B],
     nb: usize,
     n: usize,
     p0: usize,
     dec: &mut [KPanel8Block],
 ) {
-    // SAFETY: the AVX2 level (AVX2, FMA, F16C) was checked against the CPU at device
-    // open.
+    if vnni_tiles::<B>(level) {
+        // SAFETY: the AVX-512 VNNI level was checked against the CPU at device open.
+        for_each_panel_of::<PANEL8_ROWS, _, _>(w, nb, n, p0, dec, |rows, d| unsafe {
+            decode_panel_vnni(rows, d)
+        });
+        return;
+    }
+    // SAFETY: every level that reaches here has AVX2, FMA and F16C (checked against the
+    // CPU at device open).
     for_each_panel_of::<PANEL8_ROWS, _, _>(w, nb, n, p0, dec, |rows, d| unsafe {
         decode_panel(rows, d)
     });
@@ -162,6 +222,7 @@ pub(crate) fn decode8<B: KPanel8>(
 /// float order (the row kernels' results, bit for bit): per panel (which stays in L1)
 /// tiles of [`COLS`] activation rows, the rest one at a time.
 pub(crate) fn gemm8<B: KPanel8>(
+    level: SimdLevel,
     dec: &[KPanel8Block],
     nb: usize,
     n: usize,
@@ -187,6 +248,7 @@ pub(crate) fn gemm8<B: KPanel8>(
         "kq_panel_avx2::gemm8: decoded rows"
     );
     let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    let vnni = vnni_tiles::<B>(level);
     for p in 0..panels {
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL8_ROWS;
@@ -200,10 +262,18 @@ pub(crate) fn gemm8<B: KPanel8>(
             unsafe {
                 if take == COLS {
                     let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
-                    B::tile::<COLS>(blocks, &y, &mut o);
+                    if vnni {
+                        B::tile_vnni::<COLS>(blocks, &y, &mut o);
+                    } else {
+                        B::tile::<COLS>(blocks, &y, &mut o);
+                    }
                 } else {
                     let mut o1 = [[0f32; PANEL8_ROWS]; 1];
-                    B::tile::<1>(blocks, &[act(t)], &mut o1);
+                    if vnni {
+                        B::tile_vnni::<1>(blocks, &[act(t)], &mut o1);
+                    } else {
+                        B::tile::<1>(blocks, &[act(t)], &mut o1);
+                    }
                     o[0] = o1[0];
                 }
             }

@@ -41,8 +41,10 @@
 //! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
 //!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile
 //!   of activation rows, every level; the AVX2 level's decode matvec, four weight rows
-//!   against one activation row) and `vnni.rs` (the same matvec on AVX-512 VNNI), all
-//!   in the scalar reference's order bit for bit (`order_check.rs`: their test helpers).
+//!   against one activation row), `vnni.rs` (the same matvec on AVX-512 VNNI) and, for
+//!   the three Q8_K types, `panel_avx2.rs` (their part of `kq_panel_avx2.rs`'s
+//!   prompt-batch panels, every level), all in the scalar reference's order bit for bit
+//!   (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them

@@ -20,32 +20,57 @@ impl KPanel8 for BlockIQ4XS {
     /// sub-block the rows' `ls - 32` (in `sc[ib]`, plain i32); `d`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
-        let lut = codebook(&KVALUES_IQ4NL);
-        let zero = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let v: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
-                rows.get(r).map_or(zero, |row| {
-                    let (qs, _) = row[i].qs.as_chunks::<16>();
-                    _mm256_shuffle_epi8(lut, nibbles(&qs[ib]))
-                })
-            });
-            for (t, v) in transpose8(v).into_iter().enumerate() {
-                // SAFETY: 32 writable bytes, 32-byte aligned.
-                unsafe { _mm256_store_si256(o.u[8 * ib + t].as_mut_ptr() as *mut __m256i, v) };
-            }
-        }
-        let mut sc = [[0i32; PANEL8_ROWS]; 16];
-        let mut d = [0f32; PANEL8_ROWS];
-        for (r, row) in rows.iter().enumerate() {
-            let b = &row[i];
+        decode(rows, i, o, _mm256_setzero_si256());
+    }
+
+    /// Per block and sub-block `ib` the integer `S_ib` of the eight rows by `vpdpbusd`
+    /// (the codes stored plus 128 as unsigned bytes, [`Self::decode_block_vnni`];
+    /// each accumulator starts from `-128` times the sub-block's activation sum, from
+    /// its two block sums: exact), then the float steps of [`Self::tile`].
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn tile_vnni<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    ) {
+        let nb = panel.len();
+        let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
+        let mut acc = [_mm256_setzero_ps(); A];
+        for (i, b) in panel.iter().enumerate() {
+            let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
+            let dwa: [__m256; A] =
+                std::array::from_fn(|a| _mm256_mul_ps(lanes8_ps(&b.d), _mm256_set1_ps(yb[a].d)));
             for ib in 0..8 {
-                let low = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
-                let high = ((b.scales_h >> (2 * ib)) & 3) as u8;
-                sc[ib][r] = i32::from(low | (high << 4)) - 32;
+                let mut s: [__m256i; A] = std::array::from_fn(|a| {
+                    let sum = i32::from(yb[a].bsums[2 * ib]) + i32::from(yb[a].bsums[2 * ib + 1]);
+                    _mm256_set1_epi32(-128 * sum)
+                });
+                for t in 8 * ib..8 * ib + 8 {
+                    // SAFETY: 32 readable bytes, 32-byte aligned.
+                    let w = unsafe { _mm256_load_si256(b.u[t].as_ptr() as *const __m256i) };
+                    for a in 0..A {
+                        s[a] = _mm256_dpbusd_epi32(s[a], w, _mm256_set1_epi32(quad(yb[a], t)));
+                    }
+                }
+                let ls = _mm256_cvtepi32_ps(lanes8(&b.sc[ib]));
+                for a in 0..A {
+                    let d = _mm256_mul_ps(dwa[a], ls);
+                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(d, _mm256_cvtepi32_ps(s[a])));
+                }
             }
-            d[r] = f16_to_f32(b.d);
         }
-        (o.sc, o.d) = (sc, d);
+        for a in 0..A {
+            // SAFETY: 8 writable f32; storeu is unaligned.
+            unsafe { _mm256_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
+        }
+    }
+
+    const VNNI: bool = true;
+
+    /// [`Self::decode_block`] with the codes plus 128 (unsigned bytes, for `vpdpbusd`).
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_block_vnni(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
+        decode(rows, i, o, _mm256_set1_epi8(-128));
     }
 
     /// Per block and sub-block `ib` the exact integer `S_ib` of the eight rows (per
@@ -104,4 +129,37 @@ impl KPanel8 for BlockIQ4XS {
             unsafe { _mm256_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
         }
     }
+}
+
+/// Decodes block `i` of up to eight IQ4_XS rows into `o` ([`KPanel8::decode_block`]), the
+/// codes XORed with `bias` (zero: signed bytes; 0x80 in every byte: plus 128, unsigned).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode(rows: &[&[BlockIQ4XS]], i: usize, o: &mut KPanel8Block, bias: __m256i) {
+    let lut = codebook(&KVALUES_IQ4NL);
+    let zero = _mm256_setzero_si256();
+
+    for ib in 0..8 {
+        let v: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
+            rows.get(r).map_or(zero, |row| {
+                let (qs, _) = row[i].qs.as_chunks::<16>();
+                _mm256_xor_si256(_mm256_shuffle_epi8(lut, nibbles(&qs[ib])), bias)
+            })
+        });
+        for (t, v) in transpose8(v).into_iter().enumerate() {
+            // SAFETY: 32 writable bytes, 32-byte aligned.
+            unsafe { _mm256_store_si256(o.u[8 * ib + t].as_mut_ptr() as *mut __m256i, v) };
+        }
+    }
+    let mut sc = [[0i32; PANEL8_ROWS]; 16];
+    let mut d = [0f32; PANEL8_ROWS];
+    for (r, row) in rows.iter().enumerate() {
+        let b = &row[i];
+        for ib in 0..8 {
+            let low = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+            let high = ((b.scales_h >> (2 * ib)) & 3) as u8;
+            sc[ib][r] = i32::from(low | (high << 4)) - 32;
+        }
+        d[r] = f16_to_f32(b.d);
+    }
+    (o.sc, o.d) = (sc, d);
 }
