@@ -29,36 +29,7 @@ impl KPanel8 for BlockQ3K {
     /// `(sc_2m - 32, sc_2m+1 - 32)` as i16; `d`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn decode_block(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
-        let t = Lanes8::new();
-        let zero = _mm256_setzero_si256();
-        let h: [__m256i; PANEL8_ROWS] =
-            std::array::from_fn(|r| rows.get(r).map_or(zero, |row| load32u(&row[i].hmask)));
-        let qs: [[__m256i; 2]; PANEL8_ROWS] = std::array::from_fn(|r| {
-            rows.get(r).map_or([zero; 2], |row| {
-                [load32u(&row[i].qs[..32]), load32u(&row[i].qs[32..])]
-            })
-        });
-        for m in 0..8 {
-            let runs: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
-                let u = _mm256_or_si256(low2(qs[r][m / 4], m % 4), hbit4(h[r], m));
-                lanes_of_8(u, t)
-            });
-            for (l, v) in transpose8(runs).into_iter().enumerate() {
-                // SAFETY: 32 writable bytes, 32-byte aligned.
-                unsafe { _mm256_store_si256(o.u[8 * m + l].as_mut_ptr() as *mut __m256i, v) };
-            }
-        }
-        let mut sc = [[0i32; PANEL8_ROWS]; 16];
-        let mut d = [0f32; PANEL8_ROWS];
-        for (r, row) in rows.iter().enumerate() {
-            let b = &row[i];
-            let s = q3k_scales(&b.scales);
-            for m in 0..8 {
-                sc[m][r] = i16_pair(i32::from(s[2 * m]) - 32, i32::from(s[2 * m + 1]) - 32);
-            }
-            d[r] = f16_to_f32(b.d);
-        }
-        (o.sc, o.d) = (sc, d);
+        decode(rows, i, o, false);
     }
 
     /// Per block and lane `l` the exact integer `A_l` of the eight rows (per run: the
@@ -74,6 +45,29 @@ impl KPanel8 for BlockQ3K {
     ) {
         for a in 0..A {
             tile1(panel, &y[a][..panel.len()], &mut out[a]);
+        }
+    }
+
+    const VNNI: bool = true;
+
+    /// [`Self::decode_block`] with each quant times its group's scale, plus 127.
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_block_vnni(rows: &[&[Self]], i: usize, o: &mut KPanel8Block) {
+        decode(rows, i, o, true);
+    }
+
+    /// [`Self::tile`]'s integers by `vpdpbusd` of the scaled quants
+    /// ([`Self::decode_block_vnni`]: `A_l = sum (sc·q + 127)·a - 127·sum a` over lane
+    /// `l`'s 32 elements, one instruction per four elements of the eight rows; the
+    /// activation's lane sums by `vpdpbusd` with ones); the same float steps.
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn tile_vnni<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    ) {
+        for a in 0..A {
+            tile1_vnni(panel, &y[a][..panel.len()], &mut out[a]);
         }
     }
 }
@@ -113,6 +107,118 @@ fn tile1(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
                     _mm256_set1_epi32(c4[m][l]),
                 );
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, lanes8(&b.sc[m])));
+            }
+            *lane = _mm256_add_ps(*lane, _mm256_mul_ps(d, _mm256_cvtepi32_ps(acc)));
+        }
+    }
+    let mut s = _mm256_setzero_ps();
+    for lane in lanes {
+        s = _mm256_add_ps(s, lane);
+    }
+    // SAFETY: 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+}
+
+/// Decodes block `i` of up to eight Q3_K rows into `o` ([`KPanel8::decode_block`]); with
+/// `scaled` each quant `q` as `q·sc + 127` (its group's scale; 3..=255:
+/// [`KPanel8::decode_block_vnni`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
+    let t = Lanes8::new();
+    let zero = _mm256_setzero_si256();
+    let h: [__m256i; PANEL8_ROWS] =
+        std::array::from_fn(|r| rows.get(r).map_or(zero, |row| load32u(&row[i].hmask)));
+    let qs: [[__m256i; 2]; PANEL8_ROWS] = std::array::from_fn(|r| {
+        rows.get(r).map_or([zero; 2], |row| {
+            [load32u(&row[i].qs[..32]), load32u(&row[i].qs[32..])]
+        })
+    });
+    // With `scaled`: per row and run, `(u - 4)·sc_g + 127` for u = 0..8 of groups 2m (low
+    // 128 bits) and 2m + 1 (high): 3..=255, an unsigned byte.
+    let mut tables = [[zero; 8]; PANEL8_ROWS];
+    if scaled {
+        let ramp = _mm_setr_epi16(-4, -3, -2, -1, 0, 1, 2, 3);
+        for (r, row) in rows.iter().enumerate() {
+            let s = q3k_scales(&row[i].scales);
+            for m in 0..8 {
+                let sc = |g: usize| i16::from(s[g]) - 32;
+                let lo = _mm_add_epi16(
+                    _mm_mullo_epi16(_mm_set1_epi16(sc(2 * m)), ramp),
+                    _mm_set1_epi16(127),
+                );
+                let hi = _mm_add_epi16(
+                    _mm_mullo_epi16(_mm_set1_epi16(sc(2 * m + 1)), ramp),
+                    _mm_set1_epi16(127),
+                );
+                let x = _mm_packus_epi16(lo, hi);
+                tables[r][m] = _mm256_set_m128i(_mm_srli_si128::<8>(x), x);
+            }
+        }
+    }
+    for m in 0..8 {
+        let runs: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
+            let u = _mm256_or_si256(low2(qs[r][m / 4], m % 4), hbit4(h[r], m));
+            // Scaled: each quant looked up in its group's table (groups 2m and 2m + 1,
+            // the run's low and high 16 elements).
+            let u = if scaled {
+                _mm256_shuffle_epi8(tables[r][m], u)
+            } else {
+                u
+            };
+            lanes_of_8(u, t)
+        });
+        for (l, v) in transpose8(runs).into_iter().enumerate() {
+            // SAFETY: 32 writable bytes, 32-byte aligned.
+            unsafe { _mm256_store_si256(o.u[8 * m + l].as_mut_ptr() as *mut __m256i, v) };
+        }
+    }
+    let mut sc = [[0i32; PANEL8_ROWS]; 16];
+    let mut d = [0f32; PANEL8_ROWS];
+    for (r, row) in rows.iter().enumerate() {
+        let b = &row[i];
+        let s = q3k_scales(&b.scales);
+        for m in 0..8 {
+            sc[m][r] = i16_pair(i32::from(s[2 * m]) - 32, i32::from(s[2 * m + 1]) - 32);
+        }
+        d[r] = f16_to_f32(b.d);
+    }
+    (o.sc, o.d) = (sc, d);
+}
+
+/// [`KPanel8::tile_vnni`] of Q3_K for one activation row.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+fn tile1_vnni(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
+    let t = Lanes8::new();
+    let ones = _mm256_set1_epi8(1);
+    let mut lanes = [_mm256_setzero_ps(); 8];
+    for (b, yb) in panel.iter().zip(y) {
+        // The block's activation runs in the panel's arrangement (dwords to broadcast),
+        // and -127 times each lane's sum over the block (the accumulators' start).
+        let mut aq = [[0i32; 8]; 8];
+        let mut sums = _mm256_setzero_si256();
+        for m in 0..8 {
+            let v = lanes_of_8(load32i(&yb.qs[32 * m..]), t);
+            sums = _mm256_dpbusd_epi32(sums, ones, v);
+            // SAFETY: 32 writable bytes; storeu is unaligned.
+            unsafe { _mm256_storeu_si256(aq[m].as_mut_ptr() as *mut __m256i, v) };
+        }
+        let mut start = [0i32; 8];
+        // SAFETY: 32 writable bytes; storeu is unaligned.
+        unsafe {
+            _mm256_storeu_si256(
+                start.as_mut_ptr() as *mut __m256i,
+                _mm256_mullo_epi32(sums, _mm256_set1_epi32(-127)),
+            )
+        };
+        // Kept in memory (`black_box`), broadcast from there.
+        let (aq, start) = std::hint::black_box((&aq, &start));
+        let d = _mm256_mul_ps(lanes8_ps(&b.d), _mm256_set1_ps(yb.d));
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let mut acc = _mm256_set1_epi32(start[l]);
+            for m in 0..8 {
+                // SAFETY: 32 readable bytes, 32-byte aligned.
+                let u = unsafe { _mm256_load_si256(b.u[8 * m + l].as_ptr() as *const __m256i) };
+                acc = _mm256_dpbusd_epi32(acc, u, _mm256_set1_epi32(aq[m][l]));
             }
             *lane = _mm256_add_ps(*lane, _mm256_mul_ps(d, _mm256_cvtepi32_ps(acc)));
         }
