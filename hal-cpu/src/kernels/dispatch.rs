@@ -392,7 +392,8 @@ pub(crate) fn low_bit_panels(level: SimdLevel, ty: GgmlType) -> bool {
 /// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
 /// at `level` (a weight with more rows is decoded and applied strip by strip): the
 /// sixteen-row panels of AVX-512 VNNI, the eight-row panels of the AVX2 and AVX-512 F
-/// levels; `None` for a type or level without such a gemm.
+/// levels (and of every level for the types of [`low_bit_panels`]); `None` for a type
+/// or level without such a gemm.
 pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1119,8 +1120,9 @@ pub(crate) struct ExpertPanelScratch {
 }
 
 /// One task of an expert matmul's weight-stationary gemm: panels `p0..p1` (of
-/// [`expert_panel_rows`] rows) of one expert's weight rows `w` (`n` rows of `k`, Q4_K or
-/// Q6_K, either layout with VNNI, the file's on the other levels), each decoded into
+/// [`expert_panel_rows`] rows) of one expert's weight rows `w` (`n` rows of `k`: Q4_K or
+/// Q6_K, either layout with VNNI, the file's on the other levels; Q2_K, Q3_K or IQ4_XS,
+/// the file's), each decoded into
 /// `scratch` and applied to every row of `a` (the expert's routed rows, whole Q8_K rows)
 /// in the expert tower's order, as [`gemm`] does with `expert` set. `part` is
 /// `[routed row][the panels' weight rows]`. The caller runs every expert's panel tasks of
@@ -1643,10 +1645,12 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0 + flint_core::DequantBlock>(
     );
 }
 
-/// [`gemm`] for Q4_K and Q6_K without VNNI (the AVX2 and AVX-512 F levels; a dense
-/// matmul's orders), strip by strip of weight rows as [`q0_gemm_avx2`]: the strip (the
-/// file's rows `w`) decoded into panels of eight rows (in parallel), then the activation
-/// rows (`a`: every row's Q8_K blocks) in chunks of `rows_per_task`.
+/// [`gemm`] on the eight-row panels of `kq_panel_avx2`: Q4_K and Q6_K without VNNI (the
+/// AVX2 and AVX-512 F levels; a dense matmul's orders), Q2_K, Q3_K and IQ4_XS at every
+/// `level` ([`low_bit_panels`]; their VNNI tiles where `level` has them), strip by strip
+/// of weight rows as [`q0_gemm_avx2`]: the strip (the file's rows `w`) decoded into
+/// panels of eight rows (in parallel), then the activation rows (`a`: every row's Q8_K
+/// blocks) in chunks of `rows_per_task`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
