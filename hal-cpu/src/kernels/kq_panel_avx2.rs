@@ -30,6 +30,7 @@ use flint_core::blocks::BlockQ8K;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::panel::{for_each_panel_of, OutCols};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
+use crate::kernels::x86::avx2::transpose8;
 use crate::simd::SimdLevel;
 
 /// Activation rows per tile: three share each weight register (two or four are
@@ -66,6 +67,18 @@ pub(crate) struct KPanel8Block {
 const _: () = assert!(std::mem::size_of::<KPanel8Block>() == 2880);
 
 impl KPanel8Block {
+    /// Stores eight rows' 32-byte vectors (`rows[r]`: row `r`'s quants `4t0..4t0 + 32`)
+    /// transposed: dword `t` of every row into `u[t0 + t]`, row `r` in bytes
+    /// `4r..4r + 4`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn put_dwords(&mut self, t0: usize, rows: [__m256i; PANEL8_ROWS]) {
+        for (t, v) in transpose8(rows).into_iter().enumerate() {
+            // SAFETY: 32 writable bytes, 32-byte aligned.
+            unsafe { _mm256_store_si256(self.u[t0 + t].as_mut_ptr() as *mut __m256i, v) };
+        }
+    }
+
     /// A zeroed block (scratch space).
     pub(crate) const ZERO: Self = Self {
         u: [[0; 32]; 64],

@@ -236,3 +236,104 @@ pub(crate) fn avx2_available() -> bool {
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
+
+/// `nb` Q8_K blocks whose quants are all `a` (block sums `16 a`), `d` of either sign.
+pub(crate) fn q8k_uniform(nb: usize, a: i8) -> Vec<BlockQ8K> {
+    let mut y = vec![BlockQ8K::zeroed(); nb];
+    for yb in &mut y {
+        yb.d = if a > 0 { 0.0123 } else { -0.0456 };
+        yb.qs = [a; 256];
+        yb.bsums = [16 * i16::from(a); 16];
+    }
+    y
+}
+
+/// A four-row IQ4_NL kernel at the code book's extremes (-127 and 113 in either nibble)
+/// against activations all 127, all -127 and all -128: the largest integer sums of
+/// either sign.
+pub(crate) fn check_iq4nl_rows4_extremes(
+    test: &str,
+    f: unsafe fn([&[BlockIQ4NL]; 4], &[BlockQ8_0], &mut [f32; 4]),
+) {
+    let mut s = seed(test);
+    for nb in [1, 8, 9, 17, 33] {
+        // Rows: all -127, all 113, and two mixes of the extremes.
+        let x: [Vec<BlockIQ4NL>; 4] = std::array::from_fn(|r| {
+            (0..nb)
+                .map(|i| BlockIQ4NL {
+                    d: f16_scale(&mut s),
+                    qs: std::array::from_fn(|j| match r {
+                        0 => 0x00,
+                        1 => 0xFF,
+                        2 => [0x0F, 0xF0][(i + j) % 2],
+                        _ => [0x00, 0xFF, 0x0F, 0xF0][lcg(&mut s) as usize % 4],
+                    }),
+                })
+                .collect()
+        });
+        for a in [127i8, -127, -128] {
+            let y: Vec<BlockQ8_0> = (0..nb)
+                .map(|_| BlockQ8_0 {
+                    d: f16_scale(&mut s),
+                    qs: [a; 32],
+                })
+                .collect();
+            assert_rows4_match_reference(flint_core::GgmlType::IQ4_NL, f, &x, &y, nb * 32);
+        }
+    }
+}
+
+/// A four-row Q2_K kernel at the extremes of every integer: all quants 3 or 0, scales
+/// and mins 15 or 0, the activations all 127, -127 or -128, against random and uniform
+/// rows alike.
+pub(crate) fn check_q2k_rows4_extremes(
+    test: &str,
+    f: unsafe fn([&[BlockQ2K]; 4], &[BlockQ8K], &mut [f32; 4]),
+) {
+    let mut s = seed(test);
+    let block = |qs: u8, scales: u8, s: &mut u64| BlockQ2K {
+        scales: [scales; 16],
+        qs: [qs; 64],
+        d: f16_scale(s),
+        dmin: f16_scale(s),
+    };
+    for nb in [1, 3, 16] {
+        for a in [127i8, -127, -128] {
+            let y = q8k_uniform(nb, a);
+            for (qs, scales) in [(0xFF, 0xFF), (0xFF, 0x0F), (0xFF, 0xF0), (0x00, 0xFF)] {
+                let x: [Vec<BlockQ2K>; 4] = std::array::from_fn(|r| {
+                    if r == 2 {
+                        q2_k_weights(nb, &mut s)
+                    } else {
+                        (0..nb).map(|_| block(qs, scales, &mut s)).collect()
+                    }
+                });
+                assert_rows4_match_reference(flint_core::GgmlType::Q2_K, f, &x, &y, nb * 256);
+            }
+        }
+    }
+}
+
+/// A four-row kernel `f` of type `ty` (blocks of `block_elems`) against random rows
+/// (`weights`) and activations (`acts`) at each length of `nbs` (`reps` draws each):
+/// each row's scalar reference bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_rows4_random<B: bytemuck::Pod, A: bytemuck::Pod>(
+    test: &str,
+    ty: flint_core::GgmlType,
+    f: unsafe fn([&[B]; 4], &[A], &mut [f32; 4]),
+    weights: fn(usize, &mut u64) -> Vec<B>,
+    acts: fn(usize, &mut u64) -> Vec<A>,
+    block_elems: usize,
+    nbs: &[usize],
+    reps: usize,
+) {
+    let mut s = seed(test);
+    for &nb in nbs {
+        for _ in 0..reps {
+            let x: [Vec<B>; 4] = std::array::from_fn(|_| weights(nb, &mut s));
+            let y = acts(nb, &mut s);
+            assert_rows4_match_reference(ty, f, &x, &y, nb * block_elems);
+        }
+    }
+}

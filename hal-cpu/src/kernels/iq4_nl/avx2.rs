@@ -219,10 +219,9 @@ pub(crate) fn dot_iq4nl_row(x: [&[BlockIQ4NL]; 1], y: &[BlockQ8_0], out: &mut [f
 mod tests {
     use super::*;
     use crate::kernels::order_check::{
-        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available, f16_scale,
-        iq4_nl_weights, q8_0_acts, seed,
+        assert_tiles_match_reference, avx2_available, check_iq4nl_rows4_extremes,
+        check_rows4_random, iq4_nl_weights, q8_0_acts, seed,
     };
-    use crate::kernels::x16_check::lcg;
 
     use flint_core::GgmlType;
 
@@ -252,48 +251,25 @@ mod tests {
             eprintln!("no AVX2: IQ4_NL rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("iq4_nl avx2 rows4");
-        for nb in [1, 2, 3, 7, 8, 9, 16, 17, 128] {
-            for _ in 0..8 {
-                let x = std::array::from_fn(|_| iq4_nl_weights(nb, &mut s));
-                let y = q8_0_acts(nb, &mut s);
-                assert_rows4_match_reference(GgmlType::IQ4_NL, dot_iq4nl_rows4, &x, &y, nb * 32);
-            }
-        }
+        check_rows4_random(
+            "iq4_nl avx2 rows4",
+            GgmlType::IQ4_NL,
+            dot_iq4nl_rows4,
+            iq4_nl_weights,
+            q8_0_acts,
+            32,
+            &[1, 2, 3, 7, 8, 9, 16, 17, 128],
+            8,
+        );
     }
 
-    /// The code book's extremes (-127 and 113 in either nibble) against activations all
-    /// 127, all -127 and all -128: the largest pair sums of either sign.
+    /// The four-row kernel at the code book's extremes.
     #[test]
     fn rows4_extremes_equal_the_scalar_reference() {
         if !avx2_available() {
             eprintln!("no AVX2: IQ4_NL rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("iq4_nl avx2 rows4 extremes");
-        for nb in [1, 8, 9, 17, 33] {
-            let x: [Vec<BlockIQ4NL>; 4] = std::array::from_fn(|r| {
-                (0..nb)
-                    .map(|i| BlockIQ4NL {
-                        d: f16_scale(&mut s),
-                        qs: std::array::from_fn(|j| match r {
-                            0 => 0x00,
-                            1 => 0xFF,
-                            2 => [0x0F, 0xF0][(i + j) % 2],
-                            _ => [0x00, 0xFF, 0x0F, 0xF0][lcg(&mut s) as usize % 4],
-                        }),
-                    })
-                    .collect()
-            });
-            for a in [127i8, -127, -128] {
-                let y: Vec<BlockQ8_0> = (0..nb)
-                    .map(|_| BlockQ8_0 {
-                        d: f16_scale(&mut s),
-                        qs: [a; 32],
-                    })
-                    .collect();
-                assert_rows4_match_reference(GgmlType::IQ4_NL, dot_iq4nl_rows4, &x, &y, nb * 32);
-            }
-        }
+        check_iq4nl_rows4_extremes("iq4_nl avx2 rows4 extremes", dot_iq4nl_rows4);
     }
 }

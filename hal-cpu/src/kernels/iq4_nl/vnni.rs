@@ -256,31 +256,10 @@ fn sums4(p0: __m512i, p1: __m512i, p2: __m512i, p3: __m512i) -> __m512i {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, iq4_nl_weights, q8_0_acts, seed, vnni_available};
-    use crate::kernels::x16_check::lcg;
+    use crate::kernels::order_check::{
+        check_iq4nl_rows4_extremes, check_rows4_random, iq4_nl_weights, q8_0_acts, vnni_available,
+    };
     use flint_core::GgmlType;
-
-    /// Each of the four outputs equals `flint_core::dot::vec_dot` of its row bit for bit.
-    fn check(x: &[Vec<BlockIQ4NL>; 4], y: &[BlockQ8_0]) {
-        let mut out = [0f32; 4];
-        // SAFETY: the caller checked the kernel's CPU features.
-        unsafe { dot_iq4nl_rows4([&x[0], &x[1], &x[2], &x[3]], y, &mut out) };
-        for (r, xr) in x.iter().enumerate() {
-            let want = flint_core::dot::vec_dot(
-                GgmlType::IQ4_NL,
-                bytemuck::cast_slice(xr),
-                bytemuck::cast_slice(y),
-                y.len() * 32,
-            )
-            .expect("reference");
-            assert!(
-                out[r].to_bits() == want.to_bits(),
-                "nb={} row {r}: {:e} vs reference {want:e}",
-                y.len(),
-                out[r]
-            );
-        }
-    }
 
     /// Four random rows against one activation row, at lengths around the groups of eight
     /// blocks.
@@ -290,49 +269,25 @@ mod tests {
             eprintln!("no AVX-512 VNNI: IQ4_NL rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("iq4_nl rows4");
-        for nb in [1, 2, 3, 7, 8, 9, 16, 17, 128] {
-            for _ in 0..8 {
-                let x = std::array::from_fn(|_| iq4_nl_weights(nb, &mut s));
-                let y = q8_0_acts(nb, &mut s);
-                check(&x, &y);
-            }
-        }
+        check_rows4_random(
+            "iq4_nl rows4",
+            GgmlType::IQ4_NL,
+            dot_iq4nl_rows4,
+            iq4_nl_weights,
+            q8_0_acts,
+            32,
+            &[1, 2, 3, 7, 8, 9, 16, 17, 128],
+            8,
+        );
     }
 
-    /// The code book's extremes (-127 and 113 in either nibble) against activations all
-    /// 127, all -127 and all -128: the largest integer sums of either sign.
+    /// The code book's extremes.
     #[test]
     fn rows4_extremes_equal_the_scalar_reference() {
         if !vnni_available() {
             eprintln!("no AVX-512 VNNI: IQ4_NL rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("iq4_nl rows4 extremes");
-        for nb in [1, 8, 9, 17, 33] {
-            // Rows: all -127, all 113, and two mixes of the extremes.
-            let x: [Vec<BlockIQ4NL>; 4] = std::array::from_fn(|r| {
-                (0..nb)
-                    .map(|i| BlockIQ4NL {
-                        d: f16_scale(&mut s),
-                        qs: std::array::from_fn(|j| match r {
-                            0 => 0x00,
-                            1 => 0xFF,
-                            2 => [0x0F, 0xF0][(i + j) % 2],
-                            _ => [0x00, 0xFF, 0x0F, 0xF0][lcg(&mut s) as usize % 4],
-                        }),
-                    })
-                    .collect()
-            });
-            for a in [127i8, -127, -128] {
-                let y: Vec<BlockQ8_0> = (0..nb)
-                    .map(|_| BlockQ8_0 {
-                        d: f16_scale(&mut s),
-                        qs: [a; 32],
-                    })
-                    .collect();
-                check(&x, &y);
-            }
-        }
+        check_iq4nl_rows4_extremes("iq4_nl rows4 extremes", dot_iq4nl_rows4);
     }
 }

@@ -182,8 +182,8 @@ pub(crate) fn dot_iq4xs_row(x: [&[BlockIQ4XS]; 1], y: &[BlockQ8K], out: &mut [f3
 mod tests {
     use super::*;
     use crate::kernels::order_check::{
-        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available, iq4_xs_weights,
-        q8k_acts, seed,
+        assert_tiles_match_reference, avx2_available, check_rows4_random, iq4_xs_weights, q8k_acts,
+        seed,
     };
 
     use flint_core::GgmlType;
@@ -212,13 +212,15 @@ mod tests {
             eprintln!("no AVX2: IQ4_XS rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("iq4_xs avx2 rows4");
-        for nb in [1, 2, 3, 5, 11, 16] {
-            for _ in 0..16 {
-                let x = std::array::from_fn(|_| iq4_xs_weights(nb, &mut s));
-                let y = q8k_acts(nb, &mut s);
-                assert_rows4_match_reference(GgmlType::IQ4_XS, dot_iq4xs_rows4, &x, &y, nb * 256);
-            }
-        }
+        check_rows4_random(
+            "iq4_xs avx2 rows4",
+            GgmlType::IQ4_XS,
+            dot_iq4xs_rows4,
+            iq4_xs_weights,
+            q8k_acts,
+            256,
+            &[1, 2, 3, 5, 11, 16],
+            16,
+        );
     }
 }

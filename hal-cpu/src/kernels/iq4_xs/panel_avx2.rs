@@ -12,7 +12,7 @@ use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{codebook, load32i, nibbles, transpose8};
+use crate::kernels::x86::avx2::{codebook, load32i, nibbles};
 
 impl KPanel8 for BlockIQ4XS {
     /// Per row and 32-element sub-block `ib` the code-book values (signed bytes) in
@@ -54,8 +54,7 @@ impl KPanel8 for BlockIQ4XS {
                 }
                 let ls = _mm256_cvtepi32_ps(lanes8(&b.sc[ib]));
                 for a in 0..A {
-                    let d = _mm256_mul_ps(dwa[a], ls);
-                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(d, _mm256_cvtepi32_ps(s[a])));
+                    acc[a] = _mm256_add_ps(acc[a], sub_block_term(dwa[a], ls, s[a]));
                 }
             }
         }
@@ -119,8 +118,7 @@ impl KPanel8 for BlockIQ4XS {
                 }
                 let ls = _mm256_cvtepi32_ps(lanes8(&b.sc[ib]));
                 for a in 0..A {
-                    let d = _mm256_mul_ps(dwa[a], ls);
-                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(d, _mm256_cvtepi32_ps(s[a])));
+                    acc[a] = _mm256_add_ps(acc[a], sub_block_term(dwa[a], ls, s[a]));
                 }
             }
         }
@@ -145,10 +143,7 @@ fn decode(rows: &[&[BlockIQ4XS]], i: usize, o: &mut KPanel8Block, bias: __m256i)
                 _mm256_xor_si256(_mm256_shuffle_epi8(lut, nibbles(&qs[ib])), bias)
             })
         });
-        for (t, v) in transpose8(v).into_iter().enumerate() {
-            // SAFETY: 32 writable bytes, 32-byte aligned.
-            unsafe { _mm256_store_si256(o.u[8 * ib + t].as_mut_ptr() as *mut __m256i, v) };
-        }
+        o.put_dwords(8 * ib, v);
     }
     let mut sc = [[0i32; PANEL8_ROWS]; 16];
     let mut d = [0f32; PANEL8_ROWS];
@@ -162,4 +157,12 @@ fn decode(rows: &[&[BlockIQ4XS]], i: usize, o: &mut KPanel8Block, bias: __m256i)
         d[r] = f16_to_f32(b.d);
     }
     (o.sc, o.d) = (sc, d);
+}
+
+/// One sub-block's term of the eight rows' sums: `((d_w·d_a)·(ls - 32))·S`, the
+/// reference's two products (`dwa`: `d_w·d_a`; `ls`: `ls - 32`; `s`: the exact `S`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_block_term(dwa: __m256, ls: __m256, s: __m256i) -> __m256 {
+    _mm256_mul_ps(_mm256_mul_ps(dwa, ls), _mm256_cvtepi32_ps(s))
 }

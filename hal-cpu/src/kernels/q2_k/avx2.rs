@@ -204,11 +204,9 @@ pub(crate) fn dot_q2k_row(x: [&[BlockQ2K]; 1], y: &[BlockQ8K], out: &mut [f32; 1
 mod tests {
     use super::*;
     use crate::kernels::order_check::{
-        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available, f16_scale,
+        assert_tiles_match_reference, avx2_available, check_q2k_rows4_extremes, check_rows4_random,
         q2_k_weights, q8k_acts, seed,
     };
-
-    use bytemuck::Zeroable;
 
     use flint_core::GgmlType;
 
@@ -236,51 +234,25 @@ mod tests {
             eprintln!("no AVX2: Q2_K rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("q2_k avx2 rows4");
-        for nb in [1, 2, 3, 5, 11, 16] {
-            for _ in 0..16 {
-                let x = std::array::from_fn(|_| q2_k_weights(nb, &mut s));
-                let y = q8k_acts(nb, &mut s);
-                assert_rows4_match_reference(GgmlType::Q2_K, dot_q2k_rows4, &x, &y, nb * 256);
-            }
-        }
+        check_rows4_random(
+            "q2_k avx2 rows4",
+            GgmlType::Q2_K,
+            dot_q2k_rows4,
+            q2_k_weights,
+            q8k_acts,
+            256,
+            &[1, 2, 3, 5, 11, 16],
+            16,
+        );
     }
 
-    /// The four-row kernel at the extremes of every integer: all quants 3 or 0, scales
-    /// and mins 15 or 0, the activations all 127, -127 or -128, against random and
-    /// uniform rows alike.
+    /// The four-row kernel at the extremes of every integer.
     #[test]
     fn rows4_equal_the_scalar_reference_at_the_extremes() {
         if !avx2_available() {
             eprintln!("no AVX2: Q2_K rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("q2_k avx2 rows4 extremes");
-        let block = |qs: u8, scales: u8, s: &mut u64| BlockQ2K {
-            scales: [scales; 16],
-            qs: [qs; 64],
-            d: f16_scale(s),
-            dmin: f16_scale(s),
-        };
-        for nb in [1, 3, 16] {
-            for a in [127i8, -127, -128] {
-                let mut y = vec![BlockQ8K::zeroed(); nb];
-                for yb in &mut y {
-                    yb.d = if a > 0 { 0.0123 } else { -0.0456 };
-                    yb.qs = [a; 256];
-                    yb.bsums = [16 * i16::from(a); 16];
-                }
-                for (qs, scales) in [(0xFF, 0xFF), (0xFF, 0x0F), (0xFF, 0xF0), (0x00, 0xFF)] {
-                    let x: [Vec<BlockQ2K>; 4] = std::array::from_fn(|r| {
-                        if r == 2 {
-                            q2_k_weights(nb, &mut s)
-                        } else {
-                            (0..nb).map(|_| block(qs, scales, &mut s)).collect()
-                        }
-                    });
-                    assert_rows4_match_reference(GgmlType::Q2_K, dot_q2k_rows4, &x, &y, nb * 256);
-                }
-            }
-        }
+        check_q2k_rows4_extremes("q2_k avx2 rows4 extremes", dot_q2k_rows4);
     }
 }

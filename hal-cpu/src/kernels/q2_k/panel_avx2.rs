@@ -11,7 +11,7 @@ use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::{bsum_pair, quad};
 use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{load32u, transpose8};
+use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ2K {
     /// Element `128k + 32j + l` is bits `2j` of `qs[32k + l]`: per half `k` and plane `j`
@@ -46,22 +46,8 @@ impl KPanel8 for BlockQ2K {
                     isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(s[a], sc));
                 }
             }
-            let (d, dmin) = (lanes8_ps(&b.d), lanes8_ps(&b.dmin));
             for a in 0..A {
-                let mut msum = _mm256_setzero_si256();
-                for p in 0..8 {
-                    let m = _mm256_madd_epi16(
-                        lanes8(&b.pairs[p]),
-                        _mm256_set1_epi32(bsum_pair(yb[a], p)),
-                    );
-                    msum = _mm256_add_epi32(msum, m);
-                }
-                let da = _mm256_set1_ps(yb[a].d);
-                let t = _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(isum[a])),
-                    _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(msum)),
-                );
-                acc[a] = _mm256_add_ps(acc[a], t);
+                acc[a] = _mm256_add_ps(acc[a], block_term(b, yb[a], isum[a]));
             }
         }
         for a in 0..A {
@@ -80,7 +66,7 @@ impl KPanel8 for BlockQ2K {
 
     /// [`Self::tile`]'s integers by `vpdpbusd` of the scaled quants
     /// ([`Self::decode_block_vnni`]: `I = sum_e (sc_g(e)·q_e)·a_e`, one instruction per
-    /// four elements of the eight rows), `M` by `vpdpwssd`; the same float steps.
+    /// four elements of the eight rows); the same `M` and float steps.
     #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
     unsafe fn tile_vnni<const A: usize>(
         panel: &[KPanel8Block],
@@ -108,20 +94,9 @@ impl KPanel8 for BlockQ2K {
                     odd[a] = _mm256_dpbusd_epi32(odd[a], w1, _mm256_set1_epi32(quad(yb[a], t + 1)));
                 }
             }
-            let (d, dmin) = (lanes8_ps(&b.d), lanes8_ps(&b.dmin));
             for a in 0..A {
-                let mut msum = _mm256_setzero_si256();
-                for p in 0..8 {
-                    let bs = _mm256_set1_epi32(bsum_pair(yb[a], p));
-                    msum = _mm256_dpwssd_epi32(msum, lanes8(&b.pairs[p]), bs);
-                }
                 let isum = _mm256_add_epi32(even[a], odd[a]);
-                let da = _mm256_set1_ps(yb[a].d);
-                let t = _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(isum)),
-                    _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(msum)),
-                );
-                acc[a] = _mm256_add_ps(acc[a], t);
+                acc[a] = _mm256_add_ps(acc[a], block_term(b, yb[a], isum));
             }
         }
         for a in 0..A {
@@ -164,12 +139,7 @@ fn decode(rows: &[&[BlockQ2K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
                     plane[r] = _mm256_shuffle_epi8(t, plane[r]);
                 }
             }
-            for (t, v) in transpose8(plane).into_iter().enumerate() {
-                // SAFETY: 32 writable bytes, 32-byte aligned.
-                unsafe {
-                    _mm256_store_si256(o.u[32 * k + 8 * j + t].as_mut_ptr() as *mut __m256i, v)
-                };
-            }
+            o.put_dwords(32 * k + 8 * j, plane);
         }
     }
     let mut sc = [[0i32; PANEL8_ROWS]; 16];
@@ -191,4 +161,25 @@ fn decode(rows: &[&[BlockQ2K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
         (d[r], dmin[r]) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
     }
     (o.sc, o.pairs, o.d, o.dmin) = (sc, pairs, d, dmin);
+}
+
+/// One block's term of the eight rows' sums against activation block `y`, from the
+/// exact `I` of each row (`isum`): `(d_a·d)·I - (d_a·dmin)·M` with `M = sum_g
+/// m_g·bsum_g` (exact), the reference's products and difference.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn block_term(b: &KPanel8Block, y: &BlockQ8K, isum: __m256i) -> __m256 {
+    let mut msum = _mm256_setzero_si256();
+    for p in 0..8 {
+        let m = _mm256_madd_epi16(lanes8(&b.pairs[p]), _mm256_set1_epi32(bsum_pair(y, p)));
+        msum = _mm256_add_epi32(msum, m);
+    }
+    let da = _mm256_set1_ps(y.d);
+    _mm256_sub_ps(
+        _mm256_mul_ps(_mm256_mul_ps(da, lanes8_ps(&b.d)), _mm256_cvtepi32_ps(isum)),
+        _mm256_mul_ps(
+            _mm256_mul_ps(da, lanes8_ps(&b.dmin)),
+            _mm256_cvtepi32_ps(msum),
+        ),
+    )
 }

@@ -229,33 +229,11 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::order_check::{f16_scale, q2_k_weights, q8k_acts, seed, vnni_available};
+    use crate::kernels::order_check::{
+        check_q2k_rows4_extremes, check_rows4_random, q2_k_weights, q8k_acts, vnni_available,
+    };
 
-    use bytemuck::Zeroable;
     use flint_core::GgmlType;
-
-    /// Each of the four outputs equals the scalar reference of its row, bit for bit.
-    fn assert_rows_match_reference(w: &[Vec<BlockQ2K>; 4], y: &[BlockQ8K]) {
-        let nb = y.len();
-        let mut got = [0f32; 4];
-        // SAFETY: the caller checked the kernel's CPU features.
-        unsafe { dot_q2k_rows4(std::array::from_fn(|r| &w[r][..]), y, &mut got) };
-        for (r, g) in got.iter().enumerate() {
-            let want = flint_core::dot::vec_dot(
-                GgmlType::Q2_K,
-                bytemuck::cast_slice(&w[r]),
-                bytemuck::cast_slice(y),
-                nb * 256,
-            )
-            .expect("reference");
-            assert!(
-                g.to_bits() == want.to_bits(),
-                "nb={nb} row {r}: {g:e} ({:#010x}) vs reference {want:e} ({:#010x})",
-                g.to_bits(),
-                want.to_bits()
-            );
-        }
-    }
 
     /// Random rows and activations: each output equals its row's scalar reference.
     #[test]
@@ -264,51 +242,25 @@ mod tests {
             eprintln!("no AVX-512 VNNI: Q2_K rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("q2_k rows4");
-        for nb in [1, 2, 3, 5, 11, 16] {
-            for _ in 0..16 {
-                let w: [Vec<BlockQ2K>; 4] = std::array::from_fn(|_| q2_k_weights(nb, &mut s));
-                let y = q8k_acts(nb, &mut s);
-                assert_rows_match_reference(&w, &y);
-            }
-        }
+        check_rows4_random(
+            "q2_k rows4",
+            GgmlType::Q2_K,
+            dot_q2k_rows4,
+            q2_k_weights,
+            q8k_acts,
+            256,
+            &[1, 2, 3, 5, 11, 16],
+            16,
+        );
     }
 
-    /// The extremes of every integer: all quants 3 or 0, scales and mins 15 or 0, the
-    /// activations all 127 or all -127 (block sums +-2032), against random and uniform
-    /// rows alike.
+    /// The extremes of every integer.
     #[test]
     fn rows4_equals_the_scalar_reference_at_the_extremes() {
         if !vnni_available() {
             eprintln!("no AVX-512 VNNI: Q2_K rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("q2_k rows4 extremes");
-        let block = |qs: u8, scales: u8, s: &mut u64| BlockQ2K {
-            scales: [scales; 16],
-            qs: [qs; 64],
-            d: f16_scale(s),
-            dmin: f16_scale(s),
-        };
-        for nb in [1, 3, 16] {
-            for a in [127i8, -127] {
-                let mut y = vec![BlockQ8K::zeroed(); nb];
-                for yb in &mut y {
-                    yb.d = if a > 0 { 0.0123 } else { -0.0456 };
-                    yb.qs = [a; 256];
-                    yb.bsums = [16 * i16::from(a); 16];
-                }
-                for (qs, scales) in [(0xFF, 0xFF), (0xFF, 0x0F), (0xFF, 0xF0), (0x00, 0xFF)] {
-                    let w: [Vec<BlockQ2K>; 4] = std::array::from_fn(|r| {
-                        if r == 2 {
-                            q2_k_weights(nb, &mut s)
-                        } else {
-                            (0..nb).map(|_| block(qs, scales, &mut s)).collect()
-                        }
-                    });
-                    assert_rows_match_reference(&w, &y);
-                }
-            }
-        }
+        check_q2k_rows4_extremes("q2_k rows4 extremes", dot_q2k_rows4);
     }
 }

@@ -260,11 +260,9 @@ pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1
 mod tests {
     use super::*;
     use crate::kernels::order_check::{
-        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available, f16_scale,
-        q3_k_weights, q8k_acts, seed,
+        assert_rows4_match_reference, assert_tiles_match_reference, avx2_available,
+        check_rows4_random, f16_scale, q3_k_weights, q8k_acts, q8k_uniform, seed,
     };
-
-    use bytemuck::Zeroable;
 
     use flint_core::GgmlType;
 
@@ -292,14 +290,16 @@ mod tests {
             eprintln!("no AVX2: Q3_K rows4 kernel not exercised");
             return;
         }
-        let mut s = seed("q3_k avx2 rows4");
-        for nb in [1, 2, 3, 5, 11, 16] {
-            for _ in 0..16 {
-                let x = std::array::from_fn(|_| q3_k_weights(nb, &mut s));
-                let y = q8k_acts(nb, &mut s);
-                assert_rows4_match_reference(GgmlType::Q3_K, dot_q3k_rows4, &x, &y, nb * 256);
-            }
-        }
+        check_rows4_random(
+            "q3_k avx2 rows4",
+            GgmlType::Q3_K,
+            dot_q3k_rows4,
+            q3_k_weights,
+            q8k_acts,
+            256,
+            &[1, 2, 3, 5, 11, 16],
+            16,
+        );
     }
 
     /// The four-row kernel at the extremes: quants all -4 or all 3 (every high bit clear
@@ -320,12 +320,7 @@ mod tests {
         };
         for nb in [1, 3, 16] {
             for a in [127i8, -127, -128] {
-                let mut y = vec![BlockQ8K::zeroed(); nb];
-                for yb in &mut y {
-                    yb.d = if a > 0 { 0.0123 } else { -0.0456 };
-                    yb.qs = [a; 256];
-                    yb.bsums = [16 * i16::from(a); 16];
-                }
+                let y = q8k_uniform(nb, a);
                 for (q, sc) in [(0x00, 0x00), (0xFF, 0xFF), (0x00, 0xFF), (0xFF, 0x00)] {
                     let x: [Vec<BlockQ3K>; 4] = std::array::from_fn(|r| {
                         if r == 1 {

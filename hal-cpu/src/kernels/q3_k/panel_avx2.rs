@@ -18,7 +18,7 @@ use flint_core::dequant::q3k_scales;
 use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{load32i, load32u, transpose8};
+use crate::kernels::x86::avx2::{load32i, load32u};
 
 use super::avx2::{hbit4, lanes_of_8, low2, Lanes8};
 
@@ -167,10 +167,7 @@ fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
             };
             lanes_of_8(u, t)
         });
-        for (l, v) in transpose8(runs).into_iter().enumerate() {
-            // SAFETY: 32 writable bytes, 32-byte aligned.
-            unsafe { _mm256_store_si256(o.u[8 * m + l].as_mut_ptr() as *mut __m256i, v) };
-        }
+        o.put_dwords(8 * m, runs);
     }
     let mut sc = [[0i32; PANEL8_ROWS]; 16];
     let mut d = [0f32; PANEL8_ROWS];

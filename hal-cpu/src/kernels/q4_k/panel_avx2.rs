@@ -11,7 +11,7 @@ use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::bsum_pair;
 use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{load32u, transpose8};
+use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ4K {
     /// Bytes `32j..32j + 32` of `qs` hold quants `64j..` in their low nibbles (dwords
@@ -30,13 +30,8 @@ impl KPanel8 for BlockQ4K {
                 lo[r] = _mm256_and_si256(q, m4);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
             }
-            for (t, (l, h)) in transpose8(lo).into_iter().zip(transpose8(hi)).enumerate() {
-                // SAFETY: 32 writable bytes each, 32-byte aligned.
-                unsafe {
-                    _mm256_store_si256(o.u[16 * j + t].as_mut_ptr() as *mut __m256i, l);
-                    _mm256_store_si256(o.u[16 * j + 8 + t].as_mut_ptr() as *mut __m256i, h);
-                }
-            }
+            o.put_dwords(16 * j, lo);
+            o.put_dwords(16 * j + 8, hi);
         }
         let mut sc = [[0i32; PANEL8_ROWS]; 16];
         let mut pairs = [[0i32; PANEL8_ROWS]; 8];

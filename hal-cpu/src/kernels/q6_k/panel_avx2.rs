@@ -10,7 +10,7 @@ use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::bsum_pair;
 use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{load32u, transpose8};
+use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ6K {
     /// Per half `n` of the block, quants `128n + 32k..` (`k = 0..4`: dwords `32n + 8k..`)
@@ -43,12 +43,7 @@ impl KPanel8 for BlockQ6K {
                 );
             }
             for (k, rows_k) in q.into_iter().enumerate() {
-                for (t, v) in transpose8(rows_k).into_iter().enumerate() {
-                    // SAFETY: 32 writable bytes, 32-byte aligned.
-                    unsafe {
-                        _mm256_store_si256(o.u[32 * n + 8 * k + t].as_mut_ptr() as *mut __m256i, v)
-                    };
-                }
+                o.put_dwords(32 * n + 8 * k, rows_k);
             }
         }
         let mut sc = [[0i32; PANEL8_ROWS]; 16];
