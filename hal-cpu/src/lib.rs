@@ -54,7 +54,7 @@
 //! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an
 //! AVX-512 VNNI CPU, or (64 rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights (a dense
 //! matmul's) at the AVX2 and AVX-512 F levels, or (64 rows or more; an expert's 16 or
-//! more) of Q2_K/Q3_K/IQ4_XS weights at any of these levels, goes through a gemm that
+//! more) of Q2_K/Q3_K/IQ4_XS/Q5_K weights at any of these levels, goes through a gemm that
 //! tiles weight rows and activation rows together (`kernels::dispatch::gemm`: the weight decoded once into panels, the activation
 //! rows split over the threads, each task writing its own rows of the result). One activation row (a decode) splits the output
 //! rows into 4 chunks per thread, each chunk read as two streams half a chunk apart

@@ -571,7 +571,7 @@ impl CpuDevice {
         // Experts with a prompt's worth of tokens (a prefill routes ~k/E of its tokens to
         // each; the bench preset's prefill: 32 tokens per expert): Q4_K/Q6_K towers with
         // a few dozen on AVX-512 VNNI, and with 16 or more on the AVX2 and AVX-512 F
-        // levels, and Q2_K/Q3_K/IQ4_XS towers with 16 or more at every level
+        // levels, and Q2_K/Q3_K/IQ4_XS/Q5_K towers with 16 or more at every level
         // (`kernels::expert_panels_apply`), take panel tasks of every such expert and weight in one parallel
         // section (`expert_panel_section`); otherwise the weight-tiled gemm of `matmul`,
         // one expert and weight at a time, each parallel inside. The

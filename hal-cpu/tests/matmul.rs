@@ -332,10 +332,11 @@ fn expert_matmul_matches_per_expert_matmul() {
         (GgmlType::Q5_0, 32),
         (GgmlType::Q6_K, 40),
         (GgmlType::Q5_0, 40),
-        // The low-bit types' eight-row panels (experts 0 and 3 below), every level.
+        // The eight-row panels of every level (experts 0 and 3 below).
         (GgmlType::Q2_K, 40),
         (GgmlType::Q3_K, 40),
         (GgmlType::IQ4_XS, 40),
+        (GgmlType::Q5_K, 40),
     ] {
         let w = random_weight(&mut rng, ty, k, n * e);
         let dev = device(SimdLevel::detect(), 2);

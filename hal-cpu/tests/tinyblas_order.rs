@@ -265,7 +265,7 @@ fn q4_k_and_q6_k_batches_are_bit_exact_in_llama_cpp_order() {
 
 /// The K-quant panels and the AVX2 Q4_K decode kernels add a few `vpmaddubsw` products
 /// as i16 before widening them (`kq_panel_avx2::sum16`, `q4_k::avx2::dot_q4k_rows4_m`):
-/// with every quant at its largest magnitude (Q4_K nibbles 15,
+/// with every quant at its largest magnitude (Q4_K nibbles 15, Q5_K quants 31,
 /// Q6_K quants 63, the scales and mins at their extremes) against activations that
 /// quantize to -127 or 127 throughout, the sums must still equal the scalar statement
 /// bit for bit at every level (an overflow would wrap).
@@ -281,13 +281,20 @@ fn k_quant_panels_hold_the_largest_quants() {
     }
     let (k, n) = (512, 11);
     let one = 0x3C00u16.to_le_bytes();
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
         let mut block = Vec::new();
         if ty == GgmlType::Q4_K {
             // d, dmin, twelve scale bytes (every 6-bit scale and min 63), the nibbles.
             block.extend(one);
             block.extend(one);
             block.extend([0xFF; 12]);
+            block.extend([0xFF; 128]);
+        } else if ty == GgmlType::Q5_K {
+            // d, dmin, the scales and mins (63), qh and the nibbles (every quant 31).
+            block.extend(one);
+            block.extend(one);
+            block.extend([0xFF; 12]);
+            block.extend([0xFF; 32]);
             block.extend([0xFF; 128]);
         } else {
             // ql, qh (every quant 63), scales (the two extremes), d.

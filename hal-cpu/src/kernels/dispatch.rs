@@ -380,19 +380,23 @@ pub const GEMM_MIN_ROWS: usize = 16;
 const GEMM_MAX_DECODED_BYTES: usize = 16 << 20;
 
 /// Whether `ty` takes the eight-row panels of `kq_panel_avx2` for prompt batches at
-/// `level`: the low-bit types held to the scalar reference's order, whose panels give
-/// the row kernels' bits at every level from AVX2 up (their decode matvecs differ by
-/// level, their order does not), for dense matmuls and expert towers alike.
-pub(crate) fn low_bit_panels(level: SimdLevel, ty: GgmlType) -> bool {
+/// `level`, whatever the level from AVX2 up: the types whose order does not depend on
+/// the level (their decode matvecs differ by level, their sums do not), for dense
+/// matmuls and expert towers alike: the low-bit types held to the scalar reference's
+/// order (Q2_K, Q3_K, IQ4_XS) and Q5_K (llama.cpp's tiled order at every level).
+pub(crate) fn level_free_panels(level: SimdLevel, ty: GgmlType) -> bool {
     cfg!(target_arch = "x86_64")
         && level != SimdLevel::Scalar
-        && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS)
+        && matches!(
+            ty,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS | GgmlType::Q5_K
+        )
 }
 
 /// The weight rows per strip of the prompt-batch gemm of `ty` with rows of `k` elements
 /// at `level` (a weight with more rows is decoded and applied strip by strip): the
 /// sixteen-row panels of AVX-512 VNNI, the eight-row panels of the AVX2 and AVX-512 F
-/// levels (and of every level for the types of [`low_bit_panels`]); `None` for a type
+/// levels (and of every level for the types of [`level_free_panels`]); `None` for a type
 /// or level without such a gemm.
 pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
@@ -400,7 +404,7 @@ pub fn gemm_strip_rows(level: SimdLevel, ty: GgmlType, k: usize) -> Option<usize
         use q0::panel_avx2::PANEL8_ROWS;
         let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
         let q0 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0);
-        if low_bit_panels(level, ty) {
+        if level_free_panels(level, ty) {
             return Some(panel::strip_rows_of::<PANEL8_ROWS>(
                 (k / 256) * std::mem::size_of::<kq_panel_avx2::KPanel8Block>(),
                 GEMM_MAX_DECODED_BYTES,
@@ -511,7 +515,7 @@ pub(crate) fn gemm(
     #[cfg(target_arch = "x86_64")]
     if m >= AVX2_GEMM_MIN_ROWS
         && (matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) && !expert
-            || low_bit_panels(level, ty))
+            || level_free_panels(level, ty))
     {
         if let (Acts::Q8K(a), WeightRows::File(_)) = (acts, w) {
             let bytes = w.file_bytes(k);
@@ -530,6 +534,9 @@ pub(crate) fn gemm(
                 }
                 GgmlType::IQ4_XS => {
                     kq_gemm_avx2::<BlockIQ4XS>(level, &bytes, a, k, n, rows_per_task, scratch, out)
+                }
+                GgmlType::Q5_K => {
+                    kq_gemm_avx2::<BlockQ5K>(level, &bytes, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -1077,10 +1084,10 @@ fn groups_ahead<G>(g: &[G], nb: usize, panels: std::ops::Range<usize>) -> Ahead 
 /// AVX-512 VNNI (below [`FUSED_MAX_ROWS`], where [`gemm`] would multiply
 /// weight-stationary, panel by panel), and on the AVX2 and AVX-512 F levels, whose
 /// eight-row panels give the row kernels' bits for any number of rows (the expert towers
-/// take the dense order there); Q2_K, Q3_K and IQ4_XS from [`GEMM_MIN_ROWS`] at every
-/// level ([`low_bit_panels`]).
+/// take the dense order there); Q2_K, Q3_K, IQ4_XS and Q5_K from [`GEMM_MIN_ROWS`] at
+/// every level ([`level_free_panels`]).
 pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> bool {
-    if low_bit_panels(level, ty) {
+    if level_free_panels(level, ty) {
         return m >= GEMM_MIN_ROWS;
     }
     cfg!(target_arch = "x86_64")
@@ -1098,7 +1105,7 @@ pub(crate) fn expert_panels_apply(level: SimdLevel, ty: GgmlType, m: usize) -> b
 pub(crate) fn expert_panel_rows(level: SimdLevel, ty: GgmlType) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        if level == SimdLevel::Avx512Vnni && !low_bit_panels(level, ty) {
+        if level == SimdLevel::Avx512Vnni && !level_free_panels(level, ty) {
             panel::PANEL_ROWS
         } else {
             q0::panel_avx2::PANEL8_ROWS
@@ -1121,8 +1128,8 @@ pub(crate) struct ExpertPanelScratch {
 
 /// One task of an expert matmul's weight-stationary gemm: panels `p0..p1` (of
 /// [`expert_panel_rows`] rows) of one expert's weight rows `w` (`n` rows of `k`: Q4_K or
-/// Q6_K, either layout with VNNI, the file's on the other levels; Q2_K, Q3_K or IQ4_XS,
-/// the file's), each decoded into
+/// Q6_K, either layout with VNNI, the file's on the other levels; Q2_K, Q3_K, IQ4_XS or
+/// Q5_K, the file's), each decoded into
 /// `scratch` and applied to every row of `a` (the expert's routed rows, whole Q8_K rows)
 /// in the expert tower's order, as [`gemm`] does with `expert` set. `part` is
 /// `[routed row][the panels' weight rows]`. The caller runs every expert's panel tasks of
@@ -1181,6 +1188,7 @@ pub(crate) fn expert_panels(
             GgmlType::Q2_K => run8!(BlockQ2K),
             GgmlType::Q3_K => run8!(BlockQ3K),
             GgmlType::IQ4_XS => run8!(BlockIQ4XS),
+            GgmlType::Q5_K => run8!(BlockQ5K),
             _ => unreachable!("no eight-row panels for {ty}"),
         }
         return;
@@ -1646,8 +1654,8 @@ fn q0_gemm_avx2<B: q0::avx2::Avx2Q0 + flint_core::DequantBlock>(
 }
 
 /// [`gemm`] on the eight-row panels of `kq_panel_avx2`: Q4_K and Q6_K without VNNI (the
-/// AVX2 and AVX-512 F levels; a dense matmul's orders), Q2_K, Q3_K and IQ4_XS at every
-/// `level` ([`low_bit_panels`]; their VNNI tiles where `level` has them), strip by strip
+/// AVX2 and AVX-512 F levels; a dense matmul's orders), Q2_K, Q3_K, IQ4_XS and Q5_K at
+/// every `level` ([`level_free_panels`]; their VNNI tiles where `level` has them), strip by strip
 /// of weight rows as [`q0_gemm_avx2`]: the strip (the file's rows `w`) decoded into
 /// panels of eight rows (in parallel), then the activation rows (`a`: every row's Q8_K
 /// blocks) in chunks of `rows_per_task`.

@@ -2,9 +2,9 @@
 //! weight rows in the lanes of each register (the AVX2 counterpart of
 //! [`super::kq_panel`], and the K-quant counterpart of `q0/panel_avx2.rs`), in the float
 //! orders of the row kernels, bit for bit: Q4_K and Q6_K at the AVX2 and AVX-512 F
-//! levels (`q4_k/avx2.rs`, `q6_k/avx2.rs`), and Q2_K, Q3_K and IQ4_XS at every level
-//! from AVX2 up, whose row kernels keep the scalar reference's order everywhere
-//! (`kernels::dispatch::low_bit_panels`).
+//! levels (`q4_k/avx2.rs`, `q6_k/avx2.rs`), and Q2_K, Q3_K, IQ4_XS and Q5_K at every
+//! level from AVX2 up, whose row kernels keep one order everywhere (the scalar
+//! reference's; Q5_K llama.cpp's tiled one) (`kernels::dispatch::level_free_panels`).
 //!
 //! Each weight is decoded once per matmul into panel blocks ([`KPanel8Block`]): per
 //! 256-quant block of eight rows, the quants as unsigned bytes in element order with
@@ -20,8 +20,8 @@
 //! decoded once per matmul.
 //!
 //! What the formats share is here (the panel block, the trait, the driver); each
-//! format's decode and tile is in its folder's `panel_avx2.rs` (`q4_k`, `q6_k`, `q2_k`,
-//! `q3_k`, `iq4_xs`).
+//! format's decode and tile is in its folder's `panel_avx2.rs` (`q4_k`, `q5_k`, `q6_k`,
+//! `q2_k`, `q3_k`, `iq4_xs`).
 
 use std::arch::x86_64::*;
 
@@ -43,16 +43,17 @@ const COLS: usize = 3;
 #[repr(C, align(32))]
 pub(crate) struct KPanel8Block {
     /// Quants `4t..4t + 4` of the eight rows (row `r` in bytes `4r..4r + 4`): Q4_K's
-    /// nibbles as they are, Q6_K's six bits with their offset of 32, Q2_K's two bits;
+    /// nibbles as they are, Q5_K's five bits, Q6_K's six bits with their offset of 32,
+    /// Q2_K's two bits;
     /// Q3_K's three bits plus 4, four elements of one float lane per dword
     /// (`q3_k/panel_avx2.rs`); IQ4_XS's code-book values as signed bytes.
     pub(crate) u: [[u8; 32]; 64],
-    /// Per sub-block (Q4_K: 8 of 32 quants; Q6_K and Q2_K: 16 of 16) the rows' scales
+    /// Per sub-block (Q4_K, Q5_K: 8 of 32 quants; Q6_K and Q2_K: 16 of 16) the rows' scales
     /// twice as i16 (for `vpmaddwd` against a row's two pair sums); Q3_K: per run of 32
     /// the rows' two group scales less 32 as an i16 pair; IQ4_XS: per sub-block of 32 the
     /// rows' `ls - 32` as plain i32.
     pub(crate) sc: [[i32; 8]; 16],
-    /// Q4_K: per sub-block `s` the rows' mins `m_s` twice as i16 (for `vpmaddwd`
+    /// Q4_K and Q5_K: per sub-block `s` the rows' mins `m_s` twice as i16 (for `vpmaddwd`
     /// against two `bsums`). Q6_K: per pair `p` of sub-blocks the rows'
     /// `(-32 sc_2p, -32 sc_2p+1)` as i16 (the offset of the unsigned quants, taken off
     /// against the pair's two `bsums`). Q2_K: per pair `p` of groups the rows' mins
@@ -60,7 +61,7 @@ pub(crate) struct KPanel8Block {
     pub(crate) pairs: [[i32; 8]; 8],
     /// The rows' `d`.
     pub(crate) d: [f32; 8],
-    /// The rows' `dmin` (Q4_K, Q2_K).
+    /// The rows' `dmin` (Q4_K, Q5_K, Q2_K).
     pub(crate) dmin: [f32; 8],
 }
 

@@ -28,7 +28,8 @@
 //!   weight rows against up to four activation rows, a small batch's), `panel.rs` (the
 //!   prompt-batch tile `q4k_tile`, sixteen rows in the lanes), `x16.rs` (the repacked
 //!   layout and its decode kernel `dot_group`).
-//! - `q5_k/`: Q5_K · Q8_K, `avx2.rs`, `avx512.rs`, `vnni.rs`.
+//! - `q5_k/`: Q5_K · Q8_K, `avx2.rs`, `vnni.rs`, and `panel_avx2.rs` (its part of
+//!   `kq_panel_avx2.rs`'s prompt-batch panels, every level).
 //! - `q6_k/`: Q6_K · Q8_K, as `q4_k/` (`avx2.rs` at the AVX2 and AVX-512 F/BW levels:
 //!   `dot_q6k`, the decode form `dot_q6k_rows4`; `vnni.rs`: `dot_q6k_tiled`,
 //!   `dot_q6k_rows4`, `dot_q6k_rows4_m`).
