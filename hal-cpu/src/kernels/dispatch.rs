@@ -2581,7 +2581,15 @@ pub(crate) fn matvec_rows(
                     q4_k::vnni::dot_q4k_rows4,
                     q4_k::vnni::dot_q4k_rows::<1>,
                 ),
-                GgmlType::Q5_K => rows1!(q5_k::vnni::dot_q5k, BlockQ5K, w, a, nbk, act_row, o),
+                // The AVX2 four-row kernel (the same order): four streams side by side
+                // beat this level's single-row kernel.
+                GgmlType::Q5_K => rows4(
+                    &view::<BlockQ5K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q5_k::avx2::dot_q5k_rows4,
+                    q5_k::avx2::dot_q5k_row,
+                ),
                 GgmlType::Q6_K => rows4(
                     &view::<BlockQ6K>(w),
                     &a[act_row * nbk..(act_row + 1) * nbk],
