@@ -27,11 +27,13 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::BlockQ8K;
 
+use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::panel::{for_each_panel_of, OutCols};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::transpose8;
 use crate::simd::SimdLevel;
+use flint_core::dequant::k4_scale_min;
 
 /// Activation rows per tile: three share each weight register (two or four are
 /// slower on the Intel Xeon host, `kernel_speed` at M = 512).
@@ -78,6 +80,29 @@ impl KPanel8Block {
             // SAFETY: 32 writable bytes, 32-byte aligned.
             unsafe { _mm256_store_si256(self.u[t0 + t].as_mut_ptr() as *mut __m256i, v) };
         }
+    }
+
+    /// The headers of up to eight rows' blocks of the Q4_K family (Q4_K, Q5_K: twelve
+    /// bytes of 6-bit scales and mins, `d`, `dmin`; row `r` the iterator's `r`-th): per
+    /// sub-block the scales into `sc` and the mins into `pairs`, each twice as i16
+    /// (`k4_scale_min`), and `d`, `dmin`; lanes past the rows zero.
+    pub(crate) fn put_k4_headers<'a>(
+        &mut self,
+        heads: impl Iterator<Item = (&'a [u8; 12], u16, u16)>,
+    ) {
+        let mut sc = [[0i32; PANEL8_ROWS]; 16];
+        let mut pairs = [[0i32; PANEL8_ROWS]; 8];
+        let mut d = [0f32; PANEL8_ROWS];
+        let mut dmin = [0f32; PANEL8_ROWS];
+        for (r, (scales, hd, hdmin)) in heads.take(PANEL8_ROWS).enumerate() {
+            let (s, m) = k4_scale_min(scales);
+            for k in 0..8 {
+                sc[k][r] = i16_pair(s[k].into(), s[k].into());
+                pairs[k][r] = i16_pair(m[k].into(), m[k].into());
+            }
+            (d[r], dmin[r]) = (f16_to_f32(hd), f16_to_f32(hdmin));
+        }
+        (self.sc, self.pairs, self.d, self.dmin) = (sc, pairs, d, dmin);
     }
 
     /// A zeroed block (scratch space).

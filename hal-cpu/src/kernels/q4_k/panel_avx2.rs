@@ -5,11 +5,9 @@
 use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
-use flint_core::dequant::k4_scale_min;
 
-use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::bsum_pair;
-use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::load32u;
 
@@ -33,20 +31,10 @@ impl KPanel8 for BlockQ4K {
             o.put_dwords(16 * j, lo);
             o.put_dwords(16 * j + 8, hi);
         }
-        let mut sc = [[0i32; PANEL8_ROWS]; 16];
-        let mut pairs = [[0i32; PANEL8_ROWS]; 8];
-        let mut d = [0f32; PANEL8_ROWS];
-        let mut dmin = [0f32; PANEL8_ROWS];
-        for (r, row) in rows.iter().enumerate() {
-            let b = &row[i];
-            let (s, m) = k4_scale_min(&b.scales);
-            for k in 0..8 {
-                sc[k][r] = i16_pair(s[k].into(), s[k].into());
-                pairs[k][r] = i16_pair(m[k].into(), m[k].into());
-            }
-            (d[r], dmin[r]) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
-        }
-        (o.sc, o.pairs, o.d, o.dmin) = (sc, pairs, d, dmin);
+        o.put_k4_headers(
+            rows.iter()
+                .map(|row| (&row[i].scales, row[i].d, row[i].dmin)),
+        );
     }
 
     /// Per block, per pair `j` of sub-blocks the exact integers `I_j = sc_2j·dot_2j +
