@@ -307,8 +307,14 @@ impl Device for CpuDevice {
         } else {
             format!(" (AMX not used: {})", self.amx_reason)
         };
+        // A sub-feature some kernels of the level take where the CPU has it.
+        let vbmi = if self.level == SimdLevel::Avx512Vnni && crate::simd::has_vbmi() {
+            " + VBMI (IQ4_NL decode)"
+        } else {
+            ""
+        };
         format!(
-            "host CPU, {} threads, SIMD {}{layout}{order}{amx}, no NEON",
+            "host CPU, {} threads, SIMD {}{vbmi}{layout}{order}{amx}, no NEON",
             self.threads, self.level
         )
     }

@@ -108,6 +108,20 @@ impl SimdLevel {
     }
 }
 
+/// Whether this CPU has AVX-512 VBMI (byte permutes: `vpermb`, `vpermt2b`), which some
+/// kernels of the AVX-512 VNNI level use where it is present (Ice Lake and later, Zen 4;
+/// not Cascade Lake). The answer is cached by `std` after the first call.
+pub(crate) fn has_vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl fmt::Display for SimdLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -2566,7 +2566,11 @@ pub(crate) fn matvec_rows(
                     &view::<BlockIQ4NL>(w),
                     &a[act_row * nb0..(act_row + 1) * nb0],
                     o,
-                    iq4_nl::vnni::dot_iq4nl_rows4,
+                    if crate::simd::has_vbmi() {
+                        iq4_nl::vnni::dot_iq4nl_rows4_vbmi
+                    } else {
+                        iq4_nl::vnni::dot_iq4nl_rows4
+                    },
                     iq4_nl::avx2::dot_iq4nl_row,
                 )
             }
