@@ -1178,7 +1178,11 @@ pub(crate) fn expert_panels(
                     let c0 = p * prows - r0;
                     let live = prows.min(rows - c0);
                     let cols = panel::OutCols { stride: rows, c0 };
-                    kq_panel_avx2::gemm8::<$B>(level, dec, nb, live, a, part, cols);
+                    // The next panel's rows (this task's or the next one's), asked for
+                    // while this one is multiplied.
+                    let next = ((p + 1) * prows).min(n) * nb..((p + 2) * prows).min(n) * nb;
+                    let ahead = Ahead::of(&wb[next]);
+                    kq_panel_avx2::gemm8::<$B>(level, dec, nb, live, a, part, cols, ahead);
                 }
             }};
         }
@@ -1686,7 +1690,7 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
         &mut scratch.kpanels8,
         KPanel8Block::ZERO,
         |p, d| decode8(level, &wb, nb, n, p, d),
-        |dec, sn, t0, o, cols| gemm8::<B>(level, dec, nb, sn, &a[t0 * nb..], o, cols),
+        |dec, sn, t0, o, cols| gemm8::<B>(level, dec, nb, sn, &a[t0 * nb..], o, cols, Ahead::NONE),
         out,
     );
 }

@@ -31,6 +31,7 @@ use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::panel::{for_each_panel_of, OutCols};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
+use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx2::transpose8;
 use crate::simd::SimdLevel;
 use flint_core::dequant::k4_scale_min;
@@ -259,7 +260,9 @@ pub(crate) fn decode8<B: KPanel8>(
 /// `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode8`]) and the
 /// `out.len() / cols.stride` activation rows `acts` (Q8_K, `nb` blocks each), in `B`'s
 /// float order (the row kernels' results, bit for bit): per panel (which stays in L1)
-/// tiles of [`COLS`] activation rows, the rest one at a time.
+/// tiles of [`COLS`] activation rows, the rest one at a time. Each tile first asks for
+/// its share of the cache lines of `ahead` (the weight rows decoded next, if any).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm8<B: KPanel8>(
     level: SimdLevel,
     dec: &[KPanel8Block],
@@ -268,6 +271,7 @@ pub(crate) fn gemm8<B: KPanel8>(
     acts: &[BlockQ8K],
     out: &mut [f32],
     cols: OutCols,
+    ahead: Ahead,
 ) {
     if n == 0 || nb == 0 {
         return;
@@ -288,13 +292,17 @@ pub(crate) fn gemm8<B: KPanel8>(
     );
     let act = |t: usize| &acts[t * nb..(t + 1) * nb];
     let vnni = vnni_tiles::<B>(level);
+    let tiles = m / COLS + m % COLS;
     for p in 0..panels {
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL8_ROWS;
         let live = PANEL8_ROWS.min(n - r0);
         let mut t = 0;
+        let mut tile = p * tiles;
         while t < m {
             let take = if m - t >= COLS { COLS } else { 1 };
+            ahead.part(tile, panels * tiles).all();
+            tile += 1;
             let mut o = [[0f32; PANEL8_ROWS]; COLS];
             // SAFETY (each call): the AVX2 level was checked against the CPU at device
             // open.

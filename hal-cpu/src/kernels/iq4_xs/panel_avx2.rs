@@ -8,11 +8,10 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockIQ4XS, BlockQ8K};
 use flint_core::dequant::KVALUES_IQ4NL;
 
-use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::quad;
 use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
-use crate::kernels::x86::avx2::{codebook, load32i, nibbles};
+use crate::kernels::x86::avx2::{codebook, load32i};
 
 impl KPanel8 for BlockIQ4XS {
     /// Per row and 32-element sub-block `ib` the code-book values (signed bytes) in
@@ -131,32 +130,102 @@ impl KPanel8 for BlockIQ4XS {
 
 /// Decodes block `i` of up to eight IQ4_XS rows into `o` ([`KPanel8::decode_block`]), the
 /// codes XORed with `bias` (zero: signed bytes; 0x80 in every byte: plus 128, unsigned).
+///
+/// Per sub-block the rows' 16 packed bytes are transposed by dwords before the look-up
+/// (row `r` and `r + 4` in the halves of one register, a 4 x 4 dword transposition per
+/// 128-bit lane): raw dword `j` of the eight rows then decodes to element dwords `j`
+/// (low nibbles) and `j + 4` (high nibbles), already in the panel's layout. The scales
+/// and `d`s are decoded eight rows at a time, one row a lane. Lanes past `rows.len()` are
+/// zero.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode(rows: &[&[BlockIQ4XS]], i: usize, o: &mut KPanel8Block, bias: __m256i) {
     let lut = codebook(&KVALUES_IQ4NL);
-    let zero = _mm256_setzero_si256();
-
+    let m4 = _mm256_set1_epi8(0x0F);
+    let n = rows.len().min(PANEL8_ROWS);
+    // All ones in the dword lanes of the rows present.
+    let live = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    // Each row's packed quants (zeros past the rows).
+    const NONE: [u8; 128] = [0; 128];
+    let mut qs = [&NONE; PANEL8_ROWS];
+    for (q, row) in qs.iter_mut().zip(rows) {
+        *q = &row[i].qs;
+    }
     for ib in 0..8 {
-        let v: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
-            rows.get(r).map_or(zero, |row| {
-                let (qs, _) = row[i].qs.as_chunks::<16>();
-                _mm256_xor_si256(_mm256_shuffle_epi8(lut, nibbles(&qs[ib])), bias)
-            })
-        });
-        o.put_dwords(8 * ib, v);
-    }
-    let mut sc = [[0i32; PANEL8_ROWS]; 16];
-    let mut d = [0f32; PANEL8_ROWS];
-    for (r, row) in rows.iter().enumerate() {
-        let b = &row[i];
-        for ib in 0..8 {
-            let low = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
-            let high = ((b.scales_h >> (2 * ib)) & 3) as u8;
-            sc[ib][r] = i32::from(low | (high << 4)) - 32;
+        let at = 16 * ib;
+        // y[p]: rows p (low half) and p + 4 (high half).
+        let y = [0, 1, 2, 3].map(|p| halves(&qs[p + 4][at..], &qs[p][at..]));
+        let a01 = _mm256_unpacklo_epi32(y[0], y[1]);
+        let b01 = _mm256_unpackhi_epi32(y[0], y[1]);
+        let a23 = _mm256_unpacklo_epi32(y[2], y[3]);
+        let b23 = _mm256_unpackhi_epi32(y[2], y[3]);
+        // t[j]: raw dword j of rows 0..4 (low half) and 4..8 (high half).
+        let t = [
+            _mm256_unpacklo_epi64(a01, a23),
+            _mm256_unpackhi_epi64(a01, a23),
+            _mm256_unpacklo_epi64(b01, b23),
+            _mm256_unpackhi_epi64(b01, b23),
+        ];
+        for (j, &tj) in t.iter().enumerate() {
+            let lo = look_up(lut, tj, m4, bias, live);
+            let hi = look_up(lut, _mm256_srli_epi16::<4>(tj), m4, bias, live);
+            // SAFETY: 32 writable bytes each, 32-byte aligned.
+            unsafe {
+                _mm256_store_si256(o.u[8 * ib + j].as_mut_ptr() as *mut __m256i, lo);
+                _mm256_store_si256(o.u[8 * ib + 4 + j].as_mut_ptr() as *mut __m256i, hi);
+            }
         }
-        d[r] = f16_to_f32(b.d);
     }
-    (o.sc, o.d) = (sc, d);
+    // One row a lane: the packed low scale bits, the high bits, `d`.
+    let mut sl = [0i32; PANEL8_ROWS];
+    let mut sh = [0i32; PANEL8_ROWS];
+    let mut dh = [0u16; PANEL8_ROWS];
+    for (r, row) in rows.iter().take(PANEL8_ROWS).enumerate() {
+        let b = &row[i];
+        (sl[r], sh[r], dh[r]) = (i32::from_le_bytes(b.scales_l), i32::from(b.scales_h), b.d);
+    }
+    let (sl, sh) = (lanes8(&sl), lanes8(&sh));
+    for ib in 0..8 {
+        // ls = (scales_l nibble ib) | (scales_h bits 2ib, 2ib + 1) << 4.
+        let low = _mm256_and_si256(
+            _mm256_srl_epi32(sl, _mm_cvtsi32_si128(4 * ib as i32)),
+            _mm256_set1_epi32(0x0F),
+        );
+        let high = _mm256_and_si256(
+            _mm256_srl_epi32(sh, _mm_cvtsi32_si128(2 * ib as i32)),
+            _mm256_set1_epi32(3),
+        );
+        let ls = _mm256_or_si256(low, _mm256_slli_epi32::<4>(high));
+        let sc = _mm256_and_si256(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)), live);
+        // SAFETY: 32 writable bytes, 32-byte aligned.
+        unsafe { _mm256_store_si256(o.sc[ib].as_mut_ptr() as *mut __m256i, sc) };
+    }
+    o.sc[8..].fill([0; PANEL8_ROWS]);
+    // SAFETY: 16 readable bytes; loadu is unaligned. 32 writable bytes; storeu likewise.
+    unsafe {
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+        _mm256_storeu_ps(o.d.as_mut_ptr(), d);
+    }
+}
+
+/// 16 bytes of `lo` in the low half of a register and 16 of `hi` in the high half.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn halves(hi: &[u8], lo: &[u8]) -> __m256i {
+    assert!(hi.len() >= 16 && lo.len() >= 16);
+    // SAFETY: 16 readable bytes each (checked above); loadu is unaligned.
+    unsafe { _mm256_loadu2_m128i(hi.as_ptr() as *const __m128i, lo.as_ptr() as *const __m128i) }
+}
+
+/// The code-book values of the low nibbles of `q`'s bytes, XORed with `bias`, in the
+/// dword lanes of `live` (zero elsewhere).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn look_up(lut: __m256i, q: __m256i, m4: __m256i, bias: __m256i, live: __m256i) -> __m256i {
+    let v = _mm256_xor_si256(_mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4)), bias);
+    _mm256_and_si256(v, live)
 }
 
 /// One sub-block's term of the eight rows' sums: `((d_w·d_a)·(ls - 32))·S`, the
