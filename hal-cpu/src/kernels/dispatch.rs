@@ -1173,6 +1173,10 @@ pub(crate) fn expert_panels(
         macro_rules! run8 {
             ($B:ty) => {{
                 let wb = view::<$B>(&bytes);
+                let mut arranged = Vec::new();
+                // SAFETY: every level with panels has AVX2, FMA and F16C (checked against
+                // the CPU at device open).
+                let a = unsafe { <$B as kq_panel_avx2::KPanel8>::acts(a, &mut arranged) };
                 for p in panels.clone() {
                     kq_panel_avx2::decode8(level, &wb, nb, n, p, dec);
                     let c0 = p * prows - r0;
@@ -1690,7 +1694,14 @@ fn kq_gemm_avx2<B: kq_panel_avx2::KPanel8 + flint_core::DequantBlock>(
         &mut scratch.kpanels8,
         KPanel8Block::ZERO,
         |p, d| decode8(level, &wb, nb, n, p, d),
-        |dec, sn, t0, o, cols| gemm8::<B>(level, dec, nb, sn, &a[t0 * nb..], o, cols, Ahead::NONE),
+        |dec, sn, t0, o, cols| {
+            let mut arranged = Vec::new();
+            let rows = &a[t0 * nb..(t0 + o.len() / n) * nb];
+            // SAFETY: every level with panels has AVX2, FMA and F16C (checked against the
+            // CPU at device open).
+            let y = unsafe { B::acts(rows, &mut arranged) };
+            gemm8::<B>(level, dec, nb, sn, y, o, cols, Ahead::NONE)
+        },
         out,
     );
 }

@@ -118,6 +118,18 @@ impl KPanel8Block {
 
 /// A K-quant weight type of the eight-row panels.
 pub(crate) trait KPanel8: bytemuck::Pod + Sync {
+    /// The activation blocks the tiles read: Q8_K as quantized, or an arrangement of
+    /// them made once per gemm ([`Self::acts`]) where a tile would otherwise rearrange
+    /// each activation block for every panel.
+    type Act: Copy + Send + Sync;
+
+    /// The Q8_K activation blocks `a` as the tiles read them: `a` itself, or arranged
+    /// into `scratch`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn acts<'s>(a: &'s [BlockQ8K], scratch: &'s mut Vec<Self::Act>) -> &'s [Self::Act];
+
     /// Block `i` of the weight rows `rows` (at most [`PANEL8_ROWS`]) into the panel
     /// block `o`; lanes past `rows.len()` zero.
     ///
@@ -132,7 +144,7 @@ pub(crate) trait KPanel8: bytemuck::Pod + Sync {
     /// The CPU must support AVX2 and FMA.
     unsafe fn tile<const A: usize>(
         panel: &[KPanel8Block],
-        y: &[&[BlockQ8K]; A],
+        y: &[&[Self::Act]; A],
         out: &mut [[f32; PANEL8_ROWS]; A],
     );
 
@@ -156,13 +168,29 @@ pub(crate) trait KPanel8: bytemuck::Pod + Sync {
     /// The CPU must support AVX-512 F/VL/VNNI, AVX2 and FMA.
     unsafe fn tile_vnni<const A: usize>(
         panel: &[KPanel8Block],
-        y: &[&[BlockQ8K]; A],
+        y: &[&[Self::Act]; A],
         out: &mut [[f32; PANEL8_ROWS]; A],
     ) {
         // SAFETY: the caller's features include this one's.
         unsafe { Self::tile::<A>(panel, y, out) }
     }
 }
+
+/// [`KPanel8::Act`] and [`KPanel8::acts`] of a type whose tiles read the Q8_K blocks as
+/// they are.
+macro_rules! q8k_acts {
+    () => {
+        type Act = flint_core::blocks::BlockQ8K;
+
+        unsafe fn acts<'s>(
+            a: &'s [flint_core::blocks::BlockQ8K],
+            _: &'s mut Vec<flint_core::blocks::BlockQ8K>,
+        ) -> &'s [flint_core::blocks::BlockQ8K] {
+            a
+        }
+    };
+}
+pub(crate) use q8k_acts;
 
 /// An i16 pair `(lo, hi)` as one i32 lane (for `vpmaddwd`).
 #[inline(always)]
@@ -268,7 +296,7 @@ pub(crate) fn gemm8<B: KPanel8>(
     dec: &[KPanel8Block],
     nb: usize,
     n: usize,
-    acts: &[BlockQ8K],
+    acts: &[B::Act],
     out: &mut [f32],
     cols: OutCols,
     ahead: Ahead,
@@ -308,7 +336,7 @@ pub(crate) fn gemm8<B: KPanel8>(
             // open.
             unsafe {
                 if take == COLS {
-                    let y: [&[BlockQ8K]; COLS] = std::array::from_fn(|a| act(t + a));
+                    let y: [&[B::Act]; COLS] = std::array::from_fn(|a| act(t + a));
                     if vnni {
                         B::tile_vnni::<COLS>(blocks, &y, &mut o);
                     } else {

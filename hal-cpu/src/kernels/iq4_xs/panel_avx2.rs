@@ -9,11 +9,13 @@ use flint_core::blocks::{BlockIQ4XS, BlockQ8K};
 use flint_core::dequant::KVALUES_IQ4NL;
 
 use crate::kernels::kq_panel::quad;
-use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, q8k_acts, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::{codebook, load32i};
 
 impl KPanel8 for BlockIQ4XS {
+    q8k_acts!();
+
     /// Per row and 32-element sub-block `ib` the code-book values (signed bytes) in
     /// element order, each group of eight dwords transposed across the rows; per
     /// sub-block the rows' `ls - 32` (in `sc[ib]`, plain i32); `d`.

@@ -9,11 +9,15 @@ use flint_core::blocks::{BlockQ2K, BlockQ8K};
 
 use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::{bsum_pair, quad};
-use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{
+    i16_pair, lanes8, lanes8_ps, q8k_acts, sum16, KPanel8, KPanel8Block,
+};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ2K {
+    q8k_acts!();
+
     /// Element `128k + 32j + l` is bits `2j` of `qs[32k + l]`: per half `k` and plane `j`
     /// the 32 quants (dwords `32k + 8j..32k + 8j + 8`) masked out per row, then each
     /// group of eight dwords transposed across the rows; per 16-element group `g` the

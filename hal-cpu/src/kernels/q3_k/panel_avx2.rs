@@ -7,7 +7,7 @@
 //! `e mod 8 == l`, so a panel dword holds four elements of one lane: dword `8m + l`
 //! holds bytes `l, l + 8, l + 16, l + 24` of run `m` (elements `32m..32m + 32`, groups
 //! `2m` and `2m + 1`: [`lanes_of_8`]'s arrangement), the activation runs arranged alike
-//! per tile. The quants are stored biased (`u = q + 4`, 0..=7), the activation's pair
+//! once per gemm ([`Q3KAct`]). The quants are stored biased (`u = q + 4`, 0..=7), the activation's pair
 //! sums times 4 taken off after `vpmaddubsw`.
 
 use std::arch::x86_64::*;
@@ -22,7 +22,34 @@ use crate::kernels::x86::avx2::{load32i, load32u};
 
 use super::avx2::{hbit4, lanes_of_8, low2, Lanes8};
 
+/// One Q8_K activation block as the Q3_K tiles read it ([`KPanel8::acts`]), arranged once
+/// per gemm rather than once per panel.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q3KAct {
+    /// Per run `m` the 32 quants in [`lanes_of_8`]'s arrangement, as dwords to broadcast.
+    aq: [[i32; 8]; 8],
+    /// The AVX2 tile: per run the pair sums of those dwords times 4 (what the bias of
+    /// `u = q + 4` adds), as dwords to broadcast.
+    c4: [[i32; 8]; 8],
+    /// The VNNI tile: -127 times each lane's sum over the block (the accumulators' start).
+    start: [i32; 8],
+    /// The activation's `d`.
+    d: f32,
+}
+
 impl KPanel8 for BlockQ3K {
+    type Act = Q3KAct;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn acts<'s>(a: &'s [BlockQ8K], scratch: &'s mut Vec<Q3KAct>) -> &'s [Q3KAct] {
+        scratch.clear();
+        for yb in a {
+            scratch.push(arrange(yb));
+        }
+        scratch
+    }
+
     /// Per row and run `m = 4j + s` the biased quants `low | hbit << 2` (low bits `2s` of
     /// `qs[32j + l]`, high bit `m` of `hmask[l]`) in [`lanes_of_8`]'s arrangement, then
     /// each dword `l` transposed across the rows; per run the rows' scale pair
@@ -40,7 +67,7 @@ impl KPanel8 for BlockQ3K {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile<const A: usize>(
         panel: &[KPanel8Block],
-        y: &[&[BlockQ8K]; A],
+        y: &[&[Q3KAct]; A],
         out: &mut [[f32; PANEL8_ROWS]; A],
     ) {
         for a in 0..A {
@@ -63,7 +90,7 @@ impl KPanel8 for BlockQ3K {
     #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
     unsafe fn tile_vnni<const A: usize>(
         panel: &[KPanel8Block],
-        y: &[&[BlockQ8K]; A],
+        y: &[&[Q3KAct]; A],
         out: &mut [[f32; PANEL8_ROWS]; A],
     ) {
         for a in 0..A {
@@ -74,28 +101,9 @@ impl KPanel8 for BlockQ3K {
 
 /// [`KPanel8::tile`] of Q3_K for one activation row.
 #[target_feature(enable = "avx2,fma")]
-fn tile1(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
-    let t = Lanes8::new();
-    let four = _mm256_set1_epi8(4);
+fn tile1(panel: &[KPanel8Block], y: &[Q3KAct], out: &mut [f32; PANEL8_ROWS]) {
     let mut lanes = [_mm256_setzero_ps(); 8];
     for (b, yb) in panel.iter().zip(y) {
-        // The block's activation runs in the panel's arrangement, and their pair sums
-        // times 4, as dwords to broadcast (kept in memory: `black_box`, or LLVM would
-        // shuffle each dword out of a register).
-        let mut aq = [[0i32; 8]; 8];
-        let mut c4 = [[0i32; 8]; 8];
-        for m in 0..8 {
-            let v = lanes_of_8(load32i(&yb.qs[32 * m..]), t);
-            // SAFETY: 32 writable bytes each; storeu is unaligned.
-            unsafe {
-                _mm256_storeu_si256(aq[m].as_mut_ptr() as *mut __m256i, v);
-                _mm256_storeu_si256(
-                    c4[m].as_mut_ptr() as *mut __m256i,
-                    _mm256_maddubs_epi16(four, v),
-                );
-            }
-        }
-        let (aq, c4) = std::hint::black_box((&aq, &c4));
         let d = _mm256_mul_ps(lanes8_ps(&b.d), _mm256_set1_ps(yb.d));
         for (l, lane) in lanes.iter_mut().enumerate() {
             let mut acc = _mm256_setzero_si256();
@@ -103,8 +111,8 @@ fn tile1(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
                 // SAFETY: 32 readable bytes, 32-byte aligned.
                 let u = unsafe { _mm256_load_si256(b.u[8 * m + l].as_ptr() as *const __m256i) };
                 let p = _mm256_sub_epi16(
-                    _mm256_maddubs_epi16(u, _mm256_set1_epi32(aq[m][l])),
-                    _mm256_set1_epi32(c4[m][l]),
+                    _mm256_maddubs_epi16(u, _mm256_set1_epi32(yb.aq[m][l])),
+                    _mm256_set1_epi32(yb.c4[m][l]),
                 );
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, lanes8(&b.sc[m])));
             }
@@ -117,6 +125,42 @@ fn tile1(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
     }
     // SAFETY: 8 writable f32; storeu is unaligned.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+}
+
+/// One activation block arranged for the tiles ([`Q3KAct`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn arrange(yb: &BlockQ8K) -> Q3KAct {
+    let t = Lanes8::new();
+    let four = _mm256_set1_epi8(4);
+    let mut a = Q3KAct {
+        aq: [[0; 8]; 8],
+        c4: [[0; 8]; 8],
+        start: [0; 8],
+        d: yb.d,
+    };
+    let mut sums = _mm256_setzero_si256();
+    for m in 0..8 {
+        let v = lanes_of_8(load32i(&yb.qs[32 * m..]), t);
+        // Each lane's four quants summed: |sum| <= 512, exact in i16 pairs and dwords.
+        let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), v);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        // SAFETY: 32 writable bytes each, 32-byte aligned.
+        unsafe {
+            _mm256_store_si256(a.aq[m].as_mut_ptr() as *mut __m256i, v);
+            _mm256_store_si256(
+                a.c4[m].as_mut_ptr() as *mut __m256i,
+                _mm256_maddubs_epi16(four, v),
+            );
+        }
+    }
+    // SAFETY: 32 writable bytes, 32-byte aligned.
+    unsafe {
+        _mm256_store_si256(
+            a.start.as_mut_ptr() as *mut __m256i,
+            _mm256_mullo_epi32(sums, _mm256_set1_epi32(-127)),
+        )
+    };
+    a
 }
 
 /// Decodes block `i` of up to eight Q3_K rows into `o` ([`KPanel8::decode_block`]); with
@@ -184,38 +228,16 @@ fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
 
 /// [`KPanel8::tile_vnni`] of Q3_K for one activation row.
 #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
-fn tile1_vnni(panel: &[KPanel8Block], y: &[BlockQ8K], out: &mut [f32; PANEL8_ROWS]) {
-    let t = Lanes8::new();
-    let ones = _mm256_set1_epi8(1);
+fn tile1_vnni(panel: &[KPanel8Block], y: &[Q3KAct], out: &mut [f32; PANEL8_ROWS]) {
     let mut lanes = [_mm256_setzero_ps(); 8];
     for (b, yb) in panel.iter().zip(y) {
-        // The block's activation runs in the panel's arrangement (dwords to broadcast),
-        // and -127 times each lane's sum over the block (the accumulators' start).
-        let mut aq = [[0i32; 8]; 8];
-        let mut sums = _mm256_setzero_si256();
-        for m in 0..8 {
-            let v = lanes_of_8(load32i(&yb.qs[32 * m..]), t);
-            sums = _mm256_dpbusd_epi32(sums, ones, v);
-            // SAFETY: 32 writable bytes; storeu is unaligned.
-            unsafe { _mm256_storeu_si256(aq[m].as_mut_ptr() as *mut __m256i, v) };
-        }
-        let mut start = [0i32; 8];
-        // SAFETY: 32 writable bytes; storeu is unaligned.
-        unsafe {
-            _mm256_storeu_si256(
-                start.as_mut_ptr() as *mut __m256i,
-                _mm256_mullo_epi32(sums, _mm256_set1_epi32(-127)),
-            )
-        };
-        // Kept in memory (`black_box`), broadcast from there.
-        let (aq, start) = std::hint::black_box((&aq, &start));
         let d = _mm256_mul_ps(lanes8_ps(&b.d), _mm256_set1_ps(yb.d));
         for (l, lane) in lanes.iter_mut().enumerate() {
-            let mut acc = _mm256_set1_epi32(start[l]);
+            let mut acc = _mm256_set1_epi32(yb.start[l]);
             for m in 0..8 {
                 // SAFETY: 32 readable bytes, 32-byte aligned.
                 let u = unsafe { _mm256_load_si256(b.u[8 * m + l].as_ptr() as *const __m256i) };
-                acc = _mm256_dpbusd_epi32(acc, u, _mm256_set1_epi32(aq[m][l]));
+                acc = _mm256_dpbusd_epi32(acc, u, _mm256_set1_epi32(yb.aq[m][l]));
             }
             *lane = _mm256_add_ps(*lane, _mm256_mul_ps(d, _mm256_cvtepi32_ps(acc)));
         }

@@ -7,11 +7,13 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ4K, BlockQ8K};
 
 use crate::kernels::kq_panel::bsum_pair;
-use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, q8k_acts, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ4K {
+    q8k_acts!();
+
     /// Bytes `32j..32j + 32` of `qs` hold quants `64j..` in their low nibbles (dwords
     /// `16j..16j + 8`) and `64j + 32..` in their high ones (dwords `16j + 8..16j + 16`):
     /// split per row, then each group of eight dwords transposed across the rows; the

@@ -8,13 +8,15 @@ use std::arch::x86_64::*;
 use flint_core::blocks::{BlockQ5K, BlockQ8K};
 
 use crate::kernels::kq_panel::bsum_pair;
-use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, q8k_acts, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::{load32, load32u};
 
 use super::avx2::q5k_high;
 
 impl KPanel8 for BlockQ5K {
+    q8k_acts!();
+
     /// Bytes `32j..32j + 32` of `qs` hold quants `64j..` in their low nibbles and
     /// `64j + 32..` in their high ones, each with its fifth bit from `qh`
     /// ([`q5k_high`]): the 5-bit quants per row in element order, each group of eight

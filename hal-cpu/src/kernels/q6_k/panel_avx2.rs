@@ -8,11 +8,15 @@ use flint_core::blocks::{BlockQ6K, BlockQ8K};
 
 use crate::kernels::f16_to_f32;
 use crate::kernels::kq_panel::bsum_pair;
-use crate::kernels::kq_panel_avx2::{i16_pair, lanes8, lanes8_ps, sum16, KPanel8, KPanel8Block};
+use crate::kernels::kq_panel_avx2::{
+    i16_pair, lanes8, lanes8_ps, q8k_acts, sum16, KPanel8, KPanel8Block,
+};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::load32u;
 
 impl KPanel8 for BlockQ6K {
+    q8k_acts!();
+
     /// Per half `n` of the block, quants `128n + 32k..` (`k = 0..4`: dwords `32n + 8k..`)
     /// put together from `ql` and `qh` per row as `dot_q6k` does (unsigned, 0..63), each
     /// group of eight dwords transposed across the rows; the scales and the offset's
