@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ5K, BlockQ8K};
 
-use crate::kernels::kq_panel::bsum_pair;
+use crate::kernels::kq_panel::{bsum_pair, quad};
 use crate::kernels::kq_panel_avx2::{lanes8, lanes8_ps, q8k_acts, sum16, KPanel8, KPanel8Block};
 use crate::kernels::q0::panel_avx2::PANEL8_ROWS;
 use crate::kernels::x86::avx2::{load32, load32u};
@@ -76,21 +76,81 @@ impl KPanel8 for BlockQ5K {
                     m[a] = _mm256_add_epi32(m[a], _mm256_madd_epi16(mk, bs));
                 }
             }
-            let (d, dmin) = (lanes8_ps(&b.d), lanes8_ps(&b.dmin));
-            // -dmin: the sign flipped (exact, as the scalar `-dmin`).
-            let ndmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0));
-            for a in 0..A {
-                let r = _mm256_fmadd_ps(
-                    ndmin,
-                    _mm256_cvtepi32_ps(m[a]),
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(s[a]), d),
-                );
-                acc[a] = _mm256_fmadd_ps(r, _mm256_set1_ps(yb[a].d), acc[a]);
-            }
+            block_float(&mut acc, b, &s, &m, &yb);
         }
         for a in 0..A {
             // SAFETY: 8 writable f32; storeu is unaligned.
             unsafe { _mm256_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
         }
+    }
+
+    const VNNI: bool = true;
+
+    /// [`Self::tile`]'s integers with `vpdpbusd` (the 5-bit quants are unsigned bytes
+    /// already, the panel block is [`Self::decode_block`]'s): per sub-block `k` the
+    /// exact `dot_k` of each row, one instruction per four quants of the eight rows, then
+    /// `S += sc_k·dot_k` by `vpmulld` (at most 63 · 32 · 31 · 128 in magnitude); `M` and
+    /// the float steps as [`Self::tile`].
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn tile_vnni<const A: usize>(
+        panel: &[KPanel8Block],
+        y: &[&[BlockQ8K]; A],
+        out: &mut [[f32; PANEL8_ROWS]; A],
+    ) {
+        let nb = panel.len();
+        let ys: [&[BlockQ8K]; A] = std::array::from_fn(|a| &y[a][..nb]);
+        let mut acc = [_mm256_setzero_ps(); A];
+        for (i, b) in panel.iter().enumerate() {
+            let yb: [&BlockQ8K; A] = std::array::from_fn(|a| &ys[a][i]);
+            let mut s = [_mm256_setzero_si256(); A];
+            let mut m = [_mm256_setzero_si256(); A];
+            for k in 0..8 {
+                let mut dot = [_mm256_setzero_si256(); A];
+                for t in 8 * k..8 * k + 8 {
+                    // SAFETY: 32 readable bytes, 32-byte aligned.
+                    let w = unsafe { _mm256_load_si256(b.u[t].as_ptr() as *const __m256i) };
+                    for a in 0..A {
+                        dot[a] = _mm256_dpbusd_epi32(dot[a], w, _mm256_set1_epi32(quad(yb[a], t)));
+                    }
+                }
+                // The scale pair's high half: the scale (6 bits, unsigned).
+                let sk = _mm256_srli_epi32::<16>(lanes8(&b.sc[k]));
+                let mk = lanes8(&b.pairs[k]);
+                for a in 0..A {
+                    s[a] = _mm256_add_epi32(s[a], _mm256_mullo_epi32(dot[a], sk));
+                    let bs = _mm256_set1_epi32(bsum_pair(yb[a], k));
+                    m[a] = _mm256_add_epi32(m[a], _mm256_madd_epi16(mk, bs));
+                }
+            }
+            block_float(&mut acc, b, &s, &m, &yb);
+        }
+        for a in 0..A {
+            // SAFETY: 8 writable f32; storeu is unaligned.
+            unsafe { _mm256_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
+        }
+    }
+}
+
+/// A block's float steps for `A` activation rows (`s`, `m`: the exact `S` and `M` of
+/// the eight rows): `r = fma(-dmin, M, S·d)`, then `acc = fma(r, d_a, acc)`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn block_float<const A: usize>(
+    acc: &mut [__m256; A],
+    b: &KPanel8Block,
+    s: &[__m256i; A],
+    m: &[__m256i; A],
+    yb: &[&BlockQ8K; A],
+) {
+    let (d, dmin) = (lanes8_ps(&b.d), lanes8_ps(&b.dmin));
+    // -dmin: the sign flipped (exact, as the scalar `-dmin`).
+    let ndmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0));
+    for a in 0..A {
+        let r = _mm256_fmadd_ps(
+            ndmin,
+            _mm256_cvtepi32_ps(m[a]),
+            _mm256_mul_ps(_mm256_cvtepi32_ps(s[a]), d),
+        );
+        acc[a] = _mm256_fmadd_ps(r, _mm256_set1_ps(yb[a].d), acc[a]);
     }
 }
