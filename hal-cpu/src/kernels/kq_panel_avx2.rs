@@ -19,6 +19,14 @@
 //! block once per four activation rows; here the sums stay in lanes and each block is
 //! decoded once per matmul.
 //!
+//! On AVX-512 VNNI, IQ4_XS, Q2_K, Q3_K and Q5_K have tiles of their own
+//! ([`KPanel8::tile_vnni`]): `vpdpbusd` on the panel's unsigned bytes, the same float
+//! steps. A type whose tile would rearrange each activation block for every panel
+//! arranges the activation rows once per gemm instead ([`KPanel8::Act`]: Q3_K's lanes
+//! of eight); the others read the Q8_K blocks as they are. An expert's panels are
+//! decoded one at a time between its tiles, and the tiles ask for the next panel's
+//! weight rows as they go ([`gemm8`]'s `ahead`), so the decode finds them in cache.
+//!
 //! What the formats share is here (the panel block, the trait, the driver); each
 //! format's decode and tile is in its folder's `panel_avx2.rs` (`q4_k`, `q5_k`, `q6_k`,
 //! `q2_k`, `q3_k`, `iq4_xs`).

@@ -29,7 +29,8 @@
 //!   prompt-batch tile `q4k_tile`, sixteen rows in the lanes), `x16.rs` (the repacked
 //!   layout and its decode kernel `dot_group`).
 //! - `q5_k/`: Q5_K · Q8_K, `avx2.rs`, `vnni.rs`, and `panel_avx2.rs` (its part of
-//!   `kq_panel_avx2.rs`'s prompt-batch panels, every level).
+//!   `kq_panel_avx2.rs`'s prompt-batch panels, every level; a `vpdpbusd` tile on
+//!   AVX-512 VNNI).
 //! - `q6_k/`: Q6_K · Q8_K, as `q4_k/` (`avx2.rs` at the AVX2 and AVX-512 F/BW levels:
 //!   `dot_q6k`, the decode form `dot_q6k_rows4`; `vnni.rs`: `dot_q6k_tiled`,
 //!   `dot_q6k_rows4`, `dot_q6k_rows4_m`).
@@ -42,9 +43,11 @@
 //! - `iq4_nl/`: IQ4_NL · Q8_0; `iq4_xs/`, `q3_k/`, `q2_k/`: IQ4_XS, Q3_K and Q2_K · Q8_K
 //!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile
 //!   of activation rows, every level; the AVX2 level's decode matvec, four weight rows
-//!   against one activation row), `vnni.rs` (the same matvec on AVX-512 VNNI) and, for
-//!   the three Q8_K types, `panel_avx2.rs` (their part of `kq_panel_avx2.rs`'s
-//!   prompt-batch panels, every level), all in the scalar reference's order bit for bit
+//!   against one activation row), `vnni.rs` (the same matvec on AVX-512 VNNI; IQ4_NL's
+//!   also in a form with VBMI byte permutes, `dot_iq4nl_rows4_vbmi`, where the CPU has
+//!   them) and, for the three Q8_K types, `panel_avx2.rs` (their part of
+//!   `kq_panel_avx2.rs`'s prompt-batch panels, every level; Q3_K's activation arranged
+//!   once per gemm, `Q3KAct`), all in the scalar reference's order bit for bit
 //!   (`order_check.rs`: their test helpers).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
