@@ -184,6 +184,34 @@ pub(crate) trait KPanel8: bytemuck::Pod + Sync {
     }
 }
 
+/// One tile of `A` activation rows from `t` (`act(t)`: a row's blocks) against a panel,
+/// into the first `A` rows of `o`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA, and AVX-512 VNNI where `vnni`.
+#[inline]
+unsafe fn tile_n<'a, B: KPanel8, const A: usize>(
+    vnni: bool,
+    blocks: &[KPanel8Block],
+    act: impl Fn(usize) -> &'a [B::Act],
+    t: usize,
+    o: &mut [[f32; PANEL8_ROWS]; COLS],
+) where
+    B::Act: 'a,
+{
+    let y: [&[B::Act]; A] = std::array::from_fn(|a| act(t + a));
+    let mut r = [[0f32; PANEL8_ROWS]; A];
+    // SAFETY: the caller's.
+    unsafe {
+        if vnni {
+            B::tile_vnni::<A>(blocks, &y, &mut r);
+        } else {
+            B::tile::<A>(blocks, &y, &mut r);
+        }
+    }
+    o[..A].copy_from_slice(&r);
+}
+
 /// [`KPanel8::Act`] and [`KPanel8::acts`] of a type whose tiles read the Q8_K blocks as
 /// they are.
 macro_rules! q8k_acts {
@@ -328,7 +356,7 @@ pub(crate) fn gemm8<B: KPanel8>(
     );
     let act = |t: usize| &acts[t * nb..(t + 1) * nb];
     let vnni = vnni_tiles::<B>(level);
-    let tiles = m / COLS + m % COLS;
+    let tiles = m.div_ceil(COLS);
     for p in 0..panels {
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL8_ROWS;
@@ -336,28 +364,17 @@ pub(crate) fn gemm8<B: KPanel8>(
         let mut t = 0;
         let mut tile = p * tiles;
         while t < m {
-            let take = if m - t >= COLS { COLS } else { 1 };
+            let take = COLS.min(m - t);
             ahead.part(tile, panels * tiles).all();
             tile += 1;
             let mut o = [[0f32; PANEL8_ROWS]; COLS];
             // SAFETY (each call): the AVX2 level was checked against the CPU at device
             // open.
             unsafe {
-                if take == COLS {
-                    let y: [&[B::Act]; COLS] = std::array::from_fn(|a| act(t + a));
-                    if vnni {
-                        B::tile_vnni::<COLS>(blocks, &y, &mut o);
-                    } else {
-                        B::tile::<COLS>(blocks, &y, &mut o);
-                    }
-                } else {
-                    let mut o1 = [[0f32; PANEL8_ROWS]; 1];
-                    if vnni {
-                        B::tile_vnni::<1>(blocks, &[act(t)], &mut o1);
-                    } else {
-                        B::tile::<1>(blocks, &[act(t)], &mut o1);
-                    }
-                    o[0] = o1[0];
+                match take {
+                    COLS => tile_n::<B, COLS>(vnni, blocks, act, t, &mut o),
+                    2 => tile_n::<B, 2>(vnni, blocks, act, t, &mut o),
+                    _ => tile_n::<B, 1>(vnni, blocks, act, t, &mut o),
                 }
             }
             for (a, v) in o.iter().enumerate().take(take) {

@@ -158,7 +158,14 @@ fn decode(rows: &[&[BlockIQ4XS]], i: usize, o: &mut KPanel8Block, bias: __m256i)
     for ib in 0..8 {
         let at = 16 * ib;
         // y[p]: rows p (low half) and p + 4 (high half).
-        let y = [0, 1, 2, 3].map(|p| halves(&qs[p + 4][at..], &qs[p][at..]));
+        // (Written out: a closure here is not always inlined, and then passes each
+        // register through memory.)
+        let y = [
+            halves(&qs[4][at..], &qs[0][at..]),
+            halves(&qs[5][at..], &qs[1][at..]),
+            halves(&qs[6][at..], &qs[2][at..]),
+            halves(&qs[7][at..], &qs[3][at..]),
+        ];
         let a01 = _mm256_unpacklo_epi32(y[0], y[1]);
         let b01 = _mm256_unpackhi_epi32(y[0], y[1]);
         let a23 = _mm256_unpacklo_epi32(y[2], y[3]);

@@ -170,13 +170,14 @@ fn arrange(yb: &BlockQ8K) -> Q3KAct {
 fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
     let t = Lanes8::new();
     let zero = _mm256_setzero_si256();
-    let h: [__m256i; PANEL8_ROWS] =
-        std::array::from_fn(|r| rows.get(r).map_or(zero, |row| load32u(&row[i].hmask)));
-    let qs: [[__m256i; 2]; PANEL8_ROWS] = std::array::from_fn(|r| {
-        rows.get(r).map_or([zero; 2], |row| {
-            [load32u(&row[i].qs[..32]), load32u(&row[i].qs[32..])]
-        })
-    });
+    // (Loops, not closures: a closure here is not always inlined, and then passes each
+    // register through memory.)
+    let mut h = [zero; PANEL8_ROWS];
+    let mut qs = [[zero; 2]; PANEL8_ROWS];
+    for (r, row) in rows.iter().enumerate() {
+        h[r] = load32u(&row[i].hmask);
+        qs[r] = [load32u(&row[i].qs[..32]), load32u(&row[i].qs[32..])];
+    }
     // With `scaled`: per row and run, `(u - 4)·sc_g + 127` for u = 0..8 of groups 2m (low
     // 128 bits) and 2m + 1 (high): 3..=255, an unsigned byte.
     let mut tables = [[zero; 8]; PANEL8_ROWS];
@@ -200,7 +201,8 @@ fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
         }
     }
     for m in 0..8 {
-        let runs: [__m256i; PANEL8_ROWS] = std::array::from_fn(|r| {
+        let mut runs = [zero; PANEL8_ROWS];
+        for (r, run) in runs.iter_mut().enumerate() {
             let u = _mm256_or_si256(low2(qs[r][m / 4], m % 4), hbit4(h[r], m));
             // Scaled: each quant looked up in its group's table (groups 2m and 2m + 1,
             // the run's low and high 16 elements).
@@ -209,8 +211,8 @@ fn decode(rows: &[&[BlockQ3K]], i: usize, o: &mut KPanel8Block, scaled: bool) {
             } else {
                 u
             };
-            lanes_of_8(u, t)
-        });
+            *run = lanes_of_8(u, t);
+        }
         o.put_dwords(8 * m, runs);
     }
     let mut sc = [[0i32; PANEL8_ROWS]; 16];
