@@ -322,10 +322,11 @@ pub(crate) fn decode8<B: KPanel8>(
 
 /// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row t)` for the
 /// `n` weight rows decoded in `dec` (panels of `nb` blocks, [`decode8`]) and the
-/// `out.len() / cols.stride` activation rows `acts` (Q8_K, `nb` blocks each), in `B`'s
-/// float order (the row kernels' results, bit for bit): per panel (which stays in L1)
-/// tiles of [`COLS`] activation rows, the rest one at a time. Each tile first asks for
-/// its share of the cache lines of `ahead` (the weight rows decoded next, if any).
+/// `out.len() / cols.stride` activation rows `acts` (`nb` blocks each, as
+/// [`KPanel8::acts`] gives them), in `B`'s float order (the row kernels' results, bit for
+/// bit): per panel (which stays in L1) tiles of [`COLS`] activation rows, the last one or
+/// two rows in one tile. Each tile first asks for its share of the cache lines of `ahead`
+/// (the weight rows decoded next, if any).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm8<B: KPanel8>(
     level: SimdLevel,
