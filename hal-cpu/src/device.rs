@@ -308,10 +308,12 @@ impl Device for CpuDevice {
             format!(" (AMX not used: {})", self.amx_reason)
         };
         // A sub-feature some kernels of the level take where the CPU has it.
-        let vbmi = if self.level == SimdLevel::Avx512Vnni && crate::simd::has_vbmi() {
-            " + VBMI (IQ4_NL decode)"
-        } else {
-            ""
+        let vbmi = match self.level == SimdLevel::Avx512Vnni {
+            true if crate::simd::has_vbmi_gfni() => {
+                " + VBMI (IQ4_NL, Q3_K decode) + GFNI (Q3_K decode)"
+            }
+            true if crate::simd::has_vbmi() => " + VBMI (IQ4_NL decode)",
+            _ => "",
         };
         format!(
             "host CPU, {} threads, SIMD {}{vbmi}{layout}{order}{amx}, no NEON",

@@ -122,6 +122,20 @@ pub(crate) fn has_vbmi() -> bool {
     }
 }
 
+/// Whether this CPU has both AVX-512 VBMI and GFNI (`vgf2p8affineqb`: any bit
+/// permutation within each byte), which the Q3_K decode kernel of the AVX-512 VNNI level
+/// takes where both are present (Ice Lake and later, Zen 4). Cached by `std`.
+pub(crate) fn has_vbmi_gfni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_vbmi() && std::arch::is_x86_feature_detected!("gfni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl fmt::Display for SimdLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -2561,7 +2561,11 @@ pub(crate) fn matvec_rows(
                         &view::<BlockQ3K>(w),
                         y,
                         o,
-                        q3_k::vnni::dot_q3k_rows4,
+                        if crate::simd::has_vbmi_gfni() {
+                            q3_k::vnni::dot_q3k_rows4_vbmi
+                        } else {
+                            q3_k::vnni::dot_q3k_rows4
+                        },
                         q3_k::avx2::dot_q3k_row,
                     ),
                     GgmlType::Q2_K => rows4(

@@ -44,7 +44,8 @@
 //!   (the low-bit mixes' expert types): `avx2.rs` each (one weight row against a tile
 //!   of activation rows, every level; the AVX2 level's decode matvec, four weight rows
 //!   against one activation row), `vnni.rs` (the same matvec on AVX-512 VNNI; IQ4_NL's
-//!   also in a form with VBMI byte permutes, `dot_iq4nl_rows4_vbmi`, where the CPU has
+//!   also in a form with VBMI byte permutes, `dot_iq4nl_rows4_vbmi`, and Q3_K's with
+//!   VBMI byte permutes and GFNI bit moves, `dot_q3k_rows4_vbmi`, where the CPU has
 //!   them) and, for the three Q8_K types, `panel_avx2.rs` (their part of
 //!   `kq_panel_avx2.rs`'s prompt-batch panels, every level; Q3_K's activation arranged
 //!   once per gemm, `Q3KAct`), all in the scalar reference's order bit for bit
