@@ -19,7 +19,7 @@
 //! by `2s` of the 64 packed low-bit bytes decodes the low bits of both runs, and one
 //! rotation of the hmask bytes (in both halves) their high bits (hmask bits `s` and
 //! `s + 4`). Each half is transposed as `avx2.rs`'s `lanes_of_8` (a dword permutation,
-//! then [`transpose`]: i32 lane `l` holds elements `l, l + 8` of the first group and
+//! then the 4 x 4 byte transposition [`T4`]: i32 lane `l` holds elements `l, l + 8` of the first group and
 //! `l, l + 8` of the second); the packed bytes are transposed before decoding (decoding
 //! is bytewise), the activations once per block for the four rows. The biased quants
 //! `u = q + 4 = low | hbit << 2` (0..=7, unsigned) go through `vpmaddubsw`, less the
@@ -27,13 +27,16 @@
 //! sums; `vpdpwssds` weights them by their groups' scales and adds them into the row's
 //! i32 lanes (the saturating form, which never saturates here: `|A_l| < 2^20`).
 //!
-//! Two kernels compute it, from one body ([`rows4_kernel`]): [`dot_q3k_rows4`] with dword
+//! Two kernels compute it, from one body (the macro `rows4_kernel`): [`dot_q3k_rows4`] with dword
 //! permutes, `vpshufb` and shift / mask / rotate decoding ([`Shuffles`]), and, where the
 //! CPU has AVX-512 VBMI and GFNI (`crate::simd::has_vbmi_gfni`), [`dot_q3k_rows4_vbmi`]
-//! with each transposition one byte permute and each run's field extraction one
-//! `vgf2p8affineqb` per source ([`BytePerms`]): about 30 fewer vector instructions a
-//! block of four rows (~170 against ~200), which matters because the kernel is bound by
-//! the vector ALU ports rather than by memory on a 2-core Xeon.
+//! ([`BytePerms`]): each transposition one byte permute, the quants' fields moved by
+//! `vgf2p8affineqb` bit transforms, and the runs interleaved lane by lane instead of by
+//! halves so that each scale vector is a broadcast load rather than a `vpermd`. The
+//! kernel is bound by the vector ALU ports (the shuffle port most), not by memory, on
+//! the 2-core Xeon it was tuned on: the VBMI form issues about 130 vector ALU operations
+//! a block of four rows where the other issues about 170 (about 15% faster on one core,
+//! the weight in cache, `lowbit/Q3_K`).
 
 use std::arch::x86_64::*;
 
@@ -64,19 +67,6 @@ const PAIR: [i32; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 16, 18, 20, 22, 17, 19, 21, 23]
 /// each 128-bit lane. After a dword permutation above, in each 256-bit half i32 lane `l`
 /// holds the half's bytes `l, l + 8, l + 16, l + 24`.
 const T4: [i8; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-
-/// The byte indices of a dword permutation `dw` followed by [`T4`]: the same
-/// transposition in one `vpermb` (`vpermt2b` where `dw` names a second table).
-const fn bytes_of(dw: [i32; 16]) -> [u8; 64] {
-    let mut out = [0u8; 64];
-    let mut b = 0;
-    while b < 64 {
-        let t = T4[b % 16] as usize;
-        out[b] = (4 * dw[4 * (b / 16) + t / 4] + (t % 4) as i32) as u8;
-        b += 1;
-    }
-    out
-}
 
 /// `vpermw` indices picking the f16 `d` (word 7 of each row's 128-bit lane of the
 /// headers, see [`heads`]) of rows 0, 1, 2, 3, eight times each.
@@ -169,11 +159,6 @@ struct Consts {
     /// Those of the scale bytes 8..12 in each dword.
     high_src: __m512i,
     four: __m512i,
-    /// Per run pair `s`, even / odd row: `vpermd` indices of the row's scale pair
-    /// `(2s, 2s + 1)` in the low half and `(2s + 8, 2s + 9)` in the high half, from a
-    /// register holding the even row's 16 i16 scales in its low half and the odd row's in
-    /// its high half.
-    sc_idx: [[__m512i; 2]; 4],
 }
 
 impl Consts {
@@ -195,15 +180,13 @@ impl Consts {
             low_src,
             high_src,
             four: _mm512_set1_epi8(4),
-            sc_idx: [
-                [halves_of(0, 4), halves_of(8, 12)],
-                [halves_of(1, 5), halves_of(9, 13)],
-                [halves_of(2, 6), halves_of(10, 14)],
-                [halves_of(3, 7), halves_of(11, 15)],
-            ],
         }
     }
 }
+
+/// The i16 scale pairs of a block's four rows in the layout [`BytePerms`]'s registers
+/// take, written once per block and read back as broadcasts (see [`BytePerms::row_scales`]).
+type ScaleBuf = [i64; 16];
 
 /// The transpositions and the decode of [`dot_q3k_rows4`]: dword permutes and
 /// `vpshufb` (AVX-512 F/BW), the quants' fields by shifts, masks and rotations.
@@ -217,6 +200,11 @@ struct Shuffles {
     /// Per run pair `s`: `vprorvd` counts that bring hmask bit `s` (low half) and `s + 4`
     /// (high half) of each byte to its bit 2.
     rot: [__m512i; 4],
+    /// Per run pair `s`, even / odd row: `vpermd` indices of the row's scale pair
+    /// `(2s, 2s + 1)` in the low half and `(2s + 8, 2s + 9)` in the high half, from a
+    /// register holding the even row's 16 i16 scales in its low half and the odd row's in
+    /// its high half.
+    sc_idx: [[__m512i; 2]; 4],
 }
 
 impl Shuffles {
@@ -240,7 +228,47 @@ impl Shuffles {
                 halves_of(0, 4),
                 halves_of(1, 5),
             ],
+            sc_idx: [
+                [halves_of(0, 4), halves_of(8, 12)],
+                [halves_of(1, 5), halves_of(9, 13)],
+                [halves_of(2, 6), halves_of(10, 14)],
+                [halves_of(3, 7), halves_of(11, 15)],
+            ],
         }
+    }
+
+    /// Rows (0, 1) and (2, 3) of [`scales`] `sc` as i16, the even row's in the low half.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn scale_set(&self, sc: __m512i, _: &mut ScaleBuf) -> [__m512i; 2] {
+        [
+            _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc)),
+            _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(sc)),
+        ]
+    }
+
+    /// Row `r`'s scale pair of each run pair `s` in every i32 lane of its half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn row_scales(&self, w: &[__m512i; 2], _: &ScaleBuf, r: usize) -> [__m512i; 4] {
+        let (w, odd) = (w[r / 2], r % 2);
+        [
+            _mm512_permutexvar_epi32(self.sc_idx[0][odd], w),
+            _mm512_permutexvar_epi32(self.sc_idx[1][odd], w),
+            _mm512_permutexvar_epi32(self.sc_idx[2][odd], w),
+            _mm512_permutexvar_epi32(self.sc_idx[3][odd], w),
+        ]
+    }
+
+    /// Rows `(a, b)`'s i32 lanes (rows of [`row_sum`]) as lanes 0..8 and 8..16: a row's
+    /// lane `l` is its two halves' dwords `l` added.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn pair_lanes(&self, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0x44>(a, b),
+            _mm512_shuffle_i64x2::<0xEE>(a, b),
+        )
     }
 
     /// Run pair `s` of an activation block (run `s` in the low half, run `s + 4` in the
@@ -296,17 +324,32 @@ impl Shuffles {
     }
 }
 
-/// The same as [`Shuffles`] with AVX-512 VBMI and GFNI: each transposition one `vpermb`
-/// (`vpermt2b` for the activations), each run's `u` two affine bit transforms
-/// (`vgf2p8affineqb`: the low bits `2s, 2s + 1` of a packed byte to bits 0, 1, hmask bit
-/// `s` or `s + 4` to bit 2, every other bit cleared) and an `or`.
+/// The same as [`Shuffles`] with AVX-512 VBMI and GFNI, in another register layout: run
+/// `s` in the even i32 lanes and run `s + 4` in the odd ones (lane `2l` and `2l + 1`: the
+/// row's lane `l`), so that a row's scale pairs of a run pair are one 64-bit broadcast
+/// from memory (a load, where the halves' layout takes a `vpermd` on the shuffle port,
+/// the port this kernel is bound by). Each transposition is one `vpermb` (`vpermt2b` for
+/// the activations); the fields move by affine bit transforms (`vgf2p8affineqb`, any bit
+/// permutation within each byte): the hmask bits of the four runs into place in one (the
+/// odd lanes' bits shifted down by 4 first), two selects (`vpternlogd`) pack each pair of
+/// runs' six bits into one byte, and one transform per run picks its `u` out of it.
 struct BytePerms {
     q_idx: __m512i,
     h_idx: __m512i,
     a_idx: __m512i,
-    /// Per run pair `s`: the bit matrices picking the low bits and the high bit.
-    gq: [__m512i; 4],
-    gh: [__m512i; 4],
+    /// 0 in the even i32 lanes, 4 in the odd ones (hmask bits `s + 4` down to `s`).
+    h_shift: __m512i,
+    /// Hmask bits 0, 1 (runs 0, 1) to bits 4, 5 and 2, 3 (runs 2, 3) to bits 0, 1.
+    gh: __m512i,
+    low_nibbles: __m512i,
+    high_nibbles: __m512i,
+    /// Per run pair `s`: its `u` out of the packed byte of runs 0, 1 (`s` < 2) or 2, 3.
+    gu: [__m512i; 4],
+    /// `vpshufb` indices putting each row's scales in the order of [`ScaleBuf`]'s
+    /// 64-bit words: `(2s, 2s + 1, 2s + 8, 2s + 9)` for `s` in 0..4.
+    sc_order: __m512i,
+    even: __m512i,
+    odd: __m512i,
 }
 
 /// A `vgf2p8affineqb` matrix (one qword) setting output bit `to` of each byte to its input
@@ -315,32 +358,57 @@ const fn bit_move(from: u32, to: u32) -> i64 {
     ((1i64 << from) & 0xFF) << (8 * (7 - to))
 }
 
+/// [`BytePerms`]'s byte indices: i32 lane `2l + o`, byte `k` takes source byte
+/// `l + 8k`, plus `second` where `o` is 1.
+const fn interleaved(second: u8) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    let mut b = 0;
+    while b < 64 {
+        let (lane, k) = (b / 4, b % 4);
+        out[b] = (lane / 2 + 8 * k) as u8 + if lane % 2 == 1 { second } else { 0 };
+        b += 1;
+    }
+    out
+}
+
 impl BytePerms {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn new() -> Self {
-        const Q: [u8; 64] = bytes_of(HALVES);
-        const H: [u8; 64] = bytes_of(BOTH);
-        const A: [u8; 64] = bytes_of(PAIR);
+        // Low bits of runs s + 4 in qs[32..]; hmask bits of both runs in one byte;
+        // activation run s + 4 in `vpermt2b`'s second table.
+        const Q: [u8; 64] = interleaved(32);
+        const H: [u8; 64] = interleaved(0);
+        const A: [u8; 64] = interleaved(64);
+        const SC: [i8; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
         BytePerms {
             q_idx: idx64(&Q),
             h_idx: idx64(&H),
             a_idx: idx64(&A),
-            gq: std::array::from_fn(|s| {
-                let s = s as u32;
-                _mm512_set1_epi64(bit_move(2 * s, 0) | bit_move(2 * s + 1, 1))
+            h_shift: _mm512_set1_epi64(4 << 32),
+            gh: _mm512_set1_epi64(
+                bit_move(0, 4) | bit_move(1, 5) | bit_move(2, 0) | bit_move(3, 1),
+            ),
+            low_nibbles: _mm512_set1_epi8(0x0F),
+            high_nibbles: _mm512_set1_epi8(0xF0u8 as i8),
+            // Packed byte of runs 0, 1: low bits in bits 0..4, high bits in 4, 5; of runs
+            // 2, 3: low bits in bits 4..8, high bits in 0, 1.
+            gu: [
+                _mm512_set1_epi64(bit_move(0, 0) | bit_move(1, 1) | bit_move(4, 2)),
+                _mm512_set1_epi64(bit_move(2, 0) | bit_move(3, 1) | bit_move(5, 2)),
+                _mm512_set1_epi64(bit_move(4, 0) | bit_move(5, 1) | bit_move(0, 2)),
+                _mm512_set1_epi64(bit_move(6, 0) | bit_move(7, 1) | bit_move(1, 2)),
+            ],
+            // SAFETY: 16 readable bytes; loadu is unaligned.
+            sc_order: _mm512_broadcast_i32x4(unsafe {
+                _mm_loadu_si128(SC.as_ptr() as *const __m128i)
             }),
-            gh: std::array::from_fn(|s| {
-                let s = s as u32;
-                _mm512_inserti64x4::<1>(
-                    _mm512_set1_epi64(bit_move(s, 2)),
-                    _mm256_set1_epi64x(bit_move(s + 4, 2)),
-                )
-            }),
+            even: idx16(&[0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]),
+            odd: idx16(&[1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]),
         }
     }
 
-    /// As [`Shuffles::act`].
+    /// As [`Shuffles::act`], in this layout.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
     fn act(&self, yb: &BlockQ8K, s: usize) -> __m512i {
@@ -348,27 +416,68 @@ impl BytePerms {
         _mm512_permutex2var_epi8(low256(lo), self.a_idx, low256(hi))
     }
 
-    /// As [`Shuffles::quants`].
+    /// As [`Shuffles::quants`], in this layout.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
     fn quants(&self, b: &BlockQ3K) -> [__m512i; 4] {
         let q = _mm512_permutexvar_epi8(self.q_idx, load64(&b.qs));
-        let h = _mm512_permutexvar_epi8(self.h_idx, low256(&b.hmask));
+        let h = _mm512_srlv_epi32(
+            _mm512_permutexvar_epi8(self.h_idx, low256(&b.hmask)),
+            self.h_shift,
+        );
+        let h = _mm512_gf2p8affine_epi64_epi8::<0>(h, self.gh);
+        // `c ? a : b` bit by bit: the packed low bits where the mask is set.
+        let x = _mm512_ternarylogic_epi32::<0xE4>(q, h, self.low_nibbles);
+        let y = _mm512_ternarylogic_epi32::<0xE4>(q, h, self.high_nibbles);
         [
-            self.biased(q, h, 0),
-            self.biased(q, h, 1),
-            self.biased(q, h, 2),
-            self.biased(q, h, 3),
+            _mm512_gf2p8affine_epi64_epi8::<0>(x, self.gu[0]),
+            _mm512_gf2p8affine_epi64_epi8::<0>(x, self.gu[1]),
+            _mm512_gf2p8affine_epi64_epi8::<0>(y, self.gu[2]),
+            _mm512_gf2p8affine_epi64_epi8::<0>(y, self.gu[3]),
         ]
     }
 
-    /// `u` of run pair `s`: its low bits and its high bit moved into place, or-ed.
+    /// [`scales`] `sc` as i16 into `buf` (row `r`, run pair `s`: the 64-bit word
+    /// `4r + s`).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn biased(&self, q: __m512i, h: __m512i, s: usize) -> __m512i {
-        _mm512_or_si512(
-            _mm512_gf2p8affine_epi64_epi8::<0>(q, self.gq[s]),
-            _mm512_gf2p8affine_epi64_epi8::<0>(h, self.gh[s]),
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn scale_set(&self, sc: __m512i, buf: &mut ScaleBuf) -> [__m512i; 2] {
+        let sc = _mm512_shuffle_epi8(sc, self.sc_order);
+        // SAFETY: `buf` is 128 writable bytes; storeu is unaligned.
+        unsafe {
+            let p = buf.as_mut_ptr() as *mut __m512i;
+            _mm512_storeu_si512(p, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc)));
+            _mm512_storeu_si512(
+                p.add(1),
+                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(sc)),
+            );
+        }
+        [_mm512_setzero_si512(); 2]
+    }
+
+    /// Row `r`'s scale pairs of each run pair `s`: run `s`'s in the even i32 lanes, run
+    /// `s + 4`'s in the odd ones (a broadcast load each).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn row_scales(&self, _: &[__m512i; 2], buf: &ScaleBuf, r: usize) -> [__m512i; 4] {
+        // Read from memory (LLVM would otherwise shuffle each word out of the registers
+        // it stored).
+        let buf = std::hint::black_box(buf);
+        [
+            _mm512_set1_epi64(buf[4 * r]),
+            _mm512_set1_epi64(buf[4 * r + 1]),
+            _mm512_set1_epi64(buf[4 * r + 2]),
+            _mm512_set1_epi64(buf[4 * r + 3]),
+        ]
+    }
+
+    /// As [`Shuffles::pair_lanes`]: a row's lane `l` is its dwords `2l` and `2l + 1` added.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn pair_lanes(&self, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(
+            _mm512_permutex2var_epi32(a, self.even, b),
+            _mm512_permutex2var_epi32(a, self.odd, b),
         )
     }
 }
@@ -388,21 +497,13 @@ fn act_runs(yb: &BlockQ8K, s: usize) -> (&[u8], &[u8]) {
 /// half, lane `l` holds that half's part of `A_l`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn row_sum(
-    u: [__m512i; 4],
-    k: &Consts,
-    ya: &[__m512i; 4],
-    bias: &[__m512i; 4],
-    w: __m512i,
-    odd: usize,
-) -> __m512i {
+fn row_sum(u: [__m512i; 4], ya: &[__m512i; 4], bias: &[__m512i; 4], scs: [__m512i; 4]) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for s in 0..4 {
         let p = _mm512_sub_epi16(_mm512_maddubs_epi16(u[s], ya[s]), bias[s]);
-        let scs = _mm512_permutexvar_epi32(k.sc_idx[s][odd], w);
         // Saturating form: LLVM splits a chain of plain `vpdpwssd` into `vpmaddwd` and
         // `vpaddd` (two instructions), and no sum here comes near saturation.
-        acc = _mm512_dpwssds_epi32(acc, p, scs);
+        acc = _mm512_dpwssds_epi32(acc, p, scs[s]);
     }
     acc
 }
@@ -429,6 +530,7 @@ macro_rules! rows4_kernel {
             let p = std::hint::black_box($perms::new());
             let four = k.four;
             let mut lanes = [_mm512_setzero_ps(); 2];
+            let mut buf: ScaleBuf = [0; 16];
             for (i, yb) in y.iter().enumerate() {
                 for xs in &x {
                     prefetch_stream(xs, i + PREFETCH_AHEAD);
@@ -443,24 +545,13 @@ macro_rules! rows4_kernel {
                 ];
                 let z = heads(&x, i);
                 let sc = scales(z, &k);
-                // Rows (0, 1) and (2, 3): i16 scales, the even row's in the low half.
-                let w01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc));
-                let w23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(sc));
-                let a0 = row_sum(p.quants(&x[0][i]), &k, &ya, &bias, w01, 0);
-                let a1 = row_sum(p.quants(&x[1][i]), &k, &ya, &bias, w01, 1);
-                let a2 = row_sum(p.quants(&x[2][i]), &k, &ya, &bias, w23, 0);
-                let a3 = row_sum(p.quants(&x[3][i]), &k, &ya, &bias, w23, 1);
-                // Rows (0, 1) and (2, 3): a row's lane l = its two halves' dwords l added.
-                let ints = [
-                    _mm512_add_epi32(
-                        _mm512_shuffle_i64x2::<0x44>(a0, a1),
-                        _mm512_shuffle_i64x2::<0xEE>(a0, a1),
-                    ),
-                    _mm512_add_epi32(
-                        _mm512_shuffle_i64x2::<0x44>(a2, a3),
-                        _mm512_shuffle_i64x2::<0xEE>(a2, a3),
-                    ),
-                ];
+                let w = p.scale_set(sc, &mut buf);
+                let a0 = row_sum(p.quants(&x[0][i]), &ya, &bias, p.row_scales(&w, &buf, 0));
+                let a1 = row_sum(p.quants(&x[1][i]), &ya, &bias, p.row_scales(&w, &buf, 1));
+                let a2 = row_sum(p.quants(&x[2][i]), &ya, &bias, p.row_scales(&w, &buf, 2));
+                let a3 = row_sum(p.quants(&x[3][i]), &ya, &bias, p.row_scales(&w, &buf, 3));
+                // Rows (0, 1) and (2, 3), each row's eight lanes.
+                let ints = [p.pair_lanes(a0, a1), p.pair_lanes(a2, a3)];
                 // f16(d_w) * d_a of each row, eight times.
                 let dh = _mm512_permutexvar_epi16(d_idx, z);
                 let dy = _mm512_set1_ps(yb.d);
