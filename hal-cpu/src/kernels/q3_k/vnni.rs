@@ -210,31 +210,38 @@ struct Shuffles {
 impl Shuffles {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn new() -> Self {
-        Shuffles {
-            halves: idx16(&HALVES),
-            both: idx16(&BOTH),
-            pair: idx16(&PAIR),
-            // SAFETY: 16 readable bytes; loadu is unaligned.
-            t4: _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(T4.as_ptr() as *const __m128i) }),
-            m3: _mm512_set1_epi8(3),
-            four: _mm512_set1_epi8(4),
-            // Rotated right by c, bit 8j + 2 of a dword (bit 2 of byte j) takes its bit
-            // 8j + 2 + c (mod 32): c = s - 2 (mod 32) in the low half, s + 2 in the high
-            // half.
-            rot: [
-                halves_of(30, 2),
-                halves_of(31, 3),
-                halves_of(0, 4),
-                halves_of(1, 5),
-            ],
-            sc_idx: [
-                [halves_of(0, 4), halves_of(8, 12)],
-                [halves_of(1, 5), halves_of(9, 13)],
-                [halves_of(2, 6), halves_of(10, 14)],
-                [halves_of(3, 7), halves_of(11, 15)],
-            ],
-        }
+    fn new() -> (Consts, Self) {
+        // Opaque to the optimiser: with the indices known, LLVM lowers each scale and
+        // transposition `vpermd` (and a `vpshufb` of `scales`) to two shuffles.
+        std::hint::black_box((
+            Consts::new(),
+            Shuffles {
+                halves: idx16(&HALVES),
+                both: idx16(&BOTH),
+                pair: idx16(&PAIR),
+                // SAFETY: 16 readable bytes; loadu is unaligned.
+                t4: _mm512_broadcast_i32x4(unsafe {
+                    _mm_loadu_si128(T4.as_ptr() as *const __m128i)
+                }),
+                m3: _mm512_set1_epi8(3),
+                four: _mm512_set1_epi8(4),
+                // Rotated right by c, bit 8j + 2 of a dword (bit 2 of byte j) takes its bit
+                // 8j + 2 + c (mod 32): c = s - 2 (mod 32) in the low half, s + 2 in the high
+                // half.
+                rot: [
+                    halves_of(30, 2),
+                    halves_of(31, 3),
+                    halves_of(0, 4),
+                    halves_of(1, 5),
+                ],
+                sc_idx: [
+                    [halves_of(0, 4), halves_of(8, 12)],
+                    [halves_of(1, 5), halves_of(9, 13)],
+                    [halves_of(2, 6), halves_of(10, 14)],
+                    [halves_of(3, 7), halves_of(11, 15)],
+                ],
+            },
+        ))
     }
 
     /// Rows (0, 1) and (2, 3) of [`scales`] `sc` as i16, the even row's in the low half.
@@ -374,14 +381,17 @@ const fn interleaved(second: u8) -> [u8; 64] {
 impl BytePerms {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn new() -> Self {
+    fn new() -> (Consts, Self) {
+        // Not through `black_box` (which puts every constant through the stack at each
+        // call): LLVM keeps these permutes as written, and a call's prologue counts where
+        // rows are a few blocks long (a Qwen3 MoE expert's down rows: 3 blocks).
         // Low bits of runs s + 4 in qs[32..]; hmask bits of both runs in one byte;
         // activation run s + 4 in `vpermt2b`'s second table.
         const Q: [u8; 64] = interleaved(32);
         const H: [u8; 64] = interleaved(0);
         const A: [u8; 64] = interleaved(64);
         const SC: [i8; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
-        BytePerms {
+        let p = BytePerms {
             q_idx: idx64(&Q),
             h_idx: idx64(&H),
             a_idx: idx64(&A),
@@ -405,7 +415,8 @@ impl BytePerms {
             }),
             even: idx16(&[0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]),
             odd: idx16(&[1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]),
-        }
+        };
+        (Consts::new(), p)
     }
 
     /// As [`Shuffles::act`], in this layout.
@@ -524,10 +535,7 @@ macro_rules! rows4_kernel {
             }
             // SAFETY: 32 readable i16; loadu is unaligned.
             let d_idx = unsafe { _mm512_loadu_si512(D_IDX.as_ptr() as *const __m512i) };
-            // Opaque to the optimiser: with the indices known, LLVM lowers each scale
-            // `vpermd` (and a `vpshufb` of `scales`) to two shuffles.
-            let k = std::hint::black_box(Consts::new());
-            let p = std::hint::black_box($perms::new());
+            let (k, p) = $perms::new();
             let four = k.four;
             let mut lanes = [_mm512_setzero_ps(); 2];
             let mut buf: ScaleBuf = [0; 16];
