@@ -2712,20 +2712,30 @@ pub(crate) fn matvec_rows(
                     iq4_xs::avx2::dot_iq4xs_rows4,
                     iq4_xs::avx2::dot_iq4xs_row,
                 ),
-                GgmlType::Q3_K => rows4(
-                    &view::<BlockQ3K>(w),
-                    &a[act_row * nbk..(act_row + 1) * nbk],
-                    o,
-                    q3_k::avx2::dot_q3k_rows4,
-                    q3_k::avx2::dot_q3k_row,
-                ),
-                GgmlType::Q2_K => rows4(
-                    &view::<BlockQ2K>(w),
-                    &a[act_row * nbk..(act_row + 1) * nbk],
-                    o,
-                    q2_k::avx2::dot_q2k_rows4,
-                    q2_k::avx2::dot_q2k_row,
-                ),
+                GgmlType::Q3_K => {
+                    // The activation row arranged once for the chunk (`Q8KLanes`).
+                    let mut y = Vec::with_capacity(nbk);
+                    q3_k::avx2::Q8KLanes::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
+                    rows4(
+                        &view::<BlockQ3K>(w),
+                        &y,
+                        o,
+                        q3_k::avx2::dot_q3k_rows4,
+                        q3_k::avx2::dot_q3k_row_lanes,
+                    )
+                }
+                GgmlType::Q2_K => {
+                    // The activation row arranged once for the chunk (`Q8KWords`).
+                    let mut y = Vec::with_capacity(nbk);
+                    q2_k::avx2::Q8KWords::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
+                    rows4(
+                        &view::<BlockQ2K>(w),
+                        &y,
+                        o,
+                        q2_k::avx2::dot_q2k_rows4,
+                        q2_k::avx2::dot_q2k_row_words,
+                    )
+                }
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {

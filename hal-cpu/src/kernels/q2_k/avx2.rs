@@ -84,71 +84,119 @@ pub(crate) fn dot_q2k<const R: usize>(x: &[BlockQ2K], y: &[&[BlockQ8K]; R], out:
 /// stream (84-byte blocks), past the row's end (as the AVX-512 VNNI kernel).
 const PREFETCH_AHEAD: usize = 12;
 
-/// `vpshufb` controls of run `m` (see [`dot_q2k`]): scale byte `2m` zero-extended into
-/// every i16 lane of the low 128-bit half, byte `2m + 1` into the high half.
-const RUN_SCALES: [[i8; 32]; 8] = {
-    let mut t = [[0i8; 32]; 8];
-    let mut m = 0;
-    while m < 8 {
-        let mut b = 0;
-        while b < 16 {
-            let (lo, hi) = if b % 2 == 0 {
-                ((2 * m) as i8, (2 * m + 1) as i8)
-            } else {
-                (-128, -128)
-            };
-            t[m][b] = lo;
-            t[m][16 + b] = hi;
-            b += 1;
-        }
-        m += 1;
-    }
-    t
-};
+/// A Q8_K activation block arranged for [`dot_q2k_rows4`], once per matvec chunk: each
+/// run of 32 quants (groups `2m` and `2m + 1`) with its 16-bit words interleaved, word
+/// `2i` the first group's word `i` and word `2i + 1` the second group's, so that every
+/// dword pairs one word of each group and a run's two scales are one broadcast dword.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q8KWords {
+    qs: [[i8; 32]; 8],
+    bsums: [i16; 16],
+    d: f32,
+}
 
-/// Four Q2_K weight rows (`x`, each `y.len()` blocks) · one Q8_K activation row: `out[r]`
-/// is row `r`'s dot product, bit for bit [`dot_q2k`]`::<1>` of that row (and so the
-/// scalar reference's), the decode kernel of this level.
+impl Q8KWords {
+    /// `y`'s blocks arranged, into `out` (cleared first).
+    pub(crate) fn arrange(y: &[BlockQ8K], out: &mut Vec<Q8KWords>) {
+        out.clear();
+        out.extend(y.iter().map(|b| {
+            let mut qs = [[0i8; 32]; 8];
+            for (m, run) in qs.iter_mut().enumerate() {
+                let src = &b.qs[32 * m..32 * m + 32];
+                for i in 0..8 {
+                    run[4 * i..4 * i + 2].copy_from_slice(&src[2 * i..2 * i + 2]);
+                    run[4 * i + 2..4 * i + 4].copy_from_slice(&src[16 + 2 * i..16 + 2 * i + 2]);
+                }
+            }
+            Q8KWords {
+                qs,
+                bsums: b.bsums,
+                d: b.d,
+            }
+        }));
+    }
+}
+
+/// 32-byte alignment for a buffer of broadcast sources.
+#[repr(C, align(32))]
+struct Aligned<T>(T);
+
+/// 32 weight bytes (a run's element order, groups `2m` in bytes 0..16 and `2m + 1` in
+/// 16..32) in [`Q8KWords`]'s order: quadwords `0, 2, 1, 3` (each 128-bit half now holds
+/// four words of each group), then the words interleaved within each half.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn words(v: __m256i, ctl: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(_mm256_permute4x64_epi64::<0b11_01_10_00>(v), ctl)
+}
+
+/// Four Q2_K weight rows (`x`, each `y.len()` blocks) · one arranged Q8_K activation
+/// row: `out[r]` is row `r`'s dot product, bit for bit [`dot_q2k`]`::<1>` of that row
+/// (and so the scalar reference's), the decode kernel of this level.
 ///
-/// Per row and block: the 2-bit planes `j` = 1 and 3 are taken as `4q` (masked in place,
-/// unshifted) and planes 0 and 2 weighted by their scales times 4, so that every run adds
-/// `4 sc dot` (one shift and four masks decode 32 bytes); the mins against the block sums
-/// in one `vpmaddwd`. The four rows' `4I` and `M` lanes are reduced together
-/// ([`reduce8`]), `4I` shifted down (exact), and the float steps run in the lanes of one
-/// vector, one row per lane. The caller passes rows far apart (each stream is
-/// prefetched [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
+/// Per row and block: the 64 quant bytes put in [`Q8KWords`]'s order ([`words`], two
+/// shuffles a row-block, where a scale vector per run took eight), the 2-bit planes
+/// `j` = 1 and 3 taken as `4q` (masked in place, unshifted) and planes 0 and 2 weighted
+/// by their scales times 4, so that every run adds `4 sc dot`; each run's scale pair is
+/// one dword broadcast from memory (a load, not a shuffle). The mins against the block
+/// sums in one `vpmaddwd`. The four rows' `4I` and `M` lanes are reduced together
+/// ([`reduce8`]) as `[4I_0, M_0, 4I_1, M_1, ..]`, against the rows' `[d, dmin]` pairs
+/// (one dword each, broadcast and blended: no shuffle-port inserts), each row's float
+/// steps in an even lane. The caller passes rows far apart (each stream is prefetched
+/// [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
 ///
 /// # Panics
 /// If a weight row's length differs from the activation row's.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[Q8KWords], out: &mut [f32; 4]) {
     let nb = y.len();
     for xs in &x {
         assert_eq!(xs.len(), nb, "dot_q2k_rows4: lengths");
     }
     let m3 = _mm256_set1_epi8(3);
     let m12 = _mm256_set1_epi8(12);
-    let m4 = _mm_set1_epi8(0x0F);
-    let down = _mm256_setr_epi32(2, 2, 2, 2, 0, 0, 0, 0);
-    // Lane r: row r's sum.
-    let mut acc = _mm_setzero_ps();
+    let m4 = _mm256_set1_epi16(0x0F);
+    let ctl = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+    ));
+    let down = _mm256_setr_epi32(2, 0, 2, 0, 2, 0, 2, 0);
+    // Lane 2r: row r's sum.
+    let mut acc = _mm256_setzero_ps();
     for (i, yb) in y.iter().enumerate() {
         for xs in &x {
             prefetch_stream(xs, i + PREFETCH_AHEAD);
         }
-        let bs = load_bsums(yb);
+        // SAFETY: `bsums` is 16 i16 = 32 readable bytes; loadu is unaligned.
+        let bs = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
         let mut v = [_mm256_setzero_si256(); 8];
         for r in 0..4 {
             let b = &x[r][i];
             // SAFETY: `scales` is 16 readable bytes; loadu is unaligned.
-            let sc8 = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
-            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc8), m4));
-            let s1 = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m4));
-            // Each scale at most 15: times 4 stays in its byte.
-            let s4 = _mm256_slli_epi16::<2>(s1);
+            let w16 = _mm256_cvtepu8_epi16(unsafe {
+                _mm_loadu_si128(b.scales.as_ptr() as *const __m128i)
+            });
+            let s1 = _mm256_and_si256(w16, m4);
+            let mins = _mm256_srli_epi16::<4>(w16);
+            // The scales as i16 (`sc[..8]`), and times 4 (`sc[8..]`; each at most 15),
+            // dword `m` the pair of run `m`.
+            // (Aligned: a store split over two cache lines does not forward to the
+            // broadcasts.)
+            let mut sc = Aligned([0i32; 16]);
+            // SAFETY: `sc` is 64 writable bytes, 32-byte aligned.
+            unsafe {
+                _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, s1);
+                _mm256_store_si256(
+                    sc.0.as_mut_ptr().add(8) as *mut __m256i,
+                    _mm256_slli_epi16::<2>(s1),
+                );
+            }
+            // Kept in memory: each pair is then a broadcast load (LLVM would otherwise
+            // shuffle each pair out of the register).
+            let sc = &std::hint::black_box(&sc).0;
             let mut sumi = _mm256_setzero_si256();
             for k in 0..2 {
-                let q = load32u(&b.qs[32 * k..]);
+                let q = words(load32u(&b.qs[32 * k..]), ctl);
                 let q4 = _mm256_srli_epi16::<4>(q);
                 // Planes 0..4 of this half: q, 4q, q, 4q.
                 let planes = [
@@ -159,38 +207,44 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32;
                 ];
                 for (j, plane) in planes.into_iter().enumerate() {
                     let m = 4 * k + j;
-                    // SAFETY: 32 readable bytes; loadu is unaligned.
-                    let ctl =
-                        unsafe { _mm256_loadu_si256(RUN_SCALES[m].as_ptr() as *const __m256i) };
-                    let sc = _mm256_shuffle_epi8(if j % 2 == 0 { s4 } else { s1 }, ctl);
-                    let p = _mm256_maddubs_epi16(plane, load32i(&yb.qs[32 * m..]));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+                    let s = _mm256_set1_epi32(sc[if j % 2 == 0 { 8 + m } else { m }]);
+                    let p = _mm256_maddubs_epi16(plane, load32i(&yb.qs[m]));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
                 }
             }
-            v[r] = sumi;
-            v[4 + r] = _mm256_madd_epi16(bs, mins);
+            v[2 * r] = sumi;
+            v[2 * r + 1] = _mm256_madd_epi16(bs, mins);
         }
-        // [I_0..I_3 | M_0..M_3] (4I shifted down: exact).
+        // [4I_0, M_0, .., 4I_3, M_3] -> [I_0, M_0, ..] (4I shifted down: exact).
         let im = _mm256_cvtepi32_ps(_mm256_srav_epi32(reduce8(v), down));
-        let h = |r: usize| x[r][i].d as i16;
-        let hm = |r: usize| x[r][i].dmin as i16;
-        let dw = _mm256_cvtph_ps(_mm_setr_epi16(
-            h(0),
-            h(1),
-            h(2),
-            h(3),
-            hm(0),
-            hm(1),
-            hm(2),
-            hm(3),
-        ));
-        // [dall_r * I_r | dmin_r * M_r].
-        let p = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yb.d), dw), im);
-        let t = _mm_sub_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps::<1>(p));
-        acc = _mm_add_ps(acc, t);
+        // Each row's `[d, dmin]` halves (adjacent in the block) as one dword.
+        let dm = |r: usize| {
+            let p = (&x[r][i].d as *const u16).cast::<i32>();
+            // SAFETY: `d` and `dmin` are adjacent u16 fields (4 readable bytes);
+            // read_unaligned has no alignment requirement.
+            _mm_set1_epi32(unsafe { p.read_unaligned() })
+        };
+        let h = _mm_blend_epi32::<0b1100>(
+            _mm_blend_epi32::<0b0010>(dm(0), dm(1)),
+            _mm_blend_epi32::<0b1000>(dm(2), dm(3)),
+        );
+        // [dall_r * I_r, dmin_r * M_r] in lanes 2r, 2r + 1.
+        let p = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yb.d), _mm256_cvtph_ps(h)), im);
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, _mm256_movehdup_ps(p)));
     }
-    // SAFETY: 4 writable f32; storeu is unaligned.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    let mut f = [0f32; 8];
+    // SAFETY: `f` is 8 writable f32; storeu is unaligned.
+    unsafe { _mm256_storeu_ps(f.as_mut_ptr(), acc) };
+    *out = [f[0], f[2], f[4], f[6]];
+}
+
+/// One Q2_K row · one arranged Q8_K row in the same order: the rows of a chunk left over
+/// beside [`dot_q2k_rows4`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q2k_row_words(x: [&[BlockQ2K]; 1], y: &[Q8KWords], out: &mut [f32; 1]) {
+    let mut o = [0f32; 4];
+    dot_q2k_rows4([x[0]; 4], y, &mut o);
+    out[0] = o[0];
 }
 
 /// One Q2_K row · one Q8_K row in the same order: the rows of a chunk left over beside
@@ -209,6 +263,17 @@ mod tests {
     };
 
     use flint_core::GgmlType;
+
+    /// [`dot_q2k_rows4`] against a plain activation row, arranged here.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    unsafe fn rows4_plain(x: [&[BlockQ2K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+        let mut a = Vec::new();
+        Q8KWords::arrange(y, &mut a);
+        // SAFETY: the caller checked the features.
+        unsafe { dot_q2k_rows4(x, &a, out) }
+    }
 
     /// Every tile size equals the scalar reference bit for bit.
     #[test]
@@ -237,7 +302,7 @@ mod tests {
         check_rows4_random(
             "q2_k avx2 rows4",
             GgmlType::Q2_K,
-            dot_q2k_rows4,
+            rows4_plain,
             q2_k_weights,
             q8k_acts,
             256,
@@ -253,6 +318,6 @@ mod tests {
             eprintln!("no AVX2: Q2_K rows4 kernel not exercised");
             return;
         }
-        check_q2k_rows4_extremes("q2_k avx2 rows4 extremes", dot_q2k_rows4);
+        check_q2k_rows4_extremes("q2_k avx2 rows4 extremes", rows4_plain);
     }
 }

@@ -186,57 +186,160 @@ pub(crate) fn low2(q: __m256i, s: usize) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(3))
 }
 
-/// Four Q3_K weight rows (`x`, each `y.len()` blocks) · one Q8_K activation row: `out[r]`
-/// is row `r`'s dot product, bit for bit [`dot_q3k`]`::<1>` of that row (and so the
-/// scalar reference's), the decode kernel of this level.
+/// A Q8_K activation block arranged for [`dot_q3k_rows4`], once per matvec chunk: each
+/// run of 32 quants in [`lanes_of_8`]'s arrangement, and its pair sums times `4 F` as
+/// i16 (`vpmaddubsw` of `4 F` against the run), the bias of the run's biased quants,
+/// where `F` is the run's bit position factor in [`dot_q3k_rows4`]: 1 for the runs
+/// `s = 0, 1` of each half block, 16 for `s = 2, 3`.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q8KLanes {
+    a: [[i8; 32]; 8],
+    bias: [[i16; 16]; 8],
+    d: f32,
+}
+
+/// The bit position factor `F` of run `m` (see [`Q8KLanes`]).
+const fn run_factor(m: usize) -> i16 {
+    if m % 4 < 2 {
+        1
+    } else {
+        16
+    }
+}
+
+impl Q8KLanes {
+    /// `y`'s blocks arranged, into `out` (cleared first).
+    pub(crate) fn arrange(y: &[BlockQ8K], out: &mut Vec<Q8KLanes>) {
+        out.clear();
+        out.extend(y.iter().map(|b| {
+            let mut a = [[0i8; 32]; 8];
+            let mut bias = [[0i16; 16]; 8];
+            for m in 0..8 {
+                let run = &b.qs[32 * m..32 * m + 32];
+                // Byte 4l + t of the arrangement: element l + 8t of the run.
+                for (p, v) in a[m].iter_mut().enumerate() {
+                    *v = run[p / 4 + 8 * (p % 4)];
+                }
+                let f = 4 * run_factor(m);
+                for (w, v) in bias[m].iter_mut().enumerate() {
+                    *v = f * (i16::from(a[m][2 * w]) + i16::from(a[m][2 * w + 1]));
+                }
+            }
+            Q8KLanes { a, bias, d: b.d }
+        }));
+    }
+}
+
+/// `vpshufb` tables from a nibble of high bits (bit `s` that of run `s` of a half block)
+/// to bytes holding two runs' bits where [`dot_q3k_rows4`] merges them with the low
+/// bits: the even runs' (`s` = 0, 2) at bits 2 and 6, the odd runs' (1, 3) likewise.
+const SPREAD: [[i8; 16]; 2] = {
+    let mut t = [[0i8; 16]; 2];
+    let mut n = 0;
+    while n < 16 {
+        let mut k = 0;
+        while k < 2 {
+            let lo = (n >> k) & 1;
+            let hi = (n >> (k + 2)) & 1;
+            t[k][n] = ((lo << 2) | (hi << 6)) as i8;
+            k += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
+/// 32-byte alignment for a buffer of broadcast sources.
+#[repr(C, align(32))]
+struct Aligned<T>(T);
+
+/// Four Q3_K weight rows (`x`, each `y.len()` blocks) · one arranged Q8_K activation row:
+/// `out[r]` is row `r`'s dot product, bit for bit [`dot_q3k`]`::<1>` of that row (and so
+/// the scalar reference's), the decode kernel of this level.
 ///
-/// Per block the activation runs are transposed once for the four rows ([`lanes_of_8`]),
-/// with their pair sums times 4 (`vpmaddubsw` of 4). Per row the biased quants
-/// `u = q + 4 = low | hbit << 2` (0..=7, unsigned) go through `vpmaddubsw` against the
-/// transposed activations, less those pair sums (the exact signed pair sums), then
-/// `vpmaddwd` by their groups' scales into the row's eight i32 lanes `A_l`; the row's
-/// eight float lanes take `d * A_l` as in [`dot_q3k`]. The caller passes rows far apart
-/// (each stream is prefetched [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
+/// Per row and block the quant and high-bit bytes are transposed ([`lanes_of_8`]), the
+/// activations came so ([`Q8KLanes`]). Each half block's four runs take their biased
+/// quants `u = q + 4 = low | hbit << 2` (0..=7, unsigned) from two merged bytes: the
+/// even runs' low bits masked in place (bits 0-1 and 4-5) with their high bits spread
+/// to bits 2 and 6 by one `vpshufb` of the half block's high-bit nibble ([`SPREAD`]),
+/// the odd runs' the same after a shift by 2; each run is then one mask of a merged
+/// byte, `u` itself (runs `s` = 0, 1) or `16 u` (`s` = 2, 3). `vpmaddubsw` against the
+/// arranged activations less the run's bias gives `F` times the exact signed pair sums,
+/// `vpmaddwd` by the groups' scales (a pair broadcast from memory) adds them into the
+/// row's eight i32 lanes, one sum for each factor, `A_l = S_1 + S_16 / 16` (exact); the
+/// row's eight float lanes take `d * A_l` as in [`dot_q3k`]. The caller passes rows far
+/// apart (each stream is prefetched [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
 ///
 /// # Panics
 /// If a weight row's length differs from the activation row's.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[Q8KLanes], out: &mut [f32; 4]) {
     let nb = y.len();
     for xs in &x {
         assert_eq!(xs.len(), nb, "dot_q3k_rows4: lengths");
     }
     let t = Lanes8::new();
-    let four = _mm256_set1_epi8(4);
+    // SAFETY: 16 readable bytes each; loadu is unaligned.
+    let spread = SPREAD.map(|v| {
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
+    });
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m33 = _mm256_set1_epi8(0x33);
+    let run_mask = [_mm256_set1_epi8(0x07), _mm256_set1_epi8(0x70)];
     let mut lanes = [_mm256_setzero_ps(); 4];
     for (i, yb) in y.iter().enumerate() {
         for xs in &x {
             prefetch_stream(xs, i + PREFETCH_AHEAD);
         }
-        let a: [__m256i; 8] = std::array::from_fn(|m| lanes_of_8(load32i(&yb.qs[32 * m..]), t));
-        let a4: [__m256i; 8] = std::array::from_fn(|m| _mm256_maddubs_epi16(four, a[m]));
         for r in 0..4 {
             let b = &x[r][i];
             // The scale pairs as dwords, each broadcast from memory below (a load, where
-            // a permute would take the shuffle port the transpositions need).
-            let mut sc = [0i32; 8];
-            // SAFETY: `sc` is 32 writable bytes; storeu is unaligned.
-            unsafe { _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, scales16(b)) };
+            // a permute would take the shuffle port). Aligned: a store split over two
+            // cache lines does not forward to the broadcasts.
+            let mut sc = Aligned([0i32; 8]);
+            // SAFETY: `sc` is 32 writable bytes, 32-byte aligned.
+            unsafe { _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, scales16(b)) };
             // Kept in memory (LLVM would otherwise shuffle each pair out of the register).
-            let sc = std::hint::black_box(&sc);
+            let sc = &std::hint::black_box(&sc).0;
             let h = lanes_of_8(load32u(&b.hmask), t);
-            let qs = [
-                lanes_of_8(load32u(&b.qs[..32]), t),
-                lanes_of_8(load32u(&b.qs[32..]), t),
+            let nib = [
+                _mm256_and_si256(h, m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(h), m4),
             ];
-            let mut sumi = _mm256_setzero_si256();
-            for m in 0..8 {
-                let u = _mm256_or_si256(low2(qs[m / 4], m % 4), hbit4(h, m));
-                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a[m]), a4[m]);
-                // Scales 2m and 2m + 1 in every dword.
-                let s = _mm256_set1_epi32(sc[m]);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            // Per factor, the sum of `F` times the runs' scaled pair sums.
+            let mut sum = [_mm256_setzero_si256(); 2];
+            for (j, nib) in nib.into_iter().enumerate() {
+                let qs = lanes_of_8(load32u(&b.qs[32 * j..]), t);
+                // Runs 4j, 4j + 2 (even) and 4j + 1, 4j + 3 (odd): low bits at 0-1 and
+                // 4-5, high bits at 2 and 6.
+                let merged = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(qs, m33),
+                        _mm256_shuffle_epi8(spread[0], nib),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qs), m33),
+                        _mm256_shuffle_epi8(spread[1], nib),
+                    ),
+                ];
+                for s in 0..4 {
+                    let m = 4 * j + s;
+                    let u = _mm256_and_si256(merged[s % 2], run_mask[s / 2]);
+                    // SAFETY: 32 readable bytes each; loadu is unaligned.
+                    let (a, bias) = unsafe {
+                        (
+                            _mm256_loadu_si256(yb.a[m].as_ptr() as *const __m256i),
+                            _mm256_loadu_si256(yb.bias[m].as_ptr() as *const __m256i),
+                        )
+                    };
+                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a), bias);
+                    // Scales 2m and 2m + 1 in every dword.
+                    let sp = _mm256_set1_epi32(sc[m]);
+                    sum[s / 2] = _mm256_add_epi32(sum[s / 2], _mm256_madd_epi16(p, sp));
+                }
             }
+            let sumi = _mm256_add_epi32(sum[0], _mm256_srai_epi32::<4>(sum[1]));
             let d = _mm256_set1_ps(f16c_to_f32(b.d) * yb.d);
             lanes[r] = _mm256_add_ps(lanes[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
         }
@@ -247,6 +350,15 @@ pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32;
         unsafe { _mm256_storeu_ps(f.as_mut_ptr(), l) };
         *o = f.iter().fold(0.0f32, |s, &v| s + v);
     }
+}
+
+/// One Q3_K row · one arranged Q8_K row in the same order: the rows of a chunk left over
+/// beside [`dot_q3k_rows4`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q3k_row_lanes(x: [&[BlockQ3K]; 1], y: &[Q8KLanes], out: &mut [f32; 1]) {
+    let mut o = [0f32; 4];
+    dot_q3k_rows4([x[0]; 4], y, &mut o);
+    out[0] = o[0];
 }
 
 /// One Q3_K row · one Q8_K row in the same order: the rows of a chunk left over beside
@@ -265,6 +377,17 @@ mod tests {
     };
 
     use flint_core::GgmlType;
+
+    /// [`dot_q3k_rows4`] against a plain activation row, arranged here.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    unsafe fn rows4_plain(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+        let mut a = Vec::new();
+        Q8KLanes::arrange(y, &mut a);
+        // SAFETY: the caller checked the features.
+        unsafe { dot_q3k_rows4(x, &a, out) }
+    }
 
     /// Every tile size equals the scalar reference bit for bit.
     #[test]
@@ -293,7 +416,7 @@ mod tests {
         check_rows4_random(
             "q3_k avx2 rows4",
             GgmlType::Q3_K,
-            dot_q3k_rows4,
+            rows4_plain,
             q3_k_weights,
             q8k_acts,
             256,
@@ -329,7 +452,7 @@ mod tests {
                             (0..nb).map(|_| block(q, sc, &mut s)).collect()
                         }
                     });
-                    assert_rows4_match_reference(GgmlType::Q3_K, dot_q3k_rows4, &x, &y, nb * 256);
+                    assert_rows4_match_reference(GgmlType::Q3_K, rows4_plain, &x, &y, nb * 256);
                 }
             }
         }
