@@ -7,11 +7,13 @@
 //! - `lowbit/<type>`: M = 1 on a 4096 x 4096 weight at the CPU's SIMD level (or
 //!   `FLINT_CPU_SIMD`); throughput in weight bytes.
 //! - `lowbit_scalar/<type>`: the same on the scalar path (`flint_core::dot::vec_dot`).
-//! - `lowbit/read_loop`: a plain read of as many bytes as the IQ4_XS weight, same threads.
+//! - `lowbit/read_loop`: a read of as many bytes as the IQ4_XS weight, same threads, in
+//!   four prefetched streams a thread (`common::read_loop`), from huge pages as the weights.
 //! - A summary printed at the end, on a `K`-wide weight of about `LOWBIT_MB` MiB (1024:
 //!   twice the last-level cache of the host it was written on, so both the weight and the
 //!   read loop's buffer come from memory): per type, `PAIRS` pairs of one SIMD matvec and
-//!   one read loop over the weight's number of bytes, each timed alone, which of the two
+//!   one read loop over the weight's number of bytes (the faster of one stream and four
+//!   prefetched streams a thread, both timed: `common::fastest_read_secs`), each timed alone, which of the two
 //!   goes first alternating from pair to pair; the medians (and quartiles) of each in GB/s
 //!   and of the pairs' ratios. A pair spans tens of milliseconds, so a host whose memory
 //!   bandwidth drifts from minute to minute moves both halves of a ratio together. Q4_K's
@@ -100,10 +102,10 @@ fn benches(c: &mut Criterion) {
         }
         if group == "lowbit" {
             let pool = pool(&simd);
-            let buf = vec![1u64; GgmlType::IQ4_XS.row_bytes(K).expect("row") * N / 8];
-            g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
+            let buf = common::ReadBuf::new(GgmlType::IQ4_XS.row_bytes(K).expect("row") * N / 8);
+            g.throughput(Throughput::Bytes((buf.words().len() * 8) as u64));
             g.bench_function("read_loop", |b| {
-                b.iter(|| common::read_loop(&pool, black_box(&buf)))
+                b.iter(|| common::read_loop(&pool, black_box(buf.words())))
             });
         }
         g.finish();
@@ -139,25 +141,24 @@ fn summary(_: &mut Criterion) {
     for ty in TYPES.into_iter().chain([GgmlType::Q4_K]) {
         let rows = (target / ty.row_bytes(K).expect("whole blocks")).next_multiple_of(256);
         let (ws, bytes) = stage(&simd, ty, rows);
-        let buf = vec![1u64; bytes / 8];
+        let buf = common::ReadBuf::new(bytes / 8);
         let mut out = vec![0f32; rows];
         let mut matvec = || {
             simd.matmul(&*ws, (&x).into(), 1, (&mut out).into())
                 .expect("matmul");
         };
-        let read = || {
-            black_box(common::read_loop(&pool, &buf));
-        };
+        // The faster of the two read patterns (`common::fastest_read_secs`).
+        let read = |p: usize| common::fastest_read_secs(&pool, buf.words(), p % 4 < 2);
         // First touches (page faults) and the pool's threads, untimed.
         matvec();
-        read();
+        read(0);
         let (mut ts, mut tl, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for p in 0..PAIRS {
             let (s, l) = if p % 2 == 0 {
                 let s = time(&mut matvec);
-                (s, time(read))
+                (s, read(p))
             } else {
-                let l = time(read);
+                let l = read(p);
                 (time(&mut matvec), l)
             };
             ts.push(bytes as f64 / s / 1e9);

@@ -2557,17 +2557,32 @@ pub(crate) fn matvec_rows(
                         iq4_xs::vnni::dot_iq4xs_rows4,
                         iq4_xs::avx2::dot_iq4xs_row,
                     ),
-                    GgmlType::Q3_K => rows4(
-                        &view::<BlockQ3K>(w),
-                        y,
-                        o,
-                        if crate::simd::has_vbmi_gfni() {
-                            q3_k::vnni::dot_q3k_rows4_vbmi
-                        } else {
-                            q3_k::vnni::dot_q3k_rows4
-                        },
-                        q3_k::avx2::dot_q3k_row,
-                    ),
+                    // The activation row arranged once for the chunk, in the layout of
+                    // the kernel's transpositions (`q3_k::vnni::Q8KRunPairs`).
+                    GgmlType::Q3_K if crate::simd::has_vbmi_gfni() => {
+                        let mut ya = Vec::new();
+                        // SAFETY: VNNI checked at device open, VBMI and GFNI just now.
+                        unsafe { q3_k::vnni::arrange_vbmi(y, &mut ya) };
+                        rows4(
+                            &view::<BlockQ3K>(w),
+                            &ya,
+                            o,
+                            q3_k::vnni::dot_q3k_rows4_vbmi,
+                            q3_k::vnni::dot_q3k_row_vbmi,
+                        )
+                    }
+                    GgmlType::Q3_K => {
+                        let mut ya = Vec::new();
+                        // SAFETY: VNNI checked at device open.
+                        unsafe { q3_k::vnni::arrange(y, &mut ya) };
+                        rows4(
+                            &view::<BlockQ3K>(w),
+                            &ya,
+                            o,
+                            q3_k::vnni::dot_q3k_rows4,
+                            q3_k::vnni::dot_q3k_row,
+                        )
+                    }
                     GgmlType::Q2_K => rows4(
                         &view::<BlockQ2K>(w),
                         y,

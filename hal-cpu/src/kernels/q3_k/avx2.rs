@@ -361,13 +361,6 @@ pub(crate) fn dot_q3k_row_lanes(x: [&[BlockQ3K]; 1], y: &[Q8KLanes], out: &mut [
     out[0] = o[0];
 }
 
-/// One Q3_K row · one Q8_K row in the same order: the rows of a chunk left over beside
-/// [`dot_q3k_rows4`] (and the AVX-512 VNNI four-row kernel).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q3k_row(x: [&[BlockQ3K]; 1], y: &[BlockQ8K], out: &mut [f32; 1]) {
-    dot_q3k::<1>(x[0], &[y], out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,7 +190,7 @@ type ScaleBuf = [i64; 16];
 
 /// The transpositions and the decode of [`dot_q3k_rows4`]: dword permutes and
 /// `vpshufb` (AVX-512 F/BW), the quants' fields by shifts, masks and rotations.
-struct Shuffles {
+pub(crate) struct Shuffles {
     halves: __m512i,
     both: __m512i,
     pair: __m512i,
@@ -340,7 +340,7 @@ impl Shuffles {
 /// permutation within each byte): the hmask bits of the four runs into place in one (the
 /// odd lanes' bits shifted down by 4 first), two selects (`vpternlogd`) pack each pair of
 /// runs' six bits into one byte, and one transform per run picks its `u` out of it.
-struct BytePerms {
+pub(crate) struct BytePerms {
     q_idx: __m512i,
     h_idx: __m512i,
     a_idx: __m512i,
@@ -519,16 +519,69 @@ fn row_sum(u: [__m512i; 4], ya: &[__m512i; 4], bias: &[__m512i; 4], scs: [__m512
     acc
 }
 
+/// An activation block arranged for the four-row kernel of one set of transpositions
+/// `P` ([`Shuffles`] or [`BytePerms`]), once per matvec chunk instead of once per block
+/// of four rows: its run pairs transposed (`P::act`) and their `vpmaddubsw` of 4 (the
+/// bias of the biased quants), and the block's `d`.
+#[repr(C, align(64))]
+pub(crate) struct Q8KRunPairs<P> {
+    ya: [[u8; 64]; 4],
+    bias: [[i16; 32]; 4],
+    d: f32,
+    _layout: std::marker::PhantomData<P>,
+}
+
 /// The kernel's body, for one set of transpositions (`$perms`: [`Shuffles`] or
 /// [`BytePerms`]) and the target features they need.
 macro_rules! rows4_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $perms:ident) => {
+    ($(#[$doc:meta])* $name:ident, $arrange:ident, $row:ident, $features:literal, $perms:ident) => {
+        /// `y`'s blocks arranged for [`
+        #[doc = stringify!($name)]
+        /// `], into `out` (cleared first).
+        #[target_feature(enable = $features)]
+        pub(crate) fn $arrange(y: &[BlockQ8K], out: &mut Vec<Q8KRunPairs<$perms>>) {
+            let (k, p) = $perms::new();
+            out.clear();
+            out.reserve(y.len());
+            for yb in y {
+                let mut a = Q8KRunPairs {
+                    ya: [[0; 64]; 4],
+                    bias: [[0; 32]; 4],
+                    d: yb.d,
+                    _layout: std::marker::PhantomData,
+                };
+                for s in 0..4 {
+                    let v = p.act(yb, s);
+                    // SAFETY: 64 writable bytes each; storeu is unaligned.
+                    unsafe {
+                        _mm512_storeu_si512(a.ya[s].as_mut_ptr() as *mut __m512i, v);
+                        _mm512_storeu_si512(
+                            a.bias[s].as_mut_ptr() as *mut __m512i,
+                            _mm512_maddubs_epi16(k.four, v),
+                        );
+                    }
+                }
+                out.push(a);
+            }
+        }
+
+        /// One Q3_K row against an arranged activation row in the same order: the rows
+        /// of a chunk left over beside [`
+        #[doc = stringify!($name)]
+        /// `].
+        #[target_feature(enable = $features)]
+        pub(crate) fn $row(x: [&[BlockQ3K]; 1], y: &[Q8KRunPairs<$perms>], out: &mut [f32; 1]) {
+            let mut o = [0f32; 4];
+            $name([x[0]; 4], y, &mut o);
+            out[0] = o[0];
+        }
+
         $(#[$doc])*
         ///
         /// # Panics
         /// If a weight row's length differs from the activation row's.
         #[target_feature(enable = $features)]
-        pub(crate) fn $name(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+        pub(crate) fn $name(x: [&[BlockQ3K]; 4], y: &[Q8KRunPairs<$perms>], out: &mut [f32; 4]) {
             let nb = y.len();
             for xs in &x {
                 assert_eq!(xs.len(), nb, concat!(stringify!($name), ": lengths"));
@@ -536,21 +589,16 @@ macro_rules! rows4_kernel {
             // SAFETY: 32 readable i16; loadu is unaligned.
             let d_idx = unsafe { _mm512_loadu_si512(D_IDX.as_ptr() as *const __m512i) };
             let (k, p) = $perms::new();
-            let four = k.four;
             let mut lanes = [_mm512_setzero_ps(); 2];
             let mut buf: ScaleBuf = [0; 16];
             for (i, yb) in y.iter().enumerate() {
                 for xs in &x {
                     prefetch_stream(xs, i + PREFETCH_AHEAD);
                 }
-                let ya = [p.act(yb, 0), p.act(yb, 1), p.act(yb, 2), p.act(yb, 3)];
-                // 4 (a_e + a_e') per i16 pair: what the bias of u = q + 4 adds.
-                let bias = [
-                    _mm512_maddubs_epi16(four, ya[0]),
-                    _mm512_maddubs_epi16(four, ya[1]),
-                    _mm512_maddubs_epi16(four, ya[2]),
-                    _mm512_maddubs_epi16(four, ya[3]),
-                ];
+                // The run pairs and 4 (a_e + a_e') per i16 pair: what the bias of u = q + 4
+                // adds (arranged once, `$arrange`).
+                let ya = [0, 1, 2, 3].map(|s| load64(&yb.ya[s]));
+                let bias = [0, 1, 2, 3].map(|s| load64(&yb.bias[s]));
                 let z = heads(&x, i);
                 let sc = scales(z, &k);
                 let w = p.scale_set(sc, &mut buf);
@@ -590,6 +638,8 @@ rows4_kernel!(
     /// activation quants), each `out[r]` that of `flint_core::dot::vec_dot` for row `r`
     /// bit for bit.
     dot_q3k_rows4,
+    arrange,
+    dot_q3k_row,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     Shuffles
 );
@@ -598,6 +648,8 @@ rows4_kernel!(
     /// [`dot_q3k_rows4`] with VBMI byte permutes and GFNI bit transforms
     /// ([`BytePerms`]), for CPUs with both (`crate::simd::has_vbmi_gfni`).
     dot_q3k_rows4_vbmi,
+    arrange_vbmi,
+    dot_q3k_row_vbmi,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c",
     BytePerms
 );
@@ -612,13 +664,39 @@ mod tests {
 
     type Kernel = unsafe fn([&[BlockQ3K]; 4], &[BlockQ8K], &mut [f32; 4]);
 
+    /// [`dot_q3k_rows4`] against a plain activation row, arranged here.
+    ///
+    /// # Safety
+    /// The CPU must have the kernel's features.
+    unsafe fn rows4_plain(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+        let mut a = Vec::new();
+        // SAFETY: the caller checked the features.
+        unsafe {
+            arrange(y, &mut a);
+            dot_q3k_rows4(x, &a, out)
+        }
+    }
+
+    /// [`dot_q3k_rows4_vbmi`] against a plain activation row, arranged here.
+    ///
+    /// # Safety
+    /// The CPU must have the kernel's features.
+    unsafe fn rows4_vbmi_plain(x: [&[BlockQ3K]; 4], y: &[BlockQ8K], out: &mut [f32; 4]) {
+        let mut a = Vec::new();
+        // SAFETY: the caller checked the features.
+        unsafe {
+            arrange_vbmi(y, &mut a);
+            dot_q3k_rows4_vbmi(x, &a, out)
+        }
+    }
+
     /// The kernels this CPU runs, with their names.
     fn kernels() -> Vec<(Kernel, &'static str)> {
         let mut k: Vec<(Kernel, &'static str)> = Vec::new();
         if vnni_available() {
-            k.push((dot_q3k_rows4, "rows4"));
+            k.push((rows4_plain, "rows4"));
             if crate::simd::has_vbmi_gfni() {
-                k.push((dot_q3k_rows4_vbmi, "rows4 vbmi"));
+                k.push((rows4_vbmi_plain, "rows4 vbmi"));
             } else {
                 eprintln!("no AVX-512 VBMI + GFNI: Q3_K rows4 VBMI kernel not exercised");
             }
