@@ -49,7 +49,9 @@
 //!   them) and, for the three Q8_K types, `panel_avx2.rs` (their part of
 //!   `kq_panel_avx2.rs`'s prompt-batch panels, every level; Q3_K's activation arranged
 //!   once per gemm, `Q3KAct`), all in the scalar reference's order bit for bit
-//!   (`order_check.rs`: their test helpers).
+//!   (`order_check.rs`: their test helpers). The decode matvecs of Q3_K (both levels)
+//!   and Q2_K (AVX2) take the activation row arranged once per chunk of rows
+//!   (`q3_k::vnni::Q8KRunPairs`, `q3_k::avx2::Q8KLanes`, `q2_k::avx2::Q8KWords`).
 //! - `float/`: F32, F16 and BF16 · f32 (`FloatKind`; `avx2.rs`).
 //! - `act_quant/`: the activations quantized per call (`Acts`; AVX-512 quantizers).
 //! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them
