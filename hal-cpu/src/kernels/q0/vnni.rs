@@ -161,9 +161,10 @@ impl Q0Pair for flint_core::blocks::BlockQ4_0 {
 unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: the caller guarantees AVX2; `qs` is 16 readable bytes, loadu is unaligned.
     unsafe {
-        let t = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        // A broadcast load and a per-lane shift: no 128-bit insert on the shuffle port.
+        let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
         _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+            _mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4)),
             _mm256_set1_epi8(0x0F),
         )
     }
