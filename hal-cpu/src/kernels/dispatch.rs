@@ -2481,6 +2481,24 @@ fn rows4<B, A>(
     }
 }
 
+/// [`rows4`] for kernels that take the activation row arranged (`arrange`, once for the
+/// chunk: `q4_k::avx2::Q8KPairs`, `q3_k::avx2::Q8KLanes`, `q3_k::vnni::Q8KRunPairs`,
+/// `q2_k::avx2::Q8KWords`).
+#[cfg(target_arch = "x86_64")]
+fn rows4_arranged<B, A>(
+    w: &[B],
+    y: &[BlockQ8K],
+    out: &mut [f32],
+    arrange: unsafe fn(&[BlockQ8K], &mut Vec<A>),
+    four: unsafe fn([&[B]; 4], &[A], &mut [f32; 4]),
+    one: unsafe fn([&[B]; 1], &[A], &mut [f32; 1]),
+) {
+    let mut ya = Vec::with_capacity(y.len());
+    // SAFETY: the kernels' level was checked against the CPU's features at device open.
+    unsafe { arrange(y, &mut ya) };
+    rows4(w, &ya, out, four, one)
+}
+
 /// Runs the single-row kernel `$f::<1>` over every weight row of a chunk.
 macro_rules! rows1 {
     // Kernels that also take the activation row's block scales as f32 (`; scales`).
@@ -2558,31 +2576,24 @@ pub(crate) fn matvec_rows(
                         iq4_xs::avx2::dot_iq4xs_row,
                     ),
                     // The activation row arranged once for the chunk, in the layout of
-                    // the kernel's transpositions (`q3_k::vnni::Q8KRunPairs`).
-                    GgmlType::Q3_K if crate::simd::has_vbmi_gfni() => {
-                        let mut ya = Vec::new();
-                        // SAFETY: VNNI checked at device open, VBMI and GFNI just now.
-                        unsafe { q3_k::vnni::arrange_vbmi(y, &mut ya) };
-                        rows4(
-                            &view::<BlockQ3K>(w),
-                            &ya,
-                            o,
-                            q3_k::vnni::dot_q3k_rows4_vbmi,
-                            q3_k::vnni::dot_q3k_row_vbmi,
-                        )
-                    }
-                    GgmlType::Q3_K => {
-                        let mut ya = Vec::new();
-                        // SAFETY: VNNI checked at device open.
-                        unsafe { q3_k::vnni::arrange(y, &mut ya) };
-                        rows4(
-                            &view::<BlockQ3K>(w),
-                            &ya,
-                            o,
-                            q3_k::vnni::dot_q3k_rows4,
-                            q3_k::vnni::dot_q3k_row,
-                        )
-                    }
+                    // the kernel's transpositions (`q3_k::vnni::Q8KRunPairs`); VBMI and
+                    // GFNI checked by `has_vbmi_gfni`.
+                    GgmlType::Q3_K if crate::simd::has_vbmi_gfni() => rows4_arranged(
+                        &view::<BlockQ3K>(w),
+                        y,
+                        o,
+                        q3_k::vnni::arrange_vbmi,
+                        q3_k::vnni::dot_q3k_rows4_vbmi,
+                        q3_k::vnni::dot_q3k_row_vbmi,
+                    ),
+                    GgmlType::Q3_K => rows4_arranged(
+                        &view::<BlockQ3K>(w),
+                        y,
+                        o,
+                        q3_k::vnni::arrange,
+                        q3_k::vnni::dot_q3k_rows4,
+                        q3_k::vnni::dot_q3k_row,
+                    ),
                     GgmlType::Q2_K => rows4(
                         &view::<BlockQ2K>(w),
                         y,
@@ -2693,19 +2704,16 @@ pub(crate) fn matvec_rows(
                 _ => unreachable!("no AVX-512 Q8_0 kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8K(a)) => match ty {
-                GgmlType::Q4_K => {
-                    // Four rows a quarter of the chunk apart, the activation row arranged
-                    // once for them (`q4_k::avx2::dot_q4k_rows4`).
-                    let mut y = Vec::with_capacity(nbk);
-                    q4_k::avx2::Q8KPairs::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
-                    rows4(
-                        &view::<BlockQ4K>(w),
-                        &y,
-                        o,
-                        q4_k::avx2::dot_q4k_rows4,
-                        q4_k::avx2::dot_q4k_row,
-                    )
-                }
+                // Four rows a quarter of the chunk apart, the activation row arranged
+                // once for them (`q4_k::avx2::dot_q4k_rows4`).
+                GgmlType::Q4_K => rows4_arranged(
+                    &view::<BlockQ4K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q4_k::avx2::Q8KPairs::arrange,
+                    q4_k::avx2::dot_q4k_rows4,
+                    q4_k::avx2::dot_q4k_row,
+                ),
                 GgmlType::Q5_K => rows4(
                     &view::<BlockQ5K>(w),
                     &a[act_row * nbk..(act_row + 1) * nbk],
@@ -2727,30 +2735,24 @@ pub(crate) fn matvec_rows(
                     iq4_xs::avx2::dot_iq4xs_rows4,
                     iq4_xs::avx2::dot_iq4xs_row,
                 ),
-                GgmlType::Q3_K => {
-                    // The activation row arranged once for the chunk (`Q8KLanes`).
-                    let mut y = Vec::with_capacity(nbk);
-                    q3_k::avx2::Q8KLanes::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
-                    rows4(
-                        &view::<BlockQ3K>(w),
-                        &y,
-                        o,
-                        q3_k::avx2::dot_q3k_rows4,
-                        q3_k::avx2::dot_q3k_row_lanes,
-                    )
-                }
-                GgmlType::Q2_K => {
-                    // The activation row arranged once for the chunk (`Q8KWords`).
-                    let mut y = Vec::with_capacity(nbk);
-                    q2_k::avx2::Q8KWords::arrange(&a[act_row * nbk..(act_row + 1) * nbk], &mut y);
-                    rows4(
-                        &view::<BlockQ2K>(w),
-                        &y,
-                        o,
-                        q2_k::avx2::dot_q2k_rows4,
-                        q2_k::avx2::dot_q2k_row_words,
-                    )
-                }
+                // The activation row arranged once for the chunk (`Q8KLanes`).
+                GgmlType::Q3_K => rows4_arranged(
+                    &view::<BlockQ3K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q3_k::avx2::Q8KLanes::arrange,
+                    q3_k::avx2::dot_q3k_rows4,
+                    q3_k::avx2::dot_q3k_row_lanes,
+                ),
+                // The activation row arranged once for the chunk (`Q8KWords`).
+                GgmlType::Q2_K => rows4_arranged(
+                    &view::<BlockQ2K>(w),
+                    &a[act_row * nbk..(act_row + 1) * nbk],
+                    o,
+                    q2_k::avx2::Q8KWords::arrange,
+                    q2_k::avx2::dot_q2k_rows4,
+                    q2_k::avx2::dot_q2k_row_words,
+                ),
                 _ => unreachable!("no AVX2 Q8_K kernel for {ty}"),
             },
             (Some(SimdLevel::Avx2), Acts::Q8_0 { blocks: a, .. }) => match ty {

@@ -17,7 +17,9 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ2K, BlockQ8K};
 
-use crate::kernels::x86::avx2::{f16c_to_f32, hsum8_i32, load32i, load32u, load_bsums, reduce8};
+use crate::kernels::x86::avx2::{
+    f16c_to_f32, hsum8_i32, load32i, load32u, load_bsums, reduce8, Aligned32,
+};
 use crate::kernels::x86::avx512::prefetch_stream;
 
 /// Q2_K x Q8_K.
@@ -118,10 +120,6 @@ impl Q8KWords {
     }
 }
 
-/// 32-byte alignment for a buffer of broadcast sources.
-#[repr(C, align(32))]
-struct Aligned<T>(T);
-
 /// 32 weight bytes (a run's element order, groups `2m` in bytes 0..16 and `2m + 1` in
 /// 16..32) in [`Q8KWords`]'s order: quadwords `0, 2, 1, 3` (each 128-bit half now holds
 /// four words of each group), then the words interleaved within each half.
@@ -182,7 +180,7 @@ pub(crate) fn dot_q2k_rows4(x: [&[BlockQ2K]; 4], y: &[Q8KWords], out: &mut [f32;
             // dword `m` the pair of run `m`.
             // (Aligned: a store split over two cache lines does not forward to the
             // broadcasts.)
-            let mut sc = Aligned([0i32; 16]);
+            let mut sc = Aligned32([0i32; 16]);
             // SAFETY: `sc` is 64 writable bytes, 32-byte aligned.
             unsafe {
                 _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, s1);

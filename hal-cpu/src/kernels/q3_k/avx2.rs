@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ3K, BlockQ8K};
 
-use crate::kernels::x86::avx2::{f16c_to_f32, load32i, load32u};
+use crate::kernels::x86::avx2::{f16c_to_f32, load32i, load32u, Aligned32};
 use crate::kernels::x86::avx512::prefetch_stream;
 
 /// The 32 bytes `v` reordered so that i32 lane `l` holds bytes `l, l + 8, l + 16,
@@ -250,10 +250,6 @@ const SPREAD: [[i8; 16]; 2] = {
     t
 };
 
-/// 32-byte alignment for a buffer of broadcast sources.
-#[repr(C, align(32))]
-struct Aligned<T>(T);
-
 /// Four Q3_K weight rows (`x`, each `y.len()` blocks) · one arranged Q8_K activation row:
 /// `out[r]` is row `r`'s dot product, bit for bit [`dot_q3k`]`::<1>` of that row (and so
 /// the scalar reference's), the decode kernel of this level.
@@ -297,7 +293,7 @@ pub(crate) fn dot_q3k_rows4(x: [&[BlockQ3K]; 4], y: &[Q8KLanes], out: &mut [f32;
             // The scale pairs as dwords, each broadcast from memory below (a load, where
             // a permute would take the shuffle port). Aligned: a store split over two
             // cache lines does not forward to the broadcasts.
-            let mut sc = Aligned([0i32; 8]);
+            let mut sc = Aligned32([0i32; 8]);
             // SAFETY: `sc` is 32 writable bytes, 32-byte aligned.
             unsafe { _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, scales16(b)) };
             // Kept in memory (LLVM would otherwise shuffle each pair out of the register).

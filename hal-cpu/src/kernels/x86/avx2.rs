@@ -8,6 +8,12 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::BlockQ8K;
 
+/// A value on a 32-byte boundary: a kernel's buffer of broadcast sources, stored whole
+/// and read back a dword or quadword at a time (a store split over two cache lines
+/// does not forward to those loads).
+#[repr(C, align(32))]
+pub(crate) struct Aligned32<T>(pub(crate) T);
+
 /// IEEE half bits to f32 with the F16C instruction: the hardware form of
 /// `flint_core::dequant::f16_to_f32` (the `half` crate, built without `std`, converts in
 /// software, which dominated the legacy-type kernels).
