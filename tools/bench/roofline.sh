@@ -4,7 +4,7 @@
 #
 #   tools/bench/roofline.sh MODEL [ROUNDS]
 #
-# Measures, interleaved: the plain read loop (tools/bench/readbw.c, FLINT_BENCH_THREADS
+# Measures, interleaved: the read loop (tools/bench/readbw.c, FLINT_BENCH_THREADS
 # threads, default 2) and `flint bench --json` (FLINT_THREADS the same), ROUNDS times
 # (default 3). Prints the weight bytes one decoded token reads (bench_report.py
 # weights: dense tensors, k of E experts, one embedding row), the median bandwidth, the
