@@ -140,8 +140,9 @@ fn words(v: __m256i, ctl: __m256i) -> __m256i {
 /// one dword broadcast from memory (a load, not a shuffle). The mins against the block
 /// sums in one `vpmaddwd`. The four rows' `4I` and `M` lanes are reduced together
 /// ([`reduce8`]) as `[4I_0, M_0, 4I_1, M_1, ..]`, against the rows' `[d, dmin]` pairs
-/// (one dword each, broadcast and blended: no shuffle-port inserts), each row's float
-/// steps in an even lane. The caller passes rows far apart (each stream is prefetched
+/// (one dword each: LLVM makes the blends of their broadcasts one load and three dword
+/// inserts, where eight separate halves took one load and seven inserts), each row's
+/// float steps in an even lane. The caller passes rows far apart (each stream is prefetched
 /// [`PREFETCH_AHEAD`] blocks ahead, past the row's end).
 ///
 /// # Panics
