@@ -1,6 +1,6 @@
 //! Q3_K weights · Q8_K activations on AVX-512 VNNI: four weight rows against one
-//! activation row (the decode matvec), each activation block rearranged once for the
-//! four rows. The caller must have checked AVX-512 F/BW/VL/VNNI (and AVX2/FMA/F16C) at
+//! activation row (the decode matvec), the activation row arranged once per chunk of
+//! rows ([`Q8KRunPairs`], by the kernel's own `arrange`). The caller must have checked AVX-512 F/BW/VL/VNNI (and AVX2/FMA/F16C) at
 //! device open, and passes rows far apart
 //! ([`q0_rows`](crate::kernels::q0::vnni::q0_rows) says why), each row's stream continued
 //! by the same slot of its next call: each row is prefetched a few blocks ahead, into the
@@ -21,9 +21,9 @@
 //! `s + 4`). Each half is transposed as `avx2.rs`'s `lanes_of_8` (a dword permutation,
 //! then the 4 x 4 byte transposition [`T4`]: i32 lane `l` holds elements `l, l + 8` of the first group and
 //! `l, l + 8` of the second); the packed bytes are transposed before decoding (decoding
-//! is bytewise), the activations once per block for the four rows. The biased quants
+//! is bytewise), the activations once per chunk. The biased quants
 //! `u = q + 4 = low | hbit << 2` (0..=7, unsigned) go through `vpmaddubsw`, less the
-//! activation pairs times 4 (`vpmaddubsw` of 4, once per block): the exact signed pair
+//! activation pairs times 4 (`vpmaddubsw` of 4, arranged with them): the exact signed pair
 //! sums; `vpdpwssds` weights them by their groups' scales and adds them into the row's
 //! i32 lanes (the saturating form, which never saturates here: `|A_l| < 2^20`).
 //!
@@ -34,8 +34,8 @@
 //! `vgf2p8affineqb` bit transforms, and the runs interleaved lane by lane instead of by
 //! halves so that each scale vector is a broadcast load rather than a `vpermd`. The
 //! kernel is bound by the vector ALU ports (the shuffle port most), not by memory, on
-//! the 2-core Xeon it was tuned on: the VBMI form issues about 130 vector ALU operations
-//! a block of four rows where the other issues about 170 (about 15% faster on one core,
+//! the 2-core Xeons it was tuned on: the VBMI form issues about 120 vector ALU operations
+//! a block of four rows where the other issues about 160 (about 15% faster on one core,
 //! the weight in cache, `lowbit/Q3_K`).
 
 use std::arch::x86_64::*;
