@@ -321,7 +321,7 @@ fn devices_describes_the_selected_backend_and_its_refusals() {
     let l = lines("x");
     let cpu = l.iter().find(|s| s.starts_with("* cpu")).expect("cpu line");
     assert!(
-        cpu.contains("unavailable") && cpu.contains("FLINT_CPU_REPACK=\"x\" is not 0 or 1"),
+        cpu.contains("unavailable") && cpu.contains("FLINT_CPU_REPACK=\"x\" is not 0, 1 or size"),
         "{cpu}"
     );
 }

@@ -25,11 +25,11 @@
 //!   (repacked); `kernels/mod.rs` has the full map.
 //!
 //! Below AVX-512 VNNI, and on AVX-512 VNNI with the file layout ([`WeightLayout`]: the
-//! default on Intel CPUs), weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
+//! default on Intel CPUs but Emerald Rapids), weights are not copied: a staged weight keeps the [`WeightSource`](flint_hal::WeightSource)
 //! (the shared mmap or huge-page copy, and the tensor's byte range) and every matmul
 //! reads the GGUF blocks where they lie. With the packed layout (`FLINT_CPU_REPACK=1`; by
-//! size, the default on other AVX-512 VNNI CPUs, repacks all of these but the Q6_K
-//! tensors of 2 MiB or more) a Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4
+//! size, the default on the other AVX-512 VNNI CPUs, `FLINT_CPU_REPACK=size`, repacks all
+//! of these but the Q6_K tensors of 2 MiB or more) a Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4
 //! weight whose rows per matrix are a multiple of 16 is repacked at staging into row
 //! groups (`kernels/{q4_k,q6_k,q0,mxfp4}/x16.rs`: sixteen rows of a
 //! block side by side, the same bytes in another order), which the decode kernels
@@ -39,8 +39,9 @@
 //! copied as it is. Both go into the device's huge-page arena (`arena.rs` says why), and
 //! the tensor's file pages are then handed back through the source's release hook, so
 //! the memory is not doubled.
-//! `FLINT_CPU_REPACK=1|0` chooses the layout whatever the CPU (the results are the same
-//! bits either way); [`WeightLayout::choose`] says which host measured faster with which.
+//! `FLINT_CPU_REPACK=1|0|size` chooses the layout whatever the CPU (the results are the
+//! same bits either way); [`WeightLayout::choose`] says which host measured faster with
+//! which.
 //! Activations are quantized once per call to the weight type's `vec_dot_type` (Q8_K for
 //! the K-quants, Q8_0/Q8_1 for the legacy types, as ggml pairs them) and multiplied with
 //! int8 SIMD kernels chosen at run time ([`SimdLevel`]; see [`kernels`] for which type has

@@ -243,22 +243,37 @@ pub enum WeightLayout {
 pub const Q6K_FILE_MIN_BYTES: usize = 2 << 20;
 
 impl WeightLayout {
-    /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file) when set; else by the CPU's vendor,
-    /// as measured on one host of each (`docs/benchmarks.md`, "Weight layout by host"):
-    /// on Intel the file layout (Gemma 3 270M decode 1.3x, the qwen35moe bench preset
-    /// 1.4x the packed groups'; prompts within 12%); elsewhere by size (measured on AMD
-    /// Zen 4). The second value says why, for `flint devices`.
+    /// `FLINT_CPU_REPACK` (`1`: packed, `0`: file, `size`: by size) when set; else by
+    /// the CPU, as measured on one host of each (`docs/benchmarks.md`, "Weight layout by
+    /// host"): by size on the Intel models in [`INTEL_BY_SIZE`] (Emerald Rapids: Gemma 3
+    /// 270M decode steps 0.87x the file layout's, the qwen3moe and qwen35moe bench
+    /// presets' decode 1.1x) and on other vendors (AMD Zen 4); the file layout on the
+    /// other Intel models (measured on an earlier Intel Xeon VM: Gemma 3 270M decode 1.3x,
+    /// the qwen35moe bench preset 1.4x the packed groups', before the packed kernels
+    /// prefetched their streams). The second value says why, for `flint devices`.
     pub fn choose() -> Result<(Self, &'static str), HalError> {
         match std::env::var("FLINT_CPU_REPACK") {
             Ok(v) => match v.trim() {
                 "1" => Ok((WeightLayout::Packed, "FLINT_CPU_REPACK=1")),
                 "0" => Ok((WeightLayout::File, "FLINT_CPU_REPACK=0")),
+                "size" => Ok((WeightLayout::BySize, "FLINT_CPU_REPACK=size")),
                 other => Err(HalError::invalid(format!(
-                    "FLINT_CPU_REPACK={other:?} is not 0 or 1"
+                    "FLINT_CPU_REPACK={other:?} is not 0, 1 or size"
                 ))),
             },
-            Err(_) if cpu_is_intel() => Ok((WeightLayout::File, "Intel CPU")),
-            Err(_) => Ok((WeightLayout::BySize, "not an Intel CPU")),
+            Err(_) => Ok(Self::for_cpu(cpu_is_intel(), cpu_family_model())),
+        }
+    }
+
+    /// The default for a CPU (`intel`: its vendor; its display family and model), and
+    /// why.
+    pub fn for_cpu(intel: bool, family_model: (u32, u32)) -> (Self, &'static str) {
+        match (intel, family_model) {
+            (true, fm) if INTEL_BY_SIZE.contains(&fm) => {
+                (WeightLayout::BySize, "Intel Emerald Rapids, measured")
+            }
+            (true, _) => (WeightLayout::File, "Intel CPU"),
+            (false, _) => (WeightLayout::BySize, "not an Intel CPU"),
         }
     }
 
@@ -271,6 +286,44 @@ impl WeightLayout {
             WeightLayout::BySize => ty != GgmlType::Q6_K || bytes < Q6K_FILE_MIN_BYTES,
         }
     }
+}
+
+/// The Intel CPUs (display family, model) that take [`WeightLayout::BySize`] by default:
+/// family 6 model 207 (0xCF, Emerald Rapids), measured faster by size than in the file
+/// layout on every model tried (`docs/benchmarks.md`, "Weight layout by host").
+pub const INTEL_BY_SIZE: [(u32, u32); 1] = [(6, 207)];
+
+/// The CPU's display family and model (CPUID leaf 1, the extended fields folded in as
+/// the vendors define them; `(0, 0)` off x86-64).
+pub fn cpu_family_model() -> (u32, u32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // `__cpuid` is a safe function in newer toolchains, unsafe in older ones.
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID leaf 1 exists on every x86-64 CPU and only reads registers.
+        let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+        family_model(eax)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    (0, 0)
+}
+
+/// CPUID leaf 1's `eax` as (display family, display model): the extended family added
+/// where the family is 15, the extended model prefixed where it is 6 or 15.
+fn family_model(eax: u32) -> (u32, u32) {
+    let family = (eax >> 8) & 0xF;
+    let model = (eax >> 4) & 0xF;
+    let display_family = if family == 15 {
+        family + ((eax >> 20) & 0xFF)
+    } else {
+        family
+    };
+    let display_model = if family == 6 || family == 15 {
+        model | ((eax >> 16) & 0xF) << 4
+    } else {
+        model
+    };
+    (display_family, display_model)
 }
 
 /// Whether the CPU's vendor string is `GenuineIntel`.
@@ -446,6 +499,38 @@ impl CpuDevice {
 mod tests {
     use super::*;
     use flint_hal::{Device, DeviceOptions, WeightKind};
+
+    /// CPUID leaf 1 signatures as the vendors document them: Emerald Rapids
+    /// (0x000C06F2: family 6, model 0xCF), Sapphire Rapids (0x000806F8: model 0x8F),
+    /// AMD Zen 4 (0x00A10F11: family 0xF + 0xA = 25, model 0x11), a family below 6
+    /// (no extended model).
+    #[test]
+    fn family_and_model_fold_in_the_extended_fields() {
+        assert_eq!(family_model(0x000C_06F2), (6, 0xCF));
+        assert_eq!(family_model(0x0008_06F8), (6, 0x8F));
+        assert_eq!(family_model(0x00A1_0F11), (25, 0x11));
+        assert_eq!(family_model(0x0001_0543), (5, 4));
+    }
+
+    /// The default layout by CPU: by size on Emerald Rapids and off Intel, the file's
+    /// layout on the other Intel models; `FLINT_CPU_REPACK` names the same three.
+    #[test]
+    fn the_default_layout_follows_the_cpu() {
+        assert_eq!(
+            WeightLayout::for_cpu(true, (6, 207)).0,
+            WeightLayout::BySize
+        );
+        assert_eq!(WeightLayout::for_cpu(true, (6, 167)).0, WeightLayout::File);
+        assert_eq!(WeightLayout::for_cpu(true, (6, 143)).0, WeightLayout::File);
+        assert_eq!(
+            WeightLayout::for_cpu(false, (25, 17)).0,
+            WeightLayout::BySize
+        );
+        assert_eq!(
+            WeightLayout::for_cpu(false, (6, 207)).0,
+            WeightLayout::BySize
+        );
+    }
 
     /// A Q6_K tensor stays in the file's layout from `Q6K_FILE_MIN_BYTES` under `BySize`
     /// and is repacked below it; other types are repacked at any size; `Packed` and

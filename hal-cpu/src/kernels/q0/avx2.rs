@@ -8,7 +8,7 @@ use flint_core::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 
 use crate::kernels::q0::tinyblas::dot_q0;
 use crate::kernels::q0::vnni::{rows_checked, Q0Pair, Q8_0Side};
-use crate::kernels::x86::avx2::{f16_bcast, hsum_ps, load32i, nibbles};
+use crate::kernels::x86::avx2::{f16_bcast, hsum_ps, load32i, nibbles, Aligned32};
 
 /// Q8_0 x Q8_0, in llama.cpp's tinyBLAS order (`super::tinyblas`).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -183,6 +183,93 @@ impl Avx2Q0 for BlockQ4_0 {
     }
 }
 
+/// [`q0_rows`] for two weight rows against two to four activation rows, the eight
+/// products `d_w * d_a` of a block taken with one multiply: the two rows' f16 scales
+/// widened as `[d_0 x 4, d_1 x 4]`, times the activation rows' scales of the block
+/// arranged once as `[d_a0, .., d_a3]` twice, written to an aligned buffer and broadcast
+/// back from it one product a chain (a load, where a multiply a chain takes a port of
+/// the two the integer and float steps share). The same products as `q0_rows`'s, so the
+/// same sums bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q0_rows_pairs<B: Avx2Q0, const A: usize, const PF: usize>(
+    w: &[B],
+    nb: usize,
+    ys: &[Q8_0Side<'_>; A],
+    out: &mut [f32],
+    stride: usize,
+    n: usize,
+) {
+    assert!(
+        (2..=4).contains(&A),
+        "q0_rows_pairs: two to four activation rows"
+    );
+    // The activation scales of each block, four lanes (the rows past `A` zero).
+    let dy: Vec<Aligned32<[f32; 4]>> = (0..nb)
+        .map(|i| {
+            Aligned32(std::array::from_fn(
+                |a| if a < A { ys[a].1[i] } else { 0.0 },
+            ))
+        })
+        .collect();
+    let dy = &dy[..nb];
+    // Words 0, 1 (the first row's f16 scale) to lanes 0..4, words 2, 3 to lanes 4..8.
+    let spread = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
+    // Each row's blocks as slices of length `nb`, so the loop's indexing needs no checks.
+    let yq: [&[BlockQ8_0]; A] = std::array::from_fn(|a| &ys[a].0[..nb]);
+    let yl: [&[[i32; 8]]; A] = std::array::from_fn(|a| &ys[a].2[..nb]);
+    let mut prod = Aligned32([0f32; 8]);
+    let run = n / 2;
+    for t in 0..run {
+        let xr: [&[B]; 2] = std::array::from_fn(|s| &w[(s * run + t) * nb..][..nb]);
+        let mut acc = [[_mm256_setzero_ps(); A]; 2];
+        for i in 0..nb {
+            // SAFETY: 32 quant bytes, 8 i32 and 4 f32 (aligned) are readable, loadu is
+            // unaligned, `prod` is 32 aligned writable bytes; this function's features
+            // include what `quants` and `lane_sums` need.
+            unsafe {
+                let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 2];
+                for s in 0..2 {
+                    let b = &xr[s][i];
+                    if PF > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>((b as *const B).cast::<i8>().wrapping_add(PF));
+                    }
+                    q[s] = b.quants();
+                }
+                let bits = xr[0][i].scale_bits() as u32 | (xr[1][i].scale_bits() as u32) << 16;
+                let dw = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_cvtsi32_si128(bits as i32), spread));
+                let da = _mm256_broadcast_ps(&*(dy[i].0.as_ptr() as *const __m128));
+                _mm256_store_ps(prod.0.as_mut_ptr(), _mm256_mul_ps(dw, da));
+                // Read back from memory (LLVM would otherwise shuffle each product out of
+                // the register it stored).
+                let prod = &std::hint::black_box(&prod).0;
+                for a in 0..A {
+                    let yv = _mm256_loadu_si256(yq[a][i].qs.as_ptr() as *const __m256i);
+                    let neg16 = _mm256_loadu_si256(yl[a][i].as_ptr() as *const __m256i);
+                    for s in 0..2 {
+                        let sum = B::lane_sums(q[s], yv, neg16);
+                        let dd = _mm256_broadcast_ss(&prod[4 * s + a]);
+                        acc[s][a] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), acc[s][a]);
+                    }
+                }
+            }
+        }
+        for s in 0..2 {
+            for a in 0..A {
+                out[(s * run + t) * stride + a] = hsum_ps(acc[s][a]);
+            }
+        }
+    }
+    for r in 2 * run..n {
+        q0_rows::<B, 1, A, PF>(
+            &w[r * nb..(r + 1) * nb],
+            nb,
+            ys,
+            &mut out[r * stride..],
+            stride,
+        );
+    }
+}
+
 /// Rows of a legacy 32-quant weight `w` (`nb` blocks each) against `A` Q8_0 activation
 /// rows `y` (decode: one, or a few sequences), in tinyBLAS's order as [`dot_q8_0`] /
 /// [`dot_q5_0`] / [`dot_q4_0`] (bit for bit): `out[r * stride + a]` is weight row `r`
@@ -202,6 +289,10 @@ pub(crate) fn q0_rows<B: Avx2Q0, const S: usize, const A: usize, const PF: usize
     let n = rows_checked(w.len(), nb, y, out.len(), stride, "q0::avx2::q0_rows");
     let ys: [Q8_0Side<'_>; A] =
         std::array::from_fn(|a| (&y[a].0[..nb], &y[a].1[..nb], &y[a].2[..nb]));
+    if S == 2 && (2..=4).contains(&A) {
+        q0_rows_pairs::<B, A, PF>(w, nb, &ys, out, stride, n);
+        return;
+    }
     let run = n / S;
     for t in 0..run {
         let xr: [&[B]; S] = std::array::from_fn(|s| &w[(s * run + t) * nb..][..nb]);

@@ -42,7 +42,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ3K, BlockQ8K};
 
-use crate::kernels::x86::avx512::{load64, prefetch_stream};
+use crate::kernels::x86::avx512::{load64, prefetch_stream, Aligned64};
 
 /// Blocks ahead of the current one that each row's stream is prefetched (12 x 110 bytes),
 /// past the row's end too: the caller's next call continues each stream with the next
@@ -185,8 +185,9 @@ impl Consts {
 }
 
 /// The i16 scale pairs of a block's four rows in the layout [`BytePerms`]'s registers
-/// take, written once per block and read back as broadcasts (see [`BytePerms::row_scales`]).
-type ScaleBuf = [i64; 16];
+/// take, written once per block and read back as broadcasts (see [`BytePerms::row_scales`]);
+/// on a cache line of its own, so that the broadcasts take their words from the stores.
+type ScaleBuf = Aligned64<[i64; 16]>;
 
 /// The transpositions and the decode of [`dot_q3k_rows4`]: dword permutes and
 /// `vpshufb` (AVX-512 F/BW), the quants' fields by shifts, masks and rotations.
@@ -456,7 +457,7 @@ impl BytePerms {
         let sc = _mm512_shuffle_epi8(sc, self.sc_order);
         // SAFETY: `buf` is 128 writable bytes; storeu is unaligned.
         unsafe {
-            let p = buf.as_mut_ptr() as *mut __m512i;
+            let p = buf.0.as_mut_ptr() as *mut __m512i;
             _mm512_storeu_si512(p, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc)));
             _mm512_storeu_si512(
                 p.add(1),
@@ -473,7 +474,7 @@ impl BytePerms {
     fn row_scales(&self, _: &[__m512i; 2], buf: &ScaleBuf, r: usize) -> [__m512i; 4] {
         // Read from memory (LLVM would otherwise shuffle each word out of the registers
         // it stored).
-        let buf = std::hint::black_box(buf);
+        let buf = &std::hint::black_box(buf).0;
         [
             _mm512_set1_epi64(buf[4 * r]),
             _mm512_set1_epi64(buf[4 * r + 1]),
@@ -590,7 +591,7 @@ macro_rules! rows4_kernel {
             let d_idx = unsafe { _mm512_loadu_si512(D_IDX.as_ptr() as *const __m512i) };
             let (k, p) = $perms::new();
             let mut lanes = [_mm512_setzero_ps(); 2];
-            let mut buf: ScaleBuf = [0; 16];
+            let mut buf: ScaleBuf = Aligned64([0; 16]);
             for (i, yb) in y.iter().enumerate() {
                 for xs in &x {
                     prefetch_stream(xs, i + PREFETCH_AHEAD);

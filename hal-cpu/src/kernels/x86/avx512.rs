@@ -8,6 +8,12 @@ use std::arch::x86_64::*;
 /// Q4_K: far enough to cover the memory latency at the rate one core consumes blocks).
 pub(crate) const PREFETCH_BLOCKS: usize = 4;
 
+/// A value on a 64-byte boundary: a kernel's buffer of broadcast sources, stored a whole
+/// register at a time and read back a quadword at a time (a store split over two cache
+/// lines does not forward to those loads, and the loads wait for it to reach the cache).
+#[repr(C, align(64))]
+pub(crate) struct Aligned64<T>(pub(crate) T);
+
 /// Hints the cache lines of block `i` of the stream that `row` starts (`i` may run past
 /// the row: a matvec's rows of one stream lie one after the other, and a row of a few
 /// blocks would otherwise never ask for the next one; stopping at the row's end cost
