@@ -277,16 +277,22 @@ impl Device for CpuDevice {
     }
 
     fn description(&self) -> String {
+        // Q3_K blocks are arranged for the VBMI matvec wherever weights are repacked.
+        let q3k = if crate::simd::has_vbmi_gfni() {
+            ", Q3_K blocks arranged"
+        } else {
+            ""
+        };
         let layout = match (self.level, self.layout) {
             (SimdLevel::Avx512Vnni, WeightLayout::Packed) => {
                 format!(
-                    ", weights repacked in 16-row groups ({})",
+                    ", weights repacked in 16-row groups{q3k} ({})",
                     self.layout_reason
                 )
             }
             (SimdLevel::Avx512Vnni, WeightLayout::BySize) => format!(
-                ", weights repacked in 16-row groups but Q6_K tensors of {} MiB or more in the \
-                 file's layout ({})",
+                ", weights repacked in 16-row groups{q3k} but Q6_K tensors of {} MiB or more \
+                 in the file's layout ({})",
                 crate::stage::Q6K_FILE_MIN_BYTES >> 20,
                 self.layout_reason
             ),
@@ -450,8 +456,12 @@ impl Device for CpuDevice {
                     w.info.name
                 )));
             }
-            // A packed weight's row comes back from its group of sixteen.
+            // A packed weight's row comes back from its group of sixteen (an arranged
+            // Q3_K row on its own).
             let unpacked = match w.x16 {
+                Some(_) if w.ty == GgmlType::Q3_K => {
+                    Some(w.rows(id, 1).file_bytes(w.k).into_owned())
+                }
                 Some(_) => w
                     .rows(id / X16_ROWS * X16_ROWS, X16_ROWS)
                     .packed_row_bytes(id % X16_ROWS),

@@ -31,8 +31,8 @@ pub struct CpuWeight {
     pub(crate) e: usize,
     pub(crate) row_bytes: usize,
     /// The rows repacked for the decode kernels (`kernels::q4_k::x16`, `q6_k::x16`,
-    /// `q0::x16`, `mxfp4::x16`), when the weight was staged so; the matmuls then read these, never
-    /// `src`.
+    /// `q0::x16`, `mxfp4::x16`, `q3_k::perm`), when the weight was staged so; the matmuls
+    /// then read these, never `src`.
     pub(crate) x16: Option<Packed>,
     /// Whether the rows (Q8_0, Q5_0, Q4_K or Q6_K, the file's layout) are multiplied in
     /// the AMX order (`WeightRows::Q8_0Amx`, `Q5_0Amx`, `Q4KAmx`, `Q6KAmx`).
@@ -40,8 +40,8 @@ pub struct CpuWeight {
 }
 
 /// A Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4 weight's rows repacked at staging
-/// (`kernels::{q4_k, q6_k, q0, mxfp4}::x16`), in the device's huge-page arena (`arena.rs`
-/// says why).
+/// (`kernels::{q4_k, q6_k, q0, mxfp4}::x16`), or a Q3_K weight's blocks arranged
+/// (`kernels::q3_k::perm`), in the device's huge-page arena (`arena.rs` says why).
 pub(crate) struct Packed {
     region: arena::Region,
     ty: GgmlType,
@@ -65,13 +65,15 @@ impl Packed {
             GgmlType::Q8_0 => WeightRows::Q8_0x16(bytemuck::cast_slice(bytes)),
             GgmlType::Q5_0 => WeightRows::Q5_0x16(bytemuck::cast_slice(bytes)),
             GgmlType::MXFP4 => WeightRows::Mxfp4x16(bytemuck::cast_slice(bytes)),
+            GgmlType::Q3_K => WeightRows::Q3KPerm(bytemuck::cast_slice(bytes)),
             _ => WeightRows::Q6Kx16(bytemuck::cast_slice(bytes)),
         }
     }
 
     /// A Q4_K, Q6_K, Q8_0, Q5_0 or MXFP4 tensor's bytes (whole rows of `k` elements, a
-    /// multiple of 16 rows) repacked into `arena`; `None` for another type or when the
-    /// memory cannot be had (the weight then stays in the file's layout).
+    /// multiple of 16 rows) repacked into `arena`, or a Q3_K tensor's (any rows) arranged;
+    /// `None` for another type or when the memory cannot be had (the weight then stays in
+    /// the file's layout).
     ///
     /// The source's bytes are handed back piece by piece as they are packed, then whole
     /// ([`WeightSource::release_resident_part`]): a weight as large as Gemma 3's output
@@ -129,6 +131,7 @@ impl Packed {
                 &release,
                 kernels::mxfp4::x16::pack,
             ),
+            GgmlType::Q3_K => pack_blocks(bytes, dst, pool, &release, kernels::q3_k::perm::pack),
             _ => return None,
         }
         Some(Self { region, ty })
@@ -175,6 +178,38 @@ fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
     }
 }
 
+/// [`pack_groups`] for a layout that arranges each block on its own (`q3_k::perm`): the
+/// blocks `B` of `src` into blocks `X` of the same size over `dst`, in tasks of 4096
+/// blocks, handed back piece by piece the same way.
+fn pack_blocks<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
+    src: &[u8],
+    dst: &mut [u8],
+    pool: &rayon::ThreadPool,
+    release: &dyn Fn(std::ops::Range<usize>),
+    pack: fn(&[B], &mut [X]),
+) {
+    const _: () = assert!(PACK_PIECE_BYTES.is_multiple_of(4096));
+    let src = kernels::view::<B>(src);
+    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
+    let block_bytes = std::mem::size_of::<X>().max(1);
+    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(4096);
+    let total = out.len();
+    let mut b0 = 0;
+    for part in out.chunks_mut(piece) {
+        let blocks = part.len();
+        pool.install(|| {
+            part.par_chunks_mut(4096).enumerate().for_each(|(c, o)| {
+                let i0 = b0 + c * 4096;
+                pack(&src[i0..i0 + o.len()], o)
+            })
+        });
+        if b0 + blocks < total {
+            release(b0 * block_bytes..(b0 + blocks) * block_bytes);
+        }
+        b0 += blocks;
+    }
+}
+
 impl Weight for CpuWeight {
     fn info(&self) -> &StagedInfo {
         &self.info
@@ -195,7 +230,10 @@ impl CpuWeight {
     pub(crate) fn rows(&self, row0: usize, rows: usize) -> WeightRows<'_> {
         match &self.x16 {
             Some(p) => {
-                debug_assert!(row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS));
+                debug_assert!(
+                    p.ty == GgmlType::Q3_K
+                        || row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS)
+                );
                 p.rows().packed_rows(self.k, row0, rows)
             }
             None if self.amx => {
@@ -219,8 +257,9 @@ impl CpuWeight {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightLayout {
     /// Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 weights repacked into 16-row groups
-    /// (`kernels/*/x16.rs`), every other weight copied as it is, both into the device's
-    /// huge-page arena.
+    /// (`kernels/*/x16.rs`), Q3_K blocks arranged for the VBMI matvec where the CPU has
+    /// VBMI and GFNI (`kernels/q3_k/perm.rs`), every other weight copied as it is, all into
+    /// the device's huge-page arena.
     Packed,
     /// Per weight, by what streams faster from memory ([`WeightLayout::repacks`]): every
     /// weight the packed layout repacks but the Q6_K tensors of [`Q6K_FILE_MIN_BYTES`]
@@ -392,14 +431,20 @@ impl CpuDevice {
             && k.is_multiple_of(ty.block_size())
             && n.is_multiple_of(crate::kernels::amx::AMX_ROWS_MULTIPLE)
             && n > 0;
+        // Q3_K blocks arranged one by one for the VBMI matvec (`kernels::q3_k::perm`), any
+        // number of rows.
         let packable = !amx
             && self.level == SimdLevel::Avx512Vnni
             && match ty {
-                GgmlType::Q4_K | GgmlType::Q6_K => k.is_multiple_of(256),
-                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => k.is_multiple_of(32),
+                GgmlType::Q4_K | GgmlType::Q6_K => {
+                    k.is_multiple_of(256) && n.is_multiple_of(X16_ROWS)
+                }
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => {
+                    k.is_multiple_of(32) && n.is_multiple_of(X16_ROWS)
+                }
+                GgmlType::Q3_K => k.is_multiple_of(256) && crate::simd::has_vbmi_gfni(),
                 _ => false,
             }
-            && n.is_multiple_of(X16_ROWS)
             && n * e > 0
             && self.layout.repacks(ty, desc.data.len());
         let x16 = if packable {
@@ -563,6 +608,8 @@ mod tests {
             (GgmlType::Q6_K, 16, true),
             (GgmlType::Q6_K, large_rows, false),
             (GgmlType::Q4_K, large_rows, true),
+            // Q3_K arranged block by block where the VBMI matvec runs, any rows.
+            (GgmlType::Q3_K, 7, crate::simd::has_vbmi_gfni()),
         ] {
             let bytes = ty.row_bytes(k).expect("row bytes") * rows;
             let h = dev

@@ -517,7 +517,9 @@ pub(crate) fn gemm(
         && (matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) && !expert
             || level_free_panels(level, ty))
     {
-        if let (Acts::Q8K(a), WeightRows::File(_)) = (acts, w) {
+        // (A Q3_K weight arranged for the matvec is unpacked once for the call: a prompt
+        // batch's work on it is hundreds of times the copy's.)
+        if let (Acts::Q8K(a), WeightRows::File(_) | WeightRows::Q3KPerm(_)) = (acts, w) {
             let bytes = w.file_bytes(k);
             match ty {
                 GgmlType::Q4_K => {
@@ -1068,6 +1070,11 @@ fn panels_ahead<B>(
             let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
             Ahead::of(&wb[r0 * nb..r1 * nb])
         }
+        (WeightRows::Q3KPerm(w), _) => {
+            let r0 = (panels.start * panel::PANEL_ROWS).min(n);
+            let r1 = (panels.end * panel::PANEL_ROWS).min(n).max(r0);
+            Ahead::of(&w[r0 * nb..r1 * nb])
+        }
         (WeightRows::File(_), None) => Ahead::NONE,
     }
 }
@@ -1160,9 +1167,13 @@ pub(crate) fn expert_panels(
         a.len() / nb * rows,
         "expert_panels: part length"
     );
-    let bytes = match w {
-        WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => None,
-        _ => Some(w.file_bytes(k)),
+    // The rows the panels decode from, in the file's layout, from row `base` on: the
+    // whole weight's, or of a Q3_K tower arranged for the matvec, this task's rows
+    // unpacked.
+    let (bytes, base) = match w {
+        WeightRows::Q4Kx16(_) | WeightRows::Q6Kx16(_) => (None, 0),
+        WeightRows::Q3KPerm(_) => (Some(w.packed_rows(k, r0, rows).file_bytes(k)), r0),
+        _ => (Some(w.file_bytes(k)), 0),
     };
     if prows == q0::panel_avx2::PANEL8_ROWS {
         let Some(bytes) = bytes else {
@@ -1177,15 +1188,19 @@ pub(crate) fn expert_panels(
                 // SAFETY: every level with panels has AVX2, FMA and F16C (checked against
                 // the CPU at device open).
                 let a = unsafe { <$B as kq_panel_avx2::KPanel8>::acts(a, &mut arranged) };
+                let n_here = wb.len() / nb;
                 for p in panels.clone() {
-                    kq_panel_avx2::decode8(level, &wb, nb, n, p, dec);
+                    kq_panel_avx2::decode8(level, &wb, nb, n_here, p - base / prows, dec);
                     let c0 = p * prows - r0;
                     let live = prows.min(rows - c0);
                     let cols = panel::OutCols { stride: rows, c0 };
-                    // The next panel's rows (this task's or the next one's), asked for
-                    // while this one is multiplied.
+                    // The next panel's rows (this task's or the next one's) as they lie in
+                    // memory, asked for while this one is multiplied.
                     let next = ((p + 1) * prows).min(n) * nb..((p + 2) * prows).min(n) * nb;
-                    let ahead = Ahead::of(&wb[next]);
+                    let ahead = match w {
+                        WeightRows::Q3KPerm(perm) => Ahead::of(&perm[next]),
+                        _ => Ahead::of(&wb[next]),
+                    };
                     kq_panel_avx2::gemm8::<$B>(level, dec, nb, live, a, part, cols, ahead);
                 }
             }};
@@ -1787,6 +1802,9 @@ pub(crate) enum WeightRows<'a> {
     Q5_0x16(&'a [q0::x16::BlockQ5_0x16]),
     /// Whole 16-row groups of MXFP4 blocks, repacked.
     Mxfp4x16(&'a [mxfp4::x16::BlockMxfp4x16]),
+    /// Whole rows of Q3_K blocks arranged for the VBMI matvec (`q3_k::perm`), any number
+    /// of rows.
+    Q3KPerm(&'a [q3_k::perm::BlockQ3KPerm]),
     /// Whole rows of Q8_0 blocks in the file's layout, a multiple of 16 rows, multiplied
     /// on AMX in llama.cpp's AMX order (`amx::q8_0`) whatever the number of activation
     /// rows: the device took AMX for this weight at staging.
@@ -1814,6 +1832,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::File(_) => 0,
             WeightRows::Q4Kx16(_)
             | WeightRows::Q6Kx16(_)
+            | WeightRows::Q3KPerm(_)
             | WeightRows::Q4KAmx(_)
             | WeightRows::Q6KAmx(_) => k / 256,
             WeightRows::Q8_0x16(_)
@@ -1824,8 +1843,8 @@ impl<'a> WeightRows<'a> {
         }
     }
 
-    /// Rows `o0..o0 + rows` (multiples of 16) of repacked rows of `k` elements each; file
-    /// bytes are returned as they are.
+    /// Rows `o0..o0 + rows` (multiples of 16 but for [`WeightRows::Q3KPerm`]) of
+    /// repacked rows of `k` elements each; file bytes are returned as they are.
     pub(crate) fn packed_rows(self, k: usize, o0: usize, rows: usize) -> Self {
         let nb = self.blocks_per_row(k);
         let r = o0 / x16::X16_ROWS * nb..(o0 + rows) / x16::X16_ROWS * nb;
@@ -1836,6 +1855,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
             WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
             WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
+            WeightRows::Q3KPerm(w) => WeightRows::Q3KPerm(&w[o0 * nb..(o0 + rows) * nb]),
             WeightRows::Q8_0Amx(w) => WeightRows::Q8_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
             WeightRows::Q5_0Amx(w) => WeightRows::Q5_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
             WeightRows::Q4KAmx(w) => WeightRows::Q4KAmx(&w[o0 * nb..(o0 + rows) * nb]),
@@ -1843,11 +1863,15 @@ impl<'a> WeightRows<'a> {
         }
     }
 
-    /// Row `r` (0..16) of one repacked row group back in the file's layout, as bytes;
-    /// `None` for file bytes.
+    /// Row `r` (0..16) of one repacked row group (of a [`WeightRows::Q3KPerm`] slice:
+    /// its row `r`) back in the file's layout, as bytes; `None` for file bytes.
     pub(crate) fn packed_row_bytes(self, r: usize) -> Option<Vec<u8>> {
         match self {
             WeightRows::File(_) => None,
+            WeightRows::Q3KPerm(w) => {
+                let nb = w.len() / x16::X16_ROWS;
+                Some(q3_k::perm::unpack_bytes(&w[r * nb..(r + 1) * nb]))
+            }
             WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
@@ -1883,6 +1907,7 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q3KPerm(w) => Cow::Owned(q3_k::perm::unpack_bytes(w)),
             WeightRows::Q8_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
             WeightRows::Q5_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
             WeightRows::Q4KAmx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
@@ -2017,6 +2042,31 @@ fn x16_rows_in(
             };
             run!(g, mxfp4::x16::dot_group, y)
         }
+        // Q3_K arranged for the VBMI matvec: its four-row kernel per activation row (the
+        // order of every Q3_K path), the row arranged once for the chunk.
+        (WeightRows::Q3KPerm(w), Acts::Q8K(a)) => {
+            let rows = w.len() / nb.max(1);
+            assert_eq!(out_t.len(), rows * m, "x16_rows: out length");
+            let mut col = vec![0f32; if m == 1 { 0 } else { rows }];
+            for (t, &r) in act_rows.iter().enumerate() {
+                let y = &a[r * nb..(r + 1) * nb];
+                let dst = if m == 1 { &mut *out_t } else { &mut col[..] };
+                rows4_arranged(
+                    w,
+                    y,
+                    dst,
+                    q3_k::vnni::arrange_perm,
+                    q3_k::vnni::dot_q3k_rows4_perm,
+                    q3_k::vnni::dot_q3k_row_perm,
+                );
+                if m > 1 {
+                    for (o, &v) in col.iter().enumerate() {
+                        out_t[o * m + t] = v;
+                    }
+                }
+            }
+        }
+        (WeightRows::Q3KPerm(_), _) => return Err(FormatError::Unsupported(GgmlType::Q3_K)),
         (WeightRows::Q8_0Amx(w), Acts::Q8_0 { .. }) => {
             amx_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
         }
