@@ -23,6 +23,7 @@
 //!   bits by that half's bit transforms.
 //! - `scales` and `d` as in the file.
 
+use bytemuck::Zeroable;
 use flint_core::blocks::BlockQ3K;
 
 /// One Q3_K block arranged for the kernel (the module says how).
@@ -51,7 +52,7 @@ const fn lane_element(b: usize, s: usize) -> (usize, u32) {
 
 /// The file's `qs` byte that byte `b` of the arranged `qs` is: byte `l + 8k` of the first
 /// 32 (runs 0..4) for the even i32 lanes, of the last 32 for the odd ones.
-const fn qs_source(b: usize) -> usize {
+pub(crate) const fn qs_source(b: usize) -> usize {
     let (lane, k) = (b / 4, b % 4);
     lane / 2 + 8 * k + if lane % 2 == 1 { 32 } else { 0 }
 }
@@ -117,9 +118,20 @@ pub(crate) fn unpack(p: &BlockQ3KPerm) -> BlockQ3K {
     out
 }
 
-/// Whole rows of arranged blocks back in the file's layout, as bytes.
+/// Whole rows of arranged blocks back in the file's layout, as bytes: with
+/// `vnni::unpack_perm` where the CPU arranges them (every one with VBMI and GFNI), else
+/// block by block here.
 pub(crate) fn unpack_bytes(p: &[BlockQ3KPerm]) -> Vec<u8> {
-    let blocks: Vec<BlockQ3K> = p.iter().map(unpack).collect();
+    let mut blocks = vec![BlockQ3K::zeroed(); p.len()];
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_vbmi_gfni() {
+        // SAFETY: the CPU has AVX-512 F/BW, VBMI and GFNI (every CPU with VBMI has F/BW).
+        unsafe { super::vnni::unpack_perm(p, &mut blocks) };
+        return bytemuck::cast_slice(&blocks).to_vec();
+    }
+    for (o, b) in blocks.iter_mut().zip(p) {
+        *o = unpack(b);
+    }
     bytemuck::cast_slice(&blocks).to_vec()
 }
 
@@ -127,7 +139,6 @@ pub(crate) fn unpack_bytes(p: &[BlockQ3KPerm]) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::kernels::order_check::{q3_k_weights, seed};
-    use bytemuck::Zeroable;
 
     #[test]
     fn every_element_is_placed_once() {
@@ -157,5 +168,28 @@ mod tests {
             assert_eq!(bytemuck::bytes_of(a), bytemuck::bytes_of(&u));
         }
         assert_eq!(unpack_bytes(&p), bytemuck::cast_slice::<_, u8>(&w));
+    }
+
+    /// The vector unpack equals the scalar one (and so the file's blocks), extremes too.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_unpack_equals_the_scalar_one() {
+        if !crate::simd::has_vbmi_gfni() {
+            eprintln!("no AVX-512 VBMI + GFNI: the vector unpack is not exercised");
+            return;
+        }
+        let mut s = seed("q3_k perm unpack");
+        let mut w = q3_k_weights(64, &mut s);
+        w[0].hmask = [0xFF; 32];
+        w[1].hmask = [0; 32];
+        w[2].qs = [0xFF; 64];
+        let mut p = vec![BlockQ3KPerm::zeroed(); w.len()];
+        pack(&w, &mut p);
+        let mut got = vec![BlockQ3K::zeroed(); w.len()];
+        // SAFETY: checked above.
+        unsafe { crate::kernels::q3_k::vnni::unpack_perm(&p, &mut got) };
+        for (i, (g, want)) in got.iter().zip(&w).enumerate() {
+            assert_eq!(bytemuck::bytes_of(g), bytemuck::bytes_of(want), "block {i}");
+        }
     }
 }

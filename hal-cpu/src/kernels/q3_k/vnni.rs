@@ -585,6 +585,50 @@ impl PermBytes {
     }
 }
 
+/// Blocks arranged for [`PermBytes`] back in the file's layout (`q3_k::perm::unpack`'s
+/// result, about ten vector operations a block): what the prompt-batch panels decode
+/// from. The CPU must have AVX-512 F/BW, VBMI and GFNI (every CPU that arranges them).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni,avx2")]
+pub(crate) fn unpack_perm(src: &[BlockQ3KPerm], out: &mut [BlockQ3K]) {
+    assert_eq!(src.len(), out.len(), "q3_k::vnni::unpack_perm: lengths");
+    // `qs`: the arrangement's byte permutation undone.
+    let qs_back: [u8; 64] = std::array::from_fn(|i| {
+        (0..64u8)
+            .find(|&b| super::perm::qs_source(b as usize) == i)
+            .unwrap_or(0)
+    });
+    let qs_back = idx64(&qs_back);
+    // The high bits: each byte lane's four (run pairs 0..4, bits 4, 5, 0, 1 of the
+    // kernel's decode) as a nibble in run order, from the half a byte of `hmask` the
+    // lane's half keeps (bits 0, 1, 4, 5 for lanes 0..32, 2, 3, 6, 7 for 32..64) ...
+    let to_nibble = _mm512_inserti64x4::<1>(
+        _mm512_set1_epi64(bit_move(4, 0) | bit_move(5, 1) | bit_move(0, 2) | bit_move(1, 3)),
+        _mm256_set1_epi64x(bit_move(6, 0) | bit_move(7, 1) | bit_move(2, 2) | bit_move(3, 3)),
+    );
+    // ... the odd i32 lanes' (runs 4..8) moved up to bits 4..8 ...
+    let odd_up = _mm512_set1_epi64(4 << 32);
+    // ... and the two lanes of each file byte `l + 8k` (bytes `8l + k` and `8l + 4 + k`)
+    // gathered into the two halves, to be or-ed.
+    let gather: [u8; 64] = std::array::from_fn(|i| {
+        let (j, odd) = (i % 32, i / 32);
+        ((j % 8) * 8 + 4 * odd + j / 8) as u8
+    });
+    let gather = idx64(&gather);
+    for (o, b) in out.iter_mut().zip(src) {
+        let qs = _mm512_permutexvar_epi8(qs_back, load64(&b.qs));
+        let h = _mm512_gf2p8affine_epi64_epi8::<0>(bcast32(&b.hmask), to_nibble);
+        let h = _mm512_permutexvar_epi8(gather, _mm512_sllv_epi32(h, odd_up));
+        let hm = _mm256_or_si256(_mm512_castsi512_si256(h), _mm512_extracti64x4_epi64::<1>(h));
+        // SAFETY: 32 and 64 writable bytes; storeu is unaligned.
+        unsafe {
+            _mm256_storeu_si256(o.hmask.as_mut_ptr() as *mut __m256i, hm);
+            _mm512_storeu_si512(o.qs.as_mut_ptr() as *mut __m512i, qs);
+        }
+        o.scales = b.scales;
+        o.d = b.d;
+    }
+}
+
 /// Runs `s` and `s + 4` of an activation block's quants.
 #[inline]
 fn act_runs(yb: &BlockQ8K, s: usize) -> (&[u8], &[u8]) {
