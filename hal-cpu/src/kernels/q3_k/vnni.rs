@@ -27,7 +27,7 @@
 //! sums; `vpdpwssds` weights them by their groups' scales and adds them into the row's
 //! i32 lanes (the saturating form, which never saturates here: `|A_l| < 2^20`).
 //!
-//! Two kernels compute it, from one body (the macro `rows4_kernel`): [`dot_q3k_rows4`] with dword
+//! Three kernels compute it, from one body (the macro `rows4_kernel`): [`dot_q3k_rows4`] with dword
 //! permutes, `vpshufb` and shift / mask / rotate decoding ([`Shuffles`]), and, where the
 //! CPU has AVX-512 VBMI and GFNI (`crate::simd::has_vbmi_gfni`), [`dot_q3k_rows4_vbmi`]
 //! ([`BytePerms`]): each transposition one byte permute, the quants' fields moved by
@@ -36,7 +36,10 @@
 //! kernel is bound by the vector ALU ports (the shuffle port most), not by memory, on
 //! the 2-core Xeons it was tuned on: the VBMI form issues about 120 vector ALU operations
 //! a block of four rows where the other issues about 160 (about 15% faster on one core,
-//! the weight in cache, `lowbit/Q3_K`).
+//! the weight in cache, `lowbit/Q3_K`). Where weights are repacked at staging, the VBMI
+//! form reads blocks arranged for it ([`dot_q3k_rows4_perm`], `q3_k/perm.rs`): the byte
+//! permutes and the high bits' shift and transform done once, about 104 operations a
+//! block of four rows.
 
 use std::arch::x86_64::*;
 
