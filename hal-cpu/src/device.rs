@@ -14,7 +14,6 @@ use flint_hal::{
 };
 use rayon::prelude::*;
 
-use crate::kernels::x16::X16_ROWS;
 use crate::kernels::{self, FloatKind};
 use crate::kv::{CpuKv, FloatOrder};
 use crate::simd::SimdLevel;
@@ -456,17 +455,8 @@ impl Device for CpuDevice {
                     w.info.name
                 )));
             }
-            // A packed weight's row comes back from its group of sixteen (an arranged
-            // Q3_K row on its own).
-            let unpacked = match w.x16 {
-                Some(_) if w.ty == GgmlType::Q3_K => {
-                    Some(w.rows(id, 1).file_bytes(w.k).into_owned())
-                }
-                Some(_) => w
-                    .rows(id / X16_ROWS * X16_ROWS, X16_ROWS)
-                    .packed_row_bytes(id % X16_ROWS),
-                None => None,
-            };
+            // A packed weight's row comes back from its unit of the layout.
+            let unpacked = w.packed_row(id);
             let src = match &unpacked {
                 Some(row) => &row[..],
                 None => &bytes[id * w.row_bytes..(id + 1) * w.row_bytes],

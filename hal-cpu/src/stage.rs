@@ -57,6 +57,16 @@ impl std::fmt::Debug for Packed {
 }
 
 impl Packed {
+    /// Rows per unit of the layout: a row group of `x16`, or one row of arranged Q3_K
+    /// blocks. Row ranges of the weight start and end on whole units.
+    pub(crate) fn group_rows(&self) -> usize {
+        if self.ty == GgmlType::Q3_K {
+            1
+        } else {
+            X16_ROWS
+        }
+    }
+
     /// The whole weight's row groups.
     fn rows(&self) -> WeightRows<'_> {
         let bytes = self.region.as_slice();
@@ -131,7 +141,15 @@ impl Packed {
                 &release,
                 kernels::mxfp4::x16::pack,
             ),
-            GgmlType::Q3_K => pack_blocks(bytes, dst, pool, &release, kernels::q3_k::perm::pack),
+            GgmlType::Q3_K => pack_pieces(
+                bytes,
+                dst,
+                pool,
+                &release,
+                1,
+                4096,
+                kernels::q3_k::perm::pack,
+            ),
             _ => return None,
         }
         Some(Self { region, ty })
@@ -141,10 +159,47 @@ impl Packed {
 /// Source bytes packed between two hand-backs of [`pack_groups`].
 const PACK_PIECE_BYTES: usize = 4 << 20;
 
-/// Repacks whole rows of `nb` blocks `B` (the file's bytes `src`) into 16-row groups
-/// `X` written over `dst` (the same length), 64 groups per task on `pool`, in pieces of
-/// about [`PACK_PIECE_BYTES`], each piece's source bytes but the last passed to `release`
-/// once packed (the caller hands back the whole range when done).
+/// Packs the blocks `B` of `src` (the file's bytes) into blocks `X` written over `dst`
+/// (the same length), each `X` from `per_x` consecutive `B` (16 for a row group of
+/// `x16`, 1 for a block arranged on its own), `task` blocks `X` per task on `pool`, in
+/// pieces of about [`PACK_PIECE_BYTES`], each piece's source bytes but the last passed to
+/// `release` once packed (the caller hands back the whole range when done).
+fn pack_pieces<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
+    src: &[u8],
+    dst: &mut [u8],
+    pool: &rayon::ThreadPool,
+    release: &dyn Fn(std::ops::Range<usize>),
+    per_x: usize,
+    task: usize,
+    pack: impl Fn(&[B], &mut [X]) + Sync,
+) {
+    let src = kernels::view::<B>(src);
+    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
+    let task = task.max(1);
+    // A packed block holds the same bytes as the file blocks it replaces, so packed
+    // blocks `x0..x1` came from source bytes `x0..x1` times its size.
+    let block_bytes = std::mem::size_of::<X>().max(1);
+    // Whole tasks per piece.
+    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(task);
+    let total = out.len();
+    let mut x0 = 0;
+    for part in out.chunks_mut(piece) {
+        let blocks = part.len();
+        pool.install(|| {
+            part.par_chunks_mut(task).enumerate().for_each(|(c, o)| {
+                let s0 = (x0 + c * task) * per_x;
+                pack(&src[s0..s0 + o.len() * per_x], o)
+            })
+        });
+        if x0 + blocks < total {
+            release(x0 * block_bytes..(x0 + blocks) * block_bytes);
+        }
+        x0 += blocks;
+    }
+}
+
+/// Whole rows of `nb` blocks `B` repacked into 16-row groups `X` by `pack`, 64 groups
+/// per task ([`pack_pieces`]).
 fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
     src: &[u8],
     nb: usize,
@@ -153,61 +208,16 @@ fn pack_groups<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
     release: &dyn Fn(std::ops::Range<usize>),
     pack: fn(&[B], usize, &mut [X]),
 ) {
-    let src = kernels::view::<B>(src);
-    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
-    let per = 64 * nb;
-    // A packed block holds the same bytes as the sixteen file blocks it replaces, so
-    // packed blocks `g0..g1` came from source bytes `g0..g1` times its size.
-    let block_bytes = std::mem::size_of::<X>().max(1);
-    // Whole tasks of 64 row groups per piece.
-    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(per.max(1));
-    let total = out.len();
-    let mut g0 = 0;
-    for part in out.chunks_mut(piece) {
-        let blocks = part.len();
-        pool.install(|| {
-            part.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
-                let r0 = (g0 + c * per) * X16_ROWS;
-                pack(&src[r0..r0 + o.len() * X16_ROWS], nb, o)
-            })
-        });
-        if g0 + blocks < total {
-            release(g0 * block_bytes..(g0 + blocks) * block_bytes);
-        }
-        g0 += blocks;
-    }
-}
-
-/// [`pack_groups`] for a layout that arranges each block on its own (`q3_k::perm`): the
-/// blocks `B` of `src` into blocks `X` of the same size over `dst`, in tasks of 4096
-/// blocks, handed back piece by piece the same way.
-fn pack_blocks<B: bytemuck::Pod + Send + Sync, X: bytemuck::Pod + Send>(
-    src: &[u8],
-    dst: &mut [u8],
-    pool: &rayon::ThreadPool,
-    release: &dyn Fn(std::ops::Range<usize>),
-    pack: fn(&[B], &mut [X]),
-) {
-    const _: () = assert!(PACK_PIECE_BYTES.is_multiple_of(4096));
-    let src = kernels::view::<B>(src);
-    let out: &mut [X] = bytemuck::cast_slice_mut(dst);
-    let block_bytes = std::mem::size_of::<X>().max(1);
-    let piece = (PACK_PIECE_BYTES / block_bytes).next_multiple_of(4096);
-    let total = out.len();
-    let mut b0 = 0;
-    for part in out.chunks_mut(piece) {
-        let blocks = part.len();
-        pool.install(|| {
-            part.par_chunks_mut(4096).enumerate().for_each(|(c, o)| {
-                let i0 = b0 + c * 4096;
-                pack(&src[i0..i0 + o.len()], o)
-            })
-        });
-        if b0 + blocks < total {
-            release(b0 * block_bytes..(b0 + blocks) * block_bytes);
-        }
-        b0 += blocks;
-    }
+    let per_task = 64 * nb;
+    pack_pieces(
+        src,
+        dst,
+        pool,
+        release,
+        X16_ROWS,
+        per_task,
+        |s: &[B], o: &mut [X]| pack(s, nb, o),
+    )
 }
 
 impl Weight for CpuWeight {
@@ -224,16 +234,21 @@ impl CpuWeight {
         self.src.as_slice()
     }
 
+    /// Row `id` (counted over all experts) of a packed weight back in the file's
+    /// layout, from its unit of the layout; `None` for a weight in the file's layout.
+    pub(crate) fn packed_row(&self, id: usize) -> Option<Vec<u8>> {
+        let g = self.x16.as_ref()?.group_rows();
+        self.rows(id / g * g, g).packed_row_bytes(self.k, id % g)
+    }
+
     /// Weight rows `row0..row0 + rows` (counted over all experts) as the kernels read
     /// them. With a packed weight both ends must be multiples of 16 (every packed
     /// weight's rows per expert are).
     pub(crate) fn rows(&self, row0: usize, rows: usize) -> WeightRows<'_> {
         match &self.x16 {
             Some(p) => {
-                debug_assert!(
-                    p.ty == GgmlType::Q3_K
-                        || row0.is_multiple_of(X16_ROWS) && rows.is_multiple_of(X16_ROWS)
-                );
+                let g = p.group_rows();
+                debug_assert!(row0.is_multiple_of(g) && rows.is_multiple_of(g));
                 p.rows().packed_rows(self.k, row0, rows)
             }
             None if self.amx => {

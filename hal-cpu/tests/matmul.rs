@@ -441,6 +441,8 @@ fn get_rows_dequantizes_embedding_rows() {
         GgmlType::Q5_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
+        // 10 rows, arranged block by block where the CPU has VBMI and GFNI (`q3_k::perm`).
+        GgmlType::Q3_K,
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,

@@ -1863,36 +1863,22 @@ impl<'a> WeightRows<'a> {
         }
     }
 
-    /// Row `r` (0..16) of one repacked row group (of a [`WeightRows::Q3KPerm`] slice:
-    /// its row `r`) back in the file's layout, as bytes; `None` for file bytes.
-    pub(crate) fn packed_row_bytes(self, r: usize) -> Option<Vec<u8>> {
+    /// Row `r` of these rows (of `k` elements; for a repacked layout, of its one row
+    /// group) back in the file's layout, as bytes; `None` for file bytes.
+    pub(crate) fn packed_row_bytes(self, k: usize, r: usize) -> Option<Vec<u8>> {
+        let nb = self.blocks_per_row(k);
         match self {
             WeightRows::File(_) => None,
-            WeightRows::Q3KPerm(w) => {
-                let nb = w.len() / x16::X16_ROWS;
-                Some(q3_k::perm::unpack_bytes(&w[r * nb..(r + 1) * nb]))
-            }
+            WeightRows::Q3KPerm(w) => Some(q3_k::perm::unpack_bytes(&w[r * nb..(r + 1) * nb])),
             WeightRows::Q4Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Mxfp4x16(g) => Some(x16::unpack_row_bytes(g, r)),
-            WeightRows::Q8_0Amx(w) => {
-                let nb = w.len() / x16::X16_ROWS;
-                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
-            }
-            WeightRows::Q5_0Amx(w) => {
-                let nb = w.len() / x16::X16_ROWS;
-                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
-            }
-            WeightRows::Q4KAmx(w) => {
-                let nb = w.len() / x16::X16_ROWS;
-                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
-            }
-            WeightRows::Q6KAmx(w) => {
-                let nb = w.len() / x16::X16_ROWS;
-                Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec())
-            }
+            WeightRows::Q8_0Amx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
+            WeightRows::Q5_0Amx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
+            WeightRows::Q4KAmx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
+            WeightRows::Q6KAmx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
         }
     }
 

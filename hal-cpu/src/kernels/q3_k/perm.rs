@@ -39,15 +39,18 @@ pub(crate) struct BlockQ3KPerm {
 const _: () = assert!(std::mem::size_of::<BlockQ3KPerm>() == 110);
 const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
 
+/// Per run pair: the bit of the kernel's decoded high-bit byte that carries its element's
+/// high bit (run pairs 0, 1 in bits 4, 5; 2, 3 in bits 0, 1, below the low bits the
+/// kernel's selects put beside them).
+pub(crate) const HIGH_BIT: [u32; 4] = [4, 5, 0, 1];
+
 /// The element (0..256) that byte `b` (0..64) of run pair `s`'s register holds, and the
 /// bit of the kernel's decoded high-bit byte that carries its high bit.
 const fn lane_element(b: usize, s: usize) -> (usize, u32) {
     let (lane, k) = (b / 4, b % 4);
     let run = s + 4 * (lane % 2);
     let j = lane / 2 + 8 * k;
-    // Run pairs 0, 1 in bits 4, 5; 2, 3 in bits 0, 1.
-    let bit = [4, 5, 0, 1][s];
-    (32 * run + j, bit)
+    (32 * run + j, HIGH_BIT[s])
 }
 
 /// The file's `qs` byte that byte `b` of the arranged `qs` is: byte `l + 8k` of the first
@@ -57,7 +60,18 @@ pub(crate) const fn qs_source(b: usize) -> usize {
     lane / 2 + 8 * k + if lane % 2 == 1 { 32 } else { 0 }
 }
 
-/// The kernel's decoded high-bit byte of byte lane `b` (0..64): bit `[4, 5, 0, 1][s]`
+/// The inverse of [`qs_source`]: the arranged `qs` byte that the file's byte `i` became.
+pub(crate) const QS_BACK: [u8; 64] = {
+    let mut back = [0u8; 64];
+    let mut b = 0;
+    while b < 64 {
+        back[qs_source(b)] = b as u8;
+        b += 1;
+    }
+    back
+};
+
+/// The kernel's decoded high-bit byte of byte lane `b` (0..64): bit `HIGH_BIT[s]`
 /// set where the element of run pair `s` at that lane has its high bit.
 fn high_bits(hmask: &[u8; 32], b: usize) -> u8 {
     let mut out = 0;

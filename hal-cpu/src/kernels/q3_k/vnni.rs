@@ -45,7 +45,7 @@ use std::arch::x86_64::*;
 
 use flint_core::blocks::{BlockQ3K, BlockQ8K};
 
-use super::perm::BlockQ3KPerm;
+use super::perm::{BlockQ3KPerm, HIGH_BIT, QS_BACK};
 use crate::kernels::x86::avx512::{bcast32, load64, prefetch_stream, Aligned64};
 
 /// Blocks ahead of the current one that each row's stream is prefetched (12 x 110 bytes),
@@ -380,6 +380,13 @@ const fn bit_move(from: u32, to: u32) -> i64 {
     ((1i64 << from) & 0xFF) << (8 * (7 - to))
 }
 
+/// The `vgf2p8affineqb` matrix that picks run pair `s`'s biased quant `u` out of a byte
+/// holding its two low bits at bits `2s, 2s + 1` (mod 8) and its high bit at `high`.
+const fn pick_u(s: usize, high: u32) -> i64 {
+    let lo = (2 * s % 8) as u32;
+    bit_move(lo, 0) | bit_move(lo + 1, 1) | bit_move(high, 2)
+}
+
 /// [`BytePerms`]'s byte indices: i32 lane `2l + o`, byte `k` takes source byte
 /// `l + 8k`, plus `second` where `o` is 1.
 const fn interleaved(second: u8) -> [u8; 64] {
@@ -418,12 +425,7 @@ impl BytePerms {
             high_nibbles: _mm512_set1_epi8(0xF0u8 as i8),
             // Packed byte of runs 0, 1: low bits in bits 0..4, high bits in 4, 5; of runs
             // 2, 3: low bits in bits 4..8, high bits in 0, 1.
-            gu: [
-                _mm512_set1_epi64(bit_move(0, 0) | bit_move(1, 1) | bit_move(4, 2)),
-                _mm512_set1_epi64(bit_move(2, 0) | bit_move(3, 1) | bit_move(5, 2)),
-                _mm512_set1_epi64(bit_move(4, 0) | bit_move(5, 1) | bit_move(0, 2)),
-                _mm512_set1_epi64(bit_move(6, 0) | bit_move(7, 1) | bit_move(1, 2)),
-            ],
+            gu: std::array::from_fn(|s| _mm512_set1_epi64(pick_u(s, HIGH_BIT[s]))),
             // SAFETY: 16 readable bytes; loadu is unaligned.
             sc_order: _mm512_broadcast_i32x4(unsafe {
                 _mm_loadu_si128(SC.as_ptr() as *const __m128i)
@@ -532,27 +534,12 @@ impl PermBytes {
     #[target_feature(enable = "avx512f,avx512bw")]
     fn new() -> (Consts, Self) {
         let (k, base) = BytePerms::new();
-        let halves = |lo: i64, hi: i64| {
-            _mm512_inserti64x4::<1>(_mm512_set1_epi64(lo), _mm256_set1_epi64x(hi))
-        };
-        let gu = [
-            halves(
-                bit_move(0, 0) | bit_move(1, 1) | bit_move(4, 2),
-                bit_move(0, 0) | bit_move(1, 1) | bit_move(6, 2),
-            ),
-            halves(
-                bit_move(2, 0) | bit_move(3, 1) | bit_move(5, 2),
-                bit_move(2, 0) | bit_move(3, 1) | bit_move(7, 2),
-            ),
-            halves(
-                bit_move(4, 0) | bit_move(5, 1) | bit_move(0, 2),
-                bit_move(4, 0) | bit_move(5, 1) | bit_move(2, 2),
-            ),
-            halves(
-                bit_move(6, 0) | bit_move(7, 1) | bit_move(1, 2),
-                bit_move(6, 0) | bit_move(7, 1) | bit_move(3, 2),
-            ),
-        ];
+        let gu = std::array::from_fn(|s| {
+            _mm512_inserti64x4::<1>(
+                _mm512_set1_epi64(pick_u(s, HIGH_BIT[s])),
+                _mm256_set1_epi64x(pick_u(s, HIGH_BIT[s] + 2)),
+            )
+        });
         (k, PermBytes { base, gu })
     }
 
@@ -595,12 +582,7 @@ impl PermBytes {
 pub(crate) fn unpack_perm(src: &[BlockQ3KPerm], out: &mut [BlockQ3K]) {
     assert_eq!(src.len(), out.len(), "q3_k::vnni::unpack_perm: lengths");
     // `qs`: the arrangement's byte permutation undone.
-    let qs_back: [u8; 64] = std::array::from_fn(|i| {
-        (0..64u8)
-            .find(|&b| super::perm::qs_source(b as usize) == i)
-            .unwrap_or(0)
-    });
-    let qs_back = idx64(&qs_back);
+    let qs_back = idx64(&QS_BACK);
     // The high bits: each byte lane's four (run pairs 0..4, bits 4, 5, 0, 1 of the
     // kernel's decode) as a nibble in run order, from the half a byte of `hmask` the
     // lane's half keeps (bits 0, 1, 4, 5 for lanes 0..32, 2, 3, 6, 7 for 32..64) ...
@@ -612,11 +594,17 @@ pub(crate) fn unpack_perm(src: &[BlockQ3KPerm], out: &mut [BlockQ3K]) {
     let odd_up = _mm512_set1_epi64(4 << 32);
     // ... and the two lanes of each file byte `l + 8k` (bytes `8l + k` and `8l + 4 + k`)
     // gathered into the two halves, to be or-ed.
-    let gather: [u8; 64] = std::array::from_fn(|i| {
-        let (j, odd) = (i % 32, i / 32);
-        ((j % 8) * 8 + 4 * odd + j / 8) as u8
-    });
-    let gather = idx64(&gather);
+    const GATHER: [u8; 64] = {
+        let mut g = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            let (j, odd) = (i % 32, i / 32);
+            g[i] = ((j % 8) * 8 + 4 * odd + j / 8) as u8;
+            i += 1;
+        }
+        g
+    };
+    let gather = idx64(&GATHER);
     for (o, b) in out.iter_mut().zip(src) {
         let qs = _mm512_permutexvar_epi8(qs_back, load64(&b.qs));
         let h = _mm512_gf2p8affine_epi64_epi8::<0>(bcast32(&b.hmask), to_nibble);
