@@ -129,11 +129,11 @@ impl CpuDevice {
         })
     }
 
-    /// The same device multiplying the Q8_0 and Q5_0 matrices it stages from now on in
-    /// the AMX order (`on`, where the CPU and the level allow: see [`CpuDevice::amx`]) or
-    /// not.
+    /// The same device multiplying the Q8_0, Q5_0, Q4_K and Q6_K matrices it stages from
+    /// now on in the AMX orders (`on`, at the AVX-512 VNNI level: see [`CpuDevice::amx`])
+    /// or not.
     pub fn with_amx(mut self, on: bool) -> Self {
-        self.amx = on && self.level == SimdLevel::Avx512Vnni && crate::kernels::amx::available();
+        self.amx = on && self.level == SimdLevel::Avx512Vnni;
         self.amx_reason = "set by the caller";
         self
     }
@@ -142,8 +142,9 @@ impl CpuDevice {
     /// (llama.cpp's AMX kernels' for Q8_0, Q4_K and Q6_K,
     /// `flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx` and its neighbours, and Q8_0's
     /// for Q5_0) for every number of activation rows (Q8_0 and Q5_0 on AMX tiles from five
-    /// rows, AVX-512 VNNI below; the K-quants on AVX-512 VNNI: `kernels::amx`), and why: with `FLINT_CPU_AMX=1` (an error where the process
-    /// cannot run AMX-INT8 at the AVX-512 VNNI level). Off by default: the golden files
+    /// rows where this process can run them, else on AVX-512 VNNI; the K-quants on
+    /// AVX-512 VNNI: `kernels::amx`), and why: with `FLINT_CPU_AMX=1` (an error below the
+    /// AVX-512 VNNI level). Off by default: the golden files
     /// and the reference forward hold the non-AMX (tinyBLAS) order, which the device
     /// then follows for every weight type (`docs/benchmarks.md` has what AMX gains).
     pub fn amx(&self) -> (bool, &'static str) {
@@ -305,8 +306,13 @@ impl Device for CpuDevice {
             FloatOrder::LlamaCpp => ", llama.cpp's float orders for each call's size",
         };
         let amx = if self.amx {
+            let tiles = if crate::kernels::amx::available() {
+                "Q8_0/Q5_0 on AMX tiles"
+            } else {
+                "on AVX-512 VNNI (this process cannot run AMX tiles)"
+            };
             format!(
-                ", Q8_0/Q5_0/Q4_K/Q6_K in llama.cpp's AMX orders, Q8_0/Q5_0 on AMX tiles ({})",
+                ", Q8_0/Q5_0/Q4_K/Q6_K in llama.cpp's AMX orders, {tiles} ({})",
                 self.amx_reason
             )
         } else {
@@ -897,21 +903,17 @@ impl Device for CpuDevice {
     }
 }
 
-/// `FLINT_CPU_AMX` (`1`: on, an error where the process cannot run AMX-INT8
-/// ([`crate::kernels::amx::available`]) at the AVX-512 VNNI level; `0` or unset: off).
+/// `FLINT_CPU_AMX` (`1`: on, at the AVX-512 VNNI level, an error below it; the tiles
+/// where this process can run AMX-INT8 ([`crate::kernels::amx::available`]), else the
+/// same orders on AVX-512 VNNI; `0` or unset: off).
 fn amx_choose(level: SimdLevel) -> Result<(bool, &'static str), HalError> {
-    let usable = || level == SimdLevel::Avx512Vnni && crate::kernels::amx::available();
     match std::env::var("FLINT_CPU_AMX") {
         Ok(v) => match v.trim() {
             "0" => Ok((false, "FLINT_CPU_AMX=0")),
-            "1" if usable() => Ok((true, "FLINT_CPU_AMX=1")),
-            "1" if level != SimdLevel::Avx512Vnni => Err(HalError::unavailable(format!(
+            "1" if level == SimdLevel::Avx512Vnni => Ok((true, "FLINT_CPU_AMX=1")),
+            "1" => Err(HalError::unavailable(format!(
                 "FLINT_CPU_AMX=1 needs the avx512vnni SIMD level, and the device runs at {level}"
             ))),
-            "1" => Err(HalError::unavailable(
-                "FLINT_CPU_AMX=1, but this process cannot run AMX-INT8 (the CPU, the kernel or \
-                 the hypervisor does not provide it)",
-            )),
             other => Err(HalError::invalid(format!(
                 "FLINT_CPU_AMX={other:?} is not 0 or 1"
             ))),

@@ -48,8 +48,9 @@
 //! which level). Every other block type uses `flint_core::dot::vec_dot`, the scalar
 //! reference. The K-quants have AVX-512 VNNI kernels (`vpdpwssd`), the other block types
 //! AVX-512 F/BW ones. With `FLINT_CPU_AMX=1` Q8_0, Q5_0, Q4_K and Q6_K matrices take
-//! llama.cpp's AMX build's orders (`kernels::amx`: Q8_0 and Q5_0 on AMX tiles, probed in a
-//! child process first; the file's layout). No NEON kernels (no ARM machine or ARM toolchain here to test them on).
+//! llama.cpp's AMX build's orders (`kernels::amx`: Q8_0 and Q5_0 on AMX tiles where a
+//! child process's probe shows this process can run them, in the file's layout; else on
+//! AVX-512 VNNI, from 16-row groups where the layout repacks). No NEON kernels (no ARM machine or ARM toolchain here to test them on).
 //!
 //! Threads: `DeviceOptions::threads` (`FLINT_THREADS`) sizes a dedicated rayon pool. A
 //! prompt batch (16 activation rows or more) of Q5_0/Q8_0/Q4_0 or Q4_K/Q6_K weights on an

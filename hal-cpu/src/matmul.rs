@@ -192,12 +192,24 @@ impl CpuDevice {
             };
             #[cfg(target_arch = "x86_64")]
             match w {
-                WeightRows::Q8_0Amx(wb) => {
-                    kernels::amx_matmul(wb, k, n, acts, out);
-                    return Ok(());
-                }
-                WeightRows::Q5_0Amx(wb) => {
-                    kernels::amx_matmul(wb, k, n, acts, out);
+                WeightRows::Q8_0Amx(_)
+                | WeightRows::Q5_0Amx(_)
+                | WeightRows::Q8_0x16Amx(_)
+                | WeightRows::Q5_0x16Amx(_) => {
+                    let per_rows = m.div_ceil(self.threads * 4).next_multiple_of(4);
+                    let mut gs = std::mem::take(
+                        &mut *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    match w {
+                        WeightRows::Q8_0Amx(wb) => {
+                            kernels::amx_matmul(wb, k, n, acts, per_rows, &mut gs, out)
+                        }
+                        WeightRows::Q5_0Amx(wb) => {
+                            kernels::amx_matmul(wb, k, n, acts, per_rows, &mut gs, out)
+                        }
+                        _ => kernels::amx_x16_matmul(w, k, n, acts, per_rows, &mut gs, out),
+                    }
+                    *self.gemm_scratch.lock().unwrap_or_else(|e| e.into_inner()) = gs;
                     return Ok(());
                 }
                 WeightRows::Q4KAmx(_) | WeightRows::Q6KAmx(_) => {

@@ -34,8 +34,9 @@ pub struct CpuWeight {
     /// `q0::x16`, `mxfp4::x16`, `q3_k::perm`), when the weight was staged so; the matmuls
     /// then read these, never `src`.
     pub(crate) x16: Option<Packed>,
-    /// Whether the rows (Q8_0, Q5_0, Q4_K or Q6_K, the file's layout) are multiplied in
-    /// the AMX order (`WeightRows::Q8_0Amx`, `Q5_0Amx`, `Q4KAmx`, `Q6KAmx`).
+    /// Whether the rows (Q8_0, Q5_0, Q4_K or Q6_K) are multiplied in the AMX order
+    /// (`WeightRows::Q8_0Amx`, `Q5_0Amx`, `Q4KAmx`, `Q6KAmx` in the file's layout;
+    /// `Q8_0x16Amx`, `Q5_0x16Amx` repacked, where the process cannot run AMX tiles).
     pub(crate) amx: bool,
 }
 
@@ -249,7 +250,12 @@ impl CpuWeight {
             Some(p) => {
                 let g = p.group_rows();
                 debug_assert!(row0.is_multiple_of(g) && rows.is_multiple_of(g));
-                p.rows().packed_rows(self.k, row0, rows)
+                let packed = p.rows().packed_rows(self.k, row0, rows);
+                match packed {
+                    WeightRows::Q8_0x16(g) if self.amx => WeightRows::Q8_0x16Amx(g),
+                    WeightRows::Q5_0x16(g) if self.amx => WeightRows::Q5_0x16Amx(g),
+                    _ => packed,
+                }
             }
             None if self.amx => {
                 let b = &self.bytes()[row0 * self.row_bytes..(row0 + rows) * self.row_bytes];
@@ -436,7 +442,8 @@ impl CpuDevice {
         // Q4_K, Q6_K, Q8_0, Q5_0 and MXFP4 rows repacked sixteen at a time for the VNNI decode
         // kernels (`kernels::q4_k::x16` and `kernels::q0::x16` say why); the same bytes in another order.
         // A Q8_0, Q5_0, Q4_K or Q6_K matrix on the AMX path stays in the file's layout
-        // (`kernels::amx`), as llama.cpp's AMX buffer takes it: rows a multiple of 32.
+        // (`kernels::amx`), as llama.cpp's AMX buffer takes it: rows a multiple of 32
+        // (the one exception below).
         let amx = self.amx
             && matches!(
                 ty,
@@ -446,9 +453,15 @@ impl CpuDevice {
             && k.is_multiple_of(ty.block_size())
             && n.is_multiple_of(crate::kernels::amx::AMX_ROWS_MULTIPLE)
             && n > 0;
+        // Where this process cannot run the tiles, Q8_0 and Q5_0 take the AMX orders on
+        // the VNNI panels (`AmxOrder`), which read 16-row groups as cheaply as the
+        // default order does: repacked where the layout repacks.
+        let amx_groups = amx
+            && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
+            && !crate::kernels::amx::available();
         // Q3_K blocks arranged one by one for the VBMI matvec (`kernels::q3_k::perm`), any
         // number of rows.
-        let packable = !amx
+        let packable = (!amx || amx_groups)
             && self.level == SimdLevel::Avx512Vnni
             && match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K => {

@@ -5,8 +5,10 @@
 //! `vec_dot_q4_k_q8_k_amx` / `vec_dot_q6_k_q8_k_amx`, bit for bit: any number of
 //! activation rows (one, a few, a decode batch of 16-63, a prompt), the same bits for a
 //! row whatever else is in the call, through every device path that reaches the weight
-//! (`matmul`, `matmul_multi`, a row lookup). On a CPU or a kernel without AMX-INT8 the
-//! tests say so and check that the device keeps the weights off the tiles.
+//! (`matmul`, `matmul_multi`, a row lookup), with the weights repacked in 16-row groups
+//! and in the file's layout. Where the process cannot run AMX-INT8, the same orders run
+//! on AVX-512 VNNI (`AmxOrder`'s panels) and are checked the same way; without AVX-512
+//! VNNI the tests say so and check nothing.
 
 mod common;
 
@@ -14,26 +16,33 @@ use bytemuck::Zeroable;
 use common::*;
 use flint_core::GgmlType;
 use flint_hal::{Device, DeviceOptions};
-use flint_hal_cpu::{CpuDevice, SimdLevel};
+use flint_hal_cpu::{CpuDevice, SimdLevel, WeightLayout};
 
-/// The device at the VNNI level with AMX asked for; `None` (said) where it cannot run.
-fn amx_device() -> Option<CpuDevice> {
+/// The layouts each test stages its weights in: 16-row groups (where the process cannot
+/// run the tiles, Q8_0 and Q5_0 take them) and the file's.
+const LAYOUTS: [WeightLayout; 2] = [WeightLayout::Packed, WeightLayout::File];
+
+/// The device at the VNNI level with AMX asked for, keeping its weights in `layout`;
+/// `None` (said) below AVX-512 VNNI.
+fn amx_device(layout: WeightLayout) -> Option<CpuDevice> {
     let opts = DeviceOptions {
         threads: Some(2),
         keep_quant: true,
     };
     if SimdLevel::detect() < SimdLevel::Avx512Vnni {
-        eprintln!("no AVX-512 VNNI on this CPU: the AMX path is not used here");
+        eprintln!("no AVX-512 VNNI on this CPU: the AMX orders are not used here");
         return None;
     }
     let dev = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
         .expect("device")
+        .with_layout(layout)
         .with_amx(true);
-    if !dev.amx().0 {
-        assert!(!flint_hal_cpu::kernels::amx::available());
-        eprintln!("AMX-INT8 cannot run in this process: the AMX path is not used here");
-        return None;
-    }
+    assert!(dev.amx().0, "the AMX orders at the AVX-512 VNNI level");
+    let tiles = flint_hal_cpu::kernels::amx::available();
+    eprintln!(
+        "{layout:?} layout, Q8_0/Q5_0 on {}",
+        if tiles { "AMX tiles" } else { "AVX-512 VNNI" }
+    );
     Some(dev)
 }
 
@@ -107,73 +116,81 @@ fn matmul_matches(
 
 #[test]
 fn q8_0_and_q5_0_in_the_amx_order_are_bit_exact() {
-    let Some(dev) = amx_device() else { return };
-    let mut rng = Rng(31);
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        // Row counts (multiples of 32, as llama.cpp's AMX buffer takes): two panels, a
-        // few (split over the tasks), a vocabulary-like many; k of one block, odd block
-        // counts, Gemma 3's 640 and 2048.
-        for (k, n) in [
-            (32, 32),
-            (96, 96),
-            (640, 32),
-            (640, 288),
-            (2048, 64),
-            (224, 1024),
-        ] {
-            // 1-4 rows: the VNNI kernel; 5 and more: the tiles.
-            matmul_matches(
-                &dev,
-                &mut rng,
-                ty,
-                (k, n),
-                &[1, 2, 3, 4, 5, 15, 16, 17, 33, 63, 64, 100],
-            );
+    for layout in LAYOUTS {
+        let Some(dev) = amx_device(layout) else {
+            return;
+        };
+        let mut rng = Rng(31);
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+            // Row counts (multiples of 32, as llama.cpp's AMX buffer takes): two panels, a
+            // few (split over the tasks), a vocabulary-like many; k of one block, odd block
+            // counts, Gemma 3's 640 and 2048.
+            for (k, n) in [
+                (32, 32),
+                (96, 96),
+                (640, 32),
+                (640, 288),
+                (2048, 64),
+                (224, 1024),
+            ] {
+                // 1-4 rows: the VNNI kernel; 5 and more: the tiles.
+                matmul_matches(
+                    &dev,
+                    &mut rng,
+                    ty,
+                    (k, n),
+                    &[1, 2, 3, 4, 5, 15, 16, 17, 33, 63, 64, 100],
+                );
+            }
         }
     }
 }
 
 #[test]
 fn the_amx_order_in_a_shared_section_and_a_row_lookup() {
-    let Some(dev) = amx_device() else { return };
-    let mut rng = Rng(37);
-    let (k, n) = (640, 256);
-    // Gemma 3's q/k/v: a Q5_0 query matrix beside a Q8_0 value matrix, one section.
-    let wq = random_weight(&mut rng, GgmlType::Q5_0, k, 1024);
-    let wv = random_weight(&mut rng, GgmlType::Q8_0, k, n);
-    let hq = dev
-        .stage(&desc("q", GgmlType::Q5_0, &[k, 1024], wq.clone()))
-        .expect("stage");
-    let hv = dev
-        .stage(&desc("v", GgmlType::Q8_0, &[k, n], wv.clone()))
-        .expect("stage");
-    for m in [1usize, 3, 5, 16, 40] {
-        let x = rng.vec(m * k);
-        let want_q = amx_reference(GgmlType::Q5_0, &wq, k, 1024, &x);
-        let want_v = amx_reference(GgmlType::Q8_0, &wv, k, n, &x);
-        let mut q = vec![f32::NAN; m * 1024];
-        let mut v = vec![f32::NAN; m * n];
-        dev.matmul_multi(
-            &[&*hq, &*hv],
-            (&x[..]).into(),
-            m,
-            &mut [(&mut q).into(), (&mut v).into()],
-        )
-        .expect("matmul_multi");
-        assert_bits(&format!("matmul_multi Q5_0 m {m}"), &q, &want_q, 1024);
-        assert_bits(&format!("matmul_multi Q8_0 m {m}"), &v, &want_v, n);
-    }
-    // Rows read back as the file holds them (a tied embedding's lookup).
-    for (h, w, ty) in [(&hv, &wv, GgmlType::Q8_0), (&hq, &wq, GgmlType::Q5_0)] {
-        let rb = ty.row_bytes(k).expect("row size");
-        for id in [0usize, 17, n - 1] {
-            let mut row = vec![0f32; k];
-            dev.get_rows(&**h, (&[id as u32][..]).into(), (&mut row).into())
-                .expect("get_rows");
-            let mut want = vec![0f32; k];
-            flint_core::dequant::dequantize(ty, &w[id * rb..(id + 1) * rb], &mut want)
-                .expect("dequantize");
-            assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+    for layout in LAYOUTS {
+        let Some(dev) = amx_device(layout) else {
+            return;
+        };
+        let mut rng = Rng(37);
+        let (k, n) = (640, 256);
+        // Gemma 3's q/k/v: a Q5_0 query matrix beside a Q8_0 value matrix, one section.
+        let wq = random_weight(&mut rng, GgmlType::Q5_0, k, 1024);
+        let wv = random_weight(&mut rng, GgmlType::Q8_0, k, n);
+        let hq = dev
+            .stage(&desc("q", GgmlType::Q5_0, &[k, 1024], wq.clone()))
+            .expect("stage");
+        let hv = dev
+            .stage(&desc("v", GgmlType::Q8_0, &[k, n], wv.clone()))
+            .expect("stage");
+        for m in [1usize, 3, 5, 16, 40] {
+            let x = rng.vec(m * k);
+            let want_q = amx_reference(GgmlType::Q5_0, &wq, k, 1024, &x);
+            let want_v = amx_reference(GgmlType::Q8_0, &wv, k, n, &x);
+            let mut q = vec![f32::NAN; m * 1024];
+            let mut v = vec![f32::NAN; m * n];
+            dev.matmul_multi(
+                &[&*hq, &*hv],
+                (&x[..]).into(),
+                m,
+                &mut [(&mut q).into(), (&mut v).into()],
+            )
+            .expect("matmul_multi");
+            assert_bits(&format!("matmul_multi Q5_0 m {m}"), &q, &want_q, 1024);
+            assert_bits(&format!("matmul_multi Q8_0 m {m}"), &v, &want_v, n);
+        }
+        // Rows read back as the file holds them (a tied embedding's lookup).
+        for (h, w, ty) in [(&hv, &wv, GgmlType::Q8_0), (&hq, &wq, GgmlType::Q5_0)] {
+            let rb = ty.row_bytes(k).expect("row size");
+            for id in [0usize, 17, n - 1] {
+                let mut row = vec![0f32; k];
+                dev.get_rows(&**h, (&[id as u32][..]).into(), (&mut row).into())
+                    .expect("get_rows");
+                let mut want = vec![0f32; k];
+                flint_core::dequant::dequantize(ty, &w[id * rb..(id + 1) * rb], &mut want)
+                    .expect("dequantize");
+                assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+            }
         }
     }
 }
@@ -183,41 +200,46 @@ fn the_amx_order_in_a_shared_section_and_a_row_lookup() {
 /// device's bits for it.
 #[test]
 fn matrices_llamacpp_keeps_off_amx_keep_the_non_amx_order() {
-    let Some(dev) = amx_device() else { return };
-    let opts = DeviceOptions {
-        threads: Some(2),
-        keep_quant: true,
-    };
-    let plain = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
-        .expect("device")
-        .with_amx(false);
-    let mut rng = Rng(41);
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        let (k, n) = (640, 48);
-        let w = random_weight(&mut rng, ty, k, n);
-        let h = dev
-            .stage(&desc("w", ty, &[k, n], w.clone()))
-            .expect("stage");
-        let hp = plain
-            .stage(&desc("w", ty, &[k, n], w.clone()))
-            .expect("stage");
-        for m in [1usize, 5, 16] {
-            let x = rng.vec(m * k);
-            let mut got = vec![f32::NAN; m * n];
-            let mut want = vec![f32::NAN; m * n];
-            dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
-                .expect("matmul");
-            plain
-                .matmul(&*hp, (&x[..]).into(), m, (&mut want).into())
-                .expect("matmul");
-            assert_bits(&format!("{ty} n {n} m {m} off AMX"), &got, &want, n);
-            let amx = amx_reference(ty, &w, k, n, &x);
-            assert!(
-                got.iter()
-                    .zip(&amx)
-                    .any(|(g, a)| g.to_bits() != a.to_bits()),
-                "{ty} n {n} m {m}: the AMX order's bits, so the check above shows nothing"
-            );
+    for layout in LAYOUTS {
+        let Some(dev) = amx_device(layout) else {
+            return;
+        };
+        let opts = DeviceOptions {
+            threads: Some(2),
+            keep_quant: true,
+        };
+        let plain = CpuDevice::with_level(&opts, SimdLevel::Avx512Vnni)
+            .expect("device")
+            .with_layout(layout)
+            .with_amx(false);
+        let mut rng = Rng(41);
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+            let (k, n) = (640, 48);
+            let w = random_weight(&mut rng, ty, k, n);
+            let h = dev
+                .stage(&desc("w", ty, &[k, n], w.clone()))
+                .expect("stage");
+            let hp = plain
+                .stage(&desc("w", ty, &[k, n], w.clone()))
+                .expect("stage");
+            for m in [1usize, 5, 16] {
+                let x = rng.vec(m * k);
+                let mut got = vec![f32::NAN; m * n];
+                let mut want = vec![f32::NAN; m * n];
+                dev.matmul(&*h, (&x[..]).into(), m, (&mut got).into())
+                    .expect("matmul");
+                plain
+                    .matmul(&*hp, (&x[..]).into(), m, (&mut want).into())
+                    .expect("matmul");
+                assert_bits(&format!("{ty} n {n} m {m} off AMX"), &got, &want, n);
+                let amx = amx_reference(ty, &w, k, n, &x);
+                assert!(
+                    got.iter()
+                        .zip(&amx)
+                        .any(|(g, a)| g.to_bits() != a.to_bits()),
+                    "{ty} n {n} m {m}: the AMX order's bits, so the check above shows nothing"
+                );
+            }
         }
     }
 }
@@ -228,49 +250,53 @@ fn matrices_llamacpp_keeps_off_amx_keep_the_non_amx_order() {
 /// and a row lookup.
 #[test]
 fn q4_k_and_q6_k_in_the_amx_order_are_bit_exact() {
-    let Some(dev) = amx_device() else { return };
-    let mut rng = Rng(43);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        for (k, n) in [(256, 32), (768, 96), (1024, 640), (2048, 64)] {
-            matmul_matches(&dev, &mut rng, ty, (k, n), &[1, 2, 3, 4, 5, 16, 17, 40]);
-        }
-        // A section of two matrices of the same activation type (Gemma 3's ffn_down
-        // beside another), and the rows read back.
-        let (k, n) = (512, 160);
-        let wa = random_weight(&mut rng, ty, k, n);
-        let wb = random_weight(&mut rng, ty, k, 2 * n);
-        let ha = dev
-            .stage(&desc("a", ty, &[k, n], wa.clone()))
-            .expect("stage");
-        let hb = dev
-            .stage(&desc("b", ty, &[k, 2 * n], wb.clone()))
-            .expect("stage");
-        for m in [1usize, 3, 5, 16] {
-            let x = rng.vec(m * k);
-            let (want_a, want_b) = (
-                amx_reference(ty, &wa, k, n, &x),
-                amx_reference(ty, &wb, k, 2 * n, &x),
-            );
-            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * 2 * n]);
-            dev.matmul_multi(
-                &[&*ha, &*hb],
-                (&x[..]).into(),
-                m,
-                &mut [(&mut a).into(), (&mut b).into()],
-            )
-            .expect("matmul_multi");
-            assert_bits(&format!("{ty} matmul_multi a m {m}"), &a, &want_a, n);
-            assert_bits(&format!("{ty} matmul_multi b m {m}"), &b, &want_b, 2 * n);
-        }
-        let rb = ty.row_bytes(k).expect("row size");
-        for id in [0usize, 33, n - 1] {
-            let mut row = vec![0f32; k];
-            dev.get_rows(&*ha, (&[id as u32][..]).into(), (&mut row).into())
-                .expect("get_rows");
-            let mut want = vec![0f32; k];
-            flint_core::dequant::dequantize(ty, &wa[id * rb..(id + 1) * rb], &mut want)
-                .expect("dequantize");
-            assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+    for layout in LAYOUTS {
+        let Some(dev) = amx_device(layout) else {
+            return;
+        };
+        let mut rng = Rng(43);
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            for (k, n) in [(256, 32), (768, 96), (1024, 640), (2048, 64)] {
+                matmul_matches(&dev, &mut rng, ty, (k, n), &[1, 2, 3, 4, 5, 16, 17, 40]);
+            }
+            // A section of two matrices of the same activation type (Gemma 3's ffn_down
+            // beside another), and the rows read back.
+            let (k, n) = (512, 160);
+            let wa = random_weight(&mut rng, ty, k, n);
+            let wb = random_weight(&mut rng, ty, k, 2 * n);
+            let ha = dev
+                .stage(&desc("a", ty, &[k, n], wa.clone()))
+                .expect("stage");
+            let hb = dev
+                .stage(&desc("b", ty, &[k, 2 * n], wb.clone()))
+                .expect("stage");
+            for m in [1usize, 3, 5, 16] {
+                let x = rng.vec(m * k);
+                let (want_a, want_b) = (
+                    amx_reference(ty, &wa, k, n, &x),
+                    amx_reference(ty, &wb, k, 2 * n, &x),
+                );
+                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * 2 * n]);
+                dev.matmul_multi(
+                    &[&*ha, &*hb],
+                    (&x[..]).into(),
+                    m,
+                    &mut [(&mut a).into(), (&mut b).into()],
+                )
+                .expect("matmul_multi");
+                assert_bits(&format!("{ty} matmul_multi a m {m}"), &a, &want_a, n);
+                assert_bits(&format!("{ty} matmul_multi b m {m}"), &b, &want_b, 2 * n);
+            }
+            let rb = ty.row_bytes(k).expect("row size");
+            for id in [0usize, 33, n - 1] {
+                let mut row = vec![0f32; k];
+                dev.get_rows(&*ha, (&[id as u32][..]).into(), (&mut row).into())
+                    .expect("get_rows");
+                let mut want = vec![0f32; k];
+                flint_core::dequant::dequantize(ty, &wa[id * rb..(id + 1) * rb], &mut want)
+                    .expect("dequantize");
+                assert_bits(&format!("{ty} get_rows {id}"), &row, &want, k);
+            }
         }
     }
 }

@@ -22,6 +22,8 @@ use super::act_quant::Acts;
 use super::amx;
 use super::float::FloatKind;
 #[cfg(target_arch = "x86_64")]
+use super::q0::panel::{AmxOrder, TinyBlas};
+#[cfg(target_arch = "x86_64")]
 use super::x16::Ahead;
 use super::{
     float, iq4_nl, iq4_xs, kq_panel, kq_panel_avx2, mxfp4, panel, q0, q2_k, q3_k, q4_k, q5_k, q6_k,
@@ -581,13 +583,13 @@ pub(crate) fn gemm(
         if level == SimdLevel::Avx512Vnni && m >= GEMM_MIN_ROWS {
             match (ty, w) {
                 (GgmlType::Q5_0, _) => {
-                    q0_gemm::<BlockQ5_0>(w, a, k, n, rows_per_task, scratch, out)
+                    q0_gemm::<BlockQ5_0, TinyBlas>(w, a, k, n, rows_per_task, scratch, out)
                 }
                 (GgmlType::Q8_0, _) => {
-                    q0_gemm::<BlockQ8_0>(w, a, k, n, rows_per_task, scratch, out)
+                    q0_gemm::<BlockQ8_0, TinyBlas>(w, a, k, n, rows_per_task, scratch, out)
                 }
                 (GgmlType::Q4_0, WeightRows::File(_)) => {
-                    q0_gemm::<BlockQ4_0>(w, a, k, n, rows_per_task, scratch, out)
+                    q0_gemm::<BlockQ4_0, TinyBlas>(w, a, k, n, rows_per_task, scratch, out)
                 }
                 _ => return Ok(false),
             }
@@ -668,13 +670,17 @@ fn fused_gemm<D: Copy + Send + Sync>(
 /// (`amx::rows`: the rows split over the tasks, each task its columns of the output
 /// rows), more on the tiles, weight-stationary as [`fused_gemm`] (the sixteen-row
 /// panels split over the tasks, each multiplied with every activation row while the
-/// next one is asked for). Runs inside the device's pool.
+/// next one is asked for); where this process cannot run the tiles, more on the VNNI
+/// panels in that order ([`q0_gemm`] with [`AmxOrder`]: `rows_per_task` and `scratch`
+/// as for [`gemm`]). Runs inside the device's pool.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
     w: &[B],
     k: usize,
     n: usize,
     acts: &Acts,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
     use rayon::prelude::*;
@@ -702,6 +708,12 @@ pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
             });
         return;
     }
+    if !amx::available() {
+        let w = WeightRows::File(bytemuck::cast_slice(w));
+        let a = acts.q8_0_all();
+        q0_gemm::<B, AmxOrder>(w, a, k, n, rows_per_task, scratch, out);
+        return;
+    }
     let a = amx::q8_0::AmxActs::new(blocks, scales, &rows, nb);
     let direct = B::as_q8_0(w);
     // Q5_0 panels widened to Q8_0 blocks, one at a time per task.
@@ -726,8 +738,9 @@ pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
         // The next panel into L1, the one after it into L2 (`rows16`).
         let next = amx_panels_ahead(w, nb, p + 1..p + 2);
         let far = amx_panels_ahead(w, nb, p + AMX_L2_AHEAD..p + AMX_L2_AHEAD + 1);
-        // SAFETY: weights are staged for AMX only where `amx::available()` and at the
-        // AVX-512 VNNI level, both checked at device open.
+        // SAFETY: this path is taken only where `amx::available()` (checked above), and
+        // weights are staged for AMX only at the AVX-512 VNNI level, checked at device
+        // open.
         unsafe { amx::q8_0::rows16(panel, &a, &mut buf[cols.c0..], at, next, far) };
     };
     fused_gemm(
@@ -738,6 +751,76 @@ pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
         apply,
         out,
     );
+}
+
+/// `out[t * n + r]` = weight row `r` of `w` ([`WeightRows::Q8_0x16Amx`] or
+/// [`WeightRows::Q5_0x16Amx`]: 16-row groups staged for the AMX orders where the process
+/// cannot run the tiles) · activation row `t` of `acts`, in llama.cpp's AMX order on
+/// AVX-512 VNNI for any number of activation rows ([`q0_gemm`] with [`AmxOrder`]: the
+/// groups decoded into panels, weight-stationary below [`FUSED_MAX_ROWS`] rows).
+/// `rows_per_task` and `scratch` as for [`gemm`]. Runs inside the device's pool.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amx_x16_matmul(
+    w: WeightRows<'_>,
+    k: usize,
+    n: usize,
+    acts: &Acts,
+    rows_per_task: usize,
+    scratch: &mut GemmScratch,
+    out: &mut [f32],
+) {
+    let m = out.len() / n.max(1);
+    if m <= AMX_VNNI_MAX_ROWS {
+        amx_x16_decode(w, k, n, acts, out);
+        return;
+    }
+    let a = acts.q8_0_all();
+    match w {
+        WeightRows::Q8_0x16Amx(g) => q0_gemm::<BlockQ8_0, AmxOrder>(
+            WeightRows::Q8_0x16(g),
+            a,
+            k,
+            n,
+            rows_per_task,
+            scratch,
+            out,
+        ),
+        WeightRows::Q5_0x16Amx(g) => q0_gemm::<BlockQ5_0, AmxOrder>(
+            WeightRows::Q5_0x16(g),
+            a,
+            k,
+            n,
+            rows_per_task,
+            scratch,
+            out,
+        ),
+        _ => unreachable!("amx_x16_matmul: a weight not staged for AMX in 16-row groups"),
+    }
+}
+
+/// [`amx_x16_matmul`] for up to [`AMX_VNNI_MAX_ROWS`] activation rows: the row groups
+/// split over the tasks (four a thread), each group streamed once through
+/// `q0::x16::dot_group_amx` for every activation row.
+#[cfg(target_arch = "x86_64")]
+fn amx_x16_decode(w: WeightRows<'_>, k: usize, n: usize, acts: &Acts, out: &mut [f32]) {
+    use rayon::prelude::*;
+    const R: usize = panel::PANEL_ROWS;
+    let nb = k / 32;
+    let m = out.len() / n.max(1);
+    let rows: Vec<usize> = (0..m).collect();
+    let per = (n / R)
+        .div_ceil(rayon::current_num_threads().max(1) * 4)
+        .max(1)
+        * R;
+    task_columns(out, n, per)
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut cols)| {
+            let rows_here = cols.first().map_or(0, |v| v.len());
+            let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
+            let part = w.packed_rows(k, c * per, rows_here);
+            amx_x16_rows(part, nb, acts, &rows, put);
+        });
 }
 
 /// How many panels ahead of the one on the tiles [`amx_matmul`] asks for a panel into
@@ -938,6 +1021,10 @@ fn amx_rows<B: amx::q8_0::AmxWeight>(
         amx_vnni_rows(w, nb, acts, act_rows, put);
         return;
     }
+    if !amx::available() {
+        amx_panel_rows(w, nb, acts, act_rows, put);
+        return;
+    }
     let Acts::Q8_0 { blocks, scales, .. } = acts else {
         unreachable!("Q8_0 and Q5_0 weights take Q8_0 activations");
     };
@@ -964,6 +1051,157 @@ fn amx_rows<B: amx::q8_0::AmxWeight>(
             }
         }
     }
+}
+
+/// [`amx_rows`] where this process cannot run the tiles: each group of sixteen rows
+/// decoded into a panel and multiplied in llama.cpp's AMX order on AVX-512 VNNI
+/// ([`AmxOrder`]).
+#[cfg(target_arch = "x86_64")]
+fn amx_panel_rows<B: q0::vnni::Q0Pair>(
+    w: &[B],
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    put: impl FnMut(usize, usize, f32),
+) {
+    const R: usize = panel::PANEL_ROWS;
+    let groups = w.len() / (R * nb).max(1);
+    amx_panels_apply::<B>(groups, nb, acts, act_rows, put, |g, d| {
+        q0::panel::q0_decode(&w[g * R * nb..(g + 1) * R * nb], nb, R, 0, d)
+    });
+}
+
+/// Q8_0 or Q5_0 weights repacked in 16-row groups and staged for the AMX orders where
+/// the process cannot run the tiles ([`WeightRows::Q8_0x16Amx`] /
+/// [`WeightRows::Q5_0x16Amx`]) against the activation rows `act_rows` (a task's rows, or
+/// a task of `matmul_multi`), in llama.cpp's AMX order on AVX-512 VNNI for any number
+/// of rows: `put(row, t, value)`. Up to [`AMX_VNNI_MAX_ROWS`] rows stream each group
+/// once (`q0::x16::dot_group_amx`), more decode it into a panel first.
+#[cfg(target_arch = "x86_64")]
+fn amx_x16_rows(
+    w: WeightRows<'_>,
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    put: impl FnMut(usize, usize, f32),
+) {
+    fn run<G: q0::x16::Q0Group>(
+        g: &[G],
+        nb: usize,
+        acts: &Acts,
+        act_rows: &[usize],
+        mut put: impl FnMut(usize, usize, f32),
+    ) where
+        G::Row: q0::vnni::Q0Pair,
+    {
+        const R: usize = panel::PANEL_ROWS;
+        let groups = g.len() / nb.max(1);
+        let m = act_rows.len();
+        if m > AMX_VNNI_MAX_ROWS {
+            amx_panels_apply::<G::Row>(groups, nb, acts, act_rows, put, |p, d| {
+                q0::panel::q0_decode_x16(g, nb, p, d)
+            });
+            return;
+        }
+        let offs = amx_offsets::<G::Row>(acts, act_rows, nb);
+        let sides = amx_sides(acts, act_rows, nb, &offs);
+        for (p, x) in g.chunks_exact(nb).enumerate().take(groups) {
+            let mut o = [[0f32; R]; AMX_VNNI_MAX_ROWS];
+            // SAFETY (each call): weights are staged for AMX only at the AVX-512 VNNI
+            // level, checked against the CPU at device open.
+            unsafe {
+                match m {
+                    1 => {
+                        let mut o1 = [[0f32; R]; 1];
+                        q0::x16::dot_group_amx(x, [sides[0]], &mut o1);
+                        o[0] = o1[0];
+                    }
+                    2 => {
+                        let mut o2 = [[0f32; R]; 2];
+                        q0::x16::dot_group_amx(x, [sides[0], sides[1]], &mut o2);
+                        o[..2].copy_from_slice(&o2);
+                    }
+                    3 => {
+                        let mut o3 = [[0f32; R]; 3];
+                        q0::x16::dot_group_amx(x, [sides[0], sides[1], sides[2]], &mut o3);
+                        o[..3].copy_from_slice(&o3);
+                    }
+                    _ => {
+                        q0::x16::dot_group_amx(x, [sides[0], sides[1], sides[2], sides[3]], &mut o)
+                    }
+                }
+            }
+            for (t, v) in o.iter().enumerate().take(m) {
+                for (r, &x) in v.iter().enumerate() {
+                    put(p * R + r, t, x);
+                }
+            }
+        }
+    }
+    match w {
+        WeightRows::Q8_0x16Amx(g) => run(g, nb, acts, act_rows, put),
+        WeightRows::Q5_0x16Amx(g) => run(g, nb, acts, act_rows, put),
+        _ => unreachable!("amx_x16_rows: a weight not staged for AMX in 16-row groups"),
+    }
+}
+
+/// `groups` panels of sixteen weight rows (`decode(p, buffer)` decodes panel `p`)
+/// against the activation rows `act_rows` of `acts`, in llama.cpp's AMX order
+/// ([`AmxOrder`]): `put(row, t, value)`.
+#[cfg(target_arch = "x86_64")]
+fn amx_panels_apply<B: q0::vnni::Q0Pair>(
+    groups: usize,
+    nb: usize,
+    acts: &Acts,
+    act_rows: &[usize],
+    mut put: impl FnMut(usize, usize, f32),
+    mut decode: impl FnMut(usize, &mut [q0::panel::PanelBlock]),
+) {
+    const R: usize = panel::PANEL_ROWS;
+    let m = act_rows.len();
+    let offs = amx_offsets::<B>(acts, act_rows, nb);
+    let sides = amx_sides(acts, act_rows, nb, &offs);
+    let mut dec = vec![q0::panel::PanelBlock::ZERO; nb];
+    let mut res = vec![0f32; m * R];
+    let cols = panel::OutCols { stride: R, c0: 0 };
+    for p in 0..groups {
+        decode(p, &mut dec);
+        q0::panel::q0_gemm::<AmxOrder>(&dec, nb, R, &sides, &mut res, cols, Ahead::NONE);
+        for (t, v) in res.chunks_exact(R).enumerate() {
+            for (r, &x) in v.iter().enumerate() {
+                put(p * R + r, t, x);
+            }
+        }
+    }
+}
+
+/// The AMX order's side data ([`AmxOrder`]) of the activation rows `act_rows` for the
+/// weight type `B`: per row its `nb` blocks' quant sums times minus `B`'s offset.
+#[cfg(target_arch = "x86_64")]
+fn amx_offsets<B: q0::vnni::Q0Pair>(acts: &Acts, act_rows: &[usize], nb: usize) -> Vec<i32> {
+    act_rows
+        .iter()
+        .flat_map(|&t| AmxOrder::offsets::<B>(acts.q8_0_side(t, nb).2).into_owned())
+        .collect()
+}
+
+/// The activation rows `act_rows` as the AMX order's kernels take them, their side data
+/// from `offs` ([`amx_offsets`]).
+#[cfg(target_arch = "x86_64")]
+fn amx_sides<'a>(
+    acts: &'a Acts,
+    act_rows: &[usize],
+    nb: usize,
+    offs: &'a [i32],
+) -> Vec<q0::panel::Side<'a, i32>> {
+    act_rows
+        .iter()
+        .enumerate()
+        .map(|(t, &r)| {
+            let (q, s, _) = acts.q8_0_side(r, nb);
+            (q, s, &offs[t * nb..(t + 1) * nb])
+        })
+        .collect()
 }
 
 /// `out` (rows of `n` outputs) split into the tasks' columns: task `c` gets columns
@@ -1060,6 +1298,8 @@ fn panels_ahead<B>(
         (WeightRows::Q6Kx16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q8_0x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q5_0x16(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q8_0x16Amx(g), _) => groups_ahead(g, nb, panels),
+        (WeightRows::Q5_0x16Amx(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Mxfp4x16(g), _) => groups_ahead(g, nb, panels),
         (WeightRows::Q8_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
         (WeightRows::Q5_0Amx(w), _) => amx_panels_ahead(w, nb, panels),
@@ -1395,7 +1635,7 @@ fn kq_panel_gemm(
 /// The first `m` activation rows of `a` (each `nb` blocks: Q8_0 blocks, f32 scales, lane
 /// sums) as the panel gemms take them, row by row.
 #[cfg(target_arch = "x86_64")]
-fn row_sides<'a>(a: q0::vnni::Q8_0Side<'a>, nb: usize, m: usize) -> Vec<q0::vnni::Q8_0Side<'a>> {
+fn row_sides<'a, O>(a: q0::panel::Side<'a, O>, nb: usize, m: usize) -> Vec<q0::panel::Side<'a, O>> {
     let (blocks, scales, lanes) = a;
     (0..m)
         .map(|i| {
@@ -1405,11 +1645,14 @@ fn row_sides<'a>(a: q0::vnni::Q8_0Side<'a>, nb: usize, m: usize) -> Vec<q0::vnni
         .collect()
 }
 
-/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI, strip by strip of weight rows
-/// ([`gemm_strip_rows`]): the strip decoded into panels of 16 rows (in parallel), then the activation rows (`a`: every row's Q8_0 blocks, f32
-/// scales and `-16 x` lane sums) in chunks of `rows_per_task`.
+/// [`gemm`] for a legacy 32-quant type on AVX-512 VNNI in the order `O`
+/// ([`TinyBlas`] by default, [`AmxOrder`] for a weight staged for AMX where the process
+/// cannot run the tiles), strip by strip of weight rows ([`gemm_strip_rows`]): the strip
+/// decoded into panels of 16 rows (in parallel), then the activation rows (`a`: every
+/// row's Q8_0 blocks, f32 scales and `-16 x` lane sums) in chunks of `rows_per_task`;
+/// below [`FUSED_MAX_ROWS`] rows, weight-stationary ([`fused_gemm`]).
 #[cfg(target_arch = "x86_64")]
-fn q0_gemm<B: q0::vnni::Q0Pair>(
+fn q0_gemm<B: q0::vnni::Q0Pair, O: Q0Offsets>(
     w: WeightRows<'_>,
     a: q0::vnni::Q8_0Side<'_>,
     k: usize,
@@ -1424,9 +1667,9 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         return;
     }
     let (blocks, scales, neg16_lanes) = a;
-    let lanes = q0_scaled_lanes::<B>(neg16_lanes);
+    let offs = O::offsets::<B>(neg16_lanes);
     let m = out.len() / n;
-    let sides = row_sides((blocks, scales, &lanes), nb, m);
+    let sides = row_sides((blocks, scales, &offs), nb, m);
     let per = rows_per_task.max(1);
     // The file's bytes once for every strip (borrowed for a file layout).
     let bytes = match w {
@@ -1444,7 +1687,7 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         // The rows of the panel after `p`, asked for while `p` is multiplied.
         let apply = |d: &[q0::panel::PanelBlock], live, o: &mut [f32], cols, p: usize| {
             let ahead = panels_ahead(w, wb.as_deref(), nb, n, p + 1..p + 2);
-            q0::panel::q0_gemm(d, nb, live, &sides, o, cols, ahead)
+            q0::panel::q0_gemm::<O>(d, nb, live, &sides, o, cols, ahead)
         };
         fused_gemm(n, nb, q0::panel::PanelBlock::ZERO, decode, apply, out);
         return;
@@ -1463,26 +1706,48 @@ fn q0_gemm<B: q0::vnni::Q0Pair>(
         let dec = &*dec;
         let cols = panel::OutCols { stride: n, c0: s0 };
         out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
-            q0::panel::q0_gemm(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
+            q0::panel::q0_gemm::<O>(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
         });
     }
 }
 
-/// The activation lane sums (`-16 x`) as a legacy type's panel tiles start their lanes:
-/// times the weight's offset over 16 (`1 << SHIFT`), scaled once per matmul, not once
-/// per tile.
+/// A panel order's side data made from the activation blocks' `-16 x` lane sums, once
+/// per matmul, not once per tile.
 #[cfg(target_arch = "x86_64")]
-fn q0_scaled_lanes<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [[i32; 8]]> {
-    use rayon::prelude::*;
-    if B::SHIFT == 0 {
-        return Cow::Borrowed(neg16_lanes);
+pub(crate) trait Q0Offsets: q0::panel::Q0Order {
+    /// Each block's side data for the weight type `B` (offset `16 << B::SHIFT`).
+    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [Self::Off]>;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Q0Offsets for TinyBlas {
+    /// The lane sums times the weight's offset over 16 (`1 << SHIFT`).
+    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [[i32; 8]]> {
+        use rayon::prelude::*;
+        if B::SHIFT == 0 {
+            return Cow::Borrowed(neg16_lanes);
+        }
+        Cow::Owned(
+            neg16_lanes
+                .par_iter()
+                .map(|l| l.map(|v| v << B::SHIFT))
+                .collect(),
+        )
     }
-    Cow::Owned(
-        neg16_lanes
-            .par_iter()
-            .map(|l| l.map(|v| v << B::SHIFT))
-            .collect(),
-    )
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Q0Offsets for AmxOrder {
+    /// The block's eight lane sums added, times the weight's offset over 16 (exact:
+    /// at most 32 x 128 x 128 in size).
+    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [i32]> {
+        Cow::Owned(
+            neg16_lanes
+                .iter()
+                .map(|l| l.iter().sum::<i32>() << B::SHIFT)
+                .collect(),
+        )
+    }
 }
 
 /// The panels `p0..p0 + dec.len() / nb` of a legacy type's weight `w` (`n` rows of `nb`
@@ -1574,7 +1839,7 @@ pub(crate) fn q0_glu_gemm<B: q0::vnni::Q0Pair>(
         return;
     }
     let (blocks, scales, neg16_lanes) = a;
-    let lanes = q0_scaled_lanes::<B>(neg16_lanes);
+    let lanes = TinyBlas::offsets::<B>(neg16_lanes);
     let m = out.len() / n;
     let sides = row_sides((blocks, scales, &lanes), nb, m);
     let per = rows_per_task.max(1);
@@ -1616,8 +1881,16 @@ pub(crate) fn q0_glu_gemm<B: q0::vnni::Q0Pair>(
                     c0: 0,
                 };
                 let (g, u) = (&mut g[..rows * live], &mut u[..rows * live]);
-                q0::panel::q0_gemm(&dec_g[q.clone()], nb, live, mine, g, cols, Ahead::NONE);
-                q0::panel::q0_gemm(&dec_u[q], nb, live, mine, u, cols, Ahead::NONE);
+                q0::panel::q0_gemm::<TinyBlas>(
+                    &dec_g[q.clone()],
+                    nb,
+                    live,
+                    mine,
+                    g,
+                    cols,
+                    Ahead::NONE,
+                );
+                q0::panel::q0_gemm::<TinyBlas>(&dec_u[q], nb, live, mine, u, cols, Ahead::NONE);
                 for r in 0..rows {
                     let at = r * n + s0 + c0;
                     act(
@@ -1818,6 +2091,13 @@ pub(crate) enum WeightRows<'a> {
     Q4KAmx(&'a [BlockQ4K]),
     /// The same for Q6_K.
     Q6KAmx(&'a [BlockQ6K]),
+    /// Whole 16-row groups of Q8_0 blocks, repacked ([`WeightRows::Q8_0x16`]), multiplied
+    /// in llama.cpp's AMX order on AVX-512 VNNI whatever the number of activation rows
+    /// ([`AmxOrder`]): the device took the AMX orders for this weight at staging where the
+    /// process cannot run AMX tiles.
+    Q8_0x16Amx(&'a [q0::x16::BlockQ8_0x16]),
+    /// The same for Q5_0 (Q8_0's AMX order).
+    Q5_0x16Amx(&'a [q0::x16::BlockQ5_0x16]),
 }
 
 impl<'a> WeightRows<'a> {
@@ -1839,7 +2119,9 @@ impl<'a> WeightRows<'a> {
             | WeightRows::Q5_0x16(_)
             | WeightRows::Mxfp4x16(_)
             | WeightRows::Q8_0Amx(_)
-            | WeightRows::Q5_0Amx(_) => k / 32,
+            | WeightRows::Q5_0Amx(_)
+            | WeightRows::Q8_0x16Amx(_)
+            | WeightRows::Q5_0x16Amx(_) => k / 32,
         }
     }
 
@@ -1854,6 +2136,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => WeightRows::Q6Kx16(&g[r]),
             WeightRows::Q8_0x16(g) => WeightRows::Q8_0x16(&g[r]),
             WeightRows::Q5_0x16(g) => WeightRows::Q5_0x16(&g[r]),
+            WeightRows::Q8_0x16Amx(g) => WeightRows::Q8_0x16Amx(&g[r]),
+            WeightRows::Q5_0x16Amx(g) => WeightRows::Q5_0x16Amx(&g[r]),
             WeightRows::Mxfp4x16(g) => WeightRows::Mxfp4x16(&g[r]),
             WeightRows::Q3KPerm(w) => WeightRows::Q3KPerm(&w[o0 * nb..(o0 + rows) * nb]),
             WeightRows::Q8_0Amx(w) => WeightRows::Q8_0Amx(&w[o0 * nb..(o0 + rows) * nb]),
@@ -1874,6 +2158,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q5_0x16(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q8_0x16Amx(g) => Some(x16::unpack_row_bytes(g, r)),
+            WeightRows::Q5_0x16Amx(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Mxfp4x16(g) => Some(x16::unpack_row_bytes(g, r)),
             WeightRows::Q8_0Amx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
             WeightRows::Q5_0Amx(w) => Some(bytemuck::cast_slice(&w[r * nb..(r + 1) * nb]).to_vec()),
@@ -1892,6 +2178,8 @@ impl<'a> WeightRows<'a> {
             WeightRows::Q6Kx16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q8_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q5_0x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q8_0x16Amx(g) => Cow::Owned(x16::unpack_all(g, nb)),
+            WeightRows::Q5_0x16Amx(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Mxfp4x16(g) => Cow::Owned(x16::unpack_all(g, nb)),
             WeightRows::Q3KPerm(w) => Cow::Owned(q3_k::perm::unpack_bytes(w)),
             WeightRows::Q8_0Amx(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
@@ -2059,6 +2347,9 @@ fn x16_rows_in(
         (WeightRows::Q5_0Amx(w), Acts::Q8_0 { .. }) => {
             amx_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
         }
+        (WeightRows::Q8_0x16Amx(_) | WeightRows::Q5_0x16Amx(_), Acts::Q8_0 { .. }) => {
+            amx_x16_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
+        }
         (WeightRows::Q4KAmx(w), Acts::Q8K(_)) => {
             amx_kq_rows(w, nb, acts, act_rows, |r, t, v| out_t[r * m + t] = v)
         }
@@ -2068,6 +2359,8 @@ fn x16_rows_in(
         (WeightRows::Q6KAmx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q6_K)),
         (WeightRows::Q8_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
+        (WeightRows::Q8_0x16Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
+        (WeightRows::Q5_0x16Amx(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),
         (WeightRows::Mxfp4x16(_), _) => return Err(FormatError::Unsupported(GgmlType::MXFP4)),
         (WeightRows::Q8_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q8_0)),
         (WeightRows::Q5_0x16(_), _) => return Err(FormatError::Unsupported(GgmlType::Q5_0)),

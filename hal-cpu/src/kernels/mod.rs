@@ -57,9 +57,12 @@
 //! - `amx/`: AMX tiles (`FLINT_CPU_AMX=1`): whether this process can run them
 //!   (`available`) and Q8_0 / Q5_0 · Q8_0 in llama.cpp's AMX order on the file's layout
 //!   (`WeightRows::Q8_0Amx` / `Q5_0Amx`): on the tiles from five activation rows
-//!   (`q8_0.rs`), on AVX-512 VNNI below (`rows.rs`). Q4_K / Q6_K in llama.cpp's AMX
-//!   order for them (`WeightRows::Q4KAmx` / `Q6KAmx`) run the VNNI kernels of `q4_k/`,
-//!   `q6_k/` and `kq_panel.rs` with that order's float steps.
+//!   (`q8_0.rs`), on AVX-512 VNNI below (`rows.rs`). Where the process cannot run the
+//!   tiles the same order runs on AVX-512 VNNI for every number of rows: the panels of
+//!   `q0/panel.rs` (`AmxOrder`) and, on 16-row groups (`WeightRows::Q8_0x16Amx` /
+//!   `Q5_0x16Amx`), `q0::x16::dot_group_amx` for up to four rows. Q4_K / Q6_K in
+//!   llama.cpp's AMX order for them (`WeightRows::Q4KAmx` / `Q6KAmx`) run the VNNI
+//!   kernels of `q4_k/`, `q6_k/` and `kq_panel.rs` with that order's float steps.
 //! - `attention/`: paged attention with AVX-512 and AVX2, bit for bit the scalar path
 //!   (`crate::kv`); `mod.rs` holds the lane groups both use.
 //! - `elementwise/`: SiLU, GELU, RoPE rotation and f16 conversions with AVX2/AVX-512.
@@ -110,7 +113,7 @@ pub(crate) mod x86;
 
 pub(crate) use act_quant::Acts;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dispatch::{amx_kq_matmul, amx_matmul, q0_glu_gemm, GLU_MIN_ROWS};
+pub(crate) use dispatch::{amx_kq_matmul, amx_matmul, amx_x16_matmul, q0_glu_gemm, GLU_MIN_ROWS};
 pub(crate) use dispatch::{
     core_vec_dot, dot_rows, expert_gemv, expert_panel_rows, expert_panels_apply, expert_rows_gemv,
     gemm, has_small_batch_kernel, matvec_rows, rows_small_batch, view, x16_rows, GemmScratch,

@@ -157,6 +157,22 @@ impl Acts {
         (&blocks[r.clone()], &scales[r.clone()], &neg16_lanes[r])
     }
 
+    /// Every row of Q8_0 activations with its side data.
+    ///
+    /// # Panics
+    /// If the activations are not Q8_0.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn q8_0_all(&self) -> vnni::Q8_0Side<'_> {
+        match self {
+            Acts::Q8_0 {
+                blocks,
+                scales,
+                neg16_lanes,
+            } => (blocks, scales, neg16_lanes),
+            _ => panic!("Q8_0 side data of activations that are not Q8_0"),
+        }
+    }
+
     /// Q8_0 activations as the MXFP4 kernels read them (`nb` blocks per row).
     pub(crate) fn mxfp4_act(&self, nb: usize) -> Option<mxfp4::Act<'_>> {
         match self {

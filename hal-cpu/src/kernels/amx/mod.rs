@@ -13,10 +13,14 @@
 //! than the tiles do for so few rows. Q4_K and Q6_K matrices take llama.cpp's AMX order
 //! for them (`vec_dot_q4_k_q8_k_amx` / `vec_dot_q6_k_q8_k_amx`) on AVX-512 VNNI, not on
 //! the tiles: the four-row decode kernels and the prompt-batch panels with that order's
-//! float steps (`kernels::dispatch::KAmx`). The device takes this path with
-//! `FLINT_CPU_AMX=1` where [`available`] (`CpuDevice::amx` says why it is off by
-//! default); its results then differ in the last bits from the non-AMX orders the golden
-//! files were made with, are llama.cpp's AMX build's (`engine/tests/families.rs`,
+//! float steps (`kernels::dispatch::KAmx`). Where this process cannot run the tiles
+//! ([`available`] is false: no AMX-INT8 in the CPU, the kernel or the hypervisor), Q8_0
+//! and Q5_0 take the same order on AVX-512 VNNI for every number of rows
+//! (`kernels::q0::panel::AmxOrder`, from 16-row groups where the layout repacks). The
+//! device takes this path with `FLINT_CPU_AMX=1` at the AVX-512 VNNI level
+//! (`CpuDevice::amx` says why it is off by default); its results then differ in the
+//! last bits from the non-AMX orders the golden files were made with, are llama.cpp's
+//! AMX build's on either path (`engine/tests/families.rs`,
 //! `*_amx`: Q8_0 and Q4_K_M files), and are the same for a row whatever else is in the
 //! call (one order for every number of activation rows, as llama.cpp's AMX build).
 //!

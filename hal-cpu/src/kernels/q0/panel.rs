@@ -1,6 +1,7 @@
 //! The prompt-batch gemm of Q8_0, Q5_0 and Q4_0 on AVX-512 VNNI: each weight decoded
 //! once per matmul into panels of sixteen rows side by side (`PanelBlock`), multiplied
-//! in tinyBLAS's order (`tinyblas.rs`) sixteen outputs per instruction.
+//! sixteen outputs per instruction in tinyBLAS's order (`tinyblas.rs`, the default) or in
+//! llama.cpp's AMX order (`kernels::amx`, where the process has no AMX tiles).
 
 use std::arch::x86_64::*;
 
@@ -9,6 +10,7 @@ use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
 use crate::kernels::q0::x16::Q0Group;
 use crate::kernels::x16::Ahead;
 use crate::kernels::x86::avx512::transpose8_halves;
+use flint_core::blocks::BlockQ8_0;
 
 /// One 32-quant block of sixteen weight rows (a panel), decoded once for every
 /// activation row of a batch ([`q0_gemm`]): `u[j]` holds quants `4j..4j + 4` of the
@@ -178,20 +180,142 @@ fn q0_panel_tile<const A: usize>(
     }
 }
 
+/// A float order of the panel tiles: what an activation row's side data holds per block
+/// ([`Side`]) and the tile that multiplies a panel in that order.
+pub(crate) trait Q0Order {
+    /// Per block of an activation row, what its integer sums start from.
+    type Off: Copy + Send + Sync;
+    /// Activation rows per tile (1 to 4): as many as the registers hold.
+    const TILE: usize;
+    /// The tile: the sixteen rows of a panel against `A` activation rows
+    /// (`out[a][r]`: panel row `r` against activation row `a`), asking for the lines of
+    /// `ahead` a block at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    unsafe fn tile<const A: usize>(
+        panel: &[PanelBlock],
+        y: &[Side<'_, Self::Off>; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
+    );
+}
+
+/// An activation row as the panel tiles read it: its Q8_0 blocks, their scales widened
+/// to f32, and per block what the order's integer sums start from ([`Q0Order::Off`]).
+pub(crate) type Side<'a, O> = (&'a [BlockQ8_0], &'a [f32], &'a [O]);
+
+/// tinyBLAS's order ([`q0_panel_tile`]): per block eight lane sums, each converted and
+/// added on its own; a block's side data is its eight lane sums times minus the weight
+/// type's offset.
+pub(crate) struct TinyBlas;
+
+impl Q0Order for TinyBlas {
+    type Off = [i32; 8];
+    /// Sixteen accumulators a row and the eight quant registers: two rows.
+    const TILE: usize = 2;
+    unsafe fn tile<const A: usize>(
+        panel: &[PanelBlock],
+        y: &[Q8_0Side<'_>; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
+    ) {
+        // SAFETY: the caller guarantees the features.
+        unsafe { q0_panel_tile(panel, y, out, ahead) }
+    }
+}
+
+/// llama.cpp's AMX order ([`q0_panel_tile_amx`]): per block the exact integer sum of
+/// its 32 products, one conversion and one FMA; a block's side data is the sum of its
+/// quants times minus the weight type's offset.
+pub(crate) struct AmxOrder;
+
+impl Q0Order for AmxOrder {
+    type Off = i32;
+    /// One accumulator and two sums a row: four rows, which also gives the core more
+    /// independent sums per block.
+    const TILE: usize = 4;
+    unsafe fn tile<const A: usize>(
+        panel: &[PanelBlock],
+        y: &[Side<'_, i32>; A],
+        out: &mut [[f32; PANEL_ROWS]; A],
+        ahead: Ahead,
+    ) {
+        // SAFETY: the caller guarantees the features.
+        unsafe { q0_panel_tile_amx(panel, y, out, ahead) }
+    }
+}
+
+/// The sixteen rows of a panel against `A` activation rows in the order of llama.cpp's
+/// AMX kernels (`flint_core::dot::ggml_x86::vec_dot_q8_0_q8_0_amx` and
+/// `vec_dot_q5_0_q8_0_amx`, bit for bit): per block, eight `vpdpbusd` of the panel's
+/// quant registers against four broadcast activation quants each, into one register
+/// that starts from the block's side data `o` (its quants' sum times minus the weight
+/// type's offset), give the sixteen rows' exact block sums; then
+/// `acc = fma(sum, d_w * d_a, acc)`, one conversion and one FMA per 512 multiply-adds
+/// where tinyBLAS's order needs eight of each. The AMX path's tile on a CPU without AMX
+/// tiles (`kernels::amx`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn q0_panel_tile_amx<const A: usize>(
+    panel: &[PanelBlock],
+    y: &[Side<'_, i32>; A],
+    out: &mut [[f32; PANEL_ROWS]; A],
+    ahead: Ahead,
+) {
+    let nb = panel.len();
+    let ys: [Side<'_, i32>; A] = std::array::from_fn(|a| {
+        let (q, s, o) = y[a];
+        (&q[..nb], &s[..nb], &o[..nb])
+    });
+    let mut acc = [_mm512_setzero_ps(); A];
+    for (i, b) in panel.iter().enumerate() {
+        ahead.block(i, nb);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..8 {
+            // SAFETY: 64 readable bytes; the block is 64-byte aligned.
+            w[j] = unsafe { _mm512_load_si512(b.u[j].as_ptr() as *const __m512i) };
+        }
+        // SAFETY: 16 readable f32, 64-byte aligned.
+        let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+        for a in 0..A {
+            let (q, s, o) = ys[a];
+            let qs = q[i].qs.as_ptr() as *const i32;
+            // Two chains of four (an integer sum in any order is the same sum): a
+            // chain of eight `vpdpbusd` is 40 cycles long, and the core would have to
+            // hold several blocks in flight to cover it.
+            let mut t = [_mm512_set1_epi32(o[i]), _mm512_setzero_si512()];
+            for (j, wj) in w.iter().enumerate() {
+                // SAFETY: `qs` points at 32 readable quant bytes, `j < 8`;
+                // read_unaligned needs no alignment.
+                let y4 = unsafe { qs.add(j).read_unaligned() };
+                t[j / 4] = _mm512_dpbusd_epi32(t[j / 4], *wj, _mm512_set1_epi32(y4));
+            }
+            let t = _mm512_add_epi32(t[0], t[1]);
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
+            acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sc, acc[a]);
+        }
+    }
+    for a in 0..A {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(out[a].as_mut_ptr(), acc[a]) };
+    }
+}
+
 /// `out[t * cols.stride + cols.c0 + r] = dot(weight row r, activation row t)` for the
 /// `n` weight rows decoded in `dec` (panels of `nb` blocks, [`q0_decode`]) and the
-/// activation rows `sides` (each row's Q8_0 blocks, scales and lane sums times minus the
-/// weight type's offset; `out.len() / cols.stride` of them), in tinyBLAS's order (the
-/// same results as [`q5_0_rows`](super::vnni::q5_0_rows) / `tinyblas::dot_q0` row by
-/// row). Per panel (which stays in L1), tiles of two activation rows
-/// ([`q0_panel_tile`], which keeps both multiply pipes busy), the last odd row alone.
-/// The tiles ask for the cache lines of `ahead` (the weight rows decoded next, if any), a
-/// line per block, spread over the tiles (see [`Ahead`]).
-pub(crate) fn q0_gemm(
+/// activation rows `sides` (`out.len() / cols.stride` of them, their side data in the
+/// order `O`'s form), in the order `O` (with [`TinyBlas`], the same results as
+/// [`q5_0_rows`](super::vnni::q5_0_rows) / `tinyblas::dot_q0` row by row). Per panel
+/// (which stays in L1), tiles of [`Q0Order::TILE`] activation rows (which keeps both
+/// multiply pipes busy), the last ones fewer. The tiles ask for the cache lines of `ahead` (the
+/// weight rows decoded next, if any), a line per block, spread over the tiles (see
+/// [`Ahead`]).
+pub(crate) fn q0_gemm<O: Q0Order>(
     dec: &[PanelBlock],
     nb: usize,
     n: usize,
-    sides: &[Q8_0Side<'_>],
+    sides: &[Side<'_, O::Off>],
     out: &mut [f32],
     cols: OutCols,
     ahead: Ahead,
@@ -208,19 +332,32 @@ pub(crate) fn q0_gemm(
         let blocks = &dec[p * nb..(p + 1) * nb];
         let r0 = p * PANEL_ROWS;
         let live = PANEL_ROWS.min(n - r0);
+        let tile = O::TILE;
         let mut t = 0;
         while t < m {
-            let mut o = [[0f32; PANEL_ROWS]; 2];
-            let take = (m - t).min(2);
-            let mine = ahead.part(t / 2, m.div_ceil(2));
+            let mut o = [[0f32; PANEL_ROWS]; 4];
+            let take = (m - t).min(tile);
+            let mine = ahead.part(t / tile, m.div_ceil(tile));
+            let y = &sides[t..t + take];
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
-                if take == 2 {
-                    q0_panel_tile::<2>(blocks, &[sides[t], sides[t + 1]], &mut o, mine);
-                } else {
-                    let mut o1 = [[0f32; PANEL_ROWS]; 1];
-                    q0_panel_tile::<1>(blocks, &[sides[t]], &mut o1, mine);
-                    o[0] = o1[0];
+                match take {
+                    4 => O::tile::<4>(blocks, &[y[0], y[1], y[2], y[3]], &mut o, mine),
+                    3 => {
+                        let mut o3 = [[0f32; PANEL_ROWS]; 3];
+                        O::tile::<3>(blocks, &[y[0], y[1], y[2]], &mut o3, mine);
+                        o[..3].copy_from_slice(&o3);
+                    }
+                    2 => {
+                        let mut o2 = [[0f32; PANEL_ROWS]; 2];
+                        O::tile::<2>(blocks, &[y[0], y[1]], &mut o2, mine);
+                        o[..2].copy_from_slice(&o2);
+                    }
+                    _ => {
+                        let mut o1 = [[0f32; PANEL_ROWS]; 1];
+                        O::tile::<1>(blocks, &[y[0]], &mut o1, mine);
+                        o[0] = o1[0];
+                    }
                 }
             }
             for (a, v) in o.iter().enumerate().take(take) {

@@ -255,6 +255,55 @@ pub(crate) fn dot_group<G: Q0Group, const M: usize>(
     }
 }
 
+/// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
+/// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
+/// Q8_0 blocks each with their f32 scales and per block its quants' sum times minus the
+/// weight type's offset), in llama.cpp's AMX order (the decode kernel of
+/// `q0::panel::AmxOrder`, the same bits as its panels): per block eight `vpdpbusd` into
+/// the sixteen rows' exact block sums, one conversion, one FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot_group_amx<G: Q0Group, const M: usize>(
+    x: &[G],
+    y: [crate::kernels::q0::panel::Side<'_, i32>; M],
+    out: &mut [[f32; X16_ROWS]; M],
+) {
+    let nb = x.len();
+    for (q, s, o) in &y {
+        assert!(
+            q.len() >= nb && s.len() >= nb && o.len() >= nb,
+            "q0::x16::dot_group_amx: lengths"
+        );
+    }
+    let mut acc = [_mm512_setzero_ps(); M];
+    for (i, b) in x.iter().enumerate() {
+        crate::kernels::x16::prefetch_ahead(b);
+        // SAFETY: 32 readable bytes; loadu is unaligned.
+        let dw = _mm512_cvtph_ps(unsafe {
+            _mm256_loadu_si256(b.scale_bits().as_ptr() as *const __m256i)
+        });
+        // SAFETY: this function's features include AVX-512 F/BW.
+        let u = unsafe { b.lanes() };
+        for (a, acc_a) in acc.iter_mut().enumerate() {
+            let (q, s, o) = y[a];
+            let qs = &q[i].qs;
+            // Two chains of four (`q0::panel::q0_panel_tile_amx` says why).
+            let mut t = [_mm512_set1_epi32(o[i]), _mm512_setzero_si512()];
+            for (j, uj) in u.iter().enumerate() {
+                let y4 = crate::kernels::x16::bcast4(qs, 4 * j);
+                t[j / 4] = _mm512_dpbusd_epi32(t[j / 4], *uj, y4);
+            }
+            let t = _mm512_add_epi32(t[0], t[1]);
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
+            *acc_a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sc, *acc_a);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: 16 writable f32; storeu is unaligned.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+    }
+}
+
 /// Blocks per pass of [`dot_group`] with three or four activation rows.
 const CHUNK_BLOCKS: usize = 4;
 
