@@ -326,6 +326,59 @@ fn devices_describes_the_selected_backend_and_its_refusals() {
     );
 }
 
+/// `FLINT_CPU_AMX=1`: at the AVX-512 VNNI level the cpu line names llama.cpp's AMX
+/// orders and the units they run on (AMX tiles where the process can run them, AVX-512
+/// VNNI elsewhere); below it, and for a value other than 0 or 1, the backend is
+/// unavailable with the reason.
+#[test]
+fn devices_names_the_amx_orders_and_their_units() {
+    let cpu_line = |simd: Option<&str>, amx: &str| {
+        let mut cmd = flint();
+        cmd.arg("devices")
+            .env("FLINT_DEVICE", "cpu")
+            .env("FLINT_CPU_AMX", amx);
+        if let Some(s) = simd {
+            cmd.env("FLINT_CPU_SIMD", s);
+        }
+        let out = cmd.output().expect("flint runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("* cpu"))
+            .expect("cpu line")
+            .to_string()
+    };
+    if flint_hal_cpu::SimdLevel::detect() >= flint_hal_cpu::SimdLevel::Avx512Vnni {
+        let cpu = cpu_line(None, "1");
+        let units = if flint_hal_cpu::kernels::amx::available() {
+            "on AMX tiles"
+        } else {
+            "on AVX-512 VNNI (this process cannot run AMX tiles)"
+        };
+        assert!(
+            cpu.contains("available    ")
+                && cpu.contains("in llama.cpp's AMX orders")
+                && cpu.contains(units),
+            "{cpu}"
+        );
+    }
+    let cpu = cpu_line(Some("avx2"), "1");
+    assert!(
+        cpu.contains("unavailable")
+            && cpu.contains("FLINT_CPU_AMX=1 needs the avx512vnni SIMD level"),
+        "{cpu}"
+    );
+    let cpu = cpu_line(None, "2");
+    assert!(
+        cpu.contains("unavailable") && cpu.contains("FLINT_CPU_AMX=\"2\" is not 0 or 1"),
+        "{cpu}"
+    );
+}
+
 /// The JSON line `flint bench --json` printed to `stdout`.
 fn bench_json(stdout: &[u8]) -> serde_json::Value {
     let line = String::from_utf8_lossy(stdout)
