@@ -289,23 +289,7 @@ fn bench_json_has_the_spec_keys_on_tiny() {
 /// (`FLINT_CPU_REPACK=x`) shown as the reason it is unavailable; one line per backend.
 #[test]
 fn devices_describes_the_selected_backend_and_its_refusals() {
-    let lines = |repack: &str| {
-        let out = flint()
-            .arg("devices")
-            .env("FLINT_DEVICE", "cpu")
-            .env("FLINT_CPU_REPACK", repack)
-            .output()
-            .expect("flint runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect::<Vec<_>>()
-    };
+    let lines = |repack: &str| devices_lines(&[("FLINT_CPU_REPACK", repack)]);
     for (repack, layout) in [("1", "16-row groups"), ("0", "file's layout")] {
         let l = lines(repack);
         let cpu = l.iter().find(|s| s.starts_with("* cpu")).expect("cpu line");
@@ -326,6 +310,25 @@ fn devices_describes_the_selected_backend_and_its_refusals() {
     );
 }
 
+/// The lines `flint devices` prints with the cpu backend selected and `env` set.
+fn devices_lines(env: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = flint();
+    cmd.arg("devices").env("FLINT_DEVICE", "cpu");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("flint runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// `FLINT_CPU_AMX=1`: at the AVX-512 VNNI level the cpu line names llama.cpp's AMX
 /// orders and the units they run on (AMX tiles where the process can run them, AVX-512
 /// VNNI elsewhere); below it, and for a value other than 0 or 1, the backend is
@@ -333,24 +336,12 @@ fn devices_describes_the_selected_backend_and_its_refusals() {
 #[test]
 fn devices_names_the_amx_orders_and_their_units() {
     let cpu_line = |simd: Option<&str>, amx: &str| {
-        let mut cmd = flint();
-        cmd.arg("devices")
-            .env("FLINT_DEVICE", "cpu")
-            .env("FLINT_CPU_AMX", amx);
-        if let Some(s) = simd {
-            cmd.env("FLINT_CPU_SIMD", s);
-        }
-        let out = cmd.output().expect("flint runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
+        let mut env = vec![("FLINT_CPU_AMX", amx)];
+        env.extend(simd.map(|s| ("FLINT_CPU_SIMD", s)));
+        devices_lines(&env)
+            .into_iter()
             .find(|l| l.starts_with("* cpu"))
             .expect("cpu line")
-            .to_string()
     };
     if flint_hal_cpu::SimdLevel::detect() >= flint_hal_cpu::SimdLevel::Avx512Vnni {
         let cpu = cpu_line(None, "1");

@@ -683,7 +683,6 @@ pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
-    use rayon::prelude::*;
     const R: usize = panel::PANEL_ROWS;
     let nb = k / 32;
     let Acts::Q8_0 { blocks, scales, .. } = acts else {
@@ -692,20 +691,10 @@ pub(crate) fn amx_matmul<B: amx::q8_0::AmxWeight>(
     let m = out.len() / n.max(1);
     let rows: Vec<usize> = (0..m).collect();
     if m <= AMX_VNNI_MAX_ROWS {
-        // Row chunks of whole groups of sixteen, four a thread, each task its columns of
-        // the activation rows.
-        let per = (n / R)
-            .div_ceil(rayon::current_num_threads().max(1) * 4)
-            .max(1)
-            * R;
-        task_columns(out, n, per)
-            .into_par_iter()
-            .enumerate()
-            .for_each(|(c, mut cols)| {
-                let rows_here = cols.first().map_or(0, |v| v.len());
-                let wr = &w[c * per * nb..(c * per + rows_here) * nb];
-                amx_vnni_rows(wr, nb, acts, &rows, |r, t, v| cols[t][r] = v);
-            });
+        over_row_groups(out, n, |r0, rn, cols| {
+            let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
+            amx_vnni_rows(&w[r0 * nb..(r0 + rn) * nb], nb, acts, &rows, put)
+        });
         return;
     }
     if !amx::available() {
@@ -803,11 +792,27 @@ pub(crate) fn amx_x16_matmul(
 /// `q0::x16::dot_group_amx` for every activation row.
 #[cfg(target_arch = "x86_64")]
 fn amx_x16_decode(w: WeightRows<'_>, k: usize, n: usize, acts: &Acts, out: &mut [f32]) {
-    use rayon::prelude::*;
-    const R: usize = panel::PANEL_ROWS;
     let nb = k / 32;
     let m = out.len() / n.max(1);
     let rows: Vec<usize> = (0..m).collect();
+    over_row_groups(out, n, |r0, rn, cols| {
+        let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
+        amx_x16_rows(w.packed_rows(k, r0, rn), nb, acts, &rows, put)
+    });
+}
+
+/// The decode drivers' split of a matmul (`out`: rows of `n` outputs, `n` a multiple of
+/// 16) over the pool: whole groups of sixteen weight rows, four tasks a thread, each
+/// task its columns of every activation row. `run(first row, rows, cols)` per task,
+/// `cols[t][r]` activation row `t`'s output for the task's row `r`.
+#[cfg(target_arch = "x86_64")]
+fn over_row_groups(
+    out: &mut [f32],
+    n: usize,
+    run: impl Fn(usize, usize, &mut [&mut [f32]]) + Sync,
+) {
+    use rayon::prelude::*;
+    const R: usize = panel::PANEL_ROWS;
     let per = (n / R)
         .div_ceil(rayon::current_num_threads().max(1) * 4)
         .max(1)
@@ -817,9 +822,7 @@ fn amx_x16_decode(w: WeightRows<'_>, k: usize, n: usize, acts: &Acts, out: &mut 
         .enumerate()
         .for_each(|(c, mut cols)| {
             let rows_here = cols.first().map_or(0, |v| v.len());
-            let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
-            let part = w.packed_rows(k, c * per, rows_here);
-            amx_x16_rows(part, nb, acts, &rows, put);
+            run(c * per, rows_here, &mut cols);
         });
 }
 
@@ -857,8 +860,6 @@ pub(crate) fn amx_kq_matmul(
     scratch: &mut GemmScratch,
     out: &mut [f32],
 ) {
-    use rayon::prelude::*;
-    const R: usize = panel::PANEL_ROWS;
     let nb = k / 256;
     let m = out.len() / n.max(1);
     let Acts::Q8K(blocks) = acts else {
@@ -879,34 +880,18 @@ pub(crate) fn amx_kq_matmul(
         return;
     }
     let rows: Vec<usize> = (0..m).collect();
-    let per = (n / R)
-        .div_ceil(rayon::current_num_threads().max(1) * 4)
-        .max(1)
-        * R;
-    task_columns(out, n, per)
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(c, mut cols)| {
-            let rows_here = cols.first().map_or(0, |v| v.len());
-            let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
-            match w {
-                WeightRows::Q4KAmx(wb) => amx_kq_rows(
-                    &wb[c * per * nb..(c * per + rows_here) * nb],
-                    nb,
-                    acts,
-                    &rows,
-                    put,
-                ),
-                WeightRows::Q6KAmx(wb) => amx_kq_rows(
-                    &wb[c * per * nb..(c * per + rows_here) * nb],
-                    nb,
-                    acts,
-                    &rows,
-                    put,
-                ),
-                _ => unreachable!("amx_kq_matmul: a weight not staged for AMX"),
+    over_row_groups(out, n, |r0, rn, cols| {
+        let put = |r: usize, t: usize, v: f32| cols[t][r] = v;
+        match w {
+            WeightRows::Q4KAmx(wb) => {
+                amx_kq_rows(&wb[r0 * nb..(r0 + rn) * nb], nb, acts, &rows, put)
             }
-        });
+            WeightRows::Q6KAmx(wb) => {
+                amx_kq_rows(&wb[r0 * nb..(r0 + rn) * nb], nb, acts, &rows, put)
+            }
+            _ => unreachable!("amx_kq_matmul: a weight not staged for AMX"),
+        }
+    });
 }
 
 /// A K-quant type the AMX path takes ([`WeightRows::Q4KAmx`], [`WeightRows::Q6KAmx`]):

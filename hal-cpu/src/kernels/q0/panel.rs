@@ -33,6 +33,31 @@ impl PanelBlock {
         u: [[0; 64]; 8],
         d: [0.0; 16],
     };
+
+    /// The block's eight quant registers and its scales.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[inline(always)]
+    unsafe fn load(&self) -> ([__m512i; 8], __m512) {
+        // SAFETY: each load reads 64 bytes of this 64-byte aligned block; the caller
+        // guarantees AVX-512 F.
+        unsafe {
+            let w =
+                std::array::from_fn(|j| _mm512_load_si512(self.u[j].as_ptr() as *const __m512i));
+            (w, _mm512_load_ps(self.d.as_ptr()))
+        }
+    }
+}
+
+/// The activation rows `y` cut to the panel's `nb` blocks (so that the tiles' indexing
+/// needs no bounds checks past the first).
+#[inline(always)]
+fn trimmed<'a, O: Copy, const A: usize>(y: &[Side<'a, O>; A], nb: usize) -> [Side<'a, O>; A] {
+    std::array::from_fn(|a| {
+        let (q, s, o) = y[a];
+        (&q[..nb], &s[..nb], &o[..nb])
+    })
 }
 
 /// Decodes the weight rows `rows` (at most [`PANEL_ROWS`], each `out.len()` blocks)
@@ -139,20 +164,12 @@ fn q0_panel_tile<const A: usize>(
     ahead: Ahead,
 ) {
     let nb = panel.len();
-    let ys: [Q8_0Side<'_>; A] = std::array::from_fn(|a| {
-        let (q, s, l) = y[a];
-        (&q[..nb], &s[..nb], &l[..nb])
-    });
+    let ys = trimmed(y, nb);
     let mut acc = [[_mm512_setzero_ps(); 8]; A];
     for (i, b) in panel.iter().enumerate() {
         ahead.block(i, nb);
-        let mut w = [_mm512_setzero_si512(); 8];
-        for j in 0..8 {
-            // SAFETY: 64 readable bytes; the block is 64-byte aligned.
-            w[j] = unsafe { _mm512_load_si512(b.u[j].as_ptr() as *const __m512i) };
-        }
-        // SAFETY: 16 readable f32, 64-byte aligned.
-        let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+        // SAFETY: this function's features include AVX-512 F.
+        let (w, dw) = unsafe { b.load() };
         for a in 0..A {
             let (q, s, l) = ys[a];
             let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
@@ -264,20 +281,12 @@ fn q0_panel_tile_amx<const A: usize>(
     ahead: Ahead,
 ) {
     let nb = panel.len();
-    let ys: [Side<'_, i32>; A] = std::array::from_fn(|a| {
-        let (q, s, o) = y[a];
-        (&q[..nb], &s[..nb], &o[..nb])
-    });
+    let ys = trimmed(y, nb);
     let mut acc = [_mm512_setzero_ps(); A];
     for (i, b) in panel.iter().enumerate() {
         ahead.block(i, nb);
-        let mut w = [_mm512_setzero_si512(); 8];
-        for j in 0..8 {
-            // SAFETY: 64 readable bytes; the block is 64-byte aligned.
-            w[j] = unsafe { _mm512_load_si512(b.u[j].as_ptr() as *const __m512i) };
-        }
-        // SAFETY: 16 readable f32, 64-byte aligned.
-        let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+        // SAFETY: this function's features include AVX-512 F.
+        let (w, dw) = unsafe { b.load() };
         for a in 0..A {
             let (q, s, o) = ys[a];
             let qs = q[i].qs.as_ptr() as *const i32;
