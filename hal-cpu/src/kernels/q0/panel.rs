@@ -202,7 +202,7 @@ fn q0_panel_tile<const A: usize>(
 pub(crate) trait Q0Order {
     /// Per block of an activation row, what its integer sums start from.
     type Off: Copy + Send + Sync;
-    /// Activation rows per tile (1 to 4): as many as the registers hold.
+    /// Activation rows per tile (1, 2, 4 or 8): as many as the registers hold.
     const TILE: usize;
     /// The tile: the sixteen rows of a panel against `A` activation rows
     /// (`out[a][r]`: panel row `r` against activation row `a`), asking for the lines of
@@ -249,9 +249,9 @@ pub(crate) struct AmxOrder;
 
 impl Q0Order for AmxOrder {
     type Off = i32;
-    /// One accumulator and two sums a row: four rows, which also gives the core more
-    /// independent sums per block.
-    const TILE: usize = 4;
+    /// One accumulator and one sum a row beside the eight quant registers: eight rows,
+    /// eight independent chains of `vpdpbusd` per block.
+    const TILE: usize = 8;
     unsafe fn tile<const A: usize>(
         panel: &[PanelBlock],
         y: &[Side<'_, i32>; A],
@@ -287,22 +287,21 @@ fn q0_panel_tile_amx<const A: usize>(
         ahead.block(i, nb);
         // SAFETY: this function's features include AVX-512 F.
         let (w, dw) = unsafe { b.load() };
-        for a in 0..A {
-            let (q, s, o) = ys[a];
-            let qs = q[i].qs.as_ptr() as *const i32;
-            // Two chains of four (an integer sum in any order is the same sum): a
-            // chain of eight `vpdpbusd` is 40 cycles long, and the core would have to
-            // hold several blocks in flight to cover it.
-            let mut t = [_mm512_set1_epi32(o[i]), _mm512_setzero_si512()];
-            for (j, wj) in w.iter().enumerate() {
+        // The rows' block sums side by side, a step of each in turn: `A` independent
+        // chains of eight `vpdpbusd` (a chain alone is 40 cycles long).
+        let mut t: [__m512i; A] = std::array::from_fn(|a| _mm512_set1_epi32(ys[a].2[i]));
+        for (j, wj) in w.iter().enumerate() {
+            for (a, ta) in t.iter_mut().enumerate() {
+                let qs = ys[a].0[i].qs.as_ptr() as *const i32;
                 // SAFETY: `qs` points at 32 readable quant bytes, `j < 8`;
                 // read_unaligned needs no alignment.
                 let y4 = unsafe { qs.add(j).read_unaligned() };
-                t[j / 4] = _mm512_dpbusd_epi32(t[j / 4], *wj, _mm512_set1_epi32(y4));
+                *ta = _mm512_dpbusd_epi32(*ta, *wj, _mm512_set1_epi32(y4));
             }
-            let t = _mm512_add_epi32(t[0], t[1]);
-            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(s[i]));
-            acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sc, acc[a]);
+        }
+        for a in 0..A {
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(ys[a].1[i]));
+            acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[a]), sc, acc[a]);
         }
     }
     for a in 0..A {
@@ -344,18 +343,19 @@ pub(crate) fn q0_gemm<O: Q0Order>(
         let tile = O::TILE;
         let mut t = 0;
         while t < m {
-            let mut o = [[0f32; PANEL_ROWS]; 4];
-            let take = (m - t).min(tile);
+            let mut o = [[0f32; PANEL_ROWS]; 8];
+            // The largest power of two of rows that the tile takes and that are left.
+            let take = 1 << (m - t).min(tile).ilog2();
             let mine = ahead.part(t / tile, m.div_ceil(tile));
             let y = &sides[t..t + take];
             // SAFETY (each call): features checked at device open (see `q0_decode`).
             unsafe {
                 match take {
-                    4 => O::tile::<4>(blocks, &[y[0], y[1], y[2], y[3]], &mut o, mine),
-                    3 => {
-                        let mut o3 = [[0f32; PANEL_ROWS]; 3];
-                        O::tile::<3>(blocks, &[y[0], y[1], y[2]], &mut o3, mine);
-                        o[..3].copy_from_slice(&o3);
+                    8 => O::tile::<8>(blocks, y.try_into().expect("8 rows"), &mut o, mine),
+                    4 => {
+                        let mut o4 = [[0f32; PANEL_ROWS]; 4];
+                        O::tile::<4>(blocks, y.try_into().expect("4 rows"), &mut o4, mine);
+                        o[..4].copy_from_slice(&o4);
                     }
                     2 => {
                         let mut o2 = [[0f32; PANEL_ROWS]; 2];
