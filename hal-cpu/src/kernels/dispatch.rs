@@ -22,7 +22,7 @@ use super::act_quant::Acts;
 use super::amx;
 use super::float::FloatKind;
 #[cfg(target_arch = "x86_64")]
-use super::q0::panel::{AmxOrder, TinyBlas};
+use super::q0::panel::{AmxOrder, Q0Order, TinyBlas};
 #[cfg(target_arch = "x86_64")]
 use super::x16::Ahead;
 use super::{
@@ -1637,7 +1637,7 @@ fn row_sides<'a, O>(a: q0::panel::Side<'a, O>, nb: usize, m: usize) -> Vec<q0::p
 /// row's Q8_0 blocks, f32 scales and `-16 x` lane sums) in chunks of `rows_per_task`;
 /// below [`FUSED_MAX_ROWS`] rows, weight-stationary ([`fused_gemm`]).
 #[cfg(target_arch = "x86_64")]
-fn q0_gemm<B: q0::vnni::Q0Pair, O: Q0Offsets>(
+fn q0_gemm<B: q0::vnni::Q0Pair, O: q0::panel::Q0Order>(
     w: WeightRows<'_>,
     a: q0::vnni::Q8_0Side<'_>,
     k: usize,
@@ -1693,45 +1693,6 @@ fn q0_gemm<B: q0::vnni::Q0Pair, O: Q0Offsets>(
         out.par_chunks_mut(per * n).enumerate().for_each(|(c, o)| {
             q0::panel::q0_gemm::<O>(dec, nb, sn, &sides[c * per..], o, cols, Ahead::NONE)
         });
-    }
-}
-
-/// A panel order's side data made from the activation blocks' `-16 x` lane sums, once
-/// per matmul, not once per tile.
-#[cfg(target_arch = "x86_64")]
-pub(crate) trait Q0Offsets: q0::panel::Q0Order {
-    /// Each block's side data for the weight type `B` (offset `16 << B::SHIFT`).
-    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [Self::Off]>;
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Q0Offsets for TinyBlas {
-    /// The lane sums times the weight's offset over 16 (`1 << SHIFT`).
-    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [[i32; 8]]> {
-        use rayon::prelude::*;
-        if B::SHIFT == 0 {
-            return Cow::Borrowed(neg16_lanes);
-        }
-        Cow::Owned(
-            neg16_lanes
-                .par_iter()
-                .map(|l| l.map(|v| v << B::SHIFT))
-                .collect(),
-        )
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Q0Offsets for AmxOrder {
-    /// The block's eight lane sums added, times the weight's offset over 16 (exact:
-    /// at most 32 x 128 x 128 in size).
-    fn offsets<B: q0::vnni::Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [i32]> {
-        Cow::Owned(
-            neg16_lanes
-                .iter()
-                .map(|l| l.iter().sum::<i32>() << B::SHIFT)
-                .collect(),
-        )
     }
 }
 
@@ -2273,9 +2234,9 @@ fn x16_rows_in(
             run!(g, q6_k::x16::dot_group, y)
         }
         (WeightRows::Q8_0x16(g), Acts::Q8_0 { .. }) => {
-            let scaled: Vec<Vec<[i32; 8]>> = act_rows
+            let scaled: Vec<_> = act_rows
                 .iter()
-                .map(|&r| q0::x16::scaled_lanes(acts.q8_0_side(r, nb).2))
+                .map(|&r| TinyBlas::offsets::<BlockQ8_0>(acts.q8_0_side(r, nb).2))
                 .collect();
             let y = |t: usize| {
                 let (q, s, _) = acts.q8_0_side(act_rows[t], nb);

@@ -4,6 +4,7 @@
 //! llama.cpp's AMX order (`kernels::amx`, where the process has no AMX tiles).
 
 use std::arch::x86_64::*;
+use std::borrow::Cow;
 
 use crate::kernels::panel::{for_each_panel, put_row, OutCols, PANEL_ROWS};
 use crate::kernels::q0::vnni::{Q0Pair, Q8_0Side};
@@ -204,6 +205,9 @@ pub(crate) trait Q0Order {
     type Off: Copy + Send + Sync;
     /// Activation rows per tile (1, 2, 4 or 8): as many as the registers hold.
     const TILE: usize;
+    /// Each block's side data for the weight type `B` (offset `16 << B::SHIFT`), from
+    /// the activation blocks' `-16 x` lane sums: made once per matmul, not per tile.
+    fn offsets<B: Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [Self::Off]>;
     /// The tile: the sixteen rows of a panel against `A` activation rows
     /// (`out[a][r]`: panel row `r` against activation row `a`), asking for the lines of
     /// `ahead` a block at a time.
@@ -231,6 +235,20 @@ impl Q0Order for TinyBlas {
     type Off = [i32; 8];
     /// Sixteen accumulators a row and the eight quant registers: two rows.
     const TILE: usize = 2;
+    /// The lane sums times the weight's offset over 16 (`1 << SHIFT`), which the tile
+    /// starts each lane from (a shift in the kernel would cost a scalar load, shift and
+    /// broadcast per `vpdpbusd`).
+    fn offsets<B: Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [[i32; 8]]> {
+        if B::SHIFT == 0 {
+            return Cow::Borrowed(neg16_lanes);
+        }
+        Cow::Owned(
+            neg16_lanes
+                .iter()
+                .map(|l| l.map(|v| v << B::SHIFT))
+                .collect(),
+        )
+    }
     unsafe fn tile<const A: usize>(
         panel: &[PanelBlock],
         y: &[Q8_0Side<'_>; A],
@@ -252,6 +270,16 @@ impl Q0Order for AmxOrder {
     /// One accumulator and one sum a row beside the eight quant registers: eight rows,
     /// eight independent chains of `vpdpbusd` per block.
     const TILE: usize = 8;
+    /// The block's eight lane sums added, times the weight's offset over 16 (exact: at
+    /// most 32 x 128 x 128 in size).
+    fn offsets<B: Q0Pair>(neg16_lanes: &[[i32; 8]]) -> Cow<'_, [i32]> {
+        Cow::Owned(
+            neg16_lanes
+                .iter()
+                .map(|l| l.iter().sum::<i32>() << B::SHIFT)
+                .collect(),
+        )
+    }
     unsafe fn tile<const A: usize>(
         panel: &[PanelBlock],
         y: &[Side<'_, i32>; A],

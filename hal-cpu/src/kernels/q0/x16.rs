@@ -205,7 +205,7 @@ impl Q0Group for BlockQ5_0x16 {
 /// `out[a][r] = dot(row r of the group, activation row a)` for the sixteen rows of one
 /// row group (`x`: its `nb` packed blocks) against `M` activation rows (`y[a]`: `nb`
 /// Q8_0 blocks each with their f32 scales and lane sums times minus the weight type's
-/// offset: [`scaled_lanes`] for Q8_0, the `-16 x` sums as they are for Q5_0), in the
+/// offset: `q0::panel::TinyBlas`'s `offsets`), in the
 /// float order of `vnni::q0_rows` per output.
 ///
 /// A register holds lane `j` of the sixteen rows' outputs, so per block and activation
@@ -352,14 +352,6 @@ fn rows_over_blocks<G: Q0Group, const M: usize, const A0: usize, const N: usize>
     }
 }
 
-/// An activation row's `-16 x` lane sums (`Acts::Q8_0`) times 8: its lane sums times
-/// -128, which the kernel starts each lane from (scaled once per call here rather than
-/// per block and lane in the kernel, where the shift costs a scalar load, shift and
-/// broadcast per `vpdpbusd`).
-pub(crate) fn scaled_lanes(neg16: &[[i32; 8]]) -> Vec<[i32; 8]> {
-    neg16.iter().map(|l| l.map(|v| v << 3)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +414,7 @@ mod tests {
         pack(w, nb, &mut p);
         let acts = crate::kernels::x16_check::q8_0_acts(k);
         // The side data as the kernels take it: the `-16 x` lane sums shifted by the
-        // type's `SHIFT` (Q8_0: `scaled_lanes`).
+        // type's `SHIFT` (`q0::panel::TinyBlas`'s `offsets`).
         let lanes: Vec<Vec<[i32; 8]>> = (0..4)
             .map(|a| {
                 let l = acts.q8_0_side(a, nb).2;
